@@ -1,0 +1,120 @@
+// Stream frame codec (DESIGN §4, byte-compatible with libatbus's io_stream channel):
+//
+//   frame = hash32 length payload
+//   hash32 = murmur3_x86_32(payload, seed 0), 4 bytes little-endian
+//   length = varint(payload size), most significant 7-bit group first
+//
+// Encoding writes into a caller's buffer. Decoding is incremental: frame_decoder accepts bytes in
+// chunks of any size and yields whole payloads, pointing into the caller's chunk when a frame lies
+// wholly inside it (zero copy) and copying only the frames that straddle chunks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "uvbus/varint.h"
+
+namespace uvbus {
+
+inline constexpr size_t kDefaultMessageLimit = 64 * 1024;
+inline constexpr size_t kFrameHashBytes = 4;
+// Largest possible frame header: hash + a 10-byte varint.
+inline constexpr size_t kFrameMaxHeader = kFrameHashBytes + kVarintMaxBytes;
+
+// Header bytes for a payload of payload_len bytes.
+[[nodiscard]] constexpr size_t frame_header_size(size_t payload_len) noexcept {
+  return kFrameHashBytes + varint_size(payload_len);
+}
+// Whole frame bytes for a payload of payload_len bytes.
+[[nodiscard]] constexpr size_t frame_size(size_t payload_len) noexcept {
+  return frame_header_size(payload_len) + payload_len;
+}
+
+// Writes hash32 + varint(payload_len) to out, which needs frame_header_size(payload_len) bytes.
+// Returns the bytes written. Used when the payload is already in place right after the header.
+size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexcept;
+
+// Encodes a whole frame into [out, out + cap). Returns the frame size, or 0 if cap is too small
+// (nothing meaningful is written then). payload may alias nothing in out.
+[[nodiscard]] size_t frame_encode(const void* payload, size_t len, uint8_t* out,
+                                  size_t cap) noexcept;
+
+// Incremental decoder. Usage:
+//
+//   decoder.feed(chunk, n);
+//   for (;;) {
+//     auto r = decoder.next();
+//     if (r.status == frame_status::payload) { use(r.data, r.size); continue; }
+//     if (r.status == frame_status::need_more) break;   // chunk fully consumed
+//     fail(r.status); break;                            // corrupt stream: stop using it
+//   }
+//
+// Lifetimes: the chunk passed to feed() must stay valid until next() returns need_more or an error.
+// A payload view is valid until the following call to next() or feed(). After an error the decoder
+// yields the same error forever (it never resynchronises: a corrupt stream must be closed).
+//
+// Memory: between chunks the decoder keeps only the bytes of one partial frame. Its buffer grows to
+// the size of the largest partial frame seen and is released again once a frame larger than
+// kDecoderKeepBytes completes, so an idle decoder holds at most kDecoderKeepBytes.
+enum class frame_status {
+  payload,     // r.data / r.size is one whole, checksum-verified payload
+  need_more,   // every byte fed so far has been consumed; feed the next chunk
+  bad_hash,    // a frame's checksum did not match its payload
+  oversize,    // a frame announced a length above the limit
+  bad_varint,  // a frame's length prefix is malformed (over 10 bytes or above 2^64)
+};
+
+const char* to_string(frame_status s) noexcept;
+
+class frame_decoder {
+ public:
+  static constexpr size_t kDecoderKeepBytes = 4096;
+
+  explicit frame_decoder(size_t max_payload = kDefaultMessageLimit) noexcept
+      : max_payload_(max_payload) {}
+
+  struct result {
+    frame_status status;
+    const uint8_t* data;
+    size_t size;
+  };
+
+  // Sets the next chunk. The previous chunk must have been fully consumed (next() returned
+  // need_more); feeding before that discards its unconsumed bytes.
+  void feed(const void* data, size_t len) noexcept {
+    chunk_ = static_cast<const uint8_t*>(data);
+    chunk_left_ = len;
+  }
+
+  [[nodiscard]] result next();
+
+  // Bytes held in the partial-frame buffer right now (0 when the stream is at a frame boundary).
+  [[nodiscard]] size_t buffered() const noexcept { return partial_.size(); }
+  // Capacity currently allocated for partial frames.
+  [[nodiscard]] size_t buffer_capacity() const noexcept { return partial_.capacity(); }
+  [[nodiscard]] bool failed() const noexcept { return error_ != frame_status::payload; }
+  [[nodiscard]] size_t max_payload() const noexcept { return max_payload_; }
+  // Forgets any partial frame and error: the decoder is as new.
+  void reset() noexcept;
+
+ private:
+  result fail(frame_status s) noexcept {
+    error_ = s;
+    chunk_left_ = 0;
+    return {s, nullptr, 0};
+  }
+  result next_partial();
+
+  size_t max_payload_;
+  const uint8_t* chunk_ = nullptr;
+  size_t chunk_left_ = 0;
+  // Partial frame (header and payload bytes so far). header_len_ is 0 until its header is known.
+  std::vector<uint8_t> partial_;
+  size_t header_len_ = 0;
+  size_t frame_len_ = 0;
+  bool release_partial_ = false;  // the last payload was yielded from partial_: clear on next call
+  frame_status error_ = frame_status::payload;  // payload means "no error"
+};
+
+}  // namespace uvbus

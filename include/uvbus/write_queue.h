@@ -1,0 +1,118 @@
+// Write queue: a FIFO of variable-size byte blocks, the per-connection send queue of the stream
+// channel. Two modes:
+//
+//  * static_ring: one allocation of ring_bytes made at construction. A block is always contiguous
+//    (it never wraps); when the tail has no room for it the block starts again at offset 0. A full
+//    ring makes reserve() fail; it never reallocates.
+//  * dynamic: one allocation per block, bounded by max_bytes and max_blocks.
+//
+// Each block carries a 64-bit tag chosen by the producer (the stream channel stores the packet id
+// there so it can report each packet's fate). Not thread-safe: one owner thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "uvbus/error.h"
+
+namespace uvbus {
+
+enum class queue_mode : uint8_t { static_ring, dynamic };
+
+struct write_queue_config {
+  queue_mode mode = queue_mode::static_ring;
+  // static_ring: the ring's size. Each block costs its size rounded up to 8 plus 16 bytes.
+  size_t ring_bytes = 2 * 1024 * 1024;
+  // Limits in both modes: payload bytes held (block sizes, without overhead) and number of blocks.
+  // 0 means "no limit beyond the ring" (static) — dynamic mode requires both to be non-zero.
+  size_t max_bytes = 2 * 1024 * 1024;
+  size_t max_blocks = 65536;
+};
+
+class write_queue {
+ public:
+  struct block {
+    uint8_t* data;
+    size_t size;
+    uint64_t tag;
+  };
+
+  // An invalid config (zero ring, dynamic without limits) yields a queue whose every reserve()
+  // fails with invalid_argument; validate() tells ahead of time.
+  explicit write_queue(const write_queue_config& cfg = {});
+  ~write_queue();
+  write_queue(const write_queue&) = delete;
+  write_queue& operator=(const write_queue&) = delete;
+
+  [[nodiscard]] static errc validate(const write_queue_config& cfg) noexcept;
+
+  // Appends a block of n bytes (n may be 0) and returns a pointer to its storage, which the caller
+  // fills before the block is read. On failure returns nullptr and sets *err (if given) to
+  // queue_full (no room now) or message_too_large (n can never fit).
+  [[nodiscard]] uint8_t* reserve(size_t n, uint64_t tag = 0, errc* err = nullptr) noexcept;
+
+  // Removes the most recently reserved block (only valid right after reserve(), before any other
+  // block was pushed). Lets a producer undo a reservation when a later step fails.
+  void unreserve_back() noexcept;
+
+  [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+  [[nodiscard]] size_t size() const noexcept { return count_; }
+  // Payload bytes held (sum of block sizes).
+  [[nodiscard]] size_t bytes() const noexcept { return bytes_; }
+
+  // The oldest block. Precondition: !empty().
+  [[nodiscard]] block front() const noexcept;
+  void pop_front() noexcept;
+
+  // Copies whole blocks from the front, in order, into [dst, dst + cap) without removing them: it
+  // stops before the first block that does not fit, whose size is max_block or more, or that lies
+  // across the ring's wrap point (a static ring's blocks after the wrap are not merged with those
+  // before it). Returns the bytes copied; *blocks gets how many blocks they were. The blocks stay
+  // queued: the caller pops them once the write that carries them completes.
+  size_t merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks) const noexcept;
+
+  // Visits the first n blocks from the front (n <= size()) without removing them.
+  template <class F>
+  void for_each_front(size_t n, F&& f) const {
+    cursor c = begin();
+    for (size_t i = 0; i < n; ++i) {
+      f(at(c));
+      c = advance(c);
+    }
+  }
+
+  [[nodiscard]] queue_mode mode() const noexcept { return cfg_.mode; }
+  // Bytes allocated by the queue itself (the ring, or the blocks in dynamic mode).
+  [[nodiscard]] size_t memory_bytes() const noexcept;
+
+ private:
+  struct dyn_block;
+  // A position: a byte offset in the ring, or a node pointer in dynamic mode.
+  struct cursor {
+    size_t off;
+    dyn_block* node;
+  };
+  cursor begin() const noexcept;
+  block at(cursor c) const noexcept;
+  cursor advance(cursor c) const noexcept;
+
+  write_queue_config cfg_;
+  bool valid_ = false;
+  size_t count_ = 0;
+  size_t bytes_ = 0;
+  // static ring
+  std::unique_ptr<uint8_t[]> ring_;
+  size_t head_ = 0;       // offset of the oldest block
+  size_t tail_ = 0;       // offset where the next block goes
+  size_t wrap_at_ = 0;    // when the tail has wrapped: where the blocks before the wrap end
+  size_t last_off_ = 0;   // offset of the newest block (for unreserve_back)
+  size_t prev_tail_ = 0;  // tail before the newest block was reserved
+  size_t prev_wrap_ = 0;
+  // dynamic
+  dyn_block* first_ = nullptr;
+  dyn_block* last_ = nullptr;
+  dyn_block* before_last_ = nullptr;
+};
+
+}  // namespace uvbus

@@ -1,0 +1,137 @@
+#include "uvbus/frame.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "uvbus/murmur3.h"
+
+namespace uvbus {
+namespace {
+
+inline uint32_t load_le32(const uint8_t* p) noexcept {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+inline bool hash_ok(const uint8_t* frame, size_t header_len, size_t payload_len) noexcept {
+  return load_le32(frame) == murmur3_x86_32(frame + header_len, payload_len, 0);
+}
+
+}  // namespace
+
+size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexcept {
+  out[0] = static_cast<uint8_t>(hash);
+  out[1] = static_cast<uint8_t>(hash >> 8);
+  out[2] = static_cast<uint8_t>(hash >> 16);
+  out[3] = static_cast<uint8_t>(hash >> 24);
+  return kFrameHashBytes + varint_encode(payload_len, out + kFrameHashBytes);
+}
+
+size_t frame_encode(const void* payload, size_t len, uint8_t* out, size_t cap) noexcept {
+  const size_t total = frame_size(len);
+  if (cap < total) return 0;
+  const size_t header = frame_write_header(murmur3_x86_32(payload, len, 0), len, out);
+  if (len != 0) std::memcpy(out + header, payload, len);
+  return total;
+}
+
+const char* to_string(frame_status s) noexcept {
+  switch (s) {
+    case frame_status::payload: return "payload";
+    case frame_status::need_more: return "need_more";
+    case frame_status::bad_hash: return "bad_hash: frame checksum mismatch";
+    case frame_status::oversize: return "oversize: frame length above the message limit";
+    case frame_status::bad_varint: return "bad_varint: malformed frame length";
+  }
+  return "unknown";
+}
+
+void frame_decoder::reset() noexcept {
+  std::vector<uint8_t>().swap(partial_);
+  header_len_ = 0;
+  frame_len_ = 0;
+  release_partial_ = false;
+  error_ = frame_status::payload;
+  chunk_ = nullptr;
+  chunk_left_ = 0;
+}
+
+frame_decoder::result frame_decoder::next() {
+  if (error_ != frame_status::payload) return {error_, nullptr, 0};
+  if (release_partial_) {
+    // The previous payload pointed into partial_; the caller is done with it now.
+    release_partial_ = false;
+    if (partial_.capacity() > kDecoderKeepBytes) {
+      std::vector<uint8_t>().swap(partial_);
+    } else {
+      partial_.clear();
+    }
+    header_len_ = 0;
+    frame_len_ = 0;
+  }
+  if (!partial_.empty()) return next_partial();
+  if (chunk_left_ == 0) return {frame_status::need_more, nullptr, 0};
+
+  // Fast path: the frame lies inside the chunk; deliver it in place.
+  const uint8_t* p = chunk_;
+  const size_t n = chunk_left_;
+  if (n > kFrameHashBytes) {
+    uint64_t len = 0;
+    size_t vn = 0;
+    const varint_status st = varint_decode(p + kFrameHashBytes, n - kFrameHashBytes, &len, &vn);
+    if (st == varint_status::too_long) return fail(frame_status::bad_varint);
+    if (st == varint_status::ok) {
+      if (len > max_payload_) return fail(frame_status::oversize);
+      const size_t header = kFrameHashBytes + vn;
+      const size_t total = header + static_cast<size_t>(len);
+      if (total <= n) {
+        if (!hash_ok(p, header, len)) return fail(frame_status::bad_hash);
+        chunk_ += total;
+        chunk_left_ -= total;
+        return {frame_status::payload, p + header, static_cast<size_t>(len)};
+      }
+      // Header known, payload incomplete: keep it; reserve once for the whole frame.
+      header_len_ = header;
+      frame_len_ = total;
+      partial_.reserve(total);
+    }
+  }
+  // Either the header is incomplete (fewer than kFrameMaxHeader bytes left) or the payload is.
+  partial_.insert(partial_.end(), p, p + n);
+  chunk_ += n;
+  chunk_left_ = 0;
+  return {frame_status::need_more, nullptr, 0};
+}
+
+frame_decoder::result frame_decoder::next_partial() {
+  // Complete the header one byte at a time: it is at most 14 bytes, and taking more could swallow
+  // the start of the following frame.
+  while (header_len_ == 0) {
+    if (chunk_left_ == 0) return {frame_status::need_more, nullptr, 0};
+    partial_.push_back(*chunk_++);
+    --chunk_left_;
+    if (partial_.size() <= kFrameHashBytes) continue;
+    uint64_t len = 0;
+    size_t vn = 0;
+    const varint_status st = varint_decode(partial_.data() + kFrameHashBytes,
+                                           partial_.size() - kFrameHashBytes, &len, &vn);
+    if (st == varint_status::too_long) return fail(frame_status::bad_varint);
+    if (st == varint_status::ok) {
+      if (len > max_payload_) return fail(frame_status::oversize);
+      header_len_ = kFrameHashBytes + vn;
+      frame_len_ = header_len_ + static_cast<size_t>(len);
+      partial_.reserve(frame_len_);
+    }
+  }
+  const size_t take = std::min(frame_len_ - partial_.size(), chunk_left_);
+  partial_.insert(partial_.end(), chunk_, chunk_ + take);
+  chunk_ += take;
+  chunk_left_ -= take;
+  if (partial_.size() < frame_len_) return {frame_status::need_more, nullptr, 0};
+  const size_t payload_len = frame_len_ - header_len_;
+  if (!hash_ok(partial_.data(), header_len_, payload_len)) return fail(frame_status::bad_hash);
+  release_partial_ = true;
+  return {frame_status::payload, partial_.data() + header_len_, payload_len};
+}
+
+}  // namespace uvbus

@@ -1,0 +1,219 @@
+#include "uvbus/frame.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "uvbus/murmur3.h"
+
+namespace uvbus {
+namespace {
+
+std::vector<uint8_t> encode(const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out(frame_size(payload.size()));
+  EXPECT_EQ(frame_encode(payload.data(), payload.size(), out.data(), out.size()), out.size());
+  return out;
+}
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7) >> 1);
+  return v;
+}
+
+// Feeds `stream` in the given chunk sizes (cycled) and collects payloads until an error.
+struct decode_result {
+  std::vector<std::vector<uint8_t>> payloads;
+  frame_status error = frame_status::need_more;
+};
+decode_result decode_chunked(frame_decoder& d, const std::vector<uint8_t>& stream,
+                             const std::vector<size_t>& chunks) {
+  decode_result r;
+  size_t pos = 0;
+  size_t ci = 0;
+  while (pos < stream.size()) {
+    const size_t n = std::min(chunks[ci++ % chunks.size()], stream.size() - pos);
+    d.feed(stream.data() + pos, n);
+    pos += n;
+    for (;;) {
+      auto res = d.next();
+      if (res.status == frame_status::payload) {
+        r.payloads.emplace_back(res.data, res.data + res.size);
+        continue;
+      }
+      if (res.status != frame_status::need_more) {
+        r.error = res.status;
+        return r;
+      }
+      break;
+    }
+  }
+  return r;
+}
+
+TEST(Frame, HelloMatchesLibatbusBytes) {
+  const std::string hello = "hello";
+  std::vector<uint8_t> out(frame_size(hello.size()));
+  ASSERT_EQ(frame_encode(hello.data(), hello.size(), out.data(), out.size()), 10u);
+  EXPECT_EQ(out, (std::vector<uint8_t>{0x47, 0xfa, 0x8b, 0x24, 0x05, 'h', 'e', 'l', 'l', 'o'}));
+}
+
+TEST(Frame, EncodeRefusesSmallBuffer) {
+  uint8_t out[9];
+  EXPECT_EQ(frame_encode("hello", 5, out, sizeof out), 0u);
+}
+
+TEST(Frame, EdgeLengthsRoundTripWholeAndByteByByte) {
+  for (size_t len : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16383}, size_t{16384},
+                     kDefaultMessageLimit}) {
+    auto payload = pattern(len, static_cast<uint32_t>(len));
+    auto frame = encode(payload);
+    EXPECT_EQ(frame.size(), 4 + varint_size(len) + len);
+    for (size_t chunk : {frame.size(), size_t{1}, size_t{3}, size_t{7}}) {
+      frame_decoder d;
+      auto r = decode_chunked(d, frame, {chunk});
+      ASSERT_EQ(r.error, frame_status::need_more) << len << " chunk " << chunk;
+      ASSERT_EQ(r.payloads.size(), 1u) << len << " chunk " << chunk;
+      EXPECT_EQ(r.payloads[0], payload);
+      EXPECT_EQ(d.buffered(), 0u);
+    }
+  }
+}
+
+TEST(Frame, LimitPassesAndLimitPlusOneIsOversize) {
+  frame_decoder d(1000);
+  auto ok = decode_chunked(d, encode(pattern(1000, 1)), {4096});
+  EXPECT_EQ(ok.payloads.size(), 1u);
+  EXPECT_EQ(ok.error, frame_status::need_more);
+  auto big = encode(pattern(1001, 1));
+  for (size_t chunk : {big.size(), size_t{1}}) {
+    frame_decoder d2(1000);
+    auto r = decode_chunked(d2, big, {chunk});
+    EXPECT_EQ(r.error, frame_status::oversize) << chunk;
+    EXPECT_TRUE(r.payloads.empty());
+  }
+}
+
+TEST(Frame, HugeLengthIsOversizeWithoutAllocating) {
+  std::vector<uint8_t> stream = {0, 0, 0, 0};
+  uint8_t v[10];
+  stream.insert(stream.end(), v, v + varint_encode(uint64_t{1} << 63, v));
+  frame_decoder d;
+  auto r = decode_chunked(d, stream, {1});
+  EXPECT_EQ(r.error, frame_status::oversize);
+  EXPECT_LE(d.buffer_capacity(), frame_decoder::kDecoderKeepBytes);
+}
+
+TEST(Frame, CorruptedHashByteIsRejectedAndNothingAfterIsDelivered) {
+  auto a = encode(pattern(50, 1));
+  auto b = encode(pattern(60, 2));
+  auto c = encode(pattern(70, 3));
+  for (size_t flip = 0; flip < 4; ++flip) {
+    std::vector<uint8_t> stream = a;
+    auto bad = b;
+    bad[flip] ^= 0x10;
+    stream.insert(stream.end(), bad.begin(), bad.end());
+    stream.insert(stream.end(), c.begin(), c.end());
+    for (size_t chunk : {stream.size(), size_t{1}, size_t{13}}) {
+      frame_decoder d;
+      auto r = decode_chunked(d, stream, {chunk});
+      EXPECT_EQ(r.error, frame_status::bad_hash);
+      ASSERT_EQ(r.payloads.size(), 1u);
+      // The decoder stays failed.
+      d.feed(c.data(), c.size());
+      EXPECT_EQ(d.next().status, frame_status::bad_hash);
+    }
+  }
+}
+
+TEST(Frame, CorruptedPayloadByteIsBadHash) {
+  auto f = encode(pattern(200, 9));
+  f[100] ^= 1;
+  frame_decoder d;
+  EXPECT_EQ(decode_chunked(d, f, {f.size()}).error, frame_status::bad_hash);
+}
+
+TEST(Frame, TruncatedVarintNeedsMoreThenCompletes) {
+  auto f = encode(pattern(300, 4));  // 2-byte varint
+  frame_decoder d;
+  d.feed(f.data(), 5);  // hash + first varint byte
+  EXPECT_EQ(d.next().status, frame_status::need_more);
+  d.feed(f.data() + 5, f.size() - 5);
+  auto r = d.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  EXPECT_EQ(r.size, 300u);
+}
+
+TEST(Frame, OverlongVarintIsBadVarint) {
+  std::vector<uint8_t> stream = {1, 2, 3, 4};
+  stream.insert(stream.end(), 11, 0x80);
+  for (size_t chunk : {stream.size(), size_t{1}}) {
+    frame_decoder d;
+    EXPECT_EQ(decode_chunked(d, stream, {chunk}).error, frame_status::bad_varint) << chunk;
+  }
+}
+
+TEST(Frame, WholeFramesInsideAChunkAreZeroCopy) {
+  auto a = encode(pattern(10, 1));
+  auto b = encode(pattern(20, 2));
+  std::vector<uint8_t> stream = a;
+  stream.insert(stream.end(), b.begin(), b.end());
+  frame_decoder d;
+  d.feed(stream.data(), stream.size());
+  auto r1 = d.next();
+  ASSERT_EQ(r1.status, frame_status::payload);
+  EXPECT_EQ(r1.data, stream.data() + 5);
+  auto r2 = d.next();
+  ASSERT_EQ(r2.status, frame_status::payload);
+  EXPECT_EQ(r2.data, stream.data() + a.size() + 5);
+  EXPECT_EQ(d.next().status, frame_status::need_more);
+  EXPECT_EQ(d.buffer_capacity(), 0u);  // nothing was copied
+}
+
+TEST(Frame, LargePartialBufferIsReleasedAfterTheFrame) {
+  auto big = encode(pattern(60000, 3));
+  auto small = encode(pattern(8, 3));
+  std::vector<uint8_t> stream = big;
+  stream.insert(stream.end(), small.begin(), small.end());
+  frame_decoder d;
+  auto r = decode_chunked(d, stream, {1000});
+  ASSERT_EQ(r.payloads.size(), 2u);
+  d.feed(nullptr, 0);
+  EXPECT_EQ(d.next().status, frame_status::need_more);
+  EXPECT_LE(d.buffer_capacity(), frame_decoder::kDecoderKeepBytes);
+}
+
+TEST(Frame, ThousandRandomFramesSplitAtRandomPoints) {
+  std::mt19937_64 rng(12345);
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<uint8_t> stream;
+  for (int i = 0; i < 1000; ++i) {
+    std::uniform_int_distribution<size_t> len_dist(0, i % 10 == 0 ? 20000 : 300);
+    std::vector<uint8_t> p(len_dist(rng));
+    for (auto& byte : p) byte = static_cast<uint8_t>(rng());
+    auto f = encode(p);
+    stream.insert(stream.end(), f.begin(), f.end());
+    payloads.push_back(std::move(p));
+  }
+  std::vector<std::vector<size_t>> patterns = {{1}, {2}, {3, 5, 7}, {4096}, {65536}, {1 << 20}};
+  std::vector<size_t> random_splits;
+  for (int i = 0; i < 5000; ++i) random_splits.push_back(1 + rng() % 2000);
+  patterns.push_back(random_splits);
+  for (const auto& pat : patterns) {
+    frame_decoder d;
+    auto r = decode_chunked(d, stream, pat);
+    EXPECT_EQ(r.error, frame_status::need_more);
+    ASSERT_EQ(r.payloads.size(), payloads.size()) << "pattern starting " << pat[0];
+    EXPECT_TRUE(r.payloads == payloads) << "pattern starting " << pat[0];
+  }
+}
+
+TEST(Frame, StatusNames) {
+  EXPECT_STREQ(to_string(frame_status::need_more), "need_more");
+  EXPECT_NE(std::string(to_string(frame_status::bad_hash)).find("checksum"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace uvbus

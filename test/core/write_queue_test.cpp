@@ -1,0 +1,219 @@
+#include "uvbus/write_queue.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <random>
+#include <vector>
+
+namespace uvbus {
+namespace {
+
+write_queue_config ring(size_t bytes) {
+  write_queue_config c;
+  c.mode = queue_mode::static_ring;
+  c.ring_bytes = bytes;
+  c.max_bytes = 0;
+  c.max_blocks = 0;
+  return c;
+}
+
+void fill(uint8_t* p, size_t n, uint64_t tag) {
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(tag * 13 + i);
+}
+bool check(const write_queue::block& b) {
+  for (size_t i = 0; i < b.size; ++i) {
+    if (b.data[i] != static_cast<uint8_t>(b.tag * 13 + i)) return false;
+  }
+  return true;
+}
+
+TEST(WriteQueue, RejectsInvalidConfig) {
+  write_queue_config dyn;
+  dyn.mode = queue_mode::dynamic;
+  dyn.max_bytes = 0;
+  EXPECT_EQ(write_queue::validate(dyn), errc::invalid_argument);
+  write_queue q(dyn);
+  errc e = errc::ok;
+  EXPECT_EQ(q.reserve(1, 0, &e), nullptr);
+  EXPECT_EQ(e, errc::invalid_argument);
+  EXPECT_EQ(write_queue::validate(ring(8)), errc::invalid_argument);
+}
+
+TEST(WriteQueue, StaticRingIsFullWithoutReallocating) {
+  write_queue q(ring(1024));
+  const size_t mem = q.memory_bytes();
+  size_t pushed = 0;
+  errc e = errc::ok;
+  while (q.reserve(100, pushed, &e) != nullptr) ++pushed;
+  EXPECT_EQ(e, errc::queue_full);
+  EXPECT_EQ(pushed, 1024u / (16 + 104));
+  EXPECT_EQ(q.memory_bytes(), mem);
+  EXPECT_EQ(q.reserve(2000, 0, &e), nullptr);
+  EXPECT_EQ(e, errc::message_too_large);
+}
+
+TEST(WriteQueue, ByteAndBlockLimitsApplyInBothModes) {
+  for (auto mode : {queue_mode::static_ring, queue_mode::dynamic}) {
+    write_queue_config c;
+    c.mode = mode;
+    c.ring_bytes = 1 << 20;
+    c.max_bytes = 1000;
+    c.max_blocks = 5;
+    write_queue q(c);
+    errc e = errc::ok;
+    EXPECT_EQ(q.reserve(1001, 0, &e), nullptr);
+    EXPECT_EQ(e, errc::message_too_large);
+    for (int i = 0; i < 5; ++i) ASSERT_NE(q.reserve(10, 0, &e), nullptr);
+    EXPECT_EQ(q.reserve(10, 0, &e), nullptr);
+    EXPECT_EQ(e, errc::queue_full);
+    while (!q.empty()) q.pop_front();
+    ASSERT_NE(q.reserve(1000, 0, &e), nullptr);
+    EXPECT_EQ(q.reserve(1, 0, &e), nullptr);
+    EXPECT_EQ(e, errc::queue_full);
+    EXPECT_EQ(q.bytes(), 1000u);
+  }
+}
+
+TEST(WriteQueue, UnreserveBackUndoesTheLastReservation) {
+  for (auto mode : {queue_mode::static_ring, queue_mode::dynamic}) {
+    write_queue_config c;
+    c.mode = mode;
+    c.ring_bytes = 256;
+    write_queue q(c);
+    uint8_t* a = q.reserve(10, 1);
+    fill(a, 10, 1);
+    ASSERT_NE(q.reserve(20, 2), nullptr);
+    q.unreserve_back();
+    EXPECT_EQ(q.size(), 1u);
+    EXPECT_EQ(q.bytes(), 10u);
+    uint8_t* b = q.reserve(30, 3);
+    fill(b, 30, 3);
+    EXPECT_EQ(q.front().tag, 1u);
+    EXPECT_TRUE(check(q.front()));
+    q.pop_front();
+    EXPECT_EQ(q.front().tag, 3u);
+    EXPECT_TRUE(check(q.front()));
+  }
+}
+
+TEST(WriteQueue, ZeroSizeBlocksAreQueued) {
+  write_queue q(ring(256));
+  ASSERT_NE(q.reserve(0, 7), nullptr);
+  EXPECT_EQ(q.size(), 1u);
+  EXPECT_EQ(q.front().size, 0u);
+  EXPECT_EQ(q.front().tag, 7u);
+}
+
+TEST(WriteQueue, MergeStopsAtLargeBlockCapacityAndWrapPoint) {
+  write_queue q(ring(16 * 1024));
+  for (uint64_t t = 0; t < 4; ++t) fill(q.reserve(100, t), 100, t);
+  fill(q.reserve(5000, 4), 5000, 4);
+  fill(q.reserve(100, 5), 100, 5);
+  std::vector<uint8_t> buf(1 << 16);
+  size_t n = 0;
+  EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n), 400u);
+  EXPECT_EQ(n, 4u);
+  EXPECT_EQ(buf[100], static_cast<uint8_t>(1 * 13));
+  EXPECT_EQ(q.merge_front(buf.data(), 250, 3072, &n), 200u);  // capacity
+  EXPECT_EQ(n, 2u);
+  for (int i = 0; i < 4; ++i) q.pop_front();
+  EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n), 0u);  // large block at the head
+  EXPECT_EQ(n, 0u);
+}
+
+TEST(WriteQueue, MergeNeverCrossesTheWrapPoint) {
+  write_queue q(ring(1024));
+  // 7 blocks of 120 B stride (840 B), pop 4, then 2 more: one fits at the end, the next wraps.
+  for (uint64_t t = 0; t < 7; ++t) fill(q.reserve(100, t), 100, t);
+  for (int i = 0; i < 4; ++i) q.pop_front();
+  fill(q.reserve(100, 7), 100, 7);  // at 840..960
+  fill(q.reserve(100, 8), 100, 8);  // 960 + 120 > 1024: wraps to 0
+  std::vector<uint8_t> buf(4096);
+  size_t n = 0;
+  EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n), 400u);
+  EXPECT_EQ(n, 4u);  // tags 4,5,6,7; tag 8 lies after the wrap
+  for (int i = 0; i < 4; ++i) q.pop_front();
+  EXPECT_EQ(q.front().tag, 8u);
+  EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n), 100u);
+  EXPECT_EQ(n, 1u);
+}
+
+TEST(WriteQueue, ForEachFrontVisitsInOrder) {
+  write_queue q(ring(4096));
+  for (uint64_t t = 0; t < 10; ++t) ASSERT_NE(q.reserve(t, t), nullptr);
+  std::vector<uint64_t> seen;
+  q.for_each_front(6, [&](const write_queue::block& b) { seen.push_back(b.tag); });
+  EXPECT_EQ(seen, (std::vector<uint64_t>{0, 1, 2, 3, 4, 5}));
+}
+
+// Random push/pop/merge against a std::deque model, through many wraps.
+void model_check(write_queue_config cfg, uint64_t seed) {
+  write_queue q(cfg);
+  std::deque<std::pair<uint64_t, size_t>> model;
+  std::mt19937_64 rng(seed);
+  uint64_t next_tag = 0;
+  size_t rejected = 0;
+  std::vector<uint8_t> merge_buf(8192);
+  for (int step = 0; step < 200000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 5) {
+      const size_t n = rng() % 4 == 0 ? rng() % 2000 : rng() % 200;
+      errc e = errc::ok;
+      uint8_t* p = q.reserve(n, next_tag, &e);
+      if (p == nullptr) {
+        ASSERT_TRUE(e == errc::queue_full || e == errc::message_too_large);
+        ++rejected;
+        continue;
+      }
+      fill(p, n, next_tag);
+      model.emplace_back(next_tag++, n);
+    } else if (op < 9) {
+      if (model.empty()) {
+        ASSERT_TRUE(q.empty());
+        continue;
+      }
+      auto b = q.front();
+      ASSERT_EQ(b.tag, model.front().first);
+      ASSERT_EQ(b.size, model.front().second);
+      ASSERT_TRUE(check(b));
+      q.pop_front();
+      model.pop_front();
+    } else {
+      size_t n = 0;
+      const size_t bytes = q.merge_front(merge_buf.data(), merge_buf.size(), 1024, &n);
+      ASSERT_LE(n, model.size());
+      size_t off = 0;
+      for (size_t i = 0; i < n; ++i) {
+        for (size_t k = 0; k < model[i].second; ++k) {
+          ASSERT_EQ(merge_buf[off + k], static_cast<uint8_t>(model[i].first * 13 + k));
+        }
+        off += model[i].second;
+      }
+      ASSERT_EQ(off, bytes);
+    }
+    ASSERT_EQ(q.size(), model.size());
+    size_t total = 0;
+    for (auto& m : model) total += m.second;
+    ASSERT_EQ(q.bytes(), total);
+  }
+  EXPECT_GT(rejected, 0u);   // the run reached "full" ...
+  EXPECT_GT(next_tag, 50000u);  // ... and cycled the ring many times
+}
+
+TEST(WriteQueue, StaticRingMatchesDequeModelThroughManyWraps) {
+  model_check(ring(16 * 1024), 1);
+  model_check(ring(4 * 1024 + 8), 2);
+}
+
+TEST(WriteQueue, DynamicModeMatchesDequeModel) {
+  write_queue_config c;
+  c.mode = queue_mode::dynamic;
+  c.max_bytes = 20000;
+  c.max_blocks = 100;
+  model_check(c, 3);
+}
+
+}  // namespace
+}  // namespace uvbus

@@ -1,0 +1,43 @@
+// Helpers shared by the test suites.
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <unistd.h>
+
+namespace uvbus::test {
+
+// Runs the loop until pred() holds or the deadline passes; returns pred(). Never sleeps: the loop
+// blocks in epoll only until the next event or until a short timer fires to re-check the deadline.
+template <class Pred>
+bool run_until(uv_loop_t* loop, Pred&& pred, std::chrono::milliseconds deadline =
+                                                     std::chrono::milliseconds(10000)) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  uv_timer_t tick;
+  uv_timer_init(loop, &tick);
+  // The tick wakes uv_run(UV_RUN_ONCE) so a deadline is noticed even when no I/O arrives.
+  uv_timer_start(&tick, [](uv_timer_t*) {}, 10, 10);
+  bool ok = pred();
+  while (!ok && std::chrono::steady_clock::now() < end) {
+    uv_run(loop, UV_RUN_ONCE);
+    ok = pred();
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
+  uv_run(loop, UV_RUN_NOWAIT);  // let the close callback run so `tick` can go out of scope
+  return ok;
+}
+
+// A name unique to this process and test, for unix socket paths and shared-memory names.
+inline std::string unique_name(const char* what) {
+  static int counter = 0;
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "uvbus-test-%s-%d-%d", what, static_cast<int>(getpid()),
+                ++counter);
+  return buf;
+}
+
+}  // namespace uvbus::test
