@@ -14,13 +14,14 @@ namespace uvbus::test {
 // Runs the loop until pred() holds or the deadline passes; returns pred(). Never sleeps: the loop
 // blocks in epoll only until the next event or until a short timer fires to re-check the deadline.
 template <class Pred>
-bool run_until(uv_loop_t* loop, Pred&& pred, std::chrono::milliseconds deadline =
-                                                     std::chrono::milliseconds(10000)) {
+bool run_until(uv_loop_t* loop, Pred&& pred,
+               std::chrono::milliseconds deadline = std::chrono::milliseconds(10000)) {
   const auto end = std::chrono::steady_clock::now() + deadline;
   uv_timer_t tick;
   uv_timer_init(loop, &tick);
   // The tick wakes uv_run(UV_RUN_ONCE) so a deadline is noticed even when no I/O arrives.
-  uv_timer_start(&tick, [](uv_timer_t*) {}, 10, 10);
+  uv_timer_start(
+      &tick, [](uv_timer_t*) {}, 10, 10);
   bool ok = pred();
   while (!ok && std::chrono::steady_clock::now() < end) {
     uv_run(loop, UV_RUN_ONCE);

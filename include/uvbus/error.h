@@ -19,12 +19,12 @@ enum class errc : int {
   timeout,        // a deadline passed (connect, handshake, heartbeat, delivery)
 
   // Caller errors.
-  invalid_argument,   // a parameter is out of range or inconsistent
-  bad_url,            // an address could not be parsed
-  unsupported_scheme, // the URL scheme is not one this channel serves
-  message_too_large,  // payload above the configured message limit
-  buffer_too_small,   // a caller-provided output buffer cannot hold the result
-  closed,             // the object was closed or is closing
+  invalid_argument,    // a parameter is out of range or inconsistent
+  bad_url,             // an address could not be parsed
+  unsupported_scheme,  // the URL scheme is not one this channel serves
+  message_too_large,   // payload above the configured message limit
+  buffer_too_small,    // a caller-provided output buffer cannot hold the result
+  closed,              // the object was closed or is closing
 
   // Peer and data errors: the link that produced them is closed.
   bad_hash,        // checksum mismatch: the frame or record is corrupt
@@ -61,8 +61,7 @@ const char* to_string(errc e) noexcept;
 // True for the states that may clear up by themselves (queue_full, not_connected, busy, timeout):
 // the caller may retry the same operation later. Everything else needs a change first.
 constexpr bool is_retriable(errc e) noexcept {
-  return e == errc::queue_full || e == errc::not_connected || e == errc::busy ||
-         e == errc::timeout;
+  return e == errc::queue_full || e == errc::not_connected || e == errc::busy || e == errc::timeout;
 }
 
 // Maps a negative errno value (or a libuv error, which on Unix is a negative errno) to an errc.

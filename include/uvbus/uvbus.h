@@ -1,6 +1,7 @@
 // The whole public API of uvbus. Everything lives in namespace uvbus.
 #pragma once
 
+#include "uvbus/address.h"
 #include "uvbus/error.h"
 #include "uvbus/frame.h"
 #include "uvbus/murmur3.h"

@@ -37,11 +37,16 @@ size_t frame_encode(const void* payload, size_t len, uint8_t* out, size_t cap) n
 
 const char* to_string(frame_status s) noexcept {
   switch (s) {
-    case frame_status::payload: return "payload";
-    case frame_status::need_more: return "need_more";
-    case frame_status::bad_hash: return "bad_hash: frame checksum mismatch";
-    case frame_status::oversize: return "oversize: frame length above the message limit";
-    case frame_status::bad_varint: return "bad_varint: malformed frame length";
+    case frame_status::payload:
+      return "payload";
+    case frame_status::need_more:
+      return "need_more";
+    case frame_status::bad_hash:
+      return "bad_hash: frame checksum mismatch";
+    case frame_status::oversize:
+      return "oversize: frame length above the message limit";
+    case frame_status::bad_varint:
+      return "bad_varint: malformed frame length";
   }
   return "unknown";
 }

@@ -7,8 +7,12 @@
 namespace uvbus {
 namespace {
 
-inline uint32_t rotl32(uint32_t x, int r) noexcept { return (x << r) | (x >> (32 - r)); }
-inline uint64_t rotl64(uint64_t x, int r) noexcept { return (x << r) | (x >> (64 - r)); }
+inline uint32_t rotl32(uint32_t x, int r) noexcept {
+  return (x << r) | (x >> (32 - r));
+}
+inline uint64_t rotl64(uint64_t x, int r) noexcept {
+  return (x << r) | (x >> (64 - r));
+}
 
 // The reference reads blocks in the machine's byte order; it is specified (and its verification
 // values computed) on little-endian machines, so we read little-endian everywhere.
@@ -68,8 +72,12 @@ uint32_t murmur3_x86_32(const void* data, size_t len, uint32_t seed) noexcept {
   const uint8_t* tail = p + nblocks * 4;
   uint32_t k1 = 0;
   switch (len & 3) {
-    case 3: k1 ^= static_cast<uint32_t>(tail[2]) << 16; [[fallthrough]];
-    case 2: k1 ^= static_cast<uint32_t>(tail[1]) << 8; [[fallthrough]];
+    case 3:
+      k1 ^= static_cast<uint32_t>(tail[2]) << 16;
+      [[fallthrough]];
+    case 2:
+      k1 ^= static_cast<uint32_t>(tail[1]) << 8;
+      [[fallthrough]];
     case 1:
       k1 ^= tail[0];
       k1 *= c1;
@@ -77,7 +85,8 @@ uint32_t murmur3_x86_32(const void* data, size_t len, uint32_t seed) noexcept {
       k1 *= c2;
       h1 ^= k1;
       break;
-    default: break;
+    default:
+      break;
   }
 
   // The reference mixes in the length as a 32-bit int.
@@ -116,12 +125,24 @@ void murmur3_x64_128(const void* data, size_t len, uint32_t seed, uint64_t out[2
   uint64_t k1 = 0;
   uint64_t k2 = 0;
   switch (len & 15) {
-    case 15: k2 ^= static_cast<uint64_t>(tail[14]) << 48; [[fallthrough]];
-    case 14: k2 ^= static_cast<uint64_t>(tail[13]) << 40; [[fallthrough]];
-    case 13: k2 ^= static_cast<uint64_t>(tail[12]) << 32; [[fallthrough]];
-    case 12: k2 ^= static_cast<uint64_t>(tail[11]) << 24; [[fallthrough]];
-    case 11: k2 ^= static_cast<uint64_t>(tail[10]) << 16; [[fallthrough]];
-    case 10: k2 ^= static_cast<uint64_t>(tail[9]) << 8; [[fallthrough]];
+    case 15:
+      k2 ^= static_cast<uint64_t>(tail[14]) << 48;
+      [[fallthrough]];
+    case 14:
+      k2 ^= static_cast<uint64_t>(tail[13]) << 40;
+      [[fallthrough]];
+    case 13:
+      k2 ^= static_cast<uint64_t>(tail[12]) << 32;
+      [[fallthrough]];
+    case 12:
+      k2 ^= static_cast<uint64_t>(tail[11]) << 24;
+      [[fallthrough]];
+    case 11:
+      k2 ^= static_cast<uint64_t>(tail[10]) << 16;
+      [[fallthrough]];
+    case 10:
+      k2 ^= static_cast<uint64_t>(tail[9]) << 8;
+      [[fallthrough]];
     case 9:
       k2 ^= static_cast<uint64_t>(tail[8]);
       k2 *= c2;
@@ -129,13 +150,27 @@ void murmur3_x64_128(const void* data, size_t len, uint32_t seed, uint64_t out[2
       k2 *= c1;
       h2 ^= k2;
       [[fallthrough]];
-    case 8: k1 ^= static_cast<uint64_t>(tail[7]) << 56; [[fallthrough]];
-    case 7: k1 ^= static_cast<uint64_t>(tail[6]) << 48; [[fallthrough]];
-    case 6: k1 ^= static_cast<uint64_t>(tail[5]) << 40; [[fallthrough]];
-    case 5: k1 ^= static_cast<uint64_t>(tail[4]) << 32; [[fallthrough]];
-    case 4: k1 ^= static_cast<uint64_t>(tail[3]) << 24; [[fallthrough]];
-    case 3: k1 ^= static_cast<uint64_t>(tail[2]) << 16; [[fallthrough]];
-    case 2: k1 ^= static_cast<uint64_t>(tail[1]) << 8; [[fallthrough]];
+    case 8:
+      k1 ^= static_cast<uint64_t>(tail[7]) << 56;
+      [[fallthrough]];
+    case 7:
+      k1 ^= static_cast<uint64_t>(tail[6]) << 48;
+      [[fallthrough]];
+    case 6:
+      k1 ^= static_cast<uint64_t>(tail[5]) << 40;
+      [[fallthrough]];
+    case 5:
+      k1 ^= static_cast<uint64_t>(tail[4]) << 32;
+      [[fallthrough]];
+    case 4:
+      k1 ^= static_cast<uint64_t>(tail[3]) << 24;
+      [[fallthrough]];
+    case 3:
+      k1 ^= static_cast<uint64_t>(tail[2]) << 16;
+      [[fallthrough]];
+    case 2:
+      k1 ^= static_cast<uint64_t>(tail[1]) << 8;
+      [[fallthrough]];
     case 1:
       k1 ^= static_cast<uint64_t>(tail[0]);
       k1 *= c1;
@@ -143,7 +178,8 @@ void murmur3_x64_128(const void* data, size_t len, uint32_t seed, uint64_t out[2
       k1 *= c2;
       h1 ^= k1;
       break;
-    default: break;
+    default:
+      break;
   }
 
   h1 ^= static_cast<uint64_t>(len);

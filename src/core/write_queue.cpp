@@ -14,8 +14,12 @@ struct ring_header {
 };
 static_assert(sizeof(ring_header) == 16, "ring block header must stay 16 bytes");
 
-constexpr size_t align8(size_t n) noexcept { return (n + 7) & ~static_cast<size_t>(7); }
-constexpr size_t ring_stride(size_t n) noexcept { return sizeof(ring_header) + align8(n); }
+constexpr size_t align8(size_t n) noexcept {
+  return (n + 7) & ~static_cast<size_t>(7);
+}
+constexpr size_t ring_stride(size_t n) noexcept {
+  return sizeof(ring_header) + align8(n);
+}
 
 }  // namespace
 
@@ -150,7 +154,9 @@ void write_queue::unreserve_back() noexcept {
   if (count_ == 0) head_ = tail_ = wrap_at_ = 0;
 }
 
-write_queue::cursor write_queue::begin() const noexcept { return {head_, first_}; }
+write_queue::cursor write_queue::begin() const noexcept {
+  return {head_, first_};
+}
 
 write_queue::block write_queue::at(cursor c) const noexcept {
   if (cfg_.mode == queue_mode::dynamic) return {c.node->data(), c.node->size, c.node->tag};
@@ -168,7 +174,9 @@ write_queue::cursor write_queue::advance(cursor c) const noexcept {
   return {next, nullptr};
 }
 
-write_queue::block write_queue::front() const noexcept { return at(begin()); }
+write_queue::block write_queue::front() const noexcept {
+  return at(begin());
+}
 
 void write_queue::pop_front() noexcept {
   if (count_ == 0) return;

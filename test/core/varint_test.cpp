@@ -27,7 +27,8 @@ TEST(Varint, EncodesMostSignificantGroupFirst) {
 
 TEST(Varint, SizeMatchesEncoding) {
   for (int shift = 0; shift < 64; ++shift) {
-    for (uint64_t v : {(uint64_t{1} << shift) - 1, uint64_t{1} << shift, (uint64_t{1} << shift) + 1}) {
+    for (uint64_t v :
+         {(uint64_t{1} << shift) - 1, uint64_t{1} << shift, (uint64_t{1} << shift) + 1}) {
       EXPECT_EQ(varint_size(v), enc(v).size()) << v;
     }
   }

@@ -198,7 +198,7 @@ void model_check(write_queue_config cfg, uint64_t seed) {
     for (auto& m : model) total += m.second;
     ASSERT_EQ(q.bytes(), total);
   }
-  EXPECT_GT(rejected, 0u);   // the run reached "full" ...
+  EXPECT_GT(rejected, 0u);      // the run reached "full" ...
   EXPECT_GT(next_tag, 50000u);  // ... and cycled the ring many times
 }
 

@@ -1,0 +1,299 @@
+// Shared pieces of the uvbus sender/receiver benchmarks (DESIGN §5):
+//
+//   <binary> URL [--min BYTES] [--max BYTES] [--seconds S] [other --flags]
+//
+// Payload format (every channel): bytes [0,8) the sequence number (little endian), bytes [8,16)
+// the writer id (little endian, 0 for a single sender), the rest filled from the sequence number
+// by a cheap generator; the size is uniform in [min, max] and also derived from the sequence
+// number, so the receiver can check size and every byte without any shared state. Payloads shorter
+// than 16 bytes carry as much of the header as fits (min must be >= 8).
+// The end of a run is a message with seq = kEndSeq whose bytes [16,24) hold the count sent.
+//
+// The receiver prints one line per second to stdout:
+//   [recv] t=3 msgs/s=2512345 MB/s=170.3 cpu%=98 rss_kib=5120
+// and a final JSON line starting with {"bench":...} (see json_line()).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <sys/resource.h>
+#include <time.h>
+
+namespace uvbus::bench {
+
+inline constexpr uint64_t kEndSeq = ~uint64_t{0};
+
+struct options {
+  std::string url;
+  size_t min = 8;
+  size_t max = 128;
+  double seconds = 10;
+  std::map<std::string, std::string> extra;  // any other --key value, or --flag (value "1")
+
+  // Accepts `URL --key value ... --flag`. A flag is a --key followed by another --key or nothing.
+  static options parse(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a.rfind("--", 0) != 0) {
+        o.url = a;
+        continue;
+      }
+      std::string key = a.substr(2);
+      std::string val = "1";
+      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
+      if (key == "min") {
+        o.min = std::strtoull(val.c_str(), nullptr, 10);
+      } else if (key == "max") {
+        o.max = std::strtoull(val.c_str(), nullptr, 10);
+      } else if (key == "seconds") {
+        o.seconds = std::strtod(val.c_str(), nullptr);
+      } else {
+        o.extra[key] = val;
+      }
+    }
+    if (o.min < 8) o.min = 8;
+    if (o.max < o.min) o.max = o.min;
+    return o;
+  }
+  bool flag(const std::string& k) const { return extra.count(k) != 0; }
+  std::string get(const std::string& k, const std::string& def = "") const {
+    auto it = extra.find(k);
+    return it == extra.end() ? def : it->second;
+  }
+  long get_int(const std::string& k, long def) const {
+    auto it = extra.find(k);
+    return it == extra.end() ? def : std::strtol(it->second.c_str(), nullptr, 10);
+  }
+};
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+inline void put_le64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+inline uint64_t get_le64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Size of message `seq` of writer `writer`, uniform in [min, max].
+inline size_t payload_size(uint64_t seq, uint64_t writer, size_t min, size_t max) {
+  if (min == max) return min;
+  return min + mix64(seq ^ (writer << 48)) % (max - min + 1);
+}
+
+// Fills bytes [16, n) from the sequence number: 8 bytes at a time, so generation and checking stay
+// far cheaper than the channel being measured.
+inline void fill_body(uint8_t* p, size_t n, uint64_t seq) {
+  uint64_t w = seq * 0x9E3779B97F4A7C15ull + 1;
+  size_t i = 16;
+  for (; i + 8 <= n; i += 8) {
+    std::memcpy(p + i, &w, 8);
+    w += 0x632BE59BD9B4E019ull;
+  }
+  for (size_t k = 0; i < n; ++i, ++k) p[i] = static_cast<uint8_t>(w >> (8 * k));
+}
+
+// Writes message `seq` of `writer` into out (room for max bytes); returns its size.
+inline size_t make_payload(uint64_t seq, uint64_t writer, size_t min, size_t max, uint8_t* out) {
+  const size_t n = payload_size(seq, writer, min, max);
+  uint8_t head[16];
+  put_le64(head, seq);
+  put_le64(head + 8, writer);
+  std::memcpy(out, head, std::min<size_t>(n, 16));
+  fill_body(out, n, seq);
+  return n;
+}
+
+// The end-of-run message: seq = kEndSeq, writer, count sent. 24 bytes.
+inline size_t make_end(uint64_t writer, uint64_t count, uint8_t* out) {
+  put_le64(out, kEndSeq);
+  put_le64(out + 8, writer);
+  put_le64(out + 16, count);
+  return 24;
+}
+
+// Checks one received payload against what writer `writer` sends as message `seq`.
+inline bool verify_payload(const uint8_t* p, size_t n, uint64_t seq, uint64_t writer, size_t min,
+                           size_t max) {
+  if (n != payload_size(seq, writer, min, max)) return false;
+  uint8_t want[16];
+  put_le64(want, seq);
+  put_le64(want + 8, writer);
+  if (std::memcmp(p, want, std::min<size_t>(n, 16)) != 0) return false;
+  uint64_t w = seq * 0x9E3779B97F4A7C15ull + 1;
+  size_t i = 16;
+  for (; i + 8 <= n; i += 8) {
+    if (std::memcmp(p + i, &w, 8) != 0) return false;
+    w += 0x632BE59BD9B4E019ull;
+  }
+  for (size_t k = 0; i < n; ++i, ++k) {
+    if (p[i] != static_cast<uint8_t>(w >> (8 * k))) return false;
+  }
+  return true;
+}
+
+inline double mono_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+inline double cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+inline long rss_kib() {
+  // Current RSS from /proc (max RSS from getrusage would hide a leak's shape).
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages = 0;
+  long resident = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * 4;
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// Per-second reporting at the receiver. Call tick() often (e.g. from a 100 ms timer or after each
+// batch); it prints a line whenever a second has passed. msgs()/bytes() are the totals so far.
+class meter {
+ public:
+  explicit meter(const char* tag) : tag_(tag) { reset_clock(); }
+
+  void reset_clock() {
+    t0_ = last_t_ = mono_now();
+    c0_ = last_c_ = cpu_now();
+  }
+  void add(size_t bytes) {
+    ++msgs_;
+    bytes_ += bytes;
+  }
+  void tick() {
+    const double now = mono_now();
+    if (now - last_t_ < 1.0) return;
+    const double dt = now - last_t_;
+    const double c = cpu_now();
+    const double mps = static_cast<double>(msgs_ - last_msgs_) / dt;
+    const double mbps = static_cast<double>(bytes_ - last_bytes_) / dt / 1e6;
+    const double cpu = (c - last_c_) / dt * 100;
+    ++second_;
+    std::printf("[%s] t=%d msgs/s=%.0f MB/s=%.1f cpu%%=%.0f rss_kib=%ld\n", tag_, second_, mps,
+                mbps, cpu, rss_kib());
+    std::fflush(stdout);
+    if (msgs_ != last_msgs_) {  // idle seconds (before the first message) are not samples
+      per_sec_msgs_.push_back(mps);
+      per_sec_mb_.push_back(mbps);
+      per_sec_cpu_.push_back(cpu);
+    }
+    last_t_ = now;
+    last_c_ = c;
+    last_msgs_ = msgs_;
+    last_bytes_ = bytes_;
+  }
+
+  uint64_t msgs() const { return msgs_; }
+  uint64_t bytes() const { return bytes_; }
+  double elapsed() const { return mono_now() - t0_; }
+  double cpu_pct() const { return (cpu_now() - c0_) / std::max(elapsed(), 1e-9) * 100; }
+  // Median of the per-second samples, first sample dropped (warm-up) when there are 3 or more.
+  double median_msgs() const { return med(per_sec_msgs_); }
+  double median_mb() const { return med(per_sec_mb_); }
+  double median_cpu() const { return med(per_sec_cpu_); }
+
+ private:
+  static double med(const std::vector<double>& v) {
+    if (v.size() >= 3) return median(std::vector<double>(v.begin() + 1, v.end()));
+    return median(v);
+  }
+  const char* tag_;
+  int second_ = 0;
+  uint64_t msgs_ = 0, bytes_ = 0, last_msgs_ = 0, last_bytes_ = 0;
+  double t0_ = 0, last_t_ = 0, c0_ = 0, last_c_ = 0;
+  std::vector<double> per_sec_msgs_, per_sec_mb_, per_sec_cpu_;
+};
+
+// The final machine-readable line. extra_json is spliced in as-is (e.g. ",\"writers\":2").
+inline void json_line(const char* bench, const options& o, const meter& m, uint64_t errors,
+                      const std::string& extra_json = "") {
+  std::printf(
+      "{\"bench\":\"%s\",\"url\":\"%s\",\"min\":%zu,\"max\":%zu,\"seconds\":%.1f,"
+      "\"msgs\":%" PRIu64 ",\"bytes\":%" PRIu64
+      ",\"msgs_per_s\":%.0f,\"mb_per_s\":%.1f,\"cpu_pct\":%.0f,\"rss_kib\":%ld,"
+      "\"errors\":%" PRIu64 "%s}\n",
+      bench, o.url.c_str(), o.min, o.max, o.seconds, m.msgs(), m.bytes(), m.median_msgs(),
+      m.median_mb(), m.median_cpu(), rss_kib(), errors, extra_json.c_str());
+  std::fflush(stdout);
+}
+
+// Latency histogram: log-linear buckets of ~1 % width from 10 ns to ~100 s; exact enough for
+// p50..p99.9 and constant memory however many samples.
+class histogram {
+ public:
+  void add(uint64_t ns) {
+    ++count_;
+    max_ = std::max(max_, ns);
+    ++buckets_[bucket(ns)];
+  }
+  uint64_t count() const { return count_; }
+  uint64_t max() const { return max_; }
+  // Upper bound of the bucket holding the q-quantile (0 < q <= 1), in ns.
+  uint64_t quantile(double q) const {
+    const auto want = static_cast<uint64_t>(q * static_cast<double>(count_) + 0.5);
+    uint64_t seen = 0;
+    for (size_t i = 0; i < kBuckets; ++i) {
+      seen += buckets_[i];
+      if (seen >= want && seen > 0) return std::min(upper(i), max_);
+    }
+    return max_;
+  }
+
+ private:
+  static constexpr size_t kSub = 64;  // linear sub-buckets per power of two
+  static constexpr size_t kBuckets = 64 * kSub;
+  static size_t bucket(uint64_t v) {
+    if (v < kSub) return static_cast<size_t>(v);
+    const int msb = 63 - __builtin_clzll(v);
+    const int shift = msb - 6;  // log2(kSub)
+    const size_t sub = static_cast<size_t>((v >> shift) & (kSub - 1));
+    return std::min(kBuckets - 1, static_cast<size_t>(shift + 1) * kSub + sub);
+  }
+  static uint64_t upper(size_t b) {
+    if (b < kSub) return b;
+    const size_t shift = b / kSub - 1;
+    const uint64_t sub = b % kSub;
+    return ((kSub + sub + 1) << shift) - 1;
+  }
+  uint64_t count_ = 0;
+  uint64_t max_ = 0;
+  uint64_t buckets_[kBuckets] = {};
+};
+
+inline uint64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace uvbus::bench

@@ -1,0 +1,47 @@
+// Channel addresses as URLs:
+//
+//   ipv4://127.0.0.1:16389        IPv4 literal and port (port 0: an ephemeral port on listen)
+//   ipv6://[::1]:16389            IPv6 literal in brackets; the libatbus form ipv6://::1:16389 is
+//                                 accepted too (the last colon separates the port)
+//   dns://localhost:16389         a host name, resolved when connecting or listening
+//   unix:///tmp/x.sock            a unix socket path (absolute or relative)
+//   shm://name  or  shm:///name   a POSIX shared-memory region (shm_open name "/name")
+//   shm://0x1234  or  shm://4660  a SysV shared-memory key (hex with 0x, or decimal)
+//   mem://name                    an in-process ring, for threads of one process
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "uvbus/error.h"
+
+namespace uvbus {
+
+enum class scheme : uint8_t { ipv4, ipv6, dns, unix_socket, shm, mem };
+
+const char* to_string(scheme s) noexcept;
+
+struct address {
+  scheme kind = scheme::ipv4;
+  // ipv4/ipv6: the literal (without brackets); dns: the host name; unix: the path;
+  // shm (named) and mem: the name without leading slashes. Empty for a numeric shm key.
+  std::string host;
+  uint16_t port = 0;         // ipv4, ipv6, dns
+  bool shm_numeric = false;  // shm with a SysV key
+  uint32_t shm_key = 0;
+
+  // The canonical URL (ipv6 in brackets, shm names as shm://name, keys in hex).
+  [[nodiscard]] std::string to_string() const;
+  [[nodiscard]] bool is_stream() const noexcept {
+    return kind == scheme::ipv4 || kind == scheme::ipv6 || kind == scheme::dns ||
+           kind == scheme::unix_socket;
+  }
+};
+
+// Parses url into *out. Errors: bad_url (malformed: missing "://", empty host or path, bad or
+// out-of-range port, invalid IP literal, bad shm key), unsupported_scheme (unknown scheme).
+// *out is only written on success.
+[[nodiscard]] errc parse_address(std::string_view url, address* out);
+
+}  // namespace uvbus

@@ -1,0 +1,176 @@
+#include "uvbus/address.h"
+
+#include <arpa/inet.h>
+
+#include <cstdio>
+
+namespace uvbus {
+namespace {
+
+bool parse_port(std::string_view s, uint16_t* port) {
+  if (s.empty() || s.size() > 5) return false;
+  uint32_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (v > 65535) return false;
+  *port = static_cast<uint16_t>(v);
+  return true;
+}
+
+bool parse_key(std::string_view s, uint32_t* key) {
+  uint64_t v = 0;
+  if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s.remove_prefix(2);
+    if (s.size() > 8) return false;
+    for (char c : s) {
+      int d = 0;
+      if (c >= '0' && c <= '9') {
+        d = c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        d = c - 'a' + 10;
+      } else if (c >= 'A' && c <= 'F') {
+        d = c - 'A' + 10;
+      } else {
+        return false;
+      }
+      v = v * 16 + static_cast<uint64_t>(d);
+    }
+  } else {
+    if (s.empty() || s.size() > 10) return false;
+    for (char c : s) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + static_cast<uint64_t>(c - '0');
+    }
+  }
+  if (v == 0 || v > UINT32_MAX) return false;  // key 0 is IPC_PRIVATE, never a shared name
+  *key = static_cast<uint32_t>(v);
+  return true;
+}
+
+bool is_all_digits(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* to_string(scheme s) noexcept {
+  switch (s) {
+    case scheme::ipv4:
+      return "ipv4";
+    case scheme::ipv6:
+      return "ipv6";
+    case scheme::dns:
+      return "dns";
+    case scheme::unix_socket:
+      return "unix";
+    case scheme::shm:
+      return "shm";
+    case scheme::mem:
+      return "mem";
+  }
+  return "?";
+}
+
+errc parse_address(std::string_view url, address* out) {
+  const size_t sep = url.find("://");
+  if (sep == std::string_view::npos || sep == 0) return errc::bad_url;
+  const std::string_view name = url.substr(0, sep);
+  std::string_view rest = url.substr(sep + 3);
+  address a;
+  if (name == "ipv4") {
+    a.kind = scheme::ipv4;
+  } else if (name == "ipv6") {
+    a.kind = scheme::ipv6;
+  } else if (name == "dns") {
+    a.kind = scheme::dns;
+  } else if (name == "unix") {
+    a.kind = scheme::unix_socket;
+  } else if (name == "shm") {
+    a.kind = scheme::shm;
+  } else if (name == "mem") {
+    a.kind = scheme::mem;
+  } else {
+    return errc::unsupported_scheme;
+  }
+
+  switch (a.kind) {
+    case scheme::unix_socket:
+      if (rest.empty() || rest.find('\0') != std::string_view::npos) return errc::bad_url;
+      a.host = std::string(rest);
+      break;
+    case scheme::shm:
+    case scheme::mem: {
+      while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
+      if (rest.empty() || rest.find('/') != std::string_view::npos || rest.size() > 200) {
+        return errc::bad_url;
+      }
+      const bool hex = rest.size() >= 2 && rest[0] == '0' && (rest[1] == 'x' || rest[1] == 'X');
+      if (a.kind == scheme::shm && (hex || is_all_digits(rest))) {
+        if (!parse_key(rest, &a.shm_key)) return errc::bad_url;
+        a.shm_numeric = true;
+      } else {
+        a.host = std::string(rest);
+      }
+      break;
+    }
+    default: {
+      std::string_view host;
+      std::string_view port;
+      if (!rest.empty() && rest.front() == '[') {
+        const size_t close = rest.find(']');
+        if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+          return errc::bad_url;
+        }
+        host = rest.substr(1, close - 1);
+        port = rest.substr(close + 2);
+      } else {
+        const size_t colon = rest.rfind(':');
+        if (colon == std::string_view::npos) return errc::bad_url;
+        host = rest.substr(0, colon);
+        port = rest.substr(colon + 1);
+      }
+      if (host.empty() || !parse_port(port, &a.port)) return errc::bad_url;
+      a.host = std::string(host);
+      unsigned char buf[16];
+      if (a.kind == scheme::ipv4 && inet_pton(AF_INET, a.host.c_str(), buf) != 1) {
+        return errc::bad_url;
+      }
+      if (a.kind == scheme::ipv6 && inet_pton(AF_INET6, a.host.c_str(), buf) != 1) {
+        return errc::bad_url;
+      }
+      break;
+    }
+  }
+  *out = std::move(a);
+  return errc::ok;
+}
+
+std::string address::to_string() const {
+  switch (kind) {
+    case scheme::ipv4:
+    case scheme::dns:
+      return std::string(uvbus::to_string(kind)) + "://" + host + ":" + std::to_string(port);
+    case scheme::ipv6:
+      return "ipv6://[" + host + "]:" + std::to_string(port);
+    case scheme::unix_socket:
+      return "unix://" + host;
+    case scheme::shm:
+      if (shm_numeric) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "shm://0x%x", shm_key);
+        return buf;
+      }
+      return "shm://" + host;
+    case scheme::mem:
+      return "mem://" + host;
+  }
+  return {};
+}
+
+}  // namespace uvbus

@@ -1,0 +1,80 @@
+#include "uvbus/address.h"
+
+#include <gtest/gtest.h>
+
+namespace uvbus {
+namespace {
+
+address parse_ok(const char* url) {
+  address a;
+  EXPECT_EQ(parse_address(url, &a), errc::ok) << url;
+  return a;
+}
+
+TEST(Address, ParsesEveryScheme) {
+  auto a = parse_ok("ipv4://127.0.0.1:16389");
+  EXPECT_EQ(a.kind, scheme::ipv4);
+  EXPECT_EQ(a.host, "127.0.0.1");
+  EXPECT_EQ(a.port, 16389);
+  a = parse_ok("ipv6://[::1]:16389");
+  EXPECT_EQ(a.kind, scheme::ipv6);
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 16389);
+  a = parse_ok("ipv6://::1:16389");  // libatbus form: the last colon is the port
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 16389);
+  a = parse_ok("dns://localhost:0");
+  EXPECT_EQ(a.kind, scheme::dns);
+  EXPECT_EQ(a.host, "localhost");
+  a = parse_ok("unix:///tmp/x.sock");
+  EXPECT_EQ(a.kind, scheme::unix_socket);
+  EXPECT_EQ(a.host, "/tmp/x.sock");
+  a = parse_ok("shm://ring1");
+  EXPECT_EQ(a.kind, scheme::shm);
+  EXPECT_FALSE(a.shm_numeric);
+  EXPECT_EQ(a.host, "ring1");
+  EXPECT_EQ(parse_ok("shm:///ring1").host, "ring1");
+  a = parse_ok("shm://0x1234");
+  EXPECT_TRUE(a.shm_numeric);
+  EXPECT_EQ(a.shm_key, 0x1234u);
+  EXPECT_EQ(parse_ok("shm://4660").shm_key, 4660u);
+  EXPECT_EQ(parse_ok("mem://m").kind, scheme::mem);
+}
+
+TEST(Address, RejectsMalformedUrls) {
+  address a;
+  for (const char* bad : {"",
+                          "ipv4",
+                          "ipv4://",
+                          "ipv4://127.0.0.1",
+                          "ipv4://127.0.0.1:",
+                          "ipv4://127.0.0.1:65536",
+                          "ipv4://127.0.0.1:12x",
+                          "ipv4://::1:80",
+                          "ipv4://300.1.1.1:80",
+                          "ipv6://[::1]",
+                          "ipv6://[::1:80",
+                          "ipv6://zz:80",
+                          "dns://:80",
+                          "unix://",
+                          "shm://",
+                          "shm://0x",
+                          "shm://0",
+                          "shm://0x123456789",
+                          "shm://a/b",
+                          "://x"}) {
+    EXPECT_EQ(parse_address(bad, &a), errc::bad_url) << bad;
+  }
+  EXPECT_EQ(parse_address("http://x:1", &a), errc::unsupported_scheme);
+}
+
+TEST(Address, CanonicalForm) {
+  EXPECT_EQ(parse_ok("ipv6://::1:5").to_string(), "ipv6://[::1]:5");
+  EXPECT_EQ(parse_ok("shm:///abc").to_string(), "shm://abc");
+  EXPECT_EQ(parse_ok("shm://4660").to_string(), "shm://0x1234");
+  EXPECT_EQ(parse_ok("ipv4://1.2.3.4:9").to_string(), "ipv4://1.2.3.4:9");
+  EXPECT_EQ(parse_ok("unix://rel.sock").to_string(), "unix://rel.sock");
+}
+
+}  // namespace
+}  // namespace uvbus
