@@ -1,0 +1,111 @@
+// Microbenchmarks of the core hot pieces: MurmurHash3, frame encode+decode, write-queue push+pop
+// and the merge step. Run: build/uvbus_micro_core [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <vector>
+
+#include "uvbus/frame.h"
+#include "uvbus/murmur3.h"
+#include "uvbus/write_queue.h"
+
+namespace {
+
+void BM_Murmur3_x86_32(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> buf(n + 1, 0x5a);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(uvbus::murmur3_x86_32(buf.data() + 1, n, 0));  // unaligned input
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_Murmur3_x86_32)->Arg(16)->Arg(128)->Arg(4096)->Arg(65536);
+
+void BM_Murmur3_x64_128(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> buf(n, 0x5a);
+  uint64_t out[2];
+  for (auto _ : state) {
+    uvbus::murmur3_x64_128(buf.data(), n, 0, out);
+    benchmark::DoNotOptimize(out);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_Murmur3_x64_128)->Arg(16)->Arg(128)->Arg(4096)->Arg(65536);
+
+// Encode one frame into a buffer, then decode it: frames/s.
+void BM_FrameEncodeDecode(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> payload(n, 0x33);
+  std::vector<uint8_t> wire(uvbus::frame_size(n));
+  uvbus::frame_decoder dec;
+  for (auto _ : state) {
+    const size_t len = uvbus::frame_encode(payload.data(), n, wire.data(), wire.size());
+    dec.feed(wire.data(), len);
+    auto r = dec.next();
+    benchmark::DoNotOptimize(r.data);
+    if (r.status != uvbus::frame_status::payload) state.SkipWithError("decode failed");
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_FrameEncodeDecode)->Arg(64)->Arg(4096);
+
+// Decoding a 64 KiB read full of 64 B frames, as the stream channel's read path does.
+void BM_FrameDecodeBatch64(benchmark::State& state) {
+  std::vector<uint8_t> payload(64, 0x44);
+  std::vector<uint8_t> wire;
+  size_t frames = 0;
+  while (wire.size() + uvbus::frame_size(64) <= 65536) {
+    const size_t at = wire.size();
+    wire.resize(at + uvbus::frame_size(64));
+    (void)uvbus::frame_encode(payload.data(), 64, wire.data() + at, wire.size() - at);
+    ++frames;
+  }
+  uvbus::frame_decoder dec;
+  for (auto _ : state) {
+    dec.feed(wire.data(), wire.size());
+    for (;;) {
+      auto r = dec.next();
+      if (r.status != uvbus::frame_status::payload) break;
+      benchmark::DoNotOptimize(r.data);
+    }
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * frames));
+}
+BENCHMARK(BM_FrameDecodeBatch64);
+
+void BM_QueuePushPop64(benchmark::State& state) {
+  uvbus::write_queue_config cfg;
+  cfg.mode = state.range(0) == 0 ? uvbus::queue_mode::static_ring : uvbus::queue_mode::dynamic;
+  uvbus::write_queue q(cfg);
+  uint8_t payload[64] = {1};
+  for (auto _ : state) {
+    uint8_t* p = q.reserve(sizeof payload, 1);
+    std::memcpy(p, payload, sizeof payload);
+    benchmark::DoNotOptimize(q.front().data);
+    q.pop_front();
+  }
+  state.SetLabel(state.range(0) == 0 ? "static_ring" : "dynamic");
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+BENCHMARK(BM_QueuePushPop64)->Arg(0)->Arg(1);
+
+// Queue 256 blocks of 64 B, merge them into one buffer, pop them: the coalescing step.
+void BM_QueueMerge256x64(benchmark::State& state) {
+  uvbus::write_queue q;
+  std::vector<uint8_t> merge(64 * 1024);
+  uint8_t payload[64] = {2};
+  for (auto _ : state) {
+    for (int i = 0; i < 256; ++i) std::memcpy(q.reserve(sizeof payload, 1), payload, 64);
+    size_t n = 0;
+    benchmark::DoNotOptimize(q.merge_front(merge.data(), merge.size(), 3072, &n));
+    for (size_t i = 0; i < n; ++i) q.pop_front();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * 256));
+}
+BENCHMARK(BM_QueueMerge256x64);
+
+}  // namespace
+
+BENCHMARK_MAIN();

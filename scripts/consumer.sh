@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs uvbus into a temporary prefix and builds + runs test/consumer against it, through the
+# CMake package config and through pkg-config.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/deps.sh
+work=$(mktemp -d /tmp/uvbus-consumer.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cmake -S . -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUVBUS_WERROR=ON \
+  -DUVBUS_BUILD_TESTS=OFF -DUVBUS_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX="$work/prefix" >/dev/null
+cmake --build "$work/build" -j"$(nproc)" >/dev/null
+cmake --install "$work/build" >/dev/null
+PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig:$work/prefix/lib/x86_64-linux-gnu/pkgconfig" \
+  cmake -S test/consumer -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/consumer" >/dev/null
+"$work/consumer/consumer"
+"$work/consumer/consumer_pc"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# README's test command: installs what is missing, builds uvbus from scratch with
+# AddressSanitizer + UndefinedBehaviorSanitizer and -Werror, and runs the whole suite with ctest.
+#   BUILD=dir (default build-test)   CTEST_ARGS="-L core" to select
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/deps.sh
+BUILD=${BUILD:-build-test}
+rm -rf "$BUILD"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUVBUS_WERROR=ON \
+  -DUVBUS_SANITIZE=address,undefined
+cmake --build "$BUILD" -j"$(nproc)"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+cd "$BUILD"
+# shellcheck disable=SC2086
+ctest --output-on-failure -j"$(nproc)" --timeout 300 ${CTEST_ARGS:-}
