@@ -1,0 +1,264 @@
+// Shared-memory and in-process memory channels: a ring with many writers and one reader.
+//
+//   shm://name  (or shm:///name)   POSIX shm_open("/name") + mmap, mode 0600 by default
+//   shm://0x1234  or  shm://4660   a SysV segment (shmget key), removed by the reader's close
+//   mem://name                     the same ring in ordinary memory, for threads of one process
+//
+// The reader creates the region (shm_reader::open), writers attach to it (shm_writer::open). A
+// writer copies each message into the ring and commits it; the reader delivers committed records
+// in reservation order, verifying a MurmurHash3 checksum on every record. Nothing blocks: a full
+// ring makes send() fail at once with queue_full; a writer that dies or stalls between reserving
+// and committing a record is skipped by the reader after `abandon_timeout_us` of monotonic wall
+// time, and if it was merely slow its send() then reports errc::abandoned (the message was NOT
+// delivered) — a message is never lost silently.
+//
+// Threads: one shm_reader object is used from one thread (its loop's thread once started). One
+// shm_writer object is used from one thread at a time; any number of writer objects (in any
+// threads or processes) may send into the same region concurrently. The region's layout, memory
+// orders and crash-safety argument are documented in docs/shm.md.
+//
+// Contract shared by every call taking a callback (from libuv): when a function which takes a
+// callback returns an error, the callback will never be called.
+#pragma once
+
+#include <uv.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "uvbus/address.h"
+#include "uvbus/error.h"
+
+namespace uvbus {
+
+// Region parameters chosen by the reader at creation. Writers read them from the region header.
+struct shm_config {
+  // Bytes of the ring proper (the region is this plus a 4096-byte header). A power of two, at
+  // least 16 nodes. Default 8 MiB.
+  size_t ring_bytes = size_t{8} << 20;
+  // Records occupy whole nodes (16-byte record header + payload, rounded up). A power of two in
+  // [64, 4096]; 64 suits small messages.
+  uint32_t node_size = 64;
+  // Largest payload accepted by send(). Must fit in half the ring and in 65535 nodes.
+  uint32_t max_record_size = 256 * 1024;
+  // A record reserved but not committed for this long (CLOCK_MONOTONIC, wall time, not CPU
+  // time) is skipped and counted as abandoned.
+  uint32_t abandon_timeout_us = 4000;
+  // Nodes of a skipped record are not reused until its writer acknowledged the skip (it does so
+  // in send() when it finds out) or this much more time passed (a dead writer never
+  // acknowledges). Guards a stalled writer's late copy from landing on newer records.
+  uint32_t reclaim_timeout_us = 200000;
+  // Reader on a loop: after the ring runs dry it keeps polling (loop turns without blocking) for
+  // this long before it goes to sleep on the futex. 0 = sleep at once (lowest CPU, ~tens of µs
+  // wake-up), larger = lower latency under bursty traffic at the cost of CPU while polling.
+  uint32_t spin_us = 50;
+  // Records handed to the callback per call at most (one batch). Also the most records delivered
+  // per loop turn before other handles get a turn.
+  uint32_t batch_max = 256;
+  // Try huge pages (SysV SHM_HUGETLB, or madvise(MADV_HUGEPAGE) for POSIX/mem); silently falls
+  // back to normal pages. shm_reader::huge_pages() tells what was obtained.
+  bool huge_pages = false;
+  // Permissions of a created POSIX or SysV region.
+  uint32_t mode = 0600;
+};
+
+// Options of a writer. Zero fields accept whatever the region says; non-zero fields must match
+// the region exactly or open() fails with bad_layout.
+struct shm_writer_options {
+  size_t expect_ring_bytes = 0;
+  uint32_t expect_node_size = 0;
+};
+
+// One gathered piece of a message (send() concatenates the pieces into one record).
+struct shm_span {
+  const void* data;
+  size_t size;
+};
+
+// A delivered record: points into the ring, valid only during the callback that received it.
+struct shm_record {
+  const uint8_t* data;
+  size_t size;
+};
+
+// Counters. Reader-side values come from the region header (all writers' totals where noted);
+// writer-side values from shm_writer::metrics() are that writer object's own.
+struct shm_metrics {
+  uint64_t records_written = 0;  // committed records (region: all writers, updated in batches)
+  uint64_t bytes_written = 0;    // their payload bytes
+  uint64_t records_read = 0;     // delivered to the reader's callback or try_receive
+  uint64_t bytes_read = 0;
+  uint64_t queue_full = 0;  // sends rejected because the ring had no room
+  uint64_t abandoned = 0;   // records the reader skipped because they were not committed in time
+  uint64_t writer_abandoned = 0;   // sends that reported errc::abandoned (writer learnt the skip)
+  uint64_t checksum_failures = 0;  // committed records whose checksum did not match (skipped)
+  uint64_t corrupt = 0;            // record headers with impossible fields (skipped)
+  uint64_t not_connected = 0;      // sends rejected because the reader is gone (writer side)
+  uint64_t wakeups = 0;            // futex wake-ups issued by writers to a sleeping reader
+  uint64_t batches = 0;            // callback batches (reader)
+  uint64_t fill_bytes = 0;         // ring bytes reserved and not yet released by the reader
+  uint64_t capacity_bytes = 0;     // ring size
+};
+
+// Called with a batch of 1..batch_max records, in ring order, on the loop thread (start) or the
+// calling thread (poll). The records point into the ring and are valid only until the callback
+// returns (their nodes are released to writers afterwards): copy what must outlive it. The
+// callback may call stop(), close() is NOT allowed from inside it (call stop() and close later).
+using shm_records_cb = void (*)(void* user, const shm_record* records, size_t count);
+
+// Read-only view of a region header, for tools (uvbus_shm_inspect) and tests.
+struct shm_region_info {
+  uint64_t magic = 0;
+  uint32_t version = 0;
+  uint32_t header_size = 0;
+  uint64_t region_size = 0;
+  uint64_t ring_bytes = 0;
+  uint32_t node_size = 0;
+  uint32_t max_record_size = 0;
+  uint32_t abandon_timeout_us = 0;
+  uint32_t owner_pid = 0;
+  uint64_t owner_start_time = 0;  // the reader's process start time (clock ticks since boot)
+  uint32_t reader_state = 0;      // 0 initialising, 1 open, 2 closed
+  bool reader_alive = false;      // state open and owner process alive (same start time)
+  bool huge_pages = false;
+  uint64_t write_pos = 0;  // node positions (monotonic, never wrap)
+  uint64_t read_pos = 0;
+  bool reader_sleeping = false;
+  shm_metrics metrics;  // records_*/bytes_*, queue_full, abandoned, checksum/corrupt, fill
+};
+
+// Reads a region's header without attaching as reader or writer. Errors: bad_url,
+// unsupported_scheme, not_found, permission_denied, bad_layout (not a uvbus region, or the
+// header is inconsistent; *out still holds what could be read).
+[[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
+
+// Bytes a region with this config occupies (header + ring); 0 if the config is invalid.
+[[nodiscard]] size_t shm_region_size(const shm_config& cfg) noexcept;
+
+// Checks a config: invalid_argument if a size is not a power of two, out of range, or the record
+// limit does not fit.
+[[nodiscard]] errc shm_validate(const shm_config& cfg) noexcept;
+
+// Writes a fresh, empty region (header + ring) with this config into caller-owned memory of at
+// least shm_region_size(cfg) bytes, 64-byte aligned. For tests and fuzzing, together with
+// shm_reader::open_image / shm_writer::open_image. Errors: invalid_argument.
+[[nodiscard]] errc shm_format_image(void* mem, size_t size, const shm_config& cfg) noexcept;
+
+class shm_reader {
+ public:
+  shm_reader();
+  ~shm_reader();  // close()
+  shm_reader(const shm_reader&) = delete;
+  shm_reader& operator=(const shm_reader&) = delete;
+
+  // Creates the region named by url (shm:// or mem://) and becomes its only reader.
+  // Errors: bad_url, unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
+  // bad_layout (an object of that name exists and is not a uvbus region: left alone),
+  // permission_denied, no_memory, io_error, closed (already open). A region left by a dead reader
+  // (POSIX: its flock is gone; SysV: owner pid + start time no longer alive) is removed and
+  // created afresh.
+  [[nodiscard]] errc open(std::string_view url, const shm_config& cfg = {});
+  [[nodiscard]] errc open(const address& addr, const shm_config& cfg = {});
+
+  // Testing and fuzzing: reads the region image at mem (size bytes, caller-owned, 64-byte aligned,
+  // must outlive the reader) without creating, formatting or removing anything, and without any
+  // liveness logic. Every header field is checked (bad_layout); every offset and length read from
+  // the ring afterwards is bounds-checked, so a corrupt or hostile image can make the reader skip
+  // and count records but never crash it, read outside [mem, mem+size) or loop forever.
+  // cfg supplies only the reader-local knobs (timeouts, spin, batch_max).
+  [[nodiscard]] errc open_image(void* mem, size_t size, const shm_config& cfg = {});
+
+  // Drains the ring from `loop`: cb gets batches (see shm_records_cb) on the loop thread. When the
+  // ring runs dry the reader polls for spin_us, then a small helper thread sleeps on the region's
+  // futex word and wakes the loop with uv_async_send when a writer commits (or when an in-flight
+  // record's abandon timeout expires). Keeps the loop alive until stop() or close().
+  // Errors: closed (not open), busy (already started), invalid_argument (null loop or cb),
+  // io_error (thread or libuv handle creation failed).
+  [[nodiscard]] errc start(uv_loop_t* loop, shm_records_cb cb, void* user);
+  // Stops delivering (idempotent; callable from the callback). start() may be called again.
+  void stop();
+
+  // Polling API (not while started): delivers up to max_records committed records to cb in
+  // batches, returns how many were delivered (0: nothing ready, or not open). Also advances
+  // abandon timeouts.
+  [[nodiscard]] size_t poll(shm_records_cb cb, void* user, size_t max_records);
+  // Copies the next record into buf. Errors: not_found (no record ready now; retry later),
+  // buffer_too_small (*len = the record's size; it stays at the head), closed (not open).
+  [[nodiscard]] errc try_receive(void* buf, size_t cap, size_t* len);
+
+  // Stops, marks the region closed (writers then get not_connected), removes it (shm_unlink /
+  // IPC_RMID / mem registry) and unmaps it. Idempotent. Not from inside the callback. Safe to
+  // destroy the object right after close() returns, even before the loop runs again.
+  void close();
+
+  [[nodiscard]] bool is_open() const noexcept;
+  [[nodiscard]] shm_metrics metrics() const noexcept;
+  [[nodiscard]] bool huge_pages() const noexcept;
+  [[nodiscard]] size_t ring_bytes() const noexcept;
+  [[nodiscard]] size_t max_record_size() const noexcept;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+class shm_writer {
+ public:
+  shm_writer();
+  ~shm_writer();  // close()
+  shm_writer(const shm_writer&) = delete;
+  shm_writer& operator=(const shm_writer&) = delete;
+
+  // Attaches to a region created by a reader. Checks every layout field (magic, version, header
+  // size, region size against the mapped size, node size, ring size, record header size, record
+  // limit) and the options' expectations. Errors: bad_url, unsupported_scheme, not_found (no
+  // such region), not_connected (the region exists but its reader has not finished creating it,
+  // is closed or is dead), bad_layout, permission_denied, io_error, closed (already open).
+  [[nodiscard]] errc open(std::string_view url, const shm_writer_options& opt = {});
+  [[nodiscard]] errc open(const address& addr, const shm_writer_options& opt = {});
+  // Testing and fuzzing: writes into a caller-owned image (see shm_reader::open_image).
+  [[nodiscard]] errc open_image(void* mem, size_t size, const shm_writer_options& opt = {});
+
+  // Copies one message (the concatenation of the parts) into the ring as one record. Never blocks.
+  //   ok                 committed; the reader will see it unless it finds its checksum broken
+  //   queue_full         no room now (retriable)
+  //   not_connected      the reader closed or died (or the writer is not open)
+  //   message_too_large  above the region's max_record_size
+  //   abandoned          this writer stalled between reserve and commit for longer than the
+  //                      abandon timeout and the reader skipped the record: NOT delivered
+  // Allocates nothing and makes no syscall except a futex wake when the reader sleeps, and a
+  // liveness check of the reader's process on the queue_full path and every 65536 sends.
+  [[nodiscard]] errc send(const void* data, size_t len) noexcept;
+  [[nodiscard]] errc send(const shm_span* parts, size_t count) noexcept;
+  [[nodiscard]] errc send(std::initializer_list<shm_span> parts) noexcept {
+    return send(parts.begin(), parts.size());
+  }
+
+  // True if the region's reader is open and its process alive (one syscall).
+  [[nodiscard]] bool reader_alive() const noexcept;
+  // Detaches (the region itself belongs to the reader). Idempotent.
+  void close();
+
+  [[nodiscard]] bool is_open() const noexcept;
+  [[nodiscard]] size_t max_record_size() const noexcept;
+  // This writer's counters (records/bytes_written, queue_full, writer_abandoned, not_connected,
+  // wakeups) plus the region's current fill and capacity.
+  [[nodiscard]] shm_metrics metrics() const noexcept;
+
+  // Testing only: hook(user) runs inside send() after the record's nodes are reserved and its
+  // header written, before the payload is copied and committed (to hold or kill a writer
+  // mid-record). nullptr removes it.
+  void set_test_hook(void (*hook)(void* user), void* user) noexcept;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace uvbus
