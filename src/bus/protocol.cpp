@@ -1,0 +1,511 @@
+#include "uvbus/protocol.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "uvbus/subnet.h"
+
+namespace uvbus {
+
+std::string subnet::to_string() const {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "0x%llx/%u", static_cast<unsigned long long>(prefix),
+                static_cast<unsigned>(mask_bits));
+  return buf;
+}
+
+namespace proto {
+namespace {
+
+// Little-endian stores and loads, byte by byte: well defined for any alignment and host order; the
+// compiler turns them into plain moves on x86-64.
+inline void put16(uint8_t* p, uint16_t v) noexcept {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+inline void put32(uint8_t* p, uint32_t v) noexcept {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+inline void put64(uint8_t* p, uint64_t v) noexcept {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+inline uint16_t get16(const uint8_t* p) noexcept {
+  return static_cast<uint16_t>(p[0] | (static_cast<unsigned>(p[1]) << 8));
+}
+inline uint32_t get32(const uint8_t* p) noexcept {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+inline uint64_t get64(const uint8_t* p) noexcept {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+class writer {
+ public:
+  explicit writer(std::vector<uint8_t>* out) : out_(out) {}
+  void u8(uint8_t v) { out_->push_back(v); }
+  void u16(uint16_t v) {
+    uint8_t b[2];
+    put16(b, v);
+    out_->insert(out_->end(), b, b + 2);
+  }
+  void u32(uint32_t v) {
+    uint8_t b[4];
+    put32(b, v);
+    out_->insert(out_->end(), b, b + 4);
+  }
+  void u64(uint64_t v) {
+    uint8_t b[8];
+    put64(b, v);
+    out_->insert(out_->end(), b, b + 8);
+  }
+  void bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out_->insert(out_->end(), b, b + n);
+  }
+  // A string with a u8 length, truncated to limit (<= 255) so the output always parses.
+  void str8(const std::string& s, size_t limit) {
+    const size_t n = std::min({s.size(), limit, size_t{255}});
+    u8(static_cast<uint8_t>(n));
+    bytes(s.data(), n);
+  }
+  void str16(const std::string& s, size_t limit) {
+    const size_t n = std::min(s.size(), limit);
+    u16(static_cast<uint16_t>(n));
+    bytes(s.data(), n);
+  }
+
+ private:
+  std::vector<uint8_t>* out_;
+};
+
+// Bounds-checked cursor: every read checks the bytes left first; after a failed read the reader
+// stays failed, so callers check ok() once at the end.
+class reader {
+ public:
+  reader(const uint8_t* p, size_t n) : p_(p), left_(n) {}
+  bool ok() const { return ok_; }
+  bool done() const { return ok_ && left_ == 0; }
+  size_t left() const { return left_; }
+  const uint8_t* take(size_t n) {
+    if (!ok_ || n > left_) {
+      ok_ = false;
+      return nullptr;
+    }
+    const uint8_t* r = p_;
+    p_ += n;
+    left_ -= n;
+    return r;
+  }
+  uint8_t u8() {
+    const uint8_t* b = take(1);
+    return b ? b[0] : 0;
+  }
+  uint16_t u16() {
+    const uint8_t* b = take(2);
+    return b ? get16(b) : 0;
+  }
+  uint32_t u32() {
+    const uint8_t* b = take(4);
+    return b ? get32(b) : 0;
+  }
+  uint64_t u64() {
+    const uint8_t* b = take(8);
+    return b ? get64(b) : 0;
+  }
+  bool str8(std::string* s, size_t limit) {
+    const size_t n = u8();
+    if (n > limit) ok_ = false;
+    const uint8_t* b = take(n);
+    if (b == nullptr) return false;
+    s->assign(reinterpret_cast<const char*>(b), n);
+    return true;
+  }
+  bool str16(std::string* s, size_t limit) {
+    const size_t n = u16();
+    if (n > limit) ok_ = false;
+    const uint8_t* b = take(n);
+    if (b == nullptr) return false;
+    s->assign(reinterpret_cast<const char*>(b), n);
+    return true;
+  }
+  void fail() { ok_ = false; }
+
+ private:
+  const uint8_t* p_;
+  size_t left_;
+  bool ok_ = true;
+};
+
+bool read_node_info(reader& r, node_info* out) {
+  node_info n;
+  n.id = r.u64();
+  n.pid = r.u32();
+  r.str8(&n.host_id, kMaxHostIdBytes);
+  r.str8(&n.hostname, kMaxHostnameBytes);
+  const size_t subnets = r.u8();
+  if (subnets > kMaxSubnets) r.fail();
+  for (size_t i = 0; i < subnets && r.ok(); ++i) {
+    subnet s;
+    s.prefix = r.u64();
+    s.mask_bits = r.u8();
+    if (!s.valid()) r.fail();
+    n.subnets.push_back(s);
+  }
+  const size_t listen = r.u8();
+  if (listen > kMaxListen) r.fail();
+  for (size_t i = 0; i < listen && r.ok(); ++i) {
+    std::string url;
+    r.str16(&url, kMaxUrlBytes);
+    n.listen.push_back(std::move(url));
+  }
+  if (!r.ok()) return false;
+  *out = std::move(n);
+  return true;
+}
+
+}  // namespace
+
+const char* to_string(msg_type t) noexcept {
+  switch (t) {
+    case msg_type::challenge:
+      return "challenge";
+    case msg_type::register_req:
+      return "register";
+    case msg_type::register_reply:
+      return "register_reply";
+    case msg_type::ping:
+      return "ping";
+    case msg_type::pong:
+      return "pong";
+    case msg_type::data:
+      return "data";
+    case msg_type::forward:
+      return "forward";
+    case msg_type::ack:
+      return "ack";
+    case msg_type::command:
+      return "command";
+    case msg_type::command_reply:
+      return "command_reply";
+    case msg_type::bye:
+      return "bye";
+  }
+  return "unknown";
+}
+
+void encode_header(const header& h, uint8_t* out) noexcept {
+  out[0] = h.version;
+  out[1] = static_cast<uint8_t>(h.type);
+  out[2] = h.flags;
+  out[3] = h.ttl;
+  put32(out + 4, h.body_len);
+  put64(out + 8, h.source);
+  put64(out + 16, h.target);
+  put64(out + 24, h.sequence);
+}
+
+errc parse_header(const uint8_t* p, size_t n, header* out) noexcept {
+  if (p == nullptr || n < kHeaderSize) return errc::protocol_error;
+  const uint8_t version = p[0];
+  const uint8_t type = p[1];
+  const uint8_t flags = p[2];
+  if (version < kMinVersion || version > kMaxVersion) return errc::protocol_error;
+  if (type == 0 || type > kMaxMsgType) return errc::protocol_error;
+  if ((flags & ~kKnownFlags) != 0) return errc::protocol_error;
+  const uint32_t body_len = get32(p + 4);
+  if (body_len != n - kHeaderSize) return errc::protocol_error;
+  out->version = version;
+  out->type = static_cast<msg_type>(type);
+  out->flags = flags;
+  out->ttl = p[3];
+  out->body_len = body_len;
+  out->source = get64(p + 8);
+  out->target = get64(p + 16);
+  out->sequence = get64(p + 24);
+  return errc::ok;
+}
+
+reason reason_from_errc(errc e) noexcept {
+  switch (e) {
+    case errc::ok:
+      return reason::ok;
+    case errc::access_denied:
+      return reason::access_denied;
+    case errc::duplicate_id:
+      return reason::duplicate_id;
+    case errc::out_of_subnet:
+      return reason::out_of_subnet;
+    case errc::version_mismatch:
+      return reason::version_mismatch;
+    case errc::protocol_error:
+      return reason::protocol_error;
+    case errc::closed:
+    case errc::cancelled:
+      return reason::closing;
+    case errc::unknown_route:
+      return reason::unknown_route;
+    case errc::ttl_expired:
+      return reason::ttl_expired;
+    case errc::timeout:
+      return reason::timeout;
+    case errc::not_connected:
+    case errc::connection_reset:
+    case errc::connection_refused:
+      return reason::not_connected;
+    case errc::queue_full:
+      return reason::queue_full;
+    case errc::message_too_large:
+      return reason::message_too_large;
+    case errc::invalid_argument:
+      return reason::invalid_argument;
+    default:
+      return reason::other;
+  }
+}
+
+errc errc_from_reason(uint16_t r) noexcept {
+  switch (static_cast<reason>(r)) {
+    case reason::ok:
+      return errc::ok;
+    case reason::access_denied:
+      return errc::access_denied;
+    case reason::duplicate_id:
+      return errc::duplicate_id;
+    case reason::out_of_subnet:
+      return errc::out_of_subnet;
+    case reason::version_mismatch:
+      return errc::version_mismatch;
+    case reason::protocol_error:
+      return errc::protocol_error;
+    case reason::closing:
+      return errc::closed;
+    case reason::unknown_route:
+      return errc::unknown_route;
+    case reason::ttl_expired:
+      return errc::ttl_expired;
+    case reason::timeout:
+      return errc::timeout;
+    case reason::not_connected:
+      return errc::not_connected;
+    case reason::queue_full:
+      return errc::queue_full;
+    case reason::message_too_large:
+      return errc::message_too_large;
+    case reason::invalid_argument:
+      return errc::invalid_argument;
+    case reason::other:
+      return errc::io_error;
+  }
+  return errc::protocol_error;
+}
+
+void encode_node_info(const node_info& n, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u64(n.id);
+  w.u32(n.pid);
+  w.str8(n.host_id, kMaxHostIdBytes);
+  w.str8(n.hostname, kMaxHostnameBytes);
+  const size_t subnets = std::min(n.subnets.size(), kMaxSubnets);
+  w.u8(static_cast<uint8_t>(subnets));
+  for (size_t i = 0; i < subnets; ++i) {
+    w.u64(n.subnets[i].prefix);
+    w.u8(std::min<uint8_t>(n.subnets[i].mask_bits, 64));
+  }
+  const size_t listen = std::min(n.listen.size(), kMaxListen);
+  w.u8(static_cast<uint8_t>(listen));
+  for (size_t i = 0; i < listen; ++i) w.str16(n.listen[i], kMaxUrlBytes);
+}
+
+errc parse_node_info(const uint8_t* p, size_t n, node_info* out) {
+  reader r(p, n);
+  node_info tmp;
+  if (!read_node_info(r, &tmp) || !r.done()) return errc::protocol_error;
+  *out = std::move(tmp);
+  return errc::ok;
+}
+
+void encode_challenge(const challenge_body& b, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u8(b.min_version);
+  w.u8(b.max_version);
+  w.u64(b.acceptor_id);
+  w.bytes(b.nonce, kNonceSize);
+}
+
+errc parse_challenge(const uint8_t* p, size_t n, challenge_body* out) {
+  reader r(p, n);
+  challenge_body b;
+  b.min_version = r.u8();
+  b.max_version = r.u8();
+  b.acceptor_id = r.u64();
+  const uint8_t* nonce = r.take(kNonceSize);
+  if (!r.done() || b.min_version == 0 || b.min_version > b.max_version) {
+    return errc::protocol_error;
+  }
+  std::memcpy(b.nonce, nonce, kNonceSize);
+  *out = b;
+  return errc::ok;
+}
+
+void encode_register(const register_body& b, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u8(b.min_version);
+  w.u8(b.max_version);
+  w.u8(static_cast<uint8_t>(b.role));
+  encode_node_info(b.info, out);
+  w.bytes(b.proof, kProofSize);
+}
+
+errc parse_register(const uint8_t* p, size_t n, register_body* out) {
+  reader r(p, n);
+  register_body b;
+  b.min_version = r.u8();
+  b.max_version = r.u8();
+  const uint8_t role = r.u8();
+  if (!r.ok() || b.min_version == 0 || b.min_version > b.max_version) return errc::protocol_error;
+  if (role < static_cast<uint8_t>(link_role::child) ||
+      role > static_cast<uint8_t>(link_role::tool)) {
+    return errc::protocol_error;
+  }
+  b.role = static_cast<link_role>(role);
+  if (!read_node_info(r, &b.info)) return errc::protocol_error;
+  const uint8_t* proof = r.take(kProofSize);
+  if (!r.done()) return errc::protocol_error;
+  std::memcpy(b.proof, proof, kProofSize);
+  *out = std::move(b);
+  return errc::ok;
+}
+
+void encode_register_reply(const register_reply_body& b, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u16(static_cast<uint16_t>(b.status));
+  w.u8(b.version);
+  encode_node_info(b.info, out);
+  w.str8(b.message, kMaxReasonBytes);
+}
+
+errc parse_register_reply(const uint8_t* p, size_t n, register_reply_body* out) {
+  reader r(p, n);
+  register_reply_body b;
+  const uint16_t status = r.u16();
+  b.version = r.u8();
+  if (!r.ok() || status > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  b.status = static_cast<reason>(status);
+  if (!read_node_info(r, &b.info)) return errc::protocol_error;
+  r.str8(&b.message, kMaxReasonBytes);
+  if (!r.done()) return errc::protocol_error;
+  if (b.status == reason::ok && (b.version < kMinVersion || b.version == 0)) {
+    return errc::protocol_error;
+  }
+  *out = std::move(b);
+  return errc::ok;
+}
+
+void encode_ping(const ping_body& b, std::vector<uint8_t>* out) {
+  writer(out).u64(b.send_time_ns);
+}
+
+errc parse_ping(const uint8_t* p, size_t n, ping_body* out) noexcept {
+  if (n != 8) return errc::protocol_error;
+  out->send_time_ns = get64(p);
+  return errc::ok;
+}
+
+void encode_data_prefix(uint32_t user_type, uint8_t* out) noexcept {
+  put32(out, user_type);
+}
+
+errc parse_data(const uint8_t* p, size_t n, data_body* out) noexcept {
+  if (n < kDataPrefix) return errc::protocol_error;
+  out->user_type = get32(p);
+  out->payload = p + kDataPrefix;
+  out->size = n - kDataPrefix;
+  return errc::ok;
+}
+
+void encode_ack(const ack_body& b, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u64(b.acked_sequence);
+  w.u16(static_cast<uint16_t>(b.status));
+}
+
+errc parse_ack(const uint8_t* p, size_t n, ack_body* out) noexcept {
+  if (n != 10) return errc::protocol_error;
+  const uint16_t status = get16(p + 8);
+  if (status > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  out->acked_sequence = get64(p);
+  out->status = static_cast<reason>(status);
+  return errc::ok;
+}
+
+void encode_bye(const bye_body& b, std::vector<uint8_t>* out) {
+  writer(out).u16(static_cast<uint16_t>(b.why));
+}
+
+errc parse_bye(const uint8_t* p, size_t n, bye_body* out) noexcept {
+  if (n != 2) return errc::protocol_error;
+  const uint16_t why = get16(p);
+  if (why > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  out->why = static_cast<reason>(why);
+  return errc::ok;
+}
+
+void encode_command(uint32_t command, const void* args, size_t n, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u32(command);
+  w.bytes(args, n);
+}
+
+errc parse_command(const uint8_t* p, size_t n, command_body* out) noexcept {
+  if (n < 4) return errc::protocol_error;
+  out->command = get32(p);
+  out->args = p + 4;
+  out->args_size = n - 4;
+  return errc::ok;
+}
+
+void encode_command_reply(uint32_t command, reason status, const void* result, size_t n,
+                          std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u32(command);
+  w.u16(static_cast<uint16_t>(status));
+  w.bytes(result, n);
+}
+
+errc parse_command_reply(const uint8_t* p, size_t n, command_reply_body* out) noexcept {
+  if (n < 6) return errc::protocol_error;
+  const uint16_t status = get16(p + 4);
+  if (status > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  out->command = get32(p);
+  out->status = static_cast<reason>(status);
+  out->result = p + 6;
+  out->result_size = n - 6;
+  return errc::ok;
+}
+
+std::vector<uint8_t> build(header h, const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> m(kHeaderSize + body.size());
+  h.body_len = static_cast<uint32_t>(body.size());
+  encode_header(h, m.data());
+  if (!body.empty()) std::memcpy(m.data() + kHeaderSize, body.data(), body.size());
+  return m;
+}
+
+std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id, link_role role) {
+  static constexpr char kLabel[] = "uvbus-register-v1";
+  std::vector<uint8_t> v;
+  writer w(&v);
+  w.bytes(kLabel, sizeof kLabel - 1);
+  w.bytes(nonce, kNonceSize);
+  w.u64(id);
+  w.u8(static_cast<uint8_t>(role));
+  return v;
+}
+
+}  // namespace proto
+}  // namespace uvbus

@@ -1,0 +1,119 @@
+#include "bus/routing.h"
+
+#include <algorithm>
+
+namespace uvbus::detail {
+
+const char* to_string(peer_kind k) noexcept {
+  switch (k) {
+    case peer_kind::parent:
+      return "parent";
+    case peer_kind::child:
+      return "child";
+    case peer_kind::sibling:
+      return "sibling";
+    case peer_kind::tool:
+      return "tool";
+  }
+  return "unknown";
+}
+
+uint8_t negotiate_version(uint8_t min_a, uint8_t max_a, uint8_t min_b, uint8_t max_b) noexcept {
+  const uint8_t lo = std::max(min_a, min_b);
+  const uint8_t hi = std::min(max_a, max_b);
+  return lo <= hi && lo > 0 ? hi : 0;
+}
+
+routing_table::routing_table(bus_id self, std::vector<subnet> subnets)
+    : self_(self), subnets_(std::move(subnets)) {}
+
+bool routing_table::owns(bus_id id) const noexcept {
+  for (const subnet& s : subnets_) {
+    if (s.contains(id)) return true;
+  }
+  return false;
+}
+
+errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets) const {
+  if (!owns(id)) return errc::out_of_subnet;
+  for (const subnet& s : subnets) {
+    if (!s.valid()) return errc::out_of_subnet;
+    bool inside = false;
+    for (const subnet& mine : subnets_) inside = inside || mine.contains(s);
+    if (!inside) return errc::out_of_subnet;
+    // A child's subnet that covers us (the parent) would route our own id downwards.
+    if (s.contains(self_)) return errc::out_of_subnet;
+  }
+  if (id == self_ || peers_.count(id) != 0) return errc::duplicate_id;
+  for (const auto& [net, owner] : child_subnets_) {
+    (void)owner;
+    if (net.contains(id)) return errc::duplicate_id;
+    for (const subnet& s : subnets) {
+      if (s.overlaps(net)) return errc::duplicate_id;
+    }
+  }
+  return errc::ok;
+}
+
+errc routing_table::check_peer(bus_id id) const {
+  if (id == self_ || peers_.count(id) != 0) return errc::duplicate_id;
+  return errc::ok;
+}
+
+void routing_table::add(bus_id id, peer_kind kind, std::vector<subnet> subnets) {
+  if (kind == peer_kind::child) {
+    for (const subnet& s : subnets) child_subnets_.emplace_back(s.canonical(), id);
+  }
+  peers_[id] = peer{kind, std::move(subnets)};
+}
+
+bool routing_table::remove(bus_id id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return false;
+  peers_.erase(it);
+  child_subnets_.erase(std::remove_if(child_subnets_.begin(), child_subnets_.end(),
+                                      [id](const auto& e) { return e.second == id; }),
+                       child_subnets_.end());
+  return true;
+}
+
+const std::vector<subnet>* routing_table::subnets_of(bus_id id) const {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : &it->second.subnets;
+}
+
+bool routing_table::kind_of(bus_id id, peer_kind* out) const {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return false;
+  *out = it->second.kind;
+  return true;
+}
+
+route routing_table::lookup(bus_id target) const {
+  if (target == self_) return {hop::self, self_};
+  if (peers_.count(target) != 0) return {hop::direct, target};
+  const std::pair<subnet, bus_id>* best = nullptr;
+  for (const auto& e : child_subnets_) {
+    if (e.first.contains(target) &&
+        (best == nullptr || e.first.mask_bits < best->first.mask_bits)) {
+      best = &e;
+    }
+  }
+  if (best != nullptr) return {hop::child, best->second};
+  if (owns(target)) return {hop::none, 0};
+  if (has_parent_) return {hop::parent, parent_};
+  return {hop::none, 0};
+}
+
+bool routing_table::source_allowed(bus_id from, bus_id source) const {
+  auto it = peers_.find(from);
+  if (it == peers_.end()) return false;
+  if (it->second.kind == peer_kind::parent) return true;
+  if (source == from) return true;
+  for (const subnet& s : it->second.subnets) {
+    if (s.contains(source)) return true;
+  }
+  return false;
+}
+
+}  // namespace uvbus::detail

@@ -1,0 +1,98 @@
+// The routing table of one node: pure data, no I/O, so every decision is unit-tested.
+//
+// A node knows its own id and subnets, at most one parent, and its registered direct peers
+// (children, which may own subnets, and siblings). route() picks the next hop for a target id:
+//
+//   1. the node itself;
+//   2. a registered direct peer with exactly that id (child, sibling, or the parent);
+//   3. the child whose subnets hold the id (the narrowest subnet wins: a grandchild's messages go
+//      down through the child that owns it);
+//   4. an id inside our own subnets with no child owning it: no route (the child is not there —
+//      sending it up would only bounce back down);
+//   5. otherwise the parent, if any; else no route.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "uvbus/error.h"
+#include "uvbus/protocol.h"
+#include "uvbus/subnet.h"
+
+namespace uvbus::detail {
+
+enum class peer_kind : uint8_t { parent, child, sibling, tool };
+const char* to_string(peer_kind k) noexcept;
+
+enum class hop : uint8_t { self, direct, child, parent, none };
+
+struct route {
+  hop kind = hop::none;
+  bus_id next = 0;  // the peer to hand the message to (unset for self/none)
+};
+
+// The negotiated protocol version for two ranges, or 0 if they do not overlap.
+[[nodiscard]] uint8_t negotiate_version(uint8_t min_a, uint8_t max_a, uint8_t min_b,
+                                        uint8_t max_b) noexcept;
+
+class routing_table {
+ public:
+  routing_table(bus_id self, std::vector<subnet> subnets);
+
+  [[nodiscard]] bus_id self() const noexcept { return self_; }
+  [[nodiscard]] const std::vector<subnet>& subnets() const noexcept { return subnets_; }
+  // True if id lies in one of our own subnets (a child id).
+  [[nodiscard]] bool owns(bus_id id) const noexcept;
+
+  void set_parent(bus_id id) noexcept {
+    parent_ = id;
+    has_parent_ = true;
+  }
+  void clear_parent() noexcept { has_parent_ = false; }
+  [[nodiscard]] bool has_parent() const noexcept { return has_parent_; }
+  [[nodiscard]] bus_id parent() const noexcept { return parent_; }
+
+  // Whether a peer could register as our child: its id and each of its subnets must lie inside
+  // ours (out_of_subnet), and neither its id nor its subnets may collide with ourselves or a
+  // registered peer (duplicate_id). Returns ok when acceptable.
+  [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets) const;
+  // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
+  [[nodiscard]] errc check_peer(bus_id id) const;
+
+  // Adds a registered direct peer (child subnets are used for routing only for children).
+  void add(bus_id id, peer_kind kind, std::vector<subnet> subnets = {});
+  // Removes a peer; returns whether it was there.
+  bool remove(bus_id id);
+  [[nodiscard]] bool has(bus_id id) const { return peers_.count(id) != 0; }
+  [[nodiscard]] const std::vector<subnet>* subnets_of(bus_id id) const;
+  [[nodiscard]] bool kind_of(bus_id id, peer_kind* out) const;
+
+  [[nodiscard]] route lookup(bus_id target) const;
+
+  // Whether a message that arrived from peer `from` may claim `source`: a parent's are not checked
+  // (a parent relays for the whole bus); a child, sibling or tool may only send as itself or as an
+  // id inside its subnets (its descendants).
+  [[nodiscard]] bool source_allowed(bus_id from, bus_id source) const;
+
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [id, p] : peers_) f(id, p.kind, p.subnets);
+  }
+  [[nodiscard]] size_t size() const noexcept { return peers_.size(); }
+
+ private:
+  struct peer {
+    peer_kind kind;
+    std::vector<subnet> subnets;
+  };
+  bus_id self_;
+  std::vector<subnet> subnets_;
+  bool has_parent_ = false;
+  bus_id parent_ = 0;
+  std::unordered_map<bus_id, peer> peers_;
+  // Children with subnets, for step 3 (few entries: a linear scan beats a trie here).
+  std::vector<std::pair<subnet, bus_id>> child_subnets_;
+};
+
+}  // namespace uvbus::detail

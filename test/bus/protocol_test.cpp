@@ -1,0 +1,292 @@
+// The bus protocol's wire format: golden byte vectors (docs/protocol.md shows the same bytes) and
+// bounds checks on every parser.
+#include "uvbus/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace uvbus::proto {
+namespace {
+
+std::vector<uint8_t> hex(const char* s) {
+  std::vector<uint8_t> v;
+  auto nib = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+  while (*s) {
+    if (*s == ' ') {
+      ++s;
+      continue;
+    }
+    v.push_back(static_cast<uint8_t>(nib(s[0]) << 4 | nib(s[1])));
+    s += 2;
+  }
+  return v;
+}
+
+header golden_header() {
+  header h;
+  h.version = 1;
+  h.type = msg_type::data;
+  h.flags = flag_require_response;
+  h.ttl = 16;
+  h.body_len = 5;
+  h.source = 0x0102030405060708ull;
+  h.target = 0x1112131415161718ull;
+  h.sequence = 0x2122232425262728ull;
+  return h;
+}
+
+const char* kGoldenHeader =
+    "01 06 01 10 05000000 0807060504030201 1817161514131211 2827262524232221";
+
+TEST(Protocol, HeaderEncodesToTheDocumentedBytes) {
+  uint8_t out[kHeaderSize];
+  encode_header(golden_header(), out);
+  EXPECT_EQ(std::vector<uint8_t>(out, out + kHeaderSize), hex(kGoldenHeader));
+}
+
+TEST(Protocol, DataMessageGoldenVector) {
+  // "hi" of user type 0x2A from 0x10 to 0x20, sequence 1, ttl 16, no flags.
+  header h;
+  h.type = msg_type::data;
+  h.source = 0x10;
+  h.target = 0x20;
+  h.sequence = 1;
+  std::vector<uint8_t> body(kDataPrefix);
+  encode_data_prefix(0x2A, body.data());
+  body.push_back('h');
+  body.push_back('i');
+  EXPECT_EQ(build(h, body), hex("01 06 00 10 06000000 1000000000000000 2000000000000000 "
+                                "0100000000000000 2a000000 6869"));
+}
+
+TEST(Protocol, HeaderRoundTrips) {
+  auto bytes = hex(kGoldenHeader);
+  bytes.resize(kHeaderSize + 5, 0xEE);
+  header h;
+  ASSERT_EQ(parse_header(bytes.data(), bytes.size(), &h), errc::ok);
+  const header g = golden_header();
+  EXPECT_EQ(h.version, g.version);
+  EXPECT_EQ(h.type, g.type);
+  EXPECT_EQ(h.flags, g.flags);
+  EXPECT_EQ(h.ttl, g.ttl);
+  EXPECT_EQ(h.body_len, 5u);
+  EXPECT_EQ(h.source, g.source);
+  EXPECT_EQ(h.target, g.target);
+  EXPECT_EQ(h.sequence, g.sequence);
+}
+
+TEST(Protocol, HeaderParserRejectsEveryMalformedField) {
+  auto good = hex(kGoldenHeader);
+  good.resize(kHeaderSize + 5);
+  header h;
+  h.ttl = 99;  // must stay untouched on failure
+  for (size_t n = 0; n < kHeaderSize; ++n) {
+    EXPECT_EQ(parse_header(good.data(), n, &h), errc::protocol_error) << n;
+  }
+  EXPECT_EQ(parse_header(nullptr, 0, &h), errc::protocol_error);
+  auto bad = good;
+  bad[0] = 0;  // version 0
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  bad = good;
+  bad[0] = kMaxVersion + 1;
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  bad = good;
+  bad[1] = 0;  // type 0
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  bad[1] = kMaxMsgType + 1;
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  bad = good;
+  bad[2] = 0x80;  // unknown flag
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  // body_len must match the bytes that follow exactly: one short, one long, and 2^32-1.
+  EXPECT_EQ(parse_header(good.data(), good.size() - 1, &h), errc::protocol_error);
+  bad = good;
+  bad.push_back(0);
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  bad = good;
+  bad[4] = bad[5] = bad[6] = bad[7] = 0xFF;
+  EXPECT_EQ(parse_header(bad.data(), bad.size(), &h), errc::protocol_error);
+  EXPECT_EQ(h.ttl, 99);
+  EXPECT_EQ(parse_header(good.data(), good.size(), &h), errc::ok);
+}
+
+node_info sample_info() {
+  node_info n;
+  n.id = 0x1234;
+  n.pid = 4242;
+  n.host_id = "boot/host";
+  n.hostname = "host";
+  n.subnets = {{0x1200, 8}, {0xFFFF000000000000ull, 48}};
+  n.listen = {"ipv4://127.0.0.1:1", "shm://x"};
+  return n;
+}
+
+TEST(Protocol, RegisterGoldenVector) {
+  register_body b;
+  b.role = link_role::child;
+  b.info.id = 0x21;
+  b.info.pid = 7;
+  b.info.host_id = "h";
+  b.info.hostname = "n";
+  b.info.subnets = {{0x2100, 8}};
+  b.info.listen = {"unix://s"};
+  for (size_t i = 0; i < kProofSize; ++i) b.proof[i] = static_cast<uint8_t>(i);
+  std::vector<uint8_t> out;
+  encode_register(b, &out);
+  EXPECT_EQ(out, hex("01 01 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
+                     "01 0800 756e69783a2f2f73 "
+                     "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"));
+}
+
+TEST(Protocol, RegisterRoundTripsAndEveryTruncationFails) {
+  register_body b;
+  b.min_version = 1;
+  b.max_version = 3;
+  b.role = link_role::sibling;
+  b.info = sample_info();
+  std::memset(b.proof, 0xAB, kProofSize);
+  std::vector<uint8_t> bytes;
+  encode_register(b, &bytes);
+  register_body r;
+  ASSERT_EQ(parse_register(bytes.data(), bytes.size(), &r), errc::ok);
+  EXPECT_EQ(r.max_version, 3);
+  EXPECT_EQ(r.role, link_role::sibling);
+  EXPECT_EQ(r.info.id, b.info.id);
+  EXPECT_EQ(r.info.pid, b.info.pid);
+  EXPECT_EQ(r.info.host_id, b.info.host_id);
+  EXPECT_EQ(r.info.hostname, b.info.hostname);
+  EXPECT_EQ(r.info.subnets, b.info.subnets);
+  EXPECT_EQ(r.info.listen, b.info.listen);
+  EXPECT_EQ(std::memcmp(r.proof, b.proof, kProofSize), 0);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(parse_register(bytes.data(), n, &r), errc::protocol_error) << n;
+  }
+  bytes.push_back(0);
+  EXPECT_EQ(parse_register(bytes.data(), bytes.size(), &r), errc::protocol_error);
+}
+
+TEST(Protocol, RegisterRejectsOutOfRangeFields) {
+  register_body b;
+  b.info = sample_info();
+  std::vector<uint8_t> good;
+  encode_register(b, &good);
+  register_body r;
+  auto bad = good;
+  bad[2] = 9;  // role
+  EXPECT_EQ(parse_register(bad.data(), bad.size(), &r), errc::protocol_error);
+  bad = good;
+  bad[0] = 2;  // min > max
+  bad[1] = 1;
+  EXPECT_EQ(parse_register(bad.data(), bad.size(), &r), errc::protocol_error);
+  // mask bits 65: the first subnet's mask byte sits after id, pid, two strings and the count.
+  const size_t mask_at = 3 + 8 + 4 + 1 + b.info.host_id.size() + 1 + b.info.hostname.size() + 1 + 8;
+  ASSERT_EQ(good[mask_at], 8);
+  bad = good;
+  bad[mask_at] = 65;
+  EXPECT_EQ(parse_register(bad.data(), bad.size(), &r), errc::protocol_error);
+  bad[mask_at] = 64;
+  EXPECT_EQ(parse_register(bad.data(), bad.size(), &r), errc::ok);
+  // A subnet count above the limit.
+  bad = good;
+  bad[mask_at - 9] = static_cast<uint8_t>(kMaxSubnets + 1);
+  EXPECT_EQ(parse_register(bad.data(), bad.size(), &r), errc::protocol_error);
+}
+
+TEST(Protocol, ChallengeReplyAckPingByeCommandRoundTrip) {
+  challenge_body c;
+  c.acceptor_id = 77;
+  for (size_t i = 0; i < kNonceSize; ++i) c.nonce[i] = static_cast<uint8_t>(255 - i);
+  std::vector<uint8_t> v;
+  encode_challenge(c, &v);
+  ASSERT_EQ(v.size(), 42u);
+  challenge_body c2;
+  ASSERT_EQ(parse_challenge(v.data(), v.size(), &c2), errc::ok);
+  EXPECT_EQ(c2.acceptor_id, 77u);
+  EXPECT_EQ(std::memcmp(c2.nonce, c.nonce, kNonceSize), 0);
+  EXPECT_EQ(parse_challenge(v.data(), v.size() - 1, &c2), errc::protocol_error);
+
+  register_reply_body rr;
+  rr.status = reason::out_of_subnet;
+  rr.message = "id 0x99 is outside 0x1200/8";
+  v.clear();
+  encode_register_reply(rr, &v);
+  register_reply_body rr2;
+  ASSERT_EQ(parse_register_reply(v.data(), v.size(), &rr2), errc::ok);
+  EXPECT_EQ(rr2.status, reason::out_of_subnet);
+  EXPECT_EQ(rr2.message, rr.message);
+  for (size_t n = 0; n < v.size(); ++n) {
+    EXPECT_EQ(parse_register_reply(v.data(), n, &rr2), errc::protocol_error);
+  }
+
+  v.clear();
+  encode_ack({0x0102030405060708ull, reason::ttl_expired}, &v);
+  EXPECT_EQ(v, hex("0807060504030201 0800"));
+  ack_body a;
+  ASSERT_EQ(parse_ack(v.data(), v.size(), &a), errc::ok);
+  EXPECT_EQ(a.status, reason::ttl_expired);
+  v[8] = 0xFF;
+  EXPECT_EQ(parse_ack(v.data(), v.size(), &a), errc::protocol_error);
+
+  v.clear();
+  encode_ping({123456789}, &v);
+  ping_body p;
+  ASSERT_EQ(parse_ping(v.data(), v.size(), &p), errc::ok);
+  EXPECT_EQ(p.send_time_ns, 123456789u);
+  EXPECT_EQ(parse_ping(v.data(), 7, &p), errc::protocol_error);
+
+  v.clear();
+  encode_bye({reason::closing}, &v);
+  EXPECT_EQ(v, hex("0600"));
+  bye_body by;
+  ASSERT_EQ(parse_bye(v.data(), v.size(), &by), errc::ok);
+
+  v.clear();
+  encode_command(static_cast<uint32_t>(command_id::echo), "abc", 3, &v);
+  command_body cb;
+  ASSERT_EQ(parse_command(v.data(), v.size(), &cb), errc::ok);
+  EXPECT_EQ(cb.args_size, 3u);
+  EXPECT_EQ(parse_command(v.data(), 3, &cb), errc::protocol_error);
+  v.clear();
+  encode_command_reply(2, reason::ok, "x=1\n", 4, &v);
+  command_reply_body cr;
+  ASSERT_EQ(parse_command_reply(v.data(), v.size(), &cr), errc::ok);
+  EXPECT_EQ(cr.command, 2u);
+  EXPECT_EQ(cr.result_size, 4u);
+  EXPECT_EQ(parse_command_reply(v.data(), 5, &cr), errc::protocol_error);
+}
+
+TEST(Protocol, DataBodyIsAViewAndNeedsItsPrefix) {
+  uint8_t b[6] = {1, 0, 0, 0, 'o', 'k'};
+  data_body d;
+  ASSERT_EQ(parse_data(b, sizeof b, &d), errc::ok);
+  EXPECT_EQ(d.user_type, 1u);
+  EXPECT_EQ(d.payload, b + 4);
+  EXPECT_EQ(d.size, 2u);
+  ASSERT_EQ(parse_data(b, 4, &d), errc::ok);
+  EXPECT_EQ(d.size, 0u);
+  EXPECT_EQ(parse_data(b, 3, &d), errc::protocol_error);
+}
+
+TEST(Protocol, ReasonsMapBothWays) {
+  for (uint16_t r = 0; r <= static_cast<uint16_t>(reason::other); ++r) {
+    const errc e = errc_from_reason(r);
+    if (static_cast<reason>(r) == reason::other) continue;
+    EXPECT_EQ(static_cast<uint16_t>(reason_from_errc(e)), r) << r;
+  }
+  EXPECT_EQ(errc_from_reason(999), errc::protocol_error);
+}
+
+TEST(Protocol, AuthInputBindsNonceIdAndRole) {
+  uint8_t nonce[kNonceSize] = {};
+  const auto a = auth_input(nonce, 1, link_role::child);
+  EXPECT_NE(a, auth_input(nonce, 2, link_role::child));
+  EXPECT_NE(a, auth_input(nonce, 1, link_role::sibling));
+  nonce[31] = 1;
+  EXPECT_NE(a, auth_input(nonce, 1, link_role::child));
+  EXPECT_EQ(a.size(), 17 + kNonceSize + 8 + 1);
+}
+
+}  // namespace
+}  // namespace uvbus::proto
