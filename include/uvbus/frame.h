@@ -17,7 +17,7 @@
 
 namespace uvbus {
 
-inline constexpr size_t kDefaultMessageLimit = 64 * 1024;
+inline constexpr size_t kDefaultMessageLimit = size_t{64} * 1024;
 inline constexpr size_t kFrameHashBytes = 4;
 // Largest possible frame header: hash + a 10-byte varint.
 inline constexpr size_t kFrameMaxHeader = kFrameHashBytes + kVarintMaxBytes;

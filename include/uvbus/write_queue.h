@@ -23,10 +23,10 @@ enum class queue_mode : uint8_t { static_ring, dynamic };
 struct write_queue_config {
   queue_mode mode = queue_mode::static_ring;
   // static_ring: the ring's size. Each block costs its size rounded up to 8 plus 16 bytes.
-  size_t ring_bytes = 2 * 1024 * 1024;
+  size_t ring_bytes = size_t{2} * 1024 * 1024;
   // Limits in both modes: payload bytes held (block sizes, without overhead) and number of blocks.
   // 0 means "no limit beyond the ring" (static) — dynamic mode requires both to be non-zero.
-  size_t max_bytes = 2 * 1024 * 1024;
+  size_t max_bytes = size_t{2} * 1024 * 1024;
   size_t max_blocks = 65536;
 };
 
@@ -93,9 +93,9 @@ class write_queue {
     size_t off;
     dyn_block* node;
   };
-  cursor begin() const noexcept;
-  block at(cursor c) const noexcept;
-  cursor advance(cursor c) const noexcept;
+  [[nodiscard]] cursor begin() const noexcept;
+  [[nodiscard]] block at(cursor c) const noexcept;
+  [[nodiscard]] cursor advance(cursor c) const noexcept;
 
   write_queue_config cfg_;
   bool valid_ = false;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string_view>
+
 namespace uvbus {
 namespace {
 
@@ -66,6 +68,21 @@ TEST(Address, RejectsMalformedUrls) {
     EXPECT_EQ(parse_address(bad, &a), errc::bad_url) << bad;
   }
   EXPECT_EQ(parse_address("http://x:1", &a), errc::unsupported_scheme);
+}
+
+// Found by test/fuzz/fuzz_address: inet_pton/getaddrinfo/shm_open read a C string, so a NUL
+// inside the URL validated only its first part; and a bracketed host starting with '[' produced a
+// canonical URL that did not parse back.
+TEST(Address, RejectsEmbeddedNulAndBracketsInHosts) {
+  using namespace std::string_view_literals;
+  address a;
+  for (std::string_view bad :
+       {"ipv4://127.0.0.1\0junk:80"sv, "ipv6://::\0]x:2"sv, "dns://host\0x:80"sv, "shm://name\0x"sv,
+        "mem://a\0b"sv, "unix:///tmp/a\0b"sv, "dns://[[a]:80"sv, "dns://a]b:80"sv}) {
+    EXPECT_EQ(parse_address(bad, &a), errc::bad_url) << bad.substr(0, bad.find('\0'));
+  }
+  EXPECT_EQ(parse_address("dns://[localhost]:80", &a), errc::ok);
+  EXPECT_EQ(a.to_string(), "dns://localhost:80");
 }
 
 TEST(Address, CanonicalForm) {

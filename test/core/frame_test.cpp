@@ -19,7 +19,7 @@ std::vector<uint8_t> encode(const std::vector<uint8_t>& payload) {
 
 std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7) >> 1);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + size_t{seed} * 7) >> 1);
   return v;
 }
 
@@ -198,8 +198,8 @@ TEST(Frame, ThousandRandomFramesSplitAtRandomPoints) {
     payloads.push_back(std::move(p));
   }
   std::vector<std::vector<size_t>> patterns = {{1}, {2}, {3, 5, 7}, {4096}, {65536}, {1 << 20}};
-  std::vector<size_t> random_splits;
-  for (int i = 0; i < 5000; ++i) random_splits.push_back(1 + rng() % 2000);
+  std::vector<size_t> random_splits(5000);
+  for (auto& s : random_splits) s = 1 + rng() % 2000;
   patterns.push_back(random_splits);
   for (const auto& pat : patterns) {
     frame_decoder d;

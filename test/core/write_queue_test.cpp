@@ -98,6 +98,25 @@ TEST(WriteQueue, UnreserveBackUndoesTheLastReservation) {
   }
 }
 
+// Found by test/fuzz/fuzz_write_queue: a pop_front() that consumed the wrap point between a
+// reserve() and its unreserve_back() left the ring believing it was still wrapped, so it refused
+// every block until it drained.
+TEST(WriteQueue, UnreserveAfterPoppingPastTheWrapKeepsTheRingUsable) {
+  write_queue q(ring(304));
+  for (uint64_t t = 1; t <= 4; ++t) ASSERT_NE(q.reserve(48, t), nullptr);  // 64 bytes each: 0..256
+  q.pop_front();
+  q.pop_front();                         // head at 128
+  ASSERT_NE(q.reserve(48, 5), nullptr);  // wraps: at 0
+  q.pop_front();
+  q.pop_front();                         // head crosses the wrap point back to 0
+  ASSERT_NE(q.reserve(48, 6), nullptr);  // at 64
+  q.unreserve_back();
+  ASSERT_EQ(q.size(), 1u);
+  // One 64-byte block at 0 in a 304-byte ring: three more must fit.
+  for (uint64_t t = 7; t <= 9; ++t) EXPECT_NE(q.reserve(48, t), nullptr) << t;
+  EXPECT_EQ(q.front().tag, 5u);
+}
+
 TEST(WriteQueue, ZeroSizeBlocksAreQueued) {
   write_queue q(ring(256));
   ASSERT_NE(q.reserve(0, 7), nullptr);
@@ -107,7 +126,7 @@ TEST(WriteQueue, ZeroSizeBlocksAreQueued) {
 }
 
 TEST(WriteQueue, MergeStopsAtLargeBlockCapacityAndWrapPoint) {
-  write_queue q(ring(16 * 1024));
+  write_queue q(ring(size_t{16} * 1024));
   for (uint64_t t = 0; t < 4; ++t) fill(q.reserve(100, t), 100, t);
   fill(q.reserve(5000, 4), 5000, 4);
   fill(q.reserve(100, 5), 100, 5);
@@ -203,7 +222,7 @@ void model_check(write_queue_config cfg, uint64_t seed) {
 }
 
 TEST(WriteQueue, StaticRingMatchesDequeModelThroughManyWraps) {
-  model_check(ring(16 * 1024), 1);
+  model_check(ring(size_t{16} * 1024), 1);
   model_check(ring(4 * 1024 + 8), 2);
 }
 
