@@ -94,7 +94,7 @@ BENCHMARK(BM_QueuePushPop64)->Arg(0)->Arg(1);
 // Queue 256 blocks of 64 B, merge them into one buffer, pop them: the coalescing step.
 void BM_QueueMerge256x64(benchmark::State& state) {
   uvbus::write_queue q;
-  std::vector<uint8_t> merge(64 * 1024);
+  std::vector<uint8_t> merge(size_t{64} * 1024);
   uint8_t payload[64] = {2};
   for (auto _ : state) {
     for (int i = 0; i < 256; ++i) std::memcpy(q.reserve(sizeof payload, 1), payload, 64);
