@@ -78,6 +78,9 @@ const char* to_string(scheme s) noexcept {
 }
 
 errc parse_address(std::string_view url, address* out) {
+  // A NUL would let inet_pton, getaddrinfo, shm_open or bind see a shorter name than the one
+  // stored (e.g. "ipv4://127.0.0.1\0junk:80" would validate as 127.0.0.1 and keep the junk).
+  if (url.find('\0') != std::string_view::npos) return errc::bad_url;
   const size_t sep = url.find("://");
   if (sep == std::string_view::npos || sep == 0) return errc::bad_url;
   const std::string_view name = url.substr(0, sep);
@@ -136,6 +139,9 @@ errc parse_address(std::string_view url, address* out) {
         port = rest.substr(colon + 1);
       }
       if (host.empty() || !parse_port(port, &a.port)) return errc::bad_url;
+      // No literal, and no host name, contains brackets; allowing "[[x]" would yield a host
+      // whose canonical URL ("dns://[x:1") no longer parses.
+      if (host.find_first_of("[]") != std::string_view::npos) return errc::bad_url;
       a.host = std::string(host);
       unsigned char buf[16];
       if (a.kind == scheme::ipv4 && inet_pton(AF_INET, a.host.c_str(), buf) != 1) {

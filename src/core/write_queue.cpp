@@ -201,6 +201,9 @@ void write_queue::pop_front() noexcept {
   if (wrap_at_ != 0 && head_ == wrap_at_) {
     head_ = 0;
     wrap_at_ = 0;
+    // The wrap is gone for good: an unreserve_back() of the newest block must not bring it back
+    // (a stale wrap_at_ makes the ring refuse every block until it drains).
+    prev_wrap_ = 0;
   }
 }
 
