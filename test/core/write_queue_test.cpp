@@ -107,9 +107,9 @@ TEST(WriteQueue, UnreserveAfterPoppingPastTheWrapKeepsTheRingUsable) {
   q.pop_front();
   q.pop_front();                         // head at 128
   ASSERT_NE(q.reserve(48, 5), nullptr);  // wraps: at 0
+  ASSERT_NE(q.reserve(48, 6), nullptr);  // at 64, after the wrap already existed
   q.pop_front();
-  q.pop_front();                         // head crosses the wrap point back to 0
-  ASSERT_NE(q.reserve(48, 6), nullptr);  // at 64
+  q.pop_front();  // head crosses the wrap point back to 0
   q.unreserve_back();
   ASSERT_EQ(q.size(), 1u);
   // One 64-byte block at 0 in a 304-byte ring: three more must fit.
