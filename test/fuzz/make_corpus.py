@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora under test/fuzz/corpus/<target>/: small valid inputs (and a few
+typical invalid ones) that give libFuzzer a head start. Deterministic; re-run after changing an
+input layout: python3 test/fuzz/make_corpus.py"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def murmur3_x86_32(data, seed=0):
+    c1, c2 = 0xCC9E2D51, 0x1B873593
+    h = seed
+    n = len(data) // 4 * 4
+    for i in range(0, n, 4):
+        k = struct.unpack_from("<I", data, i)[0]
+        k = (k * c1) & 0xFFFFFFFF
+        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
+        k = (k * c2) & 0xFFFFFFFF
+        h ^= k
+        h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
+        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    k = 0
+    tail = data[n:]
+    if len(tail) >= 3:
+        k ^= tail[2] << 16
+    if len(tail) >= 2:
+        k ^= tail[1] << 8
+    if len(tail) >= 1:
+        k ^= tail[0]
+        k = (k * c1) & 0xFFFFFFFF
+        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
+        k = (k * c2) & 0xFFFFFFFF
+        h ^= k
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h
+
+
+def varint(v):
+    out = [v & 0x7F]
+    v >>= 7
+    while v:
+        out.append(0x80 | (v & 0x7F))
+        v >>= 7
+    return bytes(reversed(out))
+
+
+def frame(payload):
+    return struct.pack("<I", murmur3_x86_32(payload)) + varint(len(payload)) + payload
+
+
+assert frame(b"hello") == bytes.fromhex("47fa8b240568656c6c6f"), frame(b"hello").hex()
+assert varint(300) == b"\x82\x2c" and varint(128) == b"\x81\x00" and varint(0) == b"\x00"
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# fuzz_frame_decoder: [limit index][chunk mode][seed lo][seed hi] stream.
+# Limit indices into kLimits {0,1,2,5,16,100,127,128,300,4095,4096,4097,65536}.
+L64K, L16, L300, L4096 = 12, 4, 8, 10
+seq = b"".join(frame(bytes([i]) * i) for i in range(0, 40, 7))
+big = frame(bytes(range(256)) * 20)  # 5120 bytes: straddles kDecoderKeepBytes
+for name, head, stream in [
+    ("hello_one_chunk", (L64K, 0, 0, 0), frame(b"hello")),
+    ("hello_bytewise", (L64K, 1, 0, 0), frame(b"hello")),
+    ("empty_payload", (L64K, 0, 0, 0), frame(b"")),
+    ("seq_chunks3", (L300, 3, 0, 0), seq),
+    ("seq_random", (L300, 200, 7, 1), seq),
+    ("len128_two_byte_varint", (L300, 0, 0, 0), frame(b"x" * 128)),
+    ("len300_at_limit", (L300, 17, 0, 0), frame(b"y" * 300)),
+    ("big_random_chunks", (L64K, 255, 3, 9), big + frame(b"tail")),
+    ("big_over_4096_limit", (L4096, 100, 0, 0), big),
+    ("oversize", (L16, 0, 0, 0), frame(b"z" * 100)),
+    ("bad_hash", (L64K, 0, 0, 0), b"\0\0\0\0\x05hello"),
+    ("good_then_garbage", (L64K, 2, 0, 0), frame(b"ok") + b"\xde\xad\xbe\xef" * 4),
+    ("bad_varint", (L64K, 0, 0, 0), b"\0\0\0\0" + b"\xff" * 11),
+    ("len_2_pow_63", (L64K, 0, 0, 0), b"\0\0\0\0" + varint(1 << 63)),
+    ("half_frame", (L64K, 5, 0, 0), frame(b"z" * 100)[:50]),
+]:
+    write("fuzz_frame_decoder", name, bytes(head) + stream)
+
+# fuzz_varint: bytes to decode; the first 8 are also a value to encode.
+for v in (0, 1, 127, 128, 300, 16383, 16384, (1 << 32) - 1, (1 << 63), (1 << 64) - 1):
+    write("fuzz_varint", "enc_%x" % v, varint(v))
+write("fuzz_varint", "noncanonical_80_00", b"\x80\x00")
+write("fuzz_varint", "too_long_11", b"\x81" * 11)
+write("fuzz_varint", "overflow_10", b"\xff" * 9 + b"\x7f")
+
+# fuzz_address: one URL per scheme and form.
+for i, url in enumerate([
+        "ipv4://127.0.0.1:16389", "ipv4://0.0.0.0:0", "ipv6://[::1]:16389", "ipv6://::1:16389",
+        "ipv6://[fe80::1:2:3]:1", "dns://localhost:16389", "dns://[localhost]:1",
+        "unix:///tmp/x.sock", "unix://rel/x.sock", "shm://name", "shm:///name", "shm://0x1234",
+        "shm://4660", "mem://name", "http://x:1", "ipv4://1.2.3.4:65535"]):
+    write("fuzz_address", "url_%02d" % i, url.encode())
+
+# fuzz_write_queue: [flags][ring lo][ring hi]([max_bytes lo][hi])([max_blocks]) then ops:
+# opcode % 8: 0-2 reserve (size byte: < 0x80 -> size % 72; else a u16 % 6000 follows),
+# 3-4 pop, 5 unreserve, 6 merge (cap u16, max_block u16 unless opcode & 0x80), 7 visit (u8).
+def ring_cfg(ring, max_bytes=None, max_blocks=None, dynamic=False):
+    flags = (1 if dynamic else 0) | (2 if max_bytes is None else 0) | (4 if max_blocks is None else 0)
+    out = bytes([flags]) + struct.pack("<H", ring)
+    if max_bytes is not None:
+        out += struct.pack("<H", max_bytes)
+    if max_blocks is not None:
+        out += bytes([max_blocks])
+    return out
+
+
+R = lambda n: bytes([0, n])          # small reserve
+P = bytes([3])                       # pop
+U = bytes([5])                       # unreserve
+M = lambda cap, mb: bytes([6]) + struct.pack("<HH", cap, mb)
+V = bytes([7, 40])                   # visit up to 40
+wrap_ops = (R(48) * 4 + P * 2 + R(48) * 2 + P * 2 + U + R(48) * 3 + M(4000, 3000) + V) * 2
+write("fuzz_write_queue", "static_wrap_unreserve", ring_cfg(304) + wrap_ops)
+write("fuzz_write_queue", "static_merge", ring_cfg(1024) + (R(10) + R(60)) * 8 + M(200, 3000) + V + P * 4 + M(4000, 50))
+write("fuzz_write_queue", "static_limits", ring_cfg(2048, 500, 6) + R(70) * 10 + P + R(70) + U + V)
+write("fuzz_write_queue", "dynamic_limits", ring_cfg(0, 300, 5, dynamic=True) + R(70) * 6 + P + U + M(100, 3000) + V)
+write("fuzz_write_queue", "dynamic_big", ring_cfg(0, 4000, 40, dynamic=True) + bytes([0, 0x80, 0xa0, 0x0f]) + R(1) + P + P)
+write("fuzz_write_queue", "invalid_small_ring", ring_cfg(8) + R(1) + P)
+print("corpora written under", os.path.join(HERE, "corpus"))
