@@ -1,0 +1,268 @@
+// The bus node: a process's presence on a uvbus message bus.
+//
+// A node has a 64-bit id and may own subnets of child ids (subnet.h). It registers to one parent
+// (parent_url), accepts children whose ids lie in its subnets, and connects to siblings (other
+// children of its parent) on demand. send_data(target, type, bytes) reaches any node of the tree:
+// directly when a link to the target exists, down through the child whose subnet holds the target,
+// or up through the parent; every relay decrements a TTL so a misconfiguration cannot loop.
+//
+// Links: every peer link starts as a stream connection (TCP, or a unix socket when the peer offers
+// one on the same host) carrying a registration handshake (docs/protocol.md): version range, id,
+// subnets, listen URLs, host identity and pid, and an HMAC-SHA256 proof over a nonce chosen by the
+// accepting side. When a registered peer runs on the same host and lists a shm:// URL, data for it
+// goes into that shared-memory ring instead; the stream connection still carries control traffic.
+// The choice is invisible to send_data().
+//
+// Threading: a node belongs to one uv_loop_t; every member function must be called on the loop's
+// thread and every callback runs there, from inside uv_run(). Timers (heartbeats, reconnects,
+// timeouts) run inside the loop; the user calls nothing periodically. Nothing is thread-safe.
+//
+// Errors are values. Contract shared with libuv, word for word: when a function which takes a
+// callback returns an error, the callback will never be called. For send_data() that means: a
+// send that returns an error produces no delivery report; one that returns ok produces exactly one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "uvbus/error.h"
+#include "uvbus/protocol.h"
+#include "uvbus/subnet.h"
+
+typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
+
+namespace uvbus {
+
+struct node_config {
+  // URLs to accept peers on: ipv4://, ipv6://, dns://, unix:// (port 0 picks a free port; read the
+  // real URLs back with node::listen_urls()) and at most one shm:// (the ring this node reads its
+  // data from; peers on the same host write into it).
+  std::vector<std::string> listen;
+  // The parent to register to (a stream URL); empty for a root node.
+  std::string parent_url;
+  // Child ids this node accepts. A child must have its id and all its subnets inside these.
+  std::vector<subnet> subnets;
+
+  // Largest user payload of send_data() (message_too_large above it); the stream frame limit is
+  // this plus the 36 bytes of bus header and data prefix. Every node of a bus should agree.
+  size_t message_limit = 64 * 1024;
+  // Per-connection stream send queue, bytes and packets (back-pressure: queue_full above them).
+  size_t link_queue_bytes = 2 * 1024 * 1024;
+  size_t link_queue_packets = 65536;
+
+  // Messages sent while their link is not up yet (parent reconnecting, sibling being looked up or
+  // connected) wait in a bounded queue: at most this many messages and bytes per link, each at most
+  // pending_timeout_ms, then they fail with errc::timeout. pending_max_messages = 0 disables
+  // queueing: such sends return not_connected at once. Default: 4096 messages / 4 MiB / 10 s.
+  size_t pending_max_messages = 4096;
+  size_t pending_max_bytes = 4 * 1024 * 1024;
+  uint32_t pending_timeout_ms = 10000;
+  // Forwarding back-pressure: when a relayed message meets a full next-hop queue it waits in that
+  // hop's overflow queue (this many bytes at most) and the link it came from stops being read until
+  // the overflow drains; beyond it, relayed messages are dropped and counted (forward_dropped).
+  size_t forward_overflow_bytes = 4 * 1024 * 1024;
+
+  // A connection must finish the registration handshake within this time or is closed.
+  uint32_t handshake_timeout_ms = 5000;
+  // Every registered peer is pinged this often; the pong gives the round-trip time. A peer from
+  // which nothing at all arrived for heartbeat_timeout_ms is dropped (its pending messages fail).
+  uint32_t heartbeat_interval_ms = 2000;
+  uint32_t heartbeat_timeout_ms = 6000;
+  // Parent reconnect: exponential backoff from min to max, each delay with +-jitter (a fraction).
+  uint32_t reconnect_min_ms = 100;
+  uint32_t reconnect_max_ms = 5000;
+  double reconnect_jitter = 0.2;
+  // A require_response message without an acknowledgement after this time fails with timeout.
+  uint32_t response_timeout_ms = 10000;
+  // Siblings: connect directly at the first message (else everything goes through the parent);
+  // drop a sibling link with no data either way for this long.
+  bool sibling_direct = true;
+  uint32_t sibling_idle_ms = 60000;
+
+  // Access tokens. Peers registering here must prove one of them (any: rotation is adding the new
+  // token everywhere, then removing the old). Empty: no proof required. When connecting, the first
+  // token is used. Tokens never cross the wire: only HMAC-SHA256(token, nonce || id || role).
+  std::vector<std::string> access_tokens;
+  // Protocol versions offered; the highest common one is used.
+  uint8_t protocol_min = proto::kMinVersion;
+  uint8_t protocol_max = proto::kMaxVersion;
+  uint8_t default_ttl = proto::kDefaultTtl;
+
+  // Use shared memory for data to peers on the same host that offer a shm:// URL.
+  bool enable_shm = true;
+  size_t shm_ring_bytes = size_t{8} << 20;
+  // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
+  // makes two nodes try shared memory.
+  std::string host_id;
+  // Stream TCP_NODELAY.
+  bool tcp_nodelay = true;
+};
+
+enum class channel_kind : uint8_t { none, stream, shm };
+const char* to_string(channel_kind k) noexcept;
+
+enum class peer_role : uint8_t { parent, child, sibling, tool };
+const char* to_string(peer_role r) noexcept;
+
+// A registered peer, as callbacks and peers() report it.
+struct endpoint_info {
+  bus_id id = 0;
+  peer_role role = peer_role::child;
+  channel_kind data_channel = channel_kind::stream;  // what our data to it uses
+  proto::node_info info;                             // what it told us at registration
+  uint64_t rtt_ns = 0;                               // last heartbeat round trip (0: none yet)
+};
+
+struct delivery_report {
+  uint64_t message_id = 0;  // what send_data() returned in *message_id
+  bus_id target = 0;
+  // ok: delivered to the next hop's channel (the kernel socket buffer or the shared-memory ring),
+  // or, with require_response, received by the target node. Otherwise why it failed:
+  // not_connected / connection_reset (link lost), timeout (pending or response wait expired),
+  // closed (node stopped), unknown_route / ttl_expired (reported back by a relay or the target,
+  // require_response only), queue_full (a relay's queue overflowed), abandoned (shm writer stall).
+  errc status = errc::ok;
+  bool end_to_end = false;  // true when the report comes from the target's acknowledgement
+};
+
+struct node_counters {
+  uint64_t data_sent = 0;         // send_data() calls accepted
+  uint64_t data_sent_stream = 0;  // ... of which went out over a stream link
+  uint64_t data_sent_shm = 0;     // ... over shared memory
+  uint64_t data_received = 0;     // delivered to on_data
+  uint64_t forwarded = 0;         // relayed for others
+  uint64_t forward_dropped = 0;   // relayed messages dropped (no route, overflow, ttl)
+  uint64_t ttl_expired = 0;       // messages dropped because their TTL ran out here
+  uint64_t reports_ok = 0;
+  uint64_t reports_failed = 0;
+  uint64_t pending_now = 0;  // messages waiting for a link right now
+  uint64_t registrations_accepted = 0;
+  uint64_t registrations_refused = 0;  // peers we refused
+  uint64_t reconnects = 0;             // parent connection attempts after the first
+  uint64_t heartbeat_timeouts = 0;
+  uint64_t protocol_errors = 0;  // malformed messages (the link is closed)
+};
+
+enum class log_level : uint8_t { debug, info, warn, error };
+
+// Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own
+// member functions (send_data, start, stop, ... never call back synchronously): everything is
+// reported from the loop. They may call any node member function, including send_data() and
+// stop(), but must not destroy the node.
+struct node_callbacks {
+  // A data message for this node. [data, data + size) is valid only during the call (it points into
+  // a read buffer or the shared-memory ring): copy what you keep. Messages from one source arrive
+  // in send order while the route between the two nodes stays the same (a route change — a sibling
+  // link coming up, a parent restart — may reorder messages in flight across the change).
+  std::function<void(bus_id source, uint32_t type, const uint8_t* data, size_t size)> on_data;
+  // Exactly one per message accepted by send_data(), if set when the message was sent. Without it
+  // the node does not track channel-level delivery at all (cheaper).
+  std::function<void(const delivery_report&)> on_report;
+  // A peer finished registration (either direction) / a registered peer's link ended (reason).
+  std::function<void(const endpoint_info&)> on_endpoint_added;
+  std::function<void(const endpoint_info&, errc reason)> on_endpoint_removed;
+  // This node is up: registered with its parent (parent id), or started as a root (its own id).
+  std::function<void(bus_id parent)> on_up;
+  // This node lost its parent (it reconnects by itself) or stopped (errc::closed).
+  std::function<void(errc reason)> on_down;
+  // The outcome of each registration attempt to the parent: ok, or the reason it was refused /
+  // failed (access_denied, duplicate_id, out_of_subnet, version_mismatch, timeout, connection
+  // errors). After access_denied, out_of_subnet or version_mismatch the node stops retrying (a
+  // configuration error); after anything else it retries with backoff.
+  std::function<void(errc result, const std::string& detail)> on_registration;
+  // Errors that are not tied to one send: refused peers, protocol errors, listener failures.
+  std::function<void(errc e, const std::string& what)> on_error;
+  // Optional log hook (registration, refusals, reconnects, drops). Without it nothing is logged.
+  std::function<void(log_level level, const std::string& message)> on_log;
+  // A stream link's queue was full for a send_data() and has drained again: retry now.
+  std::function<void(bus_id next_hop)> on_writable;
+};
+
+struct send_options {
+  // Ask the target to acknowledge: the report then comes from the target (end_to_end) or fails
+  // with the reason a relay or the target gave, or with timeout after response_timeout_ms.
+  bool require_response = false;
+  uint8_t ttl = 0;  // 0: node_config::default_ttl
+};
+
+// A span of bytes for the gather form of send_data().
+struct data_span {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+class node {
+ public:
+  // Never fails; an invalid config makes start() return invalid_argument. The loop must outlive
+  // the node, and must be run after the node's destruction until its handles have closed.
+  node(uv_loop_t* loop, bus_id id, node_config cfg, node_callbacks cbs = {});
+  // Releases everything at once without calling any callback and without a goodbye to peers
+  // (they notice the closed connections). For an orderly exit call stop() first.
+  ~node();
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+
+  // invalid_argument: a subnet wider than 64 bits, more than 16 subnets or 8 listen URLs, more than
+  // one shm:// listen URL, a bad URL, protocol_min > protocol_max or 0, message_limit 0 or above
+  // 1 GiB, zero timeouts or intervals, reconnect_min > reconnect_max, jitter outside [0, 1].
+  [[nodiscard]] static errc validate(bus_id id, const node_config& cfg);
+
+  // Opens the listeners (and the shm ring), then connects to the parent if any. Errors (nothing
+  // started, no callback): invalid_argument, closed (stopped or already started), and the
+  // listener's errors (address_in_use, permission_denied, busy, ...).
+  [[nodiscard]] errc start();
+  // Graceful stop: pending messages fail (closed), every peer gets a goodbye, every stream link
+  // flushes its queue and closes, listeners and the shm ring close. on_down(closed) fires when
+  // done (from the loop). Idempotent. The node can not be started again.
+  void stop();
+  [[nodiscard]] bool running() const noexcept;
+  // Registered with the parent (or started as a root).
+  [[nodiscard]] bool up() const noexcept;
+
+  // Sends a message to target. Returns at once:
+  //   ok                 accepted: exactly one delivery report follows (if on_report is set);
+  //                      *message_id (if given) gets the id that report will carry
+  //   message_too_large  size > message_limit
+  //   unknown_route      no route to target (an id in our subnets with no such child, or no
+  //                      parent for an id outside them)
+  //   not_connected      the route's link is down and queueing is disabled
+  //   queue_full         the link's queue, the shared-memory ring or the pending queue is full
+  //                      (retriable; on_writable tells when a stream link drained)
+  //   closed             not started, or stopped
+  // A message to this node's own id is delivered through on_data from the loop, never inline.
+  // The bytes are copied before send_data() returns.
+  [[nodiscard]] errc send_data(bus_id target, uint32_t type, const void* data, size_t size,
+                               const send_options& opt = {}, uint64_t* message_id = nullptr);
+  [[nodiscard]] errc send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
+                               const send_options& opt = {}, uint64_t* message_id = nullptr);
+
+  // Asks node `target` (any node with a route) for a command's result: routes (text, one line per
+  // route), counters (text, name=value lines) or echo (returns args). cb fires exactly once, from
+  // the loop: (ok, result) or (error, empty): timeout after response_timeout_ms, unknown_route,
+  // closed. Errors at once (cb never called): as send_data.
+  using command_cb = std::function<void(errc status, const uint8_t* result, size_t size)>;
+  [[nodiscard]] errc send_command(bus_id target, proto::command_id command, const void* args,
+                                  size_t size, command_cb cb);
+
+  [[nodiscard]] bus_id id() const noexcept;
+  // The URLs actually listened on (port 0 resolved), in config order.
+  [[nodiscard]] std::vector<std::string> listen_urls() const;
+  [[nodiscard]] std::vector<endpoint_info> peers() const;
+  // The registered direct peer with this id; false if none.
+  [[nodiscard]] bool peer(bus_id id, endpoint_info* out) const;
+  [[nodiscard]] node_counters counters() const noexcept;
+  // The same text the routes command returns.
+  [[nodiscard]] std::string routes_text() const;
+  [[nodiscard]] const node_config& config() const noexcept;
+
+  struct impl;  // src/bus/node.cpp
+
+ private:
+  impl* impl_;
+};
+
+}  // namespace uvbus
