@@ -7,7 +7,10 @@
 #
 # Every test/fuzz/fuzz_<name>.cpp becomes the executable fuzz_<name>. It is built only when the
 # components it needs exist (a "// uvbus-fuzz-needs: comp ..." line in the source lists them), so
-# this file works while the stream, shm and bus components are still being written.
+# this file works while the stream, shm and bus components are still being written. A
+# "// uvbus-fuzz-sources: src/x/y.cpp ..." line compiles just those library sources into the
+# target instead of linking their whole component (e.g. the bus protocol parsers without the node,
+# which would drag in every channel).
 if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   message(FATAL_ERROR "UVBUS_BUILD_FUZZERS needs clang (-DCMAKE_CXX_COMPILER=clang++)")
 endif()
@@ -31,9 +34,23 @@ foreach(src IN LISTS UVBUS_FUZZ_SOURCES)
     string(REGEX REPLACE "^// uvbus-fuzz-needs:[ ]*" "" needs "${needs_line}")
     separate_arguments(needs)
   endif()
+  file(STRINGS ${src} sources_line REGEX "^// uvbus-fuzz-sources:")
+  set(extra_sources)
+  if(sources_line)
+    string(REGEX REPLACE "^// uvbus-fuzz-sources:[ ]*" "" rel "${sources_line}")
+    separate_arguments(rel)
+    foreach(f IN LISTS rel)
+      list(APPEND extra_sources ${PROJECT_SOURCE_DIR}/${f})
+    endforeach()
+  endif()
   set(missing FALSE)
   foreach(dep IN LISTS needs)
     if(NOT TARGET uvbus_${dep})
+      set(missing TRUE)
+    endif()
+  endforeach()
+  foreach(f IN LISTS extra_sources)
+    if(NOT EXISTS ${f})
       set(missing TRUE)
     endif()
   endforeach()
@@ -41,7 +58,7 @@ foreach(src IN LISTS UVBUS_FUZZ_SOURCES)
     message(STATUS "fuzz: skipping ${name} (needs components: ${needs})")
     continue()
   endif()
-  add_executable(${name} ${src})
+  add_executable(${name} ${src} ${extra_sources})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/test/fuzz
                                              ${PROJECT_SOURCE_DIR}/src)
   foreach(dep IN LISTS needs)

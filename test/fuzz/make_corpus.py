@@ -129,4 +129,56 @@ write("fuzz_write_queue", "static_limits", ring_cfg(2048, 500, 6) + R(70) * 10 +
 write("fuzz_write_queue", "dynamic_limits", ring_cfg(0, 300, 5, dynamic=True) + R(70) * 6 + P + U + M(100, 3000) + V)
 write("fuzz_write_queue", "dynamic_big", ring_cfg(0, 4000, 40, dynamic=True) + bytes([0, 0x80, 0xa0, 0x0f]) + R(1) + P + P)
 write("fuzz_write_queue", "invalid_small_ring", ring_cfg(8) + R(1) + P)
+
+# Bus protocol (docs/protocol.md): header = version, type, flags, ttl, u32 body_len, u64 source,
+# u64 target, u64 sequence; little-endian throughout.
+def header(mtype, body, flags=0, ttl=16, src=0x1001, dst=0x2002, seq=7):
+    return struct.pack("<BBBBIQQQ", 1, mtype, flags, ttl, len(body), src, dst, seq) + body
+
+
+def str8(s):
+    return bytes([len(s)]) + s
+
+
+def str16(s):
+    return struct.pack("<H", len(s)) + s
+
+
+def node_info(id_, pid=1234, host=b"host-abc", name=b"gw1", subnets=((0x1200, 8),),
+              listen=(b"ipv4://127.0.0.1:16389", b"shm://uvbus-1")):
+    out = struct.pack("<QI", id_, pid) + str8(host) + str8(name) + bytes([len(subnets)])
+    for prefix, bits in subnets:
+        out += struct.pack("<QB", prefix, bits)
+    out += bytes([len(listen)])
+    for url in listen:
+        out += str16(url)
+    return out
+
+
+nonce = bytes(range(32))
+proof = bytes(range(100, 132))
+challenge = struct.pack("<BBQ", 1, 1, 0x1000) + nonce
+register = bytes([1, 1, 1]) + node_info(0x1201) + proof
+register_sib = bytes([1, 1, 2]) + node_info(0x1202, subnets=(), listen=()) + proof
+reply_ok = struct.pack("<HB", 0, 1) + node_info(0x1000, subnets=((0x1000, 12), (0x2000, 4))) + str8(b"")
+reply_refused = struct.pack("<HB", 1, 0) + node_info(0, host=b"", name=b"", subnets=(), listen=()) + str8(b"access denied")
+bodies = [
+    ("challenge", 1, challenge), ("register", 2, register), ("register_sibling", 2, register_sib),
+    ("reply_ok", 3, reply_ok), ("reply_refused", 3, reply_refused),
+    ("ping", 4, struct.pack("<Q", 123456789)), ("pong", 5, struct.pack("<Q", 123456789)),
+    ("data", 6, struct.pack("<I", 9) + b"hello"), ("data_empty", 6, struct.pack("<I", 0)),
+    ("forward", 7, struct.pack("<I", 9) + b"relayed"), ("ack", 8, struct.pack("<QH", 7, 0)),
+    ("ack_failed", 8, struct.pack("<QH", 7, 7)), ("command_echo", 9, struct.pack("<I", 4) + b"args"),
+    ("command_reply", 10, struct.pack("<IH", 1, 0) + b"0x1000/12 direct\n"),
+    ("bye", 11, struct.pack("<H", 6)),
+]
+for name, mtype, body in bodies:
+    write("fuzz_bus_message", name, header(mtype, body, flags=1 if mtype == 6 else 0))
+write("fuzz_bus_message", "bad_body_len", header(6, b"\0\0\0\0x")[:-1])
+for which, name, body in [(0, "node_info", node_info(0x1201)),
+                          (0, "node_info_empty", node_info(0, host=b"", name=b"", subnets=(), listen=())),
+                          (1, "challenge", challenge), (2, "register", register),
+                          (2, "register_sibling", register_sib), (3, "reply_ok", reply_ok),
+                          (3, "reply_refused", reply_refused)]:
+    write("fuzz_registration", name, bytes([which]) + body)
 print("corpora written under", os.path.join(HERE, "corpus"))
