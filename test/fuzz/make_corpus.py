@@ -181,4 +181,19 @@ for which, name, body in [(0, "node_info", node_info(0x1201)),
                           (2, "register_sibling", register_sib), (3, "reply_ok", reply_ok),
                           (3, "reply_refused", reply_refused)]:
     write("fuzz_registration", name, bytes([which]) + body)
+
+# fuzz_shm_image: [node size sel][ring nodes sel][records][record sizes/4...] then patches
+# ([kind][...], see the target's header comment).
+def shm(node_sel, ring_sel, sizes, patches=b""):
+    return bytes([node_sel, ring_sel, len(sizes)] + list(sizes)) + patches
+
+
+write("fuzz_shm_image", "clean_5_records", shm(0, 0, [1, 2, 8, 30, 0]))
+write("fuzz_shm_image", "clean_full_ring", shm(1, 1, [60] * 20))
+write("fuzz_shm_image", "write_pos_far_ahead", shm(0, 0, [4, 4], bytes([0x82]) + struct.pack("<Q", 1 << 62)))
+write("fuzz_shm_image", "write_pos_plus_5", shm(0, 0, [4, 4], bytes([2]) + struct.pack("<h", 5)))
+write("fuzz_shm_image", "read_pos_behind", shm(0, 0, [4, 4, 4], bytes([3]) + struct.pack("<h", -3)))
+write("fuzz_shm_image", "record_len_huge", shm(0, 0, [4, 4], bytes([1]) + struct.pack("<HB", 8, 4) + b"\xff\xff\xff\x7f"))
+write("fuzz_shm_image", "record_ctl_scribbled", shm(2, 2, [10, 10], bytes([1]) + struct.pack("<HB", 0, 8) + b"\x01" * 8))
+write("fuzz_shm_image", "header_node_size", shm(0, 0, [1], bytes([0]) + struct.pack("<HB", 32, 4) + struct.pack("<I", 4096)))
 print("corpora written under", os.path.join(HERE, "corpus"))
