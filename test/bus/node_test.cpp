@@ -1,0 +1,633 @@
+// Bus nodes end to end: every node lives in this process on one libuv loop, on ports the OS picks
+// and shared-memory names unique to the test.
+#include "uvbus/node.h"
+
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bus/auth.h"
+#include "test_util.h"
+#include "uvbus/protocol.h"
+#include "uvbus/stream.h"
+
+namespace uvbus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_until;
+
+struct received {
+  bus_id source;
+  uint32_t type;
+  std::string bytes;
+};
+
+// A node plus everything its callbacks reported.
+struct tnode {
+  std::unique_ptr<node> n;
+  std::vector<received> got;
+  bool keep_bytes = true;
+  uint64_t got_count = 0;
+  std::vector<delivery_report> reports;
+  std::vector<errc> registrations;
+  int ups = 0;
+  std::vector<errc> downs;
+  std::vector<endpoint_info> added;
+  std::vector<std::pair<bus_id, errc>> removed;
+  std::vector<errc> errors;
+  std::vector<std::string> logs;
+
+  size_t ok_reports() const {
+    size_t k = 0;
+    for (const auto& r : reports) k += r.status == errc::ok ? 1 : 0;
+    return k;
+  }
+};
+
+node_config base_config() {
+  node_config c;
+  c.listen = {"ipv4://127.0.0.1:0"};
+  c.enable_shm = false;
+  c.heartbeat_interval_ms = 100;
+  c.heartbeat_timeout_ms = 2000;
+  c.reconnect_min_ms = 10;
+  c.reconnect_max_ms = 100;
+  c.handshake_timeout_ms = 2000;
+  c.pending_timeout_ms = 5000;
+  c.response_timeout_ms = 3000;
+  return c;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(uv_loop_init(&loop_), 0); }
+
+  void TearDown() override {
+    nodes_.clear();
+    for (int i = 0; i < 200 && uv_loop_alive(&loop_); ++i) uv_run(&loop_, UV_RUN_NOWAIT);
+    EXPECT_EQ(uv_loop_close(&loop_), 0) << "handles left open on the loop";
+  }
+
+  tnode* make(bus_id id, node_config cfg, bool start = true) {
+    auto t = std::make_unique<tnode>();
+    tnode* raw = t.get();
+    node_callbacks cb;
+    cb.on_data = [raw](bus_id src, uint32_t type, const uint8_t* p, size_t n) {
+      ++raw->got_count;
+      if (raw->keep_bytes)
+        raw->got.push_back({src, type, std::string(reinterpret_cast<const char*>(p), n)});
+    };
+    cb.on_report = [raw](const delivery_report& r) { raw->reports.push_back(r); };
+    cb.on_registration = [raw](errc e, const std::string&) { raw->registrations.push_back(e); };
+    cb.on_up = [raw](bus_id) { ++raw->ups; };
+    cb.on_down = [raw](errc e) { raw->downs.push_back(e); };
+    cb.on_endpoint_added = [raw](const endpoint_info& e) { raw->added.push_back(e); };
+    cb.on_endpoint_removed = [raw](const endpoint_info& e, errc why) {
+      raw->removed.emplace_back(e.id, why);
+    };
+    cb.on_error = [raw](errc e, const std::string&) { raw->errors.push_back(e); };
+    cb.on_log = [raw](log_level, const std::string& m) { raw->logs.push_back(m); };
+    t->n = std::make_unique<node>(&loop_, id, std::move(cfg), std::move(cb));
+    if (start) {
+      const errc e = t->n->start();
+      EXPECT_EQ(e, errc::ok) << to_string(e);
+    }
+    nodes_.push_back(std::move(t));
+    return raw;
+  }
+
+  tnode* make_root(bus_id id, std::vector<subnet> nets, node_config cfg = base_config()) {
+    cfg.subnets = std::move(nets);
+    return make(id, std::move(cfg));
+  }
+  tnode* make_child(bus_id id, tnode* parent, std::vector<subnet> nets = {},
+                    node_config cfg = base_config()) {
+    cfg.subnets = std::move(nets);
+    cfg.parent_url = parent->n->listen_urls().at(0);
+    return make(id, std::move(cfg));
+  }
+
+  bool wait(std::function<bool()> pred, std::chrono::milliseconds d = 10000ms) {
+    return run_until(&loop_, pred, d);
+  }
+
+  void destroy(tnode* t) {
+    for (auto& p : nodes_) {
+      if (p.get() == t) p->n.reset();
+    }
+  }
+
+  uv_loop_t loop_{};
+  std::vector<std::unique_ptr<tnode>> nodes_;
+};
+
+errc send_str(tnode* t, bus_id to, uint32_t type, const std::string& s, send_options o = {}) {
+  return t->n->send_data(to, type, s.data(), s.size(), o);
+}
+
+TEST_F(NodeTest, ChildRegistersWithParentAndBothExchangeData) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* c = make_child(0x101, p);
+  ASSERT_TRUE(wait([&] { return c->n->up() && p->added.size() == 1; }));
+  ASSERT_EQ(c->registrations, std::vector<errc>{errc::ok});
+  EXPECT_EQ(c->ups, 1);
+  EXPECT_EQ(p->ups, 1);  // a root is up once started
+  ASSERT_EQ(c->added.size(), 1u);
+  EXPECT_EQ(c->added[0].id, 0x100u);
+  EXPECT_EQ(c->added[0].role, peer_role::parent);
+  EXPECT_EQ(p->added[0].id, 0x101u);
+  EXPECT_EQ(p->added[0].role, peer_role::child);
+  EXPECT_EQ(p->added[0].info.pid, static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(p->added[0].data_channel, channel_kind::stream);
+
+  ASSERT_EQ(send_str(c, 0x100, 7, "up"), errc::ok);
+  ASSERT_EQ(send_str(p, 0x101, 8, "down"), errc::ok);
+  ASSERT_TRUE(wait([&] { return p->got.size() == 1 && c->got.size() == 1; }));
+  EXPECT_EQ(p->got[0].source, 0x101u);
+  EXPECT_EQ(p->got[0].type, 7u);
+  EXPECT_EQ(p->got[0].bytes, "up");
+  EXPECT_EQ(c->got[0].source, 0x100u);
+  EXPECT_EQ(c->got[0].bytes, "down");
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 1 && p->reports.size() == 1; }));
+  EXPECT_EQ(c->reports[0].status, errc::ok);
+  EXPECT_FALSE(c->reports[0].end_to_end);
+  // Heartbeats measure a round trip.
+  ASSERT_TRUE(wait([&] {
+    endpoint_info e;
+    return c->n->peer(0x100, &e) && e.rtt_ns > 0;
+  }));
+}
+
+TEST_F(NodeTest, ImmediateErrorsProduceNoReport) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  std::string big(p->n->config().message_limit + 1, 'x');
+  EXPECT_EQ(send_str(p, 0x101, 1, big), errc::message_too_large);
+  EXPECT_EQ(send_str(p, 0x150, 1, "x"), errc::unknown_route);  // ours, no such child
+  EXPECT_EQ(send_str(p, 0x999, 1, "x"), errc::unknown_route);  // a root has no parent
+  node n(&loop_, 5, base_config());
+  EXPECT_EQ(n.send_data(1, 1, "x", 1), errc::closed);  // not started
+  wait([] { return false; }, 50ms);
+  EXPECT_TRUE(p->reports.empty());
+}
+
+TEST_F(NodeTest, MessageToSelfIsDeliveredFromTheLoop) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_EQ(send_str(p, 0x100, 3, "me"), errc::ok);
+  EXPECT_TRUE(p->got.empty());  // never inline
+  ASSERT_TRUE(wait([&] { return p->got.size() == 1 && p->reports.size() == 1; }));
+  EXPECT_EQ(p->got[0].source, 0x100u);
+}
+
+TEST_F(NodeTest, InvalidConfigsAreRefused) {
+  node_config c = base_config();
+  c.subnets = {{0, 65}};
+  EXPECT_EQ(node::validate(1, c), errc::invalid_argument);
+  c = base_config();
+  c.listen = {"shm://a", "shm://b"};
+  EXPECT_EQ(node::validate(1, c), errc::invalid_argument);
+  c = base_config();
+  c.reconnect_min_ms = 500;
+  c.reconnect_max_ms = 100;
+  EXPECT_EQ(node::validate(1, c), errc::invalid_argument);
+  c = base_config();
+  c.parent_url = "nonsense";
+  EXPECT_EQ(node::validate(1, c), errc::invalid_argument);
+  c = base_config();
+  c.protocol_min = 0;
+  EXPECT_EQ(node::validate(1, c), errc::invalid_argument);
+  EXPECT_EQ(node::validate(1, base_config()), errc::ok);
+  node n(&loop_, 1, c);
+  EXPECT_EQ(n.start(), errc::invalid_argument);
+}
+
+TEST_F(NodeTest, MessagesSentBeforeRegistrationWaitAndArrive) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* c = make_child(0x101, p);
+  ASSERT_FALSE(c->n->up());
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(send_str(c, 0x100, 1, std::to_string(i)), errc::ok);
+  ASSERT_TRUE(wait([&] { return p->got.size() == 10; }));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(p->got[i].bytes, std::to_string(i));
+  ASSERT_TRUE(wait([&] { return c->ok_reports() == 10; }));
+}
+
+TEST_F(NodeTest, PendingMessagesFailWithTimeoutWhenTheParentNeverComes) {
+  // A parent address nobody listens on: connects fail, the queue times out.
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  const std::string url = p->n->listen_urls()[0];
+  destroy(p);
+  node_config cfg = base_config();
+  cfg.pending_timeout_ms = 200;
+  cfg.parent_url = url;
+  tnode* c = make(0x101, cfg);
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(send_str(c, 0x100, 1, "x"), errc::ok);
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 5; }));
+  for (const auto& r : c->reports) EXPECT_EQ(r.status, errc::timeout);
+  EXPECT_FALSE(c->registrations.empty());
+  EXPECT_NE(c->registrations[0], errc::ok);
+  EXPECT_EQ(c->n->counters().pending_now, 0u);
+  // Queueing disabled: not_connected at once.
+  cfg.pending_max_messages = 0;
+  tnode* d = make(0x102, cfg);
+  EXPECT_EQ(send_str(d, 0x100, 1, "x"), errc::not_connected);
+}
+
+TEST_F(NodeTest, SiblingsConnectDirectlyOnTheFirstMessage) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* a = make_child(0x101, p);
+  tnode* b = make_child(0x102, p);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(send_str(a, 0x102, 5, std::to_string(i)), errc::ok);
+  ASSERT_TRUE(wait([&] { return b->got.size() == 20; }));
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(b->got[i].source, 0x101u);
+    EXPECT_EQ(b->got[i].bytes, std::to_string(i));  // queued during lookup+connect, in order
+  }
+  endpoint_info e;
+  ASSERT_TRUE(a->n->peer(0x102, &e));
+  EXPECT_EQ(e.role, peer_role::sibling);
+  ASSERT_TRUE(b->n->peer(0x101, &e));
+  EXPECT_EQ(e.role, peer_role::sibling);
+  EXPECT_EQ(p->n->counters().forwarded, 0u);  // nothing went through the parent
+  // The reverse direction uses the same link.
+  ASSERT_EQ(send_str(b, 0x101, 5, "back"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->got.size() == 1; }));
+  EXPECT_EQ(p->n->counters().forwarded, 0u);
+  ASSERT_TRUE(wait([&] { return a->ok_reports() == 20; }));
+}
+
+TEST_F(NodeTest, IdleSiblingLinksAreDropped) {
+  node_config cfg = base_config();
+  cfg.sibling_idle_ms = 200;
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* a = make_child(0x101, p, {}, cfg);
+  tnode* b = make_child(0x102, p, {}, cfg);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  ASSERT_EQ(send_str(a, 0x102, 1, "x"), errc::ok);
+  endpoint_info e;
+  ASSERT_TRUE(wait([&] { return a->n->peer(0x102, &e); }));
+  ASSERT_TRUE(wait([&] { return !a->n->peer(0x102, &e) && !b->n->peer(0x101, &e); }));
+  // And it comes back on demand.
+  ASSERT_EQ(send_str(a, 0x102, 1, "y"), errc::ok);
+  ASSERT_TRUE(wait([&] { return b->got.size() == 2; }));
+}
+
+TEST_F(NodeTest, ForwardingThroughTheParentPreservesTheSource) {
+  node_config cfg = base_config();
+  cfg.sibling_direct = false;
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* a = make_child(0x101, p, {}, cfg);
+  tnode* b = make_child(0x110, p, {{0x110, 4}}, cfg);
+  tnode* bb = make_child(0x11A, b, {}, cfg);  // a grandchild under b's subnet
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up() && bb->n->up(); }));
+  ASSERT_EQ(send_str(a, 0x110, 1, "to b"), errc::ok);
+  ASSERT_EQ(send_str(a, 0x11A, 2, "to bb"), errc::ok);
+  ASSERT_EQ(send_str(bb, 0x101, 3, "to a"), errc::ok);
+  ASSERT_TRUE(
+      wait([&] { return b->got.size() == 1 && bb->got.size() == 1 && a->got.size() == 1; }));
+  EXPECT_EQ(b->got[0].source, 0x101u);
+  EXPECT_EQ(bb->got[0].source, 0x101u);
+  EXPECT_EQ(bb->got[0].type, 2u);
+  EXPECT_EQ(a->got[0].source, 0x11Au);
+  EXPECT_EQ(p->n->counters().forwarded, 3u);
+  EXPECT_EQ(b->n->counters().forwarded, 2u);
+  endpoint_info e;
+  EXPECT_FALSE(a->n->peer(0x110, &e));  // no direct link was made
+}
+
+TEST_F(NodeTest, RequireResponseReportsEndToEndAndRelaysReportFailures) {
+  node_config cfg = base_config();
+  cfg.sibling_direct = false;
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* a = make_child(0x101, p, {}, cfg);
+  tnode* b = make_child(0x102, p, {}, cfg);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  send_options o;
+  o.require_response = true;
+  uint64_t id1 = 0;
+  uint64_t id2 = 0;
+  ASSERT_EQ(a->n->send_data(0x102, 1, "x", 1, o, &id1), errc::ok);
+  // 0x1F0 is inside the parent's subnet but nobody has it: the parent answers unknown_route.
+  ASSERT_EQ(a->n->send_data(0x1F0, 1, "y", 1, o, &id2), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 2; }));
+  std::map<uint64_t, delivery_report> by_id;
+  for (const auto& r : a->reports) by_id[r.message_id] = r;
+  EXPECT_EQ(by_id[id1].status, errc::ok);
+  EXPECT_TRUE(by_id[id1].end_to_end);
+  EXPECT_EQ(by_id[id1].target, 0x102u);
+  EXPECT_EQ(by_id[id2].status, errc::unknown_route);
+  EXPECT_EQ(b->got.size(), 1u);
+}
+
+// A scripted peer speaking the protocol over a raw stream channel, for misbehaviour the real node
+// never shows: a parent that stops answering, a relay that bounces everything back.
+class raw_peer {
+ public:
+  explicit raw_peer(uv_loop_t* loop) : ch_(loop) {
+    stream_callbacks cb;
+    cb.ctx = this;
+    cb.on_accepted = [](void* c, stream_connection* conn) {
+      static_cast<raw_peer*>(c)->conn_ = conn;
+      static_cast<raw_peer*>(c)->send_challenge();
+    };
+    cb.on_connected = [](void* c, stream_connection* conn, errc st) {
+      if (st == errc::ok) static_cast<raw_peer*>(c)->conn_ = conn;
+    };
+    cb.on_disconnected = [](void* c, stream_connection*, errc) {
+      static_cast<raw_peer*>(c)->conn_ = nullptr;
+      static_cast<raw_peer*>(c)->closed_ = true;
+    };
+    cb.on_received = [](void* c, stream_connection*, const uint8_t* d, size_t n) {
+      static_cast<raw_peer*>(c)->on_msg(d, n);
+    };
+    ch_.set_callbacks(cb);
+  }
+  ~raw_peer() { ch_.close(); }
+
+  bus_id id = 0x100;
+  std::vector<subnet> subnets;
+  bool answer_pings = true;
+  bool bounce = false;            // send every data/forward message straight back
+  raw_peer* bounce_to = nullptr;  // ... or out through this other peer's connection
+  std::vector<proto::header> seen;
+  bool registered = false;
+  bool closed_ = false;
+
+  std::string listen() {
+    stream_listener* l = nullptr;
+    EXPECT_EQ(ch_.listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    return l->url();
+  }
+  void connect(const std::string& url) { EXPECT_EQ(ch_.connect(url), errc::ok); }
+
+  void send(const std::vector<uint8_t>& m) {
+    if (conn_ != nullptr) {
+      EXPECT_EQ(ch_.send(conn_, m.data(), m.size()), errc::ok);
+    }
+  }
+
+ private:
+  void send_challenge() {
+    proto::challenge_body c;
+    c.acceptor_id = id;
+    std::vector<uint8_t> b;
+    proto::encode_challenge(c, &b);
+    proto::header h;
+    h.type = proto::msg_type::challenge;
+    send(proto::build(h, b));
+  }
+  void on_msg(const uint8_t* d, size_t n) {
+    proto::header h;
+    ASSERT_EQ(proto::parse_header(d, n, &h), errc::ok);
+    seen.push_back(h);
+    const uint8_t* body = d + proto::kHeaderSize;
+    switch (h.type) {
+      case proto::msg_type::register_req: {  // we are the acceptor: accept anything
+        proto::register_body rb;
+        ASSERT_EQ(proto::parse_register(body, h.body_len, &rb), errc::ok);
+        proto::register_reply_body rr;
+        rr.info.id = id;
+        rr.info.subnets = subnets;
+        std::vector<uint8_t> b;
+        proto::encode_register_reply(rr, &b);
+        proto::header o;
+        o.type = proto::msg_type::register_reply;
+        send(proto::build(o, b));
+        registered = true;
+        break;
+      }
+      case proto::msg_type::challenge: {  // we are the connector: register as a child
+        proto::challenge_body c;
+        ASSERT_EQ(proto::parse_challenge(body, h.body_len, &c), errc::ok);
+        proto::register_body rb;
+        rb.info.id = id;
+        rb.info.subnets = subnets;
+        std::vector<uint8_t> b;
+        proto::encode_register(rb, &b);
+        proto::header o;
+        o.type = proto::msg_type::register_req;
+        send(proto::build(o, b));
+        break;
+      }
+      case proto::msg_type::register_reply:
+        registered = true;
+        break;
+      case proto::msg_type::ping:
+        if (answer_pings) {
+          proto::header o = h;
+          o.type = proto::msg_type::pong;
+          o.source = id;
+          o.target = h.source;
+          send(proto::build(o, std::vector<uint8_t>(body, body + h.body_len)));
+        }
+        break;
+      case proto::msg_type::data:
+      case proto::msg_type::forward:
+        if (bounce) (bounce_to != nullptr ? bounce_to : this)->send(std::vector<uint8_t>(d, d + n));
+        break;
+      default:
+        break;
+    }
+  }
+
+  stream_channel ch_;
+  stream_connection* conn_ = nullptr;
+};
+
+TEST_F(NodeTest, TtlStopsAForwardingLoop) {
+  // A broken relay: two children of p that pass everything p sends to the first straight back
+  // through the second. Sending to an id in the first one's subnet from the second then loops
+  // p -> first -> second -> p ... (p never sends a message back out of the link it came in on, so
+  // a loop needs two links) until the TTL runs out.
+  tnode* p = make_root(0x1000, {{0x1000, 12}});
+  raw_peer second(&loop_);
+  second.id = 0x1200;
+  second.subnets = {{0x1200, 8}};
+  raw_peer first(&loop_);
+  first.id = 0x1100;
+  first.subnets = {{0x1100, 8}};
+  first.bounce = true;
+  first.bounce_to = &second;
+  first.connect(p->n->listen_urls()[0]);
+  second.connect(p->n->listen_urls()[0]);
+  ASSERT_TRUE(wait([&] { return first.registered && second.registered && p->added.size() == 2; }));
+  proto::header h;
+  h.type = proto::msg_type::data;
+  h.flags = proto::flag_require_response;
+  h.ttl = 5;
+  h.source = 0x1200;
+  h.target = 0x11AA;
+  h.sequence = 42;
+  std::vector<uint8_t> body(proto::kDataPrefix, 0);
+  second.send(proto::build(h, body));
+  ASSERT_TRUE(wait([&] { return p->n->counters().ttl_expired == 1; }));
+  // p relayed it with ttl 4, 3, 2, 1, 0 and dropped the sixth arrival.
+  std::vector<int> ttls;
+  for (const auto& s : first.seen) {
+    if (s.type == proto::msg_type::forward) ttls.push_back(s.ttl);
+  }
+  EXPECT_EQ(ttls, (std::vector<int>{4, 3, 2, 1, 0}));
+  EXPECT_EQ(p->n->counters().forwarded, 5u);
+  // And the source was told why.
+  ASSERT_TRUE(wait(
+      [&] { return !second.seen.empty() && second.seen.back().type == proto::msg_type::ack; }));
+  EXPECT_EQ(second.seen.back().target, 0x1200u);
+  EXPECT_EQ(p->n->counters().protocol_errors, 0u);
+}
+
+TEST_F(NodeTest, HeartbeatTimeoutDropsASilentParent) {
+  raw_peer parent(&loop_);
+  parent.id = 0x100;
+  parent.subnets = {{0x100, 8}};
+  const std::string url = parent.listen();
+  node_config cfg = base_config();
+  cfg.heartbeat_interval_ms = 50;
+  cfg.heartbeat_timeout_ms = 300;
+  cfg.reconnect_min_ms = 5000;  // do not come back during the test
+  cfg.reconnect_max_ms = 5000;
+  cfg.parent_url = url;
+  tnode* c = make(0x101, cfg);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  // While it answers pings the link stays; then it falls silent.
+  ASSERT_FALSE(wait([&] { return !c->downs.empty(); }, 600ms));
+  parent.answer_pings = false;
+  ASSERT_TRUE(wait([&] { return !c->downs.empty(); }, 3000ms));
+  EXPECT_EQ(c->downs[0], errc::timeout);
+  EXPECT_EQ(c->n->counters().heartbeat_timeouts, 1u);
+  ASSERT_EQ(c->removed.size(), 1u);
+  EXPECT_EQ(c->removed[0].second, errc::timeout);
+  EXPECT_FALSE(c->n->up());
+}
+
+TEST_F(NodeTest, HeartbeatTimeoutDropsASilentChild) {
+  node_config cfg = base_config();
+  cfg.heartbeat_interval_ms = 50;
+  cfg.heartbeat_timeout_ms = 300;
+  tnode* p = make_root(0x100, {{0x100, 8}}, cfg);
+  raw_peer child(&loop_);
+  child.id = 0x101;
+  child.answer_pings = false;
+  child.connect(p->n->listen_urls()[0]);
+  ASSERT_TRUE(wait([&] { return p->added.size() == 1; }));
+  ASSERT_TRUE(wait([&] { return p->removed.size() == 1; }, 3000ms));
+  EXPECT_EQ(p->removed[0].second, errc::timeout);
+}
+
+TEST_F(NodeTest, WrongTokenIsRefusedAndLogged) {
+  node_config pc = base_config();
+  pc.access_tokens = {"old-secret", "new-secret"};
+  tnode* p = make_root(0x100, {{0x100, 8}}, pc);
+  node_config cc = base_config();
+  cc.access_tokens = {"wrong"};
+  tnode* bad = make_child(0x101, p, {}, cc);
+  cc.access_tokens = {"new-secret"};  // rotation: either token is accepted
+  tnode* good = make_child(0x102, p, {}, cc);
+  cc.access_tokens = {};
+  tnode* none = make_child(0x103, p, {}, cc);
+  ASSERT_TRUE(wait([&] {
+    return !bad->registrations.empty() && !none->registrations.empty() && good->n->up();
+  }));
+  EXPECT_EQ(bad->registrations[0], errc::access_denied);
+  EXPECT_EQ(none->registrations[0], errc::access_denied);
+  EXPECT_FALSE(bad->n->up());
+  EXPECT_EQ(p->n->counters().registrations_refused, 2u);
+  EXPECT_EQ(std::count(p->errors.begin(), p->errors.end(), errc::access_denied), 2);
+  bool logged = false;
+  for (const auto& l : p->logs)
+    logged = logged || l.find("no matching access token") != std::string::npos;
+  EXPECT_TRUE(logged);
+  // A configuration error: no retry, sends fail at once.
+  wait([] { return false; }, 200ms);
+  EXPECT_EQ(bad->registrations.size(), 1u);
+  EXPECT_EQ(send_str(bad, 0x100, 1, "x"), errc::not_connected);
+}
+
+TEST_F(NodeTest, DuplicateAndOutOfSubnetIdsAreRefused) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* first = make_child(0x101, p);
+  ASSERT_TRUE(wait([&] { return first->n->up(); }));
+  tnode* dup = make_child(0x101, p);
+  tnode* outside = make_child(0x201, p);
+  tnode* wide = make_child(0x1F0, p, {{0x100, 12}});  // subnet wider than the parent's
+  ASSERT_TRUE(wait([&] {
+    return !dup->registrations.empty() && !outside->registrations.empty() &&
+           !wide->registrations.empty();
+  }));
+  EXPECT_EQ(dup->registrations[0], errc::duplicate_id);
+  EXPECT_EQ(outside->registrations[0], errc::out_of_subnet);
+  EXPECT_EQ(wide->registrations[0], errc::out_of_subnet);
+  EXPECT_TRUE(first->n->up());
+  // A duplicate retries (the other may be a dying old instance); it gets in once that is gone.
+  destroy(first);
+  ASSERT_TRUE(wait([&] { return dup->n->up(); }));
+}
+
+TEST_F(NodeTest, VersionMismatchIsRefused) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  node_config cc = base_config();
+  cc.protocol_min = 2;
+  cc.protocol_max = 3;
+  tnode* c = make_child(0x101, p, {}, cc);
+  ASSERT_TRUE(wait([&] { return !c->registrations.empty(); }));
+  EXPECT_EQ(c->registrations[0], errc::version_mismatch);
+}
+
+TEST_F(NodeTest, CommandsReturnRoutesAndCounters) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* c = make_child(0x101, p);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  std::string routes;
+  std::string counters;
+  errc st1 = errc::io_error;
+  ASSERT_EQ(c->n->send_command(0x100, proto::command_id::routes, nullptr, 0,
+                               [&](errc st, const uint8_t* d, size_t n) {
+                                 st1 = st;
+                                 routes.assign(reinterpret_cast<const char*>(d), n);
+                               }),
+            errc::ok);
+  ASSERT_EQ(c->n->send_command(0x100, proto::command_id::counters, nullptr, 0,
+                               [&](errc, const uint8_t* d, size_t n) {
+                                 counters.assign(reinterpret_cast<const char*>(d), n);
+                               }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return !routes.empty() && !counters.empty(); }));
+  EXPECT_EQ(st1, errc::ok);
+  EXPECT_NE(routes.find("self 0x100"), std::string::npos) << routes;
+  EXPECT_NE(routes.find("child 0x101"), std::string::npos) << routes;
+  EXPECT_NE(counters.find("registrations_accepted=1"), std::string::npos) << counters;
+  // To an unknown id inside the parent's subnet: the command fails with a timeout, not silently.
+  errc st3 = errc::ok;
+  node_config cfg;
+  ASSERT_EQ(c->n->send_command(0x100, proto::command_id::echo, "hey", 3,
+                               [&](errc st, const uint8_t* d, size_t n) {
+                                 st3 = st;
+                                 EXPECT_EQ(std::string(reinterpret_cast<const char*>(d), n), "hey");
+                               }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return st3 == errc::ok; }));
+}
+
+TEST_F(NodeTest, GracefulStopTellsPeersAndFailsPending) {
+  tnode* p = make_root(0x100, {{0x100, 8}});
+  tnode* c = make_child(0x101, p);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  ASSERT_EQ(send_str(c, 0x100, 1, "last words"), errc::ok);
+  c->n->stop();
+  EXPECT_EQ(send_str(c, 0x100, 1, "too late"), errc::closed);
+  ASSERT_TRUE(wait([&] { return !c->downs.empty() && p->removed.size() == 1; }));
+  EXPECT_EQ(c->downs.back(), errc::closed);
+  ASSERT_EQ(p->got.size(), 1u);  // flushed before closing
+  EXPECT_EQ(p->got[0].bytes, "last words");
+  ASSERT_EQ(c->reports.size(), 1u);
+  EXPECT_EQ(c->reports[0].status, errc::ok);
+  EXPECT_EQ(p->removed[0].second, errc::closed);  // it said goodbye
+}
+
+}  // namespace
+}  // namespace uvbus
