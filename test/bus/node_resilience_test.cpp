@@ -1,0 +1,294 @@
+// Bus nodes under stress: a parent killed and restarted, shared memory chosen (or not), and a
+// million messages through a three-level tree.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "uvbus/node.h"
+
+namespace uvbus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::run_until;
+
+node_config quick_config() {
+  node_config c;
+  c.listen = {"ipv4://127.0.0.1:0"};
+  c.enable_shm = false;
+  c.heartbeat_interval_ms = 100;
+  c.heartbeat_timeout_ms = 1000;
+  c.reconnect_min_ms = 10;
+  c.reconnect_max_ms = 50;
+  c.handshake_timeout_ms = 1000;
+  c.pending_timeout_ms = 5000;
+  c.response_timeout_ms = 1000;
+  c.sibling_direct = false;
+  return c;
+}
+
+struct sink {
+  std::vector<uint64_t> values;  // first 8 bytes of every message received
+  std::vector<bus_id> sources;
+  std::vector<delivery_report> reports;
+  int ups = 0;
+  int downs = 0;
+};
+
+node_callbacks callbacks_for(sink* s) {
+  node_callbacks cb;
+  cb.on_data = [s](bus_id src, uint32_t, const uint8_t* p, size_t n) {
+    uint64_t v = 0;
+    if (n >= 8) std::memcpy(&v, p, 8);
+    s->values.push_back(v);
+    s->sources.push_back(src);
+  };
+  cb.on_report = [s](const delivery_report& r) { s->reports.push_back(r); };
+  cb.on_up = [s](bus_id) { ++s->ups; };
+  cb.on_down = [s](errc) { ++s->downs; };
+  return cb;
+}
+
+class NodeResilienceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(uv_loop_init(&loop_), 0); }
+  void TearDown() override {
+    nodes_.clear();
+    for (int i = 0; i < 200 && uv_loop_alive(&loop_); ++i) uv_run(&loop_, UV_RUN_NOWAIT);
+    EXPECT_EQ(uv_loop_close(&loop_), 0);
+  }
+  node* add(bus_id id, node_config cfg, sink* s) {
+    nodes_.push_back(std::make_unique<node>(&loop_, id, std::move(cfg), callbacks_for(s)));
+    const errc e = nodes_.back()->start();
+    EXPECT_EQ(e, errc::ok) << to_string(e);
+    return nodes_.back().get();
+  }
+  void remove(node* n) {
+    for (auto& p : nodes_) {
+      if (p.get() == n) p.reset();
+    }
+  }
+  bool wait(std::function<bool()> pred, std::chrono::milliseconds d = 10000ms) {
+    return run_until(&loop_, pred, d);
+  }
+  uv_loop_t loop_{};
+  std::vector<std::unique_ptr<node>> nodes_;
+};
+
+TEST_F(NodeResilienceTest, ParentRestartChildrenReconnectAndEveryMessageIsAccountedFor) {
+  sink ps, as, bs;
+  node_config pc = quick_config();
+  pc.subnets = {{0x100, 8}};
+  node* p = add(0x100, pc, &ps);
+  const std::string url = p->listen_urls()[0];
+  node_config cc = quick_config();
+  cc.parent_url = url;
+  node* a = add(0x101, cc, &as);
+  node* b = add(0x102, cc, &bs);
+  ASSERT_TRUE(wait([&] { return a->up() && b->up(); }));
+
+  // Every message carries a distinct number; require_response makes "ok" mean "b received it".
+  send_options rr;
+  rr.require_response = true;
+  uint64_t next = 0;
+  uint64_t accepted = 0;
+  std::map<uint64_t, uint64_t> value_of;  // message id -> number
+  auto send_some = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      uint64_t id = 0;
+      const uint64_t v = next++;
+      if (a->send_data(0x102, 1, &v, sizeof v, rr, &id) == errc::ok) {
+        ++accepted;
+        value_of[id] = v;
+      }
+    }
+  };
+  send_some(500);
+  ASSERT_TRUE(wait([&] { return bs.values.size() == 500; }));
+
+  // Kill the parent mid-stream (no goodbye: the object is simply destroyed), keep sending.
+  send_some(200);
+  remove(p);
+  send_some(300);
+  ASSERT_TRUE(wait([&] { return !a->up() && !b->up(); }));
+  send_some(300);  // these wait in a's bounded queue
+  EXPECT_GT(a->counters().pending_now, 0u);
+
+  // A new parent on the same address; the children come back by themselves.
+  sink ps2;
+  node* p2 = nullptr;
+  ASSERT_TRUE(wait([&] {
+    node_config c = pc;
+    c.listen = {url};
+    auto n = std::make_unique<node>(&loop_, 0x100, c, callbacks_for(&ps2));
+    if (n->start() != errc::ok) return false;  // the old socket may still be closing
+    nodes_.push_back(std::move(n));
+    p2 = nodes_.back().get();
+    return true;
+  }));
+  ASSERT_TRUE(wait([&] { return a->up() && b->up(); }));
+  EXPECT_GE(as.ups, 2);
+  EXPECT_GE(a->counters().reconnects, 1u);
+  send_some(500);
+
+  // Every accepted message ends in exactly one report.
+  ASSERT_TRUE(wait([&] { return as.reports.size() == accepted; }, 15000ms));
+  std::set<uint64_t> ids;
+  uint64_t ok = 0;
+  uint64_t failed = 0;
+  for (const auto& r : as.reports) {
+    EXPECT_TRUE(ids.insert(r.message_id).second) << "two reports for one message";
+    if (r.status == errc::ok) {
+      ++ok;
+    } else {
+      ++failed;
+    }
+  }
+  EXPECT_EQ(ok + failed, accepted);
+  // Nothing arrives twice; everything reported ok arrived.
+  std::set<uint64_t> got(bs.values.begin(), bs.values.end());
+  EXPECT_EQ(got.size(), bs.values.size()) << "a message was delivered twice";
+  for (const auto& r : as.reports) {
+    if (r.status == errc::ok) {
+      EXPECT_TRUE(got.count(value_of[r.message_id])) << "reported ok, never received";
+    }
+  }
+  EXPECT_GE(bs.values.size(), ok);
+  EXPECT_LE(bs.values.size(), accepted);
+  // The messages queued while the parent was away and those sent after it came back arrived.
+  EXPECT_GE(ok, 500u + 300u + 500u);
+  for (uint64_t v = next - 500; v < next; ++v) EXPECT_TRUE(got.count(v)) << v;
+  (void)p2;
+}
+
+TEST_F(NodeResilienceTest, SharedMemoryIsChosenOnOneHostAndStreamWhenDisabled) {
+  const std::string ring_p = "shm://" + test::unique_name("p");
+  const std::string ring_a = "shm://" + test::unique_name("a");
+  sink ps, as, bs, cs;
+  node_config pc = quick_config();
+  pc.enable_shm = true;
+  pc.listen = {"ipv4://127.0.0.1:0", ring_p};
+  pc.shm_ring_bytes = 1 << 20;
+  pc.subnets = {{0x100, 8}};
+  node* p = add(0x100, pc, &ps);
+  node_config cc = quick_config();
+  cc.parent_url = p->listen_urls()[0];
+  cc.enable_shm = true;
+  cc.shm_ring_bytes = 1 << 20;
+  cc.listen = {"ipv4://127.0.0.1:0", ring_a};
+  node* a = add(0x101, cc, &as);  // shared memory both ways
+  cc.listen = {"ipv4://127.0.0.1:0"};
+  cc.enable_shm = false;
+  node* b = add(0x102, cc, &bs);  // shm disabled: stream both ways (it offers no ring either)
+  cc.enable_shm = true;
+  cc.host_id = "another-host";
+  node* c = add(0x103, cc, &cs);  // claims another host: stream
+  ASSERT_TRUE(wait([&] { return a->up() && b->up() && c->up(); }));
+
+  endpoint_info e;
+  ASSERT_TRUE(a->peer(0x100, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::shm);
+  ASSERT_TRUE(p->peer(0x101, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::shm);
+  ASSERT_TRUE(b->peer(0x100, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::stream);
+  ASSERT_TRUE(p->peer(0x102, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::stream);
+  ASSERT_TRUE(c->peer(0x100, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::stream);
+
+  for (uint64_t v = 0; v < 1000; ++v) {
+    ASSERT_EQ(a->send_data(0x100, 1, &v, sizeof v), errc::ok);
+    ASSERT_EQ(b->send_data(0x100, 2, &v, sizeof v), errc::ok);
+    ASSERT_EQ(p->send_data(0x101, 3, &v, sizeof v), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return ps.values.size() == 2000 && as.values.size() == 1000; }));
+  EXPECT_EQ(a->counters().data_sent_shm, 1000u);
+  EXPECT_EQ(a->counters().data_sent_stream, 0u);
+  EXPECT_EQ(b->counters().data_sent_stream, 1000u);
+  EXPECT_EQ(b->counters().data_sent_shm, 0u);
+  EXPECT_EQ(p->counters().data_sent_shm, 1000u);
+  // Order per source holds on each path.
+  std::vector<uint64_t> from_a, from_b;
+  for (size_t i = 0; i < ps.values.size(); ++i) {
+    (ps.sources[i] == 0x101 ? from_a : from_b).push_back(ps.values[i]);
+  }
+  for (uint64_t v = 0; v < 1000; ++v) {
+    ASSERT_EQ(from_a[v], v);
+    ASSERT_EQ(from_b[v], v);
+    ASSERT_EQ(as.values[v], v);
+  }
+  // Reports for shared-memory sends come from the loop too, one each.
+  ASSERT_TRUE(wait([&] { return as.reports.size() == 1000 && ps.reports.size() == 1000; }));
+}
+
+// 1 000 000 messages from a leaf to a leaf of another branch: leaf -> mid -> root -> mid -> leaf,
+// every hop a real TCP connection, relays under back-pressure. Each payload is checked byte by
+// byte and in order.
+TEST_F(NodeResilienceTest, AMillionMessagesCrossAThreeLevelTreeIntact) {
+  constexpr uint64_t kCount = 1000000;
+  sink rs, m1s, m2s, l1s, l2s;
+  node_config rc = quick_config();
+  rc.subnets = {{0x1000, 12}};
+  node* root = add(0x1000, rc, &rs);
+  node_config mc = quick_config();
+  mc.parent_url = root->listen_urls()[0];
+  mc.subnets = {{0x1100, 8}};
+  node* m1 = add(0x1100, mc, &m1s);
+  mc.subnets = {{0x1200, 8}};
+  node* m2 = add(0x1200, mc, &m2s);
+  node_config lc = quick_config();
+  lc.parent_url = m1->listen_urls()[0];
+  node_callbacks l1cb;  // no report callback: the cheap path, as a real sender would run
+  nodes_.push_back(std::make_unique<node>(&loop_, 0x1101, lc, l1cb));
+  node* l1 = nodes_.back().get();
+  ASSERT_EQ(l1->start(), errc::ok);
+  lc.parent_url = m2->listen_urls()[0];
+  uint64_t expect = 0;
+  uint64_t bad = 0;
+  node_callbacks l2cb;
+  l2cb.on_data = [&](bus_id src, uint32_t type, const uint8_t* p, size_t n) {
+    uint64_t v = 0;
+    const size_t want = 8 + (expect * 7) % 57;  // 8..64 bytes
+    if (n >= 8) std::memcpy(&v, p, 8);
+    bool good = src == 0x1101 && type == 9 && n == want && v == expect;
+    for (size_t i = 8; good && i < n; ++i) good = p[i] == static_cast<uint8_t>(v + i);
+    bad += good ? 0 : 1;
+    ++expect;
+  };
+  nodes_.push_back(std::make_unique<node>(&loop_, 0x1201, lc, l2cb));
+  node* l2 = nodes_.back().get();
+  ASSERT_EQ(l2->start(), errc::ok);
+  ASSERT_TRUE(wait([&] { return m1->up() && m2->up() && l1->up() && l2->up(); }));
+
+  uint8_t buf[64];
+  uint64_t sent = 0;
+  while (sent < kCount) {
+    for (int burst = 0; burst < 4096 && sent < kCount; ++burst) {
+      const size_t n = 8 + (sent * 7) % 57;
+      std::memcpy(buf, &sent, 8);
+      for (size_t i = 8; i < n; ++i) buf[i] = static_cast<uint8_t>(sent + i);
+      const errc e = l1->send_data(0x1201, 9, buf, n);
+      if (e == errc::queue_full) break;
+      ASSERT_EQ(e, errc::ok) << to_string(e);
+      ++sent;
+    }
+    uv_run(&loop_, UV_RUN_NOWAIT);
+  }
+  ASSERT_TRUE(wait([&] { return expect == kCount; }, 60000ms)) << expect;
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(root->counters().forwarded, kCount);
+  EXPECT_EQ(m1->counters().forward_dropped + m2->counters().forward_dropped +
+                root->counters().forward_dropped,
+            0u);
+}
+
+}  // namespace
+}  // namespace uvbus
