@@ -18,7 +18,7 @@
 //   * inbound: on_accepted(conn) fires when a peer connects to one of our listeners.
 //   * after on_accepted, or on_connected with ok, on_disconnected(conn, reason) fires exactly once.
 //   * the pointer is valid from connect()/on_accepted until the final callback above returns; using
-//     it afterwards is undefined. stream_connection::id() is unique in the channel and never
+//     it afterwards is undefined. stream_connection::id() is unique in the process and never
 //     reused, for callers that need a key that cannot dangle.
 //
 // Packet fate: every packet accepted by a successful send() ends in exactly one of
@@ -153,7 +153,7 @@ class stream_connection {
   stream_connection(const stream_connection&) = delete;
   stream_connection& operator=(const stream_connection&) = delete;
 
-  // Unique within the channel, never reused, never 0.
+  // Unique within the process (across channels), never reused, never 0.
   [[nodiscard]] uint64_t id() const noexcept { return id_; }
   [[nodiscard]] void* user_data() const noexcept { return user_data_; }
   void set_user_data(void* p) noexcept { user_data_ = p; }
@@ -281,7 +281,9 @@ class stream_channel {
     return send(conn, bufs.begin(), bufs.size(), tag);
   }
 
-  // Receive-side flow control: stop / restart reading from conn (on_received stops firing).
+  // Receive-side flow control: stop / restart reading from conn. Called from on_received, the
+  // pause takes effect after the messages of the chunk being delivered (they already left the
+  // kernel and live in the shared read buffer); no further read is made until resume_reading().
   // Errors: invalid_argument, closed, not_connected.
   [[nodiscard]] errc pause_reading(stream_connection* conn);
   [[nodiscard]] errc resume_reading(stream_connection* conn);

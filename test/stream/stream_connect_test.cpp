@@ -1,0 +1,311 @@
+// Connecting, listening, addresses and connection failures.
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "stream/stream_harness.h"
+
+namespace uvbus::test {
+namespace {
+
+class StreamConnect : public stream_fixture {
+ protected:
+  // Listens on listen_url, connects to the URL make_url builds from the bound listener, and checks
+  // one message each way.
+  template <class MakeUrl>
+  void connect_and_exchange(const std::string& listen_url, MakeUrl make_url) {
+    recorder srv, cli;
+    stream_channel* s = make_channel(&srv);
+    stream_channel* c = make_channel(&cli);
+    stream_listener* l = nullptr;
+    ASSERT_EQ(s->listen(listen_url, &l), errc::ok) << listen_url;
+    ASSERT_NE(l, nullptr);
+    const std::string url = make_url(l);
+    stream_connection* conn = nullptr;
+    ASSERT_EQ(c->connect(url, &conn), errc::ok) << url;
+    ASSERT_TRUE(run([&] { return !srv.accepted.empty() && cli.connected.count(conn->id()); }));
+    ASSERT_EQ(cli.connected[conn->id()], errc::ok) << url;
+    EXPECT_TRUE(conn->outbound());
+    EXPECT_FALSE(srv.accepted[0]->outbound());
+    EXPECT_EQ(srv.accepted[0]->listener(), l);
+    ASSERT_EQ(c->send(conn, "ping", 4), errc::ok);
+    ASSERT_EQ(s->send(srv.accepted[0], "pong!", 5), errc::ok);
+    ASSERT_TRUE(run([&] {
+      return srv.received[srv.accepted[0]->id()].size() == 1 &&
+             cli.received[conn->id()].size() == 1;
+    }));
+    EXPECT_EQ(srv.received[srv.accepted[0]->id()][0], "ping");
+    EXPECT_EQ(cli.received[conn->id()][0], "pong!");
+    const uint64_t cid = conn->id();
+    ASSERT_EQ(c->disconnect(conn), errc::ok);
+    ASSERT_TRUE(run([&] { return cli.disconnected.count(cid) && srv.live.empty(); }));
+    EXPECT_EQ(cli.disconnected[cid], errc::ok);
+    EXPECT_EQ(srv.disconnected[srv.accepted_ids[0]], errc::connection_reset);
+  }
+};
+
+TEST_F(StreamConnect, ExchangesOverIpv4WithAnEphemeralPort) {
+  connect_and_exchange("ipv4://127.0.0.1:0", [](stream_listener* l) {
+    EXPECT_NE(l->port(), 0);
+    EXPECT_EQ(l->url(), "ipv4://127.0.0.1:" + std::to_string(l->port()));
+    return l->url();
+  });
+}
+
+// ipv6 loopback must work on the machines we test on: a missing ::1 fails loudly, never skips.
+TEST_F(StreamConnect, ExchangesOverIpv6) {
+  connect_and_exchange("ipv6://[::1]:0", [](stream_listener* l) {
+    EXPECT_EQ(l->url(), "ipv6://[::1]:" + std::to_string(l->port()));
+    return l->url();
+  });
+}
+
+TEST_F(StreamConnect, AcceptsTheLibatbusIpv6Form) {
+  connect_and_exchange(
+      "ipv6://::1:0", [](stream_listener* l) { return "ipv6://::1:" + std::to_string(l->port()); });
+}
+
+TEST_F(StreamConnect, ResolvesDnsNames) {
+  // localhost may resolve to ::1 first: the connect must fall through to 127.0.0.1.
+  connect_and_exchange("ipv4://127.0.0.1:0", [](stream_listener* l) {
+    return "dns://localhost:" + std::to_string(l->port());
+  });
+}
+
+TEST_F(StreamConnect, ListensOnDnsNames) {
+  connect_and_exchange("dns://localhost:0", [](stream_listener* l) {
+    EXPECT_NE(l->port(), 0);
+    EXPECT_EQ(l->url().rfind("ipv", 0), 0u) << l->url();
+    return l->url();
+  });
+}
+
+std::string unix_path() {
+  return "/tmp/" + unique_name("sock") + ".sock";
+}
+
+TEST_F(StreamConnect, ExchangesOverUnixSocketsAndRemovesTheFile) {
+  const std::string path = unix_path();
+  connect_and_exchange("unix://" + path, [&](stream_listener* l) {
+    struct stat st {};
+    EXPECT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISSOCK(st.st_mode));
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(l->url(), "unix://" + path);
+    return l->url();
+  });
+  channels_.clear();
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "socket file left behind";
+}
+
+TEST_F(StreamConnect, ClosingAUnixListenerRemovesItsFile) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const std::string path = unix_path();
+  stream_listener* l = nullptr;
+  ASSERT_EQ(ch->listen("unix://" + path, &l), errc::ok);
+  EXPECT_EQ(access(path.c_str(), F_OK), 0);
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+  EXPECT_EQ(ch->metrics().listeners_open, 0u);
+}
+
+TEST_F(StreamConnect, ReplacesAStaleUnixSocketFile) {
+  const std::string path = unix_path();
+  // A socket file whose owner is gone: bound, never listened on, closed.
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::strcpy(sun.sun_path, path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
+  close(fd);
+  ASSERT_EQ(access(path.c_str(), F_OK), 0);
+  connect_and_exchange("unix://" + path, [](stream_listener* l) { return l->url(); });
+  channels_.clear();
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+TEST_F(StreamConnect, RefusesALiveListenersUnixSocketFile) {
+  recorder r;
+  stream_channel* a = make_channel(&r);
+  stream_channel* b = make_channel(&r);
+  const std::string path = unix_path();
+  ASSERT_EQ(a->listen("unix://" + path), errc::ok);
+  EXPECT_EQ(b->listen("unix://" + path), errc::address_in_use);
+  // The live listener's file is untouched and still accepts. (The liveness probe itself shows up
+  // as one short-lived accepted connection.)
+  stream_connection* c = nullptr;
+  ASSERT_EQ(b->connect("unix://" + path, &c), errc::ok);
+  ASSERT_TRUE(run([&] { return r.connected.count(c->id()) && !r.accepted.empty(); }));
+  EXPECT_EQ(r.connected[c->id()], errc::ok);
+  a->close();
+  b->close();
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+TEST_F(StreamConnect, RefusesToReplaceAFileThatIsNotASocket) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const std::string path = unix_path();
+  { std::ofstream(path) << "precious"; }
+  EXPECT_EQ(ch->listen("unix://" + path), errc::already_exists);
+  std::ifstream in(path);
+  std::string s;
+  in >> s;
+  EXPECT_EQ(s, "precious");
+  unlink(path.c_str());
+}
+
+TEST_F(StreamConnect, HonoursTheConfiguredUnixSocketMode) {
+  recorder r;
+  stream_config cfg;
+  cfg.unix_socket_mode = 0660;
+  stream_channel* ch = make_channel(&r, cfg);
+  const std::string path = unix_path();
+  ASSERT_EQ(ch->listen("unix://" + path), errc::ok);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST_F(StreamConnect, ReportsAddressInUseForABoundPort) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  stream_listener* l = nullptr;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  EXPECT_EQ(ch->listen(l->url()), errc::address_in_use);
+}
+
+TEST_F(StreamConnect, ReportsRefusedConnections) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  // A port that was free a moment ago: bind one, note it, close it.
+  stream_listener* l = nullptr;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  const std::string url = l->url();
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  stream_connection* c = nullptr;
+  ASSERT_EQ(ch->connect(url, &c), errc::ok);
+  const uint64_t id = c->id();
+  ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
+  EXPECT_EQ(r.connected[id], errc::connection_refused);
+  EXPECT_EQ(r.disconnected.count(id), 0u);
+  EXPECT_EQ(ch->metrics().connect_failed, 1u);
+  EXPECT_EQ(ch->metrics().connections_open, 0u);
+}
+
+TEST_F(StreamConnect, ReportsUnresolvableNames) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  stream_connection* c = nullptr;
+  ASSERT_EQ(ch->connect("dns://no-such-host.invalid:4000", &c), errc::ok);
+  const uint64_t id = c->id();
+  ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
+  EXPECT_EQ(r.connected[id], errc::resolve_failed);
+  EXPECT_EQ(ch->listen("dns://no-such-host.invalid:0"), errc::resolve_failed);
+}
+
+TEST_F(StreamConnect, ReportsAMissingUnixSocket) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  stream_connection* c = nullptr;
+  ASSERT_EQ(ch->connect("unix://" + unix_path(), &c), errc::ok);
+  const uint64_t id = c->id();
+  ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
+  EXPECT_EQ(r.connected[id], errc::not_found);
+}
+
+TEST_F(StreamConnect, RejectsBadUrlsAtOnceWithoutCallbacks) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1"), errc::bad_url);
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:0"), errc::bad_url);
+  EXPECT_EQ(ch->connect("shm://x"), errc::unsupported_scheme);
+  EXPECT_EQ(ch->listen("mem://x"), errc::unsupported_scheme);
+  EXPECT_EQ(ch->connect("nonsense"), errc::bad_url);
+  run([] { return false; }, std::chrono::milliseconds(50));
+  EXPECT_TRUE(r.connected.empty());
+  EXPECT_EQ(ch->metrics().connections_open, 0u);
+}
+
+TEST_F(StreamConnect, CancelsAPendingConnect) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  stream_listener* l = nullptr;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  stream_connection* c = nullptr;
+  ASSERT_EQ(ch->connect(l->url(), &c), errc::ok);
+  const uint64_t id = c->id();
+  EXPECT_EQ(ch->send(c, "x", 1), errc::not_connected);
+  ASSERT_EQ(ch->disconnect(c), errc::ok);
+  EXPECT_TRUE(r.connected.empty()) << "the callback must not run inside disconnect()";
+  ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
+  EXPECT_EQ(r.connected[id], errc::cancelled);
+}
+
+TEST_F(StreamConnect, InvalidConfigIsRefused) {
+  stream_config cfg;
+  cfg.message_limit = 0;
+  EXPECT_EQ(stream_channel::validate(cfg), errc::invalid_argument);
+  cfg = {};
+  cfg.queue.ring_bytes = 1024;  // cannot hold one frame of the limit
+  EXPECT_EQ(stream_channel::validate(cfg), errc::invalid_argument);
+  recorder r;
+  stream_channel* ch = make_channel(&r, cfg);
+  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0"), errc::invalid_argument);
+  EXPECT_EQ(stream_channel::validate(stream_config{}), errc::ok);
+}
+
+TEST_F(StreamConnect, FiveHundredConcurrentConnectionsAllExchange) {
+  constexpr int kConns = 500;
+  // Two descriptors per connection in this process (both ends), plus the listener and slack.
+  rlimit rl{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  if (rl.rlim_cur < 2 * kConns + 64) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, 4096);
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    ASSERT_GE(rl.rlim_cur, 2u * kConns + 64) << "RLIMIT_NOFILE hard limit too low";
+  }
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  // The server echoes every message.
+  srv.on_received_hook = [&](stream_connection* conn, const uint8_t* d, size_t n) {
+    ASSERT_EQ(s->send(conn, d, n), errc::ok);
+  };
+  stream_listener* l = nullptr;
+  stream_config cfg;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  std::vector<stream_connection*> conns(kConns);
+  for (int i = 0; i < kConns; ++i) ASSERT_EQ(c->connect(l->url(), &conns[i]), errc::ok);
+  cli.on_connected_hook = [&](stream_connection* conn, errc st) {
+    ASSERT_EQ(st, errc::ok);
+    const std::string msg = "hello " + std::to_string(conn->id());
+    ASSERT_EQ(c->send(conn, msg.data(), msg.size()), errc::ok);
+  };
+  ASSERT_TRUE(run([&] {
+    size_t done = 0;
+    for (auto& kv : cli.received) done += kv.second.size();
+    return done == kConns;
+  }));
+  for (stream_connection* conn : conns) {
+    ASSERT_EQ(cli.received[conn->id()].size(), 1u);
+    EXPECT_EQ(cli.received[conn->id()][0], "hello " + std::to_string(conn->id()));
+  }
+  EXPECT_EQ(s->metrics().connections_accepted, static_cast<uint64_t>(kConns));
+  EXPECT_EQ(c->metrics().connections_connected, static_cast<uint64_t>(kConns));
+  c->close();
+  ASSERT_TRUE(run([&] { return srv.live.empty(); }));
+  EXPECT_EQ(cli.disconnected.size(), static_cast<size_t>(kConns));
+}
+
+}  // namespace
+}  // namespace uvbus::test

@@ -1,0 +1,474 @@
+// Moving data: ordering and integrity, coalescing, limits, back-pressure and packet fates.
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+
+#include "stream/stream_harness.h"
+
+namespace uvbus::test {
+namespace {
+
+uint64_t splitmix(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Deterministic payload i: its size and bytes derive from i (checked at the receiver).
+std::string payload(uint64_t i, size_t max) {
+  uint64_t g = i * 7919 + 1;
+  // Mostly small, sometimes large, now and then empty or at the limit.
+  size_t n;
+  const uint64_t pick = splitmix(g) % 100;
+  if (pick < 2) {
+    n = 0;
+  } else if (pick < 4) {
+    n = max;
+  } else if (pick < 15) {
+    n = splitmix(g) % max;
+  } else {
+    n = splitmix(g) % 300;
+  }
+  std::string s(n, '\0');
+  for (size_t k = 0; k < n; k += 8) {
+    const uint64_t v = splitmix(g);
+    std::memcpy(&s[k], &v, std::min<size_t>(8, n - k));
+  }
+  if (n >= 8) std::memcpy(&s[0], &i, 8);
+  return s;
+}
+
+class StreamData : public stream_fixture {
+ protected:
+  struct pair {
+    stream_connection* server = nullptr;
+    stream_connection* client = nullptr;
+  };
+  // Connects client channel c to server channel s over url (listening there first).
+  pair connect(stream_channel* s, recorder* srv, stream_channel* c, recorder* cli,
+               const std::string& url = "ipv4://127.0.0.1:0") {
+    stream_listener* l = nullptr;
+    EXPECT_EQ(s->listen(url, &l), errc::ok);
+    pair p;
+    EXPECT_EQ(c->connect(l->url(), &p.client), errc::ok);
+    const size_t before = srv->accepted.size();
+    EXPECT_TRUE(run([&] {
+      return srv->accepted.size() > before && cli->connected.count(p.client->id()) != 0;
+    }));
+    p.server = srv->accepted.back();
+    EXPECT_EQ(cli->connected[p.client->id()], errc::ok);
+    return p;
+  }
+};
+
+// Sends `count` deterministic messages over conn, as fast as the queue allows, resuming from the
+// on_writable callback.
+struct pump {
+  stream_channel* ch;
+  stream_connection* conn;
+  uint64_t count;
+  size_t max;
+  uint64_t next = 0;
+  uint64_t refused = 0;
+  void run() {
+    while (next < count) {
+      const std::string p = payload(next, max);
+      const errc e = ch->send(conn, p.data(), p.size(), next);
+      if (e == errc::queue_full) {
+        ++refused;
+        return;  // resumed by on_writable
+      }
+      ASSERT_EQ(e, errc::ok);
+      ++next;
+    }
+  }
+};
+
+TEST_F(StreamData, HundredThousandRandomMessagesArriveIntactAndInOrderBothWays) {
+  for (const char* url : {"ipv4://127.0.0.1:0", "unix:///tmp/"}) {
+    SCOPED_TRACE(url);
+    std::string u = url;
+    if (u == "unix:///tmp/") u += unique_name("order") + ".sock";
+    recorder srv, cli;
+    stream_config cfg;
+    cfg.message_limit = 8192;
+    cfg.queue.ring_bytes = 256 * 1024;  // small: back-pressure must happen
+    cfg.queue.max_bytes = 256 * 1024;
+    stream_channel* s = make_channel(&srv, cfg);
+    stream_channel* c = make_channel(&cli, cfg);
+    pair p = connect(s, &srv, c, &cli, u);
+    constexpr uint64_t kCount = 100000;
+    uint64_t srv_got = 0, cli_got = 0;
+    bool bad = false;
+    srv.keep_payloads = cli.keep_payloads = false;
+    srv.on_received_hook = [&](stream_connection*, const uint8_t* d, size_t n) {
+      const std::string want = payload(srv_got++, cfg.message_limit);
+      if (n != want.size() || std::memcmp(d, want.data(), n) != 0) bad = true;
+    };
+    cli.on_received_hook = [&](stream_connection*, const uint8_t* d, size_t n) {
+      const std::string want = payload(cli_got++, cfg.message_limit);
+      if (n != want.size() || std::memcmp(d, want.data(), n) != 0) bad = true;
+    };
+    pump up{c, p.client, kCount, cfg.message_limit};
+    pump down{s, p.server, kCount, cfg.message_limit};
+    cli.on_writable_hook = [&](stream_connection*) { up.run(); };
+    srv.on_writable_hook = [&](stream_connection*) { down.run(); };
+    up.run();
+    down.run();
+    ASSERT_TRUE(run([&] { return (srv_got == kCount && cli_got == kCount) || bad; },
+                    std::chrono::seconds(60)));
+    EXPECT_FALSE(bad) << "a payload arrived corrupt or out of order";
+    EXPECT_GT(up.refused + down.refused, 0u) << "back-pressure never engaged";
+    const auto& m = p.client->metrics();
+    EXPECT_EQ(m.packets_sent, kCount);
+    EXPECT_EQ(p.server->metrics().packets_received, kCount);
+    EXPECT_EQ(m.send_failed, 0u);
+    EXPECT_EQ(m.decode_errors + p.server->metrics().decode_errors, 0u);
+    s->close();
+    c->close();
+  }
+}
+
+TEST_F(StreamData, CoalescesSmallPacketsIntoFewWrites) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  srv.keep_payloads = false;
+  constexpr int kCount = 20000;
+  // The sender outpaces the socket: everything is queued before the loop runs.
+  for (int i = 0; i < kCount; ++i) {
+    char buf[64];
+    std::memset(buf, i & 0xff, sizeof buf);
+    ASSERT_EQ(c->send(p.client, buf, sizeof buf), errc::ok);
+  }
+  ASSERT_TRUE(run([&] { return srv.received_count == kCount; }));
+  const auto& m = p.client->metrics();
+  EXPECT_EQ(m.packets_sent, static_cast<uint64_t>(kCount));
+  // 20000 frames of 69 bytes: about 22 merge buffers of 64 KiB.
+  EXPECT_LT(m.write_calls, 100u);
+  EXPECT_GT(m.packets_merged, kCount / 2u);
+  EXPECT_EQ(c->metrics().totals.write_calls, m.write_calls);
+}
+
+TEST_F(StreamData, WithoutCoalescingEveryPacketCostsAWrite) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.merge_threshold = 0;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  constexpr int kCount = 2000;
+  for (int i = 0; i < kCount; ++i) ASSERT_EQ(c->send(p.client, "0123456789", 10), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == kCount; }));
+  EXPECT_GE(p.client->metrics().write_calls, static_cast<uint64_t>(kCount));
+  EXPECT_EQ(p.client->metrics().packets_merged, 0u);
+}
+
+TEST_F(StreamData, MessagesAtTheLimitPassAndLimitPlusOneIsRefused) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.message_limit = 100000;
+  stream_channel* s = make_channel(&srv, cfg);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  std::string big(cfg.message_limit, 'x');
+  big[0] = 'a';
+  big.back() = 'z';
+  ASSERT_EQ(c->send(p.client, big.data(), big.size(), 1), errc::ok);
+  std::string over(cfg.message_limit + 1, 'y');
+  EXPECT_EQ(c->send(p.client, over.data(), over.size(), 2), errc::message_too_large);
+  EXPECT_EQ(c->send(p.client, {{big.data(), big.size()}, {"!", 1}}, 3), errc::message_too_large);
+  EXPECT_EQ(p.client->metrics().queue_packets, 1u) << "a refused send left something queued";
+  ASSERT_TRUE(run([&] { return srv.received[p.server->id()].size() == 1; }));
+  EXPECT_EQ(srv.received[p.server->id()][0], big);
+  // And back the other way; also the empty message.
+  ASSERT_EQ(s->send(p.server, big.data(), big.size()), errc::ok);
+  ASSERT_EQ(s->send(p.server, static_cast<const void*>(nullptr), 0), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.received[p.client->id()].size() == 2; }));
+  EXPECT_EQ(cli.received[p.client->id()][0], big);
+  EXPECT_EQ(cli.received[p.client->id()][1], "");
+  for (const auto& w : cli.writes) EXPECT_NE(w.tag, 2u) << "a refused send was reported";
+}
+
+TEST_F(StreamData, GatherSendConcatenatesTheParts) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  const uint32_t header = 0x01020304;
+  ASSERT_EQ(c->send(p.client, {{&header, 4}, {"body", 4}, {nullptr, 0}, {"!", 1}}), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[p.server->id()].size() == 1; }));
+  EXPECT_EQ(srv.received[p.server->id()][0], std::string("\x04\x03\x02\x01"
+                                                         "body!",
+                                                         9));
+}
+
+TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.message_limit = 1024;
+  cfg.queue.ring_bytes = 16 * 1024;
+  cfg.queue.max_bytes = 16 * 1024;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  char buf[1000] = {};
+  int accepted = 0;
+  errc e = errc::ok;
+  while ((e = c->send(p.client, buf, sizeof buf, accepted)) == errc::ok) ++accepted;
+  EXPECT_EQ(e, errc::queue_full);
+  EXPECT_TRUE(is_retriable(e));
+  EXPECT_GT(accepted, 5);
+  EXPECT_EQ(p.client->metrics().queue_packets, static_cast<size_t>(accepted));
+  EXPECT_EQ(p.client->metrics().send_refused, 1u);
+  ASSERT_TRUE(run([&] { return cli.writable[p.client->id()] == 1; }));
+  EXPECT_LE(p.client->metrics().queue_bytes, cfg.queue.max_bytes / 2);
+  EXPECT_EQ(c->send(p.client, buf, sizeof buf), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == static_cast<uint64_t>(accepted) + 1; }));
+  EXPECT_EQ(cli.writable[p.client->id()], 1) << "on_writable fires once per queue_full episode";
+}
+
+TEST_F(StreamData, DynamicQueueModeWorksToo) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.queue.mode = queue_mode::dynamic;
+  cfg.queue.max_bytes = 128 * 1024;
+  cfg.queue.max_blocks = 100;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  int sent = 0;
+  while (c->send(p.client, "abc", 3) == errc::ok) ++sent;
+  EXPECT_EQ(sent, 100);
+  ASSERT_TRUE(run([&] { return srv.received_count == 100u; }));
+  EXPECT_LT(p.client->metrics().write_calls, 10u);
+}
+
+// Every packet accepted by send() gets exactly one fate.
+void expect_each_tag_once(const recorder& r, uint64_t conn, uint64_t count, errc failed_status,
+                          uint64_t* ok_count) {
+  std::vector<int> seen(count, 0);
+  *ok_count = 0;
+  for (const auto& w : r.writes) {
+    if (w.conn != conn) continue;
+    ASSERT_LT(w.tag, count);
+    ++seen[w.tag];
+    if (w.status == errc::ok) {
+      ++*ok_count;
+    } else {
+      EXPECT_EQ(w.status, failed_status);
+    }
+  }
+  for (uint64_t t = 0; t < count; ++t) ASSERT_EQ(seen[t], 1) << "packet " << t;
+  // In order: successes first, then failures, each in send order.
+  uint64_t last = 0;
+  bool first = true;
+  for (const auto& w : r.writes) {
+    if (w.conn != conn) continue;
+    if (!first) {
+      EXPECT_GT(w.tag, last);
+    }
+    last = w.tag;
+    first = false;
+  }
+}
+
+TEST_F(StreamData, ForceDisconnectWithAFullQueueFailsEachQueuedPacketOnce) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.report_written = true;
+  cfg.queue.ring_bytes = 1024 * 1024;
+  cfg.queue.max_bytes = 1024 * 1024;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  // The server stops reading, so the socket buffers fill and part of the queue stays behind.
+  ASSERT_EQ(s->pause_reading(p.server), errc::ok);
+  std::string big(60000, 'b');
+  uint64_t n = 0;
+  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
+  ASSERT_TRUE(run([&] { return p.client->metrics().queue_bytes < 1024 * 1024 - 60000; }));
+  // Run a little more so a write is in flight (socket full), then refill the queue.
+  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
+  ASSERT_TRUE(run([&] { return p.client->metrics().write_calls > 2; }));
+  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
+  const uint64_t id = p.client->id();
+  ASSERT_EQ(c->disconnect(p.client, disconnect_mode::force), errc::ok);
+  EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
+  ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0; }));
+  EXPECT_EQ(cli.disconnected[id], errc::cancelled);
+  uint64_t ok = 0;
+  expect_each_tag_once(cli, id, n, errc::cancelled, &ok);
+  EXPECT_LT(ok, n) << "nothing was left to fail: the test did not fill the queue";
+  EXPECT_GT(ok, 0u);
+  const auto totals = c->metrics().totals;
+  EXPECT_EQ(totals.packets_sent, ok);
+  EXPECT_EQ(totals.send_failed, n - ok);
+}
+
+TEST_F(StreamData, FailuresAreReportedWithoutReportWritten) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);  // report_written off: only failures
+  pair p = connect(s, &srv, c, &cli);
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_EQ(c->send(p.client, "abc", 3, i), errc::ok);
+  const uint64_t id = p.client->id();
+  ASSERT_EQ(c->disconnect(p.client, disconnect_mode::force), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0; }));
+  ASSERT_EQ(cli.writes.size(), 10u);
+  for (uint64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(cli.writes[i].tag, i);
+    EXPECT_EQ(cli.writes[i].status, errc::cancelled);
+  }
+}
+
+TEST_F(StreamData, GracefulDisconnectDeliversEverythingFirst) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.report_written = true;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  srv.keep_payloads = false;
+  uint64_t n = 0;
+  std::string msg(1000, 'g');
+  while (c->send(p.client, msg.data(), msg.size(), n) == errc::ok) ++n;
+  const uint64_t id = p.client->id();
+  ASSERT_EQ(c->disconnect(p.client, disconnect_mode::graceful), errc::ok);
+  EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
+  ASSERT_TRUE(run([&] { return cli.disconnected.count(id) && srv.live.empty(); }));
+  EXPECT_EQ(cli.disconnected[id], errc::ok);
+  EXPECT_EQ(srv.received_count, n);
+  uint64_t ok = 0;
+  expect_each_tag_once(cli, id, n, errc::ok, &ok);
+  EXPECT_EQ(ok, n);
+}
+
+TEST_F(StreamData, ChannelCloseFailsEveryQueuedPacketSynchronouslyOnce) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  ASSERT_EQ(s->pause_reading(p.server), errc::ok);
+  std::string big(30000, 'c');
+  uint64_t n = 0;
+  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
+  ASSERT_TRUE(run([&] { return p.client->metrics().write_calls > 3; }));
+  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
+  const uint64_t id = p.client->id();
+  const uint64_t sent_before = p.client->metrics().packets_sent;
+  c->close();
+  // Synchronous: everything reported before close() returned.
+  ASSERT_EQ(cli.disconnected.count(id), 1u);
+  EXPECT_EQ(cli.disconnected[id], errc::closed);
+  EXPECT_EQ(cli.writes.size(), n - sent_before);
+  std::set<uint64_t> tags;
+  for (const auto& w : cli.writes) {
+    EXPECT_EQ(w.status, errc::closed);
+    EXPECT_TRUE(tags.insert(w.tag).second) << "tag " << w.tag << " reported twice";
+    EXPECT_GE(w.tag, sent_before);
+  }
+  EXPECT_EQ(c->connect("ipv4://127.0.0.1:1"), errc::closed);
+  EXPECT_EQ(c->listen("ipv4://127.0.0.1:0"), errc::closed);
+  const size_t reports = cli.writes.size();
+  ASSERT_EQ(s->resume_reading(p.server), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.live.empty(); }));
+  EXPECT_EQ(cli.writes.size(), reports) << "a callback fired after close()";
+}
+
+TEST_F(StreamData, DisconnectInsideOnReceivedStopsDelivery) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(c->send(p.client, "m", 1), errc::ok);
+  srv.on_received_hook = [&](stream_connection* conn, const uint8_t*, size_t) {
+    if (srv.received_count == 3) {
+      ASSERT_EQ(s->disconnect(conn, disconnect_mode::force), errc::ok);
+      EXPECT_EQ(srv.disconnected.count(conn->id()), 0u) << "callback inside disconnect()";
+    }
+  };
+  const uint64_t sid = p.server->id();
+  ASSERT_TRUE(run([&] { return srv.disconnected.count(sid) != 0; }));
+  EXPECT_EQ(srv.received_count, 3u);
+  ASSERT_TRUE(run([&] { return cli.live.empty(); }));
+}
+
+TEST_F(StreamData, EchoFromInsideOnReceived) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  srv.on_received_hook = [&](stream_connection* conn, const uint8_t* d, size_t n) {
+    ASSERT_EQ(s->send(conn, d, n), errc::ok);
+  };
+  int rounds = 0;
+  cli.on_received_hook = [&](stream_connection* conn, const uint8_t* d, size_t n) {
+    if (++rounds < 1000) {
+      ASSERT_EQ(c->send(conn, d, n), errc::ok);
+    }
+  };
+  ASSERT_EQ(c->send(p.client, "ping", 4), errc::ok);
+  ASSERT_TRUE(run([&] { return rounds == 1000; }));
+}
+
+TEST_F(StreamData, PauseAndResumeReading) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  ASSERT_EQ(s->pause_reading(p.server), errc::ok);
+  ASSERT_EQ(c->send(p.client, "held", 4), errc::ok);
+  ASSERT_TRUE(run([&] { return p.client->metrics().packets_sent == 1; }));
+  run([] { return false; }, std::chrono::milliseconds(50));
+  EXPECT_EQ(srv.received_count, 0u);
+  ASSERT_EQ(s->resume_reading(p.server), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
+}
+
+TEST_F(StreamData, ChannelMetricsSumConnections) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair a = connect(s, &srv, c, &cli);
+  pair b = connect(s, &srv, c, &cli);
+  ASSERT_EQ(c->send(a.client, "12345", 5), errc::ok);
+  ASSERT_EQ(c->send(b.client, "123", 3), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == 2; }));
+  const auto m = s->metrics();
+  EXPECT_EQ(m.totals.packets_received, 2u);
+  EXPECT_EQ(m.totals.bytes_received, 8u);
+  EXPECT_EQ(c->metrics().totals.bytes_sent, 8u);
+  EXPECT_EQ(m.connections_accepted, 2u);
+  EXPECT_EQ(m.listeners_open, 2u);
+  ASSERT_EQ(c->disconnect(a.client, disconnect_mode::force), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.live.size() == 1; }));
+  // Closed connections still count in the totals.
+  EXPECT_EQ(s->metrics().totals.bytes_received, 8u);
+  EXPECT_EQ(s->metrics().connections_closed, 1u);
+  EXPECT_EQ(c->metrics().totals.bytes_sent, 8u);
+}
+
+TEST_F(StreamData, DestroyingTheChannelFiresNoCallbacks) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  auto c = std::make_unique<stream_channel>(&loop_, stream_config{}, cli.callbacks());
+  stream_listener* l = nullptr;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  stream_connection* conn = nullptr;
+  ASSERT_EQ(c->connect(l->url(), &conn), errc::ok);
+  ASSERT_TRUE(run([&] { return !cli.live.empty(); }));
+  ASSERT_EQ(c->send(conn, "x", 1), errc::ok);
+  const size_t writes = cli.writes.size();
+  c.reset();
+  EXPECT_EQ(cli.writes.size(), writes);
+  EXPECT_TRUE(cli.disconnected.empty());
+  ASSERT_TRUE(run([&] { return srv.live.empty(); }));
+}
+
+}  // namespace
+}  // namespace uvbus::test

@@ -1,0 +1,162 @@
+// Hostile peers: a corrupt stream closes only its own connection, with the right reason.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "stream/stream_harness.h"
+#include "uvbus/frame.h"
+
+namespace uvbus::test {
+namespace {
+
+// A plain blocking TCP client writing raw bytes: the kernel completes the handshake from the
+// listen backlog, so it needs no loop.
+class raw_peer {
+ public:
+  explicit raw_peer(uint16_t port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  }
+  ~raw_peer() { close_now(); }
+  bool ok() const { return ok_; }
+  bool write_all(const std::vector<uint8_t>& b) {
+    size_t off = 0;
+    while (off < b.size()) {
+      const ssize_t n = ::write(fd_, b.data() + off, b.size() - off);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  void close_now() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+std::vector<uint8_t> frame_of(const std::string& s) {
+  std::vector<uint8_t> out(frame_size(s.size()));
+  EXPECT_EQ(frame_encode(s.data(), s.size(), out.data(), out.size()), out.size());
+  return out;
+}
+
+class StreamHostile : public stream_fixture {
+ protected:
+  // Sends `bytes` from a raw peer after one good frame, and checks that the raw connection ends
+  // with `reason` after delivering only the good frame, while a well-behaved connection on the
+  // same listener keeps working.
+  void expect_disconnect(const std::vector<uint8_t>& bytes, errc reason, bool close_after = false) {
+    recorder srv, cli;
+    stream_channel* s = make_channel(&srv);
+    stream_channel* c = make_channel(&cli);
+    stream_listener* l = nullptr;
+    ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    stream_connection* good = nullptr;
+    ASSERT_EQ(c->connect(l->url(), &good), errc::ok);
+    ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+    stream_connection* good_srv = srv.accepted[0];
+
+    raw_peer bad(l->port());
+    ASSERT_TRUE(bad.ok());
+    std::vector<uint8_t> stream = frame_of("fine");
+    stream.insert(stream.end(), bytes.begin(), bytes.end());
+    // What follows a bad frame must never be delivered.
+    const std::vector<uint8_t> after = frame_of("after");
+    stream.insert(stream.end(), after.begin(), after.end());
+    if (close_after) stream.resize(stream.size() - after.size());
+    ASSERT_TRUE(bad.write_all(stream));
+    if (close_after) bad.close_now();
+    ASSERT_TRUE(run([&] { return srv.accepted.size() == 2 && srv.disconnected.size() == 1; }));
+    const uint64_t bad_id = srv.accepted_ids[1];
+    EXPECT_EQ(srv.disconnected.count(bad_id), 1u);
+    EXPECT_EQ(srv.disconnected[bad_id], reason) << to_string(srv.disconnected[bad_id]);
+    ASSERT_EQ(srv.received[bad_id].size(), 1u);
+    EXPECT_EQ(srv.received[bad_id][0], "fine");
+
+    // The good connection is untouched: both directions still work.
+    ASSERT_EQ(c->send(good, "still", 5), errc::ok);
+    ASSERT_EQ(s->send(good_srv, "here", 4), errc::ok);
+    ASSERT_TRUE(run([&] {
+      return srv.received[good_srv->id()].size() == 1 && cli.received[good->id()].size() == 1;
+    }));
+    EXPECT_EQ(srv.received[good_srv->id()][0], "still");
+    EXPECT_EQ(good_srv->metrics().decode_errors, 0u);
+    const auto m = s->metrics();
+    EXPECT_EQ(m.totals.decode_errors, reason == errc::connection_reset ? 0u : 1u);
+  }
+};
+
+TEST_F(StreamHostile, GarbageClosesOnlyThatConnection) {
+  // Four hash bytes then a length prefix that never ends: eleven continuation bytes.
+  std::vector<uint8_t> garbage = {0xde, 0xad, 0xbe, 0xef};
+  garbage.insert(garbage.end(), 11, 0xff);
+  expect_disconnect(garbage, errc::bad_varint);
+}
+
+TEST_F(StreamHostile, ABadHashClosesOnlyThatConnection) {
+  std::vector<uint8_t> f = frame_of("corrupted payload");
+  f[0] ^= 0x01;
+  expect_disconnect(f, errc::bad_hash);
+}
+
+TEST_F(StreamHostile, AFlippedPayloadBitClosesOnlyThatConnection) {
+  std::vector<uint8_t> f = frame_of("corrupted payload");
+  f.back() ^= 0x80;
+  expect_disconnect(f, errc::bad_hash);
+}
+
+TEST_F(StreamHostile, AnOversizeLengthClosesOnlyThatConnection) {
+  // Announces 1 MiB against the default 64 KiB limit; the decoder must not wait for the payload.
+  std::vector<uint8_t> f = {0, 0, 0, 0};
+  uint8_t v[kVarintMaxBytes];
+  const size_t n = varint_encode(1 << 20, v);
+  f.insert(f.end(), v, v + n);
+  expect_disconnect(f, errc::oversize);
+}
+
+TEST_F(StreamHostile, LimitPlusOneIsOversize) {
+  std::vector<uint8_t> f = {0, 0, 0, 0};
+  uint8_t v[kVarintMaxBytes];
+  const size_t n = varint_encode(kDefaultMessageLimit + 1, v);
+  f.insert(f.end(), v, v + n);
+  expect_disconnect(f, errc::oversize);
+}
+
+TEST_F(StreamHostile, ClosingMidFrameIsAResetAndDeliversNothingPartial) {
+  std::vector<uint8_t> f = frame_of(std::string(5000, 'p'));
+  f.resize(f.size() / 2);
+  expect_disconnect(f, errc::connection_reset, /*close_after=*/true);
+}
+
+TEST_F(StreamHostile, AFrameSplitIntoSingleBytesStillArrives) {
+  recorder srv;
+  stream_channel* s = make_channel(&srv);
+  stream_listener* l = nullptr;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  raw_peer peer(l->port());
+  ASSERT_TRUE(peer.ok());
+  const std::vector<uint8_t> f = frame_of(std::string(300, 's'));
+  for (uint8_t b : f) {
+    ASSERT_TRUE(peer.write_all({b}));
+    run([&] { return srv.accepted.size() == 1 && srv.accepted[0]->metrics().read_calls > 0; },
+        std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
+  EXPECT_EQ(srv.received[srv.accepted[0]->id()][0], std::string(300, 's'));
+}
+
+}  // namespace
+}  // namespace uvbus::test
