@@ -1,0 +1,98 @@
+// Config validation, image formatting and read-only inspection of a region.
+#include <cstring>
+
+#include "shm/region.h"
+#include "uvbus/shm.h"
+
+namespace uvbus {
+
+using namespace shm_detail;
+
+namespace {
+bool is_pow2(uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
+}  // namespace
+
+errc shm_validate(const shm_config& cfg) noexcept {
+  if (!is_pow2(cfg.node_size) || cfg.node_size < kMinNodeSize || cfg.node_size > kMaxNodeSize) {
+    return errc::invalid_argument;
+  }
+  if (!is_pow2(cfg.ring_bytes) || cfg.ring_bytes < cfg.node_size * kMinNodes ||
+      cfg.ring_bytes > (uint64_t{1} << 46)) {
+    return errc::invalid_argument;
+  }
+  const uint64_t nodes = cfg.ring_bytes / cfg.node_size;
+  const uint64_t max_nodes =
+      (uint64_t{cfg.max_record_size} + kRecordHeaderSize + cfg.node_size - 1) / cfg.node_size;
+  if (cfg.max_record_size == 0 || max_nodes > kMaxRecordNodes || max_nodes > nodes / 2) {
+    return errc::invalid_argument;
+  }
+  if (cfg.batch_max == 0 || cfg.abandon_timeout_us == 0) return errc::invalid_argument;
+  return errc::ok;
+}
+
+size_t shm_region_size(const shm_config& cfg) noexcept {
+  return shm_validate(cfg) == errc::ok ? kHeaderSize + cfg.ring_bytes : 0;
+}
+
+errc shm_format_image(void* mem, size_t size, const shm_config& cfg) noexcept {
+  if (shm_validate(cfg) != errc::ok || mem == nullptr || size < shm_region_size(cfg) ||
+      (reinterpret_cast<uintptr_t>(mem) & 63) != 0) {
+    return errc::invalid_argument;
+  }
+  format_header(mem, cfg, 0, false);
+  return errc::ok;
+}
+
+errc shm_inspect(std::string_view url, shm_region_info* out) {
+  address addr;
+  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  mapping m;
+  if (const errc e = attach_region(addr, &m); e != errc::ok) return e;
+  *out = shm_region_info{};
+  errc result = errc::ok;
+  if (m.size >= kHeaderSize) {
+    auto* h = static_cast<region_header*>(m.base);
+    out->magic = h->magic.load(std::memory_order_acquire);
+    out->version = h->version;
+    out->header_size = h->header_size;
+    out->region_size = h->region_size;
+    out->ring_bytes = h->ring_bytes;
+    out->node_size = h->node_size;
+    out->max_record_size = h->max_record_size;
+    out->abandon_timeout_us = h->abandon_timeout_us;
+    out->owner_pid = h->owner_pid;
+    out->owner_start_time = h->owner_start_time;
+    out->reader_state = h->reader_state.load(std::memory_order_acquire);
+    out->reader_alive = out->magic == kMagic && reader_alive(h, m.kind, true);
+    out->huge_pages = (h->flags & kFlagHugePages) != 0;
+    out->write_pos = h->write_pos.load(std::memory_order_acquire);
+    out->read_pos = h->read_pos.load(std::memory_order_acquire);
+    out->reader_sleeping = h->reader_sleeping.load(std::memory_order_relaxed) != 0;
+    auto& mt = out->metrics;
+    mt.records_written = h->records_written.load(std::memory_order_relaxed);
+    mt.bytes_written = h->bytes_written.load(std::memory_order_relaxed);
+    mt.records_read = h->records_read.load(std::memory_order_relaxed);
+    mt.bytes_read = h->bytes_read.load(std::memory_order_relaxed);
+    mt.queue_full = h->queue_full.load(std::memory_order_relaxed);
+    mt.abandoned = h->abandoned.load(std::memory_order_relaxed);
+    mt.writer_abandoned = h->writer_abandoned.load(std::memory_order_relaxed);
+    mt.checksum_failures = h->checksum_failures.load(std::memory_order_relaxed);
+    mt.corrupt = h->corrupt.load(std::memory_order_relaxed);
+    mt.wakeups = h->wakeups.load(std::memory_order_relaxed);
+    mt.batches = h->batches.load(std::memory_order_relaxed);
+    mt.capacity_bytes = out->ring_bytes;
+    if (out->write_pos >= out->read_pos) {
+      mt.fill_bytes = (out->write_pos - out->read_pos) * out->node_size;
+    }
+    geometry g;
+    result = validate_header(m.base, m.size, &g);
+  } else {
+    result = errc::bad_layout;
+  }
+  release_region(&m, false);
+  return result;
+}
+
+}  // namespace uvbus

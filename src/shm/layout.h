@@ -1,0 +1,167 @@
+// The shared-memory region layout: an ABI between processes that may have been built at different
+// times. Every offset and size below is fixed by static_assert; changing any of them requires a
+// new kVersion. docs/shm.md has the same table in prose.
+//
+//   [0, 4096)            region_header (cache-line separated groups, see below)
+//   [4096, 4096 + ring)  ring of node_count nodes of node_size bytes (both powers of two)
+//
+// A record starts at a node boundary with a 16-byte record_header followed by its payload, and
+// occupies nodes_for(len) consecutive nodes; it never wraps: a writer that would cross the end of
+// the ring first claims the rest of the lap as a PAD record.
+//
+// Positions (write_pos, read_pos, record stamps) count nodes since creation and never wrap in
+// practice (2^64); a node's index is pos & (node_count - 1).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace uvbus::shm_detail {
+
+inline constexpr uint64_t kMagic = 0x4d48535355425655ull;  // "UVBUSSHM" in little-endian bytes
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kHeaderSize = 4096;
+inline constexpr uint32_t kRecordHeaderSize = 16;
+inline constexpr uint32_t kMinNodeSize = 64;
+inline constexpr uint32_t kMaxNodeSize = 4096;
+inline constexpr uint64_t kMinNodes = 16;
+inline constexpr uint64_t kMaxRecordNodes = 0xffff;  // the ctl word's 16-bit node count
+
+// reader_state values.
+inline constexpr uint32_t kReaderInit = 0;
+inline constexpr uint32_t kReaderOpen = 1;
+inline constexpr uint32_t kReaderClosed = 2;
+
+// header flags
+inline constexpr uint32_t kFlagHugePages = 1;
+inline constexpr uint32_t kFlagSysV = 2;
+inline constexpr uint32_t kFlagMem = 4;
+
+struct region_header {
+  // ---- line 0: immutable once `magic` is published (release) by the creating reader.
+  std::atomic<uint64_t> magic;  // kMagic; 0 while the reader is still formatting the region
+  uint32_t version;             // kVersion
+  uint32_t header_size;         // kHeaderSize
+  uint64_t region_size;         // header_size + ring_bytes
+  uint64_t ring_bytes;          // node_count * node_size
+  uint32_t node_size;
+  uint32_t record_header_size;  // kRecordHeaderSize
+  uint32_t max_record_size;
+  uint32_t abandon_timeout_us;  // the reader's, for tools
+  uint32_t owner_pid;           // the reader's process
+  uint32_t flags;
+  uint64_t owner_start_time;  // /proc/<pid>/stat starttime of the reader: guards pid reuse
+  // ---- line 1: reader liveness. Written by the reader at open (1) and close (2).
+  std::atomic<uint32_t> reader_state;
+  uint32_t reserved1;
+  uint64_t created_unix_ns;
+  uint8_t pad1[48];
+  // ---- line 2: the reservation cursor, CASed by writers (and advanced by helping writers).
+  std::atomic<uint64_t> write_pos;
+  uint8_t pad2[56];
+  // ---- line 3: the release cursor, stored by the reader only; writers load it only when their
+  // cached copy says the ring is full.
+  std::atomic<uint64_t> read_pos;
+  uint8_t pad3[56];
+  // ---- line 4: the futex word (1 = the reader is asleep or about to be). Writers load it after
+  // every commit, so it must not share a line with anything written often.
+  std::atomic<uint32_t> reader_sleeping;
+  uint8_t pad4[60];
+  // ---- line 5: writer-side counters, added to in batches (every 1024 sends and at close).
+  std::atomic<uint64_t> records_written;
+  std::atomic<uint64_t> bytes_written;
+  std::atomic<uint64_t> queue_full;
+  std::atomic<uint64_t> writer_abandoned;
+  std::atomic<uint64_t> wakeups;
+  uint8_t pad5[24];
+  // ---- line 6: reader-side counters, stored by the reader after each drain.
+  std::atomic<uint64_t> records_read;
+  std::atomic<uint64_t> bytes_read;
+  std::atomic<uint64_t> abandoned;
+  std::atomic<uint64_t> checksum_failures;
+  std::atomic<uint64_t> corrupt;
+  std::atomic<uint64_t> batches;
+  uint8_t pad6[16];
+  // ---- rest of the page: reserved (zero).
+  uint8_t reserved[kHeaderSize - 448];
+};
+
+// The record header at the start of a record's first node.
+//   ctl      bits 0-7 state, bits 8-23 node count, bits 24-63 stamp = position mod 2^40.
+//            One word so that claiming a node (stale value -> WRITING of this position), committing
+//            (WRITING -> COMMITTED) and skipping (WRITING -> ABANDONED) are single CASes, and a
+//            stale header from an earlier lap can never be mistaken for a current one.
+//   len      payload bytes
+//   checksum MurmurHash3_x86_32(payload, len, seed = low 32 bits of the position)
+struct record_header {
+  std::atomic<uint64_t> ctl;
+  std::atomic<uint32_t> len;
+  std::atomic<uint32_t> checksum;
+};
+
+enum rec_state : uint32_t {
+  kWriting = 1,       // claimed by a writer, payload being copied
+  kCommitted = 2,     // complete, checksum stored
+  kPad = 3,           // filler to the end of the lap (node count field unused)
+  kAbandoned = 4,     // skipped by the reader (the writer did not commit in time)
+  kAbandonedAck = 5,  // the writer saw kAbandoned at commit and no longer touches the nodes
+};
+
+inline constexpr uint64_t kStampBits = 40;
+inline constexpr uint64_t kStampMask = (uint64_t{1} << kStampBits) - 1;
+
+constexpr uint64_t make_ctl(uint64_t pos, uint64_t nodes, uint32_t state) noexcept {
+  return ((pos & kStampMask) << 24) | ((nodes & 0xffff) << 8) | state;
+}
+constexpr uint32_t ctl_state(uint64_t c) noexcept {
+  return static_cast<uint32_t>(c & 0xff);
+}
+constexpr uint64_t ctl_nodes(uint64_t c) noexcept {
+  return (c >> 8) & 0xffff;
+}
+constexpr bool ctl_is(uint64_t c, uint64_t pos) noexcept {
+  return (c >> 24) == (pos & kStampMask);
+}
+
+inline uint32_t record_seed(uint64_t pos) noexcept {
+  return static_cast<uint32_t>(pos);
+}
+
+// ABI checks: these are the offsets documented in docs/shm.md.
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8, "");
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && alignof(std::atomic<uint32_t>) == 4, "");
+static_assert(std::is_standard_layout<region_header>::value, "");
+static_assert(sizeof(region_header) == kHeaderSize, "header is one page");
+static_assert(offsetof(region_header, magic) == 0, "");
+static_assert(offsetof(region_header, version) == 8, "");
+static_assert(offsetof(region_header, header_size) == 12, "");
+static_assert(offsetof(region_header, region_size) == 16, "");
+static_assert(offsetof(region_header, ring_bytes) == 24, "");
+static_assert(offsetof(region_header, node_size) == 32, "");
+static_assert(offsetof(region_header, record_header_size) == 36, "");
+static_assert(offsetof(region_header, max_record_size) == 40, "");
+static_assert(offsetof(region_header, abandon_timeout_us) == 44, "");
+static_assert(offsetof(region_header, owner_pid) == 48, "");
+static_assert(offsetof(region_header, flags) == 52, "");
+static_assert(offsetof(region_header, owner_start_time) == 56, "");
+static_assert(offsetof(region_header, reader_state) == 64, "");
+static_assert(offsetof(region_header, created_unix_ns) == 72, "");
+static_assert(offsetof(region_header, write_pos) == 128, "own cache line");
+static_assert(offsetof(region_header, read_pos) == 192, "own cache line");
+static_assert(offsetof(region_header, reader_sleeping) == 256, "own cache line");
+static_assert(offsetof(region_header, records_written) == 320, "");
+static_assert(offsetof(region_header, wakeups) == 352, "");
+static_assert(offsetof(region_header, records_read) == 384, "");
+static_assert(offsetof(region_header, batches) == 424, "");
+static_assert(offsetof(region_header, reserved) == 448, "");
+static_assert(std::is_standard_layout<record_header>::value, "");
+static_assert(sizeof(record_header) == kRecordHeaderSize, "");
+static_assert(offsetof(record_header, ctl) == 0 && offsetof(record_header, len) == 8 &&
+                  offsetof(record_header, checksum) == 12,
+              "");
+
+}  // namespace uvbus::shm_detail

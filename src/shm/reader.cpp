@@ -1,0 +1,475 @@
+// shm_reader: drains committed records in reservation order, verifies checksums, skips abandoned
+// records after the timeout, and sleeps on a futex (through a helper thread and uv_async_t) when
+// the ring is dry.
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "shm/region.h"
+#include "uvbus/murmur3.h"
+#include "uvbus/shm.h"
+
+namespace uvbus {
+
+using namespace shm_detail;
+
+namespace {
+
+constexpr size_t kMaxHolds = 64;
+
+// libuv handles live in their own block, freed by the last close callback, so the reader object
+// may be destroyed as soon as close() returns.
+struct loop_glue {
+  uv_async_t async;
+  uv_idle_t idle;
+  int open_handles = 0;
+  shm_reader::impl* owner = nullptr;
+};
+
+void glue_closed(uv_handle_t* h) {
+  auto* g = static_cast<loop_glue*>(h->data);
+  if (--g->open_handles == 0) delete g;
+}
+
+}  // namespace
+
+struct shm_reader::impl {
+  mapping map;
+  geometry g;
+  shm_config cfg;
+  bool owner = false;  // created the region (false for open_image)
+
+  uint64_t rd = 0;         // next position to look at (delivery cursor)
+  uint64_t published = 0;  // last read_pos stored
+  // A skipped record's nodes stay unreleased until its writer acknowledges or reclaim passes.
+  struct hold {
+    uint64_t pos;
+    uint64_t since_ns;
+  };
+  hold holds[kMaxHolds];
+  size_t nholds = 0;
+  uint64_t stuck_pos = ~uint64_t{0};  // head position last seen in kWriting, and since when
+  uint64_t stuck_since = 0;
+
+  // Local counters, stored to the header after each drain (the reader is their only writer).
+  uint64_t c_records = 0, c_bytes = 0, c_abandoned = 0, c_checksum = 0, c_corrupt = 0,
+           c_batches = 0;
+  std::vector<shm_record> batch;
+  size_t size_limit = ~size_t{0};  // try_receive's buffer size
+  size_t too_big = 0;              // set when drain stopped at a record above size_limit
+
+  // Loop integration.
+  uv_loop_t* loop = nullptr;
+  loop_glue* glue = nullptr;
+  shm_records_cb cb = nullptr;
+  void* user = nullptr;
+  bool started = false;
+  uint64_t spin_until = 0;
+  std::thread waker;
+  std::atomic<uint32_t> armed{0};  // 1: the waker thread should sleep on the region's futex
+  std::atomic<uint32_t> quit{0};
+  std::atomic<uint64_t> wait_ns{0};  // the waker's futex timeout (0 = none)
+
+  void store_counters() noexcept {
+    region_header* h = g.hdr;
+    h->records_read.store(c_records, std::memory_order_relaxed);
+    h->bytes_read.store(c_bytes, std::memory_order_relaxed);
+    h->abandoned.store(c_abandoned, std::memory_order_relaxed);
+    h->checksum_failures.store(c_checksum, std::memory_order_relaxed);
+    h->corrupt.store(c_corrupt, std::memory_order_relaxed);
+    h->batches.store(c_batches, std::memory_order_relaxed);
+  }
+
+  // Releases nodes up to the first still-held skipped record. release: every read of those nodes
+  // (checksum, the callback's reads) happens before a writer's acquire load sees the new value and
+  // overwrites them.
+  void publish(uint64_t now) noexcept {
+    while (nholds > 0) {
+      const hold& hd = holds[0];
+      const uint64_t c = g.rec(hd.pos)->ctl.load(std::memory_order_acquire);
+      const bool acked = ctl_is(c, hd.pos) && ctl_state(c) == kAbandonedAck;
+      if (!acked) {
+        if (now == 0) now = mono_ns();
+        if (now - hd.since_ns < uint64_t{cfg.reclaim_timeout_us} * 1000) break;
+      }
+      std::memmove(&holds[0], &holds[1], (nholds - 1) * sizeof(hold));
+      --nholds;
+    }
+    const uint64_t pos = nholds > 0 ? holds[0].pos : rd;
+    if (pos != published) {
+      published = pos;
+      g.hdr->read_pos.store(pos, std::memory_order_release);
+    }
+  }
+
+  // Delivers up to max_records records in batches; returns how many were delivered.
+  // Bounded work: every iteration either stops, or advances rd by at least one node, or retries a
+  // CAS that lost to a commit (at most once per record), and the total is capped, so a hostile
+  // region cannot keep the reader here.
+  size_t drain(shm_records_cb fn, void* u, size_t max_records) noexcept {
+    size_t delivered = 0;
+    size_t nb = 0;
+    uint64_t now = 0;
+    const size_t bmax = batch.size();
+    size_t budget = max_records * 4 + 64;
+    while (delivered + nb < max_records && budget-- > 0) {
+      record_header* rec = g.rec(rd);
+      // acquire: pairs with the writer's commit CAS; the payload, len and checksum it wrote
+      // before are visible once we see kCommitted.
+      const uint64_t c = rec->ctl.load(std::memory_order_acquire);
+      if (!ctl_is(c, rd)) break;  // nothing claimed at rd yet
+      const uint64_t idx = rd & g.mask;
+      const uint32_t st = ctl_state(c);
+      if (st == kPad) {
+        rd += g.nodes - idx;
+        continue;
+      }
+      uint64_t n = ctl_nodes(c);
+      if (n == 0 || idx + n > g.nodes) {  // impossible for a real writer: never trust it
+        ++c_corrupt;
+        rd += (n == 0) ? 1 : g.nodes - idx;
+        continue;
+      }
+      if (st == kCommitted) {
+        const uint32_t len = rec->len.load(std::memory_order_relaxed);
+        const uint32_t sum = rec->checksum.load(std::memory_order_relaxed);
+        if (len > size_limit && len <= g.max_record) {  // try_receive: leave it at the head
+          too_big = len;
+          break;
+        }
+        rd += n;
+        if (len > g.max_record || g.nodes_for(len) != n) {
+          ++c_corrupt;
+          continue;
+        }
+        const auto* payload = reinterpret_cast<const uint8_t*>(rec) + kRecordHeaderSize;
+        if (murmur3_x86_32(payload, len, record_seed(rd - n)) != sum) {
+          ++c_checksum;
+          continue;
+        }
+        batch[nb++] = shm_record{payload, len};
+        c_bytes += len;
+        if (nb == bmax) {
+          fn(u, batch.data(), nb);
+          delivered += nb;
+          c_records += nb;
+          ++c_batches;
+          nb = 0;
+          publish(0);
+        }
+        continue;
+      }
+      if (st == kWriting) {
+        if (now == 0) now = mono_ns();
+        if (stuck_pos != rd) {
+          stuck_pos = rd;
+          stuck_since = now;
+          break;
+        }
+        if (now - stuck_since < uint64_t{cfg.abandon_timeout_us} * 1000 || nholds == kMaxHolds) {
+          break;
+        }
+        uint64_t expect = c;
+        // acq_rel: on success the writer's later commit CAS fails and it reports abandoned; on
+        // failure the writer committed first and we deliver it on the next iteration.
+        if (!rec->ctl.compare_exchange_strong(expect, make_ctl(rd, n, kAbandoned),
+                                              std::memory_order_acq_rel,
+                                              std::memory_order_acquire)) {
+          continue;
+        }
+        ++c_abandoned;
+        holds[nholds++] = hold{rd, now};
+        rd += n;
+        continue;
+      }
+      if (st == kAbandoned || st == kAbandonedAck) {  // skipped by an earlier reader instance
+        rd += n;
+        continue;
+      }
+      ++c_corrupt;
+      rd += n;
+    }
+    if (nb > 0) {
+      fn(u, batch.data(), nb);
+      delivered += nb;
+      c_records += nb;
+      ++c_batches;
+    }
+    publish(now);
+    store_counters();
+    return delivered;
+  }
+
+  // Whether the head holds something to act on now (a record, padding, a skip). kWriting is not:
+  // the futex timeout covers its abandon deadline.
+  bool head_ready() const noexcept {
+    const uint64_t c = g.rec(rd)->ctl.load(std::memory_order_seq_cst);
+    return ctl_is(c, rd) && ctl_state(c) != kWriting;
+  }
+
+  // ---- loop integration -------------------------------------------------------------------
+
+  static void on_idle(uv_idle_t* h) {
+    auto* gl = static_cast<loop_glue*>(h->data);
+    impl* self = gl->owner;
+    if (self == nullptr || !self->started) return;
+    const size_t n = self->drain(self->cb, self->user, self->cfg.batch_max);
+    if (!self->started) return;  // the callback called stop()
+    const uint64_t now = mono_ns();
+    if (n > 0) {
+      self->spin_until = now + uint64_t{self->cfg.spin_us} * 1000;
+      return;
+    }
+    if (now < self->spin_until) return;
+    self->go_to_sleep(now);
+  }
+
+  void go_to_sleep(uint64_t now) {
+    region_header* h = g.hdr;
+    // Dekker with the writers' commit: store 1 (seq_cst), then re-check the head (seq_cst). A
+    // writer commits (seq_cst CAS) and then loads reader_sleeping (seq_cst): one of us sees the
+    // other, so a record never waits for the next writer to wake us.
+    h->reader_sleeping.store(1, std::memory_order_seq_cst);
+    if (head_ready()) {
+      h->reader_sleeping.store(0, std::memory_order_relaxed);
+      return;
+    }
+    uint64_t timeout = 0;
+    const uint64_t c = g.rec(rd)->ctl.load(std::memory_order_acquire);
+    if (ctl_is(c, rd)) {  // in flight: wake up in time to skip it if it is abandoned
+      const uint64_t lim = uint64_t{cfg.abandon_timeout_us} * 1000;
+      const uint64_t since = stuck_pos == rd ? stuck_since : now;
+      timeout = since + lim > now ? since + lim - now : 1000;
+      if (stuck_pos != rd) {
+        stuck_pos = rd;
+        stuck_since = now;
+      }
+    }
+    if (nholds > 0) {  // held nodes: come back to release them after reclaim_timeout
+      const uint64_t lim = uint64_t{cfg.reclaim_timeout_us} * 1000;
+      const uint64_t t = holds[0].since_ns + lim > now ? holds[0].since_ns + lim - now : 1000;
+      if (timeout == 0 || t < timeout) timeout = t;
+    }
+    uv_idle_stop(&glue->idle);
+    wait_ns.store(timeout, std::memory_order_relaxed);
+    armed.store(1, std::memory_order_release);
+    futex_wake(&armed, 1);
+  }
+
+  static void on_async(uv_async_t* h) {
+    auto* gl = static_cast<loop_glue*>(h->data);
+    impl* self = gl->owner;
+    if (self == nullptr || !self->started) return;
+    self->g.hdr->reader_sleeping.store(0, std::memory_order_relaxed);
+    self->spin_until = mono_ns() + uint64_t{self->cfg.spin_us} * 1000;
+    uv_idle_start(&gl->idle, on_idle);
+  }
+
+  void waker_main() {
+    for (;;) {
+      while (armed.load(std::memory_order_acquire) == 0) {
+        if (quit.load(std::memory_order_acquire) != 0) return;
+        futex_wait(&armed, 0, 0);
+      }
+      if (quit.load(std::memory_order_acquire) != 0) return;
+      futex_wait(&g.hdr->reader_sleeping, 1, wait_ns.load(std::memory_order_relaxed));
+      if (quit.load(std::memory_order_acquire) != 0) return;
+      armed.store(0, std::memory_order_release);
+      uv_async_send(&glue->async);
+    }
+  }
+
+  errc start(uv_loop_t* lp, shm_records_cb fn, void* u) {
+    if (started) return errc::busy;
+    if (lp == nullptr || fn == nullptr) return errc::invalid_argument;
+    auto* gl = new (std::nothrow) loop_glue();
+    if (gl == nullptr) return errc::no_memory;
+    gl->owner = this;
+    if (uv_async_init(lp, &gl->async, on_async) != 0) {
+      delete gl;
+      return errc::io_error;
+    }
+    gl->async.data = gl;
+    uv_idle_init(lp, &gl->idle);
+    gl->idle.data = gl;
+    gl->open_handles = 2;
+    loop = lp;
+    glue = gl;
+    cb = fn;
+    user = u;
+    armed.store(0);
+    quit.store(0);
+    try {
+      waker = std::thread([this] { waker_main(); });
+    } catch (...) {
+      close_glue();
+      return errc::io_error;
+    }
+    started = true;
+    spin_until = mono_ns() + uint64_t{cfg.spin_us} * 1000;
+    uv_idle_start(&gl->idle, on_idle);
+    return errc::ok;
+  }
+
+  void close_glue() {
+    if (glue == nullptr) return;
+    glue->owner = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(&glue->async), glue_closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&glue->idle), glue_closed);
+    glue = nullptr;
+    loop = nullptr;
+  }
+
+  void stop() {
+    if (!started) return;
+    started = false;
+    quit.store(1, std::memory_order_release);
+    // Wake the helper wherever it sleeps: on `armed` or on the region's futex word.
+    armed.store(1, std::memory_order_release);
+    futex_wake(&armed, 1);
+    g.hdr->reader_sleeping.store(0, std::memory_order_seq_cst);
+    futex_wake(&g.hdr->reader_sleeping, 1);
+    if (waker.joinable()) waker.join();
+    close_glue();
+  }
+
+  errc init_common(const shm_config& c) {
+    cfg = c;
+    if (cfg.batch_max == 0) cfg.batch_max = 1;
+    try {
+      batch.resize(cfg.batch_max);
+    } catch (...) {
+      return errc::no_memory;
+    }
+    return errc::ok;
+  }
+};
+
+shm_reader::shm_reader() = default;
+shm_reader::~shm_reader() {
+  close();
+}
+
+errc shm_reader::open(std::string_view url, const shm_config& cfg) {
+  address addr;
+  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  return open(addr, cfg);
+}
+
+errc shm_reader::open(const address& addr, const shm_config& cfg) {
+  if (impl_) return errc::closed;
+  if (addr.kind != scheme::shm && addr.kind != scheme::mem) return errc::unsupported_scheme;
+  if (const errc e = shm_validate(cfg); e != errc::ok) return e;
+  auto p = std::make_unique<impl>();
+  if (const errc e = p->init_common(cfg); e != errc::ok) return e;
+  if (const errc e = create_region(addr, cfg, &p->map); e != errc::ok) return e;
+  if (const errc e = validate_header(p->map.base, p->map.size, &p->g); e != errc::ok) {
+    release_region(&p->map, true);
+    return e;
+  }
+  p->owner = true;
+  impl_ = std::move(p);
+  return errc::ok;
+}
+
+errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
+  if (impl_) return errc::closed;
+  auto p = std::make_unique<impl>();
+  if (const errc e = p->init_common(cfg); e != errc::ok) return e;
+  if (const errc e = validate_header(mem, size, &p->g); e != errc::ok) return e;
+  p->map.kind = region_kind::image;
+  p->map.base = mem;
+  p->map.size = size;
+  p->rd = p->published = p->g.hdr->read_pos.load(std::memory_order_acquire);
+  impl_ = std::move(p);
+  return errc::ok;
+}
+
+errc shm_reader::start(uv_loop_t* loop, shm_records_cb cb, void* user) {
+  if (!impl_) return errc::closed;
+  return impl_->start(loop, cb, user);
+}
+
+void shm_reader::stop() {
+  if (impl_) impl_->stop();
+}
+
+size_t shm_reader::poll(shm_records_cb cb, void* user, size_t max_records) {
+  if (!impl_ || impl_->started || cb == nullptr || max_records == 0) return 0;
+  return impl_->drain(cb, user, max_records);
+}
+
+errc shm_reader::try_receive(void* buf, size_t cap, size_t* len) {
+  if (!impl_ || impl_->started) return errc::closed;
+  struct ctx {
+    void* buf;
+    size_t* len;
+  } cx{buf, len};
+  impl& im = *impl_;
+  im.size_limit = cap;
+  im.too_big = 0;
+  const size_t n = im.drain(
+      [](void* u, const shm_record* r, size_t) {
+        auto* x = static_cast<ctx*>(u);
+        if (r->size != 0) std::memcpy(x->buf, r->data, r->size);
+        *x->len = r->size;
+      },
+      &cx, 1);
+  im.size_limit = ~size_t{0};
+  if (n == 1) return errc::ok;
+  if (im.too_big != 0) {
+    *len = im.too_big;
+    return errc::buffer_too_small;
+  }
+  return errc::not_found;
+}
+
+void shm_reader::close() {
+  if (!impl_) return;
+  impl_->stop();
+  if (impl_->owner) {
+    impl_->store_counters();
+    // release: writers that see "closed" need nothing else from us; they stop sending.
+    impl_->g.hdr->reader_state.store(kReaderClosed, std::memory_order_release);
+    release_region(&impl_->map, true);
+  }
+  impl_.reset();
+}
+
+bool shm_reader::is_open() const noexcept {
+  return impl_ != nullptr;
+}
+
+shm_metrics shm_reader::metrics() const noexcept {
+  if (!impl_) return {};
+  const region_header* h = impl_->g.hdr;
+  shm_metrics m;
+  m.records_written = h->records_written.load(std::memory_order_relaxed);
+  m.bytes_written = h->bytes_written.load(std::memory_order_relaxed);
+  m.queue_full = h->queue_full.load(std::memory_order_relaxed);
+  m.writer_abandoned = h->writer_abandoned.load(std::memory_order_relaxed);
+  m.wakeups = h->wakeups.load(std::memory_order_relaxed);
+  m.records_read = impl_->c_records;
+  m.bytes_read = impl_->c_bytes;
+  m.abandoned = impl_->c_abandoned;
+  m.checksum_failures = impl_->c_checksum;
+  m.corrupt = impl_->c_corrupt;
+  m.batches = impl_->c_batches;
+  const uint64_t w = h->write_pos.load(std::memory_order_relaxed);
+  m.fill_bytes = w >= impl_->published ? (w - impl_->published) * impl_->g.node_size : 0;
+  m.capacity_bytes = impl_->g.nodes * impl_->g.node_size;
+  return m;
+}
+
+bool shm_reader::huge_pages() const noexcept {
+  return impl_ && impl_->map.huge;
+}
+size_t shm_reader::ring_bytes() const noexcept {
+  return impl_ ? impl_->g.nodes * impl_->g.node_size : 0;
+}
+size_t shm_reader::max_record_size() const noexcept {
+  return impl_ ? impl_->g.max_record : 0;
+}
+
+}  // namespace uvbus

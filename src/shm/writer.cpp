@@ -1,0 +1,286 @@
+// shm_writer: reserve, copy, checksum, commit. Lock-free: a writer that stops anywhere (crash,
+// preemption, SIGSTOP) never prevents other writers from reserving, and the reader skips its
+// record after the abandon timeout.
+#include <cstring>
+
+#include "shm/region.h"
+#include "uvbus/murmur3.h"
+#include "uvbus/shm.h"
+
+namespace uvbus {
+
+using namespace shm_detail;
+
+struct shm_writer::impl {
+  mapping map;
+  geometry g;
+  uint64_t cached_read = 0;  // last read_pos seen: free space is at least nodes - (w - cached)
+  shm_metrics local;         // this writer's counters
+  // Deltas not yet added to the region's shared counters (flushed every kFlushEvery sends).
+  uint64_t pend_records = 0, pend_bytes = 0, pend_full = 0, pend_abandoned = 0, pend_wakeups = 0;
+  uint32_t sends_since_flush = 0;
+  uint32_t sends_since_liveness = 0;
+  uint64_t last_liveness_ns = 0;
+  bool dead = false;  // the reader's process was found gone
+  void (*hook)(void*) = nullptr;
+  void* hook_user = nullptr;
+
+  static constexpr uint32_t kFlushEvery = 1024;
+  static constexpr uint32_t kLivenessEvery = 65536;
+
+  void flush() noexcept {
+    region_header* h = g.hdr;
+    if (pend_records) h->records_written.fetch_add(pend_records, std::memory_order_relaxed);
+    if (pend_bytes) h->bytes_written.fetch_add(pend_bytes, std::memory_order_relaxed);
+    if (pend_full) h->queue_full.fetch_add(pend_full, std::memory_order_relaxed);
+    if (pend_abandoned) h->writer_abandoned.fetch_add(pend_abandoned, std::memory_order_relaxed);
+    if (pend_wakeups) h->wakeups.fetch_add(pend_wakeups, std::memory_order_relaxed);
+    pend_records = pend_bytes = pend_full = pend_abandoned = pend_wakeups = 0;
+    sends_since_flush = 0;
+  }
+
+  errc gone() noexcept {
+    ++local.not_connected;
+    return errc::not_connected;
+  }
+
+  // True if the ring has room for `need` nodes at position w, refreshing the cached read cursor
+  // when the cached value says no. The acquire load pairs with the reader's release store of
+  // read_pos: the reader's reads of the nodes it released happen before our writes into them.
+  bool room(uint64_t w, uint64_t need) noexcept {
+    if (w + need - cached_read <= g.nodes) return true;
+    cached_read = g.hdr->read_pos.load(std::memory_order_acquire);
+    return w + need - cached_read <= g.nodes;
+  }
+
+  errc full() noexcept {
+    ++local.queue_full;
+    ++pend_full;
+    // A dead reader never frees space: tell the caller it is gone rather than full forever.
+    // Checked at most once a millisecond: it costs a kill() and a read of /proc.
+    const uint64_t now = mono_ns();
+    if (now - last_liveness_ns >= 1000000) {
+      last_liveness_ns = now;
+      if (!shm_detail::reader_alive(g.hdr, map.kind, true)) {
+        dead = true;
+        return gone();
+      }
+    }
+    if (dead) return gone();
+    return errc::queue_full;
+  }
+
+  errc send(const shm_span* parts, size_t count) noexcept {
+    if (g.hdr == nullptr) return errc::not_connected;
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i) total += parts[i].size;
+    if (total > g.max_record) return errc::message_too_large;
+    region_header* h = g.hdr;
+    // A hint, not a guarantee (the reader may close right after): relaxed is enough.
+    if (h->reader_state.load(std::memory_order_relaxed) != kReaderOpen) return gone();
+    if (++sends_since_liveness >= kLivenessEvery) {
+      sends_since_liveness = 0;
+      if (!shm_detail::reader_alive(h, map.kind, false)) return gone();
+    }
+    if (++sends_since_flush >= kFlushEvery) flush();
+
+    const uint64_t need = g.nodes_for(total);
+    uint64_t w = h->write_pos.load(std::memory_order_acquire);
+    record_header* rec;
+    for (;;) {
+      const uint64_t idx = w & g.mask;
+      rec = g.rec(w);
+      // acquire: a claim we see (another writer's) must come with its node count.
+      uint64_t c = rec->ctl.load(std::memory_order_acquire);
+      if (ctl_is(c, w)) {
+        // Position w is claimed but write_pos not yet advanced (its writer is between its two
+        // CASes, or died there): help it along, so no writer ever waits for another.
+        uint64_t n = ctl_state(c) == kPad ? g.nodes - idx : ctl_nodes(c);
+        if (n == 0) n = 1;
+        if (h->write_pos.compare_exchange_strong(w, w + n, std::memory_order_acq_rel,
+                                                 std::memory_order_acquire)) {
+          w += n;
+        }
+        continue;
+      }
+      // w must still be the current write position: a writer preempted for a whole lap could
+      // otherwise claim a node that is now in the middle of a newer record. While write_pos == w,
+      // nobody has claimed position w, so the CAS below fails if anything touched the node after
+      // we loaded c (stamps only grow: no ABA).
+      const uint64_t now_w = h->write_pos.load(std::memory_order_acquire);
+      if (now_w != w) {
+        w = now_w;
+        continue;
+      }
+      if (idx + need > g.nodes) {
+        // The record would cross the end of the ring: claim the rest of the lap as padding first
+        // (only if the record fits after it, so a pad never takes space for nothing).
+        const uint64_t pad = g.nodes - idx;
+        if (!room(w, pad + need)) return full();
+        if (rec->ctl.compare_exchange_strong(c, make_ctl(w, 0, kPad), std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+          if (h->write_pos.compare_exchange_strong(w, w + pad, std::memory_order_acq_rel,
+                                                   std::memory_order_acquire)) {
+            w += pad;
+          }
+        } else {
+          w = h->write_pos.load(std::memory_order_acquire);
+        }
+        continue;
+      }
+      if (!room(w, need)) return full();
+      // The claim: the stale header of an earlier lap becomes ours. A CAS (not a store) because
+      // another writer may be claiming the same position; release publishes nothing yet but
+      // acquire on failure gives us the winner's node count for helping.
+      if (rec->ctl.compare_exchange_strong(c, make_ctl(w, need, kWriting),
+                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
+        uint64_t expect = w;
+        h->write_pos.compare_exchange_strong(expect, w + need, std::memory_order_acq_rel,
+                                             std::memory_order_relaxed);
+        break;
+      }
+      w = h->write_pos.load(std::memory_order_acquire);
+    }
+
+    if (hook != nullptr) hook(hook_user);
+
+    auto* dst = reinterpret_cast<uint8_t*>(rec) + kRecordHeaderSize;
+    size_t off = 0;
+    for (size_t i = 0; i < count; ++i) {
+      if (parts[i].size != 0) std::memcpy(dst + off, parts[i].data, parts[i].size);
+      off += parts[i].size;
+    }
+    rec->len.store(static_cast<uint32_t>(total), std::memory_order_relaxed);
+    rec->checksum.store(murmur3_x86_32(dst, total, record_seed(w)), std::memory_order_relaxed);
+
+    // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
+    // we must say so. seq_cst pairs with the reader's seq_cst store of reader_sleeping and its
+    // seq_cst re-check of the head: either the reader sees this commit before sleeping, or we see
+    // reader_sleeping == 1 below and wake it (no lost wake-up). On x86 both are plain locked ops.
+    uint64_t expect = make_ctl(w, need, kWriting);
+    if (!rec->ctl.compare_exchange_strong(expect, make_ctl(w, need, kCommitted),
+                                          std::memory_order_seq_cst, std::memory_order_acquire)) {
+      // Tell the reader we are done with these nodes so it can reuse them before reclaim_timeout.
+      if (ctl_is(expect, w) && ctl_state(expect) == kAbandoned) {
+        rec->ctl.compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
+                                         std::memory_order_release, std::memory_order_relaxed);
+      }
+      ++local.writer_abandoned;
+      ++pend_abandoned;
+      return errc::abandoned;
+    }
+    ++local.records_written;
+    local.bytes_written += total;
+    ++pend_records;
+    pend_bytes += total;
+    if (h->reader_sleeping.load(std::memory_order_seq_cst) != 0 &&
+        h->reader_sleeping.exchange(0, std::memory_order_seq_cst) != 0) {
+      futex_wake(&h->reader_sleeping, 1);
+      ++local.wakeups;
+      ++pend_wakeups;
+    }
+    return errc::ok;
+  }
+};
+
+shm_writer::shm_writer() = default;
+shm_writer::~shm_writer() {
+  close();
+}
+
+errc shm_writer::open(std::string_view url, const shm_writer_options& opt) {
+  address addr;
+  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  return open(addr, opt);
+}
+
+namespace {
+errc check_options(const geometry& g, const shm_writer_options& opt) {
+  if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) return errc::bad_layout;
+  if (opt.expect_ring_bytes != 0 && opt.expect_ring_bytes != g.nodes * g.node_size) {
+    return errc::bad_layout;
+  }
+  return errc::ok;
+}
+}  // namespace
+
+errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
+  if (impl_) return errc::closed;
+  if (addr.kind != scheme::shm && addr.kind != scheme::mem) return errc::unsupported_scheme;
+  auto p = std::make_unique<impl>();
+  if (const errc e = attach_region(addr, &p->map); e != errc::ok) return e;
+  errc e = validate_header(p->map.base, p->map.size, &p->g);
+  if (e == errc::ok) e = check_options(p->g, opt);
+  if (e == errc::ok && !shm_detail::reader_alive(p->g.hdr, p->map.kind, true))
+    e = errc::not_connected;
+  if (e != errc::ok) {
+    release_region(&p->map, false);
+    return e;
+  }
+  p->cached_read = p->g.hdr->read_pos.load(std::memory_order_acquire);
+  impl_ = std::move(p);
+  return errc::ok;
+}
+
+errc shm_writer::open_image(void* mem, size_t size, const shm_writer_options& opt) {
+  if (impl_) return errc::closed;
+  auto p = std::make_unique<impl>();
+  errc e = validate_header(mem, size, &p->g);
+  if (e == errc::ok) e = check_options(p->g, opt);
+  if (e != errc::ok) return e;
+  p->map.kind = region_kind::image;
+  p->map.base = mem;
+  p->map.size = size;
+  p->cached_read = p->g.hdr->read_pos.load(std::memory_order_acquire);
+  impl_ = std::move(p);
+  return errc::ok;
+}
+
+errc shm_writer::send(const void* data, size_t len) noexcept {
+  if (!impl_) return errc::not_connected;
+  const shm_span s{data, len};
+  return impl_->send(&s, 1);
+}
+
+errc shm_writer::send(const shm_span* parts, size_t count) noexcept {
+  if (!impl_) return errc::not_connected;
+  return impl_->send(parts, count);
+}
+
+bool shm_writer::reader_alive() const noexcept {
+  return impl_ && shm_detail::reader_alive(impl_->g.hdr, impl_->map.kind, true);
+}
+
+void shm_writer::close() {
+  if (!impl_) return;
+  impl_->flush();
+  release_region(&impl_->map, false);
+  impl_.reset();
+}
+
+bool shm_writer::is_open() const noexcept {
+  return impl_ != nullptr;
+}
+
+size_t shm_writer::max_record_size() const noexcept {
+  return impl_ ? impl_->g.max_record : 0;
+}
+
+shm_metrics shm_writer::metrics() const noexcept {
+  if (!impl_) return {};
+  shm_metrics m = impl_->local;
+  const region_header* h = impl_->g.hdr;
+  const uint64_t w = h->write_pos.load(std::memory_order_relaxed);
+  const uint64_t r = h->read_pos.load(std::memory_order_relaxed);
+  m.fill_bytes = w >= r ? (w - r) * impl_->g.node_size : 0;
+  m.capacity_bytes = impl_->g.nodes * impl_->g.node_size;
+  return m;
+}
+
+void shm_writer::set_test_hook(void (*hook)(void*), void* user) noexcept {
+  if (!impl_) return;
+  impl_->hook = hook;
+  impl_->hook_user = user;
+}
+
+}  // namespace uvbus

@@ -1,0 +1,101 @@
+// Helpers for the shm tests: deterministic payloads, RAII removal of shm objects, aligned images.
+#pragma once
+
+#include <sys/ipc.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "uvbus/shm.h"
+
+namespace uvbus::test {
+
+inline uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Record `seq` of writer `w`: [w:4][seq:8][bytes derived from both], size in [12, 12 + spread].
+inline size_t record_size(uint32_t w, uint64_t seq, size_t spread) {
+  return 12 + static_cast<size_t>(mix(seq * 31 + w) % (spread + 1));
+}
+inline size_t make_record(uint32_t w, uint64_t seq, size_t spread, uint8_t* out) {
+  const size_t n = record_size(w, seq, spread);
+  std::memcpy(out, &w, 4);
+  std::memcpy(out + 4, &seq, 8);
+  uint64_t x = mix(seq ^ (uint64_t{w} << 40));
+  for (size_t i = 12; i < n; ++i) {
+    out[i] = static_cast<uint8_t>(x >> ((i & 7) * 8));
+    if ((i & 7) == 7) x = mix(x);
+  }
+  return n;
+}
+// Checks a received record; fills *w and *seq from its header.
+inline bool check_record(const uint8_t* p, size_t n, size_t spread, uint32_t* w, uint64_t* seq) {
+  if (n < 12) return false;
+  std::memcpy(w, p, 4);
+  std::memcpy(seq, p + 4, 8);
+  if (n != record_size(*w, *seq, spread)) return false;
+  uint8_t small[2048];
+  std::vector<uint8_t> big;
+  uint8_t* want = small;
+  if (spread + 12 > sizeof small) {
+    big.resize(spread + 12);
+    want = big.data();
+  }
+  make_record(*w, *seq, spread, want);
+  return std::memcmp(want, p, n) == 0;
+}
+
+// Removes a POSIX shm name and/or a SysV key when the test ends, whatever happened.
+struct shm_cleanup {
+  std::string posix;  // without the leading slash
+  int sysv_key = -1;
+  ~shm_cleanup() {
+    if (!posix.empty()) shm_unlink(("/" + posix).c_str());
+    if (sysv_key >= 0) {
+      const int id = shmget(sysv_key, 0, 0);
+      if (id >= 0) shmctl(id, IPC_RMID, nullptr);
+    }
+  }
+};
+
+inline bool posix_exists(const std::string& name) {
+  const int fd = shm_open(("/" + name).c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+inline bool sysv_exists(int key) {
+  return shmget(key, 0, 0) >= 0;
+}
+
+// A SysV key unique to this process and call.
+inline int unique_key() {
+  static int n = 0;
+  return 0x55000000 | ((static_cast<int>(getpid()) & 0xfffff) << 4) | (++n & 0xf);
+}
+
+// A 64-byte aligned buffer for region images.
+struct image {
+  explicit image(size_t n) : size(n) {
+    p = static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096));
+    std::memset(p, 0, n);
+  }
+  ~image() { std::free(p); }
+  image(const image&) = delete;
+  image& operator=(const image&) = delete;
+  uint8_t* p;
+  size_t size;
+};
+
+}  // namespace uvbus::test
