@@ -162,9 +162,21 @@ TEST_F(NodeResilienceTest, ParentRestartChildrenReconnectAndEveryMessageIsAccoun
   }
   EXPECT_GE(bs.values.size(), ok);
   EXPECT_LE(bs.values.size(), accepted);
-  // The messages queued while the parent was away and those sent after it came back arrived.
-  EXPECT_GE(ok, 500u + 300u + 500u);
-  for (uint64_t v = next - 500; v < next; ++v) EXPECT_TRUE(got.count(v)) << v;
+  std::map<uint64_t, errc> status_of;  // number -> outcome
+  for (const auto& r : as.reports) status_of[value_of[r.message_id]] = r.status;
+  for (uint64_t v = 0; v < 500; ++v) EXPECT_EQ(status_of[v], errc::ok) << v;
+  // Sent around the crash: delivered, or failed (acknowledgement lost: timeout; link lost).
+  // Queued while the parent was away: delivered once it is back, or refused by the new parent
+  // with unknown_route when a came back before b had re-registered.
+  for (uint64_t v = 1000; v < 1300; ++v) {
+    EXPECT_TRUE(status_of[v] == errc::ok || status_of[v] == errc::unknown_route)
+        << v << " " << to_string(status_of[v]);
+  }
+  // Sent after both came back: all delivered.
+  for (uint64_t v = next - 500; v < next; ++v) {
+    EXPECT_EQ(status_of[v], errc::ok) << v;
+    EXPECT_TRUE(got.count(v)) << v;
+  }
   (void)p2;
 }
 
