@@ -1,0 +1,181 @@
+// Stream channel round-trip latency:
+//
+//   uvbus_bench_stream_pingpong URL [--size 64] [--round-trips 200000] [--warmup 10000]
+//                                   [--client-cpu 0] [--server-cpu 1]
+//
+// Forks an echo server (its own process and loop, pinned to --server-cpu) listening on URL (port
+// 0 allowed); the client (pinned to --client-cpu) keeps one message in flight, times every round
+// trip with CLOCK_MONOTONIC into a histogram and prints p50/p90/p99/p99.9/max in microseconds plus
+// a JSON line. Both sides use the channel's defaults (TCP_NODELAY on).
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "uvbus/stream.h"
+
+namespace {
+
+using namespace uvbus;
+using namespace uvbus::bench;
+
+void pin(long cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<int>(cpu), &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
+}
+
+int run_server(const std::string& url, int ready_fd) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  stream_channel* chp = nullptr;
+  stream_callbacks cb;
+  cb.ctx = &chp;
+  cb.on_received = [](void* ctx, stream_connection* c, const uint8_t* p, size_t n) {
+    (void)(*static_cast<stream_channel**>(ctx))->send(c, p, n);
+  };
+  cb.on_disconnected = [](void* ctx, stream_connection*, errc) {
+    (*static_cast<stream_channel**>(ctx))->close();
+  };
+  stream_channel ch(&loop, stream_config{}, cb);
+  chp = &ch;
+  stream_listener* l = nullptr;
+  const errc e = ch.listen(url, &l);
+  std::string msg = e == errc::ok ? l->url() : std::string("ERROR ") + to_string(e);
+  msg += '\n';
+  if (write(ready_fd, msg.data(), msg.size()) < 0) return 1;
+  close(ready_fd);
+  if (e != errc::ok) return 1;
+  while (!ch.closed()) uv_run(&loop, UV_RUN_ONCE);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  return 0;
+}
+
+struct client {
+  stream_channel* ch = nullptr;
+  stream_connection* conn = nullptr;
+  std::vector<uint8_t> msg;
+  long warmup = 0;
+  long round_trips = 0;
+  long done = 0;
+  uint64_t t0 = 0;
+  histogram h;
+  bool finished = false;
+  bool failed = false;
+
+  void ping() {
+    t0 = mono_ns();
+    if (ch->send(conn, msg.data(), msg.size()) != errc::ok) failed = finished = true;
+  }
+  void pong(size_t n) {
+    const uint64_t t = mono_ns();
+    if (n != msg.size()) failed = true;
+    if (done >= warmup) h.add(t - t0);
+    if (++done == warmup + round_trips) {
+      finished = true;
+      return;
+    }
+    ping();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = options::parse(argc, argv);
+  if (o.url.empty()) {
+    std::fprintf(stderr,
+                 "usage: %s URL [--size 64] [--round-trips N] [--warmup N] [--client-cpu C] "
+                 "[--server-cpu C]\n",
+                 argv[0]);
+    return 2;
+  }
+  const size_t size = static_cast<size_t>(o.get_int("size", 64));
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    pin(o.get_int("server-cpu", 1));
+    _exit(run_server(o.url, fds[1]));
+  }
+  close(fds[1]);
+  pin(o.get_int("client-cpu", 0));
+  char buf[512] = {};
+  size_t got = 0;
+  while (got < sizeof buf - 1) {
+    const ssize_t n = read(fds[0], buf + got, sizeof buf - 1 - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+    if (buf[got - 1] == '\n') break;
+  }
+  close(fds[0]);
+  std::string url(buf, got);
+  while (!url.empty() && url.back() == '\n') url.pop_back();
+  if (url.empty() || url.rfind("ERROR", 0) == 0) {
+    std::fprintf(stderr, "pingpong: server failed: %s\n", url.c_str());
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return 1;
+  }
+
+  client c;
+  c.msg.assign(size, 0x5a);
+  c.warmup = o.get_int("warmup", 10000);
+  c.round_trips = o.get_int("round-trips", 200000);
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  stream_callbacks cb;
+  cb.ctx = &c;
+  cb.on_connected = [](void* ctx, stream_connection* conn, errc st) {
+    auto* self = static_cast<client*>(ctx);
+    if (st != errc::ok) {
+      std::fprintf(stderr, "pingpong: connect: %s\n", to_string(st));
+      self->failed = self->finished = true;
+      return;
+    }
+    self->conn = conn;
+    self->ping();
+  };
+  cb.on_received = [](void* ctx, stream_connection*, const uint8_t*, size_t n) {
+    static_cast<client*>(ctx)->pong(n);
+  };
+  cb.on_disconnected = [](void* ctx, stream_connection*, errc) {
+    auto* self = static_cast<client*>(ctx);
+    if (!self->finished) self->failed = self->finished = true;
+  };
+  stream_channel ch(&loop, stream_config{}, cb);
+  c.ch = &ch;
+  if (ch.connect(url) != errc::ok) c.failed = c.finished = true;
+  while (!c.finished) uv_run(&loop, UV_RUN_ONCE);
+  ch.close();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+
+  const double us = 1e-3;
+  std::printf(
+      "[pingpong] %s size=%zu round_trips=%llu p50=%.1fus p90=%.1fus p99=%.1fus "
+      "p99.9=%.1fus max=%.1fus\n",
+      o.url.c_str(), size, static_cast<unsigned long long>(c.h.count()),
+      static_cast<double>(c.h.quantile(0.5)) * us, static_cast<double>(c.h.quantile(0.9)) * us,
+      static_cast<double>(c.h.quantile(0.99)) * us, static_cast<double>(c.h.quantile(0.999)) * us,
+      static_cast<double>(c.h.max()) * us);
+  std::printf(
+      "{\"bench\":\"stream_pingpong\",\"url\":\"%s\",\"size\":%zu,\"round_trips\":%llu,"
+      "\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,\"max_us\":%.2f,"
+      "\"errors\":%d}\n",
+      o.url.c_str(), size, static_cast<unsigned long long>(c.h.count()),
+      static_cast<double>(c.h.quantile(0.5)) * us, static_cast<double>(c.h.quantile(0.9)) * us,
+      static_cast<double>(c.h.quantile(0.99)) * us, static_cast<double>(c.h.quantile(0.999)) * us,
+      static_cast<double>(c.h.max()) * us, c.failed ? 1 : 0);
+  return c.failed ? 1 : 0;
+}

@@ -1,0 +1,156 @@
+// Stream channel receiver (DESIGN §5):
+//
+//   uvbus_bench_stream_recv URL [--min B] [--max B] [--seconds S] [--ready FILE]
+//
+// Listens on URL (port 0 allowed), verifies every payload and sequence number of the one sender,
+// prints one line per second and a final JSON line, and exits after the sender's end message (or
+// S + 5 seconds after the first connection). --ready FILE: once listening, the bound URL is
+// written to FILE (atomically, by rename), so a script can start the sender on an ephemeral port.
+#include <uv.h>
+
+#include <cstdio>
+#include <string>
+
+#include "bench_common.h"
+#include "uvbus/stream.h"
+
+namespace {
+
+using namespace uvbus;
+using namespace uvbus::bench;
+
+struct receiver {
+  options o;
+  uv_loop_t* loop = nullptr;
+  stream_channel* ch = nullptr;
+  meter m{"recv"};
+  uint64_t next_seq = 0;
+  uint64_t errors = 0;
+  uint64_t end_count = 0;
+  bool got_end = false;
+  bool started = false;
+  double deadline = 0;
+  stream_connection_metrics conn_metrics{};
+
+  void on_message(const uint8_t* p, size_t n) {
+    if (n >= 8 && get_le64(p) == kEndSeq) {
+      got_end = true;
+      end_count = n >= 24 ? get_le64(p + 16) : 0;
+      if (end_count != next_seq) ++errors;
+      return;
+    }
+    if (!started) {
+      started = true;
+      m.reset_clock();
+    }
+    if (!verify_payload(p, n, next_seq, 0, o.min, o.max)) {
+      if (errors < 5) {
+        std::fprintf(stderr, "recv: payload %llu (%zu bytes) is wrong\n",
+                     static_cast<unsigned long long>(next_seq), n);
+      }
+      ++errors;
+    }
+    ++next_seq;
+    m.add(n);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  receiver r;
+  r.o = options::parse(argc, argv);
+  if (r.o.url.empty()) {
+    std::fprintf(stderr, "usage: %s URL [--min B] [--max B] [--seconds S] [--ready FILE]\n",
+                 argv[0]);
+    return 2;
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  r.loop = &loop;
+
+  stream_config cfg;
+  cfg.message_limit = std::max<size_t>(kDefaultMessageLimit, r.o.max);
+  stream_callbacks cb;
+  cb.ctx = &r;
+  cb.on_accepted = [](void* ctx, stream_connection*) {
+    auto* self = static_cast<receiver*>(ctx);
+    if (self->deadline == 0) self->deadline = mono_now() + self->o.seconds + 5;
+  };
+  cb.on_received = [](void* ctx, stream_connection* c, const uint8_t* p, size_t n) {
+    auto* self = static_cast<receiver*>(ctx);
+    self->on_message(p, n);
+    if (self->got_end) {
+      self->conn_metrics = c->metrics();
+      self->ch->close();
+    }
+  };
+  cb.on_disconnected = [](void* ctx, stream_connection* c, errc reason) {
+    auto* self = static_cast<receiver*>(ctx);
+    if (!self->got_end) {
+      std::fprintf(stderr, "recv: connection ended before the end message: %s\n",
+                   to_string(reason));
+      self->conn_metrics = c->metrics();
+      ++self->errors;
+      self->ch->close();
+    }
+  };
+  stream_channel ch(&loop, cfg, cb);
+  r.ch = &ch;
+  stream_listener* l = nullptr;
+  const errc e = ch.listen(r.o.url, &l);
+  if (e != errc::ok) {
+    std::fprintf(stderr, "recv: listen %s: %s\n", r.o.url.c_str(), to_string(e));
+    return 1;
+  }
+  std::printf("[recv] listening on %s\n", l->url().c_str());
+  std::fflush(stdout);
+  const std::string ready = r.o.get("ready");
+  if (!ready.empty()) {
+    const std::string tmp = ready + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%s\n", l->url().c_str()) < 0 || std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), ready.c_str()) != 0) {
+      std::perror("recv: --ready");
+      return 1;
+    }
+  }
+  const double hard_deadline = mono_now() + r.o.seconds + 60;
+
+  // Per-second lines and the deadline, from a 100 ms timer.
+  uv_timer_t tick;
+  uv_timer_init(&loop, &tick);
+  tick.data = &r;
+  uv_timer_start(
+      &tick,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<receiver*>(t->data);
+        if (self->started) self->m.tick();
+        if (self->ch->closed() || (self->deadline != 0 && mono_now() > self->deadline)) {
+          if (!self->ch->closed()) {
+            std::fprintf(stderr, "recv: deadline passed without the end message\n");
+            ++self->errors;
+            self->ch->close();
+          }
+          uv_timer_stop(t);
+        }
+      },
+      100, 100);
+  while (!ch.closed() && mono_now() < hard_deadline) uv_run(&loop, UV_RUN_ONCE);
+  if (!ch.closed()) {
+    std::fprintf(stderr, "recv: no sender\n");
+    ++r.errors;
+    ch.close();
+  }
+  uv_timer_stop(&tick);
+  if (!r.got_end) ++r.errors;
+  r.m.tick();
+  char extra[256];
+  std::snprintf(extra, sizeof extra, ",\"read_calls\":%llu,\"end_count\":%llu",
+                static_cast<unsigned long long>(r.conn_metrics.read_calls),
+                static_cast<unsigned long long>(r.end_count));
+  json_line("stream_recv", r.o, r.m, r.errors, extra);
+  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  return r.errors == 0 ? 0 : 1;
+}

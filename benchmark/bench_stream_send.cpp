@@ -1,0 +1,172 @@
+// Stream channel sender (DESIGN §5):
+//
+//   uvbus_bench_stream_send URL [--min B] [--max B] [--seconds S] [--no-merge]
+//                               [--queue-bytes N] [--batch N]
+//
+// Connects to URL and sends numbered payloads for S seconds as fast as the channel takes them:
+// it sends until send() returns queue_full and resumes from on_writable (back-pressure, no
+// polling). Then it sends the end message, disconnects gracefully and prints a summary with the
+// channel's write metrics. --no-merge turns coalescing off (one write per packet).
+#include <uv.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "uvbus/stream.h"
+
+namespace {
+
+using namespace uvbus;
+using namespace uvbus::bench;
+
+struct sender {
+  options o;
+  stream_channel* ch = nullptr;
+  stream_connection* conn = nullptr;
+  std::vector<uint8_t> buf;
+  uint64_t seq = 0;
+  uint64_t bytes = 0;
+  double t_start = 0;
+  double t_end = 0;
+  double c_start = 0;
+  bool end_sent = false;
+  bool done = false;
+  int exit_code = 0;
+  size_t batch = 0;  // 0: until queue_full
+  stream_connection_metrics final_metrics{};
+
+  // Sends until the queue is full (or the batch is done, or time is up).
+  void pump() {
+    if (end_sent || conn == nullptr) return;
+    size_t n_sent = 0;
+    for (;;) {
+      if ((seq & 255) == 0 && mono_now() >= t_end) {
+        finish();
+        return;
+      }
+      const size_t n = make_payload(seq, 0, o.min, o.max, buf.data());
+      const errc e = ch->send(conn, buf.data(), n);
+      if (e == errc::queue_full) return;  // on_writable resumes
+      if (e != errc::ok) {
+        std::fprintf(stderr, "send: %s\n", to_string(e));
+        exit_code = 1;
+        return;
+      }
+      ++seq;
+      bytes += n;
+      if (batch != 0 && ++n_sent == batch) return;  // resumed from the idle handle
+    }
+  }
+
+  void finish() {
+    uint8_t end[24];
+    const size_t n = make_end(0, seq, end);
+    const errc e = ch->send(conn, end, n);
+    if (e == errc::queue_full) return;  // retried from on_writable
+    if (e != errc::ok) {
+      std::fprintf(stderr, "send end: %s\n", to_string(e));
+      exit_code = 1;
+    }
+    end_sent = true;
+    const double secs = mono_now() - t_start;
+    const double cpu = (cpu_now() - c_start) / secs * 100;
+    final_metrics = conn->metrics();
+    std::printf(
+        "[send] msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f write_calls=%llu merged=%llu "
+        "refused=%llu\n",
+        static_cast<unsigned long long>(seq), static_cast<double>(seq) / secs,
+        static_cast<double>(bytes) / secs / 1e6, cpu,
+        static_cast<unsigned long long>(final_metrics.write_calls),
+        static_cast<unsigned long long>(final_metrics.packets_merged),
+        static_cast<unsigned long long>(final_metrics.send_refused));
+    std::fflush(stdout);
+    (void)ch->disconnect(conn, disconnect_mode::graceful);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sender s;
+  s.o = options::parse(argc, argv);
+  if (s.o.url.empty()) {
+    std::fprintf(stderr,
+                 "usage: %s URL [--min B] [--max B] [--seconds S] [--no-merge] [--queue-bytes N] "
+                 "[--batch N]\n",
+                 argv[0]);
+    return 2;
+  }
+  s.buf.resize(s.o.max + 16);
+  s.batch = static_cast<size_t>(s.o.get_int("batch", 0));
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+
+  stream_config cfg;
+  cfg.message_limit = std::max<size_t>(kDefaultMessageLimit, s.o.max);
+  if (s.o.flag("no-merge")) cfg.merge_threshold = 0;
+  const long qb = s.o.get_int("queue-bytes", 0);
+  if (qb > 0) cfg.queue.ring_bytes = cfg.queue.max_bytes = static_cast<size_t>(qb);
+  stream_callbacks cb;
+  cb.ctx = &s;
+  cb.on_connected = [](void* ctx, stream_connection* c, errc st) {
+    auto* self = static_cast<sender*>(ctx);
+    if (st != errc::ok) {
+      std::fprintf(stderr, "send: connect: %s\n", to_string(st));
+      self->exit_code = 1;
+      self->done = true;
+      return;
+    }
+    self->conn = c;
+    self->t_start = mono_now();
+    self->c_start = cpu_now();
+    self->t_end = self->t_start + self->o.seconds;
+    self->pump();
+  };
+  cb.on_writable = [](void* ctx, stream_connection*) {
+    auto* self = static_cast<sender*>(ctx);
+    if (!self->end_sent && self->seq > 0 && mono_now() >= self->t_end) {
+      self->finish();
+    } else {
+      self->pump();
+    }
+  };
+  cb.on_written = [](void* ctx, stream_connection*, uint64_t, errc st) {
+    // Only failures arrive here (report_written is off).
+    auto* self = static_cast<sender*>(ctx);
+    if (st != errc::ok) self->exit_code = 1;
+  };
+  cb.on_disconnected = [](void* ctx, stream_connection*, errc reason) {
+    auto* self = static_cast<sender*>(ctx);
+    if (reason != errc::ok) {
+      std::fprintf(stderr, "send: disconnected: %s\n", to_string(reason));
+      self->exit_code = 1;
+    }
+    self->done = true;
+  };
+  stream_channel ch(&loop, cfg, cb);
+  s.ch = &ch;
+  const errc e = ch.connect(s.o.url);
+  if (e != errc::ok) {
+    std::fprintf(stderr, "send: connect %s: %s\n", s.o.url.c_str(), to_string(e));
+    return 1;
+  }
+  // With --batch, the sender yields to the loop after each batch and resumes from an idle handle.
+  uv_idle_t idle;
+  uv_idle_init(&loop, &idle);
+  idle.data = &s;
+  if (s.batch != 0) {
+    uv_idle_start(&idle, [](uv_idle_t* h) {
+      auto* self = static_cast<sender*>(h->data);
+      self->pump();
+      if (self->end_sent || self->done) uv_idle_stop(h);
+    });
+  }
+  while (!s.done) uv_run(&loop, UV_RUN_ONCE);
+  uv_idle_stop(&idle);
+  uv_close(reinterpret_cast<uv_handle_t*>(&idle), nullptr);
+  ch.close();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  return s.exit_code;
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Stream channel benchmarks: receiver/sender pairs over ipv4, ipv6 and unix sockets with small
+# (8-128 B) and large (8-16384 B) payloads, small also with --no-merge, then 64 B ping-pong latency
+# over tcp and unix. Prints one table row per case, then every JSON line.
+#
+#   benchmark/run_stream.sh BUILD_DIR
+#
+# Environment: SECONDS_PER_CASE (default 5), CASES (extended regex on case names, default all),
+# ROUND_TRIPS (default 200000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset).
+set -euo pipefail
+
+BUILD=${1:?usage: run_stream.sh BUILD_DIR}
+SECS=${SECONDS_PER_CASE:-5}
+CASES=${CASES:-.}
+ROUND_TRIPS=${ROUND_TRIPS:-200000}
+SEND_CPU=${SEND_CPU:-0}
+RECV_CPU=${RECV_CPU:-1}
+PIN=${PIN:-1}
+for b in recv send pingpong; do
+  [ -x "$BUILD/uvbus_bench_stream_$b" ] || { echo "missing $BUILD/uvbus_bench_stream_$b" >&2; exit 2; }
+done
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+  ON_SEND="taskset -c $SEND_CPU"
+  ON_RECV="taskset -c $RECV_CPU"
+else
+  ON_SEND=""
+  ON_RECV=""
+fi
+
+TMP=$(mktemp -d /tmp/uvbus-stream-bench.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+JSON=()
+ROWS=()
+
+# url_for KIND: a listen URL with an ephemeral port (or a fresh unix path).
+url_for() {
+  case $1 in
+    ipv4) echo "ipv4://127.0.0.1:0" ;;
+    ipv6) echo "ipv6://[::1]:0" ;;
+    unix) echo "unix://$TMP/bench-$RANDOM.sock" ;;
+  esac
+}
+
+json_field() {  # json_field LINE KEY
+  sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
+}
+
+run_pair() {  # run_pair NAME KIND MIN MAX [sender flags...]
+  local name=$1 kind=$2 min=$3 max=$4
+  shift 4
+  [[ $name =~ $CASES ]] || return 0
+  local file=${name////_}
+  local ready=$TMP/$file.ready out=$TMP/$file.recv
+  rm -f "$ready"
+  $ON_RECV "$BUILD/uvbus_bench_stream_recv" "$(url_for "$kind")" --min "$min" --max "$max" \
+    --seconds "$SECS" --ready "$ready" >"$out" 2>&1 &
+  local rpid=$!
+  for _ in $(seq 100); do [ -f "$ready" ] && break; sleep 0.05; done
+  if [ ! -f "$ready" ]; then
+    echo "$name: receiver did not start" >&2
+    cat "$out" >&2
+    kill "$rpid" 2>/dev/null || true
+    return 0
+  fi
+  local send_line
+  send_line=$($ON_SEND "$BUILD/uvbus_bench_stream_send" "$(cat "$ready")" --min "$min" --max "$max" \
+    --seconds "$SECS" "$@" | grep '^\[send\]' || true)
+  wait "$rpid" || true
+  local j
+  j=$(grep '^{"bench"' "$out" | tail -1 || true)
+  if [ -z "$j" ]; then
+    echo "$name: no result" >&2
+    cat "$out" >&2
+    return 0
+  fi
+  JSON+=("${j%\}},\"case\":\"$name\"}")
+  local writes merged
+  writes=$(sed -n 's/.*write_calls=\([0-9]*\).*/\1/p' <<<"$send_line")
+  merged=$(sed -n 's/.*merged=\([0-9]*\).*/\1/p' <<<"$send_line")
+  ROWS+=("$(printf '%-22s %12s %9s %7s %12s %12s %6s' "$name" "$(json_field "$j" msgs_per_s)" \
+    "$(json_field "$j" mb_per_s)" "$(json_field "$j" cpu_pct)" "${writes:-?}" "${merged:-?}" \
+    "$(json_field "$j" errors)")")
+}
+
+for kind in ipv4 ipv6 unix; do
+  run_pair "$kind/small" "$kind" 8 128
+  run_pair "$kind/small/no-merge" "$kind" 8 128 --no-merge
+  run_pair "$kind/large" "$kind" 8 16384
+done
+
+LAT=()
+for kind in ipv4 unix; do
+  name="$kind/pingpong64"
+  [[ $name =~ $CASES ]] || continue
+  line=$("$BUILD/uvbus_bench_stream_pingpong" "$(url_for "$kind")" --size 64 \
+    --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" --server-cpu "$RECV_CPU" | grep '^{' || true)
+  [ -n "$line" ] || { echo "$name: no result" >&2; continue; }
+  JSON+=("${line%\}},\"case\":\"$name\"}")
+  LAT+=("$(printf '%-22s %8s %8s %8s %8s %8s' "$name" "$(json_field "$line" p50_us)" \
+    "$(json_field "$line" p90_us)" "$(json_field "$line" p99_us)" "$(json_field "$line" p999_us)" \
+    "$(json_field "$line" max_us)")")
+done
+
+echo "# uvbus stream channel, ${SECS}s per case, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-22s %12s %9s %7s %12s %12s %6s\n' case msgs/s MB/s rcv-cpu write_calls merged errors
+for r in "${ROWS[@]}"; do echo "$r"; done
+if [ ${#LAT[@]} -gt 0 ]; then
+  printf '%-22s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us
+  for r in "${LAT[@]}"; do echo "$r"; done
+fi
+for j in "${JSON[@]}"; do echo "$j"; done
