@@ -224,6 +224,10 @@ struct node::impl {
   bool shm_paused = false;
 
   node_counters counters;
+  // The last target's next hop, so a stream of messages to one target skips the routing lookups.
+  // Cleared whenever a peer comes or goes.
+  bus_id cached_target = 0;
+  peer_ep* cached_hop = nullptr;
   std::vector<const_buffer> gather;
   std::vector<shm_span> shm_gather;
 
@@ -412,10 +416,15 @@ struct node::impl {
   // originates: picks the next hop, queues while the link is coming up.
   errc route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
                  bool* via_shm) {
+    if (cached_hop != nullptr && cached_target == target) {
+      return transmit(cached_hop, bufs, n, tag, target, via_shm);
+    }
     const detail::route r = table.lookup(target);
     if (r.kind == hop::direct || r.kind == hop::child) {
       peer_ep* p = find_peer(r.next);
       if (p == nullptr) return errc::unknown_route;
+      cached_target = target;
+      cached_hop = p;
       return transmit(p, bufs, n, tag, target, via_shm);
     }
     if (r.kind == hop::self) return errc::invalid_argument;
@@ -444,7 +453,14 @@ struct node::impl {
       if (s.state != sib_state::via_parent) return enqueue(&s.pending, bufs, n, total, tag, target);
     }
     peer_ep* pp = parent_peer();
-    if (pp != nullptr) return transmit(pp, bufs, n, tag, target, via_shm);
+    if (pp != nullptr) {
+      // Only cache the parent hop when no sibling entry could claim this target later.
+      if (!cfg.sibling_direct || table.owns(target) || target == parent_id) {
+        cached_target = target;
+        cached_hop = pp;
+      }
+      return transmit(pp, bufs, n, tag, target, via_shm);
+    }
     if (parent_failed) return errc::not_connected;
     return enqueue(&parent_pending, bufs, n, total, tag, target);
   }
@@ -802,7 +818,7 @@ struct node::impl {
       default:
         break;
     }
-    if (!n->table.source_allowed(p->id, hd.source)) {
+    if (hd.source != p->id && !n->table.source_allowed(p->id, hd.source)) {
       n->protocol_violation(lk, "source id not allowed on this link");
       return;
     }
@@ -1049,6 +1065,7 @@ struct node::impl {
     }
     peer_ep* raw = p.get();
     peers[raw->id] = std::move(p);
+    cached_hop = nullptr;
     if (cbs.on_endpoint_added) cbs.on_endpoint_added(info_of(*raw));
     return raw;
   }
@@ -1069,6 +1086,7 @@ struct node::impl {
       lk->reports.pop_front();
     }
     if (peer_ep* p = lk->peer; p != nullptr) {
+      cached_hop = nullptr;
       counters.forward_dropped += p->overflow.size();
       resume_paused(p);
       const endpoint_info info = info_of(*p);

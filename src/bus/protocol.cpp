@@ -51,21 +51,25 @@ class writer {
   void u16(uint16_t v) {
     uint8_t b[2];
     put16(b, v);
-    out_->insert(out_->end(), b, b + 2);
+    bytes(b, 2);
   }
   void u32(uint32_t v) {
     uint8_t b[4];
     put32(b, v);
-    out_->insert(out_->end(), b, b + 4);
+    bytes(b, 4);
   }
   void u64(uint64_t v) {
     uint8_t b[8];
     put64(b, v);
-    out_->insert(out_->end(), b, b + 8);
+    bytes(b, 8);
   }
+  // resize + memcpy rather than vector::insert: g++ 12 at -O3 reports a false stringop-overflow
+  // for insert of a byte range.
   void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out_->insert(out_->end(), b, b + n);
+    if (n == 0) return;
+    const size_t off = out_->size();
+    out_->resize(off + n);
+    std::memcpy(out_->data() + off, p, n);
   }
   // A string with a u8 length, truncated to limit (<= 255) so the output always parses.
   void str8(const std::string& s, size_t limit) {

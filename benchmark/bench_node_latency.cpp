@@ -1,0 +1,159 @@
+// Bus node round-trip latency:
+//
+//   uvbus_bench_node_latency URL [--size 64] [--round-trips 100000] [--warmup 5000] [--no-shm]
+//                            [--shm NAME] [--client-cpu 0] [--server-cpu 1]
+//
+// Forks a root node 0x1000 (pinned to --server-cpu) listening on URL (port 0 allowed) and, with
+// --shm, on shm://NAME-s; it echoes every data message back to its source with send_data(). The
+// client node 0x1001 (pinned to --client-cpu, listening on shm://NAME-c with --shm) registers to it
+// and keeps one message in flight, timing every round trip into a histogram. With --shm and
+// without --no-shm both directions use shared memory (the nodes choose it: same host, rings
+// offered); otherwise the stream. Prints p50/p90/p99/p99.9/max in microseconds and a JSON line.
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "uvbus/node.h"
+
+namespace {
+
+using namespace uvbus;
+using namespace uvbus::bench;
+
+void pin(long cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<int>(cpu), &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
+}
+
+node_config lat_config() {
+  node_config c;
+  c.heartbeat_interval_ms = 1000;
+  c.heartbeat_timeout_ms = 30000;
+  c.sibling_direct = false;
+  return c;
+}
+
+int run_server(const std::string& url, const std::string& shm, int ready_fd) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  node_config c = lat_config();
+  c.listen = {url};
+  if (!shm.empty()) c.listen.push_back("shm://" + shm + "-s");
+  c.subnets = {{0x1000, 12}};
+  node* self = nullptr;
+  bool stop = false;
+  node_callbacks cb;
+  cb.on_data = [&](bus_id src, uint32_t type, const uint8_t* p, size_t n) {
+    if (type == 2) {
+      stop = true;
+      return;
+    }
+    (void)self->send_data(src, type, p, n);
+  };
+  node n(&loop, 0x1000, c, cb);
+  self = &n;
+  const errc e = n.start();
+  std::string msg = e == errc::ok ? n.listen_urls()[0] : std::string("ERROR ") + to_string(e);
+  msg += '\n';
+  if (write(ready_fd, msg.data(), msg.size()) < 0) return 1;
+  close(ready_fd);
+  if (e != errc::ok) return 1;
+  while (!stop) uv_run(&loop, UV_RUN_ONCE);
+  n.stop();
+  for (int i = 0; i < 1000 && uv_loop_alive(&loop); ++i) uv_run(&loop, UV_RUN_ONCE);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o = options::parse(argc, argv);
+  if (o.url.empty()) {
+    std::fprintf(stderr,
+                 "usage: %s URL [--size 64] [--round-trips N] [--warmup N] [--no-shm] [--shm NAME] "
+                 "[--client-cpu C] [--server-cpu C]\n",
+                 argv[0]);
+    return 2;
+  }
+  const size_t size = static_cast<size_t>(o.get_int("size", 64));
+  const long rounds = o.get_int("round-trips", 100000);
+  const long warmup = o.get_int("warmup", 5000);
+  const std::string shm = o.get("shm");
+  const bool use_shm = !shm.empty() && !o.flag("no-shm");
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    pin(o.get_int("server-cpu", 1));
+    _exit(run_server(o.url, use_shm ? shm : std::string(), fds[1]));
+  }
+  close(fds[1]);
+  pin(o.get_int("client-cpu", 0));
+  char line[512] = {};
+  size_t got = 0;
+  while (got < sizeof line - 1) {
+    const ssize_t r = read(fds[0], line + got, sizeof line - 1 - got);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+    if (line[got - 1] == '\n') break;
+  }
+  close(fds[0]);
+  std::string url(line, got > 0 ? got - 1 : 0);
+  if (url.empty() || url.rfind("ERROR", 0) == 0) {
+    std::fprintf(stderr, "latency: server failed: %s\n", url.c_str());
+    return 1;
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  node_config c = lat_config();
+  c.parent_url = url;
+  c.enable_shm = use_shm;
+  if (use_shm) c.listen = {"shm://" + shm + "-c"};
+  bool reply = false;
+  node_callbacks cb;
+  cb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { reply = true; };
+  node n(&loop, 0x1001, c, cb);
+  if (n.start() != errc::ok) return 1;
+  while (!n.up()) uv_run(&loop, UV_RUN_ONCE);
+  const auto peers = n.peers();
+  const char* channel = peers.empty() ? "?" : to_string(peers[0].data_channel);
+  std::vector<uint8_t> buf(size, 0x5A);
+  histogram hist;
+  for (long i = 0; i < warmup + rounds; ++i) {
+    reply = false;
+    const uint64_t t0 = mono_ns();
+    if (n.send_data(0x1000, 1, buf.data(), buf.size()) != errc::ok) return 1;
+    while (!reply) uv_run(&loop, UV_RUN_ONCE);
+    const uint64_t dt = mono_ns() - t0;
+    if (i >= warmup) hist.add(dt);
+  }
+  (void)n.send_data(0x1000, 2, buf.data(), 1);
+  n.stop();
+  for (int i = 0; i < 1000 && n.running(); ++i) uv_run(&loop, UV_RUN_ONCE);
+  int status = 0;
+  waitpid(child, &status, 0);
+  auto us = [&](double q) { return static_cast<double>(hist.quantile(q)) / 1000.0; };
+  std::printf(
+      "[latency] node via %s size=%zu round_trips=%ld p50=%.1fus p90=%.1fus p99=%.1fus "
+      "p99.9=%.1fus max=%.1fus\n",
+      channel, size, rounds, us(0.5), us(0.9), us(0.99), us(0.999),
+      static_cast<double>(hist.max()) / 1000.0);
+  std::printf(
+      "{\"bench\":\"node_latency\",\"url\":\"%s\",\"channel\":\"%s\",\"size\":%zu,"
+      "\"round_trips\":%ld,\"p50_us\":%.1f,\"p90_us\":%.1f,\"p99_us\":%.1f,"
+      "\"p999_us\":%.1f,\"max_us\":%.1f}\n",
+      url.c_str(), channel, size, rounds, us(0.5), us(0.9), us(0.99), us(0.999),
+      static_cast<double>(hist.max()) / 1000.0);
+  return 0;
+}

@@ -1,0 +1,158 @@
+// Bus node receiver (DESIGN §5 contract, at the node level):
+//
+//   uvbus_bench_node_recv URL [--min B] [--max B] [--seconds S] [--ready FILE] [--shm NAME]
+//                             [--relay URL2]
+//
+// Runs the root node 0x1000 listening on URL (and on shm://NAME when given, so senders on this
+// host write their data into shared memory). With --relay URL2 it also runs, on the same loop, a
+// relay node 0x1100 (a child of the root) listening on URL2 (and shm://NAME-relay): a sender
+// registered to the relay then reaches the root through it (forwarded). --ready FILE receives the
+// URL a sender must register to. Verifies every payload and sequence number, prints a line per
+// second and a final JSON line, and exits after the end message (or S + 5 s after the first).
+#include <uv.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "bench_common.h"
+#include "uvbus/node.h"
+
+namespace {
+
+using namespace uvbus;
+using namespace uvbus::bench;
+
+struct receiver {
+  options o;
+  meter m{"recv"};
+  uint64_t next_seq = 0;
+  uint64_t errors = 0;
+  bool got_end = false;
+  bool started = false;
+  double deadline = 0;
+
+  void on_message(const uint8_t* p, size_t n) {
+    if (n >= 8 && get_le64(p) == kEndSeq) {
+      got_end = true;
+      if (n < 24 || get_le64(p + 16) != next_seq) ++errors;
+      return;
+    }
+    if (!started) {
+      started = true;
+      m.reset_clock();
+      deadline = mono_now() + o.seconds + 5;
+    }
+    if (!verify_payload(p, n, next_seq, 0, o.min, o.max)) {
+      if (errors < 5) {
+        std::fprintf(stderr, "recv: payload %llu (%zu bytes) is wrong\n",
+                     static_cast<unsigned long long>(next_seq), n);
+      }
+      ++errors;
+    }
+    ++next_seq;
+    m.add(n);
+  }
+};
+
+node_config bench_config() {
+  node_config c;
+  c.message_limit = 64 * 1024;
+  c.heartbeat_interval_ms = 1000;
+  c.heartbeat_timeout_ms = 10000;
+  c.sibling_direct = false;
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  receiver r;
+  r.o = options::parse(argc, argv);
+  if (r.o.url.empty()) {
+    std::fprintf(stderr,
+                 "usage: %s URL [--min B] [--max B] [--seconds S] [--ready FILE] [--shm NAME] "
+                 "[--relay URL2]\n",
+                 argv[0]);
+    return 2;
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  const std::string shm = r.o.get("shm");
+  const std::string relay_url = r.o.get("relay");
+
+  node_config rc = bench_config();
+  rc.listen = {r.o.url};
+  if (!shm.empty()) rc.listen.push_back("shm://" + shm);
+  rc.subnets = {{0x1000, 12}};
+  node_callbacks cb;
+  cb.on_data = [&r](bus_id, uint32_t, const uint8_t* p, size_t n) { r.on_message(p, n); };
+  node root(&loop, 0x1000, rc, cb);
+  errc e = root.start();
+  if (e != errc::ok) {
+    std::fprintf(stderr, "recv: start root: %s\n", to_string(e));
+    return 1;
+  }
+  std::string sender_url = root.listen_urls()[0];
+  std::unique_ptr<node> relay;
+  if (!relay_url.empty()) {
+    node_config pc = bench_config();
+    pc.listen = {relay_url};
+    if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
+    pc.subnets = {{0x1100, 8}};
+    pc.parent_url = sender_url;
+    relay = std::make_unique<node>(&loop, 0x1100, pc, node_callbacks{});
+    e = relay->start();
+    if (e != errc::ok) {
+      std::fprintf(stderr, "recv: start relay: %s\n", to_string(e));
+      return 1;
+    }
+    while (!relay->up()) uv_run(&loop, UV_RUN_ONCE);
+    sender_url = relay->listen_urls()[0];
+  }
+  std::printf("[recv] root 0x1000 on %s%s; senders register to %s\n", root.listen_urls()[0].c_str(),
+              shm.empty() ? "" : (" and shm://" + shm).c_str(), sender_url.c_str());
+  std::fflush(stdout);
+  const std::string ready = r.o.get("ready");
+  if (!ready.empty()) {
+    const std::string tmp = ready + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%s\n", sender_url.c_str()) < 0 || std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), ready.c_str()) != 0) {
+      std::perror("recv: --ready");
+      return 1;
+    }
+  }
+  const double hard_deadline = mono_now() + r.o.seconds + 60;
+  uv_timer_t tick;
+  uv_timer_init(&loop, &tick);
+  tick.data = &r;
+  uv_timer_start(
+      &tick,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<receiver*>(t->data);
+        if (self->started) self->m.tick();
+      },
+      100, 100);
+  while (!r.got_end && mono_now() < hard_deadline && (r.deadline == 0 || mono_now() < r.deadline)) {
+    uv_run(&loop, UV_RUN_ONCE);
+  }
+  if (!r.got_end) {
+    std::fprintf(stderr, "recv: no end message\n");
+    ++r.errors;
+  }
+  uv_timer_stop(&tick);
+  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
+  const node_counters rcnt = root.counters();
+  const uint64_t fwd = relay ? relay->counters().forwarded : 0;
+  char extra[160];
+  std::snprintf(extra, sizeof extra, ",\"path\":\"%s\",\"shm\":%s,\"forwarded\":%llu",
+                relay ? "relay" : "direct", shm.empty() ? "false" : "true",
+                static_cast<unsigned long long>(fwd));
+  (void)rcnt;
+  json_line("node", r.o, r.m, r.errors, extra);
+  relay.reset();
+  root.stop();
+  for (int i = 0; i < 100 && uv_loop_alive(&loop); ++i) uv_run(&loop, UV_RUN_NOWAIT);
+  return r.errors == 0 ? 0 : 1;
+}
