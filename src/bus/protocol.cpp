@@ -18,30 +18,45 @@ std::string subnet::to_string() const {
 namespace proto {
 namespace {
 
-// Little-endian stores and loads, byte by byte: well defined for any alignment and host order; the
-// compiler turns them into plain moves on x86-64.
+// Little-endian stores and loads, well defined for any alignment: one memcpy (a plain move) on a
+// little-endian host, a byte swap on a big-endian one.
+template <class T>
+inline T to_le(T v) noexcept {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  if constexpr (sizeof(T) == 2) return __builtin_bswap16(v);
+  if constexpr (sizeof(T) == 4) return __builtin_bswap32(v);
+  if constexpr (sizeof(T) == 8) return __builtin_bswap64(v);
+#endif
+  return v;
+}
+template <class T>
+inline void put_le(uint8_t* p, T v) noexcept {
+  v = to_le(v);
+  std::memcpy(p, &v, sizeof v);
+}
+template <class T>
+inline T get_le(const uint8_t* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return to_le(v);
+}
 inline void put16(uint8_t* p, uint16_t v) noexcept {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
+  put_le(p, v);
 }
 inline void put32(uint8_t* p, uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  put_le(p, v);
 }
 inline void put64(uint8_t* p, uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  put_le(p, v);
 }
 inline uint16_t get16(const uint8_t* p) noexcept {
-  return static_cast<uint16_t>(p[0] | (static_cast<unsigned>(p[1]) << 8));
+  return get_le<uint16_t>(p);
 }
 inline uint32_t get32(const uint8_t* p) noexcept {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
+  return get_le<uint32_t>(p);
 }
 inline uint64_t get64(const uint8_t* p) noexcept {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
+  return get_le<uint64_t>(p);
 }
 
 class writer {
