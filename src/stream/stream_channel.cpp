@@ -55,6 +55,9 @@ constexpr size_t kMinMergeBuffer = 64 * 1024;
 // A flush hands the socket at most this much before giving other connections (and the loop) a
 // turn; the connection stays on the flush list.
 constexpr size_t kFlushBudget = 1024 * 1024;
+// One writev() carries at most this many queue blocks and (beyond its first block) this many bytes.
+constexpr size_t kMaxGather = 16;
+constexpr size_t kGatherBytes = 256 * 1024;
 
 // Per-thread buffers shared by every channel and connection of the thread. Only touched from inside
 // one libuv callback at a time (single-threaded loop), and never referenced after the call that
@@ -286,6 +289,9 @@ struct stream_channel::impl {
 
   // Payload size of a queued frame: its header holds the varint length after the 4-byte hash.
   static size_t frame_header_size_of(const write_queue::block& b) {
+    // Fast paths for payloads below 128 and 16384 bytes (one or two varint bytes).
+    if (b.data[kFrameHashBytes] < 0x80) return kFrameHashBytes + 1;
+    if (b.data[kFrameHashBytes + 1] < 0x80) return kFrameHashBytes + 2;
     uint64_t len = 0;
     size_t vn = 0;
     (void)varint_decode(b.data + kFrameHashBytes, b.size - kFrameHashBytes, &len, &vn);
@@ -339,21 +345,29 @@ struct stream_channel::impl {
         return;
       }
       const write_queue::block front = q.front();
-      uv_buf_t buf;
+      uv_buf_t bufs[kMaxGather];
+      unsigned nbufs = 1;
       size_t merged = 0;
-      if (front.size < cfg.merge_threshold && q.size() > 1) {
+      if (cfg.merge_threshold == 0 || q.size() == 1) {
+        bufs[0] =
+            uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
+      } else {
         uint8_t* mb = merge_buffer(merge_cap);
         if (mb == nullptr) {
           end_conn(c, errc::no_memory);
           return;
         }
-        const size_t n = q.merge_front(mb, merge_cap, cfg.merge_threshold, &merged);
-        buf = uv_buf_init(reinterpret_cast<char*>(mb), static_cast<unsigned>(n));
-      } else {
-        buf = uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
+        if (front.size < cfg.merge_threshold) {
+          const size_t n = q.merge_front(mb, merge_cap, cfg.merge_threshold, &merged);
+          bufs[0] = uv_buf_init(reinterpret_cast<char*>(mb), static_cast<unsigned>(n));
+        } else {
+          nbufs = gather(q, mb, bufs, &merged);
+        }
       }
+      size_t len = 0;
+      for (unsigned i = 0; i < nbufs; ++i) len += bufs[i].len;
       ++c->m().write_calls;
-      int w = uv_try_write(c->stream(), &buf, 1);
+      int w = uv_try_write(c->stream(), bufs, nbufs);
       if (w == UV_EAGAIN) {
         w = 0;
       } else if (w < 0) {
@@ -361,11 +375,11 @@ struct stream_channel::impl {
         end_conn(c, from_uv(w));
         return;
       }
-      if (merged > 1 && static_cast<size_t>(w) == buf.len) c->m().packets_merged += merged;
+      if (merged > 1 && static_cast<size_t>(w) == len) c->m().packets_merged += merged;
       budget -= std::min(budget, static_cast<size_t>(w));
       const size_t rest = consume(c, static_cast<size_t>(w));
       if (!c->active()) return;
-      if (static_cast<size_t>(w) < buf.len) {
+      if (static_cast<size_t>(w) < len) {
         // The socket is full: send the rest of the front block from the queue and wait.
         start_write(c, rest);
         return;
@@ -374,6 +388,41 @@ struct stream_channel::impl {
       if (!c->active()) return;
     }
     if (c->state == conn_state::draining) maybe_shutdown(c);
+  }
+
+  // A large frame at the front: it and the frames behind it go out in one writev(), large ones
+  // straight from their queue blocks, small ones copied into the merge buffer (fewer system calls
+  // than one write per large frame, and still no second copy of a large frame).
+  size_t gather(const write_queue& q, uint8_t* mb, uv_buf_t* bufs, size_t* merged) {
+    write_queue::block blocks[kMaxGather];
+    size_t n = 0;
+    q.for_each_front(std::min(q.size(), kMaxGather),
+                     [&](const write_queue::block& b) { blocks[n++] = b; });
+    size_t nb = 0, used = 0, total = 0, small = 0;
+    bool last_merged = false;
+    for (size_t i = 0; i < n; ++i) {
+      const write_queue::block& b = blocks[i];
+      if (i > 0 && total + b.size > kGatherBytes) break;
+      if (b.size < cfg.merge_threshold) {
+        if (used + b.size > merge_cap) break;
+        std::memcpy(mb + used, b.data, b.size);
+        if (last_merged) {
+          bufs[nb - 1].len += static_cast<unsigned>(b.size);
+        } else {
+          bufs[nb++] =
+              uv_buf_init(reinterpret_cast<char*>(mb + used), static_cast<unsigned>(b.size));
+        }
+        used += b.size;
+        ++small;
+        last_merged = true;
+      } else {
+        bufs[nb++] = uv_buf_init(reinterpret_cast<char*>(b.data), static_cast<unsigned>(b.size));
+        last_merged = false;
+      }
+      total += b.size;
+    }
+    *merged = small;
+    return nb;
   }
 
   void start_write(conn_impl* c, size_t offset) {
