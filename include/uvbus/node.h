@@ -95,6 +95,11 @@ struct node_config {
   // Use shared memory for data to peers on the same host that offer a shm:// URL.
   bool enable_shm = true;
   size_t shm_ring_bytes = size_t{8} << 20;
+  // How long our ring's reader waits for a writer that reserved a record but has not committed it
+  // before skipping the record (a crashed writer must not wedge the ring). Larger than the shm
+  // channel's 4 ms default because a writer preempted on a busy host stalls that long routinely;
+  // a skipped sender learns it (errc::abandoned) and the node sends the message again.
+  uint32_t shm_abandon_timeout_us = 50000;
   // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
   // makes two nodes try shared memory.
   std::string host_id;
@@ -144,7 +149,8 @@ struct node_counters {
   uint64_t registrations_refused = 0;  // peers we refused
   uint64_t reconnects = 0;             // parent connection attempts after the first
   uint64_t heartbeat_timeouts = 0;
-  uint64_t protocol_errors = 0;  // malformed messages (the link is closed)
+  uint64_t protocol_errors = 0;        // malformed messages (the link is closed)
+  uint64_t shm_abandoned_retries = 0;  // shm sends skipped by the reader and sent again
 };
 
 enum class log_level : uint8_t { debug, info, warn, error };

@@ -331,7 +331,13 @@ struct node::impl {
     if (p->shm) {
       shm_gather.resize(n);
       for (size_t i = 0; i < n; ++i) shm_gather[i] = {bufs[i].data, bufs[i].size};
-      const errc e = p->shm->send(shm_gather.data(), n);
+      errc e = p->shm->send(shm_gather.data(), n);
+      // abandoned: we stalled mid-record (preempted past the reader's timeout) and the reader
+      // skipped it, so the message was NOT delivered and sending it again cannot duplicate it.
+      for (int retry = 0; e == errc::abandoned && retry < 3; ++retry) {
+        ++counters.shm_abandoned_retries;
+        e = p->shm->send(shm_gather.data(), n);
+      }
       if (e == errc::ok) {
         if (via_shm != nullptr) *via_shm = true;
         if (tag != 0) channel_outcome(tag, target, errc::ok);
@@ -1419,6 +1425,7 @@ struct node::impl {
     add("reconnects", c.reconnects);
     add("heartbeat_timeouts", c.heartbeat_timeouts);
     add("protocol_errors", c.protocol_errors);
+    add("shm_abandoned_retries", c.shm_abandoned_retries);
     add("peers", peers.size());
     return s;
   }
@@ -1615,6 +1622,7 @@ struct node::impl {
         rd = std::make_unique<shm_reader>();
         shm_config shc;
         shc.ring_bytes = cfg.shm_ring_bytes;
+        shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
         shc.max_record_size =
             static_cast<uint32_t>(std::max<size_t>(cfg.message_limit + kBusOverhead, 64 * 1024));
         const errc e = rd->open(a, shc);
