@@ -148,6 +148,9 @@ TEST_F(StreamData, CoalescesSmallPacketsIntoFewWrites) {
   ASSERT_TRUE(run([&] { return srv.received_count == kCount; }));
   const auto& m = p.client->metrics();
   EXPECT_EQ(m.packets_sent, static_cast<uint64_t>(kCount));
+  EXPECT_EQ(m.bytes_sent, 64u * kCount);
+  EXPECT_EQ(m.queue_packets, 0u);
+  EXPECT_EQ(m.queue_bytes, 0u);
   // 20000 frames of 69 bytes: about 22 merge buffers of 64 KiB.
   EXPECT_LT(m.write_calls, 100u);
   EXPECT_GT(m.packets_merged, kCount / 2u);
