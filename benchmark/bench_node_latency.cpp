@@ -53,6 +53,7 @@ int run_server(const std::string& url, const std::string& shm, int ready_fd) {
   node* self = nullptr;
   bool stop = false;
   node_callbacks cb;
+  cb.on_endpoint_removed = [&](const endpoint_info&, errc) { stop = true; };
   cb.on_data = [&](bus_id src, uint32_t type, const uint8_t* p, size_t n) {
     if (type == 2) {
       stop = true;
@@ -121,7 +122,9 @@ int main(int argc, char** argv) {
   c.enable_shm = use_shm;
   if (use_shm) c.listen = {"shm://" + shm + "-c"};
   bool reply = false;
+  bool down = false;
   node_callbacks cb;
+  cb.on_down = [&](errc) { down = true; };
   cb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { reply = true; };
   node n(&loop, 0x1001, c, cb);
   if (n.start() != errc::ok) return 1;
@@ -140,7 +143,7 @@ int main(int argc, char** argv) {
   }
   (void)n.send_data(0x1000, 2, buf.data(), 1);
   n.stop();
-  for (int i = 0; i < 1000 && n.running(); ++i) uv_run(&loop, UV_RUN_ONCE);
+  for (int i = 0; i < 1000 && !down; ++i) uv_run(&loop, UV_RUN_ONCE);
   int status = 0;
   waitpid(child, &status, 0);
   auto us = [&](double q) { return static_cast<double>(hist.quantile(q)) / 1000.0; };

@@ -2,6 +2,7 @@
 //
 //   uvbus_bench_node_recv URL [--min B] [--max B] [--seconds S] [--ready FILE] [--shm NAME]
 //                             [--relay URL2]
+//   uvbus_bench_node_recv URL --relay-of PARENT_URL [--shm NAME] [--ready FILE] [--seconds S]
 //
 // Runs the root node 0x1000 listening on URL (and on shm://NAME when given, so senders on this
 // host write their data into shared memory). With --relay URL2 it also runs, on the same loop, a
@@ -9,6 +10,8 @@
 // registered to the relay then reaches the root through it (forwarded). --ready FILE receives the
 // URL a sender must register to. Verifies every payload and sequence number, prints a line per
 // second and a final JSON line, and exits after the end message (or S + 5 s after the first).
+// --relay-of PARENT_URL runs only the relay node 0x1100, as a process of its own registered to
+// PARENT_URL (a receiver started first), and exits when its parent goes away.
 #include <uv.h>
 
 #include <cstdio>
@@ -80,6 +83,40 @@ int main(int argc, char** argv) {
   uv_loop_init(&loop);
   const std::string shm = r.o.get("shm");
   const std::string relay_url = r.o.get("relay");
+  const std::string relay_of = r.o.get("relay-of");
+  if (!relay_of.empty()) {
+    node_config pc = bench_config();
+    pc.listen = {r.o.url};
+    if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
+    pc.subnets = {{0x1100, 8}};
+    pc.parent_url = relay_of;
+    pc.reconnect_min_ms = pc.reconnect_max_ms = 60000;  // the parent going away ends the run
+    bool down = false;
+    node_callbacks pcb;
+    pcb.on_down = [&down](errc) { down = true; };
+    node relay(&loop, 0x1100, pc, pcb);
+    if (const errc e = relay.start(); e != errc::ok) {
+      std::fprintf(stderr, "relay: start: %s\n", to_string(e));
+      return 1;
+    }
+    const double give_up = mono_now() + 10;
+    while (!relay.up() && mono_now() < give_up) uv_run(&loop, UV_RUN_ONCE);
+    if (!relay.up()) return 1;
+    const std::string ready = r.o.get("ready");
+    if (!ready.empty()) {
+      FILE* f = std::fopen((ready + ".tmp").c_str(), "w");
+      if (f == nullptr) return 1;
+      std::fprintf(f, "%s\n", relay.listen_urls()[0].c_str());
+      std::fclose(f);
+      std::rename((ready + ".tmp").c_str(), ready.c_str());
+    }
+    const double hard = mono_now() + r.o.seconds + 60;
+    while (!down && mono_now() < hard) uv_run(&loop, UV_RUN_ONCE);
+    std::printf("[relay] forwarded=%llu dropped=%llu\n",
+                static_cast<unsigned long long>(relay.counters().forwarded),
+                static_cast<unsigned long long>(relay.counters().forward_dropped));
+    return 0;
+  }
 
   node_config rc = bench_config();
   rc.listen = {r.o.url};
@@ -146,8 +183,8 @@ int main(int argc, char** argv) {
   const node_counters rcnt = root.counters();
   const uint64_t fwd = relay ? relay->counters().forwarded : 0;
   char extra[160];
-  std::snprintf(extra, sizeof extra, ",\"path\":\"%s\",\"shm\":%s,\"forwarded\":%llu",
-                relay ? "relay" : "direct", shm.empty() ? "false" : "true",
+  std::snprintf(extra, sizeof extra, ",\"relay_in_process\":%s,\"shm\":%s,\"forwarded\":%llu",
+                relay ? "true" : "false", shm.empty() ? "false" : "true",
                 static_cast<unsigned long long>(fwd));
   (void)rcnt;
   json_line("node", r.o, r.m, r.errors, extra);

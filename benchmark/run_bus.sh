@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Bus node benchmarks: node-to-node throughput (8-128 B by default) over TCP and over shared memory
+# (the node's automatic choice: same host + a ring offered), direct and forwarded through a relay
+# node, each beside the raw channel's own benchmark over the same transport in the same run; then
+# 64 B round-trip latency node-to-node over TCP and shared memory. Prints one table row per case
+# (with the ratio to the raw channel) and then every JSON line.
+#
+#   benchmark/run_bus.sh BUILD_DIR
+#
+# Environment: SECONDS_PER_CASE (default 5), MIN/MAX payload bytes (8/128), CASES (extended regex
+# on case names, default all), REPEAT (runs per case, default 1; the table shows the median),
+# ROUND_TRIPS (default 100000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset).
+# Relay cases run three processes: the receiver (root node, RECV_CPU), a relay node of its own
+# (its child, not pinned: with two cores it shares them with the others) and the sender (a child
+# of the relay, SEND_CPU), so every message is forwarded once by a parent.
+set -euo pipefail
+
+BUILD=${1:?usage: run_bus.sh BUILD_DIR}
+SECS=${SECONDS_PER_CASE:-5}
+MIN=${MIN:-8}
+MAX=${MAX:-128}
+CASES=${CASES:-.}
+REPEAT=${REPEAT:-1}
+ROUND_TRIPS=${ROUND_TRIPS:-100000}
+SEND_CPU=${SEND_CPU:-0}
+RECV_CPU=${RECV_CPU:-1}
+PIN=${PIN:-1}
+for b in recv send latency; do
+  [ -x "$BUILD/uvbus_bench_node_$b" ] || { echo "missing $BUILD/uvbus_bench_node_$b" >&2; exit 2; }
+done
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+  ON_SEND="taskset -c $SEND_CPU"
+  ON_RECV="taskset -c $RECV_CPU"
+else
+  ON_SEND=""
+  ON_RECV=""
+fi
+
+TMP=$(mktemp -d /tmp/uvbus-bus-bench.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+JSON=()
+ROWS=()
+declare -A RATE
+
+json_field() {  # json_field LINE KEY
+  sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
+}
+
+median() {  # median N...
+  printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {if (NR == 0) print 0; else if (NR % 2) print a[(NR+1)/2]; else printf "%.0f\n", (a[NR/2]+a[NR/2+1])/2}'
+}
+
+# one_run NAME RECV_BIN SEND_BIN "RECV ARGS" "SEND ARGS" ["RELAY ARGS"]: one receiver+sender
+# pair (with a relay process between them when RELAY ARGS are given); prints the receiver's JSON
+# line (empty on failure).
+one_run() {
+  local name=$1 recv=$2 send=$3 rargs=$4 sargs=$5 relay=${6:-}
+  local file=${name////_}
+  local ready=$TMP/$file.ready out=$TMP/$file.recv
+  rm -f "$ready" "$ready.relay"
+  # shellcheck disable=SC2086
+  $ON_RECV "$recv" $rargs --min "$MIN" --max "$MAX" --seconds "$SECS" --ready "$ready" >"$out" 2>&1 &
+  local rpid=$!
+  for _ in $(seq 200); do [ -f "$ready" ] && break; sleep 0.05; done
+  if [ ! -f "$ready" ]; then
+    echo "$name: receiver did not start" >&2
+    cat "$out" >&2
+    kill "$rpid" 2>/dev/null || true
+    return 0
+  fi
+  local ppid=""
+  if [ -n "$relay" ]; then
+    # shellcheck disable=SC2086
+    "$recv" $relay --relay-of "$(cat "$ready")" --seconds "$SECS" --ready "$ready.relay" \
+      >"$out.relay" 2>&1 &
+    ppid=$!
+    for _ in $(seq 200); do [ -f "$ready.relay" ] && break; sleep 0.05; done
+    if [ ! -f "$ready.relay" ]; then
+      echo "$name: relay did not start" >&2
+      cat "$out.relay" >&2
+      kill "$rpid" "$ppid" 2>/dev/null || true
+      return 0
+    fi
+    mv "$ready.relay" "$ready"
+  fi
+  # shellcheck disable=SC2086
+  $ON_SEND "$send" "$(cat "$ready")" $sargs --min "$MIN" --max "$MAX" --seconds "$SECS" \
+    >"$out.send" 2>&1 || true
+  wait "$rpid" || true
+  [ -z "$ppid" ] || wait "$ppid" || true
+  grep '^{"bench"' "$out" | tail -1 || true
+}
+
+# run_case NAME BASELINE_NAME RECV_BIN SEND_BIN "RECV ARGS" "SEND ARGS" ["RELAY ARGS"]
+run_case() {
+  local name=$1 base=$2 recv=$3 send=$4 rargs=$5 sargs=$6 relay=${7:-}
+  [[ $name =~ $CASES ]] || return 0
+  [ -x "$recv" ] && [ -x "$send" ] || { echo "$name: skipped (no $(basename "$recv"))" >&2; return 0; }
+  local rates=() j last=""
+  for _ in $(seq "$REPEAT"); do
+    j=$(one_run "$name" "$recv" "$send" "$rargs" "$sargs" "$relay")
+    [ -n "$j" ] || { echo "$name: no result" >&2; continue; }
+    JSON+=("${j%\}},\"case\":\"$name\"}")
+    rates+=("$(json_field "$j" msgs_per_s)")
+    last=$j
+  done
+  [ -n "$last" ] || return 0
+  local rate
+  rate=$(median "${rates[@]}")
+  RATE[$name]=$rate
+  local ratio="-"
+  if [ -n "$base" ] && [ -n "${RATE[$base]:-}" ] && [ "${RATE[$base]}" != 0 ]; then
+    ratio=$(awk -v a="$rate" -v b="${RATE[$base]}" 'BEGIN {printf "%.0f%%", 100 * a / b}')
+  fi
+  local mb
+  mb=$(awk -v r="$rate" -v m="$(json_field "$last" mb_per_s)" -v l="$(json_field "$last" msgs_per_s)" \
+    'BEGIN {if (l > 0) printf "%.1f", m * r / l; else print 0}')
+  ROWS+=("$(printf '%-24s %12s %9s %7s %8s %6s' "$name" "$rate" "$mb" \
+    "$(json_field "$last" cpu_pct)" "$ratio" "$(json_field "$last" errors)")")
+}
+
+SHM=uvbus-bus-bench-$$
+N=$BUILD/uvbus_bench_node
+run_case "tcp/raw-stream" "" "$BUILD/uvbus_bench_stream_recv" "$BUILD/uvbus_bench_stream_send" \
+  "ipv4://127.0.0.1:0" ""
+run_case "tcp/node" "tcp/raw-stream" "${N}_recv" "${N}_send" "ipv4://127.0.0.1:0" "--no-shm"
+run_case "tcp/node-relay" "tcp/raw-stream" "${N}_recv" "${N}_send" \
+  "ipv4://127.0.0.1:0" "--no-shm --id 0x1101" "ipv4://127.0.0.1:0"
+run_case "shm/raw-shm" "" "$BUILD/uvbus_bench_shm_recv" "$BUILD/uvbus_bench_shm_send" \
+  "shm://$SHM-raw" ""
+run_case "shm/node" "shm/raw-shm" "${N}_recv" "${N}_send" "ipv4://127.0.0.1:0 --shm $SHM" ""
+run_case "shm/node-relay" "shm/raw-shm" "${N}_recv" "${N}_send" \
+  "ipv4://127.0.0.1:0 --shm $SHM" "--id 0x1101" "ipv4://127.0.0.1:0 --shm $SHM"
+
+LAT=()
+lat_case() {  # lat_case NAME BIN URL [flags...]
+  local name=$1 bin=$2 url=$3
+  shift 3
+  [[ $name =~ $CASES ]] || return 0
+  [ -x "$bin" ] || return 0
+  local line
+  line=$("$bin" "$url" --size 64 --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" \
+    --server-cpu "$RECV_CPU" "$@" | grep '^{' || true)
+  [ -n "$line" ] || { echo "$name: no result" >&2; return 0; }
+  JSON+=("${line%\}},\"case\":\"$name\"}")
+  LAT+=("$(printf '%-24s %8s %8s %8s %8s %8s' "$name" "$(json_field "$line" p50_us)" \
+    "$(json_field "$line" p90_us)" "$(json_field "$line" p99_us)" "$(json_field "$line" p999_us)" \
+    "$(json_field "$line" max_us)")")
+}
+lat_case "tcp/raw-pingpong64" "$BUILD/uvbus_bench_stream_pingpong" "ipv4://127.0.0.1:0"
+lat_case "tcp/node-pingpong64" "${N}_latency" "ipv4://127.0.0.1:0"
+lat_case "shm/node-pingpong64" "${N}_latency" "ipv4://127.0.0.1:0" --shm "$SHM-lat"
+
+echo "# uvbus bus nodes, ${MIN}-${MAX} B, ${SECS}s per case, median of $REPEAT," \
+  "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-24s %12s %9s %7s %8s %6s\n' case msgs/s MB/s rcv-cpu vs-raw errors
+for r in "${ROWS[@]}"; do echo "$r"; done
+if [ ${#LAT[@]} -gt 0 ]; then
+  printf '%-24s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us
+  for r in "${LAT[@]}"; do echo "$r"; done
+fi
+for j in "${JSON[@]}"; do echo "$j"; done
