@@ -37,11 +37,11 @@ namespace uvbus {
 
 // Region parameters chosen by the reader at creation. Writers read them from the region header.
 struct shm_config {
-  // Bytes of the ring proper (the region is this plus a 4096-byte header). A power of two, at
-  // least 16 nodes. Default 8 MiB.
+  // Bytes of the ring's data (the region is this plus a 4096-byte header and an 8-byte head per
+  // node: shm_region_size()). A power of two, at least 16 nodes. Default 8 MiB.
   size_t ring_bytes = size_t{8} << 20;
-  // Records occupy whole nodes (16-byte record header + payload, rounded up). A power of two in
-  // [64, 4096]; 64 suits small messages.
+  // Records occupy whole nodes (8-byte length/checksum prefix + payload, rounded up). A power of
+  // two in [64, 4096]; 64 suits small messages.
   uint32_t node_size = 64;
   // Largest payload accepted by send(). Must fit in half the ring and in 65535 nodes.
   uint32_t max_record_size = 256 * 1024;
@@ -51,7 +51,7 @@ struct shm_config {
   // Nodes of a skipped record are not reused until its writer acknowledged the skip (it does so
   // in send() when it finds out) or this much more time passed (a dead writer never
   // acknowledges). Guards a stalled writer's late copy from landing on newer records.
-  uint32_t reclaim_timeout_us = 200000;
+  uint32_t reclaim_timeout_us = 1000000;
   // Reader on a loop: after the ring runs dry it keeps polling (loop turns without blocking) for
   // this long before it goes to sleep on the futex. 0 = sleep at once (lowest CPU, ~tens of µs
   // wake-up), larger = lower latency under bursty traffic at the cost of CPU while polling.

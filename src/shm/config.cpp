@@ -33,7 +33,7 @@ errc shm_validate(const shm_config& cfg) noexcept {
 }
 
 size_t shm_region_size(const shm_config& cfg) noexcept {
-  return shm_validate(cfg) == errc::ok ? kHeaderSize + cfg.ring_bytes : 0;
+  return shm_validate(cfg) == errc::ok ? region_bytes(cfg.ring_bytes, cfg.node_size) : 0;
 }
 
 errc shm_format_image(void* mem, size_t size, const shm_config& cfg) noexcept {

@@ -2,15 +2,23 @@
 // times. Every offset and size below is fixed by static_assert; changing any of them requires a
 // new kVersion. docs/shm.md has the same table in prose.
 //
-//   [0, 4096)            region_header (cache-line separated groups, see below)
-//   [4096, 4096 + ring)  ring of node_count nodes of node_size bytes (both powers of two)
+//   [0, 4096)                       region_header (cache-line separated groups, see below)
+//   [4096, 4096 + 8*N)              heads: one 64-bit ctl word per node (std::atomic<uint64_t>)
+//   [4096 + 8*N, ... + N*node_size) data: N nodes of node_size bytes (N, node_size powers of two)
 //
-// A record starts at a node boundary with a 16-byte record_header followed by its payload, and
-// occupies nodes_for(len) consecutive nodes; it never wraps: a writer that would cross the end of
-// the ring first claims the rest of the lap as a PAD record.
+// A record starts at a node boundary and occupies nodes_for(len) consecutive nodes; its data is an
+// 8-byte prefix {u32 len, u32 checksum} followed by the payload, contiguous, so the reader can hand
+// out a pointer into the ring. It never wraps: a writer that would cross the end of the ring first
+// claims the rest of the lap as a PAD record. Only the head of a record's first node is used.
+//
+// The ctl words live apart from the data on purpose: writers CAS the head of the node at their
+// write position, and a writer delayed for a whole lap may load or CAS (and fail) the head of a
+// node that is by then in the middle of a newer record. Were heads inside the data, that access
+// would race with the newer record's payload bytes; in their own array they only ever meet other
+// atomic accesses.
 //
 // Positions (write_pos, read_pos, record stamps) count nodes since creation and never wrap in
-// practice (2^64); a node's index is pos & (node_count - 1).
+// practice (2^64); a node's index is pos & (N - 1).
 #pragma once
 
 #include <atomic>
@@ -23,7 +31,7 @@ namespace uvbus::shm_detail {
 inline constexpr uint64_t kMagic = 0x4d48535355425655ull;  // "UVBUSSHM" in little-endian bytes
 inline constexpr uint32_t kVersion = 1;
 inline constexpr uint32_t kHeaderSize = 4096;
-inline constexpr uint32_t kRecordHeaderSize = 16;
+inline constexpr uint32_t kRecordHeaderSize = 8;  // the {len, checksum} prefix in the data
 inline constexpr uint32_t kMinNodeSize = 64;
 inline constexpr uint32_t kMaxNodeSize = 4096;
 inline constexpr uint64_t kMinNodes = 16;
@@ -44,10 +52,10 @@ struct region_header {
   std::atomic<uint64_t> magic;  // kMagic; 0 while the reader is still formatting the region
   uint32_t version;             // kVersion
   uint32_t header_size;         // kHeaderSize
-  uint64_t region_size;         // header_size + ring_bytes
+  uint64_t region_size;         // header_size + 8 * node_count + ring_bytes
   uint64_t ring_bytes;          // node_count * node_size
   uint32_t node_size;
-  uint32_t record_header_size;  // kRecordHeaderSize
+  uint32_t record_header_size;  // kRecordHeaderSize (the data prefix)
   uint32_t max_record_size;
   uint32_t abandon_timeout_us;  // the reader's, for tools
   uint32_t owner_pid;           // the reader's process
@@ -88,18 +96,21 @@ struct region_header {
   uint8_t reserved[kHeaderSize - 448];
 };
 
-// The record header at the start of a record's first node.
-//   ctl      bits 0-7 state, bits 8-23 node count, bits 24-63 stamp = position mod 2^40.
-//            One word so that claiming a node (stale value -> WRITING of this position), committing
-//            (WRITING -> COMMITTED) and skipping (WRITING -> ABANDONED) are single CASes, and a
-//            stale header from an earlier lap can never be mistaken for a current one.
+// The prefix at the start of a record's first data node (plain memory: written by the writer
+// before its commit CAS (release), read by the reader after its acquire load of the head).
 //   len      payload bytes
 //   checksum MurmurHash3_x86_32(payload, len, seed = low 32 bits of the position)
-struct record_header {
-  std::atomic<uint64_t> ctl;
-  std::atomic<uint32_t> len;
-  std::atomic<uint32_t> checksum;
+struct record_prefix {
+  uint32_t len;
+  uint32_t checksum;
 };
+
+// The head (ctl word) of a node:
+//   bits 0-7 state, bits 8-23 node count, bits 24-63 stamp = position mod 2^40.
+// One word so that claiming a node (stale value -> WRITING of this position), committing
+// (WRITING -> COMMITTED) and skipping (WRITING -> ABANDONED) are single CASes, and a stale head
+// from an earlier lap can never be mistaken for a current one.
+using head_word = std::atomic<uint64_t>;
 
 enum rec_state : uint32_t {
   kWriting = 1,       // claimed by a writer, payload being copied
@@ -158,10 +169,7 @@ static_assert(offsetof(region_header, wakeups) == 352, "");
 static_assert(offsetof(region_header, records_read) == 384, "");
 static_assert(offsetof(region_header, batches) == 424, "");
 static_assert(offsetof(region_header, reserved) == 448, "");
-static_assert(std::is_standard_layout<record_header>::value, "");
-static_assert(sizeof(record_header) == kRecordHeaderSize, "");
-static_assert(offsetof(record_header, ctl) == 0 && offsetof(record_header, len) == 8 &&
-                  offsetof(record_header, checksum) == 12,
-              "");
+static_assert(sizeof(record_prefix) == kRecordHeaderSize, "");
+static_assert(sizeof(head_word) == 8, "");
 
 }  // namespace uvbus::shm_detail

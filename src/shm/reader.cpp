@@ -87,7 +87,7 @@ struct shm_reader::impl {
   void publish(uint64_t now) noexcept {
     while (nholds > 0) {
       const hold& hd = holds[0];
-      const uint64_t c = g.rec(hd.pos)->ctl.load(std::memory_order_acquire);
+      const uint64_t c = g.head(hd.pos)->load(std::memory_order_acquire);
       const bool acked = ctl_is(c, hd.pos) && ctl_state(c) == kAbandonedAck;
       if (!acked) {
         if (now == 0) now = mono_ns();
@@ -114,10 +114,10 @@ struct shm_reader::impl {
     const size_t bmax = batch.size();
     size_t budget = max_records * 4 + 64;
     while (delivered + nb < max_records && budget-- > 0) {
-      record_header* rec = g.rec(rd);
+      head_word* head = g.head(rd);
       // acquire: pairs with the writer's commit CAS; the payload, len and checksum it wrote
       // before are visible once we see kCommitted.
-      const uint64_t c = rec->ctl.load(std::memory_order_acquire);
+      const uint64_t c = head->load(std::memory_order_acquire);
       if (!ctl_is(c, rd)) break;  // nothing claimed at rd yet
       const uint64_t idx = rd & g.mask;
       const uint32_t st = ctl_state(c);
@@ -132,8 +132,11 @@ struct shm_reader::impl {
         continue;
       }
       if (st == kCommitted) {
-        const uint32_t len = rec->len.load(std::memory_order_relaxed);
-        const uint32_t sum = rec->checksum.load(std::memory_order_relaxed);
+        const uint8_t* node = g.node(rd);
+        record_prefix pre;
+        std::memcpy(&pre, node, sizeof pre);
+        const uint32_t len = pre.len;
+        const uint32_t sum = pre.checksum;
         if (len > size_limit && len <= g.max_record) {  // try_receive: leave it at the head
           too_big = len;
           break;
@@ -143,7 +146,7 @@ struct shm_reader::impl {
           ++c_corrupt;
           continue;
         }
-        const auto* payload = reinterpret_cast<const uint8_t*>(rec) + kRecordHeaderSize;
+        const uint8_t* payload = node + kRecordHeaderSize;
         if (murmur3_x86_32(payload, len, record_seed(rd - n)) != sum) {
           ++c_checksum;
           continue;
@@ -173,9 +176,8 @@ struct shm_reader::impl {
         uint64_t expect = c;
         // acq_rel: on success the writer's later commit CAS fails and it reports abandoned; on
         // failure the writer committed first and we deliver it on the next iteration.
-        if (!rec->ctl.compare_exchange_strong(expect, make_ctl(rd, n, kAbandoned),
-                                              std::memory_order_acq_rel,
-                                              std::memory_order_acquire)) {
+        if (!head->compare_exchange_strong(expect, make_ctl(rd, n, kAbandoned),
+                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
           continue;
         }
         ++c_abandoned;
@@ -204,7 +206,7 @@ struct shm_reader::impl {
   // Whether the head holds something to act on now (a record, padding, a skip). kWriting is not:
   // the futex timeout covers its abandon deadline.
   bool head_ready() const noexcept {
-    const uint64_t c = g.rec(rd)->ctl.load(std::memory_order_seq_cst);
+    const uint64_t c = g.head(rd)->load(std::memory_order_seq_cst);
     return ctl_is(c, rd) && ctl_state(c) != kWriting;
   }
 
@@ -236,7 +238,7 @@ struct shm_reader::impl {
       return;
     }
     uint64_t timeout = 0;
-    const uint64_t c = g.rec(rd)->ctl.load(std::memory_order_acquire);
+    const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
     if (ctl_is(c, rd)) {  // in flight: wake up in time to skip it if it is abandoned
       const uint64_t lim = uint64_t{cfg.abandon_timeout_us} * 1000;
       const uint64_t since = stuck_pos == rd ? stuck_since : now;

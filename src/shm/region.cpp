@@ -127,14 +127,15 @@ errc validate_header(void* base, size_t mapped, geometry* g) noexcept {
   if (!is_pow2(ring) || ring < ns * kMinNodes || ring > (uint64_t{1} << 46)) {
     return errc::bad_layout;
   }
-  if (h->region_size != kHeaderSize + ring || h->region_size > mapped) return errc::bad_layout;
+  if (h->region_size != region_bytes(ring, ns) || h->region_size > mapped) return errc::bad_layout;
   const uint64_t nodes = ring / ns;
   const uint64_t max_nodes = (h->max_record_size + uint64_t{kRecordHeaderSize} + ns - 1) / ns;
   if (h->max_record_size == 0 || max_nodes > kMaxRecordNodes || max_nodes > nodes / 2) {
     return errc::bad_layout;
   }
   g->hdr = h;
-  g->ring = static_cast<uint8_t*>(base) + kHeaderSize;
+  g->heads = reinterpret_cast<head_word*>(static_cast<uint8_t*>(base) + kHeaderSize);
+  g->data = static_cast<uint8_t*>(base) + kHeaderSize + nodes * sizeof(head_word);
   g->nodes = nodes;
   g->mask = nodes - 1;
   g->node_size = ns;
@@ -146,17 +147,15 @@ errc validate_header(void* base, size_t mapped, geometry* g) noexcept {
 void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned) noexcept {
   auto* h = static_cast<region_header*>(base);
   std::memset(base, 0, kHeaderSize);
-  // Nodes are left as they are: a stale record header can never match a position of this
-  // region's lifetime... unless the memory was used by an earlier region, so clear the first node
-  // of each lap position that could be read: every node's ctl word.
-  auto* ring = static_cast<uint8_t*>(base) + kHeaderSize;
-  for (size_t off = 0; off < cfg.ring_bytes; off += cfg.node_size) {
-    reinterpret_cast<record_header*>(ring + off)
-        ->ctl.store(~uint64_t{0}, std::memory_order_relaxed);
+  // Every head gets a value no position of this region's lifetime can match (stamp 2^40-1), so
+  // memory reused from an earlier region can never pass for a current record.
+  auto* heads = reinterpret_cast<head_word*>(static_cast<uint8_t*>(base) + kHeaderSize);
+  for (uint64_t i = 0; i < cfg.ring_bytes / cfg.node_size; ++i) {
+    heads[i].store(~uint64_t{0}, std::memory_order_relaxed);
   }
   h->version = kVersion;
   h->header_size = kHeaderSize;
-  h->region_size = kHeaderSize + cfg.ring_bytes;
+  h->region_size = region_bytes(cfg.ring_bytes, cfg.node_size);
   h->ring_bytes = cfg.ring_bytes;
   h->node_size = cfg.node_size;
   h->record_header_size = kRecordHeaderSize;
@@ -180,7 +179,7 @@ namespace {
 
 errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out) {
   const std::string name = "/" + addr.host;
-  const size_t size = kHeaderSize + cfg.ring_bytes;
+  const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
   for (int attempt = 0; attempt < 2; ++attempt) {
     int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
                         static_cast<mode_t>(cfg.mode));
@@ -247,7 +246,7 @@ errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out) 
 }
 
 errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out) {
-  const size_t size = kHeaderSize + cfg.ring_bytes;
+  const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
   const auto key = static_cast<key_t>(addr.shm_key);
   const int mode = static_cast<int>(cfg.mode & 0777);
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -310,7 +309,7 @@ errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out) {
 }
 
 errc map_mem_create(const address& addr, const shm_config& cfg, mapping* out) {
-  const size_t size = kHeaderSize + cfg.ring_bytes;
+  const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
   std::lock_guard<std::mutex> lock(mem_mutex());
   auto& reg = mem_registry();
   auto it = reg.find(addr.host);

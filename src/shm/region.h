@@ -34,20 +34,25 @@ struct mapping {
 // bounds.
 struct geometry {
   region_header* hdr = nullptr;
-  uint8_t* ring = nullptr;
+  head_word* heads = nullptr;
+  uint8_t* data = nullptr;
   uint64_t nodes = 0;  // power of two
   uint64_t mask = 0;
   uint32_t node_size = 0;
   uint32_t node_shift = 0;
   uint32_t max_record = 0;
 
-  record_header* rec(uint64_t pos) const noexcept {
-    return reinterpret_cast<record_header*>(ring + ((pos & mask) << node_shift));
-  }
+  head_word* head(uint64_t pos) const noexcept { return heads + (pos & mask); }
+  uint8_t* node(uint64_t pos) const noexcept { return data + ((pos & mask) << node_shift); }
   uint64_t nodes_for(uint64_t len) const noexcept {
     return (len + kRecordHeaderSize + node_size - 1) >> node_shift;
   }
 };
+
+// Bytes of a region with this ring: header, heads, data.
+constexpr uint64_t region_bytes(uint64_t ring_bytes, uint32_t node_size) noexcept {
+  return kHeaderSize + ring_bytes / node_size * sizeof(head_word) + ring_bytes;
+}
 
 // Checks every field of a header against the mapped size; fills *g on success.
 // Errors: not_connected (magic still 0: the reader is formatting it), bad_layout.

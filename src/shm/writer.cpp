@@ -86,12 +86,12 @@ struct shm_writer::impl {
 
     const uint64_t need = g.nodes_for(total);
     uint64_t w = h->write_pos.load(std::memory_order_acquire);
-    record_header* rec;
+    head_word* head;
     for (;;) {
       const uint64_t idx = w & g.mask;
-      rec = g.rec(w);
+      head = g.head(w);
       // acquire: a claim we see (another writer's) must come with its node count.
-      uint64_t c = rec->ctl.load(std::memory_order_acquire);
+      uint64_t c = head->load(std::memory_order_acquire);
       if (ctl_is(c, w)) {
         // Position w is claimed but write_pos not yet advanced (its writer is between its two
         // CASes, or died there): help it along, so no writer ever waits for another.
@@ -117,8 +117,8 @@ struct shm_writer::impl {
         // (only if the record fits after it, so a pad never takes space for nothing).
         const uint64_t pad = g.nodes - idx;
         if (!room(w, pad + need)) return full();
-        if (rec->ctl.compare_exchange_strong(c, make_ctl(w, 0, kPad), std::memory_order_acq_rel,
-                                             std::memory_order_acquire)) {
+        if (head->compare_exchange_strong(c, make_ctl(w, 0, kPad), std::memory_order_acq_rel,
+                                          std::memory_order_acquire)) {
           if (h->write_pos.compare_exchange_strong(w, w + pad, std::memory_order_acq_rel,
                                                    std::memory_order_acquire)) {
             w += pad;
@@ -132,8 +132,8 @@ struct shm_writer::impl {
       // The claim: the stale header of an earlier lap becomes ours. A CAS (not a store) because
       // another writer may be claiming the same position; release publishes nothing yet but
       // acquire on failure gives us the winner's node count for helping.
-      if (rec->ctl.compare_exchange_strong(c, make_ctl(w, need, kWriting),
-                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
+      if (head->compare_exchange_strong(c, make_ctl(w, need, kWriting), std::memory_order_acq_rel,
+                                        std::memory_order_acquire)) {
         uint64_t expect = w;
         h->write_pos.compare_exchange_strong(expect, w + need, std::memory_order_acq_rel,
                                              std::memory_order_relaxed);
@@ -144,26 +144,29 @@ struct shm_writer::impl {
 
     if (hook != nullptr) hook(hook_user);
 
-    auto* dst = reinterpret_cast<uint8_t*>(rec) + kRecordHeaderSize;
+    // The nodes are ours alone until the commit: plain stores.
+    uint8_t* node = g.node(w);
+    uint8_t* dst = node + kRecordHeaderSize;
     size_t off = 0;
     for (size_t i = 0; i < count; ++i) {
       if (parts[i].size != 0) std::memcpy(dst + off, parts[i].data, parts[i].size);
       off += parts[i].size;
     }
-    rec->len.store(static_cast<uint32_t>(total), std::memory_order_relaxed);
-    rec->checksum.store(murmur3_x86_32(dst, total, record_seed(w)), std::memory_order_relaxed);
+    const record_prefix pre{static_cast<uint32_t>(total),
+                            murmur3_x86_32(dst, total, record_seed(w))};
+    std::memcpy(node, &pre, sizeof pre);
 
     // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
     // we must say so. seq_cst pairs with the reader's seq_cst store of reader_sleeping and its
     // seq_cst re-check of the head: either the reader sees this commit before sleeping, or we see
     // reader_sleeping == 1 below and wake it (no lost wake-up). On x86 both are plain locked ops.
     uint64_t expect = make_ctl(w, need, kWriting);
-    if (!rec->ctl.compare_exchange_strong(expect, make_ctl(w, need, kCommitted),
-                                          std::memory_order_seq_cst, std::memory_order_acquire)) {
+    if (!head->compare_exchange_strong(expect, make_ctl(w, need, kCommitted),
+                                       std::memory_order_seq_cst, std::memory_order_acquire)) {
       // Tell the reader we are done with these nodes so it can reuse them before reclaim_timeout.
       if (ctl_is(expect, w) && ctl_state(expect) == kAbandoned) {
-        rec->ctl.compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
-                                         std::memory_order_release, std::memory_order_relaxed);
+        head->compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
+                                      std::memory_order_release, std::memory_order_relaxed);
       }
       ++local.writer_abandoned;
       ++pend_abandoned;

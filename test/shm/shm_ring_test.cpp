@@ -43,7 +43,7 @@ TEST(ShmConfig, RejectsInvalidSizes) {
   c.max_record_size = 4096;  // more than half the ring
   EXPECT_EQ(shm_validate(c), errc::invalid_argument);
   EXPECT_EQ(shm_region_size(c), 0u);
-  EXPECT_EQ(shm_region_size(shm_config{}), 4096u + (8u << 20));
+  EXPECT_EQ(shm_region_size(shm_config{}), 4096u + (8u << 20) / 64 * 8 + (8u << 20));
 }
 
 TEST(ShmRing, RecordExactlyAtLimitPassesAndOneMoreIsRefused) {
@@ -166,8 +166,8 @@ TEST(ShmRing, FlippedByteInCommittedRecordIsSkippedAndCounted) {
   ASSERT_EQ(w.send(m0.data(), m0.size()), errc::ok);
   ASSERT_EQ(w.send(m1.data(), m1.size()), errc::ok);
   ASSERT_EQ(w.send(m2.data(), m2.size()), errc::ok);
-  // Record 1 starts at node 1; flip one payload byte.
-  img.p[shm_detail::kHeaderSize + 64 + shm_detail::kRecordHeaderSize + 3] ^= 0x10;
+  // Record 1 starts at node 1 (data after the header and 64 heads); flip one payload byte.
+  img.p[shm_detail::kHeaderSize + 64 * 8 + 64 + shm_detail::kRecordHeaderSize + 3] ^= 0x10;
   collected got;
   EXPECT_EQ(r.poll(collected::cb, &got, 10), 2u);
   ASSERT_EQ(got.recs.size(), 2u);
@@ -256,10 +256,11 @@ TEST(ShmLayout, HostileImagesNeverCrashOrHangTheReader) {
       std::memcpy(img.p + i, &v, 8);
     }
     for (uint64_t pos = base; pos < base + 64; pos += 1 + rng() % 4) {
-      auto* rec = reinterpret_cast<shm_detail::record_header*>(img.p + shm_detail::kHeaderSize +
-                                                               (pos & 63) * 64);
-      rec->ctl.store(shm_detail::make_ctl(pos, rng() % 80, static_cast<uint32_t>(rng() % 7)));
-      rec->len.store(static_cast<uint32_t>(rng() % 3 == 0 ? rng() : rng() % 1200));
+      auto* head =
+          reinterpret_cast<shm_detail::head_word*>(img.p + shm_detail::kHeaderSize) + (pos & 63);
+      head->store(shm_detail::make_ctl(pos, rng() % 80, static_cast<uint32_t>(rng() % 7)));
+      const uint32_t len = static_cast<uint32_t>(rng() % 3 == 0 ? rng() : rng() % 1200);
+      std::memcpy(img.p + shm_detail::kHeaderSize + 64 * 8 + (pos & 63) * 64, &len, 4);
     }
     shm_config rc = cfg;
     rc.abandon_timeout_us = 1;
@@ -335,8 +336,8 @@ TEST(ShmRing, SkippedNodesStayHeldUntilReclaimTimeoutWhenWriterNeverReturns) {
   shm_reader r;
   ASSERT_EQ(r.open_image(img.p, img.size, cfg), errc::ok);
   // Simulate a dead writer: a claimed record (kWriting) that is never committed.
-  auto* rec = reinterpret_cast<shm_detail::record_header*>(img.p + shm_detail::kHeaderSize);
-  rec->ctl.store(shm_detail::make_ctl(0, 2, shm_detail::kWriting));
+  auto* head = reinterpret_cast<shm_detail::head_word*>(img.p + shm_detail::kHeaderSize);
+  head->store(shm_detail::make_ctl(0, 2, shm_detail::kWriting));
   auto* h = reinterpret_cast<shm_detail::region_header*>(img.p);
   h->write_pos.store(2);
   shm_writer w;
