@@ -78,6 +78,9 @@ struct node_config {
   double reconnect_jitter = 0.2;
   // A require_response message without an acknowledgement after this time fails with timeout.
   uint32_t response_timeout_ms = 10000;
+  // At most this many require_response messages and commands awaiting their answer; beyond it
+  // send_data(require_response) and send_command() return queue_full.
+  size_t max_outstanding_responses = 65536;
   // Siblings: connect directly at the first message (else everything goes through the parent);
   // drop a sibling link with no data either way for this long.
   bool sibling_direct = true;
@@ -236,7 +239,8 @@ class node {
   //   unknown_route      no route to target (an id in our subnets with no such child, or no
   //                      parent for an id outside them)
   //   not_connected      the route's link is down and queueing is disabled
-  //   queue_full         the link's queue, the shared-memory ring or the pending queue is full
+  //   queue_full         the link's queue, the shared-memory ring or the pending queue is full,
+  //                      or too many require_response messages are awaiting their answer
   //                      (retriable; on_writable tells when a stream link drained)
   //   closed             not started, or stopped
   // A message to this node's own id is delivered through on_data from the loop, never inline.

@@ -482,8 +482,9 @@ struct node::impl {
       size += spans[i].size;
     }
     if (size > cfg.message_limit) return errc::message_too_large;
-    const uint64_t seq = next_seq++;
     const bool rr = opt.require_response;
+    if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
+    const uint64_t seq = next_seq++;
     const uint64_t tag = (cbs.on_report || rr) ? seq : 0;
     if (target == self) {
       self_msg m{self, type, {}, seq, rr};
@@ -533,6 +534,7 @@ struct node::impl {
     if (state != run_state::running) return errc::closed;
     if (!cb) return errc::invalid_argument;
     if (size > cfg.message_limit) return errc::message_too_large;
+    if (replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
     const uint64_t seq = next_seq++;
     std::vector<uint8_t> body;
     proto::encode_command(static_cast<uint32_t>(cmd), args, size, &body);
