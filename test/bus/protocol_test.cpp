@@ -2,6 +2,8 @@
 // bounds checks on every parser.
 #include "uvbus/protocol.h"
 
+#include "uvbus/frame.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -59,6 +61,24 @@ TEST(Protocol, DataMessageGoldenVector) {
   body.push_back('i');
   EXPECT_EQ(build(h, body), hex("01 06 00 10 06000000 1000000000000000 2000000000000000 "
                                 "0100000000000000 2a000000 6869"));
+}
+
+TEST(Protocol, DataMessageInsideAStreamFrame) {
+  // The same message as it travels in a stream frame: hash32 LE, varint length (38), payload.
+  header h;
+  h.source = 0x10;
+  h.target = 0x20;
+  h.sequence = 1;
+  std::vector<uint8_t> body(kDataPrefix);
+  encode_data_prefix(0x2A, body.data());
+  body.push_back('h');
+  body.push_back('i');
+  const auto m = build(h, body);
+  uint8_t frame[64];
+  const size_t n = frame_encode(m.data(), m.size(), frame, sizeof frame);
+  EXPECT_EQ(std::vector<uint8_t>(frame, frame + n),
+            hex("5234c993 26 01060010 06000000 1000000000000000 2000000000000000 "
+                "0100000000000000 2a000000 6869"));
 }
 
 TEST(Protocol, HeaderRoundTrips) {
