@@ -1,0 +1,198 @@
+// Shared-memory round-trip latency over two rings:
+//
+//   uvbus_bench_shm_pingpong shm://NAME [--size 64] [--round-trips N] [--warmup N]
+//                            [--client-cpu C] [--server-cpu S] [--uv] [--spin-us US]
+//
+// Forks an echo server. Each side creates the ring it reads (NAME-c2s at the server, NAME-s2c at
+// the client) and writes into the other. One message in flight; every round trip is timed with
+// CLOCK_MONOTONIC and kept in a histogram (p50/p90/p99/p99.9/max in µs). By default both sides
+// busy-poll shm_reader::poll (the "users who poll" path); --uv runs both sides' readers on a libuv
+// loop (spin, then futex sleep + uv_async wake-up), which is what a uvbus node does.
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "uvbus/shm.h"
+
+using namespace uvbus;
+using namespace uvbus::bench;
+
+namespace {
+
+void pin(long cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<int>(cpu), &set);
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+errc open_writer(shm_writer& w, const std::string& url) {
+  errc e = errc::not_found;
+  const double give_up = mono_now() + 10;
+  while ((e = w.open(url)) != errc::ok && mono_now() < give_up) usleep(1000);
+  return e;
+}
+
+void send_retry(shm_writer& w, const void* p, size_t n) {
+  errc e;
+  while ((e = w.send(p, n)) == errc::queue_full || e == errc::abandoned) __builtin_ia32_pause();
+  if (e != errc::ok) {
+    std::fprintf(stderr, "send: %s\n", to_string(e));
+    _exit(1);
+  }
+}
+
+struct side {
+  shm_reader reader;
+  shm_writer writer;
+  std::vector<uint8_t> buf;
+  uint64_t remaining = 0;  // client: round trips still to do
+  uint64_t warmup = 0;
+  uint64_t t_sent = 0;
+  histogram hist;
+  bool server = false;
+  uv_loop_t* loop = nullptr;
+};
+
+void client_send(side* s) {
+  s->t_sent = mono_ns();
+  std::memcpy(s->buf.data(), &s->t_sent, 8);
+  send_retry(s->writer, s->buf.data(), s->buf.size());
+}
+
+// Server: echo every record. Client: time it and send the next one.
+void on_records(void* user, const shm_record* recs, size_t n) {
+  auto* s = static_cast<side*>(user);
+  for (size_t i = 0; i < n; ++i) {
+    if (s->server) {
+      send_retry(s->writer, recs[i].data, recs[i].size);
+      if (recs[i].size == 1) s->reader.stop();  // the client's "quit"
+      continue;
+    }
+    const uint64_t now = mono_ns();
+    if (s->warmup > 0) {
+      --s->warmup;
+    } else {
+      s->hist.add(now - s->t_sent);
+      --s->remaining;
+    }
+    if (s->remaining == 0) {
+      s->reader.stop();
+      return;
+    }
+    client_send(s);
+  }
+}
+
+int run_side(side& s, bool uv) {
+  if (!uv) {
+    bool done = false;
+    while (!done) {
+      (void)s.reader.poll(on_records, &s, 64);
+      done = s.server ? !s.reader.is_open() || s.remaining == 1 : s.remaining == 0;
+    }
+    return 0;
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  s.loop = &loop;
+  if (s.reader.start(&loop, on_records, &s) != errc::ok) return 1;
+  if (!s.server) client_send(&s);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = options::parse(argc, argv);
+  const auto size = static_cast<size_t>(std::max<long>(o.get_int("size", 64), 8));
+  const auto trips = static_cast<uint64_t>(o.get_int("round-trips", 200000));
+  const auto warm = static_cast<uint64_t>(o.get_int("warmup", 10000));
+  const bool uv = o.flag("uv");
+  shm_config cfg;
+  cfg.ring_bytes = 1 << 20;
+  cfg.spin_us = static_cast<uint32_t>(o.get_int("spin-us", 50));
+  const std::string c2s = o.url + "-c2s", s2c = o.url + "-s2c";
+
+  const pid_t pid = fork();
+  if (pid == 0) {  // echo server
+    pin(o.get_int("server-cpu", 1));
+    side s;
+    s.server = true;
+    if (s.reader.open(c2s, cfg) != errc::ok || open_writer(s.writer, s2c) != errc::ok) _exit(1);
+    if (!uv) {
+      // Poll until the client's 1-byte quit message has been echoed.
+      struct ctx {
+        side* s;
+        bool quit = false;
+      } cx{&s};
+      while (!cx.quit) {
+        (void)s.reader.poll(
+            [](void* u, const shm_record* r, size_t n) {
+              auto* c = static_cast<ctx*>(u);
+              for (size_t i = 0; i < n; ++i) {
+                send_retry(c->s->writer, r[i].data, r[i].size);
+                if (r[i].size == 1) c->quit = true;
+              }
+            },
+            &cx, 64);
+      }
+    } else {
+      run_side(s, true);
+    }
+    s.writer.close();
+    s.reader.close();
+    _exit(0);
+  }
+  pin(o.get_int("client-cpu", 0));
+  side s;
+  s.buf.assign(size, 0xab);
+  s.remaining = trips;
+  s.warmup = warm;
+  if (const errc e = s.reader.open(s2c, cfg); e != errc::ok) {
+    std::fprintf(stderr, "open %s: %s\n", s2c.c_str(), to_string(e));
+    kill(pid, SIGKILL);
+    return 1;
+  }
+  if (const errc e = open_writer(s.writer, c2s); e != errc::ok) {
+    std::fprintf(stderr, "open %s: %s\n", c2s.c_str(), to_string(e));
+    kill(pid, SIGKILL);
+    return 1;
+  }
+  if (!uv) {
+    client_send(&s);
+    while (s.remaining > 0) (void)s.reader.poll(on_records, &s, 64);
+  } else {
+    run_side(s, true);
+  }
+  const uint8_t quit = 0;
+  send_retry(s.writer, &quit, 1);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  auto us = [&](double q) { return static_cast<double>(s.hist.quantile(q)) / 1000.0; };
+  std::printf("[pingpong] mode=%s size=%zu round_trips=%" PRIu64
+              " p50=%.2fus p90=%.2fus p99=%.2fus p99.9=%.2fus max=%.2fus\n",
+              uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99), us(0.999),
+              static_cast<double>(s.hist.max()) / 1000.0);
+  std::printf(
+      "{\"bench\":\"shm_pingpong\",\"url\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
+      "\"round_trips\":%" PRIu64
+      ",\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
+      "\"max_us\":%.2f}\n",
+      o.url.c_str(), uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99),
+      us(0.999), static_cast<double>(s.hist.max()) / 1000.0);
+  s.writer.close();
+  s.reader.close();
+  return 0;
+}

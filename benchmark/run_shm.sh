@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Shared-memory channel benchmarks: receiver/sender pairs with small (8-128 B) and large
+# (8-16384 B) payloads, with 1 and 2 writer processes (all writers on the sender core), then 64 B
+# round-trip latency over two rings, busy-polling and through the libuv loop. Prints one table row
+# per case, then every JSON line.
+#
+#   benchmark/run_shm.sh BUILD_DIR
+#
+# Environment: SECONDS_PER_CASE (default 5), CASES (extended regex on case names, default all),
+# ROUND_TRIPS (default 200000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset).
+set -euo pipefail
+
+BUILD=${1:?usage: run_shm.sh BUILD_DIR}
+SECS=${SECONDS_PER_CASE:-5}
+CASES=${CASES:-.}
+ROUND_TRIPS=${ROUND_TRIPS:-200000}
+SEND_CPU=${SEND_CPU:-0}
+RECV_CPU=${RECV_CPU:-1}
+PIN=${PIN:-1}
+for b in recv send pingpong; do
+  [ -x "$BUILD/uvbus_bench_shm_$b" ] || { echo "missing $BUILD/uvbus_bench_shm_$b" >&2; exit 2; }
+done
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+  ON_SEND="taskset -c $SEND_CPU"
+  ON_RECV="taskset -c $RECV_CPU"
+else
+  ON_SEND=""
+  ON_RECV=""
+fi
+
+TMP=$(mktemp -d /tmp/uvbus-shm-bench.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+JSON=()
+ROWS=()
+
+json_field() {  # json_field LINE KEY
+  sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
+}
+
+run_pair() {  # run_pair NAME MIN MAX WRITERS
+  local name=$1 min=$2 max=$3 writers=$4
+  [[ $name =~ $CASES ]] || return 0
+  local file=${name////_}
+  local ready=$TMP/$file.ready out=$TMP/$file.recv url="shm://uvbus-bench-$$-$file"
+  rm -f "$ready"
+  $ON_RECV "$BUILD/uvbus_bench_shm_recv" "$url" --min "$min" --max "$max" --seconds "$SECS" \
+    --writers "$writers" --ready "$ready" >"$out" 2>&1 &
+  local rpid=$!
+  for _ in $(seq 100); do [ -f "$ready" ] && break; sleep 0.05; done
+  if [ ! -f "$ready" ]; then
+    echo "$name: receiver did not start" >&2
+    cat "$out" >&2
+    kill "$rpid" 2>/dev/null || true
+    return 0
+  fi
+  local send_out
+  send_out=$($ON_SEND "$BUILD/uvbus_bench_shm_send" "$url" --min "$min" --max "$max" \
+    --seconds "$SECS" --writers "$writers" | grep '^\[send\]' || true)
+  wait "$rpid" || true
+  local j
+  j=$(grep '^{"bench"' "$out" | tail -1 || true)
+  if [ -z "$j" ]; then
+    echo "$name: no result" >&2
+    cat "$out" >&2
+    return 0
+  fi
+  JSON+=("${j%\}},\"case\":\"$name\"}")
+  ROWS+=("$(printf '%-16s %12s %9s %7s %10s %9s %6s' "$name" "$(json_field "$j" msgs_per_s)" \
+    "$(json_field "$j" mb_per_s)" "$(json_field "$j" cpu_pct)" "$(json_field "$j" queue_full)" \
+    "$(json_field "$j" abandoned)" "$(json_field "$j" errors)")")
+}
+
+for w in 1 2; do
+  run_pair "small/${w}w" 8 128 "$w"
+  run_pair "large/${w}w" 8 16384 "$w"
+done
+
+LAT=()
+for mode in poll uv; do
+  name="pingpong64/$mode"
+  [[ $name =~ $CASES ]] || continue
+  flag=""
+  [ "$mode" = uv ] && flag="--uv"
+  line=$("$BUILD/uvbus_bench_shm_pingpong" "shm://uvbus-bench-$$-pp-$mode" --size 64 \
+    --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" --server-cpu "$RECV_CPU" $flag |
+    grep '^{' || true)
+  [ -n "$line" ] || { echo "$name: no result" >&2; continue; }
+  JSON+=("${line%\}},\"case\":\"$name\"}")
+  LAT+=("$(printf '%-16s %8s %8s %8s %8s %8s' "$name" "$(json_field "$line" p50_us)" \
+    "$(json_field "$line" p90_us)" "$(json_field "$line" p99_us)" "$(json_field "$line" p999_us)" \
+    "$(json_field "$line" max_us)")")
+done
+
+echo "# uvbus shm channel, ${SECS}s per case, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-16s %12s %9s %7s %10s %9s %6s\n' case msgs/s MB/s rcv-cpu queue_full abandoned errors
+for r in "${ROWS[@]}"; do echo "$r"; done
+if [ ${#LAT[@]} -gt 0 ]; then
+  printf '%-16s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us
+  for r in "${LAT[@]}"; do echo "$r"; done
+fi
+for j in "${JSON[@]}"; do echo "$j"; done
