@@ -1248,10 +1248,19 @@ struct node::impl {
       drop(proto::reason::ttl_expired);
       return;
     }
-    const detail::route r = table.lookup(hd.target);
     peer_ep* p = nullptr;
-    if (r.kind == hop::direct || r.kind == hop::child || r.kind == hop::parent) {
-      p = find_peer(r.next);
+    if (cached_hop != nullptr && cached_target == hd.target) {
+      p = cached_hop;
+    } else {
+      const detail::route r = table.lookup(hd.target);
+      if (r.kind == hop::direct || r.kind == hop::child || r.kind == hop::parent) {
+        p = find_peer(r.next);
+        // Relayed traffic never takes a sibling shortcut, so any hop found here may be cached.
+        if (p != nullptr) {
+          cached_target = hd.target;
+          cached_hop = p;
+        }
+      }
     }
     // Never send a message back where it came from (the parent does not know the target either).
     if (p == nullptr || (from != nullptr && from->peer == p)) {
