@@ -1,15 +1,18 @@
 // Stream channel sender (DESIGN §5):
 //
 //   uvbus_bench_stream_send URL [--min B] [--max B] [--seconds S] [--no-merge]
-//                               [--queue-bytes N] [--batch N]
+//                               [--queue-bytes N] [--batch N] [--copy]
 //
 // Connects to URL and sends numbered payloads for S seconds as fast as the channel takes them:
 // it sends until send() returns queue_full and resumes from on_writable (back-pressure, no
 // polling). Then it sends the end message, disconnects gracefully and prints a summary with the
-// channel's write metrics. --no-merge turns coalescing off (one write per packet).
+// channel's write metrics. --no-merge turns coalescing off (one write per packet). Payloads are
+// built in place with prepare_send/commit_send; --copy uses send() from a buffer instead.
 #include <uv.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -34,7 +37,8 @@ struct sender {
   bool end_sent = false;
   bool done = false;
   int exit_code = 0;
-  size_t batch = 0;  // 0: until queue_full
+  size_t batch = 0;   // 0: until queue_full
+  bool copy = false;  // --copy: build the payload in a buffer and send() it (one more copy)
   stream_connection_metrics final_metrics{};
 
   // Sends until the queue is full (or the batch is done, or time is up).
@@ -46,13 +50,28 @@ struct sender {
         finish();
         return;
       }
-      const size_t n = make_payload(seq, 0, o.min, o.max, buf.data());
-      const errc e = ch->send(conn, buf.data(), n);
+      // The payload is generated straight into the send queue (prepare/commit), byte for byte
+      // what make_payload() writes.
+      const size_t n = payload_size(seq, 0, o.min, o.max);
+      errc e = errc::ok;
+      uint8_t* p = copy ? nullptr : ch->prepare_send(conn, n, 0, &e);
+      if (copy) {
+        make_payload(seq, 0, o.min, o.max, buf.data());
+        e = ch->send(conn, buf.data(), n);
+      }
       if (e == errc::queue_full) return;  // on_writable resumes
       if (e != errc::ok) {
         std::fprintf(stderr, "send: %s\n", to_string(e));
         exit_code = 1;
         return;
+      }
+      if (!copy) {
+        uint8_t head[16];
+        put_le64(head, seq);
+        put_le64(head + 8, 0);
+        std::memcpy(p, head, std::min<size_t>(n, 16));
+        fill_body(p, n, seq);
+        ch->commit_send(conn);
       }
       ++seq;
       bytes += n;
@@ -94,12 +113,13 @@ int main(int argc, char** argv) {
   if (s.o.url.empty()) {
     std::fprintf(stderr,
                  "usage: %s URL [--min B] [--max B] [--seconds S] [--no-merge] [--queue-bytes N] "
-                 "[--batch N]\n",
+                 "[--batch N] [--copy]\n",
                  argv[0]);
     return 2;
   }
   s.buf.resize(s.o.max + 16);
   s.batch = static_cast<size_t>(s.o.get_int("batch", 0));
+  s.copy = s.o.flag("copy");
   uv_loop_t loop;
   uv_loop_init(&loop);
 

@@ -281,6 +281,18 @@ class stream_channel {
     return send(conn, bufs.begin(), bufs.size(), tag);
   }
 
+  // In-place form, for messages built directly in the send queue (saves the copy send() makes):
+  // prepare_send() reserves room for a payload of exactly `size` bytes in conn's queue and returns
+  // where to write it; commit_send() then hashes the payload, completes the frame and schedules the
+  // write exactly like send(). On failure prepare_send() returns nullptr and sets *err to one of
+  // send()'s errors (or invalid_argument while another reservation on conn is open); nothing is
+  // queued. Between the two calls nothing else may be sent on conn, and control must not return to
+  // the loop; cancel_send() drops the reservation instead (nothing is queued or reported).
+  [[nodiscard]] uint8_t* prepare_send(stream_connection* conn, size_t size, uint64_t tag = 0,
+                                      errc* err = nullptr);
+  void commit_send(stream_connection* conn);
+  void cancel_send(stream_connection* conn);
+
   // Receive-side flow control: stop / restart reading from conn. Called from on_received, the
   // pause takes effect after the messages of the chunk being delivered (they already left the
   // kernel and live in the shared read buffer); no further read is made until resume_reading().

@@ -360,7 +360,7 @@ struct stream_channel::impl {
   }
 
   void flush(conn_impl* c) {
-    if (!c->active() || c->writing || c->shutting_down || !c->queue) {
+    if (!c->active() || c->writing || c->shutting_down || !c->queue || c->prepared != nullptr) {
       if (c->active() && !c->writing && c->state == conn_state::draining) maybe_shutdown(c);
       return;
     }
@@ -508,46 +508,97 @@ struct stream_channel::impl {
     if (r != 0) end_conn(c, from_uv(r));
   }
 
-  errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t tag) {
-    if (c == nullptr || (n != 0 && bufs == nullptr)) return errc::invalid_argument;
-    if (closed) return errc::closed;
+  // Checks a send of `total` payload bytes and reserves its frame in c's queue.
+  uint8_t* reserve_frame(conn_impl* c, size_t total, uint64_t tag, errc* err) {
+    if (closed) {
+      *err = errc::closed;
+      return nullptr;
+    }
     if (c->state != conn_state::connected) {
-      return c->state == conn_state::resolving || c->state == conn_state::connecting
+      *err = c->state == conn_state::resolving || c->state == conn_state::connecting
                  ? errc::not_connected
                  : errc::closed;
+      return nullptr;
     }
-    size_t total = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (bufs[i].data == nullptr && bufs[i].size != 0) return errc::invalid_argument;
-      total += bufs[i].size;
+    if (c->prepared != nullptr) {
+      *err = errc::invalid_argument;
+      return nullptr;
     }
-    if (total > cfg.message_limit) return errc::message_too_large;
+    if (total > cfg.message_limit) {
+      *err = errc::message_too_large;
+      return nullptr;
+    }
     if (!c->queue) {
       c->queue.reset(new (std::nothrow) write_queue(cfg.queue));
-      if (!c->queue) return errc::no_memory;
-    }
-    const size_t hdr = frame_header_size(total);
-    errc err = errc::ok;
-    uint8_t* p = c->queue->reserve(hdr + total, tag, &err);
-    if (p == nullptr) {
-      if (err == errc::queue_full) {
-        ++c->m().send_refused;
-        c->want_writable = true;
+      if (!c->queue) {
+        *err = errc::no_memory;
+        return nullptr;
       }
-      return err;
     }
-    uint8_t* payload = p + hdr;
-    for (size_t i = 0; i < n; ++i) {
-      if (bufs[i].size != 0) std::memcpy(payload, bufs[i].data, bufs[i].size);
-      payload += bufs[i].size;
+    uint8_t* p = c->queue->reserve(frame_header_size(total) + total, tag, err);
+    if (p == nullptr && *err == errc::queue_full) {
+      ++c->m().send_refused;
+      c->want_writable = true;
     }
-    frame_write_header(murmur3_x86_32(p + hdr, total, 0), total, p);
+    return p;
+  }
+
+  // The payload is in place after the header room: hash it once, write the header, schedule.
+  void complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
+    const size_t hdr = frame_header_size(total);
+    frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
     auto& m = c->m();
     m.queue_bytes = c->queue->bytes();
     m.queue_packets = c->queue->size();
     if (m.queue_bytes > m.queue_peak_bytes) m.queue_peak_bytes = m.queue_bytes;
     if (!c->writing) mark_dirty(c);
+  }
+
+  errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t tag) {
+    if (c == nullptr || (n != 0 && bufs == nullptr)) return errc::invalid_argument;
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (bufs[i].data == nullptr && bufs[i].size != 0) return errc::invalid_argument;
+      total += bufs[i].size;
+    }
+    errc err = errc::ok;
+    uint8_t* p = reserve_frame(c, total, tag, &err);
+    if (p == nullptr) return err;
+    uint8_t* payload = p + frame_header_size(total);
+    for (size_t i = 0; i < n; ++i) {
+      if (bufs[i].size != 0) std::memcpy(payload, bufs[i].data, bufs[i].size);
+      payload += bufs[i].size;
+    }
+    complete_frame(c, p, total);
     return errc::ok;
+  }
+
+  uint8_t* prepare_send(conn_impl* c, size_t size, uint64_t tag, errc* err) {
+    errc e = errc::ok;
+    uint8_t* p = c == nullptr ? nullptr : reserve_frame(c, size, tag, &e);
+    if (c == nullptr) e = errc::invalid_argument;
+    if (err != nullptr) *err = e;
+    if (p == nullptr) return nullptr;
+    c->prepared = p;
+    c->prepared_size = size;
+    return p + frame_header_size(size);
+  }
+
+  void commit_send(conn_impl* c) {
+    if (c == nullptr || c->prepared == nullptr) return;
+    uint8_t* p = c->prepared;
+    c->prepared = nullptr;
+    if (!c->active()) return;  // ended meanwhile: the close path reports the queued frame
+    complete_frame(c, p, c->prepared_size);
+  }
+
+  void cancel_send(conn_impl* c) {
+    if (c == nullptr || c->prepared == nullptr) return;
+    c->prepared = nullptr;
+    if (c->queue) {
+      c->queue->unreserve_back();
+      sync_queue_metrics(c);
+    }
   }
 
   // ------------------------------------------------------------------- read path --
@@ -1188,6 +1239,19 @@ errc stream_channel::send(stream_connection* conn, const void* data, size_t size
 errc stream_channel::send(stream_connection* conn, const const_buffer* bufs, size_t n,
                           uint64_t tag) {
   return impl_->send(static_cast<conn_impl*>(conn), bufs, n, tag);
+}
+
+uint8_t* stream_channel::prepare_send(stream_connection* conn, size_t size, uint64_t tag,
+                                      errc* err) {
+  return impl_->prepare_send(static_cast<conn_impl*>(conn), size, tag, err);
+}
+
+void stream_channel::commit_send(stream_connection* conn) {
+  impl_->commit_send(static_cast<conn_impl*>(conn));
+}
+
+void stream_channel::cancel_send(stream_connection* conn) {
+  impl_->cancel_send(static_cast<conn_impl*>(conn));
 }
 
 errc stream_channel::pause_reading(stream_connection* conn) {

@@ -56,6 +56,8 @@ struct conn_impl final : stream_connection {
   int pending = 0;  // libuv objects still referring to this connection (handles, requests)
 
   std::unique_ptr<write_queue> queue;  // created on the first send
+  uint8_t* prepared = nullptr;         // prepare_send(): the open reservation's frame
+  size_t prepared_size = 0;            // and its payload size
   frame_decoder decoder;
 
   uv_write_t wreq{};

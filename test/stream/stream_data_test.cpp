@@ -210,6 +210,41 @@ TEST_F(StreamData, GatherSendConcatenatesTheParts) {
                                                          9));
 }
 
+TEST_F(StreamData, PrepareAndCommitSendsInPlace) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.message_limit = 1000;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  errc e = errc::ok;
+  uint8_t* buf = c->prepare_send(p.client, 5, 7, &e);
+  ASSERT_NE(buf, nullptr);
+  EXPECT_EQ(e, errc::ok);
+  // Another send while the reservation is open is refused, and so is a second reservation.
+  EXPECT_EQ(c->send(p.client, "x", 1), errc::invalid_argument);
+  EXPECT_EQ(c->prepare_send(p.client, 1, 0, &e), nullptr);
+  EXPECT_EQ(e, errc::invalid_argument);
+  std::memcpy(buf, "hello", 5);
+  c->commit_send(p.client);
+  // A cancelled reservation leaves nothing behind.
+  buf = c->prepare_send(p.client, 3, 8, &e);
+  ASSERT_NE(buf, nullptr);
+  c->cancel_send(p.client);
+  EXPECT_EQ(p.client->metrics().queue_packets, 1u);
+  EXPECT_EQ(c->prepare_send(p.client, 1001, 9, &e), nullptr);
+  EXPECT_EQ(e, errc::message_too_large);
+  buf = c->prepare_send(p.client, 0, 10, &e);
+  ASSERT_NE(buf, nullptr);
+  c->commit_send(p.client);
+  ASSERT_EQ(c->send(p.client, "world", 5), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[p.server->id()].size() == 3; }));
+  EXPECT_EQ(srv.received[p.server->id()][0], "hello");
+  EXPECT_EQ(srv.received[p.server->id()][1], "");
+  EXPECT_EQ(srv.received[p.server->id()][2], "world");
+  EXPECT_EQ(p.client->metrics().packets_sent, 3u);
+}
+
 TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
   recorder srv, cli;
   stream_config cfg;
