@@ -147,7 +147,7 @@ struct shm_reader::impl {
           continue;
         }
         const uint8_t* payload = node + kRecordHeaderSize;
-        if (murmur3_x86_32(payload, len, record_seed(rd - n)) != sum) {
+        if (record_checksum(payload, len, rd - n) != sum) {
           ++c_checksum;
           continue;
         }

@@ -1,5 +1,7 @@
 #include "shm/region.h"
 
+#include "uvbus/murmur3.h"
+
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -51,6 +53,12 @@ uint32_t log2u(uint64_t v) {
 }
 
 }  // namespace
+
+uint32_t record_checksum(const void* payload, size_t len, uint64_t pos) noexcept {
+  uint64_t h[2];
+  murmur3_x64_128(payload, len, record_seed(pos), h);
+  return static_cast<uint32_t>(h[0]);
+}
 
 uint64_t mono_ns() noexcept {
   timespec ts{};

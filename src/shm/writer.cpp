@@ -152,8 +152,7 @@ struct shm_writer::impl {
       if (parts[i].size != 0) std::memcpy(dst + off, parts[i].data, parts[i].size);
       off += parts[i].size;
     }
-    const record_prefix pre{static_cast<uint32_t>(total),
-                            murmur3_x86_32(dst, total, record_seed(w))};
+    const record_prefix pre{static_cast<uint32_t>(total), record_checksum(dst, total, w)};
     std::memcpy(node, &pre, sizeof pre);
 
     // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
