@@ -1,0 +1,259 @@
+// Fault injection: a receiver node in a child process is killed with SIGKILL at random moments
+// while a sender keeps sending to it through their parent, then restarted with the same id. The
+// survivors must recover by themselves (the parent drops the dead link and accepts the new
+// incarnation; the sender's messages resume), and the delivery accounting must add up:
+//   * nothing is delivered twice or corrupted, and messages arrive in order;
+//   * every message reported ok end to end was received by some incarnation of the receiver;
+//   * every accepted message gets exactly one report (ok or failed).
+// A message in flight at the moment of the kill may be received and still be reported failed
+// (its acknowledgement died with the process): that is allowed, a silent loss is not.
+//
+// UVBUS_FAULT_ITERATIONS sets the number of kills (default 3; the long run is 100+).
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "uvbus/node.h"
+
+namespace uvbus::hardening {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr bus_id kRoot = 0x1000, kSender = 0x1001, kReceiver = 0x1002;
+
+node_config base(const std::string& parent) {
+  node_config c;
+  c.listen = {"ipv4://127.0.0.1:0"};
+  c.parent_url = parent;
+  c.enable_shm = false;
+  c.sibling_direct = false;  // S -> R -> V: the relay is the survivor that must notice the death
+  c.heartbeat_interval_ms = 100;
+  c.heartbeat_timeout_ms = 1000;
+  c.reconnect_min_ms = 10;
+  c.reconnect_max_ms = 100;
+  c.response_timeout_ms = 2000;
+  c.pending_timeout_ms = 2000;
+  c.handshake_timeout_ms = 2000;
+  return c;
+}
+
+// Record written by the receiver for each message: seq and whether the payload was intact.
+struct record {
+  uint64_t seq;
+  uint64_t ok;
+};
+
+constexpr size_t kPayload = 64;
+void fill(uint64_t seq, uint8_t* p) {
+  std::memcpy(p, &seq, 8);
+  for (size_t i = 8; i < kPayload; ++i) p[i] = static_cast<uint8_t>(seq * 31 + i);
+}
+
+// The receiver's process: closes every inherited descriptor but the pipe (the parent's loop, its
+// listeners and sockets stay the parent's alone), runs a node on a fresh loop, reports each
+// message into the pipe, and runs until it is killed.
+[[noreturn]] void receiver_main(const std::string& parent_url, int out_fd) {
+  if (DIR* d = opendir("/proc/self/fd")) {
+    std::vector<int> fds;
+    while (dirent* e = readdir(d)) {
+      const int fd = std::atoi(e->d_name);
+      if (fd > 2 && fd != out_fd && fd != dirfd(d)) fds.push_back(fd);
+    }
+    closedir(d);
+    for (int fd : fds) close(fd);
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  node_callbacks cb;
+  cb.on_data = [out_fd](bus_id, uint32_t, const uint8_t* p, size_t n) {
+    record r{0, 0};
+    if (n == kPayload) {
+      std::memcpy(&r.seq, p, 8);
+      uint8_t want[kPayload];
+      fill(r.seq, want);
+      r.ok = std::memcmp(want, p, kPayload) == 0 ? 1 : 0;
+    }
+    // Blocking write of 16 bytes to a pipe: atomic, and the parent drains it continuously.
+    if (write(out_fd, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) _exit(3);
+  };
+  auto* v = new node(&loop, kReceiver, base(parent_url), std::move(cb));
+  if (v->start() != errc::ok) _exit(2);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  _exit(0);
+}
+
+class FaultInjection : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    ASSERT_EQ(pipe2(pipe_, O_CLOEXEC), 0);
+    ASSERT_EQ(fcntl(pipe_[0], F_SETFL, O_NONBLOCK), 0);
+  }
+  void TearDown() override {
+    kill_receiver();
+    nodes_.clear();
+    for (int i = 0; i < 1000 && uv_loop_alive(&loop_); ++i) uv_run(&loop_, UV_RUN_NOWAIT);
+    EXPECT_EQ(uv_loop_close(&loop_), 0);
+    close(pipe_[0]);
+    close(pipe_[1]);
+  }
+
+  void start_receiver(const std::string& url) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) receiver_main(url, pipe_[1]);
+    child_ = pid;
+  }
+  void kill_receiver() {
+    if (child_ <= 0) return;
+    kill(child_, SIGKILL);
+    int status = 0;
+    waitpid(child_, &status, 0);
+    child_ = -1;
+  }
+  void drain_pipe() {
+    record r;
+    while (read(pipe_[0], &r, sizeof r) == static_cast<ssize_t>(sizeof r)) got_.push_back(r);
+  }
+
+  uv_loop_t loop_{};
+  int pipe_[2] = {-1, -1};
+  pid_t child_ = -1;
+  std::vector<std::unique_ptr<node>> nodes_;
+  std::vector<record> got_;
+};
+
+TEST_F(FaultInjection, KilledReceiverRestartsAndEveryMessageIsAccountedFor) {
+  const char* it_env = std::getenv("UVBUS_FAULT_ITERATIONS");
+  const int iterations = it_env != nullptr ? std::max(1, std::atoi(it_env)) : 3;
+
+  node_config rc = base("");
+  rc.subnets = {{kRoot, 8}};
+  nodes_.push_back(std::make_unique<node>(&loop_, kRoot, rc));
+  node* root = nodes_.back().get();
+  ASSERT_EQ(root->start(), errc::ok);
+  const std::string url = root->listen_urls().at(0);
+
+  std::map<uint64_t, errc> report_of;   // seq -> final report
+  std::map<uint64_t, uint64_t> seq_of;  // message id -> seq
+  node_callbacks scb;
+  scb.on_report = [&](const delivery_report& r) {
+    auto it = seq_of.find(r.message_id);
+    ASSERT_NE(it, seq_of.end());
+    EXPECT_EQ(report_of.count(it->second), 0u) << "two reports for one message";
+    report_of[it->second] = r.status;
+  };
+  nodes_.push_back(std::make_unique<node>(&loop_, kSender, base(url), scb));
+  node* sender = nodes_.back().get();
+  ASSERT_EQ(sender->start(), errc::ok);
+  ASSERT_TRUE(test::run_until(&loop_, [&] { return sender->up(); }));
+
+  std::mt19937 rng(2024);
+  uint64_t next_seq = 0;
+  uint64_t accepted = 0;
+  auto send_some = [&](int n) {
+    send_options o;
+    o.require_response = true;
+    for (int i = 0; i < n; ++i) {
+      uint8_t p[kPayload];
+      fill(next_seq, p);
+      uint64_t id = 0;
+      const errc e = sender->send_data(kReceiver, 1, p, sizeof p, o, &id);
+      if (e != errc::ok) break;  // unknown_route / queue_full while the receiver is away
+      seq_of[id] = next_seq++;
+      ++accepted;
+    }
+  };
+  endpoint_info info;
+  for (int round = 0; round < iterations; ++round) {
+    SCOPED_TRACE(round);
+    start_receiver(url);
+    ASSERT_TRUE(test::run_until(
+        &loop_, [&] { return root->peer(kReceiver, &info); }, 10000ms))
+        << "the receiver did not (re-)register";
+    // Kill after a random number of deliveries to this incarnation, mid-stream.
+    const size_t target = got_.size() + 20 + rng() % 400;
+    ASSERT_TRUE(test::run_until(
+        &loop_,
+        [&] {
+          send_some(8);
+          drain_pipe();
+          return got_.size() >= target;
+        },
+        20000ms));
+    kill_receiver();
+    // The parent notices by itself (closed connection) and drops the route.
+    ASSERT_TRUE(test::run_until(
+        &loop_, [&] { return !root->peer(kReceiver, &info); }, 10000ms));
+  }
+  // A last incarnation receives a final batch undisturbed, then every report must come in.
+  start_receiver(url);
+  ASSERT_TRUE(test::run_until(
+      &loop_, [&] { return root->peer(kReceiver, &info); }, 10000ms));
+  const uint64_t final_from = next_seq;
+  send_some(200);
+  ASSERT_TRUE(test::run_until(
+      &loop_,
+      [&] {
+        drain_pipe();
+        return report_of.size() == accepted;
+      },
+      20000ms))
+      << report_of.size() << " of " << accepted << " reports";
+  drain_pipe();
+
+  // Accounting.
+  std::set<uint64_t> received;
+  uint64_t last = 0;
+  bool first = true;
+  for (const record& r : got_) {
+    EXPECT_EQ(r.ok, 1u) << "corrupted message " << r.seq;
+    EXPECT_TRUE(received.insert(r.seq).second) << "message " << r.seq << " delivered twice";
+    if (!first) {
+      EXPECT_GT(r.seq, last) << "out of order";
+    }
+    last = r.seq;
+    first = false;
+    EXPECT_LT(r.seq, next_seq);
+  }
+  uint64_t ok = 0, failed = 0, failed_but_received = 0;
+  for (const auto& [seq, st] : report_of) {
+    if (st == errc::ok) {
+      ++ok;
+      EXPECT_EQ(received.count(seq), 1u) << "message " << seq << " reported ok, never received";
+    } else {
+      ++failed;
+      failed_but_received += received.count(seq);
+    }
+  }
+  for (uint64_t s = final_from; s < next_seq; ++s) {
+    EXPECT_EQ(report_of[s], errc::ok) << s;
+  }
+  EXPECT_EQ(ok + failed, accepted);
+  std::printf(
+      "[ faults   ] %d kills: %llu accepted, %llu received, %llu ok, %llu failed "
+      "(%llu of them received before their ack was lost)\n",
+      iterations, static_cast<unsigned long long>(accepted),
+      static_cast<unsigned long long>(received.size()), static_cast<unsigned long long>(ok),
+      static_cast<unsigned long long>(failed),
+      static_cast<unsigned long long>(failed_but_received));
+}
+
+}  // namespace
+}  // namespace uvbus::hardening
