@@ -6,6 +6,7 @@
 // an end message carrying their count. A full ring is retried after a pause; a record the reader
 // skipped as abandoned (the writer was descheduled past the timeout) is sent again, so every
 // writer's sequence reaches the receiver complete and in order.
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,8 +45,10 @@ int run_writer(const options& o, uint64_t id) {
       ++seq;
       n = make_payload(base | seq, id, o.min, o.max, buf.data());
     } else if (e == errc::queue_full) {
+      // Yield rather than spin: when writers share a core, the ring is often full because another
+      // writer was preempted between reserve and commit, and only it can unblock the reader.
       ++full;
-      for (int i = 0; i < 16; ++i) __builtin_ia32_pause();
+      sched_yield();
     } else if (e == errc::abandoned) {
       ++abandoned;
     } else {

@@ -54,9 +54,9 @@ uint32_t log2u(uint64_t v) {
 
 }  // namespace
 
-uint32_t record_checksum(const void* payload, size_t len, uint64_t pos) noexcept {
+uint32_t payload_hash(const void* payload, size_t len) noexcept {
   uint64_t h[2];
-  murmur3_x64_128(payload, len, record_seed(pos), h);
+  murmur3_x64_128(payload, len, 0, h);
   return static_cast<uint32_t>(h[0]);
 }
 

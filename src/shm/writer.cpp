@@ -84,6 +84,9 @@ struct shm_writer::impl {
     }
     if (++sends_since_flush >= kFlushEvery) flush();
 
+    // A single part is hashed before reserving (see payload_hash): the reserve-to-commit window
+    // is then just the copy.
+    const uint32_t pre_hash = count == 1 ? payload_hash(parts[0].data, total) : 0;
     const uint64_t need = g.nodes_for(total);
     uint64_t w = h->write_pos.load(std::memory_order_acquire);
     head_word* head;
@@ -152,7 +155,8 @@ struct shm_writer::impl {
       if (parts[i].size != 0) std::memcpy(dst + off, parts[i].data, parts[i].size);
       off += parts[i].size;
     }
-    const record_prefix pre{static_cast<uint32_t>(total), record_checksum(dst, total, w)};
+    const uint32_t hash = count == 1 ? pre_hash : payload_hash(dst, total);
+    const record_prefix pre{static_cast<uint32_t>(total), hash ^ position_mix(w)};
     std::memcpy(node, &pre, sizeof pre);
 
     // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
