@@ -1053,7 +1053,9 @@ struct node::impl {
     p->last_rx_ms = p->last_ping_ms = p->last_data_ms = now_ms();
     lk->peer = p.get();
     lk->state = link_state::registered;
-    table.add(p->id, kind, kind == peer_kind::child ? p->info.subnets : std::vector<subnet>{});
+    // Every peer's subnets are kept for source checks (a sibling relays for its descendants);
+    // only children's take part in routing.
+    table.add(p->id, kind, p->info.subnets);
     // Same host and a ring offered: our data for it goes through shared memory.
     if (cfg.enable_shm && kind != peer_kind::tool && p->info.host_id == host_id) {
       for (const std::string& u : p->info.listen) {

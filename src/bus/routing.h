@@ -60,7 +60,9 @@ class routing_table {
   // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
   [[nodiscard]] errc check_peer(bus_id id) const;
 
-  // Adds a registered direct peer (child subnets are used for routing only for children).
+  // Adds a registered direct peer. Its subnets always count for source_allowed(); only a child's
+  // are used for routing (a sibling's claim is not the parent's allocation, so traffic for a
+  // sibling's descendants still goes through the parent).
   void add(bus_id id, peer_kind kind, std::vector<subnet> subnets = {});
   // Removes a peer; returns whether it was there.
   bool remove(bus_id id);

@@ -262,6 +262,34 @@ TEST_F(NodeTest, SiblingsConnectDirectlyOnTheFirstMessage) {
   ASSERT_TRUE(wait([&] { return a->ok_reports() == 20; }));
 }
 
+TEST_F(NodeTest, SiblingLinksCarryTrafficForTheSiblingsDescendants) {
+  // r owns a (0x1100/8) and b (0x1200/8); a1 and b1 are their children. Once a and b have a
+  // direct link, b relays b1's messages to a over it, and a relays acknowledgements from a1 to b.
+  tnode* r = make_root(0x1000, {{0x1000, 12}});
+  tnode* a = make_child(0x1100, r, {{0x1100, 8}});
+  tnode* b = make_child(0x1200, r, {{0x1200, 8}});
+  tnode* a1 = make_child(0x1101, a);
+  tnode* b1 = make_child(0x1201, b);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up() && a1->n->up() && b1->n->up(); }));
+  ASSERT_EQ(send_str(a, 0x1200, 1, "hello sibling"), errc::ok);
+  endpoint_info e;
+  ASSERT_TRUE(wait([&] { return b->got.size() == 1 && b->n->peer(0x1100, &e); }));
+  send_options rr;
+  rr.require_response = true;
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(send_str(b1, 0x1100, 2, std::to_string(i), rr), errc::ok);  // b1 -> b -> a
+    ASSERT_EQ(send_str(b, 0x1101, 3, std::to_string(i), rr), errc::ok);   // ack a1 -> a -> b
+  }
+  ASSERT_TRUE(wait([&] { return b1->reports.size() == 10 && b->reports.size() == 10; }));
+  for (const auto& rep : b1->reports) EXPECT_EQ(rep.status, errc::ok) << to_string(rep.status);
+  for (const auto& rep : b->reports) EXPECT_EQ(rep.status, errc::ok) << to_string(rep.status);
+  ASSERT_EQ(a->got.size(), 10u);
+  EXPECT_EQ(a1->got.size(), 10u);
+  EXPECT_EQ(a->got[0].source, 0x1201u);
+  EXPECT_EQ(a->n->counters().protocol_errors + b->n->counters().protocol_errors, 0u);
+  ASSERT_TRUE(b->n->peer(0x1100, &e));  // the sibling link survived
+}
+
 TEST_F(NodeTest, IdleSiblingLinksAreDropped) {
   node_config cfg = base_config();
   cfg.sibling_idle_ms = 200;

@@ -73,6 +73,12 @@ TEST(Routing, SourcesAreCheckedPerPeerKind) {
   EXPECT_FALSE(t.source_allowed(0x1100, 0x1200));
   EXPECT_TRUE(t.source_allowed(0x2000, 0x2000));
   EXPECT_FALSE(t.source_allowed(0x2000, 0x2001));
+  // A sibling relays for its own descendants, but its subnet does not route.
+  t.set_parent(0x1);
+  t.add(0x3000, peer_kind::sibling, {{0x3000, 8}});
+  EXPECT_TRUE(t.source_allowed(0x3000, 0x30AB));
+  EXPECT_FALSE(t.source_allowed(0x3000, 0x31AB));
+  EXPECT_EQ(t.lookup(0x30AB).kind, hop::parent);
   EXPECT_FALSE(t.source_allowed(0x5555, 0x5555));
 }
 
