@@ -161,6 +161,10 @@ struct ledger {
   uint64_t next_seq = 0;
   uint64_t accepted = 0;
   uint64_t duplicate_reports = 0;
+  // Diagnosis: the kill epoch (number of kills so far) when each message was sent and received.
+  uint64_t epoch = 0;
+  std::map<uint64_t, uint64_t> sent_epoch;
+  std::map<uint64_t, uint64_t> received_epoch;
 
   void on_report(const delivery_report& r) {
     auto it = seq_of.find(r.message_id);
@@ -176,6 +180,7 @@ struct ledger {
       fill(next_seq, p);
       uint64_t id = 0;
       if (sender->send_data(kReceiver, 1, p, sizeof p, o, &id) != errc::ok) break;
+      sent_epoch[next_seq] = epoch;
       seq_of[id] = next_seq++;
       ++accepted;
     }
@@ -195,7 +200,8 @@ struct ledger {
       first = false;
       EXPECT_LT(r.seq, next_seq);
     }
-    uint64_t ok = 0, failed = 0, failed_but_received = 0;
+    uint64_t ok = 0, failed = 0, failed_but_received = 0, received_after_a_kill = 0;
+    std::map<errc, std::pair<uint64_t, uint64_t>> why;  // status -> (failed, of which received)
     for (const auto& [seq, st] : report_of) {
       if (st == errc::ok) {
         ++ok;
@@ -203,7 +209,25 @@ struct ledger {
       } else {
         ++failed;
         failed_but_received += received.count(seq);
+        ++why[st].first;
+        why[st].second += received.count(seq);
+        if (received.count(seq) != 0 && received_epoch.count(seq) != 0 &&
+            received_epoch.at(seq) != sent_epoch.at(seq)) {
+          ++received_after_a_kill;
+        }
       }
+    }
+    if (failed_but_received != 0) {
+      std::printf(
+          "[ faults   ]   received but reported failed: %llu, of which %llu were sent "
+          "before a kill and received after it\n",
+          static_cast<unsigned long long>(failed_but_received),
+          static_cast<unsigned long long>(received_after_a_kill));
+    }
+    for (const auto& [st, n] : why) {
+      std::printf("[ faults   ]   failed with %s: %llu (%llu received)\n", to_string(st),
+                  static_cast<unsigned long long>(n.first),
+                  static_cast<unsigned long long>(n.second));
     }
     for (uint64_t s = final_from; s < next_seq; ++s) {
       auto it = report_of.find(s);
@@ -471,6 +495,7 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
       r.ok = std::memcmp(want, p, kPayload) == 0 ? 1 : 0;
     }
     l.got.push_back(r);
+    l.received_epoch[r.seq] = l.epoch;
   };
   nodes_.push_back(std::make_unique<node>(&loop_, kReceiver, base(url), vcb));
   node* receiver = nodes_.back().get();
@@ -493,6 +518,7 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
         },
         20000ms));
     kill_now(&other_);
+    ++l.epoch;
     // The children notice by themselves (closed connections) ...
     ASSERT_TRUE(test::run_until(
         &loop_, [&] { return !sender->up() && !receiver->up(); }, 10000ms));
