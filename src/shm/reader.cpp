@@ -112,7 +112,7 @@ struct shm_reader::impl {
     size_t nb = 0;
     uint64_t now = 0;
     const size_t bmax = batch.size();
-    size_t budget = max_records * 4 + 64;
+    size_t budget = max_records > (~size_t{0} - 64) / 4 ? ~size_t{0} : max_records * 4 + 64;
     while (delivered + nb < max_records && budget-- > 0) {
       head_word* head = g.head(rd);
       // acquire: pairs with the writer's commit CAS; the payload, len and checksum it wrote

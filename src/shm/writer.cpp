@@ -73,8 +73,10 @@ struct shm_writer::impl {
   errc send(const shm_span* parts, size_t count) noexcept {
     if (g.hdr == nullptr) return errc::not_connected;
     size_t total = 0;
-    for (size_t i = 0; i < count; ++i) total += parts[i].size;
-    if (total > g.max_record) return errc::message_too_large;
+    for (size_t i = 0; i < count; ++i) {
+      total += parts[i].size;
+      if (total > g.max_record || parts[i].size > g.max_record) return errc::message_too_large;
+    }
     region_header* h = g.hdr;
     // A hint, not a guarantee (the reader may close right after): relaxed is enough.
     if (h->reader_state.load(std::memory_order_relaxed) != kReaderOpen) return gone();

@@ -351,7 +351,7 @@ TEST_F(ShmChannel, FourWriterProcessesKeepPerWriterOrderAndExactTotals) {
   shm_reader r;
   ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
   constexpr int kWriters = 4;
-  constexpr uint64_t kEach = 50000;
+  constexpr uint64_t kEach = 25000;
   int go[2];
   ASSERT_EQ(pipe(go), 0);
   std::vector<pid_t> kids;
