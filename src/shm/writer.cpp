@@ -86,6 +86,14 @@ struct shm_writer::impl {
     }
     if (++sends_since_flush >= kFlushEvery) flush();
 
+    // Start pulling the head and first data line of the likely position into our cache (for
+    // writing) now, so the cross-core transfers overlap the hashing below instead of stalling
+    // the claim.
+    {
+      const uint64_t guess = h->write_pos.load(std::memory_order_relaxed);
+      __builtin_prefetch(g.head(guess), 1);
+      __builtin_prefetch(g.node(guess), 1);
+    }
     // A single part is hashed before reserving (see payload_hash): the reserve-to-commit window
     // is then just the copy.
     const uint32_t pre_hash = count == 1 ? payload_hash(parts[0].data, total) : 0;
