@@ -1360,6 +1360,8 @@ struct node::impl {
 
   static void on_shm_records(void* user, const shm_record* recs, size_t count) {
     impl* n = static_cast<impl*>(user);
+    // Liveness is refreshed once per run of records from one source, not per record.
+    bus_id last_source = n->self;
     for (size_t i = 0; i < count; ++i) {
       proto::header hd;
       if (proto::parse_header(recs[i].data, recs[i].size, &hd) != errc::ok) {
@@ -1372,9 +1374,12 @@ struct node::impl {
         case msg_type::ack:
         case msg_type::command:
         case msg_type::command_reply:
-          if (peer_ep* p = n->find_peer(hd.source); p != nullptr) {
-            p->last_rx_ms = n->now_ms();
-            p->last_data_ms = p->last_rx_ms;
+          if (hd.source != last_source) {
+            last_source = hd.source;
+            if (peer_ep* p = n->find_peer(hd.source); p != nullptr) {
+              p->last_rx_ms = n->now_ms();
+              p->last_data_ms = p->last_rx_ms;
+            }
           }
           n->on_routed(nullptr, hd, recs[i].data, recs[i].size);
           break;
