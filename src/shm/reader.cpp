@@ -218,8 +218,12 @@ struct shm_reader::impl {
     if (self == nullptr || !self->started) return;
     const size_t n = self->drain(self->cb, self->user, self->cfg.batch_max);
     if (!self->started) return;  // the callback called stop()
+    if (n > 0) {  // the spin window starts when the ring first runs dry: no clock read here
+      self->spin_until = 0;
+      return;
+    }
     const uint64_t now = mono_ns();
-    if (n > 0) {
+    if (self->spin_until == 0) {
       self->spin_until = now + uint64_t{self->cfg.spin_us} * 1000;
       return;
     }
