@@ -288,7 +288,6 @@ TEST_F(StreamConnect, FiveHundredConcurrentConnectionsAllExchange) {
     ASSERT_EQ(s->send(conn, d, n), errc::ok);
   };
   stream_listener* l = nullptr;
-  stream_config cfg;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
   std::vector<stream_connection*> conns(kConns);
   for (int i = 0; i < kConns; ++i) ASSERT_EQ(c->connect(l->url(), &conns[i]), errc::ok);
