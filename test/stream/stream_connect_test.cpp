@@ -1,5 +1,7 @@
 // Connecting, listening, addresses and connection failures.
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -255,6 +257,37 @@ TEST_F(StreamConnect, CancelsAPendingConnect) {
   EXPECT_TRUE(r.connected.empty()) << "the callback must not run inside disconnect()";
   ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
   EXPECT_EQ(r.connected[id], errc::cancelled);
+}
+
+TEST_F(StreamConnect, AConnectThatHangsTimesOut) {
+  // A raw listener with backlog 0 that never accepts: once its accept queue holds one connection
+  // the kernel drops further SYNs, so later connects hang until our timer fires.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(fd, 0), 0);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string url = "ipv4://127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  recorder r;
+  stream_config cfg;
+  cfg.connect_timeout_ms = 300;
+  stream_channel* ch = make_channel(&r, cfg);
+  constexpr int kConns = 4;
+  for (int i = 0; i < kConns; ++i) ASSERT_EQ(ch->connect(url), errc::ok);
+  ASSERT_TRUE(run([&] { return r.connected.size() == kConns; }));
+  int timeouts = 0;
+  for (const auto& kv : r.connected) {
+    EXPECT_TRUE(kv.second == errc::ok || kv.second == errc::timeout) << to_string(kv.second);
+    timeouts += kv.second == errc::timeout;
+  }
+  EXPECT_GE(timeouts, 1);
+  EXPECT_EQ(ch->metrics().connect_failed, static_cast<uint64_t>(timeouts));
+  ch->close();
+  ::close(fd);
 }
 
 TEST_F(StreamConnect, InvalidConfigIsRefused) {
