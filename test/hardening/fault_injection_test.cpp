@@ -8,6 +8,10 @@
 // A message in flight at the moment of the kill may be received and still be reported failed
 // (its acknowledgement died with the process): that is allowed, a silent loss is not.
 //
+// A shared-memory writer process is killed the same way: the reader must never wedge on the
+// record a dead writer left half-written, and must deliver each incarnation's records as an
+// unbroken, uncorrupted prefix.
+//
 // UVBUS_FAULT_ITERATIONS sets the number of kills (default 3; the long run is 100+).
 #include <dirent.h>
 #include <fcntl.h>
@@ -29,6 +33,7 @@
 
 #include "test_util.h"
 #include "uvbus/node.h"
+#include "uvbus/shm.h"
 
 namespace uvbus::hardening {
 namespace {
@@ -485,6 +490,138 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
       &loop_, [&] { return l.report_of.size() == l.accepted; }, 20000ms))
       << l.report_of.size() << " of " << l.accepted << " reports";
   l.check("killed parent", kills, final_from);
+}
+
+TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
+  const std::string url = "shm://" + test::unique_name("fault-shm");
+  shm_config cfg;
+  cfg.ring_bytes = size_t{1} << 20;
+  cfg.abandon_timeout_us = 2000;
+  cfg.reclaim_timeout_us = 20000;
+  shm_reader reader;
+  ASSERT_EQ(reader.open(url, cfg), errc::ok);
+  struct sink {
+    std::map<uint64_t, std::vector<uint64_t>> from;  // incarnation -> seqs in arrival order
+    uint64_t corrupt = 0;
+  } got;
+  auto on_records = [](void* user, const shm_record* recs, size_t n) {
+    auto* g = static_cast<sink*>(user);
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t seq = 0, inc = 0;
+      if (recs[i].size != kPayload) {
+        ++g->corrupt;
+        continue;
+      }
+      std::memcpy(&seq, recs[i].data, 8);
+      std::memcpy(&inc, recs[i].data + kPayload - 8, 8);
+      uint8_t want[kPayload];
+      fill(seq, want);
+      std::memcpy(want + kPayload - 8, &inc, 8);
+      if (std::memcmp(want, recs[i].data, kPayload) != 0) ++g->corrupt;
+      g->from[inc].push_back(seq);
+    }
+  };
+  std::mt19937 rng(5);
+  const int kills = iterations();
+  for (int inc = 0; inc < kills; ++inc) {
+    SCOPED_TRACE(inc);
+    const size_t target = 100 + rng() % 20000;
+    other_ = spawn([&] {
+      // The writer: no loop, no thread, just send as fast as the ring takes records.
+      shm_writer w;
+      if (w.open(url) != errc::ok) _exit(2);
+      // Every other incarnation is certain to die mid-record: the hook holds it between
+      // reserving record number `target` and committing it (a resent record keeps its number).
+      static uint64_t sending;
+      static uint64_t hold_at;
+      hold_at = inc % 2 == 1 ? target : UINT64_MAX;
+      w.set_test_hook(
+          [](void*) {
+            if (sending == hold_at) {
+              for (;;) pause();
+            }
+          },
+          nullptr);
+      uint8_t p[kPayload];
+      const uint64_t me = static_cast<uint64_t>(inc);
+      for (uint64_t seq = 0;;) {
+        fill(seq, p);
+        std::memcpy(p + kPayload - 8, &me, 8);
+        sending = seq;
+        const errc e = w.send(p, sizeof p);
+        if (e == errc::ok) {
+          ++seq;
+        } else if (e != errc::queue_full && e != errc::abandoned) {
+          // abandoned: this writer stalled past the abandon timeout (a loaded machine) and the
+          // reader skipped the record; it was NOT delivered, so sending it again is correct.
+          _exit(3);
+        }
+      }
+    });
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (got.from[static_cast<uint64_t>(inc)].size() < target &&
+           std::chrono::steady_clock::now() < deadline) {
+      (void)reader.poll(on_records, &got, 4096);
+    }
+    if (got.from[static_cast<uint64_t>(inc)].size() < target) {
+      const shm_metrics m = reader.metrics();
+      shm_region_info info;
+      (void)shm_inspect(url, &info);
+      ADD_FAILURE() << "stalled at " << got.from[static_cast<uint64_t>(inc)].size() << " of "
+                    << target << ": abandoned " << m.abandoned << ", fill " << m.fill_bytes
+                    << ", queue_full " << m.queue_full << ", corrupt " << m.corrupt << ", checksum "
+                    << m.checksum_failures << ", write_pos " << info.write_pos << ", read_pos "
+                    << info.read_pos;
+      return;
+    }
+    kill_now(&other_);  // most likely in the middle of a send
+  }
+  // Whatever the last writer left half-done is skipped after the abandon timeout: the reader is
+  // not wedged, and a fresh writer's records come through.
+  other_ = spawn([&] {
+    shm_writer w;
+    if (w.open(url) != errc::ok) _exit(2);
+    uint8_t p[kPayload];
+    const uint64_t me = static_cast<uint64_t>(kills);
+    for (uint64_t seq = 0; seq < 1000;) {
+      fill(seq, p);
+      std::memcpy(p + kPayload - 8, &me, 8);
+      if (w.send(p, sizeof p) == errc::ok) ++seq;
+    }
+    for (;;) pause();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (got.from[static_cast<uint64_t>(kills)].size() < 1000 &&
+         std::chrono::steady_clock::now() < deadline) {
+    (void)reader.poll(on_records, &got, 4096);
+  }
+  EXPECT_EQ(got.from[static_cast<uint64_t>(kills)].size(), 1000u) << "the reader is wedged";
+  kill_now(&other_);
+  EXPECT_EQ(got.corrupt, 0u);
+  uint64_t total = 0;
+  for (const auto& [inc, seqs] : got.from) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i] != i) {
+        ADD_FAILURE() << "writer " << inc << ": record " << i << " is " << seqs[i];
+        break;
+      }
+    }
+    total += seqs.size();
+  }
+  const shm_metrics m = reader.metrics();
+  EXPECT_EQ(m.checksum_failures, 0u);
+  EXPECT_EQ(m.corrupt, 0u);
+  // Every held incarnation left a record behind; more are skipped when a plain kill lands
+  // mid-record or a live writer stalls past the timeout (then its send says so and it resends).
+  EXPECT_GE(m.abandoned, static_cast<uint64_t>(kills / 2));
+  std::printf(
+      "[ faults   ] killed shm writer, %d kills (%d held mid-record): %llu records "
+      "received, %llu abandoned records skipped (%llu reported to a live writer), each "
+      "writer's records an unbroken prefix\n",
+      kills, kills / 2, static_cast<unsigned long long>(total),
+      static_cast<unsigned long long>(m.abandoned),
+      static_cast<unsigned long long>(m.writer_abandoned));
+  reader.close();
 }
 
 }  // namespace
