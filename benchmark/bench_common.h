@@ -95,7 +95,9 @@ inline uint64_t get_le64(const uint8_t* p) {
 // Size of message `seq` of writer `writer`, uniform in [min, max].
 inline size_t payload_size(uint64_t seq, uint64_t writer, size_t min, size_t max) {
   if (min == max) return min;
-  return min + mix64(seq ^ (writer << 48)) % (max - min + 1);
+  // Multiply-shift instead of a 64-bit modulo (a division costs ~25 cycles per message).
+  const uint64_t r = mix64(seq ^ (writer << 48)) >> 32;
+  return min + static_cast<size_t>((r * (max - min + 1)) >> 32);
 }
 
 // Fills bytes [16, n) from the sequence number: 8 bytes at a time, so generation and checking stay
@@ -137,16 +139,18 @@ inline bool verify_payload(const uint8_t* p, size_t n, uint64_t seq, uint64_t wr
   put_le64(want, seq);
   put_le64(want + 8, writer);
   if (std::memcmp(p, want, std::min<size_t>(n, 16)) != 0) return false;
+  // Accumulate differences instead of branching per word: one well-predicted branch per message.
   uint64_t w = seq * 0x9E3779B97F4A7C15ull + 1;
+  uint64_t diff = 0;
   size_t i = 16;
   for (; i + 8 <= n; i += 8) {
-    if (std::memcmp(p + i, &w, 8) != 0) return false;
+    uint64_t got;
+    std::memcpy(&got, p + i, 8);
+    diff |= got ^ w;
     w += 0x632BE59BD9B4E019ull;
   }
-  for (size_t k = 0; i < n; ++i, ++k) {
-    if (p[i] != static_cast<uint8_t>(w >> (8 * k))) return false;
-  }
-  return true;
+  for (size_t k = 0; i < n; ++i, ++k) diff |= p[i] ^ static_cast<uint8_t>(w >> (8 * k));
+  return diff == 0;
 }
 
 inline double mono_now() {
