@@ -15,7 +15,8 @@ BUILD=${BUILD:-build-bench}
 export SECONDS_PER_CASE=${SECONDS_PER_CASE:-5}
 PARTS=${PARTS:-"micro stream shm bus"}
 rm -rf "$BUILD"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUVBUS_BUILD_TESTS=OFF >/dev/null
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUVBUS_BUILD_TESTS=OFF \
+  -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=ON >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" >/dev/null
 
 echo "# uvbus benchmarks $(date -u +%FT%TZ) on $(nproc) cores," \
