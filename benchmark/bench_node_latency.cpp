@@ -10,10 +10,10 @@
 // without --no-shm both directions use shared memory (the nodes choose it: same host, rings
 // offered); otherwise the stream. Prints p50/p90/p99/p99.9/max in microseconds and a JSON line.
 #include <sched.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
+#include <csignal>
 
 #include <cstdio>
 #include <string>

@@ -60,7 +60,7 @@ struct receiver {
 
 node_config bench_config() {
   node_config c;
-  c.message_limit = 64 * 1024;
+  c.message_limit = size_t{64} * 1024;
   c.heartbeat_interval_ms = 1000;
   c.heartbeat_timeout_ms = 10000;
   c.sibling_direct = false;
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   const node_counters rcnt = root.counters();
   const uint64_t fwd = relay ? relay->counters().forwarded : 0;
   char extra[160];
-  std::snprintf(extra, sizeof extra, ",\"relay_in_process\":%s,\"shm\":%s,\"forwarded\":%llu",
+  std::snprintf(extra, sizeof extra, R"(,"relay_in_process":%s,"shm":%s,"forwarded":%llu)",
                 relay ? "true" : "false", shm.empty() ? "false" : "true",
                 static_cast<unsigned long long>(fwd));
   (void)rcnt;

@@ -49,9 +49,9 @@ struct node_config {
 
   // Largest user payload of send_data() (message_too_large above it); the stream frame limit is
   // this plus the 36 bytes of bus header and data prefix. Every node of a bus should agree.
-  size_t message_limit = 64 * 1024;
+  size_t message_limit = size_t{64} * 1024;
   // Per-connection stream send queue, bytes and packets (back-pressure: queue_full above them).
-  size_t link_queue_bytes = 2 * 1024 * 1024;
+  size_t link_queue_bytes = size_t{2} << 20;
   size_t link_queue_packets = 65536;
 
   // Messages sent while their link is not up yet (parent reconnecting, sibling being looked up or
@@ -59,12 +59,12 @@ struct node_config {
   // pending_timeout_ms, then they fail with errc::timeout. pending_max_messages = 0 disables
   // queueing: such sends return not_connected at once. Default: 4096 messages / 4 MiB / 10 s.
   size_t pending_max_messages = 4096;
-  size_t pending_max_bytes = 4 * 1024 * 1024;
+  size_t pending_max_bytes = size_t{4} << 20;
   uint32_t pending_timeout_ms = 10000;
   // Forwarding back-pressure: when a relayed message meets a full next-hop queue it waits in that
   // hop's overflow queue (this many bytes at most) and the link it came from stops being read until
   // the overflow drains; beyond it, relayed messages are dropped and counted (forward_dropped).
-  size_t forward_overflow_bytes = 4 * 1024 * 1024;
+  size_t forward_overflow_bytes = size_t{4} << 20;
 
   // A connection must finish the registration handshake within this time or is closed.
   uint32_t handshake_timeout_ms = 5000;

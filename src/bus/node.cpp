@@ -546,7 +546,7 @@ struct node::impl {
       std::vector<uint8_t> rb;
       proto::encode_command_reply(static_cast<uint32_t>(cmd), proto::reason::ok, out.data(),
                                   out.size(), &rb);
-      self_replies.push_back({seq, std::move(rb)});
+      self_replies.emplace_back(seq, std::move(rb));
       arm_idle();
       return errc::ok;
     }
@@ -1455,7 +1455,7 @@ struct node::impl {
       case proto::command_id::counters:
         return counters_text();
       case proto::command_id::echo:
-        return std::string(reinterpret_cast<const char*>(args), n);
+        return {reinterpret_cast<const char*>(args), n};
       default:
         return {};
     }
@@ -1613,7 +1613,7 @@ struct node::impl {
     hostname = detail::host_name();
 
     stream_config sc;
-    sc.message_limit = std::max<size_t>(cfg.message_limit + kBusOverhead, 64 * 1024);
+    sc.message_limit = std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024);
     sc.queue.mode = queue_mode::static_ring;
     sc.queue.ring_bytes = std::max(cfg.link_queue_bytes, 2 * (sc.message_limit + 64));
     sc.queue.max_bytes = sc.queue.ring_bytes;
@@ -1641,8 +1641,8 @@ struct node::impl {
         shm_config shc;
         shc.ring_bytes = cfg.shm_ring_bytes;
         shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
-        shc.max_record_size =
-            static_cast<uint32_t>(std::max<size_t>(cfg.message_limit + kBusOverhead, 64 * 1024));
+        shc.max_record_size = static_cast<uint32_t>(
+            std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024));
         const errc e = rd->open(a, shc);
         if (e != errc::ok) return e;
         shm_url = a.to_string();

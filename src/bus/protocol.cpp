@@ -107,9 +107,9 @@ class writer {
 class reader {
  public:
   reader(const uint8_t* p, size_t n) : p_(p), left_(n) {}
-  bool ok() const { return ok_; }
-  bool done() const { return ok_ && left_ == 0; }
-  size_t left() const { return left_; }
+  [[nodiscard]] bool ok() const { return ok_; }
+  [[nodiscard]] bool done() const { return ok_ && left_ == 0; }
+  [[nodiscard]] size_t left() const { return left_; }
   const uint8_t* take(size_t n) {
     if (!ok_ || n > left_) {
       ok_ = false;

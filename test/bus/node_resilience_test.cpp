@@ -75,7 +75,7 @@ class NodeResilienceTest : public ::testing::Test {
       if (p.get() == n) p.reset();
     }
   }
-  bool wait(std::function<bool()> pred, std::chrono::milliseconds d = 10000ms) {
+  bool wait(const std::function<bool()>& pred, std::chrono::milliseconds d = 10000ms) {
     return run_until(&loop_, pred, d);
   }
   uv_loop_t loop_{};

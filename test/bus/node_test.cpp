@@ -44,7 +44,7 @@ struct tnode {
   std::vector<errc> errors;
   std::vector<std::string> logs;
 
-  size_t ok_reports() const {
+  [[nodiscard]] size_t ok_reports() const {
     size_t k = 0;
     for (const auto& r : reports) k += r.status == errc::ok ? 1 : 0;
     return k;
@@ -114,7 +114,7 @@ class NodeTest : public ::testing::Test {
     return make(id, std::move(cfg));
   }
 
-  bool wait(std::function<bool()> pred, std::chrono::milliseconds d = 10000ms) {
+  bool wait(const std::function<bool()>& pred, std::chrono::milliseconds d = 10000ms) {
     return run_until(&loop_, pred, d);
   }
 
