@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -258,6 +259,11 @@ int iterations() {
 class FaultInjection : public ::testing::Test {
  protected:
   void SetUp() override {
+    // Survivors write to sockets whose peer was just killed. The stream channel does not handle
+    // SIGPIPE yet (HostileStreamDeathTest.DISABLED_APeerThatClosedDoesNotKillTheWriterWithSigpipe),
+    // so, like any libuv program today, these tests ignore it; what they check is recovery and
+    // accounting. Remove once the channel handles it.
+    previous_sigpipe_ = std::signal(SIGPIPE, SIG_IGN);
     ASSERT_EQ(uv_loop_init(&loop_), 0);
     ASSERT_EQ(pipe2(pipe_, O_CLOEXEC), 0);
     ASSERT_EQ(fcntl(pipe_[0], F_SETFL, O_NONBLOCK), 0);
@@ -270,6 +276,7 @@ class FaultInjection : public ::testing::Test {
     EXPECT_EQ(uv_loop_close(&loop_), 0);
     close(pipe_[0]);
     close(pipe_[1]);
+    std::signal(SIGPIPE, previous_sigpipe_);
   }
 
   template <class Main>
@@ -295,6 +302,7 @@ class FaultInjection : public ::testing::Test {
   int pipe_[2] = {-1, -1};
   pid_t child_ = -1;
   pid_t other_ = -1;  // the killed sender or root of the other tests
+  void (*previous_sigpipe_)(int) = SIG_DFL;
   std::vector<std::unique_ptr<node>> nodes_;
 };
 
