@@ -52,6 +52,9 @@ for t in "${targets[@]}"; do
   else
     work=$scratch/$t
   fi
+  # Findings of earlier runs were reported then; start each run with an empty artifact directory
+  # so that a stale crash file cannot fail a clean run.
+  rm -rf "${artifacts:?}/$t"
   mkdir -p "$work" "$artifacts/$t"
   dirs=("$work")
   [ -d "$seeds" ] && dirs+=("$seeds")
