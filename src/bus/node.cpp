@@ -328,6 +328,8 @@ struct node::impl {
   // memory when it has a ring for us, else over its stream link. tag != 0 asks for a report.
   errc transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag, bus_id target,
                 bool* via_shm = nullptr) {
+    // Traffic in either direction keeps a sibling link from being dropped as idle.
+    if (p->kind == peer_kind::sibling) p->last_data_ms = now_ms();
     if (p->shm) {
       shm_gather.resize(n);
       for (size_t i = 0; i < n; ++i) shm_gather[i] = {bufs[i].data, bufs[i].size};

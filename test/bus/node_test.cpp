@@ -323,6 +323,17 @@ TEST_F(NodeTest, IdleSiblingLinksAreDropped) {
   // And it comes back on demand.
   ASSERT_EQ(send_str(a, 0x102, 1, "y"), errc::ok);
   ASSERT_TRUE(wait([&] { return b->got.size() == 2; }));
+  // One-way traffic keeps it up on both sides: a sends every 50 ms for 3 idle periods.
+  ASSERT_TRUE(wait([&] { return a->n->peer(0x102, &e); }));
+  const size_t removed_a = a->removed.size();
+  const size_t removed_b = b->removed.size();
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_EQ(send_str(a, 0x102, 1, "z"), errc::ok);
+    wait([] { return false; }, 50ms);
+  }
+  EXPECT_EQ(a->removed.size(), removed_a);
+  EXPECT_EQ(b->removed.size(), removed_b);
+  EXPECT_TRUE(a->n->peer(0x102, &e));
 }
 
 TEST_F(NodeTest, ForwardingThroughTheParentPreservesTheSource) {
