@@ -168,8 +168,10 @@ struct node_callbacks {
   // in send order while the route between the two nodes stays the same (a route change — a sibling
   // link coming up, a parent restart — may reorder messages in flight across the change).
   std::function<void(bus_id source, uint32_t type, const uint8_t* data, size_t size)> on_data;
-  // Exactly one per message accepted by send_data(), if set when the message was sent. Without it
-  // the node does not track channel-level delivery at all (cheaper).
+  // Exactly one per message accepted by send_data() (none if the node is destroyed first; stop()
+  // still reports everything, with errc::closed for what could not be sent). Always after the
+  // send_data() call returned. Without this callback the node does not track channel-level
+  // delivery at all (cheaper).
   std::function<void(const delivery_report&)> on_report;
   // A peer finished registration (either direction) / a registered peer's link ended (reason).
   std::function<void(const endpoint_info&)> on_endpoint_added;
