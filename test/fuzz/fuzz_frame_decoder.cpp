@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "frame_reference.h"
 #include "fuzz_util.h"
 #include "uvbus/frame.h"
 #include "uvbus/murmur3.h"
@@ -28,42 +29,10 @@ namespace {
 
 using uvbus::frame_decoder;
 using uvbus::frame_status;
+using uvbus::fuzz::frame_ref;
+using uvbus::fuzz::reference_decode;
 
 constexpr size_t kLimits[] = {0, 1, 2, 5, 16, 100, 127, 128, 300, 4095, 4096, 4097, 65536};
-
-struct frame_ref {
-  size_t offset;  // payload offset in the stream
-  size_t size;
-};
-
-// Reference decoder over the whole stream at once. Returns the final state: need_more when the
-// stream ends at or inside a frame that is still plausible, or the error that stops it.
-frame_status reference_decode(const uint8_t* s, size_t n, size_t limit,
-                              std::vector<frame_ref>* out) {
-  size_t pos = 0;
-  for (;;) {
-    if (n - pos <= uvbus::kFrameHashBytes) return frame_status::need_more;
-    uint64_t len = 0;
-    size_t vn = 0;
-    switch (uvbus::varint_decode(s + pos + 4, n - pos - 4, &len, &vn)) {
-      case uvbus::varint_status::too_long:
-        return frame_status::bad_varint;
-      case uvbus::varint_status::truncated:
-        return frame_status::need_more;
-      case uvbus::varint_status::ok:
-        break;
-    }
-    if (len > limit) return frame_status::oversize;
-    const size_t header = 4 + vn;
-    if (n - pos - header < len) return frame_status::need_more;
-    const uint32_t want = static_cast<uint32_t>(s[pos]) | static_cast<uint32_t>(s[pos + 1]) << 8 |
-                          static_cast<uint32_t>(s[pos + 2]) << 16 |
-                          static_cast<uint32_t>(s[pos + 3]) << 24;
-    if (uvbus::murmur3_x86_32(s + pos + header, len, 0) != want) return frame_status::bad_hash;
-    out->push_back({pos + header, static_cast<size_t>(len)});
-    pos += header + len;
-  }
-}
 
 struct chunker {
   uint8_t mode;

@@ -89,6 +89,20 @@ for name, head, stream in [
 ]:
     write("fuzz_frame_decoder", name, bytes(head) + stream)
 
+# fuzz_stream_channel: the same layout, except that byte 0 only picks the channel by parity
+# (even: limit 300, odd: 64 KiB).
+for name, limit_byte, head, stream in [
+    ("hello", 1, (0, 0, 0), frame(b"hello")),
+    ("seq_chunks3", 0, (3, 0, 0), seq),
+    ("seq_random", 0, (200, 7, 1), seq),
+    ("big_random_chunks", 1, (255, 3, 9), big + frame(b"tail")),
+    ("oversize_300", 0, (0, 0, 0), frame(b"z" * 301)),
+    ("good_then_garbage", 1, (2, 0, 0), frame(b"ok") + b"\xde\xad\xbe\xef" * 4),
+    ("bad_varint", 1, (0, 0, 0), b"\0\0\0\0" + b"\xff" * 11),
+    ("half_frame", 1, (5, 0, 0), frame(b"z" * 100)[:50]),
+]:
+    write("fuzz_stream_channel", name, bytes([limit_byte]) + bytes(head) + stream)
+
 # fuzz_varint: bytes to decode; the first 8 are also a value to encode.
 for v in (0, 1, 127, 128, 300, 16383, 16384, (1 << 32) - 1, (1 << 63), (1 << 64) - 1):
     write("fuzz_varint", "enc_%x" % v, varint(v))
