@@ -5,7 +5,8 @@
 //
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
-// (until queue_full, then the loop runs once). The node picks the channel: shared memory when the
+// (until queue_full; then it waits for on_writable over a stream link, or polls a full ring).
+// The node picks the channel: shared memory when the
 // parent is on this host and offers a ring, unless --no-shm. Then the end message, a graceful
 // stop, and a summary line.
 #include <uv.h>
@@ -41,8 +42,10 @@ int main(int argc, char** argv) {
   c.heartbeat_timeout_ms = 10000;
   c.sibling_direct = false;
   bool down = false;
+  bool writable = true;
   int exit_code = 0;
   node_callbacks cb;
+  cb.on_writable = [&](bus_id) { writable = true; };
   cb.on_down = [&](errc) { down = true; };
   cb.on_registration = [&](errc e, const std::string& d) {
     if (e != errc::ok) {
@@ -65,6 +68,9 @@ int main(int argc, char** argv) {
   (void)n.peers().empty();
   const auto peers = n.peers();
   const char* channel = peers.empty() ? "?" : to_string(peers[0].data_channel);
+  // A full stream link says when it has drained (on_writable): wait for that rather than retrying.
+  // A full ring has no such signal: poll it.
+  const bool stream_link = !peers.empty() && peers[0].data_channel == channel_kind::stream;
 
   std::vector<uint8_t> buf(o.max + 16);
   uint64_t seq = 0;
@@ -80,6 +86,7 @@ int main(int argc, char** argv) {
       const errc e = n.send_data(target, 1, buf.data(), len);
       if (e == errc::queue_full) {
         ++refused;
+        if (stream_link) writable = false;
         break;
       }
       if (e != errc::ok) {
@@ -90,7 +97,7 @@ int main(int argc, char** argv) {
       ++seq;
       bytes += len;
     }
-    uv_run(&loop, UV_RUN_NOWAIT);
+    uv_run(&loop, writable ? UV_RUN_NOWAIT : UV_RUN_ONCE);
   }
   const double secs = mono_now() - t0;
   const double cpu = (cpu_now() - c0) / secs * 100;
