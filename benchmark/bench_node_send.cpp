@@ -6,9 +6,8 @@
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
 // (until queue_full; then it waits for on_writable over a stream link, or polls a full ring).
-// The node picks the channel: shared memory when the
-// parent is on this host and offers a ring, unless --no-shm. Then the end message, a graceful
-// stop, and a summary line.
+// The node picks the channel: shared memory when the parent is on this host and offers a ring,
+// unless --no-shm. Then the end message, a graceful stop, and a summary line.
 #include <uv.h>
 
 #include <cstdio>
