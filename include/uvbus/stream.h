@@ -5,6 +5,11 @@
 // function must be called on the loop's thread, and every callback runs on that thread, from inside
 // uv_run() (or from inside stream_channel::close(), see there). Nothing is thread-safe.
 //
+// SIGPIPE: a write to a peer that has gone raises SIGPIPE, whose default action kills the process.
+// Constructing a stream_channel sets SIGPIPE to SIG_IGN when it is still at its default (a handler
+// or disposition the application installed is left alone), so a vanished peer only costs its
+// connection: the write fails with EPIPE and the connection closes with connection_reset.
+//
 // Errors are values (uvbus::errc). Contract shared with libuv, word for word: when a function which
 // takes a callback returns an error, the callback will never be called. Here that means: a send()
 // that returns an error never produces an on_written report for that packet (and leaves nothing

@@ -26,6 +26,7 @@
 // run inside a user's call to disconnect(). close() of the channel reports synchronously instead.
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1158,9 +1159,31 @@ struct stream_channel::impl {
 
 // ------------------------------------------------------------------------ public API --
 
+namespace {
+
+// libuv writes with write()/writev(), without MSG_NOSIGNAL, so a write to a peer that has gone
+// raises SIGPIPE, whose default action kills the whole process: one vanished peer must cost only
+// its connection (EPIPE -> connection_reset). When SIGPIPE is still at its default disposition we
+// ignore it; an application that installed its own handler (or ignores it already) is left alone.
+// Checked at every channel construction, not once: a forked child may have reset it.
+void ignore_default_sigpipe() noexcept {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      (current.sa_flags & SA_SIGINFO) == 0) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    (void)sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
+}  // namespace
+
 stream_channel::stream_channel(uv_loop_t* loop, const stream_config& cfg,
                                const stream_callbacks& cbs)
-    : impl_(new impl(loop, cfg, cbs)) {}
+    : impl_(new impl(loop, cfg, cbs)) {
+  ignore_default_sigpipe();
+}
 
 stream_channel::~stream_channel() {
   impl_->close_all(false);
