@@ -9,11 +9,12 @@
 //           ├── A 0x1100 (0x1100/8, TCP + shm)      ── A1 0x1101 (TCP + shm)
 //           └── B 0x1200 (0x1200/8, TCP only)        ── B1 0x1201 (TCP only)
 //   A<->R and A1<->A carry data over shared memory; everything touching B over TCP.
-//   flows:  A1->B1, B1->A1 (across the tree), A1->R, R->B1, A->B (siblings), B1->A
+//   flows:  A1->B1, B1->A1 (across the tree), A1->R, R->B1, A->B (siblings), B1->A and B->A1
+//           (relayed over the A-B sibling link)
 //
 // Environment: UVBUS_SOAK_SECONDS (duration), UVBUS_SOAK_RATE (messages per second per flow,
-// default 2000), UVBUS_SOAK_CSV (write the per-second samples there), UVBUS_SOAK_SIBLING_DIRECT=1
-// (direct sibling links, see below).
+// default 2000), UVBUS_SOAK_CSV (write the per-second samples there), UVBUS_SOAK_SIBLING_DIRECT=0
+// (no direct sibling links, see below).
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <uv.h>
@@ -224,12 +225,11 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
     c.reconnect_min_ms = 10;
     c.reconnect_max_ms = 200;
     c.access_tokens = {"soak-token"};
-    // Direct sibling links (A<->B) are off by default: with them, traffic that a sibling relays
-    // for its descendants (B1 -> A goes B1 -> B -> A over the sibling link, source B1; likewise
-    // A1's acknowledgements to B) makes the receiver close the link ("source id not allowed on
-    // this link"), so messages arrive but their reports fail with timeout. Reported to the bus
-    // layer; UVBUS_SOAK_SIBLING_DIRECT=1 reproduces it.
-    c.sibling_direct = env_or("UVBUS_SOAK_SIBLING_DIRECT", 0) != 0;
+    // Direct sibling links (A<->B) carry relayed traffic: B1 -> A goes B1 -> B -> A over the
+    // sibling link with source B1, and A1's acknowledgements reach B through A the same way
+    // (refused as "source id not allowed on this link" before 0bc907e; this test found it).
+    // UVBUS_SOAK_SIBLING_DIRECT=0 routes everything through R instead.
+    c.sibling_direct = env_or("UVBUS_SOAK_SIBLING_DIRECT", 1) != 0;
     return c;
   };
   const std::string tcp = "ipv4://127.0.0.1:0";
@@ -258,7 +258,7 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   ASSERT_TRUE(b1->peer(kB, &e));
   EXPECT_EQ(e.data_channel, channel_kind::stream);
 
-  flows_ = {{kA1, kB1}, {kB1, kA1}, {kA1, kR}, {kR, kB1}, {kA, kB}, {kB1, kA}};
+  flows_ = {{kA1, kB1}, {kB1, kA1}, {kA1, kR}, {kR, kB1}, {kA, kB}, {kB1, kA}, {kB, kA1}};
 
   struct timers {
     uv_timer_t traffic;
