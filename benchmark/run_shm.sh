@@ -6,8 +6,12 @@
 #
 #   benchmark/run_shm.sh BUILD_DIR
 #
+# Senders batch their messages (shm_writer::send_batch, up to BATCH_BYTES of ring per batch);
+# the */1w-single cases send one record per send() call, the path the bus layer uses today.
+#
 # Environment: SECONDS_PER_CASE (default 5), CASES (extended regex on case names, default all),
-# ROUND_TRIPS (default 200000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset).
+# ROUND_TRIPS (default 200000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset),
+# BATCH_BYTES (4096).
 set -euo pipefail
 
 BUILD=${1:?usage: run_shm.sh BUILD_DIR}
@@ -17,6 +21,7 @@ ROUND_TRIPS=${ROUND_TRIPS:-200000}
 SEND_CPU=${SEND_CPU:-0}
 RECV_CPU=${RECV_CPU:-1}
 PIN=${PIN:-1}
+BATCH_BYTES=${BATCH_BYTES:-4096}
 for b in recv send pingpong; do
   [ -x "$BUILD/uvbus_bench_shm_$b" ] || { echo "missing $BUILD/uvbus_bench_shm_$b" >&2; exit 2; }
 done
@@ -37,8 +42,8 @@ json_field() {  # json_field LINE KEY
   sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
 }
 
-run_pair() {  # run_pair NAME MIN MAX WRITERS
-  local name=$1 min=$2 max=$3 writers=$4
+run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES]
+  local name=$1 min=$2 max=$3 writers=$4 batch=${5:-$BATCH_BYTES}
   [[ $name =~ $CASES ]] || return 0
   local file=${name////_}
   local ready=$TMP/$file.ready out=$TMP/$file.recv url="shm://uvbus-bench-$$-$file"
@@ -55,7 +60,7 @@ run_pair() {  # run_pair NAME MIN MAX WRITERS
   fi
   local send_out
   send_out=$($ON_SEND "$BUILD/uvbus_bench_shm_send" "$url" --min "$min" --max "$max" \
-    --seconds "$SECS" --writers "$writers" | grep '^\[send\]' || true)
+    --seconds "$SECS" --writers "$writers" --batch-bytes "$batch" | grep '^\[send\]' || true)
   wait "$rpid" || true
   local j
   j=$(grep '^{"bench"' "$out" | tail -1 || true)
@@ -74,6 +79,8 @@ for w in 1 2; do
   run_pair "small/${w}w" 8 128 "$w"
   run_pair "large/${w}w" 8 16384 "$w"
 done
+run_pair "small/1w-single" 8 128 1 0
+run_pair "large/1w-single" 8 16384 1 0
 
 LAT=()
 for mode in poll uv; do

@@ -239,6 +239,23 @@ class shm_writer {
     return send(parts.begin(), parts.size());
   }
 
+  // Sends `count` messages (each span is one whole message) as one batch: one reservation, one
+  // commit, so the ring's shared words are touched once for the whole batch instead of once per
+  // message — the way to carry many small messages fast. All or nothing: on ok every message is
+  // committed and the reader delivers them in order, each verified by its own checksum (a
+  // message whose checksum fails is skipped and counted alone); on any error none of them will
+  // be delivered and the same batch may be sent again. The reader may hand them to its callback
+  // split over several batches of records. Errors as send(), plus:
+  //   message_too_large  the sum of batch_bytes(size) over the messages exceeds max_record_size()
+  //   invalid_argument   count > kMaxBatch
+  // count == 0 is ok (nothing sent); count == 1 is the same as send(). Allocates nothing.
+  static constexpr size_t kMaxBatch = 1024;
+  [[nodiscard]] errc send_batch(const shm_span* msgs, size_t count) noexcept;
+  // Bytes one message of `size` bytes takes of a batch's max_record_size() budget.
+  [[nodiscard]] static constexpr size_t batch_bytes(size_t size) noexcept {
+    return 8 + ((size + 7) & ~size_t{7});
+  }
+
   // True if the region's reader is open and its process alive (one syscall).
   [[nodiscard]] bool reader_alive() const noexcept;
   // Detaches (the region itself belongs to the reader). Idempotent.
@@ -250,9 +267,9 @@ class shm_writer {
   // wakeups) plus the region's current fill and capacity.
   [[nodiscard]] shm_metrics metrics() const noexcept;
 
-  // Testing only: hook(user) runs inside send() after the record's nodes are reserved and its
-  // header written, before the payload is copied and committed (to hold or kill a writer
-  // mid-record). nullptr removes it.
+  // Testing only: hook(user) runs inside send() and send_batch() after the record's nodes are
+  // reserved and its header written, before the payload is copied and committed (to hold or kill a
+  // writer mid-record). nullptr removes it.
   void set_test_hook(void (*hook)(void* user), void* user) noexcept;
 
   struct impl;

@@ -11,6 +11,12 @@
 // out a pointer into the ring. It never wraps: a writer that would cross the end of the ring first
 // claims the rest of the lap as a PAD record. Only the head of a record's first node is used.
 //
+// A batch (shm_writer::send_batch, state kBatch) is one reservation holding several messages: its
+// prefix is {u32 body_len, u32 item_count} and its body is a sequence of items, each
+// {u32 len, u32 checksum} + payload padded to a multiple of 8 bytes (so every payload the reader
+// hands out stays 8-byte aligned). It is claimed, committed, abandoned and released as one unit;
+// every item carries its own checksum (batch_item_checksum) and is verified on its own.
+//
 // The ctl words live apart from the data on purpose: writers CAS the head of the node at their
 // write position, and a writer delayed for a whole lap may load or CAS (and fail) the head of a
 // node that is by then in the middle of a newer record. Were heads inside the data, that access
@@ -26,10 +32,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "shm/hash.h"
+
 namespace uvbus::shm_detail {
 
 inline constexpr uint64_t kMagic = 0x4d48535355425655ull;  // "UVBUSSHM" in little-endian bytes
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;                    // 2: kBatch records
 inline constexpr uint32_t kHeaderSize = 4096;
 inline constexpr uint32_t kRecordHeaderSize = 8;  // the {len, checksum} prefix in the data
 inline constexpr uint32_t kMinNodeSize = 64;
@@ -118,7 +126,14 @@ enum rec_state : uint32_t {
   kPad = 3,           // filler to the end of the lap (node count field unused)
   kAbandoned = 4,     // skipped by the reader (the writer did not commit in time)
   kAbandonedAck = 5,  // the writer saw kAbandoned at commit and no longer touches the nodes
+  kBatch = 6,         // complete batch of several messages (see the batch layout above)
 };
+
+// Bytes one message of `len` bytes takes in a batch body: its {len, checksum} prefix and the
+// payload padded to 8.
+constexpr uint64_t batch_item_bytes(uint64_t len) noexcept {
+  return kRecordHeaderSize + ((len + 7) & ~uint64_t{7});
+}
 
 inline constexpr uint64_t kStampBits = 40;
 inline constexpr uint64_t kStampMask = (uint64_t{1} << kStampBits) - 1;
@@ -146,12 +161,23 @@ inline uint32_t record_seed(uint64_t pos) noexcept {
 // The payload part does not depend on the position, so a writer can hash its source buffer
 // before it reserves nodes, which keeps the reserve-to-commit window (the window in which a
 // preempted writer holds up the reader) down to a memcpy.
-uint32_t payload_hash(const void* payload, size_t len) noexcept;
+inline uint32_t payload_hash(const void* payload, size_t len) noexcept {
+  return payload_hash_inline(payload, len);  // src/shm/hash.h
+}
 constexpr uint32_t position_mix(uint64_t pos) noexcept {
   return static_cast<uint32_t>((pos * 0x9E3779B97F4A7C15ull) >> 32);
 }
 inline uint32_t record_checksum(const void* payload, size_t len, uint64_t pos) noexcept {
   return payload_hash(payload, len) ^ position_mix(pos);
+}
+// An item of a batch at byte offset `off` of the body of the batch at position `pos`: the same
+// payload hash, mixed with both, so an item moved to another offset never verifies either.
+constexpr uint32_t item_mix(uint64_t pos, uint64_t off) noexcept {
+  return position_mix(pos) ^ static_cast<uint32_t>((off + 1) * 0x85EBCA77u);
+}
+inline uint32_t batch_item_checksum(const void* payload, size_t len, uint64_t pos,
+                                    uint64_t off) noexcept {
+  return payload_hash(payload, len) ^ item_mix(pos, off);
 }
 
 // ABI checks: these are the offsets documented in docs/shm.md.
@@ -185,5 +211,6 @@ static_assert(offsetof(region_header, batches) == 424, "");
 static_assert(offsetof(region_header, reserved) == 448, "");
 static_assert(sizeof(record_prefix) == kRecordHeaderSize, "");
 static_assert(sizeof(head_word) == 8, "");
+static_assert(kBatch == 6 && batch_item_bytes(0) == 8 && batch_item_bytes(1) == 16, "ABI");
 
 }  // namespace uvbus::shm_detail

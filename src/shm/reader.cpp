@@ -49,6 +49,10 @@ struct shm_reader::impl {
   };
   hold holds[kMaxHolds];
   size_t nholds = 0;
+  // Inside a batch (kBatch) partly delivered: the batch's position and the body offset of its next
+  // item (a poll or try_receive limit, or a callback batch, can stop in the middle of one).
+  uint64_t sub_pos = ~uint64_t{0};
+  uint64_t sub_off = 0;
   uint64_t stuck_pos = ~uint64_t{0};  // head position last seen in kWriting, and since when
   uint64_t stuck_since = 0;
 
@@ -161,6 +165,71 @@ struct shm_reader::impl {
           nb = 0;
           publish(0);
         }
+        continue;
+      }
+      if (st == kBatch) {
+        // The batch's nodes stay unreleased (rd stays on it) until its last item is delivered:
+        // publish() below releases only up to rd.
+        const uint8_t* node = g.node(rd);
+        record_prefix pre;
+        std::memcpy(&pre, node, sizeof pre);
+        const uint64_t blen = pre.len;
+        if (blen > g.max_record || g.nodes_for(blen) != n || pre.checksum == 0) {
+          ++c_corrupt;
+          rd += n;
+          continue;
+        }
+        const uint8_t* body = node + kRecordHeaderSize;
+        uint64_t off = sub_pos == rd ? sub_off : 0;
+        bool paused = false;
+        while (off < blen) {
+          if (delivered + nb >= max_records) {
+            paused = true;
+            break;
+          }
+          record_prefix ip;
+          if (blen - off < sizeof ip) {
+            ++c_corrupt;
+            break;
+          }
+          std::memcpy(&ip, body + off, sizeof ip);
+          const uint64_t step = batch_item_bytes(ip.len);
+          if (step > blen - off) {  // a length that runs past the body: nothing after it is sure
+            ++c_corrupt;
+            break;
+          }
+          if (ip.len > size_limit) {  // try_receive: leave it at the head
+            too_big = ip.len;
+            paused = true;
+            break;
+          }
+          const uint8_t* payload = body + off + kRecordHeaderSize;
+          if (batch_item_checksum(payload, ip.len, rd, off) != ip.checksum) {
+            ++c_checksum;
+            off += step;
+            continue;
+          }
+          off += step;
+          batch[nb++] = shm_record{payload, ip.len};
+          c_bytes += ip.len;
+          if (nb == bmax) {
+            sub_pos = rd;
+            sub_off = off;
+            fn(u, batch.data(), nb);
+            delivered += nb;
+            c_records += nb;
+            ++c_batches;
+            nb = 0;
+            publish(0);
+          }
+        }
+        if (paused) {
+          sub_pos = rd;
+          sub_off = off;
+          break;
+        }
+        sub_pos = ~uint64_t{0};
+        rd += n;
         continue;
       }
       if (st == kWriting) {

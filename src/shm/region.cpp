@@ -54,12 +54,6 @@ uint32_t log2u(uint64_t v) {
 
 }  // namespace
 
-uint32_t payload_hash(const void* payload, size_t len) noexcept {
-  uint64_t h[2];
-  murmur3_x64_128(payload, len, 0, h);
-  return static_cast<uint32_t>(h[0]);
-}
-
 uint64_t mono_ns() noexcept {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

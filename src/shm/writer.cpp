@@ -11,6 +11,10 @@ namespace uvbus {
 
 using namespace shm_detail;
 
+static_assert(shm_writer::batch_bytes(0) == batch_item_bytes(0) &&
+                  shm_writer::batch_bytes(13) == batch_item_bytes(13),
+              "the public batch size formula is the layout's");
+
 struct shm_writer::impl {
   mapping map;
   geometry g;
@@ -70,13 +74,8 @@ struct shm_writer::impl {
     return errc::queue_full;
   }
 
-  errc send(const shm_span* parts, size_t count) noexcept {
-    if (g.hdr == nullptr) return errc::not_connected;
-    size_t total = 0;
-    for (size_t i = 0; i < count; ++i) {
-      total += parts[i].size;
-      if (total > g.max_record || parts[i].size > g.max_record) return errc::message_too_large;
-    }
+  // Checks shared by send and send_batch before anything is reserved. ok, or the error to return.
+  errc precheck() noexcept {
     region_header* h = g.hdr;
     // A hint, not a guarantee (the reader may close right after): relaxed is enough.
     if (h->reader_state.load(std::memory_order_relaxed) != kReaderOpen) return gone();
@@ -85,24 +84,23 @@ struct shm_writer::impl {
       if (!shm_detail::reader_alive(h, map.kind, false)) return gone();
     }
     if (++sends_since_flush >= kFlushEvery) flush();
-
     // Start pulling the head and first data line of the likely position into our cache (for
-    // writing) now, so the cross-core transfers overlap the hashing below instead of stalling
-    // the claim.
-    {
-      const uint64_t guess = h->write_pos.load(std::memory_order_relaxed);
-      __builtin_prefetch(g.head(guess), 1);
-      __builtin_prefetch(g.node(guess), 1);
-    }
-    // A single part is hashed before reserving (see payload_hash): the reserve-to-commit window
-    // is then just the copy.
-    const uint32_t pre_hash = count == 1 ? payload_hash(parts[0].data, total) : 0;
-    const uint64_t need = g.nodes_for(total);
+    // writing) now, so the cross-core transfers overlap the hashing that follows instead of
+    // stalling the claim.
+    const uint64_t guess = h->write_pos.load(std::memory_order_relaxed);
+    __builtin_prefetch(g.head(guess), 1);
+    __builtin_prefetch(g.node(guess), 1);
+    return errc::ok;
+  }
+
+  // Reserves `need` consecutive nodes: on ok, *wp is their position and their head holds
+  // kWriting with our stamp. Otherwise queue_full or not_connected (nothing reserved).
+  errc reserve(uint64_t need, uint64_t* wp) noexcept {
+    region_header* h = g.hdr;
     uint64_t w = h->write_pos.load(std::memory_order_acquire);
-    head_word* head;
     for (;;) {
       const uint64_t idx = w & g.mask;
-      head = g.head(w);
+      head_word* head = g.head(w);
       // acquire: a claim we see (another writer's) must come with its node count.
       uint64_t c = head->load(std::memory_order_acquire);
       if (ctl_is(c, w)) {
@@ -150,10 +148,64 @@ struct shm_writer::impl {
         uint64_t expect = w;
         h->write_pos.compare_exchange_strong(expect, w + need, std::memory_order_acq_rel,
                                              std::memory_order_relaxed);
-        break;
+        *wp = w;
+        return errc::ok;
       }
       w = h->write_pos.load(std::memory_order_acquire);
     }
+  }
+
+  // Commits the reservation at w (kWriting -> `state`) and wakes a sleeping reader; counts
+  // `records` messages of `bytes` payload bytes. ok or abandoned.
+  errc commit(uint64_t w, uint64_t need, uint32_t state, uint64_t records,
+              uint64_t bytes) noexcept {
+    region_header* h = g.hdr;
+    head_word* head = g.head(w);
+    // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
+    // we must say so. seq_cst pairs with the reader's seq_cst store of reader_sleeping and its
+    // seq_cst re-check of the head: either the reader sees this commit before sleeping, or we see
+    // reader_sleeping == 1 below and wake it (no lost wake-up). On x86 both are plain locked ops.
+    uint64_t expect = make_ctl(w, need, kWriting);
+    if (!head->compare_exchange_strong(expect, make_ctl(w, need, state), std::memory_order_seq_cst,
+                                       std::memory_order_acquire)) {
+      // Tell the reader we are done with these nodes so it can reuse them before reclaim_timeout.
+      if (ctl_is(expect, w) && ctl_state(expect) == kAbandoned) {
+        head->compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
+                                      std::memory_order_release, std::memory_order_relaxed);
+      }
+      ++local.writer_abandoned;
+      ++pend_abandoned;
+      return errc::abandoned;
+    }
+    local.records_written += records;
+    local.bytes_written += bytes;
+    pend_records += records;
+    pend_bytes += bytes;
+    // A plain load first: the exchange (a locked op taking the line from the reader) only when
+    // the reader announced it sleeps.
+    if (h->reader_sleeping.load(std::memory_order_seq_cst) != 0 &&
+        h->reader_sleeping.exchange(0, std::memory_order_seq_cst) != 0) {
+      futex_wake(&h->reader_sleeping, 1);
+      ++local.wakeups;
+      ++pend_wakeups;
+    }
+    return errc::ok;
+  }
+
+  errc send(const shm_span* parts, size_t count) noexcept {
+    if (g.hdr == nullptr) return errc::not_connected;
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i) {
+      total += parts[i].size;
+      if (total > g.max_record || parts[i].size > g.max_record) return errc::message_too_large;
+    }
+    if (const errc e = precheck(); e != errc::ok) return e;
+    // A single part is hashed before reserving (see payload_hash): the reserve-to-commit window
+    // is then just the copy.
+    const uint32_t pre_hash = count == 1 ? payload_hash(parts[0].data, total) : 0;
+    const uint64_t need = g.nodes_for(total);
+    uint64_t w = 0;
+    if (const errc e = reserve(need, &w); e != errc::ok) return e;
 
     if (hook != nullptr) hook(hook_user);
 
@@ -168,34 +220,44 @@ struct shm_writer::impl {
     const uint32_t hash = count == 1 ? pre_hash : payload_hash(dst, total);
     const record_prefix pre{static_cast<uint32_t>(total), hash ^ position_mix(w)};
     std::memcpy(node, &pre, sizeof pre);
+    return commit(w, need, kCommitted, 1, total);
+  }
 
-    // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
-    // we must say so. seq_cst pairs with the reader's seq_cst store of reader_sleeping and its
-    // seq_cst re-check of the head: either the reader sees this commit before sleeping, or we see
-    // reader_sleeping == 1 below and wake it (no lost wake-up). On x86 both are plain locked ops.
-    uint64_t expect = make_ctl(w, need, kWriting);
-    if (!head->compare_exchange_strong(expect, make_ctl(w, need, kCommitted),
-                                       std::memory_order_seq_cst, std::memory_order_acquire)) {
-      // Tell the reader we are done with these nodes so it can reuse them before reclaim_timeout.
-      if (ctl_is(expect, w) && ctl_state(expect) == kAbandoned) {
-        head->compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
-                                      std::memory_order_release, std::memory_order_relaxed);
-      }
-      ++local.writer_abandoned;
-      ++pend_abandoned;
-      return errc::abandoned;
+  errc send_batch(const shm_span* msgs, size_t count) noexcept {
+    if (g.hdr == nullptr) return errc::not_connected;
+    if (count == 0) return errc::ok;
+    if (count > shm_writer::kMaxBatch) return errc::invalid_argument;
+    if (count == 1) return send(msgs, 1);  // the plain record format is smaller
+    uint64_t body = 0, bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      if (msgs[i].size > g.max_record) return errc::message_too_large;
+      body += batch_item_bytes(msgs[i].size);
+      bytes += msgs[i].size;
+      if (body > g.max_record) return errc::message_too_large;
     }
-    ++local.records_written;
-    local.bytes_written += total;
-    ++pend_records;
-    pend_bytes += total;
-    if (h->reader_sleeping.load(std::memory_order_seq_cst) != 0 &&
-        h->reader_sleeping.exchange(0, std::memory_order_seq_cst) != 0) {
-      futex_wake(&h->reader_sleeping, 1);
-      ++local.wakeups;
-      ++pend_wakeups;
+    if (const errc e = precheck(); e != errc::ok) return e;
+    // Every payload is hashed before reserving, as in send(): the window stays the copies.
+    uint32_t hashes[shm_writer::kMaxBatch];
+    for (size_t i = 0; i < count; ++i) hashes[i] = payload_hash(msgs[i].data, msgs[i].size);
+    const uint64_t need = g.nodes_for(body);
+    uint64_t w = 0;
+    if (const errc e = reserve(need, &w); e != errc::ok) return e;
+
+    if (hook != nullptr) hook(hook_user);
+
+    uint8_t* node = g.node(w);
+    uint8_t* dst = node + kRecordHeaderSize;
+    uint64_t off = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const size_t len = msgs[i].size;
+      const record_prefix ip{static_cast<uint32_t>(len), hashes[i] ^ item_mix(w, off)};
+      std::memcpy(dst + off, &ip, sizeof ip);
+      if (len != 0) std::memcpy(dst + off + kRecordHeaderSize, msgs[i].data, len);
+      off += batch_item_bytes(len);
     }
-    return errc::ok;
+    const record_prefix pre{static_cast<uint32_t>(body), static_cast<uint32_t>(count)};
+    std::memcpy(node, &pre, sizeof pre);
+    return commit(w, need, kBatch, count, bytes);
   }
 };
 
@@ -261,6 +323,11 @@ errc shm_writer::send(const void* data, size_t len) noexcept {
 errc shm_writer::send(const shm_span* parts, size_t count) noexcept {
   if (!impl_) return errc::not_connected;
   return impl_->send(parts, count);
+}
+
+errc shm_writer::send_batch(const shm_span* msgs, size_t count) noexcept {
+  if (!impl_) return errc::not_connected;
+  return impl_->send_batch(msgs, count);
 }
 
 bool shm_writer::reader_alive() const noexcept {
