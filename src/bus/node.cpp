@@ -1724,10 +1724,9 @@ struct node::impl {
         (void)streams->disconnect(lk->conn, disconnect_mode::graceful);
       }
     }
-    if (reader) {
-      reader->stop();
-      reader->close();
-    }
+    // Only stop the reader here: stop() may be called from on_data inside the ring's callback,
+    // where closing the ring is not allowed. finish_stop() (from the loop) closes and removes it.
+    if (reader) reader->stop();
     maybe_finish_stop();
   }
   std::vector<command_cb> deferred_cmd_fail;
@@ -1742,6 +1741,7 @@ struct node::impl {
     if (state != run_state::stopping) return;
     state = run_state::stopped;
     is_up = false;
+    if (reader) reader->close();
     for (auto& [id, p] : peers) {
       if (p->shm) p->shm->close();
     }

@@ -241,6 +241,34 @@ TEST_F(NodeResilienceTest, SharedMemoryIsChosenOnOneHostAndStreamWhenDisabled) {
   ASSERT_TRUE(wait([&] { return as.reports.size() == 1000 && ps.reports.size() == 1000; }));
 }
 
+TEST_F(NodeResilienceTest, StopFromInsideASharedMemoryDeliveryIsSafe) {
+  sink ps, cs;
+  node_config pc = quick_config();
+  pc.enable_shm = true;
+  pc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("stop-p")};
+  pc.shm_ring_bytes = 1 << 20;
+  pc.subnets = {{0x100, 8}};
+  node* p = nullptr;
+  bool down = false;
+  node_callbacks cb;
+  cb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { p->stop(); };  // in the ring's batch
+  cb.on_down = [&](errc e) { down = e == errc::closed; };
+  nodes_.push_back(std::make_unique<node>(&loop_, 0x100, pc, cb));
+  p = nodes_.back().get();
+  ASSERT_EQ(p->start(), errc::ok);
+  node_config cc = quick_config();
+  cc.enable_shm = true;
+  cc.parent_url = p->listen_urls()[0];
+  node* c = add(0x101, cc, &cs);
+  ASSERT_TRUE(wait([&] { return c->up(); }));
+  endpoint_info e;
+  ASSERT_TRUE(c->peer(0x100, &e));
+  ASSERT_EQ(e.data_channel, channel_kind::shm);
+  for (uint64_t v = 0; v < 100; ++v) ASSERT_EQ(c->send_data(0x100, 1, &v, sizeof v), errc::ok);
+  ASSERT_TRUE(wait([&] { return down; }));
+  EXPECT_FALSE(p->running());
+}
+
 // 1 000 000 messages from a leaf to a leaf of another branch: leaf -> mid -> root -> mid -> leaf,
 // every hop a real TCP connection, relays under back-pressure. Each payload is checked byte by
 // byte and in order.
