@@ -1364,7 +1364,8 @@ struct node::impl {
     impl* n = static_cast<impl*>(user);
     // Liveness is refreshed once per run of records from one source, not per record.
     bus_id last_source = n->self;
-    for (size_t i = 0; i < count; ++i) {
+    // A callback may stop the node mid-batch: nothing more is delivered then.
+    for (size_t i = 0; i < count && n->state == run_state::running; ++i) {
       proto::header hd;
       if (proto::parse_header(recs[i].data, recs[i].size, &hd) != errc::ok) {
         ++n->counters.protocol_errors;

@@ -250,8 +250,12 @@ TEST_F(NodeResilienceTest, StopFromInsideASharedMemoryDeliveryIsSafe) {
   pc.subnets = {{0x100, 8}};
   node* p = nullptr;
   bool down = false;
+  int delivered = 0;
   node_callbacks cb;
-  cb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { p->stop(); };  // in the ring's batch
+  cb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) {
+    ++delivered;
+    p->stop();  // inside the ring's batch
+  };
   cb.on_down = [&](errc e) { down = e == errc::closed; };
   nodes_.push_back(std::make_unique<node>(&loop_, 0x100, pc, cb));
   p = nodes_.back().get();
@@ -267,6 +271,7 @@ TEST_F(NodeResilienceTest, StopFromInsideASharedMemoryDeliveryIsSafe) {
   for (uint64_t v = 0; v < 100; ++v) ASSERT_EQ(c->send_data(0x100, 1, &v, sizeof v), errc::ok);
   ASSERT_TRUE(wait([&] { return down; }));
   EXPECT_FALSE(p->running());
+  EXPECT_EQ(delivered, 1);  // nothing after stop()
 }
 
 // 1 000 000 messages from a leaf to a leaf of another branch: leaf -> mid -> root -> mid -> leaf,
