@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,11 +69,65 @@ struct header {
   uint64_t sequence = 0;
 };
 
-// Writes h into out[0..32).
-void encode_header(const header& h, uint8_t* out) noexcept;
+namespace detail {
+// Little-endian field access for any alignment: a plain move on little-endian hosts.
+template <class T>
+inline T le(T v) noexcept {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  if constexpr (sizeof(T) == 2) return __builtin_bswap16(v);
+  if constexpr (sizeof(T) == 4) return __builtin_bswap32(v);
+  if constexpr (sizeof(T) == 8) return __builtin_bswap64(v);
+#endif
+  return v;
+}
+template <class T>
+inline void store_le(uint8_t* p, T v) noexcept {
+  v = le(v);
+  std::memcpy(p, &v, sizeof v);
+}
+template <class T>
+inline T load_le(const uint8_t* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return le(v);
+}
+}  // namespace detail
+
+// Writes h into out[0..32). Inline: it runs once per message on the send path.
+inline void encode_header(const header& h, uint8_t* out) noexcept {
+  out[0] = h.version;
+  out[1] = static_cast<uint8_t>(h.type);
+  out[2] = h.flags;
+  out[3] = h.ttl;
+  detail::store_le<uint32_t>(out + 4, h.body_len);
+  detail::store_le<uint64_t>(out + 8, h.source);
+  detail::store_le<uint64_t>(out + 16, h.target);
+  detail::store_le<uint64_t>(out + 24, h.sequence);
+}
+
 // Parses the header of a whole message [p, p + n): n >= 32, a known version and type, no unknown
-// flag bits, and body_len == n - 32 exactly. The body is then p + 32.
-[[nodiscard]] errc parse_header(const uint8_t* p, size_t n, header* out) noexcept;
+// flag bits, and body_len == n - 32 exactly. The body is then p + 32. *out is only written on
+// success. Inline: it runs once per message on the receive path.
+[[nodiscard]] inline errc parse_header(const uint8_t* p, size_t n, header* out) noexcept {
+  if (p == nullptr || n < kHeaderSize) return errc::protocol_error;
+  const uint8_t version = p[0];
+  const uint8_t type = p[1];
+  const uint8_t flags = p[2];
+  if (version < kMinVersion || version > kMaxVersion) return errc::protocol_error;
+  if (type == 0 || type > kMaxMsgType) return errc::protocol_error;
+  if ((flags & ~kKnownFlags) != 0) return errc::protocol_error;
+  const uint32_t body_len = detail::load_le<uint32_t>(p + 4);
+  if (body_len != n - kHeaderSize) return errc::protocol_error;
+  out->version = version;
+  out->type = static_cast<msg_type>(type);
+  out->flags = flags;
+  out->ttl = p[3];
+  out->body_len = body_len;
+  out->source = detail::load_le<uint64_t>(p + 8);
+  out->target = detail::load_le<uint64_t>(p + 16);
+  out->sequence = detail::load_le<uint64_t>(p + 24);
+  return errc::ok;
+}
 
 // Reasons carried on the wire (registration refusals, acks, bye). Stable numbers, unlike errc.
 enum class reason : uint16_t {
@@ -185,7 +240,9 @@ void encode_ping(const ping_body& b, std::vector<uint8_t>* out);
 void encode_ack(const ack_body& b, std::vector<uint8_t>* out);
 void encode_bye(const bye_body& b, std::vector<uint8_t>* out);
 // Data prefix (user type) into out[0..4).
-void encode_data_prefix(uint32_t user_type, uint8_t* out) noexcept;
+inline void encode_data_prefix(uint32_t user_type, uint8_t* out) noexcept {
+  detail::store_le<uint32_t>(out, user_type);
+}
 void encode_command(uint32_t command, const void* args, size_t n, std::vector<uint8_t>* out);
 void encode_command_reply(uint32_t command, reason status, const void* result, size_t n,
                           std::vector<uint8_t>* out);

@@ -217,38 +217,6 @@ const char* to_string(msg_type t) noexcept {
   return "unknown";
 }
 
-void encode_header(const header& h, uint8_t* out) noexcept {
-  out[0] = h.version;
-  out[1] = static_cast<uint8_t>(h.type);
-  out[2] = h.flags;
-  out[3] = h.ttl;
-  put32(out + 4, h.body_len);
-  put64(out + 8, h.source);
-  put64(out + 16, h.target);
-  put64(out + 24, h.sequence);
-}
-
-errc parse_header(const uint8_t* p, size_t n, header* out) noexcept {
-  if (p == nullptr || n < kHeaderSize) return errc::protocol_error;
-  const uint8_t version = p[0];
-  const uint8_t type = p[1];
-  const uint8_t flags = p[2];
-  if (version < kMinVersion || version > kMaxVersion) return errc::protocol_error;
-  if (type == 0 || type > kMaxMsgType) return errc::protocol_error;
-  if ((flags & ~kKnownFlags) != 0) return errc::protocol_error;
-  const uint32_t body_len = get32(p + 4);
-  if (body_len != n - kHeaderSize) return errc::protocol_error;
-  out->version = version;
-  out->type = static_cast<msg_type>(type);
-  out->flags = flags;
-  out->ttl = p[3];
-  out->body_len = body_len;
-  out->source = get64(p + 8);
-  out->target = get64(p + 16);
-  out->sequence = get64(p + 24);
-  return errc::ok;
-}
-
 reason reason_from_errc(errc e) noexcept {
   switch (e) {
     case errc::ok:
@@ -433,10 +401,6 @@ errc parse_ping(const uint8_t* p, size_t n, ping_body* out) noexcept {
   if (n != 8) return errc::protocol_error;
   out->send_time_ns = get64(p);
   return errc::ok;
-}
-
-void encode_data_prefix(uint32_t user_type, uint8_t* out) noexcept {
-  put32(out, user_type);
 }
 
 errc parse_data(const uint8_t* p, size_t n, data_body* out) noexcept {
