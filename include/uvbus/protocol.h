@@ -116,7 +116,7 @@ inline void encode_header(const header& h, uint8_t* out) noexcept {
   if (version < kMinVersion || version > kMaxVersion) return errc::protocol_error;
   if (type == 0 || type > kMaxMsgType) return errc::protocol_error;
   if ((flags & ~kKnownFlags) != 0) return errc::protocol_error;
-  const uint32_t body_len = detail::load_le<uint32_t>(p + 4);
+  const auto body_len = detail::load_le<uint32_t>(p + 4);
   if (body_len != n - kHeaderSize) return errc::protocol_error;
   out->version = version;
   out->type = static_cast<msg_type>(type);
