@@ -98,6 +98,15 @@ struct stream_config {
   // An outbound connection that has not connected within this time fails with errc::timeout.
   // 0: no timeout beyond the kernel's.
   uint32_t connect_timeout_ms = 10000;
+  // A connection that holds part of a frame and receives no byte for this long is closed with
+  // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
+  // bytes, forever). Checked by one timer per channel every timeout/4 (at least every 10 ms), so a
+  // stalled half-frame is closed within 1.25 x the timeout. 0: never.
+  uint32_t partial_frame_timeout_ms = 30000;
+  // Accepted connections beyond this many live connections (inbound + outbound) of the channel are
+  // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
+  // strangers can make a listener hold. 0: no limit.
+  uint32_t max_connections = 16384;
 };
 
 // Per-connection counters. Totals only ever grow; the queue_* fields are current values.
@@ -113,9 +122,10 @@ struct stream_connection_metrics {
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
   uint64_t io_errors = 0;       // read/write errors other than a clean EOF
-  size_t queue_bytes = 0;       // frame bytes waiting in the send queue now
-  size_t queue_packets = 0;     // packets waiting in the send queue now
-  size_t queue_peak_bytes = 0;  // highest queue_bytes seen
+  uint64_t partial_frame_timeouts = 0;  // closed for stalling mid-frame (partial_frame_timeout_ms)
+  size_t queue_bytes = 0;               // frame bytes waiting in the send queue now
+  size_t queue_packets = 0;             // packets waiting in the send queue now
+  size_t queue_peak_bytes = 0;          // highest queue_bytes seen
 };
 
 // Per-channel counters: the sums of every connection's totals, live and closed, plus events.
@@ -127,6 +137,7 @@ struct stream_channel_metrics {
   uint64_t connections_closed = 0;     // connections that reported on_disconnected
   uint64_t connections_open = 0;       // connecting + connected right now
   uint64_t listeners_open = 0;
+  uint64_t connections_rejected = 0;  // accepted then closed at once: max_connections reached
 };
 
 class stream_channel;

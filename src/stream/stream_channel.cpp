@@ -155,6 +155,7 @@ void add_totals(stream_connection_metrics& to, const stream_connection_metrics& 
   to.send_failed += m.send_failed;
   to.decode_errors += m.decode_errors;
   to.io_errors += m.io_errors;
+  to.partial_frame_timeouts += m.partial_frame_timeouts;
   if (with_queue) {
     to.queue_bytes += m.queue_bytes;
     to.queue_packets += m.queue_packets;
@@ -179,6 +180,7 @@ struct stream_channel::impl {
   uv_check_t check{};
   uv_idle_t idle{};
   bool idle_on = false;
+  uv_timer_t sweep{};  // closes connections stalled mid-frame (partial_frame_timeout_ms)
 
   conn_impl* conns = nullptr;
   listener_impl* listeners = nullptr;
@@ -200,7 +202,31 @@ struct stream_channel::impl {
     uv_idle_init(loop, &idle);
     idle.data = this;
     uv_unref(reinterpret_cast<uv_handle_t*>(&idle));
-    handles = 2;
+    uv_timer_init(loop, &sweep);
+    sweep.data = this;
+    if (cfg.partial_frame_timeout_ms != 0) {
+      const uint64_t every = std::max<uint64_t>(10, cfg.partial_frame_timeout_ms / 4);
+      uv_timer_start(
+          &sweep, [](uv_timer_t* t) { static_cast<impl*>(t->data)->sweep_partial_frames(); }, every,
+          every);
+    }
+    uv_unref(reinterpret_cast<uv_handle_t*>(&sweep));  // never keeps the loop alive by itself
+    handles = 3;
+  }
+
+  // One pass over the connections, not a timer per connection: an idle connection costs nothing,
+  // and a half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout.
+  void sweep_partial_frames() {
+    const uint64_t now = uv_now(loop);
+    for (conn_impl* c = conns; c != nullptr; c = c->next) {
+      // end_conn() only marks the connection and closes its handle; it stays linked until the
+      // close callback, so c->next is still valid after it.
+      if (c->active() && c->decoder.buffered() != 0 &&
+          now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
+        ++c->m().partial_frame_timeouts;
+        end_conn(c, errc::timeout);
+      }
+    }
   }
 
   // ------------------------------------------------------------------ bookkeeping --
@@ -629,6 +655,7 @@ struct stream_channel::impl {
     }
     auto& m = c->m();
     ++m.read_calls;
+    c->last_read_ms = uv_now(loop);
     c->decoder.feed(buf->base, static_cast<size_t>(nread));
     for (;;) {
       const frame_decoder::result r = c->decoder.next();
@@ -976,8 +1003,16 @@ struct stream_channel::impl {
         c->set_peer_url(sockaddr_url(reinterpret_cast<sockaddr*>(&ss)));
       }
     }
+    if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
+      // Accepted only to take it off the backlog: over the cap, it is closed unannounced.
+      ++retired.connections_rejected;
+      c->reported = true;
+      end_conn(c, errc::busy);
+      return;
+    }
     c->state = conn_state::connected;
     c->connected_once = true;
+    c->last_read_ms = uv_now(loop);
     ++retired.connections_accepted;
     start_reading(c);
     if (cb.on_accepted != nullptr && c->active()) cb.on_accepted(cb.ctx, c);
@@ -1146,6 +1181,7 @@ struct stream_channel::impl {
     auto done = [](uv_handle_t* h) { static_cast<impl*>(h->data)->handle_released(); };
     uv_close(reinterpret_cast<uv_handle_t*>(&check), done);
     uv_close(reinterpret_cast<uv_handle_t*>(&idle), done);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sweep), done);
   }
 
   stream_channel_metrics metrics() const {

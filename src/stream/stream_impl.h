@@ -59,6 +59,7 @@ struct conn_impl final : stream_connection {
   uint8_t* prepared = nullptr;         // prepare_send(): the open reservation's frame
   size_t prepared_size = 0;            // and its payload size
   frame_decoder decoder;
+  uint64_t last_read_ms = 0;  // uv_now() of the last read that returned bytes (or of the accept)
 
   uv_write_t wreq{};
   uv_shutdown_t sreq{};

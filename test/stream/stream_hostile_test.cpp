@@ -4,9 +4,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
-#include <algorithm>
 #include <vector>
 
 #include "stream/stream_harness.h"
@@ -159,6 +159,71 @@ TEST_F(StreamHostile, AFrameSplitIntoSingleBytesStillArrives) {
   }
   ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
   EXPECT_EQ(srv.received[srv.accepted[0]->id()][0], std::string(300, 's'));
+}
+
+}  // namespace
+}  // namespace uvbus::test
+
+namespace uvbus::test {
+namespace {
+
+// A slow-loris peer: a header and part of a payload, then silence. Its connection is closed with
+// timeout once partial_frame_timeout_ms passes, while a connection that is idle between frames
+// (nothing partial) stays up and keeps working.
+TEST_F(StreamHostile, AStalledHalfFrameIsClosedWithTimeoutAndAnIdleConnectionIsNot) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.partial_frame_timeout_ms = 100;
+  stream_channel* s = make_channel(&srv, cfg);
+  stream_channel* c = make_channel(&cli);
+  stream_listener* l = nullptr;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  stream_connection* idle = nullptr;
+  ASSERT_EQ(c->connect(l->url(), &idle), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  const uint64_t idle_srv_id = srv.accepted_ids[0];
+
+  raw_peer loris(l->port());
+  ASSERT_TRUE(loris.ok());
+  std::vector<uint8_t> half = frame_of(std::string(1000, 'z'));
+  half.resize(half.size() / 2);
+  ASSERT_TRUE(loris.write_all(half));
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 2; }));
+  const uint64_t loris_id = srv.accepted_ids[1];
+  ASSERT_TRUE(run([&] { return srv.disconnected.count(loris_id) != 0; }));
+  EXPECT_EQ(srv.disconnected[loris_id], errc::timeout);
+  EXPECT_EQ(s->metrics().totals.partial_frame_timeouts, 1u);
+  EXPECT_TRUE(srv.received[loris_id].empty());
+
+  // The idle connection (at a frame boundary for far longer than the timeout) is still up.
+  EXPECT_EQ(srv.disconnected.count(idle_srv_id), 0u);
+  ASSERT_EQ(c->send(idle, "still here", 10), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[idle_srv_id].size() == 1; }));
+  EXPECT_EQ(srv.received[idle_srv_id][0], "still here");
+}
+
+TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
+  recorder srv;
+  stream_config cfg;
+  cfg.max_connections = 2;
+  stream_channel* s = make_channel(&srv, cfg);
+  stream_listener* l = nullptr;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  raw_peer a(l->port());
+  raw_peer b(l->port());
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 2; }));
+  raw_peer extra(l->port());  // the kernel completes the handshake; the channel closes it
+  ASSERT_TRUE(extra.ok());
+  ASSERT_TRUE(run([&] { return s->metrics().connections_rejected == 1; }));
+  EXPECT_EQ(srv.accepted.size(), 2u);  // no on_accepted for the rejected one
+  EXPECT_EQ(s->metrics().connections_open, 2u);
+  // Once one leaves, a new connection is accepted again.
+  a.close_now();
+  ASSERT_TRUE(run([&] { return srv.disconnected.size() == 1; }));
+  raw_peer later(l->port());
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 3; }));
+  ASSERT_TRUE(later.write_all(frame_of("in")));
+  ASSERT_TRUE(run([&] { return srv.received[srv.accepted_ids[2]].size() == 1; }));
 }
 
 }  // namespace
