@@ -54,8 +54,9 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // A payload view is valid until the following call to next() or feed(). After an error the decoder
 // yields the same error forever (it never resynchronises: a corrupt stream must be closed).
 //
-// Memory: between chunks the decoder keeps only the bytes of one partial frame. Its buffer grows to
-// the size of the largest partial frame seen and is released again once a frame larger than
+// Memory: between chunks the decoder keeps only the bytes of one partial frame. Its buffer grows
+// with the bytes actually received (never reserved from the announced length, so a peer sending a
+// header and then nothing pins only what it sent) and is released again once a frame larger than
 // kDecoderKeepBytes completes, so an idle decoder holds at most kDecoderKeepBytes.
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload

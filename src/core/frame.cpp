@@ -95,10 +95,11 @@ frame_decoder::result frame_decoder::next() {
         chunk_left_ -= total;
         return {frame_status::payload, p + header, static_cast<size_t>(len)};
       }
-      // Header known, payload incomplete: keep it; reserve once for the whole frame.
+      // Header known, payload incomplete: keep what arrived. The buffer grows with the bytes
+      // actually received, never from the announced length: a peer that sends a 7-byte header
+      // and stops must not pin a whole message-limit allocation.
       header_len_ = header;
       frame_len_ = total;
-      partial_.reserve(total);
     }
   }
   // Either the header is incomplete (fewer than kFrameMaxHeader bytes left) or the payload is.
@@ -125,7 +126,6 @@ frame_decoder::result frame_decoder::next_partial() {
       if (len > max_payload_) return fail(frame_status::oversize);
       header_len_ = kFrameHashBytes + vn;
       frame_len_ = header_len_ + static_cast<size_t>(len);
-      partial_.reserve(frame_len_);
     }
   }
   const size_t take = std::min(frame_len_ - partial_.size(), chunk_left_);
