@@ -16,35 +16,14 @@
 set -euo pipefail
 
 BUILD=${1:?usage: run_bus.sh BUILD_DIR}
-SECS=${SECONDS_PER_CASE:-5}
 MIN=${MIN:-8}
 MAX=${MAX:-128}
-CASES=${CASES:-.}
 REPEAT=${REPEAT:-1}
 ROUND_TRIPS=${ROUND_TRIPS:-100000}
-SEND_CPU=${SEND_CPU:-0}
-RECV_CPU=${RECV_CPU:-1}
-PIN=${PIN:-1}
-for b in recv send latency; do
-  [ -x "$BUILD/uvbus_bench_node_$b" ] || { echo "missing $BUILD/uvbus_bench_node_$b" >&2; exit 2; }
-done
-if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
-  ON_SEND="taskset -c $SEND_CPU"
-  ON_RECV="taskset -c $RECV_CPU"
-else
-  ON_SEND=""
-  ON_RECV=""
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_setup bus uvbus_bench_node_recv uvbus_bench_node_send uvbus_bench_node_latency
 
-TMP=$(mktemp -d /tmp/uvbus-bus-bench.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-JSON=()
-ROWS=()
 declare -A RATE
-
-json_field() {  # json_field LINE KEY
-  sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
-}
 
 median() {  # median N...
   printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {if (NR == 0) print 0; else if (NR % 2) print a[(NR+1)/2]; else printf "%.0f\n", (a[NR/2]+a[NR/2+1])/2}'

@@ -15,32 +15,10 @@
 set -euo pipefail
 
 BUILD=${1:?usage: run_shm.sh BUILD_DIR}
-SECS=${SECONDS_PER_CASE:-5}
-CASES=${CASES:-.}
 ROUND_TRIPS=${ROUND_TRIPS:-200000}
-SEND_CPU=${SEND_CPU:-0}
-RECV_CPU=${RECV_CPU:-1}
-PIN=${PIN:-1}
 BATCH_BYTES=${BATCH_BYTES:-4096}
-for b in recv send pingpong; do
-  [ -x "$BUILD/uvbus_bench_shm_$b" ] || { echo "missing $BUILD/uvbus_bench_shm_$b" >&2; exit 2; }
-done
-if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
-  ON_SEND="taskset -c $SEND_CPU"
-  ON_RECV="taskset -c $RECV_CPU"
-else
-  ON_SEND=""
-  ON_RECV=""
-fi
-
-TMP=$(mktemp -d /tmp/uvbus-shm-bench.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-JSON=()
-ROWS=()
-
-json_field() {  # json_field LINE KEY
-  sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_setup shm uvbus_bench_shm_recv uvbus_bench_shm_send uvbus_bench_shm_pingpong
 
 run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES]
   local name=$1 min=$2 max=$3 writers=$4 batch=${5:-$BATCH_BYTES}

@@ -10,27 +10,9 @@
 set -euo pipefail
 
 BUILD=${1:?usage: run_stream.sh BUILD_DIR}
-SECS=${SECONDS_PER_CASE:-5}
-CASES=${CASES:-.}
 ROUND_TRIPS=${ROUND_TRIPS:-200000}
-SEND_CPU=${SEND_CPU:-0}
-RECV_CPU=${RECV_CPU:-1}
-PIN=${PIN:-1}
-for b in recv send pingpong; do
-  [ -x "$BUILD/uvbus_bench_stream_$b" ] || { echo "missing $BUILD/uvbus_bench_stream_$b" >&2; exit 2; }
-done
-if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
-  ON_SEND="taskset -c $SEND_CPU"
-  ON_RECV="taskset -c $RECV_CPU"
-else
-  ON_SEND=""
-  ON_RECV=""
-fi
-
-TMP=$(mktemp -d /tmp/uvbus-stream-bench.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-JSON=()
-ROWS=()
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_setup stream uvbus_bench_stream_recv uvbus_bench_stream_send uvbus_bench_stream_pingpong
 
 # url_for KIND: a listen URL with an ephemeral port (or a fresh unix path).
 url_for() {
@@ -39,10 +21,6 @@ url_for() {
     ipv6) echo "ipv6://[::1]:0" ;;
     unix) echo "unix://$TMP/bench-$RANDOM.sock" ;;
   esac
-}
-
-json_field() {  # json_field LINE KEY
-  sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
 }
 
 run_pair() {  # run_pair NAME KIND MIN MAX [sender flags...]
