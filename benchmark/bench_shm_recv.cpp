@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   shm_config cfg;
   cfg.ring_bytes = static_cast<size_t>(s.opt.get_int("ring", 8 << 20));
   cfg.spin_us = static_cast<uint32_t>(s.opt.get_int("spin-us", 50));
-  cfg.max_record_size = static_cast<uint32_t>(std::max<size_t>(s.opt.max, 64 * 1024));
+  cfg.max_record_size = static_cast<uint32_t>(std::max<size_t>(s.opt.max, size_t{64} * 1024));
   if (const errc e = s.reader.open(s.opt.url, cfg); e != errc::ok) {
     std::fprintf(stderr, "open %s: %s\n", s.opt.url.c_str(), to_string(e));
     return 1;

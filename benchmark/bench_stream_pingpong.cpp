@@ -8,10 +8,10 @@
 // trip with CLOCK_MONOTONIC into a histogram and prints p50/p90/p99/p99.9/max in microseconds plus
 // a JSON line. Both sides use the channel's defaults (TCP_NODELAY on).
 #include <sched.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
+#include <csignal>
 
 #include <cstdio>
 #include <string>

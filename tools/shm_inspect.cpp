@@ -25,8 +25,9 @@ int main(int argc, char** argv) {
   }
   const char* states[] = {"initialising", "open", "closed"};
   const auto& m = i.metrics;
-  const double fill_pct =
-      m.capacity_bytes ? 100.0 * static_cast<double>(m.fill_bytes) / m.capacity_bytes : 0;
+  const double fill_pct = m.capacity_bytes ? 100.0 * static_cast<double>(m.fill_bytes) /
+                                                 static_cast<double>(m.capacity_bytes)
+                                           : 0;
   std::printf("region            %s\n", argv[1]);
   std::printf("layout            %s\n", e == uvbus::errc::ok ? "valid" : uvbus::to_string(e));
   std::printf("magic             0x%016" PRIx64 "\n", i.magic);

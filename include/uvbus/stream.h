@@ -68,7 +68,7 @@ enum class disconnect_mode : uint8_t {
 };
 
 inline constexpr size_t kDefaultMergeThreshold = 3072;
-inline constexpr size_t kDefaultReadBufferSize = 256 * 1024;
+inline constexpr size_t kDefaultReadBufferSize = size_t{256} * 1024;
 
 struct stream_config {
   // Largest payload accepted by send() (larger: errc::message_too_large) and by the receiver (a

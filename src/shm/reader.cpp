@@ -274,7 +274,7 @@ struct shm_reader::impl {
 
   // Whether the head holds something to act on now (a record, padding, a skip). kWriting is not:
   // the futex timeout covers its abandon deadline.
-  bool head_ready() const noexcept {
+  [[nodiscard]] bool head_ready() const noexcept {
     const uint64_t c = g.head(rd)->load(std::memory_order_seq_cst);
     return ctl_is(c, rd) && ctl_state(c) != kWriting;
   }

@@ -14,7 +14,6 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/ipc.h>
 #include <sys/mman.h>
@@ -22,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <csignal>
 
 namespace uvbus::shm_detail {
 
@@ -34,6 +34,11 @@ struct mem_block {
 };
 
 namespace {
+
+// shmat()'s error value, (void*)-1.
+void* shmat_failed() noexcept {
+  return reinterpret_cast<void*>(-1);  // NOLINT(performance-no-int-to-ptr)
+}
 
 std::mutex& mem_mutex() {
   static std::mutex m;
@@ -272,7 +277,7 @@ errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out) {
       bool stale = false;
       if (ds.shm_segsz >= kHeaderSize) {
         void* p = ::shmat(old, nullptr, SHM_RDONLY);
-        if (p == reinterpret_cast<void*>(-1)) return errc_from_errno(-errno);
+        if (p == shmat_failed()) return errc_from_errno(-errno);
         auto* h = static_cast<region_header*>(p);
         const uint64_t m = h->magic.load(std::memory_order_acquire);
         if (m == kMagic) {
@@ -294,7 +299,7 @@ errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out) {
     }
     if (id < 0) return errc_from_errno(-errno);
     void* p = ::shmat(id, nullptr, 0);
-    if (p == reinterpret_cast<void*>(-1)) {
+    if (p == shmat_failed()) {
       const errc e = errc_from_errno(-errno);
       ::shmctl(id, IPC_RMID, nullptr);
       return e;
@@ -362,7 +367,7 @@ errc attach_region(const address& addr, mapping* out) {
     shmid_ds ds{};
     if (::shmctl(id, IPC_STAT, &ds) != 0) return errc_from_errno(-errno);
     void* p = ::shmat(id, nullptr, 0);
-    if (p == reinterpret_cast<void*>(-1)) return errc_from_errno(-errno);
+    if (p == shmat_failed()) return errc_from_errno(-errno);
     out->kind = region_kind::sysv;
     out->base = p;
     out->size = ds.shm_segsz;

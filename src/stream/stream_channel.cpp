@@ -26,12 +26,12 @@
 // run inside a user's call to disconnect(). close() of the channel reports synchronously instead.
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <uv.h>
+#include <csignal>
 
 #include <algorithm>
 #include <atomic>
@@ -52,13 +52,13 @@ using detail::listener_impl;
 
 namespace {
 
-constexpr size_t kMinMergeBuffer = 64 * 1024;
+constexpr size_t kMinMergeBuffer = size_t{64} * 1024;
 // A flush hands the socket at most this much before giving other connections (and the loop) a
 // turn; the connection stays on the flush list.
-constexpr size_t kFlushBudget = 1024 * 1024;
+constexpr size_t kFlushBudget = size_t{1024} * 1024;
 // One writev() carries at most this many queue blocks and (beyond its first block) this many bytes.
 constexpr size_t kMaxGather = 16;
-constexpr size_t kGatherBytes = 256 * 1024;
+constexpr size_t kGatherBytes = size_t{256} * 1024;
 
 // Per-thread buffers shared by every channel and connection of the thread. Only touched from inside
 // one libuv callback at a time (single-threaded loop), and never referenced after the call that
@@ -1184,7 +1184,7 @@ struct stream_channel::impl {
     uv_close(reinterpret_cast<uv_handle_t*>(&sweep), done);
   }
 
-  stream_channel_metrics metrics() const {
+  [[nodiscard]] stream_channel_metrics metrics() const {
     stream_channel_metrics m = retired;
     for (const conn_impl* c = conns; c != nullptr; c = c->next) {
       add_totals(m.totals, c->metrics(), true);
