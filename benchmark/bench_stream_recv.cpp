@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   if (!r.got_end) ++r.errors;
   r.m.tick();
   char extra[256];
-  std::snprintf(extra, sizeof extra, ",\"read_calls\":%llu,\"end_count\":%llu",
+  std::snprintf(extra, sizeof extra, R"(,"read_calls":%llu,"end_count":%llu)",
                 static_cast<unsigned long long>(r.conn_metrics.read_calls),
                 static_cast<unsigned long long>(r.end_count));
   json_line("stream_recv", r.o, r.m, r.errors, extra);

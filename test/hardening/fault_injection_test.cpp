@@ -16,10 +16,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
+#include <csignal>
 
 #include <chrono>
 #include <csignal>
@@ -550,7 +550,7 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
           },
           nullptr);
       uint8_t p[kPayload];
-      const uint64_t me = static_cast<uint64_t>(inc);
+      const auto me = static_cast<uint64_t>(inc);
       for (uint64_t seq = 0;;) {
         fill(seq, p);
         std::memcpy(p + kPayload - 8, &me, 8);
@@ -589,7 +589,7 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
     shm_writer w;
     if (w.open(url) != errc::ok) _exit(2);
     uint8_t p[kPayload];
-    const uint64_t me = static_cast<uint64_t>(kills);
+    const auto me = static_cast<uint64_t>(kills);
     for (uint64_t seq = 0; seq < 1000;) {
       fill(seq, p);
       std::memcpy(p + kPayload - 8, &me, 8);

@@ -63,6 +63,7 @@ std::vector<uint8_t> forged_register(bus_id id) {
 std::vector<uint8_t> data_before_registration() {
   uint8_t body[proto::kDataPrefix + 5];
   proto::encode_data_prefix(7, body);
+  // NOLINTNEXTLINE(bugprone-not-null-terminated-result): payload bytes, not a C string
   std::memcpy(body + proto::kDataPrefix, "hello", 5);
   proto::header h;
   h.type = proto::msg_type::data;
@@ -176,7 +177,7 @@ TEST_F(HostileNode, SilentAndHalfFramePeersAreClosedAtTheHandshakeTimeout) {
     std::printf("[ figures  ] unregistered node connections: %zu heap bytes, %zu RSS bytes each\n",
                 held / 60, rss_held / 60);
     RecordProperty("node_unregistered_heap_bytes_per_connection", static_cast<int>(held / 60));
-    EXPECT_LE(held, 60 * (root_->config().link_queue_bytes + 64 * 1024));
+    EXPECT_LE(held, 60 * (root_->config().link_queue_bytes + size_t{64} * 1024));
   }
   const auto start = std::chrono::steady_clock::now();
   const std::vector<uint8_t> half = header_announcing(1000);
@@ -243,7 +244,7 @@ TEST_F(HostileNode, ARegistrationFloodRegistersNobodyAndClosesEveryone) {
   EXPECT_TRUE(exchange(200));
   // Every hostile connection's state is gone (64 KiB of slack for timers and logs). Repeating
   // the flood showed no growth at all from one round to the next.
-  EXPECT_LT(heap_bytes(), heap_before + 64 * 1024);
+  EXPECT_LT(heap_bytes(), heap_before + size_t{64} * 1024);
 }
 
 TEST_F(HostileNode, ConnectionsDroppedMidHandshakeLeaveNothingBehind) {
@@ -265,7 +266,7 @@ TEST_F(HostileNode, ConnectionsDroppedMidHandshakeLeaveNothingBehind) {
   ASSERT_TRUE(exchange(50));
   EXPECT_TRUE(only_the_honest_child_is_registered());
   // The node noticed every disconnect: its per-connection state is released.
-  ASSERT_TRUE(run_until(&loop_, [&] { return heap_bytes() < heap_before + 64 * 1024; }));
+  ASSERT_TRUE(run_until(&loop_, [&] { return heap_bytes() < heap_before + size_t{64} * 1024; }));
   EXPECT_TRUE(exchange(100));
 }
 

@@ -221,7 +221,7 @@ TEST_F(HostileStream, HugeAnnouncedLengthsAreRefusedBeforeAnyAllocation) {
   EXPECT_EQ(ended_[ids[2]], errc::bad_varint);
   // Nothing near the announced sizes was ever allocated (the connections are gone, so the heap is
   // back near where it was; 64 KiB of slack for the loop's own bookkeeping).
-  EXPECT_LT(heap_bytes(), heap_before + 64 * 1024);
+  EXPECT_LT(heap_bytes(), heap_before + size_t{64} * 1024);
   EXPECT_TRUE(exchange(50));
 }
 
@@ -252,7 +252,7 @@ TEST_F(HostileStream, HalfFramesThatNeverFinishHoldBoundedMemory) {
     const size_t held = heap_bytes() - std::min(heap_bytes(), start);
     // The stated bound: a partial frame buffer (at most message_limit + 14) plus the
     // connection's own state, per connection.
-    EXPECT_LE(held, kPeers * (kDefaultMessageLimit + kFrameMaxHeader + 16 * 1024))
+    EXPECT_LE(held, kPeers * (kDefaultMessageLimit + kFrameMaxHeader + size_t{16} * 1024))
         << "per connection: " << held / kPeers;
     if (round == 1) {
       RecordProperty("loris_heap_bytes_per_connection", static_cast<int>(held / kPeers));
@@ -288,7 +288,7 @@ TEST_F(HostileStream, HalfFramesThatNeverFinishHoldBoundedMemory) {
     ASSERT_TRUE(exchange(100));
     // Everything the loris peers cost (partial frames, echo queues) left with their connections.
     if (round == 1) {
-      EXPECT_LT(heap_bytes(), start + 16 * 1024);
+      EXPECT_LT(heap_bytes(), start + size_t{16} * 1024);
     }
   }
 }
@@ -322,7 +322,7 @@ TEST_F(HostileStream, AThousandSilentConnectionsCostLittleAndHurtNoOne) {
     forget(ids);
     ASSERT_TRUE(exchange(100));
     if (round == 1) {
-      EXPECT_LT(heap_bytes(), start + 16 * 1024);
+      EXPECT_LT(heap_bytes(), start + size_t{16} * 1024);
     }
   }
 }

@@ -56,6 +56,7 @@ struct ring {
 
 std::vector<shm_span> spans_of(const std::vector<std::string>& v) {
   std::vector<shm_span> s;
+  s.reserve(v.size());
   for (const auto& m : v) s.push_back({m.data(), m.size()});
   return s;
 }
@@ -100,7 +101,7 @@ TEST(ShmBatch, RecordsArriveIntactAndInOrderAcrossWrapsAndPartialPolls) {
       ++*x->next;
     }
   };
-  std::vector<uint8_t> buf(16 * 256);
+  std::vector<uint8_t> buf(size_t{16} * 256);
   std::vector<shm_span> sp(16);
   uint64_t batches_sent = 0;
   while (next_recv < 30000) {
@@ -136,6 +137,7 @@ TEST(ShmBatch, BatchAtTheSizeLimitPassesAndOneMoreByteIsRefused) {
   ring g(small_cfg(8192, 960));
   // 10 messages of 88 B take 10 * 96 = 960 B of batch: exactly the limit.
   std::vector<std::string> msgs;
+  msgs.reserve(10);
   for (int i = 0; i < 10; ++i) msgs.emplace_back(88, static_cast<char>('a' + i));
   auto sp = spans_of(msgs);
   EXPECT_EQ(shm_writer::batch_bytes(88), 96u);
@@ -282,7 +284,7 @@ TEST(ShmBatch, ThreeBatchingWriterThreadsOverMemKeepPerWriterOrder) {
   ASSERT_EQ(uv_loop_init(&loop), 0);
   const std::string name = test::unique_name("memb");
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   cfg.abandon_timeout_us = 50000;
   cfg.reclaim_timeout_us = 30 * 1000 * 1000;
@@ -318,7 +320,7 @@ TEST(ShmBatch, ThreeBatchingWriterThreadsOverMemKeepPerWriterOrder) {
         ++failures;
         return;
       }
-      std::vector<uint8_t> buf(32 * 128);
+      std::vector<uint8_t> buf(size_t{32} * 128);
       std::vector<shm_span> sp(32);
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       for (uint64_t seq = 0; seq < kEach;) {

@@ -103,7 +103,7 @@ TEST_F(ShmChannel, IdleReaderSleepsAndAWriterWakesIt) {
   const std::string name = test::unique_name("idle");
   shm_cleanup cleanup{name};
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   cfg.spin_us = 0;
   shm_reader r;
@@ -134,7 +134,7 @@ TEST_F(ShmChannel, WriterGetsNotConnectedOnceTheReaderClosed) {
   const std::string name = test::unique_name("closed");
   shm_cleanup cleanup{name};
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   shm_reader r;
   ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
@@ -154,7 +154,7 @@ TEST_F(ShmChannel, SecondReaderOnALiveRegionIsRefused) {
   const std::string name = test::unique_name("busy");
   shm_cleanup cleanup{name};
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   shm_reader a, b;
   ASSERT_EQ(a.open("shm://" + name, cfg), errc::ok);
@@ -192,7 +192,7 @@ TEST_F(ShmChannel, SysvRegionWorksAndIsRemovedOnClose) {
   char url_dec[64];
   std::snprintf(url_dec, sizeof url_dec, "shm://%d", key);
   shm_config cfg;
-  cfg.ring_bytes = 256 * 1024;
+  cfg.ring_bytes = size_t{256} * 1024;
   cfg.max_record_size = 4096;
   cfg.huge_pages = true;  // falls back to normal pages when none are reserved
   shm_reader r;
@@ -218,7 +218,7 @@ TEST_F(ShmChannel, StaleRegionsOfADeadReaderAreRecreated) {
   char sysv[64];
   std::snprintf(sysv, sizeof sysv, "shm://0x%x", key);
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   // A child creates both regions and dies without closing them (no threads exist yet).
   const pid_t pid = fork();
@@ -291,7 +291,7 @@ TEST_F(ShmChannel, WriterKilledBetweenReserveAndCommitIsSkippedAndOthersKeepFlow
   const std::string name = test::unique_name("killed");
   shm_cleanup cleanup{name};
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   cfg.abandon_timeout_us = 3000;
   cfg.reclaim_timeout_us = 20000;
@@ -342,7 +342,7 @@ TEST_F(ShmChannel, FourWriterProcessesKeepPerWriterOrderAndExactTotals) {
   const std::string name = test::unique_name("procs");
   shm_cleanup cleanup{name};
   shm_config cfg;
-  cfg.ring_bytes = 256 * 1024;
+  cfg.ring_bytes = size_t{256} * 1024;
   cfg.max_record_size = 4096;
   cfg.abandon_timeout_us = 50000;
   // Writers here are only slow, never dead: their acknowledgement, not the reclaim timeout, must
@@ -392,7 +392,7 @@ TEST_F(ShmChannel, FourWriterProcessesKeepPerWriterOrderAndExactTotals) {
 TEST_F(ShmChannel, FourWriterThreadsOverMemKeepPerWriterOrderAndExactTotals) {
   const std::string name = test::unique_name("mem");
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   cfg.abandon_timeout_us = 50000;
   // Writers here are only slow, never dead: their acknowledgement, not the reclaim timeout, must
@@ -432,7 +432,7 @@ TEST_F(ShmChannel, FourWriterThreadsOverMemKeepPerWriterOrderAndExactTotals) {
 TEST_F(ShmChannel, SlowMemWriterSkippedByLoopReaderReportsAbandoned) {
   const std::string name = test::unique_name("slowmem");
   shm_config cfg;
-  cfg.ring_bytes = 64 * 1024;
+  cfg.ring_bytes = size_t{64} * 1024;
   cfg.max_record_size = 4096;
   cfg.abandon_timeout_us = 2000;
   cfg.spin_us = 0;

@@ -260,8 +260,8 @@ TEST(ShmLayout, HostileImagesNeverCrashOrHangTheReader) {
       auto* head =
           reinterpret_cast<shm_detail::head_word*>(img.p + shm_detail::kHeaderSize) + (pos & 63);
       head->store(shm_detail::make_ctl(pos, rng() % 80, static_cast<uint32_t>(rng() % 7)));
-      const uint32_t len = static_cast<uint32_t>(rng() % 3 == 0 ? rng() : rng() % 1200);
-      std::memcpy(img.p + shm_detail::kHeaderSize + 64 * 8 + (pos & 63) * 64, &len, 4);
+      const auto len = static_cast<uint32_t>(rng() % 3 == 0 ? rng() : rng() % 1200);
+      std::memcpy(img.p + shm_detail::kHeaderSize + size_t{64} * 8 + (pos & 63) * 64, &len, 4);
     }
     shm_config rc = cfg;
     rc.abandon_timeout_us = 1;

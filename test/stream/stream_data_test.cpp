@@ -95,8 +95,8 @@ TEST_F(StreamData, HundredThousandRandomMessagesArriveIntactAndInOrderBothWays) 
     recorder srv, cli;
     stream_config cfg;
     cfg.message_limit = 8192;
-    cfg.queue.ring_bytes = 256 * 1024;  // small: back-pressure must happen
-    cfg.queue.max_bytes = 256 * 1024;
+    cfg.queue.ring_bytes = size_t{256} * 1024;  // small: back-pressure must happen
+    cfg.queue.max_bytes = size_t{256} * 1024;
     stream_channel* s = make_channel(&srv, cfg);
     stream_channel* c = make_channel(&cli, cfg);
     pair p = connect(s, &srv, c, &cli, u);
@@ -225,7 +225,7 @@ TEST_F(StreamData, PrepareAndCommitSendsInPlace) {
   EXPECT_EQ(c->send(p.client, "x", 1), errc::invalid_argument);
   EXPECT_EQ(c->prepare_send(p.client, 1, 0, &e), nullptr);
   EXPECT_EQ(e, errc::invalid_argument);
-  std::memcpy(buf, "hello", 5);
+  std::memcpy(buf, "hello", 5);  // NOLINT(bugprone-not-null-terminated-result): payload bytes
   c->commit_send(p.client);
   // A cancelled reservation leaves nothing behind.
   buf = c->prepare_send(p.client, 3, 8, &e);
@@ -249,8 +249,8 @@ TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
   recorder srv, cli;
   stream_config cfg;
   cfg.message_limit = 1024;
-  cfg.queue.ring_bytes = 16 * 1024;
-  cfg.queue.max_bytes = 16 * 1024;
+  cfg.queue.ring_bytes = size_t{16} * 1024;
+  cfg.queue.max_bytes = size_t{16} * 1024;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli, cfg);
   pair p = connect(s, &srv, c, &cli);
@@ -274,7 +274,7 @@ TEST_F(StreamData, DynamicQueueModeWorksToo) {
   recorder srv, cli;
   stream_config cfg;
   cfg.queue.mode = queue_mode::dynamic;
-  cfg.queue.max_bytes = 128 * 1024;
+  cfg.queue.max_bytes = size_t{128} * 1024;
   cfg.queue.max_blocks = 100;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli, cfg);
@@ -319,8 +319,8 @@ TEST_F(StreamData, ForceDisconnectWithAFullQueueFailsEachQueuedPacketOnce) {
   recorder srv, cli;
   stream_config cfg;
   cfg.report_written = true;
-  cfg.queue.ring_bytes = 1024 * 1024;
-  cfg.queue.max_bytes = 1024 * 1024;
+  cfg.queue.ring_bytes = size_t{1024} * 1024;
+  cfg.queue.max_bytes = size_t{1024} * 1024;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli, cfg);
   pair p = connect(s, &srv, c, &cli);
@@ -329,7 +329,7 @@ TEST_F(StreamData, ForceDisconnectWithAFullQueueFailsEachQueuedPacketOnce) {
   std::string big(60000, 'b');
   uint64_t n = 0;
   while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
-  ASSERT_TRUE(run([&] { return p.client->metrics().queue_bytes < 1024 * 1024 - 60000; }));
+  ASSERT_TRUE(run([&] { return p.client->metrics().queue_bytes < size_t{1024} * 1024 - 60000; }));
   // Run a little more so a write is in flight (socket full), then refill the queue.
   while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
   ASSERT_TRUE(run([&] { return p.client->metrics().write_calls > 2; }));

@@ -28,7 +28,7 @@ class raw_peer {
     ok_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
   }
   ~raw_peer() { close_now(); }
-  bool ok() const { return ok_; }
+  [[nodiscard]] bool ok() const { return ok_; }
   bool write_all(const std::vector<uint8_t>& b) {
     size_t off = 0;
     while (off < b.size()) {
