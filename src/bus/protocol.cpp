@@ -18,45 +18,27 @@ std::string subnet::to_string() const {
 namespace proto {
 namespace {
 
-// Little-endian stores and loads, well defined for any alignment: one memcpy (a plain move) on a
-// little-endian host, a byte swap on a big-endian one.
-template <class T>
-inline T to_le(T v) noexcept {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  if constexpr (sizeof(T) == 2) return __builtin_bswap16(v);
-  if constexpr (sizeof(T) == 4) return __builtin_bswap32(v);
-  if constexpr (sizeof(T) == 8) return __builtin_bswap64(v);
-#endif
-  return v;
-}
-template <class T>
-inline void put_le(uint8_t* p, T v) noexcept {
-  v = to_le(v);
-  std::memcpy(p, &v, sizeof v);
-}
-template <class T>
-inline T get_le(const uint8_t* p) noexcept {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return to_le(v);
-}
+// Little-endian stores and loads for any alignment: the header's helpers (proto::detail).
+using detail::load_le;
+using detail::store_le;
+
 inline void put16(uint8_t* p, uint16_t v) noexcept {
-  put_le(p, v);
+  store_le(p, v);
 }
 inline void put32(uint8_t* p, uint32_t v) noexcept {
-  put_le(p, v);
+  store_le(p, v);
 }
 inline void put64(uint8_t* p, uint64_t v) noexcept {
-  put_le(p, v);
+  store_le(p, v);
 }
 inline uint16_t get16(const uint8_t* p) noexcept {
-  return get_le<uint16_t>(p);
+  return load_le<uint16_t>(p);
 }
 inline uint32_t get32(const uint8_t* p) noexcept {
-  return get_le<uint32_t>(p);
+  return load_le<uint32_t>(p);
 }
 inline uint64_t get64(const uint8_t* p) noexcept {
-  return get_le<uint64_t>(p);
+  return load_le<uint64_t>(p);
 }
 
 class writer {
