@@ -5,9 +5,9 @@
 #include <cstring>
 #include <vector>
 
-#include "uvbus/frame.h"
-#include "uvbus/murmur3.h"
-#include "uvbus/write_queue.h"
+#include "core/frame.h"
+#include "core/murmur3.h"
+#include "core/write_queue.h"
 
 namespace {
 

@@ -14,4 +14,4 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 cd "$BUILD"
 # shellcheck disable=SC2086
-ctest --output-on-failure -j"$(nproc)" --timeout 300 ${CTEST_ARGS:-}
+ctest --output-on-failure -j"$(nproc)" --timeout 300 ${CTEST_ARGS:--LE soak}

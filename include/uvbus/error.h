@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace uvbus {
 
@@ -14,6 +15,7 @@ enum class errc : int {
 
   // Retriable: the operation may succeed later without any change by the caller.
   queue_full,     // back-pressure: a bounded queue or ring has no room right now
+  would_block,    // nothing is available right now (a non-blocking receive or poll)
   not_connected,  // the peer or link is not (yet, or no longer) there
   busy,           // a resource is held by a live owner (a listener, a shm reader)
   timeout,        // a deadline passed (connect, handshake, heartbeat, delivery)
@@ -25,6 +27,8 @@ enum class errc : int {
   message_too_large,   // payload above the configured message limit
   buffer_too_small,    // a caller-provided output buffer cannot hold the result
   closed,              // the object was closed or is closing
+  wrong_state,         // not allowed in the object's current state (start() twice, not started)
+  wrong_thread,        // called from a thread other than the owning loop's thread
 
   // Peer and data errors: the link that produced them is closed.
   bad_hash,        // checksum mismatch: the frame or record is corrupt
@@ -60,9 +64,21 @@ const char* to_string(errc e) noexcept;
 
 // True for the states that may clear up by themselves (queue_full, not_connected, busy, timeout):
 // the caller may retry the same operation later. Everything else needs a change first.
+// not_connected is retriable because a link comes back by itself; a node whose registration was
+// refused for good (access_denied, out_of_subnet, version_mismatch) returns that refusal from
+// send_data() instead, which is not retriable.
 constexpr bool is_retriable(errc e) noexcept {
-  return e == errc::queue_full || e == errc::not_connected || e == errc::busy || e == errc::timeout;
+  return e == errc::queue_full || e == errc::would_block || e == errc::not_connected ||
+         e == errc::busy || e == errc::timeout;
 }
+
+// The last error an object returned, with the detail that says which input was wrong ("node_config
+// .heartbeat_timeout_ms (6000) must exceed heartbeat_interval_ms (6000)"). Every class of the API
+// keeps one (last_error()); a call that returns ok leaves it unchanged.
+struct error_info {
+  errc code = errc::ok;
+  std::string detail;  // empty when there is nothing more to say than to_string(code)
+};
 
 // Maps a negative errno value (or a libuv error, which on Unix is a negative errno) to an errc.
 errc errc_from_errno(int negative_errno) noexcept;

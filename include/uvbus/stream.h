@@ -42,20 +42,13 @@
 #include <string>
 #include <string_view>
 
+#include "uvbus/buffer.h"
 #include "uvbus/error.h"
-#include "uvbus/frame.h"
-#include "uvbus/write_queue.h"
+#include "uvbus/queue_config.h"
 
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
 
 namespace uvbus {
-
-// One piece of a gathered payload: send(conn, {{hdr, n1}, {body, n2}}) sends hdr+body as one
-// message without the caller concatenating them.
-struct const_buffer {
-  const void* data = nullptr;
-  size_t size = 0;
-};
 
 enum class disconnect_mode : uint8_t {
   // Stop accepting sends (they return errc::closed), let every queued packet reach the kernel,
@@ -67,6 +60,10 @@ enum class disconnect_mode : uint8_t {
   force,
 };
 
+// libatbus's default stream message limit, so an unmodified libatbus peer is never refused.
+inline constexpr size_t kDefaultMessageLimit = size_t{256} * 1024;
+// Largest frame header: a 4-byte MurmurHash3 plus a varint length of at most 10 bytes.
+inline constexpr size_t kFrameMaxHeader = 14;
 inline constexpr size_t kDefaultMergeThreshold = 3072;
 inline constexpr size_t kDefaultReadBufferSize = size_t{256} * 1024;
 

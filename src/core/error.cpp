@@ -26,6 +26,12 @@ const char* to_string(errc e) noexcept {
       return "message_too_large: the payload exceeds the message limit";
     case errc::buffer_too_small:
       return "buffer_too_small: the output buffer cannot hold the result";
+    case errc::wrong_state:
+      return "wrong_state: not allowed in the object's current state";
+    case errc::wrong_thread:
+      return "wrong_thread: called from a thread other than the owning loop's";
+    case errc::would_block:
+      return "would_block: nothing available right now";
     case errc::closed:
       return "closed: the object is closed or closing";
     case errc::bad_hash:

@@ -1,9 +1,9 @@
-#include "uvbus/frame.h"
+#include "core/frame.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "uvbus/murmur3.h"
+#include "core/murmur3.h"
 
 namespace uvbus {
 namespace {

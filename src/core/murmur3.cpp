@@ -1,6 +1,6 @@
 // MurmurHash3 by Austin Appleby (public domain), written from the algorithm's description.
 // Blocks are loaded with memcpy: well defined for any alignment, a single load on x86-64.
-#include "uvbus/murmur3.h"
+#include "core/murmur3.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "uvbus/write_queue.h"
+#include "core/write_queue.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -6,8 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/murmur3.h"
 #include "shm/region.h"
-#include "uvbus/murmur3.h"
 #include "uvbus/shm.h"
 
 namespace uvbus {

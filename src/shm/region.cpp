@@ -1,6 +1,6 @@
 #include "shm/region.h"
 
-#include "uvbus/murmur3.h"
+#include "core/murmur3.h"
 
 #include <cerrno>
 #include <climits>

@@ -3,8 +3,8 @@
 // record after the abandon timeout.
 #include <cstring>
 
+#include "core/murmur3.h"
 #include "shm/region.h"
-#include "uvbus/murmur3.h"
 #include "uvbus/shm.h"
 
 namespace uvbus {

@@ -40,9 +40,9 @@
 #include <cstring>
 #include <new>
 
+#include "core/murmur3.h"
 #include "stream/stream_impl.h"
 #include "uvbus/address.h"
-#include "uvbus/murmur3.h"
 
 namespace uvbus {
 

@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "uvbus/frame.h"
+#include "core/frame.h"
+#include "core/write_queue.h"
 #include "uvbus/stream.h"
-#include "uvbus/write_queue.h"
 
 namespace uvbus {
 

@@ -2,7 +2,7 @@
 // bounds checks on every parser.
 #include "uvbus/protocol.h"
 
-#include "uvbus/frame.h"
+#include "core/frame.h"
 
 #include <gtest/gtest.h>
 

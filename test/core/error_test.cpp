@@ -22,6 +22,10 @@ TEST(Errc, EveryCodeHasADistinctName) {
 TEST(Errc, RetriableStatesAreSeparateFromFatalOnes) {
   EXPECT_TRUE(is_retriable(errc::queue_full));
   EXPECT_TRUE(is_retriable(errc::not_connected));
+  EXPECT_TRUE(is_retriable(errc::would_block));
+  EXPECT_FALSE(is_retriable(errc::wrong_state));
+  EXPECT_FALSE(is_retriable(errc::wrong_thread));
+  EXPECT_FALSE(is_retriable(errc::access_denied));
   EXPECT_FALSE(is_retriable(errc::bad_hash));
   EXPECT_FALSE(is_retriable(errc::closed));
 }

@@ -1,4 +1,4 @@
-#include "uvbus/frame.h"
+#include "core/frame.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "uvbus/murmur3.h"
+#include "core/murmur3.h"
 
 namespace uvbus {
 namespace {
@@ -67,7 +67,7 @@ TEST(Frame, EncodeRefusesSmallBuffer) {
 
 TEST(Frame, EdgeLengthsRoundTripWholeAndByteByByte) {
   for (size_t len : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16383}, size_t{16384},
-                     kDefaultMessageLimit}) {
+                     size_t{256} * 1024}) {
     auto payload = pattern(len, static_cast<uint32_t>(len));
     auto frame = encode(payload);
     EXPECT_EQ(frame.size(), 4 + varint_size(len) + len);

@@ -1,4 +1,4 @@
-#include "uvbus/murmur3.h"
+#include "core/murmur3.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "uvbus/varint.h"
+#include "core/varint.h"
 
 #include <gtest/gtest.h>
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "uvbus/frame.h"
-#include "uvbus/murmur3.h"
-#include "uvbus/varint.h"
+#include "core/frame.h"
+#include "core/murmur3.h"
+#include "core/varint.h"
 
 namespace uvbus::fuzz {
 

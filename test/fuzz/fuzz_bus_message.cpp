@@ -1,7 +1,6 @@
 // Fuzzes the bus message parsers (include/uvbus/protocol.h) as a node meets them: one whole
 // message (header + body) per input, exactly what arrives inside one frame or shm record.
 //
-// uvbus-fuzz-sources: src/bus/protocol.cpp
 //
 // Invariants: parse_header accepts only what the header documents (n >= 32, known version and
 // type, known flags, body_len == n - 32) and writes nothing on failure; every body parser for the

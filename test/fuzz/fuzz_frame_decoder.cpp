@@ -20,10 +20,10 @@
 #include <memory>
 #include <vector>
 
+#include "core/frame.h"
+#include "core/murmur3.h"
 #include "frame_reference.h"
 #include "fuzz_util.h"
-#include "uvbus/frame.h"
-#include "uvbus/murmur3.h"
 
 namespace {
 
@@ -80,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     dec.feed(chunk.get(), n);
     for (;;) {
       const frame_decoder::result r = dec.next();
-      FUZZ_CHECK(dec.buffered() <= limit + uvbus::kFrameMaxHeader);
+      FUZZ_CHECK(dec.buffered() <= limit + uvbus::kFrameMaxHeaderBytes);
       if (r.status == frame_status::payload) {
         FUZZ_CHECK(yielded < expected.size());
         const frame_ref& want = expected[yielded];

@@ -2,7 +2,6 @@
 // the challenge, register and register_reply bodies, the first input byte choosing which. These
 // are what an unauthenticated peer controls before anything else is checked.
 //
-// uvbus-fuzz-sources: src/bus/protocol.cpp
 //
 // Invariants: never crash, never read outside the body (an exactly-sized heap copy), never write
 // the output on failure; the documented limits hold on success (at most kMaxSubnets subnets with

@@ -2,7 +2,6 @@
 // shm_reader::open_image): a corrupt region, or a writer process that scribbles over it, must never
 // make the reader crash, read outside the region, or loop forever.
 //
-// uvbus-fuzz-needs: core shm
 //
 // Input layout:
 //   byte 0      node size: 64 << (b % 3)

@@ -2,7 +2,6 @@
 // through a real unix socket into a listening stream_channel, in chunks the input chooses, with
 // the loop running between chunks so the channel sees them in separate reads.
 //
-// uvbus-fuzz-needs: core stream
 //
 // Input layout:
 //   byte 0   channel: even = message limit 300, odd = 64 KiB (two channels, made once)

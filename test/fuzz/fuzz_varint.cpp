@@ -12,8 +12,8 @@
 #include <cstring>
 #include <memory>
 
+#include "core/varint.h"
 #include "fuzz_util.h"
-#include "uvbus/varint.h"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/write_queue.h"
 #include "fuzz_util.h"
-#include "uvbus/write_queue.h"
 
 namespace {
 

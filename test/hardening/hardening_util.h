@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "uvbus/frame.h"
-#include "uvbus/murmur3.h"
+#include "core/frame.h"
+#include "core/murmur3.h"
 
 // Heap accounting: with a sanitizer the allocator is the sanitizer's (mallinfo2 would see
 // nothing), so ask it directly.
@@ -71,7 +71,7 @@ inline std::vector<uint8_t> frame_of(const std::string& s) {
 
 // A frame header announcing `len` payload bytes (with an arbitrary hash): what a peer sends first.
 inline std::vector<uint8_t> header_announcing(uint64_t len) {
-  std::vector<uint8_t> out(kFrameMaxHeader);
+  std::vector<uint8_t> out(kFrameMaxHeaderBytes);
   out[0] = 0x12;
   out[1] = 0x34;
   out[2] = 0x56;

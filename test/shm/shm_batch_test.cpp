@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/murmur3.h"
 #include "shm/hash.h"
 #include "shm/layout.h"
 #include "shm_test_util.h"
-#include "uvbus/murmur3.h"
 #include "uvbus/shm.h"
 
 namespace uvbus {

@@ -276,6 +276,7 @@ TEST_F(StreamData, DynamicQueueModeWorksToo) {
   cfg.queue.mode = queue_mode::dynamic;
   cfg.queue.max_bytes = size_t{128} * 1024;
   cfg.queue.max_blocks = 100;
+  cfg.message_limit = size_t{64} * 1024;  // a frame of message_limit must fit max_bytes
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli, cfg);
   pair p = connect(s, &srv, c, &cli);

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/frame.h"
 #include "stream/stream_harness.h"
-#include "uvbus/frame.h"
 
 namespace uvbus::test {
 namespace {

@@ -15,20 +15,9 @@
 #include <memory>
 
 #include "uvbus/error.h"
+#include "uvbus/queue_config.h"
 
 namespace uvbus {
-
-enum class queue_mode : uint8_t { static_ring, dynamic };
-
-struct write_queue_config {
-  queue_mode mode = queue_mode::static_ring;
-  // static_ring: the ring's size. Each block costs its size rounded up to 8 plus 16 bytes.
-  size_t ring_bytes = size_t{2} * 1024 * 1024;
-  // Limits in both modes: payload bytes held (block sizes, without overhead) and number of blocks.
-  // 0 means "no limit beyond the ring" (static) — dynamic mode requires both to be non-zero.
-  size_t max_bytes = size_t{2} * 1024 * 1024;
-  size_t max_blocks = 65536;
-};
 
 class write_queue {
  public:

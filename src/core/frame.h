@@ -13,14 +13,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "uvbus/varint.h"
+#include "core/varint.h"
 
 namespace uvbus {
 
-inline constexpr size_t kDefaultMessageLimit = size_t{64} * 1024;
 inline constexpr size_t kFrameHashBytes = 4;
 // Largest possible frame header: hash + a 10-byte varint.
-inline constexpr size_t kFrameMaxHeader = kFrameHashBytes + kVarintMaxBytes;
+inline constexpr size_t kFrameMaxHeaderBytes = kFrameHashBytes + kVarintMaxBytes;
 
 // Header bytes for a payload of payload_len bytes.
 [[nodiscard]] constexpr size_t frame_header_size(size_t payload_len) noexcept {
@@ -72,7 +71,7 @@ class frame_decoder {
  public:
   static constexpr size_t kDecoderKeepBytes = 4096;
 
-  explicit frame_decoder(size_t max_payload = kDefaultMessageLimit) noexcept
+  explicit frame_decoder(size_t max_payload = size_t{256} * 1024) noexcept
       : max_payload_(max_payload) {}
 
   struct result {
