@@ -37,12 +37,12 @@ inline void wrong_thread(const char* function) noexcept {
 }  // namespace uvbus::detail
 
 // In a member function returning errc: `UVBUS_ON_OWNER_THREAD(owner_, "node::send_data");`
-#define UVBUS_ON_OWNER_THREAD(guard, function)  \
-  do {                                          \
-    if (!(guard).here()) {                      \
-      ::uvbus::detail::wrong_thread(function);  \
-      return ::uvbus::errc::wrong_thread;       \
-    }                                           \
+#define UVBUS_ON_OWNER_THREAD(guard, function) \
+  do {                                         \
+    if (!(guard).here()) {                     \
+      ::uvbus::detail::wrong_thread(function); \
+      return ::uvbus::errc::wrong_thread;      \
+    }                                          \
   } while (0)
 
 // In a member function returning void (or a value): `UVBUS_ON_OWNER_THREAD_OR(owner_, "...", );`

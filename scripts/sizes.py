@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""Size limits of the sources: files over 700 lines, functions over 80 lines (the MurmurHash3
+reference port excepted). Heuristic: a function body is a '{' ending a line at indentation 0 or 2
+(namespace-level or in-class definition) up to the '}' at the same indentation. Exit 1 if any."""
+import re, subprocess, sys
+
+FILE_LIMIT, FN_LIMIT = 700, 80
+EXEMPT = {"src/core/murmur3.cpp"}
+files = subprocess.run(["git", "ls-files", "src", "include", "tools", "benchmark", "examples", "test"],
+                       capture_output=True, text=True, check=True).stdout.split()
+bad = 0
+for f in files:
+    if not f.endswith((".cpp", ".h")) or f in EXEMPT:
+        continue
+    lines = open(f, encoding="utf-8").read().split("\n")
+    if len(lines) > FILE_LIMIT:
+        print(f"{f}: {len(lines)} lines (limit {FILE_LIMIT})"); bad += 1
+    start = None
+    for i, l in enumerate(lines):
+        m = re.match(r"^( {0,2})\S.*\)\s*(const)?\s*(noexcept)?\s*(override)?\s*\{$", l)
+        if start is None and m and not re.match(r"^\s*(if|for|while|switch|else|do)\b", l):
+            start, indent = i, m.group(1)
+        elif start is not None and l == indent + "}":
+            n = i - start - 1
+            if n > FN_LIMIT:
+                print(f"{f}:{start + 1}: function of {n} lines (limit {FN_LIMIT}): {lines[start].strip()[:70]}")
+                bad += 1
+            start = None
+sys.exit(1 if bad else 0)

@@ -1,0 +1,398 @@
+// Bus node, delivery: send_data, transmission over stream or shared memory, the pending queues
+// of links that are not up yet, and the timers (heartbeats, deadlines, deferred callbacks).
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using detail::hop;
+using detail::peer_kind;
+using proto::msg_type;
+using detail::pending_msg;
+using detail::pending_queue;
+using detail::link;
+using detail::in_flight;
+using detail::peer_ep;
+using detail::link_state;
+using detail::sib_state;
+using detail::sibling_entry;
+using detail::pending_reply;
+using detail::self_msg;
+using detail::handles;
+using detail::mono_ns;
+using detail::role_of;
+using detail::kBusOverhead;
+using detail::kSiblingRetryMs;
+using detail::kMaxSpans;
+
+// -------------------------------------------------------------------------------- transmit --
+errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag, bus_id target,
+              bool* via_shm) {
+  // Traffic in either direction keeps a sibling link from being dropped as idle.
+  if (p->kind == peer_kind::sibling) p->last_data_ms = now_ms();
+  if (p->shm) {
+    shm_gather.resize(n);
+    for (size_t i = 0; i < n; ++i) shm_gather[i] = {bufs[i].data, bufs[i].size};
+    errc e = p->shm->send(shm_gather.data(), n);
+    // abandoned: we stalled mid-record (preempted past the reader's timeout) and the reader
+    // skipped it, so the message was NOT delivered and sending it again cannot duplicate it.
+    for (int retry = 0; e == errc::abandoned && retry < 3; ++retry) {
+      ++counters.shm_abandoned_retries;
+      e = p->shm->send(shm_gather.data(), n);
+    }
+    if (e == errc::ok) {
+      if (via_shm != nullptr) *via_shm = true;
+      if (tag != 0) channel_outcome(tag, target, errc::ok);
+      return e;
+    }
+    if (e != errc::not_connected) return e;
+    // The peer's reader is gone (it restarted or is dying): fall back to its stream link.
+    log(log_level::info, "peer 0x%" PRIx64 ": shared memory reader gone, using the stream",
+        p->id);
+    p->shm.reset();
+  }
+  if (p->lk == nullptr || p->lk->state != link_state::registered) return errc::not_connected;
+  const errc e = streams->send(p->lk->conn, bufs, n, tag);
+  if (e == errc::ok && tag != 0) p->lk->reports.push_back({tag, target});
+  if (e == errc::queue_full) p->user_blocked = true;
+  if (via_shm != nullptr) *via_shm = false;
+  return e;
+}
+
+errc node::impl::transmit_bytes(peer_ep* p, const std::vector<uint8_t>& m, uint64_t tag, bus_id target) {
+  const const_buffer b{m.data(), m.size()};
+  return transmit(p, &b, 1, tag, target);
+}
+
+peer_ep* node::impl::find_peer(bus_id id) {
+  auto it = peers.find(id);
+  return it == peers.end() ? nullptr : it->second.get();
+}
+
+peer_ep* node::impl::parent_peer() {
+  if (parent_link == nullptr || parent_link->state != link_state::registered) return nullptr;
+  return parent_link->peer;
+}
+
+bool node::impl::queue_allowed(const pending_queue& q, size_t bytes) const {
+  return q.q.size() < cfg.pending_max_messages && q.bytes + bytes <= cfg.pending_max_bytes;
+}
+
+errc node::impl::enqueue(pending_queue* q, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
+             bus_id target) {
+  if (cfg.pending_max_messages == 0) return errc::not_connected;
+  if (!queue_allowed(*q, total)) return errc::queue_full;
+  pending_msg m;
+  m.bytes.resize(total);
+  size_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (bufs[i].size != 0) std::memcpy(m.bytes.data() + off, bufs[i].data, bufs[i].size);
+    off += bufs[i].size;
+  }
+  m.tag = tag;
+  m.target = target;
+  m.deadline_ms = now_ms() + cfg.pending_timeout_ms;
+  q->bytes += total;
+  q->q.push_back(std::move(m));
+  ++counters.pending_now;
+  return errc::ok;
+}
+
+void node::impl::fail_queue(pending_queue* q, errc why) {
+  while (!q->q.empty()) {
+    pending_msg& m = q->q.front();
+    channel_outcome(m.tag, m.target, why);
+    q->bytes -= m.bytes.size();
+    q->q.pop_front();
+    --counters.pending_now;
+  }
+}
+
+void node::impl::flush_queue(pending_queue* q, peer_ep* p) {
+  while (!q->q.empty()) {
+    pending_msg& m = q->q.front();
+    const errc e = transmit_bytes(p, m.bytes, m.tag, m.target);
+    if (e != errc::ok) channel_outcome(m.tag, m.target, e);
+    q->bytes -= m.bytes.size();
+    q->q.pop_front();
+    --counters.pending_now;
+  }
+}
+
+errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
+               bool* via_shm) {
+  if (cached_hop != nullptr && cached_target == target) {
+    return transmit(cached_hop, bufs, n, tag, target, via_shm);
+  }
+  const detail::route r = table.lookup(target);
+  if (r.kind == hop::direct || r.kind == hop::child) {
+    peer_ep* p = find_peer(r.next);
+    if (p == nullptr) return errc::unknown_route;
+    cached_target = target;
+    cached_hop = p;
+    return transmit(p, bufs, n, tag, target, via_shm);
+  }
+  if (r.kind == hop::self) return errc::invalid_argument;
+  if (r.kind == hop::none && (table.owns(target) || cfg.parent_url.empty())) {
+    return errc::unknown_route;
+  }
+  // Up through the parent, or directly to a sibling.
+  if (cfg.sibling_direct && target != parent_id && parent_peer() != nullptr &&
+      !table.owns(target)) {
+    auto it = siblings.find(target);
+    if (it == siblings.end()) {
+      it = siblings.emplace(target, sibling_entry{}).first;
+      if (start_lookup(target) != errc::ok) {
+        it->second.state = sib_state::via_parent;
+        it->second.until_ms = now_ms() + kSiblingRetryMs;
+      }
+    }
+    sibling_entry& s = it->second;
+    if (s.state == sib_state::via_parent && now_ms() >= s.until_ms) {
+      s.state = sib_state::lookup;
+      if (start_lookup(target) != errc::ok) {
+        s.state = sib_state::via_parent;
+        s.until_ms = now_ms() + kSiblingRetryMs;
+      }
+    }
+    if (s.state != sib_state::via_parent) return enqueue(&s.pending, bufs, n, total, tag, target);
+  }
+  peer_ep* pp = parent_peer();
+  if (pp != nullptr) {
+    // Only cache the parent hop when no sibling entry could claim this target later.
+    if (!cfg.sibling_direct || table.owns(target) || target == parent_id) {
+      cached_target = target;
+      cached_hop = pp;
+    }
+    return transmit(pp, bufs, n, tag, target, via_shm);
+  }
+  if (parent_failed) return errc::not_connected;
+  return enqueue(&parent_pending, bufs, n, total, tag, target);
+}
+
+// ------------------------------------------------------------------------------- send_data --
+errc node::impl::send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
+               const send_options& opt, uint64_t* message_id) {
+  if (state != run_state::running) return errc::closed;
+  if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;
+  size_t size = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (spans[i].data == nullptr && spans[i].size != 0) return errc::invalid_argument;
+    size += spans[i].size;
+  }
+  if (size > cfg.message_limit) return errc::message_too_large;
+  const bool rr = opt.require_response;
+  if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
+  const uint64_t seq = next_seq++;
+  const uint64_t tag = (cbs.on_report || rr) ? seq : 0;
+  if (target == self) {
+    self_msg m{self, type, {}, seq, rr};
+    m.bytes.reserve(size);
+    for (size_t i = 0; i < count; ++i) {
+      const auto* b = static_cast<const uint8_t*>(spans[i].data);
+      m.bytes.insert(m.bytes.end(), b, b + spans[i].size);
+    }
+    deferred_self.push_back(std::move(m));
+    arm_idle();
+    ++counters.data_sent;
+    if (message_id != nullptr) *message_id = seq;
+    return errc::ok;
+  }
+  uint8_t head[kBusOverhead];
+  proto::header hd = make_header(msg_type::data, target, seq);
+  if (rr) hd.flags |= proto::flag_require_response;
+  if (opt.ttl != 0) hd.ttl = opt.ttl;
+  hd.body_len = static_cast<uint32_t>(proto::kDataPrefix + size);
+  proto::encode_header(hd, head);
+  proto::encode_data_prefix(type, head + proto::kHeaderSize);
+  gather.resize(count + 1);
+  gather[0] = {head, sizeof head};
+  for (size_t i = 0; i < count; ++i) gather[i + 1] = {spans[i].data, spans[i].size};
+  // Register the reply wait first: a shm send reports success synchronously.
+  if (rr) replies[seq] = pending_reply{target, now_ms() + cfg.response_timeout_ms, {}, seq};
+  bool via_shm = false;
+  // gather may be reused by a nested call (transmit does not re-enter), so pass a copy pointer.
+  const errc e =
+      route_out(target, gather.data(), gather.size(), sizeof head + size, tag, &via_shm);
+  if (e != errc::ok) {
+    if (rr) replies.erase(seq);
+    return e;
+  }
+  ++counters.data_sent;
+  if (via_shm) {
+    ++counters.data_sent_shm;
+  } else {
+    ++counters.data_sent_stream;
+  }
+  if (message_id != nullptr) *message_id = seq;
+  return errc::ok;
+}
+
+errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* args, size_t size,
+                  command_cb cb) {
+  if (state != run_state::running) return errc::closed;
+  if (!cb) return errc::invalid_argument;
+  if (size > cfg.message_limit) return errc::message_too_large;
+  if (replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
+  const uint64_t seq = next_seq++;
+  std::vector<uint8_t> body;
+  proto::encode_command(static_cast<uint32_t>(cmd), args, size, &body);
+  if (target == self) {
+    std::string out =
+        run_command(static_cast<uint32_t>(cmd), static_cast<const uint8_t*>(args), size);
+    // Deliver from the loop, through the same reply path.
+    replies[seq] = pending_reply{self, now_ms() + cfg.response_timeout_ms, std::move(cb), 0};
+    std::vector<uint8_t> rb;
+    proto::encode_command_reply(static_cast<uint32_t>(cmd), proto::reason::ok, out.data(),
+                                out.size(), &rb);
+    self_replies.emplace_back(seq, std::move(rb));
+    arm_idle();
+    return errc::ok;
+  }
+  const std::vector<uint8_t> m = proto::build(make_header(msg_type::command, target, seq), body);
+  replies[seq] = pending_reply{target, now_ms() + cfg.response_timeout_ms, std::move(cb), 0};
+  const const_buffer b{m.data(), m.size()};
+  const errc e = route_out(target, &b, 1, m.size(), 0, nullptr);
+  if (e != errc::ok) replies.erase(seq);
+  return e;
+}
+
+// ---------------------------------------------------------------------------------- timers --
+void node::impl::tick() {
+  const uint64_t now = now_ms();
+  std::vector<link*> expired;
+  for (auto& [id, lk] : links) {
+    if (lk->state == link_state::closing) continue;
+    if (lk->state != link_state::registered) {
+      if (now >= lk->deadline_ms) expired.push_back(lk.get());
+      continue;
+    }
+    peer_ep* p = lk->peer;
+    if (now - p->last_rx_ms > cfg.heartbeat_timeout_ms) {
+      ++counters.heartbeat_timeouts;
+      log(log_level::warn, "%s 0x%" PRIx64 " silent for %" PRIu64 " ms: dropping",
+          detail::to_string(p->kind), p->id, now - p->last_rx_ms);
+      close_link(lk.get(), errc::timeout);
+      continue;
+    }
+    if (p->kind == peer_kind::sibling && now - p->last_data_ms > cfg.sibling_idle_ms) {
+      std::vector<uint8_t> b;
+      proto::encode_bye({proto::reason::closing}, &b);
+      (void)send_control(lk.get(), make_header(msg_type::bye, p->id, 0), b);
+      close_link(lk.get(), errc::closed, disconnect_mode::graceful);
+      continue;
+    }
+    if (now - p->last_ping_ms >= cfg.heartbeat_interval_ms) {
+      p->last_ping_ms = now;
+      std::vector<uint8_t> b;
+      proto::encode_ping({mono_ns()}, &b);
+      (void)send_control(lk.get(), make_header(msg_type::ping, p->id, next_seq++), b);
+    }
+  }
+  for (link* lk : expired) {
+    log(log_level::warn, "connection %s: handshake timed out", lk->conn->peer_url().c_str());
+    close_link(lk, errc::timeout);
+  }
+  expire_queue(&parent_pending, now);
+  for (auto it = siblings.begin(); it != siblings.end();) {
+    expire_queue(&it->second.pending, now);
+    if (it->second.state == sib_state::via_parent && now >= it->second.until_ms &&
+        it->second.pending.q.empty()) {
+      it = siblings.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Replies: deadlines grow with the sequence only per kind, so scan everything (bounded by the
+  // messages in flight with require_response, which the pending limits keep small).
+  std::vector<std::pair<uint64_t, pending_reply>> late;
+  for (auto it = replies.begin(); it != replies.end();) {
+    if (now >= it->second.deadline_ms) {
+      late.emplace_back(it->first, std::move(it->second));
+      it = replies.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [seq, r] : late) {
+    if (r.cb) {
+      r.cb(errc::timeout, nullptr, 0);
+    } else {
+      defer_report(r.report_tag, r.target, errc::timeout, true);
+    }
+  }
+}
+
+void node::impl::expire_queue(pending_queue* q, uint64_t now) {
+  while (!q->q.empty() && now >= q->q.front().deadline_ms) {
+    pending_msg& m = q->q.front();
+    channel_outcome(m.tag, m.target, errc::timeout);
+    q->bytes -= m.bytes.size();
+    q->q.pop_front();
+    --counters.pending_now;
+  }
+}
+
+void node::impl::run_deferred() {
+  // Retry relays blocked on a full ring (no wake-up exists for ring space).
+  if (!shm_overflow.empty()) {
+    std::vector<peer_ep*> ps = shm_overflow;
+    for (peer_ep* p : ps) {
+      drain_overflow(p);
+      if (p->overflow.empty()) {
+        shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),
+                           shm_overflow.end());
+      }
+    }
+    restart_shm_reader();
+  }
+  if (deferred_up) {
+    deferred_up = false;
+    if (cbs.on_up) cbs.on_up(self);
+  }
+  if (!deferred_self.empty()) {
+    std::vector<self_msg> msgs;
+    msgs.swap(deferred_self);
+    for (self_msg& m : msgs) {
+      ++counters.data_received;
+      if (cbs.on_data) cbs.on_data(m.source, m.type, m.bytes.data(), m.bytes.size());
+      const bool tracked = m.require_response || cbs.on_report;
+      if (m.require_response) replies.erase(m.seq);
+      if (tracked) defer_report(m.seq, self, errc::ok, m.require_response);
+    }
+  }
+  if (!self_replies.empty()) {
+    auto rs = std::move(self_replies);
+    self_replies.clear();
+    for (auto& [seq, body] : rs) {
+      auto it = replies.find(seq);
+      if (it == replies.end()) continue;
+      command_cb cb = std::move(it->second.cb);
+      replies.erase(it);
+      proto::command_reply_body r;
+      if (proto::parse_command_reply(body.data(), body.size(), &r) == errc::ok && cb) {
+        cb(errc::ok, r.result, r.result_size);
+      }
+    }
+  }
+  if (!deferred_reports.empty()) {
+    std::vector<delivery_report> rs;
+    rs.swap(deferred_reports);
+    for (const delivery_report& r : rs) {
+      if (cbs.on_report) cbs.on_report(r);
+    }
+    if (deferred_reports.empty()) {
+      rs.clear();
+      deferred_reports.swap(rs);  // keep the capacity: no allocation per message
+    }
+  }
+  if (stop_done_pending) {
+    stop_done_pending = false;
+    finish_stop();
+  }
+  if (deferred_reports.empty() && deferred_self.empty() && self_replies.empty() &&
+      shm_overflow.empty() && !deferred_up && !stop_done_pending && h != nullptr) {
+    uv_idle_stop(&h->idle);
+  }
+}
+
+}  // namespace uvbus

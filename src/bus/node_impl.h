@@ -1,0 +1,338 @@
+// The bus node's private state (node::impl) and the types it is built from. The member
+// functions live in node.cpp (lifecycle, helpers, public wrappers), node_delivery.cpp (sending,
+// pending queues, reports, timers), node_link.cpp (links, stream callbacks, registration handshake)
+// and node_route.cpp (routed messages, forwarding, siblings, shared-memory input, commands).
+#pragma once
+
+#include <uv.h>
+
+#include <uv.h>
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <random>
+#include <unordered_map>
+
+#include "uvbus/node.h"
+#include "bus/auth.h"
+#include "bus/routing.h"
+#include "uvbus/address.h"
+#include "uvbus/shm.h"
+#include "uvbus/stream.h"
+
+namespace uvbus::detail {
+
+
+constexpr size_t kBusOverhead = proto::kHeaderSize + proto::kDataPrefix;
+constexpr uint32_t kSiblingRetryMs =
+    5000;  // after a failed direct attempt, use the parent this long
+constexpr size_t kMaxSpans = 64;
+
+inline uint64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+inline peer_role role_of(peer_kind k) {
+  switch (k) {
+    case peer_kind::parent:
+      return peer_role::parent;
+    case peer_kind::child:
+      return peer_role::child;
+    case peer_kind::sibling:
+      return peer_role::sibling;
+    case peer_kind::tool:
+      return peer_role::tool;
+  }
+  return peer_role::child;
+}
+
+// A message waiting for its link (whole bus message: header + body).
+struct pending_msg {
+  std::vector<uint8_t> bytes;
+  uint64_t tag = 0;  // message id when a report is owed, else 0
+  bus_id target = 0;
+  uint64_t deadline_ms = 0;
+};
+
+struct pending_queue {
+  std::deque<pending_msg> q;
+  size_t bytes = 0;
+};
+
+struct link;
+
+struct in_flight {
+  uint64_t tag;
+  bus_id target;
+};
+
+struct peer_ep {
+  bus_id id = 0;
+  peer_kind kind = peer_kind::child;
+  proto::node_info info;
+  link* lk = nullptr;  // its registered stream link
+  std::unique_ptr<shm_writer> shm;
+  uint64_t rtt_ns = 0;
+  uint64_t last_rx_ms = 0;
+  uint64_t last_ping_ms = 0;
+  uint64_t last_data_ms = 0;
+  // Relayed messages that met a full queue, and the links paused until they drain.
+  std::deque<std::vector<uint8_t>> overflow;
+  size_t overflow_bytes = 0;
+  std::vector<uint64_t> paused_links;
+  bool shm_reader_paused = false;  // we stopped our shm reader because of this overflow
+  bool user_blocked = false;       // a send_data() got queue_full: tell on_writable
+};
+
+enum class link_state : uint8_t {
+  connecting,
+  await_challenge,  // connector
+  await_register,   // acceptor
+  await_reply,      // connector
+  registered,
+  closing,
+};
+
+struct link {
+  stream_connection* conn = nullptr;
+  uint64_t conn_id = 0;
+  link_state state = link_state::connecting;
+  bool outbound = false;
+  bool is_parent = false;
+  proto::link_role role = proto::link_role::child;
+  bus_id expect_id = 0;  // connector to a sibling: whom we expect
+  uint8_t nonce[proto::kNonceSize] = {};
+  uint64_t deadline_ms = 0;
+  peer_ep* peer = nullptr;
+  errc close_reason = errc::ok;  // set when we close it for a reason of our own
+  bool paused = false;
+  bool reported = false;  // parent link: on_registration already told about this attempt
+  // Tags of reported packets sent on this link, in send order (the channel reports each
+  // connection's packets in send order, so the front always matches the next report).
+  std::deque<in_flight> reports;
+};
+
+enum class sib_state : uint8_t { lookup, connecting, via_parent };
+
+struct sibling_entry {
+  sib_state state = sib_state::lookup;
+  pending_queue pending;
+  uint64_t until_ms = 0;  // via_parent: retry a direct link after this
+};
+
+struct pending_reply {
+  bus_id target = 0;
+  uint64_t deadline_ms = 0;
+  node::command_cb cb;  // commands; empty for acks
+  uint64_t report_tag = 0;
+};
+
+struct self_msg {
+  bus_id source;
+  uint32_t type;
+  std::vector<uint8_t> bytes;
+  uint64_t seq;
+  bool require_response;
+};
+
+// libuv handles live in their own heap block so their close callbacks may run after the node is
+// destroyed; the last close callback frees the block.
+struct handles {
+  uv_timer_t tick{};
+  uv_timer_t reconnect{};
+  uv_idle_t idle{};
+  int open = 0;
+};
+
+}  // namespace uvbus::detail
+
+namespace uvbus {
+
+struct node::impl {
+  using hop = detail::hop;
+  using peer_kind = detail::peer_kind;
+  using msg_type = proto::msg_type;
+  using pending_msg = detail::pending_msg;
+  using pending_queue = detail::pending_queue;
+  using link = detail::link;
+  using in_flight = detail::in_flight;
+  using peer_ep = detail::peer_ep;
+  using link_state = detail::link_state;
+  using sib_state = detail::sib_state;
+  using sibling_entry = detail::sibling_entry;
+  using pending_reply = detail::pending_reply;
+  using self_msg = detail::self_msg;
+  using handles = detail::handles;
+
+  uv_loop_t* loop;
+  bus_id self;
+  node_config cfg;
+  node_callbacks cbs;
+  detail::routing_table table;
+  std::unique_ptr<stream_channel> streams;
+  std::unique_ptr<shm_reader> reader;
+  handles* h = nullptr;
+  std::string host_id;
+  std::string hostname;
+  std::vector<std::string> listen_urls;
+  std::string shm_url;  // our ring, if any
+
+  enum class run_state : uint8_t { idle, running, stopping, stopped } state = run_state::idle;
+  bool is_up = false;
+  bool parent_failed = false;  // refused for a configuration error: no more retries
+  link* parent_link = nullptr;
+  bus_id parent_id = 0;
+  uint32_t reconnect_attempt = 0;
+  bool reconnect_armed = false;
+  std::mt19937_64 rng{detail::mono_ns()};
+
+  std::unordered_map<uint64_t, std::unique_ptr<link>> links;  // by stream connection id
+  std::unordered_map<bus_id, std::unique_ptr<peer_ep>> peers;
+  std::unordered_map<bus_id, sibling_entry> siblings;
+  pending_queue parent_pending;
+  std::map<uint64_t, pending_reply> replies;  // by sequence (deadlines grow with it)
+  uint64_t next_seq = 1;
+
+  std::vector<delivery_report> deferred_reports;
+  std::vector<self_msg> deferred_self;
+  std::vector<std::pair<bus_id, errc>> deferred_down;
+  bool deferred_up = false;
+  bool stop_done_pending = false;
+  std::vector<peer_ep*> shm_overflow;  // peers whose shm overflow needs retrying
+  bool shm_paused = false;
+
+  node_counters counters;
+  // The last target's next hop, so a stream of messages to one target skips the routing lookups.
+  // Cleared whenever a peer comes or goes.
+  bus_id cached_target = 0;
+  peer_ep* cached_hop = nullptr;
+  std::vector<const_buffer> gather;
+  std::vector<shm_span> shm_gather;
+
+  impl(uv_loop_t* l, bus_id id, node_config c, node_callbacks cb)
+      : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {}
+
+  // ------------------------------------------------------------------------------- helpers --
+  uint64_t now_ms() const { return uv_now(loop); }
+  void log(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+  void error(errc e, const std::string& what);
+  void arm_idle();
+  void defer_report(uint64_t tag, bus_id target, errc status, bool e2e);
+  // Reports a message's channel-level fate: with require_response the channel outcome only
+  // matters when it is a failure (success waits for the acknowledgement).
+  void channel_outcome(uint64_t tag, bus_id target, errc status);
+  endpoint_info info_of(const peer_ep& p) const;
+  proto::node_info my_info() const;
+  proto::header make_header(msg_type t, bus_id target, uint64_t seq) const;
+  // Sends one link-local control message over a link's stream connection.
+  errc send_control(link* lk, proto::header hd, const std::vector<uint8_t>& body);
+  void close_link(link* lk, errc why, disconnect_mode mode = disconnect_mode::force);
+
+  // ------------------------------------------------------------------------------ transmit --
+  // Sends a routed message (data, forward, ack, command, reply) to a registered peer over shared
+  // memory when it has a ring for us, else over its stream link. tag != 0 asks for a report.
+  errc transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag, bus_id target,
+                bool* via_shm = nullptr);
+  errc transmit_bytes(peer_ep* p, const std::vector<uint8_t>& m, uint64_t tag, bus_id target);
+  peer_ep* find_peer(bus_id id);
+  peer_ep* parent_peer();
+  bool queue_allowed(const pending_queue& q, size_t bytes) const;
+  errc enqueue(pending_queue* q, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
+               bus_id target);
+  void fail_queue(pending_queue* q, errc why);
+  // Sends a queue's messages through peer p, in order.
+  void flush_queue(pending_queue* q, peer_ep* p);
+  // Routes a whole message (given as buffers whose first 32 bytes are its header) that this node
+  // originates: picks the next hop, queues while the link is coming up.
+  errc route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
+                 bool* via_shm);
+
+  // ----------------------------------------------------------------------------- send_data --
+  errc send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
+                 const send_options& opt, uint64_t* message_id);
+  errc send_command(bus_id target, proto::command_id cmd, const void* args, size_t size,
+                    command_cb cb);
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> self_replies;
+
+  // ------------------------------------------------------------------------------ siblings --
+  errc start_lookup(bus_id target);
+  void sibling_via_parent(bus_id target, const char* why);
+  void on_lookup(bus_id target, errc st, const uint8_t* p, size_t n);
+
+  // --------------------------------------------------------------------------------- links --
+  link* add_link(stream_connection* c, bool outbound);
+  void connect_parent();
+  void schedule_reconnect();
+  static void on_reconnect_timer(uv_timer_t* t);
+  void registration_result(errc e, const std::string& detail);
+
+  // ---------------------------------------------------------------------- stream callbacks --
+  static impl* from(void* ctx) { return static_cast<impl*>(ctx); }
+  static link* link_of(stream_connection* c) { return static_cast<link*>(c->user_data()); }
+  static void s_accepted(void* ctx, stream_connection* c);
+  static void s_connected(void* ctx, stream_connection* c, errc status);
+  static void s_disconnected(void* ctx, stream_connection* c, errc reason);
+  static void s_written(void* ctx, stream_connection* c, uint64_t tag, errc status);
+  static void s_writable(void* ctx, stream_connection* c);
+  static void s_received(void* ctx, stream_connection* c, const uint8_t* data, size_t size);
+  void protocol_violation(link* lk, const char* what);
+
+  // ------------------------------------------------------------------ handshake: connector --
+  void on_challenge(link* lk, const proto::header& hd, const uint8_t* body);
+  void on_register_reply(link* lk, const proto::header& hd, const uint8_t* body);
+
+  // ------------------------------------------------------------------- handshake: acceptor --
+  void refuse(link* lk, errc why, const std::string& msg, const proto::node_info& who);
+  void on_register(link* lk, const proto::header& hd, const uint8_t* body);
+  // Once a sibling is registered (on whichever link), its waiting messages go to it.
+  void settle_sibling(bus_id id);
+  bool accept_reply(link* lk, bus_id to, uint8_t version);
+  // Moves a registered peer onto another (just registered) link and closes its old link quietly.
+  void move_peer(peer_ep* p, link* to);
+  peer_ep* add_peer(link* lk, peer_kind kind, proto::node_info info);
+  // A stream connection ended (or failed to connect).
+  void link_gone(link* lk, errc reason);
+
+  // ----------------------------------------------------------------------- routed messages --
+  void on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size);
+  // Replies and acks go back along the normal route but never wait in a sibling queue.
+  errc route_reply(bus_id target, const const_buffer* bufs, size_t total);
+  void send_ack(bus_id to, uint64_t seq, proto::reason st);
+  void forward(link* from, const proto::header& hd, const uint8_t* data, size_t size);
+  void overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size);
+  void drain_overflow(peer_ep* p);
+  void resume_paused(peer_ep* p);
+  void restart_shm_reader();
+  static void on_shm_records(void* user, const shm_record* recs, size_t count);
+
+  // ------------------------------------------------------------------------------ commands --
+  proto::reason lookup_child(const uint8_t* args, size_t n, std::string* out);
+  std::string routes() const;
+  std::string counters_text() const;
+  std::string run_command(uint32_t cmd, const uint8_t* args, size_t n) const;
+
+  // -------------------------------------------------------------------------------- timers --
+  static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }
+  void tick();
+  void expire_queue(pending_queue* q, uint64_t now);
+  static void on_idle(uv_idle_t* t) { static_cast<impl*>(t->data)->run_deferred(); }
+  void run_deferred();
+
+  // -------------------------------------------------------------------------- start / stop --
+  errc start();
+  void stop();
+  std::vector<command_cb> deferred_cmd_fail;
+  void maybe_finish_stop();
+  void finish_stop();
+  static void on_handle_closed(uv_handle_t* hd);
+  void destroy();
+};
+
+}  // namespace uvbus

@@ -1,0 +1,521 @@
+// Bus node, links: stream connections to peers, the stream channel's callbacks and the
+// registration handshake (connector and acceptor side), up to a registered peer.
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using detail::hop;
+using detail::peer_kind;
+using proto::msg_type;
+using detail::pending_msg;
+using detail::pending_queue;
+using detail::link;
+using detail::in_flight;
+using detail::peer_ep;
+using detail::link_state;
+using detail::sib_state;
+using detail::sibling_entry;
+using detail::pending_reply;
+using detail::self_msg;
+using detail::handles;
+using detail::mono_ns;
+using detail::role_of;
+using detail::kBusOverhead;
+using detail::kSiblingRetryMs;
+using detail::kMaxSpans;
+
+// ----------------------------------------------------------------------------------- links --
+link* node::impl::add_link(stream_connection* c, bool outbound) {
+  auto lk = std::make_unique<link>();
+  lk->conn = c;
+  lk->conn_id = c->id();
+  lk->outbound = outbound;
+  lk->state = outbound ? link_state::connecting : link_state::await_register;
+  lk->deadline_ms = now_ms() + cfg.handshake_timeout_ms +
+                    (outbound ? cfg.handshake_timeout_ms : 0);  // connect + handshake
+  c->set_user_data(lk.get());
+  link* raw = lk.get();
+  links[raw->conn_id] = std::move(lk);
+  return raw;
+}
+
+void node::impl::connect_parent() {
+  if (state != run_state::running || cfg.parent_url.empty() || parent_link != nullptr ||
+      parent_failed) {
+    return;
+  }
+  stream_connection* c = nullptr;
+  const errc e = streams->connect(cfg.parent_url, &c);
+  if (e != errc::ok) {
+    registration_result(e, "connect to the parent failed at once");
+    schedule_reconnect();
+    return;
+  }
+  parent_link = add_link(c, true);
+  parent_link->is_parent = true;
+  parent_link->role = proto::link_role::child;
+}
+
+void node::impl::schedule_reconnect() {
+  if (state != run_state::running || parent_failed || reconnect_armed) return;
+  const double base = std::min<double>(
+      cfg.reconnect_max_ms,
+      cfg.reconnect_min_ms * std::pow(2.0, std::min<uint32_t>(reconnect_attempt, 30)));
+  std::uniform_real_distribution<double> d(-cfg.reconnect_jitter, cfg.reconnect_jitter);
+  const double delay = std::max(1.0, base * (1.0 + d(rng)));
+  ++reconnect_attempt;
+  reconnect_armed = true;
+  uv_timer_start(&h->reconnect, &impl::on_reconnect_timer, static_cast<uint64_t>(delay), 0);
+  log(log_level::info, "reconnecting to the parent in %.0f ms", delay);
+}
+
+void node::impl::on_reconnect_timer(uv_timer_t* t) {
+  auto* self = static_cast<impl*>(t->data);
+  self->reconnect_armed = false;
+  ++self->counters.reconnects;
+  self->connect_parent();
+}
+
+void node::impl::registration_result(errc e, const std::string& detail) {
+  if (cbs.on_registration) cbs.on_registration(e, detail);
+}
+
+// ------------------------------------------------------------------------ stream callbacks --
+void node::impl::s_accepted(void* ctx, stream_connection* c) {
+  impl* n = from(ctx);
+  link* lk = n->add_link(c, false);
+  if (n->state != run_state::running) {
+    n->close_link(lk, errc::closed);
+    return;
+  }
+  proto::challenge_body ch;
+  ch.min_version = n->cfg.protocol_min;
+  ch.max_version = n->cfg.protocol_max;
+  ch.acceptor_id = n->self;
+  if (!detail::random_bytes(lk->nonce, sizeof lk->nonce)) {
+    n->error(errc::io_error, "no random bytes for a registration nonce");
+    n->close_link(lk, errc::io_error);
+    return;
+  }
+  std::memcpy(ch.nonce, lk->nonce, sizeof lk->nonce);
+  std::vector<uint8_t> body;
+  proto::encode_challenge(ch, &body);
+  if (n->send_control(lk, n->make_header(msg_type::challenge, 0, 0), body) != errc::ok) {
+    n->close_link(lk, errc::io_error);
+  }
+}
+
+void node::impl::s_connected(void* ctx, stream_connection* c, errc status) {
+  impl* n = from(ctx);
+  link* lk = link_of(c);
+  if (lk == nullptr) return;
+  if (status == errc::ok) {
+    if (lk->state == link_state::connecting) lk->state = link_state::await_challenge;
+    return;
+  }
+  // Failed: no on_disconnected follows.
+  n->link_gone(lk, status);
+}
+
+void node::impl::s_disconnected(void* ctx, stream_connection* c, errc reason) {
+  impl* n = from(ctx);
+  link* lk = link_of(c);
+  if (lk == nullptr) return;
+  n->link_gone(lk, lk->close_reason != errc::ok ? lk->close_reason : reason);
+}
+
+void node::impl::s_written(void* ctx, stream_connection* c, uint64_t tag, errc status) {
+  impl* n = from(ctx);
+  if (tag == 0) return;
+  link* lk = link_of(c);
+  if (lk == nullptr) return;
+  // Reports come in send order; the front entry is this packet.
+  while (!lk->reports.empty()) {
+    const in_flight f = lk->reports.front();
+    lk->reports.pop_front();
+    if (f.tag == tag) {
+      n->channel_outcome(f.tag, f.target, status);
+      return;
+    }
+    // Not expected (the channel reports every tagged packet), but never lose a report.
+    n->channel_outcome(f.tag, f.target, errc::io_error);
+  }
+}
+
+void node::impl::s_writable(void* ctx, stream_connection* c) {
+  impl* n = from(ctx);
+  link* lk = link_of(c);
+  if (lk == nullptr || lk->peer == nullptr) return;
+  peer_ep* p = lk->peer;
+  n->drain_overflow(p);
+  if (p->user_blocked && p->overflow.empty()) {
+    p->user_blocked = false;
+    if (n->cbs.on_writable) n->cbs.on_writable(p->id);
+  }
+}
+
+void node::impl::s_received(void* ctx, stream_connection* c, const uint8_t* data, size_t size) {
+  impl* n = from(ctx);
+  link* lk = link_of(c);
+  if (lk == nullptr || lk->state == link_state::closing) return;
+  proto::header hd;
+  if (proto::parse_header(data, size, &hd) != errc::ok) {
+    n->protocol_violation(lk, "malformed bus header");
+    return;
+  }
+  const uint8_t* body = data + proto::kHeaderSize;
+  switch (lk->state) {
+    case link_state::await_challenge:
+      n->on_challenge(lk, hd, body);
+      return;
+    case link_state::await_register:
+      n->on_register(lk, hd, body);
+      return;
+    case link_state::await_reply:
+      n->on_register_reply(lk, hd, body);
+      return;
+    case link_state::registered:
+      break;
+    default:
+      n->protocol_violation(lk, "message before the handshake");
+      return;
+  }
+  peer_ep* p = lk->peer;
+  p->last_rx_ms = n->now_ms();
+  switch (hd.type) {
+    case msg_type::ping: {
+      std::vector<uint8_t> b(body, body + hd.body_len);
+      proto::ping_body pb;
+      if (proto::parse_ping(body, hd.body_len, &pb) != errc::ok) {
+        n->protocol_violation(lk, "bad ping");
+        return;
+      }
+      (void)n->send_control(lk, n->make_header(msg_type::pong, p->id, hd.sequence), b);
+      return;
+    }
+    case msg_type::pong: {
+      proto::ping_body pb;
+      if (proto::parse_ping(body, hd.body_len, &pb) != errc::ok) {
+        n->protocol_violation(lk, "bad pong");
+        return;
+      }
+      const uint64_t now = mono_ns();
+      if (now >= pb.send_time_ns) p->rtt_ns = now - pb.send_time_ns;
+      return;
+    }
+    case msg_type::bye:
+      n->log(log_level::info, "peer 0x%" PRIx64 " said goodbye", p->id);
+      n->close_link(lk, errc::closed, disconnect_mode::graceful);
+      return;
+    case msg_type::challenge:
+    case msg_type::register_req:
+    case msg_type::register_reply:
+      n->protocol_violation(lk, "handshake message on a registered link");
+      return;
+    default:
+      break;
+  }
+  if (hd.source != p->id && !n->table.source_allowed(p->id, hd.source)) {
+    n->protocol_violation(lk, "source id not allowed on this link");
+    return;
+  }
+  if (p->kind == peer_kind::sibling) p->last_data_ms = p->last_rx_ms;
+  n->on_routed(lk, hd, data, size);
+}
+
+void node::impl::protocol_violation(link* lk, const char* what) {
+  ++counters.protocol_errors;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "connection %" PRIu64 " (%s): %s", lk->conn_id,
+                lk->conn->peer_url().c_str(), what);
+  error(errc::protocol_error, buf);
+  close_link(lk, errc::protocol_error);
+}
+
+// -------------------------------------------------------------------- handshake: connector --
+void node::impl::on_challenge(link* lk, const proto::header& hd, const uint8_t* body) {
+  proto::challenge_body ch;
+  if (hd.type != msg_type::challenge ||
+      proto::parse_challenge(body, hd.body_len, &ch) != errc::ok) {
+    protocol_violation(lk, "expected a challenge");
+    return;
+  }
+  if (detail::negotiate_version(cfg.protocol_min, cfg.protocol_max, ch.min_version,
+                                ch.max_version) == 0) {
+    // Send our register anyway: the acceptor refuses it with version_mismatch, which is the
+    // reason both sides then log.
+  }
+  proto::register_body rb;
+  rb.min_version = cfg.protocol_min;
+  rb.max_version = cfg.protocol_max;
+  rb.role = lk->role;
+  rb.info = my_info();
+  if (!cfg.access_tokens.empty()) {
+    const std::vector<uint8_t> in = proto::auth_input(ch.nonce, self, lk->role);
+    if (!detail::hmac_sha256(cfg.access_tokens.front(), in.data(), in.size(), rb.proof)) {
+      protocol_violation(lk, "HMAC failed");
+      return;
+    }
+  }
+  std::vector<uint8_t> b;
+  proto::encode_register(rb, &b);
+  if (send_control(lk, make_header(msg_type::register_req, ch.acceptor_id, 0), b) != errc::ok) {
+    close_link(lk, errc::io_error);
+    return;
+  }
+  lk->state = link_state::await_reply;
+}
+
+void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint8_t* body) {
+  proto::register_reply_body rr;
+  if (hd.type != msg_type::register_reply ||
+      proto::parse_register_reply(body, hd.body_len, &rr) != errc::ok) {
+    protocol_violation(lk, "expected a registration reply");
+    return;
+  }
+  errc result = proto::errc_from_reason(static_cast<uint16_t>(rr.status));
+  if (result == errc::ok && lk->expect_id != 0 && rr.info.id != lk->expect_id) {
+    result = errc::protocol_error;
+    rr.message = "the sibling answered with another id";
+  }
+  if (result == errc::ok && lk->is_parent && rr.info.id == self) result = errc::duplicate_id;
+  if (result != errc::ok) {
+    log(log_level::warn, "registration to %s refused: %s (%s)", lk->conn->peer_url().c_str(),
+        to_string(result), rr.message.c_str());
+    lk->close_reason = result;
+    if (lk->is_parent) {
+      if (result == errc::access_denied || result == errc::out_of_subnet ||
+          result == errc::version_mismatch) {
+        parent_failed = true;
+        fail_queue(&parent_pending, result);
+      }
+      lk->reported = true;
+      registration_result(result, rr.message);
+    }
+    close_link(lk, result, disconnect_mode::graceful);
+    return;
+  }
+  const peer_kind kind = lk->is_parent ? peer_kind::parent : peer_kind::sibling;
+  if (kind == peer_kind::sibling) {
+    if (peer_ep* old = find_peer(rr.info.id); old != nullptr) {
+      // Both siblings connected to each other at once: keep the link the smaller id initiated
+      // (both sides apply the same rule, so they keep the same connection).
+      if (self < old->id && old->kind == peer_kind::sibling) {
+        move_peer(old, lk);
+      } else {
+        close_link(lk, errc::duplicate_id, disconnect_mode::graceful);
+      }
+      settle_sibling(old->id);
+      return;
+    }
+  }
+  peer_ep* p = add_peer(lk, kind, std::move(rr.info));
+  if (lk->is_parent) {
+    parent_id = p->id;
+    table.set_parent(p->id);
+    reconnect_attempt = 0;
+    is_up = true;
+    log(log_level::info, "registered with parent 0x%" PRIx64, p->id);
+    registration_result(errc::ok, rr.message);
+    if (cbs.on_up) cbs.on_up(p->id);
+    flush_queue(&parent_pending, p);
+  } else {
+    settle_sibling(p->id);
+  }
+}
+
+// --------------------------------------------------------------------- handshake: acceptor --
+void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto::node_info& who) {
+  ++counters.registrations_refused;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " (pid %u, %s) from %s: %s",
+                who.id, who.pid, who.hostname.c_str(), lk->conn->peer_url().c_str(), msg.c_str());
+  error(why, buf);
+  proto::register_reply_body rr;
+  rr.status = proto::reason_from_errc(why);
+  rr.version = cfg.protocol_max;
+  rr.info.id = self;
+  rr.message = msg;
+  std::vector<uint8_t> b;
+  proto::encode_register_reply(rr, &b);
+  (void)send_control(lk, make_header(msg_type::register_reply, who.id, 0), b);
+  close_link(lk, why, disconnect_mode::graceful);
+}
+
+void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* body) {
+  proto::register_body rb;
+  if (hd.type != msg_type::register_req ||
+      proto::parse_register(body, hd.body_len, &rb) != errc::ok) {
+    protocol_violation(lk, "expected a registration");
+    return;
+  }
+  const proto::node_info& who = rb.info;
+  const uint8_t version = detail::negotiate_version(cfg.protocol_min, cfg.protocol_max,
+                                                    rb.min_version, rb.max_version);
+  if (version == 0) {
+    refuse(lk, errc::version_mismatch, "no common protocol version", who);
+    return;
+  }
+  if (!cfg.access_tokens.empty()) {
+    const std::vector<uint8_t> in = proto::auth_input(lk->nonce, who.id, rb.role);
+    if (!detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof)) {
+      refuse(lk, errc::access_denied, "no matching access token", who);
+      return;
+    }
+  }
+  peer_kind kind = peer_kind::child;
+  errc ok = errc::ok;
+  if (rb.role == proto::link_role::child) {
+    ok = table.check_child(who.id, who.subnets);
+  } else {
+    kind = rb.role == proto::link_role::sibling ? peer_kind::sibling : peer_kind::tool;
+    ok = table.check_peer(who.id);
+    if (ok == errc::ok && table.owns(who.id)) ok = errc::out_of_subnet;
+    peer_ep* old = find_peer(who.id);
+    if (ok == errc::duplicate_id && kind == peer_kind::sibling && old != nullptr &&
+        old->kind == peer_kind::sibling && who.id < self) {
+      // The simultaneous-connect rule (see on_register_reply): the smaller id's link wins.
+      if (!accept_reply(lk, who.id, version)) return;
+      move_peer(old, lk);
+      return;
+    }
+  }
+  if (ok != errc::ok) {
+    char msg[128];
+    if (ok == errc::out_of_subnet) {
+      std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " or its subnets are outside ours", who.id);
+    } else {
+      std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " is already registered", who.id);
+    }
+    refuse(lk, ok, msg, who);
+    return;
+  }
+  if (!accept_reply(lk, who.id, version)) return;
+  log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind),
+      who.id, who.pid, who.hostname.c_str());
+  peer_ep* p = add_peer(lk, kind, who);
+  // A sibling we were about to connect to connected to us first.
+  if (kind == peer_kind::sibling) settle_sibling(p->id);
+}
+
+void node::impl::settle_sibling(bus_id id) {
+  auto it = siblings.find(id);
+  peer_ep* p = find_peer(id);
+  if (it == siblings.end() || p == nullptr) return;
+  flush_queue(&it->second.pending, p);
+  siblings.erase(it);
+}
+
+bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version) {
+  ++counters.registrations_accepted;
+  proto::register_reply_body rr;
+  rr.status = proto::reason::ok;
+  rr.version = version;
+  rr.info = my_info();
+  std::vector<uint8_t> b;
+  proto::encode_register_reply(rr, &b);
+  if (send_control(lk, make_header(msg_type::register_reply, to, 0), b) != errc::ok) {
+    close_link(lk, errc::io_error);
+    return false;
+  }
+  return true;
+}
+
+void node::impl::move_peer(peer_ep* p, link* to) {
+  link* old = p->lk;
+  old->peer = nullptr;
+  old->close_reason = errc::duplicate_id;
+  to->peer = p;
+  to->state = link_state::registered;
+  p->lk = to;
+  close_link(old, errc::duplicate_id, disconnect_mode::graceful);
+}
+
+peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
+  auto p = std::make_unique<peer_ep>();
+  p->id = info.id;
+  p->kind = kind;
+  p->info = std::move(info);
+  p->lk = lk;
+  p->last_rx_ms = p->last_ping_ms = p->last_data_ms = now_ms();
+  lk->peer = p.get();
+  lk->state = link_state::registered;
+  // Every peer's subnets are kept for source checks (a sibling relays for its descendants);
+  // only children's take part in routing.
+  table.add(p->id, kind, p->info.subnets);
+  // Same host and a ring offered: our data for it goes through shared memory.
+  if (cfg.enable_shm && kind != peer_kind::tool && p->info.host_id == host_id) {
+    for (const std::string& u : p->info.listen) {
+      address a;
+      if (parse_address(u, &a) != errc::ok || a.kind != scheme::shm) continue;
+      auto w = std::make_unique<shm_writer>();
+      const errc e = w->open(a);
+      if (e == errc::ok) {
+        p->shm = std::move(w);
+      } else {
+        log(log_level::info,
+            "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
+            u.c_str(), to_string(e));
+      }
+      break;
+    }
+  }
+  peer_ep* raw = p.get();
+  peers[raw->id] = std::move(p);
+  cached_hop = nullptr;
+  if (cbs.on_endpoint_added) cbs.on_endpoint_added(info_of(*raw));
+  return raw;
+}
+
+void node::impl::link_gone(link* lk, errc reason) {
+  std::unique_ptr<link> owned;
+  auto it = links.find(lk->conn_id);
+  if (it != links.end()) {
+    owned = std::move(it->second);
+    links.erase(it);
+  }
+  lk->conn->set_user_data(nullptr);
+  // Anything still awaiting a channel report on this link failed with it (the channel reports
+  // every packet before on_disconnected, so this is only a safety net).
+  while (!lk->reports.empty()) {
+    channel_outcome(lk->reports.front().tag, lk->reports.front().target, reason);
+    lk->reports.pop_front();
+  }
+  if (peer_ep* p = lk->peer; p != nullptr) {
+    cached_hop = nullptr;
+    counters.forward_dropped += p->overflow.size();
+    resume_paused(p);
+    const endpoint_info info = info_of(*p);
+    table.remove(p->id);
+    shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),
+                       shm_overflow.end());
+    peers.erase(p->id);
+    log(log_level::info, "%s 0x%" PRIx64 " gone: %s", to_string(info.role), info.id,
+        to_string(reason));
+    if (cbs.on_endpoint_removed) cbs.on_endpoint_removed(info, reason);
+  }
+  if (lk->is_parent) {
+    const bool was_up = is_up;
+    parent_link = nullptr;
+    is_up = false;
+    table.clear_parent();
+    if (lk->peer == nullptr && state == run_state::running && !lk->reported) {
+      registration_result(reason, "connection to the parent failed");
+    }
+    if (was_up && state == run_state::running && cbs.on_down) cbs.on_down(reason);
+    // Siblings being looked up wait in the parent queue now.
+    for (auto& [id, s] : siblings) {
+      if (s.state == sib_state::lookup) sibling_via_parent(id, "parent lost");
+    }
+    schedule_reconnect();
+  } else if (lk->outbound && lk->expect_id != 0 && lk->peer == nullptr) {
+    if (find_peer(lk->expect_id) != nullptr) {
+      settle_sibling(lk->expect_id);
+    } else {
+      sibling_via_parent(lk->expect_id, to_string(reason));
+    }
+  }
+  maybe_finish_stop();
+}
+
+}  // namespace uvbus

@@ -1,0 +1,429 @@
+// Bus node, routing: routed messages from links and the shared-memory ring, forwarding with
+// back-pressure, sibling lookups, and the built-in commands.
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using detail::hop;
+using detail::peer_kind;
+using proto::msg_type;
+using detail::pending_msg;
+using detail::pending_queue;
+using detail::link;
+using detail::in_flight;
+using detail::peer_ep;
+using detail::link_state;
+using detail::sib_state;
+using detail::sibling_entry;
+using detail::pending_reply;
+using detail::self_msg;
+using detail::handles;
+using detail::mono_ns;
+using detail::role_of;
+using detail::kBusOverhead;
+using detail::kSiblingRetryMs;
+using detail::kMaxSpans;
+
+// -------------------------------------------------------------------------------- siblings --
+errc node::impl::start_lookup(bus_id target) {
+  peer_ep* pp = parent_peer();
+  if (pp == nullptr) return errc::not_connected;
+  uint8_t arg[8];
+  for (int i = 0; i < 8; ++i) arg[i] = static_cast<uint8_t>(target >> (8 * i));
+  const uint64_t seq = next_seq++;
+  std::vector<uint8_t> body;
+  proto::encode_command(static_cast<uint32_t>(proto::command_id::lookup), arg, 8, &body);
+  const std::vector<uint8_t> m = proto::build(make_header(msg_type::command, pp->id, seq), body);
+  replies[seq] = pending_reply{
+      pp->id, now_ms() + cfg.handshake_timeout_ms,
+      [this, target](errc st, const uint8_t* p, size_t n) { on_lookup(target, st, p, n); }, 0};
+  const errc e = transmit_bytes(pp, m, 0, pp->id);
+  if (e != errc::ok) replies.erase(seq);
+  return e;
+}
+
+void node::impl::sibling_via_parent(bus_id target, const char* why) {
+  auto it = siblings.find(target);
+  if (it == siblings.end()) return;
+  log(log_level::info, "sibling 0x%" PRIx64 ": %s, routing through the parent", target, why);
+  it->second.state = sib_state::via_parent;
+  it->second.until_ms = now_ms() + kSiblingRetryMs;
+  peer_ep* pp = parent_peer();
+  if (pp != nullptr) {
+    flush_queue(&it->second.pending, pp);
+  } else {
+    // Keep order: the parent queue takes them (they still expire on their own deadlines).
+    for (auto& m : it->second.pending.q) {
+      parent_pending.bytes += m.bytes.size();
+      parent_pending.q.push_back(std::move(m));
+    }
+    it->second.pending.q.clear();
+    it->second.pending.bytes = 0;
+  }
+}
+
+void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
+  auto it = siblings.find(target);
+  if (it == siblings.end() || it->second.state != sib_state::lookup) return;
+  proto::node_info info;
+  if (st != errc::ok || proto::parse_node_info(p, n, &info) != errc::ok || info.id != target) {
+    sibling_via_parent(target, "not a direct child of the parent");
+    return;
+  }
+  if (state != run_state::running) return;
+  // Prefer a unix socket on the same host, else the first TCP address.
+  std::string url;
+  for (const std::string& u : info.listen) {
+    address a;
+    if (parse_address(u, &a) != errc::ok) continue;
+    if (a.kind == scheme::unix_socket && info.host_id == host_id) {
+      url = u;
+      break;
+    }
+    if (url.empty() && a.is_stream() && a.kind != scheme::unix_socket) url = u;
+  }
+  if (url.empty()) {
+    sibling_via_parent(target, "no stream address");
+    return;
+  }
+  stream_connection* c = nullptr;
+  if (streams->connect(url, &c) != errc::ok) {
+    sibling_via_parent(target, "connect failed");
+    return;
+  }
+  it->second.state = sib_state::connecting;
+  link* lk = add_link(c, true);
+  lk->role = proto::link_role::sibling;
+  lk->expect_id = target;
+}
+
+// ------------------------------------------------------------------------- routed messages --
+void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
+  if (hd.target != self) {
+    forward(from, hd, data, size);
+    return;
+  }
+  const uint8_t* body = data + proto::kHeaderSize;
+  switch (hd.type) {
+    case msg_type::data:
+    case msg_type::forward: {
+      proto::data_body d;
+      if (proto::parse_data(body, hd.body_len, &d) != errc::ok) {
+        if (from != nullptr) protocol_violation(from, "bad data body");
+        return;
+      }
+      ++counters.data_received;
+      if (cbs.on_data) cbs.on_data(hd.source, d.user_type, d.payload, d.size);
+      if ((hd.flags & proto::flag_require_response) != 0) {
+        send_ack(hd.source, hd.sequence, proto::reason::ok);
+      }
+      return;
+    }
+    case msg_type::ack: {
+      proto::ack_body a;
+      if (proto::parse_ack(body, hd.body_len, &a) != errc::ok) {
+        if (from != nullptr) protocol_violation(from, "bad ack");
+        return;
+      }
+      auto it = replies.find(a.acked_sequence);
+      if (it == replies.end() || it->second.cb) return;  // late (already timed out)
+      const bus_id target = it->second.target;
+      replies.erase(it);
+      defer_report(a.acked_sequence, target,
+                   proto::errc_from_reason(static_cast<uint16_t>(a.status)), true);
+      return;
+    }
+    case msg_type::command: {
+      proto::command_body c;
+      if (proto::parse_command(body, hd.body_len, &c) != errc::ok) {
+        if (from != nullptr) protocol_violation(from, "bad command");
+        return;
+      }
+      proto::reason st = proto::reason::ok;
+      std::string out;
+      if (c.command == static_cast<uint32_t>(proto::command_id::lookup)) {
+        st = lookup_child(c.args, c.args_size, &out);
+      } else if (c.command == static_cast<uint32_t>(proto::command_id::routes) ||
+                 c.command == static_cast<uint32_t>(proto::command_id::counters) ||
+                 c.command == static_cast<uint32_t>(proto::command_id::echo)) {
+        out = run_command(c.command, c.args, c.args_size);
+      } else {
+        st = proto::reason::invalid_argument;
+      }
+      std::vector<uint8_t> b;
+      proto::encode_command_reply(c.command, st, out.data(), out.size(), &b);
+      const std::vector<uint8_t> m =
+          proto::build(make_header(msg_type::command_reply, hd.source, hd.sequence), b);
+      const const_buffer cb{m.data(), m.size()};
+      (void)route_reply(hd.source, &cb, m.size());
+      return;
+    }
+    case msg_type::command_reply: {
+      proto::command_reply_body r;
+      if (proto::parse_command_reply(body, hd.body_len, &r) != errc::ok) {
+        if (from != nullptr) protocol_violation(from, "bad command reply");
+        return;
+      }
+      auto it = replies.find(hd.sequence);
+      if (it == replies.end() || !it->second.cb) return;
+      command_cb cb = std::move(it->second.cb);
+      replies.erase(it);
+      cb(proto::errc_from_reason(static_cast<uint16_t>(r.status)), r.result, r.result_size);
+      return;
+    }
+    default:
+      if (from != nullptr) protocol_violation(from, "unexpected message type");
+      return;
+  }
+}
+
+errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t total) {
+  const detail::route r = table.lookup(target);
+  peer_ep* p = nullptr;
+  if (r.kind == hop::direct || r.kind == hop::child || r.kind == hop::parent) {
+    p = find_peer(r.next);
+  }
+  if (p == nullptr) {
+    if (r.kind == hop::none && !cfg.parent_url.empty() && !table.owns(target) && !parent_failed) {
+      return enqueue(&parent_pending, bufs, 1, total, 0, target);
+    }
+    return errc::unknown_route;
+  }
+  return transmit(p, bufs, 1, 0, target);
+}
+
+void node::impl::send_ack(bus_id to, uint64_t seq, proto::reason st) {
+  std::vector<uint8_t> b;
+  proto::encode_ack({seq, st}, &b);
+  const std::vector<uint8_t> m = proto::build(make_header(msg_type::ack, to, next_seq++), b);
+  const const_buffer cb{m.data(), m.size()};
+  (void)route_reply(to, &cb, m.size());
+}
+
+void node::impl::forward(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
+  const bool rr = (hd.flags & proto::flag_require_response) != 0 &&
+                  (hd.type == msg_type::data || hd.type == msg_type::forward);
+  auto drop = [&](proto::reason why) {
+    ++counters.forward_dropped;
+    if (rr) send_ack(hd.source, hd.sequence, why);
+  };
+  if (hd.ttl == 0) {
+    ++counters.ttl_expired;
+    log(log_level::warn, "dropping message 0x%" PRIx64 " -> 0x%" PRIx64 ": TTL expired",
+        hd.source, hd.target);
+    drop(proto::reason::ttl_expired);
+    return;
+  }
+  peer_ep* p = nullptr;
+  if (cached_hop != nullptr && cached_target == hd.target) {
+    p = cached_hop;
+  } else {
+    const detail::route r = table.lookup(hd.target);
+    if (r.kind == hop::direct || r.kind == hop::child || r.kind == hop::parent) {
+      p = find_peer(r.next);
+      // Relayed traffic never takes a sibling shortcut, so any hop found here may be cached.
+      if (p != nullptr) {
+        cached_target = hd.target;
+        cached_hop = p;
+      }
+    }
+  }
+  // Never send a message back where it came from (the parent does not know the target either).
+  if (p == nullptr || (from != nullptr && from->peer == p)) {
+    drop(proto::reason::unknown_route);
+    return;
+  }
+  uint8_t head[proto::kHeaderSize];
+  std::memcpy(head, data, proto::kHeaderSize);
+  head[3] = static_cast<uint8_t>(hd.ttl - 1);
+  if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
+  const const_buffer bufs[2] = {{head, sizeof head},
+                                {data + proto::kHeaderSize, size - proto::kHeaderSize}};
+  if (!p->overflow.empty()) {
+    overflow_push(p, from, bufs, size);
+    return;
+  }
+  const errc e = transmit(p, bufs, 2, 0, hd.target);
+  if (e == errc::ok) {
+    ++counters.forwarded;
+    return;
+  }
+  if (e == errc::queue_full) {
+    overflow_push(p, from, bufs, size);
+    return;
+  }
+  drop(proto::reason_from_errc(e));
+}
+
+void node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size) {
+  if (p->overflow_bytes + size > cfg.forward_overflow_bytes) {
+    ++counters.forward_dropped;
+    return;
+  }
+  std::vector<uint8_t> m(size);
+  std::memcpy(m.data(), bufs[0].data, bufs[0].size);
+  std::memcpy(m.data() + bufs[0].size, bufs[1].data, bufs[1].size);
+  p->overflow_bytes += size;
+  p->overflow.push_back(std::move(m));
+  // Back-pressure: stop reading the link (or the ring) that feeds this hop until it drains.
+  if (from != nullptr) {
+    if (!from->paused && streams->pause_reading(from->conn) == errc::ok) {
+      from->paused = true;
+      p->paused_links.push_back(from->conn_id);
+    }
+  } else if (!shm_paused && reader) {
+    reader->stop();
+    shm_paused = true;
+    p->shm_reader_paused = true;
+  }
+  if (p->shm && std::find(shm_overflow.begin(), shm_overflow.end(), p) == shm_overflow.end()) {
+    shm_overflow.push_back(p);
+    arm_idle();
+  }
+}
+
+void node::impl::drain_overflow(peer_ep* p) {
+  while (!p->overflow.empty()) {
+    const std::vector<uint8_t>& m = p->overflow.front();
+    const errc e = transmit_bytes(p, m, 0, 0);
+    if (e == errc::queue_full) return;
+    if (e == errc::ok) {
+      ++counters.forwarded;
+    } else {
+      ++counters.forward_dropped;
+    }
+    p->overflow_bytes -= m.size();
+    p->overflow.pop_front();
+  }
+  resume_paused(p);
+}
+
+void node::impl::resume_paused(peer_ep* p) {
+  for (uint64_t id : p->paused_links) {
+    auto it = links.find(id);
+    if (it != links.end() && it->second->paused) {
+      it->second->paused = false;
+      (void)streams->resume_reading(it->second->conn);
+    }
+  }
+  p->paused_links.clear();
+  if (p->shm_reader_paused) {
+    p->shm_reader_paused = false;
+    restart_shm_reader();
+  }
+}
+
+void node::impl::restart_shm_reader() {
+  if (!shm_paused || !reader || state != run_state::running) return;
+  for (peer_ep* q : shm_overflow) {
+    if (q->shm_reader_paused) return;
+  }
+  shm_paused = false;
+  (void)reader->start(loop, &impl::on_shm_records, this);
+}
+
+void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count) {
+  impl* n = static_cast<impl*>(user);
+  // Liveness is refreshed once per run of records from one source, not per record.
+  bus_id last_source = n->self;
+  // A callback may stop the node mid-batch: nothing more is delivered then.
+  for (size_t i = 0; i < count && n->state == run_state::running; ++i) {
+    proto::header hd;
+    if (proto::parse_header(recs[i].data, recs[i].size, &hd) != errc::ok) {
+      ++n->counters.protocol_errors;
+      continue;
+    }
+    switch (hd.type) {
+      case msg_type::data:
+      case msg_type::forward:
+      case msg_type::ack:
+      case msg_type::command:
+      case msg_type::command_reply:
+        if (hd.source != last_source) {
+          last_source = hd.source;
+          if (peer_ep* p = n->find_peer(hd.source); p != nullptr) {
+            p->last_rx_ms = n->now_ms();
+            p->last_data_ms = p->last_rx_ms;
+          }
+        }
+        n->on_routed(nullptr, hd, recs[i].data, recs[i].size);
+        break;
+      default:
+        ++n->counters.protocol_errors;
+        break;
+    }
+  }
+}
+
+// -------------------------------------------------------------------------------- commands --
+proto::reason node::impl::lookup_child(const uint8_t* args, size_t n, std::string* out) {
+  if (n != 8) return proto::reason::invalid_argument;
+  uint64_t id = 0;
+  for (int i = 7; i >= 0; --i) id = (id << 8) | args[i];
+  peer_ep* p = find_peer(id);
+  if (p == nullptr || p->kind != peer_kind::child) return proto::reason::unknown_route;
+  std::vector<uint8_t> b;
+  proto::encode_node_info(p->info, &b);
+  out->assign(b.begin(), b.end());
+  return proto::reason::ok;
+}
+
+std::string node::impl::routes() const {
+  std::string s;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "self 0x%" PRIx64 "\n", self);
+  s += buf;
+  for (const subnet& net : cfg.subnets) s += "subnet " + net.to_string() + "\n";
+  for (const auto& [id, p] : peers) {
+    std::snprintf(buf, sizeof buf, "%s 0x%" PRIx64 " via %s rtt_us=%" PRIu64 " host=%s",
+                  detail::to_string(p->kind), id, p->shm ? "shm" : "stream", p->rtt_ns / 1000,
+                  p->info.hostname.c_str());
+    s += buf;
+    for (const subnet& net : p->info.subnets) s += " subnet=" + net.to_string();
+    s += "\n";
+  }
+  return s;
+}
+
+std::string node::impl::counters_text() const {
+  std::string s;
+  char buf[96];
+  auto add = [&](const char* k, uint64_t v) {
+    std::snprintf(buf, sizeof buf, "%s=%" PRIu64 "\n", k, v);
+    s += buf;
+  };
+  const node_counters& c = counters;
+  add("data_sent", c.data_sent);
+  add("data_sent_stream", c.data_sent_stream);
+  add("data_sent_shm", c.data_sent_shm);
+  add("data_received", c.data_received);
+  add("forwarded", c.forwarded);
+  add("forward_dropped", c.forward_dropped);
+  add("ttl_expired", c.ttl_expired);
+  add("reports_ok", c.reports_ok);
+  add("reports_failed", c.reports_failed);
+  add("pending_now", c.pending_now);
+  add("registrations_accepted", c.registrations_accepted);
+  add("registrations_refused", c.registrations_refused);
+  add("reconnects", c.reconnects);
+  add("heartbeat_timeouts", c.heartbeat_timeouts);
+  add("protocol_errors", c.protocol_errors);
+  add("shm_abandoned_retries", c.shm_abandoned_retries);
+  add("peers", peers.size());
+  return s;
+}
+
+std::string node::impl::run_command(uint32_t cmd, const uint8_t* args, size_t n) const {
+  switch (static_cast<proto::command_id>(cmd)) {
+    case proto::command_id::routes:
+      return routes();
+    case proto::command_id::counters:
+      return counters_text();
+    case proto::command_id::echo:
+      return {reinterpret_cast<const char*>(args), n};
+    default:
+      return {};
+  }
+}
+
+}  // namespace uvbus
