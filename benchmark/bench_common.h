@@ -1,4 +1,4 @@
-// Shared pieces of the uvbus sender/receiver benchmarks (DESIGN §5):
+// Shared pieces of the uvbus sender/receiver benchmarks:
 //
 //   <binary> URL [--min BYTES] [--max BYTES] [--seconds S] [other --flags]
 //

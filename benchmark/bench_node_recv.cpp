@@ -1,4 +1,4 @@
-// Bus node receiver (DESIGN §5 contract, at the node level):
+// Bus node receiver (benchmark contract of docs/benchmark.md, at the node level):
 //
 //   uvbus_bench_node_recv URL [--min B] [--max B] [--seconds S] [--ready FILE] [--shm NAME]
 //                             [--relay URL2]

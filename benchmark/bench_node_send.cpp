@@ -1,4 +1,4 @@
-// Bus node sender (DESIGN §5 contract, at the node level):
+// Bus node sender (benchmark contract of docs/benchmark.md, at the node level):
 //
 //   uvbus_bench_node_send PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID]
 //                                    [--target ID]

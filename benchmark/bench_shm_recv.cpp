@@ -1,4 +1,4 @@
-// Shared-memory receiver benchmark (DESIGN §5):
+// Shared-memory receiver benchmark (benchmark contract: docs/benchmark.md):
 //
 //   uvbus_bench_shm_recv URL [--min B] [--max B] [--seconds S] [--writers N] [--ring BYTES]
 //                        [--spin-us US] [--poll] [--ready FILE]

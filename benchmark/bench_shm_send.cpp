@@ -1,4 +1,4 @@
-// Shared-memory sender benchmark (DESIGN §5):
+// Shared-memory sender benchmark (benchmark contract: docs/benchmark.md):
 //
 //   uvbus_bench_shm_send URL [--min B] [--max B] [--seconds S] [--writers N] [--batch-bytes B]
 //

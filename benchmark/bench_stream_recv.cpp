@@ -1,4 +1,4 @@
-// Stream channel receiver (DESIGN §5):
+// Stream channel receiver (benchmark contract: docs/benchmark.md):
 //
 //   uvbus_bench_stream_recv URL [--min B] [--max B] [--seconds S] [--ready FILE]
 //

@@ -1,4 +1,4 @@
-// Stream channel sender (DESIGN §5):
+// Stream channel sender (benchmark contract: docs/benchmark.md):
 //
 //   uvbus_bench_stream_send URL [--min B] [--max B] [--seconds S] [--no-merge]
 //                               [--queue-bytes N] [--batch N] [--copy]

@@ -1,4 +1,4 @@
-// A one-shot reference decoder for the stream frame format, written from DESIGN §4 and kept
+// A one-shot reference decoder for the stream frame format, written from the format in docs/internals.md and kept
 // deliberately simple: the fuzz targets compare the real (incremental) decoders against it.
 #pragma once
 

@@ -8,7 +8,7 @@
 //   rest        the byte stream a peer sent
 //
 // The stream is decoded twice: once in one piece by a plain reference decoder written here from
-// DESIGN §4, once by frame_decoder fed chunk by chunk, each chunk in its own exactly-sized heap
+// the format (docs/internals.md), once by frame_decoder fed chunk by chunk, each chunk in its own exactly-sized heap
 // allocation (so ASan catches any read past a chunk). Invariants:
 //   * both yield the same payloads in the same order and end in the same state (chunking never
 //     changes the outcome); every yielded payload's MurmurHash3 matches its frame's hash field;

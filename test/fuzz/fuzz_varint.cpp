@@ -2,7 +2,7 @@
 //
 // The input is used twice: as bytes to decode, and its first 8 bytes as a value to encode.
 // Invariants:
-//   * decode(bytes) agrees with a bit-by-bit reading of DESIGN §4: ok exactly when a byte with the
+//   * decode(bytes) agrees with a bit-by-bit reading of the varint format (docs/internals.md): ok exactly when a byte with the
 //     high bit clear appears within the first 10 bytes and the value fits in 64 bits; truncated
 //     exactly when fewer than 10 bytes all have the high bit set (and still fit); too_long
 //     otherwise. Every strict prefix of an ok encoding is truncated;

@@ -58,7 +58,7 @@ inline size_t rss_bytes() {
   return static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
 }
 
-// A whole frame (DESIGN §4) around payload.
+// A whole stream frame (format: docs/internals.md) around payload.
 inline std::vector<uint8_t> frame_of(const void* payload, size_t n) {
   std::vector<uint8_t> out(frame_size(n));
   const size_t len = frame_encode(payload, n, out.data(), out.size());
