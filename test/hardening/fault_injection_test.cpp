@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
+#include "bus/bus_harness.h"
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
 
@@ -44,18 +44,12 @@ using namespace std::chrono_literals;
 constexpr bus_id kRoot = 0x1000, kSender = 0x1001, kReceiver = 0x1002;
 
 node_config base(const std::string& parent) {
-  node_config c;
-  c.listen = {"ipv4://127.0.0.1:0"};
-  c.parent_url = parent;
-  c.enable_shm = false;
+  node_config c = test::fast_config(parent);
   c.sibling_direct = false;  // S -> R -> V: the relay is the survivor that must notice the death
-  c.heartbeat_interval_ms = 100;
-  c.heartbeat_timeout_ms = 1000;
-  c.reconnect_min_ms = 10;
-  c.reconnect_max_ms = 100;
+  // Short enough that acknowledgements and queued messages lost with a killed process fail
+  // within the test's waits.
   c.response_timeout_ms = 2000;
   c.pending_timeout_ms = 2000;
-  c.handshake_timeout_ms = 2000;
   return c;
 }
 
@@ -271,8 +265,7 @@ class FaultInjection : public ::testing::Test {
     kill_receiver();
     kill_now(&other_);
     nodes_.clear();
-    for (int i = 0; i < 1000 && uv_loop_alive(&loop_); ++i) uv_run(&loop_, UV_RUN_NOWAIT);
-    EXPECT_EQ(uv_loop_close(&loop_), 0);
+    EXPECT_EQ(test::close_loop(&loop_), 0);
     close(pipe_[0]);
     close(pipe_[1]);
     std::signal(SIGPIPE, previous_sigpipe_);
@@ -335,7 +328,7 @@ TEST_F(FaultInjection, KilledReceiverRestartsAndEveryMessageIsAccountedFor) {
     SCOPED_TRACE(round);
     start_receiver(url);
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return root->peer(kReceiver, &info); }, 10000ms))
+        &loop_, [&] { return root->peer(kReceiver, &info); }, test::kWait))
         << "the receiver did not (re-)register";
     // Kill after a random number of deliveries to this incarnation, mid-stream.
     const size_t target = l.got.size() + 20 + rng() % 400;
@@ -346,18 +339,18 @@ TEST_F(FaultInjection, KilledReceiverRestartsAndEveryMessageIsAccountedFor) {
           drain();
           return l.got.size() >= target;
         },
-        20000ms));
+        test::kWait));
     kill_receiver();
     drain();  // what it wrote before dying still counts as received
     ++l.epoch;
     // The parent notices by itself (closed connection) and drops the route.
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return !root->peer(kReceiver, &info); }, 10000ms));
+        &loop_, [&] { return !root->peer(kReceiver, &info); }, test::kWait));
   }
   // A last incarnation receives a final batch undisturbed, then every report must come in.
   start_receiver(url);
   ASSERT_TRUE(test::run_until(
-      &loop_, [&] { return root->peer(kReceiver, &info); }, 10000ms));
+      &loop_, [&] { return root->peer(kReceiver, &info); }, test::kWait));
   const uint64_t final_from = l.next_seq;
   l.send_some(sender, 200);
   ASSERT_TRUE(test::run_until(
@@ -366,7 +359,7 @@ TEST_F(FaultInjection, KilledReceiverRestartsAndEveryMessageIsAccountedFor) {
         drain();
         return l.report_of.size() == l.accepted;
       },
-      20000ms))
+      test::kWait))
       << l.report_of.size() << " of " << l.accepted << " reports";
   drain();
   l.check("killed receiver", kills, final_from);
@@ -410,10 +403,10 @@ TEST_F(FaultInjection, KilledSenderRestartsAndTheReceiverGetsAnUnbrokenPrefixOfE
     other_ = spawn([&] { sender_main(url, static_cast<uint64_t>(inc)); });
     const size_t target = 20 + rng() % 2000;
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return from[static_cast<uint64_t>(inc)].size() >= target; }, 20000ms));
+        &loop_, [&] { return from[static_cast<uint64_t>(inc)].size() >= target; }, test::kWait));
     kill_now(&other_);
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return !root->peer(kSender, &info); }, 10000ms));
+        &loop_, [&] { return !root->peer(kSender, &info); }, test::kWait));
   }
   // Survivors unharmed: the receiver is still registered and reachable.
   EXPECT_TRUE(root->peer(kReceiver, &info));
@@ -466,7 +459,7 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
   for (int round = 0; round < kills; ++round) {
     SCOPED_TRACE(round);
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return sender->up() && receiver->up(); }, 20000ms))
+        &loop_, [&] { return sender->up() && receiver->up(); }, test::kWait))
         << "the children did not re-register by themselves";
     const size_t target = l.got.size() + 20 + rng() % 400;
     ASSERT_TRUE(test::run_until(
@@ -475,12 +468,12 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
           l.send_some(sender, 8);
           return l.got.size() >= target;
         },
-        20000ms));
+        test::kWait));
     kill_now(&other_);
     ++l.epoch;
     // The children notice by themselves (closed connections) ...
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return !sender->up() && !receiver->up(); }, 10000ms));
+        &loop_, [&] { return !sender->up() && !receiver->up(); }, test::kWait));
     // ... and the parent comes back after a while (sends meanwhile wait or fail, never vanish).
     const auto back = std::chrono::steady_clock::now() + std::chrono::milliseconds(rng() % 200);
     test::run_until(&loop_, [&] {
@@ -490,11 +483,11 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
     other_ = spawn([&] { root_main(url); });
   }
   ASSERT_TRUE(test::run_until(
-      &loop_, [&] { return sender->up() && receiver->up(); }, 20000ms));
+      &loop_, [&] { return sender->up() && receiver->up(); }, test::kWait));
   const uint64_t final_from = l.next_seq;
   l.send_some(sender, 200);
   ASSERT_TRUE(test::run_until(
-      &loop_, [&] { return l.report_of.size() == l.accepted; }, 20000ms))
+      &loop_, [&] { return l.report_of.size() == l.accepted; }, test::kWait))
       << l.report_of.size() << " of " << l.accepted << " reports";
   l.check("killed parent", kills, final_from);
 }

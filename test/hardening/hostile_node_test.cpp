@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "bus/bus_harness.h"
 #include "hardening_util.h"
-#include "test_util.h"
 #include "uvbus/node.h"
 #include "uvbus/protocol.h"
 
@@ -23,21 +23,16 @@ namespace uvbus::hardening {
 namespace {
 
 using namespace std::chrono_literals;
-using test::run_until;
+using test::wait_until;
 
 constexpr bus_id kRoot = 0x1000;
 constexpr bus_id kChild = 0x1001;
 constexpr uint32_t kHandshakeMs = 300;
 
 node_config config() {
-  node_config c;
-  c.listen = {"ipv4://127.0.0.1:0"};
-  c.enable_shm = false;
+  node_config c = test::fast_config();
   c.handshake_timeout_ms = kHandshakeMs;
   c.heartbeat_interval_ms = 200;
-  c.heartbeat_timeout_ms = 5000;
-  c.reconnect_min_ms = 10;
-  c.reconnect_max_ms = 100;
   c.access_tokens = {"secret"};
   return c;
 }
@@ -96,7 +91,7 @@ class HostileNode : public ::testing::Test {
     };
     child_ = std::make_unique<node>(&loop_, kChild, cc, ccb);
     ASSERT_EQ(child_->start(), errc::ok);
-    ASSERT_TRUE(run_until(&loop_, [&] { return child_->up(); }));
+    ASSERT_TRUE(wait_until(&loop_, [&] { return child_->up(); }));
     ASSERT_TRUE(exchange(10));
   }
 
@@ -104,8 +99,7 @@ class HostileNode : public ::testing::Test {
     peers_.clear();
     child_.reset();
     root_.reset();
-    for (int i = 0; i < 1000 && uv_loop_alive(&loop_); ++i) uv_run(&loop_, UV_RUN_NOWAIT);
-    EXPECT_EQ(uv_loop_close(&loop_), 0);
+    EXPECT_EQ(test::close_loop(&loop_), 0);
   }
 
   // n messages each way between the honest child and the root; true when all arrived intact and
@@ -121,7 +115,7 @@ class HostileNode : public ::testing::Test {
       if (root_->send_data(kChild, 1, m.data(), m.size()) != errc::ok) return false;
       sent.push_back(std::move(m));
     }
-    if (!run_until(&loop_, [&] {
+    if (!wait_until(&loop_, [&] {
           return root_got_.size() >= sent.size() && child_got_.size() >= sent.size();
         })) {
       return false;
@@ -188,8 +182,8 @@ TEST_F(HostileNode, SilentAndHalfFramePeersAreClosedAtTheHandshakeTimeout) {
     }
   }
   ASSERT_TRUE(exchange(20));
-  ASSERT_TRUE(run_until(
-      &loop_, [&] { return all_closed_by_node(); }, 10000ms));
+  ASSERT_TRUE(wait_until(
+      &loop_, [&] { return all_closed_by_node(); }, test::kWait));
   const auto took = std::chrono::steady_clock::now() - start;
   // Closed by the timeout, not by accident right away (the window is the handshake timeout).
   EXPECT_GE(took, std::chrono::milliseconds(kHandshakeMs) - 50ms);
@@ -234,8 +228,8 @@ TEST_F(HostileNode, ARegistrationFloodRegistersNobodyAndClosesEveryone) {
       ASSERT_TRUE(exchange(5));
     }
   }
-  ASSERT_TRUE(run_until(
-      &loop_, [&] { return all_closed_by_node(); }, 10000ms));
+  ASSERT_TRUE(wait_until(
+      &loop_, [&] { return all_closed_by_node(); }, test::kWait));
   const node_counters after = root_->counters();
   EXPECT_EQ(after.registrations_accepted, before.registrations_accepted);
   EXPECT_GE(after.registrations_refused + after.protocol_errors,
@@ -266,7 +260,7 @@ TEST_F(HostileNode, ConnectionsDroppedMidHandshakeLeaveNothingBehind) {
   ASSERT_TRUE(exchange(50));
   EXPECT_TRUE(only_the_honest_child_is_registered());
   // The node noticed every disconnect: its per-connection state is released.
-  ASSERT_TRUE(run_until(&loop_, [&] { return heap_bytes() < heap_before + size_t{64} * 1024; }));
+  ASSERT_TRUE(wait_until(&loop_, [&] { return heap_bytes() < heap_before + size_t{64} * 1024; }));
   EXPECT_TRUE(exchange(100));
 }
 

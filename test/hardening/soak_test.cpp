@@ -30,8 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bus/bus_harness.h"
 #include "hardening_util.h"
-#include "test_util.h"
 #include "uvbus/node.h"
 
 namespace uvbus::hardening {
@@ -94,8 +94,7 @@ class Soak : public ::testing::Test {
     test::run_until(
         &loop_, [] { return false; }, 300ms);
     nodes_.clear();
-    for (int i = 0; i < 1000 && uv_loop_alive(&loop_); ++i) uv_run(&loop_, UV_RUN_NOWAIT);
-    EXPECT_EQ(uv_loop_close(&loop_), 0);
+    EXPECT_EQ(test::close_loop(&loop_), 0);
   }
 
   node* add(bus_id id, node_config cfg) {
@@ -215,15 +214,12 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   const size_t per_tick = std::max<size_t>(1, rate * kTickMs / 1000);
 
   auto cfg = [](std::vector<std::string> listen, bool shm) {
-    node_config c;
+    node_config c = test::fast_config();
     c.listen = std::move(listen);
     c.enable_shm = shm;
     c.shm_ring_bytes = size_t{1} << 20;
     c.heartbeat_interval_ms = 500;
-    c.heartbeat_timeout_ms = 5000;
     c.response_timeout_ms = 10000;
-    c.reconnect_min_ms = 10;
-    c.reconnect_max_ms = 200;
     c.access_tokens = {"soak-token"};
     // Direct sibling links (A<->B) carry relayed traffic: B1 -> A goes B1 -> B -> A over the
     // sibling link with source B1, and A1's acknowledgements reach B through A the same way
@@ -251,7 +247,7 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   b1c.parent_url = b->listen_urls().at(0);
   node* b1 = add(kB1, b1c);
   ASSERT_TRUE(test::run_until(
-      &loop_, [&] { return a->up() && b->up() && a1->up() && b1->up(); }, 10000ms));
+      &loop_, [&] { return a->up() && b->up() && a1->up() && b1->up(); }, test::kWait));
   endpoint_info e;
   ASSERT_TRUE(a1->peer(kA, &e));
   EXPECT_EQ(e.data_channel, channel_kind::shm);
@@ -303,7 +299,7 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   uv_timer_stop(&t.sampler);
   // Drain: every accepted message gets its end-to-end report.
   EXPECT_TRUE(test::run_until(
-      &loop_, [&] { return in_flight_.empty(); }, 20000ms))
+      &loop_, [&] { return in_flight_.empty(); }, test::kWait))
       << in_flight_.size() << " messages without a report";
   uv_close(reinterpret_cast<uv_handle_t*>(&t.traffic), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&t.sampler), nullptr);
