@@ -75,28 +75,6 @@ void node::impl::arm_idle() {
   }
 }
 
-void node::impl::defer_report(uint64_t tag, bus_id target, errc status, bool e2e) {
-  if (tag == 0) return;
-  if (status == errc::ok) {
-    ++counters.reports_ok;
-  } else {
-    ++counters.reports_failed;
-  }
-  if (!cbs.on_report) return;
-  deferred_reports.push_back({tag, target, status, e2e});
-  arm_idle();
-}
-
-void node::impl::channel_outcome(uint64_t tag, bus_id target, errc status) {
-  if (tag == 0) return;
-  auto it = replies.find(tag);
-  if (it != replies.end()) {
-    if (status == errc::ok) return;
-    replies.erase(it);
-  }
-  defer_report(tag, target, status, false);
-}
-
 endpoint_info node::impl::info_of(const peer_ep& p) const {
   endpoint_info e;
   e.id = p.id;

@@ -4,29 +4,62 @@
 
 namespace uvbus {
 
+using detail::handles;
 using detail::hop;
+using detail::in_flight;
+using detail::kBusOverhead;
+using detail::kMaxSpans;
+using detail::kSiblingRetryMs;
+using detail::kTagE2e;
+using detail::link;
+using detail::link_state;
+using detail::mono_ns;
+using detail::peer_ep;
 using detail::peer_kind;
-using proto::msg_type;
 using detail::pending_msg;
 using detail::pending_queue;
-using detail::link;
-using detail::in_flight;
-using detail::peer_ep;
-using detail::link_state;
+using detail::pending_reply;
+using detail::role_of;
+using detail::self_msg;
 using detail::sib_state;
 using detail::sibling_entry;
-using detail::pending_reply;
-using detail::self_msg;
-using detail::handles;
-using detail::mono_ns;
-using detail::role_of;
-using detail::kBusOverhead;
-using detail::kSiblingRetryMs;
-using detail::kMaxSpans;
+using proto::msg_type;
+
+// --------------------------------------------------------------------------------- reports --
+void node::impl::defer_report(uint64_t tag, bus_id target, errc status, bool e2e) {
+  if (tag == 0) return;
+  if (status == errc::ok) {
+    ++counters.reports_ok;
+  } else {
+    ++counters.reports_failed;
+  }
+  if (!cbs.on_report) return;
+  deferred_reports.push_back({tag & ~kTagE2e, target, status, e2e});
+  arm_idle();
+}
+
+void node::impl::channel_outcome(uint64_t tag, bus_id target, errc status) {
+  if (tag == 0) return;
+  if ((tag & kTagE2e) == 0) {
+    defer_report(tag, target, status, false);
+    return;
+  }
+  // require_response: success waits for the ack; a failure is the report unless the message was
+  // reported already (response timeout, stop).
+  if (status == errc::ok) return;
+  auto it = replies.find(tag & ~kTagE2e);
+  if (it == replies.end() || it->second.cb) return;
+  replies.erase(it);
+  defer_report(tag, target, status, false);
+}
+
+bool node::impl::still_owed(uint64_t tag) const {
+  return (tag & kTagE2e) == 0 || replies.count(tag & ~kTagE2e) != 0;
+}
 
 // -------------------------------------------------------------------------------- transmit --
-errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag, bus_id target,
-              bool* via_shm) {
+errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag,
+                          bus_id target, bool* via_shm) {
   // Traffic in either direction keeps a sibling link from being dropped as idle.
   if (p->kind == peer_kind::sibling) p->last_data_ms = now_ms();
   if (p->shm) {
@@ -46,19 +79,21 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
     }
     if (e != errc::not_connected) return e;
     // The peer's reader is gone (it restarted or is dying): fall back to its stream link.
-    log(log_level::info, "peer 0x%" PRIx64 ": shared memory reader gone, using the stream",
-        p->id);
+    log(log_level::info, "peer 0x%" PRIx64 ": shared memory reader gone, using the stream", p->id);
     p->shm.reset();
   }
   if (p->lk == nullptr || p->lk->state != link_state::registered) return errc::not_connected;
-  const errc e = streams->send(p->lk->conn, bufs, n, tag);
-  if (e == errc::ok && tag != 0) p->lk->reports.push_back({tag, target});
+  // Without on_report the channel reports failures only: nothing to pair them with.
+  const uint64_t ctag = cbs.on_report ? tag : 0;
+  const errc e = streams->send(p->lk->conn, bufs, n, ctag);
+  if (e == errc::ok && ctag != 0) p->lk->reports.push_back({ctag, target});
   if (e == errc::queue_full) p->user_blocked = true;
   if (via_shm != nullptr) *via_shm = false;
   return e;
 }
 
-errc node::impl::transmit_bytes(peer_ep* p, const std::vector<uint8_t>& m, uint64_t tag, bus_id target) {
+errc node::impl::transmit_bytes(peer_ep* p, const std::vector<uint8_t>& m, uint64_t tag,
+                                bus_id target) {
   const const_buffer b{m.data(), m.size()};
   return transmit(p, &b, 1, tag, target);
 }
@@ -77,8 +112,8 @@ bool node::impl::queue_allowed(const pending_queue& q, size_t bytes) const {
   return q.q.size() < cfg.pending_max_messages && q.bytes + bytes <= cfg.pending_max_bytes;
 }
 
-errc node::impl::enqueue(pending_queue* q, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
-             bus_id target) {
+errc node::impl::enqueue(pending_queue* q, const const_buffer* bufs, size_t n, size_t total,
+                         uint64_t tag, bus_id target) {
   if (cfg.pending_max_messages == 0) return errc::not_connected;
   if (!queue_allowed(*q, total)) return errc::queue_full;
   pending_msg m;
@@ -110,16 +145,20 @@ void node::impl::fail_queue(pending_queue* q, errc why) {
 void node::impl::flush_queue(pending_queue* q, peer_ep* p) {
   while (!q->q.empty()) {
     pending_msg& m = q->q.front();
-    const errc e = transmit_bytes(p, m.bytes, m.tag, m.target);
-    if (e != errc::ok) channel_outcome(m.tag, m.target, e);
+    // A require_response message reported while it waited (its response timeout passed) is
+    // withdrawn: its one report said it was not delivered.
+    if (still_owed(m.tag)) {
+      const errc e = transmit_bytes(p, m.bytes, m.tag, m.target);
+      if (e != errc::ok) channel_outcome(m.tag, m.target, e);
+    }
     q->bytes -= m.bytes.size();
     q->q.pop_front();
     --counters.pending_now;
   }
 }
 
-errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
-               bool* via_shm) {
+errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total,
+                           uint64_t tag, bool* via_shm) {
   if (cached_hop != nullptr && cached_target == target) {
     return transmit(cached_hop, bufs, n, tag, target, via_shm);
   }
@@ -171,7 +210,7 @@ errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, si
 
 // ------------------------------------------------------------------------------- send_data --
 errc node::impl::send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
-               const send_options& opt, uint64_t* message_id) {
+                           const send_options& opt, uint64_t* message_id) {
   if (state != run_state::running) return errc::closed;
   if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;
   size_t size = 0;
@@ -183,7 +222,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const data_span* spans,
   const bool rr = opt.require_response;
   if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
   const uint64_t seq = next_seq++;
-  const uint64_t tag = (cbs.on_report || rr) ? seq : 0;
+  const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
   if (target == self) {
     self_msg m{self, type, {}, seq, rr};
     m.bytes.reserve(size);
@@ -211,8 +250,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const data_span* spans,
   if (rr) replies[seq] = pending_reply{target, now_ms() + cfg.response_timeout_ms, {}, seq};
   bool via_shm = false;
   // gather may be reused by a nested call (transmit does not re-enter), so pass a copy pointer.
-  const errc e =
-      route_out(target, gather.data(), gather.size(), sizeof head + size, tag, &via_shm);
+  const errc e = route_out(target, gather.data(), gather.size(), sizeof head + size, tag, &via_shm);
   if (e != errc::ok) {
     if (rr) replies.erase(seq);
     return e;
@@ -228,7 +266,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const data_span* spans,
 }
 
 errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* args, size_t size,
-                  command_cb cb) {
+                              command_cb cb) {
   if (state != run_state::running) return errc::closed;
   if (!cb) return errc::invalid_argument;
   if (size > cfg.message_limit) return errc::message_too_large;
@@ -353,11 +391,13 @@ void node::impl::run_deferred() {
     std::vector<self_msg> msgs;
     msgs.swap(deferred_self);
     for (self_msg& m : msgs) {
+      // A require_response message to ourselves already reported (timeout, stop) is withdrawn.
+      if (m.require_response && replies.erase(m.seq) == 0) continue;
       ++counters.data_received;
       if (cbs.on_data) cbs.on_data(m.source, m.type, m.bytes.data(), m.bytes.size());
-      const bool tracked = m.require_response || cbs.on_report;
-      if (m.require_response) replies.erase(m.seq);
-      if (tracked) defer_report(m.seq, self, errc::ok, m.require_response);
+      if (m.require_response || cbs.on_report) {
+        defer_report(m.seq, self, errc::ok, m.require_response);
+      }
     }
   }
   if (!self_replies.empty()) {

@@ -32,6 +32,10 @@ constexpr size_t kBusOverhead = proto::kHeaderSize + proto::kDataPrefix;
 constexpr uint32_t kSiblingRetryMs =
     5000;  // after a failed direct attempt, use the parent this long
 constexpr size_t kMaxSpans = 64;
+// A report tag is the message id; this bit marks a require_response message, whose one report is
+// owned by its entry in node::impl::replies (the ack, the response timeout or the first channel
+// failure, whichever comes first) and never by the channel's success. Message ids stay below it.
+constexpr uint64_t kTagE2e = uint64_t{1} << 63;
 
 inline uint64_t mono_ns() {
   timespec ts{};
@@ -56,7 +60,7 @@ inline peer_role role_of(peer_kind k) {
 // A message waiting for its link (whole bus message: header + body).
 struct pending_msg {
   std::vector<uint8_t> bytes;
-  uint64_t tag = 0;  // message id when a report is owed, else 0
+  uint64_t tag = 0;  // message id (| kTagE2e) when a report is owed, else 0
   bus_id target = 0;
   uint64_t deadline_ms = 0;
 };
@@ -228,6 +232,8 @@ struct node::impl {
   // Reports a message's channel-level fate: with require_response the channel outcome only
   // matters when it is a failure (success waits for the acknowledgement).
   void channel_outcome(uint64_t tag, bus_id target, errc status);
+  // False for a require_response message whose report was already given (withdraw it).
+  bool still_owed(uint64_t tag) const;
   endpoint_info info_of(const peer_ep& p) const;
   proto::node_info my_info() const;
   proto::header make_header(msg_type t, bus_id target, uint64_t seq) const;

@@ -4,25 +4,25 @@
 
 namespace uvbus {
 
+using detail::handles;
 using detail::hop;
+using detail::in_flight;
+using detail::kBusOverhead;
+using detail::kMaxSpans;
+using detail::kSiblingRetryMs;
+using detail::link;
+using detail::link_state;
+using detail::mono_ns;
+using detail::peer_ep;
 using detail::peer_kind;
-using proto::msg_type;
 using detail::pending_msg;
 using detail::pending_queue;
-using detail::link;
-using detail::in_flight;
-using detail::peer_ep;
-using detail::link_state;
+using detail::pending_reply;
+using detail::role_of;
+using detail::self_msg;
 using detail::sib_state;
 using detail::sibling_entry;
-using detail::pending_reply;
-using detail::self_msg;
-using detail::handles;
-using detail::mono_ns;
-using detail::role_of;
-using detail::kBusOverhead;
-using detail::kSiblingRetryMs;
-using detail::kMaxSpans;
+using proto::msg_type;
 
 // -------------------------------------------------------------------------------- siblings --
 errc node::impl::start_lookup(bus_id target) {
@@ -209,8 +209,8 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   };
   if (hd.ttl == 0) {
     ++counters.ttl_expired;
-    log(log_level::warn, "dropping message 0x%" PRIx64 " -> 0x%" PRIx64 ": TTL expired",
-        hd.source, hd.target);
+    log(log_level::warn, "dropping message 0x%" PRIx64 " -> 0x%" PRIx64 ": TTL expired", hd.source,
+        hd.target);
     drop(proto::reason::ttl_expired);
     return;
   }
