@@ -41,6 +41,7 @@ using namespace std::chrono_literals;
 
 // Type of the one message that brings the A-B sibling link up before the measured traffic.
 constexpr uint32_t kWarmUpType = 2;
+constexpr uint64_t kTickMs = 5;  // the load timer's period
 constexpr bus_id kR = 0x1000, kA = 0x1100, kB = 0x1200, kA1 = 0x1101, kB1 = 0x1201;
 
 size_t env_or(const char* name, size_t fallback) {
@@ -203,6 +204,12 @@ class Soak : public ::testing::Test {
     }
   }
 
+  void build_tree();
+  std::vector<sample> run_load(size_t seconds, size_t per_tick);
+  uint64_t check_accounting();
+  void check_growth(const std::vector<sample>& samples, size_t seconds, size_t rate,
+                    uint64_t total);
+
   uv_loop_t loop_{};
   std::vector<std::unique_ptr<node>> nodes_;
   std::vector<flow> flows_;
@@ -215,13 +222,8 @@ class Soak : public ::testing::Test {
   uint64_t warm_up_report_ = UINT64_MAX;
 };
 
-TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
-  const size_t seconds = std::max<size_t>(2, env_or("UVBUS_SOAK_SECONDS", 3));
-  const size_t rate = std::max<size_t>(1, env_or("UVBUS_SOAK_RATE", 2000));
-  const char* csv_path = std::getenv("UVBUS_SOAK_CSV");
-  constexpr uint64_t kTickMs = 5;
-  const size_t per_tick = std::max<size_t>(1, rate * kTickMs / 1000);
-
+// The five-node tree (see the top of this file), up and with the A-B sibling link established.
+void Soak::build_tree() {
   auto cfg = [](std::vector<std::string> listen, bool shm) {
     node_config c = test::fast_config();
     c.listen = std::move(listen);
@@ -273,12 +275,14 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
     ASSERT_EQ(a->send_data(kB, kWarmUpType, &hello, 1, {}, &id), errc::ok);
     warm_up_report_ = key(kA, id);
     ASSERT_TRUE(test::run_until(
-        &loop_, [&] { return warm_ups_ == 1 && a->peer(kB, &e) && b->peer(kA, &e); },
-        test::kWait));
+        &loop_, [&] { return warm_ups_ == 1 && a->peer(kB, &e) && b->peer(kA, &e); }, test::kWait));
   }
-
   flows_ = {{kA1, kB1}, {kB1, kA1}, {kA1, kR}, {kR, kB1}, {kA, kB}, {kB1, kA}, {kB, kA1}};
+}
 
+// Sends per_tick messages per flow every kTickMs and samples the process every second, for
+// `seconds`; then drains until every accepted message has its report.
+std::vector<sample> Soak::run_load(size_t seconds, size_t per_tick) {
   struct timers {
     uv_timer_t traffic;
     uv_timer_t sampler;
@@ -286,7 +290,7 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   std::vector<sample> samples;
   samples.reserve(seconds + 16);  // growing it during the run would show up in the heap samples
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
+  auto elapsed = [start] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   struct ctx_t {
@@ -327,8 +331,11 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   uv_close(reinterpret_cast<uv_handle_t*>(&t.traffic), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&t.sampler), nullptr);
   uv_run(&loop_, UV_RUN_NOWAIT);
+  return samples;
+}
 
-  // Accounting.
+// Every flow: accepted = ok + failed reports, received = ok reports, in order, intact; no errors.
+uint64_t Soak::check_accounting() {
   uint64_t total = 0;
   for (const flow& f : flows_) {
     SCOPED_TRACE(::testing::Message() << std::hex << f.from << "->" << f.to);
@@ -348,8 +355,12 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
     EXPECT_EQ(n->counters().protocol_errors, 0u);
     EXPECT_EQ(n->counters().heartbeat_timeouts, 0u);
   }
+  return total;
+}
 
-  // Growth after warm-up (the first fifth of the run, at least one sample).
+// No growth after warm-up (the first fifth of the run, at least one sample); prints the summary.
+void Soak::check_growth(const std::vector<sample>& samples, size_t seconds, size_t rate,
+                        uint64_t total) {
   ASSERT_GE(samples.size(), 2u);
   const size_t warm = std::max<size_t>(1, samples.size() / 5);
   const sample& base = samples[warm - 1];
@@ -380,16 +391,29 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
   for (const flow& f : flows_) refused += f.refused;
   std::printf("[ soak     ] refused (back-pressure, retried): %llu\n",
               static_cast<unsigned long long>(refused));
-  if (csv_path != nullptr) {
-    if (FILE* out = std::fopen(csv_path, "w")) {
-      std::fprintf(out, "seconds,rss_bytes,open_fds,heap_bytes,messages_received\n");
-      for (const sample& s : samples) {
-        std::fprintf(out, "%.1f,%zu,%zu,%zu,%llu\n", s.t, s.rss, s.fds, s.heap,
-                     static_cast<unsigned long long>(s.received));
-      }
-      std::fclose(out);
-    }
+}
+
+void write_csv(const char* path, const std::vector<sample>& samples) {
+  FILE* out = std::fopen(path, "w");
+  if (out == nullptr) return;
+  std::fprintf(out, "seconds,rss_bytes,open_fds,heap_bytes,messages_received\n");
+  for (const sample& s : samples) {
+    std::fprintf(out, "%.1f,%zu,%zu,%zu,%llu\n", s.t, s.rss, s.fds, s.heap,
+                 static_cast<unsigned long long>(s.received));
   }
+  std::fclose(out);
+}
+
+TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
+  const size_t seconds = std::max<size_t>(2, env_or("UVBUS_SOAK_SECONDS", 3));
+  const size_t rate = std::max<size_t>(1, env_or("UVBUS_SOAK_RATE", 2000));
+  const size_t per_tick = std::max<size_t>(1, rate * kTickMs / 1000);
+  build_tree();
+  if (HasFatalFailure()) return;
+  const std::vector<sample> samples = run_load(seconds, per_tick);
+  const uint64_t total = check_accounting();
+  check_growth(samples, seconds, rate, total);
+  if (const char* csv_path = std::getenv("UVBUS_SOAK_CSV")) write_csv(csv_path, samples);
 }
 
 }  // namespace
