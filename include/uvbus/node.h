@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "uvbus/buffer.h"
 #include "uvbus/error.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
@@ -200,12 +201,6 @@ struct send_options {
   uint8_t ttl = 0;  // 0: node_config::default_ttl
 };
 
-// A span of bytes for the gather form of send_data().
-struct data_span {
-  const void* data = nullptr;
-  size_t size = 0;
-};
-
 class node {
  public:
   // Never fails; an invalid config makes start() return invalid_argument. The loop must outlive
@@ -249,8 +244,12 @@ class node {
   // The bytes are copied before send_data() returns.
   [[nodiscard]] errc send_data(bus_id target, uint32_t type, const void* data, size_t size,
                                const send_options& opt = {}, uint64_t* message_id = nullptr);
-  [[nodiscard]] errc send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
-                               const send_options& opt = {}, uint64_t* message_id = nullptr);
+  // The gather form: sends the concatenation of bufs[0..count) (at most 64 buffers; their total
+  // size is what message_limit applies to) as one message. Same results as send_data(), plus
+  // invalid_argument for more than 64 buffers or a null buffer with a non-zero size.
+  [[nodiscard]] errc send_datav(bus_id target, uint32_t type, const const_buffer* bufs,
+                                size_t count, const send_options& opt = {},
+                                uint64_t* message_id = nullptr);
 
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per
   // route), counters (text, name=value lines) or echo (returns args). cb fires exactly once, from

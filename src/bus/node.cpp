@@ -119,13 +119,7 @@ void node::impl::close_link(link* lk, errc why, disconnect_mode mode) {
 }
 
 // ---------------------------------------------------------------------------- start / stop --
-errc node::impl::start() {
-  if (state != run_state::idle) return errc::closed;
-  const errc v = node::validate(self, cfg);
-  if (v != errc::ok) return v;
-  host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;
-  hostname = detail::host_name();
-
+stream_config node::impl::link_stream_config() const {
   stream_config sc;
   sc.message_limit = std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024);
   sc.queue.mode = queue_mode::static_ring;
@@ -135,6 +129,10 @@ errc node::impl::start() {
   sc.report_written = static_cast<bool>(cbs.on_report);
   sc.tcp_nodelay = cfg.tcp_nodelay;
   sc.connect_timeout_ms = cfg.handshake_timeout_ms;
+  return sc;
+}
+
+std::unique_ptr<stream_channel> node::impl::make_channel() {
   stream_callbacks scb;
   scb.ctx = this;
   scb.on_accepted = &impl::s_accepted;
@@ -143,46 +141,37 @@ errc node::impl::start() {
   scb.on_received = &impl::s_received;
   scb.on_written = &impl::s_written;
   scb.on_writable = &impl::s_writable;
-  auto ch = std::make_unique<stream_channel>(loop, sc, scb);
+  return std::make_unique<stream_channel>(loop, link_stream_config(), scb);
+}
 
-  std::vector<std::string> urls;
-  std::unique_ptr<shm_reader> rd;
+errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>* rd,
+                                std::vector<std::string>* urls) {
   for (const std::string& u : cfg.listen) {
     address a;
     (void)parse_address(u, &a);  // validated
     if (a.kind == scheme::shm) {
-      rd = std::make_unique<shm_reader>();
+      *rd = std::make_unique<shm_reader>();
       shm_config shc;
       shc.ring_bytes = cfg.shm_ring_bytes;
       shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
       shc.max_record_size = static_cast<uint32_t>(
           std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024));
-      const errc e = rd->open(a, shc);
+      const errc e = (*rd)->open(a, shc);
       if (e != errc::ok) return e;
       shm_url = a.to_string();
-      urls.push_back(shm_url);
+      urls->push_back(shm_url);
       continue;
     }
     stream_listener* l = nullptr;
     const errc e = ch->listen(u, &l);
-    if (e != errc::ok) {
-      ch.reset();
-      if (rd) rd->close();
-      return e;
-    }
-    urls.push_back(l->url());
+    if (e != errc::ok) return e;
+    urls->push_back(l->url());
   }
-  if (rd) {
-    const errc e = rd->start(loop, &impl::on_shm_records, this);
-    if (e != errc::ok) {
-      rd->close();
-      return e;
-    }
-  }
-  streams = std::move(ch);
-  reader = std::move(rd);
-  listen_urls = std::move(urls);
+  if (*rd) return (*rd)->start(loop, &impl::on_shm_records, this);
+  return errc::ok;
+}
 
+void node::impl::open_timers() {
   h = new handles;
   h->tick.data = h->reconnect.data = h->idle.data = this;
   uv_timer_init(loop, &h->tick);
@@ -195,6 +184,29 @@ errc node::impl::start() {
       4;
   period = std::clamp<uint64_t>(period, 5, 250);
   uv_timer_start(&h->tick, &impl::on_tick, period, period);
+}
+
+errc node::impl::start() {
+  if (state != run_state::idle) return errc::closed;
+  const errc v = node::validate(self, cfg);
+  if (v != errc::ok) return v;
+  host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;
+  hostname = detail::host_name();
+
+  std::unique_ptr<stream_channel> ch = make_channel();
+  std::vector<std::string> urls;
+  std::unique_ptr<shm_reader> rd;
+  const errc e = open_listeners(ch.get(), &rd, &urls);
+  if (e != errc::ok) {
+    ch.reset();
+    if (rd) rd->close();
+    shm_url.clear();
+    return e;
+  }
+  streams = std::move(ch);
+  reader = std::move(rd);
+  listen_urls = std::move(urls);
+  open_timers();
 
   state = run_state::running;
   if (cfg.parent_url.empty()) {
@@ -351,13 +363,13 @@ bool node::up() const noexcept {
 errc node::send_data(bus_id target, uint32_t type, const void* data, size_t size,
                      const send_options& opt, uint64_t* message_id) {
   if (data == nullptr && size != 0) return errc::invalid_argument;
-  const data_span s{data, size};
-  return impl_->send_data(target, type, &s, 1, opt, message_id);
+  const const_buffer b{data, size};
+  return impl_->send_data(target, type, &b, 1, opt, message_id);
 }
 
-errc node::send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
-                     const send_options& opt, uint64_t* message_id) {
-  return impl_->send_data(target, type, spans, count, opt, message_id);
+errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, size_t count,
+                      const send_options& opt, uint64_t* message_id) {
+  return impl_->send_data(target, type, bufs, count, opt, message_id);
 }
 
 errc node::send_command(bus_id target, proto::command_id command, const void* args, size_t size,

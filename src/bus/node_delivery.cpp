@@ -209,7 +209,7 @@ errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, si
 }
 
 // ------------------------------------------------------------------------------- send_data --
-errc node::impl::send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
+errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
                            const send_options& opt, uint64_t* message_id) {
   if (state != run_state::running) return errc::closed;
   if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;

@@ -18,15 +18,14 @@
 #include <random>
 #include <unordered_map>
 
-#include "uvbus/node.h"
 #include "bus/auth.h"
 #include "bus/routing.h"
 #include "uvbus/address.h"
+#include "uvbus/node.h"
 #include "uvbus/shm.h"
 #include "uvbus/stream.h"
 
 namespace uvbus::detail {
-
 
 constexpr size_t kBusOverhead = proto::kHeaderSize + proto::kDataPrefix;
 constexpr uint32_t kSiblingRetryMs =
@@ -261,7 +260,7 @@ struct node::impl {
                  bool* via_shm);
 
   // ----------------------------------------------------------------------------- send_data --
-  errc send_data(bus_id target, uint32_t type, const data_span* spans, size_t count,
+  errc send_data(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
                  const send_options& opt, uint64_t* message_id);
   errc send_command(bus_id target, proto::command_id cmd, const void* args, size_t size,
                     command_cb cb);
@@ -333,6 +332,12 @@ struct node::impl {
 
   // -------------------------------------------------------------------------- start / stop --
   errc start();
+  stream_config link_stream_config() const;
+  std::unique_ptr<stream_channel> make_channel();
+  // Opens the stream listeners and the shm ring of cfg.listen (their URLs into *urls).
+  errc open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>* rd,
+                      std::vector<std::string>* urls);
+  void open_timers();
   void stop();
   std::vector<command_cb> deferred_cmd_fail;
   void maybe_finish_stop();

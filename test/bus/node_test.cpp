@@ -65,19 +65,19 @@ TEST_F(NodeTest, GatherFormSendsTheConcatenation) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
   bus_node* c = make_child(0x101, p);
   ASSERT_TRUE(wait([&] { return c->n->up(); }));
-  const data_span spans[] = {{"head|", 5}, {nullptr, 0}, {"body|", 5}, {"tail", 4}};
+  const const_buffer spans[] = {{"head|", 5}, {nullptr, 0}, {"body|", 5}, {"tail", 4}};
   uint64_t id = 0;
-  ASSERT_EQ(c->n->send_data(0x100, 4, spans, 4, {}, &id), errc::ok);
+  ASSERT_EQ(c->n->send_datav(0x100, 4, spans, 4, {}, &id), errc::ok);
   ASSERT_TRUE(wait([&] { return p->got.size() == 1 && c->reports.size() == 1; }));
   EXPECT_EQ(p->got[0].bytes, "head|body|tail");
   EXPECT_EQ(p->got[0].type, 4u);
   EXPECT_EQ(c->reports[0].message_id, id);
   // The limit applies to the sum of the spans.
   std::string half(c->n->config().message_limit / 2 + 1, 'x');
-  const data_span big[] = {{half.data(), half.size()}, {half.data(), half.size()}};
-  EXPECT_EQ(c->n->send_data(0x100, 4, big, 2), errc::message_too_large);
-  const data_span bad[] = {{nullptr, 3}};
-  EXPECT_EQ(c->n->send_data(0x100, 4, bad, 1), errc::invalid_argument);
+  const const_buffer big[] = {{half.data(), half.size()}, {half.data(), half.size()}};
+  EXPECT_EQ(c->n->send_datav(0x100, 4, big, 2), errc::message_too_large);
+  const const_buffer bad[] = {{nullptr, 3}};
+  EXPECT_EQ(c->n->send_datav(0x100, 4, bad, 1), errc::invalid_argument);
 }
 
 TEST_F(NodeTest, ImmediateErrorsProduceNoReport) {
