@@ -13,9 +13,13 @@
 // goes into that shared-memory ring instead; the stream connection still carries control traffic.
 // The choice is invisible to send_data().
 //
-// Threading: a node belongs to one uv_loop_t; every member function must be called on the loop's
-// thread and every callback runs there, from inside uv_run(). Timers (heartbeats, reconnects,
-// timeouts) run inside the loop; the user calls nothing periodically. Nothing is thread-safe.
+// Threading: a node belongs to one uv_loop_t and to the thread that constructs it, which must be
+// the thread that runs the loop; every callback runs there, from inside uv_run(). Timers
+// (heartbeats, reconnects, timeouts) run inside the loop; the user calls nothing periodically.
+// Every member function checks the calling thread first: a call from another thread is a caller
+// bug — debug builds (NDEBUG unset) abort with a message naming the function, release builds
+// return errc::wrong_thread (false / empty / 0 for functions that do not return errc) and do
+// nothing.
 //
 // Errors are values. Contract shared with libuv, word for word: when a function which takes a
 // callback returns an error, the callback will never be called. For send_data() that means: a
@@ -161,8 +165,13 @@ enum class log_level : uint8_t { debug, info, warn, error };
 
 // Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own
 // member functions (send_data, start, stop, ... never call back synchronously): everything is
-// reported from the loop. They may call any node member function, including send_data() and
-// stop(), but must not destroy the node.
+// reported from the loop. They may call any node member function, including send_data(), stop()
+// and set_callbacks() (the new set takes effect when the running callback returns).
+// Any of them — and a send_command() callback — may destroy the node (delete it, reset its
+// unique_ptr), on_down(errc::closed) included, which is the usual place after stop(): the
+// destruction completes after the callback returns, the next time the loop runs, and no callback
+// of this node fires after the destroying one returns (reports still owed are dropped, as for any
+// destruction). The callback must not touch the node after destroying it.
 struct node_callbacks {
   // A data message for this node. [data, data + size) is valid only during the call (it points into
   // a read buffer or the shared-memory ring): copy what you keep. Messages from one source arrive
@@ -206,11 +215,17 @@ class node {
   // Never fails; an invalid config makes start() return invalid_argument. The loop must outlive
   // the node, and must be run after the node's destruction until its handles have closed.
   node(uv_loop_t* loop, bus_id id, node_config cfg, node_callbacks cbs = {});
-  // Releases everything at once without calling any callback and without a goodbye to peers
-  // (they notice the closed connections). For an orderly exit call stop() first.
+  // Releases everything without calling any callback and without a goodbye to peers (they notice
+  // the closed connections). For an orderly exit call stop() first and destroy the node in (or
+  // after) on_down(errc::closed). May be called from inside any callback of this node (see
+  // node_callbacks); must be called on the node's thread.
   ~node();
   node(const node&) = delete;
   node& operator=(const node&) = delete;
+
+  // Replaces every callback. wrong_state if the node is running and the new set adds or removes
+  // on_report (whether reports are tracked is fixed at start()).
+  [[nodiscard]] errc set_callbacks(node_callbacks cbs);
 
   // invalid_argument: a subnet wider than 64 bits, more than 16 subnets or 8 listen URLs, more than
   // one shm:// listen URL, a bad URL, protocol_min > protocol_max or 0, message_limit 0 or above
@@ -269,6 +284,9 @@ class node {
   // The same text the routes command returns.
   [[nodiscard]] std::string routes_text() const;
   [[nodiscard]] const node_config& config() const noexcept;
+  // The last error a call of this node returned, with the detail naming the field, URL or rule
+  // (empty detail: nothing more to say than the code). A call that returns ok leaves it unchanged.
+  [[nodiscard]] error_info last_error() const;
 
   struct impl;  // src/bus/node.cpp
 

@@ -55,18 +55,18 @@ const char* to_string(peer_role r) noexcept {
 
 // --------------------------------------------------------------------------------- helpers --
 void node::impl::log(log_level lv, const char* fmt, ...) {
-  if (!cbs.on_log) return;
+  if (dead || !cbs.on_log) return;
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  cbs.on_log(lv, buf);
+  fire(cbs.on_log, lv, std::string(buf));
 }
 
 void node::impl::error(errc e, const std::string& what) {
   log(log_level::warn, "%s: %s", what.c_str(), to_string(e));
-  if (cbs.on_error) cbs.on_error(e, what);
+  fire(cbs.on_error, e, what);
 }
 
 void node::impl::arm_idle() {
@@ -272,8 +272,8 @@ void node::impl::finish_stop() {
   uv_timer_stop(&h->tick);
   auto cmds = std::move(deferred_cmd_fail);
   deferred_cmd_fail.clear();
-  for (auto& cb : cmds) cb(errc::closed, nullptr, 0);
-  if (cbs.on_down) cbs.on_down(errc::closed);
+  for (auto& cb : cmds) fire(cb, errc::closed, nullptr, size_t{0});
+  fire(cbs.on_down, errc::closed);
 }
 
 void node::impl::on_handle_closed(uv_handle_t* hd) {
@@ -296,11 +296,35 @@ void node::impl::destroy() {
   links.clear();
 }
 
-// ------------------------------------------------------------------------------ node --
+void node::impl::on_idle(uv_idle_t* t) {
+  auto* n = static_cast<impl*>(t->data);
+  if (!n->dead) n->run_deferred();
+  // Destroyed from inside a callback (this one or an earlier one): the stack has unwound to the
+  // loop, outside every channel callback, so everything can be released now.
+  if (n->dead) {
+    n->destroy();
+    delete n;
+  }
+}
+
+errc node::impl::fail(errc e, std::string detail) {
+  last_err.code = e;
+  last_err.detail = std::move(detail);
+  return e;
+}
+
+// ------------------------------------------------------------------------------------ node --
 node::node(uv_loop_t* loop, bus_id id, node_config cfg, node_callbacks cbs)
     : impl_(new impl(loop, id, std::move(cfg), std::move(cbs))) {}
 
 node::~node() {
+  // Destroying from another thread is a caller bug that cannot be refused: debug builds abort.
+  if (!impl_->owner.here()) detail::wrong_thread("node::~node");
+  if (impl_->cb_depth > 0) {
+    impl_->dead = true;
+    impl_->arm_idle();
+    return;
+  }
   impl_->destroy();
   delete impl_;
 }
@@ -348,20 +372,43 @@ errc node::validate(bus_id id, const node_config& cfg) {
 }
 
 errc node::start() {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::start");
   return impl_->start();
 }
+
 void node::stop() {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::stop", );
   impl_->stop();
 }
+
 bool node::running() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::running", false);
   return impl_->state == impl::run_state::running;
 }
+
 bool node::up() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::up", false);
   return impl_->is_up;
+}
+
+errc node::set_callbacks(node_callbacks cbs) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::set_callbacks");
+  if (impl_->state == impl::run_state::running &&
+      static_cast<bool>(cbs.on_report) != static_cast<bool>(impl_->cbs.on_report)) {
+    return impl_->fail(errc::wrong_state,
+                       "node::set_callbacks: on_report can not be set or cleared while running");
+  }
+  if (impl_->cb_depth > 0) {
+    impl_->next_cbs = std::make_unique<node_callbacks>(std::move(cbs));
+  } else {
+    impl_->cbs = std::move(cbs);
+  }
+  return errc::ok;
 }
 
 errc node::send_data(bus_id target, uint32_t type, const void* data, size_t size,
                      const send_options& opt, uint64_t* message_id) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_data");
   if (data == nullptr && size != 0) return errc::invalid_argument;
   const const_buffer b{data, size};
   return impl_->send_data(target, type, &b, 1, opt, message_id);
@@ -369,29 +416,38 @@ errc node::send_data(bus_id target, uint32_t type, const void* data, size_t size
 
 errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, size_t count,
                       const send_options& opt, uint64_t* message_id) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_datav");
   return impl_->send_data(target, type, bufs, count, opt, message_id);
 }
 
 errc node::send_command(bus_id target, proto::command_id command, const void* args, size_t size,
                         command_cb cb) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_command");
   if (args == nullptr && size != 0) return errc::invalid_argument;
   return impl_->send_command(target, command, args, size, std::move(cb));
 }
 
+// id() and config() return what never changes after construction; they are checked like the
+// rest (a foreign-thread call is a bug elsewhere too) but return the value in release builds.
 bus_id node::id() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::id", impl_->self);
   return impl_->self;
 }
+
 std::vector<std::string> node::listen_urls() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::listen_urls", {});
   return impl_->listen_urls;
 }
 
 std::vector<endpoint_info> node::peers() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::peers", {});
   std::vector<endpoint_info> v;
   for (const auto& [id, p] : impl_->peers) v.push_back(impl_->info_of(*p));
   return v;
 }
 
 bool node::peer(bus_id id, endpoint_info* out) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::peer", false);
   auto it = impl_->peers.find(id);
   if (it == impl_->peers.end()) return false;
   *out = impl_->info_of(*it->second);
@@ -399,13 +455,23 @@ bool node::peer(bus_id id, endpoint_info* out) const {
 }
 
 node_counters node::counters() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::counters", {});
   return impl_->counters;
 }
+
 std::string node::routes_text() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::routes_text", {});
   return impl_->routes();
 }
+
 const node_config& node::config() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::config", impl_->cfg);
   return impl_->cfg;
+}
+
+error_info node::last_error() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::last_error", (error_info{errc::wrong_thread, {}}));
+  return impl_->last_err;
 }
 
 }  // namespace uvbus

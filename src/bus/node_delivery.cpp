@@ -353,7 +353,7 @@ void node::impl::tick() {
   }
   for (auto& [seq, r] : late) {
     if (r.cb) {
-      r.cb(errc::timeout, nullptr, 0);
+      fire(r.cb, errc::timeout, nullptr, size_t{0});
     } else {
       defer_report(r.report_tag, r.target, errc::timeout, true);
     }
@@ -385,7 +385,7 @@ void node::impl::run_deferred() {
   }
   if (deferred_up) {
     deferred_up = false;
-    if (cbs.on_up) cbs.on_up(self);
+    fire(cbs.on_up, self);
   }
   if (!deferred_self.empty()) {
     std::vector<self_msg> msgs;
@@ -394,7 +394,7 @@ void node::impl::run_deferred() {
       // A require_response message to ourselves already reported (timeout, stop) is withdrawn.
       if (m.require_response && replies.erase(m.seq) == 0) continue;
       ++counters.data_received;
-      if (cbs.on_data) cbs.on_data(m.source, m.type, m.bytes.data(), m.bytes.size());
+      fire(cbs.on_data, m.source, m.type, m.bytes.data(), m.bytes.size());
       if (m.require_response || cbs.on_report) {
         defer_report(m.seq, self, errc::ok, m.require_response);
       }
@@ -410,7 +410,7 @@ void node::impl::run_deferred() {
       replies.erase(it);
       proto::command_reply_body r;
       if (proto::parse_command_reply(body.data(), body.size(), &r) == errc::ok && cb) {
-        cb(errc::ok, r.result, r.result_size);
+        fire(cb, errc::ok, r.result, r.result_size);
       }
     }
   }
@@ -418,7 +418,7 @@ void node::impl::run_deferred() {
     std::vector<delivery_report> rs;
     rs.swap(deferred_reports);
     for (const delivery_report& r : rs) {
-      if (cbs.on_report) cbs.on_report(r);
+      fire(cbs.on_report, r);
     }
     if (deferred_reports.empty()) {
       rs.clear();

@@ -20,6 +20,7 @@
 
 #include "bus/auth.h"
 #include "bus/routing.h"
+#include "core/thread_check.h"
 #include "uvbus/address.h"
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
@@ -178,6 +179,14 @@ struct node::impl {
   bus_id self;
   node_config cfg;
   node_callbacks cbs;
+  detail::owner_thread owner;  // the constructing thread: every public call is checked against it
+  error_info last_err;
+  // Destruction from inside a callback: every user callback runs through fire(), which counts
+  // the depth. ~node at depth > 0 only sets `dead` (no callback fires after that) and arms the
+  // idle handle, whose callback (outside every channel callback) destroys the impl.
+  bool dead = false;
+  int cb_depth = 0;
+  std::unique_ptr<node_callbacks> next_cbs;  // set_callbacks() from inside a callback
   detail::routing_table table;
   std::unique_ptr<stream_channel> streams;
   std::unique_ptr<shm_reader> reader;
@@ -223,6 +232,19 @@ struct node::impl {
       : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {}
 
   // ------------------------------------------------------------------------------- helpers --
+  // Calls a user callback (or a command callback) unless it is empty or the node was destroyed.
+  template <class F, class... A>
+  void fire(const F& f, A&&... a) {
+    if (dead || !f) return;
+    ++cb_depth;
+    f(std::forward<A>(a)...);
+    if (--cb_depth == 0 && next_cbs && !dead) {
+      cbs = std::move(*next_cbs);
+      next_cbs.reset();
+    }
+  }
+  // Records a failed call's error for node::last_error() and returns its code.
+  errc fail(errc e, std::string detail);
   uint64_t now_ms() const { return uv_now(loop); }
   void log(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
   void error(errc e, const std::string& what);
@@ -327,7 +349,7 @@ struct node::impl {
   static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }
   void tick();
   void expire_queue(pending_queue* q, uint64_t now);
-  static void on_idle(uv_idle_t* t) { static_cast<impl*>(t->data)->run_deferred(); }
+  static void on_idle(uv_idle_t* t);
   void run_deferred();
 
   // -------------------------------------------------------------------------- start / stop --

@@ -4,25 +4,25 @@
 
 namespace uvbus {
 
+using detail::handles;
 using detail::hop;
+using detail::in_flight;
+using detail::kBusOverhead;
+using detail::kMaxSpans;
+using detail::kSiblingRetryMs;
+using detail::link;
+using detail::link_state;
+using detail::mono_ns;
+using detail::peer_ep;
 using detail::peer_kind;
-using proto::msg_type;
 using detail::pending_msg;
 using detail::pending_queue;
-using detail::link;
-using detail::in_flight;
-using detail::peer_ep;
-using detail::link_state;
+using detail::pending_reply;
+using detail::role_of;
+using detail::self_msg;
 using detail::sib_state;
 using detail::sibling_entry;
-using detail::pending_reply;
-using detail::self_msg;
-using detail::handles;
-using detail::mono_ns;
-using detail::role_of;
-using detail::kBusOverhead;
-using detail::kSiblingRetryMs;
-using detail::kMaxSpans;
+using proto::msg_type;
 
 // ----------------------------------------------------------------------------------- links --
 link* node::impl::add_link(stream_connection* c, bool outbound) {
@@ -77,7 +77,7 @@ void node::impl::on_reconnect_timer(uv_timer_t* t) {
 }
 
 void node::impl::registration_result(errc e, const std::string& detail) {
-  if (cbs.on_registration) cbs.on_registration(e, detail);
+  fire(cbs.on_registration, e, detail);
 }
 
 // ------------------------------------------------------------------------ stream callbacks --
@@ -150,7 +150,7 @@ void node::impl::s_writable(void* ctx, stream_connection* c) {
   n->drain_overflow(p);
   if (p->user_blocked && p->overflow.empty()) {
     p->user_blocked = false;
-    if (n->cbs.on_writable) n->cbs.on_writable(p->id);
+    n->fire(n->cbs.on_writable, p->id);
   }
 }
 
@@ -317,7 +317,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     is_up = true;
     log(log_level::info, "registered with parent 0x%" PRIx64, p->id);
     registration_result(errc::ok, rr.message);
-    if (cbs.on_up) cbs.on_up(p->id);
+    fire(cbs.on_up, p->id);
     flush_queue(&parent_pending, p);
   } else {
     settle_sibling(p->id);
@@ -350,8 +350,8 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     return;
   }
   const proto::node_info& who = rb.info;
-  const uint8_t version = detail::negotiate_version(cfg.protocol_min, cfg.protocol_max,
-                                                    rb.min_version, rb.max_version);
+  const uint8_t version =
+      detail::negotiate_version(cfg.protocol_min, cfg.protocol_max, rb.min_version, rb.max_version);
   if (version == 0) {
     refuse(lk, errc::version_mismatch, "no common protocol version", who);
     return;
@@ -391,8 +391,8 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     return;
   }
   if (!accept_reply(lk, who.id, version)) return;
-  log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind),
-      who.id, who.pid, who.hostname.c_str());
+  log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
+      who.pid, who.hostname.c_str());
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.
   if (kind == peer_kind::sibling) settle_sibling(p->id);
@@ -453,9 +453,8 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
       if (e == errc::ok) {
         p->shm = std::move(w);
       } else {
-        log(log_level::info,
-            "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
-            u.c_str(), to_string(e));
+        log(log_level::info, "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream",
+            p->id, u.c_str(), to_string(e));
       }
       break;
     }
@@ -463,7 +462,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   peer_ep* raw = p.get();
   peers[raw->id] = std::move(p);
   cached_hop = nullptr;
-  if (cbs.on_endpoint_added) cbs.on_endpoint_added(info_of(*raw));
+  fire(cbs.on_endpoint_added, info_of(*raw));
   return raw;
 }
 
@@ -492,7 +491,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     peers.erase(p->id);
     log(log_level::info, "%s 0x%" PRIx64 " gone: %s", to_string(info.role), info.id,
         to_string(reason));
-    if (cbs.on_endpoint_removed) cbs.on_endpoint_removed(info, reason);
+    fire(cbs.on_endpoint_removed, info, reason);
   }
   if (lk->is_parent) {
     const bool was_up = is_up;
@@ -502,7 +501,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     if (lk->peer == nullptr && state == run_state::running && !lk->reported) {
       registration_result(reason, "connection to the parent failed");
     }
-    if (was_up && state == run_state::running && cbs.on_down) cbs.on_down(reason);
+    if (was_up && state == run_state::running) fire(cbs.on_down, reason);
     // Siblings being looked up wait in the parent queue now.
     for (auto& [id, s] : siblings) {
       if (s.state == sib_state::lookup) sibling_via_parent(id, "parent lost");

@@ -113,7 +113,7 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
         return;
       }
       ++counters.data_received;
-      if (cbs.on_data) cbs.on_data(hd.source, d.user_type, d.payload, d.size);
+      fire(cbs.on_data, hd.source, d.user_type, d.payload, d.size);
       if ((hd.flags & proto::flag_require_response) != 0) {
         send_ack(hd.source, hd.sequence, proto::reason::ok);
       }
@@ -168,7 +168,7 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
       if (it == replies.end() || !it->second.cb) return;
       command_cb cb = std::move(it->second.cb);
       replies.erase(it);
-      cb(proto::errc_from_reason(static_cast<uint16_t>(r.status)), r.result, r.result_size);
+      fire(cb, proto::errc_from_reason(static_cast<uint16_t>(r.status)), r.result, r.result_size);
       return;
     }
     default:
