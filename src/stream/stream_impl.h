@@ -10,6 +10,7 @@
 
 #include "core/frame.h"
 #include "core/write_queue.h"
+#include "uvbus/address.h"
 #include "uvbus/stream.h"
 
 namespace uvbus {
@@ -107,6 +108,125 @@ struct listener_impl final : stream_listener {
   void set_user(void* p) noexcept { user_data_ = p; }
 };
 
+// Tuning of the write path.
+inline constexpr size_t kMinMergeBuffer = size_t{64} * 1024;
+// A flush hands the socket at most this much before giving other connections (and the loop) a
+// turn; the connection stays on the flush list.
+inline constexpr size_t kFlushBudget = size_t{1024} * 1024;
+// One writev() carries at most this many queue blocks and (beyond its first block) this many bytes.
+inline constexpr size_t kMaxGather = 16;
+inline constexpr size_t kGatherBytes = size_t{256} * 1024;
+
+// A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
+errc from_uv(int status) noexcept;
+// A literal address (ipv4/ipv6) into a sockaddr.
+errc literal_sockaddr(const address& a, sockaddr_storage* out);
+// Adds a connection's totals (and with_queue: its current queue figures) to `to`.
+void add_totals(stream_connection_metrics& to, const stream_connection_metrics& m, bool with_queue);
+
 }  // namespace detail
+
+// The channel's state and every operation on it. Defined in four files by concern:
+// stream_channel.cpp (lifecycle, bookkeeping, close, metrics, public API), stream_connection.cpp
+// (write and read paths, endings), stream_dial.cpp (connect, dns, connect timeout) and
+// stream_listen.cpp (listeners, accept, max_connections).
+struct stream_channel::impl {
+  using conn_impl = detail::conn_impl;
+  using listener_impl = detail::listener_impl;
+  using conn_state = detail::conn_state;
+
+  uv_loop_t* loop;
+  stream_config cfg;
+  stream_callbacks cb;
+  errc cfg_error;
+  size_t merge_cap;
+  size_t low_bytes;    // on_writable fires at or below these
+  size_t low_packets;  //
+  bool closed = false;
+  bool owner_gone = false;
+  int handles = 0;  // libuv handles/requests of the channel itself and of its listeners
+
+  uv_check_t check{};
+  uv_idle_t idle{};
+  bool idle_on = false;
+  uv_timer_t sweep{};  // closes connections stalled mid-frame (partial_frame_timeout_ms)
+
+  conn_impl* conns = nullptr;
+  listener_impl* listeners = nullptr;
+  conn_impl* dirty_head = nullptr;
+
+  stream_channel_metrics retired;  // totals of connections already released, and event counts
+
+  impl(uv_loop_t* l, const stream_config& c, const stream_callbacks& cbs);
+
+  // Closes connections stalled mid-frame for partial_frame_timeout_ms (one pass, one timer).
+  void sweep_partial_frames();
+  void link(conn_impl* c);
+  void unlink(conn_impl* c);
+  void link(listener_impl* l);
+  void unlink(listener_impl* l);
+  void handle_released();
+  void maybe_delete();
+  conn_impl* new_conn(bool outbound, void* user);
+  void mark_dirty(conn_impl* c);
+  void flush_dirty();
+  // Called with the block still queued (in dynamic mode popping frees it).
+  void count_sent(conn_impl* c, const write_queue::block& b);
+  // Payload size of a queued frame: its header holds the varint length after the 4-byte hash.
+  static size_t frame_header_size_of(const write_queue::block& b);
+  void sync_queue_metrics(conn_impl* c);
+  // Pops the blocks wholly covered by `written` bytes (reporting each delivered) and returns the
+  // bytes of the next block already written.
+  size_t consume(conn_impl* c, size_t written);
+  void pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count);
+  void maybe_writable(conn_impl* c);
+  void flush(conn_impl* c);
+  // A large frame at the front: it and the frames behind it go out in one writev(), large ones
+  // straight from their queue blocks, small ones copied into the merge buffer (fewer system calls
+  // than one write per large frame, and still no second copy of a large frame).
+  size_t gather(const write_queue& q, uint8_t* mb, uv_buf_t* bufs, size_t* merged);
+  void start_write(conn_impl* c, size_t offset);
+  void on_write_done(conn_impl* c, int status);
+  void maybe_shutdown(conn_impl* c);
+  // Checks a send of `total` payload bytes and reserves its frame in c's queue.
+  uint8_t* reserve_frame(conn_impl* c, size_t total, uint64_t tag, errc* err);
+  // The payload is in place after the header room: hash it once, write the header, schedule.
+  void complete_frame(conn_impl* c, uint8_t* frame, size_t total);
+  errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t tag);
+  uint8_t* prepare_send(conn_impl* c, size_t size, uint64_t tag, errc* err);
+  void commit_send(conn_impl* c);
+  void cancel_send(conn_impl* c);
+  static void alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf);
+  static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
+  void on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
+  void start_reading(conn_impl* c);
+  void end_conn(conn_impl* c, errc reason);
+  void close_timer(conn_impl* c);
+  // One libuv object referring to c is gone; the last one finishes the connection.
+  void release(conn_impl* c);
+  void remove_dirty(conn_impl* c);
+  // Every queued packet failed, then the final callback. Runs once per connection.
+  void report_final(conn_impl* c);
+  void on_connected(conn_impl* c);
+  void apply_tcp_options(conn_impl* c);
+  static void connect_cb(uv_connect_t* req, int status);
+  errc start_tcp_connect(conn_impl* c, const sockaddr* sa);
+  void try_next_address(conn_impl* c);
+  static void resolved_cb(uv_getaddrinfo_t* req, int status, addrinfo* res);
+  void start_connect_timer(conn_impl* c);
+  errc connect(std::string_view url, stream_connection** out, void* user);
+  static void connection_cb(uv_stream_t* server, int status);
+  void on_incoming(listener_impl* l, int status);
+  static uv_stream_t* server_of(listener_impl* l) { return &l->h.stream; }
+  errc listen_unix(listener_impl* l, const std::string& path);
+  errc listen_tcp(listener_impl* l, const sockaddr* sa);
+  errc listen(std::string_view url, stream_listener** out, void* user);
+  // Removes the socket file only if it is still the one this listener created (another process
+  // may have replaced a file it thought stale).
+  static void remove_socket_file(listener_impl* l);
+  errc close_listener(listener_impl* l);
+  void close_all(bool with_callbacks);
+  [[nodiscard]] stream_channel_metrics metrics() const;
+};
 
 }  // namespace uvbus

@@ -1,0 +1,590 @@
+// Stream connections: the coalescing write path, the read path and connection endings.
+//
+// Write path. send() encodes the frame (hash computed once, over the payload already
+// copied into its queue block) into the connection's write_queue and puts the connection on the
+// channel's flush list; the list is flushed before the loop next blocks (uv_check right after the
+// I/O phase, and an idle handle that keeps the poll from blocking while the list is non-empty). So
+// every packet sent during one loop iteration leaves in as few system calls as possible.
+//
+// A flush takes the queue's front: when it is small (below merge_threshold) as many small frames as
+// fit are copied into the thread's merge buffer and written with one uv_try_write(); a large frame
+// is written straight from its queue block. uv_try_write() is synchronous, so the merge buffer is
+// free again when it returns and one buffer can serve every connection of the thread. Blocks are
+// popped only once all their bytes are in the kernel. When the socket takes only part of the batch
+// (or nothing: EAGAIN), the rest of the block at the cut is handed to uv_write() straight from the
+// queue block (its memory does not move until popped) and the connection waits for that write —
+// the "one write in flight" state; the blocks after it stay queued and are merged again when it
+// completes. Nothing is allocated per packet: the queue is a fixed ring (or a block per packet in
+// dynamic mode, by the user's choice), the merge buffer is per thread, requests are per connection.
+//
+// Read path. libuv reads into one large per-thread buffer (alloc_cb), and the per-connection
+// frame_decoder yields payloads straight from it; only the bytes of a frame cut by the end of a
+// read are copied into the connection's decoder. Decode errors end that connection only.
+//
+// Endings. end_conn() stops everything and calls uv_close(); the final reports (every queued packet
+// failed, then on_disconnected or on_connected(error)) fire from the close callback, so they never
+// run inside a user's call to disconnect(). close() of the channel reports synchronously instead.
+#include <uv.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "core/murmur3.h"
+#include "stream/stream_impl.h"
+
+namespace uvbus {
+
+using detail::conn_impl;
+using detail::conn_state;
+using detail::listener_impl;
+using detail::add_totals;
+using detail::from_uv;
+using detail::kFlushBudget;
+using detail::kGatherBytes;
+using detail::kMaxGather;
+
+namespace {
+
+// Per-thread buffers shared by every channel and connection of the thread. Only touched from inside
+// one libuv callback at a time (single-threaded loop), and never referenced after the call that
+// used them returns (reads are decoded at once; merged writes are synchronous).
+struct thread_buffers {
+  std::unique_ptr<uint8_t[]> read;
+  size_t read_size = 0;
+  std::unique_ptr<uint8_t[]> merge;
+  size_t merge_size = 0;
+};
+thread_local thread_buffers tls;
+
+uint8_t* merge_buffer(size_t want) {
+  if (tls.merge_size < want) {
+    tls.merge.reset(new (std::nothrow) uint8_t[want]);
+    tls.merge_size = tls.merge ? want : 0;
+  }
+  return tls.merge.get();
+}
+
+errc from_decoder(frame_status s) noexcept {
+  switch (s) {
+    case frame_status::bad_hash:
+      return errc::bad_hash;
+    case frame_status::oversize:
+      return errc::oversize;
+    case frame_status::bad_varint:
+      return errc::bad_varint;
+    default:
+      return errc::protocol_error;
+  }
+}
+
+}  // namespace
+
+void stream_channel::impl::mark_dirty(conn_impl* c) {
+  if (c->dirty) return;
+  c->dirty = true;
+  c->dirty_next = dirty_head;
+  dirty_head = c;
+  if (!idle_on) {
+    idle_on = true;
+    // An active idle handle makes the loop poll without blocking, so a send() made anywhere
+    // (a timer, another check callback, outside uv_run) is flushed before the loop sleeps.
+    uv_idle_start(&idle, [](uv_idle_t* h) { static_cast<impl*>(h->data)->flush_dirty(); });
+  }
+}
+
+void stream_channel::impl::flush_dirty() {
+  // Connections re-marked during this pass (budget exhausted, or sent to from a callback) go on
+  // a fresh list and are handled on the next pass.
+  conn_impl* c = dirty_head;
+  dirty_head = nullptr;
+  while (c != nullptr) {
+    conn_impl* next = c->dirty_next;
+    c->dirty = false;
+    c->dirty_next = nullptr;
+    flush(c);
+    c = next;
+  }
+  if (dirty_head == nullptr && idle_on) {
+    idle_on = false;
+    uv_idle_stop(&idle);
+  }
+}
+
+// Called with the block still queued (in dynamic mode popping frees it).
+void stream_channel::impl::count_sent(conn_impl* c, const write_queue::block& b) {
+  auto& m = c->m();
+  ++m.packets_sent;
+  m.bytes_sent += b.size - frame_header_size_of(b);
+}
+
+// Payload size of a queued frame: its header holds the varint length after the 4-byte hash.
+size_t stream_channel::impl::frame_header_size_of(const write_queue::block& b) {
+  // Fast paths for payloads below 128 and 16384 bytes (one or two varint bytes).
+  if (b.data[kFrameHashBytes] < 0x80) return kFrameHashBytes + 1;
+  if (b.data[kFrameHashBytes + 1] < 0x80) return kFrameHashBytes + 2;
+  uint64_t len = 0;
+  size_t vn = 0;
+  (void)varint_decode(b.data + kFrameHashBytes, b.size - kFrameHashBytes, &len, &vn);
+  return kFrameHashBytes + vn;
+}
+
+void stream_channel::impl::sync_queue_metrics(conn_impl* c) {
+  auto& m = c->m();
+  m.queue_bytes = c->queue->bytes();
+  m.queue_packets = c->queue->size();
+}
+
+// Pops the blocks wholly covered by `written` bytes (reporting each delivered) and returns the
+// bytes of the next block already written.
+size_t stream_channel::impl::consume(conn_impl* c, size_t written) {
+  write_queue& q = *c->queue;
+  while (!q.empty()) {
+    const write_queue::block b = q.front();
+    if (written < b.size) break;
+    written -= b.size;
+    count_sent(c, b);
+    const uint64_t tag = b.tag;
+    q.pop_front();
+    if (cfg.report_written && cb.on_written != nullptr) {
+      cb.on_written(cb.ctx, c, tag, errc::ok);
+      if (!c->active()) return 0;  // the callback ended the connection
+    }
+  }
+  sync_queue_metrics(c);
+  return written;
+}
+
+void stream_channel::impl::pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count) {
+  write_queue& q = *c->queue;
+  for (size_t i = 0; i < count; ++i) q.pop_front();
+  size_t header_bytes = 0;
+  for (size_t pos = 0; pos < len;) {
+    uint64_t plen = 0;
+    size_t vn = 0;
+    const uint8_t* v = frames + pos + kFrameHashBytes;
+    if (v[0] < 0x80) {
+      plen = v[0];
+      vn = 1;
+    } else if (v[1] < 0x80) {
+      plen = (uint64_t{v[0]} & 0x7f) << 7 | v[1];
+      vn = 2;
+    } else {
+      (void)varint_decode(v, len - pos - kFrameHashBytes, &plen, &vn);
+    }
+    header_bytes += kFrameHashBytes + vn;
+    pos += kFrameHashBytes + vn + static_cast<size_t>(plen);
+  }
+  auto& m = c->m();
+  m.packets_sent += count;
+  m.packets_merged += count;
+  m.bytes_sent += len - header_bytes;
+  sync_queue_metrics(c);
+}
+
+void stream_channel::impl::maybe_writable(conn_impl* c) {
+  if (!c->want_writable || c->queue->bytes() > low_bytes || c->queue->size() > low_packets) {
+    return;
+  }
+  c->want_writable = false;
+  if (cb.on_writable != nullptr) cb.on_writable(cb.ctx, c);
+}
+
+void stream_channel::impl::flush(conn_impl* c) {
+  if (!c->active() || c->writing || c->shutting_down || !c->queue || c->prepared != nullptr) {
+    if (c->active() && !c->writing && c->state == conn_state::draining) maybe_shutdown(c);
+    return;
+  }
+  write_queue& q = *c->queue;
+  size_t budget = kFlushBudget;
+  while (!q.empty()) {
+    if (budget == 0) {
+      mark_dirty(c);
+      return;
+    }
+    const write_queue::block front = q.front();
+    uv_buf_t bufs[kMaxGather];
+    unsigned nbufs = 1;
+    size_t merged = 0;
+    if (cfg.merge_threshold == 0 || q.size() == 1) {
+      bufs[0] =
+          uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
+    } else {
+      uint8_t* mb = merge_buffer(merge_cap);
+      if (mb == nullptr) {
+        end_conn(c, errc::no_memory);
+        return;
+      }
+      if (front.size < cfg.merge_threshold) {
+        const size_t n = q.merge_front(mb, merge_cap, cfg.merge_threshold, &merged);
+        bufs[0] = uv_buf_init(reinterpret_cast<char*>(mb), static_cast<unsigned>(n));
+      } else {
+        nbufs = gather(q, mb, bufs, &merged);
+      }
+    }
+    size_t len = 0;
+    for (unsigned i = 0; i < nbufs; ++i) len += bufs[i].len;
+    ++c->m().write_calls;
+    int w = uv_try_write(c->stream(), bufs, nbufs);
+    if (w == UV_EAGAIN) {
+      w = 0;
+    } else if (w < 0) {
+      ++c->m().io_errors;
+      end_conn(c, from_uv(w));
+      return;
+    }
+    budget -= std::min(budget, static_cast<size_t>(w));
+    if (nbufs == 1 && merged > 1 && static_cast<size_t>(w) == len &&
+        !(cfg.report_written && cb.on_written != nullptr)) {
+      // The whole merged batch went out and nobody wants per-packet reports: pop the blocks
+      // without looking at them again; the payload bytes come from the frames just written.
+      pop_merged(c, reinterpret_cast<const uint8_t*>(bufs[0].base), len, merged);
+      maybe_writable(c);
+      if (!c->active()) return;
+      continue;
+    }
+    if (merged > 1 && static_cast<size_t>(w) == len) c->m().packets_merged += merged;
+    const size_t rest = consume(c, static_cast<size_t>(w));
+    if (!c->active()) return;
+    if (static_cast<size_t>(w) < len) {
+      // The socket is full: send the rest of the front block from the queue and wait.
+      start_write(c, rest);
+      return;
+    }
+    maybe_writable(c);
+    if (!c->active()) return;
+  }
+  if (c->state == conn_state::draining) maybe_shutdown(c);
+}
+
+// A large frame at the front: it and the frames behind it go out in one writev(), large ones
+// straight from their queue blocks, small ones copied into the merge buffer (fewer system calls
+// than one write per large frame, and still no second copy of a large frame).
+size_t stream_channel::impl::gather(const write_queue& q, uint8_t* mb, uv_buf_t* bufs, size_t* merged) {
+  write_queue::block blocks[kMaxGather];
+  size_t n = 0;
+  q.for_each_front(std::min(q.size(), kMaxGather),
+                   [&](const write_queue::block& b) { blocks[n++] = b; });
+  size_t nb = 0, used = 0, total = 0, small = 0;
+  bool last_merged = false;
+  for (size_t i = 0; i < n; ++i) {
+    const write_queue::block& b = blocks[i];
+    if (i > 0 && total + b.size > kGatherBytes) break;
+    if (b.size < cfg.merge_threshold) {
+      if (used + b.size > merge_cap) break;
+      std::memcpy(mb + used, b.data, b.size);
+      if (last_merged) {
+        bufs[nb - 1].len += static_cast<unsigned>(b.size);
+      } else {
+        bufs[nb++] =
+            uv_buf_init(reinterpret_cast<char*>(mb + used), static_cast<unsigned>(b.size));
+      }
+      used += b.size;
+      ++small;
+      last_merged = true;
+    } else {
+      bufs[nb++] = uv_buf_init(reinterpret_cast<char*>(b.data), static_cast<unsigned>(b.size));
+      last_merged = false;
+    }
+    total += b.size;
+  }
+  *merged = small;
+  return nb;
+}
+
+void stream_channel::impl::start_write(conn_impl* c, size_t offset) {
+  const write_queue::block front = c->queue->front();
+  uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(front.data + offset),
+                             static_cast<unsigned>(front.size - offset));
+  ++c->m().write_calls;
+  c->wreq.data = c;
+  const int r = uv_write(&c->wreq, c->stream(), &buf, 1, [](uv_write_t* req, int status) {
+    auto* cc = static_cast<conn_impl*>(req->data);
+    cc->ch->on_write_done(cc, status);
+  });
+  if (r != 0) {
+    ++c->m().io_errors;
+    end_conn(c, from_uv(r));
+    return;
+  }
+  c->writing = true;
+}
+
+void stream_channel::impl::on_write_done(conn_impl* c, int status) {
+  c->writing = false;
+  // A closing connection's queued packets (this one included) are reported by its close path.
+  if (!c->active()) return;
+  if (status < 0) {
+    ++c->m().io_errors;
+    end_conn(c, from_uv(status));
+    return;
+  }
+  const write_queue::block front = c->queue->front();
+  (void)consume(c, front.size);
+  if (!c->active()) return;
+  maybe_writable(c);
+  if (!c->active()) return;
+  flush(c);
+}
+
+void stream_channel::impl::maybe_shutdown(conn_impl* c) {
+  if (c->shutting_down || c->writing || (c->queue && !c->queue->empty())) return;
+  c->shutting_down = true;
+  c->sreq.data = c;
+  const int r = uv_shutdown(&c->sreq, c->stream(), [](uv_shutdown_t* req, int status) {
+    auto* cc = static_cast<conn_impl*>(req->data);
+    if (cc->state == conn_state::closing) return;
+    cc->ch->end_conn(cc, status == 0 ? errc::ok : from_uv(status));
+  });
+  if (r != 0) end_conn(c, from_uv(r));
+}
+
+// Checks a send of `total` payload bytes and reserves its frame in c's queue.
+uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, uint64_t tag, errc* err) {
+  if (closed) {
+    *err = errc::closed;
+    return nullptr;
+  }
+  if (c->state != conn_state::connected) {
+    *err = c->state == conn_state::resolving || c->state == conn_state::connecting
+               ? errc::not_connected
+               : errc::closed;
+    return nullptr;
+  }
+  if (c->prepared != nullptr) {
+    *err = errc::invalid_argument;
+    return nullptr;
+  }
+  if (total > cfg.message_limit) {
+    *err = errc::message_too_large;
+    return nullptr;
+  }
+  if (!c->queue) {
+    c->queue.reset(new (std::nothrow) write_queue(cfg.queue));
+    if (!c->queue) {
+      *err = errc::no_memory;
+      return nullptr;
+    }
+  }
+  uint8_t* p = c->queue->reserve(frame_header_size(total) + total, tag, err);
+  if (p == nullptr && *err == errc::queue_full) {
+    ++c->m().send_refused;
+    c->want_writable = true;
+  }
+  return p;
+}
+
+// The payload is in place after the header room: hash it once, write the header, schedule.
+void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
+  const size_t hdr = frame_header_size(total);
+  frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
+  auto& m = c->m();
+  m.queue_bytes = c->queue->bytes();
+  m.queue_packets = c->queue->size();
+  if (m.queue_bytes > m.queue_peak_bytes) m.queue_peak_bytes = m.queue_bytes;
+  if (!c->writing) mark_dirty(c);
+}
+
+errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t tag) {
+  if (c == nullptr || (n != 0 && bufs == nullptr)) return errc::invalid_argument;
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (bufs[i].data == nullptr && bufs[i].size != 0) return errc::invalid_argument;
+    total += bufs[i].size;
+  }
+  errc err = errc::ok;
+  uint8_t* p = reserve_frame(c, total, tag, &err);
+  if (p == nullptr) return err;
+  uint8_t* payload = p + frame_header_size(total);
+  for (size_t i = 0; i < n; ++i) {
+    if (bufs[i].size != 0) std::memcpy(payload, bufs[i].data, bufs[i].size);
+    payload += bufs[i].size;
+  }
+  complete_frame(c, p, total);
+  return errc::ok;
+}
+
+uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, uint64_t tag, errc* err) {
+  errc e = errc::ok;
+  uint8_t* p = c == nullptr ? nullptr : reserve_frame(c, size, tag, &e);
+  if (c == nullptr) e = errc::invalid_argument;
+  if (err != nullptr) *err = e;
+  if (p == nullptr) return nullptr;
+  c->prepared = p;
+  c->prepared_size = size;
+  return p + frame_header_size(size);
+}
+
+void stream_channel::impl::commit_send(conn_impl* c) {
+  if (c == nullptr || c->prepared == nullptr) return;
+  uint8_t* p = c->prepared;
+  c->prepared = nullptr;
+  if (!c->active()) return;  // ended meanwhile: the close path reports the queued frame
+  complete_frame(c, p, c->prepared_size);
+}
+
+void stream_channel::impl::cancel_send(conn_impl* c) {
+  if (c == nullptr || c->prepared == nullptr) return;
+  c->prepared = nullptr;
+  if (c->queue) {
+    c->queue->unreserve_back();
+    sync_queue_metrics(c);
+  }
+}
+
+void stream_channel::impl::alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf) {
+  auto* c = static_cast<conn_impl*>(h->data);
+  const size_t want = c->ch->cfg.read_buffer_size;
+  if (tls.read_size < want) {
+    tls.read.reset(new (std::nothrow) uint8_t[want]);
+    tls.read_size = tls.read ? want : 0;
+  }
+  // A zero-length buffer makes libuv report UV_ENOBUFS, which ends the connection.
+  *buf =
+      uv_buf_init(reinterpret_cast<char*>(tls.read.get()), static_cast<unsigned>(tls.read_size));
+}
+
+void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+  auto* c = static_cast<conn_impl*>(s->data);
+  c->ch->on_read(c, nread, buf);
+}
+
+void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
+  if (nread == 0) return;  // EAGAIN: a normal event, never an error
+  if (nread < 0) {
+    if (nread != UV_EOF) ++c->m().io_errors;
+    end_conn(c, from_uv(static_cast<int>(nread)));
+    return;
+  }
+  auto& m = c->m();
+  ++m.read_calls;
+  c->last_read_ms = uv_now(loop);
+  c->decoder.feed(buf->base, static_cast<size_t>(nread));
+  for (;;) {
+    const frame_decoder::result r = c->decoder.next();
+    if (r.status == frame_status::payload) {
+      ++m.packets_received;
+      m.bytes_received += r.size;
+      if (cb.on_received != nullptr) {
+        cb.on_received(cb.ctx, c, r.data, r.size);
+        // The callback may have ended the connection or closed the channel. A pause takes effect
+        // after this chunk: its bytes live in the shared read buffer and cannot wait.
+        if (!c->active()) return;
+      }
+      continue;
+    }
+    if (r.status == frame_status::need_more) return;
+    ++m.decode_errors;
+    end_conn(c, from_decoder(r.status));
+    return;
+  }
+}
+
+void stream_channel::impl::start_reading(conn_impl* c) {
+  if (c->reading || c->paused || !c->active()) return;
+  const int r = uv_read_start(c->stream(), alloc_cb, read_cb);
+  if (r != 0) {
+    end_conn(c, from_uv(r));
+    return;
+  }
+  c->reading = true;
+}
+
+void stream_channel::impl::end_conn(conn_impl* c, errc reason) {
+  if (c->state == conn_state::closing) return;
+  c->state = conn_state::closing;
+  c->reason = reason;
+  if (c->reading) {
+    uv_read_stop(c->stream());
+    c->reading = false;
+  }
+  if (c->gai != nullptr) uv_cancel(reinterpret_cast<uv_req_t*>(c->gai));
+  close_timer(c);
+  if (c->handle_open) {
+    c->handle_open = false;
+    uv_close(c->handle(), [](uv_handle_t* h) {
+      auto* cc = static_cast<conn_impl*>(h->data);
+      cc->ch->release(cc);
+    });
+  } else {
+    // Nothing is open right now (resolving, or between two dns addresses): the pending request
+    // or handle close finishes the job; otherwise finish from the loop, not inside this call.
+    if (c->pending == 0) {
+      ++c->pending;
+      auto* t = new (std::nothrow) uv_timer_t;
+      if (t != nullptr) {
+        uv_timer_init(loop, t);
+        t->data = c;
+        uv_timer_start(
+            t,
+            [](uv_timer_t* tt) {
+              uv_close(reinterpret_cast<uv_handle_t*>(tt), [](uv_handle_t* h) {
+                auto* cc = static_cast<conn_impl*>(h->data);
+                delete reinterpret_cast<uv_timer_t*>(h);
+                cc->ch->release(cc);
+              });
+            },
+            0, 0);
+      } else {
+        release(c);
+      }
+    }
+  }
+}
+
+void stream_channel::impl::close_timer(conn_impl* c) {
+  if (c->timer == nullptr) return;
+  uv_close(reinterpret_cast<uv_handle_t*>(c->timer), [](uv_handle_t* h) {
+    auto* cc = static_cast<conn_impl*>(h->data);
+    delete reinterpret_cast<uv_timer_t*>(h);
+    cc->ch->release(cc);
+  });
+  c->timer = nullptr;
+}
+
+// One libuv object referring to c is gone; the last one finishes the connection.
+void stream_channel::impl::release(conn_impl* c) {
+  if (--c->pending > 0) return;
+  report_final(c);
+  if (c->ai_list != nullptr) uv_freeaddrinfo(c->ai_list);
+  c->ai_list = c->ai_next = nullptr;
+  add_totals(retired.totals, c->metrics(), false);
+  if (c->dirty) remove_dirty(c);
+  unlink(c);
+  delete c;
+  maybe_delete();
+}
+
+void stream_channel::impl::remove_dirty(conn_impl* c) {
+  conn_impl** pp = &dirty_head;
+  while (*pp != nullptr && *pp != c) pp = &(*pp)->dirty_next;
+  if (*pp == c) *pp = c->dirty_next;
+  c->dirty = false;
+}
+
+// Every queued packet failed, then the final callback. Runs once per connection.
+void stream_channel::impl::report_final(conn_impl* c) {
+  if (c->reported) return;
+  c->reported = true;
+  const errc reason = c->reason;
+  if (c->queue) {
+    write_queue& q = *c->queue;
+    while (!q.empty()) {
+      const write_queue::block b = q.front();
+      q.pop_front();
+      ++c->m().send_failed;
+      if (cb.on_written != nullptr) cb.on_written(cb.ctx, c, b.tag, reason);
+    }
+    sync_queue_metrics(c);
+  }
+  c->want_writable = false;
+  if (c->connected_once) {
+    ++retired.connections_closed;
+    if (cb.on_disconnected != nullptr) cb.on_disconnected(cb.ctx, c, reason);
+  } else if (c->outbound()) {
+    ++retired.connect_failed;
+    if (cb.on_connected != nullptr) cb.on_connected(cb.ctx, c, reason);
+  }
+}
+
+}  // namespace uvbus

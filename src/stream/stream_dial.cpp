@@ -1,0 +1,199 @@
+// Stream dialing: connect(), dns resolution with fallback over every address, connect timeout.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include <cstdio>
+#include <new>
+
+#include "stream/stream_impl.h"
+
+namespace uvbus {
+
+using detail::conn_impl;
+using detail::conn_state;
+using detail::listener_impl;
+using detail::from_uv;
+using detail::literal_sockaddr;
+
+void stream_channel::impl::on_connected(conn_impl* c) {
+  close_timer(c);
+  if (c->ai_list != nullptr) {
+    uv_freeaddrinfo(c->ai_list);
+    c->ai_list = c->ai_next = nullptr;
+  }
+  if (!c->is_unix) apply_tcp_options(c);
+  c->state = conn_state::connected;
+  c->connected_once = true;
+  ++retired.connections_connected;
+  start_reading(c);
+  if (cb.on_connected != nullptr && c->active()) cb.on_connected(cb.ctx, c, errc::ok);
+}
+
+void stream_channel::impl::apply_tcp_options(conn_impl* c) {
+  uv_tcp_nodelay(&c->h.tcp, cfg.tcp_nodelay ? 1 : 0);
+  if (cfg.tcp_keepalive) uv_tcp_keepalive(&c->h.tcp, 1, cfg.keepalive_delay_s);
+}
+
+void stream_channel::impl::connect_cb(uv_connect_t* req, int status) {
+  auto* c = static_cast<conn_impl*>(req->data);
+  impl* self = c->ch;
+  if (c->state == conn_state::closing) return;  // cancelled: the close path reports
+  if (status == 0) {
+    self->on_connected(c);
+    return;
+  }
+  const errc e = from_uv(status);
+  if (c->ai_next != nullptr) {
+    // Try the next resolved address on a fresh handle once this one is closed.
+    c->handle_open = false;
+    c->reason = e;
+    uv_close(c->handle(), [](uv_handle_t* h) {
+      auto* cc = static_cast<conn_impl*>(h->data);
+      if (cc->state == conn_state::closing) {
+        cc->ch->release(cc);
+        return;
+      }
+      --cc->pending;
+      cc->ch->try_next_address(cc);
+    });
+    return;
+  }
+  self->end_conn(c, e);
+}
+
+errc stream_channel::impl::start_tcp_connect(conn_impl* c, const sockaddr* sa) {
+  int r = uv_tcp_init(loop, &c->h.tcp);
+  if (r != 0) return from_uv(r);
+  c->h.handle.data = c;
+  c->handle_open = true;
+  ++c->pending;
+  c->creq.data = c;
+  r = uv_tcp_connect(&c->creq, &c->h.tcp, sa, connect_cb);
+  return r == 0 ? errc::ok : from_uv(r);
+}
+
+void stream_channel::impl::try_next_address(conn_impl* c) {
+  while (c->ai_next != nullptr) {
+    addrinfo* ai = c->ai_next;
+    c->ai_next = ai->ai_next;
+    if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
+    const errc e = start_tcp_connect(c, ai->ai_addr);
+    if (e == errc::ok) {
+      c->state = conn_state::connecting;
+      return;
+    }
+    c->reason = e;
+    if (c->handle_open) {
+      // Failed synchronously on this handle: close it and go on from its close callback.
+      connect_cb(&c->creq, e == errc::connection_refused ? UV_ECONNREFUSED : UV_EINVAL);
+      return;
+    }
+  }
+  end_conn(c, c->reason == errc::ok ? errc::resolve_failed : c->reason);
+}
+
+void stream_channel::impl::resolved_cb(uv_getaddrinfo_t* req, int status, addrinfo* res) {
+  auto* c = static_cast<conn_impl*>(req->data);
+  impl* self = c->ch;
+  delete req;
+  c->gai = nullptr;
+  if (c->state == conn_state::closing) {
+    if (res != nullptr) uv_freeaddrinfo(res);
+    self->release(c);
+    return;
+  }
+  --c->pending;
+  if (status != 0 || res == nullptr) {
+    if (res != nullptr) uv_freeaddrinfo(res);
+    self->end_conn(c, errc::resolve_failed);
+    return;
+  }
+  c->ai_list = c->ai_next = res;
+  c->reason = errc::resolve_failed;
+  self->try_next_address(c);
+}
+
+void stream_channel::impl::start_connect_timer(conn_impl* c) {
+  if (cfg.connect_timeout_ms == 0) return;
+  auto* t = new (std::nothrow) uv_timer_t;
+  if (t == nullptr) return;  // no timeout then: the kernel's applies
+  uv_timer_init(loop, t);
+  t->data = c;
+  c->timer = t;
+  ++c->pending;
+  uv_timer_start(
+      t,
+      [](uv_timer_t* tt) {
+        auto* cc = static_cast<conn_impl*>(tt->data);
+        cc->ch->end_conn(cc, errc::timeout);
+      },
+      cfg.connect_timeout_ms, 0);
+}
+
+errc stream_channel::impl::connect(std::string_view url, stream_connection** out, void* user) {
+  if (closed) return errc::closed;
+  if (cfg_error != errc::ok) return cfg_error;
+  address a;
+  const errc pe = parse_address(url, &a);
+  if (pe != errc::ok) return pe;
+  if (!a.is_stream()) return errc::unsupported_scheme;
+  if (a.kind != scheme::unix_socket && a.port == 0) return errc::bad_url;
+  conn_impl* c = new_conn(true, user);
+  if (c == nullptr) return errc::no_memory;
+  c->set_peer_url(std::string(url));
+  errc e = errc::ok;
+  if (a.kind == scheme::unix_socket) {
+    c->is_unix = true;
+    c->state = conn_state::connecting;
+    int r = uv_pipe_init(loop, &c->h.pipe, 0);
+    if (r != 0) {
+      e = from_uv(r);
+    } else {
+      c->h.handle.data = c;
+      c->handle_open = true;
+      ++c->pending;
+      c->creq.data = c;
+      uv_pipe_connect(&c->creq, &c->h.pipe, a.host.c_str(), connect_cb);
+    }
+  } else if (a.kind == scheme::dns) {
+    c->state = conn_state::resolving;
+    auto* req = new (std::nothrow) uv_getaddrinfo_t;
+    if (req == nullptr) {
+      e = errc::no_memory;
+    } else {
+      req->data = c;
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      char port[8];
+      std::snprintf(port, sizeof port, "%u", unsigned{a.port});
+      const int r = uv_getaddrinfo(loop, req, resolved_cb, a.host.c_str(), port, &hints);
+      if (r != 0) {
+        delete req;
+        e = from_uv(r);
+      } else {
+        c->gai = req;
+        ++c->pending;
+      }
+    }
+  } else {
+    sockaddr_storage ss;
+    e = literal_sockaddr(a, &ss);
+    if (e == errc::ok) {
+      c->state = conn_state::connecting;
+      e = start_tcp_connect(c, reinterpret_cast<sockaddr*>(&ss));
+    }
+  }
+  if (e != errc::ok) {
+    // No callback for this connection: drop it silently once libuv lets go of it.
+    c->reported = true;
+    end_conn(c, e);
+    return e;
+  }
+  start_connect_timer(c);
+  if (out != nullptr) *out = c;
+  return errc::ok;
+}
+
+}  // namespace uvbus

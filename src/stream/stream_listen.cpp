@@ -1,0 +1,244 @@
+// Stream listening: listen() on tcp/dns/unix URLs, unix socket files, accept and max_connections.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "stream/stream_impl.h"
+
+namespace uvbus {
+
+using detail::conn_impl;
+using detail::conn_state;
+using detail::listener_impl;
+using detail::from_uv;
+using detail::literal_sockaddr;
+
+namespace {
+
+std::string sockaddr_url(const sockaddr* sa) {
+  char ip[INET6_ADDRSTRLEN] = {};
+  char buf[INET6_ADDRSTRLEN + 32];
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    uv_ip4_name(in, ip, sizeof ip);
+    std::snprintf(buf, sizeof buf, "ipv4://%s:%u", ip, unsigned{ntohs(in->sin_port)});
+  } else if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    uv_ip6_name(in6, ip, sizeof ip);
+    std::snprintf(buf, sizeof buf, "ipv6://[%s]:%u", ip, unsigned{ntohs(in6->sin6_port)});
+  } else {
+    return {};
+  }
+  return buf;
+}
+
+uint16_t sockaddr_port(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+  if (sa->sa_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void stream_channel::impl::connection_cb(uv_stream_t* server, int status) {
+  auto* l = static_cast<listener_impl*>(server->data);
+  l->ch->on_incoming(l, status);
+}
+
+void stream_channel::impl::on_incoming(listener_impl* l, int status) {
+  if (status < 0 || closed) return;  // e.g. EMFILE: the next accept may succeed
+  conn_impl* c = new_conn(false, nullptr);
+  if (c == nullptr) return;
+  c->is_unix = l->is_unix;
+  c->set_listener(l);
+  int r = c->is_unix ? uv_pipe_init(loop, &c->h.pipe, 0) : uv_tcp_init(loop, &c->h.tcp);
+  if (r != 0) {
+    c->reported = true;
+    end_conn(c, from_uv(r));
+    return;
+  }
+  c->h.handle.data = c;
+  c->handle_open = true;
+  ++c->pending;
+  r = uv_accept(server_of(l), c->stream());
+  if (r != 0) {
+    c->reported = true;
+    end_conn(c, from_uv(r));
+    return;
+  }
+  if (c->is_unix) {
+    c->set_peer_url(l->url());
+  } else {
+    apply_tcp_options(c);
+    sockaddr_storage ss{};
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&c->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+      c->set_peer_url(sockaddr_url(reinterpret_cast<sockaddr*>(&ss)));
+    }
+  }
+  if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
+    // Accepted only to take it off the backlog: over the cap, it is closed unannounced.
+    ++retired.connections_rejected;
+    c->reported = true;
+    end_conn(c, errc::busy);
+    return;
+  }
+  c->state = conn_state::connected;
+  c->connected_once = true;
+  c->last_read_ms = uv_now(loop);
+  ++retired.connections_accepted;
+  start_reading(c);
+  if (cb.on_accepted != nullptr && c->active()) cb.on_accepted(cb.ctx, c);
+}
+
+errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return errc::invalid_argument;
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return errc::already_exists;
+    // A socket file: replace it only if nobody listens on it any more.
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errc_from_errno(-errno);
+    sockaddr_un sun{};
+    sun.sun_family = AF_UNIX;
+    std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
+    const int r = ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun);
+    const int err = r == 0 ? 0 : errno;
+    ::close(fd);
+    if (r == 0 || err == EAGAIN || err == EINPROGRESS) return errc::address_in_use;
+    if (err != ECONNREFUSED) return errc_from_errno(-err);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errc_from_errno(-errno);
+  }
+  int r = uv_pipe_init(loop, &l->h.pipe, 0);
+  if (r != 0) return from_uv(r);
+  l->h.handle.data = l;
+  ++handles;
+  l->is_unix = true;
+  r = uv_pipe_bind(&l->h.pipe, path.c_str());
+  if (r != 0) return from_uv(r);
+  l->unix_path = path;
+  if (stat(path.c_str(), &st) == 0) {
+    l->unix_dev = st.st_dev;
+    l->unix_ino = st.st_ino;
+  }
+  // Before listen(): nobody can connect yet, so there is no window with the default mode.
+  if (chmod(path.c_str(), static_cast<mode_t>(cfg.unix_socket_mode)) != 0) {
+    return errc_from_errno(-errno);
+  }
+  r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
+  if (r != 0) return from_uv(r);
+  l->set_url("unix://" + path, 0);
+  return errc::ok;
+}
+
+errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
+  int r = uv_tcp_init(loop, &l->h.tcp);
+  if (r != 0) return from_uv(r);
+  l->h.handle.data = l;
+  ++handles;
+  r = uv_tcp_bind(&l->h.tcp, sa, sa->sa_family == AF_INET6 ? UV_TCP_IPV6ONLY : 0);
+  if (r != 0) return from_uv(r);
+  r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
+  if (r != 0) return from_uv(r);
+  sockaddr_storage ss{};
+  int len = sizeof ss;
+  r = uv_tcp_getsockname(&l->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len);
+  if (r != 0) return from_uv(r);
+  l->set_url(sockaddr_url(reinterpret_cast<sockaddr*>(&ss)),
+             sockaddr_port(reinterpret_cast<sockaddr*>(&ss)));
+  return errc::ok;
+}
+
+errc stream_channel::impl::listen(std::string_view url, stream_listener** out, void* user) {
+  if (closed) return errc::closed;
+  if (cfg_error != errc::ok) return cfg_error;
+  address a;
+  const errc pe = parse_address(url, &a);
+  if (pe != errc::ok) return pe;
+  if (!a.is_stream()) return errc::unsupported_scheme;
+  auto* l = new (std::nothrow) listener_impl(this);
+  if (l == nullptr) return errc::no_memory;
+  l->set_user(user);
+  const int handles_before = handles;
+  errc e = errc::ok;
+  if (a.kind == scheme::unix_socket) {
+    e = listen_unix(l, a.host);
+  } else if (a.kind == scheme::dns) {
+    uv_getaddrinfo_t req;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char port[8];
+    std::snprintf(port, sizeof port, "%u", unsigned{a.port});
+    // No callback: uv_getaddrinfo resolves synchronously, so listen() can report the result.
+    const int r = uv_getaddrinfo(loop, &req, nullptr, a.host.c_str(), port, &hints);
+    if (r != 0 || req.addrinfo == nullptr) {
+      e = errc::resolve_failed;
+    } else {
+      e = listen_tcp(l, req.addrinfo->ai_addr);
+    }
+    if (r == 0) uv_freeaddrinfo(req.addrinfo);
+  } else {
+    sockaddr_storage ss;
+    e = literal_sockaddr(a, &ss);
+    if (e == errc::ok) e = listen_tcp(l, reinterpret_cast<sockaddr*>(&ss));
+  }
+  if (e != errc::ok) {
+    if (handles != handles_before) {
+      // The handle exists: libuv needs its close callback before the memory goes.
+      if (l->is_unix && !l->unix_path.empty()) remove_socket_file(l);
+      uv_close(&l->h.handle, [](uv_handle_t* h) {
+        auto* ll = static_cast<listener_impl*>(h->data);
+        impl* self = ll->ch;
+        delete ll;
+        self->handle_released();
+      });
+    } else {
+      delete l;
+    }
+    return e;
+  }
+  link(l);
+  if (out != nullptr) *out = l;
+  return errc::ok;
+}
+
+// Removes the socket file only if it is still the one this listener created (another process
+// may have replaced a file it thought stale).
+void stream_channel::impl::remove_socket_file(listener_impl* l) {
+  struct stat st {};
+  if (lstat(l->unix_path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_dev) == l->unix_dev &&
+      static_cast<uint64_t>(st.st_ino) == l->unix_ino) {
+    ::unlink(l->unix_path.c_str());
+  }
+  l->unix_path.clear();
+}
+
+errc stream_channel::impl::close_listener(listener_impl* l) {
+  if (l == nullptr) return errc::invalid_argument;
+  if (l->closing) return errc::closed;
+  l->closing = true;
+  if (l->is_unix) remove_socket_file(l);
+  unlink(l);
+  uv_close(&l->h.handle, [](uv_handle_t* h) {
+    auto* ll = static_cast<listener_impl*>(h->data);
+    impl* self = ll->ch;
+    delete ll;
+    self->handle_released();
+  });
+  return errc::ok;
+}
+
+}  // namespace uvbus
