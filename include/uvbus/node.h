@@ -227,14 +227,26 @@ class node {
   // on_report (whether reports are tracked is fixed at start()).
   [[nodiscard]] errc set_callbacks(node_callbacks cbs);
 
-  // invalid_argument: a subnet wider than 64 bits, more than 16 subnets or 8 listen URLs, more than
-  // one shm:// listen URL, a bad URL, protocol_min > protocol_max or 0, message_limit 0 or above
-  // 1 GiB, zero timeouts or intervals, reconnect_min > reconnect_max, jitter outside [0, 1].
-  [[nodiscard]] static errc validate(bus_id id, const node_config& cfg);
+  // Checks id and cfg against every rule; on a refusal *detail (if given) names the field and the
+  // rule ("node_config.heartbeat_timeout_ms (3000) must be at least twice heartbeat_interval_ms
+  // (2000): ..."). Codes: bad_url / unsupported_scheme for a listen or parent URL that does not
+  // parse or is of the wrong kind (a listen URL without port: bad_url); invalid_argument for the
+  // rest: id 0, more than 16 subnets or 8 listen URLs, a subnet wider than 64 bits, more than one
+  // shm:// listen URL, a URL over 256 bytes, an empty access token, host_id over 128 bytes, a
+  // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB,
+  // link_queue_bytes below one frame of message_limit, link_queue_packets,
+  // max_outstanding_responses or default_ttl 0, a zero timeout or interval, heartbeat_timeout_ms
+  // below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside
+  // [0, 1], and with a shm:// listen URL: shm_ring_bytes not a power of two or too small for two
+  // records of message_limit, shm_abandon_timeout_us 0.
+  [[nodiscard]] static errc validate(bus_id id, const node_config& cfg,
+                                     std::string* detail = nullptr);
 
   // Opens the listeners (and the shm ring), then connects to the parent if any. Errors (nothing
-  // started, no callback): invalid_argument, closed (stopped or already started), and the
-  // listener's errors (address_in_use, permission_denied, busy, ...).
+  // started): validate()'s, wrong_state (already started, or stopped: a node starts once), and
+  // the listener's errors (address_in_use, permission_denied, busy, ...). Every refusal is
+  // recorded in last_error() with the field or URL at fault and logged through on_log (error
+  // level, from the loop).
   [[nodiscard]] errc start();
   // Graceful stop: pending messages fail (closed), every peer gets a goodbye, every stream link
   // flushes its queue and closes, listeners and the shm ring close. on_down(closed) fires when
@@ -254,7 +266,12 @@ class node {
   //   queue_full         the link's queue, the shared-memory ring or the pending queue is full,
   //                      or too many require_response messages are awaiting their answer
   //                      (retriable; on_writable tells when a stream link drained)
-  //   closed             not started, or stopped
+  //   access_denied, out_of_subnet, version_mismatch
+  //                      the route goes through the parent, which refused this node for good
+  //                      (not retriable: the configuration must change)
+  //   wrong_state        not started
+  //   closed             stopped
+  // On an error, last_error() says more for the caller errors (which limit, which id).
   // A message to this node's own id is delivered through on_data from the loop, never inline.
   // The bytes are copied before send_data() returns.
   [[nodiscard]] errc send_data(bus_id target, uint32_t type, const void* data, size_t size,

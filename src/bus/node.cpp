@@ -146,38 +146,45 @@ std::unique_ptr<stream_channel> node::impl::make_channel() {
 
 errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>* rd,
                                 std::vector<std::string>* urls) {
-  for (const std::string& u : cfg.listen) {
+  for (size_t i = 0; i < cfg.listen.size(); ++i) {
+    const std::string& u = cfg.listen[i];
+    const std::string field = "node_config.listen[" + std::to_string(i) + "] \"" + u + "\": ";
     address a;
     (void)parse_address(u, &a);  // validated
     if (a.kind == scheme::shm) {
       *rd = std::make_unique<shm_reader>();
-      shm_config shc;
-      shc.ring_bytes = cfg.shm_ring_bytes;
-      shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
-      shc.max_record_size = static_cast<uint32_t>(
-          std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024));
-      const errc e = (*rd)->open(a, shc);
-      if (e != errc::ok) return e;
+      const errc e = (*rd)->open(a, detail::ring_config(cfg));
+      if (e != errc::ok) return refuse_call(e, field + "opening the ring failed: " + to_string(e));
       shm_url = a.to_string();
       urls->push_back(shm_url);
       continue;
     }
     stream_listener* l = nullptr;
     const errc e = ch->listen(u, &l);
-    if (e != errc::ok) return e;
+    if (e != errc::ok) return refuse_call(e, field + "listening failed: " + to_string(e));
     urls->push_back(l->url());
   }
-  if (*rd) return (*rd)->start(loop, &impl::on_shm_records, this);
+  if (*rd) {
+    const errc e = (*rd)->start(loop, &impl::on_shm_records, this);
+    if (e != errc::ok) {
+      return refuse_call(e, "node_config.listen \"" + shm_url +
+                                "\": starting the ring reader failed: " + to_string(e));
+    }
+  }
   return errc::ok;
 }
 
-void node::impl::open_timers() {
+void node::impl::open_handles() {
+  if (h != nullptr) return;
   h = new handles;
   h->tick.data = h->reconnect.data = h->idle.data = this;
   uv_timer_init(loop, &h->tick);
   uv_timer_init(loop, &h->reconnect);
   uv_idle_init(loop, &h->idle);
   h->open = 3;
+}
+
+void node::impl::start_timers() {
   uint64_t period =
       std::min({cfg.heartbeat_interval_ms, cfg.heartbeat_timeout_ms, cfg.handshake_timeout_ms,
                 cfg.pending_timeout_ms, cfg.response_timeout_ms}) /
@@ -186,10 +193,26 @@ void node::impl::open_timers() {
   uv_timer_start(&h->tick, &impl::on_tick, period, period);
 }
 
+errc node::impl::refuse_call(errc e, std::string detail) {
+  // Callbacks never run inside a member function: the log line goes out from the loop.
+  if (cbs.on_log && h != nullptr) {
+    deferred_logs.emplace_back(log_level::error, detail);
+    arm_idle();
+  }
+  return fail(e, std::move(detail));
+}
+
 errc node::impl::start() {
-  if (state != run_state::idle) return errc::closed;
-  const errc v = node::validate(self, cfg);
-  if (v != errc::ok) return v;
+  if (state != run_state::idle) {
+    return fail(errc::wrong_state, state == run_state::running
+                                       ? "node::start: already started"
+                                       : "node::start: a stopped node can not start again");
+  }
+  // The handles first: a refusal is logged from the loop through the idle handle.
+  open_handles();
+  std::string why;
+  const errc v = node::validate(self, cfg, &why);
+  if (v != errc::ok) return refuse_call(v, "node::start: " + why);
   host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;
   hostname = detail::host_name();
 
@@ -206,7 +229,7 @@ errc node::impl::start() {
   streams = std::move(ch);
   reader = std::move(rd);
   listen_urls = std::move(urls);
-  open_timers();
+  start_timers();
 
   state = run_state::running;
   if (cfg.parent_url.empty()) {
@@ -307,6 +330,41 @@ void node::impl::on_idle(uv_idle_t* t) {
   }
 }
 
+errc node::impl::send_failed(errc e, bus_id target, size_t size) {
+  char id[24];
+  std::snprintf(id, sizeof id, "0x%" PRIx64, target);
+  last_err.code = e;
+  switch (e) {
+    case errc::message_too_large:
+      last_err.detail = std::to_string(size) + " bytes is above node_config.message_limit (" +
+                        std::to_string(cfg.message_limit) + ")";
+      break;
+    case errc::unknown_route:
+      last_err.detail = std::string("no route to ") + id +
+                        (table.owns(target) ? ": inside our subnets, no such child registered"
+                                            : ": outside our subnets and this node has no parent");
+      break;
+    case errc::wrong_state:
+      last_err.detail = "the node is not started";
+      break;
+    case errc::closed:
+      last_err.detail = "the node is stopped";
+      break;
+    case errc::access_denied:
+    case errc::out_of_subnet:
+    case errc::version_mismatch:
+      last_err.detail = std::string("the parent refused this node for good: ") + to_string(e);
+      break;
+    case errc::invalid_argument:
+      last_err.detail = "a null buffer with a non-zero size, or more than 64 buffers";
+      break;
+    default:
+      last_err.detail.clear();  // retriable states: no allocation on a back-pressure path
+      break;
+  }
+  return e;
+}
+
 errc node::impl::fail(errc e, std::string detail) {
   last_err.code = e;
   last_err.detail = std::move(detail);
@@ -327,48 +385,6 @@ node::~node() {
   }
   impl_->destroy();
   delete impl_;
-}
-
-errc node::validate(bus_id id, const node_config& cfg) {
-  (void)id;
-  if (cfg.subnets.size() > proto::kMaxSubnets || cfg.listen.size() > proto::kMaxListen) {
-    return errc::invalid_argument;
-  }
-  for (const subnet& s : cfg.subnets) {
-    if (!s.valid()) return errc::invalid_argument;
-  }
-  int shm_count = 0;
-  for (const std::string& u : cfg.listen) {
-    address a;
-    if (parse_address(u, &a) != errc::ok || u.size() > proto::kMaxUrlBytes) {
-      return errc::invalid_argument;
-    }
-    if (a.kind == scheme::shm) ++shm_count;
-    if (a.kind == scheme::mem) return errc::invalid_argument;
-  }
-  if (shm_count > 1) return errc::invalid_argument;
-  if (!cfg.parent_url.empty()) {
-    address a;
-    if (parse_address(cfg.parent_url, &a) != errc::ok || !a.is_stream()) {
-      return errc::invalid_argument;
-    }
-  }
-  if (cfg.protocol_min == 0 || cfg.protocol_min > cfg.protocol_max) return errc::invalid_argument;
-  if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
-    return errc::invalid_argument;
-  }
-  if (cfg.handshake_timeout_ms == 0 || cfg.heartbeat_interval_ms == 0 ||
-      cfg.heartbeat_timeout_ms == 0 || cfg.pending_timeout_ms == 0 ||
-      cfg.response_timeout_ms == 0 || cfg.reconnect_min_ms == 0 ||
-      cfg.reconnect_min_ms > cfg.reconnect_max_ms || cfg.sibling_idle_ms == 0) {
-    return errc::invalid_argument;
-  }
-  if (!(cfg.reconnect_jitter >= 0 && cfg.reconnect_jitter <= 1)) return errc::invalid_argument;
-  if (cfg.default_ttl == 0 || cfg.link_queue_packets == 0) return errc::invalid_argument;
-  for (const std::string& t : cfg.access_tokens) {
-    if (t.empty()) return errc::invalid_argument;
-  }
-  return errc::ok;
 }
 
 errc node::start() {
@@ -409,22 +425,30 @@ errc node::set_callbacks(node_callbacks cbs) {
 errc node::send_data(bus_id target, uint32_t type, const void* data, size_t size,
                      const send_options& opt, uint64_t* message_id) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_data");
-  if (data == nullptr && size != 0) return errc::invalid_argument;
+  if (data == nullptr && size != 0) return impl_->send_failed(errc::invalid_argument, target, 0);
   const const_buffer b{data, size};
-  return impl_->send_data(target, type, &b, 1, opt, message_id);
+  const errc e = impl_->send_data(target, type, &b, 1, opt, message_id);
+  return e == errc::ok ? e : impl_->send_failed(e, target, size);
 }
 
 errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, size_t count,
                       const send_options& opt, uint64_t* message_id) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_datav");
-  return impl_->send_data(target, type, bufs, count, opt, message_id);
+  const errc e = impl_->send_data(target, type, bufs, count, opt, message_id);
+  if (e == errc::ok) return e;
+  size_t size = 0;
+  for (size_t i = 0; bufs != nullptr && i < count && i < detail::kMaxSpans; ++i) {
+    size += bufs[i].size;
+  }
+  return impl_->send_failed(e, target, size);
 }
 
 errc node::send_command(bus_id target, proto::command_id command, const void* args, size_t size,
                         command_cb cb) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_command");
   if (args == nullptr && size != 0) return errc::invalid_argument;
-  return impl_->send_command(target, command, args, size, std::move(cb));
+  const errc e = impl_->send_command(target, command, args, size, std::move(cb));
+  return e == errc::ok ? e : impl_->send_failed(e, target, size);
 }
 
 // id() and config() return what never changes after construction; they are checked like the

@@ -204,14 +204,15 @@ errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, si
     }
     return transmit(pp, bufs, n, tag, target, via_shm);
   }
-  if (parent_failed) return errc::not_connected;
+  if (parent_failed) return parent_refusal;  // refused for good: not retriable
   return enqueue(&parent_pending, bufs, n, total, tag, target);
 }
 
 // ------------------------------------------------------------------------------- send_data --
 errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
                            const send_options& opt, uint64_t* message_id) {
-  if (state != run_state::running) return errc::closed;
+  if (state != run_state::running)
+    return state == run_state::idle ? errc::wrong_state : errc::closed;
   if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;
   size_t size = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -267,7 +268,8 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
 
 errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* args, size_t size,
                               command_cb cb) {
-  if (state != run_state::running) return errc::closed;
+  if (state != run_state::running)
+    return state == run_state::idle ? errc::wrong_state : errc::closed;
   if (!cb) return errc::invalid_argument;
   if (size > cfg.message_limit) return errc::message_too_large;
   if (replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
@@ -383,6 +385,11 @@ void node::impl::run_deferred() {
     }
     restart_shm_reader();
   }
+  if (!deferred_logs.empty()) {
+    auto lines = std::move(deferred_logs);
+    deferred_logs.clear();
+    for (auto& [lv, text] : lines) fire(cbs.on_log, lv, text);
+  }
   if (deferred_up) {
     deferred_up = false;
     fire(cbs.on_up, self);
@@ -430,7 +437,8 @@ void node::impl::run_deferred() {
     finish_stop();
   }
   if (deferred_reports.empty() && deferred_self.empty() && self_replies.empty() &&
-      shm_overflow.empty() && !deferred_up && !stop_done_pending && h != nullptr) {
+      deferred_logs.empty() && shm_overflow.empty() && !deferred_up && !stop_done_pending &&
+      h != nullptr) {
     uv_idle_stop(&h->idle);
   }
 }

@@ -37,6 +37,9 @@ constexpr size_t kMaxSpans = 64;
 // failure, whichever comes first) and never by the channel's success. Message ids stay below it.
 constexpr uint64_t kTagE2e = uint64_t{1} << 63;
 
+// The shared-memory ring config a node with a shm:// listen URL opens (node_config.cpp).
+shm_config ring_config(const node_config& cfg);
+
 inline uint64_t mono_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -198,7 +201,8 @@ struct node::impl {
 
   enum class run_state : uint8_t { idle, running, stopping, stopped } state = run_state::idle;
   bool is_up = false;
-  bool parent_failed = false;  // refused for a configuration error: no more retries
+  bool parent_failed = false;      // refused for a configuration error: no more retries
+  errc parent_refusal = errc::ok;  // ... and why (what sends return from then on)
   link* parent_link = nullptr;
   bus_id parent_id = 0;
   uint32_t reconnect_attempt = 0;
@@ -212,6 +216,7 @@ struct node::impl {
   std::map<uint64_t, pending_reply> replies;  // by sequence (deadlines grow with it)
   uint64_t next_seq = 1;
 
+  std::vector<std::pair<log_level, std::string>> deferred_logs;  // logged by a member function
   std::vector<delivery_report> deferred_reports;
   std::vector<self_msg> deferred_self;
   std::vector<std::pair<bus_id, errc>> deferred_down;
@@ -245,6 +250,8 @@ struct node::impl {
   }
   // Records a failed call's error for node::last_error() and returns its code.
   errc fail(errc e, std::string detail);
+  // The same for a refused send_data / send_datav / send_command (detail only for caller errors).
+  errc send_failed(errc e, bus_id target, size_t size);
   uint64_t now_ms() const { return uv_now(loop); }
   void log(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
   void error(errc e, const std::string& what);
@@ -359,7 +366,10 @@ struct node::impl {
   // Opens the stream listeners and the shm ring of cfg.listen (their URLs into *urls).
   errc open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>* rd,
                       std::vector<std::string>* urls);
-  void open_timers();
+  void open_handles();
+  void start_timers();
+  // Refuses start() (or another call) with a detail: last_error() and, from the loop, on_log.
+  errc refuse_call(errc e, std::string detail);
   void stop();
   std::vector<command_cb> deferred_cmd_fail;
   void maybe_finish_stop();

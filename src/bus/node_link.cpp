@@ -287,6 +287,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
       if (result == errc::access_denied || result == errc::out_of_subnet ||
           result == errc::version_mismatch) {
         parent_failed = true;
+        parent_refusal = result;
         fail_queue(&parent_pending, result);
       }
       lk->reported = true;

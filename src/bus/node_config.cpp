@@ -1,0 +1,239 @@
+// node::validate: every rule a node_config must meet, each refusal naming the field and the rule.
+#include <string>
+
+#include "bus/node_impl.h"
+#include "core/frame.h"
+
+namespace uvbus {
+
+namespace {
+
+using detail::kBusOverhead;
+
+errc refuse(std::string* detail, errc e, const std::string& text) {
+  if (detail != nullptr) *detail = "node_config." + text;
+  return e;
+}
+
+std::string quoted(const std::string& s) {
+  return "\"" + s + "\"";
+}
+
+// Why parse_address refused a URL, in words.
+std::string url_problem(const std::string& url, errc e) {
+  if (e == errc::unsupported_scheme) return "unknown scheme";
+  const size_t sep = url.find("://");
+  if (sep == std::string::npos) return "not a URL (missing \"://\")";
+  const std::string scheme = url.substr(0, sep);
+  const std::string rest = url.substr(sep + 3);
+  if (rest.empty()) return "empty host or path";
+  if (scheme == "ipv4" || scheme == "dns" || scheme == "ipv6") {
+    const size_t colon = rest.rfind(':');
+    const size_t bracket = rest.rfind(']');
+    if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket)) {
+      return "missing port (use :0 for a port the system picks)";
+    }
+    return "bad host or port";
+  }
+  return "malformed";
+}
+
+// A URL of `field` (the field name with its index) that must parse; *out gets it.
+errc check_url(const std::string& field, const std::string& url, address* out,
+               std::string* detail) {
+  if (url.size() > proto::kMaxUrlBytes) {
+    return refuse(detail, errc::invalid_argument,
+                  field + " " + quoted(url) + ": longer than " +
+                      std::to_string(proto::kMaxUrlBytes) + " bytes");
+  }
+  const errc e = parse_address(url, out);
+  if (e != errc::ok) {
+    return refuse(detail, e, field + " " + quoted(url) + ": " + url_problem(url, e));
+  }
+  return errc::ok;
+}
+
+errc check_listen(const node_config& cfg, std::string* detail) {
+  if (cfg.listen.size() > proto::kMaxListen) {
+    return refuse(detail, errc::invalid_argument,
+                  "listen: " + std::to_string(cfg.listen.size()) + " URLs, at most " +
+                      std::to_string(proto::kMaxListen));
+  }
+  int shm_count = 0;
+  for (size_t i = 0; i < cfg.listen.size(); ++i) {
+    const std::string field = "listen[" + std::to_string(i) + "]";
+    address a;
+    const errc e = check_url(field, cfg.listen[i], &a, detail);
+    if (e != errc::ok) return e;
+    if (a.kind == scheme::mem) {
+      return refuse(detail, errc::unsupported_scheme,
+                    field + " " + quoted(cfg.listen[i]) +
+                        ": mem:// is an in-process ring, not a node address");
+    }
+    if (a.kind == scheme::shm && ++shm_count > 1) {
+      return refuse(detail, errc::invalid_argument,
+                    field + " " + quoted(cfg.listen[i]) + ": at most one shm:// URL");
+    }
+  }
+  return errc::ok;
+}
+
+errc check_parent(const node_config& cfg, std::string* detail) {
+  if (cfg.parent_url.empty()) return errc::ok;
+  address a;
+  const errc e = check_url("parent_url", cfg.parent_url, &a, detail);
+  if (e != errc::ok) return e;
+  if (!a.is_stream()) {
+    return refuse(detail, errc::unsupported_scheme,
+                  "parent_url " + quoted(cfg.parent_url) +
+                      ": a parent is reached over a stream URL (ipv4, ipv6, dns, unix)");
+  }
+  return errc::ok;
+}
+
+errc check_ids(const node_config& cfg, std::string* detail) {
+  if (cfg.subnets.size() > proto::kMaxSubnets) {
+    return refuse(detail, errc::invalid_argument,
+                  "subnets: " + std::to_string(cfg.subnets.size()) + " subnets, at most " +
+                      std::to_string(proto::kMaxSubnets));
+  }
+  for (size_t i = 0; i < cfg.subnets.size(); ++i) {
+    if (!cfg.subnets[i].valid()) {
+      return refuse(detail, errc::invalid_argument,
+                    "subnets[" + std::to_string(i) + "].mask_bits (" +
+                        std::to_string(cfg.subnets[i].mask_bits) + ") must be at most 64");
+    }
+  }
+  for (size_t i = 0; i < cfg.access_tokens.size(); ++i) {
+    if (cfg.access_tokens[i].empty()) {
+      return refuse(detail, errc::invalid_argument,
+                    "access_tokens[" + std::to_string(i) +
+                        "] is empty (leave access_tokens empty to require no proof)");
+    }
+  }
+  if (cfg.host_id.size() > proto::kMaxHostIdBytes) {
+    return refuse(detail, errc::invalid_argument,
+                  "host_id: longer than " + std::to_string(proto::kMaxHostIdBytes) + " bytes");
+  }
+  // Versions above what this build speaks are allowed (tests stand in for a newer peer with
+  // them); such a node simply finds no common version with an older one.
+  if (cfg.protocol_min == 0 || cfg.protocol_min > cfg.protocol_max) {
+    return refuse(detail, errc::invalid_argument,
+                  "protocol_min .. protocol_max (" + std::to_string(cfg.protocol_min) + " .. " +
+                      std::to_string(cfg.protocol_max) + ") must be a non-empty range from 1");
+  }
+  if (cfg.default_ttl == 0) {
+    return refuse(detail, errc::invalid_argument, "default_ttl must be at least 1");
+  }
+  return errc::ok;
+}
+
+errc check_sizes(const node_config& cfg, std::string* detail) {
+  if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
+    return refuse(
+        detail, errc::invalid_argument,
+        "message_limit (" + std::to_string(cfg.message_limit) + ") must be 1 .. 1073741824");
+  }
+  const size_t frame = frame_size(cfg.message_limit + kBusOverhead);
+  if (cfg.link_queue_bytes < frame) {
+    return refuse(detail, errc::invalid_argument,
+                  "link_queue_bytes (" + std::to_string(cfg.link_queue_bytes) +
+                      ") must hold one frame of message_limit (" + std::to_string(frame) +
+                      " bytes)");
+  }
+  if (cfg.link_queue_packets == 0) {
+    return refuse(detail, errc::invalid_argument, "link_queue_packets must be at least 1");
+  }
+  if (cfg.max_outstanding_responses == 0) {
+    return refuse(detail, errc::invalid_argument, "max_outstanding_responses must be at least 1");
+  }
+  return errc::ok;
+}
+
+errc check_timers(const node_config& cfg, std::string* detail) {
+  const std::pair<const char*, uint32_t> nonzero[] = {
+      {"handshake_timeout_ms", cfg.handshake_timeout_ms},
+      {"heartbeat_interval_ms", cfg.heartbeat_interval_ms},
+      {"heartbeat_timeout_ms", cfg.heartbeat_timeout_ms},
+      {"pending_timeout_ms", cfg.pending_timeout_ms},
+      {"response_timeout_ms", cfg.response_timeout_ms},
+      {"reconnect_min_ms", cfg.reconnect_min_ms},
+      {"sibling_idle_ms", cfg.sibling_idle_ms},
+  };
+  for (const auto& [name, v] : nonzero) {
+    if (v == 0) return refuse(detail, errc::invalid_argument, std::string(name) + " must not be 0");
+  }
+  if (uint64_t{cfg.heartbeat_timeout_ms} < uint64_t{2} * cfg.heartbeat_interval_ms) {
+    return refuse(detail, errc::invalid_argument,
+                  "heartbeat_timeout_ms (" + std::to_string(cfg.heartbeat_timeout_ms) +
+                      ") must be at least twice heartbeat_interval_ms (" +
+                      std::to_string(cfg.heartbeat_interval_ms) +
+                      "): one late ping must not drop a link");
+  }
+  if (cfg.reconnect_min_ms > cfg.reconnect_max_ms) {
+    return refuse(detail, errc::invalid_argument,
+                  "reconnect_min_ms (" + std::to_string(cfg.reconnect_min_ms) +
+                      ") must not exceed reconnect_max_ms (" +
+                      std::to_string(cfg.reconnect_max_ms) + ")");
+  }
+  if (!(cfg.reconnect_jitter >= 0 && cfg.reconnect_jitter <= 1)) {
+    return refuse(
+        detail, errc::invalid_argument,
+        "reconnect_jitter (" + std::to_string(cfg.reconnect_jitter) + ") must be within 0 .. 1");
+  }
+  return errc::ok;
+}
+
+errc check_shm(const node_config& cfg, std::string* detail) {
+  bool has_ring = false;
+  for (const std::string& u : cfg.listen) {
+    address a;
+    if (parse_address(u, &a) == errc::ok && a.kind == scheme::shm) has_ring = true;
+  }
+  if (!has_ring) return errc::ok;
+  if (cfg.shm_abandon_timeout_us == 0) {
+    return refuse(detail, errc::invalid_argument, "shm_abandon_timeout_us must not be 0");
+  }
+  shm_config sc = detail::ring_config(cfg);
+  if (shm_validate(sc) == errc::ok) return errc::ok;
+  // The smallest ring that would do, for the message.
+  size_t need = 0;
+  for (size_t r = 4096; r != 0 && r <= (size_t{1} << 40); r <<= 1) {
+    sc.ring_bytes = r;
+    if (shm_validate(sc) == errc::ok) {
+      need = r;
+      break;
+    }
+  }
+  return refuse(detail, errc::invalid_argument,
+                "shm_ring_bytes (" + std::to_string(cfg.shm_ring_bytes) +
+                    ") must be a power of two holding two records of message_limit" +
+                    (need != 0 ? " (at least " + std::to_string(need) + ")" : std::string()));
+}
+
+}  // namespace
+
+shm_config detail::ring_config(const node_config& cfg) {
+  shm_config shc;
+  shc.ring_bytes = cfg.shm_ring_bytes;
+  shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
+  shc.max_record_size =
+      static_cast<uint32_t>(std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024));
+  return shc;
+}
+
+errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
+  if (id == 0) {
+    if (detail != nullptr) *detail = "bus id 0 is reserved (it means \"no node\" on the wire)";
+    return errc::invalid_argument;
+  }
+  errc e = check_listen(cfg, detail);
+  if (e == errc::ok) e = check_parent(cfg, detail);
+  if (e == errc::ok) e = check_ids(cfg, detail);
+  if (e == errc::ok) e = check_sizes(cfg, detail);
+  if (e == errc::ok) e = check_timers(cfg, detail);
+  if (e == errc::ok) e = check_shm(cfg, detail);
+  return e;
+}
+
+}  // namespace uvbus

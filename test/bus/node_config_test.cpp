@@ -1,0 +1,264 @@
+// Node configuration and call errors: every validate() rule refuses with a detail naming the
+// field and the rule; start() and sends return the precise code and record last_error().
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+#include "uvbus/node.h"
+
+namespace uvbus {
+namespace {
+
+using namespace std::chrono_literals;
+
+using test::bus_node;
+using test::fast_config;
+using test::send_str;
+
+struct rule {
+  const char* name;
+  std::function<void(node_config*)> mutate;
+  errc code;
+  const char* detail;  // a piece the detail must contain
+};
+
+std::vector<rule> rules() {
+  using C = node_config;
+  return {
+      {"listen without port", [](C* c) { c->listen = {"ipv4://127.0.0.1"}; }, errc::bad_url,
+       "listen[0] \"ipv4://127.0.0.1\": missing port"},
+      {"listen unknown scheme", [](C* c) { c->listen = {"tcp://127.0.0.1:1"}; },
+       errc::unsupported_scheme, "listen[0]"},
+      {"listen not a URL", [](C* c) { c->listen = {"nonsense"}; }, errc::bad_url,
+       "missing \"://\""},
+      {"listen mem", [](C* c) { c->listen = {"mem://x"}; }, errc::unsupported_scheme,
+       "mem:// is an in-process ring"},
+      {"two shm",
+       [](C* c) {
+         c->listen = {"shm://a", "shm://b"};
+       },
+       errc::invalid_argument, "listen[1] \"shm://b\": at most one shm://"},
+      {"nine listen URLs",
+       [](C* c) { c->listen = std::vector<std::string>(9, "ipv4://127.0.0.1:0"); },
+       errc::invalid_argument, "listen: 9 URLs, at most 8"},
+      {"long URL", [](C* c) { c->listen = {"unix:///" + std::string(300, 'x')}; },
+       errc::invalid_argument, "longer than 256 bytes"},
+      {"parent not a URL", [](C* c) { c->parent_url = "nonsense"; }, errc::bad_url,
+       "parent_url \"nonsense\""},
+      {"parent shm", [](C* c) { c->parent_url = "shm://x"; }, errc::unsupported_scheme,
+       "parent_url \"shm://x\": a parent is reached over a stream URL"},
+      {"17 subnets",
+       [](C* c) {
+         c->subnets = std::vector<subnet>(17, subnet{0x100, 4});
+       },
+       errc::invalid_argument, "subnets: 17 subnets, at most 16"},
+      {"subnet 65 bits",
+       [](C* c) {
+         c->subnets = {{0, 65}};
+       },
+       errc::invalid_argument, "subnets[0].mask_bits (65) must be at most 64"},
+      {"empty token",
+       [](C* c) {
+         c->access_tokens = {"a", ""};
+       },
+       errc::invalid_argument, "access_tokens[1] is empty"},
+      {"long host id", [](C* c) { c->host_id = std::string(129, 'h'); }, errc::invalid_argument,
+       "host_id"},
+      {"protocol_min 0", [](C* c) { c->protocol_min = 0; }, errc::invalid_argument,
+       "protocol_min .. protocol_max (0 .."},
+      {"protocol range empty",
+       [](C* c) {
+         c->protocol_min = proto::kMaxVersion;
+         c->protocol_max = proto::kMinVersion - 1;
+       },
+       errc::invalid_argument, "protocol_min .. protocol_max"},
+      {"ttl 0", [](C* c) { c->default_ttl = 0; }, errc::invalid_argument, "default_ttl"},
+      {"message_limit 0", [](C* c) { c->message_limit = 0; }, errc::invalid_argument,
+       "message_limit (0)"},
+      {"message_limit 2 GiB", [](C* c) { c->message_limit = size_t{2} << 30; },
+       errc::invalid_argument, "message_limit (2147483648)"},
+      {"link queue below a frame", [](C* c) { c->link_queue_bytes = 1000; }, errc::invalid_argument,
+       "link_queue_bytes (1000) must hold one frame of message_limit"},
+      {"link queue packets 0", [](C* c) { c->link_queue_packets = 0; }, errc::invalid_argument,
+       "link_queue_packets"},
+      {"outstanding 0", [](C* c) { c->max_outstanding_responses = 0; }, errc::invalid_argument,
+       "max_outstanding_responses"},
+      {"handshake 0", [](C* c) { c->handshake_timeout_ms = 0; }, errc::invalid_argument,
+       "handshake_timeout_ms must not be 0"},
+      {"heartbeat interval 0", [](C* c) { c->heartbeat_interval_ms = 0; }, errc::invalid_argument,
+       "heartbeat_interval_ms must not be 0"},
+      {"heartbeat timeout 0", [](C* c) { c->heartbeat_timeout_ms = 0; }, errc::invalid_argument,
+       "heartbeat_timeout_ms must not be 0"},
+      {"pending timeout 0", [](C* c) { c->pending_timeout_ms = 0; }, errc::invalid_argument,
+       "pending_timeout_ms must not be 0"},
+      {"response timeout 0", [](C* c) { c->response_timeout_ms = 0; }, errc::invalid_argument,
+       "response_timeout_ms must not be 0"},
+      {"reconnect min 0", [](C* c) { c->reconnect_min_ms = 0; }, errc::invalid_argument,
+       "reconnect_min_ms must not be 0"},
+      {"sibling idle 0", [](C* c) { c->sibling_idle_ms = 0; }, errc::invalid_argument,
+       "sibling_idle_ms must not be 0"},
+      {"heartbeat timeout equal to the interval",
+       [](C* c) {
+         c->heartbeat_interval_ms = 6000;
+         c->heartbeat_timeout_ms = 6000;
+       },
+       errc::invalid_argument,
+       "heartbeat_timeout_ms (6000) must be at least twice heartbeat_interval_ms (6000)"},
+      {"heartbeat timeout below twice the interval",
+       [](C* c) {
+         c->heartbeat_interval_ms = 2000;
+         c->heartbeat_timeout_ms = 3999;
+       },
+       errc::invalid_argument, "heartbeat_timeout_ms (3999)"},
+      {"reconnect min above max",
+       [](C* c) {
+         c->reconnect_min_ms = 500;
+         c->reconnect_max_ms = 100;
+       },
+       errc::invalid_argument, "reconnect_min_ms (500) must not exceed reconnect_max_ms (100)"},
+      {"jitter negative", [](C* c) { c->reconnect_jitter = -0.1; }, errc::invalid_argument,
+       "reconnect_jitter"},
+      {"jitter above 1", [](C* c) { c->reconnect_jitter = 1.5; }, errc::invalid_argument,
+       "reconnect_jitter"},
+      {"jitter NaN", [](C* c) { c->reconnect_jitter = std::nan(""); }, errc::invalid_argument,
+       "reconnect_jitter"},
+      {"shm ring too small",
+       [](C* c) {
+         c->listen = {"shm://x"};
+         c->shm_ring_bytes = size_t{64} * 1024;
+       },
+       errc::invalid_argument, "shm_ring_bytes (65536) must be a power of two"},
+      {"shm ring not a power of two",
+       [](C* c) {
+         c->listen = {"shm://x"};
+         c->shm_ring_bytes = 3 << 20;
+       },
+       errc::invalid_argument, "(at least "},
+      {"shm abandon timeout 0",
+       [](C* c) {
+         c->listen = {"shm://x"};
+         c->shm_abandon_timeout_us = 0;
+       },
+       errc::invalid_argument, "shm_abandon_timeout_us"},
+  };
+}
+
+TEST(NodeConfig, DefaultsAndTheTestConfigAreValid) {
+  std::string detail = "untouched";
+  EXPECT_EQ(node::validate(1, node_config{}, &detail), errc::ok);
+  EXPECT_EQ(detail, "untouched");
+  EXPECT_EQ(node::validate(1, fast_config()), errc::ok);
+  // Sizes that only matter with a ring are not checked without one.
+  node_config c = fast_config();
+  c.shm_ring_bytes = 1000;
+  EXPECT_EQ(node::validate(1, c), errc::ok);
+  // Boundaries that pass.
+  c = fast_config();
+  c.heartbeat_interval_ms = 2000;
+  c.heartbeat_timeout_ms = 4000;
+  EXPECT_EQ(node::validate(1, c), errc::ok);
+}
+
+TEST(NodeConfig, EveryRuleRefusesNamingTheFieldAndTheRule) {
+  for (const rule& r : rules()) {
+    node_config c = fast_config();
+    r.mutate(&c);
+    std::string detail;
+    EXPECT_EQ(node::validate(1, c, &detail), r.code) << r.name;
+    EXPECT_NE(detail.find(r.detail), std::string::npos)
+        << r.name << ": \"" << detail << "\" lacks \"" << r.detail << "\"";
+    EXPECT_EQ(node::validate(1, c), r.code) << r.name << " (without a detail pointer)";
+  }
+}
+
+TEST(NodeConfig, IdZeroIsReserved) {
+  std::string detail;
+  EXPECT_EQ(node::validate(0, fast_config(), &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("bus id 0 is reserved"), std::string::npos) << detail;
+}
+
+class NodeErrorTest : public test::bus_fixture {};
+
+// Start refuses with validate()'s code; the detail reaches last_error() at once and on_log from
+// the loop (never from inside start()).
+TEST_F(NodeErrorTest, ListenWithoutPortIsABadUrlLoggedWithItsDetail) {
+  node_config c = fast_config();
+  c.listen = {"ipv4://127.0.0.1"};
+  bus_node* t = make(0x100, c, false);
+  EXPECT_EQ(t->n->start(), errc::bad_url);
+  const error_info e = t->n->last_error();
+  EXPECT_EQ(e.code, errc::bad_url);
+  EXPECT_NE(e.detail.find("node_config.listen[0] \"ipv4://127.0.0.1\": missing port"),
+            std::string::npos)
+      << e.detail;
+  EXPECT_TRUE(t->logs.empty()) << "on_log ran inside start()";
+  ASSERT_TRUE(wait([&] { return t->logged("missing port"); }));
+  EXPECT_EQ(t->logs[0].first, log_level::error);
+  EXPECT_FALSE(t->n->running());
+}
+
+TEST_F(NodeErrorTest, StartTwiceOrAfterStopIsWrongState) {
+  bus_node* t = make(0x100, fast_config());
+  EXPECT_EQ(t->n->start(), errc::wrong_state);
+  EXPECT_NE(t->n->last_error().detail.find("already started"), std::string::npos);
+  t->n->stop();
+  ASSERT_TRUE(wait([&] { return t->downs.size() == 1; }));
+  EXPECT_EQ(t->n->start(), errc::wrong_state);
+  EXPECT_NE(t->n->last_error().detail.find("can not start again"), std::string::npos);
+}
+
+TEST_F(NodeErrorTest, ListenerFailureNamesTheUrl) {
+  bus_node* a = make(0x100, fast_config());
+  node_config c = fast_config();
+  c.listen = {a->n->listen_urls().at(0)};  // taken
+  bus_node* b = make(0x200, c, false);
+  EXPECT_EQ(b->n->start(), errc::address_in_use);
+  EXPECT_NE(b->n->last_error().detail.find("listen[0] \"" + c.listen[0] + "\""), std::string::npos)
+      << b->n->last_error().detail;
+  ASSERT_TRUE(wait([&] { return b->logged("listening failed"); }));
+  EXPECT_FALSE(b->n->running());
+}
+
+TEST_F(NodeErrorTest, SendErrorsNameTheirCause) {
+  bus_node* t = make(0x100, fast_config(), false);
+  EXPECT_EQ(send_str(t, 0x100, 1, "x"), errc::wrong_state);
+  EXPECT_EQ(t->n->last_error().detail, "the node is not started");
+  ASSERT_EQ(t->n->start(), errc::ok);
+  const std::string big(t->n->config().message_limit + 1, 'x');
+  EXPECT_EQ(send_str(t, 0x200, 1, big), errc::message_too_large);
+  EXPECT_NE(t->n->last_error().detail.find("above node_config.message_limit"), std::string::npos);
+  EXPECT_EQ(send_str(t, 0x200, 1, "x"), errc::unknown_route);
+  EXPECT_NE(t->n->last_error().detail.find("no route to 0x200"), std::string::npos)
+      << t->n->last_error().detail;
+  // ok leaves the last error alone.
+  EXPECT_EQ(send_str(t, 0x100, 1, "x"), errc::ok);
+  EXPECT_EQ(t->n->last_error().code, errc::unknown_route);
+  t->n->stop();
+  EXPECT_EQ(send_str(t, 0x100, 1, "x"), errc::closed);
+  EXPECT_EQ(t->n->last_error().detail, "the node is stopped");
+}
+
+// A child refused for good (out_of_subnet) stops retrying, and its sends through the parent fail
+// with the refusal, which is not retriable (not_connected would promise it comes back).
+TEST_F(NodeErrorTest, RefusedForGoodSendsFailWithTheRefusal) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  node_config cc = fast_config();
+  cc.parent_url = p->n->listen_urls().at(0);
+  bus_node* c = make(0x999, cc);  // outside 0x100/8
+  ASSERT_TRUE(wait([&] { return !c->registrations.empty(); }));
+  EXPECT_EQ(c->registrations[0], errc::out_of_subnet);
+  EXPECT_EQ(send_str(c, 0x100, 1, "x"), errc::out_of_subnet);
+  EXPECT_FALSE(is_retriable(errc::out_of_subnet));
+  EXPECT_NE(c->n->last_error().detail.find("refused this node for good"), std::string::npos);
+  EXPECT_TRUE(c->logged("refused"));
+  run_for(200ms);
+  EXPECT_EQ(c->registrations.size(), 1u);  // no retry
+}
+
+}  // namespace
+}  // namespace uvbus
