@@ -1,17 +1,14 @@
+// Stream frame codec: the header (little-endian hash + varint length) and the incremental decoder.
 #include "core/frame.h"
 
 #include <algorithm>
 #include <cstring>
 
+#include "core/endian.h"
 #include "core/murmur3.h"
 
 namespace uvbus {
 namespace {
-
-inline uint32_t load_le32(const uint8_t* p) noexcept {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
 
 inline bool hash_ok(const uint8_t* frame, size_t header_len, size_t payload_len) noexcept {
   return load_le32(frame) == murmur3_x86_32(frame + header_len, payload_len, 0);
@@ -20,10 +17,7 @@ inline bool hash_ok(const uint8_t* frame, size_t header_len, size_t payload_len)
 }  // namespace
 
 size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexcept {
-  out[0] = static_cast<uint8_t>(hash);
-  out[1] = static_cast<uint8_t>(hash >> 8);
-  out[2] = static_cast<uint8_t>(hash >> 16);
-  out[3] = static_cast<uint8_t>(hash >> 24);
+  store_le<uint32_t>(out, hash);
   return kFrameHashBytes + varint_encode(payload_len, out + kFrameHashBytes);
 }
 
