@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   node_config c = lat_config();
-  c.parent_url = url;
+  c.parent_urls = {url};
   c.enable_shm = use_shm;
   if (use_shm) c.listen = {"shm://" + shm + "-c"};
   bool reply = false;

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     pc.listen = {r.o.url};
     if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
     pc.subnets = {{0x1100, 8}};
-    pc.parent_url = relay_of;
+    pc.parent_urls = {relay_of};
     pc.reconnect_min_ms = pc.reconnect_max_ms = 60000;  // the parent going away ends the run
     bool down = false;
     node_callbacks pcb;
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     pc.listen = {relay_url};
     if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
     pc.subnets = {{0x1100, 8}};
-    pc.parent_url = sender_url;
+    pc.parent_urls = {sender_url};
     relay = std::make_unique<node>(&loop, 0x1100, pc, node_callbacks{});
     e = relay->start();
     if (e != errc::ok) {

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   node_config c;
-  c.parent_url = o.url;
+  c.parent_urls = {o.url};
   c.enable_shm = !o.flag("no-shm");
   c.heartbeat_interval_ms = 1000;
   c.heartbeat_timeout_ms = 10000;

@@ -62,7 +62,7 @@ std::unique_ptr<uvbus::node> make_logic(uv_loop_t* loop, int which) {
   const bus_id me = kLogic[which - 1];
   const bus_id other = kLogic[2 - which];
   uvbus::node_config cfg;
-  cfg.parent_url = kGatewayUrl;
+  cfg.parent_urls = {kGatewayUrl};
   cfg.listen = {"ipv4://127.0.0.1:0", shm_name(which == 1 ? "logic1" : "logic2")};
   cfg.access_tokens = {kToken};
   auto holder = std::make_shared<uvbus::node*>(nullptr);

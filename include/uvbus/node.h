@@ -1,10 +1,11 @@
 // The bus node: a process's presence on a uvbus message bus.
 //
 // A node has a 64-bit id and may own subnets of child ids (subnet.h). It registers to one parent
-// (parent_url), accepts children whose ids lie in its subnets, and connects to siblings (other
-// children of its parent) on demand. send_data(target, type, bytes) reaches any node of the tree:
-// directly when a link to the target exists, down through the child whose subnet holds the target,
-// or up through the parent; every relay decrements a TTL so a misconfiguration cannot loop.
+// (one of parent_urls, tried in order), accepts children whose ids lie in its subnets, and connects
+// to siblings (other children of its parent) on demand. send_data(target, type, bytes) reaches any
+// node of the tree: directly when a link to the target exists, down through the child whose subnet
+// holds the target, or up through the parent; every relay decrements a TTL so a misconfiguration
+// cannot loop.
 //
 // Links: every peer link starts as a stream connection (TCP, or a unix socket when the peer offers
 // one on the same host) carrying a registration handshake (docs/protocol.md): version range, id,
@@ -47,8 +48,12 @@ struct node_config {
   // real URLs back with node::listen_urls()) and at most one shm:// (the ring this node reads its
   // data from; peers on the same host write into it).
   std::vector<std::string> listen;
-  // The parent to register to (a stream URL); empty for a root node.
-  std::string parent_url;
+  // The parent to register to (stream URLs), in order of preference; empty for a root node. The
+  // node connects to the first; when a connect or registration attempt fails or the registered
+  // parent's link is lost, it moves on to the next (wrapping around), so a gateway replica can
+  // take over. Attempts within one round over the list wait reconnect_min_ms; each further round
+  // doubles the wait up to reconnect_max_ms. All the parents must accept this node's id.
+  std::vector<std::string> parent_urls;
   // Child ids this node accepts. A child must have its id and all its subnets inside these.
   std::vector<subnet> subnets;
 

@@ -232,7 +232,7 @@ errc node::impl::start() {
   start_timers();
 
   state = run_state::running;
-  if (cfg.parent_url.empty()) {
+  if (cfg.parent_urls.empty()) {
     is_up = true;
     deferred_up = true;
     arm_idle();

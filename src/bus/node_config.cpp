@@ -78,15 +78,22 @@ errc check_listen(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
-errc check_parent(const node_config& cfg, std::string* detail) {
-  if (cfg.parent_url.empty()) return errc::ok;
-  address a;
-  const errc e = check_url("parent_url", cfg.parent_url, &a, detail);
-  if (e != errc::ok) return e;
-  if (!a.is_stream()) {
-    return refuse(detail, errc::unsupported_scheme,
-                  "parent_url " + quoted(cfg.parent_url) +
-                      ": a parent is reached over a stream URL (ipv4, ipv6, dns, unix)");
+errc check_parents(const node_config& cfg, std::string* detail) {
+  if (cfg.parent_urls.size() > proto::kMaxListen) {
+    return refuse(detail, errc::invalid_argument,
+                  "parent_urls: " + std::to_string(cfg.parent_urls.size()) + " URLs, at most " +
+                      std::to_string(proto::kMaxListen));
+  }
+  for (size_t i = 0; i < cfg.parent_urls.size(); ++i) {
+    const std::string field = "parent_urls[" + std::to_string(i) + "]";
+    address a;
+    const errc e = check_url(field, cfg.parent_urls[i], &a, detail);
+    if (e != errc::ok) return e;
+    if (!a.is_stream()) {
+      return refuse(detail, errc::unsupported_scheme,
+                    field + " " + quoted(cfg.parent_urls[i]) +
+                        ": a parent is reached over a stream URL (ipv4, ipv6, dns, unix)");
+    }
   }
   return errc::ok;
 }
@@ -228,7 +235,7 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
     return errc::invalid_argument;
   }
   errc e = check_listen(cfg, detail);
-  if (e == errc::ok) e = check_parent(cfg, detail);
+  if (e == errc::ok) e = check_parents(cfg, detail);
   if (e == errc::ok) e = check_ids(cfg, detail);
   if (e == errc::ok) e = check_sizes(cfg, detail);
   if (e == errc::ok) e = check_timers(cfg, detail);

@@ -206,6 +206,7 @@ struct node::impl {
   link* parent_link = nullptr;
   bus_id parent_id = 0;
   uint32_t reconnect_attempt = 0;
+  size_t parent_index = 0;  // the entry of cfg.parent_urls tried now
   bool reconnect_armed = false;
   std::mt19937_64 rng{detail::mono_ns()};
 

@@ -40,12 +40,13 @@ link* node::impl::add_link(stream_connection* c, bool outbound) {
 }
 
 void node::impl::connect_parent() {
-  if (state != run_state::running || cfg.parent_url.empty() || parent_link != nullptr ||
+  if (state != run_state::running || cfg.parent_urls.empty() || parent_link != nullptr ||
       parent_failed) {
     return;
   }
   stream_connection* c = nullptr;
-  const errc e = streams->connect(cfg.parent_url, &c);
+  const std::string& url = cfg.parent_urls[parent_index % cfg.parent_urls.size()];
+  const errc e = streams->connect(url, &c);
   if (e != errc::ok) {
     registration_result(e, "connect to the parent failed at once");
     schedule_reconnect();
@@ -58,15 +59,18 @@ void node::impl::connect_parent() {
 
 void node::impl::schedule_reconnect() {
   if (state != run_state::running || parent_failed || reconnect_armed) return;
+  // Every failure moves on to the next parent URL; the backoff grows once per round over them.
+  parent_index = (parent_index + 1) % cfg.parent_urls.size();
+  const uint32_t round = reconnect_attempt / static_cast<uint32_t>(cfg.parent_urls.size());
   const double base = std::min<double>(
-      cfg.reconnect_max_ms,
-      cfg.reconnect_min_ms * std::pow(2.0, std::min<uint32_t>(reconnect_attempt, 30)));
+      cfg.reconnect_max_ms, cfg.reconnect_min_ms * std::pow(2.0, std::min<uint32_t>(round, 30)));
   std::uniform_real_distribution<double> d(-cfg.reconnect_jitter, cfg.reconnect_jitter);
   const double delay = std::max(1.0, base * (1.0 + d(rng)));
   ++reconnect_attempt;
   reconnect_armed = true;
   uv_timer_start(&h->reconnect, &impl::on_reconnect_timer, static_cast<uint64_t>(delay), 0);
-  log(log_level::info, "reconnecting to the parent in %.0f ms", delay);
+  log(log_level::info, "reconnecting to the parent (%s) in %.0f ms",
+      cfg.parent_urls[parent_index].c_str(), delay);
 }
 
 void node::impl::on_reconnect_timer(uv_timer_t* t) {

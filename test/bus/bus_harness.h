@@ -44,10 +44,10 @@ inline node_config fast_config() {
   return c;
 }
 
-// The same with a parent to register to.
+// The same with a parent to register to (none for an empty URL).
 inline node_config fast_config(const std::string& parent_url) {
   node_config c = fast_config();
-  c.parent_url = parent_url;
+  if (!parent_url.empty()) c.parent_urls = {parent_url};
   return c;
 }
 
@@ -186,7 +186,7 @@ class bus_fixture : public ::testing::Test {
   bus_node* make_child(bus_id id, bus_node* parent, std::vector<subnet> nets = {},
                        node_config cfg = fast_config()) {
     cfg.subnets = std::move(nets);
-    cfg.parent_url = parent->n->listen_urls().at(0);
+    cfg.parent_urls = {parent->n->listen_urls().at(0)};
     return make(id, std::move(cfg));
   }
 

@@ -48,10 +48,16 @@ std::vector<rule> rules() {
        errc::invalid_argument, "listen: 9 URLs, at most 8"},
       {"long URL", [](C* c) { c->listen = {"unix:///" + std::string(300, 'x')}; },
        errc::invalid_argument, "longer than 256 bytes"},
-      {"parent not a URL", [](C* c) { c->parent_url = "nonsense"; }, errc::bad_url,
-       "parent_url \"nonsense\""},
-      {"parent shm", [](C* c) { c->parent_url = "shm://x"; }, errc::unsupported_scheme,
-       "parent_url \"shm://x\": a parent is reached over a stream URL"},
+      {"parent not a URL",
+       [](C* c) {
+         c->parent_urls = {"ipv4://127.0.0.1:1", "nonsense"};
+       },
+       errc::bad_url, "parent_urls[1] \"nonsense\""},
+      {"parent shm", [](C* c) { c->parent_urls = {"shm://x"}; }, errc::unsupported_scheme,
+       "parent_urls[0] \"shm://x\": a parent is reached over a stream URL"},
+      {"nine parents",
+       [](C* c) { c->parent_urls = std::vector<std::string>(9, "ipv4://127.0.0.1:1"); },
+       errc::invalid_argument, "parent_urls: 9 URLs, at most 8"},
       {"17 subnets",
        [](C* c) {
          c->subnets = std::vector<subnet>(17, subnet{0x100, 4});
@@ -248,7 +254,7 @@ TEST_F(NodeErrorTest, SendErrorsNameTheirCause) {
 TEST_F(NodeErrorTest, RefusedForGoodSendsFailWithTheRefusal) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
   node_config cc = fast_config();
-  cc.parent_url = p->n->listen_urls().at(0);
+  cc.parent_urls = {p->n->listen_urls().at(0)};
   bus_node* c = make(0x999, cc);  // outside 0x100/8
   ASSERT_TRUE(wait([&] { return !c->registrations.empty(); }));
   EXPECT_EQ(c->registrations[0], errc::out_of_subnet);

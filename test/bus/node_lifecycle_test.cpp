@@ -1,5 +1,6 @@
 // Node lifecycle: destroying a node from inside each of its own callbacks is safe (ASan checks the
-// memory) and no callback of that node fires after the destroying one returns.
+// memory) and no callback of that node fires after the destroying one returns; several parents
+// (parent_urls) and failover between them.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -93,7 +94,7 @@ class NodeLifecycleTest : public test::bus_fixture {
 
   static node_config child_of(bus_node* parent) {
     node_config c = fast_config();
-    c.parent_url = parent->n->listen_urls().at(0);
+    c.parent_urls = {parent->n->listen_urls().at(0)};
     return c;
   }
 
@@ -248,7 +249,7 @@ TEST_F(NodeLifecycleTest, DestroyInOnError) {
 // reconnecting to a parent that is not there.
 TEST_F(NodeLifecycleTest, DestroyInOnLog) {
   node_config cc = fast_config();
-  cc.parent_url = "ipv4://127.0.0.1:1";  // nothing listens there
+  cc.parent_urls = {"ipv4://127.0.0.1:1"};  // nothing listens there
   victim* c = make_victim(0x101, cc, kill_in::on_log);
   ASSERT_TRUE(wait([&] { return c->destroyed; }));
   settle();
@@ -328,6 +329,58 @@ TEST_F(NodeLifecycleTest, SetCallbacksFromInsideACallback) {
   node_callbacks none;
   EXPECT_EQ(c->n->set_callbacks(none), errc::wrong_state);
   EXPECT_EQ(c->n->last_error().code, errc::wrong_state);
+}
+
+// Several parents: the first is dead, the node registers with the second.
+TEST_F(NodeLifecycleTest, FirstParentDeadRegistersWithTheSecond) {
+  bus_node* p2 = make(0x2, [] {
+    node_config c = fast_config();
+    c.subnets = {{0x100, 8}};
+    return c;
+  }());
+  node_config cc = fast_config();
+  cc.parent_urls = {"ipv4://127.0.0.1:1", p2->n->listen_urls().at(0)};  // nothing on port 1
+  bus_node* c = make(0x101, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  ASSERT_GE(c->registrations.size(), 2u);
+  EXPECT_NE(c->registrations.front(), errc::ok);
+  EXPECT_EQ(c->registrations.back(), errc::ok);
+  ASSERT_EQ(c->added.size(), 1u);
+  EXPECT_EQ(c->added[0].id, 0x2u);
+  ASSERT_EQ(send_str(c, 0x2, 1, "hello"), errc::ok);
+  ASSERT_TRUE(wait([&] { return p2->got.size() == 1; }));
+}
+
+// The registered parent dies: the node fails over to the next one, and messages sent meanwhile
+// wait and go to the new parent.
+TEST_F(NodeLifecycleTest, FailsOverWhenTheCurrentParentDies) {
+  auto gateway = [this](bus_id id) {
+    node_config c = fast_config();
+    c.subnets = {{0x100, 8}};
+    return make(id, c);
+  };
+  bus_node* p1 = gateway(0x1);
+  bus_node* p2 = gateway(0x2);
+  node_config cc = fast_config();
+  cc.parent_urls = {p1->n->listen_urls().at(0), p2->n->listen_urls().at(0)};
+  bus_node* c = make(0x101, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  EXPECT_EQ(c->added.at(0).id, 0x1u);
+  destroy(p1);
+  ASSERT_TRUE(wait([&] { return c->downs.size() == 1; }));
+  uint64_t id = 0;
+  ASSERT_EQ(send_str(c, 0x2, 1, "after", {}, &id), errc::ok);  // waits for the new parent
+  ASSERT_TRUE(wait([&] { return c->n->up() && p2->got.size() == 1; }));
+  EXPECT_EQ(c->added.back().id, 0x2u);
+  EXPECT_EQ(c->added.back().role, peer_role::parent);
+  EXPECT_EQ(p2->got[0].bytes, "after");
+  ASSERT_TRUE(wait([&] { return c->report_for(id) != nullptr; }));
+  EXPECT_EQ(c->report_for(id)->status, errc::ok);
+  // The second dies too: the list wraps around to the first, which is dead; the node is down
+  // and keeps trying.
+  destroy(p2);
+  ASSERT_TRUE(wait([&] { return c->downs.size() == 2; }));
+  EXPECT_FALSE(c->n->up());
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ TEST_F(NodeReportTest, RequireResponseTimingOutInThePendingQueueIsReportedOnceAn
   root->n.reset();  // the parent is away: the child queues
 
   node_config cc = quick();
-  cc.parent_url = url;
+  cc.parent_urls = {url};
   cc.response_timeout_ms = 50;
   rnode* child = make(0x101, cc);
   send_options rr;

@@ -58,7 +58,7 @@ TEST_F(NodeResilienceTest, ParentRestartChildrenReconnectAndEveryMessageIsAccoun
   node* p = add(0x100, pc, &ps);
   const std::string url = p->listen_urls()[0];
   node_config cc = quick_config();
-  cc.parent_url = url;
+  cc.parent_urls = {url};
   node* a = add(0x101, cc, &as);
   node* b = add(0x102, cc, &bs);
   ASSERT_TRUE(wait([&] { return a->up() && b->up(); }));
@@ -157,7 +157,7 @@ TEST_F(NodeResilienceTest, SharedMemoryIsChosenOnOneHostAndStreamWhenDisabled) {
   pc.subnets = {{0x100, 8}};
   node* p = add(0x100, pc, &ps);
   node_config cc = quick_config();
-  cc.parent_url = p->listen_urls()[0];
+  cc.parent_urls = {p->listen_urls()[0]};
   cc.enable_shm = true;
   cc.shm_ring_bytes = 1 << 20;
   cc.listen = {"ipv4://127.0.0.1:0", ring_a};
@@ -224,7 +224,7 @@ TEST_F(NodeResilienceTest, StopFromInsideASharedMemoryDeliveryIsSafe) {
   p = add(0x100, pc, cb);
   node_config cc = quick_config();
   cc.enable_shm = true;
-  cc.parent_url = p->listen_urls()[0];
+  cc.parent_urls = {p->listen_urls()[0]};
   node* c = add(0x101, cc, &cs);
   ASSERT_TRUE(wait([&] { return c->up(); }));
   endpoint_info e;
@@ -246,16 +246,16 @@ TEST_F(NodeResilienceTest, AMillionMessagesCrossAThreeLevelTreeIntact) {
   rc.subnets = {{0x1000, 12}};
   node* root = add(0x1000, rc, &rs);
   node_config mc = quick_config();
-  mc.parent_url = root->listen_urls()[0];
+  mc.parent_urls = {root->listen_urls()[0]};
   mc.subnets = {{0x1100, 8}};
   node* m1 = add(0x1100, mc, &m1s);
   mc.subnets = {{0x1200, 8}};
   node* m2 = add(0x1200, mc, &m2s);
   node_config lc = quick_config();
-  lc.parent_url = m1->listen_urls()[0];
+  lc.parent_urls = {m1->listen_urls()[0]};
   node_callbacks l1cb;  // no report callback: the cheap path, as a real sender would run
   node* l1 = add(0x1101, lc, l1cb);
-  lc.parent_url = m2->listen_urls()[0];
+  lc.parent_urls = {m2->listen_urls()[0]};
   uint64_t expect = 0;
   uint64_t bad = 0;
   node_callbacks l2cb;

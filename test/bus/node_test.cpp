@@ -117,7 +117,7 @@ TEST_F(NodeTest, PendingMessagesFailWithTimeoutWhenTheParentNeverComes) {
   destroy(p);
   node_config cfg = fast_config();
   cfg.pending_timeout_ms = 200;
-  cfg.parent_url = url;
+  cfg.parent_urls = {url};
   bus_node* c = make(0x101, cfg);
   for (int i = 0; i < 5; ++i) ASSERT_EQ(send_str(c, 0x100, 1, "x"), errc::ok);
   ASSERT_TRUE(wait([&] { return c->reports.size() == 5; }));
@@ -423,7 +423,7 @@ TEST_F(NodeTest, HeartbeatTimeoutDropsASilentParent) {
   cfg.heartbeat_timeout_ms = 300;
   cfg.reconnect_min_ms = 5000;  // do not come back during the test
   cfg.reconnect_max_ms = 5000;
-  cfg.parent_url = url;
+  cfg.parent_urls = {url};
   bus_node* c = make(0x101, cfg);
   ASSERT_TRUE(wait([&] { return c->n->up(); }));
   // While it answers pings the link stays; then it falls silent.

@@ -84,7 +84,7 @@ class HostileNode : public ::testing::Test {
     port_ = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
 
     node_config cc = config(handshake_ms_);
-    cc.parent_url = url;
+    cc.parent_urls = {url};
     node_callbacks ccb;
     ccb.on_data = [this](bus_id src, uint32_t, const uint8_t* p, size_t n) {
       if (src == kRoot) child_got_.emplace_back(reinterpret_cast<const char*>(p), n);

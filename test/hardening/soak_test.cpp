@@ -245,17 +245,17 @@ void Soak::build_tree() {
   node* r = add(kR, rc);
   node_config ac = cfg({tcp, "shm://" + test::unique_name("soak-a")}, true);
   ac.subnets = {{kA, 8}};
-  ac.parent_url = r->listen_urls().at(0);
+  ac.parent_urls = {r->listen_urls().at(0)};
   node* a = add(kA, ac);
   node_config bc = cfg({tcp}, false);
   bc.subnets = {{kB, 8}};
-  bc.parent_url = r->listen_urls().at(0);
+  bc.parent_urls = {r->listen_urls().at(0)};
   node* b = add(kB, bc);
   node_config a1c = cfg({tcp, "shm://" + test::unique_name("soak-a1")}, true);
-  a1c.parent_url = a->listen_urls().at(0);
+  a1c.parent_urls = {a->listen_urls().at(0)};
   node* a1 = add(kA1, a1c);
   node_config b1c = cfg({tcp}, false);
-  b1c.parent_url = b->listen_urls().at(0);
+  b1c.parent_urls = {b->listen_urls().at(0)};
   node* b1 = add(kB1, b1c);
   ASSERT_TRUE(test::run_until(
       &loop_, [&] { return a->up() && b->up() && a1->up() && b1->up(); }, test::kWait));
