@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "shm/hash.h"
+#include "core/murmur3.h"
 
 namespace uvbus::shm_detail {
 
@@ -162,7 +162,7 @@ inline uint32_t record_seed(uint64_t pos) noexcept {
 // before it reserves nodes, which keeps the reserve-to-commit window (the window in which a
 // preempted writer holds up the reader) down to a memcpy.
 inline uint32_t payload_hash(const void* payload, size_t len) noexcept {
-  return payload_hash_inline(payload, len);  // src/shm/hash.h
+  return murmur3_x64_128_low32(payload, len, 0);  // inline: see core/murmur3.h
 }
 constexpr uint32_t position_mix(uint64_t pos) noexcept {
   return static_cast<uint32_t>((pos * 0x9E3779B97F4A7C15ull) >> 32);

@@ -25,18 +25,18 @@ uint32_t verification_value(H hash) {
          static_cast<uint32_t>(final_hash[2]) << 16 | static_cast<uint32_t>(final_hash[3]) << 24;
 }
 
-void store_le(uint64_t v, uint8_t* out, size_t n) {
+void put_le_bytes(uint64_t v, uint8_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
 void x86_32_bytes(const void* p, size_t n, uint32_t seed, uint8_t* out) {
-  store_le(murmur3_x86_32(p, n, seed), out, 4);
+  put_le_bytes(murmur3_x86_32(p, n, seed), out, 4);
 }
 void x64_128_bytes(const void* p, size_t n, uint32_t seed, uint8_t* out) {
   uint64_t h[2];
   murmur3_x64_128(p, n, seed, h);
-  store_le(h[0], out, 8);
-  store_le(h[1], out + 8, 8);
+  put_le_bytes(h[0], out, 8);
+  put_le_bytes(h[1], out + 8, 8);
 }
 
 TEST(Murmur3, X86_32MatchesSmhasherVerificationValue) {
@@ -74,6 +74,16 @@ TEST(Murmur3, SameResultForEveryAlignmentAndLength) {
       EXPECT_EQ(got[0], want128[0]) << len << " " << off;
       EXPECT_EQ(got[1], want128[1]) << len << " " << off;
     }
+  }
+}
+
+TEST(Murmur3, Low32IsTheLowWordOfX64_128) {
+  std::vector<uint8_t> buf(64);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 13 + 1);
+  for (size_t len = 0; len <= buf.size(); ++len) {
+    uint64_t h[2];
+    murmur3_x64_128(buf.data(), len, 7, h);
+    EXPECT_EQ(murmur3_x64_128_low32(buf.data(), len, 7), static_cast<uint32_t>(h[0])) << len;
   }
 }
 

@@ -9,8 +9,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/murmur3.h"
-#include "shm/hash.h"
 #include "shm/layout.h"
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
@@ -59,22 +57,6 @@ std::vector<shm_span> spans_of(const std::vector<std::string>& v) {
   s.reserve(v.size());
   for (const auto& m : v) s.push_back({m.data(), m.size()});
   return s;
-}
-
-TEST(ShmHash, InlinePayloadHashIsMurmur3X64LowWordForEveryLengthAndAlignment) {
-  // The ring's checksum must stay MurmurHash3_x64_128 (the layout documents it; tools and other
-  // builds compute it with uvbus::murmur3_x64_128): the inlined tail loads must not change it.
-  std::vector<uint8_t> buf(400);
-  std::mt19937 rng(5);
-  for (auto& b : buf) b = static_cast<uint8_t>(rng());
-  for (size_t align = 0; align < 8; ++align) {
-    for (size_t n = 0; n <= 300; ++n) {
-      uint64_t h[2];
-      murmur3_x64_128(buf.data() + align, n, 0, h);
-      ASSERT_EQ(shm_detail::payload_hash_inline(buf.data() + align, n), static_cast<uint32_t>(h[0]))
-          << "len " << n << " align " << align;
-    }
-  }
 }
 
 TEST(ShmBatch, RecordsArriveIntactAndInOrderAcrossWrapsAndPartialPolls) {
