@@ -107,169 +107,190 @@ struct shm_reader::impl {
     }
   }
 
-  // Delivers up to max_records records in batches; returns how many were delivered.
+  // The records gathered for the next callback call, and what one drain has delivered so far.
+  struct sink {
+    shm_records_cb fn;
+    void* user;
+    size_t max_records;
+    size_t nb = 0;
+    size_t delivered = 0;
+    [[nodiscard]] bool full() const noexcept { return delivered + nb >= max_records; }
+  };
+  enum class step { go_on, stop };
+
+  void flush(sink& s) noexcept {
+    if (s.nb == 0) return;
+    s.fn(s.user, batch.data(), s.nb);
+    s.delivered += s.nb;
+    c_records += s.nb;
+    ++c_batches;
+    s.nb = 0;
+  }
+  // Adds one verified record; a full batch goes to the callback and its nodes are released.
+  void push(sink& s, const uint8_t* payload, uint32_t len) noexcept {
+    batch[s.nb++] = shm_record{payload, len};
+    c_bytes += len;
+    if (s.nb == batch.size()) {
+      flush(s);
+      publish(0);
+    }
+  }
+
+  // Delivers up to max_records records in batches; returns how many were delivered. The read loop
+  // only: a head still being written is unblock()'s business.
   // Bounded work: every iteration either stops, or advances rd by at least one node, or retries a
   // CAS that lost to a commit (at most once per record), and the total is capped, so a hostile
   // region cannot keep the reader here.
   size_t drain(shm_records_cb fn, void* u, size_t max_records) noexcept {
-    size_t delivered = 0;
-    size_t nb = 0;
+    sink s{fn, u, max_records};
     uint64_t now = 0;
-    const size_t bmax = batch.size();
     size_t budget = max_records > (~size_t{0} - 64) / 4 ? ~size_t{0} : max_records * 4 + 64;
-    while (delivered + nb < max_records && budget-- > 0) {
-      head_word* head = g.head(rd);
+    while (!s.full() && budget-- > 0) {
       // acquire: pairs with the writer's commit CAS; the payload, len and checksum it wrote
       // before are visible once we see kCommitted.
-      const uint64_t c = head->load(std::memory_order_acquire);
+      const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
       if (!ctl_is(c, rd)) break;  // nothing claimed at rd yet
-      const uint64_t idx = rd & g.mask;
-      const uint32_t st = ctl_state(c);
-      if (st == kPad) {
-        rd += g.nodes - idx;
-        continue;
-      }
-      uint64_t n = ctl_nodes(c);
-      if (n == 0 || idx + n > g.nodes) {  // impossible for a real writer: never trust it
-        ++c_corrupt;
-        rd += (n == 0) ? 1 : g.nodes - idx;
-        continue;
-      }
-      if (st == kCommitted) {
-        const uint8_t* node = g.node(rd);
-        record_prefix pre;
-        std::memcpy(&pre, node, sizeof pre);
-        const uint32_t len = pre.len;
-        const uint32_t sum = pre.checksum;
-        if (len > size_limit && len <= g.max_record) {  // try_receive: leave it at the head
-          too_big = len;
-          break;
-        }
-        rd += n;
-        if (len > g.max_record || g.nodes_for(len) != n) {
-          ++c_corrupt;
-          continue;
-        }
-        const uint8_t* payload = node + kRecordHeaderSize;
-        if (record_checksum(payload, len, rd - n) != sum) {
-          ++c_checksum;
-          continue;
-        }
-        batch[nb++] = shm_record{payload, len};
-        c_bytes += len;
-        if (nb == bmax) {
-          fn(u, batch.data(), nb);
-          delivered += nb;
-          c_records += nb;
-          ++c_batches;
-          nb = 0;
-          publish(0);
-        }
-        continue;
-      }
-      if (st == kBatch) {
-        // The batch's nodes stay unreleased (rd stays on it) until its last item is delivered:
-        // publish() below releases only up to rd.
-        const uint8_t* node = g.node(rd);
-        record_prefix pre;
-        std::memcpy(&pre, node, sizeof pre);
-        const uint64_t blen = pre.len;
-        if (blen > g.max_record || g.nodes_for(blen) != n || pre.checksum == 0) {
-          ++c_corrupt;
-          rd += n;
-          continue;
-        }
-        const uint8_t* body = node + kRecordHeaderSize;
-        uint64_t off = sub_pos == rd ? sub_off : 0;
-        bool paused = false;
-        while (off < blen) {
-          if (delivered + nb >= max_records) {
-            paused = true;
-            break;
-          }
-          record_prefix ip;
-          if (blen - off < sizeof ip) {
-            ++c_corrupt;
-            break;
-          }
-          std::memcpy(&ip, body + off, sizeof ip);
-          const uint64_t step = batch_item_bytes(ip.len);
-          if (step > blen - off) {  // a length that runs past the body: nothing after it is sure
-            ++c_corrupt;
-            break;
-          }
-          if (ip.len > size_limit) {  // try_receive: leave it at the head
-            too_big = ip.len;
-            paused = true;
-            break;
-          }
-          const uint8_t* payload = body + off + kRecordHeaderSize;
-          if (batch_item_checksum(payload, ip.len, rd, off) != ip.checksum) {
-            ++c_checksum;
-            off += step;
-            continue;
-          }
-          off += step;
-          batch[nb++] = shm_record{payload, ip.len};
-          c_bytes += ip.len;
-          if (nb == bmax) {
-            sub_pos = rd;
-            sub_off = off;
-            fn(u, batch.data(), nb);
-            delivered += nb;
-            c_records += nb;
-            ++c_batches;
-            nb = 0;
-            publish(0);
-          }
-        }
-        if (paused) {
-          sub_pos = rd;
-          sub_off = off;
-          break;
-        }
-        sub_pos = ~uint64_t{0};
-        rd += n;
-        continue;
-      }
-      if (st == kWriting) {
-        if (now == 0) now = mono_ns();
-        if (stuck_pos != rd) {
-          stuck_pos = rd;
-          stuck_since = now;
-          break;
-        }
-        if (now - stuck_since < uint64_t{cfg.abandon_timeout_us} * 1000 || nholds == kMaxHolds) {
-          break;
-        }
-        uint64_t expect = c;
-        // acq_rel: on success the writer's later commit CAS fails and it reports abandoned; on
-        // failure the writer committed first and we deliver it on the next iteration.
-        if (!head->compare_exchange_strong(expect, make_ctl(rd, n, kAbandoned),
-                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
-          continue;
-        }
-        ++c_abandoned;
-        holds[nholds++] = hold{rd, now};
-        rd += n;
-        continue;
-      }
-      if (st == kAbandoned || st == kAbandonedAck) {  // skipped by an earlier reader instance
-        rd += n;
-        continue;
-      }
-      ++c_corrupt;
-      rd += n;
+      if (read_head(c, s, &now) == step::stop) break;
     }
-    if (nb > 0) {
-      fn(u, batch.data(), nb);
-      delivered += nb;
-      c_records += nb;
-      ++c_batches;
-    }
+    flush(s);
     publish(now);
     store_counters();
-    return delivered;
+    return s.delivered;
+  }
+
+  // Acts on the head word c of the record at rd (its stamp matches).
+  step read_head(uint64_t c, sink& s, uint64_t* now) noexcept {
+    const uint64_t idx = rd & g.mask;
+    const uint32_t st = ctl_state(c);
+    if (st == kPad) {
+      rd += g.nodes - idx;
+      return step::go_on;
+    }
+    const uint64_t n = ctl_nodes(c);
+    if (n == 0 || idx + n > g.nodes) {  // impossible for a real writer: never trust it
+      ++c_corrupt;
+      rd += (n == 0) ? 1 : g.nodes - idx;
+      return step::go_on;
+    }
+    switch (st) {
+      case kCommitted:
+        return take_record(n, s);
+      case kBatch:
+        return take_batch(n, s);
+      case kWriting:
+        return unblock(c, n, now);
+      case kAbandoned:  // skipped by an earlier reader instance
+      case kAbandonedAck:
+        rd += n;
+        return step::go_on;
+      default:
+        ++c_corrupt;
+        rd += n;
+        return step::go_on;
+    }
+  }
+
+  // A committed single record of n nodes at rd.
+  step take_record(uint64_t n, sink& s) noexcept {
+    const uint8_t* node = g.node(rd);
+    record_prefix pre;
+    std::memcpy(&pre, node, sizeof pre);
+    if (pre.len > size_limit && pre.len <= g.max_record) {  // try_receive: leave it at the head
+      too_big = pre.len;
+      return step::stop;
+    }
+    rd += n;
+    if (pre.len > g.max_record || g.nodes_for(pre.len) != n) {
+      ++c_corrupt;
+      return step::go_on;
+    }
+    const uint8_t* payload = node + kRecordHeaderSize;
+    if (record_checksum(payload, pre.len, rd - n) != pre.checksum) {
+      ++c_checksum;
+      return step::go_on;
+    }
+    push(s, payload, pre.len);
+    return step::go_on;
+  }
+
+  // A committed batch of n nodes at rd, resumed at sub_off when an earlier drain paused in it.
+  // Its nodes stay unreleased (rd stays on it) until its last item is delivered: publish()
+  // releases only up to rd.
+  step take_batch(uint64_t n, sink& s) noexcept {
+    const uint8_t* node = g.node(rd);
+    record_prefix pre;
+    std::memcpy(&pre, node, sizeof pre);
+    const uint64_t blen = pre.len;
+    if (blen > g.max_record || g.nodes_for(blen) != n || pre.checksum == 0) {
+      ++c_corrupt;
+      rd += n;
+      return step::go_on;
+    }
+    const uint8_t* body = node + kRecordHeaderSize;
+    uint64_t off = sub_pos == rd ? sub_off : 0;
+    while (off < blen) {
+      if (s.full()) return pause_batch(off);
+      record_prefix ip;
+      if (blen - off < sizeof ip) {
+        ++c_corrupt;
+        break;
+      }
+      std::memcpy(&ip, body + off, sizeof ip);
+      const uint64_t item_bytes = batch_item_bytes(ip.len);
+      if (item_bytes > blen - off) {  // a length that runs past the body: nothing after it is sure
+        ++c_corrupt;
+        break;
+      }
+      if (ip.len > size_limit) {  // try_receive: leave it at the head
+        too_big = ip.len;
+        return pause_batch(off);
+      }
+      const uint8_t* payload = body + off + kRecordHeaderSize;
+      const bool ok = batch_item_checksum(payload, ip.len, rd, off) == ip.checksum;
+      off += item_bytes;
+      if (!ok) {
+        ++c_checksum;
+        continue;
+      }
+      sub_pos = rd;  // where to resume if the callback below is the last of this drain
+      sub_off = off;
+      push(s, payload, ip.len);
+    }
+    sub_pos = ~uint64_t{0};
+    rd += n;
+    return step::go_on;
+  }
+  step pause_batch(uint64_t off) noexcept {
+    sub_pos = rd;
+    sub_off = off;
+    return step::stop;
+  }
+
+  // The stuck-writer handling: the record at rd (head c, n nodes) is still being written. Waits
+  // abandon_timeout from when it was first seen so; then marks it abandoned so the records behind
+  // it flow, and holds its nodes until the writer acknowledges or reclaim_timeout passes.
+  step unblock(uint64_t c, uint64_t n, uint64_t* now) noexcept {
+    if (*now == 0) *now = mono_ns();
+    if (stuck_pos != rd) {
+      stuck_pos = rd;
+      stuck_since = *now;
+      return step::stop;
+    }
+    if (*now - stuck_since < uint64_t{cfg.abandon_timeout_us} * 1000 || nholds == kMaxHolds) {
+      return step::stop;
+    }
+    uint64_t expect = c;
+    // acq_rel: on success the writer's later commit CAS fails and it reports abandoned; on
+    // failure the writer committed first and we deliver it on the next iteration.
+    if (!g.head(rd)->compare_exchange_strong(expect, make_ctl(rd, n, kAbandoned),
+                                             std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+      return step::go_on;
+    }
+    ++c_abandoned;
+    holds[nholds++] = hold{rd, *now};
+    rd += n;
+    return step::go_on;
   }
 
   // Whether the head holds something to act on now (a record, padding, a skip). kWriting is not:
