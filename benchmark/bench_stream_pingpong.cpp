@@ -38,18 +38,18 @@ int run_server(const std::string& url, int ready_fd) {
   uv_loop_init(&loop);
   stream_channel* chp = nullptr;
   stream_callbacks cb;
-  cb.ctx = &chp;
-  cb.on_received = [](void* ctx, stream_connection* c, const uint8_t* p, size_t n) {
+  void* const ctx = &chp;
+  cb.on_received = [ctx](connection_id c, const uint8_t* p, size_t n) {
     (void)(*static_cast<stream_channel**>(ctx))->send(c, p, n);
   };
-  cb.on_disconnected = [](void* ctx, stream_connection*, errc) {
+  cb.on_disconnected = [ctx](connection_id, errc) {
     (*static_cast<stream_channel**>(ctx))->close();
   };
   stream_channel ch(&loop, stream_config{}, cb);
   chp = &ch;
-  stream_listener* l = nullptr;
+  listener_id l;
   const errc e = ch.listen(url, &l);
-  std::string msg = e == errc::ok ? l->url() : std::string("ERROR ") + to_string(e);
+  std::string msg = e == errc::ok ? ch.listener_url(l) : std::string("ERROR ") + to_string(e);
   msg += '\n';
   if (write(ready_fd, msg.data(), msg.size()) < 0) return 1;
   close(ready_fd);
@@ -61,7 +61,7 @@ int run_server(const std::string& url, int ready_fd) {
 
 struct client {
   stream_channel* ch = nullptr;
-  stream_connection* conn = nullptr;
+  connection_id conn;
   std::vector<uint8_t> msg;
   long warmup = 0;
   long round_trips = 0;
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   stream_callbacks cb;
-  cb.ctx = &c;
-  cb.on_connected = [](void* ctx, stream_connection* conn, errc st) {
+  void* const ctx = &c;
+  cb.on_connected = [ctx](connection_id conn, errc st) {
     auto* self = static_cast<client*>(ctx);
     if (st != errc::ok) {
       std::fprintf(stderr, "pingpong: connect: %s\n", to_string(st));
@@ -145,10 +145,10 @@ int main(int argc, char** argv) {
     self->conn = conn;
     self->ping();
   };
-  cb.on_received = [](void* ctx, stream_connection*, const uint8_t*, size_t n) {
+  cb.on_received = [ctx](connection_id, const uint8_t*, size_t n) {
     static_cast<client*>(ctx)->pong(n);
   };
-  cb.on_disconnected = [](void* ctx, stream_connection*, errc) {
+  cb.on_disconnected = [ctx](connection_id, errc) {
     auto* self = static_cast<client*>(ctx);
     if (!self->finished) self->failed = self->finished = true;
   };

@@ -72,45 +72,45 @@ int main(int argc, char** argv) {
   stream_config cfg;
   cfg.message_limit = std::max<size_t>(kDefaultMessageLimit, r.o.max);
   stream_callbacks cb;
-  cb.ctx = &r;
-  cb.on_accepted = [](void* ctx, stream_connection*) {
+  void* const ctx = &r;
+  cb.on_accepted = [ctx](connection_id) {
     auto* self = static_cast<receiver*>(ctx);
     if (self->deadline == 0) self->deadline = mono_now() + self->o.seconds + 5;
   };
-  cb.on_received = [](void* ctx, stream_connection* c, const uint8_t* p, size_t n) {
+  cb.on_received = [ctx](connection_id c, const uint8_t* p, size_t n) {
     auto* self = static_cast<receiver*>(ctx);
     self->on_message(p, n);
     if (self->got_end) {
-      self->conn_metrics = c->metrics();
+      (void)self->ch->connection_metrics(c, &self->conn_metrics);
       self->ch->close();
     }
   };
-  cb.on_disconnected = [](void* ctx, stream_connection* c, errc reason) {
+  cb.on_disconnected = [ctx](connection_id c, errc reason) {
     auto* self = static_cast<receiver*>(ctx);
     if (!self->got_end) {
       std::fprintf(stderr, "recv: connection ended before the end message: %s\n",
                    to_string(reason));
-      self->conn_metrics = c->metrics();
+      (void)self->ch->connection_metrics(c, &self->conn_metrics);
       ++self->errors;
       self->ch->close();
     }
   };
   stream_channel ch(&loop, cfg, cb);
   r.ch = &ch;
-  stream_listener* l = nullptr;
+  listener_id l;
   const errc e = ch.listen(r.o.url, &l);
   if (e != errc::ok) {
     std::fprintf(stderr, "recv: listen %s: %s\n", r.o.url.c_str(), to_string(e));
     return 1;
   }
-  std::printf("[recv] listening on %s\n", l->url().c_str());
+  std::printf("[recv] listening on %s\n", ch.listener_url(l).c_str());
   std::fflush(stdout);
   const std::string ready = r.o.get("ready");
   if (!ready.empty()) {
     const std::string tmp = ready + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%s\n", l->url().c_str()) < 0 || std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), ready.c_str()) != 0) {
+    if (f == nullptr || std::fprintf(f, "%s\n", ch.listener_url(l).c_str()) < 0 ||
+        std::fclose(f) != 0 || std::rename(tmp.c_str(), ready.c_str()) != 0) {
       std::perror("recv: --ready");
       return 1;
     }

@@ -27,7 +27,7 @@ using namespace uvbus::bench;
 struct sender {
   options o;
   stream_channel* ch = nullptr;
-  stream_connection* conn = nullptr;
+  connection_id conn;
   std::vector<uint8_t> buf;
   uint64_t seq = 0;
   uint64_t bytes = 0;
@@ -43,7 +43,7 @@ struct sender {
 
   // Sends until the queue is full (or the batch is done, or time is up).
   void pump() {
-    if (end_sent || conn == nullptr) return;
+    if (end_sent || !conn) return;
     size_t n_sent = 0;
     for (;;) {
       if ((seq & 255) == 0 && mono_now() >= t_end) {
@@ -54,7 +54,7 @@ struct sender {
       // what make_payload() writes.
       const size_t n = payload_size(seq, 0, o.min, o.max);
       errc e = errc::ok;
-      uint8_t* p = copy ? nullptr : ch->prepare_send(conn, n, 0, &e);
+      uint8_t* p = copy ? nullptr : ch->prepare_send(conn, n, &e);
       if (copy) {
         make_payload(seq, 0, o.min, o.max, buf.data());
         e = ch->send(conn, buf.data(), n);
@@ -71,7 +71,7 @@ struct sender {
         put_le64(head + 8, 0);
         std::memcpy(p, head, std::min<size_t>(n, 16));
         fill_body(p, n, seq);
-        ch->commit_send(conn);
+        (void)ch->commit_send(conn);
       }
       ++seq;
       bytes += n;
@@ -91,7 +91,7 @@ struct sender {
     end_sent = true;
     const double secs = mono_now() - t_start;
     const double cpu = (cpu_now() - c_start) / secs * 100;
-    final_metrics = conn->metrics();
+    (void)ch->connection_metrics(conn, &final_metrics);
     std::printf(
         "[send] msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f write_calls=%llu merged=%llu "
         "refused=%llu\n",
@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
   const long qb = s.o.get_int("queue-bytes", 0);
   if (qb > 0) cfg.queue.ring_bytes = cfg.queue.max_bytes = static_cast<size_t>(qb);
   stream_callbacks cb;
-  cb.ctx = &s;
-  cb.on_connected = [](void* ctx, stream_connection* c, errc st) {
+  void* const ctx = &s;
+  cb.on_connected = [ctx](connection_id c, errc st) {
     auto* self = static_cast<sender*>(ctx);
     if (st != errc::ok) {
       std::fprintf(stderr, "send: connect: %s\n", to_string(st));
@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
     self->t_end = self->t_start + self->o.seconds;
     self->pump();
   };
-  cb.on_writable = [](void* ctx, stream_connection*) {
+  cb.on_writable = [ctx](connection_id) {
     auto* self = static_cast<sender*>(ctx);
     if (!self->end_sent && self->seq > 0 && mono_now() >= self->t_end) {
       self->finish();
@@ -152,12 +152,10 @@ int main(int argc, char** argv) {
       self->pump();
     }
   };
-  cb.on_written = [](void* ctx, stream_connection*, uint64_t, errc st) {
-    // Only failures arrive here (report_written is off).
-    auto* self = static_cast<sender*>(ctx);
-    if (st != errc::ok) self->exit_code = 1;
+  cb.on_send_failed = [ctx](connection_id, uint64_t, uint64_t, errc) {
+    static_cast<sender*>(ctx)->exit_code = 1;
   };
-  cb.on_disconnected = [](void* ctx, stream_connection*, errc reason) {
+  cb.on_disconnected = [ctx](connection_id, errc reason) {
     auto* self = static_cast<sender*>(ctx);
     if (reason != errc::ok) {
       std::fprintf(stderr, "send: disconnected: %s\n", to_string(reason));

@@ -1,9 +1,10 @@
 // Stream channel: framed messages over libuv TCP (ipv4://, ipv6://, dns://) and unix sockets
-// (unix://), with small-packet coalescing (DESIGN §1, §3) and bounded, back-pressured send queues.
+// (unix://), with small-packet coalescing and bounded, back-pressured send queues.
 //
-// Threading: a stream_channel is owned by one uv_loop_t and is single-threaded. Every member
-// function must be called on the loop's thread, and every callback runs on that thread, from inside
-// uv_run() (or from inside stream_channel::close(), see there). Nothing is thread-safe.
+// Threading: a stream_channel belongs to the thread that constructs it, which must run its
+// uv_loop_t. Every member function checks the calling thread first: a call from another thread is
+// a caller bug — debug builds abort naming the function, release builds return errc::wrong_thread
+// (or an empty value) and do nothing. Every callback runs on that thread (see stream_callbacks).
 //
 // SIGPIPE: a write to a peer that has gone raises SIGPIPE, whose default action kills the process.
 // Constructing a stream_channel sets SIGPIPE to SIG_IGN when it is still at its default (a handler
@@ -12,32 +13,30 @@
 //
 // Errors are values (uvbus::errc). Contract shared with libuv, word for word: when a function which
 // takes a callback returns an error, the callback will never be called. Here that means: a send()
-// that returns an error never produces an on_written report for that packet (and leaves nothing
-// queued, so a retry cannot duplicate it); a connect() that returns an error never produces
-// on_connected; a listen() that returns an error never produces on_accepted.
+// that returns an error is never reported (and leaves nothing queued, so a retry cannot duplicate
+// it); a connect() that returns an error never produces on_connected; a listen() that returns an
+// error never produces on_accepted.
 //
-// Lifetime of a connection (stream_connection*, a cheap pointer handle):
-//   * outbound: connect() returns the handle at once; on_connected(conn, status) fires exactly
-//   once.
+// Lifetime of a connection (connection_id, by value):
+//   * outbound: connect() returns the id at once; on_connected(conn, status) fires exactly once.
 //     If status != ok the connection is gone once that callback returns (no on_disconnected).
 //   * inbound: on_accepted(conn) fires when a peer connects to one of our listeners.
 //   * after on_accepted, or on_connected with ok, on_disconnected(conn, reason) fires exactly once.
-//   * the pointer is valid from connect()/on_accepted until the final callback above returns; using
-//     it afterwards is undefined. stream_connection::id() is unique in the process and never
-//     reused, for callers that need a key that cannot dangle.
+//   * the id works from connect()/on_accepted until the final callback above returns; afterwards
+//     every call on it fails cleanly (errc::closed), and it never names another connection.
 //
-// Packet fate: every packet accepted by a successful send() ends in exactly one of
-//   * delivered to the kernel (reported with errc::ok through on_written only if
-//     stream_config::report_written is set), or
-//   * failed (always reported through on_written with the reason, when on_written is set): the
-//     connection died or was disconnected before all of its bytes reached the kernel. A packet
-//     whose bytes were only partly written is reported failed.
-// Reports for one connection come in send() order, and all of them come before on_disconnected.
+// Packet fate (cumulative reports): every packet accepted by a successful send() gets a sequence
+// number on its connection (1, 2, 3, ...) and is covered exactly once, in order, by either
+//   * on_written(conn, through): all of its bytes reached the kernel (one call per write batch,
+//     naming the highest such sequence), or
+//   * on_send_failed(conn, first, last, reason): the connection died, was disconnected with force,
+//     or the channel closed before all of its bytes reached the kernel.
+// All reports of a connection come before its on_disconnected.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,9 +80,6 @@ struct stream_config {
   // Larger frames are written straight from the queue, never copied again. 0 turns coalescing
   // off: one write per packet (what a bus without coalescing does; for comparison).
   size_t merge_threshold = kDefaultMergeThreshold;
-  // Report successful deliveries through on_written too (one call per packet). Failures are always
-  // reported when on_written is set.
-  bool report_written = false;
   bool tcp_nodelay = true;
   bool tcp_keepalive = false;
   unsigned keepalive_delay_s = 60;  // first probe after this idle time, when tcp_keepalive is set
@@ -137,181 +133,191 @@ struct stream_channel_metrics {
   uint64_t connections_rejected = 0;  // accepted then closed at once: max_connections reached
 };
 
-class stream_channel;
-
-// A listening socket. Valid from listen() until close_listener()/close() returns.
-class stream_listener {
- public:
-  stream_listener(const stream_listener&) = delete;
-  stream_listener& operator=(const stream_listener&) = delete;
-
-  // The bound address as a URL: with port 0 in listen(), the port the system chose; dns:// URLs
-  // come back as the ipv4:// or ipv6:// literal they resolved to.
-  [[nodiscard]] const std::string& url() const noexcept { return url_; }
-  [[nodiscard]] uint16_t port() const noexcept { return port_; }
-  [[nodiscard]] void* user_data() const noexcept { return user_data_; }
-  void set_user_data(void* p) noexcept { user_data_ = p; }
-
- protected:
-  stream_listener() = default;
-  ~stream_listener() = default;
-  std::string url_;
-  uint16_t port_ = 0;
-  void* user_data_ = nullptr;
+// A connection, by value: a slot index and a generation, so an id whose connection has ended
+// never matches a later connection (ids are never handed out twice). 0 is never a valid id. Every
+// call taking an id fails cleanly with errc::closed once that connection is gone (after its final
+// callback returned) — never undefined behaviour.
+struct connection_id {
+  uint64_t value = 0;
+  explicit operator bool() const noexcept { return value != 0; }
+  friend bool operator==(connection_id a, connection_id b) noexcept { return a.value == b.value; }
+  friend bool operator!=(connection_id a, connection_id b) noexcept { return a.value != b.value; }
+  friend bool operator<(connection_id a, connection_id b) noexcept { return a.value < b.value; }
 };
 
-// A connection handle; see the lifetime rules at the top of this file.
-class stream_connection {
- public:
-  stream_connection(const stream_connection&) = delete;
-  stream_connection& operator=(const stream_connection&) = delete;
-
-  // Unique within the process (across channels), never reused, never 0.
-  [[nodiscard]] uint64_t id() const noexcept { return id_; }
-  [[nodiscard]] void* user_data() const noexcept { return user_data_; }
-  void set_user_data(void* p) noexcept { user_data_ = p; }
-  // True for connections made with connect(), false for accepted ones.
-  [[nodiscard]] bool outbound() const noexcept { return outbound_; }
-  // The listener that accepted this connection (nullptr for outbound ones). It may have been
-  // closed since; compare only, do not dereference then.
-  [[nodiscard]] const stream_listener* listener() const noexcept { return listener_; }
-  // The URL given to connect(), or for accepted TCP connections the peer's address
-  // ("ipv4://1.2.3.4:5678"); for accepted unix connections the listener's URL.
-  [[nodiscard]] const std::string& peer_url() const noexcept { return peer_url_; }
-  [[nodiscard]] const stream_connection_metrics& metrics() const noexcept { return metrics_; }
-
- protected:
-  stream_connection() = default;
-  ~stream_connection() = default;
-  uint64_t id_ = 0;
-  void* user_data_ = nullptr;
-  bool outbound_ = false;
-  const stream_listener* listener_ = nullptr;
-  std::string peer_url_;
-  stream_connection_metrics metrics_;
+// A listening socket, by value: unique in the process, never reused, 0 never valid. Calls on a
+// closed listener's id fail with errc::closed (or return an empty value).
+struct listener_id {
+  uint64_t value = 0;
+  explicit operator bool() const noexcept { return value != 0; }
+  friend bool operator==(listener_id a, listener_id b) noexcept { return a.value == b.value; }
+  friend bool operator!=(listener_id a, listener_id b) noexcept { return a.value != b.value; }
+  friend bool operator<(listener_id a, listener_id b) noexcept { return a.value < b.value; }
 };
 
-// Callbacks: plain function pointers plus one context pointer (no std::function per packet). Any
-// of them may be null. They may call any stream_channel member function, including send(),
-// disconnect() and close() on the same connection or channel, but must not destroy the channel.
+// Callbacks: std::function members, any of which may be empty; set at construction or with
+// set_callbacks(). Contract shared by all of them:
+//   * Thread: they run on the loop's thread, from inside uv_run() — never from inside a member
+//     function call, except close(), which reports every connection's fate before it returns.
+//   * Re-entrancy: a callback may call any member function of the channel, including send(),
+//     disconnect() and close(), on any connection. It must NOT destroy the channel (call close()
+//     and destroy it after the callback returned); debug builds abort if it does.
+//   * Ids: the id passed in stays valid (calls on it work) until the connection's final callback
+//     (on_disconnected, or on_connected with an error) returns.
 struct stream_callbacks {
-  void* ctx = nullptr;  // passed back as the first argument of every callback
-
-  // A peer connected to one of our listeners. conn->listener() tells which one.
-  void (*on_accepted)(void* ctx, stream_connection* conn) = nullptr;
+  // A peer connected to one of our listeners (listener(conn) tells which one).
+  std::function<void(connection_id conn)> on_accepted;
 
   // An outbound connect() finished: status ok, or connection_refused, resolve_failed, timeout,
-  // cancelled (disconnect() or close() before it connected), io_error, ... On failure conn is
-  // released when this returns.
-  void (*on_connected)(void* ctx, stream_connection* conn, errc status) = nullptr;
+  // cancelled (disconnect() or close() before it connected), io_error, ... On failure this is the
+  // connection's final callback (no on_disconnected follows).
+  std::function<void(connection_id conn, errc status)> on_connected;
 
-  // The connection ended; fires once, after every report of its packets. reason: ok (graceful
-  // disconnect() completed), cancelled (disconnect(force)), closed (channel close()),
-  // connection_reset (peer closed or reset), bad_hash / oversize / bad_varint (the peer sent a
-  // corrupt stream; counted in decode_errors), io_error, ... conn is released when this returns.
-  void (*on_disconnected)(void* ctx, stream_connection* conn, errc reason) = nullptr;
+  // The connection ended; fires once, after every on_written / on_send_failed of its packets.
+  // reason:
+  //   ok                 a graceful end: our disconnect(graceful) completed, or the peer closed
+  //                      the connection at a frame boundary (a clean EOF, e.g. the peer's own
+  //                      graceful disconnect or close())
+  //   closed             our channel was close()d
+  //   connection_reset   the peer reset the connection, or its EOF cut a frame in the middle
+  //   cancelled          disconnect(force)
+  //   bad_hash / oversize / bad_varint  the peer sent a corrupt stream (counted in decode_errors)
+  //   timeout            partial_frame_timeout_ms, io_error, ...
+  std::function<void(connection_id conn, errc reason)> on_disconnected;
 
-  // One whole, checksum-verified message. The view [data, data + size) points into the channel's
-  // read buffer (or a partial-frame buffer) and is valid only until this callback returns: copy
-  // what you keep. Messages of one connection arrive in order. If the callback disconnects the
+  // One whole, checksum-verified message. [data, data + size) points into the channel's read
+  // buffer (or a partial-frame buffer) and is valid only until this callback returns: copy what
+  // you keep. Messages of one connection arrive in order. If the callback disconnects the
   // connection (or closes the channel), no further message of that connection is delivered.
-  void (*on_received)(void* ctx, stream_connection* conn, const uint8_t* data,
-                      size_t size) = nullptr;
+  std::function<void(connection_id conn, const uint8_t* data, size_t size)> on_received;
 
-  // The fate of one packet accepted by send(), identified by the tag given to send(). status ok:
-  // all of its bytes reached the kernel (only with stream_config::report_written). Otherwise the
-  // packet was not (fully) sent: the reason is the connection's error, cancelled (force
-  // disconnect) or closed (channel close()).
-  void (*on_written)(void* ctx, stream_connection* conn, uint64_t tag, errc status) = nullptr;
+  // Cumulative delivery report: every packet of conn with sequence <= written_through has had all
+  // of its bytes accepted by the kernel. Fires at most once per completed write batch (one flush of
+  // the connection, however many packets it carried), only when set, and costs nothing per packet.
+  std::function<void(connection_id conn, uint64_t written_through)> on_written;
+
+  // The accepted packets first..last (sequence numbers, inclusive) of conn will never be written:
+  // the connection died (reason: its error), was disconnected with force (cancelled) or the
+  // channel was closed (closed). Fires at most once per connection, after its last on_written and
+  // before on_disconnected. A packet whose bytes were only partly written is in this range.
+  // Together, on_written and on_send_failed cover every accepted packet exactly once.
+  std::function<void(connection_id conn, uint64_t first, uint64_t last, errc reason)>
+      on_send_failed;
 
   // Back-pressure release: a send() on conn returned queue_full, and the queue has since drained to
   // at most half of its byte limit and half of its packet limit. Fires once per queue_full episode,
   // never if the connection ends first. Typical use: send until queue_full, resume here.
-  void (*on_writable)(void* ctx, stream_connection* conn) = nullptr;
+  std::function<void(connection_id conn)> on_writable;
 };
 
 class stream_channel {
  public:
   // Never fails: an invalid configuration (see validate()) makes listen() and connect() return
-  // errc::invalid_argument. The loop must outlive the channel and be run after destruction until
-  // the channel's handles have closed (as usual with libuv).
+  // errc::invalid_argument (last_error() says which field). The loop must outlive the channel and
+  // be run after destruction until the channel's handles have closed (as usual with libuv). The
+  // channel belongs to the constructing thread, which must be the loop's thread.
   explicit stream_channel(uv_loop_t* loop, const stream_config& cfg = {},
-                          const stream_callbacks& cbs = {});
-  // Closes like close(), but WITHOUT calling any callback (the owner is going away).
+                          stream_callbacks cbs = {});
+  // Closes like close(), but WITHOUT calling any callback (the owner is going away). Must not run
+  // inside one of the channel's callbacks.
   ~stream_channel();
   stream_channel(const stream_channel&) = delete;
   stream_channel& operator=(const stream_channel&) = delete;
 
   // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid or too
-  // small for one frame of message_limit, read_buffer_size < 4 KiB, backlog <= 0.
-  [[nodiscard]] static errc validate(const stream_config& cfg) noexcept;
+  // small for one frame of message_limit, read_buffer_size is below 4 KiB or above 1 GiB, backlog
+  // <= 0. *detail (if given) names the field and the rule.
+  [[nodiscard]] static errc validate(const stream_config& cfg,
+                                     std::string* detail = nullptr) noexcept;
 
-  // Replaces the callbacks (e.g. to set ctx after construction). Takes effect at once.
-  void set_callbacks(const stream_callbacks& cbs) noexcept;
+  // Replaces the callbacks. Takes effect at once (also inside a callback: the next event uses the
+  // new ones). Ignored after close().
+  errc set_callbacks(stream_callbacks cbs);
 
   // Binds and listens. ipv4://, ipv6:// (both bracketed and libatbus forms), dns:// (resolved
   // synchronously here; the first address is used) and unix://. Port 0 picks a free port: read it
-  // back with (*out)->url() or port(). Unix: a stale socket file whose listener is dead is
-  // replaced; a file with a live listener gives address_in_use; a path that exists but is not a
+  // back with listener_url() or listener_port(). Unix: a stale socket file whose listener is dead
+  // is replaced; a file with a live listener gives address_in_use; a path that exists but is not a
   // socket gives already_exists. The file gets stream_config::unix_socket_mode and is removed when
-  // the listener closes. Errors: bad_url, unsupported_scheme, invalid_argument, closed,
-  // address_in_use, permission_denied, resolve_failed, already_exists, io_error.
-  [[nodiscard]] errc listen(std::string_view url, stream_listener** out = nullptr,
+  // the listener closes. Errors (last_error() names the URL and the problem): bad_url,
+  // unsupported_scheme, invalid_argument, closed, address_in_use, permission_denied,
+  // resolve_failed, already_exists, io_error.
+  [[nodiscard]] errc listen(std::string_view url, listener_id* out = nullptr,
                             void* user_data = nullptr);
   // Stops listening (connections it accepted stay open) and removes a unix socket file.
-  [[nodiscard]] errc close_listener(stream_listener* l);
+  // Errors: closed (unknown or already closed listener, or channel closed).
+  errc close_listener(listener_id l);
+  // The bound address as a URL: with port 0 in listen(), the port the system chose; dns:// URLs
+  // come back as the ipv4:// or ipv6:// literal they resolved to. Empty for an unknown listener.
+  [[nodiscard]] std::string listener_url(listener_id l) const;
+  [[nodiscard]] uint16_t listener_port(listener_id l) const;  // 0 for an unknown listener
+  [[nodiscard]] void* listener_user_data(listener_id l) const;
 
   // Starts connecting; the result comes through on_connected. dns:// names are resolved with
-  // uv_getaddrinfo and every address returned is tried in order. *out (if given) receives the
-  // handle at once, e.g. to disconnect() a pending connect or to set_user_data() before
-  // on_connected. Errors (no callback then): bad_url, unsupported_scheme, invalid_argument, closed,
-  // no_memory, and immediate system errors.
-  [[nodiscard]] errc connect(std::string_view url, stream_connection** out = nullptr,
+  // uv_getaddrinfo and every address returned is tried in order. *out (if given) receives the id
+  // at once, e.g. to disconnect() a pending connect. Errors (no callback then; last_error() names
+  // the URL and the problem): bad_url, unsupported_scheme, invalid_argument, closed, no_memory,
+  // and immediate system errors.
+  [[nodiscard]] errc connect(std::string_view url, connection_id* out = nullptr,
                              void* user_data = nullptr);
 
   // Ends a connection (see disconnect_mode). The callbacks fire later from the loop, never from
   // inside this call. Calling it again upgrades graceful to force; otherwise it returns closed.
-  // A pending connect ends with on_connected(cancelled). Errors: invalid_argument, closed.
-  [[nodiscard]] errc disconnect(stream_connection* conn,
-                                disconnect_mode mode = disconnect_mode::graceful);
+  // A pending connect ends with on_connected(cancelled). Errors: closed (gone or ending).
+  errc disconnect(connection_id conn, disconnect_mode mode = disconnect_mode::graceful);
 
   // Queues one message (the frame is encoded and hashed once, into the connection's queue) and
   // schedules a write: if none is in flight, the packet goes to the kernel before the loop next
   // blocks for I/O (in the current loop iteration), coalesced with every other small packet sent
-  // to this connection meanwhile. The caller's bytes are copied before send() returns.
-  // Errors (nothing is queued, no callback fires):
+  // to this connection meanwhile. The caller's bytes are copied before send() returns. On success
+  // *seq (if given) receives the packet's sequence number on conn: 1, 2, 3, ... in send order, the
+  // numbers on_written and on_send_failed report. Errors (nothing is queued, no callback fires):
   //   message_too_large  size > message_limit
   //   queue_full         the queue is full now (retriable; on_writable tells when to retry)
   //   not_connected      still connecting (retriable)
-  //   closed             disconnect() was called, the connection is ending, or the channel closed
-  //   invalid_argument   null conn, or data == nullptr with size > 0
-  [[nodiscard]] errc send(stream_connection* conn, const void* data, size_t size, uint64_t tag = 0);
-  // Gather form: the message is the concatenation of bufs[0..n).
-  [[nodiscard]] errc send(stream_connection* conn, const const_buffer* bufs, size_t n,
-                          uint64_t tag = 0);
-  [[nodiscard]] errc send(stream_connection* conn, std::initializer_list<const_buffer> bufs,
-                          uint64_t tag = 0) {
-    return send(conn, bufs.begin(), bufs.size(), tag);
-  }
+  //   closed             the connection is gone or ending, disconnect() was called, or the channel
+  //                      closed
+  //   invalid_argument   data == nullptr with size > 0
+  [[nodiscard]] errc send(connection_id conn, const void* data, size_t size,
+                          uint64_t* seq = nullptr);
+  // Gather form: the message is the concatenation of bufs[0..count).
+  [[nodiscard]] errc sendv(connection_id conn, const const_buffer* bufs, size_t count,
+                           uint64_t* seq = nullptr);
 
   // In-place form, for messages built directly in the send queue (saves the copy send() makes):
   // prepare_send() reserves room for a payload of exactly `size` bytes in conn's queue and returns
   // where to write it; commit_send() then hashes the payload, completes the frame and schedules the
-  // write exactly like send(). On failure prepare_send() returns nullptr and sets *err to one of
-  // send()'s errors (or invalid_argument while another reservation on conn is open); nothing is
-  // queued. Between the two calls nothing else may be sent on conn, and control must not return to
-  // the loop; cancel_send() drops the reservation instead (nothing is queued or reported).
-  [[nodiscard]] uint8_t* prepare_send(stream_connection* conn, size_t size, uint64_t tag = 0,
-                                      errc* err = nullptr);
-  void commit_send(stream_connection* conn);
-  void cancel_send(stream_connection* conn);
+  // write exactly like send(), and gives the sequence number. On failure prepare_send() returns
+  // nullptr and sets *err to one of send()'s errors (or invalid_argument while another reservation
+  // on conn is open); nothing is queued. Between the two calls nothing else may be sent on conn,
+  // and control must not return to the loop; cancel_send() drops the reservation instead (nothing
+  // is queued or reported). A reservation is not a packet: if the connection ends before
+  // commit_send(), commit_send() returns closed and nothing is reported for it.
+  [[nodiscard]] uint8_t* prepare_send(connection_id conn, size_t size, errc* err = nullptr);
+  errc commit_send(connection_id conn, uint64_t* seq = nullptr);
+  void cancel_send(connection_id conn);
 
   // Receive-side flow control: stop / restart reading from conn. Called from on_received, the
   // pause takes effect after the messages of the chunk being delivered (they already left the
   // kernel and live in the shared read buffer); no further read is made until resume_reading().
-  // Errors: invalid_argument, closed, not_connected.
-  [[nodiscard]] errc pause_reading(stream_connection* conn);
-  [[nodiscard]] errc resume_reading(stream_connection* conn);
+  // Errors: closed, not_connected.
+  errc pause_reading(connection_id conn);
+  errc resume_reading(connection_id conn);
+
+  // What a connection handle used to carry, by id. Each fails cleanly on a gone id: false,
+  // nullptr, an empty string or errc::closed.
+  [[nodiscard]] bool is_open(connection_id conn) const;  // known and not yet released
+  bool set_user_data(connection_id conn, void* p);
+  [[nodiscard]] void* user_data(connection_id conn) const;
+  // True for connections made with connect(), false for accepted ones (and gone ids).
+  [[nodiscard]] bool outbound(connection_id conn) const;
+  // The listener that accepted conn (0 for outbound connections and gone ids). It may have been
+  // closed since.
+  [[nodiscard]] listener_id listener(connection_id conn) const;
+  // The URL given to connect(), or for accepted TCP connections the peer's address
+  // ("ipv4://1.2.3.4:5678"); for accepted unix connections the listener's URL.
+  [[nodiscard]] std::string peer_url(connection_id conn) const;
+  errc connection_metrics(connection_id conn, stream_connection_metrics* out) const;
 
   // Closes every listener (removing unix socket files) and every connection. Synchronously, before
   // it returns: every packet still queued or in flight is reported failed (errc::closed) exactly
@@ -319,12 +325,16 @@ class stream_channel {
   // on_disconnected(closed). No callback fires after close() returns; every later call returns
   // errc::closed. Idempotent. Run the loop afterwards so libuv can release the handles.
   void close();
-  [[nodiscard]] bool closed() const noexcept;
+  [[nodiscard]] bool closed() const;
+
+  // The last error a call returned, with the detail naming the URL/field and the rule; a call
+  // that returns ok leaves it unchanged.
+  [[nodiscard]] const error_info& last_error() const;
 
   // Counters over the channel's lifetime (sums over live and closed connections).
-  [[nodiscard]] stream_channel_metrics metrics() const noexcept;
-  [[nodiscard]] const stream_config& config() const noexcept;
-  [[nodiscard]] uv_loop_t* loop() const noexcept;
+  [[nodiscard]] stream_channel_metrics metrics() const;
+  [[nodiscard]] const stream_config& config() const;  // any thread (immutable)
+  [[nodiscard]] uv_loop_t* loop() const;              // any thread (immutable)
 
   struct impl;  // private, in src/stream/
 

@@ -108,7 +108,7 @@ proto::header node::impl::make_header(msg_type t, bus_id target, uint64_t seq) c
 
 errc node::impl::send_control(link* lk, proto::header hd, const std::vector<uint8_t>& body) {
   const std::vector<uint8_t> m = proto::build(hd, body);
-  return streams->send(lk->conn, m.data(), m.size(), 0);
+  return streams->send(lk->conn, m.data(), m.size());
 }
 
 void node::impl::close_link(link* lk, errc why, disconnect_mode mode) {
@@ -126,7 +126,6 @@ stream_config node::impl::link_stream_config() const {
   sc.queue.ring_bytes = std::max(cfg.link_queue_bytes, 2 * (sc.message_limit + 64));
   sc.queue.max_bytes = sc.queue.ring_bytes;
   sc.queue.max_blocks = cfg.link_queue_packets;
-  sc.report_written = static_cast<bool>(cbs.on_report);
   sc.tcp_nodelay = cfg.tcp_nodelay;
   sc.connect_timeout_ms = cfg.handshake_timeout_ms;
   return sc;
@@ -134,14 +133,16 @@ stream_config node::impl::link_stream_config() const {
 
 std::unique_ptr<stream_channel> node::impl::make_channel() {
   stream_callbacks scb;
-  scb.ctx = this;
-  scb.on_accepted = &impl::s_accepted;
-  scb.on_connected = &impl::s_connected;
-  scb.on_disconnected = &impl::s_disconnected;
-  scb.on_received = &impl::s_received;
-  scb.on_written = &impl::s_written;
-  scb.on_writable = &impl::s_writable;
-  return std::make_unique<stream_channel>(loop, link_stream_config(), scb);
+  scb.on_accepted = [this](connection_id c) { s_accepted(c); };
+  scb.on_connected = [this](connection_id c, errc status) { s_connected(c, status); };
+  scb.on_disconnected = [this](connection_id c, errc reason) { s_disconnected(c, reason); };
+  scb.on_received = [this](connection_id c, const uint8_t* d, size_t n) { s_received(c, d, n); };
+  scb.on_written = [this](connection_id c, uint64_t through) { s_written(c, through); };
+  scb.on_send_failed = [this](connection_id c, uint64_t first, uint64_t last, errc reason) {
+    s_send_failed(c, first, last, reason);
+  };
+  scb.on_writable = [this](connection_id c) { s_writable(c); };
+  return std::make_unique<stream_channel>(loop, link_stream_config(), std::move(scb));
 }
 
 errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>* rd,
@@ -159,10 +160,10 @@ errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>*
       urls->push_back(shm_url);
       continue;
     }
-    stream_listener* l = nullptr;
+    listener_id l;
     const errc e = ch->listen(u, &l);
     if (e != errc::ok) return refuse_call(e, field + "listening failed: " + to_string(e));
-    urls->push_back(l->url());
+    urls->push_back(ch->listener_url(l));
   }
   if (*rd) {
     const errc e = (*rd)->start(loop, &impl::on_shm_records, this);

@@ -83,10 +83,11 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
     p->shm.reset();
   }
   if (p->lk == nullptr || p->lk->state != link_state::registered) return errc::not_connected;
-  // Without on_report the channel reports failures only: nothing to pair them with.
+  // Without on_report there is nothing to pair the channel's reports with.
   const uint64_t ctag = cbs.on_report ? tag : 0;
-  const errc e = streams->send(p->lk->conn, bufs, n, ctag);
-  if (e == errc::ok && ctag != 0) p->lk->reports.push_back({ctag, target});
+  uint64_t seq = 0;
+  const errc e = streams->sendv(p->lk->conn, bufs, n, &seq);
+  if (e == errc::ok && ctag != 0) p->lk->reports.push_back({seq, ctag, target});
   if (e == errc::queue_full) p->user_blocked = true;
   if (via_shm != nullptr) *via_shm = false;
   return e;
@@ -329,7 +330,7 @@ void node::impl::tick() {
     }
   }
   for (link* lk : expired) {
-    log(log_level::warn, "connection %s: handshake timed out", lk->conn->peer_url().c_str());
+    log(log_level::warn, "connection %s: handshake timed out", streams->peer_url(lk->conn).c_str());
     close_link(lk, errc::timeout);
   }
   expire_queue(&parent_pending, now);

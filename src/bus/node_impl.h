@@ -75,7 +75,9 @@ struct pending_queue {
 
 struct link;
 
+// A reported message on a stream link: its stream sequence number and what to report.
 struct in_flight {
+  uint64_t seq;
   uint64_t tag;
   bus_id target;
 };
@@ -108,8 +110,8 @@ enum class link_state : uint8_t {
 };
 
 struct link {
-  stream_connection* conn = nullptr;
-  uint64_t conn_id = 0;
+  connection_id conn;
+  uint64_t conn_id = 0;  // conn.value, the key in impl::links
   link_state state = link_state::connecting;
   bool outbound = false;
   bool is_parent = false;
@@ -121,8 +123,8 @@ struct link {
   errc close_reason = errc::ok;  // set when we close it for a reason of our own
   bool paused = false;
   bool reported = false;  // parent link: on_registration already told about this attempt
-  // Tags of reported packets sent on this link, in send order (the channel reports each
-  // connection's packets in send order, so the front always matches the next report).
+  // Messages awaiting their next-hop report, in stream sequence order: on_written(through) pops
+  // every entry with seq <= through, on_send_failed(first, last) every entry with seq <= last.
   std::deque<in_flight> reports;
 };
 
@@ -302,21 +304,25 @@ struct node::impl {
   void on_lookup(bus_id target, errc st, const uint8_t* p, size_t n);
 
   // --------------------------------------------------------------------------------- links --
-  link* add_link(stream_connection* c, bool outbound);
+  link* add_link(connection_id c, bool outbound);
   void connect_parent();
   void schedule_reconnect();
   static void on_reconnect_timer(uv_timer_t* t);
   void registration_result(errc e, const std::string& detail);
 
   // ---------------------------------------------------------------------- stream callbacks --
-  static impl* from(void* ctx) { return static_cast<impl*>(ctx); }
-  static link* link_of(stream_connection* c) { return static_cast<link*>(c->user_data()); }
-  static void s_accepted(void* ctx, stream_connection* c);
-  static void s_connected(void* ctx, stream_connection* c, errc status);
-  static void s_disconnected(void* ctx, stream_connection* c, errc reason);
-  static void s_written(void* ctx, stream_connection* c, uint64_t tag, errc status);
-  static void s_writable(void* ctx, stream_connection* c);
-  static void s_received(void* ctx, stream_connection* c, const uint8_t* data, size_t size);
+  link* link_of(connection_id c) const {
+    auto it = links.find(c.value);
+    return it == links.end() ? nullptr : it->second.get();
+  }
+  void s_accepted(connection_id c);
+  void s_connected(connection_id c, errc status);
+  void s_disconnected(connection_id c, errc reason);
+  // Cumulative stream reports: one pass over the link's FIFO of reported messages.
+  void s_written(connection_id c, uint64_t written_through);
+  void s_send_failed(connection_id c, uint64_t first, uint64_t last, errc reason);
+  void s_writable(connection_id c);
+  void s_received(connection_id c, const uint8_t* data, size_t size);
   void protocol_violation(link* lk, const char* what);
 
   // ------------------------------------------------------------------ handshake: connector --

@@ -25,15 +25,14 @@ using detail::sibling_entry;
 using proto::msg_type;
 
 // ----------------------------------------------------------------------------------- links --
-link* node::impl::add_link(stream_connection* c, bool outbound) {
+link* node::impl::add_link(connection_id c, bool outbound) {
   auto lk = std::make_unique<link>();
   lk->conn = c;
-  lk->conn_id = c->id();
+  lk->conn_id = c.value;
   lk->outbound = outbound;
   lk->state = outbound ? link_state::connecting : link_state::await_register;
   lk->deadline_ms = now_ms() + cfg.handshake_timeout_ms +
                     (outbound ? cfg.handshake_timeout_ms : 0);  // connect + handshake
-  c->set_user_data(lk.get());
   link* raw = lk.get();
   links[raw->conn_id] = std::move(lk);
   return raw;
@@ -44,7 +43,7 @@ void node::impl::connect_parent() {
       parent_failed) {
     return;
   }
-  stream_connection* c = nullptr;
+  connection_id c;
   const std::string& url = cfg.parent_urls[parent_index % cfg.parent_urls.size()];
   const errc e = streams->connect(url, &c);
   if (e != errc::ok) {
@@ -85,8 +84,8 @@ void node::impl::registration_result(errc e, const std::string& detail) {
 }
 
 // ------------------------------------------------------------------------ stream callbacks --
-void node::impl::s_accepted(void* ctx, stream_connection* c) {
-  impl* n = from(ctx);
+void node::impl::s_accepted(connection_id c) {
+  impl* n = this;
   link* lk = n->add_link(c, false);
   if (n->state != run_state::running) {
     n->close_link(lk, errc::closed);
@@ -109,8 +108,8 @@ void node::impl::s_accepted(void* ctx, stream_connection* c) {
   }
 }
 
-void node::impl::s_connected(void* ctx, stream_connection* c, errc status) {
-  impl* n = from(ctx);
+void node::impl::s_connected(connection_id c, errc status) {
+  impl* n = this;
   link* lk = link_of(c);
   if (lk == nullptr) return;
   if (status == errc::ok) {
@@ -121,33 +120,42 @@ void node::impl::s_connected(void* ctx, stream_connection* c, errc status) {
   n->link_gone(lk, status);
 }
 
-void node::impl::s_disconnected(void* ctx, stream_connection* c, errc reason) {
-  impl* n = from(ctx);
+void node::impl::s_disconnected(connection_id c, errc reason) {
+  impl* n = this;
   link* lk = link_of(c);
   if (lk == nullptr) return;
-  n->link_gone(lk, lk->close_reason != errc::ok ? lk->close_reason : reason);
+  if (lk->close_reason != errc::ok) {
+    reason = lk->close_reason;
+  } else if (reason == errc::ok) {
+    reason = errc::connection_reset;  // the peer ended the link (a clean EOF): it is lost to us
+  }
+  n->link_gone(lk, reason);
 }
 
-void node::impl::s_written(void* ctx, stream_connection* c, uint64_t tag, errc status) {
-  impl* n = from(ctx);
-  if (tag == 0) return;
+void node::impl::s_written(connection_id c, uint64_t written_through) {
   link* lk = link_of(c);
   if (lk == nullptr) return;
-  // Reports come in send order; the front entry is this packet.
-  while (!lk->reports.empty()) {
+  while (!lk->reports.empty() && lk->reports.front().seq <= written_through) {
     const in_flight f = lk->reports.front();
     lk->reports.pop_front();
-    if (f.tag == tag) {
-      n->channel_outcome(f.tag, f.target, status);
-      return;
-    }
-    // Not expected (the channel reports every tagged packet), but never lose a report.
-    n->channel_outcome(f.tag, f.target, errc::io_error);
+    channel_outcome(f.tag, f.target, errc::ok);
   }
 }
 
-void node::impl::s_writable(void* ctx, stream_connection* c) {
-  impl* n = from(ctx);
+void node::impl::s_send_failed(connection_id c, uint64_t /*first*/, uint64_t last, errc reason) {
+  link* lk = link_of(c);
+  if (lk == nullptr) return;
+  // Every entry up to `last` is in the failed range: the ones before `first` were reported
+  // written already.
+  while (!lk->reports.empty() && lk->reports.front().seq <= last) {
+    const in_flight f = lk->reports.front();
+    lk->reports.pop_front();
+    channel_outcome(f.tag, f.target, reason);
+  }
+}
+
+void node::impl::s_writable(connection_id c) {
+  impl* n = this;
   link* lk = link_of(c);
   if (lk == nullptr || lk->peer == nullptr) return;
   peer_ep* p = lk->peer;
@@ -158,8 +166,8 @@ void node::impl::s_writable(void* ctx, stream_connection* c) {
   }
 }
 
-void node::impl::s_received(void* ctx, stream_connection* c, const uint8_t* data, size_t size) {
-  impl* n = from(ctx);
+void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
+  impl* n = this;
   link* lk = link_of(c);
   if (lk == nullptr || lk->state == link_state::closing) return;
   proto::header hd;
@@ -231,7 +239,7 @@ void node::impl::protocol_violation(link* lk, const char* what) {
   ++counters.protocol_errors;
   char buf[160];
   std::snprintf(buf, sizeof buf, "connection %" PRIu64 " (%s): %s", lk->conn_id,
-                lk->conn->peer_url().c_str(), what);
+                streams->peer_url(lk->conn).c_str(), what);
   error(errc::protocol_error, buf);
   close_link(lk, errc::protocol_error);
 }
@@ -284,7 +292,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   }
   if (result == errc::ok && lk->is_parent && rr.info.id == self) result = errc::duplicate_id;
   if (result != errc::ok) {
-    log(log_level::warn, "registration to %s refused: %s (%s)", lk->conn->peer_url().c_str(),
+    log(log_level::warn, "registration to %s refused: %s (%s)", streams->peer_url(lk->conn).c_str(),
         to_string(result), rr.message.c_str());
     lk->close_reason = result;
     if (lk->is_parent) {
@@ -334,7 +342,8 @@ void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto:
   ++counters.registrations_refused;
   char buf[256];
   std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " (pid %u, %s) from %s: %s",
-                who.id, who.pid, who.hostname.c_str(), lk->conn->peer_url().c_str(), msg.c_str());
+                who.id, who.pid, who.hostname.c_str(), streams->peer_url(lk->conn).c_str(),
+                msg.c_str());
   error(why, buf);
   proto::register_reply_body rr;
   rr.status = proto::reason_from_errc(why);
@@ -478,7 +487,6 @@ void node::impl::link_gone(link* lk, errc reason) {
     owned = std::move(it->second);
     links.erase(it);
   }
-  lk->conn->set_user_data(nullptr);
   // Anything still awaiting a channel report on this link failed with it (the channel reports
   // every packet before on_disconnected, so this is only a safety net).
   while (!lk->reports.empty()) {

@@ -86,7 +86,7 @@ void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
     sibling_via_parent(target, "no stream address");
     return;
   }
-  stream_connection* c = nullptr;
+  connection_id c;
   if (streams->connect(url, &c) != errc::ok) {
     sibling_via_parent(target, "connect failed");
     return;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -65,14 +67,56 @@ void add_totals(stream_connection_metrics& to, const stream_connection_metrics& 
 
 }  // namespace detail
 
+namespace detail {
+
 namespace {
-
-std::atomic<uint64_t> g_next_id{1};
-
+// Generations of connection ids and listener ids: process-wide, so an id is never reused.
+std::atomic<uint32_t> g_next_gen{1};
+std::atomic<uint64_t> g_next_listener{1};
 }  // namespace
 
-stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, const stream_callbacks& cbs)
-    : loop(l), cfg(c), cb(cbs), cfg_error(validate(c)) {
+connection_id conn_table::add(conn_impl* c) {
+  uint32_t gen = g_next_gen.fetch_add(1, std::memory_order_relaxed);
+  if (gen == 0) gen = g_next_gen.fetch_add(1, std::memory_order_relaxed);  // after wrap-around
+  uint32_t idx = 0;
+  if (free_head_ != UINT32_MAX) {
+    idx = free_head_;
+    free_head_ = slots_[idx].next_free;
+  } else {
+    idx = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  slots_[idx].c = c;
+  slots_[idx].gen = gen;
+  return connection_id{uint64_t{gen} << 32 | idx};
+}
+
+void conn_table::remove(connection_id id) noexcept {
+  const auto idx = static_cast<uint32_t>(id.value);
+  slot& s = slots_[idx];
+  s.c = nullptr;
+  s.gen = 0;
+  s.next_free = free_head_;
+  free_head_ = idx;
+}
+
+callback_scope::callback_scope(stream_channel::impl* c) noexcept : ch(c) {
+  ++ch->callback_depth;
+}
+
+callback_scope::~callback_scope() {
+  if (--ch->callback_depth == 0 && ch->has_next_cb) {
+    ch->has_next_cb = false;
+    if (!ch->closed) ch->cb = std::move(ch->next_cb);
+    ch->next_cb = stream_callbacks{};
+  }
+}
+
+}  // namespace detail
+
+stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callbacks cbs)
+    : loop(l), cfg(c), cb(std::move(cbs)) {
+  cfg_error = validate(c, &cfg_detail);
   merge_cap = std::max({kMinMergeBuffer, cfg.message_limit + kFrameMaxHeader, cfg.merge_threshold});
   const size_t byte_cap = cfg.queue.max_bytes != 0 ? cfg.queue.max_bytes : cfg.queue.ring_bytes;
   low_bytes = byte_cap / 2;
@@ -96,12 +140,13 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, const stream_ca
   handles = 3;
 }
 
+// One pass over the connections, not a timer per connection: an idle connection costs nothing,
 // and a half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout.
 void stream_channel::impl::sweep_partial_frames() {
   const uint64_t now = uv_now(loop);
-  for (conn_impl* c = conns; c != nullptr; c = c->next) {
+  for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     // end_conn() only marks the connection and closes its handle; it stays linked until the
-    // close callback, so c->next is still valid after it.
+    // close callback, so the next pointer is still valid after it.
     if (c->active() && c->decoder.buffered() != 0 &&
         now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
       ++c->m().partial_frame_timeouts;
@@ -111,48 +156,40 @@ void stream_channel::impl::sweep_partial_frames() {
 }
 
 void stream_channel::impl::link(conn_impl* c) {
-  c->next = conns;
-  if (conns != nullptr) conns->prev = c;
-  conns = c;
+  conns.push_front(c);
   ++retired.connections_open;
 }
 
 void stream_channel::impl::link(listener_impl* l) {
-  l->next = listeners;
-  if (listeners != nullptr) listeners->prev = l;
-  listeners = l;
+  listeners.push_front(l);
   ++retired.listeners_open;
 }
 
 void stream_channel::impl::unlink(conn_impl* c) {
-  if (c->prev != nullptr) c->prev->next = c->next;
-  if (c->next != nullptr) c->next->prev = c->prev;
-  if (conns == c) conns = c->next;
+  conns.remove(c);
+  table.remove(c->id);
   --retired.connections_open;
 }
 
 void stream_channel::impl::unlink(listener_impl* l) {
-  if (l->prev != nullptr) l->prev->next = l->next;
-  if (l->next != nullptr) l->next->prev = l->prev;
-  if (listeners == l) listeners = l->next;
-  l->prev = l->next = nullptr;
+  listeners.remove(l);
   --retired.listeners_open;
 }
 
 void stream_channel::impl::handle_released() {
-  if (--handles == 0 && owner_gone && conns == nullptr) delete this;
+  if (--handles == 0 && owner_gone && conns.empty()) delete this;
 }
 
 void stream_channel::impl::maybe_delete() {
-  if (owner_gone && handles == 0 && conns == nullptr) delete this;
+  if (owner_gone && handles == 0 && conns.empty()) delete this;
 }
 
 conn_impl* stream_channel::impl::new_conn(bool outbound, void* user) {
   auto* c = new (std::nothrow) conn_impl(this);
   if (c == nullptr) return nullptr;
-  c->set_id(g_next_id.fetch_add(1, std::memory_order_relaxed));
-  c->set_user(user);
-  c->set_outbound(outbound);
+  c->id = table.add(c);
+  c->user_data = user;
+  c->outbound = outbound;
   c->decoder = frame_decoder(cfg.message_limit);
   link(c);
   return c;
@@ -162,16 +199,17 @@ void stream_channel::impl::close_all(bool with_callbacks) {
   if (closed) return;
   closed = true;
   if (!with_callbacks) cb = stream_callbacks{};
-  while (listeners != nullptr) (void)close_listener(listeners);
+  while (!listeners.empty()) (void)close_listener(listeners.front());
   // Reports first (callbacks see the channel closed: every call returns closed), then the
   // handles. The list cannot change meanwhile: connections are only freed from the loop.
-  for (conn_impl* c = conns; c != nullptr; c = c->next) {
+  for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     if (c->state != conn_state::closing) c->reason = errc::closed;
     report_final(c);
   }
-  for (conn_impl* c = conns; c != nullptr; c = c->next) end_conn(c, errc::closed);
+  for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c))
+    end_conn(c, errc::closed);
   dirty_head = nullptr;
-  for (conn_impl* c = conns; c != nullptr; c = c->next) c->dirty = false;
+  for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) c->dirty = false;
   if (idle_on) {
     idle_on = false;
     uv_idle_stop(&idle);
@@ -184,10 +222,50 @@ void stream_channel::impl::close_all(bool with_callbacks) {
 
 stream_channel_metrics stream_channel::impl::metrics() const {
   stream_channel_metrics m = retired;
-  for (const conn_impl* c = conns; c != nullptr; c = c->next) {
-    add_totals(m.totals, c->metrics(), true);
+  for (const conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
+    add_totals(m.totals, c->metrics, true);
   }
   return m;
+}
+
+errc stream_channel::impl::fail(errc e, std::string detail) {
+  last_err.code = e;
+  last_err.detail = std::move(detail);
+  return e;
+}
+
+listener_impl* stream_channel::impl::find(listener_id id) const noexcept {
+  for (listener_impl* l = listeners.front(); l != nullptr; l = detail::listener_list::next(l)) {
+    if (l->id == id) return l;
+  }
+  return nullptr;
+}
+
+uint64_t stream_channel::impl::next_listener_id() noexcept {
+  return detail::g_next_listener.fetch_add(1, std::memory_order_relaxed);
+}
+
+errc stream_channel::impl::check_url(std::string_view url, address* a) {
+  const std::string u(url);
+  if (closed) return fail(errc::closed, u + ": the channel is closed");
+  if (cfg_error != errc::ok) return fail(cfg_error, "stream_config: " + cfg_detail);
+  const errc pe = parse_address(url, a);
+  if (pe != errc::ok) {
+    const size_t sep = url.find("://");
+    if (sep == std::string_view::npos) {
+      return fail(pe, u + ": no scheme (expected ipv4://, ipv6://, dns:// or unix://)");
+    }
+    const std::string_view rest = url.substr(sep + 3);
+    const bool tcp = url.substr(0, sep) != "unix";
+    if (tcp && !rest.empty() && rest.back() != ']' && rest.find(':') == std::string_view::npos) {
+      return fail(pe, u + ": missing port");
+    }
+    return fail(pe, u + ": " + to_string(pe));
+  }
+  if (!a->is_stream()) {
+    return fail(errc::unsupported_scheme, u + ": not a stream scheme (ipv4, ipv6, dns or unix)");
+  }
+  return errc::ok;
 }
 
 // ------------------------------------------------------------------------ public API --
@@ -212,108 +290,159 @@ void ignore_default_sigpipe() noexcept {
 
 }  // namespace
 
-stream_channel::stream_channel(uv_loop_t* loop, const stream_config& cfg,
-                               const stream_callbacks& cbs)
-    : impl_(new impl(loop, cfg, cbs)) {
+stream_channel::stream_channel(uv_loop_t* loop, const stream_config& cfg, stream_callbacks cbs)
+    : impl_(new impl(loop, cfg, std::move(cbs))) {
   ignore_default_sigpipe();
 }
 
 stream_channel::~stream_channel() {
+  if (!impl_->owner.here()) detail::wrong_thread("stream_channel::~stream_channel");
+  if (impl_->callback_depth != 0) {
+    // Destroying the channel inside its own callback would free the state the caller returns to.
+    std::fprintf(stderr, "uvbus: stream_channel destroyed inside one of its callbacks\n");
+    std::abort();
+  }
   impl_->close_all(false);
   impl_->owner_gone = true;
   impl_->maybe_delete();
 }
 
-errc stream_channel::validate(const stream_config& cfg) noexcept {
-  if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
+errc stream_channel::validate(const stream_config& cfg, std::string* detail) noexcept {
+  auto bad = [detail](const char* why) {
+    if (detail != nullptr) *detail = why;
     return errc::invalid_argument;
+  };
+  if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
+    return bad("message_limit must be between 1 and 1 GiB");
   }
-  if (write_queue::validate(cfg.queue) != errc::ok) return errc::invalid_argument;
+  if (write_queue::validate(cfg.queue) != errc::ok) return bad("queue: invalid write_queue_config");
   const size_t biggest = frame_size(cfg.message_limit);
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < biggest + 16 + 8) {
-    return errc::invalid_argument;
+    return bad("queue.ring_bytes must hold one frame of message_limit (+ 24 bytes)");
   }
-  if (cfg.queue.max_bytes != 0 && cfg.queue.max_bytes < biggest) return errc::invalid_argument;
+  if (cfg.queue.max_bytes != 0 && cfg.queue.max_bytes < biggest) {
+    return bad("queue.max_bytes must hold one frame of message_limit (payload + 14 bytes)");
+  }
   if (cfg.read_buffer_size < 4096 || cfg.read_buffer_size > (size_t{1} << 30)) {
-    return errc::invalid_argument;
+    return bad("read_buffer_size must be between 4 KiB and 1 GiB");
   }
-  if (cfg.backlog <= 0) return errc::invalid_argument;
+  if (cfg.backlog <= 0) return bad("backlog must be > 0");
   return errc::ok;
 }
 
-void stream_channel::set_callbacks(const stream_callbacks& cbs) noexcept {
-  if (!impl_->closed) impl_->cb = cbs;
+errc stream_channel::set_callbacks(stream_callbacks cbs) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::set_callbacks");
+  if (impl_->closed) return errc::closed;
+  if (impl_->callback_depth != 0) {  // the running std::function must outlive its call
+    impl_->next_cb = std::move(cbs);
+    impl_->has_next_cb = true;
+  } else {
+    impl_->cb = std::move(cbs);
+  }
+  return errc::ok;
 }
 
-errc stream_channel::listen(std::string_view url, stream_listener** out, void* user_data) {
+errc stream_channel::listen(std::string_view url, listener_id* out, void* user_data) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen");
   return impl_->listen(url, out, user_data);
 }
 
-errc stream_channel::close_listener(stream_listener* l) {
+errc stream_channel::close_listener(listener_id l) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::close_listener");
   if (impl_->closed) return errc::closed;
-  return impl_->close_listener(static_cast<listener_impl*>(l));
+  return impl_->close_listener(impl_->find(l));
 }
 
-errc stream_channel::connect(std::string_view url, stream_connection** out, void* user_data) {
+std::string stream_channel::listener_url(listener_id l) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::listener_url", {});
+  const listener_impl* li = impl_->find(l);
+  return li != nullptr ? li->url : std::string();
+}
+
+uint16_t stream_channel::listener_port(listener_id l) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::listener_port", 0);
+  const listener_impl* li = impl_->find(l);
+  return li != nullptr ? li->port : 0;
+}
+
+void* stream_channel::listener_user_data(listener_id l) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::listener_user_data", nullptr);
+  const listener_impl* li = impl_->find(l);
+  return li != nullptr ? li->user_data : nullptr;
+}
+
+errc stream_channel::connect(std::string_view url, connection_id* out, void* user_data) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::connect");
   return impl_->connect(url, out, user_data);
 }
 
-errc stream_channel::disconnect(stream_connection* conn, disconnect_mode mode) {
-  if (conn == nullptr) return errc::invalid_argument;
-  if (impl_->closed) return errc::closed;
-  auto* c = static_cast<conn_impl*>(conn);
+errc stream_channel::impl::disconnect(conn_impl* c, disconnect_mode mode) {
+  if (c == nullptr || closed) return errc::closed;
   switch (c->state) {
     case conn_state::closing:
       return errc::closed;
     case conn_state::resolving:
     case conn_state::connecting:
-      impl_->end_conn(c, errc::cancelled);
+      end_conn(c, errc::cancelled);
       return errc::ok;
     case conn_state::draining:
       if (mode == disconnect_mode::graceful) return errc::closed;
-      impl_->end_conn(c, errc::cancelled);
+      end_conn(c, errc::cancelled);
       return errc::ok;
     case conn_state::connected:
       if (mode == disconnect_mode::force) {
-        impl_->end_conn(c, errc::cancelled);
+        end_conn(c, errc::cancelled);
         return errc::ok;
       }
       c->state = conn_state::draining;
       c->want_writable = false;
       // Flushed (and then shut down) from the loop, never inside this call.
-      impl_->mark_dirty(c);
+      mark_dirty(c);
       return errc::ok;
   }
   return errc::ok;
 }
 
-errc stream_channel::send(stream_connection* conn, const void* data, size_t size, uint64_t tag) {
+errc stream_channel::disconnect(connection_id conn, disconnect_mode mode) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::disconnect");
+  return impl_->disconnect(impl_->find(conn), mode);
+}
+
+errc stream_channel::send(connection_id conn, const void* data, size_t size, uint64_t* seq) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::send");
   const const_buffer b{data, size};
-  return impl_->send(static_cast<conn_impl*>(conn), &b, 1, tag);
+  return impl_->send(impl_->find(conn), &b, 1, seq);
 }
 
-errc stream_channel::send(stream_connection* conn, const const_buffer* bufs, size_t n,
-                          uint64_t tag) {
-  return impl_->send(static_cast<conn_impl*>(conn), bufs, n, tag);
+errc stream_channel::sendv(connection_id conn, const const_buffer* bufs, size_t count,
+                           uint64_t* seq) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::sendv");
+  return impl_->send(impl_->find(conn), bufs, count, seq);
 }
 
-uint8_t* stream_channel::prepare_send(stream_connection* conn, size_t size, uint64_t tag,
-                                      errc* err) {
-  return impl_->prepare_send(static_cast<conn_impl*>(conn), size, tag, err);
+uint8_t* stream_channel::prepare_send(connection_id conn, size_t size, errc* err) {
+  if (!impl_->owner.here()) {
+    detail::wrong_thread("stream_channel::prepare_send");
+    if (err != nullptr) *err = errc::wrong_thread;
+    return nullptr;
+  }
+  return impl_->prepare_send(impl_->find(conn), size, err);
 }
 
-void stream_channel::commit_send(stream_connection* conn) {
-  impl_->commit_send(static_cast<conn_impl*>(conn));
+errc stream_channel::commit_send(connection_id conn, uint64_t* seq) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::commit_send");
+  return impl_->commit_send(impl_->find(conn), seq);
 }
 
-void stream_channel::cancel_send(stream_connection* conn) {
-  impl_->cancel_send(static_cast<conn_impl*>(conn));
+void stream_channel::cancel_send(connection_id conn) {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::cancel_send", );
+  impl_->cancel_send(impl_->find(conn));
 }
 
-errc stream_channel::pause_reading(stream_connection* conn) {
-  if (conn == nullptr) return errc::invalid_argument;
-  if (impl_->closed) return errc::closed;
-  auto* c = static_cast<conn_impl*>(conn);
+errc stream_channel::pause_reading(connection_id conn) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::pause_reading");
+  conn_impl* c = impl_->find(conn);
+  if (c == nullptr || impl_->closed) return errc::closed;
   if (!c->active()) return c->state == conn_state::closing ? errc::closed : errc::not_connected;
   c->paused = true;
   if (c->reading) {
@@ -323,34 +452,88 @@ errc stream_channel::pause_reading(stream_connection* conn) {
   return errc::ok;
 }
 
-errc stream_channel::resume_reading(stream_connection* conn) {
-  if (conn == nullptr) return errc::invalid_argument;
-  if (impl_->closed) return errc::closed;
-  auto* c = static_cast<conn_impl*>(conn);
+errc stream_channel::resume_reading(connection_id conn) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::resume_reading");
+  conn_impl* c = impl_->find(conn);
+  if (c == nullptr || impl_->closed) return errc::closed;
   if (!c->active()) return c->state == conn_state::closing ? errc::closed : errc::not_connected;
   c->paused = false;
   impl_->start_reading(c);
   return errc::ok;
 }
 
+bool stream_channel::is_open(connection_id conn) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::is_open", false);
+  return impl_->find(conn) != nullptr;
+}
+
+bool stream_channel::set_user_data(connection_id conn, void* p) {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::set_user_data", false);
+  conn_impl* c = impl_->find(conn);
+  if (c == nullptr) return false;
+  c->user_data = p;
+  return true;
+}
+
+void* stream_channel::user_data(connection_id conn) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::user_data", nullptr);
+  const conn_impl* c = impl_->find(conn);
+  return c != nullptr ? c->user_data : nullptr;
+}
+
+bool stream_channel::outbound(connection_id conn) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::outbound", false);
+  const conn_impl* c = impl_->find(conn);
+  return c != nullptr && c->outbound;
+}
+
+listener_id stream_channel::listener(connection_id conn) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::listener", {});
+  const conn_impl* c = impl_->find(conn);
+  return c != nullptr ? c->listener : listener_id{};
+}
+
+std::string stream_channel::peer_url(connection_id conn) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::peer_url", {});
+  const conn_impl* c = impl_->find(conn);
+  return c != nullptr ? c->peer_url : std::string();
+}
+
+errc stream_channel::connection_metrics(connection_id conn, stream_connection_metrics* out) const {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::connection_metrics");
+  const conn_impl* c = impl_->find(conn);
+  if (c == nullptr) return errc::closed;
+  if (out != nullptr) *out = c->metrics;
+  return errc::ok;
+}
+
 void stream_channel::close() {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::close", );
   impl_->close_all(true);
 }
 
-bool stream_channel::closed() const noexcept {
+bool stream_channel::closed() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::closed", true);
   return impl_->closed;
 }
 
-stream_channel_metrics stream_channel::metrics() const noexcept {
+const error_info& stream_channel::last_error() const {
+  static const error_info wrong{errc::wrong_thread, "stream_channel::last_error: wrong thread"};
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::last_error", wrong);
+  return impl_->last_err;
+}
+
+stream_channel_metrics stream_channel::metrics() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "stream_channel::metrics", {});
   return impl_->metrics();
 }
 
-const stream_config& stream_channel::config() const noexcept {
-  return impl_->cfg;
+const stream_config& stream_channel::config() const {
+  return impl_->cfg;  // immutable after construction: safe from any thread
 }
 
-uv_loop_t* stream_channel::loop() const noexcept {
-  return impl_->loop;
+uv_loop_t* stream_channel::loop() const {
+  return impl_->loop;  // immutable after construction: safe from any thread
 }
 
 }  // namespace uvbus

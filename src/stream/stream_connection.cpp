@@ -35,14 +35,14 @@
 
 namespace uvbus {
 
+using detail::add_totals;
 using detail::conn_impl;
 using detail::conn_state;
-using detail::listener_impl;
-using detail::add_totals;
 using detail::from_uv;
 using detail::kFlushBudget;
 using detail::kGatherBytes;
 using detail::kMaxGather;
+using detail::listener_impl;
 
 namespace {
 
@@ -135,8 +135,8 @@ void stream_channel::impl::sync_queue_metrics(conn_impl* c) {
   m.queue_packets = c->queue->size();
 }
 
-// Pops the blocks wholly covered by `written` bytes (reporting each delivered) and returns the
-// bytes of the next block already written.
+// Pops the blocks wholly covered by `written` bytes (advancing written_seq) and returns the bytes
+// of the next block already written.
 size_t stream_channel::impl::consume(conn_impl* c, size_t written) {
   write_queue& q = *c->queue;
   while (!q.empty()) {
@@ -144,20 +144,25 @@ size_t stream_channel::impl::consume(conn_impl* c, size_t written) {
     if (written < b.size) break;
     written -= b.size;
     count_sent(c, b);
-    const uint64_t tag = b.tag;
     q.pop_front();
-    if (cfg.report_written && cb.on_written != nullptr) {
-      cb.on_written(cb.ctx, c, tag, errc::ok);
-      if (!c->active()) return 0;  // the callback ended the connection
-    }
+    ++c->written_seq;
   }
   sync_queue_metrics(c);
   return written;
 }
 
-void stream_channel::impl::pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count) {
+void stream_channel::impl::report_written(conn_impl* c) {
+  if (c->written_seq == c->reported_seq || c->reported || !cb.on_written) return;
+  c->reported_seq = c->written_seq;
+  const detail::callback_scope scope(this);
+  cb.on_written(c->id, c->reported_seq);
+}
+
+void stream_channel::impl::pop_merged(conn_impl* c, const uint8_t* frames, size_t len,
+                                      size_t count) {
   write_queue& q = *c->queue;
   for (size_t i = 0; i < count; ++i) q.pop_front();
+  c->written_seq += count;
   size_t header_bytes = 0;
   for (size_t pos = 0; pos < len;) {
     uint64_t plen = 0;
@@ -187,10 +192,19 @@ void stream_channel::impl::maybe_writable(conn_impl* c) {
     return;
   }
   c->want_writable = false;
-  if (cb.on_writable != nullptr) cb.on_writable(cb.ctx, c);
+  if (cb.on_writable) {
+    const detail::callback_scope scope(this);
+    cb.on_writable(c->id);
+  }
 }
 
+// Writes what the queue holds, then tells on_written (once for the whole batch).
 void stream_channel::impl::flush(conn_impl* c) {
+  flush_queue(c);
+  report_written(c);
+}
+
+void stream_channel::impl::flush_queue(conn_impl* c) {
   if (!c->active() || c->writing || c->shutting_down || !c->queue || c->prepared != nullptr) {
     if (c->active() && !c->writing && c->state == conn_state::draining) maybe_shutdown(c);
     return;
@@ -207,8 +221,7 @@ void stream_channel::impl::flush(conn_impl* c) {
     unsigned nbufs = 1;
     size_t merged = 0;
     if (cfg.merge_threshold == 0 || q.size() == 1) {
-      bufs[0] =
-          uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
+      bufs[0] = uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
     } else {
       uint8_t* mb = merge_buffer(merge_cap);
       if (mb == nullptr) {
@@ -234,10 +247,9 @@ void stream_channel::impl::flush(conn_impl* c) {
       return;
     }
     budget -= std::min(budget, static_cast<size_t>(w));
-    if (nbufs == 1 && merged > 1 && static_cast<size_t>(w) == len &&
-        !(cfg.report_written && cb.on_written != nullptr)) {
-      // The whole merged batch went out and nobody wants per-packet reports: pop the blocks
-      // without looking at them again; the payload bytes come from the frames just written.
+    if (nbufs == 1 && merged > 1 && static_cast<size_t>(w) == len) {
+      // The whole merged batch went out: pop the blocks without looking at them again; the
+      // payload bytes come from the frames just written.
       pop_merged(c, reinterpret_cast<const uint8_t*>(bufs[0].base), len, merged);
       maybe_writable(c);
       if (!c->active()) return;
@@ -260,7 +272,8 @@ void stream_channel::impl::flush(conn_impl* c) {
 // A large frame at the front: it and the frames behind it go out in one writev(), large ones
 // straight from their queue blocks, small ones copied into the merge buffer (fewer system calls
 // than one write per large frame, and still no second copy of a large frame).
-size_t stream_channel::impl::gather(const write_queue& q, uint8_t* mb, uv_buf_t* bufs, size_t* merged) {
+size_t stream_channel::impl::gather(const write_queue& q, uint8_t* mb, uv_buf_t* bufs,
+                                    size_t* merged) {
   write_queue::block blocks[kMaxGather];
   size_t n = 0;
   q.for_each_front(std::min(q.size(), kMaxGather),
@@ -276,8 +289,7 @@ size_t stream_channel::impl::gather(const write_queue& q, uint8_t* mb, uv_buf_t*
       if (last_merged) {
         bufs[nb - 1].len += static_cast<unsigned>(b.size);
       } else {
-        bufs[nb++] =
-            uv_buf_init(reinterpret_cast<char*>(mb + used), static_cast<unsigned>(b.size));
+        bufs[nb++] = uv_buf_init(reinterpret_cast<char*>(mb + used), static_cast<unsigned>(b.size));
       }
       used += b.size;
       ++small;
@@ -340,7 +352,7 @@ void stream_channel::impl::maybe_shutdown(conn_impl* c) {
 }
 
 // Checks a send of `total` payload bytes and reserves its frame in c's queue.
-uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, uint64_t tag, errc* err) {
+uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* err) {
   if (closed) {
     *err = errc::closed;
     return nullptr;
@@ -366,7 +378,7 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, uint64_
       return nullptr;
     }
   }
-  uint8_t* p = c->queue->reserve(frame_header_size(total) + total, tag, err);
+  uint8_t* p = c->queue->reserve(frame_header_size(total) + total, 0, err);
   if (p == nullptr && *err == errc::queue_full) {
     ++c->m().send_refused;
     c->want_writable = true;
@@ -376,6 +388,7 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, uint64_
 
 // The payload is in place after the header room: hash it once, write the header, schedule.
 void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
+  ++c->accepted_seq;
   const size_t hdr = frame_header_size(total);
   frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
   auto& m = c->m();
@@ -385,15 +398,16 @@ void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t t
   if (!c->writing) mark_dirty(c);
 }
 
-errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t tag) {
-  if (c == nullptr || (n != 0 && bufs == nullptr)) return errc::invalid_argument;
+errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t* seq) {
+  if (c == nullptr) return errc::closed;
+  if (n != 0 && bufs == nullptr) return errc::invalid_argument;
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     if (bufs[i].data == nullptr && bufs[i].size != 0) return errc::invalid_argument;
     total += bufs[i].size;
   }
   errc err = errc::ok;
-  uint8_t* p = reserve_frame(c, total, tag, &err);
+  uint8_t* p = reserve_frame(c, total, &err);
   if (p == nullptr) return err;
   uint8_t* payload = p + frame_header_size(total);
   for (size_t i = 0; i < n; ++i) {
@@ -401,13 +415,14 @@ errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n
     payload += bufs[i].size;
   }
   complete_frame(c, p, total);
+  if (seq != nullptr) *seq = c->accepted_seq;
   return errc::ok;
 }
 
-uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, uint64_t tag, errc* err) {
+uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, errc* err) {
   errc e = errc::ok;
-  uint8_t* p = c == nullptr ? nullptr : reserve_frame(c, size, tag, &e);
-  if (c == nullptr) e = errc::invalid_argument;
+  uint8_t* p = c == nullptr ? nullptr : reserve_frame(c, size, &e);
+  if (c == nullptr) e = errc::closed;
   if (err != nullptr) *err = e;
   if (p == nullptr) return nullptr;
   c->prepared = p;
@@ -415,12 +430,14 @@ uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, uint64_t 
   return p + frame_header_size(size);
 }
 
-void stream_channel::impl::commit_send(conn_impl* c) {
-  if (c == nullptr || c->prepared == nullptr) return;
+errc stream_channel::impl::commit_send(conn_impl* c, uint64_t* seq) {
+  // No reservation: never made, cancelled, or dropped because the connection ended meanwhile.
+  if (c == nullptr || c->prepared == nullptr) return errc::closed;
   uint8_t* p = c->prepared;
   c->prepared = nullptr;
-  if (!c->active()) return;  // ended meanwhile: the close path reports the queued frame
   complete_frame(c, p, c->prepared_size);
+  if (seq != nullptr) *seq = c->accepted_seq;
+  return errc::ok;
 }
 
 void stream_channel::impl::cancel_send(conn_impl* c) {
@@ -440,8 +457,7 @@ void stream_channel::impl::alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf) {
     tls.read_size = tls.read ? want : 0;
   }
   // A zero-length buffer makes libuv report UV_ENOBUFS, which ends the connection.
-  *buf =
-      uv_buf_init(reinterpret_cast<char*>(tls.read.get()), static_cast<unsigned>(tls.read_size));
+  *buf = uv_buf_init(reinterpret_cast<char*>(tls.read.get()), static_cast<unsigned>(tls.read_size));
 }
 
 void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
@@ -452,8 +468,13 @@ void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t
 void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;  // EAGAIN: a normal event, never an error
   if (nread < 0) {
-    if (nread != UV_EOF) ++c->m().io_errors;
-    end_conn(c, from_uv(static_cast<int>(nread)));
+    if (nread != UV_EOF) {
+      ++c->m().io_errors;
+      end_conn(c, from_uv(static_cast<int>(nread)));
+    } else {
+      // The peer closed: at a frame boundary that is a graceful end, mid-frame it is not.
+      end_conn(c, c->decoder.buffered() == 0 ? errc::ok : errc::connection_reset);
+    }
     return;
   }
   auto& m = c->m();
@@ -465,8 +486,9 @@ void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* 
     if (r.status == frame_status::payload) {
       ++m.packets_received;
       m.bytes_received += r.size;
-      if (cb.on_received != nullptr) {
-        cb.on_received(cb.ctx, c, r.data, r.size);
+      if (cb.on_received) {
+        const detail::callback_scope scope(this);
+        cb.on_received(c->id, r.data, r.size);
         // The callback may have ended the connection or closed the channel. A pause takes effect
         // after this chunk: its bytes live in the shared read buffer and cannot wait.
         if (!c->active()) return;
@@ -548,7 +570,7 @@ void stream_channel::impl::release(conn_impl* c) {
   report_final(c);
   if (c->ai_list != nullptr) uv_freeaddrinfo(c->ai_list);
   c->ai_list = c->ai_next = nullptr;
-  add_totals(retired.totals, c->metrics(), false);
+  add_totals(retired.totals, c->metrics, false);
   if (c->dirty) remove_dirty(c);
   unlink(c);
   delete c;
@@ -562,28 +584,41 @@ void stream_channel::impl::remove_dirty(conn_impl* c) {
   c->dirty = false;
 }
 
-// Every queued packet failed, then the final callback. Runs once per connection.
+// Pending on_written, then every queued packet failed (one range), then the final callback. Runs
+// once per connection.
 void stream_channel::impl::report_final(conn_impl* c) {
   if (c->reported) return;
+  report_written(c);
   c->reported = true;
   const errc reason = c->reason;
   if (c->queue) {
     write_queue& q = *c->queue;
-    while (!q.empty()) {
-      const write_queue::block b = q.front();
-      q.pop_front();
-      ++c->m().send_failed;
-      if (cb.on_written != nullptr) cb.on_written(cb.ctx, c, b.tag, reason);
+    if (c->prepared != nullptr) {  // a reservation is not a packet: drop it unreported
+      q.unreserve_back();
+      c->prepared = nullptr;
     }
+    const uint64_t failed = q.size();
+    while (!q.empty()) q.pop_front();
     sync_queue_metrics(c);
+    if (failed != 0) {
+      c->m().send_failed += failed;
+      const uint64_t first = c->written_seq + 1;
+      c->written_seq = c->accepted_seq;
+      if (cb.on_send_failed) {
+        const detail::callback_scope scope(this);
+        cb.on_send_failed(c->id, first, c->accepted_seq,
+                          reason == errc::ok ? errc::closed : reason);
+      }
+    }
   }
   c->want_writable = false;
+  const detail::callback_scope scope(this);
   if (c->connected_once) {
     ++retired.connections_closed;
-    if (cb.on_disconnected != nullptr) cb.on_disconnected(cb.ctx, c, reason);
-  } else if (c->outbound()) {
+    if (cb.on_disconnected) cb.on_disconnected(c->id, reason);
+  } else if (c->outbound) {
     ++retired.connect_failed;
-    if (cb.on_connected != nullptr) cb.on_connected(cb.ctx, c, reason);
+    if (cb.on_connected) cb.on_connected(c->id, reason);
   }
 }
 

@@ -12,8 +12,8 @@ namespace uvbus {
 
 using detail::conn_impl;
 using detail::conn_state;
-using detail::listener_impl;
 using detail::from_uv;
+using detail::listener_impl;
 using detail::literal_sockaddr;
 
 void stream_channel::impl::on_connected(conn_impl* c) {
@@ -27,7 +27,10 @@ void stream_channel::impl::on_connected(conn_impl* c) {
   c->connected_once = true;
   ++retired.connections_connected;
   start_reading(c);
-  if (cb.on_connected != nullptr && c->active()) cb.on_connected(cb.ctx, c, errc::ok);
+  if (cb.on_connected && c->active()) {
+    const detail::callback_scope scope(this);
+    cb.on_connected(c->id, errc::ok);
+  }
 }
 
 void stream_channel::impl::apply_tcp_options(conn_impl* c) {
@@ -131,17 +134,16 @@ void stream_channel::impl::start_connect_timer(conn_impl* c) {
       cfg.connect_timeout_ms, 0);
 }
 
-errc stream_channel::impl::connect(std::string_view url, stream_connection** out, void* user) {
-  if (closed) return errc::closed;
-  if (cfg_error != errc::ok) return cfg_error;
+errc stream_channel::impl::connect(std::string_view url, connection_id* out, void* user) {
   address a;
-  const errc pe = parse_address(url, &a);
+  const errc pe = check_url(url, &a);
   if (pe != errc::ok) return pe;
-  if (!a.is_stream()) return errc::unsupported_scheme;
-  if (a.kind != scheme::unix_socket && a.port == 0) return errc::bad_url;
+  if (a.kind != scheme::unix_socket && a.port == 0) {
+    return fail(errc::bad_url, std::string(url) + ": port 0 cannot be connected to");
+  }
   conn_impl* c = new_conn(true, user);
-  if (c == nullptr) return errc::no_memory;
-  c->set_peer_url(std::string(url));
+  if (c == nullptr) return fail(errc::no_memory, std::string(url) + ": out of memory");
+  c->peer_url = std::string(url);
   errc e = errc::ok;
   if (a.kind == scheme::unix_socket) {
     c->is_unix = true;
@@ -189,10 +191,10 @@ errc stream_channel::impl::connect(std::string_view url, stream_connection** out
     // No callback for this connection: drop it silently once libuv lets go of it.
     c->reported = true;
     end_conn(c, e);
-    return e;
+    return fail(e, std::string(url) + ": " + to_string(e));
   }
   start_connect_timer(c);
-  if (out != nullptr) *out = c;
+  if (out != nullptr) *out = c->id;
   return errc::ok;
 }
 

@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/frame.h"
+#include "core/intrusive_list.h"
+#include "core/thread_check.h"
 #include "core/write_queue.h"
 #include "uvbus/address.h"
 #include "uvbus/stream.h"
@@ -36,11 +39,16 @@ enum class conn_state : uint8_t {
 
 struct listener_impl;
 
-struct conn_impl final : stream_connection {
+struct conn_impl {
   explicit conn_impl(stream_channel::impl* c) : ch(c) {}
-  ~conn_impl() = default;
 
   stream_channel::impl* ch;
+  connection_id id;
+  void* user_data = nullptr;
+  bool outbound = false;
+  listener_id listener;
+  std::string peer_url;
+  stream_connection_metrics metrics;
   stream_handle h{};
   bool is_unix = false;
   bool handle_open = false;  // h is initialised and uv_close() has not been called on it
@@ -62,6 +70,13 @@ struct conn_impl final : stream_connection {
   frame_decoder decoder;
   uint64_t last_read_ms = 0;  // uv_now() of the last read that returned bytes (or of the accept)
 
+  // Sequence numbers: accepted packets are 1..accepted_seq; 1..written_seq have all their bytes in
+  // the kernel (popped from the queue); on_written has been told up to reported_seq. The queue
+  // holds exactly the packets written_seq+1..accepted_seq (plus an open reservation).
+  uint64_t accepted_seq = 0;
+  uint64_t written_seq = 0;
+  uint64_t reported_seq = 0;
+
   uv_write_t wreq{};
   uv_shutdown_t sreq{};
   uv_connect_t creq{};
@@ -70,16 +85,10 @@ struct conn_impl final : stream_connection {
   addrinfo* ai_list = nullptr;      // dns results still to try
   addrinfo* ai_next = nullptr;
 
-  conn_impl* prev = nullptr;  // channel's list of live connections
-  conn_impl* next = nullptr;
+  list_hook<conn_impl> hook;  // the channel's list of live connections
   conn_impl* dirty_next = nullptr;
 
-  void set_id(uint64_t id) noexcept { id_ = id; }
-  void set_user(void* p) noexcept { user_data_ = p; }
-  void set_outbound(bool o) noexcept { outbound_ = o; }
-  void set_listener(const stream_listener* l) noexcept { listener_ = l; }
-  void set_peer_url(std::string u) { peer_url_ = std::move(u); }
-  stream_connection_metrics& m() noexcept { return metrics_; }
+  stream_connection_metrics& m() noexcept { return metrics; }
   uv_stream_t* stream() noexcept { return &h.stream; }
   uv_handle_t* handle() noexcept { return &h.handle; }
   bool active() const noexcept {
@@ -87,25 +96,57 @@ struct conn_impl final : stream_connection {
   }
 };
 
-struct listener_impl final : stream_listener {
+struct listener_impl {
   explicit listener_impl(stream_channel::impl* c) : ch(c) {}
-  ~listener_impl() = default;
 
   stream_channel::impl* ch;
+  listener_id id;
+  std::string url;
+  uint16_t port = 0;
+  void* user_data = nullptr;
   stream_handle h{};
   bool is_unix = false;
   bool closing = false;
   std::string unix_path;  // removed on close if it is still the file we created
   uint64_t unix_dev = 0;
   uint64_t unix_ino = 0;
-  listener_impl* prev = nullptr;
-  listener_impl* next = nullptr;
+  list_hook<listener_impl> hook;
+};
 
-  void set_url(std::string u, uint16_t port) {
-    url_ = std::move(u);
-    port_ = port;
+using conn_list = intrusive_list<conn_impl, &conn_impl::hook>;
+using listener_list = intrusive_list<listener_impl, &listener_impl::hook>;
+
+// Slot table behind connection_id: value = generation << 32 | slot index. Generations come from a
+// process-wide counter, so an id is unique in the process and never names a later connection.
+class conn_table {
+ public:
+  connection_id add(conn_impl* c);
+  void remove(connection_id id) noexcept;
+  [[nodiscard]] conn_impl* find(connection_id id) const noexcept {
+    const auto idx = static_cast<uint32_t>(id.value);
+    if (idx >= slots_.size()) return nullptr;
+    const slot& s = slots_[idx];
+    return s.gen == static_cast<uint32_t>(id.value >> 32) ? s.c : nullptr;
   }
-  void set_user(void* p) noexcept { user_data_ = p; }
+
+ private:
+  struct slot {
+    conn_impl* c = nullptr;
+    uint32_t gen = 0;  // 0: free
+    uint32_t next_free = 0;
+  };
+  std::vector<slot> slots_;
+  uint32_t free_head_ = UINT32_MAX;
+};
+
+// Counts callback nesting: destroying the channel inside a callback is refused (debug abort), and
+// set_callbacks() inside one is applied when the outermost callback returns.
+struct callback_scope {
+  explicit callback_scope(stream_channel::impl* ch) noexcept;
+  ~callback_scope();
+  callback_scope(const callback_scope&) = delete;
+  callback_scope& operator=(const callback_scope&) = delete;
+  stream_channel::impl* ch;
 };
 
 // Tuning of the write path.
@@ -135,10 +176,16 @@ struct stream_channel::impl {
   using listener_impl = detail::listener_impl;
   using conn_state = detail::conn_state;
 
+  detail::owner_thread owner;
   uv_loop_t* loop;
   stream_config cfg;
   stream_callbacks cb;
-  errc cfg_error;
+  stream_callbacks next_cb;  // set_callbacks() inside a callback: applied when it returns
+  bool has_next_cb = false;
+  int callback_depth = 0;
+  error_info last_err;
+  errc cfg_error = errc::ok;
+  std::string cfg_detail;  // validate()'s detail for cfg_error
   size_t merge_cap;
   size_t low_bytes;    // on_writable fires at or below these
   size_t low_packets;  //
@@ -151,13 +198,25 @@ struct stream_channel::impl {
   bool idle_on = false;
   uv_timer_t sweep{};  // closes connections stalled mid-frame (partial_frame_timeout_ms)
 
-  conn_impl* conns = nullptr;
-  listener_impl* listeners = nullptr;
+  detail::conn_list conns;
+  detail::listener_list listeners;
+  detail::conn_table table;
   conn_impl* dirty_head = nullptr;
 
   stream_channel_metrics retired;  // totals of connections already released, and event counts
 
-  impl(uv_loop_t* l, const stream_config& c, const stream_callbacks& cbs);
+  impl(uv_loop_t* l, const stream_config& c, stream_callbacks cbs);
+
+  // Records the error (and its detail) as last_error() and returns it.
+  errc fail(errc e, std::string detail = {});
+  // A live connection's impl, or nullptr for a gone / unknown id.
+  [[nodiscard]] conn_impl* find(connection_id id) const noexcept { return table.find(id); }
+  [[nodiscard]] listener_impl* find(listener_id id) const noexcept;
+  // Parses a listen/connect URL; on failure records last_error() naming the URL and the problem.
+  errc check_url(std::string_view url, address* out);
+  static uint64_t next_listener_id() noexcept;
+  // Reports written_seq to on_written if it moved since the last report.
+  void report_written(conn_impl* c);
 
   // Closes connections stalled mid-frame for partial_frame_timeout_ms (one pass, one timer).
   void sweep_partial_frames();
@@ -168,6 +227,7 @@ struct stream_channel::impl {
   void handle_released();
   void maybe_delete();
   conn_impl* new_conn(bool outbound, void* user);
+  errc disconnect(conn_impl* c, disconnect_mode mode);
   void mark_dirty(conn_impl* c);
   void flush_dirty();
   // Called with the block still queued (in dynamic mode popping frees it).
@@ -181,6 +241,7 @@ struct stream_channel::impl {
   void pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count);
   void maybe_writable(conn_impl* c);
   void flush(conn_impl* c);
+  void flush_queue(conn_impl* c);
   // A large frame at the front: it and the frames behind it go out in one writev(), large ones
   // straight from their queue blocks, small ones copied into the merge buffer (fewer system calls
   // than one write per large frame, and still no second copy of a large frame).
@@ -189,12 +250,12 @@ struct stream_channel::impl {
   void on_write_done(conn_impl* c, int status);
   void maybe_shutdown(conn_impl* c);
   // Checks a send of `total` payload bytes and reserves its frame in c's queue.
-  uint8_t* reserve_frame(conn_impl* c, size_t total, uint64_t tag, errc* err);
+  uint8_t* reserve_frame(conn_impl* c, size_t total, errc* err);
   // The payload is in place after the header room: hash it once, write the header, schedule.
   void complete_frame(conn_impl* c, uint8_t* frame, size_t total);
-  errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t tag);
-  uint8_t* prepare_send(conn_impl* c, size_t size, uint64_t tag, errc* err);
-  void commit_send(conn_impl* c);
+  errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t* seq);
+  uint8_t* prepare_send(conn_impl* c, size_t size, errc* err);
+  errc commit_send(conn_impl* c, uint64_t* seq);
   void cancel_send(conn_impl* c);
   static void alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf);
   static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
@@ -214,13 +275,13 @@ struct stream_channel::impl {
   void try_next_address(conn_impl* c);
   static void resolved_cb(uv_getaddrinfo_t* req, int status, addrinfo* res);
   void start_connect_timer(conn_impl* c);
-  errc connect(std::string_view url, stream_connection** out, void* user);
+  errc connect(std::string_view url, connection_id* out, void* user);
   static void connection_cb(uv_stream_t* server, int status);
   void on_incoming(listener_impl* l, int status);
   static uv_stream_t* server_of(listener_impl* l) { return &l->h.stream; }
   errc listen_unix(listener_impl* l, const std::string& path);
   errc listen_tcp(listener_impl* l, const sockaddr* sa);
-  errc listen(std::string_view url, stream_listener** out, void* user);
+  errc listen(std::string_view url, listener_id* out, void* user);
   // Removes the socket file only if it is still the one this listener created (another process
   // may have replaced a file it thought stale).
   static void remove_socket_file(listener_impl* l);

@@ -18,8 +18,8 @@ namespace uvbus {
 
 using detail::conn_impl;
 using detail::conn_state;
-using detail::listener_impl;
 using detail::from_uv;
+using detail::listener_impl;
 using detail::literal_sockaddr;
 
 namespace {
@@ -61,7 +61,7 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
   conn_impl* c = new_conn(false, nullptr);
   if (c == nullptr) return;
   c->is_unix = l->is_unix;
-  c->set_listener(l);
+  c->listener = l->id;
   int r = c->is_unix ? uv_pipe_init(loop, &c->h.pipe, 0) : uv_tcp_init(loop, &c->h.tcp);
   if (r != 0) {
     c->reported = true;
@@ -78,13 +78,13 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
     return;
   }
   if (c->is_unix) {
-    c->set_peer_url(l->url());
+    c->peer_url = l->url;
   } else {
     apply_tcp_options(c);
     sockaddr_storage ss{};
     int len = sizeof ss;
     if (uv_tcp_getpeername(&c->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-      c->set_peer_url(sockaddr_url(reinterpret_cast<sockaddr*>(&ss)));
+      c->peer_url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
     }
   }
   if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
@@ -99,7 +99,10 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
   c->last_read_ms = uv_now(loop);
   ++retired.connections_accepted;
   start_reading(c);
-  if (cb.on_accepted != nullptr && c->active()) cb.on_accepted(cb.ctx, c);
+  if (cb.on_accepted && c->active()) {
+    const detail::callback_scope scope(this);
+    cb.on_accepted(c->id);
+  }
 }
 
 errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path) {
@@ -138,7 +141,7 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
   }
   r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
   if (r != 0) return from_uv(r);
-  l->set_url("unix://" + path, 0);
+  l->url = "unix://" + path;
   return errc::ok;
 }
 
@@ -155,21 +158,18 @@ errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
   int len = sizeof ss;
   r = uv_tcp_getsockname(&l->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len);
   if (r != 0) return from_uv(r);
-  l->set_url(sockaddr_url(reinterpret_cast<sockaddr*>(&ss)),
-             sockaddr_port(reinterpret_cast<sockaddr*>(&ss)));
+  l->url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
+  l->port = sockaddr_port(reinterpret_cast<sockaddr*>(&ss));
   return errc::ok;
 }
 
-errc stream_channel::impl::listen(std::string_view url, stream_listener** out, void* user) {
-  if (closed) return errc::closed;
-  if (cfg_error != errc::ok) return cfg_error;
+errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* user) {
   address a;
-  const errc pe = parse_address(url, &a);
+  const errc pe = check_url(url, &a);
   if (pe != errc::ok) return pe;
-  if (!a.is_stream()) return errc::unsupported_scheme;
   auto* l = new (std::nothrow) listener_impl(this);
-  if (l == nullptr) return errc::no_memory;
-  l->set_user(user);
+  if (l == nullptr) return fail(errc::no_memory, std::string(url) + ": out of memory");
+  l->user_data = user;
   const int handles_before = handles;
   errc e = errc::ok;
   if (a.kind == scheme::unix_socket) {
@@ -208,10 +208,11 @@ errc stream_channel::impl::listen(std::string_view url, stream_listener** out, v
     } else {
       delete l;
     }
-    return e;
+    return fail(e, std::string(url) + ": " + to_string(e));
   }
+  l->id = listener_id{next_listener_id()};
   link(l);
-  if (out != nullptr) *out = l;
+  if (out != nullptr) *out = l->id;
   return errc::ok;
 }
 
@@ -227,8 +228,7 @@ void stream_channel::impl::remove_socket_file(listener_impl* l) {
 }
 
 errc stream_channel::impl::close_listener(listener_impl* l) {
-  if (l == nullptr) return errc::invalid_argument;
-  if (l->closing) return errc::closed;
+  if (l == nullptr || l->closing) return errc::closed;
   l->closing = true;
   if (l->is_unix) remove_socket_file(l);
   unlink(l);

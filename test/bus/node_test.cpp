@@ -263,22 +263,19 @@ class raw_peer {
  public:
   explicit raw_peer(uv_loop_t* loop) : ch_(loop) {
     stream_callbacks cb;
-    cb.ctx = this;
-    cb.on_accepted = [](void* c, stream_connection* conn) {
-      static_cast<raw_peer*>(c)->conn_ = conn;
-      static_cast<raw_peer*>(c)->send_challenge();
+    cb.on_accepted = [this](connection_id conn) {
+      conn_ = conn;
+      send_challenge();
     };
-    cb.on_connected = [](void* c, stream_connection* conn, errc st) {
-      if (st == errc::ok) static_cast<raw_peer*>(c)->conn_ = conn;
+    cb.on_connected = [this](connection_id conn, errc st) {
+      if (st == errc::ok) conn_ = conn;
     };
-    cb.on_disconnected = [](void* c, stream_connection*, errc) {
-      static_cast<raw_peer*>(c)->conn_ = nullptr;
-      static_cast<raw_peer*>(c)->closed_ = true;
+    cb.on_disconnected = [this](connection_id, errc) {
+      conn_ = connection_id{};
+      closed_ = true;
     };
-    cb.on_received = [](void* c, stream_connection*, const uint8_t* d, size_t n) {
-      static_cast<raw_peer*>(c)->on_msg(d, n);
-    };
-    ch_.set_callbacks(cb);
+    cb.on_received = [this](connection_id, const uint8_t* d, size_t n) { on_msg(d, n); };
+    (void)ch_.set_callbacks(std::move(cb));
   }
   ~raw_peer() { ch_.close(); }
 
@@ -292,14 +289,14 @@ class raw_peer {
   bool closed_ = false;
 
   std::string listen() {
-    stream_listener* l = nullptr;
+    listener_id l;
     EXPECT_EQ(ch_.listen("ipv4://127.0.0.1:0", &l), errc::ok);
-    return l->url();
+    return ch_.listener_url(l);
   }
   void connect(const std::string& url) { EXPECT_EQ(ch_.connect(url), errc::ok); }
 
   void send(const std::vector<uint8_t>& m) {
-    if (conn_ != nullptr) {
+    if (conn_) {
       EXPECT_EQ(ch_.send(conn_, m.data(), m.size()), errc::ok);
     }
   }
@@ -369,7 +366,7 @@ class raw_peer {
   }
 
   stream_channel ch_;
-  stream_connection* conn_ = nullptr;
+  connection_id conn_;
 };
 
 TEST_F(NodeTest, TtlStopsAForwardingLoop) {

@@ -38,43 +38,40 @@ class HostileStream : public ::testing::Test {
   void SetUp() override {
     ASSERT_EQ(uv_loop_init(&loop_), 0);
     stream_callbacks s;
-    s.ctx = this;
-    s.on_accepted = [](void* ctx, stream_connection* c) {
-      auto* t = static_cast<HostileStream*>(ctx);
-      t->accepted_.push_back(c->id());
-      t->live_.insert(c->id());
+    s.on_accepted = [this](connection_id c) {
+      auto* t = this;
+      t->accepted_.push_back(c.value);
+      t->live_.insert(c.value);
     };
-    s.on_disconnected = [](void* ctx, stream_connection* c, errc why) {
-      auto* t = static_cast<HostileStream*>(ctx);
-      t->ended_[c->id()] = why;
-      t->live_.erase(c->id());
+    s.on_disconnected = [this](connection_id c, errc why) {
+      auto* t = this;
+      t->ended_[c.value] = why;
+      t->live_.erase(c.value);
     };
-    s.on_received = [](void* ctx, stream_connection* c, const uint8_t* p, size_t n) {
-      auto* t = static_cast<HostileStream*>(ctx);
-      ++t->received_[c->id()];
+    s.on_received = [this](connection_id c, const uint8_t* p, size_t n) {
+      auto* t = this;
+      ++t->received_[c.value];
       // Echo: the honest peer counts on it; a hostile peer gets whatever it managed to send.
       (void)t->server_->send(c, p, n);
     };
     server_ = std::make_unique<stream_channel>(&loop_, stream_config{}, s);
-    stream_listener* l = nullptr;
+    listener_id l;
     ASSERT_EQ(server_->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-    port_ = l->port();
+    port_ = server_->listener_port(l);
 
     stream_callbacks c;
-    c.ctx = this;
-    c.on_connected = [](void* ctx, stream_connection* conn, errc st) {
-      auto* t = static_cast<HostileStream*>(ctx);
+    c.on_connected = [this](connection_id conn, errc st) {
+      auto* t = this;
       if (st == errc::ok) t->honest_ = conn;
     };
-    c.on_disconnected = [](void* ctx, stream_connection*, errc) {
-      static_cast<HostileStream*>(ctx)->honest_ = nullptr;
-    };
-    c.on_received = [](void* ctx, stream_connection*, const uint8_t* p, size_t n) {
-      static_cast<HostileStream*>(ctx)->echoes_.emplace_back(reinterpret_cast<const char*>(p), n);
+    c.on_disconnected = [this](connection_id, errc) { honest_ = connection_id{}; };
+    c.on_received = [this](connection_id, const uint8_t* p, size_t n) {
+      echoes_.emplace_back(reinterpret_cast<const char*>(p), n);
     };
     client_ = std::make_unique<stream_channel>(&loop_, stream_config{}, c);
-    ASSERT_EQ(client_->connect(l->url()), errc::ok);
-    ASSERT_TRUE(run_until(&loop_, [&] { return honest_ != nullptr && accepted_.size() == 1; }));
+    ASSERT_EQ(client_->connect(server_->listener_url(l)), errc::ok);
+    ASSERT_TRUE(
+        run_until(&loop_, [&] { return static_cast<bool>(honest_) && accepted_.size() == 1; }));
     honest_server_id_ = accepted_.front();
     ASSERT_TRUE(exchange(20));
   }
@@ -92,7 +89,7 @@ class HostileStream : public ::testing::Test {
   // The honest peer sends n messages of assorted sizes; true when all n came back intact and in
   // order. Fails (false) if the honest connection was hurt.
   bool exchange(int n) {
-    if (honest_ == nullptr) return false;
+    if (!honest_) return false;
     echoes_.clear();
     std::vector<std::string> sent;
     for (int i = 0; i < n; ++i) {
@@ -101,7 +98,7 @@ class HostileStream : public ::testing::Test {
       if (client_->send(honest_, m.data(), m.size()) != errc::ok) return false;
       sent.push_back(std::move(m));
     }
-    if (!run_until(&loop_, [&] { return echoes_.size() >= sent.size() || honest_ == nullptr; })) {
+    if (!run_until(&loop_, [&] { return echoes_.size() >= sent.size() || !honest_; })) {
       return false;
     }
     return echoes_ == sent;
@@ -153,7 +150,7 @@ class HostileStream : public ::testing::Test {
   std::unique_ptr<stream_channel> server_;
   std::unique_ptr<stream_channel> client_;
   uint16_t port_ = 0;
-  stream_connection* honest_ = nullptr;
+  connection_id honest_;
   uint64_t honest_server_id_ = 0;
   std::vector<std::string> echoes_;
   int next_seq_ = 0;
@@ -316,7 +313,8 @@ TEST_F(HostileStream, AThousandSilentConnectionsCostLittleAndHurtNoOne) {
     for (auto& p : peers_) p.close();
     ASSERT_TRUE(run_until(&loop_, [&] { return all_ended(ids); }));
     for (uint64_t id : ids) {
-      EXPECT_EQ(ended_[id], errc::connection_reset) << to_string(ended_[id]);
+      // Silent peers that close send a clean EOF at a frame boundary: a graceful end.
+      EXPECT_EQ(ended_[id], errc::ok) << to_string(ended_[id]);
     }
     EXPECT_EQ(server_->metrics().connections_open, 1u);
     forget(ids);
@@ -368,30 +366,28 @@ void write_to_a_closed_peer() {
   uv_loop_t loop;
   uv_loop_init(&loop);
   struct state {
-    stream_connection* conn = nullptr;
+    connection_id conn;
     bool ended = false;
   } st;
   stream_callbacks cb;
-  cb.ctx = &st;
-  cb.on_accepted = [](void* ctx, stream_connection* c) { static_cast<state*>(ctx)->conn = c; };
-  cb.on_disconnected = [](void* ctx, stream_connection*, errc) {
-    auto* s = static_cast<state*>(ctx);
-    s->ended = true;
-    s->conn = nullptr;
+  cb.on_accepted = [&st](connection_id c) { st.conn = c; };
+  cb.on_disconnected = [&st](connection_id, errc) {
+    st.ended = true;
+    st.conn = connection_id{};
   };
   auto ch = std::make_unique<stream_channel>(&loop, stream_config{}, cb);
-  stream_listener* l = nullptr;
+  listener_id l;
   if (ch->listen("ipv4://127.0.0.1:0", &l) != errc::ok) std::exit(2);
   raw_peer peer;
-  if (!peer.connect_to(l->port())) std::exit(3);
-  if (!test::run_until(&loop, [&] { return st.conn != nullptr; })) std::exit(4);
+  if (!peer.connect_to(ch->listener_port(l))) std::exit(3);
+  if (!test::run_until(&loop, [&] { return static_cast<bool>(st.conn); })) std::exit(4);
   // Not reading, the channel cannot learn of the close from an EOF first (as when its writes
   // race the peer's death, which is how a killed parent showed this).
   if (ch->pause_reading(st.conn) != errc::ok) std::exit(6);
   peer.close();  // FIN; the next write draws a RST, the one after that EPIPE (and SIGPIPE)
   const std::string msg(1000, 'x');
   test::run_until(&loop, [&] {
-    if (st.conn != nullptr) (void)ch->send(st.conn, msg.data(), msg.size());
+    if (static_cast<bool>(st.conn)) (void)ch->send(st.conn, msg.data(), msg.size());
     return st.ended;
   });
   ch->close();

@@ -32,66 +32,68 @@ class StreamConnect : public stream_fixture {
     recorder srv, cli;
     stream_channel* s = make_channel(&srv);
     stream_channel* c = make_channel(&cli);
-    stream_listener* l = nullptr;
+    listener_id l;
     ASSERT_EQ(s->listen(listen_url, &l), errc::ok) << listen_url;
-    ASSERT_NE(l, nullptr);
-    const std::string url = make_url(l);
-    stream_connection* conn = nullptr;
+    ASSERT_TRUE(l);
+    const std::string url = make_url(s, l);
+    connection_id conn;
     ASSERT_EQ(c->connect(url, &conn), errc::ok) << url;
-    ASSERT_TRUE(run([&] { return !srv.accepted.empty() && cli.connected.count(conn->id()); }));
-    ASSERT_EQ(cli.connected[conn->id()], errc::ok) << url;
-    EXPECT_TRUE(conn->outbound());
-    EXPECT_FALSE(srv.accepted[0]->outbound());
-    EXPECT_EQ(srv.accepted[0]->listener(), l);
+    ASSERT_TRUE(run([&] { return !srv.accepted.empty() && cli.connected.count(conn.value); }));
+    ASSERT_EQ(cli.connected[conn.value], errc::ok) << url;
+    EXPECT_TRUE(c->outbound(conn));
+    EXPECT_FALSE(s->outbound(srv.accepted[0]));
+    EXPECT_EQ(s->listener(srv.accepted[0]), l);
     ASSERT_EQ(c->send(conn, "ping", 4), errc::ok);
     ASSERT_EQ(s->send(srv.accepted[0], "pong!", 5), errc::ok);
     ASSERT_TRUE(run([&] {
-      return srv.received[srv.accepted[0]->id()].size() == 1 &&
-             cli.received[conn->id()].size() == 1;
+      return srv.received[srv.accepted[0].value].size() == 1 &&
+             cli.received[conn.value].size() == 1;
     }));
-    EXPECT_EQ(srv.received[srv.accepted[0]->id()][0], "ping");
-    EXPECT_EQ(cli.received[conn->id()][0], "pong!");
-    const uint64_t cid = conn->id();
+    EXPECT_EQ(srv.received[srv.accepted[0].value][0], "ping");
+    EXPECT_EQ(cli.received[conn.value][0], "pong!");
+    const uint64_t cid = conn.value;
     ASSERT_EQ(c->disconnect(conn), errc::ok);
     ASSERT_TRUE(run([&] { return cli.disconnected.count(cid) && srv.live.empty(); }));
     EXPECT_EQ(cli.disconnected[cid], errc::ok);
-    EXPECT_EQ(srv.disconnected[srv.accepted_ids[0]], errc::connection_reset);
+    // A graceful close reaches the peer as a graceful end (EOF at a frame boundary), not a reset.
+    EXPECT_EQ(srv.disconnected[srv.accepted_ids[0]], errc::ok);
   }
 };
 
 TEST_F(StreamConnect, ExchangesOverIpv4WithAnEphemeralPort) {
-  connect_and_exchange("ipv4://127.0.0.1:0", [](stream_listener* l) {
-    EXPECT_NE(l->port(), 0);
-    EXPECT_EQ(l->url(), "ipv4://127.0.0.1:" + std::to_string(l->port()));
-    return l->url();
+  connect_and_exchange("ipv4://127.0.0.1:0", [](stream_channel* s, listener_id l) {
+    EXPECT_NE(s->listener_port(l), 0);
+    EXPECT_EQ(s->listener_url(l), "ipv4://127.0.0.1:" + std::to_string(s->listener_port(l)));
+    return s->listener_url(l);
   });
 }
 
 // ipv6 loopback must work on the machines we test on: a missing ::1 fails loudly, never skips.
 TEST_F(StreamConnect, ExchangesOverIpv6) {
-  connect_and_exchange("ipv6://[::1]:0", [](stream_listener* l) {
-    EXPECT_EQ(l->url(), "ipv6://[::1]:" + std::to_string(l->port()));
-    return l->url();
+  connect_and_exchange("ipv6://[::1]:0", [](stream_channel* s, listener_id l) {
+    EXPECT_EQ(s->listener_url(l), "ipv6://[::1]:" + std::to_string(s->listener_port(l)));
+    return s->listener_url(l);
   });
 }
 
 TEST_F(StreamConnect, AcceptsTheLibatbusIpv6Form) {
-  connect_and_exchange(
-      "ipv6://::1:0", [](stream_listener* l) { return "ipv6://::1:" + std::to_string(l->port()); });
+  connect_and_exchange("ipv6://::1:0", [](stream_channel* s, listener_id l) {
+    return "ipv6://::1:" + std::to_string(s->listener_port(l));
+  });
 }
 
 TEST_F(StreamConnect, ResolvesDnsNames) {
   // localhost may resolve to ::1 first: the connect must fall through to 127.0.0.1.
-  connect_and_exchange("ipv4://127.0.0.1:0", [](stream_listener* l) {
-    return "dns://localhost:" + std::to_string(l->port());
+  connect_and_exchange("ipv4://127.0.0.1:0", [](stream_channel* s, listener_id l) {
+    return "dns://localhost:" + std::to_string(s->listener_port(l));
   });
 }
 
 TEST_F(StreamConnect, ListensOnDnsNames) {
-  connect_and_exchange("dns://localhost:0", [](stream_listener* l) {
-    EXPECT_NE(l->port(), 0);
-    EXPECT_EQ(l->url().rfind("ipv", 0), 0u) << l->url();
-    return l->url();
+  connect_and_exchange("dns://localhost:0", [](stream_channel* s, listener_id l) {
+    EXPECT_NE(s->listener_port(l), 0);
+    EXPECT_EQ(s->listener_url(l).rfind("ipv", 0), 0u) << s->listener_url(l);
+    return s->listener_url(l);
   });
 }
 
@@ -101,13 +103,13 @@ std::string unix_path() {
 
 TEST_F(StreamConnect, ExchangesOverUnixSocketsAndRemovesTheFile) {
   const std::string path = unix_path();
-  connect_and_exchange("unix://" + path, [&](stream_listener* l) {
+  connect_and_exchange("unix://" + path, [&](stream_channel* s, listener_id l) {
     struct stat st {};
     EXPECT_EQ(stat(path.c_str(), &st), 0);
     EXPECT_TRUE(S_ISSOCK(st.st_mode));
     EXPECT_EQ(st.st_mode & 0777, 0600u);
-    EXPECT_EQ(l->url(), "unix://" + path);
-    return l->url();
+    EXPECT_EQ(s->listener_url(l), "unix://" + path);
+    return s->listener_url(l);
   });
   channels_.clear();
   EXPECT_NE(access(path.c_str(), F_OK), 0) << "socket file left behind";
@@ -117,7 +119,7 @@ TEST_F(StreamConnect, ClosingAUnixListenerRemovesItsFile) {
   recorder r;
   stream_channel* ch = make_channel(&r);
   const std::string path = unix_path();
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(ch->listen("unix://" + path, &l), errc::ok);
   EXPECT_EQ(access(path.c_str(), F_OK), 0);
   ASSERT_EQ(ch->close_listener(l), errc::ok);
@@ -136,7 +138,8 @@ TEST_F(StreamConnect, ReplacesAStaleUnixSocketFile) {
   ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
   close(fd);
   ASSERT_EQ(access(path.c_str(), F_OK), 0);
-  connect_and_exchange("unix://" + path, [](stream_listener* l) { return l->url(); });
+  connect_and_exchange("unix://" + path,
+                       [](stream_channel* s, listener_id l) { return s->listener_url(l); });
   channels_.clear();
   EXPECT_NE(access(path.c_str(), F_OK), 0);
 }
@@ -150,10 +153,10 @@ TEST_F(StreamConnect, RefusesALiveListenersUnixSocketFile) {
   EXPECT_EQ(b->listen("unix://" + path), errc::address_in_use);
   // The live listener's file is untouched and still accepts. (The liveness probe itself shows up
   // as one short-lived accepted connection.)
-  stream_connection* c = nullptr;
+  connection_id c;
   ASSERT_EQ(b->connect("unix://" + path, &c), errc::ok);
-  ASSERT_TRUE(run([&] { return r.connected.count(c->id()) && !r.accepted.empty(); }));
-  EXPECT_EQ(r.connected[c->id()], errc::ok);
+  ASSERT_TRUE(run([&] { return r.connected.count(c.value) && !r.accepted.empty(); }));
+  EXPECT_EQ(r.connected[c.value], errc::ok);
   a->close();
   b->close();
   EXPECT_NE(access(path.c_str(), F_OK), 0);
@@ -187,22 +190,22 @@ TEST_F(StreamConnect, HonoursTheConfiguredUnixSocketMode) {
 TEST_F(StreamConnect, ReportsAddressInUseForABoundPort) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  EXPECT_EQ(ch->listen(l->url()), errc::address_in_use);
+  EXPECT_EQ(ch->listen(ch->listener_url(l)), errc::address_in_use);
 }
 
 TEST_F(StreamConnect, ReportsRefusedConnections) {
   recorder r;
   stream_channel* ch = make_channel(&r);
   // A port that was free a moment ago: bind one, note it, close it.
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  const std::string url = l->url();
+  const std::string url = ch->listener_url(l);
   ASSERT_EQ(ch->close_listener(l), errc::ok);
-  stream_connection* c = nullptr;
+  connection_id c;
   ASSERT_EQ(ch->connect(url, &c), errc::ok);
-  const uint64_t id = c->id();
+  const uint64_t id = c.value;
   ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
   EXPECT_EQ(r.connected[id], errc::connection_refused);
   EXPECT_EQ(r.disconnected.count(id), 0u);
@@ -213,9 +216,9 @@ TEST_F(StreamConnect, ReportsRefusedConnections) {
 TEST_F(StreamConnect, ReportsUnresolvableNames) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  stream_connection* c = nullptr;
+  connection_id c;
   ASSERT_EQ(ch->connect("dns://no-such-host.invalid:4000", &c), errc::ok);
-  const uint64_t id = c->id();
+  const uint64_t id = c.value;
   ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
   EXPECT_EQ(r.connected[id], errc::resolve_failed);
   EXPECT_EQ(ch->listen("dns://no-such-host.invalid:0"), errc::resolve_failed);
@@ -224,9 +227,9 @@ TEST_F(StreamConnect, ReportsUnresolvableNames) {
 TEST_F(StreamConnect, ReportsAMissingUnixSocket) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  stream_connection* c = nullptr;
+  connection_id c;
   ASSERT_EQ(ch->connect("unix://" + unix_path(), &c), errc::ok);
-  const uint64_t id = c->id();
+  const uint64_t id = c.value;
   ASSERT_TRUE(run([&] { return r.connected.count(id) != 0; }));
   EXPECT_EQ(r.connected[id], errc::not_found);
 }
@@ -247,11 +250,11 @@ TEST_F(StreamConnect, RejectsBadUrlsAtOnceWithoutCallbacks) {
 TEST_F(StreamConnect, CancelsAPendingConnect) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  stream_connection* c = nullptr;
-  ASSERT_EQ(ch->connect(l->url(), &c), errc::ok);
-  const uint64_t id = c->id();
+  connection_id c;
+  ASSERT_EQ(ch->connect(ch->listener_url(l), &c), errc::ok);
+  const uint64_t id = c.value;
   EXPECT_EQ(ch->send(c, "x", 1), errc::not_connected);
   ASSERT_EQ(ch->disconnect(c), errc::ok);
   EXPECT_TRUE(r.connected.empty()) << "the callback must not run inside disconnect()";
@@ -317,16 +320,16 @@ TEST_F(StreamConnect, FiveHundredConcurrentConnectionsAllExchange) {
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli);
   // The server echoes every message.
-  srv.on_received_hook = [&](stream_connection* conn, const uint8_t* d, size_t n) {
+  srv.on_received_hook = [&](connection_id conn, const uint8_t* d, size_t n) {
     ASSERT_EQ(s->send(conn, d, n), errc::ok);
   };
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  std::vector<stream_connection*> conns(kConns);
-  for (int i = 0; i < kConns; ++i) ASSERT_EQ(c->connect(l->url(), &conns[i]), errc::ok);
-  cli.on_connected_hook = [&](stream_connection* conn, errc st) {
+  std::vector<connection_id> conns(kConns);
+  for (int i = 0; i < kConns; ++i) ASSERT_EQ(c->connect(s->listener_url(l), &conns[i]), errc::ok);
+  cli.on_connected_hook = [&](connection_id conn, errc st) {
     ASSERT_EQ(st, errc::ok);
-    const std::string msg = "hello " + std::to_string(conn->id());
+    const std::string msg = "hello " + std::to_string(conn.value);
     ASSERT_EQ(c->send(conn, msg.data(), msg.size()), errc::ok);
   };
   ASSERT_TRUE(run([&] {
@@ -334,9 +337,9 @@ TEST_F(StreamConnect, FiveHundredConcurrentConnectionsAllExchange) {
     for (auto& kv : cli.received) done += kv.second.size();
     return done == kConns;
   }));
-  for (stream_connection* conn : conns) {
-    ASSERT_EQ(cli.received[conn->id()].size(), 1u);
-    EXPECT_EQ(cli.received[conn->id()][0], "hello " + std::to_string(conn->id()));
+  for (connection_id conn : conns) {
+    ASSERT_EQ(cli.received[conn.value].size(), 1u);
+    EXPECT_EQ(cli.received[conn.value][0], "hello " + std::to_string(conn.value));
   }
   EXPECT_EQ(s->metrics().connections_accepted, static_cast<uint64_t>(kConns));
   EXPECT_EQ(c->metrics().connections_connected, static_cast<uint64_t>(kConns));
@@ -361,16 +364,16 @@ TEST_F(StreamConnect, AnIdleConnectionCostsLittleMemory) {
   recorder srv, cli;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli);
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
   // Warm up the per-thread buffers and libuv's internals with one exchanging pair.
-  stream_connection* first = nullptr;
-  ASSERT_EQ(c->connect(l->url(), &first), errc::ok);
+  connection_id first;
+  ASSERT_EQ(c->connect(s->listener_url(l), &first), errc::ok);
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
   ASSERT_EQ(c->send(first, "warm", 4), errc::ok);
   ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
   const size_t before = heap_in_use();
-  for (int i = 0; i < kPairs; ++i) ASSERT_EQ(c->connect(l->url()), errc::ok);
+  for (int i = 0; i < kPairs; ++i) ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
   ASSERT_TRUE(
       run([&] { return srv.accepted.size() == kPairs + 1 && cli.live.size() == kPairs + 1; }));
   const size_t after = heap_in_use();

@@ -44,22 +44,22 @@ std::string payload(uint64_t i, size_t max) {
 class StreamData : public stream_fixture {
  protected:
   struct pair {
-    stream_connection* server = nullptr;
-    stream_connection* client = nullptr;
+    connection_id server;
+    connection_id client;
   };
   // Connects client channel c to server channel s over url (listening there first).
   pair connect(stream_channel* s, recorder* srv, stream_channel* c, recorder* cli,
                const std::string& url = "ipv4://127.0.0.1:0") {
-    stream_listener* l = nullptr;
+    listener_id l;
     EXPECT_EQ(s->listen(url, &l), errc::ok);
     pair p;
-    EXPECT_EQ(c->connect(l->url(), &p.client), errc::ok);
+    EXPECT_EQ(c->connect(s->listener_url(l), &p.client), errc::ok);
     const size_t before = srv->accepted.size();
     EXPECT_TRUE(run([&] {
-      return srv->accepted.size() > before && cli->connected.count(p.client->id()) != 0;
+      return srv->accepted.size() > before && cli->connected.count(p.client.value) != 0;
     }));
     p.server = srv->accepted.back();
-    EXPECT_EQ(cli->connected[p.client->id()], errc::ok);
+    EXPECT_EQ(cli->connected[p.client.value], errc::ok);
     return p;
   }
 };
@@ -68,7 +68,7 @@ class StreamData : public stream_fixture {
 // on_writable callback.
 struct pump {
   stream_channel* ch;
-  stream_connection* conn;
+  connection_id conn;
   uint64_t count;
   size_t max;
   uint64_t next = 0;
@@ -76,7 +76,7 @@ struct pump {
   void run() {
     while (next < count) {
       const std::string p = payload(next, max);
-      const errc e = ch->send(conn, p.data(), p.size(), next);
+      const errc e = ch->send(conn, p.data(), p.size());
       if (e == errc::queue_full) {
         ++refused;
         return;  // resumed by on_writable
@@ -104,29 +104,29 @@ TEST_F(StreamData, HundredThousandRandomMessagesArriveIntactAndInOrderBothWays) 
     uint64_t srv_got = 0, cli_got = 0;
     bool bad = false;
     srv.keep_payloads = cli.keep_payloads = false;
-    srv.on_received_hook = [&](stream_connection*, const uint8_t* d, size_t n) {
+    srv.on_received_hook = [&](connection_id, const uint8_t* d, size_t n) {
       const std::string want = payload(srv_got++, cfg.message_limit);
       if (n != want.size() || std::memcmp(d, want.data(), n) != 0) bad = true;
     };
-    cli.on_received_hook = [&](stream_connection*, const uint8_t* d, size_t n) {
+    cli.on_received_hook = [&](connection_id, const uint8_t* d, size_t n) {
       const std::string want = payload(cli_got++, cfg.message_limit);
       if (n != want.size() || std::memcmp(d, want.data(), n) != 0) bad = true;
     };
     pump up{c, p.client, kCount, cfg.message_limit};
     pump down{s, p.server, kCount, cfg.message_limit};
-    cli.on_writable_hook = [&](stream_connection*) { up.run(); };
-    srv.on_writable_hook = [&](stream_connection*) { down.run(); };
+    cli.on_writable_hook = [&](connection_id) { up.run(); };
+    srv.on_writable_hook = [&](connection_id) { down.run(); };
     up.run();
     down.run();
     ASSERT_TRUE(run([&] { return (srv_got == kCount && cli_got == kCount) || bad; },
                     std::chrono::seconds(60)));
     EXPECT_FALSE(bad) << "a payload arrived corrupt or out of order";
     EXPECT_GT(up.refused + down.refused, 0u) << "back-pressure never engaged";
-    const auto& m = p.client->metrics();
+    const auto& m = cm(c, p.client);
     EXPECT_EQ(m.packets_sent, kCount);
-    EXPECT_EQ(p.server->metrics().packets_received, kCount);
+    EXPECT_EQ(cm(s, p.server).packets_received, kCount);
     EXPECT_EQ(m.send_failed, 0u);
-    EXPECT_EQ(m.decode_errors + p.server->metrics().decode_errors, 0u);
+    EXPECT_EQ(m.decode_errors + cm(s, p.server).decode_errors, 0u);
     s->close();
     c->close();
   }
@@ -146,7 +146,7 @@ TEST_F(StreamData, CoalescesSmallPacketsIntoFewWrites) {
     ASSERT_EQ(c->send(p.client, buf, sizeof buf), errc::ok);
   }
   ASSERT_TRUE(run([&] { return srv.received_count == kCount; }));
-  const auto& m = p.client->metrics();
+  const auto& m = cm(c, p.client);
   EXPECT_EQ(m.packets_sent, static_cast<uint64_t>(kCount));
   EXPECT_EQ(m.bytes_sent, 64u * kCount);
   EXPECT_EQ(m.queue_packets, 0u);
@@ -167,8 +167,8 @@ TEST_F(StreamData, WithoutCoalescingEveryPacketCostsAWrite) {
   constexpr int kCount = 2000;
   for (int i = 0; i < kCount; ++i) ASSERT_EQ(c->send(p.client, "0123456789", 10), errc::ok);
   ASSERT_TRUE(run([&] { return srv.received_count == kCount; }));
-  EXPECT_GE(p.client->metrics().write_calls, static_cast<uint64_t>(kCount));
-  EXPECT_EQ(p.client->metrics().packets_merged, 0u);
+  EXPECT_GE(cm(c, p.client).write_calls, static_cast<uint64_t>(kCount));
+  EXPECT_EQ(cm(c, p.client).packets_merged, 0u);
 }
 
 TEST_F(StreamData, MessagesAtTheLimitPassAndLimitPlusOneIsRefused) {
@@ -181,20 +181,25 @@ TEST_F(StreamData, MessagesAtTheLimitPassAndLimitPlusOneIsRefused) {
   std::string big(cfg.message_limit, 'x');
   big[0] = 'a';
   big.back() = 'z';
-  ASSERT_EQ(c->send(p.client, big.data(), big.size(), 1), errc::ok);
+  uint64_t seq = 0;
+  ASSERT_EQ(c->send(p.client, big.data(), big.size(), &seq), errc::ok);
+  EXPECT_EQ(seq, 1u);
   std::string over(cfg.message_limit + 1, 'y');
-  EXPECT_EQ(c->send(p.client, over.data(), over.size(), 2), errc::message_too_large);
-  EXPECT_EQ(c->send(p.client, {{big.data(), big.size()}, {"!", 1}}, 3), errc::message_too_large);
-  EXPECT_EQ(p.client->metrics().queue_packets, 1u) << "a refused send left something queued";
-  ASSERT_TRUE(run([&] { return srv.received[p.server->id()].size() == 1; }));
-  EXPECT_EQ(srv.received[p.server->id()][0], big);
+  EXPECT_EQ(c->send(p.client, over.data(), over.size(), &seq), errc::message_too_large);
+  const const_buffer parts[] = {{big.data(), big.size()}, {"!", 1}};
+  EXPECT_EQ(c->sendv(p.client, parts, 2, &seq), errc::message_too_large);
+  EXPECT_EQ(seq, 1u) << "a refused send must not take a sequence number";
+  EXPECT_EQ(cm(c, p.client).queue_packets, 1u) << "a refused send left something queued";
+  ASSERT_TRUE(run([&] { return srv.received[p.server.value].size() == 1; }));
+  EXPECT_EQ(srv.received[p.server.value][0], big);
   // And back the other way; also the empty message.
   ASSERT_EQ(s->send(p.server, big.data(), big.size()), errc::ok);
   ASSERT_EQ(s->send(p.server, static_cast<const void*>(nullptr), 0), errc::ok);
-  ASSERT_TRUE(run([&] { return cli.received[p.client->id()].size() == 2; }));
-  EXPECT_EQ(cli.received[p.client->id()][0], big);
-  EXPECT_EQ(cli.received[p.client->id()][1], "");
-  for (const auto& w : cli.writes) EXPECT_NE(w.tag, 2u) << "a refused send was reported";
+  ASSERT_TRUE(run([&] { return cli.received[p.client.value].size() == 2; }));
+  EXPECT_EQ(cli.received[p.client.value][0], big);
+  EXPECT_EQ(cli.received[p.client.value][1], "");
+  ASSERT_TRUE(run([&] { return cli.written[p.client.value] == 1; }));
+  EXPECT_EQ(cli.written_calls[p.client.value], 1u) << "a refused send was reported";
 }
 
 TEST_F(StreamData, GatherSendConcatenatesTheParts) {
@@ -203,9 +208,10 @@ TEST_F(StreamData, GatherSendConcatenatesTheParts) {
   stream_channel* c = make_channel(&cli);
   pair p = connect(s, &srv, c, &cli);
   const uint32_t header = 0x01020304;
-  ASSERT_EQ(c->send(p.client, {{&header, 4}, {"body", 4}, {nullptr, 0}, {"!", 1}}), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.received[p.server->id()].size() == 1; }));
-  EXPECT_EQ(srv.received[p.server->id()][0], std::string("\x04\x03\x02\x01"
+  const const_buffer parts[] = {{&header, 4}, {"body", 4}, {nullptr, 0}, {"!", 1}};
+  ASSERT_EQ(c->sendv(p.client, parts, 4), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[p.server.value].size() == 1; }));
+  EXPECT_EQ(srv.received[p.server.value][0], std::string("\x04\x03\x02\x01"
                                                          "body!",
                                                          9));
 }
@@ -218,31 +224,34 @@ TEST_F(StreamData, PrepareAndCommitSendsInPlace) {
   stream_channel* c = make_channel(&cli, cfg);
   pair p = connect(s, &srv, c, &cli);
   errc e = errc::ok;
-  uint8_t* buf = c->prepare_send(p.client, 5, 7, &e);
+  uint8_t* buf = c->prepare_send(p.client, 5, &e);
   ASSERT_NE(buf, nullptr);
   EXPECT_EQ(e, errc::ok);
   // Another send while the reservation is open is refused, and so is a second reservation.
   EXPECT_EQ(c->send(p.client, "x", 1), errc::invalid_argument);
-  EXPECT_EQ(c->prepare_send(p.client, 1, 0, &e), nullptr);
+  EXPECT_EQ(c->prepare_send(p.client, 1, &e), nullptr);
   EXPECT_EQ(e, errc::invalid_argument);
   std::memcpy(buf, "hello", 5);  // NOLINT(bugprone-not-null-terminated-result): payload bytes
-  c->commit_send(p.client);
+  uint64_t seq = 0;
+  EXPECT_EQ(c->commit_send(p.client, &seq), errc::ok);
+  EXPECT_EQ(seq, 1u);
   // A cancelled reservation leaves nothing behind.
-  buf = c->prepare_send(p.client, 3, 8, &e);
+  buf = c->prepare_send(p.client, 3, &e);
   ASSERT_NE(buf, nullptr);
   c->cancel_send(p.client);
-  EXPECT_EQ(p.client->metrics().queue_packets, 1u);
-  EXPECT_EQ(c->prepare_send(p.client, 1001, 9, &e), nullptr);
+  EXPECT_EQ(cm(c, p.client).queue_packets, 1u);
+  EXPECT_EQ(c->prepare_send(p.client, 1001, &e), nullptr);
   EXPECT_EQ(e, errc::message_too_large);
-  buf = c->prepare_send(p.client, 0, 10, &e);
+  buf = c->prepare_send(p.client, 0, &e);
   ASSERT_NE(buf, nullptr);
-  c->commit_send(p.client);
+  EXPECT_EQ(c->commit_send(p.client, &seq), errc::ok);
+  EXPECT_EQ(seq, 2u) << "a cancelled reservation took a sequence number";
   ASSERT_EQ(c->send(p.client, "world", 5), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.received[p.server->id()].size() == 3; }));
-  EXPECT_EQ(srv.received[p.server->id()][0], "hello");
-  EXPECT_EQ(srv.received[p.server->id()][1], "");
-  EXPECT_EQ(srv.received[p.server->id()][2], "world");
-  EXPECT_EQ(p.client->metrics().packets_sent, 3u);
+  ASSERT_TRUE(run([&] { return srv.received[p.server.value].size() == 3; }));
+  EXPECT_EQ(srv.received[p.server.value][0], "hello");
+  EXPECT_EQ(srv.received[p.server.value][1], "");
+  EXPECT_EQ(srv.received[p.server.value][2], "world");
+  EXPECT_EQ(cm(c, p.client).packets_sent, 3u);
 }
 
 TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
@@ -257,17 +266,17 @@ TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
   char buf[1000] = {};
   int accepted = 0;
   errc e = errc::ok;
-  while ((e = c->send(p.client, buf, sizeof buf, accepted)) == errc::ok) ++accepted;
+  while ((e = c->send(p.client, buf, sizeof buf)) == errc::ok) ++accepted;
   EXPECT_EQ(e, errc::queue_full);
   EXPECT_TRUE(is_retriable(e));
   EXPECT_GT(accepted, 5);
-  EXPECT_EQ(p.client->metrics().queue_packets, static_cast<size_t>(accepted));
-  EXPECT_EQ(p.client->metrics().send_refused, 1u);
-  ASSERT_TRUE(run([&] { return cli.writable[p.client->id()] == 1; }));
-  EXPECT_LE(p.client->metrics().queue_bytes, cfg.queue.max_bytes / 2);
+  EXPECT_EQ(cm(c, p.client).queue_packets, static_cast<size_t>(accepted));
+  EXPECT_EQ(cm(c, p.client).send_refused, 1u);
+  ASSERT_TRUE(run([&] { return cli.writable[p.client.value] == 1; }));
+  EXPECT_LE(cm(c, p.client).queue_bytes, cfg.queue.max_bytes / 2);
   EXPECT_EQ(c->send(p.client, buf, sizeof buf), errc::ok);
   ASSERT_TRUE(run([&] { return srv.received_count == static_cast<uint64_t>(accepted) + 1; }));
-  EXPECT_EQ(cli.writable[p.client->id()], 1) << "on_writable fires once per queue_full episode";
+  EXPECT_EQ(cli.writable[p.client.value], 1) << "on_writable fires once per queue_full episode";
 }
 
 TEST_F(StreamData, DynamicQueueModeWorksToo) {
@@ -284,42 +293,12 @@ TEST_F(StreamData, DynamicQueueModeWorksToo) {
   while (c->send(p.client, "abc", 3) == errc::ok) ++sent;
   EXPECT_EQ(sent, 100);
   ASSERT_TRUE(run([&] { return srv.received_count == 100u; }));
-  EXPECT_LT(p.client->metrics().write_calls, 10u);
-}
-
-// Every packet accepted by send() gets exactly one fate.
-void expect_each_tag_once(const recorder& r, uint64_t conn, uint64_t count, errc failed_status,
-                          uint64_t* ok_count) {
-  std::vector<int> seen(count, 0);
-  *ok_count = 0;
-  for (const auto& w : r.writes) {
-    if (w.conn != conn) continue;
-    ASSERT_LT(w.tag, count);
-    ++seen[w.tag];
-    if (w.status == errc::ok) {
-      ++*ok_count;
-    } else {
-      EXPECT_EQ(w.status, failed_status);
-    }
-  }
-  for (uint64_t t = 0; t < count; ++t) ASSERT_EQ(seen[t], 1) << "packet " << t;
-  // In order: successes first, then failures, each in send order.
-  uint64_t last = 0;
-  bool first = true;
-  for (const auto& w : r.writes) {
-    if (w.conn != conn) continue;
-    if (!first) {
-      EXPECT_GT(w.tag, last);
-    }
-    last = w.tag;
-    first = false;
-  }
+  EXPECT_LT(cm(c, p.client).write_calls, 10u);
 }
 
 TEST_F(StreamData, ForceDisconnectWithAFullQueueFailsEachQueuedPacketOnce) {
   recorder srv, cli;
   stream_config cfg;
-  cfg.report_written = true;
   cfg.queue.ring_bytes = size_t{1024} * 1024;
   cfg.queue.max_bytes = size_t{1024} * 1024;
   stream_channel* s = make_channel(&srv);
@@ -329,19 +308,22 @@ TEST_F(StreamData, ForceDisconnectWithAFullQueueFailsEachQueuedPacketOnce) {
   ASSERT_EQ(s->pause_reading(p.server), errc::ok);
   std::string big(60000, 'b');
   uint64_t n = 0;
-  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
-  ASSERT_TRUE(run([&] { return p.client->metrics().queue_bytes < size_t{1024} * 1024 - 60000; }));
+  while (c->send(p.client, big.data(), big.size()) == errc::ok) ++n;
+  ASSERT_TRUE(run([&] { return cm(c, p.client).queue_bytes < size_t{1024} * 1024 - 60000; }));
   // Run a little more so a write is in flight (socket full), then refill the queue.
-  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
-  ASSERT_TRUE(run([&] { return p.client->metrics().write_calls > 2; }));
-  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
-  const uint64_t id = p.client->id();
+  while (c->send(p.client, big.data(), big.size()) == errc::ok) ++n;
+  ASSERT_TRUE(run([&] { return cm(c, p.client).write_calls > 2; }));
+  while (c->send(p.client, big.data(), big.size()) == errc::ok) ++n;
+  const uint64_t id = p.client.value;
   ASSERT_EQ(c->disconnect(p.client, disconnect_mode::force), errc::ok);
   EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
   ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0; }));
   EXPECT_EQ(cli.disconnected[id], errc::cancelled);
-  uint64_t ok = 0;
-  expect_each_tag_once(cli, id, n, errc::cancelled, &ok);
+  cli.expect_exact(id, n);
+  const uint64_t ok = cli.written[id];
+  ASSERT_EQ(cli.failed.size(), 1u) << "one range for all the failed packets";
+  EXPECT_EQ(cli.failed[0].reason, errc::cancelled);
+  EXPECT_EQ(cli.failed[0].last, n);
   EXPECT_LT(ok, n) << "nothing was left to fail: the test did not fill the queue";
   EXPECT_GT(ok, 0u);
   const auto totals = c->metrics().totals;
@@ -349,42 +331,59 @@ TEST_F(StreamData, ForceDisconnectWithAFullQueueFailsEachQueuedPacketOnce) {
   EXPECT_EQ(totals.send_failed, n - ok);
 }
 
-TEST_F(StreamData, FailuresAreReportedWithoutReportWritten) {
+TEST_F(StreamData, SendReturnsConsecutiveSequenceNumbers) {
   recorder srv, cli;
   stream_channel* s = make_channel(&srv);
-  stream_channel* c = make_channel(&cli);  // report_written off: only failures
+  stream_channel* c = make_channel(&cli);
   pair p = connect(s, &srv, c, &cli);
-  for (uint64_t i = 0; i < 10; ++i) ASSERT_EQ(c->send(p.client, "abc", 3, i), errc::ok);
-  const uint64_t id = p.client->id();
+  for (uint64_t i = 1; i <= 10; ++i) {
+    uint64_t seq = 0;
+    ASSERT_EQ(c->send(p.client, "abc", 3, &seq), errc::ok);
+    EXPECT_EQ(seq, i);
+  }
+  const uint64_t id = p.client.value;
   ASSERT_EQ(c->disconnect(p.client, disconnect_mode::force), errc::ok);
   ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0; }));
-  ASSERT_EQ(cli.writes.size(), 10u);
-  for (uint64_t i = 0; i < 10; ++i) {
-    EXPECT_EQ(cli.writes[i].tag, i);
-    EXPECT_EQ(cli.writes[i].status, errc::cancelled);
-  }
+  // Nothing reached the kernel (the force came before the loop ran): one range 1..10.
+  ASSERT_EQ(cli.failed.size(), 1u);
+  EXPECT_EQ(cli.failed[0].first, 1u);
+  EXPECT_EQ(cli.failed[0].last, 10u);
+  EXPECT_EQ(cli.failed[0].reason, errc::cancelled);
+  EXPECT_EQ(cli.written.count(id), 0u);
+}
+
+TEST_F(StreamData, OneCumulativeReportPerWriteBatch) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(c->send(p.client, "0123456789", 10), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.written[p.client.value] == 1000; }));
+  // 1000 small frames leave in one merged write: one report, not one per packet.
+  EXPECT_EQ(cli.written_calls[p.client.value], 1u);
+  EXPECT_EQ(cm(c, p.client).write_calls, 1u);
+  EXPECT_TRUE(cli.failed.empty());
 }
 
 TEST_F(StreamData, GracefulDisconnectDeliversEverythingFirst) {
   recorder srv, cli;
   stream_config cfg;
-  cfg.report_written = true;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli, cfg);
   pair p = connect(s, &srv, c, &cli);
   srv.keep_payloads = false;
   uint64_t n = 0;
   std::string msg(1000, 'g');
-  while (c->send(p.client, msg.data(), msg.size(), n) == errc::ok) ++n;
-  const uint64_t id = p.client->id();
+  while (c->send(p.client, msg.data(), msg.size()) == errc::ok) ++n;
+  const uint64_t id = p.client.value;
   ASSERT_EQ(c->disconnect(p.client, disconnect_mode::graceful), errc::ok);
   EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
   ASSERT_TRUE(run([&] { return cli.disconnected.count(id) && srv.live.empty(); }));
   EXPECT_EQ(cli.disconnected[id], errc::ok);
   EXPECT_EQ(srv.received_count, n);
-  uint64_t ok = 0;
-  expect_each_tag_once(cli, id, n, errc::ok, &ok);
-  EXPECT_EQ(ok, n);
+  cli.expect_exact(id, n);
+  EXPECT_EQ(cli.written[id], n);
+  EXPECT_TRUE(cli.failed.empty());
 }
 
 TEST_F(StreamData, ChannelCloseFailsEveryQueuedPacketSynchronouslyOnce) {
@@ -395,28 +394,26 @@ TEST_F(StreamData, ChannelCloseFailsEveryQueuedPacketSynchronouslyOnce) {
   ASSERT_EQ(s->pause_reading(p.server), errc::ok);
   std::string big(30000, 'c');
   uint64_t n = 0;
-  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
-  ASSERT_TRUE(run([&] { return p.client->metrics().write_calls > 3; }));
-  while (c->send(p.client, big.data(), big.size(), n) == errc::ok) ++n;
-  const uint64_t id = p.client->id();
-  const uint64_t sent_before = p.client->metrics().packets_sent;
+  while (c->send(p.client, big.data(), big.size()) == errc::ok) ++n;
+  ASSERT_TRUE(run([&] { return cm(c, p.client).write_calls > 3; }));
+  while (c->send(p.client, big.data(), big.size()) == errc::ok) ++n;
+  const uint64_t id = p.client.value;
+  const uint64_t sent_before = cm(c, p.client).packets_sent;
   c->close();
   // Synchronous: everything reported before close() returned.
   ASSERT_EQ(cli.disconnected.count(id), 1u);
   EXPECT_EQ(cli.disconnected[id], errc::closed);
-  EXPECT_EQ(cli.writes.size(), n - sent_before);
-  std::set<uint64_t> tags;
-  for (const auto& w : cli.writes) {
-    EXPECT_EQ(w.status, errc::closed);
-    EXPECT_TRUE(tags.insert(w.tag).second) << "tag " << w.tag << " reported twice";
-    EXPECT_GE(w.tag, sent_before);
-  }
+  cli.expect_exact(id, n);
+  ASSERT_EQ(cli.failed.size(), 1u);
+  EXPECT_EQ(cli.failed[0].reason, errc::closed);
+  EXPECT_EQ(cli.failed[0].first, sent_before + 1);
+  EXPECT_EQ(cli.failed[0].last, n);
   EXPECT_EQ(c->connect("ipv4://127.0.0.1:1"), errc::closed);
   EXPECT_EQ(c->listen("ipv4://127.0.0.1:0"), errc::closed);
-  const size_t reports = cli.writes.size();
+  const size_t reports = cli.failed.size() + cli.written_calls[id];
   ASSERT_EQ(s->resume_reading(p.server), errc::ok);
   ASSERT_TRUE(run([&] { return srv.live.empty(); }));
-  EXPECT_EQ(cli.writes.size(), reports) << "a callback fired after close()";
+  EXPECT_EQ(cli.failed.size() + cli.written_calls[id], reports) << "a callback fired after close()";
 }
 
 TEST_F(StreamData, DisconnectInsideOnReceivedStopsDelivery) {
@@ -425,13 +422,13 @@ TEST_F(StreamData, DisconnectInsideOnReceivedStopsDelivery) {
   stream_channel* c = make_channel(&cli);
   pair p = connect(s, &srv, c, &cli);
   for (int i = 0; i < 100; ++i) ASSERT_EQ(c->send(p.client, "m", 1), errc::ok);
-  srv.on_received_hook = [&](stream_connection* conn, const uint8_t*, size_t) {
+  srv.on_received_hook = [&](connection_id conn, const uint8_t*, size_t) {
     if (srv.received_count == 3) {
       ASSERT_EQ(s->disconnect(conn, disconnect_mode::force), errc::ok);
-      EXPECT_EQ(srv.disconnected.count(conn->id()), 0u) << "callback inside disconnect()";
+      EXPECT_EQ(srv.disconnected.count(conn.value), 0u) << "callback inside disconnect()";
     }
   };
-  const uint64_t sid = p.server->id();
+  const uint64_t sid = p.server.value;
   ASSERT_TRUE(run([&] { return srv.disconnected.count(sid) != 0; }));
   EXPECT_EQ(srv.received_count, 3u);
   ASSERT_TRUE(run([&] { return cli.live.empty(); }));
@@ -442,11 +439,11 @@ TEST_F(StreamData, EchoFromInsideOnReceived) {
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli);
   pair p = connect(s, &srv, c, &cli);
-  srv.on_received_hook = [&](stream_connection* conn, const uint8_t* d, size_t n) {
+  srv.on_received_hook = [&](connection_id conn, const uint8_t* d, size_t n) {
     ASSERT_EQ(s->send(conn, d, n), errc::ok);
   };
   int rounds = 0;
-  cli.on_received_hook = [&](stream_connection* conn, const uint8_t* d, size_t n) {
+  cli.on_received_hook = [&](connection_id conn, const uint8_t* d, size_t n) {
     if (++rounds < 1000) {
       ASSERT_EQ(c->send(conn, d, n), errc::ok);
     }
@@ -462,7 +459,7 @@ TEST_F(StreamData, PauseAndResumeReading) {
   pair p = connect(s, &srv, c, &cli);
   ASSERT_EQ(s->pause_reading(p.server), errc::ok);
   ASSERT_EQ(c->send(p.client, "held", 4), errc::ok);
-  ASSERT_TRUE(run([&] { return p.client->metrics().packets_sent == 1; }));
+  ASSERT_TRUE(run([&] { return cm(c, p.client).packets_sent == 1; }));
   run([] { return false; }, std::chrono::milliseconds(50));
   EXPECT_EQ(srv.received_count, 0u);
   ASSERT_EQ(s->resume_reading(p.server), errc::ok);
@@ -496,15 +493,15 @@ TEST_F(StreamData, DestroyingTheChannelFiresNoCallbacks) {
   recorder srv, cli;
   stream_channel* s = make_channel(&srv);
   auto c = std::make_unique<stream_channel>(&loop_, stream_config{}, cli.callbacks());
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  stream_connection* conn = nullptr;
-  ASSERT_EQ(c->connect(l->url(), &conn), errc::ok);
+  connection_id conn;
+  ASSERT_EQ(c->connect(s->listener_url(l), &conn), errc::ok);
   ASSERT_TRUE(run([&] { return !cli.live.empty(); }));
   ASSERT_EQ(c->send(conn, "x", 1), errc::ok);
-  const size_t writes = cli.writes.size();
   c.reset();
-  EXPECT_EQ(cli.writes.size(), writes);
+  EXPECT_TRUE(cli.failed.empty());
+  EXPECT_TRUE(cli.written.empty());
   EXPECT_TRUE(cli.disconnected.empty());
   ASSERT_TRUE(run([&] { return srv.live.empty(); }));
 }

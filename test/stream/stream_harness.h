@@ -17,72 +17,105 @@
 
 namespace uvbus::test {
 
-// Records every callback of one channel. Connections are keyed by id (pointers die with them).
+// Records every callback of one channel. Connections are keyed by id value (ids never dangle,
+// and they are unique in the process).
 struct recorder {
-  struct written {
+  struct failed_range {
     uint64_t conn;
-    uint64_t tag;
-    errc status;
+    uint64_t first;
+    uint64_t last;
+    errc reason;
   };
-  std::vector<stream_connection*> accepted;  // dangling once disconnected: use accepted_ids
+  std::vector<connection_id> accepted;
   std::vector<uint64_t> accepted_ids;
   std::map<uint64_t, errc> connected;     // id -> status
   std::map<uint64_t, errc> disconnected;  // id -> reason
   std::map<uint64_t, std::vector<std::string>> received;
-  std::vector<written> writes;
+  std::map<uint64_t, uint64_t> written;        // id -> highest written_through reported
+  std::map<uint64_t, uint64_t> written_calls;  // id -> number of on_written calls
+  std::vector<failed_range> failed;
   std::map<uint64_t, int> writable;
-  std::map<uint64_t, stream_connection*> live;  // connected/accepted and not yet ended
+  std::map<uint64_t, connection_id> live;  // connected/accepted and not yet ended
 
   // Optional hooks run after recording (for tests that react: echo, resend, disconnect).
-  std::function<void(stream_connection*, const uint8_t*, size_t)> on_received_hook;
-  std::function<void(stream_connection*)> on_writable_hook;
-  std::function<void(stream_connection*)> on_accepted_hook;
-  std::function<void(stream_connection*, errc)> on_connected_hook;
+  std::function<void(connection_id, const uint8_t*, size_t)> on_received_hook;
+  std::function<void(connection_id)> on_writable_hook;
+  std::function<void(connection_id)> on_accepted_hook;
+  std::function<void(connection_id, errc)> on_connected_hook;
+  std::function<void(connection_id, uint64_t)> on_written_hook;
   bool keep_payloads = true;
   uint64_t received_count = 0;
 
+  // Packets of conn reported failed (the sum of its ranges).
+  uint64_t failed_count(uint64_t conn) const {
+    uint64_t n = 0;
+    for (const failed_range& f : failed) {
+      if (f.conn == conn) n += f.last - f.first + 1;
+    }
+    return n;
+  }
+  // Every packet 1..accepted of conn covered exactly once: written through some N, failed N+1..
+  void expect_exact(uint64_t conn, uint64_t accepted) const {
+    const auto w = written.find(conn);
+    const uint64_t through = w == written.end() ? 0 : w->second;
+    EXPECT_EQ(through + failed_count(conn), accepted) << "conn " << conn;
+  }
+
   stream_callbacks callbacks() {
     stream_callbacks cb;
-    cb.ctx = this;
-    cb.on_accepted = [](void* ctx, stream_connection* c) {
-      auto* r = static_cast<recorder*>(ctx);
-      r->accepted.push_back(c);
-      r->accepted_ids.push_back(c->id());
-      r->live[c->id()] = c;
-      if (r->on_accepted_hook) r->on_accepted_hook(c);
+    cb.on_accepted = [this](connection_id c) {
+      accepted.push_back(c);
+      accepted_ids.push_back(c.value);
+      live[c.value] = c;
+      if (on_accepted_hook) on_accepted_hook(c);
     };
-    cb.on_connected = [](void* ctx, stream_connection* c, errc s) {
-      auto* r = static_cast<recorder*>(ctx);
-      EXPECT_EQ(r->connected.count(c->id()), 0u) << "on_connected twice";
-      r->connected[c->id()] = s;
-      if (s == errc::ok) r->live[c->id()] = c;
-      if (r->on_connected_hook) r->on_connected_hook(c, s);
+    cb.on_connected = [this](connection_id c, errc s) {
+      EXPECT_EQ(connected.count(c.value), 0u) << "on_connected twice";
+      connected[c.value] = s;
+      if (s == errc::ok) live[c.value] = c;
+      if (on_connected_hook) on_connected_hook(c, s);
     };
-    cb.on_disconnected = [](void* ctx, stream_connection* c, errc reason) {
-      auto* r = static_cast<recorder*>(ctx);
-      EXPECT_EQ(r->disconnected.count(c->id()), 0u) << "on_disconnected twice";
-      r->disconnected[c->id()] = reason;
-      r->live.erase(c->id());
+    cb.on_disconnected = [this](connection_id c, errc reason) {
+      EXPECT_EQ(disconnected.count(c.value), 0u) << "on_disconnected twice";
+      disconnected[c.value] = reason;
+      live.erase(c.value);
     };
-    cb.on_received = [](void* ctx, stream_connection* c, const uint8_t* d, size_t n) {
-      auto* r = static_cast<recorder*>(ctx);
-      ++r->received_count;
-      if (r->keep_payloads) {
-        r->received[c->id()].emplace_back(reinterpret_cast<const char*>(d), n);
-      }
-      if (r->on_received_hook) r->on_received_hook(c, d, n);
+    cb.on_received = [this](connection_id c, const uint8_t* d, size_t n) {
+      ++received_count;
+      if (keep_payloads) received[c.value].emplace_back(reinterpret_cast<const char*>(d), n);
+      if (on_received_hook) on_received_hook(c, d, n);
     };
-    cb.on_written = [](void* ctx, stream_connection* c, uint64_t tag, errc s) {
-      static_cast<recorder*>(ctx)->writes.push_back({c->id(), tag, s});
+    cb.on_written = [this](connection_id c, uint64_t through) {
+      uint64_t& w = written[c.value];
+      EXPECT_GT(through, w) << "on_written must move forward";
+      EXPECT_EQ(disconnected.count(c.value), 0u) << "on_written after on_disconnected";
+      for (const failed_range& f : failed) EXPECT_NE(f.conn, c.value) << "on_written after failure";
+      w = through;
+      ++written_calls[c.value];
+      if (on_written_hook) on_written_hook(c, through);
     };
-    cb.on_writable = [](void* ctx, stream_connection* c) {
-      auto* r = static_cast<recorder*>(ctx);
-      ++r->writable[c->id()];
-      if (r->on_writable_hook) r->on_writable_hook(c);
+    cb.on_send_failed = [this](connection_id c, uint64_t first, uint64_t last, errc reason) {
+      const auto w = written.find(c.value);
+      EXPECT_EQ(first, (w == written.end() ? 0 : w->second) + 1) << "gap or overlap";
+      EXPECT_LE(first, last);
+      EXPECT_NE(reason, errc::ok);
+      EXPECT_EQ(disconnected.count(c.value), 0u) << "on_send_failed after on_disconnected";
+      failed.push_back({c.value, first, last, reason});
+    };
+    cb.on_writable = [this](connection_id c) {
+      ++writable[c.value];
+      if (on_writable_hook) on_writable_hook(c);
     };
     return cb;
   }
 };
+
+// The current metrics of a connection (all zero once it is gone).
+inline stream_connection_metrics cm(const stream_channel* ch, connection_id c) {
+  stream_connection_metrics m;
+  (void)ch->connection_metrics(c, &m);
+  return m;
+}
 
 // A loop plus helpers; the loop is checked to be empty (every handle closed) at the end.
 class stream_fixture : public ::testing::Test {

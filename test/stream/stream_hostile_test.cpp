@@ -63,14 +63,14 @@ class StreamHostile : public stream_fixture {
     recorder srv, cli;
     stream_channel* s = make_channel(&srv);
     stream_channel* c = make_channel(&cli);
-    stream_listener* l = nullptr;
+    listener_id l;
     ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-    stream_connection* good = nullptr;
-    ASSERT_EQ(c->connect(l->url(), &good), errc::ok);
+    connection_id good;
+    ASSERT_EQ(c->connect(s->listener_url(l), &good), errc::ok);
     ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
-    stream_connection* good_srv = srv.accepted[0];
+    connection_id good_srv = srv.accepted[0];
 
-    raw_peer bad(l->port());
+    raw_peer bad(s->listener_port(l));
     ASSERT_TRUE(bad.ok());
     std::vector<uint8_t> stream = frame_of("fine");
     stream.insert(stream.end(), bytes.begin(), bytes.end());
@@ -91,12 +91,13 @@ class StreamHostile : public stream_fixture {
     ASSERT_EQ(c->send(good, "still", 5), errc::ok);
     ASSERT_EQ(s->send(good_srv, "here", 4), errc::ok);
     ASSERT_TRUE(run([&] {
-      return srv.received[good_srv->id()].size() == 1 && cli.received[good->id()].size() == 1;
+      return srv.received[good_srv.value].size() == 1 && cli.received[good.value].size() == 1;
     }));
-    EXPECT_EQ(srv.received[good_srv->id()][0], "still");
-    EXPECT_EQ(good_srv->metrics().decode_errors, 0u);
+    EXPECT_EQ(srv.received[good_srv.value][0], "still");
+    EXPECT_EQ(cm(s, good_srv).decode_errors, 0u);
     const auto m = s->metrics();
-    EXPECT_EQ(m.totals.decode_errors, reason == errc::connection_reset ? 0u : 1u);
+    const bool corrupt = reason != errc::connection_reset && reason != errc::ok;
+    EXPECT_EQ(m.totals.decode_errors, corrupt ? 1u : 0u);
   }
 };
 
@@ -144,21 +145,26 @@ TEST_F(StreamHostile, ClosingMidFrameIsAResetAndDeliversNothingPartial) {
   expect_disconnect(f, errc::connection_reset, /*close_after=*/true);
 }
 
+// The peer's EOF right after a whole frame is a graceful end (errc::ok), not a reset.
+TEST_F(StreamHostile, ClosingAtAFrameBoundaryIsAGracefulEnd) {
+  expect_disconnect({}, errc::ok, /*close_after=*/true);
+}
+
 TEST_F(StreamHostile, AFrameSplitIntoSingleBytesStillArrives) {
   recorder srv;
   stream_channel* s = make_channel(&srv);
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  raw_peer peer(l->port());
+  raw_peer peer(s->listener_port(l));
   ASSERT_TRUE(peer.ok());
   const std::vector<uint8_t> f = frame_of(std::string(300, 's'));
   for (uint8_t b : f) {
     ASSERT_TRUE(peer.write_all({b}));
-    run([&] { return srv.accepted.size() == 1 && srv.accepted[0]->metrics().read_calls > 0; },
+    run([&] { return srv.accepted.size() == 1 && cm(s, srv.accepted[0]).read_calls > 0; },
         std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
-  EXPECT_EQ(srv.received[srv.accepted[0]->id()][0], std::string(300, 's'));
+  EXPECT_EQ(srv.received[srv.accepted[0].value][0], std::string(300, 's'));
 }
 
 }  // namespace
@@ -176,14 +182,14 @@ TEST_F(StreamHostile, AStalledHalfFrameIsClosedWithTimeoutAndAnIdleConnectionIsN
   cfg.partial_frame_timeout_ms = 100;
   stream_channel* s = make_channel(&srv, cfg);
   stream_channel* c = make_channel(&cli);
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  stream_connection* idle = nullptr;
-  ASSERT_EQ(c->connect(l->url(), &idle), errc::ok);
+  connection_id idle;
+  ASSERT_EQ(c->connect(s->listener_url(l), &idle), errc::ok);
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
   const uint64_t idle_srv_id = srv.accepted_ids[0];
 
-  raw_peer loris(l->port());
+  raw_peer loris(s->listener_port(l));
   ASSERT_TRUE(loris.ok());
   std::vector<uint8_t> half = frame_of(std::string(1000, 'z'));
   half.resize(half.size() / 2);
@@ -207,12 +213,12 @@ TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
   stream_config cfg;
   cfg.max_connections = 2;
   stream_channel* s = make_channel(&srv, cfg);
-  stream_listener* l = nullptr;
+  listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  raw_peer a(l->port());
-  raw_peer b(l->port());
+  raw_peer a(s->listener_port(l));
+  raw_peer b(s->listener_port(l));
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 2; }));
-  raw_peer extra(l->port());  // the kernel completes the handshake; the channel closes it
+  raw_peer extra(s->listener_port(l));  // the kernel completes the handshake; the channel closes it
   ASSERT_TRUE(extra.ok());
   ASSERT_TRUE(run([&] { return s->metrics().connections_rejected == 1; }));
   EXPECT_EQ(srv.accepted.size(), 2u);  // no on_accepted for the rejected one
@@ -220,7 +226,7 @@ TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
   // Once one leaves, a new connection is accepted again.
   a.close_now();
   ASSERT_TRUE(run([&] { return srv.disconnected.size() == 1; }));
-  raw_peer later(l->port());
+  raw_peer later(s->listener_port(l));
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 3; }));
   ASSERT_TRUE(later.write_all(frame_of("in")));
   ASSERT_TRUE(run([&] { return srv.received[srv.accepted_ids[2]].size() == 1; }));
