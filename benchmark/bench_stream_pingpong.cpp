@@ -38,13 +38,10 @@ int run_server(const std::string& url, int ready_fd) {
   uv_loop_init(&loop);
   stream_channel* chp = nullptr;
   stream_callbacks cb;
-  void* const ctx = &chp;
-  cb.on_received = [ctx](connection_id c, const uint8_t* p, size_t n) {
-    (void)(*static_cast<stream_channel**>(ctx))->send(c, p, n);
+  cb.on_received = [&chp](connection_id c, const uint8_t* p, size_t n) {
+    (void)chp->send(c, p, n);
   };
-  cb.on_disconnected = [ctx](connection_id, errc) {
-    (*static_cast<stream_channel**>(ctx))->close();
-  };
+  cb.on_disconnected = [&chp](connection_id, errc) { chp->close(); };
   stream_channel ch(&loop, stream_config{}, cb);
   chp = &ch;
   listener_id l;
@@ -85,7 +82,41 @@ struct client {
     }
     ping();
   }
+
+  stream_callbacks callbacks() {
+    stream_callbacks cb;
+    cb.on_connected = [this](connection_id c, errc st) {
+      if (st != errc::ok) {
+        std::fprintf(stderr, "pingpong: connect: %s\n", to_string(st));
+        failed = finished = true;
+        return;
+      }
+      conn = c;
+      ping();
+    };
+    cb.on_received = [this](connection_id, const uint8_t*, size_t n) { pong(n); };
+    cb.on_disconnected = [this](connection_id, errc) {
+      if (!finished) failed = finished = true;
+    };
+    return cb;
+  }
 };
+
+// Reads the server's first line (its URL, or "ERROR ...") from the pipe.
+std::string read_server_url(int fd) {
+  char buf[512] = {};
+  size_t got = 0;
+  while (got < sizeof buf - 1) {
+    const ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+    if (buf[got - 1] == '\n') break;
+  }
+  close(fd);
+  std::string url(buf, got);
+  while (!url.empty() && url.back() == '\n') url.pop_back();
+  return url;
+}
 
 }  // namespace
 
@@ -109,17 +140,7 @@ int main(int argc, char** argv) {
   }
   close(fds[1]);
   pin(o.get_int("client-cpu", 0));
-  char buf[512] = {};
-  size_t got = 0;
-  while (got < sizeof buf - 1) {
-    const ssize_t n = read(fds[0], buf + got, sizeof buf - 1 - got);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-    if (buf[got - 1] == '\n') break;
-  }
-  close(fds[0]);
-  std::string url(buf, got);
-  while (!url.empty() && url.back() == '\n') url.pop_back();
+  const std::string url = read_server_url(fds[0]);
   if (url.empty() || url.rfind("ERROR", 0) == 0) {
     std::fprintf(stderr, "pingpong: server failed: %s\n", url.c_str());
     kill(pid, SIGKILL);
@@ -133,26 +154,7 @@ int main(int argc, char** argv) {
   c.round_trips = o.get_int("round-trips", 200000);
   uv_loop_t loop;
   uv_loop_init(&loop);
-  stream_callbacks cb;
-  void* const ctx = &c;
-  cb.on_connected = [ctx](connection_id conn, errc st) {
-    auto* self = static_cast<client*>(ctx);
-    if (st != errc::ok) {
-      std::fprintf(stderr, "pingpong: connect: %s\n", to_string(st));
-      self->failed = self->finished = true;
-      return;
-    }
-    self->conn = conn;
-    self->ping();
-  };
-  cb.on_received = [ctx](connection_id, const uint8_t*, size_t n) {
-    static_cast<client*>(ctx)->pong(n);
-  };
-  cb.on_disconnected = [ctx](connection_id, errc) {
-    auto* self = static_cast<client*>(ctx);
-    if (!self->finished) self->failed = self->finished = true;
-  };
-  stream_channel ch(&loop, stream_config{}, cb);
+  stream_channel ch(&loop, stream_config{}, c.callbacks());
   c.ch = &ch;
   if (ch.connect(url) != errc::ok) c.failed = c.finished = true;
   while (!c.finished) uv_run(&loop, UV_RUN_ONCE);

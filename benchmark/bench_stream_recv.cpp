@@ -53,7 +53,44 @@ struct receiver {
     ++next_seq;
     m.add(n);
   }
+
+  stream_callbacks callbacks() {
+    stream_callbacks cb;
+    cb.on_accepted = [this](connection_id) {
+      if (deadline == 0) deadline = mono_now() + o.seconds + 5;
+    };
+    cb.on_received = [this](connection_id c, const uint8_t* p, size_t n) {
+      on_message(p, n);
+      if (got_end) {
+        (void)ch->connection_metrics(c, &conn_metrics);
+        ch->close();
+      }
+    };
+    cb.on_disconnected = [this](connection_id c, errc reason) {
+      if (!got_end) {
+        std::fprintf(stderr, "recv: connection ended before the end message: %s\n",
+                     to_string(reason));
+        (void)ch->connection_metrics(c, &conn_metrics);
+        ++errors;
+        ch->close();
+      }
+    };
+    return cb;
+  }
 };
+
+// --ready FILE: the bound URL, written atomically (the runner waits for the file). True if done.
+bool write_ready(const std::string& ready, const std::string& url) {
+  if (ready.empty()) return true;
+  const std::string tmp = ready + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr || std::fprintf(f, "%s\n", url.c_str()) < 0 || std::fclose(f) != 0 ||
+      std::rename(tmp.c_str(), ready.c_str()) != 0) {
+    std::perror("recv: --ready");
+    return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -71,31 +108,7 @@ int main(int argc, char** argv) {
 
   stream_config cfg;
   cfg.message_limit = std::max<size_t>(kDefaultMessageLimit, r.o.max);
-  stream_callbacks cb;
-  void* const ctx = &r;
-  cb.on_accepted = [ctx](connection_id) {
-    auto* self = static_cast<receiver*>(ctx);
-    if (self->deadline == 0) self->deadline = mono_now() + self->o.seconds + 5;
-  };
-  cb.on_received = [ctx](connection_id c, const uint8_t* p, size_t n) {
-    auto* self = static_cast<receiver*>(ctx);
-    self->on_message(p, n);
-    if (self->got_end) {
-      (void)self->ch->connection_metrics(c, &self->conn_metrics);
-      self->ch->close();
-    }
-  };
-  cb.on_disconnected = [ctx](connection_id c, errc reason) {
-    auto* self = static_cast<receiver*>(ctx);
-    if (!self->got_end) {
-      std::fprintf(stderr, "recv: connection ended before the end message: %s\n",
-                   to_string(reason));
-      (void)self->ch->connection_metrics(c, &self->conn_metrics);
-      ++self->errors;
-      self->ch->close();
-    }
-  };
-  stream_channel ch(&loop, cfg, cb);
+  stream_channel ch(&loop, cfg, r.callbacks());
   r.ch = &ch;
   listener_id l;
   const errc e = ch.listen(r.o.url, &l);
@@ -105,16 +118,7 @@ int main(int argc, char** argv) {
   }
   std::printf("[recv] listening on %s\n", ch.listener_url(l).c_str());
   std::fflush(stdout);
-  const std::string ready = r.o.get("ready");
-  if (!ready.empty()) {
-    const std::string tmp = ready + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%s\n", ch.listener_url(l).c_str()) < 0 ||
-        std::fclose(f) != 0 || std::rename(tmp.c_str(), ready.c_str()) != 0) {
-      std::perror("recv: --ready");
-      return 1;
-    }
-  }
+  if (!write_ready(r.o.get("ready"), ch.listener_url(l))) return 1;
   const double hard_deadline = mono_now() + r.o.seconds + 60;
 
   // Per-second lines and the deadline, from a 100 ms timer.
