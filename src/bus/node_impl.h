@@ -20,6 +20,7 @@
 
 #include "bus/auth.h"
 #include "bus/routing.h"
+#include "core/ring_fifo.h"
 #include "core/thread_check.h"
 #include "uvbus/address.h"
 #include "uvbus/node.h"
@@ -125,7 +126,7 @@ struct link {
   bool reported = false;  // parent link: on_registration already told about this attempt
   // Messages awaiting their next-hop report, in stream sequence order: on_written(through) pops
   // every entry with seq <= through, on_send_failed(first, last) every entry with seq <= last.
-  std::deque<in_flight> reports;
+  ring_fifo<in_flight> reports;
 };
 
 enum class sib_state : uint8_t { lookup, connecting, via_parent };

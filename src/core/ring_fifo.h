@@ -1,0 +1,44 @@
+// ring_fifo: a FIFO queue in one growable power-of-two ring. Unlike std::deque it keeps its
+// storage when drained, so a steady push/pop flow allocates nothing (std::deque allocates and frees
+// a block every few hundred bytes of traffic).
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace uvbus::detail {
+
+template <class T>
+class ring_fifo {
+ public:
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] size_t size() const noexcept { return size_; }
+  [[nodiscard]] T& front() noexcept { return slots_[head_]; }
+  [[nodiscard]] const T& front() const noexcept { return slots_[head_]; }
+
+  void push_back(T v) {
+    if (size_ == slots_.size()) grow();
+    slots_[(head_ + size_) & (slots_.size() - 1)] = std::move(v);
+    ++size_;
+  }
+  void pop_front() noexcept {
+    head_ = (head_ + 1) & (slots_.size() - 1);
+    --size_;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> bigger(slots_.empty() ? 64 : slots_.size() * 2);
+    for (size_t i = 0; i < size_; ++i)
+      bigger[i] = std::move(slots_[(head_ + i) & (slots_.size() - 1)]);
+    slots_.swap(bigger);
+    head_ = 0;
+  }
+
+  std::vector<T> slots_;  // size 0 or a power of two
+  size_t head_ = 0;
+  size_t size_ = 0;
+};
+
+}  // namespace uvbus::detail
