@@ -20,7 +20,7 @@
 // Every member function checks the calling thread first: a call from another thread is a caller
 // bug — debug builds (NDEBUG unset) abort with a message naming the function, release builds
 // return errc::wrong_thread (false / empty / 0 for functions that do not return errc) and do
-// nothing.
+// nothing. The one entry point any thread may call is node::post().
 //
 // Errors are values. Contract shared with libuv, word for word: when a function which takes a
 // callback returns an error, the callback will never be called. For send_data() that means: a
@@ -86,6 +86,11 @@ struct node_config {
   uint32_t reconnect_min_ms = 100;
   uint32_t reconnect_max_ms = 5000;
   double reconnect_jitter = 0.2;
+  // node::post()'s mailbox (shared by every posting thread): at most this many messages and tasks
+  // and this many bytes (each message: its payload rounded up to 8, plus 32) waiting for the
+  // loop; beyond either, post() returns queue_full.
+  size_t post_queue_messages = 65536;
+  size_t post_queue_bytes = size_t{8} << 20;
   // A require_response message without an acknowledgement after this time fails with timeout.
   uint32_t response_timeout_ms = 10000;
   // At most this many require_response messages and commands awaiting their answer; beyond it
@@ -239,7 +244,8 @@ class node {
   // rest: id 0, more than 16 subnets or 8 listen URLs, a subnet wider than 64 bits, more than one
   // shm:// listen URL, a URL over 256 bytes, an empty access token, host_id over 128 bytes, a
   // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB,
-  // link_queue_bytes below one frame of message_limit, link_queue_packets,
+  // link_queue_bytes below one frame of message_limit, post_queue_bytes below one message
+  // (message_limit + 32), post_queue_messages, link_queue_packets,
   // max_outstanding_responses or default_ttl 0, a zero timeout or interval, heartbeat_timeout_ms
   // below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside
   // [0, 1], and with a shm:// listen URL: shm_ring_bytes not a power of two or too small for two
@@ -287,6 +293,33 @@ class node {
   [[nodiscard]] errc send_datav(bus_id target, uint32_t type, const const_buffer* bufs,
                                 size_t count, const send_options& opt = {},
                                 uint64_t* message_id = nullptr);
+
+  // ------------------------------------------------------------------- from any thread --
+  // post() is the node's one thread-safe entry: any thread may call it while the node object
+  // exists (destroying the node while another thread may still call post() is a race the caller
+  // must avoid: stop those threads first). It queues send_data(target, type, data, size, opt) in
+  // a bounded mailbox that the loop thread runs in post order (one FIFO for every posting thread),
+  // and returns at once:
+  //   ok                 accepted: *message_id (if given) gets the message's id now, and exactly
+  //                      one delivery report follows (if on_report is set), as for send_data():
+  //                      a send the loop refuses (unknown_route, not_connected, a refusal for
+  //                      good, ...) is reported with that code; a full link or ring is retried
+  //                      when it drains, not reported. Accepted before stop() but not run yet:
+  //                      reported closed. Destroyed first: no report.
+  //   queue_full         the mailbox is full (post_queue_messages / post_queue_bytes; it stops
+  //                      draining while the link is full): retriable
+  //   message_too_large  size > message_limit
+  //   invalid_argument   data is null with a non-zero size
+  //   wrong_state        not started
+  //   closed             stopped
+  // The bytes are copied before post() returns. last_error() is not updated (it is the loop's).
+  [[nodiscard]] errc post(bus_id target, uint32_t type, const void* data, size_t size,
+                          const send_options& opt = {}, uint64_t* message_id = nullptr);
+  // Runs task on the loop thread, in post order with the messages, as a callback of this node
+  // (it may call any node function, and destroy the node). An accepted task runs even after
+  // stop(); none runs after destruction. Errors: invalid_argument (empty task), queue_full,
+  // wrong_state, closed, as above.
+  [[nodiscard]] errc post(std::function<void()> task);
 
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per
   // route), counters (text, name=value lines) or echo (returns args). cb fires exactly once, from

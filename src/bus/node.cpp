@@ -178,11 +178,14 @@ errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>*
 void node::impl::open_handles() {
   if (h != nullptr) return;
   h = new handles;
-  h->tick.data = h->reconnect.data = h->idle.data = this;
+  h->tick.data = h->reconnect.data = h->idle.data = h->post.data = this;
   uv_timer_init(loop, &h->tick);
   uv_timer_init(loop, &h->reconnect);
   uv_idle_init(loop, &h->idle);
-  h->open = 3;
+  uv_async_init(loop, &h->post, &impl::on_post_async);
+  h->open = 4;
+  std::lock_guard<std::mutex> lock(mbox.mu);
+  mbox.async = &h->post;
 }
 
 void node::impl::start_timers() {
@@ -233,6 +236,10 @@ errc node::impl::start() {
   start_timers();
 
   state = run_state::running;
+  {
+    std::lock_guard<std::mutex> lock(mbox.mu);
+    mbox.st = detail::mailbox::status::open;
+  }
   if (cfg.parent_urls.empty()) {
     is_up = true;
     deferred_up = true;
@@ -246,6 +253,7 @@ errc node::impl::start() {
 void node::impl::stop() {
   if (state != run_state::running) return;
   state = run_state::stopping;
+  close_mailbox(detail::mailbox::status::stopped);
   fail_queue(&parent_pending, errc::closed);
   for (auto& [id, s] : siblings) fail_queue(&s.pending, errc::closed);
   siblings.clear();
@@ -306,8 +314,11 @@ void node::impl::on_handle_closed(uv_handle_t* hd) {
 }
 
 void node::impl::destroy() {
+  // No thread may wake the async handle once it is closing; what was posted is dropped unreported.
+  close_mailbox(detail::mailbox::status::gone);
   if (h != nullptr) {
-    h->tick.data = h->reconnect.data = h->idle.data = h;
+    h->tick.data = h->reconnect.data = h->idle.data = h->post.data = h;
+    uv_close(reinterpret_cast<uv_handle_t*>(&h->post), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->tick), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->reconnect), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->idle), &impl::on_handle_closed);
@@ -442,6 +453,18 @@ errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, si
     size += bufs[i].size;
   }
   return impl_->send_failed(e, target, size);
+}
+
+errc node::post(bus_id target, uint32_t type, const void* data, size_t size,
+                const send_options& opt, uint64_t* message_id) {
+  // Any thread: no owner check.
+  if (data == nullptr && size != 0) return errc::invalid_argument;
+  return impl_->post_message(target, type, data, size, opt, message_id);
+}
+
+errc node::post(std::function<void()> task) {
+  if (!task) return errc::invalid_argument;
+  return impl_->post_task(std::move(task));
 }
 
 errc node::send_command(bus_id target, proto::command_id command, const void* args, size_t size,

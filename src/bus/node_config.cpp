@@ -151,6 +151,15 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
   if (cfg.link_queue_packets == 0) {
     return refuse(detail, errc::invalid_argument, "link_queue_packets must be at least 1");
   }
+  if (cfg.post_queue_messages == 0) {
+    return refuse(detail, errc::invalid_argument, "post_queue_messages must be at least 1");
+  }
+  if (cfg.post_queue_bytes < cfg.message_limit + 32) {
+    return refuse(detail, errc::invalid_argument,
+                  "post_queue_bytes (" + std::to_string(cfg.post_queue_bytes) +
+                      ") must hold one message of message_limit (" +
+                      std::to_string(cfg.message_limit + 32) + " bytes)");
+  }
   if (cfg.max_outstanding_responses == 0) {
     return refuse(detail, errc::invalid_argument, "max_outstanding_responses must be at least 1");
   }

@@ -211,7 +211,7 @@ errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, si
 
 // ------------------------------------------------------------------------------- send_data --
 errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
-                           const send_options& opt, uint64_t* message_id) {
+                           const send_options& opt, uint64_t* message_id, uint64_t seq) {
   if (state != run_state::running)
     return state == run_state::idle ? errc::wrong_state : errc::closed;
   if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;
@@ -223,7 +223,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   if (size > cfg.message_limit) return errc::message_too_large;
   const bool rr = opt.require_response;
   if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
-  const uint64_t seq = next_seq++;
+  if (seq == 0) seq = next_seq++;
   const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
   if (target == self) {
     self_msg m{self, type, {}, seq, rr};
@@ -300,6 +300,7 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
 // ---------------------------------------------------------------------------------- timers --
 void node::impl::tick() {
   const uint64_t now = now_ms();
+  if (post_blocked) drain_posts();  // a full ring or pending queue has no wake-up of its own
   std::vector<link*> expired;
   for (auto& [id, lk] : links) {
     if (lk->state == link_state::closing) continue;

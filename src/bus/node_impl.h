@@ -8,6 +8,7 @@
 
 #include <uv.h>
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <cstdarg>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <random>
 #include <unordered_map>
 
@@ -158,7 +160,20 @@ struct handles {
   uv_timer_t tick{};
   uv_timer_t reconnect{};
   uv_idle_t idle{};
+  uv_async_t post{};  // wakes the loop for the mailbox
   int open = 0;
+};
+
+// node::post()'s mailbox: the one part of a node other threads touch, all of it under `mu`.
+// Producers append records (node_post.cpp) to `bytes`; the loop swaps the whole buffer out.
+struct mailbox {
+  enum class status : uint8_t { not_started, open, stopped, gone };
+  std::mutex mu;
+  status st = status::not_started;
+  std::vector<uint8_t> bytes;
+  std::vector<std::function<void()>> tasks;
+  size_t items = 0;  // records in bytes
+  uv_async_t* async = nullptr;
 };
 
 }  // namespace uvbus::detail
@@ -218,7 +233,8 @@ struct node::impl {
   std::unordered_map<bus_id, sibling_entry> siblings;
   pending_queue parent_pending;
   std::map<uint64_t, pending_reply> replies;  // by sequence (deadlines grow with it)
-  uint64_t next_seq = 1;
+  // Message ids and sequences; node::post() allocates them on other threads.
+  std::atomic<uint64_t> next_seq{1};
 
   std::vector<std::pair<log_level, std::string>> deferred_logs;  // logged by a member function
   std::vector<delivery_report> deferred_reports;
@@ -293,8 +309,9 @@ struct node::impl {
                  bool* via_shm);
 
   // ----------------------------------------------------------------------------- send_data --
+  // seq: the message id node::post() allocated already (0: allocate one).
   errc send_data(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
-                 const send_options& opt, uint64_t* message_id);
+                 const send_options& opt, uint64_t* message_id, uint64_t seq = 0);
   errc send_command(bus_id target, proto::command_id cmd, const void* args, size_t size,
                     command_cb cb);
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> self_replies;
@@ -359,6 +376,23 @@ struct node::impl {
   std::string routes() const;
   std::string counters_text() const;
   std::string run_command(uint32_t cmd, const uint8_t* args, size_t n) const;
+
+  // ---------------------------------------------------------------------------------- post --
+  detail::mailbox mbox;
+  std::vector<uint8_t> post_backlog;  // the swapped-out mailbox being run
+  size_t post_offset = 0;
+  std::vector<std::function<void()>> post_tasks;
+  size_t post_task_next = 0;
+  bool post_blocked = false;  // a posted message met queue_full: retry on writable / tick
+  errc post_message(bus_id target, uint32_t type, const void* data, size_t size,
+                    const send_options& opt, uint64_t* message_id);
+  errc post_task(std::function<void()> task);
+  errc mailbox_refusal() const;
+  void mailbox_append(const void* rec, const void* data, size_t size);
+  void close_mailbox(detail::mailbox::status st);
+  static void on_post_async(uv_async_t* a);
+  errc run_posted(const uint8_t* at);
+  void drain_posts();
 
   // -------------------------------------------------------------------------------- timers --
   static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }

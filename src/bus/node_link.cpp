@@ -160,6 +160,7 @@ void node::impl::s_writable(connection_id c) {
   if (lk == nullptr || lk->peer == nullptr) return;
   peer_ep* p = lk->peer;
   n->drain_overflow(p);
+  if (n->post_blocked) n->drain_posts();
   if (p->user_blocked && p->overflow.empty()) {
     p->user_blocked = false;
     n->fire(n->cbs.on_writable, p->id);

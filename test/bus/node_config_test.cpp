@@ -27,8 +27,9 @@ struct rule {
   const char* detail;  // a piece the detail must contain
 };
 
-std::vector<rule> rules() {
-  using C = node_config;
+using C = node_config;
+
+std::vector<rule> url_rules() {
   return {
       {"listen without port", [](C* c) { c->listen = {"ipv4://127.0.0.1"}; }, errc::bad_url,
        "listen[0] \"ipv4://127.0.0.1\": missing port"},
@@ -58,6 +59,11 @@ std::vector<rule> rules() {
       {"nine parents",
        [](C* c) { c->parent_urls = std::vector<std::string>(9, "ipv4://127.0.0.1:1"); },
        errc::invalid_argument, "parent_urls: 9 URLs, at most 8"},
+  };
+}
+
+std::vector<rule> size_rules() {
+  return {
       {"17 subnets",
        [](C* c) {
          c->subnets = std::vector<subnet>(17, subnet{0x100, 4});
@@ -92,8 +98,17 @@ std::vector<rule> rules() {
        "link_queue_bytes (1000) must hold one frame of message_limit"},
       {"link queue packets 0", [](C* c) { c->link_queue_packets = 0; }, errc::invalid_argument,
        "link_queue_packets"},
+      {"post queue 0", [](C* c) { c->post_queue_messages = 0; }, errc::invalid_argument,
+       "post_queue_messages"},
+      {"post queue below a message", [](C* c) { c->post_queue_bytes = 1000; },
+       errc::invalid_argument, "post_queue_bytes (1000) must hold one message"},
       {"outstanding 0", [](C* c) { c->max_outstanding_responses = 0; }, errc::invalid_argument,
        "max_outstanding_responses"},
+  };
+}
+
+std::vector<rule> timer_rules() {
+  return {
       {"handshake 0", [](C* c) { c->handshake_timeout_ms = 0; }, errc::invalid_argument,
        "handshake_timeout_ms must not be 0"},
       {"heartbeat interval 0", [](C* c) { c->heartbeat_interval_ms = 0; }, errc::invalid_argument,
@@ -152,6 +167,13 @@ std::vector<rule> rules() {
        },
        errc::invalid_argument, "shm_abandon_timeout_us"},
   };
+}
+
+std::vector<rule> rules() {
+  std::vector<rule> all = url_rules();
+  for (auto& r : size_rules()) all.push_back(std::move(r));
+  for (auto& r : timer_rules()) all.push_back(std::move(r));
+  return all;
 }
 
 TEST(NodeConfig, DefaultsAndTheTestConfigAreValid) {

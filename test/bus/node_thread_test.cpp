@@ -1,11 +1,18 @@
 // Node threads: a call from a thread other than the node's fails loudly (release builds:
-// errc::wrong_thread and nothing done; debug builds: abort naming the function).
+// errc::wrong_thread and nothing done; debug builds: abort naming the function); node::post()
+// from other threads keeps the report contract (one report per accepted post).
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <atomic>
+#include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "bus/bus_harness.h"
 #include "uvbus/node.h"
@@ -92,6 +99,192 @@ TEST_F(NodeThreadTest, ForeignThreadCallAbortsNamingTheFunction) {
 }
 
 #endif
+
+// ------------------------------------------------------------------------------------ post --
+
+// Four producer threads post while the loop runs: every accepted post gets exactly one report,
+// every ok report is one delivery, nothing is delivered twice, ids are unique.
+TEST_F(NodeThreadTest, FourProducersPostWithExactAccounting) {
+  constexpr int kThreads = 4;
+  constexpr uint64_t kPerThread = 3000;
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  p->keep_bytes = true;
+  node_config cc = fast_config();
+  cc.parent_urls = {p->n->listen_urls().at(0)};
+  cc.post_queue_messages = 256;  // small: producers meet queue_full and retry
+  cc.link_queue_packets = 16;    // and the loop meets a full link: posts wait for it to drain
+  bus_node* c = make(0x101, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  node* n = c->n.get();
+  std::atomic<int> tasks_run{0};
+  std::atomic<int> done{0};
+  std::vector<std::vector<uint64_t>> ids(kThreads);
+  std::vector<std::thread> producers;
+  producers.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (uint64_t i = 0; i < kPerThread;) {
+        const uint64_t v = (static_cast<uint64_t>(t) << 32) | i;
+        uint64_t id = 0;
+        const errc e = n->post(0x100, 1, &v, sizeof v, {}, &id);
+        if (e == errc::queue_full) {
+          std::this_thread::yield();
+          continue;
+        }
+        ASSERT_EQ(e, errc::ok);
+        ids[t].push_back(id);
+        if (i % 1000 == 0) {
+          while (n->post([&] { ++tasks_run; }) == errc::queue_full) std::this_thread::yield();
+        }
+        ++i;
+      }
+      ++done;
+    });
+  }
+  const uint64_t total = kThreads * kPerThread;
+  const bool all = wait([&] { return done == kThreads && c->reports.size() >= total; });
+  for (auto& th : producers) th.join();
+  ASSERT_TRUE(all) << c->reports.size() << " reports of " << total;
+  ASSERT_TRUE(wait([&] { return p->got.size() >= total; }));
+  run_for(100ms);
+  // Exactly one report per id, all ok; the ids are unique and were known at post() time.
+  std::set<uint64_t> posted;
+  for (const auto& v : ids) posted.insert(v.begin(), v.end());
+  EXPECT_EQ(posted.size(), total);
+  std::map<uint64_t, int> reported;
+  for (const auto& r : c->reports) {
+    ++reported[r.message_id];
+    EXPECT_EQ(r.status, errc::ok);
+  }
+  EXPECT_EQ(reported.size(), total);
+  for (const auto& [id, k] : reported) {
+    EXPECT_EQ(k, 1) << "message " << id;
+    EXPECT_EQ(posted.count(id), 1u);
+  }
+  // Every message delivered once, in post order per producer.
+  EXPECT_EQ(p->got.size(), total);
+  std::vector<uint64_t> next(kThreads, 0);
+  for (const auto& g : p->got) {
+    const uint64_t v = g.value();
+    const auto t = static_cast<size_t>(v >> 32);
+    ASSERT_LT(t, next.size());
+    EXPECT_EQ(v & 0xffffffffu, next[t]) << "producer " << t;
+    next[t] = (v & 0xffffffffu) + 1;
+  }
+  EXPECT_EQ(tasks_run.load(), kThreads * 3);
+}
+
+// Posts that arrive while the loop waits for room (here: a full pending queue while the parent
+// is not up yet) are run once there is room, without waiting for a further post to wake the loop.
+TEST_F(NodeThreadTest, PostsQueuedWhileBlockedAreRunOnceThereIsRoom) {
+  const std::string path = "/tmp/" + test::unique_name("post") + ".sock";
+  node_config cc = fast_config();
+  cc.parent_urls = {"unix://" + path};  // nobody there yet
+  cc.pending_max_messages = 10;
+  bus_node* c = make(0x101, cc);
+  auto post_batch = [&] {
+    std::thread([&] {
+      for (int i = 0; i < 20; ++i) ASSERT_EQ(c->n->post(0x100, 1, "m", 1), errc::ok);
+    }).join();
+  };
+  post_batch();  // 10 wait in the pending queue, the 11th finds it full: the mailbox stops
+  ASSERT_TRUE(wait([&] { return c->n->counters().pending_now == 10; }));
+  post_batch();  // lands in the mailbox while it is stopped
+  run_for(50ms);
+  node_config pc = fast_config();
+  pc.listen = {"unix://" + path};
+  pc.subnets = {{0x100, 8}};
+  bus_node* p = make(0x100, pc);
+  ASSERT_TRUE(wait([&] { return p->got.size() == 40; }, 10s)) << p->got.size();
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 40; }));
+  for (const auto& r : c->reports) EXPECT_EQ(r.status, errc::ok);
+  ::unlink(path.c_str());
+}
+
+// Messages the loop cannot send are still reported once, with the reason.
+TEST_F(NodeThreadTest, PostedMessageRefusedOnTheLoopIsItsReport) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  uint64_t id = 0;
+  std::thread([&] { EXPECT_EQ(p->n->post(0x150, 1, "x", 1, {}, &id), errc::ok); }).join();
+  ASSERT_TRUE(wait([&] { return p->reports.size() == 1; }));
+  EXPECT_EQ(p->reports[0].message_id, id);
+  EXPECT_EQ(p->reports[0].status, errc::unknown_route);
+  run_for(50ms);
+  EXPECT_EQ(p->reports.size(), 1u);
+}
+
+TEST_F(NodeThreadTest, PostRefusesAtOnceWhatIsWrongAtOnce) {
+  node_config cfg = fast_config();
+  cfg.post_queue_messages = 3;
+  bus_node* p = make(0x100, cfg, false);
+  EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::wrong_state);  // not started
+  ASSERT_EQ(p->n->start(), errc::ok);
+  const std::string big(p->n->config().message_limit + 1, 'x');
+  EXPECT_EQ(p->n->post(0x100, 1, big.data(), big.size()), errc::message_too_large);
+  EXPECT_EQ(p->n->post(0x100, 1, nullptr, 1), errc::invalid_argument);
+  EXPECT_EQ(p->n->post(std::function<void()>{}), errc::invalid_argument);
+  // The mailbox is bounded: the loop is not running, the fourth post finds it full.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::ok);
+  EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::queue_full);
+  ASSERT_TRUE(wait([&] { return p->got.size() == 3 && p->reports.size() == 3; }));
+  p->n->stop();
+  EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::closed);
+}
+
+// stop() with posts not yet run: each still gets exactly one report (closed); accepted tasks run.
+TEST_F(NodeThreadTest, StopWithPostsInFlightReportsEachClosed) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return p->ups == 1; }));
+  std::vector<uint64_t> ids(50);
+  int tasks = 0;
+  std::thread([&] {
+    for (auto& id : ids) EXPECT_EQ(p->n->post(0x100, 1, "x", 1, {}, &id), errc::ok);
+    EXPECT_EQ(p->n->post([&] { ++tasks; }), errc::ok);
+  }).join();
+  p->n->stop();  // before the loop ran the mailbox
+  ASSERT_TRUE(wait([&] { return p->reports.size() == ids.size() && !p->downs.empty(); }));
+  run_for(50ms);
+  ASSERT_EQ(p->reports.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(p->reports[i].message_id, ids[i]);
+    EXPECT_EQ(p->reports[i].status, errc::closed);
+  }
+  EXPECT_TRUE(p->got.empty());
+  EXPECT_EQ(tasks, 1);
+}
+
+// Destroyed with posts in flight: no report, no task, nothing leaks (ASan).
+TEST_F(NodeThreadTest, DestroyWithPostsInFlightReportsNothing) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return p->ups == 1; }));
+  int tasks = 0;
+  std::thread([&] {
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::ok);
+    EXPECT_EQ(p->n->post([&] { ++tasks; }), errc::ok);
+  }).join();
+  destroy(p);
+  run_for(50ms);
+  EXPECT_TRUE(p->reports.empty());
+  EXPECT_EQ(tasks, 0);
+}
+
+// A posted task runs on the loop thread and may call the node, even destroy it.
+TEST_F(NodeThreadTest, PostedTaskRunsOnTheLoopThread) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  const std::thread::id loop_thread = std::this_thread::get_id();
+  bool ran = false;
+  std::thread([&] {
+    EXPECT_EQ(p->n->post([&] {
+      EXPECT_EQ(std::this_thread::get_id(), loop_thread);
+      EXPECT_EQ(send_str(p, 0x100, 1, "from a task"), errc::ok);
+      ran = true;
+    }),
+              errc::ok);
+    EXPECT_EQ(p->n->post([&] { p->n.reset(); }), errc::ok);
+  }).join();
+  ASSERT_TRUE(wait([&] { return ran && p->n == nullptr; }));
+  run_for(50ms);
+}
 
 }  // namespace
 }  // namespace uvbus

@@ -1,0 +1,148 @@
+// Bus node, posting from any thread: node::post() appends to a bounded mailbox (a mutex-protected
+// byte buffer swapped out whole by the loop, so nothing is allocated per message in steady state),
+// woken with uv_async_send; the loop runs each posted message through the normal send path.
+#include <mutex>
+
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using detail::kTagE2e;
+
+namespace {
+
+// One posted item in the mailbox's byte stream, followed by its payload padded to 8 bytes.
+struct post_record {
+  uint64_t seq = 0;  // message id; 0 for a task
+  bus_id target = 0;
+  uint32_t type = 0;
+  uint32_t size = 0;  // payload bytes
+  uint8_t task = 0;   // 1: the next task of the mailbox's task list
+  uint8_t require_response = 0;
+  uint8_t ttl = 0;
+  uint8_t pad[5] = {};
+};
+static_assert(sizeof(post_record) == 32, "post_record is packed by hand");
+
+constexpr size_t padded(size_t n) {
+  return (n + 7) & ~size_t{7};
+}
+
+}  // namespace
+
+errc node::impl::mailbox_refusal() const {
+  return mbox.st == detail::mailbox::status::not_started ? errc::wrong_state : errc::closed;
+}
+
+void node::impl::mailbox_append(const void* rec, const void* data, size_t size) {
+  const size_t off = mbox.bytes.size();
+  mbox.bytes.resize(off + sizeof(post_record) + padded(size));
+  std::memcpy(mbox.bytes.data() + off, rec, sizeof(post_record));
+  if (size != 0) std::memcpy(mbox.bytes.data() + off + sizeof(post_record), data, size);
+  // Wake the loop on the first item only: it takes everything in one swap.
+  if (mbox.items++ == 0) uv_async_send(mbox.async);
+}
+
+errc node::impl::post_message(bus_id target, uint32_t type, const void* data, size_t size,
+                              const send_options& opt, uint64_t* message_id) {
+  // cfg never changes after construction: reading it here is safe from any thread.
+  if (size > cfg.message_limit) return errc::message_too_large;
+  const size_t need = sizeof(post_record) + padded(size);
+  std::lock_guard<std::mutex> lock(mbox.mu);
+  if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
+  if (mbox.items >= cfg.post_queue_messages || mbox.bytes.size() + need > cfg.post_queue_bytes) {
+    return errc::queue_full;
+  }
+  post_record r;
+  r.seq = next_seq.fetch_add(1, std::memory_order_relaxed);
+  r.target = target;
+  r.type = type;
+  r.size = static_cast<uint32_t>(size);
+  r.require_response = opt.require_response ? 1 : 0;
+  r.ttl = opt.ttl;
+  mailbox_append(&r, data, size);
+  if (message_id != nullptr) *message_id = r.seq;
+  return errc::ok;
+}
+
+errc node::impl::post_task(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mbox.mu);
+  if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
+  if (mbox.items >= cfg.post_queue_messages) return errc::queue_full;
+  mbox.tasks.push_back(std::move(task));
+  post_record r;
+  r.task = 1;
+  mailbox_append(&r, nullptr, 0);
+  return errc::ok;
+}
+
+void node::impl::on_post_async(uv_async_t* a) {
+  static_cast<impl*>(a->data)->drain_posts();
+}
+
+void node::impl::close_mailbox(detail::mailbox::status st) {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lock(mbox.mu);
+    if (mbox.st == detail::mailbox::status::gone) return;
+    mbox.st = st;
+    pending = mbox.items != 0;
+  }
+  // Stopped: what was accepted still gets its one report (closed), from the loop.
+  if (st == detail::mailbox::status::stopped && (pending || post_offset < post_backlog.size())) {
+    uv_async_send(mbox.async);
+  }
+}
+
+// Runs one posted message; queue_full (while running) leaves it for a retry.
+errc node::impl::run_posted(const uint8_t* at) {
+  post_record r;
+  std::memcpy(&r, at, sizeof r);
+  const const_buffer b{at + sizeof r, r.size};
+  send_options o;
+  o.require_response = r.require_response != 0;
+  o.ttl = r.ttl;
+  const errc e = send_data(r.target, r.type, &b, 1, o, nullptr, r.seq);
+  if (e == errc::ok || (e == errc::queue_full && state == run_state::running)) return e;
+  // Refused on the loop (no route, stopped, ...): that is this message's one report.
+  defer_report(r.require_response != 0 ? (r.seq | kTagE2e) : r.seq, r.target, e, false);
+  return errc::ok;
+}
+
+void node::impl::drain_posts() {
+  if (post_offset >= post_backlog.size()) {
+    post_backlog.clear();
+    post_offset = 0;
+    post_tasks.clear();
+    post_task_next = 0;
+    std::lock_guard<std::mutex> lock(mbox.mu);
+    if (mbox.items == 0) return;
+    post_backlog.swap(mbox.bytes);  // both keep their capacity: no allocation in steady state
+    post_tasks.swap(mbox.tasks);
+    mbox.items = 0;
+  }
+  post_blocked = false;
+  // One swap per call, so a producer faster than the loop cannot keep it here.
+  while (post_offset < post_backlog.size() && !dead) {
+    const uint8_t* at = post_backlog.data() + post_offset;
+    post_record r;
+    std::memcpy(&r, at, sizeof r);
+    if (r.task != 0) {
+      post_offset += sizeof r;
+      const std::function<void()> task = std::move(post_tasks[post_task_next++]);
+      fire(task);
+      continue;
+    }
+    if (run_posted(at) == errc::queue_full) {
+      post_blocked = true;  // retried when a link drains (s_writable) or at the next tick
+      return;
+    }
+    post_offset += sizeof r + padded(r.size);
+  }
+  // Posts that arrived while this batch ran (or while it waited for a full link) did not wake the
+  // loop (the mailbox was not empty): come back for them after the loop's next round of I/O.
+  std::lock_guard<std::mutex> lock(mbox.mu);
+  if (mbox.items != 0 && mbox.st != detail::mailbox::status::gone) uv_async_send(mbox.async);
+}
+
+}  // namespace uvbus
