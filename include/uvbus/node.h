@@ -169,6 +169,8 @@ struct node_counters {
   uint64_t heartbeat_timeouts = 0;
   uint64_t protocol_errors = 0;        // malformed messages (the link is closed)
   uint64_t shm_abandoned_retries = 0;  // shm sends skipped by the reader and sent again
+  uint64_t drop_notices_sent = 0;      // relay: sources told that their message was dropped here
+  uint64_t drop_notices_received = 0;  // source: relays' notices about our messages (on_dropped)
 };
 
 enum class log_level : uint8_t { debug, info, warn, error };
@@ -211,6 +213,14 @@ struct node_callbacks {
   std::function<void(log_level level, const std::string& message)> on_log;
   // A stream link's queue was full for a send_data() and has drained again: retry now.
   std::function<void(bus_id next_hop)> on_writable;
+  // A relay dropped message `message_id` (sent to `target`) after its report was already given:
+  // a message sent without require_response, reported ok when it reached the next hop, that a
+  // relay further on could not pass on (reason: unknown_route, not_connected, ttl_expired,
+  // queue_full, ...), or a require_response message whose report (timeout) came before the
+  // relay's refusal. Never a second report: a message whose report is still outstanding gets the
+  // refusal as its report instead. Sent only by relays and links speaking protocol version 2; at
+  // most one per message. Runs on the loop thread like every callback.
+  std::function<void(bus_id target, uint64_t message_id, errc reason)> on_dropped;
 };
 
 struct send_options {

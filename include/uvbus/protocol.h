@@ -1,4 +1,4 @@
-// The bus protocol: what a node puts inside the payload of each stream frame (DESIGN §4) or
+// The bus protocol: what a node puts inside the payload of each stream frame (docs/stream.md) or
 // shared-memory record. docs/protocol.md describes every byte; test/bus/protocol_test.cpp pins the
 // encoding with golden byte vectors.
 //
@@ -22,8 +22,15 @@
 namespace uvbus::proto {
 
 // Protocol versions this build speaks. A link uses the highest version both sides support.
+// Version 2 adds the drop notice (msg_type::dropped) and the lookup answer `other` (the id is
+// routed through the parent but is not its direct child); a node never sends either to a peer whose
+// link negotiated version 1.
 inline constexpr uint8_t kMinVersion = 1;
-inline constexpr uint8_t kMaxVersion = 1;
+inline constexpr uint8_t kMaxVersion = 2;
+// The header layout version written in every header's first byte. The layout is the same in every
+// protocol version so far, so it stays 1 and a version-1 peer parses every header a newer node
+// sends it.
+inline constexpr uint8_t kHeaderVersion = 1;
 
 inline constexpr size_t kHeaderSize = 32;
 inline constexpr uint8_t kDefaultTtl = 16;
@@ -50,8 +57,11 @@ enum class msg_type : uint8_t {
   command = 9,  // tool command (routes, counters, lookup of a child's addresses)
   command_reply = 10,
   bye = 11,  // graceful close: the sender stops sending on this link
+  // Version 2: a relay dropped a message sent without require_response (whose source would
+  // otherwise never learn it); routed back to the message's source.
+  dropped = 12,
 };
-inline constexpr uint8_t kMaxMsgType = 11;
+inline constexpr uint8_t kMaxMsgType = 12;
 const char* to_string(msg_type t) noexcept;
 
 // Header flags.
@@ -59,7 +69,7 @@ inline constexpr uint8_t flag_require_response = 0x01;  // target answers with a
 inline constexpr uint8_t kKnownFlags = flag_require_response;
 
 struct header {
-  uint8_t version = kMaxVersion;
+  uint8_t version = kHeaderVersion;
   msg_type type = msg_type::data;
   uint8_t flags = 0;
   uint8_t ttl = kDefaultTtl;
@@ -231,6 +241,14 @@ struct bye_body {
   reason why = reason::closing;
 };
 
+// Version 2. A relay's notice that it dropped a message: header.source is the relay,
+// header.target the dropped message's source.
+struct dropped_body {
+  uint64_t message_id = 0;  // the header.sequence of the dropped message
+  bus_id original_target = 0;
+  reason why = reason::unknown_route;
+};
+
 // Appenders: each adds the body's bytes to *out (which may already hold a header placeholder).
 void encode_challenge(const challenge_body& b, std::vector<uint8_t>* out);
 void encode_register(const register_body& b, std::vector<uint8_t>* out);
@@ -239,6 +257,7 @@ void encode_node_info(const node_info& n, std::vector<uint8_t>* out);
 void encode_ping(const ping_body& b, std::vector<uint8_t>* out);
 void encode_ack(const ack_body& b, std::vector<uint8_t>* out);
 void encode_bye(const bye_body& b, std::vector<uint8_t>* out);
+void encode_dropped(const dropped_body& b, std::vector<uint8_t>* out);
 // Data prefix (user type) into out[0..4).
 inline void encode_data_prefix(uint32_t user_type, uint8_t* out) noexcept {
   detail::store_le<uint32_t>(out, user_type);
@@ -260,6 +279,7 @@ void encode_command_reply(uint32_t command, reason status, const void* result, s
 [[nodiscard]] errc parse_command_reply(const uint8_t* p, size_t n,
                                        command_reply_body* out) noexcept;
 [[nodiscard]] errc parse_bye(const uint8_t* p, size_t n, bye_body* out) noexcept;
+[[nodiscard]] errc parse_dropped(const uint8_t* p, size_t n, dropped_body* out) noexcept;
 
 // A whole message: header (with body_len set from body) followed by body, as one buffer.
 [[nodiscard]] std::vector<uint8_t> build(header h, const std::vector<uint8_t>& body);

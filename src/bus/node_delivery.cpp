@@ -335,10 +335,17 @@ void node::impl::tick() {
     close_link(lk, errc::timeout);
   }
   expire_queue(&parent_pending, now);
+  drop_log_flush(now);
   for (auto it = siblings.begin(); it != siblings.end();) {
     expire_queue(&it->second.pending, now);
-    if (it->second.state == sib_state::via_parent && now >= it->second.until_ms &&
-        it->second.pending.q.empty()) {
+    sibling_entry& s = it->second;
+    // Waiting for a sibling to register with the parent: ask again, while anything waits for it.
+    if (s.state == sib_state::waiting && !s.pending.q.empty() && now >= s.until_ms) {
+      s.state = sib_state::lookup;
+      if (start_lookup(it->first) != errc::ok) sibling_via_parent(it->first, "lookup failed");
+    }
+    const bool idle = s.state == sib_state::waiting || s.state == sib_state::via_parent;
+    if (idle && now >= s.until_ms && s.pending.q.empty()) {
       it = siblings.erase(it);
     } else {
       ++it;

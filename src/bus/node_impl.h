@@ -35,6 +35,12 @@ constexpr size_t kBusOverhead = proto::kHeaderSize + proto::kDataPrefix;
 constexpr uint32_t kSiblingRetryMs =
     5000;  // after a failed direct attempt, use the parent this long
 constexpr size_t kMaxSpans = 64;
+// A sibling the parent does not know yet (not registered): ask again this often while messages
+// wait for it (they expire on the pending queue's deadline).
+constexpr uint32_t kSiblingWaitRetryMs = 100;
+// Relay drop log lines: the first kDropLogBurst per kDropLogWindowMs, then one summary.
+constexpr uint32_t kDropLogBurst = 5;
+constexpr uint64_t kDropLogWindowMs = 1000;
 // A report tag is the message id; this bit marks a require_response message, whose one report is
 // owned by its entry in node::impl::replies (the ack, the response timeout or the first channel
 // failure, whichever comes first) and never by the channel's success. Message ids stay below it.
@@ -119,6 +125,7 @@ struct link {
   bool outbound = false;
   bool is_parent = false;
   proto::link_role role = proto::link_role::child;
+  uint8_t version = 0;   // the negotiated protocol version, once registered
   bus_id expect_id = 0;  // connector to a sibling: whom we expect
   uint8_t nonce[proto::kNonceSize] = {};
   uint64_t deadline_ms = 0;
@@ -131,7 +138,8 @@ struct link {
   ring_fifo<in_flight> reports;
 };
 
-enum class sib_state : uint8_t { lookup, connecting, via_parent };
+// waiting: the parent said the sibling is not registered (yet); messages wait, the lookup repeats.
+enum class sib_state : uint8_t { lookup, waiting, connecting, via_parent };
 
 struct sibling_entry {
   sib_state state = sib_state::lookup;
@@ -252,6 +260,10 @@ struct node::impl {
   peer_ep* cached_hop = nullptr;
   std::vector<const_buffer> gather;
   std::vector<shm_span> shm_gather;
+  // Rate limit of the relay's drop log lines (kDropLogBurst per kDropLogWindowMs).
+  uint64_t drop_log_window_ms = 0;
+  uint32_t drop_log_lines = 0;
+  uint64_t drop_log_suppressed = 0;
 
   impl(uv_loop_t* l, bus_id id, node_config c, node_callbacks cb)
       : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {}
@@ -365,7 +377,18 @@ struct node::impl {
   errc route_reply(bus_id target, const const_buffer* bufs, size_t total);
   void send_ack(bus_id to, uint64_t seq, proto::reason st);
   void forward(link* from, const proto::header& hd, const uint8_t* data, size_t size);
-  void overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size);
+  // A relayed message (its header) is dropped here: count, log (rate-limited), and tell its
+  // source: an ack with the reason for require_response, else a drop notice (version 2 only).
+  void relay_drop(const proto::header& hd, proto::reason why);
+  void send_drop_notice(const proto::header& hd, proto::reason why);
+  // The drop log's "N more" summary when its window has passed.
+  void drop_log_flush(uint64_t now);
+  // A drop notice (or a late negative ack) for one of our messages.
+  void on_drop_notice(uint64_t message_id, bus_id target, errc why);
+  // The negotiated protocol version of a peer's link (0 if it has none).
+  static uint8_t version_of(const peer_ep* p);
+  // False when the overflow is full (the message is not taken).
+  bool overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size);
   void drain_overflow(peer_ep* p);
   void resume_paused(peer_ep* p);
   void restart_shm_reader();

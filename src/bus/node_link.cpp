@@ -309,6 +309,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     close_link(lk, result, disconnect_mode::graceful);
     return;
   }
+  lk->version = rr.version;
   const peer_kind kind = lk->is_parent ? peer_kind::parent : peer_kind::sibling;
   if (kind == peer_kind::sibling) {
     if (peer_ep* old = find_peer(rr.info.id); old != nullptr) {
@@ -426,6 +427,7 @@ bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version) {
   proto::register_reply_body rr;
   rr.status = proto::reason::ok;
   rr.version = version;
+  lk->version = version;
   rr.info = my_info();
   std::vector<uint8_t> b;
   proto::encode_register_reply(rr, &b);

@@ -66,6 +66,15 @@ void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
   auto it = siblings.find(target);
   if (it == siblings.end() || it->second.state != sib_state::lookup) return;
   proto::node_info info;
+  // A version-2 parent answers unknown_route only for an id of its own subnets that no child has
+  // registered (yet): the messages wait for it (bounded by the pending queue's limits and
+  // deadline) instead of going to a parent that would drop them. A version-1 parent gives the
+  // same answer for an id it routes elsewhere, so with it they go through the parent as before.
+  if (st == errc::unknown_route && version_of(parent_peer()) >= 2) {
+    it->second.state = sib_state::waiting;
+    it->second.until_ms = now_ms() + detail::kSiblingWaitRetryMs;
+    return;
+  }
   if (st != errc::ok || proto::parse_node_info(p, n, &info) != errc::ok || info.id != target) {
     sibling_via_parent(target, "not a direct child of the parent");
     return;
@@ -131,6 +140,16 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
       replies.erase(it);
       defer_report(a.acked_sequence, target,
                    proto::errc_from_reason(static_cast<uint16_t>(a.status)), true);
+      return;
+    }
+    case msg_type::dropped: {
+      proto::dropped_body d;
+      if (proto::parse_dropped(body, hd.body_len, &d) != errc::ok) {
+        if (from != nullptr) protocol_violation(from, "bad drop notice");
+        return;
+      }
+      on_drop_notice(d.message_id, d.original_target,
+                     proto::errc_from_reason(static_cast<uint16_t>(d.why)));
       return;
     }
     case msg_type::command: {
@@ -201,17 +220,9 @@ void node::impl::send_ack(bus_id to, uint64_t seq, proto::reason st) {
 }
 
 void node::impl::forward(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
-  const bool rr = (hd.flags & proto::flag_require_response) != 0 &&
-                  (hd.type == msg_type::data || hd.type == msg_type::forward);
-  auto drop = [&](proto::reason why) {
-    ++counters.forward_dropped;
-    if (rr) send_ack(hd.source, hd.sequence, why);
-  };
   if (hd.ttl == 0) {
     ++counters.ttl_expired;
-    log(log_level::warn, "dropping message 0x%" PRIx64 " -> 0x%" PRIx64 ": TTL expired", hd.source,
-        hd.target);
-    drop(proto::reason::ttl_expired);
+    relay_drop(hd, proto::reason::ttl_expired);
     return;
   }
   peer_ep* p = nullptr;
@@ -230,7 +241,12 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   }
   // Never send a message back where it came from (the parent does not know the target either).
   if (p == nullptr || (from != nullptr && from->peer == p)) {
-    drop(proto::reason::unknown_route);
+    relay_drop(hd, proto::reason::unknown_route);
+    return;
+  }
+  // A version-1 peer does not know drop notices (it would close the link as a protocol error).
+  if (hd.type == msg_type::dropped && version_of(p) < 2) {
+    ++counters.forward_dropped;
     return;
   }
   uint8_t head[proto::kHeaderSize];
@@ -239,27 +255,80 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-  if (!p->overflow.empty()) {
-    overflow_push(p, from, bufs, size);
-    return;
-  }
-  const errc e = transmit(p, bufs, 2, 0, hd.target);
+  errc e = errc::queue_full;
+  if (p->overflow.empty()) e = transmit(p, bufs, 2, 0, hd.target);
   if (e == errc::ok) {
     ++counters.forwarded;
     return;
   }
   if (e == errc::queue_full) {
-    overflow_push(p, from, bufs, size);
+    if (!overflow_push(p, from, bufs, size)) relay_drop(hd, proto::reason::queue_full);
     return;
   }
-  drop(proto::reason_from_errc(e));
+  relay_drop(hd, proto::reason_from_errc(e));
 }
 
-void node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size) {
-  if (p->overflow_bytes + size > cfg.forward_overflow_bytes) {
-    ++counters.forward_dropped;
+uint8_t node::impl::version_of(const peer_ep* p) {
+  return p == nullptr || p->lk == nullptr ? 0 : p->lk->version;
+}
+
+void node::impl::relay_drop(const proto::header& hd, proto::reason why) {
+  ++counters.forward_dropped;
+  const uint64_t now = now_ms();
+  drop_log_flush(now);
+  if (drop_log_lines < detail::kDropLogBurst) {
+    ++drop_log_lines;
+    log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
+        proto::to_string(hd.type), hd.sequence, hd.source, hd.target,
+        to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
+  } else {
+    ++drop_log_suppressed;
+  }
+  if (hd.type != msg_type::data && hd.type != msg_type::forward) return;  // no notice on notices
+  if ((hd.flags & proto::flag_require_response) != 0) {
+    send_ack(hd.source, hd.sequence, why);  // its report (every version knows acks)
+  } else {
+    send_drop_notice(hd, why);
+  }
+}
+
+void node::impl::drop_log_flush(uint64_t now) {
+  if (now - drop_log_window_ms < detail::kDropLogWindowMs) return;
+  if (drop_log_suppressed != 0) {
+    log(log_level::warn, "%" PRIu64 " more relayed messages dropped (log rate-limited)",
+        drop_log_suppressed);
+  }
+  drop_log_window_ms = now;
+  drop_log_lines = 0;
+  drop_log_suppressed = 0;
+}
+
+void node::impl::send_drop_notice(const proto::header& hd, proto::reason why) {
+  // Only over a link that negotiated version 2, and never queued: a notice is best effort.
+  const detail::route r = table.lookup(hd.source);
+  peer_ep* p = nullptr;
+  if (r.kind == hop::direct || r.kind == hop::child || r.kind == hop::parent) p = find_peer(r.next);
+  if (p == nullptr || version_of(p) < 2) return;
+  std::vector<uint8_t> b;
+  proto::encode_dropped({hd.sequence, hd.target, why}, &b);
+  const std::vector<uint8_t> m =
+      proto::build(make_header(msg_type::dropped, hd.source, next_seq++), b);
+  if (transmit_bytes(p, m, 0, hd.source) == errc::ok) ++counters.drop_notices_sent;
+}
+
+void node::impl::on_drop_notice(uint64_t message_id, bus_id target, errc why) {
+  ++counters.drop_notices_received;
+  auto it = replies.find(message_id);
+  if (it != replies.end() && !it->second.cb && it->second.target == target) {
+    replies.erase(it);  // its report was still outstanding: this is it
+    defer_report(message_id, target, why, false);
     return;
   }
+  fire(cbs.on_dropped, target, message_id, why);
+}
+
+bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size) {
+  if (p->overflow_bytes + size > cfg.forward_overflow_bytes) return false;
   std::vector<uint8_t> m(size);
   std::memcpy(m.data(), bufs[0].data, bufs[0].size);
   std::memcpy(m.data() + bufs[0].size, bufs[1].data, bufs[1].size);
@@ -280,6 +349,7 @@ void node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs,
     shm_overflow.push_back(p);
     arm_idle();
   }
+  return true;
 }
 
 void node::impl::drain_overflow(peer_ep* p) {
@@ -289,6 +359,8 @@ void node::impl::drain_overflow(peer_ep* p) {
     if (e == errc::queue_full) return;
     if (e == errc::ok) {
       ++counters.forwarded;
+    } else if (proto::header hd; proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
+      relay_drop(hd, proto::reason_from_errc(e));
     } else {
       ++counters.forward_dropped;
     }
@@ -339,6 +411,7 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
       case msg_type::ack:
       case msg_type::command:
       case msg_type::command_reply:
+      case msg_type::dropped:
         if (hd.source != last_source) {
           last_source = hd.source;
           if (peer_ep* p = n->find_peer(hd.source); p != nullptr) {
@@ -361,7 +434,12 @@ proto::reason node::impl::lookup_child(const uint8_t* args, size_t n, std::strin
   uint64_t id = 0;
   for (int i = 7; i >= 0; --i) id = (id << 8) | args[i];
   peer_ep* p = find_peer(id);
-  if (p == nullptr || p->kind != peer_kind::child) return proto::reason::unknown_route;
+  if (p == nullptr || p->kind != peer_kind::child) {
+    // unknown_route: no child of ours has this id (yet) and nothing else routes it; other: we do
+    // route it (a grandchild, or up to our parent), so the asker should send it through us.
+    const bool nowhere = table.owns(id) && table.lookup(id).kind == hop::none;
+    return nowhere ? proto::reason::unknown_route : proto::reason::other;
+  }
   std::vector<uint8_t> b;
   proto::encode_node_info(p->info, &b);
   out->assign(b.begin(), b.end());
@@ -409,6 +487,8 @@ std::string node::impl::counters_text() const {
   add("heartbeat_timeouts", c.heartbeat_timeouts);
   add("protocol_errors", c.protocol_errors);
   add("shm_abandoned_retries", c.shm_abandoned_retries);
+  add("drop_notices_sent", c.drop_notices_sent);
+  add("drop_notices_received", c.drop_notices_received);
   add("peers", peers.size());
   return s;
 }

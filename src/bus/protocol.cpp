@@ -195,6 +195,8 @@ const char* to_string(msg_type t) noexcept {
       return "command_reply";
     case msg_type::bye:
       return "bye";
+    case msg_type::dropped:
+      return "dropped";
   }
   return "unknown";
 }
@@ -416,6 +418,23 @@ errc parse_bye(const uint8_t* p, size_t n, bye_body* out) noexcept {
   if (n != 2) return errc::protocol_error;
   const uint16_t why = get16(p);
   if (why > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  out->why = static_cast<reason>(why);
+  return errc::ok;
+}
+
+void encode_dropped(const dropped_body& b, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u64(b.message_id);
+  w.u64(b.original_target);
+  w.u16(static_cast<uint16_t>(b.why));
+}
+
+errc parse_dropped(const uint8_t* p, size_t n, dropped_body* out) noexcept {
+  if (n != 18) return errc::protocol_error;
+  const uint16_t why = get16(p + 16);
+  if (why > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  out->message_id = get64(p);
+  out->original_target = get64(p + 8);
   out->why = static_cast<reason>(why);
   return errc::ok;
 }

@@ -498,8 +498,8 @@ TEST_F(NodeTest, DuplicateAndOutOfSubnetIdsAreRefused) {
 TEST_F(NodeTest, VersionMismatchIsRefused) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
   node_config cc = fast_config();
-  cc.protocol_min = 2;
-  cc.protocol_max = 3;
+  cc.protocol_min = proto::kMaxVersion + 1;  // a future node only
+  cc.protocol_max = proto::kMaxVersion + 2;
   bus_node* c = make_child(0x101, p, {}, cc);
   ASSERT_TRUE(wait([&] { return !c->registrations.empty(); }));
   EXPECT_EQ(c->registrations[0], errc::version_mismatch);

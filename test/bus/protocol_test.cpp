@@ -155,7 +155,7 @@ TEST(Protocol, RegisterGoldenVector) {
   for (size_t i = 0; i < kProofSize; ++i) b.proof[i] = static_cast<uint8_t>(i);
   std::vector<uint8_t> out;
   encode_register(b, &out);
-  EXPECT_EQ(out, hex("01 01 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
+  EXPECT_EQ(out, hex("01 02 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
                      "01 0800 756e69783a2f2f73 "
                      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"));
 }
@@ -275,6 +275,28 @@ TEST(Protocol, ChallengeReplyAckPingByeCommandRoundTrip) {
   EXPECT_EQ(cr.command, 2u);
   EXPECT_EQ(cr.result_size, 4u);
   EXPECT_EQ(parse_command_reply(v.data(), 5, &cr), errc::protocol_error);
+}
+
+TEST(Protocol, DropNoticeGoldenVectorAndBounds) {
+  std::vector<uint8_t> v;
+  encode_dropped({0x0102030405060708ull, 0x1112131415161718ull, reason::unknown_route}, &v);
+  EXPECT_EQ(v, hex("0807060504030201 1817161514131211 0700"));
+  dropped_body d;
+  ASSERT_EQ(parse_dropped(v.data(), v.size(), &d), errc::ok);
+  EXPECT_EQ(d.message_id, 0x0102030405060708ull);
+  EXPECT_EQ(d.original_target, 0x1112131415161718ull);
+  EXPECT_EQ(d.why, reason::unknown_route);
+  for (size_t n = 0; n < v.size(); ++n) {
+    EXPECT_EQ(parse_dropped(v.data(), n, &d), errc::protocol_error) << n;
+  }
+  v.push_back(0);
+  EXPECT_EQ(parse_dropped(v.data(), v.size(), &d), errc::protocol_error);
+  v.pop_back();
+  v[16] = 0xFF;
+  EXPECT_EQ(parse_dropped(v.data(), v.size(), &d), errc::protocol_error);
+  // Headers keep layout version 1 whatever the protocol version, so version-1 peers parse them.
+  EXPECT_EQ(header{}.version, 1);
+  EXPECT_EQ(std::string(to_string(msg_type::dropped)), "dropped");
 }
 
 TEST(Protocol, DataBodyIsAViewAndNeedsItsPrefix) {

@@ -100,6 +100,12 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
       proto::encode_bye(b, &enc);
       return check_same(enc, p, n);
     }
+    case proto::msg_type::dropped: {
+      proto::dropped_body b;
+      if (proto::parse_dropped(p, n, &b) != errc::ok) return;
+      proto::encode_dropped(b, &enc);
+      return check_same(enc, p, n);
+    }
   }
   FUZZ_CHECK(false && "parse_header accepted an unknown type");
 }
