@@ -19,8 +19,9 @@
 // (heartbeats, reconnects, timeouts) run inside the loop; the user calls nothing periodically.
 // Every member function checks the calling thread first: a call from another thread is a caller
 // bug — debug builds (NDEBUG unset) abort with a message naming the function, release builds
-// return errc::wrong_thread (false / empty / 0 for functions that do not return errc) and do
-// nothing. The one entry point any thread may call is node::post().
+// return errc::wrong_thread (false / empty for functions that do not return errc; id() and
+// config(), which never change, still return their value) and do nothing. The one entry point any
+// thread may call is node::post().
 //
 // Errors are values. Contract shared with libuv, word for word: when a function which takes a
 // callback returns an error, the callback will never be called. For send_data() that means: a
@@ -190,10 +191,10 @@ struct node_callbacks {
   // in send order while the route between the two nodes stays the same (a route change — a sibling
   // link coming up, a parent restart — may reorder messages in flight across the change).
   std::function<void(bus_id source, uint32_t type, const uint8_t* data, size_t size)> on_data;
-  // Exactly one per message accepted by send_data() (none if the node is destroyed first; stop()
-  // still reports everything, with errc::closed for what could not be sent). Always after the
-  // send_data() call returned. Without this callback the node does not track channel-level
-  // delivery at all (cheaper).
+  // Exactly one per message accepted by send_data(), send_datav() or post() (none if the node is
+  // destroyed first; stop() still reports everything, with errc::closed for what could not be
+  // sent). Always after the accepting call returned. Without this callback the node does not track
+  // channel-level delivery at all (cheaper).
   std::function<void(const delivery_report&)> on_report;
   // A peer finished registration (either direction) / a registered peer's link ended (reason).
   std::function<void(const endpoint_info&)> on_endpoint_added;
@@ -334,7 +335,8 @@ class node {
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per
   // route), counters (text, name=value lines) or echo (returns args). cb fires exactly once, from
   // the loop: (ok, result) or (error, empty): timeout after response_timeout_ms, unknown_route,
-  // closed. Errors at once (cb never called): as send_data.
+  // closed. Errors at once (cb never called): as send_data. cb runs as a callback of this node
+  // (node_callbacks' rules: it may destroy the node); none runs after the node is destroyed.
   using command_cb = std::function<void(errc status, const uint8_t* result, size_t size)>;
   [[nodiscard]] errc send_command(bus_id target, proto::command_id command, const void* args,
                                   size_t size, command_cb cb);
