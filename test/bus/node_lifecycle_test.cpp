@@ -57,6 +57,7 @@ enum class kill_in {
   on_error,
   on_log,
   on_writable,
+  on_dropped,
   none,
 };
 
@@ -86,6 +87,8 @@ class NodeLifecycleTest : public test::bus_fixture {
     k.on_error = raw->wrap(c.on_error, where == kill_in::on_error, when);
     k.on_log = raw->wrap(c.on_log, where == kill_in::on_log, when);
     k.on_writable = raw->wrap(c.on_writable, where == kill_in::on_writable, when);
+    k.on_dropped = raw->wrap(std::function<void(bus_id, uint64_t, errc)>{},
+                             where == kill_in::on_dropped, when);
     raw->rec.n = std::make_unique<node>(&loop_, id, std::move(cfg), std::move(k));
     EXPECT_EQ(raw->rec.n->start(), errc::ok);
     victims_.push_back(std::move(v));
@@ -280,6 +283,19 @@ TEST_F(NodeLifecycleTest, DestroyInOnWritable) {
   errc e = errc::ok;
   for (int i = 0; i < 100000 && e == errc::ok; ++i) e = send_str(&c->rec, 0x100, 1, m);
   ASSERT_EQ(e, errc::queue_full);
+  ASSERT_TRUE(wait([&] { return c->destroyed; }));
+  settle();
+}
+
+// A relay drops messages for an id it does not know and tells the source (on_dropped), which
+// dies at the first notice with more on the way.
+TEST_F(NodeLifecycleTest, DestroyInOnDropped) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  node_config cc = child_of(p);
+  cc.sibling_direct = false;  // everything through the parent, which drops it
+  victim* c = make_victim(0x101, cc, kill_in::on_dropped);
+  ASSERT_TRUE(wait([&] { return c->rec.ups == 1; }));
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(send_str(&c->rec, 0x150, 1, "lost"), errc::ok);
   ASSERT_TRUE(wait([&] { return c->destroyed; }));
   settle();
 }
