@@ -94,10 +94,12 @@ void on_records(void* user, const shm_record* recs, size_t n) {
 }
 
 int run_side(side& s, bool uv) {
+  (void)s.reader.set_callbacks(
+      {[&s](const shm_record* recs, size_t n) { on_records(&s, recs, n); }});
   if (!uv) {
     bool done = false;
     while (!done) {
-      (void)s.reader.poll(on_records, &s, 64);
+      (void)s.reader.poll(64);
       done = s.server ? !s.reader.is_open() || s.remaining == 1 : s.remaining == 0;
     }
     return 0;
@@ -105,7 +107,7 @@ int run_side(side& s, bool uv) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   s.loop = &loop;
-  if (s.reader.start(&loop, on_records, &s) != errc::ok) return 1;
+  if (s.reader.start(&loop) != errc::ok) return 1;
   if (!s.server) client_send(&s);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
@@ -137,17 +139,13 @@ int main(int argc, char** argv) {
         side* s;
         bool quit = false;
       } cx{&s};
-      while (!cx.quit) {
-        (void)s.reader.poll(
-            [](void* u, const shm_record* r, size_t n) {
-              auto* c = static_cast<ctx*>(u);
-              for (size_t i = 0; i < n; ++i) {
-                send_retry(c->s->writer, r[i].data, r[i].size);
-                if (r[i].size == 1) c->quit = true;
-              }
-            },
-            &cx, 64);
-      }
+      (void)s.reader.set_callbacks({[&cx](const shm_record* r, size_t n) {
+        for (size_t i = 0; i < n; ++i) {
+          send_retry(cx.s->writer, r[i].data, r[i].size);
+          if (r[i].size == 1) cx.quit = true;
+        }
+      }});
+      while (!cx.quit) (void)s.reader.poll(64);
     } else {
       run_side(s, true);
     }
@@ -171,8 +169,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!uv) {
+    (void)s.reader.set_callbacks(
+        {[&s](const shm_record* recs, size_t n) { on_records(&s, recs, n); }});
     client_send(&s);
-    while (s.remaining > 0) (void)s.reader.poll(on_records, &s, 64);
+    while (s.remaining > 0) (void)s.reader.poll(64);
   } else {
     run_side(s, true);
   }

@@ -104,17 +104,19 @@ int main(int argc, char** argv) {
       std::fclose(f);
     }
   }
+  (void)s.reader.set_callbacks(
+      {[&s](const shm_record* recs, size_t n) { on_records(&s, recs, n); }});
   s.m.reset_clock();
   s.deadline = mono_now() + s.opt.seconds + 5;
   if (s.opt.flag("poll")) {
     while (!s.finished && mono_now() < s.deadline) {
-      if (s.reader.poll(on_records, &s, 4096) == 0) __builtin_ia32_pause();
+      if (s.reader.poll(4096) == 0) __builtin_ia32_pause();
       s.m.tick();
     }
   } else {
     uv_loop_t loop;
     uv_loop_init(&loop);
-    if (const errc e = s.reader.start(&loop, on_records, &s); e != errc::ok) {
+    if (const errc e = s.reader.start(&loop); e != errc::ok) {
       std::fprintf(stderr, "start: %s\n", to_string(e));
       return 1;
     }

@@ -26,15 +26,20 @@ using namespace uvbus::bench;
 
 namespace {
 
-int run_writer(const options& o, uint64_t id) {
-  shm_writer w;
+// Opens w on the receiver's ring, retrying for 10 s while the receiver starts.
+bool open_retry(shm_writer& w, const options& o, uint64_t id) {
   errc e = errc::not_found;
   const double give_up = mono_now() + 10;
   while ((e = w.open(o.url)) != errc::ok && mono_now() < give_up) usleep(10000);
-  if (e != errc::ok) {
-    std::fprintf(stderr, "[send %" PRIu64 "] open %s: %s\n", id, o.url.c_str(), to_string(e));
-    return 1;
-  }
+  if (e == errc::ok) return true;
+  std::fprintf(stderr, "[send %" PRIu64 "] %s\n", id, w.last_error().detail.c_str());
+  return false;
+}
+
+int run_writer(const options& o, uint64_t id) {
+  shm_writer w;
+  if (!open_retry(w, o, id)) return 1;
+  errc e = errc::ok;
   std::vector<uint8_t> buf(std::max<size_t>(o.max, 24));
   uint64_t seq = 0, full = 0, abandoned = 0;
   const double t0 = mono_now();
@@ -69,7 +74,7 @@ int run_writer(const options& o, uint64_t id) {
     // The next messages, generated back to back in `stage`, as many as fit in `limit` bytes of
     // batch (at least one). Regenerated only after the batch was committed.
     std::vector<uint8_t> stage(std::max(limit, o.max) + o.max + 64);
-    std::vector<shm_span> spans(shm_writer::kMaxBatch);
+    std::vector<const_buffer> spans(shm_writer::kMaxBatch);
     size_t cnt = 0;
     auto fill = [&] {
       cnt = 0;
@@ -77,7 +82,7 @@ int run_writer(const options& o, uint64_t id) {
       while (cnt < spans.size()) {
         const size_t n = make_payload(base | (seq + cnt), id, o.min, o.max, stage.data() + used);
         if (cnt > 0 && bytes + shm_writer::batch_bytes(n) > limit) break;
-        spans[cnt++] = shm_span{stage.data() + used, n};
+        spans[cnt++] = const_buffer{stage.data() + used, n};
         used += n;
         bytes += shm_writer::batch_bytes(n);
       }

@@ -46,8 +46,7 @@ int main(int argc, char** argv) {
   std::printf("read_pos          %" PRIu64 " nodes\n", i.read_pos);
   std::printf("fill              %" PRIu64 " / %" PRIu64 " bytes (%.1f%%)\n", m.fill_bytes,
               m.capacity_bytes, fill_pct);
-  std::printf("records_written   %" PRIu64 "   (writers add theirs every 1024 sends)\n",
-              m.records_written);
+  std::printf("records_written   %" PRIu64 "\n", m.records_written);
   std::printf("bytes_written     %" PRIu64 "\n", m.bytes_written);
   std::printf("records_read      %" PRIu64 "\n", m.records_read);
   std::printf("bytes_read        %" PRIu64 "\n", m.bytes_read);
@@ -59,5 +58,14 @@ int main(int argc, char** argv) {
   std::printf("checksum_failures %" PRIu64 "\n", m.checksum_failures);
   std::printf("corrupt           %" PRIu64 "\n", m.corrupt);
   std::printf("wakeups           %" PRIu64 "\n", m.wakeups);
+  std::printf(
+      "note              writer-side counters (records_written, bytes_written, queue_full,\n"
+      "                  writers' abandoned, wakeups) are published by each writer every %u "
+      "sends,\n"
+      "                  when it wakes a sleeping reader and when it closes: they may lag by up "
+      "to\n"
+      "                  %u sends per open writer%s\n",
+      uvbus::shm_writer::kCounterFlushEvery, uvbus::shm_writer::kCounterFlushEvery,
+      m.records_written < m.records_read ? " (they lag now: records_written < records_read)" : "");
   return e == uvbus::errc::ok ? 0 : 1;
 }

@@ -12,28 +12,35 @@
 // time, and if it was merely slow its send() then reports errc::abandoned (the message was NOT
 // delivered) — a message is never lost silently.
 //
-// Threads: one shm_reader object is used from one thread (its loop's thread once started). One
-// shm_writer object is used from one thread at a time; any number of writer objects (in any
-// threads or processes) may send into the same region concurrently. The region's layout, memory
-// orders and crash-safety argument are documented in docs/shm.md.
+// Threads: a shm_reader belongs to the thread that constructs it, which must run its loop; every
+// member function checks this (debug builds abort naming the function, release builds fail with
+// errc::wrong_thread). A shm_writer has no loop and is not bound to a thread: one writer object
+// may be used from any thread, by one thread at a time (not checked: it costs an atomic per send);
+// any number of writer objects (in any threads or processes) may send into the same region
+// concurrently. The region's layout, memory orders and crash-safety argument are in docs/shm.md.
 //
 // Contract shared by every call taking a callback (from libuv): when a function which takes a
 // callback returns an error, the callback will never be called.
 #pragma once
 
-#include <uv.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "uvbus/address.h"
+#include "uvbus/buffer.h"
 #include "uvbus/error.h"
 
+typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
+
 namespace uvbus {
+
+namespace shm_detail {
+struct writer_access;  // the test hook's door (src/shm/test_hook.h); not part of the API
+}
 
 // Region parameters chosen by the reader at creation. Writers read them from the region header.
 struct shm_config {
@@ -73,12 +80,6 @@ struct shm_writer_options {
   uint32_t expect_node_size = 0;
 };
 
-// One gathered piece of a message (send() concatenates the pieces into one record).
-struct shm_span {
-  const void* data;
-  size_t size;
-};
-
 // A delivered record: points into the ring, valid only during the callback that received it.
 struct shm_record {
   const uint8_t* data;
@@ -88,7 +89,8 @@ struct shm_record {
 // Counters. Reader-side values come from the region header (all writers' totals where noted);
 // writer-side values from shm_writer::metrics() are that writer object's own.
 struct shm_metrics {
-  uint64_t records_written = 0;  // committed records (region: all writers, updated in batches)
+  uint64_t records_written = 0;  // committed records (region: all writers, may lag: see
+                                 // shm_writer::kCounterFlushEvery)
   uint64_t bytes_written = 0;    // their payload bytes
   uint64_t records_read = 0;     // delivered to the reader's callback or try_receive
   uint64_t bytes_read = 0;
@@ -104,11 +106,20 @@ struct shm_metrics {
   uint64_t capacity_bytes = 0;     // ring size
 };
 
-// Called with a batch of 1..batch_max records, in ring order, on the loop thread (start) or the
-// calling thread (poll). The records point into the ring and are valid only until the callback
-// returns (their nodes are released to writers afterwards): copy what must outlive it. The
-// callback may call stop(), close() is NOT allowed from inside it (call stop() and close later).
-using shm_records_cb = void (*)(void* user, const shm_record* records, size_t count);
+// The reader's callbacks, given at construction or with shm_reader::set_callbacks.
+struct shm_reader_callbacks {
+  // A batch of 1..batch_max records, in ring order.
+  //   Thread: the reader's thread: from its loop once start()ed, or inside poll().
+  //   Records: point into the ring, valid only until the callback returns (their nodes are then
+  //     released to writers): copy what must outlive it. Nothing is allocated per record.
+  //   Re-entrancy: may call stop() (no further batch is delivered, the records already handed
+  //     over stay valid until return) and close() (takes effect when the callback returns; no
+  //     callback after it); metrics() and the other const calls too. Not set_callbacks
+  //     (wrong_state), poll() or try_receive() (0 / wrong_state).
+  //   Destruction: the reader must NOT be destroyed from inside its own callback (that aborts
+  //     with a message); call close() there and destroy it afterwards.
+  std::function<void(const shm_record* records, size_t count)> on_records;
+};
 
 // Read-only view of a region header, for tools (uvbus_shm_inspect) and tests.
 struct shm_region_info {
@@ -140,8 +151,9 @@ struct shm_region_info {
 [[nodiscard]] size_t shm_region_size(const shm_config& cfg) noexcept;
 
 // Checks a config: invalid_argument if a size is not a power of two, out of range, or the record
-// limit does not fit.
-[[nodiscard]] errc shm_validate(const shm_config& cfg) noexcept;
+// limit does not fit. *detail (if given) then names the field, its value and the rule, e.g.
+// "shm_config.node_size (100) must be a power of two in [64, 4096]".
+[[nodiscard]] errc shm_validate(const shm_config& cfg, std::string* detail = nullptr);
 
 // Writes a fresh, empty region (header + ring) with this config into caller-owned memory of at
 // least shm_region_size(cfg) bytes, 64-byte aligned. For tests and fuzzing, together with
@@ -150,17 +162,20 @@ struct shm_region_info {
 
 class shm_reader {
  public:
-  shm_reader();
+  explicit shm_reader(shm_reader_callbacks cbs = {});
   ~shm_reader();  // close()
   shm_reader(const shm_reader&) = delete;
   shm_reader& operator=(const shm_reader&) = delete;
 
+  // Replaces the callbacks. Errors: wrong_state (from inside the records callback).
+  [[nodiscard]] errc set_callbacks(shm_reader_callbacks cbs);
+
   // Creates the region named by url (shm:// or mem://) and becomes its only reader.
   // Errors: bad_url, unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
   // bad_layout (an object of that name exists and is not a uvbus region: left alone),
-  // permission_denied, no_memory, io_error, closed (already open). A region left by a dead reader
-  // (POSIX: its flock is gone; SysV: owner pid + start time no longer alive) is removed and
-  // created afresh.
+  // permission_denied, no_memory, io_error, wrong_state (already open). A region left by a dead
+  // reader (POSIX: its flock is gone; SysV: owner pid + start time no longer alive) is removed
+  // and created afresh. On an error last_error() names the URL and what was wrong.
   [[nodiscard]] errc open(std::string_view url, const shm_config& cfg = {});
   [[nodiscard]] errc open(const address& addr, const shm_config& cfg = {});
 
@@ -172,27 +187,29 @@ class shm_reader {
   // cfg supplies only the reader-local knobs (timeouts, spin, batch_max).
   [[nodiscard]] errc open_image(void* mem, size_t size, const shm_config& cfg = {});
 
-  // Drains the ring from `loop`: cb gets batches (see shm_records_cb) on the loop thread. When the
-  // ring runs dry the reader polls for spin_us, then a small helper thread sleeps on the region's
-  // futex word and wakes the loop with uv_async_send when a writer commits (or when an in-flight
-  // record's abandon timeout expires). Keeps the loop alive until stop() or close().
-  // Errors: closed (not open), busy (already started), invalid_argument (null loop or cb),
-  // io_error (thread or libuv handle creation failed).
-  [[nodiscard]] errc start(uv_loop_t* loop, shm_records_cb cb, void* user);
+  // Drains the ring from `loop` (run by this thread): on_records gets batches on the loop
+  // thread. When the ring runs dry the reader polls for spin_us, then a small helper thread
+  // sleeps on the region's futex word and wakes the loop with uv_async_send when a writer commits
+  // (or when an in-flight record's abandon timeout expires). Keeps the loop alive until stop() or
+  // close(). Errors: closed (not open), wrong_state (already started), invalid_argument (null
+  // loop or no on_records), io_error (thread or libuv handle creation failed).
+  [[nodiscard]] errc start(uv_loop_t* loop);
   // Stops delivering (idempotent; callable from the callback). start() may be called again.
   void stop();
 
-  // Polling API (not while started): delivers up to max_records committed records to cb in
-  // batches, returns how many were delivered (0: nothing ready, or not open). Also advances
-  // abandon timeouts.
-  [[nodiscard]] size_t poll(shm_records_cb cb, void* user, size_t max_records);
-  // Copies the next record into buf. Errors: not_found (no record ready now; retry later),
-  // buffer_too_small (*len = the record's size; it stays at the head), closed (not open).
+  // Polling API (not while started): delivers up to max_records committed records to on_records
+  // in batches, synchronously, before it returns; returns how many were delivered (0: nothing
+  // ready, not open, started, or no on_records). Also advances abandon timeouts.
+  [[nodiscard]] size_t poll(size_t max_records);
+  // Copies the next record into buf (no callback). Errors: not_found (no record ready now; retry
+  // later), buffer_too_small (*len = the record's size; it stays at the head), closed (not open),
+  // wrong_state (started, or inside the callback).
   [[nodiscard]] errc try_receive(void* buf, size_t cap, size_t* len);
 
   // Stops, marks the region closed (writers then get not_connected), removes it (shm_unlink /
-  // IPC_RMID / mem registry) and unmaps it. Idempotent. Not from inside the callback. Safe to
-  // destroy the object right after close() returns, even before the loop runs again.
+  // IPC_RMID / mem registry) and unmaps it. Idempotent. From inside the callback it takes effect
+  // when the callback returns. Safe to destroy the object right after close() returns (outside
+  // the callback), even before the loop runs again.
   void close();
 
   [[nodiscard]] bool is_open() const noexcept;
@@ -200,11 +217,14 @@ class shm_reader {
   [[nodiscard]] bool huge_pages() const noexcept;
   [[nodiscard]] size_t ring_bytes() const noexcept;
   [[nodiscard]] size_t max_record_size() const noexcept;
+  // The last failed open()/open_image()/start(): its code and a detail naming the URL and the
+  // rule that was violated. A call that returns ok leaves it unchanged.
+  [[nodiscard]] error_info last_error() const;
 
   struct impl;
 
  private:
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<impl> impl_;  // never null
 };
 
 class shm_writer {
@@ -218,7 +238,8 @@ class shm_writer {
   // size, region size against the mapped size, node size, ring size, record header size, record
   // limit) and the options' expectations. Errors: bad_url, unsupported_scheme, not_found (no
   // such region), not_connected (the region exists but its reader has not finished creating it,
-  // is closed or is dead), bad_layout, permission_denied, io_error, closed (already open).
+  // is closed or is dead), bad_layout, permission_denied, io_error, wrong_state (already open).
+  // On an error last_error() names the URL and what was wrong (which layout field, ...).
   [[nodiscard]] errc open(std::string_view url, const shm_writer_options& opt = {});
   [[nodiscard]] errc open(const address& addr, const shm_writer_options& opt = {});
   // Testing and fuzzing: writes into a caller-owned image (see shm_reader::open_image).
@@ -234,10 +255,8 @@ class shm_writer {
   // Allocates nothing and makes no syscall except a futex wake when the reader sleeps, and a
   // liveness check of the reader's process on the queue_full path and every 65536 sends.
   [[nodiscard]] errc send(const void* data, size_t len) noexcept;
-  [[nodiscard]] errc send(const shm_span* parts, size_t count) noexcept;
-  [[nodiscard]] errc send(std::initializer_list<shm_span> parts) noexcept {
-    return send(parts.begin(), parts.size());
-  }
+  // Gather send: the concatenation of parts[0..count) as one record. Same results as send().
+  [[nodiscard]] errc sendv(const const_buffer* parts, size_t count) noexcept;
 
   // Sends `count` messages (each span is one whole message) as one batch: one reservation, one
   // commit, so the ring's shared words are touched once for the whole batch instead of once per
@@ -250,7 +269,11 @@ class shm_writer {
   //   invalid_argument   count > kMaxBatch
   // count == 0 is ok (nothing sent); count == 1 is the same as send(). Allocates nothing.
   static constexpr size_t kMaxBatch = 1024;
-  [[nodiscard]] errc send_batch(const shm_span* msgs, size_t count) noexcept;
+  // A writer adds its counts to the region's shared counters (shm_region_info, the reader's
+  // metrics().records_written ...) every this many sends, when it wakes a sleeping reader and at
+  // close(): the region's writer-side totals may lag by up to this many sends per open writer.
+  static constexpr uint32_t kCounterFlushEvery = 1024;
+  [[nodiscard]] errc send_batch(const const_buffer* msgs, size_t count) noexcept;
   // Bytes one message of `size` bytes takes of a batch's max_record_size() budget.
   [[nodiscard]] static constexpr size_t batch_bytes(size_t size) noexcept {
     return 8 + ((size + 7) & ~size_t{7});
@@ -266,16 +289,16 @@ class shm_writer {
   // This writer's counters (records/bytes_written, queue_full, writer_abandoned, not_connected,
   // wakeups) plus the region's current fill and capacity.
   [[nodiscard]] shm_metrics metrics() const noexcept;
-
-  // Testing only: hook(user) runs inside send() and send_batch() after the record's nodes are
-  // reserved and its header written, before the payload is copied and committed (to hold or kill a
-  // writer mid-record). nullptr removes it.
-  void set_test_hook(void (*hook)(void* user), void* user) noexcept;
+  // The last failed open()/open_image(): its code and a detail naming the URL and the rule that
+  // was violated. A call that returns ok leaves it unchanged.
+  [[nodiscard]] error_info last_error() const;
 
   struct impl;
 
  private:
+  friend struct shm_detail::writer_access;
   std::unique_ptr<impl> impl_;
+  error_info last_error_;
 };
 
 }  // namespace uvbus

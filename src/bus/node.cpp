@@ -153,9 +153,12 @@ errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>*
     address a;
     (void)parse_address(u, &a);  // validated
     if (a.kind == scheme::shm) {
-      *rd = std::make_unique<shm_reader>();
+      *rd = std::make_unique<shm_reader>(shm_reader_callbacks{
+          [this](const shm_record* recs, size_t count) { on_shm_records(this, recs, count); }});
       const errc e = (*rd)->open(a, detail::ring_config(cfg));
-      if (e != errc::ok) return refuse_call(e, field + "opening the ring failed: " + to_string(e));
+      if (e != errc::ok) {
+        return refuse_call(e, field + "opening the ring failed: " + (*rd)->last_error().detail);
+      }
       shm_url = a.to_string();
       urls->push_back(shm_url);
       continue;
@@ -166,7 +169,7 @@ errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>*
     urls->push_back(ch->listener_url(l));
   }
   if (*rd) {
-    const errc e = (*rd)->start(loop, &impl::on_shm_records, this);
+    const errc e = (*rd)->start(loop);
     if (e != errc::ok) {
       return refuse_call(e, "node_config.listen \"" + shm_url +
                                 "\": starting the ring reader failed: " + to_string(e));

@@ -63,14 +63,12 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
   // Traffic in either direction keeps a sibling link from being dropped as idle.
   if (p->kind == peer_kind::sibling) p->last_data_ms = now_ms();
   if (p->shm) {
-    shm_gather.resize(n);
-    for (size_t i = 0; i < n; ++i) shm_gather[i] = {bufs[i].data, bufs[i].size};
-    errc e = p->shm->send(shm_gather.data(), n);
+    errc e = p->shm->sendv(bufs, n);
     // abandoned: we stalled mid-record (preempted past the reader's timeout) and the reader
     // skipped it, so the message was NOT delivered and sending it again cannot duplicate it.
     for (int retry = 0; e == errc::abandoned && retry < 3; ++retry) {
       ++counters.shm_abandoned_retries;
-      e = p->shm->send(shm_gather.data(), n);
+      e = p->shm->sendv(bufs, n);
     }
     if (e == errc::ok) {
       if (via_shm != nullptr) *via_shm = true;

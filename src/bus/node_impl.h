@@ -259,7 +259,6 @@ struct node::impl {
   bus_id cached_target = 0;
   peer_ep* cached_hop = nullptr;
   std::vector<const_buffer> gather;
-  std::vector<shm_span> shm_gather;
   // Rate limit of the relay's drop log lines (kDropLogBurst per kDropLogWindowMs).
   uint64_t drop_log_window_ms = 0;
   uint32_t drop_log_lines = 0;

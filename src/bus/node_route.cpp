@@ -391,7 +391,7 @@ void node::impl::restart_shm_reader() {
     if (q->shm_reader_paused) return;
   }
   shm_paused = false;
-  (void)reader->start(loop, &impl::on_shm_records, this);
+  (void)reader->start(loop);
 }
 
 void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count) {

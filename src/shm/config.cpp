@@ -1,5 +1,6 @@
 // Config validation, image formatting and read-only inspection of a region.
 #include <cstring>
+#include <string>
 
 #include "shm/region.h"
 #include "uvbus/shm.h"
@@ -14,21 +15,48 @@ bool is_pow2(uint64_t v) {
 }
 }  // namespace
 
-errc shm_validate(const shm_config& cfg) noexcept {
+namespace {
+// The detail text is built only when the caller asked for it.
+template <class F>
+errc refuse(std::string* detail, F why) {
+  if (detail != nullptr) *detail = "shm_config." + why();
+  return errc::invalid_argument;
+}
+}  // namespace
+
+errc shm_validate(const shm_config& cfg, std::string* detail) {
   if (!is_pow2(cfg.node_size) || cfg.node_size < kMinNodeSize || cfg.node_size > kMaxNodeSize) {
-    return errc::invalid_argument;
+    return refuse(detail, [&] {
+      return std::string("node_size (" + std::to_string(cfg.node_size) +
+                         ") must be a power of two in [" + std::to_string(kMinNodeSize) + ", " +
+                         std::to_string(kMaxNodeSize) + "]");
+    });
   }
   if (!is_pow2(cfg.ring_bytes) || cfg.ring_bytes < cfg.node_size * kMinNodes ||
       cfg.ring_bytes > (uint64_t{1} << 46)) {
-    return errc::invalid_argument;
+    return refuse(detail, [&] {
+      return std::string("ring_bytes (" + std::to_string(cfg.ring_bytes) +
+                         ") must be a power of two of at least " + std::to_string(kMinNodes) +
+                         " nodes (" + std::to_string(cfg.node_size * kMinNodes) +
+                         " bytes) and at most 2^46");
+    });
   }
   const uint64_t nodes = cfg.ring_bytes / cfg.node_size;
   const uint64_t max_nodes =
       (uint64_t{cfg.max_record_size} + kRecordHeaderSize + cfg.node_size - 1) / cfg.node_size;
   if (cfg.max_record_size == 0 || max_nodes > kMaxRecordNodes || max_nodes > nodes / 2) {
-    return errc::invalid_argument;
+    return refuse(detail, [&] {
+      return std::string("max_record_size (" + std::to_string(cfg.max_record_size) +
+                         ") must be non-zero and fit, with its 8-byte prefix, in half the "
+                         "ring (" +
+                         std::to_string(nodes / 2) + " nodes of " + std::to_string(cfg.node_size) +
+                         " bytes) and in " + std::to_string(kMaxRecordNodes) + " nodes");
+    });
   }
-  if (cfg.batch_max == 0 || cfg.abandon_timeout_us == 0) return errc::invalid_argument;
+  if (cfg.batch_max == 0)
+    return refuse(detail, [&] { return std::string("batch_max must be at least 1"); });
+  if (cfg.abandon_timeout_us == 0)
+    return refuse(detail, [&] { return std::string("abandon_timeout_us must be non-zero"); });
   return errc::ok;
 }
 

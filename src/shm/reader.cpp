@@ -2,11 +2,15 @@
 // records after the timeout, and sleeps on a futex (through a helper thread and uv_async_t) when
 // the ring is dry.
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "core/murmur3.h"
+#include <uv.h>
+
+#include "core/thread_check.h"
 #include "shm/region.h"
 #include "uvbus/shm.h"
 
@@ -18,13 +22,17 @@ namespace {
 
 constexpr size_t kMaxHolds = 64;
 
+struct ring_reader;
+// Internal delivery: a batch of records to fn(user, records, count).
+using deliver_fn = void (*)(void* user, const shm_record* records, size_t count);
+
 // libuv handles live in their own block, freed by the last close callback, so the reader object
 // may be destroyed as soon as close() returns.
 struct loop_glue {
   uv_async_t async;
   uv_idle_t idle;
   int open_handles = 0;
-  shm_reader::impl* owner = nullptr;
+  ring_reader* owner = nullptr;
 };
 
 void glue_closed(uv_handle_t* h) {
@@ -34,7 +42,15 @@ void glue_closed(uv_handle_t* h) {
 
 }  // namespace
 
-struct shm_reader::impl {
+// Completes a close() requested from inside the records callback (destroys the ring_reader).
+void finish_close(shm_reader::impl* outer) noexcept;
+
+namespace {
+
+// One open region as its reader: the read loop, the stuck-writer handling and the loop glue.
+struct ring_reader {
+  shm_reader::impl* outer = nullptr;
+  bool close_requested = false;  // close() was called inside the callback: finish after drain
   mapping map;
   geometry g;
   shm_config cfg;
@@ -66,9 +82,10 @@ struct shm_reader::impl {
   // Loop integration.
   uv_loop_t* loop = nullptr;
   loop_glue* glue = nullptr;
-  shm_records_cb cb = nullptr;
+  deliver_fn cb = nullptr;
   void* user = nullptr;
   bool started = false;
+  bool halt = false;  // stop() ran (maybe inside a callback): the current drain delivers no more
   uint64_t spin_until = 0;
   std::thread waker;
   std::atomic<uint32_t> armed{0};  // 1: the waker thread should sleep on the region's futex
@@ -109,7 +126,7 @@ struct shm_reader::impl {
 
   // The records gathered for the next callback call, and what one drain has delivered so far.
   struct sink {
-    shm_records_cb fn;
+    deliver_fn fn;
     void* user;
     size_t max_records;
     size_t nb = 0;
@@ -141,11 +158,12 @@ struct shm_reader::impl {
   // Bounded work: every iteration either stops, or advances rd by at least one node, or retries a
   // CAS that lost to a commit (at most once per record), and the total is capped, so a hostile
   // region cannot keep the reader here.
-  size_t drain(shm_records_cb fn, void* u, size_t max_records) noexcept {
+  size_t drain(deliver_fn fn, void* u, size_t max_records) noexcept {
     sink s{fn, u, max_records};
+    halt = false;
     uint64_t now = 0;
     size_t budget = max_records > (~size_t{0} - 64) / 4 ? ~size_t{0} : max_records * 4 + 64;
-    while (!s.full() && budget-- > 0) {
+    while (!s.full() && !halt && budget-- > 0) {
       // acquire: pairs with the writer's commit CAS; the payload, len and checksum it wrote
       // before are visible once we see kCommitted.
       const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
@@ -229,7 +247,7 @@ struct shm_reader::impl {
     const uint8_t* body = node + kRecordHeaderSize;
     uint64_t off = sub_pos == rd ? sub_off : 0;
     while (off < blen) {
-      if (s.full()) return pause_batch(off);
+      if (s.full() || halt) return pause_batch(off);
       record_prefix ip;
       if (blen - off < sizeof ip) {
         ++c_corrupt;
@@ -304,9 +322,13 @@ struct shm_reader::impl {
 
   static void on_idle(uv_idle_t* h) {
     auto* gl = static_cast<loop_glue*>(h->data);
-    impl* self = gl->owner;
+    ring_reader* self = gl->owner;
     if (self == nullptr || !self->started) return;
     const size_t n = self->drain(self->cb, self->user, self->cfg.batch_max);
+    if (self->close_requested) {
+      finish_close(self->outer);  // self is gone now
+      return;
+    }
     if (!self->started) return;  // the callback called stop()
     if (n > 0) {  // the spin window starts when the ring first runs dry: no clock read here
       self->spin_until = 0;
@@ -355,7 +377,7 @@ struct shm_reader::impl {
 
   static void on_async(uv_async_t* h) {
     auto* gl = static_cast<loop_glue*>(h->data);
-    impl* self = gl->owner;
+    ring_reader* self = gl->owner;
     if (self == nullptr || !self->started) return;
     self->g.hdr->reader_sleeping.store(0, std::memory_order_relaxed);
     self->spin_until = mono_ns() + uint64_t{self->cfg.spin_us} * 1000;
@@ -376,8 +398,8 @@ struct shm_reader::impl {
     }
   }
 
-  errc start(uv_loop_t* lp, shm_records_cb fn, void* u) {
-    if (started) return errc::busy;
+  errc start(uv_loop_t* lp, deliver_fn fn, void* u) {
+    if (started) return errc::wrong_state;
     if (lp == nullptr || fn == nullptr) return errc::invalid_argument;
     auto* gl = new (std::nothrow) loop_glue();
     if (gl == nullptr) return errc::no_memory;
@@ -418,6 +440,7 @@ struct shm_reader::impl {
   }
 
   void stop() {
+    halt = true;
     if (!started) return;
     started = false;
     quit.store(1, std::memory_order_release);
@@ -440,132 +463,226 @@ struct shm_reader::impl {
     }
     return errc::ok;
   }
+
+  // Stops and, for the region's creator, marks it closed and removes it.
+  void shut() noexcept {
+    stop();
+    if (owner) {
+      store_counters();
+      // release: writers that see "closed" need nothing else from us; they stop sending.
+      g.hdr->reader_state.store(kReaderClosed, std::memory_order_release);
+      release_region(&map, true);
+    }
+  }
 };
 
-shm_reader::shm_reader() = default;
+}  // namespace
+
+// ---- shm_reader: the owner-thread checks, the callbacks and last_error around a ring_reader ----
+
+struct shm_reader::impl {
+  detail::owner_thread thread;
+  shm_reader_callbacks cbs;
+  error_info err;
+  std::unique_ptr<ring_reader> ring;  // null while closed
+  int in_callback = 0;
+
+  static void deliver(void* u, const shm_record* records, size_t count) {
+    auto* self = static_cast<impl*>(u);
+    if (!self->cbs.on_records) return;
+    ++self->in_callback;
+    self->cbs.on_records(records, count);
+    --self->in_callback;
+  }
+  errc fail(const char* call, const std::string& url, errc e, const char* why = nullptr) {
+    err = error_info{e, open_error_detail(call, url, e, why)};
+    return e;
+  }
+  [[nodiscard]] bool open() const noexcept { return ring && !ring->close_requested; }
+};
+
+void finish_close(shm_reader::impl* outer) noexcept {
+  outer->ring->shut();
+  outer->ring.reset();
+}
+
+shm_reader::shm_reader(shm_reader_callbacks cbs) : impl_(std::make_unique<impl>()) {
+  impl_->cbs = std::move(cbs);
+}
+
 shm_reader::~shm_reader() {
+  if (impl_->in_callback > 0) {
+    std::fprintf(stderr, "uvbus: shm_reader destroyed inside its own records callback\n");
+    std::abort();
+  }
   close();
 }
 
+errc shm_reader::set_callbacks(shm_reader_callbacks cbs) {
+  UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::set_callbacks");
+  if (impl_->in_callback > 0) return errc::wrong_state;
+  impl_->cbs = std::move(cbs);
+  return errc::ok;
+}
+
 errc shm_reader::open(std::string_view url, const shm_config& cfg) {
+  UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::open");
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  if (const errc e = parse_address(url, &addr); e != errc::ok) {
+    return impl_->fail("shm_reader::open", std::string(url), e);
+  }
   return open(addr, cfg);
 }
 
 errc shm_reader::open(const address& addr, const shm_config& cfg) {
-  if (impl_) return errc::closed;
-  if (addr.kind != scheme::shm && addr.kind != scheme::mem) return errc::unsupported_scheme;
-  if (const errc e = shm_validate(cfg); e != errc::ok) return e;
-  auto p = std::make_unique<impl>();
-  if (const errc e = p->init_common(cfg); e != errc::ok) return e;
-  if (const errc e = create_region(addr, cfg, &p->map); e != errc::ok) return e;
-  if (const errc e = validate_header(p->map.base, p->map.size, &p->g); e != errc::ok) {
+  UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::open");
+  const char* call = "shm_reader::open";
+  if (impl_->ring) return impl_->fail(call, addr.to_string(), errc::wrong_state);
+  if (addr.kind != scheme::shm && addr.kind != scheme::mem) {
+    return impl_->fail(call, addr.to_string(), errc::unsupported_scheme);
+  }
+  std::string why;
+  if (const errc e = shm_validate(cfg, &why); e != errc::ok) {
+    return impl_->fail(call, addr.to_string(), e, why.c_str());
+  }
+  auto p = std::make_unique<ring_reader>();
+  if (const errc e = p->init_common(cfg); e != errc::ok) {
+    return impl_->fail(call, addr.to_string(), e);
+  }
+  if (const errc e = create_region(addr, cfg, &p->map); e != errc::ok) {
+    return impl_->fail(call, addr.to_string(), e);
+  }
+  const char* bad = nullptr;
+  if (const errc e = validate_header(p->map.base, p->map.size, &p->g, &bad); e != errc::ok) {
     release_region(&p->map, true);
-    return e;
+    return impl_->fail(call, addr.to_string(), e, bad);
   }
   p->owner = true;
-  impl_ = std::move(p);
+  p->outer = impl_.get();
+  impl_->ring = std::move(p);
   return errc::ok;
 }
 
 errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
-  if (impl_) return errc::closed;
-  auto p = std::make_unique<impl>();
-  if (const errc e = p->init_common(cfg); e != errc::ok) return e;
-  if (const errc e = validate_header(mem, size, &p->g); e != errc::ok) return e;
+  UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::open_image");
+  const char* call = "shm_reader::open_image";
+  if (impl_->ring) return impl_->fail(call, "image", errc::wrong_state);
+  auto p = std::make_unique<ring_reader>();
+  if (const errc e = p->init_common(cfg); e != errc::ok) return impl_->fail(call, "image", e);
+  const char* bad = nullptr;
+  if (const errc e = validate_header(mem, size, &p->g, &bad); e != errc::ok) {
+    return impl_->fail(call, "image", e, bad);
+  }
   p->map.kind = region_kind::image;
   p->map.base = mem;
   p->map.size = size;
   p->rd = p->published = p->g.hdr->read_pos.load(std::memory_order_acquire);
-  impl_ = std::move(p);
+  p->outer = impl_.get();
+  impl_->ring = std::move(p);
   return errc::ok;
 }
 
-errc shm_reader::start(uv_loop_t* loop, shm_records_cb cb, void* user) {
-  if (!impl_) return errc::closed;
-  return impl_->start(loop, cb, user);
+errc shm_reader::start(uv_loop_t* loop) {
+  UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::start");
+  if (!impl_->open()) return errc::closed;
+  if (!impl_->cbs.on_records) return errc::invalid_argument;
+  return impl_->ring->start(loop, &impl::deliver, impl_.get());
 }
 
 void shm_reader::stop() {
-  if (impl_) impl_->stop();
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::stop", );
+  if (impl_->ring) impl_->ring->stop();
 }
 
-size_t shm_reader::poll(shm_records_cb cb, void* user, size_t max_records) {
-  if (!impl_ || impl_->started || cb == nullptr || max_records == 0) return 0;
-  return impl_->drain(cb, user, max_records);
+size_t shm_reader::poll(size_t max_records) {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::poll", 0);
+  impl& im = *impl_;
+  if (!im.open() || im.ring->started || im.in_callback > 0 || !im.cbs.on_records ||
+      max_records == 0) {
+    return 0;
+  }
+  const size_t n = im.ring->drain(&impl::deliver, &im, max_records);
+  if (im.ring->close_requested) finish_close(&im);
+  return n;
 }
 
 errc shm_reader::try_receive(void* buf, size_t cap, size_t* len) {
-  if (!impl_ || impl_->started) return errc::closed;
+  UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::try_receive");
+  if (!impl_->open()) return errc::closed;
+  ring_reader& rr = *impl_->ring;
+  if (rr.started || impl_->in_callback > 0) return errc::wrong_state;
   struct ctx {
     void* buf;
     size_t* len;
   } cx{buf, len};
-  impl& im = *impl_;
-  im.size_limit = cap;
-  im.too_big = 0;
-  const size_t n = im.drain(
+  rr.size_limit = cap;
+  rr.too_big = 0;
+  const size_t n = rr.drain(
       [](void* u, const shm_record* r, size_t) {
         auto* x = static_cast<ctx*>(u);
         if (r->size != 0) std::memcpy(x->buf, r->data, r->size);
         *x->len = r->size;
       },
       &cx, 1);
-  im.size_limit = ~size_t{0};
+  rr.size_limit = ~size_t{0};
   if (n == 1) return errc::ok;
-  if (im.too_big != 0) {
-    *len = im.too_big;
+  if (rr.too_big != 0) {
+    *len = rr.too_big;
     return errc::buffer_too_small;
   }
-  return errc::not_found;
+  return errc::would_block;
 }
 
 void shm_reader::close() {
-  if (!impl_) return;
-  impl_->stop();
-  if (impl_->owner) {
-    impl_->store_counters();
-    // release: writers that see "closed" need nothing else from us; they stop sending.
-    impl_->g.hdr->reader_state.store(kReaderClosed, std::memory_order_release);
-    release_region(&impl_->map, true);
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::close", );
+  if (!impl_->ring) return;
+  if (impl_->in_callback > 0) {  // finish when the callback returns: the drain is still running
+    impl_->ring->close_requested = true;
+    impl_->ring->stop();
+    return;
   }
-  impl_.reset();
+  finish_close(impl_.get());
 }
 
 bool shm_reader::is_open() const noexcept {
-  return impl_ != nullptr;
+  return impl_->open();
 }
 
 shm_metrics shm_reader::metrics() const noexcept {
-  if (!impl_) return {};
-  const region_header* h = impl_->g.hdr;
+  if (!impl_->open()) return {};
+  const ring_reader& rr = *impl_->ring;
+  const region_header* h = rr.g.hdr;
   shm_metrics m;
   m.records_written = h->records_written.load(std::memory_order_relaxed);
   m.bytes_written = h->bytes_written.load(std::memory_order_relaxed);
   m.queue_full = h->queue_full.load(std::memory_order_relaxed);
   m.writer_abandoned = h->writer_abandoned.load(std::memory_order_relaxed);
   m.wakeups = h->wakeups.load(std::memory_order_relaxed);
-  m.records_read = impl_->c_records;
-  m.bytes_read = impl_->c_bytes;
-  m.abandoned = impl_->c_abandoned;
-  m.checksum_failures = impl_->c_checksum;
-  m.corrupt = impl_->c_corrupt;
-  m.batches = impl_->c_batches;
+  m.records_read = rr.c_records;
+  m.bytes_read = rr.c_bytes;
+  m.abandoned = rr.c_abandoned;
+  m.checksum_failures = rr.c_checksum;
+  m.corrupt = rr.c_corrupt;
+  m.batches = rr.c_batches;
   const uint64_t w = h->write_pos.load(std::memory_order_relaxed);
-  m.fill_bytes = w >= impl_->published ? (w - impl_->published) * impl_->g.node_size : 0;
-  m.capacity_bytes = impl_->g.nodes * impl_->g.node_size;
+  m.fill_bytes = w >= rr.published ? (w - rr.published) * rr.g.node_size : 0;
+  m.capacity_bytes = rr.g.nodes * rr.g.node_size;
   return m;
 }
 
 bool shm_reader::huge_pages() const noexcept {
-  return impl_ && impl_->map.huge;
+  return impl_->open() && impl_->ring->map.huge;
 }
 size_t shm_reader::ring_bytes() const noexcept {
-  return impl_ ? impl_->g.nodes * impl_->g.node_size : 0;
+  return impl_->open() ? impl_->ring->g.nodes * impl_->ring->g.node_size : 0;
 }
 size_t shm_reader::max_record_size() const noexcept {
-  return impl_ ? impl_->g.max_record : 0;
+  return impl_->open() ? impl_->ring->g.max_record : 0;
+}
+error_info shm_reader::last_error() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::last_error",
+                           (error_info{errc::wrong_thread, "shm_reader::last_error"}));
+  return impl_->err;
 }
 
 }  // namespace uvbus

@@ -116,28 +116,49 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeout
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tp, nullptr, 0);
 }
 
-errc validate_header(void* base, size_t mapped, geometry* g) noexcept {
-  if (base == nullptr || mapped < kHeaderSize) return errc::bad_layout;
+errc validate_header(void* base, size_t mapped, geometry* g, const char** why) noexcept {
+  const char* unused = nullptr;
+  const char*& w = why != nullptr ? *why : unused;
+  if (base == nullptr || mapped < kHeaderSize) {
+    w = "the mapping is smaller than the 4096-byte region header";
+    return errc::bad_layout;
+  }
   auto* h = static_cast<region_header*>(base);
   const uint64_t magic = h->magic.load(std::memory_order_acquire);
-  if (magic == 0) return errc::not_connected;
-  if (magic != kMagic) return errc::bad_layout;
+  if (magic == 0) {
+    w = "the header's magic is still 0: its reader has not finished creating the region";
+    return errc::not_connected;
+  }
+  if (magic != kMagic) {
+    w = "the header's magic is not \"UVBUSSHM\": not a uvbus region";
+    return errc::bad_layout;
+  }
   // Everything below was written before magic was published (release), so the acquire above
   // makes it visible; it is copied into *g and never read from the region again.
   if (h->version != kVersion || h->header_size != kHeaderSize ||
       h->record_header_size != kRecordHeaderSize) {
+    w = "header version, header_size or record_header_size differ from this build's (version 2, "
+        "4096, 8)";
     return errc::bad_layout;
   }
   const uint32_t ns = h->node_size;
   const uint64_t ring = h->ring_bytes;
-  if (!is_pow2(ns) || ns < kMinNodeSize || ns > kMaxNodeSize) return errc::bad_layout;
-  if (!is_pow2(ring) || ring < ns * kMinNodes || ring > (uint64_t{1} << 46)) {
+  if (!is_pow2(ns) || ns < kMinNodeSize || ns > kMaxNodeSize) {
+    w = "header node_size is not a power of two in [64, 4096]";
     return errc::bad_layout;
   }
-  if (h->region_size != region_bytes(ring, ns) || h->region_size > mapped) return errc::bad_layout;
+  if (!is_pow2(ring) || ring < ns * kMinNodes || ring > (uint64_t{1} << 46)) {
+    w = "header ring_bytes is not a power of two of 16 nodes to 2^46 bytes";
+    return errc::bad_layout;
+  }
+  if (h->region_size != region_bytes(ring, ns) || h->region_size > mapped) {
+    w = "header region_size does not match its ring or exceeds the mapped size";
+    return errc::bad_layout;
+  }
   const uint64_t nodes = ring / ns;
   const uint64_t max_nodes = (h->max_record_size + uint64_t{kRecordHeaderSize} + ns - 1) / ns;
   if (h->max_record_size == 0 || max_nodes > kMaxRecordNodes || max_nodes > nodes / 2) {
+    w = "header max_record_size is 0 or does not fit in half the ring";
     return errc::bad_layout;
   }
   g->hdr = h;
@@ -322,7 +343,9 @@ errc map_mem_create(const address& addr, const shm_config& cfg, mapping* out) {
   auto it = reg.find(addr.host);
   if (it != reg.end()) return errc::busy;  // the reader's close() removes its entry
   auto blk = std::make_shared<mem_block>();
-  blk->p = std::aligned_alloc(4096, size);
+  // aligned_alloc wants a multiple of the alignment: a small ring's region (e.g. 4096 + 512 +
+  // 4096 bytes) is not one.
+  blk->p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (blk->p == nullptr) return errc::no_memory;
   blk->size = size;
   bool huge = false;
@@ -422,6 +445,35 @@ void release_region(mapping* m, bool remove) noexcept {
       break;
   }
   *m = mapping{};
+}
+
+}  // namespace uvbus::shm_detail
+
+namespace uvbus::shm_detail {
+
+std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why) {
+  std::string d = std::string(call) + "(" + url + "): ";
+  if (why != nullptr) return d + why;
+  switch (e) {
+    case errc::bad_url:
+      return d + "malformed URL";
+    case errc::unsupported_scheme:
+      return d + "only shm:// and mem:// URLs name shared-memory regions";
+    case errc::busy:
+      return d + "a live reader already owns this region";
+    case errc::bad_layout:
+      return d + "an object of this name exists and is not a uvbus region (left alone)";
+    case errc::not_found:
+      return d + "no such region (its reader has not created it)";
+    case errc::not_connected:
+      return d + "the region's reader has not finished creating it, has closed or is dead";
+    case errc::permission_denied:
+      return d + "permission denied (the region's mode)";
+    case errc::wrong_state:
+      return d + "already open: close() first";
+    default:
+      return d + to_string(e);
+  }
 }
 
 }  // namespace uvbus::shm_detail

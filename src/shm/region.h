@@ -55,8 +55,9 @@ constexpr uint64_t region_bytes(uint64_t ring_bytes, uint32_t node_size) noexcep
 }
 
 // Checks every field of a header against the mapped size; fills *g on success.
-// Errors: not_connected (magic still 0: the reader is formatting it), bad_layout.
-errc validate_header(void* base, size_t mapped, geometry* g) noexcept;
+// Errors: not_connected (magic still 0: the reader is formatting it), bad_layout. On an error
+// *why (if given) points to a static text saying which field was wrong.
+errc validate_header(void* base, size_t mapped, geometry* g, const char** why = nullptr) noexcept;
 
 // Formats a fresh header in [base, base+size) for cfg (magic published last, with release).
 void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned) noexcept;
@@ -65,6 +66,8 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
 // shm_writer::open for the error contracts.
 errc create_region(const address& addr, const shm_config& cfg, mapping* out);
 errc attach_region(const address& addr, mapping* out);
+// last_error() detail of a failed open: "call(url): what was wrong" (why, or the code's meaning).
+std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why);
 // Unmaps; the reader also removes the name (remove = true).
 void release_region(mapping* m, bool remove) noexcept;
 

@@ -3,8 +3,8 @@
 // record after the abandon timeout.
 #include <cstring>
 
-#include "core/murmur3.h"
 #include "shm/region.h"
+#include "shm/test_hook.h"
 #include "uvbus/shm.h"
 
 namespace uvbus {
@@ -29,7 +29,7 @@ struct shm_writer::impl {
   void (*hook)(void*) = nullptr;
   void* hook_user = nullptr;
 
-  static constexpr uint32_t kFlushEvery = 1024;
+  static constexpr uint32_t kFlushEvery = shm_writer::kCounterFlushEvery;
   static constexpr uint32_t kLivenessEvery = 65536;
 
   void flush() noexcept {
@@ -188,11 +188,14 @@ struct shm_writer::impl {
       futex_wake(&h->reader_sleeping, 1);
       ++local.wakeups;
       ++pend_wakeups;
+      // The reader was idle, so traffic is light and the syscall above dwarfs a flush: publishing
+      // the counters here keeps the region's totals (uvbus_shm_inspect) from lagging for long.
+      flush();
     }
     return errc::ok;
   }
 
-  errc send(const shm_span* parts, size_t count) noexcept {
+  errc send(const const_buffer* parts, size_t count) noexcept {
     if (g.hdr == nullptr) return errc::not_connected;
     size_t total = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -223,7 +226,7 @@ struct shm_writer::impl {
     return commit(w, need, kCommitted, 1, total);
   }
 
-  errc send_batch(const shm_span* msgs, size_t count) noexcept {
+  errc send_batch(const const_buffer* msgs, size_t count) noexcept {
     if (g.hdr == nullptr) return errc::not_connected;
     if (count == 0) return errc::ok;
     if (count > shm_writer::kMaxBatch) return errc::invalid_argument;
@@ -268,14 +271,23 @@ shm_writer::~shm_writer() {
 
 errc shm_writer::open(std::string_view url, const shm_writer_options& opt) {
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  if (const errc e = parse_address(url, &addr); e != errc::ok) {
+    last_error_ =
+        error_info{e, open_error_detail("shm_writer::open", std::string(url), e, nullptr)};
+    return e;
+  }
   return open(addr, opt);
 }
 
 namespace {
-errc check_options(const geometry& g, const shm_writer_options& opt) {
-  if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) return errc::bad_layout;
+// ok, or bad_layout with *why naming the expectation the region does not meet.
+errc check_options(const geometry& g, const shm_writer_options& opt, const char** why) {
+  if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) {
+    *why = "the region's node_size differs from shm_writer_options.expect_node_size";
+    return errc::bad_layout;
+  }
   if (opt.expect_ring_bytes != 0 && opt.expect_ring_bytes != g.nodes * g.node_size) {
+    *why = "the region's ring_bytes differ from shm_writer_options.expect_ring_bytes";
     return errc::bad_layout;
   }
   return errc::ok;
@@ -283,17 +295,27 @@ errc check_options(const geometry& g, const shm_writer_options& opt) {
 }  // namespace
 
 errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
-  if (impl_) return errc::closed;
-  if (addr.kind != scheme::shm && addr.kind != scheme::mem) return errc::unsupported_scheme;
+  const char* call = "shm_writer::open";
+  const auto fail = [&](errc e, const char* why) {
+    last_error_ = error_info{e, open_error_detail(call, addr.to_string(), e, why)};
+    return e;
+  };
+  if (impl_) return fail(errc::wrong_state, nullptr);
+  if (addr.kind != scheme::shm && addr.kind != scheme::mem) {
+    return fail(errc::unsupported_scheme, nullptr);
+  }
   auto p = std::make_unique<impl>();
-  if (const errc e = attach_region(addr, &p->map); e != errc::ok) return e;
-  errc e = validate_header(p->map.base, p->map.size, &p->g);
-  if (e == errc::ok) e = check_options(p->g, opt);
-  if (e == errc::ok && !shm_detail::reader_alive(p->g.hdr, p->map.kind, true))
+  if (const errc e = attach_region(addr, &p->map); e != errc::ok) return fail(e, nullptr);
+  const char* why = nullptr;
+  errc e = validate_header(p->map.base, p->map.size, &p->g, &why);
+  if (e == errc::ok) e = check_options(p->g, opt, &why);
+  if (e == errc::ok && !shm_detail::reader_alive(p->g.hdr, p->map.kind, true)) {
     e = errc::not_connected;
+    why = "the region's reader has closed or its process is gone";
+  }
   if (e != errc::ok) {
     release_region(&p->map, false);
-    return e;
+    return fail(e, why);
   }
   p->cached_read = p->g.hdr->read_pos.load(std::memory_order_acquire);
   impl_ = std::move(p);
@@ -301,11 +323,16 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
 }
 
 errc shm_writer::open_image(void* mem, size_t size, const shm_writer_options& opt) {
-  if (impl_) return errc::closed;
+  const auto fail = [&](errc e, const char* why) {
+    last_error_ = error_info{e, open_error_detail("shm_writer::open_image", "image", e, why)};
+    return e;
+  };
+  if (impl_) return fail(errc::wrong_state, nullptr);
   auto p = std::make_unique<impl>();
-  errc e = validate_header(mem, size, &p->g);
-  if (e == errc::ok) e = check_options(p->g, opt);
-  if (e != errc::ok) return e;
+  const char* why = nullptr;
+  errc e = validate_header(mem, size, &p->g, &why);
+  if (e == errc::ok) e = check_options(p->g, opt, &why);
+  if (e != errc::ok) return fail(e, why);
   p->map.kind = region_kind::image;
   p->map.base = mem;
   p->map.size = size;
@@ -316,16 +343,16 @@ errc shm_writer::open_image(void* mem, size_t size, const shm_writer_options& op
 
 errc shm_writer::send(const void* data, size_t len) noexcept {
   if (!impl_) return errc::not_connected;
-  const shm_span s{data, len};
+  const const_buffer s{data, len};
   return impl_->send(&s, 1);
 }
 
-errc shm_writer::send(const shm_span* parts, size_t count) noexcept {
+errc shm_writer::sendv(const const_buffer* parts, size_t count) noexcept {
   if (!impl_) return errc::not_connected;
   return impl_->send(parts, count);
 }
 
-errc shm_writer::send_batch(const shm_span* msgs, size_t count) noexcept {
+errc shm_writer::send_batch(const const_buffer* msgs, size_t count) noexcept {
   if (!impl_) return errc::not_connected;
   return impl_->send_batch(msgs, count);
 }
@@ -360,10 +387,16 @@ shm_metrics shm_writer::metrics() const noexcept {
   return m;
 }
 
-void shm_writer::set_test_hook(void (*hook)(void*), void* user) noexcept {
-  if (!impl_) return;
-  impl_->hook = hook;
-  impl_->hook_user = user;
+error_info shm_writer::last_error() const {
+  return last_error_;
 }
+
+namespace shm_detail {
+void writer_access::set_test_hook(shm_writer& w, void (*hook)(void*), void* user) noexcept {
+  if (!w.impl_) return;
+  w.impl_->hook = hook;
+  w.impl_->hook_user = user;
+}
+}  // namespace shm_detail
 
 }  // namespace uvbus

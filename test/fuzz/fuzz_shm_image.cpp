@@ -2,7 +2,6 @@
 // shm_reader::open_image): a corrupt region, or a writer process that scribbles over it, must never
 // make the reader crash, read outside the region, or loop forever.
 //
-//
 // Input layout:
 //   byte 0      node size: 64 << (b % 3)
 //   byte 1      ring: (16 << (b % 4)) nodes
@@ -36,8 +35,7 @@ struct bounds {
   size_t delivered = 0;
 };
 
-void on_records(void* user, const uvbus::shm_record* records, size_t count) {
-  auto* b = static_cast<bounds*>(user);
+void on_records(bounds* b, const uvbus::shm_record* records, size_t count) {
   FUZZ_CHECK(count >= 1);
   for (size_t i = 0; i < count; ++i) {
     const uvbus::shm_record& r = records[i];
@@ -56,10 +54,8 @@ struct aligned_free {
   void operator()(void* p) const { std::free(p); }
 };
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  uvbus::fuzz::byte_reader in(data, size);
+// The region config from the input's first two bytes.
+uvbus::shm_config config_from(uvbus::fuzz::byte_reader& in) {
   uvbus::shm_config cfg;
   cfg.node_size = 64u << (in.u8() % 3);
   cfg.ring_bytes = static_cast<size_t>(cfg.node_size) * (16u << (in.u8() % 4));
@@ -70,30 +66,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.reclaim_timeout_us = 1;
   cfg.spin_us = 0;
   cfg.batch_max = 7;
-  if (uvbus::shm_validate(cfg) != uvbus::errc::ok) return 0;
-  const size_t region = uvbus::shm_region_size(cfg);
-  FUZZ_CHECK(region != 0 && region % 64 == 0);
-  std::unique_ptr<uint8_t, aligned_free> mem(static_cast<uint8_t*>(std::aligned_alloc(64, region)));
-  FUZZ_CHECK(mem != nullptr);
-  std::memset(mem.get(), 0, region);
-  FUZZ_CHECK(uvbus::shm_format_image(mem.get(), region, cfg) == uvbus::errc::ok);
+  return cfg;
+}
 
-  // A well-behaved writer fills part of the ring first, so patches land on real records.
-  {
-    uvbus::shm_writer w;
-    FUZZ_CHECK(w.open_image(mem.get(), region) == uvbus::errc::ok);
-    const unsigned records = in.u8() % 24;
-    uint8_t payload[1024];
-    for (unsigned i = 0; i < records; ++i) {
-      const size_t len = (static_cast<size_t>(in.u8()) * 4) % sizeof payload;
-      for (size_t j = 0; j < len; ++j) payload[j] = static_cast<uint8_t>(i * 31 + j);
-      const uvbus::errc e = w.send(payload, len);
-      FUZZ_CHECK(e == uvbus::errc::ok || e == uvbus::errc::queue_full ||
-                 e == uvbus::errc::message_too_large);
-    }
-    w.close();
+// A well-behaved writer fills part of the ring first, so patches land on real records.
+void write_records(uvbus::fuzz::byte_reader& in, uint8_t* mem, size_t region) {
+  uvbus::shm_writer w;
+  FUZZ_CHECK(w.open_image(mem, region) == uvbus::errc::ok);
+  const unsigned records = in.u8() % 24;
+  uint8_t payload[1024];
+  for (unsigned i = 0; i < records; ++i) {
+    const size_t len = (static_cast<size_t>(in.u8()) * 4) % sizeof payload;
+    for (size_t j = 0; j < len; ++j) payload[j] = static_cast<uint8_t>(i * 31 + j);
+    const uvbus::errc e = w.send(payload, len);
+    FUZZ_CHECK(e == uvbus::errc::ok || e == uvbus::errc::queue_full ||
+               e == uvbus::errc::message_too_large);
   }
+  w.close();
+}
 
+// Applies the input's patches to the image until the input ends.
+void apply_patches(uvbus::fuzz::byte_reader& in, uint8_t* mem, size_t region) {
   constexpr size_t kHeaderBytes = 4096;  // the region header precedes the ring
   constexpr size_t kWritePos = 128;      // offsets of the cursors in the header (layout.h)
   constexpr size_t kReadPos = 192;
@@ -105,27 +98,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint8_t* bytes = nullptr;
       size_t n = in.take(in.u8() % 32, &bytes);
       if (off + n > region) n = region - off;
-      std::memcpy(mem.get() + off, bytes, n);
+      std::memcpy(mem + off, bytes, n);
     } else {
       uint64_t read_pos = 0;
-      std::memcpy(&read_pos, mem.get() + kReadPos, 8);
+      std::memcpy(&read_pos, mem + kReadPos, 8);
       const uint64_t v = (kind & 0x80) != 0
                              ? in.u64()
                              : read_pos + static_cast<uint64_t>(static_cast<int16_t>(in.u16()));
-      std::memcpy(mem.get() + (kind % 4 == 2 ? kWritePos : kReadPos), &v, 8);
+      std::memcpy(mem + (kind % 4 == 2 ? kWritePos : kReadPos), &v, 8);
     }
   }
+}
 
-  uvbus::shm_reader r;
-  const uvbus::errc e = r.open_image(mem.get(), region, cfg);
+// Reads the hostile image: bounded, in bounds, never crashing; then a writer attaches to it.
+void read_image(uint8_t* mem, size_t region, const uvbus::shm_config& cfg) {
+  bounds b{mem, mem + region, 0};
+  uvbus::shm_reader r({[&b](const uvbus::shm_record* recs, size_t n) { on_records(&b, recs, n); }});
+  const uvbus::errc e = r.open_image(mem, region, cfg);
   if (e != uvbus::errc::ok) {
     // not_connected: the magic is 0, i.e. a region whose creator has not finished formatting it.
     FUZZ_CHECK(e == uvbus::errc::bad_layout || e == uvbus::errc::invalid_argument ||
                e == uvbus::errc::not_connected);
-    FUZZ_CHECK(!r.is_open());
-    return 0;
+    FUZZ_CHECK(!r.is_open() && r.last_error().code == e && !r.last_error().detail.empty());
+    return;
   }
-  bounds b{mem.get(), mem.get() + region, r.max_record_size()};
+  b.max_record = r.max_record_size();
   FUZZ_CHECK(b.max_record <= cfg.ring_bytes);
   // The ring holds at most ring_bytes / node_size records, so a reader that keeps delivering or
   // keeps finding work for much longer than that is looping on a corrupt cursor.
@@ -134,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t rounds = 0;
   while (quiet < 3) {
     FUZZ_CHECK(++rounds < 4 * most + 64);
-    const size_t got = r.poll(on_records, &b, most);
+    const size_t got = r.poll(most);
     FUZZ_CHECK(got <= most);
     quiet = got == 0 ? quiet + 1 : 0;
   }
@@ -142,16 +139,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint8_t buf[64];
   size_t len = 0;
   const uvbus::errc te = r.try_receive(buf, sizeof buf, &len);
-  FUZZ_CHECK(te == uvbus::errc::not_found || te == uvbus::errc::buffer_too_small ||
+  FUZZ_CHECK(te == uvbus::errc::would_block || te == uvbus::errc::buffer_too_small ||
              te == uvbus::errc::ok);
 
   // A writer attaching to the hostile image must refuse or send without crashing.
   uvbus::shm_writer w;
-  if (w.open_image(mem.get(), region) == uvbus::errc::ok) {
+  if (w.open_image(mem, region) == uvbus::errc::ok) {
     for (int i = 0; i < 4; ++i) (void)w.send(buf, sizeof buf);
     w.close();
   }
-  (void)r.poll(on_records, &b, most);
+  (void)r.poll(most);
   r.close();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  uvbus::fuzz::byte_reader in(data, size);
+  const uvbus::shm_config cfg = config_from(in);
+  if (uvbus::shm_validate(cfg) != uvbus::errc::ok) return 0;
+  const size_t region = uvbus::shm_region_size(cfg);
+  FUZZ_CHECK(region != 0 && region % 64 == 0);
+  std::unique_ptr<uint8_t, aligned_free> mem(static_cast<uint8_t*>(std::aligned_alloc(64, region)));
+  FUZZ_CHECK(mem != nullptr);
+  std::memset(mem.get(), 0, region);
+  FUZZ_CHECK(uvbus::shm_format_image(mem.get(), region, cfg) == uvbus::errc::ok);
+  write_records(in, mem.get(), region);
+  apply_patches(in, mem.get(), region);
+  read_image(mem.get(), region, cfg);
   return 0;
 }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "shm/test_hook.h"
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
 
@@ -504,8 +505,7 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
     std::map<uint64_t, std::vector<uint64_t>> from;  // incarnation -> seqs in arrival order
     uint64_t corrupt = 0;
   } got;
-  auto on_records = [](void* user, const shm_record* recs, size_t n) {
-    auto* g = static_cast<sink*>(user);
+  auto on_records = [](sink* g, const shm_record* recs, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       uint64_t seq = 0, inc = 0;
       if (recs[i].size != kPayload) {
@@ -521,6 +521,8 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
       g->from[inc].push_back(seq);
     }
   };
+  ASSERT_EQ(reader.set_callbacks({[&](const shm_record* r, size_t n) { on_records(&got, r, n); }}),
+            errc::ok);
   std::mt19937 rng(5);
   const int kills = iterations();
   for (int inc = 0; inc < kills; ++inc) {
@@ -535,7 +537,8 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
       static uint64_t sending;
       static uint64_t hold_at;
       hold_at = inc % 2 == 1 ? target : UINT64_MAX;
-      w.set_test_hook(
+      shm_detail::writer_access::set_test_hook(
+          w,
           [](void*) {
             if (sending == hold_at) {
               for (;;) pause();
@@ -561,7 +564,7 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     while (got.from[static_cast<uint64_t>(inc)].size() < target &&
            std::chrono::steady_clock::now() < deadline) {
-      (void)reader.poll(on_records, &got, 4096);
+      (void)reader.poll(4096);
     }
     if (got.from[static_cast<uint64_t>(inc)].size() < target) {
       const shm_metrics m = reader.metrics();
@@ -593,7 +596,7 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (got.from[static_cast<uint64_t>(kills)].size() < 1000 &&
          std::chrono::steady_clock::now() < deadline) {
-    (void)reader.poll(on_records, &got, 4096);
+    (void)reader.poll(4096);
   }
   EXPECT_EQ(got.from[static_cast<uint64_t>(kills)].size(), 1000u) << "the reader is wedged";
   kill_now(&other_);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shm/layout.h"
+#include "shm/test_hook.h"
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
@@ -52,8 +53,8 @@ struct ring {
   uint8_t* data() { return img.p + shm_detail::kHeaderSize + cfg.ring_bytes / 64 * 8; }
 };
 
-std::vector<shm_span> spans_of(const std::vector<std::string>& v) {
-  std::vector<shm_span> s;
+std::vector<const_buffer> spans_of(const std::vector<std::string>& v) {
+  std::vector<const_buffer> s;
   s.reserve(v.size());
   for (const auto& m : v) s.push_back({m.data(), m.size()});
   return s;
@@ -84,7 +85,7 @@ TEST(ShmBatch, RecordsArriveIntactAndInOrderAcrossWrapsAndPartialPolls) {
     }
   };
   std::vector<uint8_t> buf(size_t{16} * 256);
-  std::vector<shm_span> sp(16);
+  std::vector<const_buffer> sp(16);
   uint64_t batches_sent = 0;
   while (next_recv < 30000) {
     const size_t count = 1 + rng() % 12;
@@ -99,10 +100,10 @@ TEST(ShmBatch, RecordsArriveIntactAndInOrderAcrossWrapsAndPartialPolls) {
       next_send += single ? 1 : count;
       batches_sent += single ? 0 : 1;
     }
-    (void)g.r.poll(cb, &s, 1 + rng() % 7);
+    (void)test::poll_with(g.r, cb, &s, 1 + rng() % 7);
     ASSERT_TRUE(s.ok) << "at record " << next_recv;
   }
-  while (g.r.poll(cb, &s, 100) > 0) {
+  while (test::poll_with(g.r, cb, &s, 100) > 0) {
   }
   EXPECT_TRUE(s.ok);
   EXPECT_EQ(next_recv, next_send);
@@ -127,16 +128,16 @@ TEST(ShmBatch, BatchAtTheSizeLimitPassesAndOneMoreByteIsRefused) {
   msgs[9].push_back('!');  // 89 B pads to 96 + 8: 968 B
   sp = spans_of(msgs);
   EXPECT_EQ(g.w.send_batch(sp.data(), sp.size()), errc::message_too_large);
-  std::vector<shm_span> many(shm_writer::kMaxBatch + 1, shm_span{"", 0});
+  std::vector<const_buffer> many(shm_writer::kMaxBatch + 1, const_buffer{"", 0});
   EXPECT_EQ(g.w.send_batch(many.data(), many.size()), errc::invalid_argument);
   EXPECT_EQ(g.w.send_batch(many.data(), 0), errc::ok);  // nothing
   EXPECT_EQ(g.w.send_batch(many.data(), 3), errc::ok);  // three empty messages
   collected got;
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 100), 13u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 100), 13u);
   ASSERT_EQ(got.recs.size(), 13u);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(got.recs[i], std::string(88, static_cast<char>('a' + i)));
   for (int i = 10; i < 13; ++i) EXPECT_TRUE(got.recs[i].empty());
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 100), 0u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 100), 0u);
 }
 
 TEST(ShmBatch, FullRingRefusesTheWholeBatch) {
@@ -147,9 +148,9 @@ TEST(ShmBatch, FullRingRefusesTheWholeBatch) {
   EXPECT_EQ(g.w.send_batch(sp.data(), sp.size()), errc::ok);
   EXPECT_EQ(g.w.send_batch(sp.data(), sp.size()), errc::queue_full);  // 2 nodes left
   collected got;
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 1000), 30u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 1000), 30u);
   EXPECT_EQ(g.w.send_batch(sp.data(), sp.size()), errc::ok);
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 1000), 15u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 1000), 15u);
 }
 
 TEST(ShmBatch, FlippedByteInOneRecordOfABatchSkipsOnlyThatRecord) {
@@ -160,7 +161,7 @@ TEST(ShmBatch, FlippedByteInOneRecordOfABatchSkipsOnlyThatRecord) {
   // Batch prefix (8), item 0: prefix 8 + "first" padded to 8, item 1: prefix 8 + payload.
   g.data()[8 + 16 + 8 + 3] ^= 0x10;
   collected got;
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 10), 2u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 10), 2u);
   ASSERT_EQ(got.recs.size(), 2u);
   EXPECT_EQ(got.recs[0], "first");
   EXPECT_EQ(got.recs[1], "third");
@@ -179,7 +180,7 @@ TEST(ShmBatch, CorruptItemLengthSkipsTheRestOfTheBatchOnly) {
   const uint32_t huge = 5000;
   std::memcpy(g.data() + 8 + 16, &huge, 4);
   collected got;
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 10), 2u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 10), 2u);
   ASSERT_EQ(got.recs.size(), 2u);
   EXPECT_EQ(got.recs[0], "first");
   EXPECT_EQ(got.recs[1], "after");
@@ -190,7 +191,7 @@ TEST(ShmBatch, CorruptItemLengthSkipsTheRestOfTheBatchOnly) {
   const uint32_t wrong = 1;
   std::memcpy(g.data() + at * 64 + 8, &wrong, 4);
   got.recs.clear();
-  EXPECT_EQ(g.r.poll(collected::cb, &got, 10), 2u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &got, 10), 2u);
   ASSERT_EQ(got.recs.size(), 2u);
   EXPECT_EQ(got.recs[0], "second");
   EXPECT_EQ(got.recs[1], "third");
@@ -214,7 +215,7 @@ TEST(ShmBatch, TryReceiveTakesABatchOneRecordAtATime) {
   EXPECT_EQ(std::string(buf, len), std::string(40, 'z'));
   ASSERT_EQ(g.r.try_receive(buf, sizeof buf, &len), errc::ok);
   EXPECT_EQ(std::string(buf, len), "three");
-  EXPECT_EQ(g.r.try_receive(buf, sizeof buf, &len), errc::not_found);
+  EXPECT_EQ(g.r.try_receive(buf, sizeof buf, &len), errc::would_block);
   EXPECT_EQ(g.hdr()->read_pos.load(), g.hdr()->write_pos.load());
 }
 
@@ -231,13 +232,14 @@ TEST(ShmBatch, AbandonedBatchIsSkippedAsAUnitAndItsWriterTold) {
     collected got;
     bool skipped = false;
   } cx{&fast, &g.r, {}};
-  g.w.set_test_hook(
+  shm_detail::writer_access::set_test_hook(
+      g.w,
       [](void* u) {
         auto* x = static_cast<ctx*>(u);
         ASSERT_EQ(x->fast->send("after", 5), errc::ok);
         const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         while (x->r->metrics().abandoned == 0 && std::chrono::steady_clock::now() < end) {
-          (void)x->r->poll(collected::cb, &x->got, 10);
+          (void)test::poll_with(*x->r, collected::cb, &x->got, 10);
         }
         x->skipped = x->r->metrics().abandoned == 1;
       },
@@ -251,11 +253,11 @@ TEST(ShmBatch, AbandonedBatchIsSkippedAsAUnitAndItsWriterTold) {
   EXPECT_EQ(g.r.metrics().abandoned, 1u);
   EXPECT_EQ(g.w.metrics().writer_abandoned, 1u);
   EXPECT_EQ(g.w.metrics().records_written, 0u);
-  (void)g.r.poll(collected::cb, &cx.got, 10);
+  (void)test::poll_with(g.r, collected::cb, &cx.got, 10);
   EXPECT_EQ(g.hdr()->read_pos.load(), g.hdr()->write_pos.load());  // acknowledged: released
-  g.w.set_test_hook(nullptr, nullptr);
+  shm_detail::writer_access::set_test_hook(g.w, nullptr, nullptr);
   EXPECT_EQ(g.w.send_batch(sp.data(), sp.size()), errc::ok);  // the same batch again
-  EXPECT_EQ(g.r.poll(collected::cb, &cx.got, 10), 3u);
+  EXPECT_EQ(test::poll_with(g.r, collected::cb, &cx.got, 10), 3u);
   ASSERT_EQ(cx.got.recs.size(), 4u);
   EXPECT_EQ(cx.got.recs[1], "slow 1");
   EXPECT_EQ(cx.got.recs[3], std::string(100, 's'));
@@ -292,7 +294,7 @@ TEST(ShmBatch, ThreeBatchingWriterThreadsOverMemKeepPerWriterOrder) {
       }
     }
   } chk;
-  ASSERT_EQ(r.start(&loop, chk_t::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, chk_t::cb, &chk), errc::ok);
   std::atomic<int> failures{0};
   std::vector<std::thread> ts;
   for (uint32_t id = 0; id < kWriters; ++id) {
@@ -303,7 +305,7 @@ TEST(ShmBatch, ThreeBatchingWriterThreadsOverMemKeepPerWriterOrder) {
         return;
       }
       std::vector<uint8_t> buf(size_t{32} * 128);
-      std::vector<shm_span> sp(32);
+      std::vector<const_buffer> sp(32);
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       for (uint64_t seq = 0; seq < kEach;) {
         const size_t count = std::min<uint64_t>(1 + (seq * 7 + id) % 32, kEach - seq);

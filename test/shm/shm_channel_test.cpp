@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shm/layout.h"
+#include "shm/test_hook.h"
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
@@ -77,7 +78,7 @@ TEST_F(ShmChannel, OneWriterMillionRandomSizeRecordsArriveIntactAndInOrder) {
   shm_reader r;
   ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
   order_check chk(1, 200);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   constexpr uint64_t kCount = 1000000;
   errc result = errc::closed;
   std::thread t([&] {
@@ -109,7 +110,7 @@ TEST_F(ShmChannel, IdleReaderSleepsAndAWriterWakesIt) {
   shm_reader r;
   ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
   order_check chk(1, 50);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   shm_region_info info;
   EXPECT_TRUE(run_until(&loop, [&] {
     return shm_inspect("shm://" + name, &info) == errc::ok && info.reader_sleeping;
@@ -199,7 +200,7 @@ TEST_F(ShmChannel, SysvRegionWorksAndIsRemovedOnClose) {
   ASSERT_EQ(r.open(url, cfg), errc::ok);
   EXPECT_TRUE(test::sysv_exists(key));
   order_check chk(1, 300);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   shm_writer w;
   ASSERT_EQ(w.open(url_dec), errc::ok);
   std::thread t([&] { EXPECT_EQ(send_all(w, 0, 5000, 300), errc::ok); });
@@ -304,7 +305,8 @@ TEST_F(ShmChannel, WriterKilledBetweenReserveAndCommitIsSkippedAndOthersKeepFlow
   if (pid == 0) {
     auto* w = new shm_writer();
     if (w->open("shm://" + name) != errc::ok) _exit(1);
-    w->set_test_hook(
+    shm_detail::writer_access::set_test_hook(
+        *w,
         [](void* fd) {
           (void)!write(*static_cast<int*>(fd), "h", 1);
           for (;;) pause();  // held mid-record until SIGKILL
@@ -323,7 +325,7 @@ TEST_F(ShmChannel, WriterKilledBetweenReserveAndCommitIsSkippedAndOthersKeepFlow
   EXPECT_TRUE(WIFSIGNALED(status));
 
   order_check chk(1, 100);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   shm_writer w;
   ASSERT_EQ(w.open("shm://" + name), errc::ok);
   // More than a lap of records behind the dead one: they must all arrive (after the timeout, and
@@ -372,7 +374,7 @@ TEST_F(ShmChannel, FourWriterProcessesKeepPerWriterOrderAndExactTotals) {
   }
   close(go[0]);
   order_check chk(kWriters, 300);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   close(go[1]);  // start all writers at once
   EXPECT_TRUE(run_until(
       &loop, [&] { return chk.total + chk.bad >= kWriters * kEach; }, std::chrono::seconds(60)));
@@ -401,7 +403,7 @@ TEST_F(ShmChannel, FourWriterThreadsOverMemKeepPerWriterOrderAndExactTotals) {
   shm_reader r;
   ASSERT_EQ(r.open("mem://" + name, cfg), errc::ok);
   order_check chk(4, 500);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   constexpr uint64_t kEach = 30000;
   std::atomic<int> ready{0};
   std::vector<std::thread> ts;
@@ -439,13 +441,14 @@ TEST_F(ShmChannel, SlowMemWriterSkippedByLoopReaderReportsAbandoned) {
   shm_reader r;
   ASSERT_EQ(r.open("mem://" + name, cfg), errc::ok);
   order_check chk(2, 50);
-  ASSERT_EQ(r.start(&loop, order_check::cb, &chk), errc::ok);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
   std::atomic<bool> release{false};
   errc slow_result = errc::ok;
   std::thread slow([&] {
     shm_writer w;
     if (w.open("mem://" + name) != errc::ok) return;
-    w.set_test_hook(
+    shm_detail::writer_access::set_test_hook(
+        w,
         [](void* u) {
           auto* rel = static_cast<std::atomic<bool>*>(u);
           while (!rel->load()) std::this_thread::yield();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shm/layout.h"
+#include "shm/test_hook.h"
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
@@ -59,12 +60,13 @@ TEST(ShmRing, RecordExactlyAtLimitPassesAndOneMoreIsRefused) {
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7);
   EXPECT_EQ(w.send(big.data(), 1000), errc::ok);
   EXPECT_EQ(w.send(big.data(), 1001), errc::message_too_large);
-  EXPECT_EQ(w.send({{big.data(), 500}, {big.data() + 500, 501}}), errc::message_too_large);
+  const const_buffer halves[] = {{big.data(), 500}, {big.data() + 500, 501}};
+  EXPECT_EQ(w.sendv(halves, 2), errc::message_too_large);
   collected got;
-  EXPECT_EQ(r.poll(collected::cb, &got, 10), 1u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 1u);
   ASSERT_EQ(got.recs.size(), 1u);
   EXPECT_EQ(got.recs[0], std::vector<uint8_t>(big.begin(), big.begin() + 1000));
-  EXPECT_EQ(r.poll(collected::cb, &got, 10), 0u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 0u);
 }
 
 TEST(ShmRing, FullRingReturnsQueueFullAtOnceAndRecoversAfterDrain) {
@@ -85,9 +87,9 @@ TEST(ShmRing, FullRingReturnsQueueFullAtOnceAndRecoversAfterDrain) {
   EXPECT_EQ(w.metrics().queue_full, 2u);
   EXPECT_EQ(w.metrics().fill_bytes, 4096u);
   collected got;
-  EXPECT_EQ(r.poll(collected::cb, &got, 1000), 32u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 1000), 32u);
   EXPECT_EQ(w.send(buf, sizeof buf), errc::ok);
-  EXPECT_EQ(r.poll(collected::cb, &got, 1000), 1u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 1000), 1u);
 }
 
 TEST(ShmRing, WrapAroundWithMultiNodeRecordsKeepsEveryRecordIntactAndInOrder) {
@@ -126,7 +128,7 @@ TEST(ShmRing, WrapAroundWithMultiNodeRecordsKeepsEveryRecordIntactAndInOrder) {
       ASSERT_EQ(e, errc::ok);
       ++next_send;
     }
-    (void)r.poll(cb, &s, 1 + rng() % 6);
+    (void)test::poll_with(r, cb, &s, 1 + rng() % 6);
     ASSERT_TRUE(s.ok) << "at record " << next_recv;
   }
   const auto* h = reinterpret_cast<const shm_detail::region_header*>(img.p);
@@ -144,11 +146,11 @@ TEST(ShmRing, GatherSendConcatenatesParts) {
   ASSERT_EQ(w.open_image(img.p, img.size), errc::ok);
   ASSERT_EQ(r.open_image(img.p, img.size, cfg), errc::ok);
   const std::string a = "head:", b = "", c = "payload bytes";
-  const shm_span parts[] = {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}};
-  EXPECT_EQ(w.send(parts, 3), errc::ok);
+  const const_buffer parts[] = {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}};
+  EXPECT_EQ(w.sendv(parts, 3), errc::ok);
   EXPECT_EQ(w.send(static_cast<const void*>(nullptr), 0), errc::ok);  // an empty record is a record
   collected got;
-  EXPECT_EQ(r.poll(collected::cb, &got, 10), 2u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 2u);
   ASSERT_EQ(got.recs.size(), 2u);
   EXPECT_EQ(std::string(got.recs[0].begin(), got.recs[0].end()), "head:payload bytes");
   EXPECT_TRUE(got.recs[1].empty());
@@ -169,7 +171,7 @@ TEST(ShmRing, FlippedByteInCommittedRecordIsSkippedAndCounted) {
   // Record 1 starts at node 1 (data after the header and 64 heads); flip one payload byte.
   img.p[shm_detail::kHeaderSize + 64 * 8 + 64 + shm_detail::kRecordHeaderSize + 3] ^= 0x10;
   collected got;
-  EXPECT_EQ(r.poll(collected::cb, &got, 10), 2u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 2u);
   ASSERT_EQ(got.recs.size(), 2u);
   EXPECT_EQ(std::string(got.recs[0].begin(), got.recs[0].end()), m0);
   EXPECT_EQ(std::string(got.recs[1].begin(), got.recs[1].end()), m2);
@@ -190,13 +192,13 @@ TEST(ShmRing, TryReceiveCopiesOneRecordAndReportsSmallBuffers) {
   ASSERT_EQ(r.open_image(img.p, img.size, cfg), errc::ok);
   char buf[64];
   size_t len = 0;
-  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::not_found);
+  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::would_block);
   ASSERT_EQ(w.send("hello world", 11), errc::ok);
   EXPECT_EQ(r.try_receive(buf, 4, &len), errc::buffer_too_small);
   EXPECT_EQ(len, 11u);
   EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::ok);
   EXPECT_EQ(std::string(buf, len), "hello world");
-  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::not_found);
+  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::would_block);
 }
 
 TEST(ShmLayout, AttachRefusesWrongMagicVersionAndSizes) {
@@ -268,7 +270,8 @@ TEST(ShmLayout, HostileImagesNeverCrashOrHangTheReader) {
     shm_reader r;
     ASSERT_EQ(r.open_image(img.p, img.size, rc), errc::ok);
     for (int k = 0; k < 3; ++k) {
-      delivered += r.poll(
+      delivered += test::poll_with(
+          r,
           [](void*, const shm_record* recs, size_t n) {
             for (size_t i = 0; i < n; ++i) {
               volatile uint8_t sink = 0;
@@ -303,13 +306,14 @@ TEST(ShmRing, AbandonedRecordIsSkippedAfterTimeoutAndSlowWriterLearnsIt) {
     collected got;
     bool skipped = false;
   } cx{&fast, &r, {}};
-  slow.set_test_hook(
+  shm_detail::writer_access::set_test_hook(
+      slow,
       [](void* u) {
         auto* x = static_cast<ctx*>(u);
         ASSERT_EQ(x->fast->send("after", 5), errc::ok);
         const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         while (x->r->metrics().abandoned == 0 && std::chrono::steady_clock::now() < end) {
-          (void)x->r->poll(collected::cb, &x->got, 10);
+          (void)test::poll_with(*x->r, collected::cb, &x->got, 10);
         }
         x->skipped = x->r->metrics().abandoned == 1;
       },
@@ -320,12 +324,12 @@ TEST(ShmRing, AbandonedRecordIsSkippedAfterTimeoutAndSlowWriterLearnsIt) {
   EXPECT_EQ(std::string(cx.got.recs[0].begin(), cx.got.recs[0].end()), "after");
   EXPECT_EQ(slow.metrics().writer_abandoned, 1u);
   // The skipped nodes were held until the writer acknowledged: now everything is released.
-  (void)r.poll(collected::cb, &cx.got, 10);
+  (void)test::poll_with(r, collected::cb, &cx.got, 10);
   const auto* h = reinterpret_cast<const shm_detail::region_header*>(img.p);
   EXPECT_EQ(h->read_pos.load(), h->write_pos.load());
-  slow.set_test_hook(nullptr, nullptr);
+  shm_detail::writer_access::set_test_hook(slow, nullptr, nullptr);
   EXPECT_EQ(slow.send("again", 5), errc::ok);
-  EXPECT_EQ(r.poll(collected::cb, &cx.got, 10), 1u);
+  EXPECT_EQ(test::poll_with(r, collected::cb, &cx.got, 10), 1u);
 }
 
 TEST(ShmRing, SkippedNodesStayHeldUntilReclaimTimeoutWhenWriterNeverReturns) {
@@ -347,13 +351,13 @@ TEST(ShmRing, SkippedNodesStayHeldUntilReclaimTimeoutWhenWriterNeverReturns) {
   collected got;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (got.recs.empty() && std::chrono::steady_clock::now() < end) {
-    (void)r.poll(collected::cb, &got, 10);
+    (void)test::poll_with(r, collected::cb, &got, 10);
   }
   ASSERT_EQ(got.recs.size(), 1u);
   EXPECT_EQ(r.metrics().abandoned, 1u);
   EXPECT_EQ(h->read_pos.load(), 0u);  // held: a late copy by that writer cannot hit new records
   while (h->read_pos.load() == 0 && std::chrono::steady_clock::now() < end) {
-    (void)r.poll(collected::cb, &got, 10);
+    (void)test::poll_with(r, collected::cb, &got, 10);
   }
   EXPECT_EQ(h->read_pos.load(), 3u);
 }

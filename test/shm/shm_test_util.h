@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <unistd.h>
+#include <uv.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -97,5 +98,21 @@ struct image {
   uint8_t* p;
   size_t size;
 };
+
+// The tests' records sinks are function + context pairs; these route a reader's on_records to one.
+using records_fn = void (*)(void* user, const shm_record* records, size_t count);
+inline shm_reader_callbacks records_to(records_fn fn, void* user) {
+  return shm_reader_callbacks{[fn, user](const shm_record* r, size_t n) { fn(user, r, n); }};
+}
+// Sets fn/user as r's records callback, then polls up to max records.
+inline size_t poll_with(shm_reader& r, records_fn fn, void* user, size_t max) {
+  if (r.set_callbacks(records_to(fn, user)) != errc::ok) return 0;
+  return r.poll(max);
+}
+// Sets fn/user as r's records callback, then starts r on loop.
+inline errc start_with(shm_reader& r, uv_loop_t* loop, records_fn fn, void* user) {
+  if (const errc e = r.set_callbacks(records_to(fn, user)); e != errc::ok) return e;
+  return r.start(loop);
+}
 
 }  // namespace uvbus::test

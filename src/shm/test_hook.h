@@ -1,0 +1,15 @@
+// Test-only access to a shm_writer's internals: a hook run inside send()/sendv()/send_batch() after
+// the record's nodes are reserved and before its payload is copied and committed, to hold or kill
+// a writer mid-record. Not installed; tests include it from src/.
+#pragma once
+
+#include "uvbus/shm.h"
+
+namespace uvbus::shm_detail {
+
+struct writer_access {
+  // hook(user) runs inside every later send of w until removed with nullptr. No-op if w is closed.
+  static void set_test_hook(shm_writer& w, void (*hook)(void* user), void* user) noexcept;
+};
+
+}  // namespace uvbus::shm_detail

@@ -1,0 +1,257 @@
+// The shm API's conventions: validate and open errors that name the field or URL, the records
+// callback's contract (stop and close from inside it), would_block, and the thread contracts
+// (a reader belongs to its thread; a writer may be used from any thread, one at a time).
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shm/layout.h"
+#include "shm_test_util.h"
+#include "uvbus/shm.h"
+
+namespace uvbus {
+namespace {
+
+shm_config small_ring() {
+  shm_config cfg;
+  cfg.ring_bytes = 4096;
+  cfg.node_size = 64;
+  cfg.max_record_size = 1024;
+  cfg.batch_max = 2;
+  return cfg;
+}
+
+TEST(ShmApi, ValidateNamesTheFieldAndTheRule) {
+  shm_config cfg = small_ring();
+  std::string why;
+  EXPECT_EQ(shm_validate(cfg, &why), errc::ok);
+  cfg.node_size = 100;
+  EXPECT_EQ(shm_validate(cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("shm_config.node_size (100)"), std::string::npos) << why;
+  EXPECT_NE(why.find("power of two"), std::string::npos) << why;
+  cfg = small_ring();
+  cfg.max_record_size = 4000;
+  EXPECT_EQ(shm_validate(cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("shm_config.max_record_size (4000)"), std::string::npos) << why;
+  cfg = small_ring();
+  cfg.abandon_timeout_us = 0;
+  EXPECT_EQ(shm_validate(cfg), errc::invalid_argument);  // the detail is optional
+}
+
+TEST(ShmApi, OpenErrorsRecordTheUrlAndTheReason) {
+  const std::string name = test::unique_name("api");
+  shm_reader r;
+  shm_config bad = small_ring();
+  bad.ring_bytes = 1000;
+  EXPECT_EQ(r.open("mem://" + name, bad), errc::invalid_argument);
+  EXPECT_EQ(r.last_error().code, errc::invalid_argument);
+  EXPECT_NE(r.last_error().detail.find("mem://" + name), std::string::npos)
+      << r.last_error().detail;
+  EXPECT_NE(r.last_error().detail.find("shm_config.ring_bytes (1000)"), std::string::npos);
+  EXPECT_EQ(r.open("ipv4://127.0.0.1:1", small_ring()), errc::unsupported_scheme);
+  EXPECT_NE(r.last_error().detail.find("ipv4://127.0.0.1:1"), std::string::npos);
+
+  ASSERT_EQ(r.open("mem://" + name, small_ring()), errc::ok);
+  EXPECT_EQ(r.open("mem://" + name, small_ring()), errc::wrong_state);
+  shm_reader second;
+  EXPECT_EQ(second.open("mem://" + name, small_ring()), errc::busy);
+  EXPECT_NE(second.last_error().detail.find("a live reader already owns"), std::string::npos)
+      << second.last_error().detail;
+
+  shm_writer w;
+  EXPECT_EQ(w.open("mem://" + name + "-none"), errc::not_found);
+  EXPECT_EQ(w.last_error().code, errc::not_found);
+  EXPECT_NE(w.last_error().detail.find("shm_writer::open(mem://" + name + "-none)"),
+            std::string::npos)
+      << w.last_error().detail;
+  shm_writer_options opt;
+  opt.expect_node_size = 128;
+  EXPECT_EQ(w.open("mem://" + name, opt), errc::bad_layout);
+  EXPECT_NE(w.last_error().detail.find("expect_node_size"), std::string::npos)
+      << w.last_error().detail;
+  EXPECT_EQ(w.open("mem://" + name), errc::ok);
+  EXPECT_EQ(w.last_error().code, errc::bad_layout);  // ok leaves it unchanged
+}
+
+TEST(ShmApi, TryReceiveOnADryRingIsWouldBlock) {
+  const std::string name = test::unique_name("api");
+  shm_reader r;
+  ASSERT_EQ(r.open("mem://" + name, small_ring()), errc::ok);
+  uint8_t buf[16];
+  size_t len = 0;
+  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::would_block);
+  EXPECT_TRUE(is_retriable(errc::would_block));
+}
+
+// Sends n one-byte records through a fresh writer.
+void send_n(const std::string& url, int n) {
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  for (int i = 0; i < n; ++i) {
+    const auto b = static_cast<uint8_t>(i);
+    ASSERT_EQ(w.send(&b, 1), errc::ok);
+  }
+}
+
+TEST(ShmApi, StopInsideThePollCallbackEndsTheBatchRun) {
+  const std::string url = "mem://" + test::unique_name("api");
+  shm_reader r;
+  ASSERT_EQ(r.open(url, small_ring()), errc::ok);
+  send_n(url, 6);
+  int calls = 0;
+  ASSERT_EQ(r.set_callbacks({[&](const shm_record*, size_t n) {
+    ++calls;
+    EXPECT_EQ(n, 2u);  // batch_max
+    if (calls == 1) r.stop();
+    EXPECT_EQ(r.set_callbacks({}), errc::wrong_state);
+  }}),
+            errc::ok);
+  EXPECT_EQ(r.poll(100), 2u);  // one batch, then stop() ends this poll
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(r.poll(100), 4u);  // the rest on the next poll
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(ShmApi, CloseInsideThePollCallbackTakesEffectWhenItReturns) {
+  const std::string url = "mem://" + test::unique_name("api");
+  shm_reader r;
+  ASSERT_EQ(r.open(url, small_ring()), errc::ok);
+  send_n(url, 6);
+  int calls = 0;
+  ASSERT_EQ(r.set_callbacks({[&](const shm_record* recs, size_t n) {
+    ++calls;
+    r.close();
+    EXPECT_FALSE(r.is_open());
+    EXPECT_EQ(recs[n - 1].size, 1u);  // still readable until the callback returns
+  }}),
+            errc::ok);
+  EXPECT_EQ(r.poll(100), 2u);
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(r.is_open());
+  EXPECT_EQ(r.poll(100), 0u);
+  shm_writer w;
+  EXPECT_EQ(w.open(url), errc::not_found);         // the region was removed
+  EXPECT_EQ(r.open(url, small_ring()), errc::ok);  // and the reader can open again
+}
+
+TEST(ShmApi, CloseInsideTheLoopCallbackStopsDeliveryAndFreesTheRegion) {
+  const std::string url = "mem://" + test::unique_name("api");
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    shm_reader r;
+    ASSERT_EQ(r.open(url, small_ring()), errc::ok);
+    send_n(url, 6);
+    int calls = 0;
+    ASSERT_EQ(r.set_callbacks({[&](const shm_record*, size_t) {
+      ++calls;
+      r.close();
+    }}),
+              errc::ok);
+    ASSERT_EQ(r.start(&loop), errc::ok);
+    uv_run(&loop, UV_RUN_DEFAULT);  // returns once close() released the loop's handles
+    EXPECT_EQ(calls, 1);
+    EXPECT_FALSE(r.is_open());
+  }
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(ShmApi, StartWithoutARecordsCallbackIsRefused) {
+  const std::string url = "mem://" + test::unique_name("api");
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  shm_reader r;
+  EXPECT_EQ(r.start(&loop), errc::closed);
+  ASSERT_EQ(r.open(url, small_ring()), errc::ok);
+  EXPECT_EQ(r.start(&loop), errc::invalid_argument);
+  r.close();
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+TEST(ShmApi, AWriterMayBeUsedFromAnotherThreadThanItsOpener) {
+  const std::string url = "mem://" + test::unique_name("api");
+  shm_reader r;
+  ASSERT_EQ(r.open(url, small_ring()), errc::ok);
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  errc sent = errc::io_error;
+  std::thread t([&] {
+    const const_buffer parts[] = {{"ab", 2}, {"cd", 2}};
+    sent = w.sendv(parts, 2);
+  });
+  t.join();
+  EXPECT_EQ(sent, errc::ok);
+  std::string got;
+  ASSERT_EQ(r.set_callbacks({[&](const shm_record* recs, size_t) {
+    got.assign(reinterpret_cast<const char*>(recs[0].data), recs[0].size);
+  }}),
+            errc::ok);
+  EXPECT_EQ(r.poll(10), 1u);
+  EXPECT_EQ(got, "abcd");
+}
+
+TEST(ShmApi, AWriterThatWakesASleepingReaderPublishesItsCounters) {
+  // The region's writer-side counters are batched (kCounterFlushEvery); a writer that finds the
+  // reader asleep publishes them at once, so an idle ring's totals do not lag.
+  const shm_config cfg = small_ring();
+  test::image img(shm_region_size(cfg));
+  ASSERT_EQ(shm_format_image(img.p, img.size, cfg), errc::ok);
+  auto* hdr = reinterpret_cast<shm_detail::region_header*>(img.p);
+  shm_writer w;
+  ASSERT_EQ(w.open_image(img.p, img.size), errc::ok);
+  ASSERT_EQ(w.send("a", 1), errc::ok);
+  EXPECT_EQ(hdr->records_written.load(), 0u);  // batched: not yet published
+  hdr->reader_sleeping.store(1);
+  ASSERT_EQ(w.send("bc", 2), errc::ok);
+  EXPECT_EQ(hdr->reader_sleeping.load(), 0u);  // woken
+  EXPECT_EQ(hdr->records_written.load(), 2u);
+  EXPECT_EQ(hdr->bytes_written.load(), 3u);
+  EXPECT_EQ(hdr->wakeups.load(), 1u);
+}
+
+#ifdef NDEBUG
+
+TEST(ShmApi, ReaderCallsFromAForeignThreadReturnWrongThreadAndDoNothing) {
+  const std::string url = "mem://" + test::unique_name("api");
+  shm_reader r;
+  ASSERT_EQ(r.open(url, small_ring()), errc::ok);
+  send_n(url, 1);
+  std::vector<errc> got;
+  size_t polled = 1;
+  std::thread t([&] {
+    got.push_back(r.open(url, small_ring()));
+    got.push_back(r.start(nullptr));
+    got.push_back(r.set_callbacks({}));
+    uint8_t buf[8];
+    size_t len = 0;
+    got.push_back(r.try_receive(buf, sizeof buf, &len));
+    got.push_back(r.last_error().code);
+    polled = r.poll(10);
+    r.close();  // does nothing
+  });
+  t.join();
+  for (errc e : got) EXPECT_EQ(e, errc::wrong_thread);
+  EXPECT_EQ(polled, 0u);
+  EXPECT_TRUE(r.is_open());
+  uint8_t buf[8];
+  size_t len = 0;
+  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::ok);  // the record is still there
+}
+
+#else
+
+TEST(ShmApiDeathTest, ReaderCallsFromAForeignThreadAbortNamingTheFunction) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  shm_reader r;
+  EXPECT_DEATH(std::thread([&] { (void)r.poll(1); }).join(),
+               "shm_reader::poll called from a thread other than its loop's thread");
+}
+
+#endif
+
+}  // namespace
+}  // namespace uvbus
