@@ -1,4 +1,5 @@
-// Stream frame codec (format in docs/internals.md, byte-compatible with libatbus's io_stream channel):
+// Stream frame codec (format in docs/internals.md, byte-compatible with libatbus's io_stream
+// channel):
 //
 //   frame = hash32 length payload
 //   hash32 = murmur3_x86_32(payload, seed 0), 4 bytes little-endian
