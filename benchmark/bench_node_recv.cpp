@@ -34,6 +34,7 @@ struct receiver {
   bool got_end = false;
   bool started = false;
   double deadline = 0;
+  uv_timer_t tick{};  // the per-100-ms meter tick; closed by receive_until_end
 
   void on_message(const uint8_t* p, size_t n) {
     if (n >= 8 && get_le64(p) == kEndSeq) {
@@ -67,6 +68,89 @@ node_config bench_config() {
   return c;
 }
 
+// Writes url to path atomically (a temp file renamed), for the launcher's --ready handshake.
+bool write_ready(const std::string& path, const std::string& url) {
+  if (path.empty()) return true;
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr || std::fprintf(f, "%s\n", url.c_str()) < 0 || std::fclose(f) != 0 ||
+      std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::perror("recv: --ready");
+    return false;
+  }
+  return true;
+}
+
+// --relay-of: only the relay node 0x1100, registered to parent_url; runs until the parent goes.
+int run_relay_process(const options& o, uv_loop_t* loop, const std::string& shm,
+                      const std::string& parent_url) {
+  node_config pc = bench_config();
+  pc.listen = {o.url};
+  if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
+  pc.subnets = {{0x1100, 8}};
+  pc.parent_urls = {parent_url};
+  pc.reconnect_min_ms = pc.reconnect_max_ms = 60000;  // the parent going away ends the run
+  bool down = false;
+  node_callbacks pcb;
+  pcb.on_down = [&down](errc) { down = true; };
+  node relay(loop, 0x1100, pc, pcb);
+  if (const errc e = relay.start(); e != errc::ok) {
+    std::fprintf(stderr, "relay: start: %s\n", to_string(e));
+    return 1;
+  }
+  const double give_up = mono_now() + 10;
+  while (!relay.up() && mono_now() < give_up) uv_run(loop, UV_RUN_ONCE);
+  if (!relay.up() || !write_ready(o.get("ready"), relay.listen_urls()[0])) return 1;
+  const double hard = mono_now() + o.seconds + 60;
+  while (!down && mono_now() < hard) uv_run(loop, UV_RUN_ONCE);
+  std::printf("[relay] forwarded=%llu dropped=%llu\n",
+              static_cast<unsigned long long>(relay.counters().forwarded),
+              static_cast<unsigned long long>(relay.counters().forward_dropped));
+  return 0;
+}
+
+// --relay URL2: a relay node 0x1100 on the same loop, a child of the root at root_url.
+std::unique_ptr<node> start_inprocess_relay(uv_loop_t* loop, const std::string& relay_url,
+                                            const std::string& shm, const std::string& root_url) {
+  node_config pc = bench_config();
+  pc.listen = {relay_url};
+  if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
+  pc.subnets = {{0x1100, 8}};
+  pc.parent_urls = {root_url};
+  auto relay = std::make_unique<node>(loop, 0x1100, pc, node_callbacks{});
+  if (const errc e = relay->start(); e != errc::ok) {
+    std::fprintf(stderr, "recv: start relay: %s\n", to_string(e));
+    return nullptr;
+  }
+  while (!relay->up()) uv_run(loop, UV_RUN_ONCE);
+  return relay;
+}
+
+// Runs the loop until the end message, the run's deadline or the hard deadline; ticks the meter.
+void receive_until_end(receiver* r, uv_loop_t* loop) {
+  const double hard_deadline = mono_now() + r->o.seconds + 60;
+  uv_timer_t& tick = r->tick;
+  uv_timer_init(loop, &tick);
+  tick.data = r;
+  uv_timer_start(
+      &tick,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<receiver*>(t->data);
+        if (self->started) self->m.tick();
+      },
+      100, 100);
+  while (!r->got_end && mono_now() < hard_deadline &&
+         (r->deadline == 0 || mono_now() < r->deadline)) {
+    uv_run(loop, UV_RUN_ONCE);
+  }
+  if (!r->got_end) {
+    std::fprintf(stderr, "recv: no end message\n");
+    ++r->errors;
+  }
+  uv_timer_stop(&tick);
+  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,39 +168,7 @@ int main(int argc, char** argv) {
   const std::string shm = r.o.get("shm");
   const std::string relay_url = r.o.get("relay");
   const std::string relay_of = r.o.get("relay-of");
-  if (!relay_of.empty()) {
-    node_config pc = bench_config();
-    pc.listen = {r.o.url};
-    if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
-    pc.subnets = {{0x1100, 8}};
-    pc.parent_urls = {relay_of};
-    pc.reconnect_min_ms = pc.reconnect_max_ms = 60000;  // the parent going away ends the run
-    bool down = false;
-    node_callbacks pcb;
-    pcb.on_down = [&down](errc) { down = true; };
-    node relay(&loop, 0x1100, pc, pcb);
-    if (const errc e = relay.start(); e != errc::ok) {
-      std::fprintf(stderr, "relay: start: %s\n", to_string(e));
-      return 1;
-    }
-    const double give_up = mono_now() + 10;
-    while (!relay.up() && mono_now() < give_up) uv_run(&loop, UV_RUN_ONCE);
-    if (!relay.up()) return 1;
-    const std::string ready = r.o.get("ready");
-    if (!ready.empty()) {
-      FILE* f = std::fopen((ready + ".tmp").c_str(), "w");
-      if (f == nullptr) return 1;
-      std::fprintf(f, "%s\n", relay.listen_urls()[0].c_str());
-      std::fclose(f);
-      std::rename((ready + ".tmp").c_str(), ready.c_str());
-    }
-    const double hard = mono_now() + r.o.seconds + 60;
-    while (!down && mono_now() < hard) uv_run(&loop, UV_RUN_ONCE);
-    std::printf("[relay] forwarded=%llu dropped=%llu\n",
-                static_cast<unsigned long long>(relay.counters().forwarded),
-                static_cast<unsigned long long>(relay.counters().forward_dropped));
-    return 0;
-  }
+  if (!relay_of.empty()) return run_relay_process(r.o, &loop, shm, relay_of);
 
   node_config rc = bench_config();
   rc.listen = {r.o.url};
@@ -125,68 +177,27 @@ int main(int argc, char** argv) {
   node_callbacks cb;
   cb.on_data = [&r](bus_id, uint32_t, const uint8_t* p, size_t n) { r.on_message(p, n); };
   node root(&loop, 0x1000, rc, cb);
-  errc e = root.start();
-  if (e != errc::ok) {
+  if (const errc e = root.start(); e != errc::ok) {
     std::fprintf(stderr, "recv: start root: %s\n", to_string(e));
     return 1;
   }
   std::string sender_url = root.listen_urls()[0];
   std::unique_ptr<node> relay;
   if (!relay_url.empty()) {
-    node_config pc = bench_config();
-    pc.listen = {relay_url};
-    if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
-    pc.subnets = {{0x1100, 8}};
-    pc.parent_urls = {sender_url};
-    relay = std::make_unique<node>(&loop, 0x1100, pc, node_callbacks{});
-    e = relay->start();
-    if (e != errc::ok) {
-      std::fprintf(stderr, "recv: start relay: %s\n", to_string(e));
-      return 1;
-    }
-    while (!relay->up()) uv_run(&loop, UV_RUN_ONCE);
+    relay = start_inprocess_relay(&loop, relay_url, shm, sender_url);
+    if (!relay) return 1;
     sender_url = relay->listen_urls()[0];
   }
   std::printf("[recv] root 0x1000 on %s%s; senders register to %s\n", root.listen_urls()[0].c_str(),
               shm.empty() ? "" : (" and shm://" + shm).c_str(), sender_url.c_str());
   std::fflush(stdout);
-  const std::string ready = r.o.get("ready");
-  if (!ready.empty()) {
-    const std::string tmp = ready + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%s\n", sender_url.c_str()) < 0 || std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), ready.c_str()) != 0) {
-      std::perror("recv: --ready");
-      return 1;
-    }
-  }
-  const double hard_deadline = mono_now() + r.o.seconds + 60;
-  uv_timer_t tick;
-  uv_timer_init(&loop, &tick);
-  tick.data = &r;
-  uv_timer_start(
-      &tick,
-      [](uv_timer_t* t) {
-        auto* self = static_cast<receiver*>(t->data);
-        if (self->started) self->m.tick();
-      },
-      100, 100);
-  while (!r.got_end && mono_now() < hard_deadline && (r.deadline == 0 || mono_now() < r.deadline)) {
-    uv_run(&loop, UV_RUN_ONCE);
-  }
-  if (!r.got_end) {
-    std::fprintf(stderr, "recv: no end message\n");
-    ++r.errors;
-  }
-  uv_timer_stop(&tick);
-  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
-  const node_counters rcnt = root.counters();
+  if (!write_ready(r.o.get("ready"), sender_url)) return 1;
+  receive_until_end(&r, &loop);
   const uint64_t fwd = relay ? relay->counters().forwarded : 0;
   char extra[160];
   std::snprintf(extra, sizeof extra, R"(,"relay_in_process":%s,"shm":%s,"forwarded":%llu)",
                 relay ? "true" : "false", shm.empty() ? "false" : "true",
                 static_cast<unsigned long long>(fwd));
-  (void)rcnt;
   json_line("node", r.o, r.m, r.errors, extra);
   relay.reset();
   root.stop();
