@@ -6,7 +6,6 @@
 
 #include <uv.h>
 
-#include <uv.h>
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
@@ -22,6 +21,7 @@
 
 #include "bus/auth.h"
 #include "bus/routing.h"
+#include "bus/wire.h"
 #include "core/ring_fifo.h"
 #include "core/thread_check.h"
 #include "uvbus/address.h"

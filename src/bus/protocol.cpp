@@ -1,4 +1,5 @@
-#include "uvbus/protocol.h"
+// The bus wire codec's encoders and parsers (declared in bus/wire.h), and subnet::to_string.
+#include "bus/wire.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -17,10 +18,6 @@ std::string subnet::to_string() const {
 
 namespace proto {
 namespace {
-
-// Little-endian stores and loads for any alignment: the header's helpers (proto::detail).
-using detail::load_le;
-using detail::store_le;
 
 inline void put16(uint8_t* p, uint16_t v) noexcept {
   store_le(p, v);

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "uvbus/error.h"
-#include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
 
 namespace uvbus::detail {

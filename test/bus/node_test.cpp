@@ -14,7 +14,7 @@
 
 #include "bus/auth.h"
 #include "bus/bus_harness.h"
-#include "uvbus/protocol.h"
+#include "bus/wire.h"
 #include "uvbus/stream.h"
 
 namespace uvbus {

@@ -1,6 +1,6 @@
 // The bus protocol's wire format: golden byte vectors (docs/protocol.md shows the same bytes) and
 // bounds checks on every parser.
-#include "uvbus/protocol.h"
+#include "bus/wire.h"
 
 #include "core/frame.h"
 

@@ -1,4 +1,4 @@
-// Fuzzes the bus message parsers (include/uvbus/protocol.h) as a node meets them: one whole
+// Fuzzes the bus message parsers (src/bus/wire.h) as a node meets them: one whole
 // message (header + body) per input, exactly what arrives inside one frame or shm record.
 //
 //
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "uvbus/protocol.h"
+#include "bus/wire.h"
 
 namespace {
 

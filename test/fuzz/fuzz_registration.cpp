@@ -1,4 +1,4 @@
-// Fuzzes the registration parsers (include/uvbus/protocol.h) directly: the node_info block and
+// Fuzzes the registration parsers (src/bus/wire.h) directly: the node_info block and
 // the challenge, register and register_reply bodies, the first input byte choosing which. These
 // are what an unauthenticated peer controls before anything else is checked.
 //
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "uvbus/protocol.h"
+#include "bus/wire.h"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include "bus/bus_harness.h"
 #include "hardening_util.h"
 #include "uvbus/node.h"
-#include "uvbus/protocol.h"
+#include "bus/wire.h"
 
 namespace uvbus::hardening {
 namespace {

@@ -1,0 +1,248 @@
+// The bus wire codec: what a node puts inside the payload of each stream frame or shared-memory
+// record. docs/protocol.md describes every byte; test/bus/protocol_test.cpp pins the encoding with
+// golden byte vectors. Internal: the public names (versions, node_info, command_id) are in
+// uvbus/protocol.h.
+//
+//   message = header (32 bytes, fixed, little-endian) body (header.body_len bytes)
+//
+// Every parser here is bounds-checked, never reads outside [p, p + n), never allocates for more
+// than the input can hold, and returns errc::ok or errc::protocol_error (or message_too_large).
+// Parsers only write their output on success. They are plain functions so they can be fuzzed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/endian.h"
+#include "uvbus/error.h"
+#include "uvbus/protocol.h"
+#include "uvbus/subnet.h"
+
+namespace uvbus::proto {
+
+// The header layout version written in every header's first byte. The layout is the same in every
+// protocol version so far, so it stays 1 and a version-1 peer parses every header a newer node
+// sends it.
+inline constexpr uint8_t kHeaderVersion = 1;
+
+inline constexpr size_t kHeaderSize = 32;
+inline constexpr size_t kNonceSize = 32;
+inline constexpr size_t kProofSize = 32;  // HMAC-SHA256
+
+// Limits on registration fields; a message above them is a protocol_error.
+inline constexpr size_t kMaxSubnets = 16;
+inline constexpr size_t kMaxListen = 8;
+inline constexpr size_t kMaxUrlBytes = 256;
+inline constexpr size_t kMaxHostIdBytes = 128;
+inline constexpr size_t kMaxHostnameBytes = 255;
+inline constexpr size_t kMaxReasonBytes = 255;
+
+enum class msg_type : uint8_t {
+  challenge = 1,       // acceptor -> connector: nonce and the acceptor's version range
+  register_req = 2,    // connector -> acceptor: who I am + HMAC proof over the nonce
+  register_reply = 3,  // acceptor -> connector: accepted (with the acceptor's info) or refused
+  ping = 4,
+  pong = 5,
+  data = 6,     // user data on its first hop
+  forward = 7,  // user data relayed by a node (same body as data; ttl already decremented)
+  ack = 8,      // end-to-end delivery report for a message sent with flag_require_response
+  command = 9,  // tool command (routes, counters, lookup of a child's addresses)
+  command_reply = 10,
+  bye = 11,  // graceful close: the sender stops sending on this link
+  // Version 2: a relay dropped a message sent without require_response (whose source would
+  // otherwise never learn it); routed back to the message's source.
+  dropped = 12,
+};
+inline constexpr uint8_t kMaxMsgType = 12;
+const char* to_string(msg_type t) noexcept;
+
+// Header flags.
+inline constexpr uint8_t flag_require_response = 0x01;  // target answers with an ack
+inline constexpr uint8_t kKnownFlags = flag_require_response;
+
+struct header {
+  uint8_t version = kHeaderVersion;
+  msg_type type = msg_type::data;
+  uint8_t flags = 0;
+  uint8_t ttl = kDefaultTtl;
+  uint32_t body_len = 0;
+  bus_id source = 0;
+  bus_id target = 0;
+  uint64_t sequence = 0;
+};
+
+// Writes h into out[0..32). Inline: it runs once per message on the send path.
+inline void encode_header(const header& h, uint8_t* out) noexcept {
+  out[0] = h.version;
+  out[1] = static_cast<uint8_t>(h.type);
+  out[2] = h.flags;
+  out[3] = h.ttl;
+  store_le<uint32_t>(out + 4, h.body_len);
+  store_le<uint64_t>(out + 8, h.source);
+  store_le<uint64_t>(out + 16, h.target);
+  store_le<uint64_t>(out + 24, h.sequence);
+}
+
+// Parses the header of a whole message [p, p + n): n >= 32, a known version and type, no unknown
+// flag bits, and body_len == n - 32 exactly. The body is then p + 32. *out is only written on
+// success. Inline: it runs once per message on the receive path.
+[[nodiscard]] inline errc parse_header(const uint8_t* p, size_t n, header* out) noexcept {
+  if (p == nullptr || n < kHeaderSize) return errc::protocol_error;
+  const uint8_t version = p[0];
+  const uint8_t type = p[1];
+  const uint8_t flags = p[2];
+  if (version < kMinVersion || version > kMaxVersion) return errc::protocol_error;
+  if (type == 0 || type > kMaxMsgType) return errc::protocol_error;
+  if ((flags & ~kKnownFlags) != 0) return errc::protocol_error;
+  const auto body_len = load_le<uint32_t>(p + 4);
+  if (body_len != n - kHeaderSize) return errc::protocol_error;
+  out->version = version;
+  out->type = static_cast<msg_type>(type);
+  out->flags = flags;
+  out->ttl = p[3];
+  out->body_len = body_len;
+  out->source = load_le<uint64_t>(p + 8);
+  out->target = load_le<uint64_t>(p + 16);
+  out->sequence = load_le<uint64_t>(p + 24);
+  return errc::ok;
+}
+
+// Reasons carried on the wire (registration refusals, acks, bye). Stable numbers, unlike errc.
+enum class reason : uint16_t {
+  ok = 0,
+  access_denied = 1,
+  duplicate_id = 2,
+  out_of_subnet = 3,
+  version_mismatch = 4,
+  protocol_error = 5,
+  closing = 6,
+  unknown_route = 7,
+  ttl_expired = 8,
+  timeout = 9,
+  not_connected = 10,
+  queue_full = 11,
+  message_too_large = 12,
+  invalid_argument = 13,
+  other = 14,
+};
+[[nodiscard]] reason reason_from_errc(errc e) noexcept;
+[[nodiscard]] errc errc_from_reason(uint16_t r) noexcept;  // unknown numbers -> protocol_error
+
+// ----------------------------------------------------------------------------- bodies --
+
+struct challenge_body {
+  uint8_t min_version = kMinVersion;
+  uint8_t max_version = kMaxVersion;
+  bus_id acceptor_id = 0;
+  uint8_t nonce[kNonceSize] = {};
+};
+
+enum class link_role : uint8_t {
+  child = 1,    // the connector becomes the acceptor's child (must be in its subnets)
+  sibling = 2,  // a direct link between two nodes that share a parent
+  tool = 3,     // a client that only sends commands (never routed to)
+};
+
+struct register_body {
+  uint8_t min_version = kMinVersion;
+  uint8_t max_version = kMaxVersion;
+  link_role role = link_role::child;
+  node_info info;
+  uint8_t proof[kProofSize] = {};  // HMAC-SHA256(token, auth_input(nonce, id, role)); 0s if none
+};
+
+struct register_reply_body {
+  reason status = reason::ok;
+  uint8_t version = kMaxVersion;  // the version the link uses (when accepted)
+  node_info info;                 // the acceptor's info (empty lists when refused)
+  std::string message;            // human-readable detail, <= 255 bytes
+};
+
+struct ping_body {
+  uint64_t send_time_ns = 0;  // the pinger's monotonic clock, echoed back in the pong
+};
+
+// data and forward. The payload is a view into the parsed message (no copy).
+struct data_body {
+  uint32_t user_type = 0;
+  const uint8_t* payload = nullptr;
+  size_t size = 0;
+};
+inline constexpr size_t kDataPrefix = 4;  // user_type
+
+struct ack_body {
+  uint64_t acked_sequence = 0;  // the header.sequence of the data message
+  reason status = reason::ok;   // ok: the target received it; else why it could not be delivered
+};
+
+struct command_body {
+  uint32_t command = 0;
+  const uint8_t* args = nullptr;  // view into the message
+  size_t args_size = 0;
+};
+
+struct command_reply_body {
+  uint32_t command = 0;
+  reason status = reason::ok;
+  const uint8_t* result = nullptr;  // view into the message
+  size_t result_size = 0;
+};
+
+struct bye_body {
+  reason why = reason::closing;
+};
+
+// Version 2. A relay's notice that it dropped a message: header.source is the relay,
+// header.target the dropped message's source.
+struct dropped_body {
+  uint64_t message_id = 0;  // the header.sequence of the dropped message
+  bus_id original_target = 0;
+  reason why = reason::unknown_route;
+};
+
+// Appenders: each adds the body's bytes to *out (which may already hold a header placeholder).
+void encode_challenge(const challenge_body& b, std::vector<uint8_t>* out);
+void encode_register(const register_body& b, std::vector<uint8_t>* out);
+void encode_register_reply(const register_reply_body& b, std::vector<uint8_t>* out);
+void encode_node_info(const node_info& n, std::vector<uint8_t>* out);
+void encode_ping(const ping_body& b, std::vector<uint8_t>* out);
+void encode_ack(const ack_body& b, std::vector<uint8_t>* out);
+void encode_bye(const bye_body& b, std::vector<uint8_t>* out);
+void encode_dropped(const dropped_body& b, std::vector<uint8_t>* out);
+// Data prefix (user type) into out[0..4).
+inline void encode_data_prefix(uint32_t user_type, uint8_t* out) noexcept {
+  store_le<uint32_t>(out, user_type);
+}
+void encode_command(uint32_t command, const void* args, size_t n, std::vector<uint8_t>* out);
+void encode_command_reply(uint32_t command, reason status, const void* result, size_t n,
+                          std::vector<uint8_t>* out);
+
+// Body parsers: [p, p + n) is exactly the body (header.body_len bytes). Trailing bytes are a
+// protocol_error, except where a later version may append fields (none in version 1).
+[[nodiscard]] errc parse_challenge(const uint8_t* p, size_t n, challenge_body* out);
+[[nodiscard]] errc parse_register(const uint8_t* p, size_t n, register_body* out);
+[[nodiscard]] errc parse_register_reply(const uint8_t* p, size_t n, register_reply_body* out);
+[[nodiscard]] errc parse_node_info(const uint8_t* p, size_t n, node_info* out);
+[[nodiscard]] errc parse_ping(const uint8_t* p, size_t n, ping_body* out) noexcept;
+[[nodiscard]] errc parse_data(const uint8_t* p, size_t n, data_body* out) noexcept;
+[[nodiscard]] errc parse_ack(const uint8_t* p, size_t n, ack_body* out) noexcept;
+[[nodiscard]] errc parse_command(const uint8_t* p, size_t n, command_body* out) noexcept;
+[[nodiscard]] errc parse_command_reply(const uint8_t* p, size_t n,
+                                       command_reply_body* out) noexcept;
+[[nodiscard]] errc parse_bye(const uint8_t* p, size_t n, bye_body* out) noexcept;
+[[nodiscard]] errc parse_dropped(const uint8_t* p, size_t n, dropped_body* out) noexcept;
+
+// A whole message: header (with body_len set from body) followed by body, as one buffer.
+[[nodiscard]] std::vector<uint8_t> build(header h, const std::vector<uint8_t>& body);
+
+// The bytes the registration HMAC covers: "uvbus-register-v1" || nonce || id (u64 LE) || role.
+// Binding the id and role stops a proof captured for one registration being replayed for another;
+// the acceptor's fresh nonce stops it being replayed at all.
+[[nodiscard]] std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id,
+                                              link_role role);
+
+}  // namespace uvbus::proto
