@@ -217,10 +217,11 @@ struct node_callbacks {
   // A relay dropped message `message_id` (sent to `target`) after its report was already given:
   // a message sent without require_response, reported ok when it reached the next hop, that a
   // relay further on could not pass on (reason: unknown_route, not_connected, ttl_expired,
-  // queue_full, ...), or a require_response message whose report (timeout) came before the
-  // relay's refusal. Never a second report: a message whose report is still outstanding gets the
-  // refusal as its report instead. Sent only by relays and links speaking protocol version 2; at
-  // most one per message. Runs on the loop thread like every callback.
+  // queue_full, ...). Never a second report: a message whose report is still outstanding gets the
+  // refusal as its report instead. (A require_response message whose report, timeout, came before
+  // the relay's refusal gets neither: the refusal arrives as an acknowledgement that no longer
+  // matches an outstanding message and is ignored.) Sent only by relays and links speaking protocol
+  // version 2; at most one per message. Runs on the loop thread like every callback.
   std::function<void(bus_id target, uint64_t message_id, errc reason)> on_dropped;
 };
 

@@ -107,6 +107,32 @@ void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
 }
 
 // ------------------------------------------------------------------------- routed messages --
+// A tool command addressed to this node: run it and route the reply back to its source.
+void node::impl::on_command(link* from, const proto::header& hd, const uint8_t* body) {
+  proto::command_body c;
+  if (proto::parse_command(body, hd.body_len, &c) != errc::ok) {
+    if (from != nullptr) protocol_violation(from, "bad command");
+    return;
+  }
+  proto::reason st = proto::reason::ok;
+  std::string out;
+  if (c.command == static_cast<uint32_t>(proto::command_id::lookup)) {
+    st = lookup_child(c.args, c.args_size, &out);
+  } else if (c.command == static_cast<uint32_t>(proto::command_id::routes) ||
+             c.command == static_cast<uint32_t>(proto::command_id::counters) ||
+             c.command == static_cast<uint32_t>(proto::command_id::echo)) {
+    out = run_command(c.command, c.args, c.args_size);
+  } else {
+    st = proto::reason::invalid_argument;
+  }
+  std::vector<uint8_t> b;
+  proto::encode_command_reply(c.command, st, out.data(), out.size(), &b);
+  const std::vector<uint8_t> m =
+      proto::build(make_header(msg_type::command_reply, hd.source, hd.sequence), b);
+  const const_buffer cb{m.data(), m.size()};
+  (void)route_reply(hd.source, &cb, m.size());
+}
+
 void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
   if (hd.target != self) {
     forward(from, hd, data, size);
@@ -152,31 +178,9 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
                      proto::errc_from_reason(static_cast<uint16_t>(d.why)));
       return;
     }
-    case msg_type::command: {
-      proto::command_body c;
-      if (proto::parse_command(body, hd.body_len, &c) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad command");
-        return;
-      }
-      proto::reason st = proto::reason::ok;
-      std::string out;
-      if (c.command == static_cast<uint32_t>(proto::command_id::lookup)) {
-        st = lookup_child(c.args, c.args_size, &out);
-      } else if (c.command == static_cast<uint32_t>(proto::command_id::routes) ||
-                 c.command == static_cast<uint32_t>(proto::command_id::counters) ||
-                 c.command == static_cast<uint32_t>(proto::command_id::echo)) {
-        out = run_command(c.command, c.args, c.args_size);
-      } else {
-        st = proto::reason::invalid_argument;
-      }
-      std::vector<uint8_t> b;
-      proto::encode_command_reply(c.command, st, out.data(), out.size(), &b);
-      const std::vector<uint8_t> m =
-          proto::build(make_header(msg_type::command_reply, hd.source, hd.sequence), b);
-      const const_buffer cb{m.data(), m.size()};
-      (void)route_reply(hd.source, &cb, m.size());
+    case msg_type::command:
+      on_command(from, hd, body);
       return;
-    }
     case msg_type::command_reply: {
       proto::command_reply_body r;
       if (proto::parse_command_reply(body, hd.body_len, &r) != errc::ok) {

@@ -493,6 +493,91 @@ TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
   l.check("killed parent", kills, final_from);
 }
 
+// What the killed-writer test's reader saw: per writer incarnation, the sequence numbers in
+// arrival order, and records that were not intact.
+struct shm_sink {
+  std::map<uint64_t, std::vector<uint64_t>> from;  // incarnation -> seqs in arrival order
+  uint64_t corrupt = 0;
+
+  void on_records(const shm_record* recs, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t seq = 0, inc = 0;
+      if (recs[i].size != kPayload) {
+        ++corrupt;
+        continue;
+      }
+      std::memcpy(&seq, recs[i].data, 8);
+      std::memcpy(&inc, recs[i].data + kPayload - 8, 8);
+      uint8_t want[kPayload];
+      fill(seq, want);
+      std::memcpy(want + kPayload - 8, &inc, 8);
+      if (std::memcmp(want, recs[i].data, kPayload) != 0) ++corrupt;
+      from[inc].push_back(seq);
+    }
+  }
+  // Each incarnation's records are an unbroken prefix 0, 1, 2, ...; returns the total.
+  uint64_t check_prefixes() const {
+    uint64_t total = 0;
+    for (const auto& [inc, seqs] : from) {
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        if (seqs[i] != i) {
+          ADD_FAILURE() << "writer " << inc << ": record " << i << " is " << seqs[i];
+          break;
+        }
+      }
+      total += seqs.size();
+    }
+    return total;
+  }
+};
+
+// A writer process's body: no loop, no thread, sends records of incarnation `inc` as fast as the
+// ring takes them, `limit` of them (then waits to be killed). With hold_at set it is certain to
+// die mid-record: the hook holds it between reserving record number hold_at and committing it (a
+// resent record keeps its number).
+[[noreturn]] void shm_writer_process(const std::string& url, uint64_t inc, uint64_t hold_at,
+                                     uint64_t limit) {
+  shm_writer w;
+  if (w.open(url) != errc::ok) _exit(2);
+  static uint64_t sending;
+  static uint64_t hold;
+  hold = hold_at;
+  shm_detail::writer_access::set_test_hook(
+      w,
+      [](void*) {
+        if (sending == hold) {
+          for (;;) pause();
+        }
+      },
+      nullptr);
+  uint8_t p[kPayload];
+  for (uint64_t seq = 0; seq < limit;) {
+    fill(seq, p);
+    std::memcpy(p + kPayload - 8, &inc, 8);
+    sending = seq;
+    const errc e = w.send(p, sizeof p);
+    if (e == errc::ok) {
+      ++seq;
+    } else if (e != errc::queue_full && e != errc::abandoned) {
+      // abandoned: this writer stalled past the abandon timeout (a loaded machine) and the
+      // reader skipped the record; it was NOT delivered, so sending it again is correct.
+      _exit(3);
+    }
+  }
+  for (;;) pause();
+}
+
+// Polls until incarnation inc has delivered `want` records or 20 s passed; true if it did.
+bool poll_until(shm_reader* reader, const shm_sink& got, uint64_t inc, size_t want) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  auto have = [&] {
+    auto it = got.from.find(inc);
+    return it == got.from.end() ? size_t{0} : it->second.size();
+  };
+  while (have() < want && std::chrono::steady_clock::now() < deadline) (void)reader->poll(4096);
+  return have() >= want;
+}
+
 TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
   const std::string url = "shm://" + test::unique_name("fault-shm");
   shm_config cfg;
@@ -501,116 +586,37 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
   cfg.reclaim_timeout_us = 20000;
   shm_reader reader;
   ASSERT_EQ(reader.open(url, cfg), errc::ok);
-  struct sink {
-    std::map<uint64_t, std::vector<uint64_t>> from;  // incarnation -> seqs in arrival order
-    uint64_t corrupt = 0;
-  } got;
-  auto on_records = [](sink* g, const shm_record* recs, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      uint64_t seq = 0, inc = 0;
-      if (recs[i].size != kPayload) {
-        ++g->corrupt;
-        continue;
-      }
-      std::memcpy(&seq, recs[i].data, 8);
-      std::memcpy(&inc, recs[i].data + kPayload - 8, 8);
-      uint8_t want[kPayload];
-      fill(seq, want);
-      std::memcpy(want + kPayload - 8, &inc, 8);
-      if (std::memcmp(want, recs[i].data, kPayload) != 0) ++g->corrupt;
-      g->from[inc].push_back(seq);
-    }
-  };
-  ASSERT_EQ(reader.set_callbacks({[&](const shm_record* r, size_t n) { on_records(&got, r, n); }}),
+  shm_sink got;
+  ASSERT_EQ(reader.set_callbacks({[&](const shm_record* r, size_t n) { got.on_records(r, n); }}),
             errc::ok);
   std::mt19937 rng(5);
   const int kills = iterations();
   for (int inc = 0; inc < kills; ++inc) {
     SCOPED_TRACE(inc);
     const size_t target = 100 + rng() % 20000;
-    other_ = spawn([&] {
-      // The writer: no loop, no thread, just send as fast as the ring takes records.
-      shm_writer w;
-      if (w.open(url) != errc::ok) _exit(2);
-      // Every other incarnation is certain to die mid-record: the hook holds it between
-      // reserving record number `target` and committing it (a resent record keeps its number).
-      static uint64_t sending;
-      static uint64_t hold_at;
-      hold_at = inc % 2 == 1 ? target : UINT64_MAX;
-      shm_detail::writer_access::set_test_hook(
-          w,
-          [](void*) {
-            if (sending == hold_at) {
-              for (;;) pause();
-            }
-          },
-          nullptr);
-      uint8_t p[kPayload];
-      const auto me = static_cast<uint64_t>(inc);
-      for (uint64_t seq = 0;;) {
-        fill(seq, p);
-        std::memcpy(p + kPayload - 8, &me, 8);
-        sending = seq;
-        const errc e = w.send(p, sizeof p);
-        if (e == errc::ok) {
-          ++seq;
-        } else if (e != errc::queue_full && e != errc::abandoned) {
-          // abandoned: this writer stalled past the abandon timeout (a loaded machine) and the
-          // reader skipped the record; it was NOT delivered, so sending it again is correct.
-          _exit(3);
-        }
-      }
-    });
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (got.from[static_cast<uint64_t>(inc)].size() < target &&
-           std::chrono::steady_clock::now() < deadline) {
-      (void)reader.poll(4096);
-    }
-    if (got.from[static_cast<uint64_t>(inc)].size() < target) {
+    const auto me = static_cast<uint64_t>(inc);
+    other_ =
+        spawn([&] { shm_writer_process(url, me, inc % 2 == 1 ? target : UINT64_MAX, UINT64_MAX); });
+    if (!poll_until(&reader, got, me, target)) {
       const shm_metrics m = reader.metrics();
       shm_region_info info;
       (void)shm_inspect(url, &info);
-      ADD_FAILURE() << "stalled at " << got.from[static_cast<uint64_t>(inc)].size() << " of "
-                    << target << ": abandoned " << m.abandoned << ", fill " << m.fill_bytes
-                    << ", queue_full " << m.queue_full << ", corrupt " << m.corrupt << ", checksum "
-                    << m.checksum_failures << ", write_pos " << info.write_pos << ", read_pos "
-                    << info.read_pos;
+      ADD_FAILURE() << "stalled at " << got.from[me].size() << " of " << target << ": abandoned "
+                    << m.abandoned << ", fill " << m.fill_bytes << ", queue_full " << m.queue_full
+                    << ", corrupt " << m.corrupt << ", checksum " << m.checksum_failures
+                    << ", write_pos " << info.write_pos << ", read_pos " << info.read_pos;
       return;
     }
     kill_now(&other_);  // most likely in the middle of a send
   }
   // Whatever the last writer left half-done is skipped after the abandon timeout: the reader is
   // not wedged, and a fresh writer's records come through.
-  other_ = spawn([&] {
-    shm_writer w;
-    if (w.open(url) != errc::ok) _exit(2);
-    uint8_t p[kPayload];
-    const auto me = static_cast<uint64_t>(kills);
-    for (uint64_t seq = 0; seq < 1000;) {
-      fill(seq, p);
-      std::memcpy(p + kPayload - 8, &me, 8);
-      if (w.send(p, sizeof p) == errc::ok) ++seq;
-    }
-    for (;;) pause();
-  });
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (got.from[static_cast<uint64_t>(kills)].size() < 1000 &&
-         std::chrono::steady_clock::now() < deadline) {
-    (void)reader.poll(4096);
-  }
-  EXPECT_EQ(got.from[static_cast<uint64_t>(kills)].size(), 1000u) << "the reader is wedged";
+  const auto fresh = static_cast<uint64_t>(kills);
+  other_ = spawn([&] { shm_writer_process(url, fresh, UINT64_MAX, 1000); });
+  EXPECT_TRUE(poll_until(&reader, got, fresh, 1000)) << "the reader is wedged";
   kill_now(&other_);
   EXPECT_EQ(got.corrupt, 0u);
-  uint64_t total = 0;
-  for (const auto& [inc, seqs] : got.from) {
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (seqs[i] != i) {
-        ADD_FAILURE() << "writer " << inc << ": record " << i << " is " << seqs[i];
-        break;
-      }
-    }
-    total += seqs.size();
-  }
+  const uint64_t total = got.check_prefixes();
   const shm_metrics m = reader.metrics();
   EXPECT_EQ(m.checksum_failures, 0u);
   EXPECT_EQ(m.corrupt, 0u);
