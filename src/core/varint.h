@@ -1,5 +1,6 @@
-// The length prefix of the stream frame format (format in docs/internals.md, byte-compatible with libatbus):
-// 7-bit groups, MOST significant group first, every byte but the last has the high bit set.
+// The length prefix of the stream frame format (format in docs/internals.md, byte-compatible with
+// libatbus): 7-bit groups, MOST significant group first, every byte but the last has the high bit
+// set.
 //   0 -> 00, 127 -> 7F, 128 -> 81 00, 300 -> 82 2C
 // A 64-bit value needs at most 10 bytes; longer encodings are rejected.
 #pragma once

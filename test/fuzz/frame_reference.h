@@ -1,5 +1,6 @@
-// A one-shot reference decoder for the stream frame format, written from the format in docs/internals.md and kept
-// deliberately simple: the fuzz targets compare the real (incremental) decoders against it.
+// A one-shot reference decoder for the stream frame format, written from the format in
+// docs/internals.md and kept deliberately simple: the fuzz targets compare the real (incremental)
+// decoders against it.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Fuzzes the incremental stream frame decoder (include/uvbus/frame.h).
+// Fuzzes the incremental stream frame decoder (src/core/frame.h).
 //
 // Input layout:
 //   byte 0      message limit, chosen from kLimits
@@ -8,8 +8,8 @@
 //   rest        the byte stream a peer sent
 //
 // The stream is decoded twice: once in one piece by a plain reference decoder written here from
-// the format (docs/internals.md), once by frame_decoder fed chunk by chunk, each chunk in its own exactly-sized heap
-// allocation (so ASan catches any read past a chunk). Invariants:
+// the format (docs/internals.md), once by frame_decoder fed chunk by chunk, each chunk in its own
+// exactly-sized heap allocation (so ASan catches any read past a chunk). Invariants:
 //   * both yield the same payloads in the same order and end in the same state (chunking never
 //     changes the outcome); every yielded payload's MurmurHash3 matches its frame's hash field;
 //   * after an error nothing more is yielded, even when more bytes are fed;

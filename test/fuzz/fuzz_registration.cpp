@@ -11,8 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "fuzz_util.h"
 #include "bus/wire.h"
+#include "fuzz_util.h"
 
 namespace {
 

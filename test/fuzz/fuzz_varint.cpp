@@ -1,11 +1,11 @@
-// Fuzzes the varint length prefix (include/uvbus/varint.h).
+// Fuzzes the varint length prefix (src/core/varint.h).
 //
 // The input is used twice: as bytes to decode, and its first 8 bytes as a value to encode.
 // Invariants:
-//   * decode(bytes) agrees with a bit-by-bit reading of the varint format (docs/internals.md): ok exactly when a byte with the
-//     high bit clear appears within the first 10 bytes and the value fits in 64 bits; truncated
-//     exactly when fewer than 10 bytes all have the high bit set (and still fit); too_long
-//     otherwise. Every strict prefix of an ok encoding is truncated;
+//   * decode(bytes) agrees with a bit-by-bit reading of the varint format (docs/internals.md):
+//     ok exactly when a byte with the high bit clear appears within the first 10 bytes and the
+//     value fits in 64 bits; truncated exactly when fewer than 10 bytes all have the high bit set
+//     (and still fit); too_long otherwise. Every strict prefix of an ok encoding is truncated;
 //   * an ok decode of a canonical encoding (no leading 0x80 byte) re-encodes to the same bytes;
 //   * encode(v) writes exactly varint_size(v) bytes (into an exactly-sized heap buffer, so ASan
 //     catches one more), decodes back to v, and loses its last byte to a truncated decode.

@@ -1,4 +1,4 @@
-// Fuzzes the write queue (include/uvbus/write_queue.h) against a std::deque model.
+// Fuzzes the write queue (src/core/write_queue.h) against a std::deque model.
 //
 // Input layout: a config (mode, ring size, byte and block limits, some of them invalid on
 // purpose), then a sequence of operations, each an opcode byte and its arguments: reserve,

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/wire.h"
 #include "hardening_util.h"
 #include "uvbus/node.h"
-#include "bus/wire.h"
 
 namespace uvbus::hardening {
 namespace {
