@@ -72,8 +72,8 @@ constexpr bool is_retriable(errc e) noexcept {
          e == errc::busy || e == errc::timeout;
 }
 
-// The last error an object returned, with the detail that says which input was wrong ("node_config
-// .heartbeat_timeout_ms (6000) must exceed heartbeat_interval_ms (6000)"). Every class of the API
+// The last error an object returned, with the detail that says which input was wrong
+// ("heartbeat_timeout_ms (3000) must be at least twice heartbeat_interval_ms (2000): ..."). Every class of the API
 // keeps one (last_error()); a call that returns ok leaves it unchanged.
 struct error_info {
   errc code = errc::ok;
