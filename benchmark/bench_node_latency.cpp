@@ -86,7 +86,7 @@ std::string read_line(int fd) {
     if (line[got - 1] == '\n') break;
   }
   close(fd);
-  return std::string(line, got > 0 ? got - 1 : 0);
+  return {line, got > 0 ? got - 1 : 0};
 }
 
 }  // namespace

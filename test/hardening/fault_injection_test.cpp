@@ -516,7 +516,7 @@ struct shm_sink {
     }
   }
   // Each incarnation's records are an unbroken prefix 0, 1, 2, ...; returns the total.
-  uint64_t check_prefixes() const {
+  [[nodiscard]] uint64_t check_prefixes() const {
     uint64_t total = 0;
     for (const auto& [inc, seqs] : from) {
       for (size_t i = 0; i < seqs.size(); ++i) {
