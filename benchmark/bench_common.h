@@ -27,6 +27,7 @@
 
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 namespace uvbus::bench {
 
@@ -293,6 +294,37 @@ class histogram {
   uint64_t max_ = 0;
   uint64_t buckets_[kBuckets] = {};
 };
+
+// --ready FILE: the URL a peer must use, written atomically (a temp file renamed; the runner waits
+// for the file). True if done (or no file was asked for).
+inline bool write_ready(const std::string& ready, const std::string& url) {
+  if (ready.empty()) return true;
+  const std::string tmp = ready + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr || std::fprintf(f, "%s\n", url.c_str()) < 0 || std::fclose(f) != 0 ||
+      std::rename(tmp.c_str(), ready.c_str()) != 0) {
+    std::perror("--ready");
+    return false;
+  }
+  return true;
+}
+
+// Reads a forked server's first line (its URL, or "ERROR ...") from the pipe, without the
+// newline, and closes the pipe.
+inline std::string read_server_url(int fd) {
+  char buf[512] = {};
+  size_t got = 0;
+  while (got < sizeof buf - 1) {
+    const ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+    if (buf[got - 1] == '\n') break;
+  }
+  close(fd);
+  std::string url(buf, got);
+  while (!url.empty() && url.back() == '\n') url.pop_back();
+  return url;
+}
 
 inline uint64_t mono_ns() {
   timespec ts{};

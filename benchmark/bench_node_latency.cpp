@@ -75,20 +75,6 @@ int run_server(const std::string& url, const std::string& shm, int ready_fd) {
   return 0;
 }
 
-// One line from fd (the server's URL or "ERROR ..."), without its newline; closes fd.
-std::string read_line(int fd) {
-  char line[512] = {};
-  size_t got = 0;
-  while (got < sizeof line - 1) {
-    const ssize_t r = read(fd, line + got, sizeof line - 1 - got);
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-    if (line[got - 1] == '\n') break;
-  }
-  close(fd);
-  return {line, got > 0 ? got - 1 : 0};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,7 +101,7 @@ int main(int argc, char** argv) {
   }
   close(fds[1]);
   pin(o.get_int("client-cpu", 0));
-  const std::string url = read_line(fds[0]);
+  const std::string url = read_server_url(fds[0]);
   if (url.empty() || url.rfind("ERROR", 0) == 0) {
     std::fprintf(stderr, "latency: server failed: %s\n", url.c_str());
     return 1;

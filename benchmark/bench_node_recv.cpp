@@ -68,19 +68,6 @@ node_config bench_config() {
   return c;
 }
 
-// Writes url to path atomically (a temp file renamed), for the launcher's --ready handshake.
-bool write_ready(const std::string& path, const std::string& url) {
-  if (path.empty()) return true;
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr || std::fprintf(f, "%s\n", url.c_str()) < 0 || std::fclose(f) != 0 ||
-      std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::perror("recv: --ready");
-    return false;
-  }
-  return true;
-}
-
 // --relay-of: only the relay node 0x1100, registered to parent_url; runs until the parent goes.
 int run_relay_process(const options& o, uv_loop_t* loop, const std::string& shm,
                       const std::string& parent_url) {

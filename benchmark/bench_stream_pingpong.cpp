@@ -102,22 +102,6 @@ struct client {
   }
 };
 
-// Reads the server's first line (its URL, or "ERROR ...") from the pipe.
-std::string read_server_url(int fd) {
-  char buf[512] = {};
-  size_t got = 0;
-  while (got < sizeof buf - 1) {
-    const ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-    if (buf[got - 1] == '\n') break;
-  }
-  close(fd);
-  std::string url(buf, got);
-  while (!url.empty() && url.back() == '\n') url.pop_back();
-  return url;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

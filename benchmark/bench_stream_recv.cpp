@@ -79,19 +79,6 @@ struct receiver {
   }
 };
 
-// --ready FILE: the bound URL, written atomically (the runner waits for the file). True if done.
-bool write_ready(const std::string& ready, const std::string& url) {
-  if (ready.empty()) return true;
-  const std::string tmp = ready + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr || std::fprintf(f, "%s\n", url.c_str()) < 0 || std::fclose(f) != 0 ||
-      std::rename(tmp.c_str(), ready.c_str()) != 0) {
-    std::perror("recv: --ready");
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

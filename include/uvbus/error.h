@@ -73,8 +73,8 @@ constexpr bool is_retriable(errc e) noexcept {
 }
 
 // The last error an object returned, with the detail that says which input was wrong
-// ("heartbeat_timeout_ms (3000) must be at least twice heartbeat_interval_ms (2000): ..."). Every class of the API
-// keeps one (last_error()); a call that returns ok leaves it unchanged.
+// ("heartbeat_timeout_ms (3000) must be at least twice heartbeat_interval_ms (2000): ..."). Every
+// class of the API keeps one (last_error()); a call that returns ok leaves it unchanged.
 struct error_info {
   errc code = errc::ok;
   std::string detail;  // empty when there is nothing more to say than to_string(code)

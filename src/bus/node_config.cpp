@@ -8,8 +8,6 @@ namespace uvbus {
 
 namespace {
 
-using detail::kBusOverhead;
-
 errc refuse(std::string* detail, errc e, const std::string& text) {
   if (detail != nullptr) *detail = "node_config." + text;
   return e;

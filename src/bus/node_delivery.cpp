@@ -4,25 +4,6 @@
 
 namespace uvbus {
 
-using detail::handles;
-using detail::hop;
-using detail::in_flight;
-using detail::kBusOverhead;
-using detail::kMaxSpans;
-using detail::kSiblingRetryMs;
-using detail::kTagE2e;
-using detail::link;
-using detail::link_state;
-using detail::mono_ns;
-using detail::peer_ep;
-using detail::peer_kind;
-using detail::pending_msg;
-using detail::pending_queue;
-using detail::pending_reply;
-using detail::role_of;
-using detail::self_msg;
-using detail::sib_state;
-using detail::sibling_entry;
 using proto::msg_type;
 
 // --------------------------------------------------------------------------------- reports --

@@ -7,8 +7,6 @@
 
 namespace uvbus {
 
-using detail::kTagE2e;
-
 namespace {
 
 // One posted item in the mailbox's byte stream, followed by its payload padded to 8 bytes.

@@ -14,12 +14,6 @@
 
 namespace uvbus {
 
-using detail::add_totals;
-using detail::conn_impl;
-using detail::conn_state;
-using detail::kMinMergeBuffer;
-using detail::listener_impl;
-
 namespace detail {
 
 errc from_uv(int status) noexcept {

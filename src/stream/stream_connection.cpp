@@ -35,15 +35,6 @@
 
 namespace uvbus {
 
-using detail::add_totals;
-using detail::conn_impl;
-using detail::conn_state;
-using detail::from_uv;
-using detail::kFlushBudget;
-using detail::kGatherBytes;
-using detail::kMaxGather;
-using detail::listener_impl;
-
 namespace {
 
 // Per-thread buffers shared by every channel and connection of the thread. Only touched from inside

@@ -10,12 +10,6 @@
 
 namespace uvbus {
 
-using detail::conn_impl;
-using detail::conn_state;
-using detail::from_uv;
-using detail::listener_impl;
-using detail::literal_sockaddr;
-
 void stream_channel::impl::on_connected(conn_impl* c) {
   close_timer(c);
   if (c->ai_list != nullptr) {

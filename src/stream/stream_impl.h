@@ -290,4 +290,16 @@ struct stream_channel::impl {
   [[nodiscard]] stream_channel_metrics metrics() const;
 };
 
+// The channel's .cpp files name these internal types unqualified.
+using detail::add_totals;
+using detail::conn_impl;
+using detail::conn_state;
+using detail::from_uv;
+using detail::kFlushBudget;
+using detail::kGatherBytes;
+using detail::kMaxGather;
+using detail::kMinMergeBuffer;
+using detail::listener_impl;
+using detail::literal_sockaddr;
+
 }  // namespace uvbus

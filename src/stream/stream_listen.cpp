@@ -16,12 +16,6 @@
 
 namespace uvbus {
 
-using detail::conn_impl;
-using detail::conn_state;
-using detail::from_uv;
-using detail::listener_impl;
-using detail::literal_sockaddr;
-
 namespace {
 
 std::string sockaddr_url(const sockaddr* sa) {
