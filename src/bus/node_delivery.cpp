@@ -212,6 +212,9 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
       m.bytes.insert(m.bytes.end(), b, b + spans[i].size);
     }
     deferred_self.push_back(std::move(m));
+    // The reply wait run_deferred() consumes on delivery; stop() and the response timeout report
+    // through it and withdraw the message.
+    if (rr) replies[seq] = pending_reply{self, now_ms() + cfg.response_timeout_ms, {}, seq};
     arm_idle();
     ++counters.data_sent;
     if (message_id != nullptr) *message_id = seq;

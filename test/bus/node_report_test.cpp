@@ -111,5 +111,33 @@ TEST_F(NodeReportTest, RequireResponseTimingOutInThePendingQueueIsReportedOnceAn
   EXPECT_EQ(back->got, std::vector<std::string>{"probe"});
 }
 
+// A require_response message to the node's own id registered no reply wait, so run_deferred()
+// took it for one already reported and withdrew it: never delivered, never reported (the model
+// test, seed 2). It is delivered and reported ok once; after stop() it is reported closed once.
+TEST_F(NodeReportTest, RequireResponseToSelfIsDeliveredAndReportedOnce) {
+  node_config rc = quick();
+  rc.subnets = {{0x100, 8}};
+  rnode* root = make(0x100, rc);
+  send_options rr;
+  rr.require_response = true;
+  uint64_t id = 0;
+  ASSERT_EQ(root->n->send_data(0x100, 1, "me", 2, rr, &id), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->reports_for(id) == 1; }));
+  EXPECT_EQ(root->reports[0].status, errc::ok);
+  EXPECT_EQ(root->got, std::vector<std::string>{"me"});
+  // Reports come in order: once the probe's is here, a second report for id would be too.
+  uint64_t probe = 0;
+  ASSERT_EQ(root->n->send_data(0x100, 1, "probe", 5, send_options{}, &probe), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->reports_for(probe) == 1; }));
+  EXPECT_EQ(root->reports_for(id), 1u);
+
+  uint64_t late = 0;
+  ASSERT_EQ(root->n->send_data(0x100, 1, "late", 4, rr, &late), errc::ok);
+  root->n->stop();
+  ASSERT_TRUE(wait([&] { return root->reports_for(late) == 1 && !root->n->running(); }));
+  EXPECT_EQ(root->reports.back().status, errc::closed);
+  EXPECT_EQ(root->got, (std::vector<std::string>{"me", "probe"}));
+}
+
 }  // namespace
 }  // namespace uvbus
