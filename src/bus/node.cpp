@@ -168,6 +168,9 @@ void node::impl::open_handles() {
   uv_timer_init(loop, &h->reconnect);
   uv_idle_init(loop, &h->idle);
   uv_async_init(loop, &h->post, &impl::on_post_async);
+  // The mailbox's wake-up never keeps the loop alive by itself: a running node has its timers, and
+  // a stopped node must let uv_run() return (close_mailbox() refs it while reports remain).
+  uv_unref(reinterpret_cast<uv_handle_t*>(&h->post));
   h->open = 4;
   std::lock_guard<std::mutex> lock(mbox.mu);
   mbox.async = &h->post;

@@ -75,7 +75,14 @@ errc node::impl::post_task(std::function<void()> task) {
 }
 
 void node::impl::on_post_async(uv_async_t* a) {
-  static_cast<impl*>(a->data)->drain_posts();
+  auto* n = static_cast<impl*>(a->data);
+  n->drain_posts();
+  // Stopped and drained: the loop reference close_mailbox() took for the last reports goes.
+  if (n->post_offset < n->post_backlog.size()) return;
+  std::lock_guard<std::mutex> lock(n->mbox.mu);
+  if (n->mbox.st != detail::mailbox::status::open && n->mbox.items == 0) {
+    uv_unref(reinterpret_cast<uv_handle_t*>(a));
+  }
 }
 
 void node::impl::close_mailbox(detail::mailbox::status st) {
@@ -88,6 +95,7 @@ void node::impl::close_mailbox(detail::mailbox::status st) {
   }
   // Stopped: what was accepted still gets its one report (closed), from the loop.
   if (st == detail::mailbox::status::stopped && (pending || post_offset < post_backlog.size())) {
+    uv_ref(reinterpret_cast<uv_handle_t*>(mbox.async));  // keep the loop running for them
     uv_async_send(mbox.async);
   }
 }

@@ -399,5 +399,21 @@ TEST_F(NodeLifecycleTest, FailsOverWhenTheCurrentParentDies) {
   EXPECT_FALSE(c->n->up());
 }
 
+// A stopped node keeps nothing alive on its loop: uv_run(UV_RUN_DEFAULT) returns once stop() has
+// finished, with the node object still there (before: the post() mailbox's async handle kept the
+// loop alive forever, and a program waiting for uv_run() to return after stop() hung).
+TEST_F(NodeLifecycleTest, AStoppedNodeLetsTheLoopEnd) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  bus_node* c = make_child(0x101, p);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  ASSERT_EQ(c->n->post(0x100, 1, "x", 1), errc::ok);
+  p->n->stop();
+  c->n->stop();
+  ASSERT_TRUE(wait([&] { return !p->downs.empty() && !c->downs.empty() && !c->reports.empty(); }));
+  for (int i = 0; i < 100 && uv_loop_alive(&loop_) != 0; ++i) uv_run(&loop_, UV_RUN_NOWAIT);
+  EXPECT_EQ(uv_loop_alive(&loop_), 0) << "a stopped node keeps the loop alive";
+  EXPECT_EQ(c->reports.size(), 1u);
+}
+
 }  // namespace
 }  // namespace uvbus
