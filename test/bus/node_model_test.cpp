@@ -117,7 +117,7 @@ class model {
   }
 
   // Every contract break found, as text.
-  std::vector<std::string> check() const {
+  [[nodiscard]] std::vector<std::string> check() const {
     std::vector<std::string> out;
     for (const auto& in : all_) {
       for (const std::string& v : in->violations) out.push_back(v);
@@ -148,7 +148,7 @@ class model {
     return out;
   }
 
-  uint64_t accepted() const {
+  [[nodiscard]] uint64_t accepted() const {
     uint64_t n = 0;
     for (const auto& in : all_) n += in->accepted.size();
     return n;
@@ -190,12 +190,12 @@ class model {
     std::weak_ptr<instance> w = in;
     cb.on_report = [w](const delivery_report& r) {
       auto p = w.lock();
-      if (p->destroyed) p->violations.push_back("report after destruction");
+      if (p->destroyed) p->violations.emplace_back("report after destruction");
       p->reports[r.message_id].push_back(r);
     };
     cb.on_data = [this, w](bus_id, uint32_t, const uint8_t* d, size_t n) {
       auto p = w.lock();
-      if (p->destroyed) p->violations.push_back("delivery after destruction");
+      if (p->destroyed) p->violations.emplace_back("delivery after destruction");
       uint64_t token = 0;
       if (n >= 8) std::memcpy(&token, d, 8);
       ++delivered_[token];
@@ -238,7 +238,7 @@ class model {
     }
   }
 
-  bool all_reported() const {
+  [[nodiscard]] bool all_reported() const {
     for (const auto& in : all_) {
       if (in->destroyed) continue;
       for (const auto& [mid, rr] : in->accepted) {
