@@ -44,6 +44,19 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 
 namespace uvbus {
 
+// What an ok delivery report means (node_config::delivery).
+enum class delivery_mode : uint8_t {
+  // The target's on_data was called (it returned, or is running). Messages travel in flows
+  // (docs/bus.md "Flows"): per source and target a sequence number, cumulative acknowledgements
+  // from the target, a bounded retransmit buffer at the source, resend after a link, a relay or
+  // the target restarted, duplicates dropped by the target. A message fails only when its
+  // delivery deadline passes, the route refuses it for good, or the node stops.
+  end_to_end,
+  // The next hop's channel took the message (the kernel socket buffer or the shared-memory
+  // ring); a relay that drops it later tells on_dropped. Cheaper, and nothing is sent again.
+  next_hop,
+};
+
 struct node_config {
   // URLs to accept peers on: ipv4://, ipv6://, dns://, unix:// (port 0 picks a free port; read the
   // real URLs back with node::listen_urls()) and at most one shm:// (the ring this node reads its
@@ -92,6 +105,25 @@ struct node_config {
   // loop; beyond either, post() returns queue_full.
   size_t post_queue_messages = 65536;
   size_t post_queue_bytes = size_t{8} << 20;
+  // What an ok report means; see delivery_mode. Every node of a bus speaks flows (protocol
+  // version 3) whatever its own mode; end_to_end needs version 3 on every link of the path.
+  delivery_mode delivery = delivery_mode::end_to_end;
+  // end_to_end: a message the target has not acknowledged after this time fails (timeout).
+  uint32_t delivery_timeout_ms = 10000;
+  // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
+  // to be sent again) holds at most this many messages and bytes (each message takes its payload
+  // plus 44 bytes); beyond either, send_data() returns queue_full until acknowledgements drain it.
+  size_t retransmit_max_messages = 65536;
+  size_t retransmit_max_bytes = size_t{8} << 20;
+  // end_to_end: when a flow's acknowledgements stop advancing for this long, its unacknowledged
+  // messages are sent again (the wait doubles, up to 8x, while nothing advances).
+  uint32_t resend_timeout_ms = 200;
+  // end_to_end: stop() keeps the links open this long at most for the acknowledgements of
+  // messages sent and not acknowledged yet (0: report them closed at once).
+  uint32_t stop_flush_ms = 2000;
+  // Target side: a flow is acknowledged once per loop iteration that delivered something, and
+  // inside a long run of deliveries every ack_every messages.
+  uint32_t ack_every = 256;
   // A require_response message without an acknowledgement after this time fails with timeout.
   uint32_t response_timeout_ms = 10000;
   // At most this many require_response messages and commands awaiting their answer; beyond it
@@ -144,11 +176,16 @@ struct endpoint_info {
 struct delivery_report {
   uint64_t message_id = 0;  // what send_data() returned in *message_id
   bus_id target = 0;
-  // ok: delivered to the next hop's channel (the kernel socket buffer or the shared-memory ring),
-  // or, with require_response, received by the target node. Otherwise why it failed:
-  // not_connected / connection_reset (link lost), timeout (pending or response wait expired),
-  // closed (node stopped), unknown_route / ttl_expired (reported back by a relay or the target,
-  // require_response only), queue_full (a relay's queue overflowed), abandoned (shm writer stall).
+  // delivery_mode::end_to_end (the default): ok = the target's on_data was called. Otherwise
+  // timeout (not acknowledged within delivery_timeout_ms: the target may or may not have got it),
+  // closed (the node stopped first: likewise unknown), or a relay's refusal for good:
+  // unknown_route (no such node, or one that never acknowledged us), ttl_expired,
+  // message_too_large, version_mismatch (a link of the path does not speak flows).
+  // delivery_mode::next_hop: ok = delivered to the next hop's channel (the kernel socket buffer or
+  // the shared-memory ring), or, with require_response, received by the target node. Otherwise why
+  // it failed: not_connected / connection_reset (link lost), timeout (pending or response wait
+  // expired), closed (node stopped), unknown_route / ttl_expired (reported back by a relay or the
+  // target, require_response only), queue_full (a relay's queue overflowed), abandoned (shm).
   errc status = errc::ok;
   bool end_to_end = false;  // true when the report comes from the target's acknowledgement
 };
@@ -158,7 +195,7 @@ struct node_counters {
   uint64_t data_sent_stream = 0;  // ... of which went out over a stream link
   uint64_t data_sent_shm = 0;     // ... over shared memory
   uint64_t data_received = 0;     // delivered to on_data
-  uint64_t forwarded = 0;         // relayed for others
+  uint64_t forwarded = 0;         // user messages relayed for others
   uint64_t forward_dropped = 0;   // relayed messages dropped (no route, overflow, ttl)
   uint64_t ttl_expired = 0;       // messages dropped because their TTL ran out here
   uint64_t reports_ok = 0;
@@ -172,6 +209,15 @@ struct node_counters {
   uint64_t shm_abandoned_retries = 0;  // shm sends skipped by the reader and sent again
   uint64_t drop_notices_sent = 0;      // relay: sources told that their message was dropped here
   uint64_t drop_notices_received = 0;  // source: relays' notices about our messages (on_dropped)
+  // Flows (end_to_end delivery; docs/bus.md "Flows").
+  uint64_t flow_unacked_now = 0;     // source: messages in retransmit buffers right now
+  uint64_t flow_unacked_bytes = 0;   // ... and their bytes
+  uint64_t flow_resent = 0;          // source: messages sent again
+  uint64_t flow_acks_sent = 0;       // target: acknowledgements sent
+  uint64_t flow_acks_received = 0;   // source
+  uint64_t flow_duplicates = 0;      // target: duplicates dropped
+  uint64_t flow_out_of_order = 0;    // target: messages after a gap dropped (the source resends)
+  uint64_t flow_resyncs = 0;         // target: messages of a flow it held no position for
 };
 
 enum class log_level : uint8_t { debug, info, warn, error };
@@ -226,8 +272,10 @@ struct node_callbacks {
 };
 
 struct send_options {
-  // Ask the target to acknowledge: the report then comes from the target (end_to_end) or fails
-  // with the reason a relay or the target gave, or with timeout after response_timeout_ms.
+  // delivery_mode::next_hop: ask the target to acknowledge this message: the report then comes
+  // from the target (end_to_end) or fails with the reason a relay or the target gave, or with
+  // timeout after response_timeout_ms. Under delivery_mode::end_to_end every report already comes
+  // from the target, and this flag changes nothing.
   bool require_response = false;
   uint8_t ttl = 0;  // 0: node_config::default_ttl
 };
@@ -271,9 +319,11 @@ class node {
   // recorded in last_error() with the field or URL at fault and logged through on_log (error
   // level, from the loop).
   [[nodiscard]] errc start();
-  // Graceful stop: pending messages fail (closed), every peer gets a goodbye, every stream link
-  // flushes its queue and closes, listeners and the shm ring close. on_down(closed) fires when
-  // done (from the loop). Idempotent. The node can not be started again.
+  // Graceful stop: pending messages fail (closed); end-to-end messages already sent get up to
+  // stop_flush_ms for their acknowledgements (then the rest is reported closed); every peer gets
+  // a goodbye, every stream link flushes its queue and closes, listeners and the shm ring close.
+  // on_down(closed) fires when done (from the loop). Idempotent. The node can not be started
+  // again.
   void stop();
   [[nodiscard]] bool running() const noexcept;
   // Registered with the parent (or started as a root).

@@ -15,9 +15,11 @@ namespace uvbus::proto {
 // Protocol versions this build speaks. A link uses the highest version both sides support.
 // Version 2 adds the drop notice (msg_type::dropped) and the lookup answer `other` (the id is
 // routed through the parent but is not its direct child); a node never sends either to a peer whose
-// link negotiated version 1.
+// link negotiated version 1. Version 3 adds flows (end-to-end sequence numbers, cumulative
+// acknowledgements, resend; docs/protocol.md "Flows"): flow messages and acknowledgements only
+// travel on links that negotiated version 3.
 inline constexpr uint8_t kMinVersion = 1;
-inline constexpr uint8_t kMaxVersion = 2;
+inline constexpr uint8_t kMaxVersion = 3;
 inline constexpr uint8_t kDefaultTtl = 16;
 
 // What a node tells a peer about itself at registration.

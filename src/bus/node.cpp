@@ -164,6 +164,9 @@ void node::impl::open_handles() {
   if (h != nullptr) return;
   h = new handles;
   h->tick.data = h->reconnect.data = h->idle.data = h->post.data = this;
+  h->acks.data = h->flow.data = this;
+  uv_check_init(loop, &h->acks);
+  uv_timer_init(loop, &h->flow);
   uv_timer_init(loop, &h->tick);
   uv_timer_init(loop, &h->reconnect);
   uv_idle_init(loop, &h->idle);
@@ -171,7 +174,7 @@ void node::impl::open_handles() {
   // The mailbox's wake-up never keeps the loop alive by itself: a running node has its timers, and
   // a stopped node must let uv_run() return (close_mailbox() refs it while reports remain).
   uv_unref(reinterpret_cast<uv_handle_t*>(&h->post));
-  h->open = 4;
+  h->open = 6;
   std::lock_guard<std::mutex> lock(mbox.mu);
   mbox.async = &h->post;
 }
@@ -256,6 +259,18 @@ void node::impl::stop() {
     }
   }
   uv_timer_stop(&h->reconnect);
+  // End-to-end messages not acknowledged yet get stop_flush_ms to be: the links stay open (and
+  // the ring keeps being read: acknowledgements may come through it) until then.
+  if (counters.flow_unacked_now != 0 && cfg.stop_flush_ms != 0) {
+    stop_flush_until = now_ms() + cfg.stop_flush_ms;
+    return;
+  }
+  close_links_for_stop();
+}
+
+void node::impl::close_links_for_stop() {
+  stop_flush_until = 0;
+  flows_stop();
   for (auto& [id, lk] : links) {
     if (lk->state == link_state::registered) {
       std::vector<uint8_t> b;
@@ -276,6 +291,11 @@ void node::impl::stop() {
 
 void node::impl::maybe_finish_stop() {
   if (state != run_state::stopping || !links.empty()) return;
+  // Every link is gone while flows waited for acknowledgements: none can come any more.
+  if (stop_flush_until != 0) {
+    close_links_for_stop();  // reports them closed and comes back here
+    return;
+  }
   stop_done_pending = true;
   arm_idle();
 }
@@ -290,6 +310,8 @@ void node::impl::finish_stop() {
   }
   streams->close();
   uv_timer_stop(&h->tick);
+  uv_timer_stop(&h->flow);
+  uv_check_stop(&h->acks);
   auto cmds = std::move(deferred_cmd_fail);
   deferred_cmd_fail.clear();
   for (auto& cb : cmds) fire(cb, errc::closed, nullptr, size_t{0});
@@ -306,6 +328,9 @@ void node::impl::destroy() {
   close_mailbox(detail::mailbox::status::gone);
   if (h != nullptr) {
     h->tick.data = h->reconnect.data = h->idle.data = h->post.data = h;
+    h->acks.data = h->flow.data = h;
+    uv_close(reinterpret_cast<uv_handle_t*>(&h->acks), &impl::on_handle_closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&h->flow), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->post), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->tick), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->reconnect), &impl::on_handle_closed);

@@ -161,6 +161,17 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
   if (cfg.max_outstanding_responses == 0) {
     return refuse(detail, errc::invalid_argument, "max_outstanding_responses must be at least 1");
   }
+  if (cfg.retransmit_max_messages == 0 || cfg.ack_every == 0) {
+    return refuse(detail, errc::invalid_argument,
+                  cfg.ack_every == 0 ? "ack_every must be at least 1"
+                                     : "retransmit_max_messages must be at least 1");
+  }
+  if (cfg.retransmit_max_bytes < cfg.message_limit + 44) {
+    return refuse(detail, errc::invalid_argument,
+                  "retransmit_max_bytes (" + std::to_string(cfg.retransmit_max_bytes) +
+                      ") must hold one message of message_limit (" +
+                      std::to_string(cfg.message_limit + 44) + " bytes)");
+  }
   return errc::ok;
 }
 
@@ -173,6 +184,8 @@ errc check_timers(const node_config& cfg, std::string* detail) {
       {"response_timeout_ms", cfg.response_timeout_ms},
       {"reconnect_min_ms", cfg.reconnect_min_ms},
       {"sibling_idle_ms", cfg.sibling_idle_ms},
+      {"delivery_timeout_ms", cfg.delivery_timeout_ms},
+      {"resend_timeout_ms", cfg.resend_timeout_ms},
   };
   for (const auto& [name, v] : nonzero) {
     if (v == 0) return refuse(detail, errc::invalid_argument, std::string(name) + " must not be 0");

@@ -43,6 +43,15 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
                           bus_id target, bool* via_shm) {
   // Traffic in either direction keeps a sibling link from being dropped as idle.
   if (p->kind == peer_kind::sibling) p->last_data_ms = now_ms();
+  // Flow messages and acknowledgements need a version-3 link (an older peer would close it).
+  if (n != 0 && bufs[0].size >= proto::kHeaderSize) {
+    const auto* hb = static_cast<const uint8_t*>(bufs[0].data);
+    if (((hb[2] & proto::flag_flow) != 0 ||
+         hb[1] == static_cast<uint8_t>(msg_type::flow_ack)) &&
+        version_of(p) < 3) {
+      return errc::version_mismatch;
+    }
+  }
   if (p->shm) {
     errc e = p->shm->sendv(bufs, n);
     // abandoned: we stalled mid-record (preempted past the reader's timeout) and the reader
@@ -200,10 +209,22 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
     size += spans[i].size;
   }
   if (size > cfg.message_limit) return errc::message_too_large;
-  const bool rr = opt.require_response;
+  const bool flows = cfg.delivery == delivery_mode::end_to_end;
+  // A message to ourselves is reported once delivered (or closed by stop()) under end_to_end, as
+  // a require_response message; across the bus end_to_end makes require_response moot.
+  const bool rr = target == self ? opt.require_response || flows : opt.require_response && !flows;
   if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
   if (seq == 0) seq = next_seq++;
   const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
+  if (target != self && flows) {
+    bool via_shm = false;
+    const errc e = flow_send(target, type, spans, count, size, opt.ttl, seq, &via_shm);
+    if (e != errc::ok) return e;
+    ++counters.data_sent;
+    ++(via_shm ? counters.data_sent_shm : counters.data_sent_stream);
+    if (message_id != nullptr) *message_id = seq;
+    return errc::ok;
+  }
   if (target == self) {
     self_msg m{self, type, {}, seq, rr};
     m.bytes.reserve(size);
@@ -318,6 +339,7 @@ void node::impl::tick() {
   }
   expire_queue(&parent_pending, now);
   drop_log_flush(now);
+  flows_tick(now);
   for (auto it = siblings.begin(); it != siblings.end();) {
     expire_queue(&it->second.pending, now);
     sibling_entry& s = it->second;
@@ -394,7 +416,8 @@ void node::impl::run_deferred() {
       ++counters.data_received;
       fire(cbs.on_data, m.source, m.type, m.bytes.data(), m.bytes.size());
       if (m.require_response || cbs.on_report) {
-        defer_report(m.seq, self, errc::ok, m.require_response);
+        defer_report(m.seq, self, errc::ok,
+                     m.require_response || cfg.delivery == delivery_mode::end_to_end);
       }
     }
   }

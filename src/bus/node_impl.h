@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "bus/auth.h"
+#include "bus/flow.h"
 #include "bus/routing.h"
 #include "bus/wire.h"
 #include "core/ring_fifo.h"
@@ -169,6 +170,8 @@ struct handles {
   uv_timer_t reconnect{};
   uv_idle_t idle{};
   uv_async_t post{};  // wakes the loop for the mailbox
+  uv_check_t acks{};  // flows: acknowledgements go out after each loop iteration's input
+  uv_timer_t flow{};  // flows: retry transmissions that met a full queue
   int open = 0;
 };
 
@@ -265,7 +268,44 @@ struct node::impl {
   uint64_t drop_log_suppressed = 0;
 
   impl(uv_loop_t* l, bus_id id, node_config c, node_callbacks cb)
-      : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {}
+      : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {
+    incarnation = (rng() ^ (uint64_t{std::random_device{}()} << 32)) | 1;
+  }
+
+  // ---------------------------------------------------------------------------------- flows --
+  // node_flow.cpp. incarnation: random, nonzero, per node object: this node's flow epoch as a
+  // source and its incarnation as a target.
+  uint64_t incarnation = 0;
+  std::unordered_map<bus_id, detail::tx_flow> tx_flows;
+  std::unordered_map<bus_id, detail::rx_flow> rx_flows;
+  std::vector<bus_id> ack_queue;     // rx flows owing an acknowledgement (sent from the check)
+  std::vector<bus_id> flow_blocked;  // tx flows that met a full queue (retried by the timer)
+  bus_id cached_flow_target = 0;
+  detail::tx_flow* cached_flow = nullptr;
+  detail::tx_flow& tx_flow_for(bus_id target);
+  uint8_t* flow_alloc(detail::tx_flow& f, size_t n, size_t* offset);
+  errc flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
+                 size_t size, uint8_t ttl, uint64_t message_id, bool* via_shm);
+  // Sends what waits in order, from next_unsent.
+  void flow_pump(detail::tx_flow& f);
+  void flow_block(detail::tx_flow& f);
+  static void on_flow_timer(uv_timer_t* t);
+  void pump_blocked();
+  // Sends everything unacknowledged again, the first message flagged sync.
+  void flow_resend(detail::tx_flow& f);
+  // Removes the acknowledged front (reporting `status`) and any settled front entries.
+  void flow_settle_front(detail::tx_flow& f, uint64_t through, errc status);
+  void on_flow_ack(const proto::header& hd, const proto::flow_ack_body& a);
+  void flow_drop_notice(bus_id target, uint64_t seq, errc why);
+  void flows_tick(uint64_t now);
+  // A link was lost (resend what is unacknowledged) or came up (send what waits).
+  void flows_route_changed(bool lost);
+  void flows_stop();
+  void on_flow_data(link* from, const proto::header& hd, const uint8_t* body);
+  void queue_ack(bus_id source, detail::rx_flow& r, proto::ack_kind k);
+  void send_flow_ack(bus_id to, detail::rx_flow& r);
+  static void on_ack_check(uv_check_t* c);
+  void flush_acks();
 
   // ------------------------------------------------------------------------------- helpers --
   // Calls a user callback (or a command callback) unless it is empty or the node was destroyed.
@@ -436,6 +476,13 @@ struct node::impl {
   // Refuses start() (or another call) with a detail: last_error() and, from the loop, on_log.
   errc refuse_call(errc e, std::string detail);
   void stop();
+  // stop(), second half (after the flows' flush, if any): goodbyes, graceful closes.
+  void close_links_for_stop();
+  // While stop() waits for flows to be acknowledged: until when (0: not waiting).
+  uint64_t stop_flush_until = 0;
+  [[nodiscard]] bool flows_may_send() const {
+    return state == run_state::running || stop_flush_until != 0;
+  }
   std::vector<command_cb> deferred_cmd_fail;
   void maybe_finish_stop();
   void finish_stop();

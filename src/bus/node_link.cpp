@@ -319,6 +319,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   } else {
     settle_sibling(p->id);
   }
+  flows_route_changed(false);
 }
 
 // --------------------------------------------------------------------- handshake: acceptor --
@@ -394,6 +395,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.
   if (kind == peer_kind::sibling) settle_sibling(p->id);
+  flows_route_changed(false);
 }
 
 void node::impl::settle_sibling(bus_id id) {
@@ -478,6 +480,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     channel_outcome(lk->reports.front().tag, lk->reports.front().target, reason);
     lk->reports.pop_front();
   }
+  bool lost_peer = false;
   if (peer_ep* p = lk->peer; p != nullptr) {
     cached_hop = nullptr;
     counters.forward_dropped += p->overflow.size();
@@ -487,9 +490,13 @@ void node::impl::link_gone(link* lk, errc reason) {
     shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),
                        shm_overflow.end());
     peers.erase(p->id);
+    // The parent link's peer is gone: nothing may route through it from here on (a callback below
+    // may send).
+    if (lk->is_parent) parent_link = nullptr;
     log(log_level::info, "%s 0x%" PRIx64 " gone: %s", to_string(info.role), info.id,
         to_string(reason));
     fire(cbs.on_endpoint_removed, info, reason);
+    lost_peer = true;
   }
   if (lk->is_parent) {
     const bool was_up = is_up;
@@ -512,6 +519,7 @@ void node::impl::link_gone(link* lk, errc reason) {
       sibling_via_parent(lk->expect_id, to_string(reason));
     }
   }
+  if (lost_peer) flows_route_changed(true);
   maybe_finish_stop();
 }
 

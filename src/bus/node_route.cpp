@@ -124,6 +124,10 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
   switch (hd.type) {
     case msg_type::data:
     case msg_type::forward: {
+      if ((hd.flags & proto::flag_flow) != 0) {
+        on_flow_data(from, hd, body);
+        return;
+      }
       proto::data_body d;
       if (proto::parse_data(body, hd.body_len, &d) != errc::ok) {
         if (from != nullptr) protocol_violation(from, "bad data body");
@@ -156,8 +160,22 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
         if (from != nullptr) protocol_violation(from, "bad drop notice");
         return;
       }
-      on_drop_notice(d.message_id, d.original_target,
-                     proto::errc_from_reason(static_cast<uint16_t>(d.why)));
+      const errc why = proto::errc_from_reason(static_cast<uint16_t>(d.why));
+      if ((hd.flags & proto::flag_flow) != 0) {
+        ++counters.drop_notices_received;
+        flow_drop_notice(d.original_target, d.message_id, why);
+      } else {
+        on_drop_notice(d.message_id, d.original_target, why);
+      }
+      return;
+    }
+    case msg_type::flow_ack: {
+      proto::flow_ack_body a;
+      if (proto::parse_flow_ack(body, hd.body_len, &a) != errc::ok) {
+        if (from != nullptr) protocol_violation(from, "bad flow acknowledgement");
+        return;
+      }
+      on_flow_ack(hd, a);
       return;
     }
     case msg_type::command:
@@ -244,7 +262,7 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   errc e = errc::queue_full;
   if (p->overflow.empty()) e = transmit(p, bufs, 2, 0, hd.target);
   if (e == errc::ok) {
-    ++counters.forwarded;
+    if (hd.type == msg_type::data || hd.type == msg_type::forward) ++counters.forwarded;
     return;
   }
   if (e == errc::queue_full) {
@@ -297,8 +315,9 @@ void node::impl::send_drop_notice(const proto::header& hd, proto::reason why) {
   if (p == nullptr || version_of(p) < 2) return;
   std::vector<uint8_t> b;
   proto::encode_dropped({hd.sequence, hd.target, why}, &b);
-  const std::vector<uint8_t> m =
-      proto::build(make_header(msg_type::dropped, hd.source, next_seq++), b);
+  proto::header nh = make_header(msg_type::dropped, hd.source, next_seq++);
+  nh.flags = hd.flags & proto::flag_flow;  // message_id is a flow sequence
+  const std::vector<uint8_t> m = proto::build(nh, b);
   if (transmit_bytes(p, m, 0, hd.source) == errc::ok) ++counters.drop_notices_sent;
 }
 
@@ -344,7 +363,8 @@ void node::impl::drain_overflow(peer_ep* p) {
     const errc e = transmit_bytes(p, m, 0, 0);
     if (e == errc::queue_full) return;
     if (e == errc::ok) {
-      ++counters.forwarded;
+      const auto t = static_cast<msg_type>(m[1]);
+      if (t == msg_type::data || t == msg_type::forward) ++counters.forwarded;
     } else if (proto::header hd; proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
       relay_drop(hd, proto::reason_from_errc(e));
     } else {
@@ -398,6 +418,7 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
       case msg_type::command:
       case msg_type::command_reply:
       case msg_type::dropped:
+      case msg_type::flow_ack:
         if (hd.source != last_source) {
           last_source = hd.source;
           if (peer_ep* p = n->find_peer(hd.source); p != nullptr) {
@@ -475,6 +496,14 @@ std::string node::impl::counters_text() const {
   add("shm_abandoned_retries", c.shm_abandoned_retries);
   add("drop_notices_sent", c.drop_notices_sent);
   add("drop_notices_received", c.drop_notices_received);
+  add("flow_unacked_now", c.flow_unacked_now);
+  add("flow_unacked_bytes", c.flow_unacked_bytes);
+  add("flow_resent", c.flow_resent);
+  add("flow_acks_sent", c.flow_acks_sent);
+  add("flow_acks_received", c.flow_acks_received);
+  add("flow_duplicates", c.flow_duplicates);
+  add("flow_out_of_order", c.flow_out_of_order);
+  add("flow_resyncs", c.flow_resyncs);
   add("peers", peers.size());
   return s;
 }

@@ -194,6 +194,8 @@ const char* to_string(msg_type t) noexcept {
       return "bye";
     case msg_type::dropped:
       return "dropped";
+    case msg_type::flow_ack:
+      return "flow_ack";
   }
   return "unknown";
 }

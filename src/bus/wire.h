@@ -56,13 +56,22 @@ enum class msg_type : uint8_t {
   // Version 2: a relay dropped a message sent without require_response (whose source would
   // otherwise never learn it); routed back to the message's source.
   dropped = 12,
+  // Version 3: the target's cumulative acknowledgement of a flow (or a request to resend).
+  flow_ack = 13,
 };
-inline constexpr uint8_t kMaxMsgType = 12;
+inline constexpr uint8_t kMaxMsgType = 13;
 const char* to_string(msg_type t) noexcept;
 
 // Header flags.
 inline constexpr uint8_t flag_require_response = 0x01;  // target answers with an ack
-inline constexpr uint8_t kKnownFlags = flag_require_response;
+// Version 3, data/forward: the message belongs to a flow. header.sequence is its flow sequence
+// (1, 2, ... per source and target) and the body carries the source's flow epoch after the user
+// type (flow_data_body). On a dropped notice: message_id is a flow sequence.
+inline constexpr uint8_t flag_flow = 0x02;
+// Version 3, with flag_flow: every sequence below this one is settled (acknowledged or reported
+// failed at the source): the target may start or resume the flow here, skipping any gap.
+inline constexpr uint8_t flag_sync = 0x04;
+inline constexpr uint8_t kKnownFlags = flag_require_response | flag_flow | flag_sync;
 
 struct header {
   uint8_t version = kHeaderVersion;
@@ -173,6 +182,52 @@ struct data_body {
   size_t size = 0;
 };
 inline constexpr size_t kDataPrefix = 4;  // user_type
+// A flow message's body: user_type (4), the source's flow epoch (8), then the payload.
+inline constexpr size_t kFlowPrefix = 12;
+inline void encode_flow_prefix(uint32_t user_type, uint64_t epoch, uint8_t* out) noexcept {
+  store_le<uint32_t>(out, user_type);
+  store_le<uint64_t>(out + 4, epoch);
+}
+// Parses a flow message's body (header.flags has flag_flow); the payload is a view.
+[[nodiscard]] inline errc parse_flow_data(const uint8_t* p, size_t n, data_body* out,
+                                          uint64_t* epoch) noexcept {
+  if (p == nullptr || n < kFlowPrefix) return errc::protocol_error;
+  out->user_type = load_le<uint32_t>(p);
+  *epoch = load_le<uint64_t>(p + 4);
+  out->payload = p + kFlowPrefix;
+  out->size = n - kFlowPrefix;
+  return errc::ok;
+}
+
+// Version 3. What a flow_ack asks of the flow's source.
+enum class ack_kind : uint8_t {
+  ack = 0,     // everything up to `through` was delivered
+  gap = 1,     // as ack, and a later message arrived out of order: resend after `through`
+  resync = 2,  // the target holds no state for this epoch: resend from the first unacknowledged
+               // message, flagged flag_sync
+};
+// header.source is the flow's target, header.target the flow's source.
+struct flow_ack_body {
+  uint64_t epoch = 0;        // the source's flow epoch this acknowledges
+  uint64_t incarnation = 0;  // the target's incarnation (changes when it restarts)
+  uint64_t through = 0;      // highest sequence delivered in order to on_data (0: none)
+  ack_kind kind = ack_kind::ack;
+};
+inline constexpr size_t kFlowAckSize = 25;
+inline void encode_flow_ack(const flow_ack_body& b, uint8_t* out) noexcept {
+  store_le<uint64_t>(out, b.epoch);
+  store_le<uint64_t>(out + 8, b.incarnation);
+  store_le<uint64_t>(out + 16, b.through);
+  out[24] = static_cast<uint8_t>(b.kind);
+}
+[[nodiscard]] inline errc parse_flow_ack(const uint8_t* p, size_t n, flow_ack_body* out) noexcept {
+  if (p == nullptr || n != kFlowAckSize || p[24] > 2) return errc::protocol_error;
+  out->epoch = load_le<uint64_t>(p);
+  out->incarnation = load_le<uint64_t>(p + 8);
+  out->through = load_le<uint64_t>(p + 16);
+  out->kind = static_cast<ack_kind>(p[24]);
+  return errc::ok;
+}
 
 struct ack_body {
   uint64_t acked_sequence = 0;  // the header.sequence of the data message

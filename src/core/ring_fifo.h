@@ -17,6 +17,13 @@ class ring_fifo {
   [[nodiscard]] T& front() noexcept { return slots_[head_]; }
   [[nodiscard]] const T& front() const noexcept { return slots_[head_]; }
 
+  // The i-th element from the front (i < size()).
+  [[nodiscard]] T& operator[](size_t i) noexcept { return slots_[(head_ + i) & (slots_.size() - 1)]; }
+  [[nodiscard]] const T& operator[](size_t i) const noexcept {
+    return slots_[(head_ + i) & (slots_.size() - 1)];
+  }
+  [[nodiscard]] T& back() noexcept { return (*this)[size_ - 1]; }
+  void pop_back() noexcept { --size_; }
   void push_back(T v) {
     if (size_ == slots_.size()) grow();
     slots_[(head_ + size_) & (slots_.size() - 1)] = std::move(v);

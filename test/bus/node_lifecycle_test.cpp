@@ -293,6 +293,7 @@ TEST_F(NodeLifecycleTest, DestroyInOnDropped) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
   node_config cc = child_of(p);
   cc.sibling_direct = false;  // everything through the parent, which drops it
+  cc.delivery = delivery_mode::next_hop;  // on_dropped is next-hop delivery's
   victim* c = make_victim(0x101, cc, kill_in::on_dropped);
   ASSERT_TRUE(wait([&] { return c->rec.ups == 1; }));
   for (int i = 0; i < 20; ++i) ASSERT_EQ(send_str(&c->rec, 0x150, 1, "lost"), errc::ok);

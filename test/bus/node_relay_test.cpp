@@ -16,8 +16,15 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::bus_node;
-using test::fast_config;
 using test::send_str;
+
+// These tests are about next-hop delivery (the drop notices tell a source whose report was
+// already ok); end-to-end delivery turns the same refusals into reports (node_flow_test.cpp).
+node_config hop_config() {
+  node_config c = test::fast_config();
+  c.delivery = delivery_mode::next_hop;
+  return c;
+}
 
 struct dropped_event {
   bus_id target;
@@ -35,8 +42,8 @@ class NodeRelayTest : public test::bus_fixture {
     });
   }
   // Root 0x100 owning 0x100/8, and child A 0x101 that sends everything through it.
-  void make_root_and_sender(node_config child_cfg = fast_config()) {
-    node_config rc = fast_config();
+  void make_root_and_sender(node_config child_cfg = hop_config()) {
+    node_config rc = hop_config();
     rc.subnets = {{0x100, 8}};
     root_ = make(0x100, rc);
     child_cfg.parent_urls = {root_->n->listen_urls().at(0)};
@@ -107,7 +114,7 @@ TEST_F(NodeRelayTest, DropToDeadChildIsNoticed) {
 
 TEST_F(NodeRelayTest, TtlExpiryAtASecondRelayIsNoticed) {
   make_root_and_sender();
-  node_config cc = fast_config();
+  node_config cc = hop_config();
   bus_node* c = make_child(0x130, root_, {{0x130, 4}}, cc);
   ASSERT_TRUE(wait([&] { return c->n->up(); }));
   send_options one_hop;
@@ -131,7 +138,7 @@ TEST_F(NodeRelayTest, TtlExpiryAtASecondRelayIsNoticed) {
 }
 
 TEST_F(NodeRelayTest, VersionOnePeerGetsNoNoticeAndKeepsItsLink) {
-  node_config old = fast_config();
+  node_config old = hop_config();
   old.protocol_max = 1;
   make_root_and_sender(old);
   uint64_t id = 0;
@@ -161,7 +168,7 @@ TEST_F(NodeRelayTest, RelayDropLogIsRateLimited) {
 // Regression: a message to a sibling that had not registered with the parent yet was routed
 // through the parent, which dropped it, and reported ok: lost. It now waits for the sibling.
 TEST_F(NodeRelayTest, EarlyMessageToUnregisteredSiblingWaitsForIt) {
-  node_config rc = fast_config();
+  node_config rc = hop_config();
   rc.subnets = {{0x100, 8}};
   root_ = make(0x100, rc);
   bus_node* a = make_child(0x101, root_);
@@ -180,10 +187,10 @@ TEST_F(NodeRelayTest, EarlyMessageToUnregisteredSiblingWaitsForIt) {
 
 // ... and bounded: a sibling that never comes fails the message with timeout (one report).
 TEST_F(NodeRelayTest, EarlyMessageToSiblingThatNeverComesTimesOut) {
-  node_config rc = fast_config();
+  node_config rc = hop_config();
   rc.subnets = {{0x100, 8}};
   root_ = make(0x100, rc);
-  node_config ac = fast_config();
+  node_config ac = hop_config();
   ac.pending_timeout_ms = 300;
   bus_node* a = make_child(0x101, root_, {}, ac);
   ASSERT_TRUE(wait([&] { return a->n->up(); }));

@@ -1,6 +1,7 @@
-// The delivery contract, case by case: exactly one report per accepted message, ok only for a
-// message delivered (require_response) or handed to the next hop, relays that drop a message tell
-// its source, early messages to a sibling wait for it. Each test pins one bug that broke it.
+// The next-hop delivery contract, case by case: exactly one report per accepted message, ok only
+// for a message delivered (require_response) or handed to the next hop, relays that drop a message
+// tell its source, early messages to a sibling wait for it. Each test pins one bug that broke it.
+// (End-to-end delivery, the default, has its own cases in node_flow_test.cpp.)
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -32,6 +33,7 @@ node_config quick() {
   c.handshake_timeout_ms = 5000;
   c.pending_timeout_ms = 5000;
   c.response_timeout_ms = 5000;
+  c.delivery = delivery_mode::next_hop;
   return c;
 }
 

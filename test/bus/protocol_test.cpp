@@ -155,9 +155,38 @@ TEST(Protocol, RegisterGoldenVector) {
   for (size_t i = 0; i < kProofSize; ++i) b.proof[i] = static_cast<uint8_t>(i);
   std::vector<uint8_t> out;
   encode_register(b, &out);
-  EXPECT_EQ(out, hex("01 02 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
+  EXPECT_EQ(out, hex("01 03 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
                      "01 0800 756e69783a2f2f73 "
                      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"));
+}
+
+// Version 3 flows: a flow data message's body prefix and a flow acknowledgement, byte for byte.
+TEST(Protocol, FlowGoldenVectors) {
+  uint8_t prefix[kFlowPrefix];
+  encode_flow_prefix(7, 0x0102030405060708ull, prefix);
+  EXPECT_EQ(std::vector<uint8_t>(prefix, prefix + kFlowPrefix), hex("07000000 0807060504030201"));
+  const std::vector<uint8_t> body = hex("07000000 0807060504030201 6869");
+  data_body d;
+  uint64_t epoch = 0;
+  ASSERT_EQ(parse_flow_data(body.data(), body.size(), &d, &epoch), errc::ok);
+  EXPECT_EQ(d.user_type, 7u);
+  EXPECT_EQ(epoch, 0x0102030405060708ull);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(d.payload), d.size), "hi");
+  EXPECT_EQ(parse_flow_data(body.data(), kFlowPrefix - 1, &d, &epoch), errc::protocol_error);
+
+  uint8_t ack[kFlowAckSize];
+  encode_flow_ack({0x11, 0x22, 0x0100, ack_kind::gap}, ack);
+  EXPECT_EQ(std::vector<uint8_t>(ack, ack + kFlowAckSize),
+            hex("1100000000000000 2200000000000000 0001000000000000 01"));
+  flow_ack_body a;
+  ASSERT_EQ(parse_flow_ack(ack, kFlowAckSize, &a), errc::ok);
+  EXPECT_EQ(a.epoch, 0x11u);
+  EXPECT_EQ(a.incarnation, 0x22u);
+  EXPECT_EQ(a.through, 0x100u);
+  EXPECT_EQ(a.kind, ack_kind::gap);
+  ack[24] = 3;  // no such kind
+  EXPECT_EQ(parse_flow_ack(ack, kFlowAckSize, &a), errc::protocol_error);
+  EXPECT_EQ(parse_flow_ack(ack, kFlowAckSize - 1, &a), errc::protocol_error);
 }
 
 TEST(Protocol, RegisterRoundTripsAndEveryTruncationFails) {

@@ -1,0 +1,63 @@
+// Flows: the per-(source, target) state behind end-to-end delivery — the source's retransmit
+// buffer of unacknowledged messages (tx_flow) and the target's in-order position (rx_flow).
+// The logic that drives them is node_flow.cpp; docs/bus.md "Flows" states the guarantees.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "core/ring_fifo.h"
+#include "uvbus/subnet.h"
+
+namespace uvbus::detail {
+
+// Whole messages (header + body) of one flow, in sequence order, in one growable ring of bytes
+// (node_flow.cpp allocates in it). A message is stored contiguously: when it does not fit before
+// the end of the buffer it starts at offset 0 and the rest of the buffer waits until the ring has
+// wrapped past it. The ring is "wrapped" when tail <= the front message's offset.
+struct byte_ring {
+  std::unique_ptr<uint8_t[]> buf;
+  size_t cap = 0;
+  size_t tail = 0;  // next free byte
+};
+
+// One unacknowledged (or not yet sent) message of a flow.
+struct tx_entry {
+  uint64_t seq = 0;
+  uint64_t message_id = 0;  // what send_data() returned; the report carries it
+  size_t offset = 0;        // in the flow's byte_ring
+  uint32_t size = 0;
+  bool settled = false;  // reported failed while later messages were still unacknowledged
+  uint64_t deadline_ms = 0;
+};
+
+struct tx_flow {
+  bus_id target = 0;
+  uint64_t next_seq = 1;     // the sequence the next message gets
+  uint64_t next_unsent = 1;  // the first message not handed to a channel since the last resend
+  uint64_t acked = 0;        // highest sequence the target acknowledged
+  uint64_t high_sent = 0;    // highest sequence ever handed to a channel (resends are below it)
+  uint64_t peer_incarnation = 0;  // the target's incarnation in its last acknowledgement
+  bool need_sync = true;          // the next transmission carries flag_sync
+  bool blocked = false;           // a transmission met a full queue: retried by the flow timer
+  uint64_t last_progress_ms = 0;  // last acknowledgement that advanced, or the first send
+  uint64_t resend_ms = 0;         // when the last resend from the front started
+  uint32_t rto_ms = 0;            // current retransmission timeout (backs off while no progress)
+  size_t bytes = 0;               // bytes held in entries
+  ring_fifo<tx_entry> entries;    // in sequence order, contiguous: entries[i].seq = front + i
+  byte_ring store;
+};
+
+struct rx_flow {
+  uint64_t epoch = 0;    // the source's flow epoch (0: none yet)
+  uint64_t through = 0;  // highest sequence delivered in order
+  uint32_t unacked = 0;  // delivered since the last acknowledgement
+  uint8_t kind = 0;      // proto::ack_kind owed with the next acknowledgement
+  bool queued = false;   // in node::impl::ack_queue
+  uint64_t last_nack_ms = 0;
+  uint64_t last_rx_ms = 0;
+};
+
+}  // namespace uvbus::detail

@@ -1,0 +1,413 @@
+// Bus node, flows (end-to-end delivery): the source's retransmit buffers, resend and the
+// reports they settle; the target's in-order positions, duplicate removal and cumulative
+// acknowledgements. docs/bus.md "Flows" states the guarantees; docs/protocol.md the bytes.
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using detail::rx_flow;
+using detail::tx_entry;
+using detail::tx_flow;
+using proto::ack_kind;
+using proto::msg_type;
+
+namespace {
+
+constexpr size_t kFlowOverhead = proto::kHeaderSize + proto::kFlowPrefix;
+constexpr uint32_t kMaxRtoFactor = 8;
+// A target asks for a resend of one flow at most this often (the source resends everything
+// unacknowledged at once, so asking again before it could have arrived only duplicates).
+constexpr uint64_t kNackIntervalMs = 10;
+// A source honours a target's resend request at most this often per flow.
+constexpr uint64_t kResendIntervalMs = 5;
+// A target forgets the position of a flow silent for this long (a later message of that flow
+// asks the source to resynchronise, which is safe: see docs/bus.md).
+constexpr uint64_t kRxIdleMs = 120000;
+constexpr size_t kRingMin = 16384;
+
+// Relay refusals that settle a message: the target is gone or the message can never pass.
+bool final_refusal(errc why, bool target_known) {
+  switch (why) {
+    case errc::ttl_expired:
+    case errc::message_too_large:
+    case errc::version_mismatch:
+    case errc::access_denied:
+      return true;
+    case errc::unknown_route:
+      // A target that acknowledged us before may be restarting: retry until the deadline.
+      return !target_known;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- source side --
+tx_flow& node::impl::tx_flow_for(bus_id target) {
+  if (cached_flow != nullptr && cached_flow_target == target) return *cached_flow;
+  tx_flow& f = tx_flows[target];  // unordered_map: references stay valid across rehashing
+  if (f.target == 0) {
+    f.target = target;
+    f.rto_ms = cfg.resend_timeout_ms;
+  }
+  cached_flow_target = target;
+  cached_flow = &f;
+  return f;
+}
+
+uint8_t* node::impl::flow_alloc(tx_flow& f, size_t n, size_t* offset) {
+  detail::byte_ring& r = f.store;
+  const bool empty = f.entries.empty();
+  if (empty) r.tail = 0;
+  const size_t head = empty ? 0 : f.entries.front().offset;
+  const bool wrapped = !empty && r.tail <= head;
+  if (!wrapped && r.cap - r.tail >= n) {
+    *offset = r.tail;
+  } else if (!wrapped && !empty && head >= n) {
+    *offset = 0;  // wrap: the bytes after the old tail wait until the front passes them
+  } else if (wrapped && head - r.tail >= n) {
+    *offset = r.tail;
+  } else {
+    // Grow (or allocate) and compact the messages into the new buffer, in order.
+    size_t cap = std::max(kRingMin, r.cap * 2);
+    while (cap < (f.bytes + n) * 2 && cap < cfg.retransmit_max_bytes) cap *= 2;
+    cap = std::min(cap, cfg.retransmit_max_bytes);
+    if (cap < f.bytes + n) return nullptr;
+    std::unique_ptr<uint8_t[]> b(new uint8_t[cap]);
+    size_t off = 0;
+    for (size_t i = 0; i < f.entries.size(); ++i) {
+      tx_entry& e = f.entries[i];
+      std::memcpy(b.get() + off, r.buf.get() + e.offset, e.size);
+      e.offset = off;
+      off += e.size;
+    }
+    r.buf = std::move(b);
+    r.cap = cap;
+    r.tail = off;
+    *offset = off;
+  }
+  r.tail = *offset + n;
+  return r.buf.get() + *offset;
+}
+
+errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
+                           size_t size, uint8_t ttl, uint64_t message_id, bool* via_shm) {
+  tx_flow& f = tx_flow_for(target);
+  if (f.entries.size() >= cfg.retransmit_max_messages) return errc::queue_full;
+  const size_t total = kFlowOverhead + size;
+  size_t off = 0;
+  uint8_t* m = flow_alloc(f, total, &off);
+  if (m == nullptr) return errc::queue_full;
+  proto::header hd = make_header(msg_type::data, target, f.next_seq);
+  hd.flags = proto::flag_flow;
+  if (ttl != 0) hd.ttl = ttl;
+  hd.body_len = static_cast<uint32_t>(proto::kFlowPrefix + size);
+  proto::encode_header(hd, m);
+  proto::encode_flow_prefix(type, incarnation, m + proto::kHeaderSize);
+  uint8_t* p = m + kFlowOverhead;
+  for (size_t i = 0; i < count; ++i) {
+    if (spans[i].size != 0) std::memcpy(p, spans[i].data, spans[i].size);
+    p += spans[i].size;
+  }
+  // In order: while earlier messages wait to be (re)sent, this one waits behind them.
+  if (f.next_unsent == f.next_seq) {
+    if (f.need_sync) m[2] |= proto::flag_sync;
+    const const_buffer b{m, total};
+    const errc e = route_out(target, &b, 1, total, 0, via_shm);
+    if (e != errc::ok) {
+      f.store.tail = off;  // not accepted: take the bytes back
+      return e;
+    }
+    m[2] &= static_cast<uint8_t>(~proto::flag_sync);
+    f.need_sync = false;
+    ++f.next_unsent;
+  }
+  if (f.entries.empty()) f.last_progress_ms = now_ms();
+  f.entries.push_back(tx_entry{f.next_seq, message_id, off, static_cast<uint32_t>(total), false,
+                               now_ms() + cfg.delivery_timeout_ms});
+  ++f.next_seq;
+  f.bytes += total;
+  ++counters.flow_unacked_now;
+  counters.flow_unacked_bytes += total;
+  return errc::ok;
+}
+
+void node::impl::flow_pump(tx_flow& f) {
+  while (!f.entries.empty() && f.next_unsent < f.next_seq && flows_may_send()) {
+    const uint64_t front = f.entries.front().seq;
+    if (f.next_unsent < front) f.next_unsent = front;
+    if (f.next_unsent >= f.next_seq) break;
+    tx_entry& e = f.entries[f.next_unsent - front];
+    if (e.settled) {
+      f.need_sync = true;  // the target must not wait for it
+      ++f.next_unsent;
+      continue;
+    }
+    uint8_t* m = f.store.buf.get() + e.offset;
+    if (f.need_sync) m[2] |= proto::flag_sync;
+    const const_buffer b{m, e.size};
+    const errc err = route_out(f.target, &b, 1, e.size, 0, nullptr);
+    m[2] &= static_cast<uint8_t>(~proto::flag_sync);
+    if (err != errc::ok) {
+      // A full queue or ring: retry soon. Anything else (no route yet, link down): the resend
+      // timer, a link coming up or an acknowledgement retries; the deadline settles it.
+      if (err == errc::queue_full) flow_block(f);
+      return;
+    }
+    f.need_sync = false;
+    if (e.seq <= f.high_sent) ++counters.flow_resent;
+    if (e.seq > f.high_sent) f.high_sent = e.seq;
+    ++f.next_unsent;
+  }
+}
+
+void node::impl::flow_block(tx_flow& f) {
+  if (f.blocked) return;
+  f.blocked = true;
+  flow_blocked.push_back(f.target);
+  if (h != nullptr && !uv_is_active(reinterpret_cast<uv_handle_t*>(&h->flow))) {
+    uv_timer_start(&h->flow, &impl::on_flow_timer, 1, 0);
+  }
+}
+
+void node::impl::on_flow_timer(uv_timer_t* t) {
+  auto* n = static_cast<impl*>(t->data);
+  n->pump_blocked();
+}
+
+void node::impl::pump_blocked() {
+  std::vector<bus_id> ids;
+  ids.swap(flow_blocked);
+  for (bus_id id : ids) {
+    auto it = tx_flows.find(id);
+    if (it == tx_flows.end()) continue;
+    it->second.blocked = false;
+    flow_pump(it->second);
+  }
+}
+
+void node::impl::flow_resend(tx_flow& f) {
+  if (f.entries.empty()) return;
+  f.next_unsent = f.entries.front().seq;
+  f.need_sync = true;
+  f.resend_ms = now_ms();
+  flow_pump(f);
+}
+
+void node::impl::flow_settle_front(tx_flow& f, uint64_t through, errc status) {
+  while (!f.entries.empty() && f.entries.front().seq <= through) {
+    tx_entry& e = f.entries.front();
+    if (!e.settled) defer_report(e.message_id, f.target, status, true);
+    f.bytes -= e.size;
+    --counters.flow_unacked_now;
+    counters.flow_unacked_bytes -= e.size;
+    f.entries.pop_front();
+  }
+  // Settled (failed) entries reaching the front leave too.
+  while (!f.entries.empty() && f.entries.front().settled) {
+    f.bytes -= f.entries.front().size;
+    --counters.flow_unacked_now;
+    counters.flow_unacked_bytes -= f.entries.front().size;
+    f.entries.pop_front();
+  }
+  if (f.entries.empty()) f.store.tail = 0;
+}
+
+void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body& a) {
+  ++counters.flow_acks_received;
+  auto it = tx_flows.find(hd.source);
+  if (it == tx_flows.end() || a.epoch != incarnation) return;  // an older incarnation's flow
+  tx_flow& f = it->second;
+  const bool restarted = f.peer_incarnation != 0 && a.incarnation != f.peer_incarnation;
+  f.peer_incarnation = a.incarnation;
+  if (a.through > f.acked && a.through < f.next_seq) {
+    f.acked = a.through;
+    f.last_progress_ms = now_ms();
+    f.rto_ms = cfg.resend_timeout_ms;
+    flow_settle_front(f, a.through, errc::ok);
+    if (stop_flush_until != 0 && counters.flow_unacked_now == 0) {
+      close_links_for_stop();
+      return;
+    }
+  }
+  if (a.kind == ack_kind::ack && !restarted) return;
+  // A gap, a target without state for us, or a restarted target: resend what is unacknowledged,
+  // once per request burst (the requests of one burst all name the same position).
+  if (now_ms() - f.resend_ms < kResendIntervalMs && a.kind == ack_kind::gap) return;
+  flow_resend(f);
+}
+
+void node::impl::flow_drop_notice(bus_id target, uint64_t seq, errc why) {
+  auto it = tx_flows.find(target);
+  if (it == tx_flows.end()) return;
+  tx_flow& f = it->second;
+  if (f.entries.empty() || seq < f.entries.front().seq || seq >= f.next_seq) return;
+  if (!final_refusal(why, f.peer_incarnation != 0)) return;  // the resend timer retries it
+  tx_entry& e = f.entries[seq - f.entries.front().seq];
+  if (e.settled) return;
+  e.settled = true;
+  defer_report(e.message_id, target, why, true);
+  f.need_sync = true;
+  flow_settle_front(f, 0, errc::ok);
+}
+
+void node::impl::flows_tick(uint64_t now) {
+  for (auto& [id, f] : tx_flows) {
+    // Deadlines grow with the sequence: the expired ones are at the front.
+    bool expired = false;
+    for (size_t i = 0; i < f.entries.size() && f.entries[i].deadline_ms <= now; ++i) {
+      tx_entry& e = f.entries[i];
+      if (e.settled) continue;
+      e.settled = true;
+      expired = true;
+      defer_report(e.message_id, f.target, errc::timeout, true);
+    }
+    if (expired) {
+      f.need_sync = true;
+      flow_settle_front(f, 0, errc::ok);
+    }
+    if (f.entries.empty()) {
+      if (f.store.cap > kRingMin && now - f.last_progress_ms > 1000) f.store = {};
+      continue;
+    }
+    if (now - std::max(f.last_progress_ms, f.resend_ms) >= f.rto_ms) {
+      f.rto_ms = std::min(f.rto_ms * 2, cfg.resend_timeout_ms * kMaxRtoFactor);
+      flow_resend(f);
+    }
+  }
+  if (stop_flush_until != 0 && (now >= stop_flush_until || counters.flow_unacked_now == 0)) {
+    close_links_for_stop();
+  }
+  for (auto it = rx_flows.begin(); it != rx_flows.end();) {
+    if (!it->second.queued && now - it->second.last_rx_ms > kRxIdleMs) {
+      it = rx_flows.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void node::impl::flows_route_changed(bool lost) {
+  for (auto& [id, f] : tx_flows) {
+    if (f.entries.empty()) continue;
+    // A lost link may have taken unacknowledged messages with it: send them again (the target
+    // drops what it has). A new link: send what waits.
+    if (lost) {
+      flow_resend(f);
+    } else {
+      flow_pump(f);
+    }
+  }
+}
+
+void node::impl::flows_stop() {
+  for (auto& [id, f] : tx_flows) {
+    for (size_t i = 0; i < f.entries.size(); ++i) {
+      tx_entry& e = f.entries[i];
+      if (!e.settled) defer_report(e.message_id, f.target, errc::closed, true);
+      e.settled = true;
+    }
+    flow_settle_front(f, 0, errc::ok);
+  }
+  flow_blocked.clear();
+}
+
+// ------------------------------------------------------------------------------- target side --
+void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t* body) {
+  proto::data_body d;
+  uint64_t epoch = 0;
+  if (proto::parse_flow_data(body, hd.body_len, &d, &epoch) != errc::ok) {
+    if (from != nullptr) protocol_violation(from, "bad flow data body");
+    return;
+  }
+  rx_flow& r = rx_flows[hd.source];
+  r.last_rx_ms = now_ms();
+  const bool sync = (hd.flags & proto::flag_sync) != 0;
+  if (r.epoch != epoch) {
+    if (!sync) {
+      // No state for this epoch (we restarted, or forgot it): the source must resend from its
+      // first unacknowledged message with flag_sync; this one is dropped (it will come again).
+      ++counters.flow_resyncs;
+      queue_ack(hd.source, r, ack_kind::resync);
+      return;
+    }
+    r.epoch = epoch;
+    r.through = hd.sequence - 1;
+  }
+  if (hd.sequence <= r.through) {
+    ++counters.flow_duplicates;
+    queue_ack(hd.source, r, ack_kind::ack);  // the source may have missed the acknowledgement
+    return;
+  }
+  if (hd.sequence != r.through + 1 && !sync) {
+    ++counters.flow_out_of_order;
+    queue_ack(hd.source, r, ack_kind::gap);
+    return;
+  }
+  r.through = hd.sequence;
+  ++r.unacked;
+  ++counters.data_received;
+  queue_ack(hd.source, r, ack_kind::ack);
+  fire(cbs.on_data, hd.source, d.user_type, d.payload, d.size);
+  // A long run of messages in one read: acknowledge on the way (the source's buffer drains).
+  if (r.unacked >= cfg.ack_every && !dead) send_flow_ack(hd.source, r);
+}
+
+void node::impl::queue_ack(bus_id source, rx_flow& r, ack_kind k) {
+  if (k != ack_kind::ack) {
+    // Ask for a resend at most every kNackIntervalMs per flow; plain acknowledgements meanwhile.
+    if (now_ms() - r.last_nack_ms < kNackIntervalMs) {
+      k = ack_kind::ack;
+    } else {
+      r.last_nack_ms = now_ms();
+    }
+  }
+  if (static_cast<uint8_t>(k) > r.kind) r.kind = static_cast<uint8_t>(k);
+  if (r.queued) return;
+  r.queued = true;
+  ack_queue.push_back(source);
+  if (h != nullptr && ack_queue.size() == 1) {
+    uv_check_start(&h->acks, &impl::on_ack_check);
+  }
+}
+
+void node::impl::send_flow_ack(bus_id to, rx_flow& r) {
+  uint8_t m[proto::kHeaderSize + proto::kFlowAckSize];
+  proto::header hd = make_header(msg_type::flow_ack, to, 0);
+  hd.body_len = proto::kFlowAckSize;
+  proto::encode_header(hd, m);
+  proto::encode_flow_ack({r.epoch, incarnation, r.through, static_cast<ack_kind>(r.kind)},
+                         m + proto::kHeaderSize);
+  r.unacked = 0;
+  r.kind = 0;
+  const const_buffer b{m, sizeof m};
+  // Best effort: a lost acknowledgement is repaired by the source's resend (and our duplicate
+  // acknowledgement of it).
+  if (route_reply(to, &b, sizeof m) == errc::ok) ++counters.flow_acks_sent;
+}
+
+void node::impl::on_ack_check(uv_check_t* c) {
+  auto* n = static_cast<impl*>(c->data);
+  if (!n->dead) n->flush_acks();
+}
+
+void node::impl::flush_acks() {
+  std::vector<bus_id> ids;
+  ids.swap(ack_queue);
+  for (bus_id id : ids) {
+    auto it = rx_flows.find(id);
+    if (it == rx_flows.end()) continue;
+    it->second.queued = false;
+    if (state == run_state::running || state == run_state::stopping) {
+      send_flow_ack(id, it->second);
+    }
+  }
+  if (ack_queue.empty() && h != nullptr) uv_check_stop(&h->acks);
+  if (ack_queue.empty()) {
+    ids.clear();
+    ack_queue.swap(ids);  // keep the capacity: no allocation per batch
+  }
+}
+
+}  // namespace uvbus
