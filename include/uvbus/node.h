@@ -210,14 +210,14 @@ struct node_counters {
   uint64_t drop_notices_sent = 0;      // relay: sources told that their message was dropped here
   uint64_t drop_notices_received = 0;  // source: relays' notices about our messages (on_dropped)
   // Flows (end_to_end delivery; docs/bus.md "Flows").
-  uint64_t flow_unacked_now = 0;     // source: messages in retransmit buffers right now
-  uint64_t flow_unacked_bytes = 0;   // ... and their bytes
-  uint64_t flow_resent = 0;          // source: messages sent again
-  uint64_t flow_acks_sent = 0;       // target: acknowledgements sent
-  uint64_t flow_acks_received = 0;   // source
-  uint64_t flow_duplicates = 0;      // target: duplicates dropped
-  uint64_t flow_out_of_order = 0;    // target: messages after a gap dropped (the source resends)
-  uint64_t flow_resyncs = 0;         // target: messages of a flow it held no position for
+  uint64_t flow_unacked_now = 0;    // source: messages in retransmit buffers right now
+  uint64_t flow_unacked_bytes = 0;  // ... and their bytes
+  uint64_t flow_resent = 0;         // source: messages sent again
+  uint64_t flow_acks_sent = 0;      // target: acknowledgements sent
+  uint64_t flow_acks_received = 0;  // source
+  uint64_t flow_duplicates = 0;     // target: duplicates dropped
+  uint64_t flow_out_of_order = 0;   // target: messages after a gap dropped (the source resends)
+  uint64_t flow_resyncs = 0;        // target: messages of a flow it held no position for
 };
 
 enum class log_level : uint8_t { debug, info, warn, error };

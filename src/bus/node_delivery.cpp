@@ -46,8 +46,7 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
   // Flow messages and acknowledgements need a version-3 link (an older peer would close it).
   if (n != 0 && bufs[0].size >= proto::kHeaderSize) {
     const auto* hb = static_cast<const uint8_t*>(bufs[0].data);
-    if (((hb[2] & proto::flag_flow) != 0 ||
-         hb[1] == static_cast<uint8_t>(msg_type::flow_ack)) &&
+    if (((hb[2] & proto::flag_flow) != 0 || hb[1] == static_cast<uint8_t>(msg_type::flow_ack)) &&
         version_of(p) < 3) {
       return errc::version_mismatch;
     }

@@ -284,8 +284,8 @@ struct node::impl {
   detail::tx_flow* cached_flow = nullptr;
   detail::tx_flow& tx_flow_for(bus_id target);
   uint8_t* flow_alloc(detail::tx_flow& f, size_t n, size_t* offset);
-  errc flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
-                 size_t size, uint8_t ttl, uint64_t message_id, bool* via_shm);
+  errc flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count, size_t size,
+                 uint8_t ttl, uint64_t message_id, bool* via_shm);
   // Sends what waits in order, from next_unsent.
   void flow_pump(detail::tx_flow& f);
   void flow_block(detail::tx_flow& f);

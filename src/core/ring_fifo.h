@@ -18,7 +18,9 @@ class ring_fifo {
   [[nodiscard]] const T& front() const noexcept { return slots_[head_]; }
 
   // The i-th element from the front (i < size()).
-  [[nodiscard]] T& operator[](size_t i) noexcept { return slots_[(head_ + i) & (slots_.size() - 1)]; }
+  [[nodiscard]] T& operator[](size_t i) noexcept {
+    return slots_[(head_ + i) & (slots_.size() - 1)];
+  }
   [[nodiscard]] const T& operator[](size_t i) const noexcept {
     return slots_[(head_ + i) & (slots_.size() - 1)];
   }

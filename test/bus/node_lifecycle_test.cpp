@@ -292,7 +292,7 @@ TEST_F(NodeLifecycleTest, DestroyInOnWritable) {
 TEST_F(NodeLifecycleTest, DestroyInOnDropped) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
   node_config cc = child_of(p);
-  cc.sibling_direct = false;  // everything through the parent, which drops it
+  cc.sibling_direct = false;              // everything through the parent, which drops it
   cc.delivery = delivery_mode::next_hop;  // on_dropped is next-hop delivery's
   victim* c = make_victim(0x101, cc, kill_in::on_dropped);
   ASSERT_TRUE(wait([&] { return c->rec.ups == 1; }));
