@@ -1,7 +1,7 @@
 // Bus node sender (benchmark contract of docs/benchmark.md, at the node level):
 //
 //   uvbus_bench_node_send PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID]
-//                                    [--target ID] [--reports]
+//                                    [--target ID] [--reports] [--next-hop]
 //
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
@@ -10,6 +10,8 @@
 // unless --no-shm. Then the end message, a graceful stop, and a summary line. --reports (or
 // UVBUS_BENCH_REPORTS=1 in the environment) sets on_report, so every message gets its next-hop
 // delivery report (counted; the summary says how many came back ok): the cost of reports.
+// Delivery is end to end (the node default: flows with acknowledgements from the target) unless
+// --next-hop (or UVBUS_BENCH_DELIVERY=next_hop) selects next-hop delivery.
 #include <uv.h>
 
 #include <cstdio>
@@ -114,7 +116,7 @@ int main(int argc, char** argv) {
   if (s.o.url.empty()) {
     std::fprintf(stderr,
                  "usage: %s PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID] "
-                 "[--target ID] [--reports]\n",
+                 "[--target ID] [--reports] [--next-hop]\n",
                  argv[0]);
     return 2;
   }
@@ -130,6 +132,10 @@ int main(int argc, char** argv) {
   c.heartbeat_interval_ms = 1000;
   c.heartbeat_timeout_ms = 10000;
   c.sibling_direct = false;
+  const char* env_delivery = std::getenv("UVBUS_BENCH_DELIVERY");
+  const bool next_hop =
+      s.o.flag("next-hop") || (env_delivery != nullptr && std::string(env_delivery) == "next_hop");
+  c.delivery = next_hop ? delivery_mode::next_hop : delivery_mode::end_to_end;
   node n(&loop, s.id, c, s.callbacks());
   if (const errc e = n.start(); e != errc::ok) {
     std::fprintf(stderr, "send: start: %s\n", to_string(e));
@@ -152,11 +158,11 @@ int main(int argc, char** argv) {
   s.send_end(n, &loop);
   std::printf(
       "[send] node 0x%llx via %s: msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f refused=%llu "
-      "reports=%s ok=%llu failed=%llu\n",
+      "reports=%s delivery=%s ok=%llu failed=%llu\n",
       static_cast<unsigned long long>(s.id), channel, static_cast<unsigned long long>(s.seq),
       static_cast<double>(s.seq) / secs, static_cast<double>(s.bytes) / secs / 1e6, cpu,
       static_cast<unsigned long long>(s.refused), s.reports ? "on" : "off",
-      static_cast<unsigned long long>(s.reports_ok),
+      next_hop ? "next_hop" : "end_to_end", static_cast<unsigned long long>(s.reports_ok),
       static_cast<unsigned long long>(s.reports_failed));
   std::fflush(stdout);
   n.stop();

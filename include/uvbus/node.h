@@ -85,6 +85,12 @@ struct node_config {
   size_t pending_max_messages = 4096;
   size_t pending_max_bytes = size_t{4} << 20;
   uint32_t pending_timeout_ms = 10000;
+  // A relay that just started (a parent restart), or that just lost a child's link, holds
+  // messages for that child's id (an id of its subnets with no child registered) this long,
+  // waiting for the child to register (again), instead of refusing them with unknown_route.
+  // Bounded per child like the pending queues (pending_max_messages / pending_max_bytes).
+  // 0: refuse at once.
+  uint32_t child_grace_ms = 2000;
   // Forwarding back-pressure: when a relayed message meets a full next-hop queue it waits in that
   // hop's overflow queue (this many bytes at most) and the link it came from stops being read until
   // the overflow drains; beyond it, relayed messages are dropped and counted (forward_dropped).
@@ -209,6 +215,7 @@ struct node_counters {
   uint64_t shm_abandoned_retries = 0;  // shm sends skipped by the reader and sent again
   uint64_t drop_notices_sent = 0;      // relay: sources told that their message was dropped here
   uint64_t drop_notices_received = 0;  // source: relays' notices about our messages (on_dropped)
+  uint64_t held_for_child = 0;         // relay: messages that waited for a child to (re)register
   // Flows (end_to_end delivery; docs/bus.md "Flows").
   uint64_t flow_unacked_now = 0;    // source: messages in retransmit buffers right now
   uint64_t flow_unacked_bytes = 0;  // ... and their bytes
@@ -258,8 +265,10 @@ struct node_callbacks {
   std::function<void(errc e, const std::string& what)> on_error;
   // Optional log hook (registration, refusals, reconnects, drops). Without it nothing is logged.
   std::function<void(log_level level, const std::string& message)> on_log;
-  // A stream link's queue was full for a send_data() and has drained again: retry now.
-  std::function<void(bus_id next_hop)> on_writable;
+  // A send_data() got queue_full and there is room again: retry now. `id` is the next hop whose
+  // stream link's queue was full and has drained, or (end_to_end) the target whose flow's
+  // retransmit buffer was full and is at most half full again.
+  std::function<void(bus_id id)> on_writable;
   // A relay dropped message `message_id` (sent to `target`) after its report was already given:
   // a message sent without require_response, reported ok when it reached the next hop, that a
   // relay further on could not pass on (reason: unknown_route, not_connected, ttl_expired,

@@ -42,6 +42,7 @@ struct tx_flow {
   uint64_t peer_incarnation = 0;  // the target's incarnation in its last acknowledgement
   bool need_sync = true;          // the next transmission carries flag_sync
   bool blocked = false;           // a transmission met a full queue: retried by the flow timer
+  bool user_blocked = false;      // send_data() got queue_full here: on_writable when it drains
   uint64_t last_progress_ms = 0;  // last acknowledgement that advanced, or the first send
   uint64_t resend_ms = 0;         // when the last resend from the front started
   uint32_t rto_ms = 0;            // current retransmission timeout (backs off while no progress)

@@ -227,6 +227,7 @@ errc node::impl::start() {
   start_timers();
 
   state = run_state::running;
+  started_ms = now_ms();
   {
     std::lock_guard<std::mutex> lock(mbox.mu);
     mbox.st = detail::mailbox::status::open;
@@ -247,6 +248,7 @@ void node::impl::stop() {
   close_mailbox(detail::mailbox::status::stopped);
   fail_queue(&parent_pending, errc::closed);
   for (auto& [id, s] : siblings) fail_queue(&s.pending, errc::closed);
+  drop_held();
   siblings.clear();
   std::vector<std::pair<uint64_t, pending_reply>> rs(replies.begin(), replies.end());
   replies.clear();

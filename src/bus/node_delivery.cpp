@@ -339,6 +339,7 @@ void node::impl::tick() {
   expire_queue(&parent_pending, now);
   drop_log_flush(now);
   flows_tick(now);
+  grace_tick(now);
   for (auto it = siblings.begin(); it != siblings.end();) {
     expire_queue(&it->second.pending, now);
     sibling_entry& s = it->second;

@@ -94,11 +94,14 @@ uint8_t* node::impl::flow_alloc(tx_flow& f, size_t n, size_t* offset) {
 errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
                            size_t size, uint8_t ttl, uint64_t message_id, bool* via_shm) {
   tx_flow& f = tx_flow_for(target);
-  if (f.entries.size() >= cfg.retransmit_max_messages) return errc::queue_full;
   const size_t total = kFlowOverhead + size;
   size_t off = 0;
-  uint8_t* m = flow_alloc(f, total, &off);
-  if (m == nullptr) return errc::queue_full;
+  uint8_t* m =
+      f.entries.size() < cfg.retransmit_max_messages ? flow_alloc(f, total, &off) : nullptr;
+  if (m == nullptr) {
+    f.user_blocked = true;  // on_writable(target) once acknowledgements have drained it
+    return errc::queue_full;
+  }
   proto::header hd = make_header(msg_type::data, target, f.next_seq);
   hd.flags = proto::flag_flow;
   if (ttl != 0) hd.ttl = ttl;
@@ -229,6 +232,11 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
     if (stop_flush_until != 0 && counters.flow_unacked_now == 0) {
       close_links_for_stop();
       return;
+    }
+    if (f.user_blocked && f.entries.size() <= cfg.retransmit_max_messages / 2 &&
+        f.bytes <= cfg.retransmit_max_bytes / 2) {
+      f.user_blocked = false;
+      fire(cbs.on_writable, f.target);
     }
   }
   if (a.kind == ack_kind::ack && !restarted) return;

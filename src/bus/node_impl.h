@@ -272,6 +272,17 @@ struct node::impl {
     incarnation = (rng() ^ (uint64_t{std::random_device{}()} << 32)) | 1;
   }
 
+  // -------------------------------------------------------------------------- child grace --
+  // node_grace.cpp: relayed messages for children of ours not registered (yet, again).
+  uint64_t started_ms = 0;
+  std::unordered_map<bus_id, uint64_t> children_lost_ms;  // child id -> when its link was lost
+  std::unordered_map<bus_id, pending_queue> held;         // by child id
+  // True when the message waits for its child (else the caller refuses it).
+  bool hold_for_child(const proto::header& hd, const uint8_t* data, size_t size);
+  void release_held(peer_ep* child);
+  void grace_tick(uint64_t now);
+  void drop_held();
+
   // ---------------------------------------------------------------------------------- flows --
   // node_flow.cpp. incarnation: random, nonzero, per node object: this node's flow epoch as a
   // source and its incarnation as a target.

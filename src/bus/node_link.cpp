@@ -463,6 +463,10 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   peer_ep* raw = p.get();
   peers[raw->id] = std::move(p);
   cached_hop = nullptr;
+  if (kind == peer_kind::child) {
+    children_lost_ms.erase(raw->id);
+    release_held(raw);
+  }
   fire(cbs.on_endpoint_added, info_of(*raw));
   return raw;
 }
@@ -486,6 +490,9 @@ void node::impl::link_gone(link* lk, errc reason) {
     counters.forward_dropped += p->overflow.size();
     resume_paused(p);
     const endpoint_info info = info_of(*p);
+    if (p->kind == peer_kind::child && state == run_state::running) {
+      children_lost_ms[p->id] = now_ms();
+    }
     table.remove(p->id);
     shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),
                        shm_overflow.end());

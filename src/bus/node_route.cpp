@@ -244,6 +244,7 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
     }
   }
   // Never send a message back where it came from (the parent does not know the target either).
+  if (p == nullptr && hold_for_child(hd, data, size)) return;
   if (p == nullptr || (from != nullptr && from->peer == p)) {
     relay_drop(hd, proto::reason::unknown_route);
     return;
@@ -496,6 +497,7 @@ std::string node::impl::counters_text() const {
   add("shm_abandoned_retries", c.shm_abandoned_retries);
   add("drop_notices_sent", c.drop_notices_sent);
   add("drop_notices_received", c.drop_notices_received);
+  add("held_for_child", c.held_for_child);
   add("flow_unacked_now", c.flow_unacked_now);
   add("flow_unacked_bytes", c.flow_unacked_bytes);
   add("flow_resent", c.flow_resent);

@@ -41,6 +41,7 @@ inline node_config fast_config() {
   c.handshake_timeout_ms = 5000;
   c.pending_timeout_ms = 5000;
   c.response_timeout_ms = 5000;
+  c.child_grace_ms = 300;  // a fresh parent refuses unknown children after 0.3 s, not 2 s
   return c;
 }
 

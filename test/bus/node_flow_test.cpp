@@ -197,7 +197,9 @@ TEST_F(NodeFlowTest, UnknownTargetIsReportedUnknownRoute) {
 // acknowledged this source is refused at once.
 TEST_F(NodeFlowTest, VanishedTargetIsRetriedNeverAcknowledgedIsRefused) {
   node_config ac = flow_config();
-  make_tree();
+  node_config pc = flow_config();
+  pc.child_grace_ms = 0;  // the parent refuses at once (no wait for the child to come back)
+  make_tree(pc);
   send_some(10);
   expect_all_ok();
   destroy(b_);
@@ -222,6 +224,29 @@ TEST_F(NodeFlowTest, VanishedTargetIsRetriedNeverAcknowledgedIsRefused) {
   EXPECT_EQ(a_->report_for(id2), nullptr);
 }
 
+// Next-hop delivery has no resend: the parent's grace is what saves messages sent while a child
+// restarts. They wait at the parent and reach the new incarnation; nothing is dropped.
+TEST_F(NodeFlowTest, ParentHoldsMessagesForARestartingChild) {
+  node_config ac = flow_config();
+  ac.delivery = delivery_mode::next_hop;
+  make_tree();
+  ac.parent_urls = {url_};
+  bus_node* a2 = make(0x103, ac);
+  ASSERT_TRUE(wait([&] { return a2->n->up(); }));
+  destroy(b_);
+  ASSERT_TRUE(wait([&] {
+    endpoint_info e;
+    return !p_->n->peer(0x102, &e);
+  }));
+  for (uint64_t v = 0; v < 100; ++v) ASSERT_EQ(a2->n->send_data(0x102, 1, &v, sizeof v), errc::ok);
+  ASSERT_TRUE(wait([&] { return p_->n->counters().held_for_child == 100; }));
+  b_ = restart(0x102, bc_);
+  ASSERT_TRUE(wait([&] { return b_->got.size() == 100; }));
+  EXPECT_EQ(in_order(b_).size(), 100u);
+  EXPECT_EQ(p_->n->counters().forward_dropped, 0u);
+  EXPECT_EQ(a2->n->counters().drop_notices_received, 0u);
+}
+
 TEST_F(NodeFlowTest, FullRetransmitBufferIsQueueFull) {
   node_config ac = flow_config();
   ac.retransmit_max_messages = 10;
@@ -234,6 +259,7 @@ TEST_F(NodeFlowTest, FullRetransmitBufferIsQueueFull) {
   EXPECT_EQ(test::send_str(a2, 0x102, 1, "x"), errc::queue_full);
   EXPECT_EQ(a2->n->counters().flow_unacked_now, 10u);
   ASSERT_TRUE(wait([&] { return a2->reports.size() == 10; }));
+  EXPECT_GE(a2->writable, 1u);  // on_writable(target): the buffer drained
   EXPECT_EQ(test::send_str(a2, 0x102, 1, "again"), errc::ok);
 }
 

@@ -1,0 +1,74 @@
+// Bus node, a relay's grace for its children: a message for an id of our subnets whose child is
+// not registered — because we just started (a parent restart) or its link was just lost (a child
+// restart) — waits for that child for child_grace_ms instead of being refused with unknown_route.
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using proto::msg_type;
+
+bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, size_t size) {
+  if (cfg.child_grace_ms == 0 || !table.owns(hd.target) || hd.target == self) return false;
+  const uint64_t now = now_ms();
+  uint64_t since = 0;
+  if (now - started_ms < cfg.child_grace_ms) {
+    since = started_ms;
+  } else if (auto it = children_lost_ms.find(hd.target);
+             it != children_lost_ms.end() && now - it->second < cfg.child_grace_ms) {
+    since = it->second;
+  } else {
+    return false;
+  }
+  pending_queue& q = held[hd.target];
+  // The message as it will leave: forwarded, one hop less.
+  uint8_t head[proto::kHeaderSize];
+  std::memcpy(head, data, proto::kHeaderSize);
+  head[3] = static_cast<uint8_t>(hd.ttl - 1);
+  if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
+  const const_buffer bufs[2] = {{head, sizeof head},
+                                {data + proto::kHeaderSize, size - proto::kHeaderSize}};
+  if (enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) return false;
+  q.q.back().deadline_ms = since + cfg.child_grace_ms;
+  ++counters.held_for_child;
+  return true;
+}
+
+void node::impl::release_held(peer_ep* child) {
+  auto it = held.find(child->id);
+  if (it == held.end()) return;
+  pending_queue q = std::move(it->second);
+  held.erase(it);
+  counters.forwarded += q.q.size();
+  flush_queue(&q, child);
+}
+
+void node::impl::grace_tick(uint64_t now) {
+  for (auto it = held.begin(); it != held.end();) {
+    pending_queue& q = it->second;
+    while (!q.q.empty() && now >= q.q.front().deadline_ms) {
+      const std::vector<uint8_t>& m = q.q.front().bytes;
+      proto::header hd;
+      if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
+        hd.ttl = static_cast<uint8_t>(hd.ttl + 1);  // as it arrived (the log names it so)
+        relay_drop(hd, proto::reason::unknown_route);
+      }
+      q.bytes -= m.size();
+      q.q.pop_front();
+      --counters.pending_now;
+    }
+    it = q.q.empty() ? held.erase(it) : std::next(it);
+  }
+  for (auto it = children_lost_ms.begin(); it != children_lost_ms.end();) {
+    it = now - it->second >= cfg.child_grace_ms ? children_lost_ms.erase(it) : std::next(it);
+  }
+}
+
+void node::impl::drop_held() {
+  for (auto& [id, q] : held) {
+    counters.forward_dropped += q.q.size();
+    counters.pending_now -= q.q.size();
+  }
+  held.clear();
+}
+
+}  // namespace uvbus
