@@ -62,12 +62,12 @@ uint8_t* node::impl::flow_alloc(tx_flow& f, size_t n, size_t* offset) {
   if (empty) r.tail = 0;
   const size_t head = empty ? 0 : f.entries.front().offset;
   const bool wrapped = !empty && r.tail <= head;
-  if (!wrapped && r.cap - r.tail >= n) {
+  // Room at the tail: before the end of the buffer, or (wrapped) before the front message.
+  const size_t room = wrapped ? head - r.tail : r.cap - r.tail;
+  if (room >= n) {
     *offset = r.tail;
   } else if (!wrapped && !empty && head >= n) {
     *offset = 0;  // wrap: the bytes after the old tail wait until the front passes them
-  } else if (wrapped && head - r.tail >= n) {
-    *offset = r.tail;
   } else {
     // Grow (or allocate) and compact the messages into the new buffer, in order.
     size_t cap = std::max(kRingMin, r.cap * 2);

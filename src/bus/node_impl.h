@@ -424,6 +424,8 @@ struct node::impl {
   // ----------------------------------------------------------------------- routed messages --
   void on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size);
   void on_command(link* from, const proto::header& hd, const uint8_t* body);
+  // A drop notice or a flow acknowledgement addressed to us.
+  void on_notice(link* from, const proto::header& hd, const uint8_t* body);
   // Replies and acks go back along the normal route but never wait in a sibling queue.
   errc route_reply(bus_id target, const const_buffer* bufs, size_t total);
   void send_ack(bus_id to, uint64_t seq, proto::reason st);

@@ -154,30 +154,10 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
                    proto::errc_from_reason(static_cast<uint16_t>(a.status)), true);
       return;
     }
-    case msg_type::dropped: {
-      proto::dropped_body d;
-      if (proto::parse_dropped(body, hd.body_len, &d) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad drop notice");
-        return;
-      }
-      const errc why = proto::errc_from_reason(static_cast<uint16_t>(d.why));
-      if ((hd.flags & proto::flag_flow) != 0) {
-        ++counters.drop_notices_received;
-        flow_drop_notice(d.original_target, d.message_id, why);
-      } else {
-        on_drop_notice(d.message_id, d.original_target, why);
-      }
+    case msg_type::dropped:
+    case msg_type::flow_ack:
+      on_notice(from, hd, body);
       return;
-    }
-    case msg_type::flow_ack: {
-      proto::flow_ack_body a;
-      if (proto::parse_flow_ack(body, hd.body_len, &a) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad flow acknowledgement");
-        return;
-      }
-      on_flow_ack(hd, a);
-      return;
-    }
     case msg_type::command:
       on_command(from, hd, body);
       return;
@@ -197,6 +177,30 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
     default:
       if (from != nullptr) protocol_violation(from, "unexpected message type");
       return;
+  }
+}
+
+void node::impl::on_notice(link* from, const proto::header& hd, const uint8_t* body) {
+  if (hd.type == msg_type::flow_ack) {
+    proto::flow_ack_body a;
+    if (proto::parse_flow_ack(body, hd.body_len, &a) != errc::ok) {
+      if (from != nullptr) protocol_violation(from, "bad flow acknowledgement");
+      return;
+    }
+    on_flow_ack(hd, a);
+    return;
+  }
+  proto::dropped_body d;
+  if (proto::parse_dropped(body, hd.body_len, &d) != errc::ok) {
+    if (from != nullptr) protocol_violation(from, "bad drop notice");
+    return;
+  }
+  const errc why = proto::errc_from_reason(static_cast<uint16_t>(d.why));
+  if ((hd.flags & proto::flag_flow) != 0) {
+    ++counters.drop_notices_received;
+    flow_drop_notice(d.original_target, d.message_id, why);
+  } else {
+    on_drop_notice(d.message_id, d.original_target, why);
   }
 }
 
