@@ -42,6 +42,8 @@ struct sender {
   uint64_t refused = 0;
   uint64_t reports_ok = 0;
   uint64_t reports_failed = 0;
+  uint64_t unacked_peak_msgs = 0;  // end to end: the retransmit buffer's high-water mark
+  uint64_t unacked_peak_bytes = 0;
 
   node_callbacks callbacks() {
     node_callbacks cb;
@@ -87,6 +89,9 @@ struct sender {
         ++seq;
         bytes += len;
       }
+      const node_counters c = n.counters();
+      unacked_peak_msgs = std::max(unacked_peak_msgs, c.flow_unacked_now);
+      unacked_peak_bytes = std::max(unacked_peak_bytes, c.flow_unacked_bytes);
       uv_run(loop, writable ? UV_RUN_NOWAIT : UV_RUN_ONCE);
     }
   }
@@ -158,12 +163,14 @@ int main(int argc, char** argv) {
   s.send_end(n, &loop);
   std::printf(
       "[send] node 0x%llx via %s: msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f refused=%llu "
-      "reports=%s delivery=%s ok=%llu failed=%llu\n",
+      "reports=%s delivery=%s ok=%llu failed=%llu unacked_peak=%llu/%lluKiB rss_kib=%ld\n",
       static_cast<unsigned long long>(s.id), channel, static_cast<unsigned long long>(s.seq),
       static_cast<double>(s.seq) / secs, static_cast<double>(s.bytes) / secs / 1e6, cpu,
       static_cast<unsigned long long>(s.refused), s.reports ? "on" : "off",
       next_hop ? "next_hop" : "end_to_end", static_cast<unsigned long long>(s.reports_ok),
-      static_cast<unsigned long long>(s.reports_failed));
+      static_cast<unsigned long long>(s.reports_failed),
+      static_cast<unsigned long long>(s.unacked_peak_msgs),
+      static_cast<unsigned long long>(s.unacked_peak_bytes / 1024), rss_kib());
   std::fflush(stdout);
   n.stop();
   const double stop_by = mono_now() + 10;

@@ -289,6 +289,7 @@ void node::impl::flows_tick(uint64_t now) {
   }
   for (auto it = rx_flows.begin(); it != rx_flows.end();) {
     if (!it->second.queued && now - it->second.last_rx_ms > kRxIdleMs) {
+      if (cached_rx == &it->second) cached_rx = nullptr;
       it = rx_flows.erase(it);
     } else {
       ++it;
@@ -329,7 +330,11 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
     if (from != nullptr) protocol_violation(from, "bad flow data body");
     return;
   }
-  rx_flow& r = rx_flows[hd.source];
+  if (cached_rx == nullptr || cached_rx_source != hd.source) {
+    cached_rx = &rx_flows[hd.source];  // unordered_map: stays valid until erased
+    cached_rx_source = hd.source;
+  }
+  rx_flow& r = *cached_rx;
   r.last_rx_ms = now_ms();
   const bool sync = (hd.flags & proto::flag_sync) != 0;
   if (r.epoch != epoch) {

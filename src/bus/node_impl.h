@@ -293,6 +293,8 @@ struct node::impl {
   std::vector<bus_id> flow_blocked;  // tx flows that met a full queue (retried by the timer)
   bus_id cached_flow_target = 0;
   detail::tx_flow* cached_flow = nullptr;
+  bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
+  detail::rx_flow* cached_rx = nullptr;
   detail::tx_flow& tx_flow_for(bus_id target);
   uint8_t* flow_alloc(detail::tx_flow& f, size_t n, size_t* offset);
   errc flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count, size_t size,
