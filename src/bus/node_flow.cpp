@@ -423,4 +423,33 @@ void node::impl::flush_acks() {
   }
 }
 
+// ------------------------------------------------------------------------------- handover --
+std::vector<uint8_t> node::impl::flow_positions_export() const {
+  std::vector<uint8_t> out(4 + rx_flows.size() * 24);
+  store_le<uint32_t>(out.data(), static_cast<uint32_t>(rx_flows.size()));
+  size_t off = 4;
+  for (const auto& [source, r] : rx_flows) {
+    store_le<uint64_t>(out.data() + off, source);
+    store_le<uint64_t>(out.data() + off + 8, r.epoch);
+    store_le<uint64_t>(out.data() + off + 16, r.through);
+    off += 24;
+  }
+  return out;
+}
+
+errc node::impl::flow_positions_import(const uint8_t* p, size_t n) {
+  if (p == nullptr || n < 4) return errc::protocol_error;
+  const uint32_t count = load_le<uint32_t>(p);
+  if (n != 4 + size_t{count} * 24) return errc::protocol_error;
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint8_t* e = p + 4 + size_t{i} * 24;
+    rx_flow& r = rx_flows[load_le<uint64_t>(e)];
+    r.epoch = load_le<uint64_t>(e + 8);
+    r.through = load_le<uint64_t>(e + 16);
+    r.last_rx_ms = now_ms();
+  }
+  cached_rx = nullptr;
+  return errc::ok;
+}
+
 }  // namespace uvbus

@@ -319,6 +319,12 @@ struct node::impl {
   void send_flow_ack(bus_id to, detail::rx_flow& r);
   static void on_ack_check(uv_check_t* c);
   void flush_acks();
+  // A planned handover (docs/bus.md "Planned upgrade"): the target-side positions of every flow
+  // (source, epoch, through), so the new process drops what the old one delivered. Format: u32
+  // count, then per flow u64 source, u64 epoch, u64 through (little-endian).
+  [[nodiscard]] std::vector<uint8_t> flow_positions_export() const;
+  // protocol_error for a malformed blob (nothing imported); existing positions are replaced.
+  errc flow_positions_import(const uint8_t* p, size_t n);
 
   // ------------------------------------------------------------------------------- helpers --
   // Calls a user callback (or a command callback) unless it is empty or the node was destroyed.
