@@ -71,6 +71,21 @@ struct shm_config {
   bool huge_pages = false;
   // Permissions of a created POSIX or SysV region.
   uint32_t mode = 0600;
+  // open() only reattaches an existing region (its reader dead or closed with keep) and never
+  // creates one: not_found when there is nothing to reattach. For operator tools
+  // (uvbus_shm_inspect --drain), which must not leave a new region behind.
+  bool must_exist = false;
+};
+
+// How shm_reader::close leaves the region.
+enum class shm_close_mode : uint8_t {
+  // The region is marked closed for good and its name removed (shm_unlink / IPC_RMID / mem
+  // registry): writers get not_connected, unread records are gone. close()'s default.
+  remove,
+  // The region stays, marked "reader closed, will come back": writers keep committing into the
+  // ring (queue_full when it is full) and the next reader that opens the URL with a compatible
+  // shm_config reattaches and reads every record not yet consumed, in order.
+  keep,
 };
 
 // Options of a writer. Zero fields accept whatever the region says; non-zero fields must match
@@ -109,6 +124,12 @@ struct shm_metrics {
 // The reader's callbacks, given at construction or with shm_reader::set_callbacks.
 struct shm_reader_callbacks {
   // A batch of 1..batch_max records, in ring order.
+  //   Consumed: the region's consumed cursor moves past a batch only after this callback returns
+  //     for it. If the process dies inside the callback, the next reader that reattaches the
+  //     region delivers that batch's records again (and nothing delivered in earlier batches);
+  //     records after a stop() or close() in the callback were not handed out and are delivered
+  //     once. Delivery across a reader crash is thus at-least-once, the duplicates being at most
+  //     the one callback batch that was running (at most batch_max records).
   //   Thread: the reader's thread: from its loop once start()ed, or inside poll().
   //   Records: point into the ring, valid only until the callback returns (their nodes are then
   //     released to writers): copy what must outlive it. Nothing is allocated per record.
@@ -133,11 +154,14 @@ struct shm_region_info {
   uint32_t abandon_timeout_us = 0;
   uint32_t owner_pid = 0;
   uint64_t owner_start_time = 0;  // the reader's process start time (clock ticks since boot)
-  uint32_t reader_state = 0;      // 0 initialising, 1 open, 2 closed
-  bool reader_alive = false;      // state open and owner process alive (same start time)
+  uint32_t reader_state = 0;      // 0 initialising, 1 open (or its reader died), 2 closed for good,
+                                  // 3 closed with shm_close_mode::keep (will come back)
+  uint32_t reader_incarnation = 0;  // 1 at creation, +1 at every reattach
+  bool reader_alive = false;        // state open and owner process alive (same start time)
   bool huge_pages = false;
-  uint64_t write_pos = 0;  // node positions (monotonic, never wrap)
-  uint64_t read_pos = 0;
+  uint64_t write_pos = 0;     // node positions (monotonic, never wrap)
+  uint64_t read_pos = 0;      // nodes released to writers
+  uint64_t consumed_pos = 0;  // where a reattaching reader resumes (read_pos <= it <= write_pos)
   bool reader_sleeping = false;
   shm_metrics metrics;  // records_*/bytes_*, queue_full, abandoned, checksum/corrupt, fill
 };
@@ -146,6 +170,13 @@ struct shm_region_info {
 // unsupported_scheme, not_found, permission_denied, bad_layout (not a uvbus region, or the
 // header is inconsistent; *out still holds what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
+
+// Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers
+// then get not_connected) and shm_unlinks / IPC_RMIDs it. Refuses a region whose reader is alive
+// (busy) and an object that is not a uvbus region (bad_layout) unless force. Errors also as
+// shm_inspect. *detail (if given) says what was done or why not.
+[[nodiscard]] errc shm_remove(std::string_view url, bool force = false,
+                              std::string* detail = nullptr);
 
 // Bytes a region with this config occupies (header + ring); 0 if the config is invalid.
 [[nodiscard]] size_t shm_region_size(const shm_config& cfg) noexcept;
@@ -170,12 +201,23 @@ class shm_reader {
   // Replaces the callbacks. Errors: wrong_state (from inside the records callback).
   [[nodiscard]] errc set_callbacks(shm_reader_callbacks cbs);
 
-  // Creates the region named by url (shm:// or mem://) and becomes its only reader.
+  // Creates the region named by url (shm:// or mem://) and becomes its only reader, or
+  // REATTACHES an existing one: a region whose reader is dead (POSIX: its flock is gone; SysV:
+  // owner pid + start time no longer alive) or closed with shm_close_mode::keep, and whose layout
+  // is compatible with cfg (same layout version, ring_bytes, node_size, max_record_size): its
+  // records are kept, this reader takes ownership (new owner pid, incarnation + 1) and delivers
+  // every record not yet consumed, in order, from the consumed cursor stored in the region (see
+  // on_records for what a crash redelivers); every record is still checksum-checked and records
+  // a writer abandoned mid-write are still skipped. reattached() tells which happened. A region
+  // closed for good whose name was not removed yet, or whose creator died before publishing it,
+  // is replaced (it holds no records).
   // Errors: bad_url, unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
-  // bad_layout (an object of that name exists and is not a uvbus region: left alone),
-  // permission_denied, no_memory, io_error, wrong_state (already open). A region left by a dead
-  // reader (POSIX: its flock is gone; SysV: owner pid + start time no longer alive) is removed
-  // and created afresh. On an error last_error() names the URL and what was wrong.
+  // bad_layout (an object of that name is not a uvbus region, or the existing region is
+  // incompatible with cfg: last_error().detail names the field, the region's value and the
+  // requested one, and how to clear it with uvbus_shm_inspect --drain / --remove; the region is
+  // left intact, never wiped), not_found (cfg.must_exist and nothing to reattach),
+  // permission_denied, no_memory, io_error, wrong_state (already open). On an error last_error()
+  // names the URL and what was wrong.
   [[nodiscard]] errc open(std::string_view url, const shm_config& cfg = {});
   [[nodiscard]] errc open(const address& addr, const shm_config& cfg = {});
 
@@ -206,11 +248,17 @@ class shm_reader {
   // wrong_state (started, or inside the callback).
   [[nodiscard]] errc try_receive(void* buf, size_t cap, size_t* len);
 
-  // Stops, marks the region closed (writers then get not_connected), removes it (shm_unlink /
-  // IPC_RMID / mem registry) and unmaps it. Idempotent. From inside the callback it takes effect
-  // when the callback returns. Safe to destroy the object right after close() returns (outside
-  // the callback), even before the loop runs again.
+  // Stops and closes the region as `mode` says (shm_close_mode: remove marks it closed for good
+  // and removes its name, writers then get not_connected; keep leaves it for the next reader,
+  // writers keep committing), then unmaps it. The consumed cursor in the region covers every
+  // callback batch that returned. Idempotent. From inside the callback it takes effect when the
+  // callback returns (that batch counts as consumed). Safe to destroy the object right after
+  // close() returns (outside the callback), even before the loop runs again. The destructor and
+  // close() without an argument use shm_close_mode::remove.
   void close();
+  void close(shm_close_mode mode);
+  // Whether the last successful open() reattached an existing region (false: created it).
+  [[nodiscard]] bool reattached() const noexcept;
 
   [[nodiscard]] bool is_open() const noexcept;
   [[nodiscard]] shm_metrics metrics() const noexcept;
@@ -236,9 +284,11 @@ class shm_writer {
 
   // Attaches to a region created by a reader. Checks every layout field (magic, version, header
   // size, region size against the mapped size, node size, ring size, record header size, record
-  // limit) and the options' expectations. Errors: bad_url, unsupported_scheme, not_found (no
-  // such region), not_connected (the region exists but its reader has not finished creating it,
-  // is closed or is dead), bad_layout, permission_denied, io_error, wrong_state (already open).
+  // limit) and the options' expectations. A region whose reader is dead or closed with
+  // shm_close_mode::keep is attached: its records wait for the next reader. Errors: bad_url,
+  // unsupported_scheme, not_found (no such region), not_connected (the region exists but its
+  // reader has not finished creating it, or closed it for good), bad_layout, permission_denied,
+  // io_error, wrong_state (already open).
   // On an error last_error() names the URL and what was wrong (which layout field, ...).
   [[nodiscard]] errc open(std::string_view url, const shm_writer_options& opt = {});
   [[nodiscard]] errc open(const address& addr, const shm_writer_options& opt = {});
@@ -246,14 +296,23 @@ class shm_writer {
   [[nodiscard]] errc open_image(void* mem, size_t size, const shm_writer_options& opt = {});
 
   // Copies one message (the concatenation of the parts) into the ring as one record. Never blocks.
-  //   ok                 committed; the reader will see it unless it finds its checksum broken
-  //   queue_full         no room now (retriable)
-  //   not_connected      the reader closed or died (or the writer is not open)
+  //   ok                 committed; the reader will see it unless it finds its checksum broken.
+  //                      Also while the reader is dead or closed with keep: the record waits in
+  //                      the ring for the reader that reattaches (no reader may ever come: see
+  //                      reader_alive())
+  //   queue_full         no room now (retriable); a dead reader's ring stays full until a reader
+  //                      reattaches or the region is removed
+  //   not_connected      the region was removed: its reader closed it for good
+  //                      (shm_close_mode::remove) or its name was removed (uvbus_shm_inspect
+  //                      --remove, shm_unlink, IPC_RMID); or the writer is not open
   //   message_too_large  above the region's max_record_size
   //   abandoned          this writer stalled between reserve and commit for longer than the
   //                      abandon timeout and the reader skipped the record: NOT delivered
   // Allocates nothing and makes no syscall except a futex wake when the reader sleeps, and a
-  // liveness check of the reader's process on the queue_full path and every 65536 sends.
+  // check that the region's name still exists (fstat / IPC_STAT) on the queue_full path (at most
+  // once a millisecond) and every 65536 sends. Wake-ups go through the futex word in the region,
+  // so they reach a reader that reattached after this writer attached (a reattaching reader also
+  // polls the ring when it starts).
   [[nodiscard]] errc send(const void* data, size_t len) noexcept;
   // Gather send: the concatenation of parts[0..count) as one record. Same results as send().
   [[nodiscard]] errc sendv(const const_buffer* parts, size_t count) noexcept;
@@ -279,7 +338,8 @@ class shm_writer {
     return 8 + ((size + 7) & ~size_t{7});
   }
 
-  // True if the region's reader is open and its process alive (one syscall).
+  // True if the region's reader is open and its process alive (a kill(pid, 0) and a read of
+  // /proc): false while it is dead or closed with keep, true again once a reader reattached.
   [[nodiscard]] bool reader_alive() const noexcept;
   // Detaches (the region itself belongs to the reader). Idempotent.
   void close();

@@ -1,4 +1,4 @@
-// Config validation, image formatting and read-only inspection of a region.
+// Config validation, image formatting, read-only inspection and removal of a region.
 #include <cstring>
 #include <string>
 
@@ -90,9 +90,11 @@ errc shm_inspect(std::string_view url, shm_region_info* out) {
     out->node_size = h->node_size;
     out->max_record_size = h->max_record_size;
     out->abandon_timeout_us = h->abandon_timeout_us;
-    out->owner_pid = h->owner_pid;
-    out->owner_start_time = h->owner_start_time;
+    out->owner_pid = h->owner_pid.load(std::memory_order_relaxed);
+    out->owner_start_time = h->owner_start_time.load(std::memory_order_relaxed);
     out->reader_state = h->reader_state.load(std::memory_order_acquire);
+    out->reader_incarnation = h->reader_incarnation.load(std::memory_order_relaxed);
+    out->consumed_pos = h->consumed_pos.load(std::memory_order_relaxed);
     out->reader_alive = out->magic == kMagic && reader_alive(h, m.kind, true);
     out->huge_pages = (h->flags & kFlagHugePages) != 0;
     out->write_pos = h->write_pos.load(std::memory_order_acquire);
@@ -121,6 +123,22 @@ errc shm_inspect(std::string_view url, shm_region_info* out) {
   }
   release_region(&m, false);
   return result;
+}
+
+errc shm_remove(std::string_view url, bool force, std::string* detail) {
+  address addr;
+  std::string d;
+  errc e = parse_address(url, &addr);
+  if (e == errc::ok && addr.kind != scheme::shm && addr.kind != scheme::mem) {
+    e = errc::unsupported_scheme;
+  }
+  if (e == errc::ok) {
+    e = remove_region(addr, force, &d);
+  } else {
+    d = to_string(e);
+  }
+  if (detail != nullptr) *detail = "shm_remove(" + std::string(url) + "): " + d;
+  return e;
 }
 
 }  // namespace uvbus

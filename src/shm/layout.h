@@ -37,7 +37,7 @@
 namespace uvbus::shm_detail {
 
 inline constexpr uint64_t kMagic = 0x4d48535355425655ull;  // "UVBUSSHM" in little-endian bytes
-inline constexpr uint32_t kVersion = 2;                    // 2: kBatch records
+inline constexpr uint32_t kVersion = 3;  // 2: kBatch records; 3: persistent consumed cursor
 inline constexpr uint32_t kHeaderSize = 4096;
 inline constexpr uint32_t kRecordHeaderSize = 8;  // the {len, checksum} prefix in the data
 inline constexpr uint32_t kMinNodeSize = 64;
@@ -45,10 +45,13 @@ inline constexpr uint32_t kMaxNodeSize = 4096;
 inline constexpr uint64_t kMinNodes = 16;
 inline constexpr uint64_t kMaxRecordNodes = 0xffff;  // the ctl word's 16-bit node count
 
-// reader_state values.
+// reader_state values. A region whose reader is gone but whose state still says kReaderOpen has a
+// dead reader (its flock / owner pid is gone); both it and kReaderDetached are reattached by the
+// next reader with a compatible config, and writers keep committing into them meanwhile.
 inline constexpr uint32_t kReaderInit = 0;
 inline constexpr uint32_t kReaderOpen = 1;
-inline constexpr uint32_t kReaderClosed = 2;
+inline constexpr uint32_t kReaderClosed = 2;    // closed for good: the name is being removed
+inline constexpr uint32_t kReaderDetached = 3;  // closed with shm_close_mode::keep: will come back
 
 // header flags
 inline constexpr uint32_t kFlagHugePages = 1;
@@ -65,13 +68,13 @@ struct region_header {
   uint32_t node_size;
   uint32_t record_header_size;  // kRecordHeaderSize (the data prefix)
   uint32_t max_record_size;
-  uint32_t abandon_timeout_us;  // the reader's, for tools
-  uint32_t owner_pid;           // the reader's process
+  uint32_t abandon_timeout_us;      // the reader's, for tools
+  std::atomic<uint32_t> owner_pid;  // the reader's process (rewritten by a reattaching reader)
   uint32_t flags;
-  uint64_t owner_start_time;  // /proc/<pid>/stat starttime of the reader: guards pid reuse
-  // ---- line 1: reader liveness. Written by the reader at open (1) and close (2).
-  std::atomic<uint32_t> reader_state;
-  uint32_t reserved1;
+  std::atomic<uint64_t> owner_start_time;  // /proc/<pid>/stat starttime: guards pid reuse
+  // ---- line 1: reader liveness and the persistent delivery cursor, written by the reader only.
+  std::atomic<uint32_t> reader_state;        // kReaderOpen / kReaderClosed / kReaderDetached
+  std::atomic<uint32_t> reader_incarnation;  // 1 at creation, +1 at every reattach
   uint64_t created_unix_ns;
   uint8_t pad1[48];
   // ---- line 2: the reservation cursor, CASed by writers (and advanced by helping writers).
@@ -100,8 +103,18 @@ struct region_header {
   std::atomic<uint64_t> corrupt;
   std::atomic<uint64_t> batches;
   uint8_t pad6[16];
+  // ---- line 7: the consumed cursor, stored by the reader after every callback batch (its own
+  // line: writers load reader_state on every send and must not miss on it because of this).
+  // Every record before consumed_pos was handed to a records callback that returned; if
+  // consumed_batch_pos == consumed_pos, so were the items of the batch at consumed_pos whose body
+  // offset is below consumed_batch_off. A reattaching reader resumes from it; read_pos (line 3)
+  // may trail it (records held after a skip).
+  std::atomic<uint64_t> consumed_pos;
+  std::atomic<uint64_t> consumed_batch_pos;
+  std::atomic<uint64_t> consumed_batch_off;
+  uint8_t pad7[40];
   // ---- rest of the page: reserved (zero).
-  uint8_t reserved[kHeaderSize - 448];
+  uint8_t reserved[kHeaderSize - 512];
 };
 
 // The prefix at the start of a record's first data node (plain memory: written by the writer
@@ -200,7 +213,9 @@ static_assert(offsetof(region_header, owner_pid) == 48, "");
 static_assert(offsetof(region_header, flags) == 52, "");
 static_assert(offsetof(region_header, owner_start_time) == 56, "");
 static_assert(offsetof(region_header, reader_state) == 64, "");
+static_assert(offsetof(region_header, reader_incarnation) == 68, "");
 static_assert(offsetof(region_header, created_unix_ns) == 72, "");
+
 static_assert(offsetof(region_header, write_pos) == 128, "own cache line");
 static_assert(offsetof(region_header, read_pos) == 192, "own cache line");
 static_assert(offsetof(region_header, reader_sleeping) == 256, "own cache line");
@@ -208,7 +223,10 @@ static_assert(offsetof(region_header, records_written) == 320, "");
 static_assert(offsetof(region_header, wakeups) == 352, "");
 static_assert(offsetof(region_header, records_read) == 384, "");
 static_assert(offsetof(region_header, batches) == 424, "");
-static_assert(offsetof(region_header, reserved) == 448, "");
+static_assert(offsetof(region_header, consumed_pos) == 448, "own cache line");
+static_assert(offsetof(region_header, consumed_batch_pos) == 456, "");
+static_assert(offsetof(region_header, consumed_batch_off) == 464, "");
+static_assert(offsetof(region_header, reserved) == 512, "");
 static_assert(sizeof(record_prefix) == kRecordHeaderSize, "");
 static_assert(sizeof(head_word) == 8, "");
 static_assert(kBatch == 6 && batch_item_bytes(0) == 8 && batch_item_bytes(1) == 16, "ABI");

@@ -1,482 +1,17 @@
-// shm_reader: drains committed records in reservation order, verifies checksums, skips abandoned
-// records after the timeout, and sleeps on a futex (through a helper thread and uv_async_t) when
-// the ring is dry.
+// shm_reader: the owner-thread checks, the callbacks, last_error and open/close (create or
+// reattach a region, close with remove or keep) around the ring_reader engine (ring_reader.h).
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
-#include <vector>
-
-#include <uv.h>
 
 #include "core/thread_check.h"
-#include "shm/region.h"
+#include "shm/ring_reader.h"
 #include "uvbus/shm.h"
 
 namespace uvbus {
 
 using namespace shm_detail;
-
-namespace {
-
-constexpr size_t kMaxHolds = 64;
-
-struct ring_reader;
-// Internal delivery: a batch of records to fn(user, records, count).
-using deliver_fn = void (*)(void* user, const shm_record* records, size_t count);
-
-// libuv handles live in their own block, freed by the last close callback, so the reader object
-// may be destroyed as soon as close() returns.
-struct loop_glue {
-  uv_async_t async;
-  uv_idle_t idle;
-  int open_handles = 0;
-  ring_reader* owner = nullptr;
-};
-
-void glue_closed(uv_handle_t* h) {
-  auto* g = static_cast<loop_glue*>(h->data);
-  if (--g->open_handles == 0) delete g;
-}
-
-}  // namespace
-
-// Completes a close() requested from inside the records callback (destroys the ring_reader).
-void finish_close(shm_reader::impl* outer) noexcept;
-
-namespace {
-
-// One open region as its reader: the read loop, the stuck-writer handling and the loop glue.
-struct ring_reader {
-  shm_reader::impl* outer = nullptr;
-  bool close_requested = false;  // close() was called inside the callback: finish after drain
-  mapping map;
-  geometry g;
-  shm_config cfg;
-  bool owner = false;  // created the region (false for open_image)
-
-  uint64_t rd = 0;         // next position to look at (delivery cursor)
-  uint64_t published = 0;  // last read_pos stored
-  // A skipped record's nodes stay unreleased until its writer acknowledges or reclaim passes.
-  struct hold {
-    uint64_t pos;
-    uint64_t since_ns;
-  };
-  hold holds[kMaxHolds];
-  size_t nholds = 0;
-  // Inside a batch (kBatch) partly delivered: the batch's position and the body offset of its next
-  // item (a poll or try_receive limit, or a callback batch, can stop in the middle of one).
-  uint64_t sub_pos = ~uint64_t{0};
-  uint64_t sub_off = 0;
-  uint64_t stuck_pos = ~uint64_t{0};  // head position last seen in kWriting, and since when
-  uint64_t stuck_since = 0;
-
-  // Local counters, stored to the header after each drain (the reader is their only writer).
-  uint64_t c_records = 0, c_bytes = 0, c_abandoned = 0, c_checksum = 0, c_corrupt = 0,
-           c_batches = 0;
-  std::vector<shm_record> batch;
-  size_t size_limit = ~size_t{0};  // try_receive's buffer size
-  size_t too_big = 0;              // set when drain stopped at a record above size_limit
-
-  // Loop integration.
-  uv_loop_t* loop = nullptr;
-  loop_glue* glue = nullptr;
-  deliver_fn cb = nullptr;
-  void* user = nullptr;
-  bool started = false;
-  bool halt = false;  // stop() ran (maybe inside a callback): the current drain delivers no more
-  uint64_t spin_until = 0;
-  std::thread waker;
-  std::atomic<uint32_t> armed{0};  // 1: the waker thread should sleep on the region's futex
-  std::atomic<uint32_t> quit{0};
-  std::atomic<uint64_t> wait_ns{0};  // the waker's futex timeout (0 = none)
-
-  void store_counters() noexcept {
-    region_header* h = g.hdr;
-    h->records_read.store(c_records, std::memory_order_relaxed);
-    h->bytes_read.store(c_bytes, std::memory_order_relaxed);
-    h->abandoned.store(c_abandoned, std::memory_order_relaxed);
-    h->checksum_failures.store(c_checksum, std::memory_order_relaxed);
-    h->corrupt.store(c_corrupt, std::memory_order_relaxed);
-    h->batches.store(c_batches, std::memory_order_relaxed);
-  }
-
-  // Releases nodes up to the first still-held skipped record. release: every read of those nodes
-  // (checksum, the callback's reads) happens before a writer's acquire load sees the new value and
-  // overwrites them.
-  void publish(uint64_t now) noexcept {
-    while (nholds > 0) {
-      const hold& hd = holds[0];
-      const uint64_t c = g.head(hd.pos)->load(std::memory_order_acquire);
-      const bool acked = ctl_is(c, hd.pos) && ctl_state(c) == kAbandonedAck;
-      if (!acked) {
-        if (now == 0) now = mono_ns();
-        if (now - hd.since_ns < uint64_t{cfg.reclaim_timeout_us} * 1000) break;
-      }
-      std::memmove(&holds[0], &holds[1], (nholds - 1) * sizeof(hold));
-      --nholds;
-    }
-    const uint64_t pos = nholds > 0 ? holds[0].pos : rd;
-    if (pos != published) {
-      published = pos;
-      g.hdr->read_pos.store(pos, std::memory_order_release);
-    }
-  }
-
-  // The records gathered for the next callback call, and what one drain has delivered so far.
-  struct sink {
-    deliver_fn fn;
-    void* user;
-    size_t max_records;
-    size_t nb = 0;
-    size_t delivered = 0;
-    [[nodiscard]] bool full() const noexcept { return delivered + nb >= max_records; }
-  };
-  enum class step { go_on, stop };
-
-  void flush(sink& s) noexcept {
-    if (s.nb == 0) return;
-    s.fn(s.user, batch.data(), s.nb);
-    s.delivered += s.nb;
-    c_records += s.nb;
-    ++c_batches;
-    s.nb = 0;
-  }
-  // Adds one verified record; a full batch goes to the callback and its nodes are released.
-  void push(sink& s, const uint8_t* payload, uint32_t len) noexcept {
-    batch[s.nb++] = shm_record{payload, len};
-    c_bytes += len;
-    if (s.nb == batch.size()) {
-      flush(s);
-      publish(0);
-    }
-  }
-
-  // Delivers up to max_records records in batches; returns how many were delivered. The read loop
-  // only: a head still being written is unblock()'s business.
-  // Bounded work: every iteration either stops, or advances rd by at least one node, or retries a
-  // CAS that lost to a commit (at most once per record), and the total is capped, so a hostile
-  // region cannot keep the reader here.
-  size_t drain(deliver_fn fn, void* u, size_t max_records) noexcept {
-    sink s{fn, u, max_records};
-    halt = false;
-    uint64_t now = 0;
-    size_t budget = max_records > (~size_t{0} - 64) / 4 ? ~size_t{0} : max_records * 4 + 64;
-    while (!s.full() && !halt && budget-- > 0) {
-      // acquire: pairs with the writer's commit CAS; the payload, len and checksum it wrote
-      // before are visible once we see kCommitted.
-      const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
-      if (!ctl_is(c, rd)) break;  // nothing claimed at rd yet
-      if (read_head(c, s, &now) == step::stop) break;
-    }
-    flush(s);
-    publish(now);
-    store_counters();
-    return s.delivered;
-  }
-
-  // Acts on the head word c of the record at rd (its stamp matches).
-  step read_head(uint64_t c, sink& s, uint64_t* now) noexcept {
-    const uint64_t idx = rd & g.mask;
-    const uint32_t st = ctl_state(c);
-    if (st == kPad) {
-      rd += g.nodes - idx;
-      return step::go_on;
-    }
-    const uint64_t n = ctl_nodes(c);
-    if (n == 0 || idx + n > g.nodes) {  // impossible for a real writer: never trust it
-      ++c_corrupt;
-      rd += (n == 0) ? 1 : g.nodes - idx;
-      return step::go_on;
-    }
-    switch (st) {
-      case kCommitted:
-        return take_record(n, s);
-      case kBatch:
-        return take_batch(n, s);
-      case kWriting:
-        return unblock(c, n, now);
-      case kAbandoned:  // skipped by an earlier reader instance
-      case kAbandonedAck:
-        rd += n;
-        return step::go_on;
-      default:
-        ++c_corrupt;
-        rd += n;
-        return step::go_on;
-    }
-  }
-
-  // A committed single record of n nodes at rd.
-  step take_record(uint64_t n, sink& s) noexcept {
-    const uint8_t* node = g.node(rd);
-    record_prefix pre;
-    std::memcpy(&pre, node, sizeof pre);
-    if (pre.len > size_limit && pre.len <= g.max_record) {  // try_receive: leave it at the head
-      too_big = pre.len;
-      return step::stop;
-    }
-    rd += n;
-    if (pre.len > g.max_record || g.nodes_for(pre.len) != n) {
-      ++c_corrupt;
-      return step::go_on;
-    }
-    const uint8_t* payload = node + kRecordHeaderSize;
-    if (record_checksum(payload, pre.len, rd - n) != pre.checksum) {
-      ++c_checksum;
-      return step::go_on;
-    }
-    push(s, payload, pre.len);
-    return step::go_on;
-  }
-
-  // A committed batch of n nodes at rd, resumed at sub_off when an earlier drain paused in it.
-  // Its nodes stay unreleased (rd stays on it) until its last item is delivered: publish()
-  // releases only up to rd.
-  step take_batch(uint64_t n, sink& s) noexcept {
-    const uint8_t* node = g.node(rd);
-    record_prefix pre;
-    std::memcpy(&pre, node, sizeof pre);
-    const uint64_t blen = pre.len;
-    if (blen > g.max_record || g.nodes_for(blen) != n || pre.checksum == 0) {
-      ++c_corrupt;
-      rd += n;
-      return step::go_on;
-    }
-    const uint8_t* body = node + kRecordHeaderSize;
-    uint64_t off = sub_pos == rd ? sub_off : 0;
-    while (off < blen) {
-      if (s.full() || halt) return pause_batch(off);
-      record_prefix ip;
-      if (blen - off < sizeof ip) {
-        ++c_corrupt;
-        break;
-      }
-      std::memcpy(&ip, body + off, sizeof ip);
-      const uint64_t item_bytes = batch_item_bytes(ip.len);
-      if (item_bytes > blen - off) {  // a length that runs past the body: nothing after it is sure
-        ++c_corrupt;
-        break;
-      }
-      if (ip.len > size_limit) {  // try_receive: leave it at the head
-        too_big = ip.len;
-        return pause_batch(off);
-      }
-      const uint8_t* payload = body + off + kRecordHeaderSize;
-      const bool ok = batch_item_checksum(payload, ip.len, rd, off) == ip.checksum;
-      off += item_bytes;
-      if (!ok) {
-        ++c_checksum;
-        continue;
-      }
-      sub_pos = rd;  // where to resume if the callback below is the last of this drain
-      sub_off = off;
-      push(s, payload, ip.len);
-    }
-    sub_pos = ~uint64_t{0};
-    rd += n;
-    return step::go_on;
-  }
-  step pause_batch(uint64_t off) noexcept {
-    sub_pos = rd;
-    sub_off = off;
-    return step::stop;
-  }
-
-  // The stuck-writer handling: the record at rd (head c, n nodes) is still being written. Waits
-  // abandon_timeout from when it was first seen so; then marks it abandoned so the records behind
-  // it flow, and holds its nodes until the writer acknowledges or reclaim_timeout passes.
-  step unblock(uint64_t c, uint64_t n, uint64_t* now) noexcept {
-    if (*now == 0) *now = mono_ns();
-    if (stuck_pos != rd) {
-      stuck_pos = rd;
-      stuck_since = *now;
-      return step::stop;
-    }
-    if (*now - stuck_since < uint64_t{cfg.abandon_timeout_us} * 1000 || nholds == kMaxHolds) {
-      return step::stop;
-    }
-    uint64_t expect = c;
-    // acq_rel: on success the writer's later commit CAS fails and it reports abandoned; on
-    // failure the writer committed first and we deliver it on the next iteration.
-    if (!g.head(rd)->compare_exchange_strong(expect, make_ctl(rd, n, kAbandoned),
-                                             std::memory_order_acq_rel,
-                                             std::memory_order_acquire)) {
-      return step::go_on;
-    }
-    ++c_abandoned;
-    holds[nholds++] = hold{rd, *now};
-    rd += n;
-    return step::go_on;
-  }
-
-  // Whether the head holds something to act on now (a record, padding, a skip). kWriting is not:
-  // the futex timeout covers its abandon deadline.
-  [[nodiscard]] bool head_ready() const noexcept {
-    const uint64_t c = g.head(rd)->load(std::memory_order_seq_cst);
-    return ctl_is(c, rd) && ctl_state(c) != kWriting;
-  }
-
-  // ---- loop integration -------------------------------------------------------------------
-
-  static void on_idle(uv_idle_t* h) {
-    auto* gl = static_cast<loop_glue*>(h->data);
-    ring_reader* self = gl->owner;
-    if (self == nullptr || !self->started) return;
-    const size_t n = self->drain(self->cb, self->user, self->cfg.batch_max);
-    if (self->close_requested) {
-      finish_close(self->outer);  // self is gone now
-      return;
-    }
-    if (!self->started) return;  // the callback called stop()
-    if (n > 0) {  // the spin window starts when the ring first runs dry: no clock read here
-      self->spin_until = 0;
-      return;
-    }
-    const uint64_t now = mono_ns();
-    if (self->spin_until == 0) {
-      self->spin_until = now + uint64_t{self->cfg.spin_us} * 1000;
-      return;
-    }
-    if (now < self->spin_until) return;
-    self->go_to_sleep(now);
-  }
-
-  void go_to_sleep(uint64_t now) {
-    region_header* h = g.hdr;
-    // Dekker with the writers' commit: store 1 (seq_cst), then re-check the head (seq_cst). A
-    // writer commits (seq_cst CAS) and then loads reader_sleeping (seq_cst): one of us sees the
-    // other, so a record never waits for the next writer to wake us.
-    h->reader_sleeping.store(1, std::memory_order_seq_cst);
-    if (head_ready()) {
-      h->reader_sleeping.store(0, std::memory_order_relaxed);
-      return;
-    }
-    uint64_t timeout = 0;
-    const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
-    if (ctl_is(c, rd)) {  // in flight: wake up in time to skip it if it is abandoned
-      const uint64_t lim = uint64_t{cfg.abandon_timeout_us} * 1000;
-      const uint64_t since = stuck_pos == rd ? stuck_since : now;
-      timeout = since + lim > now ? since + lim - now : 1000;
-      if (stuck_pos != rd) {
-        stuck_pos = rd;
-        stuck_since = now;
-      }
-    }
-    if (nholds > 0) {  // held nodes: come back to release them after reclaim_timeout
-      const uint64_t lim = uint64_t{cfg.reclaim_timeout_us} * 1000;
-      const uint64_t t = holds[0].since_ns + lim > now ? holds[0].since_ns + lim - now : 1000;
-      if (timeout == 0 || t < timeout) timeout = t;
-    }
-    uv_idle_stop(&glue->idle);
-    wait_ns.store(timeout, std::memory_order_relaxed);
-    armed.store(1, std::memory_order_release);
-    futex_wake(&armed, 1);
-  }
-
-  static void on_async(uv_async_t* h) {
-    auto* gl = static_cast<loop_glue*>(h->data);
-    ring_reader* self = gl->owner;
-    if (self == nullptr || !self->started) return;
-    self->g.hdr->reader_sleeping.store(0, std::memory_order_relaxed);
-    self->spin_until = mono_ns() + uint64_t{self->cfg.spin_us} * 1000;
-    uv_idle_start(&gl->idle, on_idle);
-  }
-
-  void waker_main() {
-    for (;;) {
-      while (armed.load(std::memory_order_acquire) == 0) {
-        if (quit.load(std::memory_order_acquire) != 0) return;
-        futex_wait(&armed, 0, 0);
-      }
-      if (quit.load(std::memory_order_acquire) != 0) return;
-      futex_wait(&g.hdr->reader_sleeping, 1, wait_ns.load(std::memory_order_relaxed));
-      if (quit.load(std::memory_order_acquire) != 0) return;
-      armed.store(0, std::memory_order_release);
-      uv_async_send(&glue->async);
-    }
-  }
-
-  errc start(uv_loop_t* lp, deliver_fn fn, void* u) {
-    if (started) return errc::wrong_state;
-    if (lp == nullptr || fn == nullptr) return errc::invalid_argument;
-    auto* gl = new (std::nothrow) loop_glue();
-    if (gl == nullptr) return errc::no_memory;
-    gl->owner = this;
-    if (uv_async_init(lp, &gl->async, on_async) != 0) {
-      delete gl;
-      return errc::io_error;
-    }
-    gl->async.data = gl;
-    uv_idle_init(lp, &gl->idle);
-    gl->idle.data = gl;
-    gl->open_handles = 2;
-    loop = lp;
-    glue = gl;
-    cb = fn;
-    user = u;
-    armed.store(0);
-    quit.store(0);
-    try {
-      waker = std::thread([this] { waker_main(); });
-    } catch (...) {
-      close_glue();
-      return errc::io_error;
-    }
-    started = true;
-    spin_until = mono_ns() + uint64_t{cfg.spin_us} * 1000;
-    uv_idle_start(&gl->idle, on_idle);
-    return errc::ok;
-  }
-
-  void close_glue() {
-    if (glue == nullptr) return;
-    glue->owner = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&glue->async), glue_closed);
-    uv_close(reinterpret_cast<uv_handle_t*>(&glue->idle), glue_closed);
-    glue = nullptr;
-    loop = nullptr;
-  }
-
-  void stop() {
-    halt = true;
-    if (!started) return;
-    started = false;
-    quit.store(1, std::memory_order_release);
-    // Wake the helper wherever it sleeps: on `armed` or on the region's futex word.
-    armed.store(1, std::memory_order_release);
-    futex_wake(&armed, 1);
-    g.hdr->reader_sleeping.store(0, std::memory_order_seq_cst);
-    futex_wake(&g.hdr->reader_sleeping, 1);
-    if (waker.joinable()) waker.join();
-    close_glue();
-  }
-
-  errc init_common(const shm_config& c) {
-    cfg = c;
-    if (cfg.batch_max == 0) cfg.batch_max = 1;
-    try {
-      batch.resize(cfg.batch_max);
-    } catch (...) {
-      return errc::no_memory;
-    }
-    return errc::ok;
-  }
-
-  // Stops and, for the region's creator, marks it closed and removes it.
-  void shut() noexcept {
-    stop();
-    if (owner) {
-      store_counters();
-      // release: writers that see "closed" need nothing else from us; they stop sending.
-      g.hdr->reader_state.store(kReaderClosed, std::memory_order_release);
-      release_region(&map, true);
-    }
-  }
-};
-
-}  // namespace
 
 // ---- shm_reader: the owner-thread checks, the callbacks and last_error around a ring_reader ----
 
@@ -486,6 +21,7 @@ struct shm_reader::impl {
   error_info err;
   std::unique_ptr<ring_reader> ring;  // null while closed
   int in_callback = 0;
+  bool reattached = false;  // the last successful open() reattached an existing region
 
   static void deliver(void* u, const shm_record* records, size_t count) {
     auto* self = static_cast<impl*>(u);
@@ -502,7 +38,7 @@ struct shm_reader::impl {
 };
 
 void finish_close(shm_reader::impl* outer) noexcept {
-  outer->ring->shut();
+  outer->ring->shut(outer->ring->close_mode);
   outer->ring.reset();
 }
 
@@ -549,17 +85,31 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
   if (const errc e = p->init_common(cfg); e != errc::ok) {
     return impl_->fail(call, addr.to_string(), e);
   }
-  if (const errc e = create_region(addr, cfg, &p->map); e != errc::ok) {
-    return impl_->fail(call, addr.to_string(), e);
+  const std::string url = addr.to_string();
+  open_outcome how;
+  if (const errc e = create_region(addr, cfg, &p->map, &how); e != errc::ok) {
+    if (how.detail.empty()) return impl_->fail(call, url, e);
+    const std::string text =
+        "the existing region is incompatible with this shm_config: " + how.detail +
+        ". It was left intact with its records: read them with "
+        "`uvbus_shm_inspect --drain " +
+        url + "`, or delete it with `uvbus_shm_inspect --remove " + url + "`";
+    return impl_->fail(call, url, e, text.c_str());
   }
   const char* bad = nullptr;
   if (const errc e = validate_header(p->map.base, p->map.size, &p->g, &bad); e != errc::ok) {
-    release_region(&p->map, true);
-    return impl_->fail(call, addr.to_string(), e, bad);
+    if (how.reattached && p->map.size >= kHeaderSize) {  // never wipe records: hand it back
+      static_cast<region_header*>(p->map.base)
+          ->reader_state.store(kReaderDetached, std::memory_order_release);
+    }
+    release_region(&p->map, !how.reattached);
+    return impl_->fail(call, url, e, bad);
   }
+  if (how.reattached) p->resume();
   p->owner = true;
   p->outer = impl_.get();
   impl_->ring = std::move(p);
+  impl_->reattached = how.reattached;
   return errc::ok;
 }
 
@@ -576,7 +126,7 @@ errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
   p->map.kind = region_kind::image;
   p->map.base = mem;
   p->map.size = size;
-  p->rd = p->published = p->g.hdr->read_pos.load(std::memory_order_acquire);
+  p->rd = p->published = p->stored_pos = p->g.hdr->read_pos.load(std::memory_order_acquire);
   p->outer = impl_.get();
   impl_->ring = std::move(p);
   return errc::ok;
@@ -634,14 +184,23 @@ errc shm_reader::try_receive(void* buf, size_t cap, size_t* len) {
 }
 
 void shm_reader::close() {
+  close(shm_close_mode::remove);
+}
+
+void shm_reader::close(shm_close_mode mode) {
   UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::close", );
   if (!impl_->ring) return;
+  impl_->ring->close_mode = mode;
   if (impl_->in_callback > 0) {  // finish when the callback returns: the drain is still running
     impl_->ring->close_requested = true;
     impl_->ring->stop();
     return;
   }
   finish_close(impl_.get());
+}
+
+bool shm_reader::reattached() const noexcept {
+  return impl_->reattached;
 }
 
 bool shm_reader::is_open() const noexcept {

@@ -1,3 +1,4 @@
+// Regions: creating, reattaching, attaching, validating, releasing; liveness and the futex.
 #include "shm/region.h"
 
 #include "core/murmur3.h"
@@ -91,12 +92,13 @@ bool reader_alive(const region_header* h, region_kind kind, bool check_start) no
     return false;
   }
   if (kind == region_kind::mem || kind == region_kind::image) return true;
-  const uint32_t pid = h->owner_pid;
+  const uint32_t pid = h->owner_pid.load(std::memory_order_relaxed);
   if (pid == 0) return false;
   if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
   if (check_start) {
     const uint64_t st = process_start_time(pid);
-    if (st != 0 && h->owner_start_time != 0 && st != h->owner_start_time) return false;
+    const uint64_t own = h->owner_start_time.load(std::memory_order_relaxed);
+    if (st != 0 && own != 0 && st != own) return false;
   }
   return true;
 }
@@ -137,7 +139,7 @@ errc validate_header(void* base, size_t mapped, geometry* g, const char** why) n
   // makes it visible; it is copied into *g and never read from the region again.
   if (h->version != kVersion || h->header_size != kHeaderSize ||
       h->record_header_size != kRecordHeaderSize) {
-    w = "header version, header_size or record_header_size differ from this build's (version 2, "
+    w = "header version, header_size or record_header_size differ from this build's (version 3, "
         "4096, 8)";
     return errc::bad_layout;
   }
@@ -191,9 +193,11 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
   h->abandon_timeout_us = cfg.abandon_timeout_us;
   h->flags = flags;
   if (owned) {
-    h->owner_pid = static_cast<uint32_t>(::getpid());
-    h->owner_start_time = process_start_time(h->owner_pid);
+    const auto pid = static_cast<uint32_t>(::getpid());
+    h->owner_pid.store(pid, std::memory_order_relaxed);
+    h->owner_start_time.store(process_start_time(pid), std::memory_order_relaxed);
   }
+  h->reader_incarnation.store(1, std::memory_order_relaxed);
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   h->created_unix_ns =
@@ -205,42 +209,95 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
 
 namespace {
 
-errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out) {
+enum class verdict : uint8_t { stale, foreign, incompatible, reattach };
+
+// An existing POSIX object whose flock we hold (so no live reader owns it): what to do with it.
+verdict judge_posix(int fd, const shm_config& cfg, open_outcome* how) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_nlink == 0) return verdict::stale;
+  if (static_cast<size_t>(st.st_size) < kHeaderSize) return verdict::stale;  // died before sizing
+  void* p = ::mmap(nullptr, kHeaderSize, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return verdict::foreign;
+  const auto* h = static_cast<const region_header*>(p);
+  verdict v = verdict::reattach;
+  const uint64_t m = h->magic.load(std::memory_order_acquire);
+  if (m == 0 || (m == kMagic && h->reader_state.load(std::memory_order_acquire) == kReaderClosed)) {
+    v = verdict::stale;  // never published (no record can be in it), or closed for good
+  } else if (m != kMagic) {
+    v = verdict::foreign;
+  } else {
+    how->detail = layout_mismatch(h, static_cast<uint64_t>(st.st_size), cfg);
+    if (!how->detail.empty()) v = verdict::incompatible;
+  }
+  ::munmap(p, kHeaderSize);
+  return v;
+}
+
+// Maps a POSIX object of `size` bytes read-write into *out (fd: ours, holding the flock).
+errc map_posix_fd(int fd, size_t size, const shm_config& cfg, const std::string& name,
+                  mapping* out) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return errc_from_errno(-errno);
+  bool huge = false;
+#ifdef MADV_HUGEPAGE
+  if (cfg.huge_pages) huge = ::madvise(p, size, MADV_HUGEPAGE) == 0;
+#endif
+  out->kind = region_kind::posix;
+  out->base = p;
+  out->size = size;
+  out->fd = fd;
+  out->name = name;
+  out->huge = huge;
+  return errc::ok;
+}
+
+// The name exists: refuse a live reader's (it holds the flock), reattach a compatible one, remove
+// a stale one (continue_out = true: create afresh).
+errc posix_existing(const std::string& name, const shm_config& cfg, mapping* out, open_outcome* how,
+                    bool* again) {
+  *again = false;
+  const int old = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (old < 0) {
+    *again = errno == ENOENT && !cfg.must_exist;  // vanished meanwhile: try again
+    return errc_from_errno(-errno);
+  }
+  if (::flock(old, LOCK_EX | LOCK_NB) != 0) {
+    ::close(old);
+    return errno == EWOULDBLOCK ? errc::busy : errc_from_errno(-errno);
+  }
+  const verdict v = judge_posix(old, cfg, how);
+  if (v == verdict::reattach) {
+    const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
+    const errc e = map_posix_fd(old, size, cfg, name, out);
+    if (e != errc::ok) {
+      ::close(old);
+      return e;
+    }
+    claim_region(static_cast<region_header*>(out->base));
+    how->reattached = true;
+    return errc::ok;
+  }
+  if (v == verdict::stale && !cfg.must_exist) {
+    ::shm_unlink(name.c_str());  // its reader is dead (no flock holder) and it holds no records
+    *again = true;
+  }
+  ::close(old);
+  if (v == verdict::stale) return errc::not_found;
+  return errc::bad_layout;  // foreign (how->detail empty) or incompatible: left alone
+}
+
+errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how) {
   const std::string name = "/" + addr.host;
   const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                        static_cast<mode_t>(cfg.mode));
-    if (fd < 0 && errno == EEXIST) {
-      // Someone's region: refuse a live reader's (it holds the flock), replace a dead one's.
-      int old = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-      if (old < 0) {
-        if (errno == ENOENT) continue;  // vanished meanwhile: try again
-        return errc_from_errno(-errno);
-      }
-      if (::flock(old, LOCK_EX | LOCK_NB) != 0) {
-        ::close(old);
-        return errno == EWOULDBLOCK ? errc::busy : errc_from_errno(-errno);
-      }
-      struct stat st {};
-      bool ours = false;
-      if (::fstat(old, &st) == 0 && static_cast<size_t>(st.st_size) >= kHeaderSize) {
-        void* p = ::mmap(nullptr, kHeaderSize, PROT_READ, MAP_SHARED, old, 0);
-        if (p != MAP_FAILED) {
-          const uint64_t m = static_cast<region_header*>(p)->magic.load(std::memory_order_acquire);
-          ours = m == kMagic || m == 0;
-          ::munmap(p, kHeaderSize);
-        }
-      } else {
-        ours = true;  // shorter than a header: a creator that died before ftruncate
-      }
-      if (!ours) {
-        ::close(old);
-        return errc::bad_layout;
-      }
-      ::shm_unlink(name.c_str());  // stale: its reader is dead (no flock holder)
-      ::close(old);
-      continue;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int fd = cfg.must_exist ? -1
+                                  : ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
+                                               static_cast<mode_t>(cfg.mode));
+    if (fd < 0 && (cfg.must_exist || errno == EEXIST)) {
+      bool again = false;
+      const errc e = posix_existing(name, cfg, out, how, &again);
+      if (again) continue;
+      return e;
     }
     if (fd < 0) return errc_from_errno(-errno);
     // The flock is the liveness proof for a later creator; take it before anything else.
@@ -250,73 +307,92 @@ errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out) 
       ::close(fd);
       return e;
     }
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      const errc e = errc_from_errno(-errno);
+    if (const errc e = map_posix_fd(fd, size, cfg, name, out); e != errc::ok) {
       ::shm_unlink(name.c_str());
       ::close(fd);
       return e;
     }
-    bool huge = false;
-#ifdef MADV_HUGEPAGE
-    if (cfg.huge_pages) huge = ::madvise(p, size, MADV_HUGEPAGE) == 0;
-#endif
-    out->kind = region_kind::posix;
-    out->base = p;
-    out->size = size;
-    out->fd = fd;
-    out->name = name;
-    out->huge = huge;
-    format_header(p, cfg, huge ? kFlagHugePages : 0, true);
+    format_header(out->base, cfg, out->huge ? kFlagHugePages : 0, true);
     return errc::ok;
   }
   return errc::busy;
 }
 
-errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out) {
+// A SysV segment that was never published (no record can be in it): stale if its creator died.
+bool creator_dead(const shmid_ds& ds) noexcept {
+  return ::kill(ds.shm_cpid, 0) != 0 && errno == ESRCH;
+}
+
+// The key exists: refuse a live reader's, reattach a compatible one (claimed by a CAS on its
+// owner pid, so of two readers racing for it one gets busy), remove a stale one (*again).
+errc sysv_existing(key_t key, const shm_config& cfg, mapping* out, open_outcome* how, bool* again) {
+  *again = false;
+  const int old = ::shmget(key, 0, 0);
+  if (old < 0) {
+    *again = errno == ENOENT && !cfg.must_exist;
+    return errc_from_errno(-errno);
+  }
+  shmid_ds ds{};
+  if (::shmctl(old, IPC_STAT, &ds) != 0) return errc_from_errno(-errno);
+  bool stale = ds.shm_segsz < kHeaderSize && creator_dead(ds);
+  if (ds.shm_segsz >= kHeaderSize) {
+    void* p = ::shmat(old, nullptr, 0);
+    if (p == shmat_failed()) return errc_from_errno(-errno);
+    auto* h = static_cast<region_header*>(p);
+    const uint64_t m = h->magic.load(std::memory_order_acquire);
+    uint32_t pid = h->owner_pid.load(std::memory_order_relaxed);
+    errc e = errc::busy;
+    if (m == 0) {
+      stale = creator_dead(ds);
+    } else if (m != kMagic) {
+      e = errc::bad_layout;
+    } else if (h->reader_state.load(std::memory_order_acquire) == kReaderClosed) {
+      stale = true;
+    } else if (!reader_alive(h, region_kind::sysv, true)) {
+      how->detail = layout_mismatch(h, ds.shm_segsz, cfg);
+      if (!how->detail.empty()) {
+        e = errc::bad_layout;
+      } else if (h->owner_pid.compare_exchange_strong(pid, static_cast<uint32_t>(::getpid()))) {
+        claim_region(h);
+        out->kind = region_kind::sysv;
+        out->base = p;
+        out->size = ds.shm_segsz;
+        out->shmid = old;
+        how->reattached = true;
+        return errc::ok;
+      }
+    }
+    ::shmdt(p);
+    if (!stale) return e;
+  }
+  if (!stale) return errc::busy;
+  if (cfg.must_exist) return errc::not_found;
+  ::shmctl(old, IPC_RMID, nullptr);
+  *again = true;
+  return errc::busy;
+}
+
+errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how) {
   const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
   const auto key = static_cast<key_t>(addr.shm_key);
   const int mode = static_cast<int>(cfg.mode & 0777);
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
     bool huge = false;
     int id = -1;
+    if (!cfg.must_exist) {
 #ifdef SHM_HUGETLB
-    if (cfg.huge_pages) {
-      id = ::shmget(key, size, IPC_CREAT | IPC_EXCL | SHM_HUGETLB | mode);
-      huge = id >= 0;
-    }
+      if (cfg.huge_pages) {
+        id = ::shmget(key, size, IPC_CREAT | IPC_EXCL | SHM_HUGETLB | mode);
+        huge = id >= 0;
+      }
 #endif
-    if (id < 0) id = ::shmget(key, size, IPC_CREAT | IPC_EXCL | mode);
-    if (id < 0 && errno == EEXIST) {
-      const int old = ::shmget(key, 0, 0);
-      if (old < 0) {
-        if (errno == ENOENT) continue;
-        return errc_from_errno(-errno);
-      }
-      shmid_ds ds{};
-      if (::shmctl(old, IPC_STAT, &ds) != 0) return errc_from_errno(-errno);
-      bool stale = false;
-      if (ds.shm_segsz >= kHeaderSize) {
-        void* p = ::shmat(old, nullptr, SHM_RDONLY);
-        if (p == shmat_failed()) return errc_from_errno(-errno);
-        auto* h = static_cast<region_header*>(p);
-        const uint64_t m = h->magic.load(std::memory_order_acquire);
-        if (m == kMagic) {
-          stale = !reader_alive(h, region_kind::sysv, true);
-        } else if (m == 0) {
-          // A creator that died before publishing: judge by the creating pid.
-          stale = ::kill(ds.shm_cpid, 0) != 0 && errno == ESRCH;
-        } else {
-          ::shmdt(p);
-          return errc::bad_layout;
-        }
-        ::shmdt(p);
-      } else {
-        stale = ::kill(ds.shm_cpid, 0) != 0 && errno == ESRCH;
-      }
-      if (!stale) return errc::busy;
-      ::shmctl(old, IPC_RMID, nullptr);
-      continue;
+      if (id < 0) id = ::shmget(key, size, IPC_CREAT | IPC_EXCL | mode);
+    }
+    if (id < 0 && (cfg.must_exist || errno == EEXIST)) {
+      bool again = false;
+      const errc e = sysv_existing(key, cfg, out, how, &again);
+      if (again) continue;
+      return e;
     }
     if (id < 0) return errc_from_errno(-errno);
     void* p = ::shmat(id, nullptr, 0);
@@ -336,12 +412,26 @@ errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out) {
   return errc::busy;
 }
 
-errc map_mem_create(const address& addr, const shm_config& cfg, mapping* out) {
+errc map_mem_create(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how) {
   const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
   std::lock_guard<std::mutex> lock(mem_mutex());
   auto& reg = mem_registry();
   auto it = reg.find(addr.host);
-  if (it != reg.end()) return errc::busy;  // the reader's close() removes its entry
+  if (it != reg.end()) {  // close(remove) erases the entry; close(keep) leaves it detached
+    auto* h = static_cast<region_header*>(it->second->p);
+    if (h->reader_state.load(std::memory_order_acquire) != kReaderDetached) return errc::busy;
+    how->detail = layout_mismatch(h, it->second->size, cfg);
+    if (!how->detail.empty()) return errc::bad_layout;
+    claim_region(h);  // under the registry's mutex: two readers never both reattach
+    out->kind = region_kind::mem;
+    out->base = it->second->p;
+    out->size = it->second->size;
+    out->name = addr.host;
+    out->mem = it->second;
+    how->reattached = true;
+    return errc::ok;
+  }
+  if (cfg.must_exist) return errc::not_found;
   auto blk = std::make_shared<mem_block>();
   // aligned_alloc wants a multiple of the alignment: a small ring's region (e.g. 4096 + 512 +
   // 4096 bytes) is not one.
@@ -365,10 +455,11 @@ errc map_mem_create(const address& addr, const shm_config& cfg, mapping* out) {
 
 }  // namespace
 
-errc create_region(const address& addr, const shm_config& cfg, mapping* out) {
-  if (addr.kind == scheme::mem) return map_mem_create(addr, cfg, out);
+errc create_region(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how) {
+  if (addr.kind == scheme::mem) return map_mem_create(addr, cfg, out, how);
   if (addr.kind != scheme::shm) return errc::unsupported_scheme;
-  return addr.shm_numeric ? map_sysv_create(addr, cfg, out) : map_posix_create(addr, cfg, out);
+  return addr.shm_numeric ? map_sysv_create(addr, cfg, out, how)
+                          : map_posix_create(addr, cfg, out, how);
 }
 
 errc attach_region(const address& addr, mapping* out) {
@@ -412,13 +503,23 @@ errc attach_region(const address& addr, mapping* out) {
     return errc::not_connected;  // the reader has not sized it yet
   }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);  // the mapping keeps the object alive
-  if (p == MAP_FAILED) return errc_from_errno(-errno);
+  if (p == MAP_FAILED) {
+    const errc e = errc_from_errno(-errno);
+    ::close(fd);
+    return e;
+  }
   out->kind = region_kind::posix;
   out->base = p;
   out->size = size;
+  out->fd = fd;  // kept: fstat tells a writer when the name was removed (region_removed)
   out->name = name;
   return errc::ok;
+}
+
+bool mem_entry_removed(const mapping& m) noexcept {
+  std::lock_guard<std::mutex> lock(mem_mutex());
+  auto it = mem_registry().find(m.name);
+  return it == mem_registry().end() || it->second != m.mem;
 }
 
 void release_region(mapping* m, bool remove) noexcept {
@@ -426,7 +527,7 @@ void release_region(mapping* m, bool remove) noexcept {
     case region_kind::posix:
       if (remove) ::shm_unlink(m->name.c_str());
       ::munmap(m->base, m->size);
-      if (m->fd >= 0) ::close(m->fd);  // drops the flock
+      if (m->fd >= 0) ::close(m->fd);  // drops the reader's flock
       break;
     case region_kind::sysv:
       if (remove) ::shmctl(m->shmid, IPC_RMID, nullptr);

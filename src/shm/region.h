@@ -62,10 +62,32 @@ errc validate_header(void* base, size_t mapped, geometry* g, const char** why = 
 // Formats a fresh header in [base, base+size) for cfg (magic published last, with release).
 void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned) noexcept;
 
-// Creates (reader) or attaches (writer) a region named by addr. See shm_reader::open /
-// shm_writer::open for the error contracts.
-errc create_region(const address& addr, const shm_config& cfg, mapping* out);
+// What create_region did with an existing name (or why it refused it).
+struct open_outcome {
+  bool reattached = false;  // a compatible region left by a dead or detached reader: kept
+  std::string detail;       // bad_layout: the field that differs, the region's and cfg's values
+};
+
+// Creates a region named by addr (reader), or reattaches an existing one whose reader is dead or
+// detached when its layout is compatible with cfg (claim_region done: the caller owns it). See
+// shm_reader::open for the error contracts. With cfg.must_exist nothing is created: not_found.
+errc create_region(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how);
+// Attaches to an existing region (writer, inspector). The POSIX fd stays open (region_removed).
 errc attach_region(const address& addr, mapping* out);
+// "" if the region header h (mapped bytes) can be reattached by a reader asking for cfg; else
+// "its <field> is <region's>, this reader asks for <cfg's>".
+std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_config& cfg);
+// Takes the reader role of a reattached region: owner pid and start time, incarnation + 1, state
+// open (release).
+void claim_region(region_header* h) noexcept;
+// True once the region's name is gone (shm_unlink'ed, IPC_RMID'ed, mem registry entry removed),
+// so a writer knows its records can never be read. One syscall (POSIX/SysV) or a mutex (mem).
+bool region_removed(const mapping& m) noexcept;
+bool mem_entry_removed(const mapping& m) noexcept;  // the mem:// part of region_removed
+// Marks a region closed for good and removes its name (uvbus_shm_inspect --remove). Refuses
+// (busy) a region with a live reader and (bad_layout) an object that is not a uvbus region,
+// unless force. *detail says why.
+errc remove_region(const address& addr, bool force, std::string* detail);
 // last_error() detail of a failed open: "call(url): what was wrong" (why, or the code's meaning).
 std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why);
 // Unmaps; the reader also removes the name (remove = true).

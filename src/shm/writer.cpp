@@ -25,12 +25,12 @@ struct shm_writer::impl {
   uint32_t sends_since_flush = 0;
   uint32_t sends_since_liveness = 0;
   uint64_t last_liveness_ns = 0;
-  bool dead = false;  // the reader's process was found gone
+  bool removed = false;  // the region's name was found removed: its records can never be read
   void (*hook)(void*) = nullptr;
   void* hook_user = nullptr;
 
   static constexpr uint32_t kFlushEvery = shm_writer::kCounterFlushEvery;
-  static constexpr uint32_t kLivenessEvery = 65536;
+  static constexpr uint32_t kLivenessEvery = 65536;  // sends between two region_removed checks
 
   void flush() noexcept {
     region_header* h = g.hdr;
@@ -57,31 +57,37 @@ struct shm_writer::impl {
     return w + need - cached_read <= g.nodes;
   }
 
+  // True once the region was closed for good or its name removed (then remembered: a removed
+  // name never comes back for this mapping). A dead or detached reader is NOT gone: its ring
+  // waits for the reader that reattaches.
+  bool region_gone() noexcept {
+    if (!removed) removed = shm_detail::region_removed(map);
+    return removed;
+  }
+
   errc full() noexcept {
     ++local.queue_full;
     ++pend_full;
-    // A dead reader never frees space: tell the caller it is gone rather than full forever.
-    // Checked at most once a millisecond: it costs a kill() and a read of /proc.
+    // A removed region never frees space: tell the caller rather than full forever. Checked at
+    // most once a millisecond (an fstat or IPC_STAT).
     const uint64_t now = mono_ns();
     if (now - last_liveness_ns >= 1000000) {
       last_liveness_ns = now;
-      if (!shm_detail::reader_alive(g.hdr, map.kind, true)) {
-        dead = true;
-        return gone();
-      }
+      if (region_gone()) return gone();
     }
-    if (dead) return gone();
+    if (removed) return gone();
     return errc::queue_full;
   }
 
   // Checks shared by send and send_batch before anything is reserved. ok, or the error to return.
   errc precheck() noexcept {
     region_header* h = g.hdr;
-    // A hint, not a guarantee (the reader may close right after): relaxed is enough.
-    if (h->reader_state.load(std::memory_order_relaxed) != kReaderOpen) return gone();
+    // A hint, not a guarantee (the reader may close right after): relaxed is enough. Open (live
+    // or dead reader) and detached both accept records.
+    if (h->reader_state.load(std::memory_order_relaxed) == kReaderClosed || removed) return gone();
     if (++sends_since_liveness >= kLivenessEvery) {
       sends_since_liveness = 0;
-      if (!shm_detail::reader_alive(h, map.kind, false)) return gone();
+      if (region_gone()) return gone();
     }
     if (++sends_since_flush >= kFlushEvery) flush();
     // Start pulling the head and first data line of the likely position into our cache (for
@@ -309,9 +315,10 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
   const char* why = nullptr;
   errc e = validate_header(p->map.base, p->map.size, &p->g, &why);
   if (e == errc::ok) e = check_options(p->g, opt, &why);
-  if (e == errc::ok && !shm_detail::reader_alive(p->g.hdr, p->map.kind, true)) {
+  if (e == errc::ok && (p->g.hdr->reader_state.load(std::memory_order_acquire) == kReaderClosed ||
+                        shm_detail::region_removed(p->map))) {
     e = errc::not_connected;
-    why = "the region's reader has closed or its process is gone";
+    why = "the region's reader closed it for good (its name is being removed)";
   }
   if (e != errc::ok) {
     release_region(&p->map, false);

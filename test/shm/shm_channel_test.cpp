@@ -212,7 +212,7 @@ TEST_F(ShmChannel, SysvRegionWorksAndIsRemovedOnClose) {
   EXPECT_EQ(w.send("x", 1), errc::not_connected);
 }
 
-TEST_F(ShmChannel, StaleRegionsOfADeadReaderAreRecreated) {
+TEST_F(ShmChannel, RegionsOfADeadReaderAreReattachedWithTheirRecords) {
   const std::string name = test::unique_name("stale");
   const int key = test::unique_key();
   shm_cleanup cleanup{name, key};
@@ -235,29 +235,43 @@ TEST_F(ShmChannel, StaleRegionsOfADeadReaderAreRecreated) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   ASSERT_TRUE(test::posix_exists(name));
   ASSERT_TRUE(test::sysv_exists(key));
-  // A writer is told the reader is gone rather than filling a dead ring.
-  shm_writer w;
-  EXPECT_EQ(w.open("shm://" + name), errc::not_connected);
-  EXPECT_EQ(w.open(sysv), errc::not_connected);
+  // Writers keep committing into a dead reader's ring: the records wait for the next reader.
+  shm_writer w, w2;
+  EXPECT_EQ(w.open("shm://" + name), errc::ok);
+  EXPECT_EQ(w2.open(sysv), errc::ok);
+  EXPECT_FALSE(w.reader_alive());
+  EXPECT_FALSE(w2.reader_alive());
+  EXPECT_EQ(w.send("kept", 4), errc::ok);
+  EXPECT_EQ(w2.send("kept2", 5), errc::ok);
   shm_region_info info;
   EXPECT_EQ(shm_inspect("shm://" + name, &info), errc::ok);
   EXPECT_FALSE(info.reader_alive);
+  EXPECT_EQ(info.reader_incarnation, 1u);
   shm_reader r1, r2;
   EXPECT_EQ(r1.open("shm://" + name, cfg), errc::ok);
   EXPECT_EQ(r2.open(sysv, cfg), errc::ok);
-  EXPECT_EQ(w.open("shm://" + name), errc::ok);
+  EXPECT_TRUE(r1.reattached());
+  EXPECT_TRUE(r2.reattached());
+  EXPECT_TRUE(w.reader_alive());
+  EXPECT_TRUE(w2.reader_alive());
+  EXPECT_EQ(shm_inspect(sysv, &info), errc::ok);
+  EXPECT_EQ(info.reader_incarnation, 2u);
   EXPECT_EQ(w.send("fresh", 5), errc::ok);
   char buf[16];
   size_t len = 0;
   EXPECT_EQ(r1.try_receive(buf, sizeof buf, &len), errc::ok);
+  EXPECT_EQ(std::string(buf, len), "kept");
+  EXPECT_EQ(r1.try_receive(buf, sizeof buf, &len), errc::ok);
   EXPECT_EQ(std::string(buf, len), "fresh");
+  EXPECT_EQ(r2.try_receive(buf, sizeof buf, &len), errc::ok);
+  EXPECT_EQ(std::string(buf, len), "kept2");
   r1.close();
   r2.close();
   EXPECT_FALSE(test::posix_exists(name));
   EXPECT_FALSE(test::sysv_exists(key));
 }
 
-TEST_F(ShmChannel, ReaderThatDiesWhileWritersAttachedYieldsNotConnected) {
+TEST_F(ShmChannel, ReaderThatDiesLeavesWritersCommittingUntilFullThenRemovalIsNotConnected) {
   const std::string name = test::unique_name("dies");
   shm_cleanup cleanup{name};
   int ready[2];
@@ -285,7 +299,11 @@ TEST_F(ShmChannel, ReaderThatDiesWhileWritersAttachedYieldsNotConnected) {
   close(ready[1]);
   errc e = errc::ok;
   for (int i = 0; i < 1000 && e == errc::ok; ++i) e = w.send("0123456789", 10);
-  EXPECT_EQ(e, errc::not_connected);  // the ring filled up and its reader is dead
+  EXPECT_EQ(e, errc::queue_full);  // the ring filled up: its records wait for the next reader
+  EXPECT_FALSE(w.reader_alive());
+  std::string detail;
+  ASSERT_EQ(shm_remove("shm://" + name, false, &detail), errc::ok) << detail;
+  EXPECT_EQ(w.send("0123456789", 10), errc::not_connected);  // removed: nobody will read it
 }
 
 TEST_F(ShmChannel, WriterKilledBetweenReserveAndCommitIsSkippedAndOthersKeepFlowing) {

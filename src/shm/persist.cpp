@@ -1,0 +1,124 @@
+// Persistent regions: whether an existing region can be reattached, taking the reader role of
+// one, and noticing and performing the removal of its name.
+#include <cerrno>
+#include <string>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/ipc.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shm/region.h"
+
+namespace uvbus::shm_detail {
+
+namespace {
+std::string differs(const std::string& field, uint64_t region, uint64_t wanted) {
+  return "its " + field + " is " + std::to_string(region) + ", this reader asks for " +
+         std::to_string(wanted);
+}
+}  // namespace
+
+std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_config& cfg) {
+  if (h->version != kVersion) return differs("layout version", h->version, kVersion);
+  if (h->header_size != kHeaderSize) return differs("header_size", h->header_size, kHeaderSize);
+  if (h->record_header_size != kRecordHeaderSize) {
+    return differs("record_header_size", h->record_header_size, kRecordHeaderSize);
+  }
+  if (h->node_size != cfg.node_size) {
+    return differs("node_size (shm_config.node_size)", h->node_size, cfg.node_size);
+  }
+  if (h->ring_bytes != cfg.ring_bytes) {
+    return differs("ring_bytes (shm_config.ring_bytes)", h->ring_bytes, cfg.ring_bytes);
+  }
+  if (h->max_record_size != cfg.max_record_size) {
+    return differs("max_record_size (shm_config.max_record_size)", h->max_record_size,
+                   cfg.max_record_size);
+  }
+  const uint64_t want = region_bytes(cfg.ring_bytes, cfg.node_size);
+  if (h->region_size != want || mapped < want) {
+    return differs("region_size (mapped " + std::to_string(mapped) + ")", h->region_size, want);
+  }
+  // The cursors: read_pos <= consumed_pos <= write_pos, at most one ring apart. write_pos only
+  // grows (writers may keep committing while we look), so it is loaded last.
+  const uint64_t rp = h->read_pos.load(std::memory_order_acquire);
+  const uint64_t cp = h->consumed_pos.load(std::memory_order_acquire);
+  const uint64_t wp = h->write_pos.load(std::memory_order_acquire);
+  const uint64_t nodes = cfg.ring_bytes / cfg.node_size;
+  if (rp > cp || cp > wp || wp - rp > nodes) {
+    return "its cursors are inconsistent (read_pos " + std::to_string(rp) + ", consumed_pos " +
+           std::to_string(cp) + ", write_pos " + std::to_string(wp) + ", " + std::to_string(nodes) +
+           " nodes)";
+  }
+  return {};
+}
+
+void claim_region(region_header* h) noexcept {
+  const auto pid = static_cast<uint32_t>(::getpid());
+  h->owner_pid.store(pid, std::memory_order_relaxed);
+  h->owner_start_time.store(process_start_time(pid), std::memory_order_relaxed);
+  h->reader_incarnation.fetch_add(1, std::memory_order_relaxed);
+  // The new reader polls on start; a 1 left by the dead one would only cost writers a wake-up.
+  h->reader_sleeping.store(0, std::memory_order_relaxed);
+  // release: a writer or inspector that sees "open" sees the new owner.
+  h->reader_state.store(kReaderOpen, std::memory_order_release);
+}
+
+bool region_removed(const mapping& m) noexcept {
+  switch (m.kind) {
+    case region_kind::posix: {
+      struct stat st {};
+      return m.fd >= 0 && ::fstat(m.fd, &st) == 0 && st.st_nlink == 0;
+    }
+    case region_kind::sysv: {
+      shmid_ds ds{};
+      if (::shmctl(m.shmid, IPC_STAT, &ds) != 0) return errno == EINVAL || errno == EIDRM;
+      return (ds.shm_perm.mode & SHM_DEST) != 0;
+    }
+    case region_kind::mem:
+      return mem_entry_removed(m);
+    case region_kind::image:
+    case region_kind::none:
+      break;
+  }
+  return false;
+}
+
+namespace {
+// Whether a live reader owns the mapped region. POSIX: its flock (authoritative; on success we
+// keep holding it, so no reader can reattach while we remove the name). Others: the header.
+bool live_reader(mapping* m, const region_header* h) {
+  if (m->kind == region_kind::posix) return ::flock(m->fd, LOCK_EX | LOCK_NB) != 0;
+  return reader_alive(h, m->kind, true);
+}
+}  // namespace
+
+errc remove_region(const address& addr, bool force, std::string* detail) {
+  mapping m;
+  if (const errc e = attach_region(addr, &m); e != errc::ok) {
+    *detail = "cannot open it: " + std::string(to_string(e));
+    return e;
+  }
+  auto* h = m.size >= kHeaderSize ? static_cast<region_header*>(m.base) : nullptr;
+  const bool ours = h != nullptr && h->magic.load(std::memory_order_acquire) == kMagic;
+  if (!ours && !force) {
+    *detail = "not a (finished) uvbus region: --force removes it anyway";
+    release_region(&m, false);
+    return errc::bad_layout;
+  }
+  if (ours && live_reader(&m, h) && !force) {
+    *detail = "a live reader (pid " + std::to_string(h->owner_pid.load()) +
+              ") owns it: close that reader, or --force removes the name under it";
+    release_region(&m, false);
+    return errc::busy;
+  }
+  // Writers see "closed for good" (not_connected) even before they notice the name is gone.
+  if (ours) h->reader_state.store(kReaderClosed, std::memory_order_release);
+  release_region(&m, true);
+  *detail = "removed";
+  return errc::ok;
+}
+
+}  // namespace uvbus::shm_detail
