@@ -1,0 +1,325 @@
+// Persistent inboxes: a reader that dies or closes with keep is followed by one that reattaches
+// and reads every record not yet consumed, in order; incompatible regions; uvbus_shm_inspect.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shm/test_hook.h"
+#include "shm_test_util.h"
+#include "uvbus/shm.h"
+
+namespace uvbus {
+namespace {
+
+using test::run_until;
+using test::shm_cleanup;
+
+constexpr size_t kSpread = 120;  // record sizes 12..132
+
+struct ShmPersist : ::testing::Test {
+  uv_loop_t loop;
+  void SetUp() override { uv_loop_init(&loop); }
+  void TearDown() override {
+    uv_run(&loop, UV_RUN_DEFAULT);  // let closed handles finish
+    EXPECT_EQ(uv_loop_close(&loop), 0);
+  }
+};
+
+shm_config small_cfg() {
+  shm_config c;
+  c.ring_bytes = size_t{1} << 20;
+  c.max_record_size = 4096;
+  c.abandon_timeout_us = 3000;
+  c.reclaim_timeout_us = 20000;
+  return c;
+}
+
+// Checks test::make_record records: per writer in order from first[w], intact.
+struct seq_sink {
+  std::vector<uint64_t> next;
+  uint64_t total = 0;
+  uint64_t bad = 0;
+  explicit seq_sink(std::vector<uint64_t> first) : next(std::move(first)) {}
+  void take(const shm_record* r, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t w = 0;
+      uint64_t seq = 0;
+      if (!test::check_record(r[i].data, r[i].size, kSpread, &w, &seq) || w >= next.size() ||
+          seq != next[w]) {
+        ++bad;
+        continue;
+      }
+      ++next[w];
+      ++total;
+    }
+  }
+  shm_reader_callbacks callbacks() {
+    return {[this](const shm_record* r, size_t n) { take(r, n); }};
+  }
+};
+
+// Sends records [from, to) of writer id, `batch` per send_batch (1: send), retrying queue_full.
+errc send_range(shm_writer& w, uint32_t id, uint64_t from, uint64_t to, size_t batch = 1) {
+  std::vector<std::vector<uint8_t>> bufs(batch, std::vector<uint8_t>(kSpread + 16));
+  std::vector<const_buffer> msgs(batch);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (uint64_t seq = from; seq < to;) {
+    const size_t k = std::min<uint64_t>(batch, to - seq);
+    for (size_t i = 0; i < k; ++i) {
+      msgs[i] = {bufs[i].data(), test::make_record(id, seq + i, kSpread, bufs[i].data())};
+    }
+    const errc e = w.send_batch(msgs.data(), k);
+    if (e == errc::ok) {
+      seq += k;
+    } else if (e != errc::queue_full || std::chrono::steady_clock::now() > end) {
+      return e;
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  return errc::ok;
+}
+
+// Polls r until sink holds want records (or the deadline passes). Returns whether it did.
+bool poll_until(shm_reader& r, const seq_sink& sink, uint64_t want) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (sink.total < want && std::chrono::steady_clock::now() < end) {
+    if (r.poll(want - sink.total) == 0) std::this_thread::yield();
+  }
+  return sink.total == want;
+}
+
+// The child of SigkilledReaderIsFollowedByOneThatResumesExactly: reads exactly `half` records,
+// says so on fd, then waits for its SIGKILL.
+[[noreturn]] void reader_child(const std::string& url, uint64_t half, int fd) {
+  auto* sink = new seq_sink({0});
+  auto* r = new shm_reader(sink->callbacks());
+  char c = r->open(url, small_cfg()) == errc::ok ? 'y' : 'n';
+  (void)!write(fd, &c, 1);
+  c = poll_until(*r, *sink, half) && sink->bad == 0 ? 'h' : 'b';
+  (void)!write(fd, &c, 1);
+  for (;;) pause();
+}
+
+TEST_F(ShmPersist, SigkilledReaderIsFollowedByOneThatResumesExactly) {
+  const std::string name = test::unique_name("persist-kill");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  constexpr uint64_t kFirst = 3000, kTotal = 5000, kHalf = 1503;  // 1503: inside a batch of 10
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  const pid_t pid = fork();  // before any thread exists in this process
+  ASSERT_GE(pid, 0);
+  if (pid == 0) reader_child(url, kHalf, p[1]);
+  char c = 0;
+  ASSERT_EQ(read(p[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(send_range(w, 0, 0, kFirst, 10), errc::ok);
+  ASSERT_EQ(read(p[0], &c, 1), 1);
+  ASSERT_EQ(c, 'h');  // the child consumed exactly kHalf records, in order
+  kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  close(p[0]);
+  close(p[1]);
+  EXPECT_FALSE(w.reader_alive());
+  // Writers keep writing into the dead reader's ring: no not_connected.
+  ASSERT_EQ(send_range(w, 0, kFirst, kTotal - 100, 1), errc::ok);
+  ASSERT_EQ(send_range(w, 0, kTotal - 100, kTotal, 7), errc::ok);
+
+  seq_sink sink({kHalf});  // the child's records must not come again
+  shm_config cfg = small_cfg();
+  cfg.spin_us = 0;
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, cfg), errc::ok) << r.last_error().detail;
+  EXPECT_TRUE(r.reattached());
+  EXPECT_TRUE(w.reader_alive());
+  EXPECT_TRUE(poll_until(r, sink, kTotal - kHalf));
+  EXPECT_EQ(sink.bad, 0u);
+  EXPECT_EQ(sink.next[0], kTotal);
+  EXPECT_EQ(r.poll(100), 0u);
+  EXPECT_EQ(r.metrics().checksum_failures, 0u);
+  EXPECT_EQ(r.metrics().records_read, kTotal);  // the counters continue the child's
+
+  // The writer attached to the dead incarnation still wakes the new one once it sleeps.
+  ASSERT_EQ(r.start(&loop), errc::ok);
+  shm_region_info info;
+  EXPECT_TRUE(run_until(
+      &loop, [&] { return shm_inspect(url, &info) == errc::ok && info.reader_sleeping; }));
+  EXPECT_EQ(info.reader_incarnation, 2u);
+  ASSERT_EQ(send_range(w, 0, kTotal, kTotal + 1), errc::ok);
+  EXPECT_TRUE(run_until(&loop, [&] { return sink.total == kTotal - kHalf + 1; }));
+  EXPECT_GE(w.metrics().wakeups, 1u);
+  r.close();
+}
+
+// close(keep) then a new reader, for each kind of region.
+void keep_and_reopen(const std::string& url) {
+  SCOPED_TRACE(url);
+  const shm_config cfg = small_cfg();
+  shm_writer w;
+  {
+    seq_sink sink({0});
+    shm_reader r(sink.callbacks());
+    ASSERT_EQ(r.open(url, cfg), errc::ok);
+    EXPECT_FALSE(r.reattached());
+    ASSERT_EQ(w.open(url), errc::ok);
+    ASSERT_EQ(send_range(w, 0, 0, 100, 7), errc::ok);
+    EXPECT_TRUE(poll_until(r, sink, 40));
+    r.close(shm_close_mode::keep);
+  }
+  EXPECT_FALSE(w.reader_alive());
+  shm_region_info info;
+  ASSERT_EQ(shm_inspect(url, &info), errc::ok);
+  EXPECT_EQ(info.reader_state, 3u);
+  ASSERT_EQ(send_range(w, 0, 100, 200, 1), errc::ok);  // still accepted: the reader comes back
+  seq_sink sink({40});
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, cfg), errc::ok) << r.last_error().detail;
+  EXPECT_TRUE(r.reattached());
+  EXPECT_TRUE(w.reader_alive());
+  EXPECT_TRUE(poll_until(r, sink, 160));
+  EXPECT_EQ(sink.bad, 0u);
+  r.close();  // remove: now writers are told
+  EXPECT_EQ(w.send("x", 1), errc::not_connected);
+}
+
+TEST_F(ShmPersist, CloseWithKeepThenReopenLosesNothing) {
+  const std::string name = test::unique_name("persist-keep");
+  const int key = test::unique_key();
+  shm_cleanup cleanup{name, key};
+  char sysv[64];
+  std::snprintf(sysv, sizeof sysv, "shm://0x%x", key);
+  keep_and_reopen("shm://" + name);
+  EXPECT_FALSE(test::posix_exists(name));
+  keep_and_reopen(sysv);
+  EXPECT_FALSE(test::sysv_exists(key));
+  keep_and_reopen("mem://" + name);
+}
+
+TEST_F(ShmPersist, IncompatibleRegionIsRefusedNamingTheFieldAndLeftIntact) {
+  const std::string name = test::unique_name("persist-incompat");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  shm_config cfg = small_cfg();
+  cfg.ring_bytes = 65536;
+  shm_writer w;
+  {
+    shm_reader r;
+    ASSERT_EQ(r.open(url, cfg), errc::ok);
+    ASSERT_EQ(w.open(url), errc::ok);
+    ASSERT_EQ(send_range(w, 0, 0, 10), errc::ok);
+    r.close(shm_close_mode::keep);
+  }
+  shm_config bigger = cfg;
+  bigger.ring_bytes = 131072;
+  shm_reader r2;
+  EXPECT_EQ(r2.open(url, bigger), errc::bad_layout);
+  const std::string d = r2.last_error().detail;
+  EXPECT_NE(d.find("ring_bytes"), std::string::npos) << d;
+  EXPECT_NE(d.find("65536"), std::string::npos) << d;
+  EXPECT_NE(d.find("131072"), std::string::npos) << d;
+  EXPECT_NE(d.find("uvbus_shm_inspect --drain " + url), std::string::npos) << d;
+  EXPECT_NE(d.find("--remove " + url), std::string::npos) << d;
+  shm_config other_node = cfg;
+  other_node.node_size = 128;
+  EXPECT_EQ(r2.open(url, other_node), errc::bad_layout);
+  EXPECT_NE(r2.last_error().detail.find("node_size"), std::string::npos);
+  // Intact: writers still commit, and a reader with the region's config gets everything.
+  ASSERT_EQ(send_range(w, 0, 10, 11), errc::ok);
+  seq_sink sink({0});
+  shm_reader r3(sink.callbacks());
+  ASSERT_EQ(r3.open(url, cfg), errc::ok);
+  EXPECT_TRUE(r3.reattached());
+  EXPECT_TRUE(poll_until(r3, sink, 11));
+  EXPECT_EQ(sink.bad, 0u);
+}
+
+TEST_F(ShmPersist, WriterCommitsWhileNoReaderThenALoopReaderReceives) {
+  const std::string name = test::unique_name("persist-noreader");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  {
+    shm_reader r;
+    ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+    r.close(shm_close_mode::keep);
+  }
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);  // a detached region accepts writers
+  EXPECT_FALSE(w.reader_alive());
+  ASSERT_EQ(send_range(w, 0, 0, 500, 3), errc::ok);
+  seq_sink sink({0});
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+  ASSERT_EQ(r.start(&loop), errc::ok);
+  EXPECT_TRUE(run_until(&loop, [&] { return sink.total == 500; }));
+  ASSERT_EQ(send_range(w, 0, 500, 1000, 1), errc::ok);
+  EXPECT_TRUE(run_until(&loop, [&] { return sink.total == 1000; }));
+  EXPECT_EQ(sink.bad, 0u);
+  r.close();
+}
+
+// The child of WriterKilledMidWriteWhileTheReaderIsDownIsSkippedAfterReattach: commits records
+// 0..4 of writer 1, then is held inside record 5 (reserved, not committed) until SIGKILL.
+[[noreturn]] void torn_writer_child(const std::string& url, int fd) {
+  auto* w = new shm_writer();
+  if (w->open(url) != errc::ok || send_range(*w, 1, 0, 5) != errc::ok) _exit(1);
+  shm_detail::writer_access::set_test_hook(
+      *w,
+      [](void* f) {
+        (void)!write(*static_cast<int*>(f), "h", 1);
+        for (;;) pause();
+      },
+      &fd);
+  (void)send_range(*w, 1, 5, 6);
+  _exit(2);
+}
+
+TEST_F(ShmPersist, WriterKilledMidWriteWhileTheReaderIsDownIsSkippedAfterReattach) {
+  const std::string name = test::unique_name("persist-torn");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  {
+    shm_reader r;
+    ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+    r.close(shm_close_mode::keep);
+  }
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) torn_writer_child(url, p[1]);
+  char c = 0;
+  ASSERT_EQ(read(p[0], &c, 1), 1);  // record 5 is reserved and will never be committed
+  kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  close(p[0]);
+  close(p[1]);
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(send_range(w, 0, 0, 100, 4), errc::ok);
+  seq_sink sink({0, 0});
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+  EXPECT_TRUE(r.reattached());
+  EXPECT_TRUE(poll_until(r, sink, 105));  // 5 of the dead writer, 100 of ours, never record 5
+  EXPECT_EQ(sink.bad, 0u);
+  EXPECT_EQ(sink.next[1], 5u);
+  EXPECT_EQ(sink.next[0], 100u);
+  EXPECT_EQ(r.metrics().abandoned, 1u);
+  EXPECT_EQ(r.poll(10), 0u);
+}
+
+}  // namespace
+}  // namespace uvbus

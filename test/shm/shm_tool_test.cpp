@@ -1,0 +1,88 @@
+// uvbus_shm_inspect --drain / --remove, run as the built binary (UVBUS_SHM_INSPECT_PATH).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "shm_test_util.h"
+#include "uvbus/shm.h"
+
+namespace uvbus {
+namespace {
+
+using test::shm_cleanup;
+
+// Runs the tool with args; returns its exit status (-1 if it did not exit) and its stdout.
+int run_tool(const std::string& args, std::string* out) {
+  const std::string cmd = std::string(UVBUS_SHM_INSPECT_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  out->clear();
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+shm_config tool_cfg() {
+  shm_config c;
+  c.ring_bytes = 65536;
+  c.max_record_size = 4096;
+  return c;
+}
+
+TEST(ShmTool, DrainAndRemoveRefuseALiveReader) {
+  const std::string name = test::unique_name("tool-live");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  shm_reader r;
+  ASSERT_EQ(r.open(url, tool_cfg()), errc::ok);
+  std::string out;
+  EXPECT_EQ(run_tool("--drain " + url, &out), 3) << out;
+  EXPECT_EQ(run_tool("--remove " + url, &out), 3) << out;
+  EXPECT_NE(out.find("live reader"), std::string::npos) << out;
+  EXPECT_TRUE(test::posix_exists(name));
+  EXPECT_EQ(run_tool("--remove --force " + url, &out), 0) << out;
+  EXPECT_FALSE(test::posix_exists(name));
+  EXPECT_EQ(run_tool("--drain " + url, &out), 2) << out;  // no such region
+  EXPECT_EQ(run_tool("--drain", &out), 2) << out;         // usage
+  EXPECT_EQ(run_tool("--help", &out), 0);
+  EXPECT_NE(out.find("exit status"), std::string::npos) << out;
+}
+
+TEST(ShmTool, DrainReadsAClosedRegionOfAnyRingSizeThenRemoveDeletesIt) {
+  const std::string name = test::unique_name("tool-drain");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  shm_writer w;
+  {
+    shm_reader r;
+    ASSERT_EQ(r.open(url, tool_cfg()), errc::ok);
+    ASSERT_EQ(w.open(url), errc::ok);
+    for (int i = 0; i < 5; ++i) ASSERT_EQ(w.send("0123456789", 3 + i), errc::ok);
+    const const_buffer batch[] = {{"ab", 2}, {"cdef", 4}};
+    ASSERT_EQ(w.send_batch(batch, 2), errc::ok);
+    r.close(shm_close_mode::keep);
+  }
+  std::string out;
+  EXPECT_EQ(run_tool("--drain " + url, &out), 0) << out;
+  EXPECT_NE(out.find("record 1: 3 bytes, checksum ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("record 7: 4 bytes, checksum ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("7 records, 31 bytes"), std::string::npos) << out;
+  shm_region_info info;
+  ASSERT_EQ(shm_inspect(url, &info), errc::ok);
+  EXPECT_EQ(info.consumed_pos, info.write_pos);
+  EXPECT_EQ(info.reader_state, 3u);  // left closed with keep
+  EXPECT_EQ(w.send("late", 4), errc::ok);
+  EXPECT_EQ(run_tool("--drain --quiet " + url, &out), 0) << out;
+  EXPECT_NE(out.find("1 records, 4 bytes"), std::string::npos) << out;
+  EXPECT_EQ(run_tool("--remove " + url, &out), 0) << out;
+  EXPECT_FALSE(test::posix_exists(name));
+  EXPECT_EQ(w.send("gone", 4), errc::not_connected);
+}
+
+}  // namespace
+}  // namespace uvbus
