@@ -6,7 +6,11 @@
 //
 // The reader creates the region (shm_reader::open), writers attach to it (shm_writer::open). A
 // writer copies each message into the ring and commits it; the reader delivers committed records
-// in reservation order, verifying a MurmurHash3 checksum on every record. Nothing blocks: a full
+// in reservation order, verifying a MurmurHash3 checksum on every record. The region is a
+// persistent inbox: when its reader dies (or closes with shm_close_mode::keep) the region and its
+// records stay, writers keep committing, and the next reader of the same URL with a compatible
+// shm_config reattaches and resumes from the consumed cursor kept in the region (docs/shm.md,
+// "Restart and reattach"). Nothing blocks: a full
 // ring makes send() fail at once with queue_full; a writer that dies or stalls between reserving
 // and committing a record is skipped by the reader after `abandon_timeout_us` of monotonic wall
 // time, and if it was merely slow its send() then reports errc::abandoned (the message was NOT
