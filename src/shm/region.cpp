@@ -525,7 +525,9 @@ bool mem_entry_removed(const mapping& m) noexcept {
 void release_region(mapping* m, bool remove) noexcept {
   switch (m->kind) {
     case region_kind::posix:
-      if (remove) ::shm_unlink(m->name.c_str());
+      // Only our own name: if our object was unlinked already (uvbus_shm_inspect --remove
+      // --force), the name may now belong to a newer region.
+      if (remove && !region_removed(*m)) ::shm_unlink(m->name.c_str());
       ::munmap(m->base, m->size);
       if (m->fd >= 0) ::close(m->fd);  // drops the reader's flock
       break;

@@ -47,6 +47,14 @@ TEST(ShmTool, DrainAndRemoveRefuseALiveReader) {
   EXPECT_TRUE(test::posix_exists(name));
   EXPECT_EQ(run_tool("--remove --force " + url, &out), 0) << out;
   EXPECT_FALSE(test::posix_exists(name));
+  {  // the forced-out reader's close() must not remove a newer region of the same name
+    shm_reader r2;
+    ASSERT_EQ(r2.open(url, tool_cfg()), errc::ok);
+    EXPECT_FALSE(r2.reattached());
+    r.close();
+    EXPECT_TRUE(test::posix_exists(name));
+  }
+  EXPECT_FALSE(test::posix_exists(name));
   EXPECT_EQ(run_tool("--drain " + url, &out), 2) << out;  // no such region
   EXPECT_EQ(run_tool("--drain", &out), 2) << out;         // usage
   EXPECT_EQ(run_tool("--help", &out), 0);
