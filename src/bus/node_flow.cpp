@@ -129,10 +129,13 @@ errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spa
   if (f.entries.empty()) f.last_progress_ms = now_ms();
   f.entries.push_back(tx_entry{f.next_seq, message_id, off, static_cast<uint32_t>(total), false,
                                now_ms() + cfg.delivery_timeout_ms});
+  const bool backlog = f.next_unsent < f.next_seq;
   ++f.next_seq;
   f.bytes += total;
   ++counters.flow_unacked_now;
   counters.flow_unacked_bytes += total;
+  // Behind earlier messages that wait: try to move the line (a full queue retries on its timer).
+  if (backlog && !f.blocked) flow_pump(f);
   return errc::ok;
 }
 
