@@ -162,6 +162,61 @@ TEST_F(ShmPersist, SigkilledReaderIsFollowedByOneThatResumesExactly) {
   r.close();
 }
 
+// The child of ReaderKilledInsideItsCallbackGetsThatBatchAgain: polls in callback batches of 10
+// and, inside the batch that holds record 500, writes the batch's first sequence to fd and waits
+// for its SIGKILL there.
+[[noreturn]] void dying_in_callback_child(const std::string& url, int fd) {
+  shm_config cfg = small_cfg();
+  cfg.batch_max = 10;
+  auto* r = new shm_reader({[fd](const shm_record* recs, size_t n) {
+    uint32_t w = 0;
+    uint64_t first = 0, last = 0;
+    if (!test::check_record(recs[0].data, recs[0].size, kSpread, &w, &first) ||
+        !test::check_record(recs[n - 1].data, recs[n - 1].size, kSpread, &w, &last)) {
+      _exit(3);
+    }
+    if (last < 500) return;
+    (void)!write(fd, &first, sizeof first);
+    for (;;) pause();
+  }});
+  if (r->open(url, cfg) != errc::ok) _exit(1);
+  const uint64_t ready = ~uint64_t{0};
+  (void)!write(fd, &ready, sizeof ready);
+  for (;;) {
+    if (r->poll(1000) == 0) std::this_thread::yield();
+  }
+}
+
+TEST_F(ShmPersist, ReaderKilledInsideItsCallbackGetsThatBatchAgain) {
+  const std::string name = test::unique_name("persist-incb");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) dying_in_callback_child(url, p[1]);
+  uint64_t first = 0;
+  ASSERT_EQ(read(p[0], &first, sizeof first), static_cast<ssize_t>(sizeof first));
+  ASSERT_EQ(first, ~uint64_t{0});  // the child's reader is open
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(send_range(w, 0, 0, 1000, 3), errc::ok);
+  ASSERT_EQ(read(p[0], &first, sizeof first), static_cast<ssize_t>(sizeof first));
+  kill(pid, SIGKILL);  // inside the callback of the batch [first, first + 10)
+  ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+  close(p[0]);
+  close(p[1]);
+  EXPECT_GT(first, 490u);
+  EXPECT_LE(first, 500u);
+  seq_sink sink({first});  // that batch again, then everything after it, nothing before it
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+  EXPECT_TRUE(poll_until(r, sink, 1000 - first));
+  EXPECT_EQ(sink.bad, 0u);
+  EXPECT_EQ(r.poll(10), 0u);
+}
+
 // close(keep) then a new reader, for each kind of region.
 void keep_and_reopen(const std::string& url) {
   SCOPED_TRACE(url);
