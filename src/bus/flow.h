@@ -52,11 +52,12 @@ struct tx_flow {
 };
 
 struct rx_flow {
-  uint64_t epoch = 0;    // the source's flow epoch (0: none yet)
-  uint64_t through = 0;  // highest sequence delivered in order
-  uint32_t unacked = 0;  // delivered since the last acknowledgement
-  uint8_t kind = 0;      // proto::ack_kind owed with the next acknowledgement
-  bool queued = false;   // in node::impl::ack_queue
+  uint64_t epoch = 0;         // the source's flow epoch (0: none yet)
+  uint64_t resync_epoch = 0;  // the epoch a resync request answers (one we hold no position for)
+  uint64_t through = 0;       // highest sequence delivered in order
+  uint32_t unacked = 0;       // delivered since the last acknowledgement
+  uint8_t kind = 0;           // proto::ack_kind owed with the next acknowledgement
+  bool queued = false;        // in node::impl::ack_queue
   uint64_t last_nack_ms = 0;
   uint64_t last_rx_ms = 0;
 };

@@ -345,6 +345,7 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
       // No state for this epoch (we restarted, or forgot it): the source must resend from its
       // first unacknowledged message with flag_sync; this one is dropped (it will come again).
       ++counters.flow_resyncs;
+      r.resync_epoch = epoch;
       queue_ack(hd.source, r, ack_kind::resync);
       return;
     }
@@ -393,7 +394,10 @@ void node::impl::send_flow_ack(bus_id to, rx_flow& r) {
   proto::header hd = make_header(msg_type::flow_ack, to, 0);
   hd.body_len = proto::kFlowAckSize;
   proto::encode_header(hd, m);
-  proto::encode_flow_ack({r.epoch, incarnation, r.through, static_cast<ack_kind>(r.kind)},
+  // A resync answers the epoch of the message that asked for it, with no position in it.
+  const bool resync = r.kind == static_cast<uint8_t>(ack_kind::resync);
+  proto::encode_flow_ack({resync ? r.resync_epoch : r.epoch, incarnation, resync ? 0 : r.through,
+                          static_cast<ack_kind>(r.kind)},
                          m + proto::kHeaderSize);
   r.unacked = 0;
   r.kind = 0;
