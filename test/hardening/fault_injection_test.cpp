@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "hardening/fault_ledger.h"
 #include "shm/test_hook.h"
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
@@ -45,7 +46,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr bus_id kRoot = 0x1000, kSender = 0x1001, kReceiver = 0x1002;
+constexpr bus_id kRoot = 0x1000, kSender = 0x1001;
 
 node_config base(const std::string& parent) {
   node_config c = test::fast_config(parent);
@@ -55,18 +56,6 @@ node_config base(const std::string& parent) {
   c.response_timeout_ms = 2000;
   c.pending_timeout_ms = 2000;
   return c;
-}
-
-// Record written by the receiver for each message: seq and whether the payload was intact.
-struct record {
-  uint64_t seq;
-  uint64_t ok;
-};
-
-constexpr size_t kPayload = 64;
-void fill(uint64_t seq, uint8_t* p) {
-  std::memcpy(p, &seq, 8);
-  for (size_t i = 8; i < kPayload; ++i) p[i] = static_cast<uint8_t>(seq * 31 + i);
 }
 
 // Runs a node in a child process until it is killed: closes every inherited descriptor but
@@ -96,9 +85,22 @@ template <class Setup, class Started>
 }
 
 // The receiver's process: reports each message (seq, intact?) into the pipe.
-[[noreturn]] void receiver_main(const std::string& parent_url, int out_fd) {
+// With shm_url, the receiver reads its data from that ring (its parent writes into it): a kill
+// leaves the ring with what was queued, and the next incarnation reattaches it.
+node_config receiver_config(const std::string& parent_url, const std::string& shm_url) {
+  node_config c = base(parent_url);
+  if (!shm_url.empty()) {
+    c.enable_shm = true;
+    c.shm_ring_bytes = 1 << 20;
+    c.listen = {"ipv4://127.0.0.1:0", shm_url};
+  }
+  return c;
+}
+
+[[noreturn]] void receiver_main(const std::string& parent_url, int out_fd,
+                                const std::string& shm_url) {
   node_process(
-      kReceiver, base(parent_url), out_fd,
+      kReceiver, receiver_config(parent_url, shm_url), out_fd,
       [out_fd](uv_loop_t*, node_callbacks* cb) {
         cb->on_data = [out_fd](bus_id, uint32_t, const uint8_t* p, size_t n) {
           record r{0, 0};
@@ -157,111 +159,6 @@ template <class Setup, class Started>
       kRoot, c, -1, [](uv_loop_t*, node_callbacks*) {}, [](uv_loop_t*, node*) {});
 }
 
-// The delivery accounting of one sender's end-to-end stream of messages, shared by the tests.
-struct ledger {
-  std::map<uint64_t, errc> report_of;   // seq -> final report
-  std::map<uint64_t, uint64_t> seq_of;  // message id -> seq
-  std::vector<record> got;
-  std::vector<uint64_t> got_epoch;  // the kill epoch each record was received in
-  uint64_t next_seq = 0;
-  uint64_t accepted = 0;
-  uint64_t duplicate_reports = 0;
-  // Diagnosis: the kill epoch (number of kills so far) when each message was sent and received.
-  uint64_t epoch = 0;
-  std::map<uint64_t, uint64_t> sent_epoch;
-  std::map<uint64_t, uint64_t> received_epoch;
-
-  void on_report(const delivery_report& r) {
-    auto it = seq_of.find(r.message_id);
-    if (it == seq_of.end()) return;
-    if (report_of.count(it->second) != 0) ++duplicate_reports;
-    report_of[it->second] = r.status;
-  }
-  void send_some(node* sender, int n) {
-    send_options o;
-    o.require_response = true;
-    for (int i = 0; i < n; ++i) {
-      uint8_t p[kPayload];
-      fill(next_seq, p);
-      uint64_t id = 0;
-      if (sender->send_data(kReceiver, 1, p, sizeof p, o, &id) != errc::ok) break;
-      sent_epoch[next_seq] = epoch;
-      seq_of[id] = next_seq++;
-      ++accepted;
-    }
-  }
-  // The checks of the header comment; prints the figures.
-  // Returns how many messages were delivered again after a kill.
-  uint64_t check(const char* what, int kills, uint64_t final_from) const {
-    std::set<uint64_t> received;
-    std::set<std::pair<uint64_t, uint64_t>> per_epoch;  // (epoch, seq)
-    uint64_t last = 0;
-    uint64_t last_epoch = 0;
-    uint64_t across = 0;  // delivered again after a kill
-    bool first = true;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const record& r = got[i];
-      const uint64_t ep = i < got_epoch.size() ? got_epoch[i] : 0;
-      EXPECT_EQ(r.ok, 1u) << "corrupted message " << r.seq;
-      EXPECT_TRUE(per_epoch.insert({ep, r.seq}).second)
-          << "message " << r.seq << " delivered twice to one incarnation";
-      if (!received.insert(r.seq).second) ++across;
-      if (!first && ep == last_epoch) {
-        EXPECT_GT(r.seq, last) << "out of order";
-      }
-      last = r.seq;
-      last_epoch = ep;
-      first = false;
-      EXPECT_LT(r.seq, next_seq);
-    }
-    std::printf("[ faults   ]   delivered again after a kill (at least once): %llu\n",
-                static_cast<unsigned long long>(across));
-    uint64_t ok = 0, failed = 0, failed_but_received = 0, received_after_a_kill = 0;
-    std::map<errc, std::pair<uint64_t, uint64_t>> why;  // status -> (failed, of which received)
-    for (const auto& [seq, st] : report_of) {
-      if (st == errc::ok) {
-        ++ok;
-        EXPECT_EQ(received.count(seq), 1u) << "message " << seq << " reported ok, never received";
-      } else {
-        ++failed;
-        failed_but_received += received.count(seq);
-        ++why[st].first;
-        why[st].second += received.count(seq);
-        if (received.count(seq) != 0 && received_epoch.count(seq) != 0 &&
-            received_epoch.at(seq) != sent_epoch.at(seq)) {
-          ++received_after_a_kill;
-        }
-      }
-    }
-    if (failed_but_received != 0) {
-      std::printf(
-          "[ faults   ]   received but reported failed: %llu, of which %llu were sent "
-          "before a kill and received after it\n",
-          static_cast<unsigned long long>(failed_but_received),
-          static_cast<unsigned long long>(received_after_a_kill));
-    }
-    for (const auto& [st, n] : why) {
-      std::printf("[ faults   ]   failed with %s: %llu (%llu received)\n", to_string(st),
-                  static_cast<unsigned long long>(n.first),
-                  static_cast<unsigned long long>(n.second));
-    }
-    for (uint64_t s = final_from; s < next_seq; ++s) {
-      auto it = report_of.find(s);
-      EXPECT_TRUE(it != report_of.end() && it->second == errc::ok) << s;
-    }
-    EXPECT_EQ(ok + failed, accepted);
-    EXPECT_EQ(duplicate_reports, 0u);
-    std::printf(
-        "[ faults   ] %s, %d kills: %llu accepted, %llu received, %llu ok, %llu failed "
-        "(%llu of them received before their ack was lost)\n",
-        what, kills, static_cast<unsigned long long>(accepted),
-        static_cast<unsigned long long>(received.size()), static_cast<unsigned long long>(ok),
-        static_cast<unsigned long long>(failed),
-        static_cast<unsigned long long>(failed_but_received));
-    return across;
-  }
-};
-
 int iterations() {
   const char* it_env = std::getenv("UVBUS_FAULT_ITERATIONS");
   return it_env != nullptr ? std::max(1, std::atoi(it_env)) : 3;
@@ -302,11 +199,11 @@ class FaultInjection : public ::testing::Test {
     waitpid(*pid, &status, 0);
     *pid = -1;
   }
-  void start_receiver(const std::string& url) {
-    child_ = spawn([&] { receiver_main(url, pipe_[1]); });
+  void start_receiver(const std::string& url, const std::string& shm_url = "") {
+    child_ = spawn([&] { receiver_main(url, pipe_[1], shm_url); });
   }
   void kill_receiver() { kill_now(&child_); }
-  void killed_receiver(delivery_mode mode, const char* what);
+  void killed_receiver(delivery_mode mode, const char* what, const std::string& shm_url = "");
 
   uv_loop_t loop_{};
   int pipe_[2] = {-1, -1};
@@ -317,8 +214,10 @@ class FaultInjection : public ::testing::Test {
 };
 
 // The killed-receiver run under one delivery mode; returns the ledger's "delivered again" count.
-void FaultInjection::killed_receiver(delivery_mode mode, const char* what) {
+void FaultInjection::killed_receiver(delivery_mode mode, const char* what,
+                                     const std::string& shm_url) {
   node_config rc = base("");
+  rc.enable_shm = !shm_url.empty();
   rc.subnets = {{kRoot, 8}};
   nodes_.push_back(std::make_unique<node>(&loop_, kRoot, rc));
   node* root = nodes_.back().get();
@@ -348,7 +247,7 @@ void FaultInjection::killed_receiver(delivery_mode mode, const char* what) {
   const int kills = iterations();
   for (int round = 0; round < kills; ++round) {
     SCOPED_TRACE(round);
-    start_receiver(url);
+    start_receiver(url, shm_url);
     ASSERT_TRUE(test::run_until(
         &loop_, [&] { return root->peer(kReceiver, &info); }, test::kWait))
         << "the receiver did not (re-)register";
@@ -370,7 +269,7 @@ void FaultInjection::killed_receiver(delivery_mode mode, const char* what) {
         &loop_, [&] { return !root->peer(kReceiver, &info); }, test::kWait));
   }
   // A last incarnation receives a final batch undisturbed, then every report must come in.
-  start_receiver(url);
+  start_receiver(url, shm_url);
   ASSERT_TRUE(test::run_until(
       &loop_, [&] { return root->peer(kReceiver, &info); }, test::kWait));
   const uint64_t final_from = l.next_seq;
@@ -394,6 +293,14 @@ TEST_F(FaultInjection, KilledReceiverRestartsAndEveryMessageIsAccountedFor) {
 // Yesterday's behaviour, for the loss-per-restart comparison in docs/robustness.md: next-hop
 // delivery with require_response. Messages in flight at a kill are reported failed, never lost
 // silently.
+// The receiver reads from shared memory: what its parent wrote into the ring survives the kill
+// and is read by the next incarnation (which reattaches the ring).
+TEST_F(FaultInjection, KilledShmReceiverReattachesItsRingAndEveryMessageIsAccountedFor) {
+  const std::string url = "shm://" + test::unique_name("fault-rx");
+  killed_receiver(delivery_mode::end_to_end, "killed shm receiver, end to end", url);
+  (void)shm_remove(url);
+}
+
 TEST_F(FaultInjection, KilledReceiverNextHopReportsWhatWasInFlightFailed) {
   killed_receiver(delivery_mode::next_hop, "killed receiver, next hop + require_response");
 }
