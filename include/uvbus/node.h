@@ -157,6 +157,14 @@ struct node_config {
   // channel's 4 ms default because a writer preempted on a busy host stalls that long routinely;
   // a skipped sender learns it (errc::abandoned) and the node sends the message again.
   uint32_t shm_abandon_timeout_us = 50000;
+  // Planned restart (docs/bus.md "Planned restart"): stop() and destruction leave this node's
+  // shm ring in place (closed with shm_close_mode::keep) instead of removing it; the next process
+  // with the same id and shm:// URL reattaches it and reads what was written meanwhile.
+  bool keep_shm_inbox = false;
+  // Planned restart: node::flow_positions() of the previous process of this id, taken after its
+  // stop(): this node starts with them, so messages its sources send again (those the previous
+  // process delivered but had not acknowledged) are recognised as duplicates. Empty: none.
+  std::vector<uint8_t> inherit_flow_positions;
   // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
   // makes two nodes try shared memory.
   std::string host_id;
@@ -414,6 +422,10 @@ class node {
   // The last error a call of this node returned, with the detail naming the field, URL or rule
   // (empty detail: nothing more to say than the code). A call that returns ok leaves it unchanged.
   [[nodiscard]] error_info last_error() const;
+  // Where each source's flow stands here: for each source, the epoch and the highest sequence
+  // delivered in order (an opaque blob; docs/protocol.md "Flow positions"). Pass it to the next
+  // process of this id as node_config::inherit_flow_positions (after stop(), nothing changes).
+  [[nodiscard]] std::vector<uint8_t> flow_positions() const;
 
   struct impl;  // src/bus/node.cpp
 

@@ -208,6 +208,14 @@ errc node::impl::start() {
   std::string why;
   const errc v = node::validate(self, cfg, &why);
   if (v != errc::ok) return refuse_call(v, "node::start: " + why);
+  if (!cfg.inherit_flow_positions.empty() &&
+      flow_positions_import(cfg.inherit_flow_positions.data(), cfg.inherit_flow_positions.size()) !=
+          errc::ok) {
+    return refuse_call(errc::invalid_argument,
+                       "node::start: node_config.inherit_flow_positions is not a "
+                       "node::flow_positions() blob (" +
+                           std::to_string(cfg.inherit_flow_positions.size()) + " bytes)");
+  }
   host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;
   hostname = detail::host_name();
 
@@ -217,7 +225,11 @@ errc node::impl::start() {
   const errc e = open_listeners(ch.get(), &rd, &urls);
   if (e != errc::ok) {
     ch.reset();
-    if (rd) rd->close();
+    // A ring reattached with a predecessor's records stays for the next attempt.
+    if (rd) {
+      rd->close(rd->reattached() || cfg.keep_shm_inbox ? shm_close_mode::keep
+                                                       : shm_close_mode::remove);
+    }
     shm_url.clear();
     return e;
   }
@@ -306,7 +318,7 @@ void node::impl::finish_stop() {
   if (state != run_state::stopping) return;
   state = run_state::stopped;
   is_up = false;
-  if (reader) reader->close();
+  if (reader) reader->close(cfg.keep_shm_inbox ? shm_close_mode::keep : shm_close_mode::remove);
   for (auto& [id, p] : peers) {
     if (p->shm) p->shm->close();
   }
@@ -339,7 +351,7 @@ void node::impl::destroy() {
     uv_close(reinterpret_cast<uv_handle_t*>(&h->idle), &impl::on_handle_closed);
     h = nullptr;
   }
-  if (reader) reader->close();
+  if (reader) reader->close(cfg.keep_shm_inbox ? shm_close_mode::keep : shm_close_mode::remove);
   peers.clear();
   // The channel's destructor closes everything without callbacks.
   streams.reset();
@@ -530,6 +542,11 @@ std::string node::routes_text() const {
 const node_config& node::config() const noexcept {
   UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::config", impl_->cfg);
   return impl_->cfg;
+}
+
+std::vector<uint8_t> node::flow_positions() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::flow_positions", {});
+  return impl_->flow_positions_export();
 }
 
 error_info node::last_error() const {

@@ -273,6 +273,46 @@ TEST_F(NodeFlowTest, StopWaitsForAcknowledgementsThenReportsTheRestClosed) {
   EXPECT_EQ(b_->got.size(), 50u);
 }
 
+// A planned restart of the target: the old process stops (its links close; what was in flight to
+// it is resent), hands its flow positions to the new one, which drops what the old one delivered.
+// Exactly once across the restart, every report ok.
+TEST_F(NodeFlowTest, PlannedRestartWithInheritedPositionsDeliversExactlyOnce) {
+  make_tree();
+  send_some(300);
+  ASSERT_TRUE(wait([&] { return b_->got.size() >= 100; }));
+  bus_node* old = b_;
+  old->n->stop();
+  ASSERT_TRUE(wait([&] { return !old->downs.empty(); }));
+  node_config bc = bc_;
+  bc.inherit_flow_positions = old->n->flow_positions();
+  EXPECT_FALSE(bc.inherit_flow_positions.empty());
+  destroy(old);
+  send_some(300);
+  b_ = restart(0x102, bc);
+  ASSERT_TRUE(wait([&] { return b_->n->up(); }));
+  send_some(300);
+  expect_all_ok();
+  std::set<uint64_t> all;
+  for (const auto& r : old->got) all.insert(r.value());
+  for (const auto& r : b_->got) {
+    EXPECT_TRUE(all.insert(r.value()).second) << r.value() << " delivered by both processes";
+  }
+  EXPECT_EQ(all.size(), next_);
+}
+
+TEST(NodeFlowConfig, MalformedInheritedPositionsAreRefused) {
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    node_config c = test::fast_config();
+    c.inherit_flow_positions = {1, 2, 3};
+    node n(&loop, 0x42, c);
+    EXPECT_EQ(n.start(), errc::invalid_argument);
+    EXPECT_NE(n.last_error().detail.find("inherit_flow_positions"), std::string::npos);
+  }
+  EXPECT_EQ(test::close_loop(&loop), 0);
+}
+
 TEST(NodeFlowConfig, RetransmitLimitsAreValidated) {
   node_config c;
   c.retransmit_max_bytes = 100;
