@@ -446,7 +446,7 @@ std::vector<uint8_t> node::impl::flow_positions_export() const {
 
 errc node::impl::flow_positions_import(const uint8_t* p, size_t n) {
   if (p == nullptr || n < 4) return errc::protocol_error;
-  const uint32_t count = load_le<uint32_t>(p);
+  const auto count = load_le<uint32_t>(p);
   if (n != 4 + size_t{count} * 24) return errc::protocol_error;
   for (uint32_t i = 0; i < count; ++i) {
     const uint8_t* e = p + 4 + size_t{i} * 24;
