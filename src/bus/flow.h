@@ -44,8 +44,10 @@ struct tx_flow {
   bool blocked = false;           // a transmission met a full queue: retried by the flow timer
   bool user_blocked = false;      // send_data() got queue_full here: on_writable when it drains
   uint64_t last_progress_ms = 0;  // last acknowledgement that advanced, or the first send
-  uint64_t resend_ms = 0;         // when the last resend from the front started
+  uint64_t resend_ms = 0;         // when the last resend started
+  uint64_t resend_from = 0;       // ... and from which sequence (drop notices)
   uint32_t rto_ms = 0;            // current retransmission timeout (backs off while no progress)
+  uint32_t srtt_ms = 0;           // smoothed send-to-acknowledgement time (0: no sample yet)
   size_t bytes = 0;               // bytes held in entries
   ring_fifo<tx_entry> entries;    // in sequence order, contiguous: entries[i].seq = front + i
   byte_ring store;

@@ -24,6 +24,8 @@ constexpr uint64_t kResendIntervalMs = 5;
 // asks the source to resynchronise, which is safe: see docs/bus.md).
 constexpr uint64_t kRxIdleMs = 120000;
 constexpr size_t kRingMin = 16384;
+// Messages the resend timer sends again (flow_probe).
+constexpr uint64_t kProbeWindow = 64;
 
 // Relay refusals that settle a message: the target is gone or the message can never pass.
 bool final_refusal(errc why, bool target_known) {
@@ -193,6 +195,30 @@ void node::impl::pump_blocked() {
   }
 }
 
+// The resend timer's answer to silence: send the first kProbeWindow unacknowledged messages again
+// (the first flagged sync), not all of them. A path that is only slow gets a few duplicates, not a
+// second copy of its whole queue (which would make it slower still); a real loss is then repaired
+// by the target's gap request, a relay's drop notice or a lost link, which resend everything.
+void node::impl::flow_probe(tx_flow& f) {
+  f.resend_ms = now_ms();
+  if (f.entries.empty()) return;
+  const uint64_t front = f.entries.front().seq;
+  const uint64_t end = std::min<uint64_t>(f.next_unsent, front + kProbeWindow);
+  bool sync = true;
+  for (uint64_t s = front; s < end && flows_may_send(); ++s) {
+    tx_entry& e = f.entries[s - front];
+    if (e.settled) continue;
+    uint8_t* m = f.store.buf.get() + e.offset;
+    if (sync) m[2] |= proto::flag_sync;
+    const const_buffer b{m, e.size};
+    const errc err = route_out(f.target, &b, 1, e.size, 0, nullptr);
+    m[2] &= static_cast<uint8_t>(~proto::flag_sync);
+    if (err != errc::ok) return;
+    sync = false;
+    ++counters.flow_resent;
+  }
+}
+
 void node::impl::flow_resend(tx_flow& f) {
   if (f.entries.empty()) return;
   f.next_unsent = f.entries.front().seq;
@@ -230,7 +256,8 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
   if (a.through > f.acked && a.through < f.next_seq) {
     f.acked = a.through;
     f.last_progress_ms = now_ms();
-    f.rto_ms = cfg.resend_timeout_ms;
+    flow_sample_rtt(f, a.through);
+    f.rto_ms = flow_base_rto(f);
     flow_settle_front(f, a.through, errc::ok);
     if (stop_flush_until != 0 && counters.flow_unacked_now == 0) {
       close_links_for_stop();
@@ -249,12 +276,42 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
   flow_resend(f);
 }
 
+// Karn's rule: only a message sent once gives a sample (an acknowledgement of a resent one may
+// answer either copy). The sample includes the time the message queued behind others: a path
+// that is slow rather than broken must not look lossy (a resend would only lengthen the queue).
+void node::impl::flow_sample_rtt(tx_flow& f, uint64_t through) {
+  if (f.entries.empty() || through < f.entries.front().seq) return;
+  const uint64_t idx = through - f.entries.front().seq;
+  if (idx >= f.entries.size()) return;
+  const uint64_t sent_ms = f.entries[idx].deadline_ms - cfg.delivery_timeout_ms;
+  if (f.resend_ms >= sent_ms) return;
+  const uint64_t sample = now_ms() - sent_ms;
+  const uint64_t s = f.srtt_ms == 0 ? sample : (uint64_t{7} * f.srtt_ms + sample) / 8;
+  f.srtt_ms = static_cast<uint32_t>(std::min<uint64_t>(s, cfg.delivery_timeout_ms));
+}
+
+uint32_t node::impl::flow_base_rto(const tx_flow& f) const {
+  return std::max(cfg.resend_timeout_ms, 2 * f.srtt_ms);
+}
+
 void node::impl::flow_drop_notice(bus_id target, uint64_t seq, errc why) {
   auto it = tx_flows.find(target);
   if (it == tx_flows.end()) return;
   tx_flow& f = it->second;
   if (f.entries.empty() || seq < f.entries.front().seq || seq >= f.next_seq) return;
-  if (!final_refusal(why, f.peer_incarnation != 0)) return;  // the resend timer retries it
+  if (!final_refusal(why, f.peer_incarnation != 0)) {
+    // A transient drop (a full queue, a link down at the relay): go back to it, once per burst of
+    // notices (the ones after it were dropped too, and are resent with it).
+    if (seq >= f.resend_from &&
+        now_ms() - f.resend_ms < std::max<uint64_t>(kResendIntervalMs, f.srtt_ms)) {
+      return;
+    }
+    f.resend_from = seq;
+    f.resend_ms = now_ms();
+    if (seq < f.next_unsent) f.next_unsent = seq;
+    flow_pump(f);
+    return;
+  }
   tx_entry& e = f.entries[seq - f.entries.front().seq];
   if (e.settled) return;
   e.settled = true;
@@ -283,8 +340,8 @@ void node::impl::flows_tick(uint64_t now) {
       continue;
     }
     if (now - std::max(f.last_progress_ms, f.resend_ms) >= f.rto_ms) {
-      f.rto_ms = std::min(f.rto_ms * 2, cfg.resend_timeout_ms * kMaxRtoFactor);
-      flow_resend(f);
+      f.rto_ms = std::min(f.rto_ms * 2, flow_base_rto(f) * kMaxRtoFactor);
+      flow_probe(f);
     }
   }
   if (stop_flush_until != 0 && (now >= stop_flush_until || counters.flow_unacked_now == 0)) {

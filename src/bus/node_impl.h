@@ -306,10 +306,15 @@ struct node::impl {
   void pump_blocked();
   // Sends everything unacknowledged again, the first message flagged sync.
   void flow_resend(detail::tx_flow& f);
+  // The resend timer: the first few unacknowledged messages again (the first flagged sync).
+  void flow_probe(detail::tx_flow& f);
   // Removes the acknowledged front (reporting `status`) and any settled front entries.
   void flow_settle_front(detail::tx_flow& f, uint64_t through, errc status);
   void on_flow_ack(const proto::header& hd, const proto::flow_ack_body& a);
   void flow_drop_notice(bus_id target, uint64_t seq, errc why);
+  // Adaptive resend timeout: max(resend_timeout_ms, 2 x smoothed acknowledgement time).
+  void flow_sample_rtt(detail::tx_flow& f, uint64_t through);
+  [[nodiscard]] uint32_t flow_base_rto(const detail::tx_flow& f) const;
   void flows_tick(uint64_t now);
   // A link was lost (resend what is unacknowledged) or came up (send what waits).
   void flows_route_changed(bool lost);

@@ -298,7 +298,10 @@ TEST_F(NodeResilienceTest, AMillionMessagesCrossAThreeLevelTreeIntact) {
   }
   ASSERT_TRUE(wait([&] { return expect == kCount; }, 4 * test::kWait)) << expect;
   EXPECT_EQ(bad, 0u);
-  EXPECT_EQ(root->counters().forwarded, kCount);
+  // Every message forwarded once, plus what the source sent again (end-to-end delivery resends
+  // when acknowledgements stall, e.g. under a sanitizer); the target dropped the copies.
+  EXPECT_GE(root->counters().forwarded, kCount);
+  EXPECT_LE(root->counters().forwarded, kCount + l1->counters().flow_resent);
   EXPECT_EQ(m1->counters().forward_dropped + m2->counters().forward_dropped +
                 root->counters().forward_dropped,
             0u);
