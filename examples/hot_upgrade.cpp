@@ -2,8 +2,9 @@
 // restart of docs/bus.md). scripts/hot_upgrade.sh runs it: a root, a sender and a logic node that
 // is replaced by a new process again and again while the sender keeps sending.
 //
-//   uvbus_example_hot_upgrade root URL_FILE
-//       a root node (0x100, subnet 0x100/8) on a free TCP port; writes its URL into URL_FILE
+//   uvbus_example_hot_upgrade root URL_FILE [URL]
+//       a root node (0x100, subnet 0x100/8) on URL (default: a free TCP port); writes its URL into
+//       URL_FILE. On SIGTERM it stops (its children reconnect to the next process on URL).
 //   uvbus_example_hot_upgrade logic PARENT_URL SHM_NAME STATE_FILE LOG_FILE
 //       logic node 0x102: receives over its shm ring, appends each message's number to LOG_FILE.
 //       On SIGTERM it stops (keeping its ring), writes node::flow_positions() to STATE_FILE and
@@ -38,15 +39,32 @@ node_config base() {
   return c;
 }
 
-int run_root(const char* url_file) {
+// Stops the node on SIGTERM; the loop ends when its on_down(closed) has run.
+void stop_on_sigterm(uv_loop_t* loop, uv_signal_t* sig, node* n) {
+  uv_signal_init(loop, sig);
+  sig->data = n;
+  uv_signal_start(
+      sig, [](uv_signal_t* s, int) { static_cast<node*>(s->data)->stop(); }, SIGTERM);
+}
+
+int run_root(const char* url_file, const char* url) {
   uv_loop_t* loop = uv_default_loop();
   node_config c = base();
-  c.listen = {"ipv4://127.0.0.1:0"};
+  c.listen = {url != nullptr ? url : "ipv4://127.0.0.1:0"};
   c.subnets = {{0x100, 8}};
-  node n(loop, 0x100, c);
-  if (n.start() != errc::ok) return 1;
+  node_callbacks cb;
+  cb.on_down = [](errc why) {
+    if (why == errc::closed) uv_stop(uv_default_loop());
+  };
+  node n(loop, 0x100, c, cb);
+  if (const errc e = n.start(); e != errc::ok) {
+    std::fprintf(stderr, "root: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
+    return 1;
+  }
   std::ofstream(url_file) << n.listen_urls().at(0) << "\n";
-  uv_run(loop, UV_RUN_DEFAULT);  // until killed
+  uv_signal_t term;
+  stop_on_sigterm(loop, &term, &n);
+  uv_run(loop, UV_RUN_DEFAULT);
   return 0;
 }
 
@@ -84,7 +102,9 @@ int run_logic(const char* parent, const char* shm_name, const char* state_file, 
     uv_stop(uv_default_loop());
   };
   if (std::getenv("HOT_UPGRADE_LOG") != nullptr) {
-    cb.on_log = [](log_level, const std::string& m) { std::fprintf(stderr, "logic: %s\n", m.c_str()); };
+    cb.on_log = [](log_level, const std::string& m) {
+      std::fprintf(stderr, "logic: %s\n", m.c_str());
+    };
   }
   node n(loop, 0x102, c, cb);
   st.n = &n;
@@ -156,11 +176,13 @@ int run_sender(const char* parent, uint64_t count) {
 
 int main(int argc, char** argv) {
   const std::string role = argc > 1 ? argv[1] : "";
-  if (role == "root" && argc == 3) return run_root(argv[2]);
+  if (role == "root" && (argc == 3 || argc == 4))
+    return run_root(argv[2], argc == 4 ? argv[3] : nullptr);
   if (role == "logic" && argc == 6) return run_logic(argv[2], argv[3], argv[4], argv[5]);
-  if (role == "sender" && argc == 4) return run_sender(argv[2], std::strtoull(argv[3], nullptr, 10));
+  if (role == "sender" && argc == 4)
+    return run_sender(argv[2], std::strtoull(argv[3], nullptr, 10));
   std::fprintf(stderr,
-               "usage: %s root URL_FILE | logic PARENT_URL SHM_NAME STATE_FILE LOG_FILE | "
+               "usage: %s root URL_FILE [URL] | logic PARENT_URL SHM_NAME STATE_FILE LOG_FILE | "
                "sender PARENT_URL COUNT\n",
                argv[0]);
   return 2;

@@ -262,7 +262,8 @@ struct node_callbacks {
   std::function<void(const endpoint_info&, errc reason)> on_endpoint_removed;
   // This node is up: registered with its parent (parent id), or started as a root (its own id).
   std::function<void(bus_id parent)> on_up;
-  // This node lost its parent (it reconnects by itself) or stopped (errc::closed).
+  // This node lost its parent (it reconnects by itself; reason: why the link ended, a parent that
+  // stopped gracefully included: connection_reset) or stopped (errc::closed, only then).
   std::function<void(errc reason)> on_down;
   // The outcome of each registration attempt to the parent: ok, or the reason it was refused /
   // failed (access_denied, duplicate_id, out_of_subnet, version_mismatch, timeout, connection

@@ -513,7 +513,11 @@ void node::impl::link_gone(link* lk, errc reason) {
     if (lk->peer == nullptr && state == run_state::running && !lk->reported) {
       registration_result(reason, "connection to the parent failed");
     }
-    if (was_up && state == run_state::running) fire(cbs.on_down, reason);
+    // on_down(closed) means this node stopped; a parent that said goodbye went away like any
+    // other: connection_reset.
+    if (was_up && state == run_state::running) {
+      fire(cbs.on_down, reason == errc::closed ? errc::connection_reset : reason);
+    }
     // Siblings being looked up wait in the parent queue now.
     for (auto& [id, s] : siblings) {
       if (s.state == sib_state::lookup) sibling_via_parent(id, "parent lost");
