@@ -63,6 +63,17 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
     }
     case proto::msg_type::data:
     case proto::msg_type::forward: {
+      // The same bytes as a version-3 flow body: user type, epoch, payload.
+      proto::data_body fb;
+      uint64_t epoch = 0;
+      if (proto::parse_flow_data(p, n, &fb, &epoch) == errc::ok) {
+        FUZZ_CHECK(fb.size + proto::kFlowPrefix == n);
+        FUZZ_CHECK(inside(fb.payload, fb.size, p, n));
+        std::vector<uint8_t> fenc(proto::kFlowPrefix);
+        proto::encode_flow_prefix(fb.user_type, epoch, fenc.data());
+        fenc.insert(fenc.end(), fb.payload, fb.payload + fb.size);
+        check_same(fenc, p, n);
+      }
       proto::data_body b;
       if (proto::parse_data(p, n, &b) != errc::ok) return;
       FUZZ_CHECK(b.size + proto::kDataPrefix == n);
@@ -104,6 +115,13 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
       proto::dropped_body b;
       if (proto::parse_dropped(p, n, &b) != errc::ok) return;
       proto::encode_dropped(b, &enc);
+      return check_same(enc, p, n);
+    }
+    case proto::msg_type::flow_ack: {
+      proto::flow_ack_body b;
+      if (proto::parse_flow_ack(p, n, &b) != errc::ok) return;
+      enc.resize(proto::kFlowAckSize);
+      proto::encode_flow_ack(b, enc.data());
       return check_same(enc, p, n);
     }
   }
