@@ -28,6 +28,35 @@ void check_same(const std::vector<uint8_t>& enc, const uint8_t* p, size_t n) {
   FUZZ_CHECK(n == 0 || std::memcmp(enc.data(), p, n) == 0);
 }
 
+// The same bytes as a version-3 flow body (user type, epoch, payload): parse, re-encode, compare.
+void check_flow_body(const uint8_t* p, size_t n) {
+  proto::data_body fb;
+  uint64_t epoch = 0;
+  if (proto::parse_flow_data(p, n, &fb, &epoch) != errc::ok) return;
+  FUZZ_CHECK(fb.size + proto::kFlowPrefix == n);
+  FUZZ_CHECK(inside(fb.payload, fb.size, p, n));
+  std::vector<uint8_t> enc(proto::kFlowPrefix);
+  proto::encode_flow_prefix(fb.user_type, epoch, enc.data());
+  enc.insert(enc.end(), fb.payload, fb.payload + fb.size);
+  check_same(enc, p, n);
+}
+
+void check_dropped(const uint8_t* p, size_t n) {
+  proto::dropped_body b;
+  if (proto::parse_dropped(p, n, &b) != errc::ok) return;
+  std::vector<uint8_t> enc;
+  proto::encode_dropped(b, &enc);
+  check_same(enc, p, n);
+}
+
+void check_flow_ack(const uint8_t* p, size_t n) {
+  proto::flow_ack_body b;
+  if (proto::parse_flow_ack(p, n, &b) != errc::ok) return;
+  std::vector<uint8_t> enc(proto::kFlowAckSize);
+  proto::encode_flow_ack(b, enc.data());
+  check_same(enc, p, n);
+}
+
 void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
   std::vector<uint8_t> enc;
   switch (type) {
@@ -63,17 +92,7 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
     }
     case proto::msg_type::data:
     case proto::msg_type::forward: {
-      // The same bytes as a version-3 flow body: user type, epoch, payload.
-      proto::data_body fb;
-      uint64_t epoch = 0;
-      if (proto::parse_flow_data(p, n, &fb, &epoch) == errc::ok) {
-        FUZZ_CHECK(fb.size + proto::kFlowPrefix == n);
-        FUZZ_CHECK(inside(fb.payload, fb.size, p, n));
-        std::vector<uint8_t> fenc(proto::kFlowPrefix);
-        proto::encode_flow_prefix(fb.user_type, epoch, fenc.data());
-        fenc.insert(fenc.end(), fb.payload, fb.payload + fb.size);
-        check_same(fenc, p, n);
-      }
+      check_flow_body(p, n);
       proto::data_body b;
       if (proto::parse_data(p, n, &b) != errc::ok) return;
       FUZZ_CHECK(b.size + proto::kDataPrefix == n);
@@ -111,19 +130,10 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
       proto::encode_bye(b, &enc);
       return check_same(enc, p, n);
     }
-    case proto::msg_type::dropped: {
-      proto::dropped_body b;
-      if (proto::parse_dropped(p, n, &b) != errc::ok) return;
-      proto::encode_dropped(b, &enc);
-      return check_same(enc, p, n);
-    }
-    case proto::msg_type::flow_ack: {
-      proto::flow_ack_body b;
-      if (proto::parse_flow_ack(p, n, &b) != errc::ok) return;
-      enc.resize(proto::kFlowAckSize);
-      proto::encode_flow_ack(b, enc.data());
-      return check_same(enc, p, n);
-    }
+    case proto::msg_type::dropped:
+      return check_dropped(p, n);
+    case proto::msg_type::flow_ack:
+      return check_flow_ack(p, n);
   }
   FUZZ_CHECK(false && "parse_header accepted an unknown type");
 }
