@@ -20,11 +20,8 @@ bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, si
     return false;
   }
   pending_queue& q = held[hd.target];
-  // The message as it will leave: forwarded, one hop less.
   uint8_t head[proto::kHeaderSize];
-  std::memcpy(head, data, proto::kHeaderSize);
-  head[3] = static_cast<uint8_t>(hd.ttl - 1);
-  if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
+  forward_header(hd, data, head);
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
   if (enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) return false;

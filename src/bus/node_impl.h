@@ -443,6 +443,12 @@ struct node::impl {
   errc route_reply(bus_id target, const const_buffer* bufs, size_t total);
   void send_ack(bus_id to, uint64_t seq, proto::reason st);
   void forward(link* from, const proto::header& hd, const uint8_t* data, size_t size);
+  // The header of a relayed message as it leaves: type forward (from data), one hop less.
+  static void forward_header(const proto::header& hd, const uint8_t* data, uint8_t* head) {
+    std::memcpy(head, data, proto::kHeaderSize);
+    head[3] = static_cast<uint8_t>(hd.ttl - 1);
+    if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
+  }
   // A relayed message (its header) is dropped here: count, log (rate-limited), and tell its
   // source: an ack with the reason for require_response, else a drop notice (version 2 only).
   void relay_drop(const proto::header& hd, proto::reason why);

@@ -259,9 +259,7 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
     return;
   }
   uint8_t head[proto::kHeaderSize];
-  std::memcpy(head, data, proto::kHeaderSize);
-  head[3] = static_cast<uint8_t>(hd.ttl - 1);
-  if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
+  forward_header(hd, data, head);
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
   errc e = errc::queue_full;

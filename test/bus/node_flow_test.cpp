@@ -63,6 +63,16 @@ class NodeFlowTest : public test::bus_fixture {
     }));
     return t;
   }
+  // B dies (destroyed), 300 more are sent meanwhile, a new B with cfg comes back and 300 more
+  // follow; then every report must be in and ok. The old B object stays for its deliveries.
+  void replace_target(const node_config& cfg) {
+    destroy(b_);
+    send_some(300);
+    b_ = restart(0x102, cfg);
+    ASSERT_TRUE(wait([&] { return b_->n->up(); }));
+    send_some(300);
+    expect_all_ok();
+  }
   // Every message: exactly one report, ok, end to end.
   void expect_all_ok() {
     ASSERT_TRUE(wait([&] { return a_->reports.size() == value_of_.size(); }, 2 * test::kWait))
@@ -136,12 +146,7 @@ TEST_F(NodeFlowTest, TargetRestartGetsEverythingAtLeastOnce) {
   send_some(300);
   ASSERT_TRUE(wait([&] { return b_->got.size() >= 100; }));
   bus_node* old = b_;
-  destroy(old);
-  send_some(300);
-  b_ = restart(0x102, bc_);
-  ASSERT_TRUE(wait([&] { return b_->n->up(); }));
-  send_some(300);
-  expect_all_ok();
+  replace_target(bc_);
   const std::vector<uint64_t> first = in_order(old);
   const std::vector<uint64_t> second = in_order(b_);
   std::set<uint64_t> all(first.begin(), first.end());
@@ -169,12 +174,7 @@ TEST_F(NodeFlowTest, SharedMemoryTargetRestartGetsEverything) {
   EXPECT_EQ(e.data_channel, channel_kind::shm);
   send_some(300);
   bus_node* old = b_;
-  destroy(old);
-  send_some(300);
-  b_ = restart(0x102, bc_);
-  ASSERT_TRUE(wait([&] { return b_->n->up(); }));
-  send_some(300);
-  expect_all_ok();
+  replace_target(bc_);
   std::set<uint64_t> all;
   for (const auto& r : old->got) all.insert(r.value());
   for (const auto& r : b_->got) all.insert(r.value());
@@ -286,12 +286,7 @@ TEST_F(NodeFlowTest, PlannedRestartWithInheritedPositionsDeliversExactlyOnce) {
   node_config bc = bc_;
   bc.inherit_flow_positions = old->n->flow_positions();
   EXPECT_FALSE(bc.inherit_flow_positions.empty());
-  destroy(old);
-  send_some(300);
-  b_ = restart(0x102, bc);
-  ASSERT_TRUE(wait([&] { return b_->n->up(); }));
-  send_some(300);
-  expect_all_ok();
+  replace_target(bc);
   std::set<uint64_t> all;
   for (const auto& r : old->got) all.insert(r.value());
   for (const auto& r : b_->got) {
