@@ -57,6 +57,13 @@ enum class delivery_mode : uint8_t {
   next_hop,
 };
 
+// A listening socket handed from one process of a node to the next (node::detach_listeners(),
+// node_config::inherit_listeners, uvbus/handover.h): the listen URL as configured, and the socket.
+struct inherited_listener {
+  std::string url;
+  int fd = -1;
+};
+
 struct node_config {
   // URLs to accept peers on: ipv4://, ipv6://, dns://, unix:// (port 0 picks a free port; read the
   // real URLs back with node::listen_urls()) and at most one shm:// (the ring this node reads its
@@ -165,6 +172,13 @@ struct node_config {
   // stop(): this node starts with them, so messages its sources send again (those the previous
   // process delivered but had not acknowledged) are recognised as duplicates. Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
+  // Planned hand-over: listening sockets of the previous process of this id (its
+  // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` equal to an
+  // entry's url adopts that socket instead of binding, so peers that connected meanwhile wait in
+  // its backlog instead of being refused. start() owns every fd from its call on: it is closed
+  // with its listener, or by start() if it is not adopted (start() failed, or the socket did not
+  // fit: then start() fails with invalid_argument naming inherit_listeners[i] and why).
+  std::vector<inherited_listener> inherit_listeners;
   // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
   // makes two nodes try shared memory.
   std::string host_id;
@@ -427,6 +441,13 @@ class node {
   // delivered in order (an opaque blob; docs/protocol.md "Flow positions"). Pass it to the next
   // process of this id as node_config::inherit_flow_positions (after stop(), nothing changes).
   [[nodiscard]] std::vector<uint8_t> flow_positions() const;
+  // Planned hand-over, first step: stops accepting on every stream listener and appends each one's
+  // listening socket (with the URL as configured) to *out; the sockets stay bound and listening,
+  // so peers connecting from now on wait in the backlog for the next process (which gets them as
+  // node_config::inherit_listeners) instead of being refused. The caller owns the fds. Then
+  // stop() as usual; existing links are not touched. Errors: wrong_state (not running),
+  // invalid_argument (out null), and the duplicate's system error (that listener stays).
+  [[nodiscard]] errc detach_listeners(std::vector<inherited_listener>* out);
 
   struct impl;  // src/bus/node.cpp
 

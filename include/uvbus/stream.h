@@ -244,6 +244,22 @@ class stream_channel {
   // resolve_failed, already_exists, io_error.
   [[nodiscard]] errc listen(std::string_view url, listener_id* out = nullptr,
                             void* user_data = nullptr);
+  // Listens on a socket that is already bound and listening, typically one a previous process of
+  // this service gave away with detach_listener() (a planned hand-over, uvbus/handover.h). url
+  // names what it must be: a unix:// URL, a socket bound to that path; a TCP URL, a socket of that
+  // family bound to that port (any port for port 0); the listener's URL is then the bound address.
+  // Connections waiting in the socket's backlog are accepted at once. The channel owns fd from the
+  // call on: it is closed with the listener, or at once on an error. Errors: bad_url,
+  // unsupported_scheme, closed, invalid_argument (last_error() says why the socket does not fit:
+  // "not listening", "bound to port 1234", ...), no_memory.
+  [[nodiscard]] errc listen_fd(std::string_view url, int fd, listener_id* out = nullptr,
+                               void* user_data = nullptr);
+  // Stops accepting on l and gives its socket away: *fd receives a close-on-exec duplicate that
+  // stays bound and listening (the caller owns it), so that peers connecting meanwhile wait in the
+  // kernel's backlog for whoever adopts it with listen_fd() instead of being refused. A unix
+  // listener's socket file stays. Errors: closed (unknown or closed listener, or fd null),
+  // io_error and the like when the duplicate fails (the listener then stays).
+  [[nodiscard]] errc detach_listener(listener_id l, int* fd);
   // Stops listening (connections it accepted stay open) and removes a unix socket file.
   // Errors: closed (unknown or already closed listener, or channel closed).
   errc close_listener(listener_id l);

@@ -146,8 +146,9 @@ errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>*
       continue;
     }
     listener_id l;
-    const errc e = ch->listen(u, &l);
-    if (e != errc::ok) return refuse_call(e, field + "listening failed: " + to_string(e));
+    const errc e = open_stream_listener(ch, u, i, &l);
+    if (e != errc::ok) return e;
+    stream_listeners.emplace_back(u, l);
     urls->push_back(ch->listener_url(l));
   }
   if (*rd) {
@@ -205,6 +206,10 @@ errc node::impl::start() {
   }
   // The handles first: a refusal is logged from the loop through the idle handle.
   open_handles();
+  struct inherited_guard {  // the inherited sockets not adopted are closed on every return
+    impl* n;
+    ~inherited_guard() { n->close_inherited(); }
+  } guard{this};
   std::string why;
   const errc v = node::validate(self, cfg, &why);
   if (v != errc::ok) return refuse_call(v, "node::start: " + why);
@@ -224,6 +229,7 @@ errc node::impl::start() {
   std::unique_ptr<shm_reader> rd;
   const errc e = open_listeners(ch.get(), &rd, &urls);
   if (e != errc::ok) {
+    stream_listeners.clear();
     ch.reset();
     // A ring reattached with a predecessor's records stays for the next attempt.
     if (rd) {
@@ -542,6 +548,11 @@ std::string node::routes_text() const {
 const node_config& node::config() const noexcept {
   UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::config", impl_->cfg);
   return impl_->cfg;
+}
+
+errc node::detach_listeners(std::vector<inherited_listener>* out) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::detach_listeners");
+  return impl_->detach_listeners(out);
 }
 
 std::vector<uint8_t> node::flow_positions() const {

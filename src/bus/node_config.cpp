@@ -1,4 +1,5 @@
 // node::validate: every rule a node_config must meet, each refusal naming the field and the rule.
+#include <algorithm>
 #include <string>
 
 #include "bus/node_impl.h"
@@ -71,6 +72,30 @@ errc check_listen(const node_config& cfg, std::string* detail) {
     if (a.kind == scheme::shm && ++shm_count > 1) {
       return refuse(detail, errc::invalid_argument,
                     field + " " + quoted(cfg.listen[i]) + ": at most one shm:// URL");
+    }
+  }
+  return errc::ok;
+}
+
+errc check_inherited(const node_config& cfg, std::string* detail) {
+  for (size_t i = 0; i < cfg.inherit_listeners.size(); ++i) {
+    const inherited_listener& in = cfg.inherit_listeners[i];
+    const std::string field = "inherit_listeners[" + std::to_string(i) + "] " + quoted(in.url);
+    if (in.fd < 0) {
+      return refuse(detail, errc::invalid_argument, field + ": fd " + std::to_string(in.fd));
+    }
+    address a;
+    const bool stream = parse_address(in.url, &a) == errc::ok && a.kind != scheme::shm &&
+                        a.kind != scheme::mem;
+    if (!stream || std::find(cfg.listen.begin(), cfg.listen.end(), in.url) == cfg.listen.end()) {
+      return refuse(detail, errc::invalid_argument,
+                    field + ": not a stream URL of node_config.listen");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (cfg.inherit_listeners[j].url == in.url) {
+        return refuse(detail, errc::invalid_argument,
+                      field + ": the same URL as inherit_listeners[" + std::to_string(j) + "]");
+      }
     }
   }
   return errc::ok;
@@ -255,6 +280,7 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
     return errc::invalid_argument;
   }
   errc e = check_listen(cfg, detail);
+  if (e == errc::ok) e = check_inherited(cfg, detail);
   if (e == errc::ok) e = check_parents(cfg, detail);
   if (e == errc::ok) e = check_ids(cfg, detail);
   if (e == errc::ok) e = check_sizes(cfg, detail);

@@ -226,6 +226,8 @@ struct node::impl {
   std::string host_id;
   std::string hostname;
   std::vector<std::string> listen_urls;
+  // The stream listeners, with their URL as configured (detach_listeners()).
+  std::vector<std::pair<std::string, listener_id>> stream_listeners;
   std::string shm_url;  // our ring, if any
 
   enum class run_state : uint8_t { idle, running, stopping, stopped } state = run_state::idle;
@@ -501,6 +503,12 @@ struct node::impl {
   stream_config link_stream_config() const;
   std::unique_ptr<stream_channel> make_channel();
   // Opens the stream listeners and the shm ring of cfg.listen (their URLs into *urls).
+  // Listens on u: on the inherited socket configured for u if there is one (node_handover.cpp).
+  errc open_stream_listener(stream_channel* ch, const std::string& u, size_t index,
+                            listener_id* l);
+  // Closes the inherited sockets that were not adopted (every return of start()).
+  void close_inherited() noexcept;
+  errc detach_listeners(std::vector<inherited_listener>* out);
   errc open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>* rd,
                       std::vector<std::string>* urls);
   void open_handles();

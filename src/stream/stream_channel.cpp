@@ -1,6 +1,7 @@
 // The stream channel: construction and destruction, connection/listener bookkeeping, the
 // partial-frame sweep, close(), metrics, and the public API forwarding to the impl.
 #include <uv.h>
+#include <unistd.h>
 #include <csignal>
 
 #include <algorithm>
@@ -339,6 +340,21 @@ errc stream_channel::set_callbacks(stream_callbacks cbs) {
 errc stream_channel::listen(std::string_view url, listener_id* out, void* user_data) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen");
   return impl_->listen(url, out, user_data);
+}
+
+errc stream_channel::listen_fd(std::string_view url, int fd, listener_id* out, void* user_data) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen_fd");
+  if (impl_->closed) {
+    ::close(fd);
+    return errc::closed;
+  }
+  return impl_->listen_fd(url, fd, out, user_data);
+}
+
+errc stream_channel::detach_listener(listener_id l, int* fd) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::detach_listener");
+  if (impl_->closed || fd == nullptr) return errc::closed;
+  return impl_->detach_listener(impl_->find(l), fd);
 }
 
 errc stream_channel::close_listener(listener_id l) {

@@ -282,6 +282,8 @@ struct stream_channel::impl {
   errc listen_unix(listener_impl* l, const std::string& path);
   errc listen_tcp(listener_impl* l, const sockaddr* sa);
   errc listen(std::string_view url, listener_id* out, void* user);
+  errc listen_fd(std::string_view url, int fd, listener_id* out, void* user);
+  errc detach_listener(listener_impl* l, int* fd);
   // Removes the socket file only if it is still the one this listener created (another process
   // may have replaced a file it thought stale).
   static void remove_socket_file(listener_impl* l);

@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -41,6 +42,42 @@ uint16_t sockaddr_port(const sockaddr* sa) {
     return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
   }
   return 0;
+}
+
+// Why fd can not serve as a listener of the URL kind a (empty if it can), from the socket itself.
+std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bound) {
+  int v = 0;
+  socklen_t len = sizeof v;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &len) != 0) {
+    return std::string("not a socket (") + std::strerror(errno) + ")";
+  }
+  if (v != SOCK_STREAM) return "not a stream socket";
+  len = sizeof v;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &len) != 0 || v == 0) return "not listening";
+  socklen_t blen = sizeof *bound;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(bound), &blen) != 0) {
+    return std::string("getsockname failed (") + std::strerror(errno) + ")";
+  }
+  const int family = bound->ss_family;
+  if (a.kind == scheme::unix_socket) {
+    if (family != AF_UNIX) return "not a unix socket";
+    const auto* sun = reinterpret_cast<const sockaddr_un*>(bound);
+    const size_t n = blen > offsetof(sockaddr_un, sun_path) ? blen - offsetof(sockaddr_un, sun_path)
+                                                            : 0;
+    const std::string path(sun->sun_path, strnlen(sun->sun_path, n));
+    if (path != a.host) return "bound to \"" + path + "\"";
+    return {};
+  }
+  if (family != AF_INET && family != AF_INET6) return "not a TCP socket";
+  if (a.kind != scheme::dns) {
+    sockaddr_storage want{};
+    if (literal_sockaddr(a, &want) == errc::ok && want.ss_family != family) {
+      return family == AF_INET ? "an IPv4 socket" : "an IPv6 socket";
+    }
+  }
+  const uint16_t port = sockaddr_port(reinterpret_cast<const sockaddr*>(bound));
+  if (a.port != 0 && a.port != port) return "bound to port " + std::to_string(port);
+  return {};
 }
 
 }  // namespace
@@ -122,8 +159,25 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
   l->h.handle.data = l;
   ++handles;
   l->is_unix = true;
-  r = uv_pipe_bind(&l->h.pipe, path.c_str());
-  if (r != 0) return from_uv(r);
+  // Bound here rather than with uv_pipe_bind(): libuv would unlink the file when the handle
+  // closes, also after detach_listener() gave the socket to another process. The file is ours
+  // to remove (remove_socket_file()).
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errc_from_errno(-errno);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return errc_from_errno(-err);
+  }
+  r = uv_pipe_open(&l->h.pipe, fd);
+  if (r != 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return from_uv(r);
+  }
   l->unix_path = path;
   if (stat(path.c_str(), &st) == 0) {
     l->unix_dev = st.st_dev;
@@ -210,6 +264,59 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
   return errc::ok;
 }
 
+errc stream_channel::impl::listen_fd(std::string_view url, int fd, listener_id* out, void* user) {
+  address a;
+  errc e = check_url(url, &a);
+  const std::string what = std::string(url) + ": inherited socket " + std::to_string(fd) + " ";
+  sockaddr_storage bound{};
+  const std::string problem = e == errc::ok ? listening_fd_problem(fd, a, &bound) : std::string();
+  auto* l = e == errc::ok && problem.empty() ? new (std::nothrow) listener_impl(this) : nullptr;
+  if (l == nullptr) {
+    ::close(fd);
+    if (e != errc::ok) return e;
+    return problem.empty() ? fail(errc::no_memory, what + "out of memory")
+                           : fail(errc::invalid_argument, what + problem);
+  }
+  l->user_data = user;
+  l->is_unix = a.kind == scheme::unix_socket;
+  int r = l->is_unix ? uv_pipe_init(loop, &l->h.pipe, 0) : uv_tcp_init(loop, &l->h.tcp);
+  if (r != 0) {
+    ::close(fd);
+    delete l;
+    return fail(from_uv(r), what + uv_strerror(r));
+  }
+  l->h.handle.data = l;
+  ++handles;
+  r = l->is_unix ? uv_pipe_open(&l->h.pipe, fd) : uv_tcp_open(&l->h.tcp, fd);
+  if (r != 0) ::close(fd);
+  if (r == 0) r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
+  if (r != 0) {
+    uv_close(&l->h.handle, [](uv_handle_t* h) {
+      auto* ll = static_cast<listener_impl*>(h->data);
+      impl* self = ll->ch;
+      delete ll;
+      self->handle_released();
+    });
+    return fail(from_uv(r), what + uv_strerror(r));
+  }
+  if (l->is_unix) {
+    l->unix_path = a.host;
+    l->url = "unix://" + a.host;
+    struct stat st {};
+    if (stat(a.host.c_str(), &st) == 0) {
+      l->unix_dev = st.st_dev;
+      l->unix_ino = st.st_ino;
+    }
+  } else {
+    l->url = sockaddr_url(reinterpret_cast<sockaddr*>(&bound));
+    l->port = sockaddr_port(reinterpret_cast<sockaddr*>(&bound));
+  }
+  l->id = listener_id{next_listener_id()};
+  link(l);
+  if (out != nullptr) *out = l->id;
+  return errc::ok;
+}
+
 // Removes the socket file only if it is still the one this listener created (another process
 // may have replaced a file it thought stale).
 void stream_channel::impl::remove_socket_file(listener_impl* l) {
@@ -219,6 +326,18 @@ void stream_channel::impl::remove_socket_file(listener_impl* l) {
     ::unlink(l->unix_path.c_str());
   }
   l->unix_path.clear();
+}
+
+errc stream_channel::impl::detach_listener(listener_impl* l, int* fd) {
+  if (l == nullptr || l->closing) return errc::closed;
+  uv_os_fd_t raw = -1;
+  if (uv_fileno(&l->h.handle, &raw) != 0) return fail(errc::closed, l->url + ": no socket");
+  const int d = fcntl(raw, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return fail(errc_from_errno(-errno), l->url + ": dup of the listening socket failed");
+  l->unix_path.clear();  // the socket file stays: it belongs to the socket, which lives on
+  (void)close_listener(l);
+  *fd = d;
+  return errc::ok;
 }
 
 errc stream_channel::impl::close_listener(listener_impl* l) {

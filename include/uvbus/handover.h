@@ -1,0 +1,52 @@
+// Planned hand-over of a node to its next process: the listening sockets and the flow positions,
+// passed over a unix socket (the sockets as SCM_RIGHTS, so they stay open and listening
+// throughout and no peer's connection attempt is refused). docs/bus.md "Planned restart".
+//
+//   old process                                   new process (same id, same config)
+//   ------------------------------------------    ------------------------------------------
+//                                                 handover_receive(path, ...)   waits
+//   n.detach_listeners(&st.listeners); n.stop();
+//   on_down(closed): st.flow_positions =
+//     n.flow_positions(); handover_send(path, st)  -> st
+//   close st's fds, exit                          cfg.inherit_listeners = st.listeners;
+//                                                 cfg.inherit_flow_positions = st.flow_positions;
+//                                                 node n2(...); n2.start();
+//
+// Both calls block the calling thread (with a deadline): call them outside a running loop — the
+// old process after its node stopped, the new one before its node starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "uvbus/error.h"
+#include "uvbus/node.h"
+
+namespace uvbus {
+
+struct handover_state {
+  std::vector<inherited_listener> listeners;  // at most 8 (node_config's listen limit)
+  std::vector<uint8_t> flow_positions;        // node::flow_positions() after stop()
+};
+
+// The new process: creates a unix socket at `path` (mode 0600; a stale file is replaced, a path
+// another live receiver listens on gives address_in_use), waits up to timeout_ms for one sender,
+// checks that it runs as the same user, receives its state (the fds become this process's and
+// *out owns them) and acknowledges; the socket file is removed before returning. Errors (detail,
+// if given, says what was wrong): invalid_argument (path too long, out null), timeout (no sender
+// in time, or it stopped mid-way), permission_denied (a sender of another user), protocol_error
+// (not a hand-over message, more sockets than announced, oversize), and the system's errors.
+[[nodiscard]] errc handover_receive(const std::string& path, int timeout_ms, handover_state* out,
+                                    std::string* detail = nullptr);
+
+// The old process: connects to the receiver at `path` (retrying until it is there or timeout_ms
+// passes), sends the state and waits for the receiver's acknowledgement. The fds stay the caller's
+// (the receiver has its own copies from then on: close them after a success). Errors:
+// invalid_argument (path too long, more than 8 sockets, a negative fd), timeout (no receiver, or
+// no acknowledgement in time), protocol_error (the receiver refused the message), and the
+// system's errors.
+[[nodiscard]] errc handover_send(const std::string& path, const handover_state& state,
+                                 int timeout_ms, std::string* detail = nullptr);
+
+}  // namespace uvbus

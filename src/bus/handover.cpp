@@ -1,0 +1,354 @@
+// Planned hand-over between two processes of a node: listening sockets (SCM_RIGHTS) and flow
+// positions over a unix socket, with deadlines, a same-user check and a bounded message.
+//
+// Message: "UVBH" u8 version=1 u8 count u16 0 u32 body_len (little-endian), the count fds riding
+// on the first bytes; body: count × (u16 url_len, url), then u32 positions_len, positions.
+// Reply: one byte, 0 accepted, 1 refused.
+#include "uvbus/handover.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "core/endian.h"
+
+namespace uvbus {
+namespace {
+
+constexpr uint8_t kMagic[4] = {'U', 'V', 'B', 'H'};
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeader = 12;
+constexpr size_t kMaxSockets = 8;
+constexpr size_t kMaxBody = size_t{64} << 20;
+
+int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
+}
+
+errc say(std::string* detail, errc e, const std::string& what) {
+  if (detail != nullptr) *detail = what;
+  return e;
+}
+
+std::string sys(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+struct fd_guard {
+  int fd = -1;
+  explicit fd_guard(int f) : fd(f) {}
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+  ~fd_guard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool make_sockaddr(const std::string& path, sockaddr_un* sun) {
+  if (path.empty() || path.size() >= sizeof sun->sun_path) return false;
+  *sun = sockaddr_un{};
+  sun->sun_family = AF_UNIX;
+  std::memcpy(sun->sun_path, path.c_str(), path.size() + 1);
+  return true;
+}
+
+// Waits until fd is ready for events or the deadline passes.
+bool wait_for(int fd, short events, int64_t deadline) {
+  for (;;) {
+    const int64_t left = deadline - now_ms();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// Writes all of [p, p + n) to the non-blocking fd before the deadline.
+errc write_all(int fd, const uint8_t* p, size_t n, int64_t deadline, std::string* detail) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<size_t>(w);
+    } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+      return say(detail, errc::io_error, sys("handover: send"));
+    } else if (!wait_for(fd, POLLOUT, deadline)) {
+      return say(detail, errc::timeout, "handover: the receiver stopped reading");
+    }
+  }
+  return errc::ok;
+}
+
+// Reads exactly n bytes into p before the deadline, collecting any fds that come with them.
+errc read_all(int fd, uint8_t* p, size_t n, int64_t deadline, std::vector<int>* fds,
+              std::string* detail) {
+  while (n > 0) {
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxSockets * sizeof(int))];
+    iovec iov{p, n};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    const ssize_t r = ::recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+    if (r > 0 || (r == 0 && m.msg_controllen > 0)) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; ++i) {
+          int f = -1;
+          std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+          fds->push_back(f);
+        }
+      }
+      if ((m.msg_flags & MSG_CTRUNC) != 0) {
+        return say(detail, errc::protocol_error, "handover: more sockets than one message holds");
+      }
+    }
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+    } else if (r == 0) {
+      return say(detail, errc::timeout, "handover: the sender closed mid-message");
+    } else if (errno != EAGAIN && errno != EINTR) {
+      return say(detail, errc::io_error, sys("handover: recvmsg"));
+    } else if (!wait_for(fd, POLLIN, deadline)) {
+      return say(detail, errc::timeout, "handover: the sender stopped mid-message");
+    }
+  }
+  return errc::ok;
+}
+
+std::vector<uint8_t> encode(const handover_state& st) {
+  std::vector<uint8_t> out(kHeader);
+  std::memcpy(out.data(), kMagic, 4);
+  out[4] = kVersion;
+  out[5] = static_cast<uint8_t>(st.listeners.size());
+  for (const inherited_listener& l : st.listeners) {
+    const size_t at = out.size();
+    out.resize(at + 2 + l.url.size());
+    store_le<uint16_t>(out.data() + at, static_cast<uint16_t>(l.url.size()));
+    std::memcpy(out.data() + at + 2, l.url.data(), l.url.size());
+  }
+  const size_t at = out.size();
+  out.resize(at + 4 + st.flow_positions.size());
+  store_le<uint32_t>(out.data() + at, static_cast<uint32_t>(st.flow_positions.size()));
+  if (!st.flow_positions.empty()) {
+    std::memcpy(out.data() + at + 4, st.flow_positions.data(), st.flow_positions.size());
+  }
+  store_le<uint32_t>(out.data() + 8, static_cast<uint32_t>(out.size() - kHeader));
+  return out;
+}
+
+// Parses the body into *out (urls and positions; the fds are paired by the caller).
+bool decode_body(const std::vector<uint8_t>& body, size_t count, handover_state* out) {
+  size_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (body.size() - at < 2) return false;
+    const size_t n = load_le16(body.data() + at);
+    at += 2;
+    if (body.size() - at < n) return false;
+    out->listeners.push_back({std::string(reinterpret_cast<const char*>(body.data() + at), n), -1});
+    at += n;
+  }
+  if (body.size() - at < 4) return false;
+  const size_t n = load_le32(body.data() + at);
+  at += 4;
+  if (body.size() - at != n) return false;
+  out->flow_positions.assign(body.begin() + static_cast<std::ptrdiff_t>(at), body.end());
+  return true;
+}
+
+// Connects to path, retrying while nobody listens there yet.
+errc connect_until(const sockaddr_un& sun, int64_t deadline, int* out, std::string* detail) {
+  for (;;) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return say(detail, errc::io_error, sys("handover: socket"));
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&sun), sizeof sun) == 0) {
+      *out = fd;
+      return errc::ok;
+    }
+    const int err = errno;
+    ::close(fd);
+    if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN) {
+      errno = err;
+      return say(detail, errc::io_error, sys("handover: connect"));
+    }
+    if (now_ms() >= deadline) {
+      return say(detail, errc::timeout,
+                 std::string("handover: no receiver at ") + sun.sun_path + " in time");
+    }
+    ::poll(nullptr, 0, 5);
+  }
+}
+
+}  // namespace
+
+errc handover_send(const std::string& path, const handover_state& st, int timeout_ms,
+                   std::string* detail) {
+  sockaddr_un sun{};
+  if (!make_sockaddr(path, &sun)) {
+    return say(detail, errc::invalid_argument, "handover_send: path empty or too long");
+  }
+  if (st.listeners.size() > kMaxSockets) {
+    return say(detail, errc::invalid_argument, "handover_send: more than 8 sockets");
+  }
+  std::vector<int> fds;
+  for (const inherited_listener& l : st.listeners) {
+    if (l.fd < 0 || l.url.size() > 0xffff) {
+      return say(detail, errc::invalid_argument, "handover_send: \"" + l.url + "\": bad fd or url");
+    }
+    fds.push_back(l.fd);
+  }
+  const std::vector<uint8_t> msg = encode(st);
+  if (msg.size() - kHeader > kMaxBody) {
+    return say(detail, errc::invalid_argument, "handover_send: flow positions over 64 MiB");
+  }
+  const int64_t deadline = now_ms() + timeout_ms;
+  int raw = -1;
+  errc e = connect_until(sun, deadline, &raw, detail);
+  if (e != errc::ok) return e;
+  const fd_guard s(raw);
+  // The header carries the fds; the rest follows as plain bytes.
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxSockets * sizeof(int))] = {};
+  iovec iov{const_cast<uint8_t*>(msg.data()), kHeader};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  if (!fds.empty()) {
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  }
+  ssize_t w = -1;
+  while ((w = ::sendmsg(s.fd, &m, MSG_NOSIGNAL)) < 0 && (errno == EAGAIN || errno == EINTR)) {
+    if (!wait_for(s.fd, POLLOUT, deadline)) return say(detail, errc::timeout, "handover: stalled");
+  }
+  if (w < 0) return say(detail, errc::io_error, sys("handover: sendmsg"));
+  const auto sent = static_cast<size_t>(w);
+  e = write_all(s.fd, msg.data() + sent, msg.size() - sent, deadline, detail);
+  if (e != errc::ok) return e;
+  uint8_t ack = 1;
+  std::vector<int> none;
+  e = read_all(s.fd, &ack, 1, deadline, &none, detail);
+  for (const int f : none) ::close(f);
+  if (e != errc::ok) return e;
+  if (ack != 0) return say(detail, errc::protocol_error, "handover: the receiver refused it");
+  return errc::ok;
+}
+
+namespace {
+
+// Binds and listens at path (0600), replacing a stale socket file.
+errc listen_at(const sockaddr_un& sun, int* out, std::string* detail) {
+  const std::string path = sun.sun_path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return say(detail, errc::already_exists, "handover: " + path + " exists and is no socket");
+    }
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const bool live =
+        probe >= 0 && ::connect(probe, reinterpret_cast<const sockaddr*>(&sun), sizeof sun) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) return say(detail, errc::address_in_use, "handover: another receiver at " + path);
+    ::unlink(path.c_str());
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return say(detail, errc::io_error, sys("handover: socket"));
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&sun), sizeof sun) != 0 ||
+      ::chmod(path.c_str(), 0600) != 0 || ::listen(fd, 4) != 0) {
+    const errc e = errno == EACCES ? errc::permission_denied : errc::io_error;
+    const std::string why = sys(("handover: listening at " + path).c_str());
+    ::close(fd);
+    return say(detail, e, why);
+  }
+  *out = fd;
+  return errc::ok;
+}
+
+// Reads one hand-over message from the connected sender c into *out (fds owned by *out).
+errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
+  std::vector<int> fds;
+  uint8_t head[kHeader];
+  errc e = read_all(c, head, kHeader, deadline, &fds, detail);
+  const size_t count = head[5];
+  const size_t body_len = load_le32(head + 8);
+  if (e == errc::ok && (std::memcmp(head, kMagic, 4) != 0 || head[4] != kVersion ||
+                        count > kMaxSockets || body_len > kMaxBody)) {
+    e = say(detail, errc::protocol_error, "handover: not a version-1 hand-over message");
+  }
+  std::vector<uint8_t> body;
+  if (e == errc::ok) {
+    body.resize(body_len);
+    e = read_all(c, body.data(), body.size(), deadline, &fds, detail);
+  }
+  handover_state st;
+  if (e == errc::ok && (!decode_body(body, count, &st) || fds.size() != count)) {
+    e = say(detail, errc::protocol_error,
+            "handover: malformed message (" + std::to_string(fds.size()) + " sockets for " +
+                std::to_string(count) + " announced)");
+  }
+  if (e != errc::ok) {
+    for (const int f : fds) ::close(f);
+    const uint8_t no = 1;
+    (void)::send(c, &no, 1, MSG_NOSIGNAL);
+    return e;
+  }
+  for (size_t i = 0; i < count; ++i) st.listeners[i].fd = fds[i];
+  const uint8_t yes = 0;
+  (void)write_all(c, &yes, 1, deadline, nullptr);  // the state is ours even if the ack is lost
+  *out = std::move(st);
+  return errc::ok;
+}
+
+}  // namespace
+
+errc handover_receive(const std::string& path, int timeout_ms, handover_state* out,
+                      std::string* detail) {
+  sockaddr_un sun{};
+  if (out == nullptr || !make_sockaddr(path, &sun)) {
+    return say(detail, errc::invalid_argument, "handover_receive: out null, or path bad");
+  }
+  const int64_t deadline = now_ms() + timeout_ms;
+  int raw = -1;
+  const errc e = listen_at(sun, &raw, detail);
+  if (e != errc::ok) return e;
+  const fd_guard s(raw);
+  struct unlink_guard {
+    std::string p;
+    ~unlink_guard() { ::unlink(p.c_str()); }
+  } remove_file{path};
+  std::string refused;
+  for (;;) {
+    if (!wait_for(s.fd, POLLIN, deadline)) {
+      return say(detail, errc::timeout,
+                 "handover: no sender at " + path + " in time" + refused);
+    }
+    const fd_guard c(::accept4(s.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (c.fd < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(c.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
+      // Not ours to trust: ignore it and keep waiting for the real sender.
+      refused = " (refused a sender of uid " + std::to_string(cred.uid) + ")";
+      continue;
+    }
+    return receive_from(c.fd, deadline, out, detail);
+  }
+}
+
+}  // namespace uvbus

@@ -1,0 +1,54 @@
+// Bus node, planned hand-over: adopting the listening sockets a previous process of this id gave
+// away (node_config::inherit_listeners) and giving ours away (node::detach_listeners()).
+#include <unistd.h>
+
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+errc node::impl::open_stream_listener(stream_channel* ch, const std::string& u, size_t index,
+                                      listener_id* l) {
+  const std::string field =
+      "node_config.listen[" + std::to_string(index) + "] \"" + u + "\": ";
+  for (size_t j = 0; j < cfg.inherit_listeners.size(); ++j) {
+    inherited_listener& in = cfg.inherit_listeners[j];
+    if (in.fd < 0 || in.url != u) continue;
+    const int fd = in.fd;
+    in.fd = -1;  // listen_fd() owns it now, whatever the result
+    const errc e = ch->listen_fd(u, fd, l);
+    if (e == errc::ok) return e;
+    return refuse_call(errc::invalid_argument,
+                       "node::start: node_config.inherit_listeners[" + std::to_string(j) +
+                           "] (fd " + std::to_string(fd) + "): " + ch->last_error().detail);
+  }
+  const errc e = ch->listen(u, l);
+  if (e != errc::ok) return refuse_call(e, field + "listening failed: " + to_string(e));
+  return e;
+}
+
+void node::impl::close_inherited() noexcept {
+  for (inherited_listener& in : cfg.inherit_listeners) {
+    if (in.fd >= 0) ::close(in.fd);
+    in.fd = -1;
+  }
+}
+
+errc node::impl::detach_listeners(std::vector<inherited_listener>* out) {
+  if (out == nullptr) return fail(errc::invalid_argument, "node::detach_listeners: out is null");
+  if (state != run_state::running) {
+    return fail(errc::wrong_state, "node::detach_listeners: the node is not running");
+  }
+  while (!stream_listeners.empty()) {
+    const auto& [url, id] = stream_listeners.back();
+    int fd = -1;
+    const errc e = streams->detach_listener(id, &fd);
+    if (e != errc::ok) {
+      return fail(e, "node::detach_listeners: \"" + url + "\": " + streams->last_error().detail);
+    }
+    out->push_back(inherited_listener{url, fd});
+    stream_listeners.pop_back();
+  }
+  return errc::ok;
+}
+
+}  // namespace uvbus

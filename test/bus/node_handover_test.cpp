@@ -1,0 +1,249 @@
+// Planned hand-over: a parent gives its listening sockets and flow positions to its next process
+// (node::detach_listeners, node_config::inherit_listeners, uvbus/handover.h); peers that connect
+// meanwhile wait in the backlog and are never refused; bad sockets, bad peers and missing
+// partners give clear errors.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "bus/bus_harness.h"
+#include "uvbus/handover.h"
+#include "uvbus/stream.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_fixture;
+using test::bus_node;
+using test::fast_config;
+
+std::string temp_path(const char* what) {
+  return "/tmp/" + test::unique_name(what);
+}
+
+// Connects a plain socket to a TCP port of 127.0.0.1 or a unix path: 0 or the errno.
+int probe_connect(uint16_t port, const std::string& unix_path, int* fd_out) {
+  const int fd = ::socket(port != 0 ? AF_INET : AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int r = 0;
+  if (port != 0) {
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_port = htons(port);
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    r = ::connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof in);
+  } else {
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    std::snprintf(un.sun_path, sizeof un.sun_path, "%s", unix_path.c_str());
+    r = ::connect(fd, reinterpret_cast<sockaddr*>(&un), sizeof un);
+  }
+  const int err = r == 0 ? 0 : errno;
+  *fd_out = fd;
+  return err;
+}
+
+bool fd_is_open(int fd) {
+  return ::fcntl(fd, F_GETFD) != -1;
+}
+
+class NodeHandoverTest : public bus_fixture {
+ protected:
+  // Root P on TCP and a unix socket; A registers over TCP, B over the unix socket.
+  void make_tree() {
+    unix_ = temp_path("handover-root.sock");
+    pc_ = fast_config();
+    pc_.listen = {"ipv4://127.0.0.1:0", "unix://" + unix_};
+    pc_.subnets = {{0x100, 8}};
+    p_ = make(0x100, pc_);
+    a_ = make(0x101, fast_config(p_->n->listen_urls().at(0)));
+    b_ = make(0x102, fast_config(p_->n->listen_urls().at(1)));
+    ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
+  }
+  void send_some(int n) {
+    for (int i = 0; i < n; ++i, ++next_) {
+      ASSERT_EQ(a_->n->send_data(0x102, 1, &next_, sizeof next_), errc::ok);
+    }
+  }
+
+  std::string unix_;
+  node_config pc_;
+  bus_node* p_ = nullptr;
+  bus_node* a_ = nullptr;
+  bus_node* b_ = nullptr;
+  uint64_t next_ = 0;
+};
+
+TEST_F(NodeHandoverTest, ParentHandsItsListenersOverAndNoConnectionIsRefused) {
+  make_tree();
+  send_some(200);
+  const std::vector<std::string> urls = p_->n->listen_urls();
+  const std::string hpath = temp_path("handover.ctl");
+  handover_state got;
+  errc got_e = errc::ok;
+  std::string got_why;
+  std::thread receiver([&] { got_e = handover_receive(hpath, 30000, &got, &got_why); });
+
+  handover_state give;
+  ASSERT_EQ(p_->n->detach_listeners(&give.listeners), errc::ok);
+  ASSERT_EQ(give.listeners.size(), 2u);
+  EXPECT_TRUE(p_->n->detach_listeners(&give.listeners) == errc::ok);  // nothing left: no-op
+  EXPECT_EQ(give.listeners.size(), 2u);
+  // Between the two processes a connecting peer waits in the backlog: it is not refused.
+  int tcp_probe = -1;
+  int unix_probe = -1;
+  const uint16_t port = static_cast<uint16_t>(std::stoi(urls[0].substr(urls[0].rfind(':') + 1)));
+  EXPECT_EQ(probe_connect(port, {}, &tcp_probe), 0);
+  EXPECT_EQ(probe_connect(0, unix_, &unix_probe), 0);
+  const uint64_t a_reconnects = a_->n->counters().reconnects;
+  const uint64_t b_reconnects = b_->n->counters().reconnects;
+  send_some(200);
+  p_->n->stop();
+  ASSERT_TRUE(wait([&] { return !p_->downs.empty(); }));
+  give.flow_positions = p_->n->flow_positions();
+  std::string why;
+  EXPECT_EQ(handover_send(hpath, give, 30000, &why), errc::ok) << why;
+  receiver.join();
+  ASSERT_EQ(got_e, errc::ok) << got_why;
+  for (const inherited_listener& l : give.listeners) ::close(l.fd);
+  ASSERT_EQ(got.listeners.size(), 2u);
+  EXPECT_EQ(got.listeners[0].url, pc_.listen[1]);  // detached in reverse order
+  EXPECT_EQ(got.listeners[1].url, pc_.listen[0]);
+  EXPECT_EQ(got.flow_positions, give.flow_positions);
+
+  node_config c2 = pc_;
+  c2.inherit_listeners = got.listeners;
+  c2.inherit_flow_positions = got.flow_positions;
+  bus_node* p2 = make(0x100, c2);
+  EXPECT_EQ(p2->n->listen_urls(), urls);
+  ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up() && a_->ups >= 2 && b_->ups >= 2; }));
+  send_some(200);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == next_; }, 2 * test::kWait));
+  for (const auto& r : a_->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
+  EXPECT_EQ(b_->got.size(), next_);
+  // One connection attempt each after the switch: the first one landed.
+  EXPECT_EQ(a_->n->counters().reconnects, a_reconnects + 1);
+  EXPECT_EQ(b_->n->counters().reconnects, b_reconnects + 1);
+  ::close(tcp_probe);
+  ::close(unix_probe);
+  destroy(p2);
+  EXPECT_FALSE(fd_is_open(got.listeners[0].fd));  // closed with the listeners
+  EXPECT_NE(::access(unix_.c_str(), F_OK), 0);       // the new owner removed the socket file
+}
+
+TEST_F(NodeHandoverTest, DetachListenersNeedsARunningNode) {
+  bus_node* t = make(0x42, fast_config(), false);
+  std::vector<inherited_listener> out;
+  EXPECT_EQ(t->n->detach_listeners(&out), errc::wrong_state);
+  ASSERT_EQ(t->n->start(), errc::ok);
+  EXPECT_EQ(t->n->detach_listeners(nullptr), errc::invalid_argument);
+  ASSERT_EQ(t->n->detach_listeners(&out), errc::ok);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].url, "ipv4://127.0.0.1:0");
+  ::close(out[0].fd);
+}
+
+TEST_F(NodeHandoverTest, AnInheritedSocketThatDoesNotFitIsRefusedAndClosed) {
+  // Not listening.
+  const int plain = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  node_config c = fast_config();
+  c.inherit_listeners = {{c.listen[0], plain}};
+  bus_node* t = make(0x42, c, false);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  EXPECT_NE(t->n->last_error().detail.find("inherit_listeners[0]"), std::string::npos);
+  EXPECT_NE(t->n->last_error().detail.find("not listening"), std::string::npos)
+      << t->n->last_error().detail;
+  EXPECT_FALSE(fd_is_open(plain));
+  // Listening, but on another port than the URL says.
+  bus_node* other = make(0x43, fast_config());
+  std::vector<inherited_listener> out;
+  ASSERT_EQ(other->n->detach_listeners(&out), errc::ok);
+  c.listen = {"ipv4://127.0.0.1:1"};
+  c.inherit_listeners = {{c.listen[0], out[0].fd}};
+  bus_node* u = make(0x44, c, false);
+  EXPECT_EQ(u->n->start(), errc::invalid_argument);
+  EXPECT_NE(u->n->last_error().detail.find("bound to port"), std::string::npos)
+      << u->n->last_error().detail;
+  EXPECT_FALSE(fd_is_open(out[0].fd));
+}
+
+TEST(NodeHandoverConfig, InheritedSocketsMustNameAListenUrl) {
+  node_config c = fast_config();
+  c.inherit_listeners = {{"ipv4://127.0.0.1:7", 3}};
+  std::string why;
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("inherit_listeners[0]"), std::string::npos) << why;
+  c.inherit_listeners = {{c.listen[0], -1}};
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  c.inherit_listeners = {{c.listen[0], 3}, {c.listen[0], 4}};
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("the same URL"), std::string::npos) << why;
+}
+
+TEST(Handover, NobodyOnTheOtherSideTimesOut) {
+  const std::string path = temp_path("handover-none.ctl");
+  handover_state st;
+  std::string why;
+  EXPECT_EQ(handover_receive(path, 50, &st, &why), errc::timeout);
+  EXPECT_NE(why.find("no sender"), std::string::npos) << why;
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  EXPECT_EQ(handover_send(path, st, 50, &why), errc::timeout);
+  EXPECT_NE(why.find("no receiver"), std::string::npos) << why;
+  EXPECT_EQ(handover_receive(std::string(200, 'x'), 50, &st, &why), errc::invalid_argument);
+}
+
+TEST(Handover, GarbageIsRefusedAndItsSocketsClosed) {
+  const std::string path = temp_path("handover-garbage.ctl");
+  handover_state st;
+  std::string why;
+  errc e = errc::ok;
+  std::thread receiver([&] { e = handover_receive(path, 30000, &st, &why); });
+  int fd = -1;
+  while (probe_connect(0, path, &fd) != 0) {
+    ::close(fd);
+    std::this_thread::yield();
+  }
+  const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
+  receiver.join();
+  EXPECT_EQ(e, errc::protocol_error);
+  EXPECT_NE(why.find("not a version-1"), std::string::npos) << why;
+  char ack = 0;
+  EXPECT_EQ(::recv(fd, &ack, 1, 0), 1);
+  EXPECT_EQ(ack, 1);  // refused
+  ::close(fd);
+  EXPECT_TRUE(st.listeners.empty());
+}
+
+TEST(Handover, StreamListenerMovesBetweenChannelsWithItsBacklog) {
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    stream_channel a(&loop, stream_config{}, {});
+    listener_id l;
+    ASSERT_EQ(a.listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    const uint16_t port = a.listener_port(l);
+    int fd = -1;
+    ASSERT_EQ(a.detach_listener(l, &fd), errc::ok);
+    EXPECT_EQ(a.detach_listener(l, &fd), errc::closed);
+    int waiting = -1;
+    EXPECT_EQ(probe_connect(port, {}, &waiting), 0);  // queued, not refused
+    int accepted = 0;
+    stream_callbacks cb;
+    cb.on_accepted = [&](connection_id) { ++accepted; };
+    stream_channel b(&loop, stream_config{}, cb);
+    listener_id l2;
+    ASSERT_EQ(b.listen_fd("ipv4://127.0.0.1:0", fd, &l2), errc::ok);
+    EXPECT_EQ(b.listener_port(l2), port);
+    EXPECT_TRUE(test::wait_until(&loop, [&] { return accepted == 1; }));
+    ::close(waiting);
+    EXPECT_EQ(b.listen_fd("unix:///nonexistent.sock", ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), nullptr), errc::invalid_argument);
+  }
+  EXPECT_EQ(test::close_loop(&loop), 0);
+}
+
+}  // namespace
+}  // namespace uvbus
