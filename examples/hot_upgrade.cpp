@@ -11,7 +11,15 @@
 //       exits; started again with an existing STATE_FILE it inherits those positions.
 //   uvbus_example_hot_upgrade sender PARENT_URL COUNT
 //       node 0x101: sends COUNT numbered messages to 0x102 (about 2000 per second), waits for
-//       every report and prints "reports ok=N failed=M"; exits 0 only if every report is ok.
+//       every report and prints "reports ok=N failed=M reconnects=R"; exits 0 only if every
+//       report is ok.
+// With HOT_UPGRADE_HANDOVER=PATH in the environment, root and logic hand over with
+// uvbus/handover.h instead: on SIGTERM the process detaches its listening sockets, stops, and
+// sends sockets and flow positions to the process waiting at PATH; a process started with
+// HOT_UPGRADE_TAKEOVER=1 as well first waits at PATH for them (peers never see a refused
+// connection: their attempts wait in the inherited sockets' backlog). SIGINT stops a process
+// without a hand-over (the last one).
+#include <unistd.h>
 #include <uv.h>
 
 #include <cstdint>
@@ -23,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "uvbus/handover.h"
 #include "uvbus/node.h"
 
 using namespace uvbus;
@@ -39,12 +48,63 @@ node_config base() {
   return c;
 }
 
-// Stops the node on SIGTERM; the loop ends when its on_down(closed) has run.
+const char* handover_path() {
+  return std::getenv("HOT_UPGRADE_HANDOVER");
+}
+
+// With a hand-over path: the listening sockets kept open for the next process.
+handover_state g_handover;
+bool g_final = false;  // SIGINT: the last stop, nobody to hand over to
+uv_signal_t g_int;
+
+// Stops the node on SIGTERM (with a hand-over path, after detaching its listeners); the loop ends
+// when its on_down(closed) has run.
 void stop_on_sigterm(uv_loop_t* loop, uv_signal_t* sig, node* n) {
   uv_signal_init(loop, sig);
   sig->data = n;
   uv_signal_start(
-      sig, [](uv_signal_t* s, int) { static_cast<node*>(s->data)->stop(); }, SIGTERM);
+      sig,
+      [](uv_signal_t* s, int) {
+        auto* nn = static_cast<node*>(s->data);
+        if (handover_path() != nullptr) (void)nn->detach_listeners(&g_handover.listeners);
+        nn->stop();
+      },
+      SIGTERM);
+  uv_signal_init(loop, &g_int);
+  g_int.data = n;
+  uv_signal_start(
+      &g_int,
+      [](uv_signal_t* s, int) {
+        g_final = true;
+        static_cast<node*>(s->data)->stop();
+      },
+      SIGINT);
+}
+
+// The new process: waits for the old one's sockets and positions (HOT_UPGRADE_TAKEOVER=1).
+bool take_over(node_config* c, const char* who) {
+  if (handover_path() == nullptr || std::getenv("HOT_UPGRADE_TAKEOVER") == nullptr) return true;
+  handover_state st;
+  std::string why;
+  if (const errc e = handover_receive(handover_path(), 30000, &st, &why); e != errc::ok) {
+    std::fprintf(stderr, "%s: hand-over: %s %s\n", who, to_string(e), why.c_str());
+    return false;
+  }
+  c->inherit_listeners = std::move(st.listeners);
+  c->inherit_flow_positions = std::move(st.flow_positions);
+  return true;
+}
+
+// The old process, its node stopped: gives sockets and positions to the next one.
+int hand_over(const node& n, const char* who) {
+  if (handover_path() == nullptr || g_final) return 0;
+  g_handover.flow_positions = n.flow_positions();
+  std::string why;
+  const errc e = handover_send(handover_path(), g_handover, 30000, &why);
+  for (const inherited_listener& l : g_handover.listeners) close(l.fd);
+  if (e == errc::ok) return 0;
+  std::fprintf(stderr, "%s: hand-over: %s %s\n", who, to_string(e), why.c_str());
+  return 1;
 }
 
 int run_root(const char* url_file, const char* url) {
@@ -56,6 +116,7 @@ int run_root(const char* url_file, const char* url) {
   cb.on_down = [](errc why) {
     if (why == errc::closed) uv_stop(uv_default_loop());
   };
+  if (!take_over(&c, "root")) return 1;
   node n(loop, 0x100, c, cb);
   if (const errc e = n.start(); e != errc::ok) {
     std::fprintf(stderr, "root: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
@@ -65,7 +126,7 @@ int run_root(const char* url_file, const char* url) {
   uv_signal_t term;
   stop_on_sigterm(loop, &term, &n);
   uv_run(loop, UV_RUN_DEFAULT);
-  return 0;
+  return hand_over(n, "root");
 }
 
 struct logic_state {
@@ -87,6 +148,7 @@ int run_logic(const char* parent, const char* shm_name, const char* state_file, 
   c.keep_shm_inbox = true;  // the next process reads what is written into the ring meanwhile
   std::ifstream in(state_file, std::ios::binary);
   c.inherit_flow_positions.assign(std::istreambuf_iterator<char>(in), {});
+  if (!take_over(&c, "logic")) return 1;
   node_callbacks cb;
   cb.on_data = [&st](bus_id, uint32_t, const uint8_t* p, size_t size) {
     uint64_t v = 0;
@@ -112,18 +174,10 @@ int run_logic(const char* parent, const char* shm_name, const char* state_file, 
     std::fprintf(stderr, "logic: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
     return 1;
   }
-  uv_signal_init(loop, &st.term);
-  st.term.data = &st;
-  uv_signal_start(
-      &st.term,
-      [](uv_signal_t* s, int) {
-        if (std::getenv("HOT_UPGRADE_LOG") != nullptr) std::fprintf(stderr, "logic: SIGTERM\n");
-        static_cast<logic_state*>(s->data)->n->stop();
-      },
-      SIGTERM);
+  stop_on_sigterm(loop, &st.term, &n);
   uv_run(loop, UV_RUN_DEFAULT);
   std::fclose(st.log);
-  return 0;
+  return hand_over(n, "logic");
 }
 
 int run_sender(const char* parent, uint64_t count) {
@@ -167,8 +221,9 @@ int run_sender(const char* parent, uint64_t count) {
       },
       1, 1);
   while (ok + failed < count) uv_run(loop, UV_RUN_ONCE);
-  std::printf("reports ok=%llu failed=%llu\n", static_cast<unsigned long long>(ok),
-              static_cast<unsigned long long>(failed));
+  std::printf("reports ok=%llu failed=%llu reconnects=%llu\n", static_cast<unsigned long long>(ok),
+              static_cast<unsigned long long>(failed),
+              static_cast<unsigned long long>(n.counters().reconnects));
   return failed == 0 ? 0 : 1;
 }
 

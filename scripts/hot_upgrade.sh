@@ -6,7 +6,11 @@
 # number was delivered exactly once across all the processes.
 # UPGRADE=root replaces the root (the relay between sender and logic node) instead: its children
 # reconnect to the new process on the same address, the sources resend what died with it.
-#   [UPGRADE=logic|root] scripts/hot_upgrade.sh BUILD_DIR [CYCLES (20)] [COUNT (20000)] [PERIOD (0.4)]
+# HANDOVER=1: the new process is started first and takes the old one's listening sockets and flow
+# positions over (uvbus/handover.h), so no connection attempt to the root is ever refused (a prober
+# connects every few milliseconds; with HANDOVER=1 it must never be refused).
+#   [UPGRADE=logic|root] [HANDOVER=1] scripts/hot_upgrade.sh BUILD_DIR [CYCLES (20)] [COUNT (20000)]
+#       [PERIOD (0.4)]
 set -euo pipefail
 BUILD=${1:?usage: hot_upgrade.sh BUILD_DIR [CYCLES] [COUNT] [PERIOD]}
 CYCLES=${2:-20}
@@ -17,16 +21,24 @@ DIR=$(mktemp -d)
 SHM=uvbus-hot-upgrade-$$
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$DIR" "/dev/shm/$SHM"
 }
 trap cleanup EXIT
+if [ "${HANDOVER:-0}" = 1 ]; then export HOT_UPGRADE_HANDOVER=$DIR/handover.ctl; fi
 
 "$BIN" root "$DIR/url" & pids+=($!)
 for _ in $(seq 100); do [ -s "$DIR/url" ] && break; sleep 0.05; done
 URL=$(cat "$DIR/url")
 start_logic() { "$BIN" logic "$URL" "$SHM" "$DIR/state" "$DIR/log" & logic=$!; pids+=($logic); }
+# HANDOVER=1: the next process waits for the old one's state (started before the old one stops).
+take_over() {  # take_over ROLE ARGS...: starts the successor, stops the old process, waits for it
+  local old=$1; shift
+  HOT_UPGRADE_TAKEOVER=1 "$BIN" "$@" & next=$!; pids+=($next)
+  kill -TERM "$old"
+  wait "$old" || { echo "$1 process exited with an error" >&2; exit 1; }
+}
 root=${pids[0]}
 start_root() {  # the same address again (the old socket may take a moment to close)
   for _ in $(seq 100); do
@@ -38,9 +50,23 @@ start_root() {  # the same address again (the old socket may take a moment to cl
 }
 start_logic
 "$BIN" sender "$URL" "$COUNT" > "$DIR/sender.out" & sender=$!
+# A prober connects to the root's TCP address every few milliseconds while the sender runs and
+# counts the attempts refused (the gap a hand-over closes).
+hostport=${URL#ipv4://}
+( ok=0; refused=0
+  while kill -0 "$sender" 2>/dev/null; do
+    if (exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}") 2>/dev/null; then ok=$((ok + 1));
+    else refused=$((refused + 1)); fi
+    sleep 0.002
+  done
+  echo "probe connects ok=$ok refused=$refused" > "$DIR/probe.out" ) & prober=$!
 for i in $(seq "$CYCLES"); do
   sleep "$PERIOD"
-  if [ "${UPGRADE:-logic}" = root ]; then
+  if [ "${HANDOVER:-0}" = 1 ] && [ "${UPGRADE:-logic}" = root ]; then
+    take_over "$root" root "$DIR/url2" "$URL"; root=$next
+  elif [ "${HANDOVER:-0}" = 1 ]; then
+    take_over "$logic" logic "$URL" "$SHM" "$DIR/state" "$DIR/log"; logic=$next
+  elif [ "${UPGRADE:-logic}" = root ]; then
     kill -TERM "$root"
     wait "$root" || { echo "root process $i exited with an error" >&2; exit 1; }
     start_root
@@ -51,9 +77,13 @@ for i in $(seq "$CYCLES"); do
   fi
 done
 wait "$sender" || true
-cat "$DIR/sender.out"
-kill -TERM "$logic"; wait "$logic" || true
+wait "$prober" || true
+cat "$DIR/sender.out" "$DIR/probe.out"
+kill -INT "$logic"; wait "$logic" || true
 delivered=$(wc -l < "$DIR/log")
 unique=$(sort -n -u "$DIR/log" | wc -l)
 echo "upgrades (${UPGRADE:-logic})=$CYCLES sent=$COUNT delivered=$delivered unique=$unique duplicates=$((delivered - unique))"
 grep -q "reports ok=$COUNT failed=0" "$DIR/sender.out" && [ "$unique" = "$COUNT" ] && [ "$delivered" = "$COUNT" ]
+if [ "${HANDOVER:-0}" = 1 ]; then
+  grep -q "refused=0\$" "$DIR/probe.out" || { echo "a connection was refused" >&2; exit 1; }
+fi

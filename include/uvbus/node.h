@@ -58,7 +58,7 @@ enum class delivery_mode : uint8_t {
 };
 
 // A listening socket handed from one process of a node to the next (node::detach_listeners(),
-// node_config::inherit_listeners, uvbus/handover.h): the listen URL as configured, and the socket.
+// node_config::inherit_listeners, uvbus/handover.h): its bound URL (port 0 resolved), the socket.
 struct inherited_listener {
   std::string url;
   int fd = -1;
@@ -173,11 +173,13 @@ struct node_config {
   // process delivered but had not acknowledged) are recognised as duplicates. Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
-  // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` equal to an
-  // entry's url adopts that socket instead of binding, so peers that connected meanwhile wait in
-  // its backlog instead of being refused. start() owns every fd from its call on: it is closed
-  // with its listener, or by start() if it is not adopted (start() failed, or the socket did not
-  // fit: then start() fails with invalid_argument naming inherit_listeners[i] and why).
+  // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an
+  // entry's url fits (the same URL; or the same scheme and host with the listen URL's port 0 or
+  // equal; a dns:// URL by its port) adopts that socket instead of binding, so peers that
+  // connected meanwhile wait in its backlog instead of being refused. start() owns every fd from
+  // its call on: it is closed with its listener, or by start() if it is not adopted (start()
+  // failed, or the socket did not fit: then start() fails with invalid_argument naming
+  // inherit_listeners[i] and why).
   std::vector<inherited_listener> inherit_listeners;
   // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
   // makes two nodes try shared memory.
@@ -442,7 +444,7 @@ class node {
   // process of this id as node_config::inherit_flow_positions (after stop(), nothing changes).
   [[nodiscard]] std::vector<uint8_t> flow_positions() const;
   // Planned hand-over, first step: stops accepting on every stream listener and appends each one's
-  // listening socket (with the URL as configured) to *out; the sockets stay bound and listening,
+  // listening socket (with its bound URL) to *out; the sockets stay bound and listening,
   // so peers connecting from now on wait in the backlog for the next process (which gets them as
   // node_config::inherit_listeners) instead of being refused. The caller owns the fds. Then
   // stop() as usual; existing links are not touched. Errors: wrong_state (not running),

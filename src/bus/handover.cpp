@@ -335,8 +335,9 @@ errc handover_receive(const std::string& path, int timeout_ms, handover_state* o
   std::string refused;
   for (;;) {
     if (!wait_for(s.fd, POLLIN, deadline)) {
-      return say(detail, errc::timeout,
-                 "handover: no sender at " + path + " in time" + refused);
+      std::string why = "handover: no sender at " + path + " in time";
+      why += refused;
+      return say(detail, errc::timeout, why);
     }
     const fd_guard c(::accept4(s.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (c.fd < 0) continue;

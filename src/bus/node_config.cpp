@@ -84,12 +84,10 @@ errc check_inherited(const node_config& cfg, std::string* detail) {
     if (in.fd < 0) {
       return refuse(detail, errc::invalid_argument, field + ": fd " + std::to_string(in.fd));
     }
-    address a;
-    const bool stream = parse_address(in.url, &a) == errc::ok && a.kind != scheme::shm &&
-                        a.kind != scheme::mem;
-    if (!stream || std::find(cfg.listen.begin(), cfg.listen.end(), in.url) == cfg.listen.end()) {
+    if (std::none_of(cfg.listen.begin(), cfg.listen.end(),
+                     [&](const std::string& u) { return detail::inherited_fits(u, in.url); })) {
       return refuse(detail, errc::invalid_argument,
-                    field + ": not a stream URL of node_config.listen");
+                    field + ": no URL of node_config.listen it can serve");
     }
     for (size_t j = 0; j < i; ++j) {
       if (cfg.inherit_listeners[j].url == in.url) {

@@ -6,13 +6,26 @@
 
 namespace uvbus {
 
+bool detail::inherited_fits(const std::string& listen_url, const std::string& inherited_url) {
+  if (listen_url == inherited_url) return true;
+  address want;
+  address have;
+  if (parse_address(listen_url, &want) != errc::ok ||
+      parse_address(inherited_url, &have) != errc::ok) {
+    return false;
+  }
+  const auto tcp = [](scheme k) { return k == scheme::ipv4 || k == scheme::ipv6; };
+  if (!tcp(have.kind) || (want.kind != scheme::dns && want.kind != have.kind)) return false;
+  if (want.kind != scheme::dns && want.host != have.host) return false;
+  return want.port == 0 || want.port == have.port;
+}
+
 errc node::impl::open_stream_listener(stream_channel* ch, const std::string& u, size_t index,
                                       listener_id* l) {
-  const std::string field =
-      "node_config.listen[" + std::to_string(index) + "] \"" + u + "\": ";
+  const std::string field = "node_config.listen[" + std::to_string(index) + "] \"" + u + "\": ";
   for (size_t j = 0; j < cfg.inherit_listeners.size(); ++j) {
     inherited_listener& in = cfg.inherit_listeners[j];
-    if (in.fd < 0 || in.url != u) continue;
+    if (in.fd < 0 || !detail::inherited_fits(u, in.url)) continue;
     const int fd = in.fd;
     in.fd = -1;  // listen_fd() owns it now, whatever the result
     const errc e = ch->listen_fd(u, fd, l);
@@ -40,12 +53,13 @@ errc node::impl::detach_listeners(std::vector<inherited_listener>* out) {
   }
   while (!stream_listeners.empty()) {
     const auto& [url, id] = stream_listeners.back();
+    const std::string bound = streams->listener_url(id);
     int fd = -1;
     const errc e = streams->detach_listener(id, &fd);
     if (e != errc::ok) {
       return fail(e, "node::detach_listeners: \"" + url + "\": " + streams->last_error().detail);
     }
-    out->push_back(inherited_listener{url, fd});
+    out->push_back(inherited_listener{bound, fd});
     stream_listeners.pop_back();
   }
   return errc::ok;

@@ -47,6 +47,11 @@ constexpr uint64_t kDropLogWindowMs = 1000;
 // failure, whichever comes first) and never by the channel's success. Message ids stay below it.
 constexpr uint64_t kTagE2e = uint64_t{1} << 63;
 
+// Whether a listening socket inherited as inherited_url serves the listen URL listen_url: the
+// same URL, or the same scheme and host with listen_url's port 0 (any) or equal; a dns:// listen
+// URL takes a TCP socket of its port (listen_fd() checks the socket itself).
+bool inherited_fits(const std::string& listen_url, const std::string& inherited_url);
+
 // The shared-memory ring config a node with a shm:// listen URL opens (node_config.cpp).
 shm_config ring_config(const node_config& cfg);
 
@@ -504,8 +509,7 @@ struct node::impl {
   std::unique_ptr<stream_channel> make_channel();
   // Opens the stream listeners and the shm ring of cfg.listen (their URLs into *urls).
   // Listens on u: on the inherited socket configured for u if there is one (node_handover.cpp).
-  errc open_stream_listener(stream_channel* ch, const std::string& u, size_t index,
-                            listener_id* l);
+  errc open_stream_listener(stream_channel* ch, const std::string& u, size_t index, listener_id* l);
   // Closes the inherited sockets that were not adopted (every return of start()).
   void close_inherited() noexcept;
   errc detach_listeners(std::vector<inherited_listener>* out);

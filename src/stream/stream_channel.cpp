@@ -1,7 +1,7 @@
 // The stream channel: construction and destruction, connection/listener bookkeeping, the
 // partial-frame sweep, close(), metrics, and the public API forwarding to the impl.
-#include <uv.h>
 #include <unistd.h>
+#include <uv.h>
 #include <csignal>
 
 #include <algorithm>

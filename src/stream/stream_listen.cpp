@@ -62,8 +62,8 @@ std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bou
   if (a.kind == scheme::unix_socket) {
     if (family != AF_UNIX) return "not a unix socket";
     const auto* sun = reinterpret_cast<const sockaddr_un*>(bound);
-    const size_t n = blen > offsetof(sockaddr_un, sun_path) ? blen - offsetof(sockaddr_un, sun_path)
-                                                            : 0;
+    const size_t n =
+        blen > offsetof(sockaddr_un, sun_path) ? blen - offsetof(sockaddr_un, sun_path) : 0;
     const std::string path(sun->sun_path, strnlen(sun->sun_path, n));
     if (path != a.host) return "bound to \"" + path + "\"";
     return {};
