@@ -39,6 +39,7 @@
 #include "uvbus/error.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
+#include "uvbus/trace.h"
 
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
 
@@ -312,6 +313,11 @@ struct send_options {
   // from the target, and this flag changes nothing.
   bool require_response = false;
   uint8_t ttl = 0;  // 0: node_config::default_ttl
+  // A W3C trace context to carry with the message (copied before the call returns; 25 bytes on
+  // the wire, none when null). The target reads it with node::incoming_trace() inside on_data;
+  // relays pass it on unchanged; a link to a peer of protocol version < 4 drops it (the message
+  // itself goes through). An invalid one (zero ids) is refused with invalid_argument.
+  const trace_context* trace = nullptr;
 };
 
 class node {
@@ -443,6 +449,10 @@ class node {
   // delivered in order (an opaque blob; docs/protocol.md "Flow positions"). Pass it to the next
   // process of this id as node_config::inherit_flow_positions (after stop(), nothing changes).
   [[nodiscard]] std::vector<uint8_t> flow_positions() const;
+  // Inside on_data: the trace context the message being delivered carried (send_options::trace),
+  // or nullptr if it carried none. nullptr outside on_data; the pointer is valid until on_data
+  // returns.
+  [[nodiscard]] const trace_context* incoming_trace() const noexcept;
   // Planned hand-over, first step: stops accepting on every stream listener and appends each one's
   // listening socket (with its bound URL) to *out; the sockets stay bound and listening,
   // so peers connecting from now on wait in the backlog for the next process (which gets them as

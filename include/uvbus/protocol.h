@@ -17,9 +17,11 @@ namespace uvbus::proto {
 // routed through the parent but is not its direct child); a node never sends either to a peer whose
 // link negotiated version 1. Version 3 adds flows (end-to-end sequence numbers, cumulative
 // acknowledgements, resend; docs/protocol.md "Flows"): flow messages and acknowledgements only
-// travel on links that negotiated version 3.
+// travel on links that negotiated version 3. Version 4 adds the optional trace context of a data
+// message (docs/protocol.md "Trace context"); a node strips it from what it sends on a link that
+// negotiated less.
 inline constexpr uint8_t kMinVersion = 1;
-inline constexpr uint8_t kMaxVersion = 3;
+inline constexpr uint8_t kMaxVersion = 4;
 inline constexpr uint8_t kDefaultTtl = 16;
 
 // What a node tells a peer about itself at registration.

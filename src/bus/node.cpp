@@ -492,6 +492,7 @@ errc node::post(bus_id target, uint32_t type, const void* data, size_t size,
                 const send_options& opt, uint64_t* message_id) {
   // Any thread: no owner check.
   if (data == nullptr && size != 0) return errc::invalid_argument;
+  if (opt.trace != nullptr && !opt.trace->valid()) return errc::invalid_argument;
   return impl_->post_message(target, type, data, size, opt, message_id);
 }
 
@@ -553,6 +554,10 @@ const node_config& node::config() const noexcept {
 errc node::detach_listeners(std::vector<inherited_listener>* out) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::detach_listeners");
   return impl_->detach_listeners(out);
+}
+
+const trace_context* node::incoming_trace() const noexcept {
+  return impl_->incoming;
 }
 
 std::vector<uint8_t> node::flow_positions() const {

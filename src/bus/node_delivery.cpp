@@ -39,16 +39,42 @@ bool node::impl::still_owed(uint64_t tag) const {
 }
 
 // -------------------------------------------------------------------------------- transmit --
+void node::impl::strip_trace(const const_buffer* bufs, size_t n) {
+  proto::header hd;
+  std::memcpy(strip_head, bufs[0].data, proto::kHeaderSize);
+  hd.body_len = load_le<uint32_t>(strip_head + 4) - static_cast<uint32_t>(proto::kTraceSize);
+  strip_head[2] &= static_cast<uint8_t>(~proto::flag_trace);
+  store_le<uint32_t>(strip_head + 4, hd.body_len);
+  strip_spans.clear();
+  strip_spans.push_back({strip_head, proto::kHeaderSize});
+  size_t skip = proto::kHeaderSize + proto::kTraceSize;  // header and trace block: not copied
+  for (size_t i = 0; i < n; ++i) {
+    const auto* d = static_cast<const uint8_t*>(bufs[i].data);
+    if (bufs[i].size <= skip) {
+      skip -= bufs[i].size;
+      continue;
+    }
+    strip_spans.push_back({d + skip, bufs[i].size - skip});
+    skip = 0;
+  }
+}
+
 errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag,
                           bus_id target, bool* via_shm) {
   // Traffic in either direction keeps a sibling link from being dropped as idle.
   if (p->kind == peer_kind::sibling) p->last_data_ms = now_ms();
-  // Flow messages and acknowledgements need a version-3 link (an older peer would close it).
+  // Flow messages and acknowledgements need a version-3 link (an older peer would close it); a
+  // trace context a version-4 one (it is left out below that).
   if (n != 0 && bufs[0].size >= proto::kHeaderSize) {
     const auto* hb = static_cast<const uint8_t*>(bufs[0].data);
     if (((hb[2] & proto::flag_flow) != 0 || hb[1] == static_cast<uint8_t>(msg_type::flow_ack)) &&
         version_of(p) < 3) {
       return errc::version_mismatch;
+    }
+    if ((hb[2] & proto::flag_trace) != 0 && version_of(p) < 4) {
+      strip_trace(bufs, n);
+      bufs = strip_spans.data();
+      n = strip_spans.size();
     }
   }
   if (p->shm) {
@@ -208,6 +234,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
     size += spans[i].size;
   }
   if (size > cfg.message_limit) return errc::message_too_large;
+  if (opt.trace != nullptr && !opt.trace->valid()) return errc::invalid_argument;
   const bool flows = cfg.delivery == delivery_mode::end_to_end;
   // A message to ourselves is reported once delivered (or closed by stop()) under end_to_end, as
   // a require_response message; across the bus end_to_end makes require_response moot.
@@ -217,7 +244,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
   if (target != self && flows) {
     bool via_shm = false;
-    const errc e = flow_send(target, type, spans, count, size, opt.ttl, seq, &via_shm);
+    const errc e = flow_send(target, type, spans, count, size, opt, seq, &via_shm);
     if (e != errc::ok) return e;
     ++counters.data_sent;
     ++(via_shm ? counters.data_sent_shm : counters.data_sent_stream);
@@ -225,7 +252,11 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
     return errc::ok;
   }
   if (target == self) {
-    self_msg m{self, type, {}, seq, rr};
+    self_msg m{self, type, {}, seq, rr, false, {}};
+    if (opt.trace != nullptr) {
+      m.has_trace = true;
+      m.trace = *opt.trace;
+    }
     m.bytes.reserve(size);
     for (size_t i = 0; i < count; ++i) {
       const auto* b = static_cast<const uint8_t*>(spans[i].data);
@@ -240,21 +271,25 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
     if (message_id != nullptr) *message_id = seq;
     return errc::ok;
   }
-  uint8_t head[kBusOverhead];
+  uint8_t head[kBusOverhead + proto::kTraceSize];
+  const size_t trace = opt.trace != nullptr ? proto::kTraceSize : 0;
   proto::header hd = make_header(msg_type::data, target, seq);
   if (rr) hd.flags |= proto::flag_require_response;
+  if (trace != 0) hd.flags |= proto::flag_trace;
   if (opt.ttl != 0) hd.ttl = opt.ttl;
-  hd.body_len = static_cast<uint32_t>(proto::kDataPrefix + size);
+  hd.body_len = static_cast<uint32_t>(trace + proto::kDataPrefix + size);
   proto::encode_header(hd, head);
-  proto::encode_data_prefix(type, head + proto::kHeaderSize);
+  if (trace != 0) proto::encode_trace(*opt.trace, head + proto::kHeaderSize);
+  proto::encode_data_prefix(type, head + proto::kHeaderSize + trace);
+  const size_t head_size = kBusOverhead + trace;
   gather.resize(count + 1);
-  gather[0] = {head, sizeof head};
+  gather[0] = {head, head_size};
   for (size_t i = 0; i < count; ++i) gather[i + 1] = {spans[i].data, spans[i].size};
   // Register the reply wait first: a shm send reports success synchronously.
   if (rr) replies[seq] = pending_reply{target, now_ms() + cfg.response_timeout_ms, {}, seq};
   bool via_shm = false;
   // gather may be reused by a nested call (transmit does not re-enter), so pass a copy pointer.
-  const errc e = route_out(target, gather.data(), gather.size(), sizeof head + size, tag, &via_shm);
+  const errc e = route_out(target, gather.data(), gather.size(), head_size + size, tag, &via_shm);
   if (e != errc::ok) {
     if (rr) replies.erase(seq);
     return e;
@@ -414,7 +449,9 @@ void node::impl::run_deferred() {
       // A require_response message to ourselves already reported (timeout, stop) is withdrawn.
       if (m.require_response && replies.erase(m.seq) == 0) continue;
       ++counters.data_received;
+      incoming = m.has_trace ? &m.trace : nullptr;
       fire(cbs.on_data, m.source, m.type, m.bytes.data(), m.bytes.size());
+      incoming = nullptr;
       if (m.require_response || cbs.on_report) {
         defer_report(m.seq, self, errc::ok,
                      m.require_response || cfg.delivery == delivery_mode::end_to_end);

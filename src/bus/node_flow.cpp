@@ -94,9 +94,11 @@ uint8_t* node::impl::flow_alloc(tx_flow& f, size_t n, size_t* offset) {
 }
 
 errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
-                           size_t size, uint8_t ttl, uint64_t message_id, bool* via_shm) {
+                           size_t size, const send_options& opt, uint64_t message_id,
+                           bool* via_shm) {
   tx_flow& f = tx_flow_for(target);
-  const size_t total = kFlowOverhead + size;
+  const size_t trace = opt.trace != nullptr ? proto::kTraceSize : 0;
+  const size_t total = kFlowOverhead + trace + size;
   size_t off = 0;
   uint8_t* m =
       f.entries.size() < cfg.retransmit_max_messages ? flow_alloc(f, total, &off) : nullptr;
@@ -106,11 +108,13 @@ errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spa
   }
   proto::header hd = make_header(msg_type::data, target, f.next_seq);
   hd.flags = proto::flag_flow;
-  if (ttl != 0) hd.ttl = ttl;
-  hd.body_len = static_cast<uint32_t>(proto::kFlowPrefix + size);
+  if (trace != 0) hd.flags |= proto::flag_trace;
+  if (opt.ttl != 0) hd.ttl = opt.ttl;
+  hd.body_len = static_cast<uint32_t>(trace + proto::kFlowPrefix + size);
   proto::encode_header(hd, m);
-  proto::encode_flow_prefix(type, incarnation, m + proto::kHeaderSize);
-  uint8_t* p = m + kFlowOverhead;
+  if (trace != 0) proto::encode_trace(*opt.trace, m + proto::kHeaderSize);
+  proto::encode_flow_prefix(type, incarnation, m + proto::kHeaderSize + trace);
+  uint8_t* p = m + kFlowOverhead + trace;
   for (size_t i = 0; i < count; ++i) {
     if (spans[i].size != 0) std::memcpy(p, spans[i].data, spans[i].size);
     p += spans[i].size;

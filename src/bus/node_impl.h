@@ -166,6 +166,8 @@ struct self_msg {
   std::vector<uint8_t> bytes;
   uint64_t seq;
   bool require_response;
+  bool has_trace = false;
+  trace_context trace;
 };
 
 // libuv handles live in their own heap block so their close callbacks may run after the node is
@@ -231,6 +233,11 @@ struct node::impl {
   std::string host_id;
   std::string hostname;
   std::vector<std::string> listen_urls;
+  // The trace context of the message on_data is delivering (node::incoming_trace()).
+  const trace_context* incoming = nullptr;
+  // strip_trace()'s output: the header without flag_trace, then the spans after the trace block.
+  uint8_t strip_head[proto::kHeaderSize] = {};
+  std::vector<const_buffer> strip_spans;
   // The stream listeners, with their URL as configured (detach_listeners()).
   std::vector<std::pair<std::string, listener_id>> stream_listeners;
   std::string shm_url;  // our ring, if any
@@ -305,7 +312,7 @@ struct node::impl {
   detail::tx_flow& tx_flow_for(bus_id target);
   uint8_t* flow_alloc(detail::tx_flow& f, size_t n, size_t* offset);
   errc flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count, size_t size,
-                 uint8_t ttl, uint64_t message_id, bool* via_shm);
+                 const send_options& opt, uint64_t message_id, bool* via_shm);
   // Sends what waits in order, from next_unsent.
   void flow_pump(detail::tx_flow& f);
   void flow_block(detail::tx_flow& f);
@@ -374,6 +381,9 @@ struct node::impl {
   // ------------------------------------------------------------------------------ transmit --
   // Sends a routed message (data, forward, ack, command, reply) to a registered peer over shared
   // memory when it has a ring for us, else over its stream link. tag != 0 asks for a report.
+  // The message of bufs without its trace block (flag_trace), for a link below version 4: the
+  // spans in strip_spans (valid until the next call).
+  void strip_trace(const const_buffer* bufs, size_t n);
   errc transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag, bus_id target,
                 bool* via_shm = nullptr);
   errc transmit_bytes(peer_ep* p, const std::vector<uint8_t>& m, uint64_t tag, bus_id target);
@@ -443,6 +453,8 @@ struct node::impl {
 
   // ----------------------------------------------------------------------- routed messages --
   void on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size);
+  void on_local_data(link* from, const proto::header& hd, const uint8_t* body);
+  void on_traced_data(link* from, const proto::header& hd, const uint8_t* body);
   void on_command(link* from, const proto::header& hd, const uint8_t* body);
   // A drop notice or a flow acknowledgement addressed to us.
   void on_notice(link* from, const proto::header& hd, const uint8_t* body);

@@ -18,9 +18,12 @@ struct post_record {
   uint8_t task = 0;   // 1: the next task of the mailbox's task list
   uint8_t require_response = 0;
   uint8_t ttl = 0;
-  uint8_t pad[5] = {};
+  uint8_t has_trace = 0;
+  uint8_t pad[4] = {};
+  uint8_t trace[proto::kTraceSize] = {};  // send_options::trace, encoded
+  uint8_t pad2[7] = {};
 };
-static_assert(sizeof(post_record) == 32, "post_record is packed by hand");
+static_assert(sizeof(post_record) == 64, "post_record is packed by hand");
 
 constexpr size_t padded(size_t n) {
   return (n + 7) & ~size_t{7};
@@ -58,6 +61,10 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
   r.size = static_cast<uint32_t>(size);
   r.require_response = opt.require_response ? 1 : 0;
   r.ttl = opt.ttl;
+  if (opt.trace != nullptr) {
+    r.has_trace = 1;
+    proto::encode_trace(*opt.trace, r.trace);
+  }
   mailbox_append(&r, data, size);
   if (message_id != nullptr) *message_id = r.seq;
   return errc::ok;
@@ -108,6 +115,11 @@ errc node::impl::run_posted(const uint8_t* at) {
   send_options o;
   o.require_response = r.require_response != 0;
   o.ttl = r.ttl;
+  trace_context t;
+  if (r.has_trace != 0) {
+    proto::parse_trace(r.trace, &t);
+    o.trace = &t;
+  }
   const errc e = send_data(r.target, r.type, &b, 1, o, nullptr, r.seq);
   if (e == errc::ok || (e == errc::queue_full && state == run_state::running)) return e;
   // Refused on the loop (no route, stopped, ...): that is this message's one report.

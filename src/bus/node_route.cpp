@@ -115,7 +115,45 @@ void node::impl::on_command(link* from, const proto::header& hd, const uint8_t* 
   (void)route_reply(hd.source, &cb, m.size());
 }
 
+// A data message to us (its trace block, if any, already taken off).
+void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_t* body) {
+  if ((hd.flags & proto::flag_flow) != 0) {
+    on_flow_data(from, hd, body);
+    return;
+  }
+  proto::data_body d;
+  if (proto::parse_data(body, hd.body_len, &d) != errc::ok) {
+    if (from != nullptr) protocol_violation(from, "bad data body");
+    return;
+  }
+  ++counters.data_received;
+  fire(cbs.on_data, hd.source, d.user_type, d.payload, d.size);
+  if ((hd.flags & proto::flag_require_response) != 0) {
+    send_ack(hd.source, hd.sequence, proto::reason::ok);
+  }
+}
+
+// A data message to us with a trace block: delivered like any other with incoming_trace() set.
+void node::impl::on_traced_data(link* from, const proto::header& hd, const uint8_t* body) {
+  trace_context t;
+  proto::parse_trace(body, &t);
+  proto::header inner = hd;
+  inner.flags &= static_cast<uint8_t>(~proto::flag_trace);
+  inner.body_len -= static_cast<uint32_t>(proto::kTraceSize);
+  const trace_context* outer = incoming;
+  incoming = &t;
+  on_local_data(from, inner, body + proto::kTraceSize);
+  incoming = outer;
+}
+
 void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
+  // Checked before relaying too: stripping a short block for an older hop would corrupt it.
+  if ((hd.flags & proto::flag_trace) != 0 &&
+      (hd.body_len < proto::kTraceSize ||
+       (hd.type != msg_type::data && hd.type != msg_type::forward))) {
+    if (from != nullptr) protocol_violation(from, "trace flag on a message that cannot carry one");
+    return;
+  }
   if (hd.target != self) {
     forward(from, hd, data, size);
     return;
@@ -124,19 +162,10 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
   switch (hd.type) {
     case msg_type::data:
     case msg_type::forward: {
-      if ((hd.flags & proto::flag_flow) != 0) {
-        on_flow_data(from, hd, body);
-        return;
-      }
-      proto::data_body d;
-      if (proto::parse_data(body, hd.body_len, &d) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad data body");
-        return;
-      }
-      ++counters.data_received;
-      fire(cbs.on_data, hd.source, d.user_type, d.payload, d.size);
-      if ((hd.flags & proto::flag_require_response) != 0) {
-        send_ack(hd.source, hd.sequence, proto::reason::ok);
+      if ((hd.flags & proto::flag_trace) != 0) {
+        on_traced_data(from, hd, body);
+      } else {
+        on_local_data(from, hd, body);
       }
       return;
     }

@@ -21,6 +21,7 @@
 #include "uvbus/error.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
+#include "uvbus/trace.h"
 
 namespace uvbus::proto {
 
@@ -71,7 +72,12 @@ inline constexpr uint8_t flag_flow = 0x02;
 // Version 3, with flag_flow: every sequence below this one is settled (acknowledged or reported
 // failed at the source): the target may start or resume the flow here, skipping any gap.
 inline constexpr uint8_t flag_sync = 0x04;
-inline constexpr uint8_t kKnownFlags = flag_require_response | flag_flow | flag_sync;
+// Version 4, data/forward: the body starts with a trace context (kTraceSize bytes: trace id 16,
+// span id 8, trace flags 1), before the data or flow prefix. Never sent on a link below version 4
+// (the sender strips it: strip_trace()).
+inline constexpr uint8_t flag_trace = 0x08;
+inline constexpr uint8_t kKnownFlags = flag_require_response | flag_flow | flag_sync | flag_trace;
+inline constexpr size_t kTraceSize = 25;
 
 struct header {
   uint8_t version = kHeaderVersion;
@@ -174,6 +180,18 @@ struct register_reply_body {
 struct ping_body {
   uint64_t send_time_ns = 0;  // the pinger's monotonic clock, echoed back in the pong
 };
+
+// The trace block of a data message with flag_trace (the first kTraceSize body bytes).
+inline void encode_trace(const trace_context& t, uint8_t* out) noexcept {
+  std::memcpy(out, t.trace_id.data(), 16);
+  std::memcpy(out + 16, t.span_id.data(), 8);
+  out[24] = t.flags;
+}
+inline void parse_trace(const uint8_t* p, trace_context* out) noexcept {
+  std::memcpy(out->trace_id.data(), p, 16);
+  std::memcpy(out->span_id.data(), p + 16, 8);
+  out->flags = p[24];
+}
 
 // data and forward. The payload is a view into the parsed message (no copy).
 struct data_body {

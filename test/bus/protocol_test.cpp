@@ -146,6 +146,8 @@ node_info sample_info() {
 TEST(Protocol, RegisterGoldenVector) {
   register_body b;
   b.role = link_role::child;
+  b.min_version = 1;
+  b.max_version = 4;
   b.info.id = 0x21;
   b.info.pid = 7;
   b.info.host_id = "h";
@@ -155,7 +157,7 @@ TEST(Protocol, RegisterGoldenVector) {
   for (size_t i = 0; i < kProofSize; ++i) b.proof[i] = static_cast<uint8_t>(i);
   std::vector<uint8_t> out;
   encode_register(b, &out);
-  EXPECT_EQ(out, hex("01 03 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
+  EXPECT_EQ(out, hex("01 04 01 2100000000000000 07000000 01 68 01 6e 01 0021000000000000 08 "
                      "01 0800 756e69783a2f2f73 "
                      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"));
 }
@@ -187,6 +189,65 @@ TEST(Protocol, FlowGoldenVectors) {
   ack[24] = 3;  // no such kind
   EXPECT_EQ(parse_flow_ack(ack, kFlowAckSize, &a), errc::protocol_error);
   EXPECT_EQ(parse_flow_ack(ack, kFlowAckSize - 1, &a), errc::protocol_error);
+}
+
+TEST(Protocol, TraceGoldenVector) {
+  // A version-4 data message with a trace context: header (flag_trace), the 25-byte trace block,
+  // then the data prefix and the payload. Without a trace the same message is 25 bytes shorter.
+  trace_context t;
+  for (int i = 0; i < 16; ++i) t.trace_id[i] = static_cast<uint8_t>(0xa0 + i);
+  for (int i = 0; i < 8; ++i) t.span_id[i] = static_cast<uint8_t>(0xb0 + i);
+  t.flags = 1;
+  header h;
+  h.version = 1;
+  h.type = msg_type::data;
+  h.flags = flag_trace;
+  h.ttl = 16;
+  h.body_len = kTraceSize + kDataPrefix + 2;
+  h.source = 0x101;
+  h.target = 0x102;
+  h.sequence = 5;
+  std::vector<uint8_t> m(kHeaderSize + h.body_len);
+  encode_header(h, m.data());
+  encode_trace(t, m.data() + kHeaderSize);
+  encode_data_prefix(7, m.data() + kHeaderSize + kTraceSize);
+  m[m.size() - 2] = 'h';
+  m[m.size() - 1] = 'i';
+  EXPECT_EQ(m, hex("01 06 08 10 1f000000 0101000000000000 0201000000000000 0500000000000000"
+                   " a0a1a2a3a4a5a6a7a8a9aaabacadaeaf b0b1b2b3b4b5b6b7 01"
+                   " 07000000 6869"));
+  header p;
+  ASSERT_EQ(parse_header(m.data(), m.size(), &p), errc::ok);
+  EXPECT_EQ(p.flags, flag_trace);
+  trace_context back;
+  parse_trace(m.data() + kHeaderSize, &back);
+  EXPECT_EQ(back, t);
+  EXPECT_EQ(to_traceparent(t), "00-a0a1a2a3a4a5a6a7a8a9aaabacadaeaf-b0b1b2b3b4b5b6b7-01");
+}
+
+TEST(Protocol, TraceparentParsesOnlyWellFormedValues) {
+  trace_context t;
+  const std::string good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  ASSERT_EQ(parse_traceparent(good, &t), errc::ok);
+  EXPECT_TRUE(t.valid());
+  EXPECT_EQ(t.flags, 1);
+  EXPECT_EQ(to_traceparent(t), good);
+  std::string why;
+  const std::pair<std::string, const char*> bad[] = {
+      {"", "55 characters"},
+      {"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "of the form"},
+      {"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "trace id"},
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bx-01", "span id"},
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g", "flags"},
+      {"00-00000000000000000000000000000000-00f067aa0ba902b7-01", "trace id is all zero"},
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", "span id is all zero"},
+  };
+  for (const auto& [s, what] : bad) {
+    EXPECT_EQ(parse_traceparent(s, &t, &why), errc::invalid_argument) << s;
+    EXPECT_NE(why.find(what), std::string::npos) << s << ": " << why;
+  }
+  EXPECT_EQ(parse_traceparent(good, nullptr), errc::invalid_argument);
+  EXPECT_FALSE(trace_context{}.valid());
 }
 
 TEST(Protocol, RegisterRoundTripsAndEveryTruncationFails) {

@@ -164,5 +164,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   proto::encode_header(h, again);
   FUZZ_CHECK(std::memcmp(again, p, proto::kHeaderSize) == 0);
   check_body(h.type, p + proto::kHeaderSize, h.body_len);
+  if ((h.flags & proto::flag_trace) != 0 && h.body_len >= proto::kTraceSize) {
+    trace_context t;
+    proto::parse_trace(p + proto::kHeaderSize, &t);
+    check_body(h.type, p + proto::kHeaderSize + proto::kTraceSize, h.body_len - proto::kTraceSize);
+  }
   return 0;
 }
