@@ -37,6 +37,7 @@
 
 #include "uvbus/buffer.h"
 #include "uvbus/error.h"
+#include "uvbus/log.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
 #include "uvbus/trace.h"
@@ -251,8 +252,6 @@ struct node_counters {
   uint64_t flow_out_of_order = 0;   // target: messages after a gap dropped (the source resends)
   uint64_t flow_resyncs = 0;        // target: messages of a flow it held no position for
 };
-
-enum class log_level : uint8_t { debug, info, warn, error };
 
 // Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own
 // member functions (send_data, start, stop, ... never call back synchronously): everything is

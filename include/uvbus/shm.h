@@ -33,10 +33,12 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "uvbus/address.h"
 #include "uvbus/buffer.h"
 #include "uvbus/error.h"
+#include "uvbus/log.h"
 
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
 
@@ -127,6 +129,12 @@ struct shm_metrics {
 
 // The reader's callbacks, given at construction or with shm_reader::set_callbacks.
 struct shm_reader_callbacks {
+  shm_reader_callbacks() = default;
+  // From a records callback (and a log one): `shm_reader r({[](auto* recs, size_t n) {...}})`.
+  shm_reader_callbacks(  // NOLINT(google-explicit-constructor): brace-initialised by design
+      std::function<void(const shm_record* records, size_t count)> records, log_fn log = {})
+      : on_records(std::move(records)), on_log(std::move(log)) {}
+
   // A batch of 1..batch_max records, in ring order.
   //   Consumed: the region's consumed cursor moves past a batch only after this callback returns
   //     for it. If the process dies inside the callback, the next reader that reattaches the
@@ -144,6 +152,11 @@ struct shm_reader_callbacks {
   //   Destruction: the reader must NOT be destroyed from inside its own callback (that aborts
   //     with a message); call close() there and destroy it afterwards.
   std::function<void(const shm_record* records, size_t count)> on_records;
+  // Log lines about records the reader skipped (a writer that did not commit in time: warn; a
+  // checksum failure or an impossible record header: error), with the counts since the last
+  // line, and about a reattached region (info). Rate limited (uvbus/log.h). Same thread as
+  // on_records, never inside it; it may call the reader's const functions only.
+  log_fn on_log;
 };
 
 // Read-only view of a region header, for tools (uvbus_shm_inspect) and tests.

@@ -43,6 +43,7 @@
 
 #include "uvbus/buffer.h"
 #include "uvbus/error.h"
+#include "uvbus/log.h"
 #include "uvbus/queue_config.h"
 
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
@@ -165,6 +166,13 @@ struct listener_id {
 //   * Ids: the id passed in stays valid (calls on it work) until the connection's final callback
 //     (on_disconnected, or on_connected with an error) returns.
 struct stream_callbacks {
+  // Log lines about the channel's own events: a connection closed for a corrupt stream
+  // (bad_hash, bad_varint, oversize: warn) or a stalled one (timeout: warn), an accepted
+  // connection rejected over max_connections (warn), a failed accept (error), a stale unix socket
+  // file replaced (info). Rate limited per kind (uvbus/log.h). Same thread and rules as the other
+  // callbacks; it may not close the channel.
+  log_fn on_log;
+
   // A peer connected to one of our listeners (listener(conn) tells which one).
   std::function<void(connection_id conn)> on_accepted;
 

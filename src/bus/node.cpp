@@ -124,6 +124,7 @@ std::unique_ptr<stream_channel> node::impl::make_channel() {
     s_send_failed(c, first, last, reason);
   };
   scb.on_writable = [this](connection_id c) { s_writable(c); };
+  scb.on_log = [this](log_level lv, const std::string& m) { log(lv, "stream: %s", m.c_str()); };
   return std::make_unique<stream_channel>(loop, link_stream_config(), std::move(scb));
 }
 
@@ -136,7 +137,8 @@ errc node::impl::open_listeners(stream_channel* ch, std::unique_ptr<shm_reader>*
     (void)parse_address(u, &a);  // validated
     if (a.kind == scheme::shm) {
       *rd = std::make_unique<shm_reader>(shm_reader_callbacks{
-          [this](const shm_record* recs, size_t count) { on_shm_records(this, recs, count); }});
+          [this](const shm_record* recs, size_t count) { on_shm_records(this, recs, count); },
+          [this](log_level lv, const std::string& m) { log(lv, "shm: %s", m.c_str()); }});
       const errc e = (*rd)->open(a, detail::ring_config(cfg));
       if (e != errc::ok) {
         return refuse_call(e, field + "opening the ring failed: " + (*rd)->last_error().detail);

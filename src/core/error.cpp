@@ -1,4 +1,5 @@
 #include "uvbus/error.h"
+#include "uvbus/log.h"
 
 #include <cerrno>
 
@@ -118,6 +119,20 @@ errc errc_from_errno(int negative_errno) noexcept {
     default:
       return errc::io_error;
   }
+}
+
+const char* to_string(log_level l) noexcept {
+  switch (l) {
+    case log_level::debug:
+      return "debug";
+    case log_level::info:
+      return "info";
+    case log_level::warn:
+      return "warn";
+    case log_level::error:
+      return "error";
+  }
+  return "unknown";
 }
 
 }  // namespace uvbus

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/log_limiter.h"
 #include "core/thread_check.h"
 #include "shm/ring_reader.h"
 #include "uvbus/shm.h"
@@ -22,6 +23,39 @@ struct shm_reader::impl {
   std::unique_ptr<ring_reader> ring;  // null while closed
   int in_callback = 0;
   bool reattached = false;  // the last successful open() reattached an existing region
+  std::string url;          // for log lines
+  // on_log: the skip counters already logged, and the limiter.
+  uint64_t logged_abandoned = 0;
+  uint64_t logged_checksum = 0;
+  uint64_t logged_corrupt = 0;
+  detail::log_limiter log_limit;
+
+  void log(size_t kind, log_level lv, const std::string& text) {
+    uint64_t suppressed = 0;
+    if (!log_limit.allow(kind, static_cast<uint64_t>(mono_ns() / 1000000), &suppressed)) return;
+    cbs.on_log(lv, suppressed == 0
+                       ? text
+                       : text + " (" + std::to_string(suppressed) + " more like it not logged)");
+  }
+  // Logs what the last pass skipped (the counters grew since the last line that went out).
+  static void after_pass(void* u) {
+    auto* self = static_cast<impl*>(u);
+    const ring_reader& r = *self->ring;
+    if (!self->cbs.on_log) return;
+    const auto line = [&](size_t kind, uint64_t now, uint64_t* logged, log_level lv,
+                          const char* what) {
+      if (now == *logged) return;
+      const uint64_t delta = now - *logged;
+      *logged = now;
+      self->log(kind, lv,
+                self->url + ": " + std::to_string(delta) + " record(s) skipped: " + what +
+                    " (total " + std::to_string(now) + ")");
+    };
+    line(0, r.c_abandoned, &self->logged_abandoned, log_level::warn,
+         "a writer did not commit in time (died or stalled mid-write)");
+    line(1, r.c_checksum, &self->logged_checksum, log_level::error, "checksum mismatch");
+    line(2, r.c_corrupt, &self->logged_corrupt, log_level::error, "impossible record header");
+  }
 
   static void deliver(void* u, const shm_record* records, size_t count) {
     auto* self = static_cast<impl*>(u);
@@ -106,6 +140,10 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
     return impl_->fail(call, url, e, bad);
   }
   if (how.reattached) p->resume();
+  impl_->url = url;
+  impl_->logged_abandoned = p->c_abandoned;
+  impl_->logged_checksum = p->c_checksum;
+  impl_->logged_corrupt = p->c_corrupt;
   p->owner = true;
   p->outer = impl_.get();
   impl_->ring = std::move(p);
@@ -136,6 +174,13 @@ errc shm_reader::start(uv_loop_t* loop) {
   UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::start");
   if (!impl_->open()) return errc::closed;
   if (!impl_->cbs.on_records) return errc::invalid_argument;
+  impl_->ring->after_pass = &impl::after_pass;
+  if (impl_->reattached && impl_->cbs.on_log) {
+    impl_->cbs.on_log(log_level::info,
+                      impl_->url +
+                          ": reattached an existing region (a previous reader's records "
+                          "are read first)");
+  }
   return impl_->ring->start(loop, &impl::deliver, impl_.get());
 }
 
@@ -152,6 +197,7 @@ size_t shm_reader::poll(size_t max_records) {
     return 0;
   }
   const size_t n = im.ring->drain(&impl::deliver, &im, max_records);
+  if (!im.ring->close_requested) impl::after_pass(&im);
   if (im.ring->close_requested) finish_close(&im);
   return n;
 }

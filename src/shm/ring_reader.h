@@ -83,6 +83,7 @@ struct ring_reader {
   loop_glue* glue = nullptr;
   deliver_fn cb = nullptr;
   void* user = nullptr;
+  void (*after_pass)(void* user) = nullptr;  // after each loop-driven drain (skip logging)
   bool started = false;
   bool halt = false;  // stop() ran (maybe inside a callback): the current drain delivers no more
   uint64_t spin_until = 0;
@@ -375,6 +376,7 @@ struct ring_reader {
     ring_reader* self = gl->owner;
     if (self == nullptr || !self->started) return;
     const size_t n = self->drain(self->cb, self->user, self->cfg.batch_max);
+    if (self->after_pass != nullptr && !self->close_requested) self->after_pass(self->user);
     if (self->close_requested) {
       finish_close(self->outer);  // self is gone now
       return;

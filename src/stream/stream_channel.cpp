@@ -337,6 +337,42 @@ errc stream_channel::set_callbacks(stream_callbacks cbs) {
   return errc::ok;
 }
 
+void stream_channel::impl::log_event(size_t kind, log_level lv, const std::string& text) {
+  if (!cb.on_log) return;
+  uint64_t suppressed = 0;
+  if (!log_limit.allow(kind, uv_now(loop), &suppressed)) return;
+  const detail::callback_scope scope(this);
+  if (suppressed == 0) {
+    cb.on_log(lv, text);
+  } else {
+    cb.on_log(lv, text + " (" + std::to_string(suppressed) + " more like it not logged)");
+  }
+}
+
+void stream_channel::impl::log_end(const conn_impl* c, errc reason) {
+  size_t kind = 0;
+  switch (reason) {
+    case errc::bad_hash:
+      kind = kLogBadHash;
+      break;
+    case errc::bad_varint:
+      kind = kLogBadVarint;
+      break;
+    case errc::oversize:
+      kind = kLogOversize;
+      break;
+    case errc::timeout:
+      kind = kLogStalled;
+      break;
+    default:
+      return;  // ordinary ends are the owner's to log (on_disconnected tells it)
+  }
+  const std::string who = c->peer_url.empty() ? std::string("a peer") : c->peer_url;
+  log_event(kind, log_level::warn,
+            "connection " + std::to_string(c->id.value) + " (" + who + ") closed: " +
+                to_string(reason) + (reason == errc::timeout ? "" : ": corrupt stream"));
+}
+
 errc stream_channel::listen(std::string_view url, listener_id* out, void* user_data) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen");
   return impl_->listen(url, out, user_data);

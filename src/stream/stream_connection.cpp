@@ -582,6 +582,7 @@ void stream_channel::impl::report_final(conn_impl* c) {
   report_written(c);
   c->reported = true;
   const errc reason = c->reason;
+  log_end(c, reason);
   if (c->queue) {
     write_queue& q = *c->queue;
     if (c->prepared != nullptr) {  // a reservation is not a packet: drop it unreported

@@ -11,6 +11,7 @@
 
 #include "core/frame.h"
 #include "core/intrusive_list.h"
+#include "core/log_limiter.h"
 #include "core/thread_check.h"
 #include "core/write_queue.h"
 #include "uvbus/address.h"
@@ -165,6 +166,17 @@ errc literal_sockaddr(const address& a, sockaddr_storage* out);
 // Adds a connection's totals (and with_queue: its current queue figures) to `to`.
 void add_totals(stream_connection_metrics& to, const stream_connection_metrics& m, bool with_queue);
 
+// The kinds of channel events on_log rate-limits separately.
+enum stream_log_kind : size_t {
+  kLogBadHash,
+  kLogBadVarint,
+  kLogOversize,
+  kLogStalled,
+  kLogRejected,
+  kLogAcceptFailed,
+  kLogStaleFile,
+};
+
 }  // namespace detail
 
 // The channel's state and every operation on it. Defined in four files by concern:
@@ -203,6 +215,7 @@ struct stream_channel::impl {
   detail::conn_table table;
   conn_impl* dirty_head = nullptr;
 
+  detail::log_limiter log_limit;   // on_log: per kind of event (log_kind)
   stream_channel_metrics retired;  // totals of connections already released, and event counts
 
   impl(uv_loop_t* l, const stream_config& c, stream_callbacks cbs);
@@ -268,6 +281,10 @@ struct stream_channel::impl {
   void remove_dirty(conn_impl* c);
   // Every queued packet failed, then the final callback. Runs once per connection.
   void report_final(conn_impl* c);
+  // on_log, rate limited per kind (kinds: the log_kind enum of stream_channel.cpp).
+  void log_event(size_t kind, log_level lv, const std::string& text);
+  // Logs why a connection ended if that is worth a line (a corrupt or stalled peer).
+  void log_end(const conn_impl* c, errc reason);
   void on_connected(conn_impl* c);
   void apply_tcp_options(conn_impl* c);
   static void connect_cb(uv_connect_t* req, int status);
@@ -299,6 +316,13 @@ using detail::conn_state;
 using detail::from_uv;
 using detail::kFlushBudget;
 using detail::kGatherBytes;
+using detail::kLogAcceptFailed;
+using detail::kLogBadHash;
+using detail::kLogBadVarint;
+using detail::kLogOversize;
+using detail::kLogRejected;
+using detail::kLogStaleFile;
+using detail::kLogStalled;
 using detail::kMaxGather;
 using detail::kMinMergeBuffer;
 using detail::listener_impl;

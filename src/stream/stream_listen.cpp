@@ -88,7 +88,11 @@ void stream_channel::impl::connection_cb(uv_stream_t* server, int status) {
 }
 
 void stream_channel::impl::on_incoming(listener_impl* l, int status) {
-  if (status < 0 || closed) return;  // e.g. EMFILE: the next accept may succeed
+  if (status < 0 && !closed) {  // e.g. EMFILE: the next accept may succeed
+    log_event(kLogAcceptFailed, log_level::error,
+              l->url + ": accept failed: " + uv_strerror(status));
+  }
+  if (status < 0 || closed) return;
   conn_impl* c = new_conn(false, nullptr);
   if (c == nullptr) return;
   c->is_unix = l->is_unix;
@@ -121,6 +125,9 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
   if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
     // Accepted only to take it off the backlog: over the cap, it is closed unannounced.
     ++retired.connections_rejected;
+    log_event(kLogRejected, log_level::warn,
+              l->url + ": connection from " + c->peer_url + " rejected: max_connections (" +
+                  std::to_string(cfg.max_connections) + ") reached");
     c->reported = true;
     end_conn(c, errc::busy);
     return;
@@ -153,6 +160,8 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
     if (r == 0 || err == EAGAIN || err == EINPROGRESS) return errc::address_in_use;
     if (err != ECONNREFUSED) return errc_from_errno(-err);
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errc_from_errno(-errno);
+    log_event(kLogStaleFile, log_level::info,
+              "unix://" + path + ": replaced a stale socket file nobody listened on");
   }
   int r = uv_pipe_init(loop, &l->h.pipe, 0);
   if (r != 0) return from_uv(r);

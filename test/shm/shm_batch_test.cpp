@@ -336,5 +336,26 @@ TEST(ShmBatch, ThreeBatchingWriterThreadsOverMemKeepPerWriterOrder) {
   EXPECT_EQ(uv_loop_close(&loop), 0);
 }
 
+TEST(ShmBatch, SkippedRecordsAreLogged) {
+  ring g(small_cfg());
+  const std::vector<std::string> msgs = {"first", "second, corrupted", "third"};
+  auto sp = spans_of(msgs);
+  ASSERT_EQ(g.w.send_batch(sp.data(), sp.size()), errc::ok);
+  g.data()[8 + 16 + 8 + 3] ^= 0x10;
+  std::vector<std::pair<log_level, std::string>> logs;
+  size_t got = 0;
+  shm_reader_callbacks cb;
+  cb.on_records = [&](const shm_record*, size_t n) { got += n; };
+  cb.on_log = [&](log_level lv, const std::string& m) { logs.emplace_back(lv, m); };
+  ASSERT_EQ(g.r.set_callbacks(cb), errc::ok);
+  EXPECT_EQ(g.r.poll(10), 2u);
+  ASSERT_EQ(logs.size(), 1u);
+  EXPECT_EQ(logs[0].first, log_level::error);
+  EXPECT_NE(logs[0].second.find("1 record(s) skipped: checksum mismatch"), std::string::npos)
+      << logs[0].second;
+  EXPECT_EQ(g.r.poll(10), 0u);  // nothing new: no line
+  EXPECT_EQ(logs.size(), 1u);
+}
+
 }  // namespace
 }  // namespace uvbus

@@ -36,6 +36,7 @@ struct recorder {
   std::vector<failed_range> failed;
   std::map<uint64_t, int> writable;
   std::map<uint64_t, connection_id> live;  // connected/accepted and not yet ended
+  std::vector<std::pair<log_level, std::string>> logs;
 
   // Optional hooks run after recording (for tests that react: echo, resend, disconnect).
   std::function<void(connection_id, const uint8_t*, size_t)> on_received_hook;
@@ -63,6 +64,7 @@ struct recorder {
 
   stream_callbacks callbacks() {
     stream_callbacks cb;
+    cb.on_log = [this](log_level lv, const std::string& m) { logs.emplace_back(lv, m); };
     cb.on_accepted = [this](connection_id c) {
       accepted.push_back(c);
       accepted_ids.push_back(c.value);

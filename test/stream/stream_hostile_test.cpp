@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -230,6 +231,34 @@ TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 3; }));
   ASSERT_TRUE(later.write_all(frame_of("in")));
   ASSERT_TRUE(run([&] { return srv.received[srv.accepted_ids[2]].size() == 1; }));
+}
+
+TEST_F(StreamHostile, AFloodOfCorruptPeersIsLoggedAtAFewLinesPerSecond) {
+  recorder srv;
+  stream_channel* s = make_channel(&srv);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  std::vector<uint8_t> f = frame_of("corrupted payload");
+  f[0] ^= 0x01;
+  constexpr size_t kPeers = 40;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < kPeers; ++i) {
+    raw_peer bad(s->listener_port(l));
+    ASSERT_TRUE(bad.ok());
+    ASSERT_TRUE(bad.write_all(f));
+    ASSERT_TRUE(run([&] { return srv.disconnected.size() == i + 1; }));
+  }
+  const auto secs =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  ASSERT_FALSE(srv.logs.empty());
+  // A burst of 5 per second, whatever the flood.
+  EXPECT_LE(srv.logs.size(), 5u * static_cast<size_t>(secs + 1));
+  for (const auto& [lv, text] : srv.logs) {
+    EXPECT_EQ(lv, log_level::warn);
+    EXPECT_NE(text.find("bad_hash"), std::string::npos) << text;
+  }
+  EXPECT_EQ(s->metrics().totals.decode_errors, kPeers);
 }
 
 }  // namespace
