@@ -183,6 +183,12 @@ struct node_config {
   // failed, or the socket did not fit: then start() fails with invalid_argument naming
   // inherit_listeners[i] and why).
   std::vector<inherited_listener> inherit_listeners;
+  // Metrics endpoint: "http://HOST:PORT[/PATH]" (HOST an IPv4 literal, [IPv6] or localhost; port
+  // 0 picks one; PATH default /metrics) serves node::metrics_text() in the Prometheus text format
+  // from the node's loop (no thread). Empty (the default): off. docs/observability.md.
+  std::string metrics_url;
+  // Peers shown one by one in the per-peer metric families; the rest are summed as peer="other".
+  size_t metrics_max_peers = 64;
   // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
   // makes two nodes try shared memory.
   std::string host_id;
@@ -448,6 +454,11 @@ class node {
   // delivered in order (an opaque blob; docs/protocol.md "Flow positions"). Pass it to the next
   // process of this id as node_config::inherit_flow_positions (after stop(), nothing changes).
   [[nodiscard]] std::vector<uint8_t> flow_positions() const;
+  // The metrics of this node in the Prometheus text exposition format (what metrics_url serves;
+  // names and units in docs/observability.md). Usable without the endpoint.
+  [[nodiscard]] std::string metrics_text() const;
+  // The metrics endpoint's bound URL (port 0 resolved); empty when metrics_url is empty.
+  [[nodiscard]] std::string metrics_url() const;
   // Inside on_data: the trace context the message being delivered carried (send_options::trace),
   // or nullptr if it carried none. nullptr outside on_data; the pointer is valid until on_data
   // returns.

@@ -223,6 +223,7 @@ errc node::impl::start() {
                        "node::flow_positions() blob (" +
                            std::to_string(cfg.inherit_flow_positions.size()) + " bytes)");
   }
+  if (const errc me = start_metrics(); me != errc::ok) return me;
   host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;
   hostname = detail::host_name();
 
@@ -231,6 +232,7 @@ errc node::impl::start() {
   std::unique_ptr<shm_reader> rd;
   const errc e = open_listeners(ch.get(), &rd, &urls);
   if (e != errc::ok) {
+    stop_metrics();
     stream_listeners.clear();
     ch.reset();
     // A ring reattached with a predecessor's records stays for the next attempt.
@@ -292,6 +294,7 @@ void node::impl::stop() {
 
 void node::impl::close_links_for_stop() {
   stop_flush_until = 0;
+  stop_metrics();
   flows_stop();
   for (auto& [id, lk] : links) {
     if (lk->state == link_state::registered) {
@@ -556,6 +559,16 @@ const node_config& node::config() const noexcept {
 errc node::detach_listeners(std::vector<inherited_listener>* out) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::detach_listeners");
   return impl_->detach_listeners(out);
+}
+
+std::string node::metrics_text() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::metrics_text", {});
+  return impl_->metrics_text();
+}
+
+std::string node::metrics_url() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::metrics_url", {});
+  return impl_->metrics_http ? impl_->metrics_http->url() : std::string();
 }
 
 const trace_context* node::incoming_trace() const noexcept {

@@ -279,6 +279,13 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   }
   errc e = check_listen(cfg, detail);
   if (e == errc::ok) e = check_inherited(cfg, detail);
+  if (e == errc::ok && !cfg.metrics_url.empty()) {
+    obs::http_url u;
+    std::string why;
+    if (obs::parse_http_url(cfg.metrics_url, &u, &why) != errc::ok) {
+      e = refuse(detail, errc::bad_url, "metrics_url " + quoted(cfg.metrics_url) + ": " + why);
+    }
+  }
   if (e == errc::ok) e = check_parents(cfg, detail);
   if (e == errc::ok) e = check_ids(cfg, detail);
   if (e == errc::ok) e = check_sizes(cfg, detail);

@@ -25,6 +25,8 @@
 #include "bus/wire.h"
 #include "core/ring_fifo.h"
 #include "core/thread_check.h"
+#include "obs/http_endpoint.h"
+#include "obs/prom_text.h"
 #include "uvbus/address.h"
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
@@ -233,6 +235,7 @@ struct node::impl {
   std::string host_id;
   std::string hostname;
   std::vector<std::string> listen_urls;
+  std::unique_ptr<obs::http_endpoint> metrics_http;  // node_config::metrics_url
   // The trace context of the message on_data is delivering (node::incoming_trace()).
   const trace_context* incoming = nullptr;
   // strip_trace()'s output: the header without flag_trace, then the spans after the trace block.
@@ -518,6 +521,13 @@ struct node::impl {
   // -------------------------------------------------------------------------- start / stop --
   errc start();
   stream_config link_stream_config() const;
+  // Metrics (node_metrics.cpp).
+  void node_families(obs::prom_text* t) const;
+  void peer_families(obs::prom_text* t) const;
+  void channel_families(obs::prom_text* t) const;
+  [[nodiscard]] std::string metrics_text() const;
+  errc start_metrics();
+  void stop_metrics();
   std::unique_ptr<stream_channel> make_channel();
   // Opens the stream listeners and the shm ring of cfg.listen (their URLs into *urls).
   // Listens on u: on the inherited socket configured for u if there is one (node_handover.cpp).

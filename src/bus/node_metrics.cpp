@@ -1,0 +1,283 @@
+// Bus node, metrics: the Prometheus text of node::metrics_text() (node, per-peer, channel and
+// process families; docs/observability.md) and the HTTP endpoint that serves it
+// (node_config::metrics_url).
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "bus/node_impl.h"
+#include "obs/prom_text.h"
+#include "uvbus/version.h"
+
+namespace uvbus {
+
+using obs::label;
+using obs::metric_type;
+using obs::prom_text;
+
+namespace {
+
+struct counter_row {
+  const char* name;
+  const char* help;
+  uint64_t value;
+};
+
+void counters_out(prom_text* t, const counter_row* rows, size_t n, metric_type type) {
+  for (size_t i = 0; i < n; ++i) {
+    t->family(rows[i].name, rows[i].help, type);
+    t->sample(static_cast<double>(rows[i].value));
+  }
+}
+
+std::string hex_id(bus_id id) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, id);
+  return buf;
+}
+
+}  // namespace
+
+void node::impl::node_families(prom_text* t) const {
+  const node_counters& c = counters;
+  const std::string id = hex_id(self);
+  const label info[] = {{"id", id}, {"version", kVersionString}};
+  t->family("uvbus_node_info", "The node's bus id and library version (value 1).",
+            metric_type::gauge);
+  t->sample(info, 2, 1);
+  t->family("uvbus_node_uptime_seconds", "Seconds since the node started.", metric_type::gauge);
+  t->sample(state == run_state::idle ? 0.0 : static_cast<double>(now_ms() - started_ms) / 1000.0);
+  t->family("uvbus_node_messages_sent_total",
+            "send_data() and post() messages accepted, by the channel of their first hop.",
+            metric_type::counter);
+  const label stream_l[] = {{"channel", "stream"}};
+  const label shm_l[] = {{"channel", "shm"}};
+  t->sample(stream_l, 1, static_cast<double>(c.data_sent_stream));
+  t->sample(shm_l, 1, static_cast<double>(c.data_sent_shm));
+  t->family("uvbus_node_reports_total", "Delivery reports given, by status.", metric_type::counter);
+  const label ok_l[] = {{"status", "ok"}};
+  const label failed_l[] = {{"status", "failed"}};
+  t->sample(ok_l, 1, static_cast<double>(c.reports_ok));
+  t->sample(failed_l, 1, static_cast<double>(c.reports_failed));
+  t->family("uvbus_node_dropped_total", "Messages this node dropped, by reason.",
+            metric_type::counter);
+  const label fwd_l[] = {{"reason", "forward"}};
+  const label ttl_l[] = {{"reason", "ttl_expired"}};
+  t->sample(fwd_l, 1, static_cast<double>(c.forward_dropped));
+  t->sample(ttl_l, 1, static_cast<double>(c.ttl_expired));
+  t->family("uvbus_node_registrations_total", "Peer registrations this node answered, by result.",
+            metric_type::counter);
+  const label acc_l[] = {{"result", "accepted"}};
+  const label ref_l[] = {{"result", "refused"}};
+  t->sample(acc_l, 1, static_cast<double>(c.registrations_accepted));
+  t->sample(ref_l, 1, static_cast<double>(c.registrations_refused));
+  const counter_row rows[] = {
+      {"uvbus_node_messages_delivered_total", "Messages delivered to on_data.", c.data_received},
+      {"uvbus_node_forwarded_total", "User messages relayed for other nodes.", c.forwarded},
+      {"uvbus_node_reconnects_total", "Parent connection attempts after the first.", c.reconnects},
+      {"uvbus_node_heartbeat_timeouts_total", "Peers dropped for silence.", c.heartbeat_timeouts},
+      {"uvbus_node_protocol_errors_total", "Malformed messages (their link was closed).",
+       c.protocol_errors},
+      {"uvbus_node_drop_notices_sent_total", "Relay: sources told their message was dropped.",
+       c.drop_notices_sent},
+      {"uvbus_node_held_for_child_total", "Relay: messages that waited for a child to register.",
+       c.held_for_child},
+      {"uvbus_node_flow_resent_total", "Flow messages sent again.", c.flow_resent},
+      {"uvbus_node_flow_acks_sent_total", "Flow acknowledgements sent.", c.flow_acks_sent},
+      {"uvbus_node_flow_acks_received_total", "Flow acknowledgements received.",
+       c.flow_acks_received},
+      {"uvbus_node_flow_duplicates_total", "Duplicate flow messages dropped here.",
+       c.flow_duplicates},
+      {"uvbus_node_flow_out_of_order_total", "Flow messages after a gap dropped here.",
+       c.flow_out_of_order},
+  };
+  counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
+  const counter_row gauges[] = {
+      {"uvbus_node_pending_messages", "Messages waiting for a link now.", c.pending_now},
+      {"uvbus_node_flow_unacked_messages", "Messages in retransmit buffers now.",
+       c.flow_unacked_now},
+      {"uvbus_node_flow_unacked_bytes", "Bytes in retransmit buffers now.", c.flow_unacked_bytes},
+      {"uvbus_node_peers", "Registered direct peers now.", peers.size()},
+  };
+  counters_out(t, gauges, sizeof gauges / sizeof gauges[0], metric_type::gauge);
+}
+
+namespace {
+
+// One peer's figures, or the sum of the peers past the series cap (peer "other").
+struct peer_row {
+  std::string peer;
+  std::string role;
+  std::string channel;
+  double rtt_s = 0;
+  stream_connection_metrics link;
+  uint64_t shm_queue_full = 0;
+  uint64_t peers = 1;
+};
+
+void sum_link(stream_connection_metrics* to, const stream_connection_metrics& m) {
+  to->bytes_sent += m.bytes_sent;
+  to->bytes_received += m.bytes_received;
+  to->packets_sent += m.packets_sent;
+  to->packets_received += m.packets_received;
+  to->write_calls += m.write_calls;
+  to->packets_merged += m.packets_merged;
+  to->queue_bytes += m.queue_bytes;
+  to->queue_packets += m.queue_packets;
+  to->send_refused += m.send_refused;
+}
+
+// family + one sample per row from get(row); the rows' labels are peer, role, channel.
+template <class Get>
+void per_peer(prom_text* t, const std::vector<peer_row>& rows, const char* name, const char* help,
+              metric_type type, Get get) {
+  t->family(name, help, type);
+  for (const peer_row& r : rows) {
+    const label l[] = {{"peer", r.peer}, {"role", r.role}, {"channel", r.channel}};
+    t->sample(l, 3, get(r));
+  }
+}
+
+}  // namespace
+
+void node::impl::peer_families(prom_text* t) const {
+  std::vector<const peer_ep*> sorted;
+  sorted.reserve(peers.size());
+  for (const auto& [id, p] : peers) sorted.push_back(p.get());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const peer_ep* a, const peer_ep* b) { return a->id < b->id; });
+  std::vector<peer_row> rows;
+  for (const peer_ep* p : sorted) {
+    const bool own = rows.size() < cfg.metrics_max_peers;
+    if (!own && (rows.empty() || rows.back().peer != "other")) {
+      rows.push_back(peer_row{"other", "any", "any", 0, {}, 0, 0});
+    }
+    peer_row& r = own ? rows.emplace_back() : rows.back();
+    const endpoint_info e = info_of(*p);
+    if (own) {
+      r.peer = hex_id(p->id);
+      r.role = to_string(e.role);
+      r.channel = to_string(e.data_channel);
+      r.rtt_s = static_cast<double>(p->rtt_ns) / 1e9;
+    } else {
+      ++r.peers;
+    }
+    stream_connection_metrics m;
+    if (p->lk != nullptr && streams && streams->connection_metrics(p->lk->conn, &m) == errc::ok) {
+      sum_link(&r.link, m);
+    }
+    if (p->shm) r.shm_queue_full += p->shm->metrics().queue_full;
+  }
+  const auto d = [](uint64_t v) { return static_cast<double>(v); };
+  per_peer(t, rows, "uvbus_peer_rtt_seconds", "Last heartbeat round trip (0: none yet).",
+           metric_type::gauge, [](const peer_row& r) { return r.rtt_s; });
+  per_peer(t, rows, "uvbus_peer_sent_bytes_total", "Payload bytes written to the peer's link.",
+           metric_type::counter, [&](const peer_row& r) { return d(r.link.bytes_sent); });
+  per_peer(t, rows, "uvbus_peer_received_bytes_total", "Payload bytes read from the peer's link.",
+           metric_type::counter, [&](const peer_row& r) { return d(r.link.bytes_received); });
+  per_peer(t, rows, "uvbus_peer_sent_frames_total", "Frames written to the peer's link.",
+           metric_type::counter, [&](const peer_row& r) { return d(r.link.packets_sent); });
+  per_peer(t, rows, "uvbus_peer_received_frames_total", "Frames read from the peer's link.",
+           metric_type::counter, [&](const peer_row& r) { return d(r.link.packets_received); });
+  per_peer(t, rows, "uvbus_peer_write_calls_total", "Write system calls on the peer's link.",
+           metric_type::counter, [&](const peer_row& r) { return d(r.link.write_calls); });
+  per_peer(t, rows, "uvbus_peer_merged_frames_total",
+           "Frames coalesced in the merge buffer on the peer's link.", metric_type::counter,
+           [&](const peer_row& r) { return d(r.link.packets_merged); });
+  per_peer(t, rows, "uvbus_peer_queue_bytes", "Frame bytes waiting in the link's send queue.",
+           metric_type::gauge, [&](const peer_row& r) { return d(r.link.queue_bytes); });
+  per_peer(t, rows, "uvbus_peer_queue_refused_total", "Sends the link's full queue refused.",
+           metric_type::counter, [&](const peer_row& r) { return d(r.link.send_refused); });
+  per_peer(t, rows, "uvbus_peer_shm_queue_full_total",
+           "Sends the peer's full shared-memory ring refused.", metric_type::counter,
+           [&](const peer_row& r) { return d(r.shm_queue_full); });
+  t->family("uvbus_peer_queue_limit_bytes", "Each link's send queue limit.", metric_type::gauge);
+  t->sample(static_cast<double>(link_stream_config().queue.max_bytes));
+  t->family("uvbus_peer_series_cap", "Peers shown one by one (node_config::metrics_max_peers).",
+            metric_type::gauge);
+  t->sample(static_cast<double>(cfg.metrics_max_peers));
+}
+
+void node::impl::channel_families(prom_text* t) const {
+  const auto d = [](uint64_t v) { return static_cast<double>(v); };
+  if (streams) {
+    const stream_channel_metrics m = streams->metrics();
+    const counter_row gauges[] = {
+        {"uvbus_stream_connections", "Stream connections open now.", m.connections_open},
+        {"uvbus_stream_listeners", "Stream listeners open now.", m.listeners_open},
+    };
+    counters_out(t, gauges, 2, metric_type::gauge);
+    const counter_row rows[] = {
+        {"uvbus_stream_accepted_total", "Connections accepted.", m.connections_accepted},
+        {"uvbus_stream_rejected_total", "Connections rejected at max_connections.",
+         m.connections_rejected},
+        {"uvbus_stream_connect_failures_total", "Outbound connects that failed.", m.connect_failed},
+        {"uvbus_stream_decode_errors_total", "Corrupt frames (bad hash, length, size).",
+         m.totals.decode_errors},
+        {"uvbus_stream_sent_bytes_total", "Payload bytes written, all links.", m.totals.bytes_sent},
+        {"uvbus_stream_received_bytes_total", "Payload bytes read, all links.",
+         m.totals.bytes_received},
+    };
+    counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
+  }
+  if (reader) {
+    const shm_metrics m = reader->metrics();
+    const label ring[] = {{"ring", shm_url}};
+    const auto one = [&](const char* name, const char* help, metric_type type, uint64_t v) {
+      t->family(name, help, type);
+      t->sample(ring, 1, d(v));
+    };
+    one("uvbus_shm_ring_fill_bytes", "Ring bytes written and not yet released by this reader.",
+        metric_type::gauge, m.fill_bytes);
+    one("uvbus_shm_ring_capacity_bytes", "Ring size.", metric_type::gauge, m.capacity_bytes);
+    one("uvbus_shm_records_read_total", "Records delivered from the ring.", metric_type::counter,
+        m.records_read);
+    one("uvbus_shm_abandoned_total", "Records skipped: a writer did not commit in time.",
+        metric_type::counter, m.abandoned);
+    one("uvbus_shm_checksum_failures_total", "Records skipped: checksum mismatch.",
+        metric_type::counter, m.checksum_failures);
+    one("uvbus_shm_corrupt_total", "Records skipped: impossible header.", metric_type::counter,
+        m.corrupt);
+  }
+  t->family("uvbus_metrics_scrapes_total", "Requests served by the metrics endpoint.",
+            metric_type::counter);
+  t->sample(d(metrics_http ? metrics_http->requests() : 0));
+}
+
+std::string node::impl::metrics_text() const {
+  prom_text t;
+  node_families(&t);
+  peer_families(&t);
+  channel_families(&t);
+  return t.take();
+}
+
+errc node::impl::start_metrics() {
+  if (cfg.metrics_url.empty()) return errc::ok;
+  metrics_http = std::make_unique<obs::http_endpoint>();
+  obs::http_url u;
+  (void)obs::parse_http_url(cfg.metrics_url, &u, nullptr);  // validated
+  std::string why;
+  const errc e = metrics_http->start(
+      loop, cfg.metrics_url,
+      [this, path = u.path](std::string_view p, obs::http_response* out) {
+        if (p != path) {
+          out->status = 404;
+          out->body = "not found: the metrics are at " + path + "\n";
+          return;
+        }
+        out->body = metrics_text();
+      },
+      &why);
+  if (e != errc::ok) {
+    metrics_http.reset();
+    return refuse_call(e, "node_config.metrics_url \"" + cfg.metrics_url + "\": " + why);
+  }
+  return errc::ok;
+}
+
+void node::impl::stop_metrics() {
+  if (metrics_http) metrics_http->stop();
+}
+
+}  // namespace uvbus

@@ -1,0 +1,222 @@
+// http_endpoint: libmicrohttpd in external-polling epoll mode, its epoll fd watched by a uv_poll_t
+// and its timeouts by a uv_timer_t, so requests are served on the loop thread.
+#include "obs/http_endpoint.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace uvbus::obs {
+
+struct http_endpoint::loop_part {
+  uv_poll_t poll{};
+  uv_timer_t timer{};
+  int open = 0;  // handles not yet closed
+  http_endpoint* owner = nullptr;
+};
+
+namespace {
+
+errc bad(std::string* detail, const std::string& why) {
+  if (detail != nullptr) *detail = why;
+  return errc::bad_url;
+}
+
+void close_part(http_endpoint::loop_part* p) {
+  p->owner = nullptr;
+  const auto done = [](uv_handle_t* h) {
+    auto* pp = static_cast<http_endpoint::loop_part*>(h->data);
+    if (--pp->open == 0) delete pp;
+  };
+  uv_close(reinterpret_cast<uv_handle_t*>(&p->poll), done);
+  uv_close(reinterpret_cast<uv_handle_t*>(&p->timer), done);
+}
+
+// A bound, listening, non-blocking socket for u; its port into *port.
+errc listen_socket(const http_url& u, int* fd_out, uint16_t* port, std::string* detail) {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  if (u.ipv6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(u.port);
+    if (inet_pton(AF_INET6, u.host.c_str(), &in6->sin6_addr) != 1) {
+      return bad(detail, "metrics URL: host \"" + u.host + "\" is not an IPv6 literal");
+    }
+    len = sizeof *in6;
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(u.port);
+    if (inet_pton(AF_INET, u.host.c_str(), &in->sin_addr) != 1) {
+      return bad(detail, "metrics URL: host \"" + u.host + "\" is not an IPv4 literal");
+    }
+    len = sizeof *in;
+  }
+  const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errc_from_errno(-errno);
+  const int one = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (u.ipv6) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (detail != nullptr) *detail = std::string("metrics endpoint: ") + std::strerror(err);
+    return errc_from_errno(-err);
+  }
+  sockaddr_storage bound{};
+  socklen_t blen = sizeof bound;
+  (void)getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
+  *port = ntohs(u.ipv6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                       : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  *fd_out = fd;
+  return errc::ok;
+}
+
+}  // namespace
+
+errc parse_http_url(std::string_view url, http_url* out, std::string* detail) {
+  constexpr std::string_view kScheme = "http://";
+  if (url.substr(0, kScheme.size()) != kScheme) {
+    return bad(detail, "metrics URL \"" + std::string(url) + "\": not http://HOST:PORT[/PATH]");
+  }
+  std::string_view rest = url.substr(kScheme.size());
+  http_url u;
+  if (!rest.empty() && rest[0] == '[') {
+    const size_t close = rest.find(']');
+    if (close == std::string_view::npos) return bad(detail, "metrics URL: unclosed '['");
+    u.host = std::string(rest.substr(1, close - 1));
+    u.ipv6 = true;
+    rest = rest.substr(close + 1);
+  } else {
+    const size_t colon = rest.find(':');
+    if (colon == std::string_view::npos) return bad(detail, "metrics URL: no port");
+    u.host = std::string(rest.substr(0, colon));
+    rest = rest.substr(colon);
+  }
+  if (u.host == "localhost") u.host = "127.0.0.1";
+  if (rest.empty() || rest[0] != ':') return bad(detail, "metrics URL: no port");
+  rest = rest.substr(1);
+  const size_t slash = rest.find('/');
+  const std::string_view port = rest.substr(0, slash);
+  unsigned long p = 0;
+  if (port.empty() || port.size() > 5) return bad(detail, "metrics URL: bad port");
+  for (const char c : port) {
+    if (c < '0' || c > '9') return bad(detail, "metrics URL: bad port");
+    p = p * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (p > 65535) return bad(detail, "metrics URL: port above 65535");
+  u.port = static_cast<uint16_t>(p);
+  u.path = slash == std::string_view::npos ? "/metrics" : std::string(rest.substr(slash));
+  *out = std::move(u);
+  return errc::ok;
+}
+
+http_endpoint::~http_endpoint() {
+  stop();
+}
+
+errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler handler,
+                          std::string* detail) {
+  if (daemon_ != nullptr) return errc::wrong_state;
+  http_url u;
+  errc e = parse_http_url(url, &u, detail);
+  if (e != errc::ok) return e;
+  int fd = -1;
+  e = listen_socket(u, &fd, &port_, detail);
+  if (e != errc::ok) return e;
+  auto access = [](void* cls, MHD_Connection* c, const char* path, const char* method, const char*,
+                   const char*, size_t* upload_size, void** state) -> MHD_Result {
+    return static_cast<MHD_Result>(on_request(cls, c, path, method, upload_size, state));
+  };
+  const unsigned flags = MHD_USE_EPOLL | (u.ipv6 ? MHD_USE_IPv6 : 0);
+  daemon_ = MHD_start_daemon(flags, 0, nullptr, nullptr, access, this, MHD_OPTION_LISTEN_SOCKET, fd,
+                             MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(kMaxConnections),
+                             MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(kTimeoutSeconds),
+                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(32 * 1024),
+                             MHD_OPTION_END);
+  if (daemon_ == nullptr) {
+    ::close(fd);
+    if (detail != nullptr) *detail = "metrics endpoint: libmicrohttpd did not start";
+    return errc::io_error;
+  }
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_EPOLL_FD);
+  part_ = new loop_part;
+  part_->owner = this;
+  part_->poll.data = part_->timer.data = part_;
+  uv_poll_init(loop, &part_->poll, info->epoll_fd);
+  uv_timer_init(loop, &part_->timer);
+  part_->open = 2;
+  uv_poll_start(&part_->poll, UV_READABLE, [](uv_poll_t* h, int, int) {
+    auto* p = static_cast<loop_part*>(h->data);
+    if (p->owner != nullptr) p->owner->run_daemon();
+  });
+  handler_ = std::move(handler);
+  path_ = u.path;
+  url_ = "http://" + (u.ipv6 ? "[" + u.host + "]" : u.host) + ":" + std::to_string(port_) + u.path;
+  run_daemon();
+  return errc::ok;
+}
+
+void http_endpoint::run_daemon() {
+  MHD_run(daemon_);
+  MHD_UNSIGNED_LONG_LONG timeout = 0;
+  if (MHD_get_timeout(daemon_, &timeout) == MHD_YES) {
+    uv_timer_start(
+        &part_->timer,
+        [](uv_timer_t* t) {
+          auto* p = static_cast<loop_part*>(t->data);
+          if (p->owner != nullptr) p->owner->run_daemon();
+        },
+        timeout, 0);
+  } else {
+    uv_timer_stop(&part_->timer);
+  }
+}
+
+int http_endpoint::on_request(void* cls, void* connection, const char* url, const char* method,
+                              size_t* upload_size, void** state) {
+  auto* self = static_cast<http_endpoint*>(cls);
+  auto* c = static_cast<MHD_Connection*>(connection);
+  static int first_call_marker;
+  if (*state == nullptr) {  // headers only so far: answer on the second call
+    *state = &first_call_marker;
+    return MHD_YES;
+  }
+  if (*upload_size != 0) return MHD_NO;  // no request bodies: close the connection
+  http_response r;
+  const bool head = std::strcmp(method, "HEAD") == 0;
+  if (!head && std::strcmp(method, "GET") != 0) {
+    r.status = 405;
+    r.body = "only GET and HEAD\n";
+  } else {
+    ++self->requests_;
+    self->handler_(url, &r);
+  }
+  MHD_Response* resp =
+      MHD_create_response_from_buffer(r.body.size(), r.body.data(), MHD_RESPMEM_MUST_COPY);
+  if (resp == nullptr) return MHD_NO;
+  MHD_add_response_header(resp, "Content-Type", r.content_type.c_str());
+  if (r.status == 405) MHD_add_response_header(resp, "Allow", "GET, HEAD");
+  const MHD_Result q = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
+  MHD_destroy_response(resp);
+  return q;
+}
+
+void http_endpoint::stop() {
+  if (daemon_ == nullptr) return;
+  uv_poll_stop(&part_->poll);  // before the daemon closes its epoll fd
+  close_part(part_);
+  part_ = nullptr;
+  MHD_stop_daemon(daemon_);  // closes the listening socket and every connection
+  daemon_ = nullptr;
+  url_.clear();
+  port_ = 0;
+}
+
+}  // namespace uvbus::obs

@@ -1,0 +1,77 @@
+// A small HTTP GET endpoint served from a libuv loop by libmicrohttpd (no thread of its own): the
+// node's /metrics. Bounded: a few concurrent connections, a timeout, no request bodies.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "uvbus/error.h"
+
+struct MHD_Daemon;
+
+namespace uvbus::obs {
+
+struct http_response {
+  int status = 200;
+  std::string content_type = "text/plain; version=0.0.4; charset=utf-8";
+  std::string body;
+};
+
+// Called on the loop thread for a GET or HEAD of `path` (the served path or any other: the
+// handler decides, e.g. 404). It must not stop or destroy the endpoint.
+using http_handler = std::function<void(std::string_view path, http_response* out)>;
+
+struct http_url {
+  std::string host;  // literal address, without brackets
+  bool ipv6 = false;
+  uint16_t port = 0;
+  std::string path;  // begins with '/'
+};
+
+// Parses http://HOST:PORT[/PATH] (HOST an IPv4 literal, a bracketed IPv6 literal or localhost;
+// PATH defaults to /metrics). Errors: bad_url with *detail naming the wrong part.
+errc parse_http_url(std::string_view url, http_url* out, std::string* detail);
+
+class http_endpoint {
+ public:
+  static constexpr unsigned kMaxConnections = 16;
+  static constexpr unsigned kTimeoutSeconds = 10;
+
+  http_endpoint() = default;
+  ~http_endpoint();
+  http_endpoint(const http_endpoint&) = delete;
+  http_endpoint& operator=(const http_endpoint&) = delete;
+
+  // Binds url (port 0: a free port) and serves from loop. Errors: bad_url, address_in_use,
+  // permission_denied, io_error, wrong_state (already started); *detail says what failed.
+  errc start(uv_loop_t* loop, std::string_view url, http_handler handler, std::string* detail);
+  // Closes the socket and every connection; the loop's handles close asynchronously (run the
+  // loop until they have). Idempotent.
+  void stop();
+
+  [[nodiscard]] uint16_t port() const noexcept { return port_; }
+  // The bound URL, e.g. http://127.0.0.1:41234/metrics (empty when not started).
+  [[nodiscard]] const std::string& url() const noexcept { return url_; }
+  [[nodiscard]] uint64_t requests() const noexcept { return requests_; }
+
+  struct loop_part;  // the libuv handles (freed by their close callbacks)
+
+ private:
+  void run_daemon();
+  static int on_request(void* cls, void* connection, const char* url, const char* method,
+                        size_t* upload_size, void** state);
+
+  MHD_Daemon* daemon_ = nullptr;
+  loop_part* part_ = nullptr;
+  http_handler handler_;
+  uint16_t port_ = 0;
+  std::string url_;
+  std::string path_;
+  uint64_t requests_ = 0;
+};
+
+}  // namespace uvbus::obs

@@ -1,0 +1,197 @@
+// Metrics: prom_text's format (checked by promtool), the HTTP endpoint (curl from a helper thread
+// while the loop serves; 404, 405, stalled and garbage clients), and a node's scraped figures
+// against its own counters after known traffic.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "bus/bus_harness.h"
+#include "obs/http_endpoint.h"
+#include "obs/prom_text.h"
+
+namespace uvbus {
+namespace {
+
+using obs::label;
+using obs::metric_type;
+using obs::prom_text;
+using test::bus_fixture;
+using test::fast_config;
+
+// Runs a shell command, returns its stdout.
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
+// `promtool check metrics` on text: its complaints (empty: clean).
+std::string promtool_problems(const std::string& text) {
+  const std::string path = "/tmp/" + test::unique_name("metrics") + ".txt";
+  std::ofstream(path) << text;
+  const std::string out = run_command("promtool check metrics < " + path + " 2>&1; echo rc=$?");
+  ::unlink(path.c_str());
+  return out == "rc=0\n" ? std::string() : out;
+}
+
+struct http_result {
+  int status = 0;
+  std::string body;
+};
+
+// Fetches url with curl on a helper thread while `loop` runs (the endpoint serves from it).
+http_result fetch(uv_loop_t* loop, const std::string& url, const std::string& extra = "") {
+  http_result r;
+  bool done = false;
+  std::thread t([&] {
+    const std::string out =
+        run_command("curl -s -m 20 " + extra + " -w '\\n%{http_code}' '" + url + "'");
+    const size_t nl = out.rfind('\n');
+    r.body = nl == std::string::npos ? out : out.substr(0, nl);
+    r.status = nl == std::string::npos ? 0 : std::atoi(out.c_str() + nl + 1);
+  });
+  std::atomic<bool> finished{false};
+  std::thread watcher([&] {
+    t.join();
+    finished = true;
+  });
+  test::run_until(
+      loop, [&] { return finished.load(); }, test::kWait);
+  watcher.join();
+  done = finished;
+  EXPECT_TRUE(done);
+  return r;
+}
+
+// The value of the first sample line starting with `series ` in text (-1 if none).
+double value_of(const std::string& text, const std::string& series) {
+  const std::string key = "\n" + series + " ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
+TEST(PromText, EscapesAndValidatesAndPassesPromtool) {
+  prom_text t;
+  t.family("demo_requests_total", "Requests, with \"quotes\" and a \\ and\na newline.",
+           metric_type::counter);
+  const label l[] = {{"path", "/a\"b\\c\nd"}, {"code", "200"}};
+  t.sample(l, 2, 42);
+  t.family("demo_temperature_celsius", "A gauge.", metric_type::gauge);
+  t.sample(-1.5);
+  t.family("9bad name", "skipped", metric_type::gauge);
+  t.sample(1);
+  t.family("demo_latency_seconds", "A histogram.", metric_type::histogram);
+  const std::pair<double, uint64_t> b[] = {{0.001, 3}, {0.01, 7}, {0.1, 9}};
+  t.histogram(nullptr, 0, b, 3, 0.25, 10);
+  EXPECT_EQ(t.bad_names(), 1u);
+  const std::string s = t.text();
+  EXPECT_NE(s.find(R"(demo_requests_total{path="/a\"b\\c\nd",code="200"} 42)"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find("demo_latency_seconds_bucket{le=\"+Inf\"} 10"), std::string::npos) << s;
+  EXPECT_EQ(s.find("9bad"), std::string::npos);
+  EXPECT_EQ(promtool_problems(s), "");
+}
+
+TEST(HttpEndpoint, BadUrlsAreRefusedWithTheReason) {
+  obs::http_url u;
+  std::string why;
+  EXPECT_EQ(obs::parse_http_url("ftp://x:1", &u, &why), errc::bad_url);
+  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1", &u, &why), errc::bad_url);
+  EXPECT_NE(why.find("port"), std::string::npos);
+  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1:70000/", &u, &why), errc::bad_url);
+  EXPECT_EQ(obs::parse_http_url("http://[::1:9", &u, &why), errc::bad_url);
+  ASSERT_EQ(obs::parse_http_url("http://[::1]:9464", &u, &why), errc::ok);
+  EXPECT_TRUE(u.ipv6);
+  EXPECT_EQ(u.path, "/metrics");
+  node_config c;
+  c.metrics_url = "http://nowhere";
+  EXPECT_EQ(node::validate(1, c, &why), errc::bad_url);
+  EXPECT_NE(why.find("metrics_url"), std::string::npos) << why;
+}
+
+class NodeMetricsTest : public bus_fixture {};
+
+TEST_F(NodeMetricsTest, ScrapedFiguresMatchTheCountersAndPassPromtool) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  pc.metrics_url = "http://127.0.0.1:0/metrics";
+  pc.metrics_max_peers = 1;  // the second child is summed into peer="other"
+  test::bus_node* p = make(0x100, pc);
+  const std::string url = p->n->metrics_url();
+  ASSERT_FALSE(url.empty());
+  EXPECT_EQ(url.find(":0/"), std::string::npos) << url;
+  node_config ac = fast_config(p->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  test::bus_node* a = make(0x101, ac);
+  test::bus_node* b = make(0x102, fast_config(p->n->listen_urls().at(0)));
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  for (uint64_t v = 0; v < 100; ++v) ASSERT_EQ(a->n->send_data(0x102, 1, &v, sizeof v), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 100; }));
+
+  const http_result r = fetch(&loop_, url);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(promtool_problems(r.body), "");
+  const node_counters c = p->n->counters();
+  EXPECT_EQ(value_of(r.body, "uvbus_node_forwarded_total"), static_cast<double>(c.forwarded));
+  EXPECT_GE(c.forwarded, 100u);
+  EXPECT_EQ(value_of(r.body, "uvbus_node_peers"), 2);
+  EXPECT_NE(r.body.find("uvbus_peer_sent_bytes_total{peer=\"0x101\",role=\"child\""),
+            std::string::npos);
+  EXPECT_NE(r.body.find("peer=\"other\""), std::string::npos);
+  EXPECT_EQ(r.body.find("peer=\"0x102\""), std::string::npos);  // over the cap: summed
+  // The sender's own text (no endpoint): its reports.
+  const std::string at = a->n->metrics_text();
+  EXPECT_EQ(value_of(at, "uvbus_node_reports_total{status=\"ok\"}"), 100);
+  EXPECT_EQ(value_of(b->n->metrics_text(), "uvbus_node_messages_delivered_total"), 100);
+  EXPECT_EQ(promtool_problems(at), "");
+
+  const http_result missing = fetch(&loop_, url + "x");
+  EXPECT_EQ(missing.status, 404);
+  const http_result post = fetch(&loop_, url, "-X POST");
+  EXPECT_EQ(post.status, 405);
+}
+
+TEST_F(NodeMetricsTest, StalledAndGarbageClientsDoNotStopTheScrape) {
+  node_config pc = fast_config();
+  pc.metrics_url = "http://127.0.0.1:0/metrics";
+  test::bus_node* p = make(0x100, pc);
+  const std::string url = p->n->metrics_url();
+  const uint16_t port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+  std::vector<int> fds;
+  for (int i = 0; i < 6; ++i) {  // connect and say nothing, or garbage
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_port = htons(port);
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof in), 0);
+    if (i % 2 == 1) {
+      const char junk[] = "\x16\x03\x01 not http at all\r\n\r\n";
+      ASSERT_GT(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), 0);
+    }
+    fds.push_back(fd);
+  }
+  const http_result r = fetch(&loop_, url);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("uvbus_node_info"), std::string::npos);
+  for (const int fd : fds) ::close(fd);
+  // Taken port: the second node's start fails and says why.
+  node_config qc = fast_config();
+  qc.metrics_url = url;
+  test::bus_node* q = make(0x200, qc, false);
+  EXPECT_EQ(q->n->start(), errc::address_in_use);
+  EXPECT_NE(q->n->last_error().detail.find("metrics_url"), std::string::npos)
+      << q->n->last_error().detail;
+}
+
+}  // namespace
+}  // namespace uvbus
