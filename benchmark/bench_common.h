@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "uvbus/histogram.h"
+
 namespace uvbus::bench {
 
 inline constexpr uint64_t kEndSeq = ~uint64_t{0};
@@ -252,47 +254,18 @@ inline void json_line(const char* bench, const options& o, const meter& m, uint6
   std::fflush(stdout);
 }
 
-// Latency histogram: log-linear buckets of ~1 % width from 10 ns to ~100 s; exact enough for
-// p50..p99.9 and constant memory however many samples.
+// Latency samples: the library's latency_histogram (log-linear, within 1/32 of the exact value,
+// constant memory however many samples) behind the benchmarks' names.
 class histogram {
  public:
-  void add(uint64_t ns) {
-    ++count_;
-    max_ = std::max(max_, ns);
-    ++buckets_[bucket(ns)];
-  }
-  uint64_t count() const { return count_; }
-  uint64_t max() const { return max_; }
-  // Upper bound of the bucket holding the q-quantile (0 < q <= 1), in ns.
-  uint64_t quantile(double q) const {
-    const auto want = static_cast<uint64_t>(q * static_cast<double>(count_) + 0.5);
-    uint64_t seen = 0;
-    for (size_t i = 0; i < kBuckets; ++i) {
-      seen += buckets_[i];
-      if (seen >= want && seen > 0) return std::min(upper(i), max_);
-    }
-    return max_;
-  }
+  void add(uint64_t ns) { h_.record(ns); }
+  uint64_t count() const { return h_.count(); }
+  uint64_t max() const { return h_.max(); }
+  // The q-quantile (0 < q <= 1), in ns.
+  uint64_t quantile(double q) const { return h_.value_at_percentile(q * 100.0); }
 
  private:
-  static constexpr size_t kSub = 64;  // linear sub-buckets per power of two
-  static constexpr size_t kBuckets = 64 * kSub;
-  static size_t bucket(uint64_t v) {
-    if (v < kSub) return static_cast<size_t>(v);
-    const int msb = 63 - __builtin_clzll(v);
-    const int shift = msb - 6;  // log2(kSub)
-    const size_t sub = static_cast<size_t>((v >> shift) & (kSub - 1));
-    return std::min(kBuckets - 1, static_cast<size_t>(shift + 1) * kSub + sub);
-  }
-  static uint64_t upper(size_t b) {
-    if (b < kSub) return b;
-    const size_t shift = b / kSub - 1;
-    const uint64_t sub = b % kSub;
-    return ((kSub + sub + 1) << shift) - 1;
-  }
-  uint64_t count_ = 0;
-  uint64_t max_ = 0;
-  uint64_t buckets_[kBuckets] = {};
+  uvbus::latency_histogram h_;
 };
 
 // --ready FILE: the URL a peer must use, written atomically (a temp file renamed; the runner waits

@@ -1,7 +1,8 @@
 // Bus node sender (benchmark contract of docs/benchmark.md, at the node level):
 //
 //   uvbus_bench_node_send PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID]
-//                                    [--target ID] [--reports] [--next-hop]
+//                                    [--target ID] [--reports] [--next-hop] [--metrics]
+//                                    [--latency]
 //
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
@@ -12,6 +13,9 @@
 // delivery report (counted; the summary says how many came back ok): the cost of reports.
 // Delivery is end to end (the node default: flows with acknowledgements from the target) unless
 // --next-hop (or UVBUS_BENCH_DELIVERY=next_hop) selects next-hop delivery.
+// --metrics (UVBUS_BENCH_METRICS=1) turns the metrics endpoint on and renders the metrics text
+// once a second (a scrape 15 times more often than Prometheus' default); --latency
+// (UVBUS_BENCH_LATENCY=1) turns the latency histograms on and prints their percentiles.
 #include <uv.h>
 
 #include <cstdio>
@@ -70,6 +74,11 @@ struct sender {
   // Sends numbered payloads until t_end, as fast as send_data() takes them. A full stream link
   // says when it has drained (on_writable): wait for that rather than retrying; a full ring has no
   // such signal: poll it.
+  bool metrics = false;
+  double next_scrape = 0;
+  uint64_t scrapes = 0;
+  size_t scraped_bytes = 0;
+
   void send_until(node& n, uv_loop_t* loop, double t_end) {
     std::vector<uint8_t> buf(o.max + 16);
     while (exit_code == 0 && mono_now() < t_end) {
@@ -88,6 +97,11 @@ struct sender {
         }
         ++seq;
         bytes += len;
+      }
+      if (metrics && mono_now() >= next_scrape) {
+        scraped_bytes += n.metrics_text().size();
+        ++scrapes;
+        next_scrape = mono_now() + 1;
       }
       const node_counters c = n.counters();
       unacked_peak_msgs = std::max(unacked_peak_msgs, c.flow_unacked_now);
@@ -121,7 +135,7 @@ int main(int argc, char** argv) {
   if (s.o.url.empty()) {
     std::fprintf(stderr,
                  "usage: %s PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID] "
-                 "[--target ID] [--reports] [--next-hop]\n",
+                 "[--target ID] [--reports] [--next-hop] [--metrics] [--latency]\n",
                  argv[0]);
     return 2;
   }
@@ -141,6 +155,13 @@ int main(int argc, char** argv) {
   const bool next_hop =
       s.o.flag("next-hop") || (env_delivery != nullptr && std::string(env_delivery) == "next_hop");
   c.delivery = next_hop ? delivery_mode::next_hop : delivery_mode::end_to_end;
+  const auto env_on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && v[0] == '1';
+  };
+  s.metrics = s.o.flag("metrics") || env_on("UVBUS_BENCH_METRICS");
+  if (s.metrics) c.metrics_url = "http://127.0.0.1:0/metrics";
+  c.latency_histograms = s.o.flag("latency") || env_on("UVBUS_BENCH_LATENCY");
   node n(&loop, s.id, c, s.callbacks());
   if (const errc e = n.start(); e != errc::ok) {
     std::fprintf(stderr, "send: start: %s\n", to_string(e));
@@ -171,6 +192,19 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(s.reports_failed),
       static_cast<unsigned long long>(s.unacked_peak_msgs),
       static_cast<unsigned long long>(s.unacked_peak_bytes / 1024), rss_kib());
+  latency_percentiles lp;
+  if (n.latency_to(s.target, &lp)) {
+    std::printf(
+        "[send] latency (send to end-to-end ack): n=%llu p50=%.1fus p90=%.1fus p99=%.1fus "
+        "p99.9=%.1fus max=%.1fus\n",
+        static_cast<unsigned long long>(lp.count), lp.p50 / 1e3, lp.p90 / 1e3, lp.p99 / 1e3,
+        lp.p999 / 1e3, lp.max / 1e3);
+  }
+  if (s.metrics) {
+    std::printf("[send] metrics: %llu renders, %zu bytes each\n",
+                static_cast<unsigned long long>(s.scrapes),
+                s.scrapes == 0 ? size_t{0} : s.scraped_bytes / s.scrapes);
+  }
   std::fflush(stdout);
   n.stop();
   const double stop_by = mono_now() + 10;

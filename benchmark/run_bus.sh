@@ -11,7 +11,9 @@
 # on case names, default all), REPEAT (runs per case, default 1; the table shows the median),
 # ROUND_TRIPS (default 100000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset),
 # REPORTS (0; 1 = the node senders set on_report: every message gets its delivery report),
-# DELIVERY (end_to_end, the node default; next_hop: the node senders use next-hop delivery).
+# DELIVERY (end_to_end, the node default; next_hop: the node senders use next-hop delivery),
+# METRICS (1: the node senders serve metrics and render them once a second), LATENCY (1: the node
+# senders keep latency histograms).
 # Relay cases run three processes: the receiver (root node, RECV_CPU), a relay node of its own
 # (its child, not pinned: with two cores it shares them with the others) and the sender (a child
 # of the relay, SEND_CPU), so every message is forwarded once by a parent.
@@ -67,6 +69,8 @@ one_run() {
   local extra=""
   if [ "${REPORTS:-0}" = 1 ] && [[ $send == *node_send ]]; then extra="--reports"; fi
   if [ "${DELIVERY:-}" = next_hop ] && [[ $send == *node_send ]]; then extra="$extra --next-hop"; fi
+  if [ "${METRICS:-0}" = 1 ] && [[ $send == *node_send ]]; then extra="$extra --metrics"; fi
+  if [ "${LATENCY:-0}" = 1 ] && [[ $send == *node_send ]]; then extra="$extra --latency"; fi
   # shellcheck disable=SC2086
   $ON_SEND "$send" "$(cat "$ready")" $sargs $extra --min "$MIN" --max "$MAX" --seconds "$SECS" \
     >"$out.send" 2>&1 || true

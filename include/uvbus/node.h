@@ -37,6 +37,7 @@
 
 #include "uvbus/buffer.h"
 #include "uvbus/error.h"
+#include "uvbus/histogram.h"
 #include "uvbus/log.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
@@ -187,6 +188,17 @@ struct node_config {
   // 0 picks one; PATH default /metrics) serves node::metrics_text() in the Prometheus text format
   // from the node's loop (no thread). Empty (the default): off. docs/observability.md.
   std::string metrics_url;
+  // Latency tracking (delivery_mode::end_to_end only): each message's time from send_data() to
+  // its end-to-end acknowledgement (an upper bound of send-to-deliver: it adds the way back and
+  // the acknowledgement's batching within one loop iteration), per target and per user type (64
+  // types, the rest as "other"), in latency_histograms (~10 KiB each). Read with latency_to() /
+  // latency_of_type() and in the metrics. Off by default: one clock read per message and per
+  // acknowledged message (cost in docs/benchmark.md).
+  bool latency_histograms = false;
+  // ... measuring one message in this many (a power of two; 1: every message). Sampling keeps the
+  // cost small at millions of messages a second; percentiles of a sample are as good for all but
+  // the rarest outliers.
+  uint32_t latency_sample_every = 16;
   // Peers shown one by one in the per-peer metric families; the rest are summed as peer="other".
   size_t metrics_max_peers = 64;
   // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
@@ -459,6 +471,10 @@ class node {
   [[nodiscard]] std::string metrics_text() const;
   // The metrics endpoint's bound URL (port 0 resolved); empty when metrics_url is empty.
   [[nodiscard]] std::string metrics_url() const;
+  // latency_histograms: p50/p90/p99/p99.9/max of the send-to-acknowledgement time of messages to
+  // target, or of user type `type`; false if none was measured.
+  [[nodiscard]] bool latency_to(bus_id target, latency_percentiles* out) const;
+  [[nodiscard]] bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   // Inside on_data: the trace context the message being delivered carried (send_options::trace),
   // or nullptr if it carried none. nullptr outside on_data; the pointer is valid until on_data
   // returns.

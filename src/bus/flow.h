@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/ring_fifo.h"
+#include "uvbus/histogram.h"
 #include "uvbus/subnet.h"
 
 namespace uvbus::detail {
@@ -31,6 +32,7 @@ struct tx_entry {
   uint32_t size = 0;
   bool settled = false;  // reported failed while later messages were still unacknowledged
   uint64_t deadline_ms = 0;
+  uint64_t sent_ns = 0;  // first send (node_config::latency_histograms; 0 when off)
 };
 
 struct tx_flow {
@@ -51,6 +53,7 @@ struct tx_flow {
   size_t bytes = 0;               // bytes held in entries
   ring_fifo<tx_entry> entries;    // in sequence order, contiguous: entries[i].seq = front + i
   byte_ring store;
+  std::unique_ptr<latency_histogram> latency;  // send-to-acknowledgement (latency_histograms)
 };
 
 struct rx_flow {

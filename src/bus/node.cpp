@@ -566,6 +566,16 @@ std::string node::metrics_text() const {
   return impl_->metrics_text();
 }
 
+bool node::latency_to(bus_id target, latency_percentiles* out) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::latency_to", false);
+  return out != nullptr && impl_->latency_to(target, out);
+}
+
+bool node::latency_of_type(uint32_t type, latency_percentiles* out) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::latency_of_type", false);
+  return out != nullptr && impl_->latency_of_type(type, out);
+}
+
 std::string node::metrics_url() const {
   UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::metrics_url", {});
   return impl_->metrics_http ? impl_->metrics_http->url() : std::string();

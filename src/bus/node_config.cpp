@@ -279,6 +279,12 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   }
   errc e = check_listen(cfg, detail);
   if (e == errc::ok) e = check_inherited(cfg, detail);
+  if (e == errc::ok && (cfg.latency_sample_every == 0 ||
+                        (cfg.latency_sample_every & (cfg.latency_sample_every - 1)) != 0)) {
+    e = refuse(detail, errc::invalid_argument,
+               "latency_sample_every: " + std::to_string(cfg.latency_sample_every) +
+                   " is not a power of two");
+  }
   if (e == errc::ok && !cfg.metrics_url.empty()) {
     obs::http_url u;
     std::string why;

@@ -134,7 +134,8 @@ errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spa
   }
   if (f.entries.empty()) f.last_progress_ms = now_ms();
   f.entries.push_back(tx_entry{f.next_seq, message_id, off, static_cast<uint32_t>(total), false,
-                               now_ms() + cfg.delivery_timeout_ms});
+                               now_ms() + cfg.delivery_timeout_ms,
+                               latency_sampled(f.next_seq) ? detail::mono_ns() : 0});
   const bool backlog = f.next_unsent < f.next_seq;
   ++f.next_seq;
   f.bytes += total;
@@ -235,6 +236,7 @@ void node::impl::flow_settle_front(tx_flow& f, uint64_t through, errc status) {
   while (!f.entries.empty() && f.entries.front().seq <= through) {
     tx_entry& e = f.entries.front();
     if (!e.settled) defer_report(e.message_id, f.target, status, true);
+    if (e.sent_ns != 0 && !e.settled && status == errc::ok) record_latency(f, e);
     f.bytes -= e.size;
     --counters.flow_unacked_now;
     counters.flow_unacked_bytes -= e.size;

@@ -305,6 +305,9 @@ struct node::impl {
   // source and its incarnation as a target.
   uint64_t incarnation = 0;
   std::unordered_map<bus_id, detail::tx_flow> tx_flows;
+  // node_config::latency_histograms: per user type (at most kMaxTypeHistograms types; the rest
+  // under kOtherType). Per target: in its tx_flow.
+  std::unordered_map<uint32_t, std::unique_ptr<latency_histogram>> type_latency;
   std::unordered_map<bus_id, detail::rx_flow> rx_flows;
   std::vector<bus_id> ack_queue;     // rx flows owing an acknowledgement (sent from the check)
   std::vector<bus_id> flow_blocked;  // tx flows that met a full queue (retried by the timer)
@@ -345,6 +348,17 @@ struct node::impl {
   // (source, epoch, through), so the new process drops what the old one delivered. Format: u32
   // count, then per flow u64 source, u64 epoch, u64 through (little-endian).
   [[nodiscard]] std::vector<uint8_t> flow_positions_export() const;
+  // An acknowledged entry's send-to-acknowledgement time, into its target's and type's histograms.
+  void record_latency(detail::tx_flow& f, const detail::tx_entry& e);
+  // Whether flow sequence seq is one latency_histograms measures (1 in latency_sample_every).
+  [[nodiscard]] bool latency_sampled(uint64_t seq) const noexcept {
+    return cfg.latency_histograms && (seq & (cfg.latency_sample_every - 1)) == 0;
+  }
+  void latency_families(obs::prom_text* t) const;
+  bool latency_to(bus_id target, latency_percentiles* out) const;
+  bool latency_of_type(uint32_t type, latency_percentiles* out) const;
+  static constexpr size_t kMaxTypeHistograms = 64;
+  static constexpr uint32_t kOtherType = 0xffffffffU;
   // protocol_error for a malformed blob (nothing imported); existing positions are replaced.
   errc flow_positions_import(const uint8_t* p, size_t n);
 

@@ -248,6 +248,7 @@ std::string node::impl::metrics_text() const {
   prom_text t;
   node_families(&t);
   peer_families(&t);
+  latency_families(&t);
   channel_families(&t);
   return t.take();
 }
@@ -278,6 +279,90 @@ errc node::impl::start_metrics() {
 
 void node::impl::stop_metrics() {
   if (metrics_http) metrics_http->stop();
+}
+
+void node::impl::record_latency(detail::tx_flow& f, const detail::tx_entry& e) {
+  const uint64_t ns = detail::mono_ns() - e.sent_ns;
+  if (!f.latency) f.latency = std::make_unique<latency_histogram>();
+  f.latency->record(ns);
+  // The user type sits after the header (and the trace block, if any) in the stored message.
+  const uint8_t* m = f.store.buf.get() + e.offset;
+  const size_t at = proto::kHeaderSize + ((m[2] & proto::flag_trace) != 0 ? proto::kTraceSize : 0);
+  auto type = load_le<uint32_t>(m + at);
+  if (type_latency.count(type) == 0 && type_latency.size() >= kMaxTypeHistograms) {
+    type = kOtherType;
+  }
+  auto& h = type_latency[type];
+  if (!h) h = std::make_unique<latency_histogram>();
+  h->record(ns);
+}
+
+namespace {
+
+// Cumulative counts at fixed bounds 1 us * 2^k (k = 0..23, up to 8.4 s): the same buckets for
+// every series. A histogram bucket counts below a bound when its upper bound is (error <= 1/32).
+void fixed_buckets(const latency_histogram& h, std::pair<double, uint64_t>* out, size_t n) {
+  size_t k = 0;
+  uint64_t below = 0;
+  uint64_t bound_ns = 1000;
+  h.for_each_bucket([&](uint64_t upper, uint64_t cum) {
+    while (k < n && upper > bound_ns) {
+      out[k++] = {static_cast<double>(bound_ns) / 1e9, below};
+      bound_ns *= 2;
+    }
+    below = cum;
+  });
+  for (; k < n; ++k, bound_ns *= 2) out[k] = {static_cast<double>(bound_ns) / 1e9, below};
+}
+
+}  // namespace
+
+void node::impl::latency_families(prom_text* t) const {
+  if (!cfg.latency_histograms) return;
+  constexpr size_t kBounds = 24;
+  std::pair<double, uint64_t> b[kBounds];
+  t->family("uvbus_flow_ack_latency_seconds",
+            "Send to end-to-end acknowledgement, per target (the first metrics_max_peers).",
+            metric_type::histogram);
+  std::vector<bus_id> targets;
+  for (const auto& [id, f] : tx_flows) {
+    if (f.latency) targets.push_back(id);
+  }
+  std::sort(targets.begin(), targets.end());
+  if (targets.size() > cfg.metrics_max_peers) targets.resize(cfg.metrics_max_peers);
+  for (const bus_id id : targets) {
+    const latency_histogram& h = *tx_flows.at(id).latency;
+    fixed_buckets(h, b, kBounds);
+    const std::string peer = hex_id(id);
+    const label l[] = {{"target", peer}};
+    t->histogram(l, 1, b, kBounds, static_cast<double>(h.sum()) / 1e9, h.count());
+  }
+  t->family("uvbus_type_ack_latency_seconds",
+            "Send to end-to-end acknowledgement, per user message type.", metric_type::histogram);
+  std::vector<uint32_t> types;
+  for (const auto& [type, h] : type_latency) types.push_back(type);
+  std::sort(types.begin(), types.end());
+  for (const uint32_t type : types) {
+    const latency_histogram& h = *type_latency.at(type);
+    fixed_buckets(h, b, kBounds);
+    const std::string name = type == kOtherType ? "other" : std::to_string(type);
+    const label l[] = {{"type", name}};
+    t->histogram(l, 1, b, kBounds, static_cast<double>(h.sum()) / 1e9, h.count());
+  }
+}
+
+bool node::impl::latency_to(bus_id target, latency_percentiles* out) const {
+  auto it = tx_flows.find(target);
+  if (it == tx_flows.end() || !it->second.latency) return false;
+  *out = it->second.latency->percentiles();
+  return true;
+}
+
+bool node::impl::latency_of_type(uint32_t type, latency_percentiles* out) const {
+  auto it = type_latency.find(type);
+  if (it == type_latency.end()) return false;
+  *out = it->second->percentiles();
+  return true;
 }
 
 }  // namespace uvbus

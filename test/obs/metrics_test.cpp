@@ -116,6 +116,10 @@ TEST(HttpEndpoint, BadUrlsAreRefusedWithTheReason) {
   c.metrics_url = "http://nowhere";
   EXPECT_EQ(node::validate(1, c, &why), errc::bad_url);
   EXPECT_NE(why.find("metrics_url"), std::string::npos) << why;
+  c = node_config{};
+  c.latency_sample_every = 12;
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("latency_sample_every"), std::string::npos) << why;
 }
 
 class NodeMetricsTest : public bus_fixture {};
@@ -191,6 +195,41 @@ TEST_F(NodeMetricsTest, StalledAndGarbageClientsDoNotStopTheScrape) {
   EXPECT_EQ(q->n->start(), errc::address_in_use);
   EXPECT_NE(q->n->last_error().detail.find("metrics_url"), std::string::npos)
       << q->n->last_error().detail;
+}
+
+TEST_F(NodeMetricsTest, LatencyHistogramsPerTargetAndTypeWhenAskedFor) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  test::bus_node* p = make(0x100, pc);
+  node_config ac = fast_config(p->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.latency_histograms = true;
+  ac.latency_sample_every = 1;  // every message: exact counts below
+  test::bus_node* a = make(0x101, ac);
+  test::bus_node* b = make(0x102, fast_config(p->n->listen_urls().at(0)));
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  for (uint64_t v = 0; v < 200; ++v) {
+    ASSERT_EQ(a->n->send_data(0x102, v < 150 ? 7 : 8, &v, sizeof v), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 200; }));
+  latency_percentiles lp;
+  ASSERT_TRUE(a->n->latency_to(0x102, &lp));
+  EXPECT_EQ(lp.count, 200u);
+  EXPECT_GT(lp.p50, 0u);
+  EXPECT_LE(lp.p50, lp.p99);
+  EXPECT_LE(lp.p99, lp.max);
+  ASSERT_TRUE(a->n->latency_of_type(7, &lp));
+  EXPECT_EQ(lp.count, 150u);
+  ASSERT_TRUE(a->n->latency_of_type(8, &lp));
+  EXPECT_EQ(lp.count, 50u);
+  EXPECT_FALSE(a->n->latency_of_type(9, &lp));
+  EXPECT_FALSE(b->n->latency_to(0x101, &lp));  // not asked for there
+  const std::string text = a->n->metrics_text();
+  EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_count{target=\"0x102\"}"), 200);
+  EXPECT_EQ(value_of(text, "uvbus_type_ack_latency_seconds_count{type=\"7\"}"), 150);
+  EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_bucket{target=\"0x102\",le=\"+Inf\"}"),
+            200);
+  EXPECT_EQ(promtool_problems(text), "");
 }
 
 }  // namespace

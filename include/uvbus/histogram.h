@@ -1,0 +1,87 @@
+// A latency histogram with fixed memory: log-linear buckets (HDR style) over nanoseconds, 32
+// sub-buckets per power of two, so any reported value is within 1/32 (3.1 %) of the exact one.
+// Used by the node's latency tracking (node_config::latency_histograms) and the benchmarks.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace uvbus {
+
+// p50 / p90 / p99 / p99.9 / max in nanoseconds (0 when empty).
+struct latency_percentiles {
+  uint64_t count = 0;
+  uint64_t p50 = 0;
+  uint64_t p90 = 0;
+  uint64_t p99 = 0;
+  uint64_t p999 = 0;
+  uint64_t max = 0;
+};
+
+// Not thread-safe: one writer; read it on the writer's thread (or copy it there). No allocation:
+// about 9.8 KiB inline. Values above kMaxValue (about 73 minutes) count in the last bucket; max()
+// stays exact.
+class latency_histogram {
+ public:
+  static constexpr unsigned kSubBits = 5;  // 32 sub-buckets per power of two
+  static constexpr unsigned kMaxExponent = 42;
+  static constexpr uint64_t kMaxValue = (uint64_t{1} << kMaxExponent) - 1;
+  static constexpr size_t kBuckets = (kMaxExponent - kSubBits + 1) << kSubBits;
+
+  // The bucket of v (values 0 .. 2^kSubBits - 1 have a bucket each).
+  [[nodiscard]] static size_t bucket_of(uint64_t v) noexcept {
+    if (v > kMaxValue) v = kMaxValue;
+    if (v < (uint64_t{1} << kSubBits)) return static_cast<size_t>(v);
+    const unsigned m = 63U - static_cast<unsigned>(__builtin_clzll(v));
+    const unsigned shift = m - kSubBits;
+    return (static_cast<size_t>(shift) << kSubBits) + static_cast<size_t>(v >> shift);
+  }
+  // The highest value of bucket b (what percentiles report).
+  [[nodiscard]] static uint64_t bucket_upper(size_t b) noexcept;
+
+  void record(uint64_t ns) noexcept {
+    ++counts_[bucket_of(ns)];
+    ++count_;
+    sum_ += ns;
+    if (ns < min_) min_ = ns;
+    if (ns > max_) max_ = ns;
+  }
+  void record(uint64_t ns, uint64_t times) noexcept;
+
+  [[nodiscard]] uint64_t count() const noexcept { return count_; }
+  [[nodiscard]] uint64_t min() const noexcept { return count_ == 0 ? 0 : min_; }
+  [[nodiscard]] uint64_t max() const noexcept { return max_; }
+  [[nodiscard]] uint64_t sum() const noexcept { return sum_; }
+  [[nodiscard]] double mean() const noexcept {
+    return count_ == 0 ? 0.0 : static_cast<double>(sum_) / static_cast<double>(count_);
+  }
+  // The nearest-rank percentile q in [0, 100]: the upper bound of the bucket holding the value of
+  // rank ceil(q/100 * count), capped at max(); 0 when empty.
+  [[nodiscard]] uint64_t value_at_percentile(double q) const noexcept;
+  [[nodiscard]] latency_percentiles percentiles() const noexcept;
+
+  void merge(const latency_histogram& other) noexcept;
+  void reset() noexcept;
+
+  // Calls f(upper_bound_ns, cumulative_count) for each non-empty bucket in increasing order (the
+  // last cumulative_count equals count()): a Prometheus histogram's buckets.
+  template <class F>
+  void for_each_bucket(F&& f) const {
+    uint64_t cum = 0;
+    for (size_t b = 0; b < kBuckets; ++b) {
+      if (counts_[b] == 0) continue;
+      cum += counts_[b];
+      f(bucket_upper(b), cum);
+    }
+  }
+
+ private:
+  std::array<uint64_t, kBuckets> counts_{};
+  uint64_t count_ = 0;
+  uint64_t sum_ = 0;
+  uint64_t min_ = ~uint64_t{0};
+  uint64_t max_ = 0;
+};
+
+}  // namespace uvbus

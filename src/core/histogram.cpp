@@ -1,0 +1,69 @@
+// latency_histogram: bucket bounds, percentiles, merge (uvbus/histogram.h).
+#include "uvbus/histogram.h"
+
+#include <cmath>
+
+namespace uvbus {
+
+uint64_t latency_histogram::bucket_upper(size_t b) noexcept {
+  constexpr size_t kSub = size_t{1} << kSubBits;
+  if (b < 2 * kSub) return b;  // width 1 up to 2^(kSubBits + 1)
+  const size_t shift = (b >> kSubBits) - 1;
+  const uint64_t lower = static_cast<uint64_t>(b - (shift << kSubBits)) << shift;
+  return lower + (uint64_t{1} << shift) - 1;
+}
+
+void latency_histogram::record(uint64_t ns, uint64_t times) noexcept {
+  if (times == 0) return;
+  counts_[bucket_of(ns)] += times;
+  count_ += times;
+  sum_ += ns * times;
+  if (ns < min_) min_ = ns;
+  if (ns > max_) max_ = ns;
+}
+
+uint64_t latency_histogram::value_at_percentile(double q) const noexcept {
+  if (count_ == 0) return 0;
+  if (!(q > 0)) q = 0;
+  if (q > 100) q = 100;
+  auto rank = static_cast<uint64_t>(std::ceil(q / 100.0 * static_cast<double>(count_)));
+  if (rank == 0) rank = 1;
+  uint64_t cum = 0;
+  for (size_t b = 0; b < kBuckets; ++b) {
+    cum += counts_[b];
+    if (cum >= rank) {
+      const uint64_t v = bucket_upper(b);
+      return v < max_ ? v : max_;
+    }
+  }
+  return max_;
+}
+
+latency_percentiles latency_histogram::percentiles() const noexcept {
+  latency_percentiles p;
+  p.count = count_;
+  p.p50 = value_at_percentile(50);
+  p.p90 = value_at_percentile(90);
+  p.p99 = value_at_percentile(99);
+  p.p999 = value_at_percentile(99.9);
+  p.max = max_;
+  return p;
+}
+
+void latency_histogram::merge(const latency_histogram& o) noexcept {
+  for (size_t b = 0; b < kBuckets; ++b) counts_[b] += o.counts_[b];
+  count_ += o.count_;
+  sum_ += o.sum_;
+  if (o.count_ != 0 && o.min_ < min_) min_ = o.min_;
+  if (o.max_ > max_) max_ = o.max_;
+}
+
+void latency_histogram::reset() noexcept {
+  counts_.fill(0);
+  count_ = 0;
+  sum_ = 0;
+  min_ = ~uint64_t{0};
+  max_ = 0;
+}
+
+}  // namespace uvbus
