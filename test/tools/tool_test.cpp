@@ -1,0 +1,255 @@
+// End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <uv.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "test_util.h"
+#include "uvbus/node.h"
+#include "uvbus/shm.h"
+
+namespace {
+
+constexpr uint64_t kRoot = 0x10000;
+
+struct run_result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `sh -c cmd` with stdout and stderr into files (a pipe, not a terminal).
+run_result sh(const std::string& cmd) {
+  static int n = 0;
+  const std::string base = "/tmp/" + uvbus::test::unique_name("tool-out") + std::to_string(++n);
+  const std::string full = cmd + " >" + base + ".out 2>" + base + ".err </dev/null";
+  const int st = std::system(full.c_str());
+  run_result r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return r;
+}
+
+bool json_ok(const std::string& text) {
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-json");
+  std::ofstream(path) << text;
+  const run_result r =
+      sh("python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin if l.strip()]' <" + path);
+  std::remove(path.c_str());
+  return r.rc == 0;
+}
+
+// A root node (id 0x10000, subnets 0x10000/16, token "secret") running on its own thread.
+class Bus : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::promise<std::string> url;
+    auto f = url.get_future();
+    thread_ = std::thread([&url] { run(&url); });
+    url_ = f.get();
+  }
+  static void TearDownTestSuite() {
+    uv_async_send(stop_);
+    thread_.join();
+  }
+  static void run(std::promise<std::string>* url) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    uv_async_t stop;
+    bool stopping = false;
+    stop.data = &stopping;
+    uv_async_init(&loop, &stop, [](uv_async_t* a) { *static_cast<bool*>(a->data) = true; });
+    uvbus::node_config cfg;
+    cfg.listen = {"ipv4://127.0.0.1:0"};
+    cfg.subnets = {{kRoot, 16}};
+    cfg.access_tokens = {"secret"};
+    cfg.child_grace_ms = 0;
+    auto n = std::make_unique<uvbus::node>(&loop, kRoot, cfg);
+    const bool ok = n->start() == uvbus::errc::ok;
+    stop_ = &stop;
+    url->set_value(ok ? n->listen_urls().at(0) : "");
+    while (!stopping) uv_run(&loop, UV_RUN_ONCE);
+    n.reset();
+    uv_close(reinterpret_cast<uv_handle_t*>(&stop), nullptr);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+  }
+  // The tool with this bus's parent and token and a fresh tool id.
+  static std::string tool(const std::string& args) {
+    static std::atomic<int> id{0x10100};
+    char idbuf[32];
+    std::snprintf(idbuf, sizeof idbuf, "%#x", id++);
+    return std::string(UVBUS_TOOL_PATH) + " " + args + " --parent " + url_ +
+           " --token secret --id " + idbuf;
+  }
+  static std::thread thread_;
+  static std::string url_;
+  static uv_async_t* stop_;
+};
+std::thread Bus::thread_;
+std::string Bus::url_;
+uv_async_t* Bus::stop_ = nullptr;
+
+TEST_F(Bus, RoutesAndCounters) {
+  ASSERT_FALSE(url_.empty());
+  run_result r = sh(tool("routes 0x10000"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  r = sh(tool("counters 0x10000"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("registrations_accepted="), std::string::npos) << r.out;
+  r = sh(tool("counters 0x10000 --json"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"registrations_accepted\":"), std::string::npos) << r.out;
+  r = sh(tool("routes 0x10000 --json"));
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  r = sh(tool("nodes --json"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+}
+
+TEST_F(Bus, PingSeriesAndSummary) {
+  run_result r = sh(tool("ping 0x10000 --count 3 --interval-ms 10"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("seq=1 rtt="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("seq=3 rtt="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 sent, 3 answered; rtt min/avg/p50/p99/max"), std::string::npos);
+  r = sh(tool("ping 0x10000 --count 3 --json"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"received\":3"), std::string::npos) << r.out;
+}
+
+TEST_F(Bus, SendReportsTheDeliveryStatus) {
+  run_result r = sh(tool("send 0x10000 7 hello"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("delivered 5 bytes of type 7"), std::string::npos) << r.out;
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-payload");
+  std::ofstream(path) << "from a file";
+  r = sh(tool("send 0x10000 7 @" + path + " --json"));
+  std::remove(path.c_str());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"bytes\":11"), std::string::npos) << r.out;
+  r = sh(tool("send 0x90000 7 hello"));  // outside the root's subnets: no such node
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.err.find("unknown_route"), std::string::npos) << r.err;
+}
+
+TEST_F(Bus, TopOnAPipeHasNoEscapes) {
+  const run_result r = sh(tool("top 0x10000 --once --interval-ms 50"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("refresh 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data_received"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+  const run_result j = sh(tool("top 0x10000 --count 2 --interval-ms 20 --json"));
+  EXPECT_EQ(j.rc, 0) << j.err;
+  EXPECT_TRUE(json_ok(j.out)) << j.out;
+}
+
+// top in a terminal: tmux runs it; the pane is captured until the second refresh shows.
+TEST_F(Bus, TopRefreshesInATerminal) {
+  const std::string sock = uvbus::test::unique_name("tmux");
+  const std::string tmux = "tmux -L " + sock;
+  const run_result s = sh("TERM=xterm " + tmux + " new-session -d -s top -x 120 -y 60 '" +
+                          tool("top 0x10000 --interval-ms 50") + "'");
+  ASSERT_EQ(s.rc, 0) << s.err;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string pane;
+  while (std::chrono::steady_clock::now() < end) {
+    pane = sh(tmux + " capture-pane -p -t top").out;
+    if (pane.find("refresh 3") != std::string::npos) break;
+    std::this_thread::yield();  // polling the pane with a deadline, not waiting a fixed time
+  }
+  (void)sh(tmux + " kill-server");
+  EXPECT_NE(pane.find("refresh 3"), std::string::npos) << pane;
+  EXPECT_EQ(pane.find("refresh 2"), std::string::npos) << "the screen is redrawn in place";
+  EXPECT_NE(pane.find("data_received"), std::string::npos) << pane;
+}
+
+TEST_F(Bus, JoinErrors) {
+  run_result r = sh(std::string(UVBUS_TOOL_PATH) + " routes 0x10000 --parent " + url_ +
+                    " --token wrong --id 0x10200");
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.err.find("access_denied"), std::string::npos) << r.err;
+  r = sh(std::string(UVBUS_TOOL_PATH) + " routes 0x10000 --parent " + url_ +
+         " --token secret --id 0x90001");
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.err.find("out_of_subnet"), std::string::npos) << r.err;
+  r = sh(std::string(UVBUS_TOOL_PATH) + " routes 0x10000 --parent nonsense://x --id 0x10201");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("nonsense://x"), std::string::npos) << r.err;
+}
+
+TEST(Tool, UsageErrorsExitTwo) {
+  const std::string t = UVBUS_TOOL_PATH;
+  EXPECT_EQ(sh(t).rc, 2);
+  EXPECT_EQ(sh(t + " bogus").rc, 2);
+  EXPECT_EQ(sh(t + " routes --parent ipv4://127.0.0.1:1 --id 5").rc, 2);  // no id
+  run_result r = sh(t + " routes zz --parent ipv4://127.0.0.1:1 --id 5");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("bad node id 'zz'"), std::string::npos) << r.err;
+  EXPECT_EQ(sh(t + " ping 5 --count x --parent ipv4://127.0.0.1:1 --id 5").rc, 2);
+  EXPECT_EQ(sh(t + " routes 5 --id 5").rc, 2);  // no parent
+  EXPECT_EQ(sh(t + " send 5 7 --parent ipv4://127.0.0.1:1 --id 5").rc, 2);
+  EXPECT_EQ(sh(t + " metrics ftp://x").rc, 2);
+  EXPECT_EQ(sh(t + " call 5").rc, 2);
+  for (const char* c : {"routes", "counters", "ping", "send", "nodes", "top", "metrics", "shm"}) {
+    r = sh(t + " " + c + " --help");
+    EXPECT_EQ(r.rc, 0) << c;
+    EXPECT_NE(r.out.find("usage: uvbus"), std::string::npos) << c;
+  }
+  r = sh(t + " --help");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("call"), std::string::npos);
+}
+
+TEST(Tool, ShmInspectAndRemove) {
+  const std::string url = "shm://" + uvbus::test::unique_name("tool-shm");
+  uvbus::shm_reader reader;
+  uvbus::shm_config cfg;
+  cfg.ring_bytes = 4096;
+  cfg.node_size = 64;
+  cfg.max_record_size = 1024;
+  ASSERT_EQ(reader.open(url, cfg), uvbus::errc::ok);
+  const std::string t = UVBUS_TOOL_PATH;
+  run_result r = sh(t + " shm inspect " + url);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("layout            valid"), std::string::npos) << r.out;
+  EXPECT_EQ(sh(t + " shm remove " + url).rc, 3);                         // a live reader owns it
+  EXPECT_EQ(sh(std::string(UVBUS_SHM_INSPECT_PATH) + " " + url).rc, 0);  // the old name
+  reader.close(uvbus::shm_close_mode::keep);
+  r = sh(t + " shm drain " + url + " --quiet");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = sh(t + " shm remove " + url);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(sh(t + " shm inspect " + url).rc, 2);  // gone
+  EXPECT_EQ(sh(t + " shm frobnicate " + url).rc, 2);
+}
+
+TEST(Tool, MetricsUnreachableExitsThree) {
+  // Port 1 on loopback: nothing listens there (connection refused).
+  const run_result r = sh(std::string(UVBUS_TOOL_PATH) + " metrics http://127.0.0.1:1/metrics");
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.err.find("cannot fetch http://127.0.0.1:1/metrics"), std::string::npos) << r.err;
+}
+
+}  // namespace

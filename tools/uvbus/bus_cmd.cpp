@@ -1,0 +1,293 @@
+// The uvbus tool's bus subcommands: routes, counters, ping, send, nodes (top is in top_cmd.cpp).
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bus_cmd.h"
+#include "common.h"
+#include "session.h"
+
+namespace uvbus_tool {
+namespace {
+
+const char* env_or(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : dflt;
+}
+
+// One option of a bus subcommand's command line; false (message printed) on a usage error.
+bool take_option(bus_args* a, int argc, char** argv, int* i) {
+  const std::string s = argv[*i];
+  const char* v = *i + 1 < argc ? argv[*i + 1] : nullptr;
+  auto need = [&](const char* what) {
+    if (v == nullptr) std::fprintf(stderr, "uvbus %s: %s needs %s\n", argv[0], s.c_str(), what);
+    return v != nullptr;
+  };
+  bool ok = true;
+  if (s == "--json") {
+    a->json = true;
+    return true;
+  }
+  if (s == "--once") {
+    a->once = true;
+    return true;
+  }
+  if (s == "--parent" || s == "--token" || s == "--id" || s == "--timeout-ms" || s == "--count" ||
+      s == "--interval-ms") {
+    if (!need("a value")) return false;
+    ++*i;
+  } else {
+    std::fprintf(stderr, "uvbus %s: unknown option '%s' (see uvbus %s --help)\n", argv[0],
+                 s.c_str(), argv[0]);
+    return false;
+  }
+  if (s == "--parent") a->join.parent = v;
+  if (s == "--token") a->join.token = v;
+  if (s == "--id") ok = parse_id(v, &a->join.id);
+  if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
+  if (s == "--count") ok = parse_u32(v, &a->count);
+  if (s == "--interval-ms") ok = parse_u32(v, &a->interval_ms);
+  if (!ok) std::fprintf(stderr, "uvbus %s: bad value '%s' for %s\n", argv[0], v, s.c_str());
+  return ok;
+}
+
+int check_env(bus_args* a) {
+  if (a->join.parent.empty()) a->join.parent = env_or("UVBUS_PARENT", "");
+  if (a->join.token.empty()) a->join.token = env_or("UVBUS_TOKEN", "");
+  if (a->join.id == 0) {
+    const char* e = env_or("UVBUS_TOOL_ID", nullptr);
+    if (e != nullptr && !parse_id(e, &a->join.id)) {
+      std::fprintf(stderr, "uvbus: bad UVBUS_TOOL_ID '%s' (a non-zero id)\n", e);
+      return kExitUsage;
+    }
+  }
+  if (a->join.parent.empty()) {
+    std::fprintf(stderr, "uvbus %s: no parent: pass --parent URL or set UVBUS_PARENT\n",
+                 a->name.c_str());
+    return kExitUsage;
+  }
+  if (a->join.id == 0) {
+    std::fprintf(stderr,
+                 "uvbus %s: no tool id: pass --id ID or set UVBUS_TOOL_ID (an unused id inside "
+                 "the parent's subnets)\n",
+                 a->name.c_str());
+    return kExitUsage;
+  }
+  return kExitOk;
+}
+
+// "a=b\n..." as a JSON object of numbers (or strings for what is not a number).
+std::string counters_json(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, o = "{";
+  bool first = true;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    const bool num = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+    o += (first ? "" : ",") + json_str(k) + ":" + (num ? v : json_str(v));
+    first = false;
+  }
+  return o + "}";
+}
+
+std::string lines_json(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, o = "[";
+  bool first = true;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    o += (first ? "" : ",") + json_str(line);
+    first = false;
+  }
+  return o + "]";
+}
+
+int command_failed(const char* what, uint64_t target, uvbus::errc st) {
+  std::fprintf(stderr, "uvbus %s: node %#" PRIx64 " did not answer: %s\n", what, target,
+               uvbus::to_string(st));
+  return kExitFailed;
+}
+
+// routes / counters / nodes: one command, its text or JSON.
+int text_command(const bus_args& a, session* s, uint64_t target, uvbus::proto::command_id c) {
+  const command_result r = run_command(s, target, c, "", a.join.timeout_ms);
+  if (r.status != uvbus::errc::ok) return command_failed(a.name.c_str(), target, r.status);
+  if (!a.json) {
+    std::fputs(r.text.c_str(), stdout);
+    if (!r.text.empty() && r.text.back() != '\n') std::fputc('\n', stdout);
+    return kExitOk;
+  }
+  const bool counters = c == uvbus::proto::command_id::counters;
+  std::printf("{\"node\":\"%#" PRIx64 "\",\"%s\":%s}\n", target, counters ? "counters" : "routes",
+              counters ? counters_json(r.text).c_str() : lines_json(r.text).c_str());
+  return kExitOk;
+}
+
+double pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+void ping_summary(const bus_args& a, uint64_t target, const std::vector<double>& rtt,
+                  uint32_t sent) {
+  const double mn = rtt.empty() ? 0 : *std::min_element(rtt.begin(), rtt.end());
+  const double mx = rtt.empty() ? 0 : *std::max_element(rtt.begin(), rtt.end());
+  double sum = 0;
+  for (const double x : rtt) sum += x;
+  const double avg = rtt.empty() ? 0 : sum / static_cast<double>(rtt.size());
+  const double p50 = rtt.empty() ? 0 : pct(rtt, 50), p99 = rtt.empty() ? 0 : pct(rtt, 99);
+  if (a.json) {
+    std::string series;
+    for (const double x : rtt) series += (series.empty() ? "" : ",") + std::to_string(x);
+    std::printf("{\"node\":\"%#" PRIx64
+                "\",\"sent\":%u,\"received\":%zu,\"rtt_ms\":[%s],"
+                "\"min_ms\":%.3f,\"avg_ms\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
+                "\"max_ms\":%.3f}\n",
+                target, sent, rtt.size(), series.c_str(), mn, avg, p50, p99, mx);
+    return;
+  }
+  std::printf("--- %#" PRIx64
+              ": %u sent, %zu answered; rtt min/avg/p50/p99/max = "
+              "%.3f/%.3f/%.3f/%.3f/%.3f ms\n",
+              target, sent, rtt.size(), mn, avg, p50, p99, mx);
+}
+
+int ping(const bus_args& a, session* s, uint64_t target) {
+  std::vector<double> rtt;
+  const uint32_t count = a.count == 0 ? 4 : a.count;
+  for (uint32_t seq = 1; seq <= count; ++seq) {
+    const std::string args(reinterpret_cast<const char*>(&seq), sizeof seq);
+    const auto t0 = std::chrono::steady_clock::now();
+    const command_result r =
+        run_command(s, target, uvbus::proto::command_id::echo, args, a.join.timeout_ms);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (r.status == uvbus::errc::ok && r.text == args) {
+      rtt.push_back(ms);
+      if (!a.json) std::printf("echo from %#" PRIx64 ": seq=%u rtt=%.3f ms\n", target, seq, ms);
+    } else if (!a.json) {
+      std::printf("echo from %#" PRIx64 ": seq=%u %s\n", target, seq,
+                  r.status == uvbus::errc::ok ? "wrong answer" : uvbus::to_string(r.status));
+    }
+    std::fflush(stdout);
+    if (seq < count && a.interval_ms > 0) s->run_until([] { return false; }, a.interval_ms);
+  }
+  ping_summary(a, target, rtt, count);
+  return rtt.size() == count ? kExitOk : kExitFailed;
+}
+
+bool read_payload(const char* arg, std::string* out) {
+  if (arg[0] != '@') {
+    *out = arg;
+    return true;
+  }
+  std::ifstream f(arg + 1, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+// The one delivery report of `uvbus send`.
+struct report_state {
+  bool done = false;
+  uvbus::errc status = uvbus::errc::ok;
+};
+
+int send(const bus_args& a, session* s, uint64_t target, uint32_t type, const std::string& body,
+         report_state* rs) {
+  bool& done = rs->done;
+  uvbus::errc& status = rs->status;
+  const uvbus::errc e = s->node().send_data(target, type, body.data(), body.size());
+  if (e != uvbus::errc::ok) {
+    done = true;
+    status = e;
+  }
+  if (!s->run_until([&done] { return done; }, a.join.timeout_ms + 1000)) {
+    status = uvbus::errc::timeout;
+  }
+  if (a.json) {
+    std::printf("{\"node\":\"%#" PRIx64 "\",\"type\":%u,\"bytes\":%zu,\"status\":%s}\n", target,
+                type, body.size(), json_str(uvbus::to_string(status)).c_str());
+  } else if (status == uvbus::errc::ok) {
+    std::printf("delivered %zu bytes of type %u to %#" PRIx64 "\n", body.size(), type, target);
+  } else {
+    std::fprintf(stderr, "uvbus send: %zu bytes to %#" PRIx64 " failed: %s\n", body.size(), target,
+                 uvbus::to_string(status));
+  }
+  return status == uvbus::errc::ok ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+// Parses the options and the positional arguments of a bus subcommand.
+int parse_bus_args(int argc, char** argv, bus_args* a) {
+  a->name = argv[0];
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-' && argv[i][1] == '-' && argv[i][2] != '\0') {
+      if (!take_option(a, argc, argv, &i)) return kExitUsage;
+    } else {
+      a->pos.emplace_back(argv[i]);
+    }
+  }
+  return check_env(a);
+}
+
+// routes, counters, ping, send, nodes: parse, join, run.
+int bus_main(int argc, char** argv) {
+  bus_args a;
+  const std::string cmd = argv[0];
+  const size_t want = cmd == "send" ? 3 : cmd == "nodes" ? 0 : 1;
+  int rc = parse_bus_args(argc, argv, &a);
+  if (rc != kExitOk) return rc;
+  uint64_t target = 0;
+  uint32_t type = 0;
+  std::string body;
+  if (a.pos.size() != want) {
+    std::fprintf(stderr, "uvbus %s: expected %zu argument(s), got %zu (see uvbus %s --help)\n",
+                 argv[0], want, a.pos.size(), argv[0]);
+    return kExitUsage;
+  }
+  if (want > 0 && !parse_id(a.pos[0].c_str(), &target)) {
+    std::fprintf(stderr, "uvbus %s: bad node id '%s' (decimal or 0x hex, non-zero)\n", argv[0],
+                 a.pos[0].c_str());
+    return kExitUsage;
+  }
+  if (cmd == "send" && !parse_u32(a.pos[1].c_str(), &type)) {
+    std::fprintf(stderr, "uvbus send: bad type '%s' (0..4294967295)\n", a.pos[1].c_str());
+    return kExitUsage;
+  }
+  if (cmd == "send" && !read_payload(a.pos[2].c_str(), &body)) {
+    std::fprintf(stderr, "uvbus send: cannot read payload file '%s'\n", a.pos[2].c_str() + 1);
+    return kExitUsage;
+  }
+  report_state rs;  // outlives the session: a report may still come while it stops
+  session s;
+  uvbus::node_callbacks cb;
+  if (cmd == "send") {
+    cb.on_report = [&rs](const uvbus::delivery_report& r) {
+      rs.done = true;
+      rs.status = r.status;
+    };
+  }
+  rc = s.join(a.join, cb);
+  if (rc != kExitOk) return rc;
+  if (cmd == "routes") return text_command(a, &s, target, uvbus::proto::command_id::routes);
+  if (cmd == "counters") return text_command(a, &s, target, uvbus::proto::command_id::counters);
+  if (cmd == "nodes") return text_command(a, &s, s.parent_id(), uvbus::proto::command_id::routes);
+  if (cmd == "ping") return ping(a, &s, target);
+  return send(a, &s, target, type, body, &rs);
+}
+
+}  // namespace uvbus_tool

@@ -1,0 +1,29 @@
+// The uvbus tool's bus subcommands' shared command line (options and positional arguments).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "session.h"
+
+namespace uvbus_tool {
+
+struct bus_args {
+  std::string name;  // the subcommand
+  join_options join;
+  bool json = false;
+  bool once = false;
+  uint32_t count = 0;
+  uint32_t interval_ms = 0;
+  std::vector<std::string> pos;
+};
+
+// Options (--parent --token --id --timeout-ms --json --once --count --interval-ms) and
+// positional arguments, with UVBUS_PARENT / UVBUS_TOKEN / UVBUS_TOOL_ID filled in. kExitOk or
+// kExitUsage (message printed).
+int parse_bus_args(int argc, char** argv, bus_args* a);
+
+int top_main(int argc, char** argv);
+
+}  // namespace uvbus_tool

@@ -1,0 +1,30 @@
+// The uvbus tool's shared pieces: exit codes, a JSON string escaper, id and option parsing.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace uvbus_tool {
+
+// Exit codes of every bus subcommand (docs/tools.md). `uvbus shm` keeps uvbus_shm_inspect's.
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;  // the operation failed: timeout, unknown route, failed report
+constexpr int kExitUsage = 2;   // bad arguments: unknown option, bad URL, bad id
+constexpr int kExitJoin = 3;    // could not join the bus / connect
+
+// `s` as a JSON string literal, quotes included.
+std::string json_str(const std::string& s);
+
+// A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
+bool parse_id(const char* s, uint64_t* out);
+// A non-negative integer option value. False if it is not one.
+bool parse_u32(const char* s, uint32_t* out);
+
+// Subcommand entry points: argv[0] is the subcommand's name.
+int shm_main(int argc, char** argv);
+int shm_inspect_legacy_main(int argc, char** argv);
+int bus_main(int argc, char** argv);
+int metrics_main(int argc, char** argv);
+
+}  // namespace uvbus_tool

@@ -1,0 +1,117 @@
+// uvbus: the command-line tool's entry point — subcommand dispatch and every help text.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "bus_cmd.h"
+#include "common.h"
+
+namespace {
+
+const char kMain[] =
+    "usage: uvbus SUBCOMMAND [ARGS] [--json]      (uvbus SUBCOMMAND --help for details)\n"
+    "  routes ID              the routes node ID knows (the routes command)\n"
+    "  counters ID            node ID's counters (the counters command)\n"
+    "  ping ID                round-trip times of echo commands: a series and a summary\n"
+    "  send ID TYPE PAYLOAD   send one message (PAYLOAD text, or @FILE) and wait for its report\n"
+    "  nodes                  the routes and peers the parent knows (the bus-wide directory\n"
+    "                         comes with another issue)\n"
+    "  top ID                 a refreshing table of node ID's counters and rates\n"
+    "  metrics URL            fetch a node's metrics endpoint (Prometheus text, or --json)\n"
+    "  shm inspect|drain|remove URL   a local shared-memory region (uvbus_shm_inspect)\n"
+    "  call                   not available yet: request/reply is another issue\n"
+    "Bus subcommands join the bus as a node under a parent:\n"
+    "  --parent URL (or UVBUS_PARENT)   the parent's stream URL, e.g. ipv4://127.0.0.1:17000\n"
+    "  --token T (or UVBUS_TOKEN)       the bus's access token (none: no proof sent)\n"
+    "  --id ID (or UVBUS_TOOL_ID)       the tool's own node id, required: an unused id inside\n"
+    "                                   the parent's subnets (the tool registers as its child)\n"
+    "  --timeout-ms MS                  join and per-answer deadline (default 5000)\n"
+    "  --json                           one JSON document on stdout, for scripts\n"
+    "exit status: 0 ok, 1 the operation failed (timeout, unknown route, failed report),\n"
+    "2 usage (bad option, URL or id), 3 could not join the bus / connect.\n"
+    "uvbus shm keeps uvbus_shm_inspect's exit status (see uvbus shm --help).\n";
+
+const char kCommon[] =
+    "options: --parent URL, --token T, --id ID, --timeout-ms MS, --json (see uvbus --help)\n"
+    "exit status: 0 ok, 1 the operation failed, 2 usage, 3 could not join the bus\n";
+
+struct sub_help {
+  const char* name;
+  const char* text;
+};
+
+const sub_help kHelp[] = {
+    {"routes",
+     "usage: uvbus routes ID [options]\n  print the routes node ID knows, one per line"
+     " (--json: {\"node\", \"routes\": [lines]})\n"},
+    {"counters",
+     "usage: uvbus counters ID [options]\n  print node ID's counters, name=value"
+     " (--json: {\"node\", \"counters\": {name: value}})\n"},
+    {"ping",
+     "usage: uvbus ping ID [--count N] [--interval-ms M] [options]\n"
+     "  N echo commands (default 4), M ms apart (default 0), one line each, then\n"
+     "  min/avg/p50/p99/max; exit 1 unless every echo came back\n"},
+    {"send",
+     "usage: uvbus send ID TYPE PAYLOAD|@FILE [options]\n"
+     "  send one message of user type TYPE and wait for its delivery report: exit 0\n"
+     "  only if it is ok, else print the status (unknown_route, timeout, ...), exit 1\n"},
+    {"nodes",
+     "usage: uvbus nodes [options]\n"
+     "  the routes and peers the parent knows (its routes command). The bus-wide\n"
+     "  directory of every node comes with another issue.\n"},
+    {"top",
+     "usage: uvbus top ID [--once] [--interval-ms M] [--count N] [options]\n"
+     "  node ID's counters with per-second rates between two polls M ms apart\n"
+     "  (default 1000), levels (queue depths: *_now, *_bytes) as they are, and its\n"
+     "  routes. Refreshes in place in a terminal; on a pipe (no ANSI) each table\n"
+     "  follows the last. --once: one table; --count N: N tables; default: until\n"
+     "  interrupted. --json: one object per table, one per line\n"},
+};
+
+int help_for(const char* cmd) {
+  for (const auto& h : kHelp) {
+    if (std::strcmp(h.name, cmd) == 0) {
+      std::fputs(h.text, stdout);
+      std::fputs(kCommon, stdout);
+      return uvbus_tool::kExitOk;
+    }
+  }
+  return -1;
+}
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kMain, stderr);
+    return uvbus_tool::kExitUsage;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kMain, stdout);
+    return uvbus_tool::kExitOk;
+  }
+  if (cmd == "shm") return uvbus_tool::shm_main(argc - 1, argv + 1);
+  if (cmd == "metrics") return uvbus_tool::metrics_main(argc - 1, argv + 1);
+  if (cmd == "call") {
+    std::fputs("uvbus call: not available yet: request/reply is another issue\n", stderr);
+    return uvbus_tool::kExitUsage;
+  }
+  if (wants_help(argc - 1, argv + 1)) {
+    const int rc = help_for(cmd.c_str());
+    if (rc >= 0) return rc;
+  }
+  if (cmd == "top") return uvbus_tool::top_main(argc - 1, argv + 1);
+  if (cmd == "routes" || cmd == "counters" || cmd == "ping" || cmd == "send" || cmd == "nodes") {
+    return uvbus_tool::bus_main(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "uvbus: unknown subcommand '%s' (see uvbus --help)\n", cmd.c_str());
+  return uvbus_tool::kExitUsage;
+}

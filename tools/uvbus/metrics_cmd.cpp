@@ -1,0 +1,147 @@
+// uvbus metrics: fetches a node's metrics endpoint with libcurl; prints it or converts it to JSON.
+#include <curl/curl.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace uvbus_tool {
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: uvbus metrics URL [--json] [--timeout-ms MS]\n"
+               "  GET a node's metrics endpoint (node_config::metrics_url, e.g.\n"
+               "  http://127.0.0.1:9100/metrics) and print the Prometheus text, or with --json\n"
+               "  one object {\"family\": [{\"labels\": {...}, \"value\": number}]} (a sample's\n"
+               "  name is its family: histogram _bucket/_sum/_count samples stay apart).\n"
+               "exit status: 0 ok, 1 HTTP error status, 2 usage, 3 could not connect\n");
+}
+
+size_t collect(char* p, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(p, size * n);
+  return size * n;
+}
+
+// One sample line's labels ("{a=\"x\",b=\"y\"}") as a JSON object; *end past the '}'.
+std::string labels_json(const std::string& l, size_t* pos) {
+  std::string o = "{";
+  size_t i = *pos + 1;
+  bool first = true;
+  while (i < l.size() && l[i] != '}') {
+    const size_t eq = l.find('=', i);
+    if (eq == std::string::npos || eq + 1 >= l.size() || l[eq + 1] != '"') break;
+    std::string key = l.substr(i, eq - i), val;
+    size_t j = eq + 2;
+    for (; j < l.size() && l[j] != '"'; ++j) {
+      if (l[j] == '\\' && j + 1 < l.size()) {
+        ++j;
+        val += l[j] == 'n' ? '\n' : l[j];
+      } else {
+        val += l[j];
+      }
+    }
+    o += (first ? "" : ",") + json_str(key) + ":" + json_str(val);
+    first = false;
+    i = j + 1;
+    if (i < l.size() && l[i] == ',') ++i;
+  }
+  *pos = i + 1;
+  return o + "}";
+}
+
+std::string value_json(const std::string& v) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0' || d != d || d > 1.7e308 || d < -1.7e308) return json_str(v);
+  return v;
+}
+
+std::string to_json(const std::string& text) {
+  std::map<std::string, std::vector<std::string>> fam;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t i = line.find_first_of("{ ");
+    if (i == std::string::npos) continue;
+    const std::string name = line.substr(0, i);
+    std::string labels = "{}";
+    if (line[i] == '{') labels = labels_json(line, &i);
+    std::istringstream rest(line.substr(i));
+    std::string value;
+    rest >> value;
+    fam[name].push_back("{\"labels\":" + labels + ",\"value\":" + value_json(value) + "}");
+  }
+  std::string o = "{";
+  bool first = true;
+  for (const auto& f : fam) {
+    o += (first ? "" : ",") + json_str(f.first) + ":[";
+    for (size_t k = 0; k < f.second.size(); ++k) o += (k ? "," : "") + f.second[k];
+    o += "]";
+    first = false;
+  }
+  return o + "}";
+}
+
+}  // namespace
+
+int metrics_main(int argc, char** argv) {
+  const char* url = nullptr;
+  bool json = false;
+  uint32_t timeout_ms = 5000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--help" || s == "-h") {
+      usage(stdout);
+      return kExitOk;
+    }
+    if (s == "--json") {
+      json = true;
+    } else if (s == "--timeout-ms" && i + 1 < argc && parse_u32(argv[i + 1], &timeout_ms)) {
+      ++i;
+    } else if (s.rfind("--", 0) != 0 && url == nullptr) {
+      url = argv[i];
+    } else {
+      usage(stderr);
+      return kExitUsage;
+    }
+  }
+  const std::string u = url == nullptr ? "" : url;
+  if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) {
+    std::fprintf(stderr, "uvbus metrics: bad URL '%s' (http://HOST:PORT[/PATH])\n", u.c_str());
+    return kExitUsage;
+  }
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  CURL* c = curl_easy_init();
+  std::string body;
+  char err[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  const CURLcode r = curl_easy_perform(c);
+  long code = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_cleanup(c);
+  curl_global_cleanup();
+  if (r != CURLE_OK) {
+    std::fprintf(stderr, "uvbus metrics: cannot fetch %s: %s\n", url,
+                 err[0] != '\0' ? err : curl_easy_strerror(r));
+    return r == CURLE_URL_MALFORMAT ? kExitUsage : kExitJoin;
+  }
+  if (code >= 400) {
+    std::fprintf(stderr, "uvbus metrics: %s answered HTTP %ld\n", url, code);
+    return kExitFailed;
+  }
+  std::fputs(json ? (to_json(body) + "\n").c_str() : body.c_str(), stdout);
+  return kExitOk;
+}
+
+}  // namespace uvbus_tool

@@ -1,0 +1,113 @@
+// The uvbus tool's bus session: a private loop, one node registered under the parent.
+#include "session.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "common.h"
+
+namespace uvbus_tool {
+
+session::session() {
+  uv_loop_init(&loop_);
+  uv_timer_init(&loop_, &timer_);
+  timer_.data = this;
+}
+
+session::~session() {
+  if (node_ != nullptr && node_->running()) {
+    node_->stop();
+    run_until([this] { return stopped_; }, 2000);
+  }
+  node_.reset();
+  uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  uv_loop_close(&loop_);
+}
+
+bool session::run_until(const std::function<bool()>& done, uint32_t ms) {
+  fired_ = false;
+  uv_timer_start(
+      &timer_, [](uv_timer_t* t) { static_cast<session*>(t->data)->fired_ = true; }, ms, 0);
+  while (!done() && !fired_) uv_run(&loop_, UV_RUN_ONCE);
+  uv_timer_stop(&timer_);
+  return done();
+}
+
+int session::join(const join_options& o, uvbus::node_callbacks cb) {
+  uvbus::node_config cfg;
+  cfg.parent_urls = {o.parent};
+  if (!o.token.empty()) cfg.access_tokens = {o.token};
+  cfg.enable_shm = false;
+  cfg.response_timeout_ms = o.timeout_ms;
+  cfg.delivery_timeout_ms = o.timeout_ms;
+  cfg.pending_timeout_ms = o.timeout_ms;
+  std::string detail;
+  const uvbus::errc v = uvbus::node::validate(o.id, cfg, &detail);
+  if (v != uvbus::errc::ok) {
+    std::fprintf(stderr, "uvbus: bad parent URL or option: %s: %s\n", uvbus::to_string(v),
+                 detail.c_str());
+    return kExitUsage;
+  }
+  bool up = false;
+  uvbus::errc refused = uvbus::errc::ok;
+  std::string why;
+  cb.on_up = [this, &up](uvbus::bus_id parent) {
+    parent_ = parent;
+    up = true;
+  };
+  cb.on_down = [this, user = cb.on_down](uvbus::errc why) {
+    if (why == uvbus::errc::closed) stopped_ = true;
+    if (user) user(why);
+  };
+  cb.on_registration = [&refused, &why](uvbus::errc r, const std::string& d) {
+    if (r != uvbus::errc::ok && refused == uvbus::errc::ok) {
+      refused = r;
+      why = d;
+    }
+  };
+  node_ = std::make_unique<uvbus::node>(&loop_, o.id, cfg, cb);
+  const uvbus::errc e = node_->start();
+  if (e != uvbus::errc::ok) {
+    std::fprintf(stderr, "uvbus: cannot start the tool node: %s: %s\n", uvbus::to_string(e),
+                 node_->last_error().detail.c_str());
+    return kExitJoin;
+  }
+  run_until([&] { return up || refused != uvbus::errc::ok; }, o.timeout_ms);
+  if (up) return kExitOk;
+  if (refused == uvbus::errc::ok) refused = uvbus::errc::timeout;
+  std::fprintf(stderr, "uvbus: could not join the bus at %s as id %#" PRIx64 ": %s%s%s%s\n",
+               o.parent.c_str(), o.id, uvbus::to_string(refused), why.empty() ? "" : " (",
+               why.c_str(), why.empty() ? "" : ")");
+  if (refused == uvbus::errc::out_of_subnet) {
+    std::fprintf(stderr,
+                 "uvbus: pass --id (or UVBUS_TOOL_ID) with an id inside the parent's "
+                 "subnets that no node uses\n");
+  } else if (refused == uvbus::errc::access_denied) {
+    std::fprintf(stderr, "uvbus: pass the bus's access token with --token or UVBUS_TOKEN\n");
+  }
+  return kExitJoin;
+}
+
+command_result run_command(session* s, uint64_t target, uvbus::proto::command_id c,
+                           const std::string& args, uint32_t timeout_ms) {
+  auto r = std::make_shared<command_result>();
+  const uvbus::errc e = s->node().send_command(
+      target, c, args.data(), args.size(), [r](uvbus::errc st, const uint8_t* p, size_t n) {
+        r->done = true;
+        r->status = st;
+        if (p != nullptr) r->text.assign(reinterpret_cast<const char*>(p), n);
+      });
+  if (e != uvbus::errc::ok) {
+    r->done = true;
+    r->status = e;
+    return *r;
+  }
+  if (!s->run_until([r] { return r->done; }, timeout_ms + 1000)) {
+    r->done = true;
+    r->status = uvbus::errc::timeout;
+  }
+  return *r;
+}
+
+}  // namespace uvbus_tool

@@ -1,0 +1,145 @@
+// uvbus top: a refreshing table of a node's counters with per-second rates between two polls.
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "bus_cmd.h"
+#include "common.h"
+#include "session.h"
+
+namespace uvbus_tool {
+namespace {
+
+using counter_map = std::map<std::string, uint64_t>;
+
+counter_map parse_counters(const std::string& text) {
+  counter_map m;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    m[line.substr(0, eq)] = std::strtoull(line.c_str() + eq + 1, nullptr, 10);
+  }
+  return m;
+}
+
+// Gauges (a level now, e.g. a queue depth) get no rate.
+bool is_gauge(const std::string& name) {
+  return name.find("_now") != std::string::npos || name.find("_bytes") != std::string::npos;
+}
+
+struct poll_result {
+  uvbus::errc status = uvbus::errc::ok;
+  counter_map counters;
+  std::string routes;
+  std::chrono::steady_clock::time_point at;
+};
+
+poll_result poll(session* s, uint64_t target, uint32_t timeout_ms) {
+  poll_result p;
+  const command_result c =
+      run_command(s, target, uvbus::proto::command_id::counters, "", timeout_ms);
+  p.at = std::chrono::steady_clock::now();
+  p.status = c.status;
+  if (c.status != uvbus::errc::ok) return p;
+  p.counters = parse_counters(c.text);
+  const command_result r = run_command(s, target, uvbus::proto::command_id::routes, "", timeout_ms);
+  p.status = r.status;
+  p.routes = r.text;
+  return p;
+}
+
+void print_table(uint64_t target, const poll_result& a, const poll_result& b, uint32_t refresh,
+                 bool tty) {
+  const double secs = std::chrono::duration<double>(b.at - a.at).count();
+  if (tty) std::fputs("\x1b[H\x1b[2J", stdout);
+  std::printf("uvbus top: node %#" PRIx64 "  refresh %u  (rates over %.2f s)\n", target, refresh,
+              secs);
+  std::printf("%-24s %20s %14s\n", "counter", "value", "per second");
+  for (const auto& kv : b.counters) {
+    const auto it = a.counters.find(kv.first);
+    const uint64_t before = it == a.counters.end() ? 0 : it->second;
+    if (is_gauge(kv.first)) {
+      std::printf("%-24s %20" PRIu64 " %14s\n", kv.first.c_str(), kv.second, "(level)");
+    } else {
+      const double rate =
+          secs > 0 && kv.second >= before ? static_cast<double>(kv.second - before) / secs : 0;
+      std::printf("%-24s %20" PRIu64 " %14.1f\n", kv.first.c_str(), kv.second, rate);
+    }
+  }
+  std::printf("routes:\n%s", b.routes.c_str());
+  if (!b.routes.empty() && b.routes.back() != '\n') std::fputc('\n', stdout);
+  if (!tty) std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+void print_json(uint64_t target, const poll_result& a, const poll_result& b) {
+  const double secs = std::chrono::duration<double>(b.at - a.at).count();
+  std::string o = "{\"node\":\"";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%#" PRIx64 "\",\"seconds\":%.3f,\"counters\":{", target, secs);
+  o += buf;
+  bool first = true;
+  for (const auto& kv : b.counters) {
+    const auto it = a.counters.find(kv.first);
+    const uint64_t before = it == a.counters.end() ? 0 : it->second;
+    const double rate =
+        secs > 0 && kv.second >= before ? static_cast<double>(kv.second - before) / secs : 0;
+    std::snprintf(buf, sizeof buf, ":{\"value\":%" PRIu64 ",\"per_second\":%.3f}", kv.second,
+                  is_gauge(kv.first) ? 0.0 : rate);
+    o += (first ? "" : ",") + json_str(kv.first) + buf;
+    first = false;
+  }
+  std::printf("%s}}\n", o.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+// uvbus top ID [--once] [--interval-ms M] [--count N] [--json]
+int top_main(int argc, char** argv) {
+  bus_args a;
+  int rc = parse_bus_args(argc, argv, &a);
+  if (rc != kExitOk) return rc;
+  uint64_t target = 0;
+  if (a.pos.size() != 1 || !parse_id(a.pos[0].c_str(), &target)) {
+    std::fprintf(stderr, "uvbus top: expected one node id (decimal or 0x hex, non-zero)\n");
+    return kExitUsage;
+  }
+  const uint32_t interval = a.interval_ms == 0 ? 1000 : a.interval_ms;
+  const uint32_t refreshes = a.once ? 1 : a.count;  // 0: until interrupted
+  const bool tty = isatty(STDOUT_FILENO) != 0 && !a.json;
+  session s;
+  rc = s.join(a.join, {});
+  if (rc != kExitOk) return rc;
+  poll_result prev = poll(&s, target, a.join.timeout_ms);
+  for (uint32_t n = 1; refreshes == 0 || n <= refreshes; ++n) {
+    if (prev.status != uvbus::errc::ok) break;
+    s.run_until([] { return false; }, interval);
+    poll_result cur = poll(&s, target, a.join.timeout_ms);
+    if (cur.status != uvbus::errc::ok) {
+      prev = cur;
+      break;
+    }
+    if (a.json) {
+      print_json(target, prev, cur);
+    } else {
+      print_table(target, prev, cur, n, tty);
+    }
+    prev = cur;
+  }
+  if (prev.status != uvbus::errc::ok) {
+    std::fprintf(stderr, "uvbus top: node %#" PRIx64 " did not answer: %s\n", target,
+                 uvbus::to_string(prev.status));
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace uvbus_tool
