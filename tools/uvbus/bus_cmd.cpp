@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -134,7 +135,8 @@ int text_command(const bus_args& a, session* s, uint64_t target, uvbus::proto::c
 
 double pct(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  // The nearest rank.
+  const auto i = static_cast<size_t>(std::lround(p / 100.0 * static_cast<double>(v.size() - 1)));
   return v[std::min(i, v.size() - 1)];
 }
 

@@ -81,7 +81,7 @@ void print_table(uint64_t target, const poll_result& a, const poll_result& b, ui
 
 void print_json(uint64_t target, const poll_result& a, const poll_result& b) {
   const double secs = std::chrono::duration<double>(b.at - a.at).count();
-  std::string o = "{\"node\":\"";
+  std::string o = R"({"node":")";
   char buf[64];
   std::snprintf(buf, sizeof buf, "%#" PRIx64 "\",\"seconds\":%.3f,\"counters\":{", target, secs);
   o += buf;
