@@ -81,9 +81,11 @@ class Bus : public ::testing::Test {
     cfg.subnets = {{kRoot, 16}};
     cfg.access_tokens = {"secret"};
     cfg.child_grace_ms = 0;
+    cfg.metrics_url = "http://127.0.0.1:0/metrics";
     auto n = std::make_unique<uvbus::node>(&loop, kRoot, cfg);
     const bool ok = n->start() == uvbus::errc::ok;
     stop_ = &stop;
+    metrics_ = ok ? n->metrics_url() : "";
     url->set_value(ok ? n->listen_urls().at(0) : "");
     while (!stopping) uv_run(&loop, UV_RUN_ONCE);
     n.reset();
@@ -101,10 +103,12 @@ class Bus : public ::testing::Test {
   }
   static std::thread thread_;
   static std::string url_;
+  static std::string metrics_;
   static uv_async_t* stop_;
 };
 std::thread Bus::thread_;
 std::string Bus::url_;
+std::string Bus::metrics_;
 uv_async_t* Bus::stop_ = nullptr;
 
 TEST_F(Bus, RoutesAndCounters) {
@@ -197,6 +201,22 @@ TEST_F(Bus, JoinErrors) {
   r = sh(std::string(UVBUS_TOOL_PATH) + " routes 0x10000 --parent nonsense://x --id 0x10201");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("nonsense://x"), std::string::npos) << r.err;
+}
+
+TEST_F(Bus, MetricsTextJsonAndHttpErrors) {
+  ASSERT_FALSE(metrics_.empty());
+  const std::string t = UVBUS_TOOL_PATH;
+  run_result r = sh(t + " metrics " + metrics_);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("# TYPE"), std::string::npos) << r.out;
+  r = sh(t + " metrics " + metrics_ + " --json");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"labels\":"), std::string::npos);
+  const std::string wrong = metrics_.substr(0, metrics_.rfind('/')) + "/nothing-here";
+  r = sh(t + " metrics " + wrong);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("answered HTTP 404"), std::string::npos) << r.err;
 }
 
 TEST(Tool, UsageErrorsExitTwo) {
