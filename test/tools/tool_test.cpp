@@ -164,6 +164,10 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
   EXPECT_NE(r.out.find("refresh 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("data_received"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+  const run_result m = sh(tool("top 0x10000 --once --interval-ms 50 --metrics " + metrics_));
+  EXPECT_EQ(m.rc, 0) << m.err;
+  EXPECT_NE(m.out.find("link (peer role channel)"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find(" child stream"), std::string::npos) << m.out;  // the tool's own link
   const run_result j = sh(tool("top 0x10000 --count 2 --interval-ms 20 --json"));
   EXPECT_EQ(j.rc, 0) << j.err;
   EXPECT_TRUE(json_ok(j.out)) << j.out;

@@ -41,7 +41,7 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
     return true;
   }
   if (s == "--parent" || s == "--token" || s == "--id" || s == "--timeout-ms" || s == "--count" ||
-      s == "--interval-ms") {
+      s == "--interval-ms" || s == "--metrics") {
     if (!need("a value")) return false;
     ++*i;
   } else {
@@ -51,6 +51,7 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   }
   if (s == "--parent") a->join.parent = v;
   if (s == "--token") a->join.token = v;
+  if (s == "--metrics") a->metrics = v;
   if (s == "--id") ok = parse_id(v, &a->join.id);
   if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
   if (s == "--count") ok = parse_u32(v, &a->count);

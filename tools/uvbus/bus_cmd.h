@@ -16,10 +16,11 @@ struct bus_args {
   bool once = false;
   uint32_t count = 0;
   uint32_t interval_ms = 0;
+  std::string metrics;  // top --metrics URL
   std::vector<std::string> pos;
 };
 
-// Options (--parent --token --id --timeout-ms --json --once --count --interval-ms) and
+// Options (--parent --token --id --timeout-ms --json --once --count --interval-ms --metrics) and
 // positional arguments, with UVBUS_PARENT / UVBUS_TOKEN / UVBUS_TOOL_ID filled in. kExitOk or
 // kExitUsage (message printed).
 int parse_bus_args(int argc, char** argv, bus_args* a);

@@ -21,6 +21,10 @@ bool parse_id(const char* s, uint64_t* out);
 // A non-negative integer option value. False if it is not one.
 bool parse_u32(const char* s, uint32_t* out);
 
+// GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400), kExitJoin (no
+// connection), kExitUsage (malformed URL) with *error saying what happened.
+int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error);
+
 // Subcommand entry points: argv[0] is the subcommand's name.
 int shm_main(int argc, char** argv);
 int shm_inspect_legacy_main(int argc, char** argv);

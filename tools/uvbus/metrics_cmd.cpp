@@ -90,6 +90,32 @@ std::string to_json(const std::string& text) {
 
 }  // namespace
 
+int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error) {
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  CURL* c = curl_easy_init();
+  char err[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, body);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  const CURLcode r = curl_easy_perform(c);
+  long code = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_cleanup(c);
+  curl_global_cleanup();
+  if (r != CURLE_OK) {
+    *error = "cannot fetch " + url + ": " + (err[0] != '\0' ? err : curl_easy_strerror(r));
+    return r == CURLE_URL_MALFORMAT ? kExitUsage : kExitJoin;
+  }
+  if (code >= 400) {
+    *error = url + " answered HTTP " + std::to_string(code);
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
 int metrics_main(int argc, char** argv) {
   const char* url = nullptr;
   bool json = false;
@@ -116,29 +142,11 @@ int metrics_main(int argc, char** argv) {
     std::fprintf(stderr, "uvbus metrics: bad URL '%s' (http://HOST:PORT[/PATH])\n", u.c_str());
     return kExitUsage;
   }
-  curl_global_init(CURL_GLOBAL_DEFAULT);
-  CURL* c = curl_easy_init();
-  std::string body;
-  char err[CURL_ERROR_SIZE] = "";
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  const CURLcode r = curl_easy_perform(c);
-  long code = 0;
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-  curl_easy_cleanup(c);
-  curl_global_cleanup();
-  if (r != CURLE_OK) {
-    std::fprintf(stderr, "uvbus metrics: cannot fetch %s: %s\n", url,
-                 err[0] != '\0' ? err : curl_easy_strerror(r));
-    return r == CURLE_URL_MALFORMAT ? kExitUsage : kExitJoin;
-  }
-  if (code >= 400) {
-    std::fprintf(stderr, "uvbus metrics: %s answered HTTP %ld\n", url, code);
-    return kExitFailed;
+  std::string body, err;
+  const int rc = http_get(u, timeout_ms, &body, &err);
+  if (rc != kExitOk) {
+    std::fprintf(stderr, "uvbus metrics: %s\n", err.c_str());
+    return rc;
   }
   std::fputs(json ? (to_json(body) + "\n").c_str() : body.c_str(), stdout);
   return kExitOk;

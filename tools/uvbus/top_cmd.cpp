@@ -11,6 +11,7 @@
 #include "bus_cmd.h"
 #include "common.h"
 #include "session.h"
+#include "top_links.h"
 
 namespace uvbus_tool {
 namespace {
@@ -31,18 +32,27 @@ counter_map parse_counters(const std::string& text) {
 
 // Gauges (a level now, e.g. a queue depth) get no rate.
 bool is_gauge(const std::string& name) {
-  return name.find("_now") != std::string::npos || name.find("_bytes") != std::string::npos;
+  return name == "peers" || name.find("_now") != std::string::npos ||
+         name.find("_bytes") != std::string::npos;
 }
 
 struct poll_result {
   uvbus::errc status = uvbus::errc::ok;
   counter_map counters;
   std::string routes;
+  links_map links;  // with --metrics
+  std::string metrics_error;
   std::chrono::steady_clock::time_point at;
 };
 
-poll_result poll(session* s, uint64_t target, uint32_t timeout_ms) {
+poll_result poll(session* s, uint64_t target, uint32_t timeout_ms, const std::string& metrics) {
   poll_result p;
+  if (!metrics.empty()) {
+    std::string body;
+    if (http_get(metrics, timeout_ms, &body, &p.metrics_error) == kExitOk) {
+      p.links = parse_links(body);
+    }
+  }
   const command_result c =
       run_command(s, target, uvbus::proto::command_id::counters, "", timeout_ms);
   p.at = std::chrono::steady_clock::now();
@@ -73,6 +83,8 @@ void print_table(uint64_t target, const poll_result& a, const poll_result& b, ui
       std::printf("%-24s %20" PRIu64 " %14.1f\n", kv.first.c_str(), kv.second, rate);
     }
   }
+  if (!b.metrics_error.empty()) std::printf("links: %s\n", b.metrics_error.c_str());
+  if (!b.links.empty()) print_links(a.links, b.links, secs);
   std::printf("routes:\n%s", b.routes.c_str());
   if (!b.routes.empty() && b.routes.back() != '\n') std::fputc('\n', stdout);
   if (!tty) std::fputc('\n', stdout);
@@ -118,11 +130,11 @@ int top_main(int argc, char** argv) {
   session s;
   rc = s.join(a.join, {});
   if (rc != kExitOk) return rc;
-  poll_result prev = poll(&s, target, a.join.timeout_ms);
+  poll_result prev = poll(&s, target, a.join.timeout_ms, a.metrics);
   for (uint32_t n = 1; refreshes == 0 || n <= refreshes; ++n) {
     if (prev.status != uvbus::errc::ok) break;
     s.run_until([] { return false; }, interval);
-    poll_result cur = poll(&s, target, a.join.timeout_ms);
+    poll_result cur = poll(&s, target, a.join.timeout_ms, a.metrics);
     if (cur.status != uvbus::errc::ok) {
       prev = cur;
       break;
