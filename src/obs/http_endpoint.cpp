@@ -136,9 +136,9 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
   };
   const unsigned flags = MHD_USE_EPOLL | (u.ipv6 ? MHD_USE_IPv6 : 0);
   daemon_ = MHD_start_daemon(flags, 0, nullptr, nullptr, access, this, MHD_OPTION_LISTEN_SOCKET, fd,
-                             MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(kMaxConnections),
-                             MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(kTimeoutSeconds),
-                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(32 * 1024),
+                             MHD_OPTION_CONNECTION_LIMIT, limits_.max_connections,
+                             MHD_OPTION_CONNECTION_TIMEOUT, limits_.timeout_seconds,
+                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, limits_.connection_memory,
                              MHD_OPTION_END);
   if (daemon_ == nullptr) {
     ::close(fd);
@@ -163,8 +163,29 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
   return errc::ok;
 }
 
+errc http_endpoint::set_limits(const http_limits& limits) {
+  if (daemon_ != nullptr) return errc::wrong_state;
+  if (limits.max_connections == 0 || limits.timeout_seconds == 0 || limits.connection_memory == 0) {
+    return errc::invalid_argument;
+  }
+  limits_ = limits;
+  return errc::ok;
+}
+
+unsigned http_endpoint::connections() const noexcept {
+  if (daemon_ == nullptr) return 0;
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+  return info == nullptr ? 0 : info->num_connections;
+}
+
 void http_endpoint::run_daemon() {
+  // At the connection limit libmicrohttpd takes its listening socket out of its epoll set, and puts
+  // it back only at the start of a later run. When this run closed connections, that later run
+  // must be now: otherwise nothing would wake us again for the clients waiting in the backlog (an
+  // endpoint that once reached its limit would never accept again).
+  const unsigned before = connections();
   MHD_run(daemon_);
+  if (connections() < before) MHD_run(daemon_);
   MHD_UNSIGNED_LONG_LONG timeout = 0;
   if (MHD_get_timeout(daemon_, &timeout) == MHD_YES) {
     uv_timer_start(
@@ -203,6 +224,9 @@ int http_endpoint::on_request(void* cls, void* connection, const char* url, cons
   if (resp == nullptr) return MHD_NO;
   MHD_add_response_header(resp, "Content-Type", r.content_type.c_str());
   if (r.status == 405) MHD_add_response_header(resp, "Allow", "GET, HEAD");
+  // One request per connection: an idle keep-alive connection would hold one of the few slots
+  // until its timeout (a scraper reconnects every interval anyway).
+  MHD_add_response_header(resp, "Connection", "close");
   const MHD_Result q = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
   MHD_destroy_response(resp);
   return q;

@@ -4,6 +4,7 @@
 
 #include <uv.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -36,10 +37,17 @@ struct http_url {
 // PATH defaults to /metrics). Errors: bad_url with *detail naming the wrong part.
 errc parse_http_url(std::string_view url, http_url* out, std::string* detail);
 
+// What one endpoint may hold at once (the defaults are what a node uses).
+struct http_limits {
+  unsigned max_connections = 16;     // more wait in the listen backlog (or are refused)
+  unsigned timeout_seconds = 10;     // an idle connection is closed after this
+  size_t connection_memory = 32768;  // per connection: request line, headers, buffers
+};
+
 class http_endpoint {
  public:
-  static constexpr unsigned kMaxConnections = 16;
-  static constexpr unsigned kTimeoutSeconds = 10;
+  static constexpr unsigned kMaxConnections = http_limits{}.max_connections;
+  static constexpr unsigned kTimeoutSeconds = http_limits{}.timeout_seconds;
 
   http_endpoint() = default;
   ~http_endpoint();
@@ -49,6 +57,9 @@ class http_endpoint {
   // Binds url (port 0: a free port) and serves from loop. Errors: bad_url, address_in_use,
   // permission_denied, io_error, wrong_state (already started); *detail says what failed.
   errc start(uv_loop_t* loop, std::string_view url, http_handler handler, std::string* detail);
+  // Before start(): other bounds (tests use a short timeout). Errors: wrong_state (started),
+  // invalid_argument (a zero).
+  errc set_limits(const http_limits& limits);
   // Closes the socket and every connection; the loop's handles close asynchronously (run the
   // loop until they have). Idempotent.
   void stop();
@@ -57,6 +68,9 @@ class http_endpoint {
   // The bound URL, e.g. http://127.0.0.1:41234/metrics (empty when not started).
   [[nodiscard]] const std::string& url() const noexcept { return url_; }
   [[nodiscard]] uint64_t requests() const noexcept { return requests_; }
+  // Connections open now (at most limits().max_connections).
+  [[nodiscard]] unsigned connections() const noexcept;
+  [[nodiscard]] const http_limits& limits() const noexcept { return limits_; }
 
   struct loop_part;  // the libuv handles (freed by their close callbacks)
 
@@ -68,6 +82,7 @@ class http_endpoint {
   MHD_Daemon* daemon_ = nullptr;
   loop_part* part_ = nullptr;
   http_handler handler_;
+  http_limits limits_;
   uint16_t port_ = 0;
   std::string url_;
   std::string path_;
