@@ -197,8 +197,9 @@ int main(int argc, char** argv) {
     std::printf(
         "[send] latency (send to end-to-end ack): n=%llu p50=%.1fus p90=%.1fus p99=%.1fus "
         "p99.9=%.1fus max=%.1fus\n",
-        static_cast<unsigned long long>(lp.count), lp.p50 / 1e3, lp.p90 / 1e3, lp.p99 / 1e3,
-        lp.p999 / 1e3, lp.max / 1e3);
+        static_cast<unsigned long long>(lp.count), static_cast<double>(lp.p50) / 1e3,
+        static_cast<double>(lp.p90) / 1e3, static_cast<double>(lp.p99) / 1e3,
+        static_cast<double>(lp.p999) / 1e3, static_cast<double>(lp.max) / 1e3);
   }
   if (s.metrics) {
     std::printf("[send] metrics: %llu renders, %zu bytes each\n",
