@@ -57,6 +57,7 @@ enum class errc : int {
   duplicate_id,      // registration refused: the bus id is already registered
   version_mismatch,  // registration refused: no common protocol version
   out_of_subnet,     // registration refused: the id is outside the parent's subnets
+  remote_error,      // a call's handler answered with an error (node::reply_error: its own code)
 };
 
 // A short, stable, human-readable description ("queue_full: ..."). Never returns null.

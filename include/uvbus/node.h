@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "uvbus/buffer.h"
+#include "uvbus/call.h"
 #include "uvbus/error.h"
 #include "uvbus/histogram.h"
 #include "uvbus/log.h"
@@ -80,6 +81,12 @@ struct node_config {
   std::vector<std::string> parent_urls;
   // Child ids this node accepts. A child must have its id and all its subnets inside these.
   std::vector<subnet> subnets;
+  // Register to the parent as a tool (an operator's process such as the `uvbus` command-line
+  // tool) instead of as a child: the id must lie *outside* the parent's subnets (and be unused),
+  // so a tool never takes an id a real node could need, and the parent does not announce it to
+  // the rest of the bus. The tool reaches every node through the parent; replies reach it from the
+  // parent and from the nodes below the parent. Needs parent_urls and no subnets.
+  bool join_as_tool = false;
 
   // Largest user payload of send_data() (message_too_large above it); the stream frame limit is
   // this plus the 36 bytes of bus header and data prefix. Every node of a bus should agree.
@@ -145,6 +152,8 @@ struct node_config {
   // At most this many require_response messages and commands awaiting their answer; beyond it
   // send_data(require_response) and send_command() return queue_full.
   size_t max_outstanding_responses = 65536;
+  // At most this many node::call()s awaiting their answer; beyond it call() returns queue_full.
+  size_t max_outstanding_calls = 65536;
   // Siblings: connect directly at the first message (else everything goes through the parent);
   // drop a sibling link with no data either way for this long.
   bool sibling_direct = true;
@@ -269,6 +278,13 @@ struct node_counters {
   uint64_t flow_duplicates = 0;     // target: duplicates dropped
   uint64_t flow_out_of_order = 0;   // target: messages after a gap dropped (the source resends)
   uint64_t flow_resyncs = 0;        // target: messages of a flow it held no position for
+  // Request/reply (node::call).
+  uint64_t calls_started = 0;      // call()s accepted
+  uint64_t calls_ok = 0;           // ... answered with a reply
+  uint64_t calls_failed = 0;       // ... ended otherwise (remote_error, timeout, refusal, closed)
+  uint64_t requests_received = 0;  // requests delivered to on_data here
+  uint64_t answers_sent = 0;       // reply() / reply_error() accepted
+  uint64_t answers_ignored = 0;    // answers that came late, twice, or from a node not called
 };
 
 // Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own
@@ -448,6 +464,32 @@ class node {
   using command_cb = std::function<void(errc status, const uint8_t* result, size_t size)>;
   [[nodiscard]] errc send_command(bus_id target, proto::command_id command, const void* args,
                                   size_t size, command_cb cb);
+
+  // ---------------------------------------------------------------------- request/reply --
+  // Sends [data, data + size) to `target` as a request of user type `type` and calls cb exactly
+  // once with the reply or the reason there is none (call_result; uvbus/call.h): the handler's
+  // reply, its reply_error (remote_error + its code), timeout after timeout_ms, a refusal on the
+  // way (unknown_route, ...), closed at stop(). The request travels like send_data (same routes,
+  // same flow and resend under end_to_end; opt.trace and opt.ttl apply) but has no delivery report
+  // of its own: cb is its one outcome. The reply comes back over the bus to this node's id.
+  // *call_id (if given) identifies the call (reply_handle::call_id on the other side). On the
+  // node's thread. Errors at once (cb never called): as send_data, plus invalid_argument (empty cb,
+  // timeout_ms 0), message_too_large (size above message_limit - 13: the call block takes 13 bytes)
+  // and queue_full (max_outstanding_calls).
+  [[nodiscard]] errc call(bus_id target, uint32_t type, const void* data, size_t size,
+                          uint32_t timeout_ms, call_fn cb, const send_options& opt = {},
+                          uint64_t* call_id = nullptr);
+  // Inside on_data: the request being delivered (a call() from another node), or nullptr for a
+  // plain message. Valid until on_data returns: copy the handle to answer later.
+  [[nodiscard]] const reply_handle* incoming_request() const noexcept;
+  // Answers a request once: the reply bytes (at most message_limit - 13), or an error code with a
+  // detail text. The answer travels like a message to h.caller (no delivery report: the caller's
+  // callback is the outcome, a lost answer makes it time out). Clears h (h.call_id = 0) when
+  // accepted. Errors: invalid_argument (h not valid: not a request, or answered already),
+  // message_too_large, and send_data's (closed, queue_full, not_connected, ...; h stays valid).
+  // On the node's thread; callable from inside on_data.
+  [[nodiscard]] errc reply(reply_handle& h, const void* data, size_t size);
+  [[nodiscard]] errc reply_error(reply_handle& h, uint32_t code, const void* detail, size_t size);
 
   [[nodiscard]] bus_id id() const noexcept;
   // The URLs actually listened on (port 0 resolved), in config order.

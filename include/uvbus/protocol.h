@@ -19,9 +19,11 @@ namespace uvbus::proto {
 // acknowledgements, resend; docs/protocol.md "Flows"): flow messages and acknowledgements only
 // travel on links that negotiated version 3. Version 4 adds the optional trace context of a data
 // message (docs/protocol.md "Trace context"); a node strips it from what it sends on a link that
-// negotiated less.
+// negotiated less. Version 5 adds request/reply (node::call, docs/protocol.md "Calls"): a call
+// block at the start of the payload, marked by a header flag; a message with one never travels on
+// a link that negotiated less (the send fails with version_mismatch).
 inline constexpr uint8_t kMinVersion = 1;
-inline constexpr uint8_t kMaxVersion = 4;
+inline constexpr uint8_t kMaxVersion = 5;
 inline constexpr uint8_t kDefaultTtl = 16;
 
 // What a node tells a peer about itself at registration.

@@ -3,8 +3,11 @@
 
 #include "uvbus/address.h"
 #include "uvbus/buffer.h"
+#include "uvbus/call.h"
 #include "uvbus/error.h"
 #include "uvbus/handover.h"
+#include "uvbus/histogram.h"
+#include "uvbus/log.h"
 #include "uvbus/node.h"
 #include "uvbus/protocol.h"
 #include "uvbus/queue_config.h"

@@ -167,9 +167,10 @@ void node::impl::open_handles() {
   if (h != nullptr) return;
   h = new handles;
   h->tick.data = h->reconnect.data = h->idle.data = h->post.data = this;
-  h->acks.data = h->flow.data = this;
+  h->acks.data = h->flow.data = h->calls.data = this;
   uv_check_init(loop, &h->acks);
   uv_timer_init(loop, &h->flow);
+  uv_timer_init(loop, &h->calls);
   uv_timer_init(loop, &h->tick);
   uv_timer_init(loop, &h->reconnect);
   uv_idle_init(loop, &h->idle);
@@ -177,7 +178,7 @@ void node::impl::open_handles() {
   // The mailbox's wake-up never keeps the loop alive by itself: a running node has its timers, and
   // a stopped node must let uv_run() return (close_mailbox() refs it while reports remain).
   uv_unref(reinterpret_cast<uv_handle_t*>(&h->post));
-  h->open = 6;
+  h->open = 7;
   std::lock_guard<std::mutex> lock(mbox.mu);
   mbox.async = &h->post;
 }
@@ -272,6 +273,7 @@ void node::impl::stop() {
   for (auto& [id, s] : siblings) fail_queue(&s.pending, errc::closed);
   drop_held();
   siblings.clear();
+  fail_calls_for_stop();
   std::vector<std::pair<uint64_t, pending_reply>> rs(replies.begin(), replies.end());
   replies.clear();
   for (auto& [seq, r] : rs) {
@@ -353,7 +355,8 @@ void node::impl::destroy() {
   close_mailbox(detail::mailbox::status::gone);
   if (h != nullptr) {
     h->tick.data = h->reconnect.data = h->idle.data = h->post.data = h;
-    h->acks.data = h->flow.data = h;
+    h->acks.data = h->flow.data = h->calls.data = h;
+    uv_close(reinterpret_cast<uv_handle_t*>(&h->calls), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->acks), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->flow), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->post), &impl::on_handle_closed);

@@ -116,6 +116,15 @@ errc check_parents(const node_config& cfg, std::string* detail) {
                         ": a parent is reached over a stream URL (ipv4, ipv6, dns, unix)");
     }
   }
+  if (cfg.join_as_tool && cfg.parent_urls.empty()) {
+    return refuse(detail, errc::invalid_argument,
+                  "join_as_tool: a tool registers to a parent, and parent_urls is empty");
+  }
+  if (cfg.join_as_tool && !cfg.subnets.empty()) {
+    return refuse(detail, errc::invalid_argument,
+                  "join_as_tool: a tool accepts no children, and subnets has " +
+                      std::to_string(cfg.subnets.size()) + " entries");
+  }
   return errc::ok;
 }
 

@@ -9,6 +9,7 @@ using proto::msg_type;
 // --------------------------------------------------------------------------------- reports --
 void node::impl::defer_report(uint64_t tag, bus_id target, errc status, bool e2e) {
   if (tag == 0) return;
+  if (call_report(tag & ~kTagE2e, status)) return;  // a call's or an answer's: not on_report's
   if (status == errc::ok) {
     ++counters.reports_ok;
   } else {
@@ -71,6 +72,7 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
         version_of(p) < 3) {
       return errc::version_mismatch;
     }
+    if ((hb[2] & proto::flag_call) != 0 && version_of(p) < 5) return errc::version_mismatch;
     if ((hb[2] & proto::flag_trace) != 0 && version_of(p) < 4) {
       strip_trace(bufs, n);
       bufs = strip_spans.data();
@@ -253,6 +255,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   }
   if (target == self) {
     self_msg m{self, type, {}, seq, rr, false, {}};
+    m.call_flag = send_call_flag;
     if (opt.trace != nullptr) {
       m.has_trace = true;
       m.trace = *opt.trace;
@@ -276,6 +279,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   proto::header hd = make_header(msg_type::data, target, seq);
   if (rr) hd.flags |= proto::flag_require_response;
   if (trace != 0) hd.flags |= proto::flag_trace;
+  hd.flags |= send_call_flag;
   if (opt.ttl != 0) hd.ttl = opt.ttl;
   hd.body_len = static_cast<uint32_t>(trace + proto::kDataPrefix + size);
   proto::encode_header(hd, head);
@@ -450,7 +454,7 @@ void node::impl::run_deferred() {
       if (m.require_response && replies.erase(m.seq) == 0) continue;
       ++counters.data_received;
       incoming = m.has_trace ? &m.trace : nullptr;
-      fire(cbs.on_data, m.source, m.type, m.bytes.data(), m.bytes.size());
+      deliver(m.source, m.call_flag, m.type, m.bytes.data(), m.bytes.size());
       incoming = nullptr;
       if (m.require_response || cbs.on_report) {
         defer_report(m.seq, self, errc::ok,
@@ -458,6 +462,7 @@ void node::impl::run_deferred() {
       }
     }
   }
+  run_deferred_calls();
   if (!self_replies.empty()) {
     auto rs = std::move(self_replies);
     self_replies.clear();

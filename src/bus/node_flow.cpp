@@ -107,7 +107,7 @@ errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spa
     return errc::queue_full;
   }
   proto::header hd = make_header(msg_type::data, target, f.next_seq);
-  hd.flags = proto::flag_flow;
+  hd.flags = proto::flag_flow | send_call_flag;
   if (trace != 0) hd.flags |= proto::flag_trace;
   if (opt.ttl != 0) hd.ttl = opt.ttl;
   hd.body_len = static_cast<uint32_t>(trace + proto::kFlowPrefix + size);
@@ -429,7 +429,7 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
   ++r.unacked;
   ++counters.data_received;
   queue_ack(hd.source, r, ack_kind::ack);
-  fire(cbs.on_data, hd.source, d.user_type, d.payload, d.size);
+  deliver(hd.source, hd.flags, d.user_type, d.payload, d.size);
   // A long run of messages in one read: acknowledge on the way (the source's buffer drains).
   if (r.unacked >= cfg.ack_every && !dead) send_flow_ack(hd.source, r);
 }

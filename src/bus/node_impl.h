@@ -1,7 +1,9 @@
 // The bus node's private state (node::impl) and the types it is built from. The member
 // functions live in node.cpp (lifecycle, helpers, public wrappers), node_delivery.cpp (sending,
-// pending queues, reports, timers), node_link.cpp (links, stream callbacks, registration handshake)
-// and node_route.cpp (routed messages, forwarding, siblings, shared-memory input, commands).
+// pending queues, reports, timers), node_link.cpp (links, stream callbacks, registration
+// handshake), node_route.cpp (routed messages, forwarding, siblings, shared-memory input, commands)
+// and node_call.cpp (request/reply), plus node_flow, node_grace, node_post, node_metrics and
+// node_handover (each file says what it owns).
 #pragma once
 
 #include <uv.h>
@@ -170,6 +172,16 @@ struct self_msg {
   bool require_response;
   bool has_trace = false;
   trace_context trace;
+  uint8_t call_flag = 0;  // proto::flag_call when the bytes start with a call block
+};
+
+// An outstanding node::call() (node_call.cpp). The call id is (gen << 32) | slot index.
+struct call_slot {
+  uint32_t gen = 0;
+  bool busy = false;
+  bus_id target = 0;
+  uint64_t deadline_ms = 0;
+  call_fn cb;
 };
 
 // libuv handles live in their own heap block so their close callbacks may run after the node is
@@ -178,9 +190,10 @@ struct handles {
   uv_timer_t tick{};
   uv_timer_t reconnect{};
   uv_idle_t idle{};
-  uv_async_t post{};  // wakes the loop for the mailbox
-  uv_check_t acks{};  // flows: acknowledgements go out after each loop iteration's input
-  uv_timer_t flow{};  // flows: retry transmissions that met a full queue
+  uv_async_t post{};   // wakes the loop for the mailbox
+  uv_check_t acks{};   // flows: acknowledgements go out after each loop iteration's input
+  uv_timer_t flow{};   // flows: retry transmissions that met a full queue
+  uv_timer_t calls{};  // node::call() deadlines (node_call.cpp)
   int open = 0;
 };
 
@@ -564,6 +577,36 @@ struct node::impl {
     return state == run_state::running || stop_flush_until != 0;
   }
   std::vector<command_cb> deferred_cmd_fail;
+
+  // ------------------------------------------------------------------------- request/reply --
+  // node_call.cpp. A call is a data message whose payload starts with a call block (flag_call).
+  std::vector<detail::call_slot> call_slots;
+  std::vector<uint32_t> call_free;
+  size_t calls_open = 0;
+  // (deadline_ms, call id), a min-heap; entries of calls already answered are skipped.
+  std::vector<std::pair<uint64_t, uint64_t>> call_deadlines;
+  uint64_t call_timer_at = 0;  // when h->calls fires (0: stopped)
+  // The message id of each request still owed a report -> its call id: the report is the call's
+  // (a failure ends it), never on_report's.
+  std::unordered_map<uint64_t, uint64_t> call_by_message;
+  std::vector<std::pair<call_fn, errc>> deferred_call_fail;  // stop(): answered from the loop
+  const reply_handle* incoming_req = nullptr;                // node::incoming_request()
+  // Set around the send_data() of a call or an answer: the flag for the header.
+  uint8_t send_call_flag = 0;
+  errc call(bus_id target, uint32_t type, const void* data, size_t size, uint32_t timeout_ms,
+            call_fn cb, const send_options& opt, uint64_t* call_id);
+  errc answer(reply_handle& h, proto::call_kind kind, uint32_t code, const void* data, size_t size);
+  // Every delivery to on_data goes through here: a request sets incoming_request(), an answer
+  // ends its call instead of reaching on_data.
+  void deliver(bus_id source, uint8_t flags, uint32_t type, const uint8_t* p, size_t n);
+  // True when the report of message `message_id` belonged to a call (it is consumed here).
+  bool call_report(uint64_t message_id, errc status);
+  detail::call_slot* find_call(uint64_t call_id);
+  void finish_call(uint64_t call_id, const call_result& r);
+  void arm_call_timer();
+  static void on_call_timer(uv_timer_t* t);
+  void fail_calls_for_stop();
+  void run_deferred_calls();
   void maybe_finish_stop();
   void finish_stop();
   static void on_handle_closed(uv_handle_t* hd);
@@ -571,6 +614,7 @@ struct node::impl {
 };
 
 // The node's .cpp files name these internal types unqualified.
+using detail::call_slot;
 using detail::handles;
 using detail::hop;
 using detail::in_flight;

@@ -35,7 +35,7 @@ void node::impl::connect_parent() {
   }
   parent_link = add_link(c, true);
   parent_link->is_parent = true;
-  parent_link->role = proto::link_role::child;
+  parent_link->role = cfg.join_as_tool ? proto::link_role::tool : proto::link_role::child;
 }
 
 void node::impl::schedule_reconnect() {

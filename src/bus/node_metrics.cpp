@@ -90,6 +90,13 @@ void node::impl::node_families(prom_text* t) const {
        c.flow_duplicates},
       {"uvbus_node_flow_out_of_order_total", "Flow messages after a gap dropped here.",
        c.flow_out_of_order},
+      {"uvbus_node_calls_started_total", "node::call()s accepted.", c.calls_started},
+      {"uvbus_node_calls_ok_total", "Calls answered with a reply.", c.calls_ok},
+      {"uvbus_node_calls_failed_total",
+       "Calls ended otherwise: error answer, timeout, refusal, stop.", c.calls_failed},
+      {"uvbus_node_requests_received_total", "Requests delivered to on_data here.",
+       c.requests_received},
+      {"uvbus_node_answers_sent_total", "Replies and error answers sent.", c.answers_sent},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
   const counter_row gauges[] = {
@@ -98,6 +105,7 @@ void node::impl::node_families(prom_text* t) const {
        c.flow_unacked_now},
       {"uvbus_node_flow_unacked_bytes", "Bytes in retransmit buffers now.", c.flow_unacked_bytes},
       {"uvbus_node_peers", "Registered direct peers now.", peers.size()},
+      {"uvbus_node_calls_open", "Calls awaiting their answer now.", calls_open},
   };
   counters_out(t, gauges, sizeof gauges / sizeof gauges[0], metric_type::gauge);
 }

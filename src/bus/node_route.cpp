@@ -127,7 +127,7 @@ void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_
     return;
   }
   ++counters.data_received;
-  fire(cbs.on_data, hd.source, d.user_type, d.payload, d.size);
+  deliver(hd.source, hd.flags, d.user_type, d.payload, d.size);
   if ((hd.flags & proto::flag_require_response) != 0) {
     send_ack(hd.source, hd.sequence, proto::reason::ok);
   }
@@ -537,6 +537,12 @@ std::string node::impl::counters_text() const {
   add("flow_duplicates", c.flow_duplicates);
   add("flow_out_of_order", c.flow_out_of_order);
   add("flow_resyncs", c.flow_resyncs);
+  add("calls_started", c.calls_started);
+  add("calls_ok", c.calls_ok);
+  add("calls_failed", c.calls_failed);
+  add("requests_received", c.requests_received);
+  add("answers_sent", c.answers_sent);
+  add("answers_ignored", c.answers_ignored);
   add("peers", peers.size());
   return s;
 }

@@ -76,8 +76,13 @@ inline constexpr uint8_t flag_sync = 0x04;
 // span id 8, trace flags 1), before the data or flow prefix. Never sent on a link below version 4
 // (the sender strips it: strip_trace()).
 inline constexpr uint8_t flag_trace = 0x08;
-inline constexpr uint8_t kKnownFlags = flag_require_response | flag_flow | flag_sync | flag_trace;
+// Version 5, data/forward: the payload starts with a call block (kCallSize bytes: call_kind 1,
+// call id 8, code 4): a request of node::call() or its reply. Never sent on a link below version 5.
+inline constexpr uint8_t flag_call = 0x10;
+inline constexpr uint8_t kKnownFlags =
+    flag_require_response | flag_flow | flag_sync | flag_trace | flag_call;
 inline constexpr size_t kTraceSize = 25;
+inline constexpr size_t kCallSize = 13;
 
 struct header {
   uint8_t version = kHeaderVersion;
@@ -191,6 +196,33 @@ inline void parse_trace(const uint8_t* p, trace_context* out) noexcept {
   std::memcpy(out->trace_id.data(), p, 16);
   std::memcpy(out->span_id.data(), p + 16, 8);
   out->flags = p[24];
+}
+
+// The call block of a message with flag_call (the first kCallSize payload bytes).
+enum class call_kind : uint8_t {
+  request = 1,  // code: the caller's timeout in ms (the handler may give up after it)
+  reply = 2,    // code: 0; the rest of the payload is the reply
+  error = 3,    // code: the handler's error code; the rest of the payload is its detail text
+};
+struct call_block {
+  call_kind kind = call_kind::request;
+  uint64_t call_id = 0;  // the caller's; the reply carries it back unchanged
+  uint32_t code = 0;
+};
+inline void encode_call(const call_block& c, uint8_t* out) noexcept {
+  out[0] = static_cast<uint8_t>(c.kind);
+  store_le<uint64_t>(out + 1, c.call_id);
+  store_le<uint32_t>(out + 9, c.code);
+}
+// protocol_error for a short block, an unknown kind or call id 0.
+[[nodiscard]] inline errc parse_call(const uint8_t* p, size_t n, call_block* out) noexcept {
+  if (p == nullptr || n < kCallSize || p[0] < 1 || p[0] > 3) return errc::protocol_error;
+  const auto id = load_le<uint64_t>(p + 1);
+  if (id == 0) return errc::protocol_error;
+  out->kind = static_cast<call_kind>(p[0]);
+  out->call_id = id;
+  out->code = load_le<uint32_t>(p + 9);
+  return errc::ok;
 }
 
 // data and forward. The payload is a view into the parsed message (no copy).

@@ -79,6 +79,8 @@ const char* to_string(errc e) noexcept {
       return "version_mismatch: no common protocol version";
     case errc::out_of_subnet:
       return "out_of_subnet: the bus id is outside the parent's subnets";
+    case errc::remote_error:
+      return "remote_error: the called node's handler answered with an error";
   }
   return "unknown error";
 }

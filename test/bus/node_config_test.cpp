@@ -56,6 +56,15 @@ std::vector<rule> url_rules() {
        errc::bad_url, "parent_urls[1] \"nonsense\""},
       {"parent shm", [](C* c) { c->parent_urls = {"shm://x"}; }, errc::unsupported_scheme,
        "parent_urls[0] \"shm://x\": a parent is reached over a stream URL"},
+      {"tool without parent", [](C* c) { c->join_as_tool = true; }, errc::invalid_argument,
+       "join_as_tool: a tool registers to a parent, and parent_urls is empty"},
+      {"tool with subnets",
+       [](C* c) {
+         c->join_as_tool = true;
+         c->parent_urls = {"ipv4://127.0.0.1:1"};
+         c->subnets = {{0x100, 8}};
+       },
+       errc::invalid_argument, "join_as_tool: a tool accepts no children, and subnets has 1"},
       {"nine parents",
        [](C* c) { c->parent_urls = std::vector<std::string>(9, "ipv4://127.0.0.1:1"); },
        errc::invalid_argument, "parent_urls: 9 URLs, at most 8"},

@@ -495,6 +495,34 @@ TEST_F(NodeTest, DuplicateAndOutOfSubnetIdsAreRefused) {
   ASSERT_TRUE(wait([&] { return dup->n->up(); }));
 }
 
+// A tool (join_as_tool) takes an id outside the parent's subnets, reaches the nodes below the
+// parent and gets their answers; an id inside the subnets is refused (it belongs to a child).
+TEST_F(NodeTest, AToolJoinsWithAnIdOutsideTheSubnetsAndTalksBothWays) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  bus_node* c = make_child(0x101, p);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  node_config tc = fast_config();
+  tc.join_as_tool = true;
+  tc.parent_urls = {p->n->listen_urls().at(0)};
+  bus_node* inside = make(0x1ff, tc);
+  const bus_id tool_id = 0xfffe000000000001ULL;
+  bus_node* tool = make(tool_id, tc);
+  ASSERT_TRUE(wait([&] { return tool->n->up() && !inside->registrations.empty(); }));
+  EXPECT_EQ(inside->registrations[0], errc::out_of_subnet);
+  bool listed = false;
+  for (const endpoint_info& e : p->n->peers())
+    listed |= e.id == tool_id && e.role == peer_role::tool;
+  EXPECT_TRUE(listed);
+  ASSERT_EQ(send_str(tool, 0x101, 7, "from the tool"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !c->got.empty() && tool->ok_reports() == 1; }));
+  EXPECT_EQ(c->got[0].source, tool_id);
+  EXPECT_EQ(c->got[0].bytes, "from the tool");
+  ASSERT_EQ(send_str(c, tool_id, 8, "answer"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !tool->got.empty() && c->ok_reports() == 1; }));
+  EXPECT_EQ(tool->got[0].source, 0x101U);
+  EXPECT_EQ(tool->got[0].bytes, "answer");
+}
+
 TEST_F(NodeTest, VersionMismatchIsRefused) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
   node_config cc = fast_config();

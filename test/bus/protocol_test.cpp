@@ -225,6 +225,38 @@ TEST(Protocol, TraceGoldenVector) {
   EXPECT_EQ(to_traceparent(t), "00-a0a1a2a3a4a5a6a7a8a9aaabacadaeaf-b0b1b2b3b4b5b6b7-01");
 }
 
+TEST(Protocol, CallGoldenVector) {
+  // A version-5 request: header (flag_call), data prefix, the 13-byte call block (kind request,
+  // call id 0x0000000100000002, code = the caller's timeout 1000 ms), then the payload.
+  header h;
+  h.type = msg_type::data;
+  h.flags = flag_call;
+  h.ttl = 16;
+  h.body_len = kDataPrefix + kCallSize + 2;
+  h.source = 0x101;
+  h.target = 0x102;
+  h.sequence = 6;
+  std::vector<uint8_t> m(kHeaderSize + h.body_len);
+  encode_header(h, m.data());
+  encode_data_prefix(7, m.data() + kHeaderSize);
+  encode_call({call_kind::request, 0x0000000100000002ULL, 1000}, m.data() + kHeaderSize + 4);
+  m[m.size() - 2] = 'h';
+  m[m.size() - 1] = 'i';
+  EXPECT_EQ(m, hex("01 06 10 10 13000000 0101000000000000 0201000000000000 0600000000000000"
+                   " 07000000 01 0200000001000000 e8030000 6869"));
+  call_block c;
+  ASSERT_EQ(parse_call(m.data() + kHeaderSize + 4, kCallSize + 2, &c), errc::ok);
+  EXPECT_EQ(c.kind, call_kind::request);
+  EXPECT_EQ(c.call_id, 0x0000000100000002ULL);
+  EXPECT_EQ(c.code, 1000u);
+  // Short, unknown kind, call id 0: refused.
+  EXPECT_EQ(parse_call(m.data() + kHeaderSize + 4, kCallSize - 1, &c), errc::protocol_error);
+  uint8_t bad[kCallSize] = {4, 1};
+  EXPECT_EQ(parse_call(bad, sizeof bad, &c), errc::protocol_error);
+  uint8_t zero[kCallSize] = {2};
+  EXPECT_EQ(parse_call(zero, sizeof zero, &c), errc::protocol_error);
+}
+
 TEST(Protocol, TraceparentParsesOnlyWellFormedValues) {
   trace_context t;
   const std::string good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

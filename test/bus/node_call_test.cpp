@@ -1,0 +1,300 @@
+// Request/reply: node::call() gets exactly one outcome — the reply, the handler's error, a
+// timeout, a refusal on the way, closed at stop — through a relay, over TCP and shared memory, in
+// both delivery modes, to the node itself; answers later than on_data; misuse is refused.
+#include <cctype>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_fixture;
+using test::bus_node;
+using test::fast_config;
+
+struct outcome {
+  errc status = errc::io_error;
+  uint32_t code = 0;
+  std::string bytes;
+};
+
+// A callback that appends each outcome to *out (shared: the test checks there is exactly one).
+call_fn record(const std::shared_ptr<std::vector<outcome>>& out) {
+  return [out](const call_result& r) {
+    out->push_back({r.status, r.code, std::string(reinterpret_cast<const char*>(r.data), r.size)});
+  };
+}
+
+// What a handler node does with each request.
+enum class behaviour { echo_upper, error, ignore, later };
+
+class NodeCallTest : public bus_fixture, public ::testing::WithParamInterface<delivery_mode> {
+ protected:
+  node_config cfg(bool shm = false, const char* name = "call") {
+    node_config c = fast_config();
+    c.delivery = GetParam();
+    if (shm) {
+      c.enable_shm = true;
+      c.shm_ring_bytes = 1 << 20;
+      c.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name(name)};
+    }
+    return c;
+  }
+  // Root P (0x100/8) relays between A (0x101, the caller) and B (0x102, the handler).
+  void make_tree(bool shm = false, node_config bc = {}, bool use_bc = false) {
+    node_config pc = cfg(shm, "call-p");
+    pc.subnets = {{0x100, 8}};
+    p_ = make(0x100, pc);
+    node_config ac = cfg(shm, "call-a");
+    ac.parent_urls = {p_->n->listen_urls().at(0)};
+    ac.sibling_direct = false;  // through the relay
+    a_ = make(0x101, ac);
+    if (!use_bc) bc = cfg(shm, "call-b");
+    bc.parent_urls = ac.parent_urls;
+    b_ = make_handler(0x102, bc);
+    ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
+  }
+  bus_node* make_handler(bus_id id, node_config c) {
+    bus_node** self = &handler_;
+    bus_node* t = make(id, std::move(c), false, [this, self](node_callbacks* cb) {
+      cb->on_data = [this, self](bus_id, uint32_t, const uint8_t* p, size_t n) {
+        handle(*self, p, n);
+      };
+    });
+    handler_ = t;
+    EXPECT_EQ(t->n->start(), errc::ok);
+    return t;
+  }
+  void handle(bus_node* t, const uint8_t* p, size_t n) {
+    const reply_handle* req = t->n->incoming_request();
+    if (req == nullptr) {
+      ++plain_;
+      return;
+    }
+    ++requests_;
+    reply_handle h = *req;
+    std::string s(reinterpret_cast<const char*>(p), n);
+    switch (mode_) {
+      case behaviour::echo_upper:
+        for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        EXPECT_EQ(t->n->reply(h, s.data(), s.size()), errc::ok);
+        EXPECT_FALSE(h.valid());
+        EXPECT_EQ(t->n->reply(h, "x", 1), errc::invalid_argument);  // one answer per handle
+        break;
+      case behaviour::error:
+        EXPECT_EQ(t->n->reply_error(h, 42, "no such item", 12), errc::ok);
+        break;
+      case behaviour::ignore:
+        break;
+      case behaviour::later:
+        saved_.push_back(h);
+        break;
+    }
+  }
+
+  bus_node* p_ = nullptr;
+  bus_node* a_ = nullptr;
+  bus_node* b_ = nullptr;
+  bus_node* handler_ = nullptr;
+  behaviour mode_ = behaviour::echo_upper;
+  int requests_ = 0;
+  int plain_ = 0;
+  std::vector<reply_handle> saved_;
+};
+
+TEST_P(NodeCallTest, TheReplyComesBackThroughTheRelay) {
+  make_tree();
+  auto out = std::make_shared<std::vector<outcome>>();
+  uint64_t id = 0;
+  ASSERT_EQ(a_->n->call(0x102, 5, "hello", 5, 5000, record(out), {}, &id), errc::ok);
+  EXPECT_NE(id, 0u);
+  EXPECT_TRUE(out->empty());  // never inside call()
+  ASSERT_TRUE(wait([&] { return !out->empty(); }));
+  EXPECT_EQ(out->at(0).status, errc::ok);
+  EXPECT_EQ(out->at(0).bytes, "HELLO");
+  // A plain message is not a request; incoming_request() is null outside on_data.
+  ASSERT_EQ(test::send_str(a_, 0x102, 5, "plain"), errc::ok);
+  ASSERT_TRUE(wait([&] { return plain_ == 1; }));
+  EXPECT_EQ(b_->n->incoming_request(), nullptr);
+  run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(out->size(), 1u);
+  // The call's message has no report of its own; the plain one has.
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
+  EXPECT_EQ(a_->n->counters().calls_ok, 1u);
+  EXPECT_EQ(b_->n->counters().requests_received, 1u);
+  EXPECT_EQ(b_->n->counters().answers_sent, 1u);
+  EXPECT_TRUE(b_->reports.empty());  // an answer is not reported either
+}
+
+TEST_P(NodeCallTest, AnErrorAnswerCarriesTheHandlersCodeAndDetail) {
+  make_tree();
+  mode_ = behaviour::error;
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x102, 5, "x", 1, 5000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return !out->empty(); }));
+  EXPECT_EQ(out->at(0).status, errc::remote_error);
+  EXPECT_EQ(out->at(0).code, 42u);
+  EXPECT_EQ(out->at(0).bytes, "no such item");
+}
+
+TEST_P(NodeCallTest, AHandlerThatNeverAnswersMakesTheCallTimeOutOnce) {
+  make_tree();
+  mode_ = behaviour::later;
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x102, 5, "x", 1, 150, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return !out->empty(); }));
+  EXPECT_EQ(out->at(0).status, errc::timeout);
+  // The answer comes after all: ignored by the caller, no second outcome.
+  ASSERT_EQ(saved_.size(), 1u);
+  EXPECT_EQ(b_->n->reply(saved_[0], "late", 4), errc::ok);
+  ASSERT_TRUE(wait([&] { return a_->n->counters().answers_ignored == 1; }));
+  EXPECT_EQ(out->size(), 1u);
+  EXPECT_EQ(a_->n->counters().calls_failed, 1u);
+}
+
+TEST_P(NodeCallTest, AnswersMayComeLaterAndInAnyOrder) {
+  make_tree();
+  mode_ = behaviour::later;
+  std::vector<std::shared_ptr<std::vector<outcome>>> outs;
+  for (int i = 0; i < 64; ++i) {
+    outs.push_back(std::make_shared<std::vector<outcome>>());
+    const std::string s = std::to_string(i);
+    ASSERT_EQ(a_->n->call(0x102, 5, s.data(), s.size(), 5000, record(outs.back())), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return saved_.size() == 64; }));
+  EXPECT_EQ(a_->n->counters().calls_started, 64u);
+  for (size_t i = saved_.size(); i-- > 0;) {  // backwards
+    const std::string s = "answer " + std::to_string(i);
+    ASSERT_EQ(b_->n->reply(saved_[i], s.data(), s.size()), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] {
+    for (const auto& o : outs) {
+      if (o->empty()) return false;
+    }
+    return true;
+  }));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    ASSERT_EQ(outs[i]->size(), 1u);
+    EXPECT_EQ(outs[i]->at(0).status, errc::ok);
+    EXPECT_EQ(outs[i]->at(0).bytes, "answer " + std::to_string(i));
+  }
+  // Slots are reused: another round gets fresh ids and the right answers.
+  mode_ = behaviour::echo_upper;
+  auto again = std::make_shared<std::vector<outcome>>();
+  for (int i = 0; i < 200; ++i)
+    ASSERT_EQ(a_->n->call(0x102, 5, "ab", 2, 5000, record(again)), errc::ok);
+  ASSERT_TRUE(wait([&] { return again->size() == 200; }));
+  for (const outcome& o : *again) EXPECT_EQ(o.bytes, "AB");
+}
+
+TEST_P(NodeCallTest, ACallToNobodyFailsWithUnknownRoute) {
+  make_tree();
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x1f0, 5, "x", 1, 20000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return !out->empty(); }));
+  EXPECT_EQ(out->at(0).status, errc::unknown_route);
+  EXPECT_TRUE(a_->reports.empty());
+}
+
+TEST_P(NodeCallTest, StopEndsOpenCallsWithClosedFromTheLoop) {
+  make_tree();
+  mode_ = behaviour::ignore;
+  auto out = std::make_shared<std::vector<outcome>>();
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(a_->n->call(0x102, 5, "x", 1, 20000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return requests_ == 3; }));
+  a_->n->stop();
+  EXPECT_TRUE(out->empty());  // not inside stop()
+  ASSERT_TRUE(wait([&] { return out->size() == 3; }));
+  for (const outcome& o : *out) EXPECT_EQ(o.status, errc::closed);
+  EXPECT_EQ(a_->n->call(0x102, 5, "x", 1, 100, record(out)), errc::closed);
+  run_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(out->size(), 3u);
+}
+
+TEST_P(NodeCallTest, ANodeCallsItself) {
+  node_config c = cfg();
+  c.subnets = {{0x100, 8}};
+  bus_node* t = make_handler(0x100, c);
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(t->n->call(0x100, 5, "self", 4, 5000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return !out->empty(); }));
+  EXPECT_EQ(out->at(0).status, errc::ok);
+  EXPECT_EQ(out->at(0).bytes, "SELF");
+}
+
+TEST_P(NodeCallTest, OverSharedMemory) {
+  make_tree(true);
+  endpoint_info e;
+  ASSERT_TRUE(a_->n->peer(0x100, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::shm);
+  auto out = std::make_shared<std::vector<outcome>>();
+  for (int i = 0; i < 20; ++i)
+    ASSERT_EQ(a_->n->call(0x102, 5, "shm", 3, 5000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return out->size() == 20; }));
+  for (const outcome& o : *out) EXPECT_EQ(o.bytes, "SHM");
+  EXPECT_GE(a_->n->counters().data_sent_shm, 20u);
+}
+
+TEST_P(NodeCallTest, AVersion4HopRefusesTheCallNotTheLink) {
+  node_config bc = cfg();
+  bc.protocol_max = 4;
+  make_tree(false, bc, true);
+  auto out = std::make_shared<std::vector<outcome>>();
+  const errc e = a_->n->call(0x102, 5, "x", 1, 5000, record(out));
+  if (e == errc::ok) {
+    ASSERT_TRUE(wait([&] { return !out->empty(); }));
+    EXPECT_EQ(out->at(0).status, errc::version_mismatch);
+  } else {
+    EXPECT_EQ(e, errc::version_mismatch);
+  }
+  EXPECT_EQ(requests_ + plain_, 0);
+  // The links stay up: plain messages still go through.
+  ASSERT_EQ(test::send_str(a_, 0x102, 5, "plain"), errc::ok);
+  ASSERT_TRUE(wait([&] { return plain_ == 1; }));
+  EXPECT_EQ(p_->n->counters().protocol_errors, 0u);
+}
+
+TEST_P(NodeCallTest, MisuseIsRefusedWithAClearError) {
+  make_tree();
+  auto out = std::make_shared<std::vector<outcome>>();
+  EXPECT_EQ(a_->n->call(0x102, 5, "x", 1, 5000, call_fn{}), errc::invalid_argument);
+  EXPECT_NE(a_->n->last_error().detail.find("callback is empty"), std::string::npos);
+  EXPECT_EQ(a_->n->call(0x102, 5, "x", 1, 0, record(out)), errc::invalid_argument);
+  EXPECT_NE(a_->n->last_error().detail.find("timeout_ms is 0"), std::string::npos);
+  const std::string big(a_->n->config().message_limit - 12, 'x');
+  EXPECT_EQ(a_->n->call(0x102, 5, big.data(), big.size(), 5000, record(out)),
+            errc::message_too_large);
+  EXPECT_NE(a_->n->last_error().detail.find("message_limit - 13"), std::string::npos);
+  reply_handle none;
+  EXPECT_EQ(b_->n->reply(none, "x", 1), errc::invalid_argument);
+  EXPECT_EQ(b_->n->reply_error(none, 1, nullptr, 0), errc::invalid_argument);
+  run_for(std::chrono::milliseconds(30));
+  EXPECT_TRUE(out->empty());
+}
+
+TEST_P(NodeCallTest, TheCallbackMayDestroyTheNode) {
+  make_tree();
+  bool called = false;
+  ASSERT_EQ(a_->n->call(0x102, 5, "x", 1, 5000,
+                        [&](const call_result& r) {
+                          called = true;
+                          EXPECT_EQ(r.status, errc::ok);
+                          destroy(a_);
+                        }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return called; }));
+  run_for(std::chrono::milliseconds(30));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, NodeCallTest,
+                         ::testing::Values(delivery_mode::end_to_end, delivery_mode::next_hop),
+                         [](const auto& info) {
+                           return info.param == delivery_mode::end_to_end ? "EndToEnd" : "NextHop";
+                         });
+
+}  // namespace
+}  // namespace uvbus
