@@ -4,6 +4,7 @@
 #include <uv.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -82,7 +83,22 @@ class Bus : public ::testing::Test {
     cfg.access_tokens = {"secret"};
     cfg.child_grace_ms = 0;
     cfg.metrics_url = "http://127.0.0.1:0/metrics";
-    auto n = std::make_unique<uvbus::node>(&loop, kRoot, cfg);
+    // Requests (uvbus call) are answered in upper case, or with error 7 for "fail".
+    std::unique_ptr<uvbus::node> n;
+    uvbus::node_callbacks cb;
+    cb.on_data = [&n](uvbus::bus_id, uint32_t, const uint8_t* p, size_t size) {
+      const uvbus::reply_handle* req = n->incoming_request();
+      if (req == nullptr) return;
+      uvbus::reply_handle h = *req;
+      std::string s(reinterpret_cast<const char*>(p), size);
+      if (s == "fail") {
+        (void)n->reply_error(h, 7, "asked to fail", 13);
+        return;
+      }
+      for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      (void)n->reply(h, s.data(), s.size());
+    };
+    n = std::make_unique<uvbus::node>(&loop, kRoot, cfg, cb);
     const bool ok = n->start() == uvbus::errc::ok;
     stop_ = &stop;
     metrics_ = ok ? n->metrics_url() : "";
@@ -93,13 +109,9 @@ class Bus : public ::testing::Test {
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
   }
-  // The tool with this bus's parent and token and a fresh tool id.
+  // The tool with this bus's parent and token and its default id (0xfffe000000000000 + pid).
   static std::string tool(const std::string& args) {
-    static std::atomic<int> id{0x10100};
-    char idbuf[32];
-    std::snprintf(idbuf, sizeof idbuf, "%#x", id++);
-    return std::string(UVBUS_TOOL_PATH) + " " + args + " --parent " + url_ +
-           " --token secret --id " + idbuf;
+    return std::string(UVBUS_TOOL_PATH) + " " + args + " --parent " + url_ + " --token secret";
   }
   static std::thread thread_;
   static std::string url_;
@@ -158,6 +170,22 @@ TEST_F(Bus, SendReportsTheDeliveryStatus) {
   EXPECT_NE(r.err.find("unknown_route"), std::string::npos) << r.err;
 }
 
+TEST_F(Bus, CallPrintsTheReplyOrTheErrorAnswer) {
+  run_result r = sh(tool("call 0x10000 7 hello"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "HELLO\n");
+  r = sh(tool("call 0x10000 7 hello --json"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"reply\":\"HELLO\""), std::string::npos) << r.out;
+  r = sh(tool("call 0x10000 7 fail"));
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.err.find("answered error 7: asked to fail"), std::string::npos) << r.err;
+  r = sh(tool("call 0x90000 7 hello"));  // outside the root's subnets: no such node
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.err.find("unknown_route"), std::string::npos) << r.err;
+}
+
 TEST_F(Bus, TopOnAPipeHasNoEscapes) {
   const run_result r = sh(tool("top 0x10000 --once --interval-ms 50"));
   EXPECT_EQ(r.rc, 0) << r.err;
@@ -167,7 +195,7 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
   const run_result m = sh(tool("top 0x10000 --once --interval-ms 50 --metrics " + metrics_));
   EXPECT_EQ(m.rc, 0) << m.err;
   EXPECT_NE(m.out.find("link (peer role channel)"), std::string::npos) << m.out;
-  EXPECT_NE(m.out.find(" child stream"), std::string::npos) << m.out;  // the tool's own link
+  EXPECT_NE(m.out.find(" tool stream"), std::string::npos) << m.out;  // the tool's own link
   const run_result j = sh(tool("top 0x10000 --count 2 --interval-ms 20 --json"));
   EXPECT_EQ(j.rc, 0) << j.err;
   EXPECT_TRUE(json_ok(j.out)) << j.out;
@@ -199,9 +227,10 @@ TEST_F(Bus, JoinErrors) {
   EXPECT_EQ(r.rc, 3) << r.err;
   EXPECT_NE(r.err.find("access_denied"), std::string::npos) << r.err;
   r = sh(std::string(UVBUS_TOOL_PATH) + " routes 0x10000 --parent " + url_ +
-         " --token secret --id 0x90001");
+         " --token secret --id 0x10005");  // inside the root's subnets: a child's id
   EXPECT_EQ(r.rc, 3) << r.err;
   EXPECT_NE(r.err.find("out_of_subnet"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("outside the parent's subnets"), std::string::npos) << r.err;
   r = sh(std::string(UVBUS_TOOL_PATH) + " routes 0x10000 --parent nonsense://x --id 0x10201");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("nonsense://x"), std::string::npos) << r.err;

@@ -1,4 +1,4 @@
-// The uvbus tool's bus subcommands: routes, counters, ping, send, nodes (top is in top_cmd.cpp).
+// The uvbus tool's bus subcommands: routes, counters, ping, send, call, nodes (top: top_cmd.cpp).
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "bus_cmd.h"
 #include "common.h"
@@ -75,13 +77,8 @@ int check_env(bus_args* a) {
                  a->name.c_str());
     return kExitUsage;
   }
-  if (a->join.id == 0) {
-    std::fprintf(stderr,
-                 "uvbus %s: no tool id: pass --id ID or set UVBUS_TOOL_ID (an unused id inside "
-                 "the parent's subnets)\n",
-                 a->name.c_str());
-    return kExitUsage;
-  }
+  // The default: 0xfffe0000'00000000 plus the pid, outside any sane subnet and unique per host.
+  if (a->join.id == 0) a->join.id = kDefaultToolIdBase | static_cast<uint64_t>(getpid());
   return kExitOk;
 }
 
@@ -232,6 +229,43 @@ int send(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
   return status == uvbus::errc::ok ? kExitOk : kExitFailed;
 }
 
+// `uvbus call`: one request, its one outcome. The reply goes to stdout as it is (text mode).
+int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const std::string& body) {
+  bool done = false;
+  uvbus::errc status = uvbus::errc::ok;
+  uint32_t code = 0;
+  std::string reply;
+  const uvbus::errc e = s->node().call(
+      target, type, body.data(), body.size(), a.join.timeout_ms, [&](const uvbus::call_result& r) {
+        done = true;
+        status = r.status;
+        code = r.code;
+        reply.assign(reinterpret_cast<const char*>(r.data), r.size);
+      });
+  if (e != uvbus::errc::ok) {
+    done = true;
+    status = e;
+  }
+  if (!s->run_until([&done] { return done; }, a.join.timeout_ms + 1000)) {
+    status = uvbus::errc::timeout;
+  }
+  if (a.json) {
+    std::printf("{\"node\":\"%#" PRIx64 "\",\"type\":%u,\"status\":%s,\"code\":%u,\"reply\":%s}\n",
+                target, type, json_str(uvbus::to_string(status)).c_str(), code,
+                json_str(reply).c_str());
+  } else if (status == uvbus::errc::ok) {
+    std::fwrite(reply.data(), 1, reply.size(), stdout);
+    if (!reply.empty() && reply.back() != '\n') std::fputc('\n', stdout);
+  } else if (status == uvbus::errc::remote_error) {
+    std::fprintf(stderr, "uvbus call: %#" PRIx64 " answered error %u: %s\n", target, code,
+                 reply.c_str());
+  } else {
+    std::fprintf(stderr, "uvbus call: no answer from %#" PRIx64 ": %s\n", target,
+                 uvbus::to_string(status));
+  }
+  return status == uvbus::errc::ok ? kExitOk : kExitFailed;
+}
+
 }  // namespace
 
 // Parses the options and the positional arguments of a bus subcommand.
@@ -247,11 +281,12 @@ int parse_bus_args(int argc, char** argv, bus_args* a) {
   return check_env(a);
 }
 
-// routes, counters, ping, send, nodes: parse, join, run.
+// routes, counters, ping, send, call, nodes: parse, join, run.
 int bus_main(int argc, char** argv) {
   bus_args a;
   const std::string cmd = argv[0];
-  const size_t want = cmd == "send" ? 3 : cmd == "nodes" ? 0 : 1;
+  const bool with_body = cmd == "send" || cmd == "call";
+  const size_t want = with_body ? 3 : cmd == "nodes" ? 0 : 1;
   int rc = parse_bus_args(argc, argv, &a);
   if (rc != kExitOk) return rc;
   uint64_t target = 0;
@@ -267,12 +302,13 @@ int bus_main(int argc, char** argv) {
                  a.pos[0].c_str());
     return kExitUsage;
   }
-  if (cmd == "send" && !parse_u32(a.pos[1].c_str(), &type)) {
-    std::fprintf(stderr, "uvbus send: bad type '%s' (0..4294967295)\n", a.pos[1].c_str());
+  if (with_body && !parse_u32(a.pos[1].c_str(), &type)) {
+    std::fprintf(stderr, "uvbus %s: bad type '%s' (0..4294967295)\n", argv[0], a.pos[1].c_str());
     return kExitUsage;
   }
-  if (cmd == "send" && !read_payload(a.pos[2].c_str(), &body)) {
-    std::fprintf(stderr, "uvbus send: cannot read payload file '%s'\n", a.pos[2].c_str() + 1);
+  if (with_body && !read_payload(a.pos[2].c_str(), &body)) {
+    std::fprintf(stderr, "uvbus %s: cannot read payload file '%s'\n", argv[0],
+                 a.pos[2].c_str() + 1);
     return kExitUsage;
   }
   report_state rs;  // outlives the session: a report may still come while it stops
@@ -290,6 +326,7 @@ int bus_main(int argc, char** argv) {
   if (cmd == "counters") return text_command(a, &s, target, uvbus::proto::command_id::counters);
   if (cmd == "nodes") return text_command(a, &s, s.parent_id(), uvbus::proto::command_id::routes);
   if (cmd == "ping") return ping(a, &s, target);
+  if (cmd == "call") return call(a, &s, target, type, body);
   return send(a, &s, target, type, body, &rs);
 }
 

@@ -12,6 +12,8 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;  // the operation failed: timeout, unknown route, failed report
 constexpr int kExitUsage = 2;   // bad arguments: unknown option, bad URL, bad id
 constexpr int kExitJoin = 3;    // could not join the bus / connect
+// A tool's default id: this plus its pid (node_config::join_as_tool: outside the parent's subnets).
+constexpr uint64_t kDefaultToolIdBase = 0xfffe000000000000ULL;
 
 // `s` as a JSON string literal, quotes included.
 std::string json_str(const std::string& s);

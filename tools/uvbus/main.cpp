@@ -19,12 +19,12 @@ const char kMain[] =
     "  top ID                 a refreshing table of node ID's counters and rates\n"
     "  metrics URL            fetch a node's metrics endpoint (Prometheus text, or --json)\n"
     "  shm inspect|drain|remove URL   a local shared-memory region (uvbus_shm_inspect)\n"
-    "  call                   not available yet: request/reply is another issue\n"
+    "  call ID TYPE PAYLOAD   a request (node::call): prints the reply, or the error answer\n"
     "Bus subcommands join the bus as a node under a parent:\n"
     "  --parent URL (or UVBUS_PARENT)   the parent's stream URL, e.g. ipv4://127.0.0.1:17000\n"
     "  --token T (or UVBUS_TOKEN)       the bus's access token (none: no proof sent)\n"
-    "  --id ID (or UVBUS_TOOL_ID)       the tool's own node id, required: an unused id inside\n"
-    "                                   the parent's subnets (the tool registers as its child)\n"
+    "  --id ID (or UVBUS_TOOL_ID)       the tool's own node id, outside the parent's subnets\n"
+    "                                   (default 0xfffe000000000000 + pid; it joins as a tool)\n"
     "  --timeout-ms MS                  join and per-answer deadline (default 5000)\n"
     "  --json                           one JSON document on stdout, for scripts\n"
     "exit status: 0 ok, 1 the operation failed (timeout, unknown route, failed report),\n"
@@ -55,6 +55,12 @@ const sub_help kHelp[] = {
      "usage: uvbus send ID TYPE PAYLOAD|@FILE [options]\n"
      "  send one message of user type TYPE and wait for its delivery report: exit 0\n"
      "  only if it is ok, else print the status (unknown_route, timeout, ...), exit 1\n"},
+    {"call",
+     "usage: uvbus call ID TYPE PAYLOAD|@FILE [options]\n"
+     "  a request of user type TYPE to node ID (node::call), waiting --timeout-ms for\n"
+     "  the answer: the reply goes to stdout, exit 0; an error answer (its code and\n"
+     "  detail), a timeout or a refusal (unknown_route, ...) to stderr, exit 1.\n"
+     "  --json: {node, type, status, code, reply}\n"},
     {"nodes",
      "usage: uvbus nodes [options]\n"
      "  the routes and peers the parent knows (its routes command). The bus-wide\n"
@@ -100,16 +106,13 @@ int main(int argc, char** argv) {
   }
   if (cmd == "shm") return uvbus_tool::shm_main(argc - 1, argv + 1);
   if (cmd == "metrics") return uvbus_tool::metrics_main(argc - 1, argv + 1);
-  if (cmd == "call") {
-    std::fputs("uvbus call: not available yet: request/reply is another issue\n", stderr);
-    return uvbus_tool::kExitUsage;
-  }
   if (wants_help(argc - 1, argv + 1)) {
     const int rc = help_for(cmd.c_str());
     if (rc >= 0) return rc;
   }
   if (cmd == "top") return uvbus_tool::top_main(argc - 1, argv + 1);
-  if (cmd == "routes" || cmd == "counters" || cmd == "ping" || cmd == "send" || cmd == "nodes") {
+  if (cmd == "routes" || cmd == "counters" || cmd == "ping" || cmd == "send" || cmd == "call" ||
+      cmd == "nodes") {
     return uvbus_tool::bus_main(argc - 1, argv + 1);
   }
   std::fprintf(stderr, "uvbus: unknown subcommand '%s' (see uvbus --help)\n", cmd.c_str());

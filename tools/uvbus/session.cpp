@@ -1,4 +1,4 @@
-// The uvbus tool's bus session: a private loop, one node registered under the parent.
+// The uvbus tool's bus session: a private loop, one node registered to the parent as a tool.
 #include "session.h"
 
 #include <cinttypes>
@@ -37,6 +37,7 @@ bool session::run_until(const std::function<bool()>& done, uint32_t ms) {
 int session::join(const join_options& o, uvbus::node_callbacks cb) {
   uvbus::node_config cfg;
   cfg.parent_urls = {o.parent};
+  cfg.join_as_tool = true;
   if (!o.token.empty()) cfg.access_tokens = {o.token};
   cfg.enable_shm = false;
   cfg.response_timeout_ms = o.timeout_ms;
@@ -81,8 +82,8 @@ int session::join(const join_options& o, uvbus::node_callbacks cb) {
                why.c_str(), why.empty() ? "" : ")");
   if (refused == uvbus::errc::out_of_subnet) {
     std::fprintf(stderr,
-                 "uvbus: pass --id (or UVBUS_TOOL_ID) with an id inside the parent's "
-                 "subnets that no node uses\n");
+                 "uvbus: a tool's id must lie outside the parent's subnets: pass another "
+                 "--id (or UVBUS_TOOL_ID), or none for the default\n");
   } else if (refused == uvbus::errc::access_denied) {
     std::fprintf(stderr, "uvbus: pass the bus's access token with --token or UVBUS_TOKEN\n");
   }
