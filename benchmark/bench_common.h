@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -297,6 +298,15 @@ inline std::string read_server_url(int fd) {
   std::string url(buf, got);
   while (!url.empty() && url.back() == '\n') url.pop_back();
   return url;
+}
+
+// Pins the calling process to one CPU (cpu < 0: leaves it where it is).
+inline void pin_cpu(long cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<int>(cpu), &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
 }
 
 inline uint64_t mono_ns() {

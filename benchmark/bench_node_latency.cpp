@@ -9,7 +9,6 @@
 // and keeps one message in flight, timing every round trip into a histogram. With --shm and
 // without --no-shm both directions use shared memory (the nodes choose it: same host, rings
 // offered); otherwise the stream. Prints p50/p90/p99/p99.9/max in microseconds and a JSON line.
-#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -26,14 +25,6 @@ namespace {
 
 using namespace uvbus;
 using namespace uvbus::bench;
-
-void pin(long cpu) {
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(static_cast<int>(cpu), &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
-}
 
 node_config lat_config() {
   node_config c;
@@ -96,11 +87,11 @@ int main(int argc, char** argv) {
   const pid_t child = fork();
   if (child == 0) {
     close(fds[0]);
-    pin(o.get_int("server-cpu", 1));
+    pin_cpu(o.get_int("server-cpu", 1));
     _exit(run_server(o.url, use_shm ? shm : std::string(), fds[1]));
   }
   close(fds[1]);
-  pin(o.get_int("client-cpu", 0));
+  pin_cpu(o.get_int("client-cpu", 0));
   const std::string url = read_server_url(fds[0]);
   if (url.empty() || url.rfind("ERROR", 0) == 0) {
     std::fprintf(stderr, "latency: server failed: %s\n", url.c_str());

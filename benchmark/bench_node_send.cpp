@@ -127,6 +127,18 @@ struct sender {
   }
 };
 
+// The latency line (latency_histograms on): send to end-to-end acknowledgement, in microseconds.
+void print_latency(const node& n, bus_id target) {
+  latency_percentiles lp;
+  if (!n.latency_to(target, &lp)) return;
+  const auto us = [](uint64_t ns) { return static_cast<double>(ns) / 1e3; };
+  std::printf(
+      "[send] latency (send to end-to-end ack): n=%llu p50=%.1fus p90=%.1fus p99=%.1fus "
+      "p99.9=%.1fus max=%.1fus\n",
+      static_cast<unsigned long long>(lp.count), us(lp.p50), us(lp.p90), us(lp.p99), us(lp.p999),
+      us(lp.max));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,15 +204,7 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(s.reports_failed),
       static_cast<unsigned long long>(s.unacked_peak_msgs),
       static_cast<unsigned long long>(s.unacked_peak_bytes / 1024), rss_kib());
-  latency_percentiles lp;
-  if (n.latency_to(s.target, &lp)) {
-    std::printf(
-        "[send] latency (send to end-to-end ack): n=%llu p50=%.1fus p90=%.1fus p99=%.1fus "
-        "p99.9=%.1fus max=%.1fus\n",
-        static_cast<unsigned long long>(lp.count), static_cast<double>(lp.p50) / 1e3,
-        static_cast<double>(lp.p90) / 1e3, static_cast<double>(lp.p99) / 1e3,
-        static_cast<double>(lp.p999) / 1e3, static_cast<double>(lp.max) / 1e3);
-  }
+  print_latency(n, s.target);
   if (s.metrics) {
     std::printf("[send] metrics: %llu renders, %zu bytes each\n",
                 static_cast<unsigned long long>(s.scrapes),
