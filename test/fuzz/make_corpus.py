@@ -210,4 +210,32 @@ write("fuzz_shm_image", "read_pos_behind", shm(0, 0, [4, 4, 4], bytes([3]) + str
 write("fuzz_shm_image", "record_len_huge", shm(0, 0, [4, 4], bytes([1]) + struct.pack("<HB", 8, 4) + b"\xff\xff\xff\x7f"))
 write("fuzz_shm_image", "record_ctl_scribbled", shm(2, 2, [10, 10], bytes([1]) + struct.pack("<HB", 0, 8) + b"\x01" * 8))
 write("fuzz_shm_image", "header_node_size", shm(0, 0, [1], bytes([0]) + struct.pack("<HB", 32, 4) + struct.pack("<I", 4096)))
+
+# fuzz_compress: [codec and level][limit - 1, u16 LE][block, also compressed as a message]
+# (see the target's header comment). Blocks: codec byte (1 lz4, 2 zstd) + varint(raw size) + data.
+def zblock(codec, raw_size, data):
+    return bytes([codec]) + varint(raw_size) + data
+
+
+LZ4_SEQ = bytes([0x41]) + b"abcd" + struct.pack("<H", 4) + bytes([0xC0]) + b"efghijklmnop"  # 21 B
+
+
+def zstd_frame(blocks):  # no content size, 128 KiB window; blocks: (type, size, payload)
+    out = b"\x28\xb5\x2f\xfd" + bytes([0x00, 7 << 3])
+    for i, (btype, size, payload) in enumerate(blocks):
+        hdr = size << 3 | btype << 1 | (1 if i == len(blocks) - 1 else 0)
+        out += struct.pack("<I", hdr)[:3] + payload
+    return out
+
+
+JSON = b'{"id":4711,"type":"player","pos":{"x":12.50,"y":300.25,"z":1.00},"health":100},' * 4
+for name, sel, limit, block in [
+        ("lz4_literals_match", 0, 4096, zblock(1, 21, LZ4_SEQ)),
+        ("lz4_over_limit", 0, 15, zblock(1, 21, LZ4_SEQ)),
+        ("zstd_raw_block", 1, 4096, zblock(2, 5, zstd_frame([(0, 5, b"hello")]))),
+        ("zstd_rle_blocks", 1, 4096, zblock(2, 3000, zstd_frame([(1, 1000, b"z")] * 3))),
+        ("zstd_rle_bomb", 1, 4096, zblock(2, 4096, zstd_frame([(1, 131072, b"z")] * 8))),
+        ("json_as_message_lz4", 2, 65535, JSON),
+        ("json_as_message_zstd", 3, 65535, JSON)]:
+    write("fuzz_compress", name, bytes([sel]) + struct.pack("<H", limit - 1) + block)
 print("corpora written under", os.path.join(HERE, "corpus"))
