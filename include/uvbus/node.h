@@ -37,6 +37,7 @@
 
 #include "uvbus/buffer.h"
 #include "uvbus/call.h"
+#include "uvbus/directory.h"
 #include "uvbus/error.h"
 #include "uvbus/histogram.h"
 #include "uvbus/log.h"
@@ -215,6 +216,12 @@ struct node_config {
   std::string host_id;
   // Stream TCP_NODELAY.
   bool tcp_nodelay = true;
+  // How this node describes itself in the bus directory (node::directory(), on_directory;
+  // docs/bus.md "Directory"): a name, a type ("gateway", "logic", ...) and labels (region, zone,
+  // version, ...). Each text at most 128 bytes, at most 16 labels with distinct non-empty keys.
+  std::string name;
+  std::string type;
+  std::vector<node_label> labels;
 };
 
 enum class channel_kind : uint8_t { none, stream, shm };
@@ -337,6 +344,9 @@ struct node_callbacks {
   // matches an outstanding message and is ignored.) Sent only by relays and links speaking protocol
   // version 2; at most one per message. Runs on the loop thread like every callback.
   std::function<void(bus_id target, uint64_t message_id, errc reason)> on_dropped;
+  // The bus directory changed: a node appeared, re-registered with other fields, or left,
+  // anywhere in the tree (docs/bus.md "Directory"). `entry` is valid during the call.
+  std::function<void(directory_event event, const directory_entry& entry)> on_directory;
 };
 
 struct send_options {
@@ -490,6 +500,18 @@ class node {
   // On the node's thread; callable from inside on_data.
   [[nodiscard]] errc reply(reply_handle& h, const void* data, size_t size);
   [[nodiscard]] errc reply_error(reply_handle& h, uint32_t code, const void* detail, size_t size);
+
+  // -------------------------------------------------------------------------- directory --
+  // Every node of the bus this node knows of, itself first, then by id (docs/bus.md
+  // "Directory": what a node knows and when). Empty before start().
+  [[nodiscard]] std::vector<directory_entry> directory() const;
+  // The entry of node `id`; false if it is not known.
+  [[nodiscard]] bool lookup(bus_id id, directory_entry* out) const;
+  // The node called `name` (this node first, then by id); false if none.
+  [[nodiscard]] bool lookup_name(const std::string& name, directory_entry* out) const;
+  // The nodes of type `type` ("" = any type) that carry every label of `labels`, by id.
+  [[nodiscard]] std::vector<directory_entry> find(const std::string& type,
+                                                  const std::vector<node_label>& labels = {}) const;
 
   [[nodiscard]] bus_id id() const noexcept;
   // The URLs actually listened on (port 0 resolved), in config order.

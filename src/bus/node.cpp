@@ -3,6 +3,8 @@
 // docs/bus.md for the design; node_impl.h says which file owns what.
 #include "uvbus/node.h"
 
+#include <chrono>
+
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -251,6 +253,9 @@ errc node::impl::start() {
 
   state = run_state::running;
   started_ms = now_ms();
+  start_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count());
   {
     std::lock_guard<std::mutex> lock(mbox.mu);
     mbox.st = detail::mailbox::status::open;

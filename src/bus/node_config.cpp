@@ -128,6 +128,42 @@ errc check_parents(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
+// name, type, labels: the node's directory entry.
+errc check_labels(const node_config& cfg, std::string* detail) {
+  const auto too_long = [](const std::string& s) { return s.size() > proto::kMaxDirText; };
+  const std::string limit = " bytes, at most " + std::to_string(proto::kMaxDirText);
+  if (too_long(cfg.name)) {
+    return refuse(detail, errc::invalid_argument,
+                  "name: " + std::to_string(cfg.name.size()) + limit);
+  }
+  if (too_long(cfg.type)) {
+    return refuse(detail, errc::invalid_argument,
+                  "type: " + std::to_string(cfg.type.size()) + limit);
+  }
+  if (cfg.labels.size() > proto::kMaxLabels) {
+    return refuse(detail, errc::invalid_argument,
+                  "labels: " + std::to_string(cfg.labels.size()) + " labels, at most " +
+                      std::to_string(proto::kMaxLabels));
+  }
+  for (size_t i = 0; i < cfg.labels.size(); ++i) {
+    const std::string field = "labels[" + std::to_string(i) + "]";
+    const auto& [k, v] = cfg.labels[i];
+    if (k.empty()) return refuse(detail, errc::invalid_argument, field + ": the key is empty");
+    if (too_long(k) || too_long(v)) {
+      return refuse(detail, errc::invalid_argument,
+                    field + " \"" + k.substr(0, 32) + "\": key or value over " +
+                        std::to_string(proto::kMaxDirText) + " bytes");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (cfg.labels[j].first == k) {
+        return refuse(detail, errc::invalid_argument,
+                      field + ": key \"" + k + "\" repeats labels[" + std::to_string(j) + "]");
+      }
+    }
+  }
+  return errc::ok;
+}
+
 errc check_ids(const node_config& cfg, std::string* detail) {
   if (cfg.subnets.size() > proto::kMaxSubnets) {
     return refuse(detail, errc::invalid_argument,
@@ -152,6 +188,7 @@ errc check_ids(const node_config& cfg, std::string* detail) {
     return refuse(detail, errc::invalid_argument,
                   "host_id: longer than " + std::to_string(proto::kMaxHostIdBytes) + " bytes");
   }
+  if (const errc e = check_labels(cfg, detail); e != errc::ok) return e;
   // Versions above what this build speaks are allowed (tests stand in for a newer peer with
   // them); such a node simply finds no common version with an older one.
   if (cfg.protocol_min == 0 || cfg.protocol_min > cfg.protocol_max) {

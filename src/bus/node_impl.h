@@ -607,6 +607,27 @@ struct node::impl {
   static void on_call_timer(uv_timer_t* t);
   void fail_calls_for_stop();
   void run_deferred_calls();
+
+  // ----------------------------------------------------------------------------- directory --
+  // node_directory.cpp. Every other node known, by id, with the tree peer it was learned from.
+  struct dir_item {
+    directory_entry e;
+    bus_id via = 0;
+  };
+  std::map<bus_id, dir_item> dir;
+  uint64_t start_unix_ms = 0;
+  [[nodiscard]] directory_entry self_entry() const;
+  [[nodiscard]] bool dir_peer(const peer_ep* p) const;  // parent or child speaking version 5
+  // dir_peer, or a tool (it gets the directory, never sends one); never from a tool node.
+  [[nodiscard]] bool dir_sends_to(const peer_ep* p) const;
+  void dir_link_up(peer_ep* p);
+  void dir_link_gone(bus_id peer);
+  void on_directory_msg(link* lk, const proto::header& hd, const uint8_t* body);
+  void dir_upsert(peer_ep* from, std::vector<directory_entry>& entries);
+  void dir_remove(peer_ep* from, const std::vector<bus_id>& ids);
+  // Sends b to every tree peer but `except` (chunked: bodies stay small).
+  void dir_broadcast(bus_id except, const proto::directory_body& b);
+  void dir_send(peer_ep* p, const proto::directory_body& b);
   void maybe_finish_stop();
   void finish_stop();
   static void on_handle_closed(uv_handle_t* hd);

@@ -198,6 +198,9 @@ void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
       if (now >= pb.send_time_ns) p->rtt_ns = now - pb.send_time_ns;
       return;
     }
+    case msg_type::directory:
+      n->on_directory_msg(lk, hd, body);
+      return;
     case msg_type::bye:
       n->log(log_level::info, "peer 0x%" PRIx64 " said goodbye", p->id);
       n->close_link(lk, errc::closed, disconnect_mode::graceful);
@@ -467,6 +470,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
     children_lost_ms.erase(raw->id);
     release_held(raw);
   }
+  dir_link_up(raw);
   fire(cbs.on_endpoint_added, info_of(*raw));
   return raw;
 }
@@ -503,6 +507,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     log(log_level::info, "%s 0x%" PRIx64 " gone: %s", to_string(info.role), info.id,
         to_string(reason));
     fire(cbs.on_endpoint_removed, info, reason);
+    if (!dead) dir_link_gone(info.id);
     lost_peer = true;
   }
   if (lk->is_parent) {

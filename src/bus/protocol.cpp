@@ -196,6 +196,8 @@ const char* to_string(msg_type t) noexcept {
       return "dropped";
     case msg_type::flow_ack:
       return "flow_ack";
+    case msg_type::directory:
+      return "directory";
   }
   return "unknown";
 }
@@ -477,6 +479,104 @@ std::vector<uint8_t> build(header h, const std::vector<uint8_t>& body) {
   encode_header(h, m.data());
   if (!body.empty()) std::memcpy(m.data() + kHeaderSize, body.data(), body.size());
   return m;
+}
+
+// ------------------------------------------------------------------------------ directory --
+namespace {
+
+void write_entry(writer& w, const directory_entry& e) {
+  w.u64(e.id);
+  w.u64(e.parent);
+  w.u32(e.pid);
+  w.u64(e.start_time_ms);
+  w.u8(e.protocol_version);
+  w.str8(e.name, kMaxDirText);
+  w.str8(e.type, kMaxDirText);
+  w.str8(e.host_id, kMaxHostIdBytes);
+  w.str8(e.hostname, kMaxHostnameBytes);
+  const size_t labels = std::min(e.labels.size(), kMaxLabels);
+  w.u8(static_cast<uint8_t>(labels));
+  for (size_t i = 0; i < labels; ++i) {
+    w.str8(e.labels[i].first, kMaxDirText);
+    w.str8(e.labels[i].second, kMaxDirText);
+  }
+  const size_t listen = std::min(e.listen.size(), kMaxListen);
+  w.u8(static_cast<uint8_t>(listen));
+  for (size_t i = 0; i < listen; ++i) w.str16(e.listen[i], kMaxUrlBytes);
+}
+
+bool read_entry(reader& r, directory_entry* out) {
+  directory_entry e;
+  e.id = r.u64();
+  e.parent = r.u64();
+  e.pid = r.u32();
+  e.start_time_ms = r.u64();
+  e.protocol_version = r.u8();
+  r.str8(&e.name, kMaxDirText);
+  r.str8(&e.type, kMaxDirText);
+  r.str8(&e.host_id, kMaxHostIdBytes);
+  r.str8(&e.hostname, kMaxHostnameBytes);
+  const size_t labels = r.u8();
+  if (labels > kMaxLabels) r.fail();
+  for (size_t i = 0; i < labels && r.ok(); ++i) {
+    node_label l;
+    r.str8(&l.first, kMaxDirText);
+    r.str8(&l.second, kMaxDirText);
+    e.labels.push_back(std::move(l));
+  }
+  const size_t listen = r.u8();
+  if (listen > kMaxListen) r.fail();
+  for (size_t i = 0; i < listen && r.ok(); ++i) {
+    std::string url;
+    r.str16(&url, kMaxUrlBytes);
+    e.listen.push_back(std::move(url));
+  }
+  if (!r.ok() || e.id == 0) return false;
+  *out = std::move(e);
+  return true;
+}
+
+}  // namespace
+
+void encode_directory(const directory_body& b, std::vector<uint8_t>* out) {
+  writer w(out);
+  w.u8(static_cast<uint8_t>(b.op));
+  if (b.op == dir_op::upsert) {
+    const size_t n = std::min(b.entries.size(), kMaxDirItems);
+    w.u16(static_cast<uint16_t>(n));
+    for (size_t i = 0; i < n; ++i) write_entry(w, b.entries[i]);
+  } else {
+    const size_t n = std::min(b.ids.size(), kMaxDirItems);
+    w.u16(static_cast<uint16_t>(n));
+    for (size_t i = 0; i < n; ++i) w.u64(b.ids[i]);
+  }
+}
+
+errc parse_directory(const uint8_t* p, size_t n, directory_body* out) {
+  reader r(p, n);
+  directory_body b;
+  const uint8_t op = r.u8();
+  const size_t count = r.u16();
+  if (!r.ok() || count > kMaxDirItems) return errc::protocol_error;
+  if (op == static_cast<uint8_t>(dir_op::upsert)) {
+    b.op = dir_op::upsert;
+    // Each entry takes at least 33 bytes: never reserve more than the input can hold.
+    b.entries.reserve(std::min(count, r.left() / 33));
+    for (size_t i = 0; i < count; ++i) {
+      directory_entry e;
+      if (!read_entry(r, &e)) return errc::protocol_error;
+      b.entries.push_back(std::move(e));
+    }
+  } else if (op == static_cast<uint8_t>(dir_op::remove)) {
+    b.op = dir_op::remove;
+    if (r.left() != count * 8) return errc::protocol_error;
+    for (size_t i = 0; i < count; ++i) b.ids.push_back(r.u64());
+  } else {
+    return errc::protocol_error;
+  }
+  if (!r.done()) return errc::protocol_error;
+  *out = std::move(b);
+  return errc::ok;
 }
 
 std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id, link_role role) {

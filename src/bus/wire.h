@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/endian.h"
+#include "uvbus/directory.h"
 #include "uvbus/error.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
@@ -59,8 +60,10 @@ enum class msg_type : uint8_t {
   dropped = 12,
   // Version 3: the target's cumulative acknowledgement of a flow (or a request to resend).
   flow_ack = 13,
+  // Version 5: directory entries or removals, between a parent and a child (link-local).
+  directory = 14,
 };
-inline constexpr uint8_t kMaxMsgType = 13;
+inline constexpr uint8_t kMaxMsgType = 14;
 const char* to_string(msg_type t) noexcept;
 
 // Header flags.
@@ -296,6 +299,21 @@ struct command_reply_body {
   const uint8_t* result = nullptr;  // view into the message
   size_t result_size = 0;
 };
+
+// Version 5, link-local between a parent and a child: entries of the bus directory (upsert) or
+// ids that left it (remove). Limits: a name, type, label key or value is at most kMaxDirText bytes,
+// at most kMaxLabels labels; a body holds at most kMaxDirItems items.
+enum class dir_op : uint8_t { upsert = 1, remove = 2 };
+inline constexpr size_t kMaxDirText = 128;
+inline constexpr size_t kMaxLabels = 16;
+inline constexpr size_t kMaxDirItems = 4096;
+struct directory_body {
+  dir_op op = dir_op::upsert;
+  std::vector<directory_entry> entries;  // upsert
+  std::vector<bus_id> ids;               // remove
+};
+void encode_directory(const directory_body& b, std::vector<uint8_t>* out);
+[[nodiscard]] errc parse_directory(const uint8_t* p, size_t n, directory_body* out);
 
 struct bye_body {
   reason why = reason::closing;

@@ -65,6 +65,23 @@ std::vector<rule> url_rules() {
          c->subnets = {{0x100, 8}};
        },
        errc::invalid_argument, "join_as_tool: a tool accepts no children, and subnets has 1"},
+      {"long name", [](C* c) { c->name = std::string(129, 'n'); }, errc::invalid_argument,
+       "name: 129 bytes, at most 128"},
+      {"empty label key",
+       [](C* c) {
+         c->labels = {{"zone", "a"}, {"", "x"}};
+       },
+       errc::invalid_argument, "labels[1]: the key is empty"},
+      {"repeated label key",
+       [](C* c) {
+         c->labels = {{"zone", "a"}, {"zone", "b"}};
+       },
+       errc::invalid_argument, "labels[1]: key \"zone\" repeats labels[0]"},
+      {"seventeen labels",
+       [](C* c) {
+         for (int i = 0; i < 17; ++i) c->labels.emplace_back("k" + std::to_string(i), "v");
+       },
+       errc::invalid_argument, "labels: 17 labels, at most 16"},
       {"nine parents",
        [](C* c) { c->parent_urls = std::vector<std::string>(9, "ipv4://127.0.0.1:1"); },
        errc::invalid_argument, "parent_urls: 9 URLs, at most 8"},

@@ -399,6 +399,52 @@ TEST(Protocol, ChallengeReplyAckPingByeCommandRoundTrip) {
   EXPECT_EQ(parse_command_reply(v.data(), 5, &cr), errc::protocol_error);
 }
 
+TEST(Protocol, DirectoryRoundTripsAndEveryTruncationFails) {
+  directory_body b;
+  directory_entry e;
+  e.id = 0x111;
+  e.parent = 0x110;
+  e.name = "logic-1";
+  e.type = "logic";
+  e.labels = {{"zone", "a"}, {"version", "7"}};
+  e.listen = {"ipv4://127.0.0.1:1234", "shm://l1"};
+  e.host_id = "host";
+  e.hostname = "vm";
+  e.pid = 42;
+  e.start_time_ms = 1764000000000;
+  e.protocol_version = 5;
+  b.entries = {e, e};
+  b.entries[1].id = 0x112;
+  std::vector<uint8_t> m;
+  encode_directory(b, &m);
+  directory_body back;
+  ASSERT_EQ(parse_directory(m.data(), m.size(), &back), errc::ok);
+  ASSERT_EQ(back.entries.size(), 2u);
+  EXPECT_EQ(back.entries[0], e);
+  EXPECT_EQ(back.entries[1].id, 0x112u);
+  for (size_t n = 0; n < m.size(); ++n) {
+    EXPECT_EQ(parse_directory(m.data(), n, &back), errc::protocol_error) << n;
+  }
+  m.push_back(0);
+  EXPECT_EQ(parse_directory(m.data(), m.size(), &back), errc::protocol_error);  // trailing byte
+  directory_body r;
+  r.op = dir_op::remove;
+  r.ids = {0x111, 0x112};
+  m.clear();
+  encode_directory(r, &m);
+  EXPECT_EQ(m, hex("02 0200 1101000000000000 1201000000000000"));
+  ASSERT_EQ(parse_directory(m.data(), m.size(), &back), errc::ok);
+  EXPECT_EQ(back.ids, r.ids);
+  // An unknown op, a count above the limit, an entry with id 0: refused.
+  EXPECT_EQ(parse_directory(hex("03 0000").data(), 3, &back), errc::protocol_error);
+  EXPECT_EQ(parse_directory(hex("02 0110").data(), 3, &back), errc::protocol_error);
+  b.entries = {e};
+  b.entries[0].id = 0;
+  m.clear();
+  encode_directory(b, &m);
+  EXPECT_EQ(parse_directory(m.data(), m.size(), &back), errc::protocol_error);
+}
+
 TEST(Protocol, DropNoticeGoldenVectorAndBounds) {
   std::vector<uint8_t> v;
   encode_dropped({0x0102030405060708ull, 0x1112131415161718ull, reason::unknown_route}, &v);

@@ -49,6 +49,14 @@ void check_dropped(const uint8_t* p, size_t n) {
   check_same(enc, p, n);
 }
 
+void check_directory(const uint8_t* p, size_t n) {
+  proto::directory_body b;
+  if (proto::parse_directory(p, n, &b) != errc::ok) return;
+  std::vector<uint8_t> enc;
+  proto::encode_directory(b, &enc);
+  check_same(enc, p, n);
+}
+
 void check_flow_ack(const uint8_t* p, size_t n) {
   proto::flow_ack_body b;
   if (proto::parse_flow_ack(p, n, &b) != errc::ok) return;
@@ -134,6 +142,8 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
       return check_dropped(p, n);
     case proto::msg_type::flow_ack:
       return check_flow_ack(p, n);
+    case proto::msg_type::directory:
+      return check_directory(p, n);
   }
   FUZZ_CHECK(false && "parse_header accepted an unknown type");
 }
@@ -165,9 +175,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(std::memcmp(again, p, proto::kHeaderSize) == 0);
   check_body(h.type, p + proto::kHeaderSize, h.body_len);
   if ((h.flags & proto::flag_trace) != 0 && h.body_len >= proto::kTraceSize) {
-    trace_context t;
+    uvbus::trace_context t;
     proto::parse_trace(p + proto::kHeaderSize, &t);
     check_body(h.type, p + proto::kHeaderSize + proto::kTraceSize, h.body_len - proto::kTraceSize);
+  }
+  // A call block sits at the start of the payload (after the data prefix).
+  if ((h.flags & proto::flag_call) != 0 && h.body_len >= proto::kDataPrefix) {
+    proto::call_block c;
+    if (proto::parse_call(p + proto::kHeaderSize + proto::kDataPrefix,
+                          h.body_len - proto::kDataPrefix, &c) == errc::ok) {
+      uint8_t again_call[proto::kCallSize];
+      proto::encode_call(c, again_call);
+      FUZZ_CHECK(std::memcmp(again_call, p + proto::kHeaderSize + proto::kDataPrefix,
+                             proto::kCallSize) == 0);
+    }
   }
   return 0;
 }

@@ -83,6 +83,9 @@ class Bus : public ::testing::Test {
     cfg.access_tokens = {"secret"};
     cfg.child_grace_ms = 0;
     cfg.metrics_url = "http://127.0.0.1:0/metrics";
+    cfg.name = "root-1";
+    cfg.type = "root";
+    cfg.labels = {{"zone", "a"}};
     // Requests (uvbus call) are answered in upper case, or with error 7 for "fail".
     std::unique_ptr<uvbus::node> n;
     uvbus::node_callbacks cb;
@@ -137,9 +140,15 @@ TEST_F(Bus, RoutesAndCounters) {
   EXPECT_NE(r.out.find("\"registrations_accepted\":"), std::string::npos) << r.out;
   r = sh(tool("routes 0x10000 --json"));
   EXPECT_TRUE(json_ok(r.out)) << r.out;
+  r = sh(tool("nodes"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("root-1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zone=a"), std::string::npos) << r.out;
   r = sh(tool("nodes --json"));
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"name\":\"root-1\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"labels\":{\"zone\":\"a\"}"), std::string::npos) << r.out;
 }
 
 TEST_F(Bus, PingSeriesAndSummary) {

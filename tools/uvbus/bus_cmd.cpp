@@ -324,7 +324,7 @@ int bus_main(int argc, char** argv) {
   if (rc != kExitOk) return rc;
   if (cmd == "routes") return text_command(a, &s, target, uvbus::proto::command_id::routes);
   if (cmd == "counters") return text_command(a, &s, target, uvbus::proto::command_id::counters);
-  if (cmd == "nodes") return text_command(a, &s, s.parent_id(), uvbus::proto::command_id::routes);
+  if (cmd == "nodes") return nodes(a, &s);
   if (cmd == "ping") return ping(a, &s, target);
   if (cmd == "call") return call(a, &s, target, type, body);
   return send(a, &s, target, type, body, &rs);

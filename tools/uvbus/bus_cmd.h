@@ -26,5 +26,7 @@ struct bus_args {
 int parse_bus_args(int argc, char** argv, bus_args* a);
 
 int top_main(int argc, char** argv);
+// `uvbus nodes` on a joined session (nodes_cmd.cpp).
+int nodes(const bus_args& a, session* s);
 
 }  // namespace uvbus_tool

@@ -14,8 +14,7 @@ const char kMain[] =
     "  counters ID            node ID's counters (the counters command)\n"
     "  ping ID                round-trip times of echo commands: a series and a summary\n"
     "  send ID TYPE PAYLOAD   send one message (PAYLOAD text, or @FILE) and wait for its report\n"
-    "  nodes                  the routes and peers the parent knows (the bus-wide directory\n"
-    "                         comes with another issue)\n"
+    "  nodes                  the bus directory: every node, its name, type, parent, labels\n"
     "  top ID                 a refreshing table of node ID's counters and rates\n"
     "  metrics URL            fetch a node's metrics endpoint (Prometheus text, or --json)\n"
     "  shm inspect|drain|remove URL   a local shared-memory region (uvbus_shm_inspect)\n"
@@ -63,8 +62,9 @@ const sub_help kHelp[] = {
      "  --json: {node, type, status, code, reply}\n"},
     {"nodes",
      "usage: uvbus nodes [options]\n"
-     "  the routes and peers the parent knows (its routes command). The bus-wide\n"
-     "  directory of every node comes with another issue.\n"},
+     "  the bus directory: every node of the bus (id, name, type, parent, host, pid,\n"
+     "  labels) as the parent knows it. --json: {nodes: [{id, parent, name, type, host,\n"
+     "  pid, start_time_ms, version, labels, listen}]}\n"},
     {"top",
      "usage: uvbus top ID [--once] [--interval-ms M] [--count N] [options]\n"
      "  node ID's counters with per-second rates between two polls M ms apart\n"

@@ -1,0 +1,175 @@
+// The bus directory of a static tree: every node learns every other node's entry (name, type,
+// labels, parent, listen URLs, pid, start time, version) through registrations flooded along the
+// tree, gets added / removed events when a node or a whole subtree comes or goes, and can look
+// nodes up by id, name, type and labels; older peers and bad configs are handled.
+#include <unistd.h>
+
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bus/bus_harness.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_fixture;
+using test::bus_node;
+using test::fast_config;
+
+struct dir_event {
+  directory_event ev;
+  bus_id id;
+};
+
+class NodeDirectoryTest : public bus_fixture {
+ protected:
+  // A node with a name, type and labels whose on_directory events land in events_[index].
+  bus_node* make_described(bus_id id, const std::string& name, const std::string& type,
+                           std::vector<node_label> labels, node_config c) {
+    c.name = name;
+    c.type = type;
+    c.labels = std::move(labels);
+    auto& list = events_.emplace_back();
+    return make(id, std::move(c), true, [&list](node_callbacks* cb) {
+      cb->on_directory = [&list](directory_event ev, const directory_entry& e) {
+        list.push_back({ev, e.id});
+      };
+    });
+  }
+  node_config under(bus_node* parent, std::vector<subnet> nets = {}) {
+    node_config c = fast_config();
+    c.parent_urls = {parent->n->listen_urls().at(0)};
+    c.subnets = std::move(nets);
+    return c;
+  }
+  // Root R 0x100 (0x100/8) with gateway G 0x110 (0x110/4, zone a) below it, logic L1 0x111 (zone
+  // a) below G, and logic L2 0x120 (zone b) and chat C 0x121 directly below R.
+  void make_tree() {
+    node_config rc = fast_config();
+    rc.subnets = {{0x100, 8}};
+    r_ = make_described(0x100, "root", "root", {}, rc);
+    g_ = make_described(0x110, "gw-1", "gateway", {{"zone", "a"}}, under(r_, {{0x110, 4}}));
+    ASSERT_TRUE(wait([&] { return g_->n->up(); }));
+    l1_ = make_described(0x111, "logic-1", "logic", {{"zone", "a"}, {"version", "7"}}, under(g_));
+    l2_ = make_described(0x120, "logic-2", "logic", {{"zone", "b"}, {"version", "7"}}, under(r_));
+    c_ = make_described(0x121, "chat-1", "chat", {}, under(r_));
+    ASSERT_TRUE(wait([&] { return all_see(5); }));
+  }
+  bool all_see(size_t n) {
+    for (bus_node* t : {r_, g_, l1_, l2_, c_}) {
+      if (t != nullptr && t->n != nullptr && t->n->directory().size() != n) return false;
+    }
+    return true;
+  }
+  static bool saw(const std::vector<dir_event>& list, directory_event ev, bus_id id) {
+    for (const dir_event& e : list) {
+      if (e.ev == ev && e.id == id) return true;
+    }
+    return false;
+  }
+
+  std::deque<std::vector<dir_event>> events_;
+  bus_node* r_ = nullptr;
+  bus_node* g_ = nullptr;
+  bus_node* l1_ = nullptr;
+  bus_node* l2_ = nullptr;
+  bus_node* c_ = nullptr;
+};
+
+TEST_F(NodeDirectoryTest, EveryNodeKnowsEveryOtherWithItsFields) {
+  make_tree();
+  directory_entry e;
+  // The deepest leaf knows the farthest one, with what it said about itself.
+  ASSERT_TRUE(l1_->n->lookup(0x121, &e));
+  EXPECT_EQ(e.name, "chat-1");
+  EXPECT_EQ(e.type, "chat");
+  EXPECT_EQ(e.parent, 0x100u);
+  EXPECT_EQ(e.pid, static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(e.listen, c_->n->listen_urls());
+  EXPECT_EQ(e.protocol_version, proto::kMaxVersion);
+  EXPECT_GT(e.start_time_ms, 1700000000000u);
+  ASSERT_TRUE(c_->n->lookup(0x111, &e));
+  EXPECT_EQ(e.parent, 0x110u);
+  EXPECT_EQ(e.labels, (std::vector<node_label>{{"zone", "a"}, {"version", "7"}}));
+  ASSERT_TRUE(c_->n->lookup(0x100, &e));
+  EXPECT_EQ(e.parent, 0u);  // the root
+  // Itself first, then by id.
+  const std::vector<directory_entry> all = l2_->n->directory();
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_EQ(all[0].id, 0x120u);
+  EXPECT_EQ(all[1].id, 0x100u);
+  EXPECT_FALSE(l2_->n->lookup(0x999, &e));
+}
+
+TEST_F(NodeDirectoryTest, LookupByNameTypeAndLabels) {
+  make_tree();
+  directory_entry e;
+  ASSERT_TRUE(c_->n->lookup_name("logic-1", &e));
+  EXPECT_EQ(e.id, 0x111u);
+  EXPECT_FALSE(c_->n->lookup_name("nobody", &e));
+  std::vector<directory_entry> logic = g_->n->find("logic");
+  ASSERT_EQ(logic.size(), 2u);
+  EXPECT_EQ(logic[0].id, 0x111u);
+  EXPECT_EQ(logic[1].id, 0x120u);
+  logic = g_->n->find("logic", {{"zone", "b"}});
+  ASSERT_EQ(logic.size(), 1u);
+  EXPECT_EQ(logic[0].id, 0x120u);
+  EXPECT_EQ(g_->n->find("", {{"zone", "a"}}).size(), 2u);  // any type: G and L1
+  EXPECT_TRUE(g_->n->find("logic", {{"zone", "c"}}).empty());
+}
+
+TEST_F(NodeDirectoryTest, NodesAndSubtreesThatLeaveAreRemovedEverywhere) {
+  make_tree();
+  std::vector<dir_event>& c_events = events_[4];
+  EXPECT_TRUE(saw(c_events, directory_event::added, 0x111));
+  EXPECT_TRUE(saw(c_events, directory_event::added, 0x100));
+  destroy(l1_);
+  l1_ = nullptr;
+  ASSERT_TRUE(wait([&] { return all_see(4); }));
+  EXPECT_TRUE(saw(c_events, directory_event::removed, 0x111));
+  EXPECT_FALSE(saw(c_events, directory_event::removed, 0x110));
+  // A node comes back: added again.
+  l1_ = make_described(0x111, "logic-1", "logic", {{"zone", "a"}}, under(g_));
+  ASSERT_TRUE(wait([&] { return all_see(5); }));
+  // The gateway goes with the leaf below it (its own link to the leaf stays up for now, but
+  // nobody above can reach either any more).
+  const size_t before = c_events.size();
+  destroy(g_);
+  g_ = nullptr;
+  ASSERT_TRUE(wait([&] {
+    return r_->n->directory().size() == 3 && c_->n->directory().size() == 3 &&
+           l2_->n->directory().size() == 3;
+  }));
+  std::vector<dir_event> after(c_events.begin() + static_cast<long>(before), c_events.end());
+  EXPECT_TRUE(saw(after, directory_event::removed, 0x110));
+  EXPECT_TRUE(saw(after, directory_event::removed, 0x111));
+}
+
+TEST_F(NodeDirectoryTest, AVersion4ChildIsLeftOutAndNothingElseChanges) {
+  node_config rc = fast_config();
+  rc.subnets = {{0x100, 8}};
+  r_ = make_described(0x100, "root", "root", {}, rc);
+  node_config old = under(r_);
+  old.protocol_max = 4;
+  bus_node* o = make_described(0x101, "old", "logic", {}, old);
+  c_ = make_described(0x121, "chat-1", "chat", {}, under(r_));
+  ASSERT_TRUE(wait([&] { return o->n->up() && c_->n->directory().size() == 2; }));
+  directory_entry e;
+  EXPECT_FALSE(c_->n->lookup(0x101, &e));
+  EXPECT_EQ(o->n->directory().size(), 1u);  // only itself
+  ASSERT_EQ(test::send_str(c_, 0x101, 1, "still routed"), errc::ok);
+  ASSERT_TRUE(wait([&] { return o->got.size() == 1; }));
+  EXPECT_EQ(r_->n->counters().protocol_errors, 0u);
+}
+
+TEST_F(NodeDirectoryTest, TheDirectoryIsEmptyBeforeStart) {
+  bus_node* t = make(0x100, fast_config(), false);
+  EXPECT_TRUE(t->n->directory().empty());
+  directory_entry e;
+  EXPECT_FALSE(t->n->lookup(0x100, &e));
+}
+
+}  // namespace
+}  // namespace uvbus
