@@ -1,0 +1,93 @@
+// Helpers shared by the SIMD kernels of murmur3_x86_32_batch (murmur3_avx2.cpp and
+// murmur3_avx512.cpp): a lane's 32-byte chunk, zero-padded past its end, and the 8x8 transpose
+// of 32-bit words that turns eight lanes' chunks into eight vectors of one block index each.
+// Included only by those files (it needs -mavx2); everything here has internal linkage, so no
+// AVX-compiled copy can be picked by the linker for code that runs on any CPU.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace uvbus::murmur3_batch_detail {
+namespace {
+
+inline constexpr uint32_t kC1 = 0xcc9e2d51U;
+inline constexpr uint32_t kC2 = 0x1b873593U;
+inline constexpr uint32_t kC3 = 0xe6546b64U;
+inline constexpr uint32_t kF1 = 0x85ebca6bU;
+inline constexpr uint32_t kF2 = 0xc2b2ae35U;
+inline constexpr uint32_t kChunk = 32;  // bytes per lane per round: eight 4-byte blocks
+
+// Bytes [off, off + 32) of the lane p[0, len), zero past len. Never reads outside p[0, len): a
+// chunk that ends past len is copied into a zeroed buffer first. Zero padding is what makes the
+// kernels' tail handling work: the word after the last full block holds the tail bytes exactly
+// as the reference assembles them, and every word after that is zero (a no-op, see the kernels).
+inline __m256i load_chunk(const uint8_t* p, uint32_t len, uint32_t off) noexcept {
+  if (off >= len) return _mm256_setzero_si256();
+  const uint32_t rem = len - off;
+  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off));
+  alignas(32) uint8_t tmp[kChunk] = {};
+  std::memcpy(tmp, p + off, rem);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+}
+
+// r[i] holds words 0..7 of lane i; afterwards r[j] holds word j of lanes 0..7.
+inline void transpose8(__m256i r[8]) noexcept {
+  const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+  const __m256i t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+  const __m256i t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+  const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+  const __m256i t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+  const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+  const __m256i t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+  // u0: words 0|4 of lanes 0-3, u1: 1|5, u2: 2|6, u3: 3|7; u4..u7 the same for lanes 4-7.
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2);
+  const __m256i u1 = _mm256_unpackhi_epi64(t0, t2);
+  const __m256i u2 = _mm256_unpacklo_epi64(t1, t3);
+  const __m256i u3 = _mm256_unpackhi_epi64(t1, t3);
+  const __m256i u4 = _mm256_unpacklo_epi64(t4, t6);
+  const __m256i u5 = _mm256_unpackhi_epi64(t4, t6);
+  const __m256i u6 = _mm256_unpacklo_epi64(t5, t7);
+  const __m256i u7 = _mm256_unpackhi_epi64(t5, t7);
+  r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+  r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+  r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+  r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+  r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+  r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+  r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+  r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// The lanes' lengths as 32-bit values, and how many 32-byte rounds the SIMD loop runs: as many as
+// the second-longest lane needs, so that at least two lanes are busy in every round. Lanes longer
+// than that leave the loop on a block boundary and are finished by finish_scalar().
+struct lanes {
+  const uint8_t* p[16] = {};
+  uint32_t len[16] = {};
+  uint32_t rounds = 0;
+};
+
+inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, lanes* l) noexcept {
+  uint32_t top1 = 0;
+  uint32_t top2 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    l->p[i] = data[i];
+    l->len[i] = static_cast<uint32_t>(len[i]);
+    const uint32_t r = (l->len[i] + kChunk - 1) / kChunk;
+    if (r > top1) {
+      top2 = top1;
+      top1 = r;
+    } else if (r > top2) {
+      top2 = r;
+    }
+  }
+  l->rounds = top2;
+}
+
+}  // namespace
+}  // namespace uvbus::murmur3_batch_detail
