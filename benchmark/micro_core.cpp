@@ -1,12 +1,15 @@
-// Microbenchmarks of the core hot pieces: MurmurHash3, frame encode+decode, write-queue push+pop
-// and the merge step. Run: build/uvbus_micro_core [--benchmark_filter=...]
+// Microbenchmarks of the core hot pieces: MurmurHash3 (one buffer, and batches by each kernel),
+// frame encode+decode, write-queue push+pop and the merge step.
+// Run: build/uvbus_micro_core [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/frame.h"
 #include "core/murmur3.h"
+#include "core/murmur3_batch.h"
 #include "core/write_queue.h"
 
 namespace {
@@ -32,6 +35,53 @@ void BM_Murmur3_x64_128(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
 }
 BENCHMARK(BM_Murmur3_x64_128)->Arg(16)->Arg(128)->Arg(4096)->Arg(65536);
+
+// Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
+// at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The
+// payloads lie back to back with 5-byte gaps (frame headers) in one buffer, as in a read buffer.
+void BM_Murmur3Batch(benchmark::State& state) {
+  const auto size = static_cast<size_t>(state.range(0));
+  const auto kernel = state.range(1);
+  const auto batch = static_cast<size_t>(state.range(2));
+  constexpr uvbus::murmur3_impl kImpl[] = {uvbus::murmur3_impl::scalar, uvbus::murmur3_impl::scalar,
+                                           uvbus::murmur3_impl::avx2, uvbus::murmur3_impl::avx512};
+  if (!uvbus::murmur3_batch_use(kImpl[kernel])) {
+    state.SkipWithError("kernel not supported by this CPU");
+    return;
+  }
+  constexpr size_t kFrames = 1024;  // a multiple of every batch size used below
+  std::mt19937 rng(1);
+  std::vector<size_t> len(kFrames);
+  for (auto& l : len) l = size != 0 ? size : 8 + rng() % 121;
+  std::vector<uint8_t> wire;
+  std::vector<size_t> at(kFrames);
+  for (size_t i = 0; i < kFrames; ++i) {
+    at[i] = wire.size() + 5;
+    wire.resize(at[i] + len[i]);
+  }
+  for (auto& b : wire) b = static_cast<uint8_t>(rng());
+  std::vector<const uint8_t*> ptr(kFrames);
+  for (size_t i = 0; i < kFrames; ++i) ptr[i] = wire.data() + at[i];
+  std::vector<uint32_t> out(kFrames);
+  for (auto _ : state) {
+    if (kernel == 0) {
+      for (size_t i = 0; i < kFrames; ++i) out[i] = uvbus::murmur3_x86_32(ptr[i], len[i], 0);
+    } else {
+      for (size_t i = 0; i < kFrames; i += batch) {
+        uvbus::murmur3_x86_32_batch(&ptr[i], &len[i], batch, 0, &out[i]);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  uvbus::murmur3_batch_use(uvbus::murmur3_impl::auto_);
+  state.SetLabel(kernel == 0 ? "one_by_one" : uvbus::to_string(kImpl[kernel]));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kFrames));
+}
+BENCHMARK(BM_Murmur3Batch)
+    ->ArgNames({"size", "kernel", "batch"})
+    ->ArgsProduct({{0, 8, 32, 64, 128, 1024}, {0}, {1}})
+    ->ArgsProduct({{0, 8, 32, 64, 128, 1024}, {1, 2, 3}, {8, 16}});
 
 // Encode one frame into a buffer, then decode it: frames/s.
 void BM_FrameEncodeDecode(benchmark::State& state) {

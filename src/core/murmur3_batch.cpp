@@ -58,7 +58,8 @@ bool cpu_has(murmur3_impl impl) noexcept {
     case murmur3_impl::avx2:
       return __builtin_cpu_supports("avx2") != 0;
     case murmur3_impl::avx512:
-      return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx2") != 0;
+      return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
+             __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("avx2") != 0;
     default:
       return true;
   }
@@ -144,14 +145,16 @@ void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t 
     return;
   }
 #if defined(UVBUS_MURMUR3_SIMD)
-  const size_t lanes = impl == murmur3_impl::avx512 ? 16 : 8;
+  constexpr size_t lanes = 16;
   for (size_t i = 0; i < n;) {
     const size_t m = n - i < lanes ? n - i : lanes;
     if (m == 1 || !all_short(len + i, m)) {
       scalar_range(data + i, len + i, m, seed, out + i);
-    } else if (m <= 8) {
-      // Eight lanes or fewer: the AVX2 kernel's narrower transposes waste less.
+    } else if (impl == murmur3_impl::avx2) {
       murmur3_batch_detail::batch_avx2(data + i, len + i, m, seed, out + i);
+    } else if (m <= 8) {
+      // Eight lanes or fewer: ymm registers, half the transposes of the zmm kernel.
+      murmur3_batch_detail::batch_avx512_8(data + i, len + i, m, seed, out + i);
     } else {
       murmur3_batch_detail::batch_avx512(data + i, len + i, m, seed, out + i);
     }

@@ -15,10 +15,13 @@ inline constexpr size_t kMaxSimdLen = size_t{1} << 30;
 // compiled without SIMD flags so that the kernels may call it on any CPU.
 uint32_t finish_scalar(uint32_t h, const uint8_t* p, size_t len, size_t done) noexcept;
 
-// Kernels: n <= 8 (AVX2) or n <= 16 (AVX-512) buffers, every len below kMaxSimdLen.
+// Kernels: n <= 16 buffers (AVX2 on two ymm, AVX-512 on zmm) or n <= 8 (AVX-512VL on ymm), every
+// len below kMaxSimdLen.
 void batch_avx2(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
                 uint32_t* out) noexcept;
 void batch_avx512(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
                   uint32_t* out) noexcept;
+void batch_avx512_8(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
+                    uint32_t* out) noexcept;
 
 }  // namespace uvbus::murmur3_batch_detail

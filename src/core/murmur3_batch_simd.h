@@ -21,17 +21,31 @@ inline constexpr uint32_t kF1 = 0x85ebca6bU;
 inline constexpr uint32_t kF2 = 0xc2b2ae35U;
 inline constexpr uint32_t kChunk = 32;  // bytes per lane per round: eight 4-byte blocks
 
-// Bytes [off, off + 32) of the lane p[0, len), zero past len. Never reads outside p[0, len): a
-// chunk that ends past len is copied into a zeroed buffer first. Zero padding is what makes the
-// kernels' tail handling work: the word after the last full block holds the tail bytes exactly
-// as the reference assembles them, and every word after that is zero (a no-op, see the kernels).
+// Bytes [off, off + 32) of the lane p[0, len), zero past len, for AVX2: never reads outside
+// p[0, len) — a chunk that ends past len takes its whole words with a masked load (masked-off
+// words are not accessed, so they cannot fault) and its last 1..3 bytes one by one. Zero padding is
+// what makes the kernels' tail handling work: the word after the last full block holds the tail
+// bytes exactly as the reference assembles them, and every word after that is zero (a no-op, see
+// the kernels' step()).
 inline __m256i load_chunk(const uint8_t* p, uint32_t len, uint32_t off) noexcept {
   if (off >= len) return _mm256_setzero_si256();
   const uint32_t rem = len - off;
-  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off));
-  alignas(32) uint8_t tmp[kChunk] = {};
-  std::memcpy(tmp, p + off, rem);
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+  const uint8_t* q = p + off;
+  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i words = _mm256_set1_epi32(static_cast<int>(rem / 4));
+  __m256i v =
+      _mm256_maskload_epi32(reinterpret_cast<const int*>(q), _mm256_cmpgt_epi32(words, index));
+  const uint32_t t = rem & 3;
+  if (t != 0) {
+    const uint8_t* tail = q + (rem & ~3U);
+    uint32_t k = tail[0];
+    if (t > 1) k |= static_cast<uint32_t>(tail[1]) << 8;
+    if (t > 2) k |= static_cast<uint32_t>(tail[2]) << 16;
+    v = _mm256_blendv_epi8(v, _mm256_set1_epi32(static_cast<int>(k)),
+                           _mm256_cmpeq_epi32(words, index));
+  }
+  return v;
 }
 
 // r[i] holds words 0..7 of lane i; afterwards r[j] holds word j of lanes 0..7.
@@ -65,11 +79,14 @@ inline void transpose8(__m256i r[8]) noexcept {
 
 // The lanes' lengths as 32-bit values, and how many 32-byte rounds the SIMD loop runs: as many as
 // the second-longest lane needs, so that at least two lanes are busy in every round. Lanes longer
-// than that leave the loop on a block boundary and are finished by finish_scalar().
+// than that leave the loop on a block boundary and are finished by finish_scalar(). words: the
+// 4-byte words (blocks and tail) of the longest lane that the loop covers; rounds stop there, as
+// every lane's words past it are zero.
 struct lanes {
   const uint8_t* p[16] = {};
   uint32_t len[16] = {};
   uint32_t rounds = 0;
+  uint32_t words = 0;
 };
 
 inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, lanes* l) noexcept {
@@ -87,6 +104,18 @@ inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, 
     }
   }
   l->rounds = top2;
+  uint32_t words = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t w = (l->len[i] + 3) / 4;
+    if (w > words) words = w;
+  }
+  l->words = words < top2 * 8 ? words : top2 * 8;
+}
+
+// Words of round `round` that some lane still needs (1..8).
+inline int round_words(const lanes& l, uint32_t round) noexcept {
+  const uint32_t left = l.words - round * 8;
+  return left < 8 ? static_cast<int>(left) : 8;
 }
 
 }  // namespace
