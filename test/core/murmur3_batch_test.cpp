@@ -1,6 +1,7 @@
 // murmur3_x86_32_batch: every kernel this CPU has, forced in turn, against murmur3_x86_32 — every
 // length 0..4096 in batches mixing lengths, random batches (lengths, alignments, sizes, seeds),
-// n = 0..17, lanes long enough to leave the SIMD loop early — plus the kernel switch itself.
+// n = 0..17, lanes long enough to leave the SIMD loop early — plus the kernel switch itself, and
+// frame_decoder's batched verification with each kernel (order, bad checksums, header errors).
 #include "core/murmur3_batch.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/frame.h"
 #include "core/murmur3.h"
 
 namespace uvbus {
@@ -134,6 +136,101 @@ TEST_P(Murmur3Batch, EqualBuffersHashEqually) {
   uint32_t out[9];
   murmur3_x86_32_batch(data, len, 9, 0x9747b28cU, out);
   for (const uint32_t h : out) EXPECT_EQ(h, 0x2FA826CDU);  // published reference value
+}
+
+// ---- frame_decoder verifies the whole frames of a chunk as one batch ----
+
+struct wire {
+  std::vector<uint8_t> bytes;
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<size_t> at;  // where each frame starts in bytes
+};
+
+wire make_wire(size_t frames, size_t max_len, std::mt19937& rng) {
+  wire w;
+  for (size_t i = 0; i < frames; ++i) {
+    std::vector<uint8_t> p(rng() % (max_len + 1));
+    for (auto& b : p) b = static_cast<uint8_t>(rng());
+    w.at.push_back(w.bytes.size());
+    w.bytes.resize(w.bytes.size() + frame_size(p.size()));
+    EXPECT_NE(frame_encode(p.data(), p.size(), w.bytes.data() + w.at.back(), frame_size(p.size())),
+              0u);
+    w.payloads.push_back(std::move(p));
+  }
+  return w;
+}
+
+// Feeds bytes in chunks of the given sizes (cycled); collects payloads up to the first error.
+frame_status decode(frame_decoder& d, const std::vector<uint8_t>& bytes,
+                    const std::vector<size_t>& chunks, std::vector<std::vector<uint8_t>>* out) {
+  size_t pos = 0;
+  for (size_t ci = 0; pos < bytes.size(); ++ci) {
+    const size_t n = std::min(chunks[ci % chunks.size()], bytes.size() - pos);
+    d.feed(bytes.data() + pos, n);
+    pos += n;
+    for (;;) {
+      const auto r = d.next();
+      if (r.status == frame_status::need_more) break;
+      if (r.status != frame_status::payload) return r.status;
+      out->emplace_back(r.data, r.data + r.size);
+    }
+  }
+  return frame_status::need_more;
+}
+
+TEST_P(Murmur3Batch, DecoderYieldsEveryFrameInOrderWhateverTheChunks) {
+  std::mt19937 rng(5);
+  const wire w = make_wire(300, 200, rng);
+  for (const std::vector<size_t>& chunks : std::vector<std::vector<size_t>>{
+           {w.bytes.size()}, {1}, {7, 100, 3}, {4096}, {65536}, {13, 1000}}) {
+    frame_decoder d;
+    std::vector<std::vector<uint8_t>> got;
+    EXPECT_EQ(decode(d, w.bytes, chunks, &got), frame_status::need_more);
+    EXPECT_EQ(got, w.payloads);
+    EXPECT_EQ(d.buffered(), 0u);
+  }
+}
+
+TEST_P(Murmur3Batch, DecoderStopsAtABadChecksumWhereverItIsInTheBatch) {
+  std::mt19937 rng(9);
+  const wire good = make_wire(40, 40, rng);
+  for (size_t bad = 0; bad < good.payloads.size(); ++bad) {
+    for (const bool in_payload : {false, true}) {
+      wire w = good;
+      if (in_payload && w.payloads[bad].empty()) continue;
+      const size_t byte = in_payload ? w.at[bad] + frame_header_size(w.payloads[bad].size()) : 0;
+      w.bytes[in_payload ? byte : w.at[bad]] ^= 0x40;
+      frame_decoder d;
+      std::vector<std::vector<uint8_t>> got;
+      ASSERT_EQ(decode(d, w.bytes, {w.bytes.size()}, &got), frame_status::bad_hash) << bad;
+      EXPECT_EQ(got, std::vector<std::vector<uint8_t>>(good.payloads.begin(),
+                                                       good.payloads.begin() + bad));
+      EXPECT_TRUE(d.failed());
+      EXPECT_EQ(d.next().status, frame_status::bad_hash);  // for ever
+    }
+  }
+}
+
+TEST_P(Murmur3Batch, DecoderReportsAHeaderErrorAfterTheWholeFramesBeforeIt) {
+  std::mt19937 rng(13);
+  const wire good = make_wire(5, 30, rng);
+  // Oversize: a 2000-byte announcement to a decoder limited to 1000.
+  std::vector<uint8_t> bytes = good.bytes;
+  const uint8_t oversize[] = {1, 2, 3, 4, 0x8f, 0x50};
+  bytes.insert(bytes.end(), oversize, oversize + sizeof oversize);
+  bytes.resize(bytes.size() + 40, 0);
+  frame_decoder d(1000);
+  std::vector<std::vector<uint8_t>> got;
+  EXPECT_EQ(decode(d, bytes, {bytes.size()}, &got), frame_status::oversize);
+  EXPECT_EQ(got, good.payloads);
+  // Malformed varint: eleven continuation bytes.
+  bytes = good.bytes;
+  bytes.insert(bytes.end(), 4, 0);
+  bytes.insert(bytes.end(), 11, 0x80);
+  frame_decoder d2;
+  got.clear();
+  EXPECT_EQ(decode(d2, bytes, {bytes.size()}, &got), frame_status::bad_varint);
+  EXPECT_EQ(got, good.payloads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Murmur3Batch, ::testing::ValuesIn(kernels()),
