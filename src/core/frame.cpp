@@ -116,7 +116,9 @@ frame_decoder::result frame_decoder::next() {
     header_len_ = 0;
     frame_len_ = 0;
   }
-  if (ready_pos_ == ready_n_ && !ready_error_ && partial_.empty() && chunk_left_ != 0) {
+  // Batches pay only with a SIMD kernel; on the scalar one, frames are checked one at a time.
+  if (ready_pos_ == ready_n_ && !ready_error_ && partial_.empty() && chunk_left_ != 0 &&
+      murmur3_batch_active() != murmur3_impl::scalar) {
     (void)next_batch();
   }
   if (ready_pos_ < ready_n_) {

@@ -63,7 +63,8 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // them at once, verifies their checksums together (murmur3_x86_32_batch: SIMD lanes), keeps the
 // verified views in a fixed array and yields them one per call, in order. A bad checksum is
 // reported where it was in the stream: after every frame before it, and nothing after it is
-// yielded. The results are exactly those of checking one frame at a time.
+// yielded. The results are exactly those of checking one frame at a time. With the scalar kernel
+// (no AVX2, or UVBUS_MURMUR3=scalar) frames are checked one at a time: batching would not pay.
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload
   need_more,   // every byte fed so far has been consumed; feed the next chunk
