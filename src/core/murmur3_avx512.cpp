@@ -1,7 +1,7 @@
 // The AVX-512 kernels of murmur3_x86_32_batch: up to sixteen buffers in the 32-bit lanes of a zmm
 // register, or up to eight in a ymm register (AVX-512VL), with native rotates, mask-register
 // blends and byte-masked loads of the lanes' last partial chunk. Compiled with -mavx512f
-// -mavx512bw -mavx512vl (src/core/CMakeLists.txt); only called after the dispatch in
+// -mavx512bw -mavx512vl -mbmi2 (src/core/CMakeLists.txt); only called after the dispatch in
 // murmur3_batch.cpp has checked the CPU.
 #include <immintrin.h>
 
@@ -11,13 +11,14 @@
 namespace uvbus::murmur3_batch_detail {
 namespace {
 
-// Bytes [off, off + 32) of the lane p[0, len), zero past len: bytes past len are masked off in
-// the load, which neither reads nor faults on them.
+// Bytes [off, off + 32) of the lane p[0, len), zero past len, without a branch on the length
+// (lengths vary at random from frame to frame; mispredictions here would cost more than the
+// hashing): bytes past len are masked off in the load, which neither reads nor faults on them.
 inline __m256i load_chunk_masked(const uint8_t* p, uint32_t len, uint32_t off) noexcept {
-  if (off >= len) return _mm256_setzero_si256();
-  const uint32_t rem = len - off;
-  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off));
-  return _mm256_maskz_loadu_epi8(static_cast<__mmask32>((1U << rem) - 1), p + off);
+  const uint32_t rem = off < len ? len - off : 0;
+  const uint8_t* q = off < len ? p + off : kZeroChunk;  // see kZeroChunk
+  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  return _mm256_maskz_loadu_epi8(_bzhi_u32(0xffffffffU, rem), q);
 }
 
 // Shifts, rotates and the 256-bit insert through their zero-masking forms with every lane

@@ -59,7 +59,7 @@ bool cpu_has(murmur3_impl impl) noexcept {
       return __builtin_cpu_supports("avx2") != 0;
     case murmur3_impl::avx512:
       return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
-             __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("avx2") != 0;
+             __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("bmi2") != 0;
     default:
       return true;
   }

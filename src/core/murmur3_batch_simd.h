@@ -21,32 +21,11 @@ inline constexpr uint32_t kF1 = 0x85ebca6bU;
 inline constexpr uint32_t kF2 = 0xc2b2ae35U;
 inline constexpr uint32_t kChunk = 32;  // bytes per lane per round: eight 4-byte blocks
 
-// Bytes [off, off + 32) of the lane p[0, len), zero past len, for AVX2: never reads outside
-// p[0, len) — a chunk that ends past len takes its whole words with a masked load (masked-off
-// words are not accessed, so they cannot fault) and its last 1..3 bytes one by one. Zero padding is
-// what makes the kernels' tail handling work: the word after the last full block holds the tail
-// bytes exactly as the reference assembles them, and every word after that is zero (a no-op, see
-// the kernels' step()).
-inline __m256i load_chunk(const uint8_t* p, uint32_t len, uint32_t off) noexcept {
-  if (off >= len) return _mm256_setzero_si256();
-  const uint32_t rem = len - off;
-  const uint8_t* q = p + off;
-  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i words = _mm256_set1_epi32(static_cast<int>(rem / 4));
-  __m256i v =
-      _mm256_maskload_epi32(reinterpret_cast<const int*>(q), _mm256_cmpgt_epi32(words, index));
-  const uint32_t t = rem & 3;
-  if (t != 0) {
-    const uint8_t* tail = q + (rem & ~3U);
-    uint32_t k = tail[0];
-    if (t > 1) k |= static_cast<uint32_t>(tail[1]) << 8;
-    if (t > 2) k |= static_cast<uint32_t>(tail[2]) << 16;
-    v = _mm256_blendv_epi8(v, _mm256_set1_epi32(static_cast<int>(k)),
-                           _mm256_cmpeq_epi32(words, index));
-  }
-  return v;
-}
+// Where a lane that has ended points its (fully masked) loads. A masked load whose 32 bytes cross
+// a page boundary can take a microcode assist even when the mask excludes the far page; a lane
+// that ended near a page end would pay it in every remaining round (measured: 5x slower batches of
+// 8-16384 B frames). This block never crosses a page.
+alignas(64) inline constexpr uint8_t kZeroChunk[kChunk] = {};
 
 // r[i] holds words 0..7 of lane i; afterwards r[j] holds word j of lanes 0..7.
 inline void transpose8(__m256i r[8]) noexcept {
@@ -85,9 +64,24 @@ inline void transpose8(__m256i r[8]) noexcept {
 struct lanes {
   const uint8_t* p[16] = {};
   uint32_t len[16] = {};
+  uint32_t tail[16] = {};  // the last 1..3 bytes as a zero-padded word (0 without a tail)
   uint32_t rounds = 0;
   uint32_t words = 0;
 };
+
+// The tail word of p[0, len): branch-free when len >= 4 (the 4 bytes ending at len are in
+// bounds), byte by byte below that.
+inline uint32_t tail_word(const uint8_t* p, uint32_t len) noexcept {
+  const uint32_t t = len & 3;
+  if (len >= 4) {
+    uint32_t last = 0;
+    std::memcpy(&last, p + len - 4, 4);                            // little-endian host (x86)
+    return static_cast<uint32_t>(uint64_t{last} >> (32 - 8 * t));  // t == 0: shifts out all
+  }
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < t; ++j) k |= static_cast<uint32_t>(p[j]) << (8 * j);
+  return k;
+}
 
 inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, lanes* l) noexcept {
   uint32_t top1 = 0;
@@ -95,6 +89,7 @@ inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, 
   for (size_t i = 0; i < n; ++i) {
     l->p[i] = data[i];
     l->len[i] = static_cast<uint32_t>(len[i]);
+    l->tail[i] = tail_word(data[i], l->len[i]);
     const uint32_t r = (l->len[i] + kChunk - 1) / kChunk;
     if (r > top1) {
       top2 = top1;
@@ -116,6 +111,30 @@ inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, 
 inline int round_words(const lanes& l, uint32_t round) noexcept {
   const uint32_t left = l.words - round * 8;
   return left < 8 ? static_cast<int>(left) : 8;
+}
+
+// Bytes [off, off + 32) of lane i, zero past its end, for AVX2, without a branch on the lane's
+// length (lengths vary at random from frame to frame, and mispredicted branches here cost more
+// than the hashing): the whole words come from a masked load (masked-off words are not accessed,
+// so they cannot fault) and the word holding the last 1..3 bytes, assembled once per lane by
+// load_lanes(), is blended in at its index. Zero padding is what makes the kernels' tail handling
+// work: the word after the last full block holds the tail bytes exactly as the reference
+// assembles them, and every word after that is zero (a no-op, see the kernels' step()).
+inline __m256i load_chunk(const lanes& l, size_t i, uint32_t round) noexcept {
+  const uint32_t len = l.len[i];
+  const uint32_t off = round * kChunk;
+  // Whole words of lane i before this chunk's start, minus the chunk's first word index: the
+  // chunk's words j < rel are whole blocks, word j == rel is the tail word, the rest are zero.
+  const int rel = static_cast<int>(len / 4) - static_cast<int>(round * 8);
+  const uint8_t* q = off < len ? l.p[i] + off : kZeroChunk;  // see kZeroChunk
+  // A whole chunk with a plain load (the common case of long lanes).
+  if (rel >= 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i relv = _mm256_set1_epi32(rel);
+  const __m256i v =
+      _mm256_maskload_epi32(reinterpret_cast<const int*>(q), _mm256_cmpgt_epi32(relv, index));
+  return _mm256_blendv_epi8(v, _mm256_set1_epi32(static_cast<int>(l.tail[i])),
+                            _mm256_cmpeq_epi32(relv, index));
 }
 
 }  // namespace
