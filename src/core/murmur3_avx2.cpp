@@ -30,8 +30,8 @@ inline __m256i step(__m256i h, __m256i k, __m256i nb, __m256i w) noexcept {
 }
 
 // Lanes base..base+7's words of one round, transposed: r[j] holds word j of the eight lanes.
-inline void load_round(const lanes& l, int base, uint32_t round, __m256i r[8]) noexcept {
-  for (int i = 0; i < 8; ++i) r[i] = load_chunk(l, static_cast<size_t>(base + i), round);
+inline void load_round(const lanes& l, size_t base, uint32_t round, __m256i r[8]) noexcept {
+  for (size_t i = 0; i < 8; ++i) r[i] = load_chunk(l, base + i, round);
   transpose8(r);
 }
 
