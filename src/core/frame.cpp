@@ -57,6 +57,7 @@ void frame_decoder::reset() noexcept {
   ready_pos_ = 0;
   ready_n_ = 0;
   ready_error_ = false;
+  unbatched_left_ = 0;
 }
 
 bool frame_decoder::next_batch() noexcept {
@@ -84,6 +85,12 @@ bool frame_decoder::next_batch() noexcept {
     n -= total;
   }
   if (count == 0) return false;
+  size_t payload_bytes = 0;
+  for (size_t i = 0; i < count; ++i) payload_bytes += len[i];
+  if (payload_bytes < count * batch_min_mean_) {
+    unbatched_left_ = count;  // small frames: one at a time (see frame.h)
+    return false;
+  }
   uint32_t got[kBatchFrames];
   if (count == 1) {
     got[0] = murmur3_x86_32(data[0], len[0], 0);
@@ -117,9 +124,12 @@ frame_decoder::result frame_decoder::next() {
     frame_len_ = 0;
   }
   // Batches pay only with a SIMD kernel; on the scalar one, frames are checked one at a time.
-  if (ready_pos_ == ready_n_ && !ready_error_ && partial_.empty() && chunk_left_ != 0 &&
-      murmur3_batch_active() != murmur3_impl::scalar) {
-    (void)next_batch();
+  if (ready_pos_ == ready_n_ && !ready_error_ && partial_.empty() && chunk_left_ != 0) {
+    if (unbatched_left_ != 0) {
+      --unbatched_left_;
+    } else if (murmur3_batch_active() != murmur3_impl::scalar) {
+      (void)next_batch();
+    }
   }
   if (ready_pos_ < ready_n_) {
     const view v = ready_[ready_pos_++];

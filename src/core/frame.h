@@ -65,6 +65,10 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // reported where it was in the stream: after every frame before it, and nothing after it is
 // yielded. The results are exactly those of checking one frame at a time. With the scalar kernel
 // (no AVX2, or UVBUS_MURMUR3=scalar) frames are checked one at a time: batching would not pay.
+// Nor when the batch's payloads average under batch_min_mean bytes (default kBatchMinMeanBytes):
+// for small frames the batch hash is faster on its own, but the stream benchmark's receiver spent
+// more CPU per message in total (docs/core.md, "Frame checksums in batches"), so those frames are
+// checked one at a time as they are yielded; 0 batches every run of whole frames.
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload
   need_more,   // every byte fed so far has been consumed; feed the next chunk
@@ -81,8 +85,13 @@ class frame_decoder {
   // Whole frames of one chunk verified together (the batch hash kernels' lane count).
   static constexpr size_t kBatchFrames = 16;
 
-  explicit frame_decoder(size_t max_payload = size_t{256} * 1024) noexcept
-      : max_payload_(max_payload) {}
+  // Batches whose payloads average fewer bytes than this are checked one frame at a time instead
+  // (see kBatchMinMeanBytes).
+  static constexpr size_t kBatchMinMeanBytes = 256;
+
+  explicit frame_decoder(size_t max_payload = size_t{256} * 1024,
+                         size_t batch_min_mean = kBatchMinMeanBytes) noexcept
+      : max_payload_(max_payload), batch_min_mean_(batch_min_mean) {}
 
   struct result {
     frame_status status;
@@ -98,6 +107,7 @@ class frame_decoder {
     ready_pos_ = 0;
     ready_n_ = 0;
     ready_error_ = false;
+    unbatched_left_ = 0;
   }
 
   [[nodiscard]] result next();
@@ -124,6 +134,10 @@ class frame_decoder {
   bool next_batch() noexcept;
 
   size_t max_payload_;
+  size_t batch_min_mean_;
+  // Frames still to be checked one at a time after a batch of small frames was declined (so the
+  // next calls do not parse the same headers again).
+  size_t unbatched_left_ = 0;
   const uint8_t* chunk_ = nullptr;
   size_t chunk_left_ = 0;
   // Partial frame (header and payload bytes so far). header_len_ is 0 until its header is known.

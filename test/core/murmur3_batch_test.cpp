@@ -178,16 +178,23 @@ frame_status decode(frame_decoder& d, const std::vector<uint8_t>& bytes,
   return frame_status::need_more;
 }
 
+// Batch sizes below the default kBatchMinMeanBytes mean go one at a time; 0 batches them all.
+constexpr size_t kMaxPayload = size_t{256} * 1024;
+constexpr size_t kMinMeans[] = {0, frame_decoder::kBatchMinMeanBytes};
+
 TEST_P(Murmur3Batch, DecoderYieldsEveryFrameInOrderWhateverTheChunks) {
   std::mt19937 rng(5);
-  const wire w = make_wire(300, 200, rng);
-  for (const std::vector<size_t>& chunks : std::vector<std::vector<size_t>>{
-           {w.bytes.size()}, {1}, {7, 100, 3}, {4096}, {65536}, {13, 1000}}) {
-    frame_decoder d;
-    std::vector<std::vector<uint8_t>> got;
-    EXPECT_EQ(decode(d, w.bytes, chunks, &got), frame_status::need_more);
-    EXPECT_EQ(got, w.payloads);
-    EXPECT_EQ(d.buffered(), 0u);
+  // Up to 600 B: with the default threshold some batches are checked together, some one by one.
+  const wire w = make_wire(300, 600, rng);
+  for (const size_t min_mean : kMinMeans) {
+    for (const std::vector<size_t>& chunks : std::vector<std::vector<size_t>>{
+             {w.bytes.size()}, {1}, {7, 100, 3}, {4096}, {65536}, {13, 1000}}) {
+      frame_decoder d(kMaxPayload, min_mean);
+      std::vector<std::vector<uint8_t>> got;
+      EXPECT_EQ(decode(d, w.bytes, chunks, &got), frame_status::need_more);
+      EXPECT_EQ(got, w.payloads);
+      EXPECT_EQ(d.buffered(), 0u);
+    }
   }
 }
 
@@ -200,13 +207,15 @@ TEST_P(Murmur3Batch, DecoderStopsAtABadChecksumWhereverItIsInTheBatch) {
       if (in_payload && w.payloads[bad].empty()) continue;
       const size_t byte = in_payload ? w.at[bad] + frame_header_size(w.payloads[bad].size()) : 0;
       w.bytes[in_payload ? byte : w.at[bad]] ^= 0x40;
-      frame_decoder d;
-      std::vector<std::vector<uint8_t>> got;
-      ASSERT_EQ(decode(d, w.bytes, {w.bytes.size()}, &got), frame_status::bad_hash) << bad;
-      EXPECT_EQ(got, std::vector<std::vector<uint8_t>>(good.payloads.begin(),
-                                                       good.payloads.begin() + bad));
-      EXPECT_TRUE(d.failed());
-      EXPECT_EQ(d.next().status, frame_status::bad_hash);  // for ever
+      for (const size_t min_mean : kMinMeans) {
+        frame_decoder d(kMaxPayload, min_mean);
+        std::vector<std::vector<uint8_t>> got;
+        ASSERT_EQ(decode(d, w.bytes, {w.bytes.size()}, &got), frame_status::bad_hash) << bad;
+        EXPECT_EQ(got, std::vector<std::vector<uint8_t>>(good.payloads.begin(),
+                                                         good.payloads.begin() + bad));
+        EXPECT_TRUE(d.failed());
+        EXPECT_EQ(d.next().status, frame_status::bad_hash);  // for ever
+      }
     }
   }
 }
@@ -219,7 +228,7 @@ TEST_P(Murmur3Batch, DecoderReportsAHeaderErrorAfterTheWholeFramesBeforeIt) {
   const uint8_t oversize[] = {1, 2, 3, 4, 0x8f, 0x50};
   bytes.insert(bytes.end(), oversize, oversize + sizeof oversize);
   bytes.resize(bytes.size() + 40, 0);
-  frame_decoder d(1000);
+  frame_decoder d(1000, 0);
   std::vector<std::vector<uint8_t>> got;
   EXPECT_EQ(decode(d, bytes, {bytes.size()}, &got), frame_status::oversize);
   EXPECT_EQ(got, good.payloads);
@@ -227,7 +236,7 @@ TEST_P(Murmur3Batch, DecoderReportsAHeaderErrorAfterTheWholeFramesBeforeIt) {
   bytes = good.bytes;
   bytes.insert(bytes.end(), 4, 0);
   bytes.insert(bytes.end(), 11, 0x80);
-  frame_decoder d2;
+  frame_decoder d2(kMaxPayload, 0);
   got.clear();
   EXPECT_EQ(decode(d2, bytes, {bytes.size()}, &got), frame_status::bad_varint);
   EXPECT_EQ(got, good.payloads);
