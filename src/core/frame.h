@@ -135,8 +135,10 @@ class frame_decoder {
 
   size_t max_payload_;
   size_t batch_min_mean_;
-  // Frames still to be checked one at a time after a batch of small frames was declined (so the
-  // next calls do not parse the same headers again).
+  // Frames still to be checked one at a time after a batch of small frames was declined: that
+  // batch and kSmallRunBatches - 1 more, so that a stream of small frames is parsed ahead only
+  // once per kSmallRunBatches * kBatchFrames frames.
+  static constexpr size_t kSmallRunBatches = 4;
   size_t unbatched_left_ = 0;
   const uint8_t* chunk_ = nullptr;
   size_t chunk_left_ = 0;
