@@ -131,10 +131,12 @@ BENCHMARK(BM_FrameDecodeBatch64);
 // benchmark's 8-128 and 8-16384 B mixes): frames/s of the receiver's parse + checksum step. Eight
 // different 64 KiB reads in turn (512 KiB: in L2, and too many random sizes for the branch
 // predictor to learn, as with real traffic). The frame cut by a read's end is left out, so every
-// frame lies wholly inside its read.
+// frame lies wholly inside its read. Third argument: the decoder's batch_min_mean (0: every run of
+// whole frames is verified as a batch; 256: the default, small frames one at a time).
 void BM_FrameDecodeRead(benchmark::State& state) {
   const auto lo = static_cast<size_t>(state.range(0));
   const auto hi = static_cast<size_t>(state.range(1));
+  const auto min_mean = static_cast<size_t>(state.range(2));
   constexpr size_t kReads = 8;
   constexpr size_t kReadBytes = size_t{64} * 1024;
   std::mt19937 rng(2);
@@ -154,7 +156,7 @@ void BM_FrameDecodeRead(benchmark::State& state) {
     }
     bytes += wire.size();
   }
-  uvbus::frame_decoder dec;
+  uvbus::frame_decoder dec(size_t{256} * 1024, min_mean);
   for (auto _ : state) {
     for (const auto& wire : reads) {
       dec.feed(wire.data(), wire.size());
@@ -168,7 +170,11 @@ void BM_FrameDecodeRead(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * frames));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
-BENCHMARK(BM_FrameDecodeRead)->Args({8, 128})->Args({8, 16384})->Args({64, 64});
+BENCHMARK(BM_FrameDecodeRead)
+    ->Args({8, 128, 0})
+    ->Args({8, 128, 256})
+    ->Args({8, 16384, 256})
+    ->Args({64, 64, 0});
 
 void BM_QueuePushPop64(benchmark::State& state) {
   uvbus::write_queue_config cfg;
