@@ -1,12 +1,15 @@
-// Microbenchmarks of the core hot pieces: MurmurHash3, frame encode+decode, write-queue push+pop
-// and the merge step. Run: build/uvbus_micro_core [--benchmark_filter=...]
+// Microbenchmarks of the core hot pieces: MurmurHash3 (one buffer, and batches by each kernel),
+// frame encode+decode, write-queue push+pop and the merge step.
+// Run: build/uvbus_micro_core [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/frame.h"
 #include "core/murmur3.h"
+#include "core/murmur3_batch.h"
 #include "core/write_queue.h"
 
 namespace {
@@ -32,6 +35,55 @@ void BM_Murmur3_x64_128(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
 }
 BENCHMARK(BM_Murmur3_x64_128)->Arg(16)->Arg(128)->Arg(4096)->Arg(65536);
+
+// Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
+// at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The
+// payloads lie back to back with 5-byte gaps (frame headers) in one buffer, as in a read buffer.
+void BM_Murmur3Batch(benchmark::State& state) {
+  const auto size = static_cast<size_t>(state.range(0));
+  const auto kernel = state.range(1);
+  const auto batch = static_cast<size_t>(state.range(2));
+  constexpr uvbus::murmur3_impl kImpl[] = {uvbus::murmur3_impl::scalar, uvbus::murmur3_impl::scalar,
+                                           uvbus::murmur3_impl::avx2, uvbus::murmur3_impl::avx512};
+  if (!uvbus::murmur3_batch_use(kImpl[kernel])) {
+    state.SkipWithError("kernel not supported by this CPU");
+    return;
+  }
+  // A multiple of every batch size used below, and too many random lengths for the branch
+  // predictor to learn (as real traffic: it would flatter branchy code).
+  constexpr size_t kFrames = 8192;
+  std::mt19937 rng(1);
+  std::vector<size_t> len(kFrames);
+  for (auto& l : len) l = size != 0 ? size : 8 + rng() % 121;
+  std::vector<uint8_t> wire;
+  std::vector<size_t> at(kFrames);
+  for (size_t i = 0; i < kFrames; ++i) {
+    at[i] = wire.size() + 5;
+    wire.resize(at[i] + len[i]);
+  }
+  for (auto& b : wire) b = static_cast<uint8_t>(rng());
+  std::vector<const uint8_t*> ptr(kFrames);
+  for (size_t i = 0; i < kFrames; ++i) ptr[i] = wire.data() + at[i];
+  std::vector<uint32_t> out(kFrames);
+  for (auto _ : state) {
+    if (kernel == 0) {
+      for (size_t i = 0; i < kFrames; ++i) out[i] = uvbus::murmur3_x86_32(ptr[i], len[i], 0);
+    } else {
+      for (size_t i = 0; i < kFrames; i += batch) {
+        uvbus::murmur3_x86_32_batch(&ptr[i], &len[i], batch, 0, &out[i]);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  uvbus::murmur3_batch_use(uvbus::murmur3_impl::auto_);
+  state.SetLabel(kernel == 0 ? "one_by_one" : uvbus::to_string(kImpl[kernel]));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kFrames));
+}
+BENCHMARK(BM_Murmur3Batch)
+    ->ArgNames({"size", "kernel", "batch"})
+    ->ArgsProduct({{0, 8, 32, 64, 128, 1024}, {0}, {1}})
+    ->ArgsProduct({{0, 8, 32, 64, 128, 1024}, {1, 2, 3}, {8, 16}});
 
 // Encode one frame into a buffer, then decode it: frames/s.
 void BM_FrameEncodeDecode(benchmark::State& state) {
@@ -74,6 +126,55 @@ void BM_FrameDecodeBatch64(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * frames));
 }
 BENCHMARK(BM_FrameDecodeBatch64);
+
+// Decoding reads of frames with uniform random payload sizes in [min, max] (the stream
+// benchmark's 8-128 and 8-16384 B mixes): frames/s of the receiver's parse + checksum step. Eight
+// different 64 KiB reads in turn (512 KiB: in L2, and too many random sizes for the branch
+// predictor to learn, as with real traffic). The frame cut by a read's end is left out, so every
+// frame lies wholly inside its read. Third argument: the decoder's batch_min_mean (0: every run of
+// whole frames is verified as a batch; 256: the default, small frames one at a time).
+void BM_FrameDecodeRead(benchmark::State& state) {
+  const auto lo = static_cast<size_t>(state.range(0));
+  const auto hi = static_cast<size_t>(state.range(1));
+  const auto min_mean = static_cast<size_t>(state.range(2));
+  constexpr size_t kReads = 8;
+  constexpr size_t kReadBytes = size_t{64} * 1024;
+  std::mt19937 rng(2);
+  std::vector<uint8_t> payload(hi);
+  for (auto& b : payload) b = static_cast<uint8_t>(rng());
+  std::vector<std::vector<uint8_t>> reads(kReads);
+  size_t frames = 0;
+  size_t bytes = 0;
+  for (auto& wire : reads) {
+    for (;;) {
+      const size_t n = lo + rng() % (hi - lo + 1);
+      if (wire.size() + uvbus::frame_size(n) > kReadBytes) break;
+      const size_t at = wire.size();
+      wire.resize(at + uvbus::frame_size(n));
+      (void)uvbus::frame_encode(payload.data() + (hi - n), n, wire.data() + at, wire.size() - at);
+      ++frames;
+    }
+    bytes += wire.size();
+  }
+  uvbus::frame_decoder dec(size_t{256} * 1024, min_mean);
+  for (auto _ : state) {
+    for (const auto& wire : reads) {
+      dec.feed(wire.data(), wire.size());
+      for (;;) {
+        auto r = dec.next();
+        if (r.status != uvbus::frame_status::payload) break;
+        benchmark::DoNotOptimize(r.data);
+      }
+    }
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * frames));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_FrameDecodeRead)
+    ->Args({8, 128, 0})
+    ->Args({8, 128, 256})
+    ->Args({8, 16384, 256})
+    ->Args({64, 64, 0});
 
 void BM_QueuePushPop64(benchmark::State& state) {
   uvbus::write_queue_config cfg;

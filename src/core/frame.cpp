@@ -6,6 +6,7 @@
 
 #include "core/endian.h"
 #include "core/murmur3.h"
+#include "core/murmur3_batch.h"
 
 namespace uvbus {
 namespace {
@@ -53,6 +54,62 @@ void frame_decoder::reset() noexcept {
   error_ = frame_status::payload;
   chunk_ = nullptr;
   chunk_left_ = 0;
+  ready_pos_ = 0;
+  ready_n_ = 0;
+  ready_error_ = false;
+  unbatched_left_ = 0;
+}
+
+bool frame_decoder::next_batch() noexcept {
+  const uint8_t* data[kBatchFrames];
+  size_t len[kBatchFrames];
+  uint32_t want[kBatchFrames];
+  size_t count = 0;
+  const uint8_t* p = chunk_;
+  size_t n = chunk_left_;
+  while (count < kBatchFrames && n > kFrameHashBytes) {
+    uint64_t plen = 0;
+    size_t vn = 0;
+    if (varint_decode(p + kFrameHashBytes, n - kFrameHashBytes, &plen, &vn) != varint_status::ok ||
+        plen > max_payload_) {
+      break;  // a header error or an incomplete header: the one-frame path reports or keeps it
+    }
+    const size_t header = kFrameHashBytes + vn;
+    if (plen > n - header) break;  // incomplete payload
+    const size_t total = header + static_cast<size_t>(plen);
+    data[count] = p + header;
+    len[count] = static_cast<size_t>(plen);
+    want[count] = load_le32(p);
+    ++count;
+    p += total;
+    n -= total;
+  }
+  if (count == 0) return false;
+  size_t payload_bytes = 0;
+  for (size_t i = 0; i < count; ++i) payload_bytes += len[i];
+  if (payload_bytes < count * batch_min_mean_) {
+    // Small frames: one at a time (see frame.h), these and the next ones, without parsing ahead:
+    // a parse that is declined again costs a header decode per frame.
+    unbatched_left_ = count * kSmallRunBatches;
+    return false;
+  }
+  uint32_t got[kBatchFrames];
+  if (count == 1) {
+    got[0] = murmur3_x86_32(data[0], len[0], 0);
+  } else {
+    murmur3_x86_32_batch(data, len, count, 0, got);
+  }
+  size_t good = 0;
+  while (good < count && got[good] == want[good]) {
+    ready_[good] = {data[good], len[good]};
+    ++good;
+  }
+  ready_pos_ = 0;
+  ready_n_ = good;
+  ready_error_ = good < count;
+  chunk_ = p;
+  chunk_left_ = n;
+  return true;
 }
 
 frame_decoder::result frame_decoder::next() {
@@ -68,10 +125,23 @@ frame_decoder::result frame_decoder::next() {
     header_len_ = 0;
     frame_len_ = 0;
   }
+  // Batches pay only with a SIMD kernel; on the scalar one, frames are checked one at a time.
+  if (ready_pos_ == ready_n_ && !ready_error_ && partial_.empty() && chunk_left_ != 0) {
+    if (unbatched_left_ != 0) {
+      --unbatched_left_;
+    } else if (murmur3_batch_active() != murmur3_impl::scalar) {
+      (void)next_batch();
+    }
+  }
+  if (ready_pos_ < ready_n_) {
+    const view v = ready_[ready_pos_++];
+    return {frame_status::payload, v.data, v.size};
+  }
+  if (ready_error_) return fail(frame_status::bad_hash);
   if (!partial_.empty()) return next_partial();
   if (chunk_left_ == 0) return {frame_status::need_more, nullptr, 0};
 
-  // Fast path: the frame lies inside the chunk; deliver it in place.
+  // One frame: a header error, or a frame cut by the end of the chunk (kept in partial_).
   const uint8_t* p = chunk_;
   const size_t n = chunk_left_;
   if (n > kFrameHashBytes) {

@@ -58,6 +58,17 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // with the bytes actually received (never reserved from the announced length, so a peer sending a
 // header and then nothing pins only what it sent) and is released again once a frame larger than
 // kDecoderKeepBytes completes, so an idle decoder holds at most kDecoderKeepBytes.
+//
+// Batches: when next() finds frames lying wholly inside the chunk, it parses up to kBatchFrames of
+// them at once, verifies their checksums together (murmur3_x86_32_batch: SIMD lanes), keeps the
+// verified views in a fixed array and yields them one per call, in order. A bad checksum is
+// reported where it was in the stream: after every frame before it, and nothing after it is
+// yielded. The results are exactly those of checking one frame at a time. With the scalar kernel
+// (no AVX2, or UVBUS_MURMUR3=scalar) frames are checked one at a time: batching would not pay.
+// Nor when the batch's payloads average under batch_min_mean bytes (default kBatchMinMeanBytes):
+// for small frames the batch hash is faster on its own, but the stream benchmark's receiver spent
+// more CPU per message in total (docs/core.md, "Frame checksums in batches"), so those frames are
+// checked one at a time as they are yielded; 0 batches every run of whole frames.
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload
   need_more,   // every byte fed so far has been consumed; feed the next chunk
@@ -71,9 +82,16 @@ const char* to_string(frame_status s) noexcept;
 class frame_decoder {
  public:
   static constexpr size_t kDecoderKeepBytes = 4096;
+  // Whole frames of one chunk verified together (the batch hash kernels' lane count).
+  static constexpr size_t kBatchFrames = 16;
 
-  explicit frame_decoder(size_t max_payload = size_t{256} * 1024) noexcept
-      : max_payload_(max_payload) {}
+  // Batches whose payloads average fewer bytes than this are checked one frame at a time instead
+  // (see kBatchMinMeanBytes).
+  static constexpr size_t kBatchMinMeanBytes = 256;
+
+  explicit frame_decoder(size_t max_payload = size_t{256} * 1024,
+                         size_t batch_min_mean = kBatchMinMeanBytes) noexcept
+      : max_payload_(max_payload), batch_min_mean_(batch_min_mean) {}
 
   struct result {
     frame_status status;
@@ -86,6 +104,10 @@ class frame_decoder {
   void feed(const void* data, size_t len) noexcept {
     chunk_ = static_cast<const uint8_t*>(data);
     chunk_left_ = len;
+    ready_pos_ = 0;
+    ready_n_ = 0;
+    ready_error_ = false;
+    unbatched_left_ = 0;
   }
 
   [[nodiscard]] result next();
@@ -106,8 +128,18 @@ class frame_decoder {
     return {s, nullptr, 0};
   }
   result next_partial();
+  // Parses up to kBatchFrames whole frames from the chunk and verifies them together into ready_.
+  // Returns false (consuming nothing) when the chunk does not start with a whole, well-formed
+  // frame; the one-frame path then handles it (partial frame, header error).
+  bool next_batch() noexcept;
 
   size_t max_payload_;
+  size_t batch_min_mean_;
+  // Frames still to be checked one at a time after a batch of small frames was declined: that
+  // batch and kSmallRunBatches - 1 more, so that a stream of small frames is parsed ahead only
+  // once per kSmallRunBatches * kBatchFrames frames.
+  static constexpr size_t kSmallRunBatches = 4;
+  size_t unbatched_left_ = 0;
   const uint8_t* chunk_ = nullptr;
   size_t chunk_left_ = 0;
   // Partial frame (header and payload bytes so far). header_len_ is 0 until its header is known.
@@ -116,6 +148,16 @@ class frame_decoder {
   size_t frame_len_ = 0;
   bool release_partial_ = false;  // the last payload was yielded from partial_: clear on next call
   frame_status error_ = frame_status::payload;  // payload means "no error"
+  // Verified payloads of the current chunk not yet yielded: ready_[ready_pos_, ready_n_). When
+  // ready_error_ is set, the frame after them had a bad checksum: bad_hash follows them.
+  struct view {
+    const uint8_t* data;
+    size_t size;
+  };
+  view ready_[kBatchFrames] = {};
+  size_t ready_pos_ = 0;
+  size_t ready_n_ = 0;
+  bool ready_error_ = false;
 };
 
 }  // namespace uvbus

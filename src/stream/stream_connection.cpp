@@ -19,7 +19,10 @@
 //
 // Read path. libuv reads into one large per-thread buffer (alloc_cb), and the per-connection
 // frame_decoder yields payloads straight from it; only the bytes of a frame cut by the end of a
-// read are copied into the connection's decoder. Decode errors end that connection only.
+// read are copied into the connection's decoder. The decoder verifies the whole frames of a read
+// up to 16 at a time (murmur3_x86_32_batch) and yields them in order; a bad checksum still ends
+// the connection after the frames before it, and nothing after it is delivered. Decode errors end
+// that connection only.
 //
 // Endings. end_conn() stops everything and calls uv_close(); the final reports (every queued packet
 // failed, then on_disconnected or on_connected(error)) fire from the close callback, so they never

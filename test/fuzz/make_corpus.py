@@ -103,6 +103,19 @@ for name, limit_byte, head, stream in [
 ]:
     write("fuzz_stream_channel", name, bytes([limit_byte]) + bytes(head) + stream)
 
+# fuzz_murmur3_batch: u32 seed, then per buffer: u16 length (high bit clear: low byte, 0..255;
+# set: low 14 bits), an alignment byte, the content.
+def batch_buf(n, align=0, long=False):
+    l = (0x8000 | n) if long else n
+    return struct.pack("<HB", l, align) + bytes((i * 7 + n) & 0xFF for i in range(n))
+
+
+write("fuzz_murmur3_batch", "one_each_0_to_17",
+      struct.pack("<I", 0) + b"".join(batch_buf(n, n % 5) for n in range(18)))
+write("fuzz_murmur3_batch", "sixteen_64", struct.pack("<I", 0x9747B28C) + batch_buf(64) * 16)
+write("fuzz_murmur3_batch", "long_lanes",
+      struct.pack("<I", 1) + batch_buf(3000, 1, True) + batch_buf(1000, 2, True) + batch_buf(9) * 6)
+
 # fuzz_varint: bytes to decode; the first 8 are also a value to encode.
 for v in (0, 1, 127, 128, 300, 16383, 16384, (1 << 32) - 1, (1 << 63), (1 << 64) - 1):
     write("fuzz_varint", "enc_%x" % v, varint(v))

@@ -1,0 +1,168 @@
+// murmur3_x86_32_batch: kernel dispatch (CPU features, UVBUS_MURMUR3, murmur3_batch_use), the
+// scalar path and the scalar continuation the SIMD kernels finish long buffers with.
+#include "core/murmur3_batch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+#include "core/endian.h"
+#include "core/murmur3.h"
+#include "core/murmur3_batch_impl.h"
+
+namespace uvbus {
+
+namespace murmur3_batch_detail {
+
+uint32_t finish_scalar(uint32_t h, const uint8_t* p, size_t len, size_t done) noexcept {
+  constexpr uint32_t c1 = 0xcc9e2d51U;
+  constexpr uint32_t c2 = 0x1b873593U;
+  const size_t nblocks = len / 4;
+  for (size_t i = done / 4; i < nblocks; ++i) {
+    uint32_t k = load_le32(p + i * 4);
+    k *= c1;
+    k = (k << 15) | (k >> 17);
+    k *= c2;
+    h ^= k;
+    h = (h << 13) | (h >> 19);
+    h = h * 5 + 0xe6546b64U;
+  }
+  const size_t t = len & 3;
+  if (t != 0) {
+    const uint8_t* tail = p + nblocks * 4;
+    uint32_t k = tail[0];
+    if (t > 1) k |= static_cast<uint32_t>(tail[1]) << 8;
+    if (t > 2) k |= static_cast<uint32_t>(tail[2]) << 16;
+    k *= c1;
+    k = (k << 15) | (k >> 17);
+    k *= c2;
+    h ^= k;
+  }
+  h ^= static_cast<uint32_t>(len);
+  h ^= h >> 16;
+  h *= 0x85ebca6bU;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35U;
+  h ^= h >> 16;
+  return h;
+}
+
+}  // namespace murmur3_batch_detail
+
+namespace {
+
+bool cpu_has(murmur3_impl impl) noexcept {
+#if defined(UVBUS_MURMUR3_SIMD)
+  switch (impl) {
+    case murmur3_impl::avx2:
+      return __builtin_cpu_supports("avx2") != 0;
+    case murmur3_impl::avx512:
+      return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
+             __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("bmi2") != 0;
+    default:
+      return true;
+  }
+#else
+  return impl == murmur3_impl::auto_ || impl == murmur3_impl::scalar;
+#endif
+}
+
+murmur3_impl best() noexcept {
+  if (cpu_has(murmur3_impl::avx512)) return murmur3_impl::avx512;
+  if (cpu_has(murmur3_impl::avx2)) return murmur3_impl::avx2;
+  return murmur3_impl::scalar;
+}
+
+murmur3_impl from_env() noexcept {
+  const char* v = std::getenv("UVBUS_MURMUR3");  // NOLINT(concurrency-mt-unsafe): read once
+  if (v != nullptr) {
+    for (const murmur3_impl i : {murmur3_impl::scalar, murmur3_impl::avx2, murmur3_impl::avx512}) {
+      if (std::strcmp(v, to_string(i)) == 0 && cpu_has(i)) return i;
+    }
+  }
+  return best();
+}
+
+// The chosen kernel; auto_ until the first use resolves it.
+std::atomic<murmur3_impl> g_active{murmur3_impl::auto_};
+
+void scalar_range(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
+                  uint32_t* out) noexcept {
+  for (size_t i = 0; i < n; ++i) out[i] = murmur3_x86_32(data[i], len[i], seed);
+}
+
+#if defined(UVBUS_MURMUR3_SIMD)
+bool all_short(const size_t* len, size_t n) noexcept {
+  for (size_t i = 0; i < n; ++i) {
+    if (len[i] >= murmur3_batch_detail::kMaxSimdLen) return false;
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+const char* to_string(murmur3_impl impl) noexcept {
+  switch (impl) {
+    case murmur3_impl::auto_:
+      return "auto";
+    case murmur3_impl::scalar:
+      return "scalar";
+    case murmur3_impl::avx2:
+      return "avx2";
+    case murmur3_impl::avx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+bool murmur3_batch_supported(murmur3_impl impl) noexcept {
+  return cpu_has(impl);
+}
+
+bool murmur3_batch_use(murmur3_impl impl) noexcept {
+  if (!cpu_has(impl)) return false;
+  g_active.store(impl == murmur3_impl::auto_ ? best() : impl, std::memory_order_relaxed);
+  return true;
+}
+
+murmur3_impl murmur3_batch_active() noexcept {
+  murmur3_impl a = g_active.load(std::memory_order_relaxed);
+  if (a == murmur3_impl::auto_) {
+    a = from_env();
+    murmur3_impl expected = murmur3_impl::auto_;
+    if (!g_active.compare_exchange_strong(expected, a, std::memory_order_relaxed)) a = expected;
+  }
+  return a;
+}
+
+void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
+                          uint32_t* out) noexcept {
+  const murmur3_impl impl = murmur3_batch_active();
+  if (impl == murmur3_impl::scalar) {
+    scalar_range(data, len, n, seed, out);
+    return;
+  }
+#if defined(UVBUS_MURMUR3_SIMD)
+  constexpr size_t lanes = 16;
+  for (size_t i = 0; i < n;) {
+    const size_t m = n - i < lanes ? n - i : lanes;
+    if (m == 1 || !all_short(len + i, m)) {
+      scalar_range(data + i, len + i, m, seed, out + i);
+    } else if (impl == murmur3_impl::avx2) {
+      murmur3_batch_detail::batch_avx2(data + i, len + i, m, seed, out + i);
+    } else if (m <= 8) {
+      // Eight lanes or fewer: ymm registers, half the transposes of the zmm kernel.
+      murmur3_batch_detail::batch_avx512_8(data + i, len + i, m, seed, out + i);
+    } else {
+      murmur3_batch_detail::batch_avx512(data + i, len + i, m, seed, out + i);
+    }
+    i += m;
+  }
+#else
+  scalar_range(data, len, n, seed, out);
+#endif
+}
+
+}  // namespace uvbus

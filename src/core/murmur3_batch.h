@@ -1,0 +1,33 @@
+// Batch MurmurHash3_x86_32: hashes several independent buffers at once in SIMD lanes (AVX2: 8,
+// AVX-512: 16), chosen at run time by CPU, with a scalar fallback. Output is bit-identical to
+// murmur3_x86_32 (core/murmur3.h) for every input. Algorithm and figures: docs/core.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace uvbus {
+
+// out[i] = murmur3_x86_32(data[i], len[i], seed) for i in [0, n). data[i] may be null when
+// len[i] == 0. No allocation; any n (processed in groups of the kernel's lane count).
+void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
+                          uint32_t* out) noexcept;
+
+// The kernels. auto_ picks the widest one this CPU (and OS) supports.
+enum class murmur3_impl { auto_, scalar, avx2, avx512 };
+
+const char* to_string(murmur3_impl impl) noexcept;
+
+// Whether this build and this CPU can run impl (auto_ and scalar always can).
+[[nodiscard]] bool murmur3_batch_supported(murmur3_impl impl) noexcept;
+
+// Forces a kernel (tests, benchmarks); auto_ returns to the CPU's choice. Returns false, changing
+// nothing, when impl is not supported. Process-wide; not meant to race with hashing threads.
+// Without a call, the environment variable UVBUS_MURMUR3=scalar|avx2|avx512 is honoured (an
+// unsupported or unknown value means auto).
+bool murmur3_batch_use(murmur3_impl impl) noexcept;
+
+// The kernel murmur3_x86_32_batch runs now (never auto_).
+[[nodiscard]] murmur3_impl murmur3_batch_active() noexcept;
+
+}  // namespace uvbus
