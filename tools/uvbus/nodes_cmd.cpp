@@ -39,8 +39,7 @@ std::string entry_json(const uvbus::directory_entry& e) {
 int nodes(const bus_args& a, session* s) {
   uvbus::directory_entry parent;
   // The parent sends its directory right after accepting the tool, itself first.
-  if (!s->run_until([&] { return s->node().lookup(s->parent_id(), &parent); },
-                    a.join.timeout_ms)) {
+  if (!s->run_until([&] { return s->node().lookup(s->parent_id(), &parent); }, a.join.timeout_ms)) {
     std::fprintf(stderr,
                  "uvbus nodes: parent %#" PRIx64
                  " sent no directory (it speaks a protocol version below 5?)\n",
@@ -70,9 +69,9 @@ int nodes(const bus_args& a, session* s) {
     char par[24];
     std::snprintf(id, sizeof id, "%#" PRIx64, e.id);
     std::snprintf(par, sizeof par, e.parent ? "%#" PRIx64 : "-", e.parent);
-    std::printf("%-20s %-16s %-10s %-20s %-12s %-8u %s\n", id, e.name.empty() ? "-" : e.name.c_str(),
-                e.type.empty() ? "-" : e.type.c_str(), par, e.hostname.c_str(), e.pid,
-                labels_text(e).c_str());
+    std::printf("%-20s %-16s %-10s %-20s %-12s %-8u %s\n", id,
+                e.name.empty() ? "-" : e.name.c_str(), e.type.empty() ? "-" : e.type.c_str(), par,
+                e.hostname.c_str(), e.pid, labels_text(e).c_str());
   }
   return kExitOk;
 }
