@@ -156,8 +156,9 @@ errc check_labels(const node_config& cfg, std::string* detail) {
     }
     for (size_t j = 0; j < i; ++j) {
       if (cfg.labels[j].first == k) {
-        return refuse(detail, errc::invalid_argument,
-                      field + ": key \"" + k + "\" repeats labels[" + std::to_string(j) + "]");
+        std::string why = field;
+        why += ": key \"" + k + "\" repeats labels[" + std::to_string(j) + "]";
+        return refuse(detail, errc::invalid_argument, why);
       }
     }
   }

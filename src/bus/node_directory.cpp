@@ -11,7 +11,7 @@ namespace uvbus {
 
 namespace {
 // A directory body is flushed once it passes this size (an entry is at most ~7 KiB).
-constexpr size_t kDirChunkBytes = 24 * 1024;
+constexpr size_t kDirChunkBytes = size_t{24} * 1024;
 }  // namespace
 
 const char* to_string(directory_event e) noexcept {
@@ -65,8 +65,8 @@ void node::impl::dir_send(peer_ep* p, const proto::directory_body& b) {
     chunk.ids.clear();
   };
   if (b.op == proto::dir_op::remove) {
-    for (size_t i = 0; i < b.ids.size(); ++i) {
-      chunk.ids.push_back(b.ids[i]);
+    for (const bus_id id : b.ids) {
+      chunk.ids.push_back(id);
       if (chunk.ids.size() == proto::kMaxDirItems) flush();
     }
     if (!chunk.ids.empty()) flush();

@@ -13,7 +13,12 @@ namespace {
 
 std::string labels_text(const uvbus::directory_entry& e) {
   std::string s;
-  for (const auto& [k, v] : e.labels) s += (s.empty() ? "" : ",") + k + "=" + v;
+  for (const auto& [k, v] : e.labels) {
+    if (!s.empty()) s += ',';
+    s += k;
+    s += '=';
+    s += v;
+  }
   return s.empty() ? "-" : s;
 }
 
