@@ -180,9 +180,10 @@ TEST_F(HostileNode, SilentAndHalfFramePeersAreClosedAtTheHandshakeTimeout) {
   }
   const std::vector<uint8_t> half = header_announcing(1000);
   for (size_t i = 0; i < peers_.size(); ++i) {
-    if (i % 2 == 1) {
-      ASSERT_TRUE(peers_[i].send_all(&loop_, half));
-      ASSERT_TRUE(peers_[i].send_all(&loop_, std::vector<uint8_t>(10, 'x')));
+    // On a slow machine the node may already have closed a peer at its handshake timeout: a
+    // failed write is then that expected outcome, checked below with the others.
+    if (i % 2 == 1 && peers_[i].send_all(&loop_, half)) {
+      (void)peers_[i].send_all(&loop_, std::vector<uint8_t>(10, 'x'));
     }
   }
   ASSERT_TRUE(exchange(20));

@@ -296,6 +296,12 @@ TEST(Tool, ShmInspectAndRemove) {
   run_result r = sh(t + " shm inspect " + url);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("layout            valid"), std::string::npos) << r.out;
+  r = sh(t + " shm inspect " + url + " --json");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find("\"layout\":\"valid\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"alive\":true"), std::string::npos) << r.out;
+  EXPECT_EQ(sh(t + " shm drain " + url + " --json").rc, 2);              // inspect only
   EXPECT_EQ(sh(t + " shm remove " + url).rc, 3);                         // a live reader owns it
   EXPECT_EQ(sh(std::string(UVBUS_SHM_INSPECT_PATH) + " " + url).rc, 0);  // the old name
   reader.close(uvbus::shm_close_mode::keep);

@@ -32,7 +32,7 @@ constexpr int kExitLiveReader = 3;
 void usage(FILE* f) {
   std::fprintf(
       f,
-      "usage: uvbus_shm_inspect URL                      print a region's header, fill and "
+      "usage: uvbus_shm_inspect URL [--json]             print a region's header, fill and "
       "counters\n"
       "       uvbus_shm_inspect --drain URL [--quiet] [--out FILE]\n"
       "           take the reader role of a region whose reader is dead or closed with keep\n"
@@ -72,12 +72,38 @@ void print_counters(const uvbus::shm_metrics& m) {
       m.records_written < m.records_read ? " (they lag now: records_written < records_read)" : "");
 }
 
-int inspect_main(const char* url) {
+// inspect --json: the same fields as one JSON object.
+void inspect_json(const char* url, uvbus::errc e, const uvbus::shm_region_info& i) {
+  const auto& m = i.metrics;
+  std::printf("{\"region\":%s,\"layout\":%s,\"version\":%u,\"region_size\":%" PRIu64
+              ",\"ring_bytes\":%" PRIu64 ",\"node_size\":%u,\"max_record_size\":%u,",
+              json_str(url).c_str(),
+              json_str(e == uvbus::errc::ok ? "valid" : uvbus::to_string(e)).c_str(), i.version,
+              i.region_size, i.ring_bytes, i.node_size, i.max_record_size);
+  std::printf(
+      "\"reader\":{\"pid\":%u,\"state\":%u,\"alive\":%s,\"sleeping\":%s,"
+      "\"incarnation\":%u},",
+      i.owner_pid, i.reader_state, i.reader_alive ? "true" : "false",
+      i.reader_sleeping ? "true" : "false", i.reader_incarnation);
+  std::printf("\"write_pos\":%" PRIu64 ",\"read_pos\":%" PRIu64 ",\"consumed_pos\":%" PRIu64
+              ",\"fill_bytes\":%" PRIu64 ",\"capacity_bytes\":%" PRIu64 ",",
+              i.write_pos, i.read_pos, i.consumed_pos, m.fill_bytes, m.capacity_bytes);
+  std::printf(
+      "\"records_written\":%" PRIu64 ",\"records_read\":%" PRIu64 ",\"queue_full\":%" PRIu64
+      ",\"abandoned\":%" PRIu64 ",\"checksum_failures\":%" PRIu64 ",\"corrupt\":%" PRIu64 "}\n",
+      m.records_written, m.records_read, m.queue_full, m.abandoned, m.checksum_failures, m.corrupt);
+}
+
+int inspect_main(const char* url, bool json) {
   uvbus::shm_region_info i;
   const uvbus::errc e = uvbus::shm_inspect(url, &i);
   if (e != uvbus::errc::ok && e != uvbus::errc::bad_layout) {
     std::fprintf(stderr, "%s: %s\n", url, uvbus::to_string(e));
     return kExitUsage;
+  }
+  if (json) {
+    inspect_json(url, e, i);
+    return e == uvbus::errc::ok ? kExitOk : kExitUnusable;
   }
   const char* states[] = {"initialising", "open", "closed", "closed with keep (will come back)"};
   const auto& m = i.metrics;
@@ -189,7 +215,7 @@ int remove_main(const char* url, bool force) {
 int shm_inspect_legacy_main(int argc, char** argv) {
   const char* url = nullptr;
   const char* out = nullptr;
-  bool drain = false, remove = false, force = false, quiet = false;
+  bool drain = false, remove = false, force = false, quiet = false, json = false;
   for (int a = 1; a < argc; ++a) {
     const std::string s = argv[a];
     if (s == "--help" || s == "-h") {
@@ -204,6 +230,8 @@ int shm_inspect_legacy_main(int argc, char** argv) {
       force = true;
     } else if (s == "--quiet") {
       quiet = true;
+    } else if (s == "--json") {
+      json = true;
     } else if (s == "--out" && a + 1 < argc) {
       out = argv[++a];
     } else if (s.rfind("--", 0) != 0 && url == nullptr) {
@@ -214,12 +242,12 @@ int shm_inspect_legacy_main(int argc, char** argv) {
     }
   }
   if (url == nullptr || (drain && remove) || (force && !remove) ||
-      ((quiet || out != nullptr) && !drain)) {
+      ((quiet || out != nullptr) && !drain) || (json && (drain || remove))) {
     usage(stderr);
     return kExitUsage;
   }
   if (remove) return remove_main(url, force);
-  if (!drain) return inspect_main(url);
+  if (!drain) return inspect_main(url, json);
   drain_sink sink;
   sink.quiet = quiet;
   if (out != nullptr && (sink.out = std::fopen(out, "ab")) == nullptr) {
@@ -236,7 +264,7 @@ int shm_inspect_legacy_main(int argc, char** argv) {
 int shm_main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fprintf(argc < 2 ? stderr : stdout,
-                 "usage: uvbus shm inspect URL | drain URL [--quiet] [--out FILE] |"
+                 "usage: uvbus shm inspect URL [--json] | drain URL [--quiet] [--out FILE] |"
                  " remove URL [--force]\n"
                  "(the same as uvbus_shm_inspect URL | --drain URL ... | --remove URL ...;"
                  " details below)\n\n");
