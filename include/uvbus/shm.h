@@ -18,10 +18,11 @@
 //
 // Threads: a shm_reader belongs to the thread that constructs it, which must run its loop; every
 // member function checks this (debug builds abort naming the function, release builds fail with
-// errc::wrong_thread). A shm_writer has no loop and is not bound to a thread: one writer object
-// may be used from any thread, by one thread at a time (not checked: it costs an atomic per send);
-// any number of writer objects (in any threads or processes) may send into the same region
-// concurrently. The region's layout, memory orders and crash-safety argument are in docs/shm.md.
+// errc::wrong_thread). A shm_writer has no loop and is not bound to a thread (unless coalesce()
+// gave it one): one writer object may be used from any thread, by one thread at a time (not
+// checked: it costs an atomic per send); any number of writer objects (in any threads or processes)
+// may send into the same region concurrently. The region's layout, memory orders and crash-safety
+// argument are in docs/shm.md.
 //
 // Contract shared by every call taking a callback (from libuv): when a function which takes a
 // callback returns an error, the callback will never be called.
@@ -378,7 +379,7 @@ class shm_writer {
   //   not_connected / message_too_large / abandoned keep their meanings; a message larger than
   //   the stage is published alone, after the staged ones.
   // Errors: not_connected (not open), wrong_state (already coalescing), invalid_argument
-  // (stage_bytes below 64), no_memory, io_error (libuv handle creation failed).
+  // (stage_bytes below 64), no_memory.
   static constexpr size_t kDefaultStageBytes = 4096;
   [[nodiscard]] errc coalesce(uv_loop_t* loop = nullptr,
                               size_t stage_bytes = kDefaultStageBytes) noexcept;

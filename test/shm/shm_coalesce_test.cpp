@@ -232,7 +232,7 @@ TEST_F(ShmCoalesceLoop, LoopTurnPublishesAndTheHandlesNeverKeepTheLoopAlive) {
   ASSERT_EQ(w.open(url), errc::ok);
   ASSERT_EQ(w.coalesce(&loop), errc::ok);
   std::vector<std::string> want;
-  for (int round = 0; round < 50; ++round) {
+  for (size_t round = 0; round < 50; ++round) {
     for (size_t i = 0; i < 20; ++i) {
       want.push_back(msg(round * 20 + i));
       ASSERT_EQ(w.send(want.back().data(), want.back().size()), errc::ok);
