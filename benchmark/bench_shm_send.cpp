@@ -5,6 +5,9 @@
 // --batch-bytes B (default 4096): messages are sent with shm_writer::send_batch in batches of at
 // most B bytes of ring (shm_writer::batch_bytes per message), as a sender coalescing a burst
 // would; a message larger than that goes alone. 0 = one send() per message.
+// --coalesce 1 (with --batch-bytes 0): one send() per message on a coalescing writer
+// (shm_writer::coalesce, default 4096-byte stage) with a flush() every 256 sends, standing in for
+// the end of a loop turn.
 // N writer processes (forked; writer ids 0..N-1) each send verified payloads for S seconds, then
 // an end message carrying their count. A full ring is retried after a pause; a record the reader
 // skipped as abandoned (the writer was descheduled past the timeout) is sent again, so every
@@ -36,6 +39,23 @@ bool open_retry(shm_writer& w, const options& o, uint64_t id) {
   return false;
 }
 
+// --coalesce 1: a coalescing writer (false if that failed).
+bool start_coalescing(shm_writer& w, const options& o, uint64_t id) {
+  if (o.get_int("coalesce", 0) == 0) return true;
+  const errc e = w.coalesce();
+  if (e != errc::ok) std::fprintf(stderr, "[send %" PRIu64 "] coalesce: %s\n", id, to_string(e));
+  return e == errc::ok;
+}
+
+// The end message (retried while the ring is full), then published if the writer coalesces.
+errc send_end(shm_writer& w, uint64_t id, uint64_t seq, uint8_t* buf) {
+  const size_t n = make_end(id, seq, buf);
+  errc e = errc::ok;
+  while ((e = w.send(buf, n)) == errc::queue_full || e == errc::abandoned) usleep(100);
+  while (e == errc::ok && (e = w.flush()) == errc::queue_full) usleep(100);
+  return e;
+}
+
 int run_writer(const options& o, uint64_t id) {
   shm_writer w;
   if (!open_retry(w, o, id)) return 1;
@@ -52,10 +72,14 @@ int run_writer(const options& o, uint64_t id) {
   auto wait_room = [] { sched_yield(); };
   const size_t limit =
       std::min<size_t>(static_cast<size_t>(o.get_int("batch-bytes", 4096)), w.max_record_size());
+  if (!start_coalescing(w, o, id)) return 1;
   if (limit == 0) {
     size_t n = make_payload(base | seq, id, o.min, o.max, buf.data());
     for (uint32_t k = 0;; ++k) {
-      if ((k & 255) == 0 && mono_now() >= end) break;
+      if ((k & 255) == 0) {
+        (void)w.flush();  // coalescing: a "loop turn" ends (a failure stays staged)
+        if (mono_now() >= end) break;
+      }
       e = w.send(buf.data(), n);
       if (e == errc::ok) {
         ++seq;
@@ -106,8 +130,7 @@ int run_writer(const options& o, uint64_t id) {
     }
   }
   const double dt = mono_now() - t0;
-  size_t n = make_end(id, seq, buf.data());
-  while ((e = w.send(buf.data(), n)) == errc::queue_full || e == errc::abandoned) usleep(100);
+  e = send_end(w, id, seq, buf.data());
   std::printf("[send] writer=%" PRIu64 " msgs=%" PRIu64 " msgs/s=%.0f queue_full=%" PRIu64
               " abandoned=%" PRIu64 " wakeups=%" PRIu64 " end=%s\n",
               id, seq, static_cast<double>(seq) / dt, full, abandoned, w.metrics().wakeups,

@@ -7,7 +7,8 @@
 #   benchmark/run_shm.sh BUILD_DIR
 #
 # Senders batch their messages (shm_writer::send_batch, up to BATCH_BYTES of ring per batch);
-# the */1w-single cases send one record per send() call, the path the bus layer uses today.
+# the */1w-single cases send one record per send() call (a plain writer), the */1w-coalesce cases
+# one send() per message on a coalescing writer (shm_writer::coalesce, flushed every 256 sends).
 #
 # Environment: SECONDS_PER_CASE (default 5), CASES (extended regex on case names, default all),
 # ROUND_TRIPS (default 200000), SEND_CPU (0), RECV_CPU (1), PIN (1; 0 = no taskset),
@@ -20,8 +21,8 @@ BATCH_BYTES=${BATCH_BYTES:-4096}
 source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 bench_setup shm uvbus_bench_shm_recv uvbus_bench_shm_send uvbus_bench_shm_pingpong
 
-run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES]
-  local name=$1 min=$2 max=$3 writers=$4 batch=${5:-$BATCH_BYTES}
+run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES [SENDER FLAGS]]
+  local name=$1 min=$2 max=$3 writers=$4 batch=${5:-$BATCH_BYTES} extra=${6:-}
   [[ $name =~ $CASES ]] || return 0
   local file=${name////_}
   local ready=$TMP/$file.ready out=$TMP/$file.recv url="shm://uvbus-bench-$$-$file"
@@ -38,7 +39,8 @@ run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES]
   fi
   local send_out
   send_out=$($ON_SEND "$BUILD/uvbus_bench_shm_send" "$url" --min "$min" --max "$max" \
-    --seconds "$SECS" --writers "$writers" --batch-bytes "$batch" | grep '^\[send\]' || true)
+    --seconds "$SECS" --writers "$writers" --batch-bytes "$batch" $extra | grep '^\[send\]' ||
+    true)
   wait "$rpid" || true
   local j
   j=$(grep '^{"bench"' "$out" | tail -1 || true)
@@ -59,6 +61,8 @@ for w in 1 2; do
 done
 run_pair "small/1w-single" 8 128 1 0
 run_pair "large/1w-single" 8 16384 1 0
+run_pair "small/1w-coalesce" 8 128 1 0 "--coalesce 1"
+run_pair "large/1w-coalesce" 8 16384 1 0 "--coalesce 1"
 
 LAT=()
 for mode in poll uv; do

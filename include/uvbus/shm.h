@@ -18,10 +18,11 @@
 //
 // Threads: a shm_reader belongs to the thread that constructs it, which must run its loop; every
 // member function checks this (debug builds abort naming the function, release builds fail with
-// errc::wrong_thread). A shm_writer has no loop and is not bound to a thread: one writer object
-// may be used from any thread, by one thread at a time (not checked: it costs an atomic per send);
-// any number of writer objects (in any threads or processes) may send into the same region
-// concurrently. The region's layout, memory orders and crash-safety argument are in docs/shm.md.
+// errc::wrong_thread). A shm_writer has no loop and is not bound to a thread (unless coalesce()
+// gave it one): one writer object may be used from any thread, by one thread at a time (not
+// checked: it costs an atomic per send); any number of writer objects (in any threads or processes)
+// may send into the same region concurrently. The region's layout, memory orders and crash-safety
+// argument are in docs/shm.md.
 //
 // Contract shared by every call taking a callback (from libuv): when a function which takes a
 // callback returns an error, the callback will never be called.
@@ -125,6 +126,11 @@ struct shm_metrics {
   uint64_t batches = 0;            // callback batches (reader)
   uint64_t fill_bytes = 0;         // ring bytes reserved and not yet released by the reader
   uint64_t capacity_bytes = 0;     // ring size
+  // Coalescing writers (shm_writer::coalesce) only, this writer's own: staged messages published
+  // (flushes: ring reservations made for them), and staged messages that send() had accepted but
+  // that never reached the ring (the region was removed, or close() found the ring full).
+  uint64_t coalesced_flushes = 0;
+  uint64_t staged_dropped = 0;
 };
 
 // The reader's callbacks, given at construction or with shm_reader::set_callbacks.
@@ -354,6 +360,41 @@ class shm_writer {
   [[nodiscard]] static constexpr size_t batch_bytes(size_t size) noexcept {
     return 8 + ((size + 7) & ~size_t{7});
   }
+
+  // ---- Coalescing (opt-in; docs/shm.md "Coalescing writer") ----
+  // Switches this writer to coalescing: from now on send()/sendv() copy each message into a
+  // private staging area of `stage_bytes` (default kDefaultStageBytes, at most max_record_size())
+  // and return; the staged messages go into the ring together as ONE batch reservation (the
+  // send_batch record, every message with its own checksum) when flush() is called, when the
+  // stage is full, before any send_batch()/sendv_now(), at close(), and — if `loop` is given —
+  // at the end of every turn of that loop (uv_prepare and uv_check handles, unreferenced: they
+  // never keep the loop alive). With a loop the writer belongs to that loop's thread.
+  //   What ok means then: the message is accepted and will be in the ring, in send order, by
+  //   the end of the loop turn (or the next flush()) — unless the region is removed first (then
+  //   it is dropped as the records already in the ring are; counted in staged_dropped) or this
+  //   process dies first (then it is lost, never torn: the ring only ever sees whole batches).
+  //   Back-pressure: a flush that finds the ring full keeps the stage and retries (at the next
+  //   send, flush, loop turn, or every millisecond); meanwhile send() tries the flush again and
+  //   returns queue_full if the ring is still full (nothing of that message is staged).
+  //   not_connected / message_too_large / abandoned keep their meanings; a message larger than
+  //   the stage is published alone, after the staged ones.
+  // Errors: not_connected (not open), wrong_state (already coalescing), invalid_argument
+  // (stage_bytes below 64), no_memory.
+  static constexpr size_t kDefaultStageBytes = 4096;
+  [[nodiscard]] errc coalesce(uv_loop_t* loop = nullptr,
+                              size_t stage_bytes = kDefaultStageBytes) noexcept;
+  [[nodiscard]] bool coalescing() const noexcept;
+  // Publishes the staged messages now (one reservation): ok (also when nothing was staged),
+  // queue_full (still staged, retried later), not_connected (dropped), abandoned (retried 3
+  // times, still staged). Without coalesce() a no-op returning ok.
+  [[nodiscard]] errc flush() noexcept;
+  // Messages staged and not yet in the ring.
+  [[nodiscard]] size_t staged() const noexcept;
+  // The classic contract for one message on a coalescing writer: publishes the stage, then this
+  // message as its own record; ok means it is committed in the ring (what a caller that reports
+  // delivery needs). On a stage that can not be published it sends nothing (queue_full, ...).
+  // Without coalesce() the same as sendv().
+  [[nodiscard]] errc sendv_now(const const_buffer* parts, size_t count) noexcept;
 
   // True if the region's reader is open and its process alive (a kill(pid, 0) and a read of
   // /proc): false while it is dead or closed with keep, true again once a reader reattached.

@@ -80,12 +80,16 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
     }
   }
   if (p->shm) {
-    errc e = p->shm->sendv(bufs, n);
+    // Sends of one loop turn go into the ring as one batch at the end of the turn (docs/shm.md,
+    // "Coalescing writer"); a next-hop report needs its record in the ring now (sendv_now).
+    if (!p->shm->coalescing()) (void)p->shm->coalesce(loop);
+    const bool now = tag != 0 && (tag & kTagE2e) == 0;
+    errc e = now ? p->shm->sendv_now(bufs, n) : p->shm->sendv(bufs, n);
     // abandoned: we stalled mid-record (preempted past the reader's timeout) and the reader
     // skipped it, so the message was NOT delivered and sending it again cannot duplicate it.
     for (int retry = 0; e == errc::abandoned && retry < 3; ++retry) {
       ++counters.shm_abandoned_retries;
-      e = p->shm->sendv(bufs, n);
+      e = now ? p->shm->sendv_now(bufs, n) : p->shm->sendv(bufs, n);
     }
     if (e == errc::ok) {
       if (via_shm != nullptr) *via_shm = true;

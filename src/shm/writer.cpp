@@ -1,7 +1,11 @@
-// shm_writer: reserve, copy, checksum, commit. Lock-free: a writer that stops anywhere (crash,
-// preemption, SIGSTOP) never prevents other writers from reserving, and the reader skips its
-// record after the abandon timeout.
+// shm_writer: reserve, copy, checksum, commit, and the opt-in coalescing stage. Lock-free: a writer
+// that stops anywhere (crash, preemption, SIGSTOP) never prevents other writers from reserving,
+// and the reader skips its record after the abandon timeout.
+#include <algorithm>
 #include <cstring>
+#include <new>
+
+#include <uv.h>
 
 #include "shm/region.h"
 #include "shm/test_hook.h"
@@ -14,6 +18,22 @@ using namespace shm_detail;
 static_assert(shm_writer::batch_bytes(0) == batch_item_bytes(0) &&
                   shm_writer::batch_bytes(13) == batch_item_bytes(13),
               "the public batch size formula is the layout's");
+
+namespace {
+// A coalescing writer's libuv handles, in their own block freed by the last close callback (the
+// writer may be destroyed right after close()).
+struct writer_glue {
+  uv_prepare_t prepare;
+  uv_check_t check;
+  uv_timer_t retry;  // every millisecond while a flush found the ring full
+  shm_writer::impl* owner = nullptr;
+  int open_handles = 0;
+};
+void writer_glue_closed(uv_handle_t* h) {
+  auto* g = static_cast<writer_glue*>(h->data);
+  if (--g->open_handles == 0) delete g;
+}
+}  // namespace
 
 struct shm_writer::impl {
   mapping map;
@@ -28,6 +48,16 @@ struct shm_writer::impl {
   bool removed = false;  // the region's name was found removed: its records can never be read
   void (*hook)(void*) = nullptr;
   void* hook_user = nullptr;
+  // Coalescing (shm_writer::coalesce): the stage holds a batch body being built, items laid out
+  // as in the ring ({len, payload hash} + payload padded to 8); a flush fixes each checksum up
+  // with its position mix and commits the body as one kBatch record.
+  std::unique_ptr<uint8_t[]> stage;
+  size_t stage_cap = 0;    // 0: not coalescing
+  size_t stage_used = 0;   // body bytes staged
+  size_t stage_count = 0;  // messages staged
+  uint64_t stage_payload = 0;
+  bool stuck = false;  // the last flush failed (ring full): the stage waits for room
+  writer_glue* glue = nullptr;
 
   static constexpr uint32_t kFlushEvery = shm_writer::kCounterFlushEvery;
   static constexpr uint32_t kLivenessEvery = 65536;  // sends between two region_removed checks
@@ -80,16 +110,16 @@ struct shm_writer::impl {
   }
 
   // Checks shared by send and send_batch before anything is reserved. ok, or the error to return.
-  errc precheck() noexcept {
+  errc precheck(uint32_t sends = 1) noexcept {
     region_header* h = g.hdr;
     // A hint, not a guarantee (the reader may close right after): relaxed is enough. Open (live
     // or dead reader) and detached both accept records.
     if (h->reader_state.load(std::memory_order_relaxed) == kReaderClosed || removed) return gone();
-    if (++sends_since_liveness >= kLivenessEvery) {
+    if ((sends_since_liveness += sends) >= kLivenessEvery) {
       sends_since_liveness = 0;
       if (region_gone()) return gone();
     }
-    if (++sends_since_flush >= kFlushEvery) flush();
+    if ((sends_since_flush += sends) >= kFlushEvery) flush();
     // Start pulling the head and first data line of the likely position into our cache (for
     // writing) now, so the cross-core transfers overlap the hashing that follows instead of
     // stalling the claim.
@@ -268,6 +298,150 @@ struct shm_writer::impl {
     std::memcpy(node, &pre, sizeof pre);
     return commit(w, need, kBatch, count, bytes);
   }
+
+  // ---- coalescing ---------------------------------------------------------------------------
+
+  // Copies the stage into the ring as one reservation: a plain record for a single message, a
+  // batch otherwise. The ring protocol is send_batch's: the reserve-to-commit window is the copy.
+  errc publish_stage() noexcept {
+    if (const errc e = precheck(static_cast<uint32_t>(stage_count)); e != errc::ok) return e;
+    const uint8_t* src = stage.get();
+    record_prefix sp;
+    std::memcpy(&sp, src, sizeof sp);
+    const bool single = stage_count == 1;
+    const uint64_t need = g.nodes_for(single ? sp.len : stage_used);
+    uint64_t w = 0;
+    if (const errc e = reserve(need, &w); e != errc::ok) return e;
+
+    if (hook != nullptr) hook(hook_user);
+
+    uint8_t* node = g.node(w);
+    uint8_t* dst = node + kRecordHeaderSize;
+    if (single) {
+      if (sp.len != 0) std::memcpy(dst, src + kRecordHeaderSize, sp.len);
+      const record_prefix pre{sp.len, sp.checksum ^ position_mix(w)};
+      std::memcpy(node, &pre, sizeof pre);
+      return commit(w, need, kCommitted, 1, sp.len);
+    }
+    std::memcpy(dst, src, stage_used);
+    // The item prefixes carry the payload hash: mix in the position (lengths from the stage,
+    // our private memory, never from the ring).
+    for (uint64_t off = 0; off < stage_used;) {
+      record_prefix ip;
+      std::memcpy(&ip, src + off, sizeof ip);
+      ip.checksum ^= item_mix(w, off);
+      std::memcpy(dst + off, &ip, sizeof ip);
+      off += batch_item_bytes(ip.len);
+    }
+    const record_prefix pre{static_cast<uint32_t>(stage_used), static_cast<uint32_t>(stage_count)};
+    std::memcpy(node, &pre, sizeof pre);
+    return commit(w, need, kBatch, stage_count, stage_payload);
+  }
+
+  void clear_stage() noexcept {
+    stage_used = stage_count = 0;
+    stage_payload = 0;
+    stuck = false;
+    if (glue != nullptr) uv_timer_stop(&glue->retry);
+  }
+
+  // Publishes the stage (retrying an abandoned copy, which was not delivered, up to 3 times).
+  // ok: empty now. not_connected: the region is gone, the stage is dropped. queue_full or
+  // abandoned: kept, and retried by the next send/flush/loop turn or the retry timer.
+  errc flush_stage() noexcept {
+    if (stage_count == 0) return errc::ok;
+    errc e = publish_stage();
+    for (int retry = 0; e == errc::abandoned && retry < 3; ++retry) e = publish_stage();
+    if (e == errc::ok) {
+      ++local.coalesced_flushes;
+      clear_stage();
+      return e;
+    }
+    if (e == errc::not_connected) {
+      local.staged_dropped += stage_count;
+      clear_stage();
+      return e;
+    }
+    if (!stuck && glue != nullptr) uv_timer_start(&glue->retry, on_retry, 1, 1);
+    stuck = true;
+    return e;
+  }
+
+  // send()/sendv() on a coalescing writer: appends the message to the stage.
+  errc stage_send(const const_buffer* parts, size_t count) noexcept {
+    if (g.hdr == nullptr) return errc::not_connected;
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i) {
+      total += parts[i].size;
+      if (total > g.max_record || parts[i].size > g.max_record) return errc::message_too_large;
+    }
+    // A region closed for good: what is staged can never be read either (a relaxed hint, as in
+    // precheck; a removed name is found by the flush's periodic check).
+    if (g.hdr->reader_state.load(std::memory_order_relaxed) == kReaderClosed || removed) {
+      local.staged_dropped += stage_count;
+      clear_stage();
+      return gone();
+    }
+    const uint64_t item = batch_item_bytes(total);
+    if (stuck || stage_used + item > stage_cap || stage_count == shm_writer::kMaxBatch) {
+      if (const errc e = flush_stage(); e != errc::ok) return e;
+    }
+    if (item > stage_cap) return send(parts, count);  // too big to stage: alone, after the stage
+    uint8_t* d = stage.get() + stage_used;
+    size_t off = kRecordHeaderSize;
+    for (size_t i = 0; i < count; ++i) {
+      if (parts[i].size != 0) std::memcpy(d + off, parts[i].data, parts[i].size);
+      off += parts[i].size;
+    }
+    const record_prefix ip{static_cast<uint32_t>(total),
+                           payload_hash(d + kRecordHeaderSize, total)};
+    std::memcpy(d, &ip, sizeof ip);
+    stage_used += item;
+    ++stage_count;
+    stage_payload += total;
+    return errc::ok;
+  }
+
+  static void on_turn(impl* self) noexcept {
+    if (self != nullptr && self->stage_count != 0) (void)self->flush_stage();
+  }
+  static void on_prepare(uv_prepare_t* h) { on_turn(static_cast<writer_glue*>(h->data)->owner); }
+  static void on_check(uv_check_t* h) { on_turn(static_cast<writer_glue*>(h->data)->owner); }
+  static void on_retry(uv_timer_t* h) { on_turn(static_cast<writer_glue*>(h->data)->owner); }
+
+  errc start_glue(uv_loop_t* loop) noexcept {
+    auto* gl = new (std::nothrow) writer_glue();
+    if (gl == nullptr) return errc::no_memory;
+    gl->owner = this;
+    gl->prepare.data = gl->check.data = gl->retry.data = gl;
+    uv_prepare_init(loop, &gl->prepare);
+    uv_check_init(loop, &gl->check);
+    uv_timer_init(loop, &gl->retry);
+    gl->open_handles = 3;
+    uv_prepare_start(&gl->prepare, on_prepare);
+    uv_check_start(&gl->check, on_check);
+    // Never keep the loop alive: they only serve sends, which come from something that does.
+    uv_unref(reinterpret_cast<uv_handle_t*>(&gl->prepare));
+    uv_unref(reinterpret_cast<uv_handle_t*>(&gl->check));
+    uv_unref(reinterpret_cast<uv_handle_t*>(&gl->retry));
+    glue = gl;
+    return errc::ok;
+  }
+
+  // close(): a last flush; what can not be published is dropped (counted).
+  void stop_coalescing() noexcept {
+    if (stage_cap == 0) return;
+    if (flush_stage() != errc::ok) local.staged_dropped += stage_count;
+    clear_stage();
+    if (glue != nullptr) {
+      glue->owner = nullptr;
+      uv_close(reinterpret_cast<uv_handle_t*>(&glue->prepare), writer_glue_closed);
+      uv_close(reinterpret_cast<uv_handle_t*>(&glue->check), writer_glue_closed);
+      uv_close(reinterpret_cast<uv_handle_t*>(&glue->retry), writer_glue_closed);
+      glue = nullptr;
+    }
+    stage_cap = 0;
+  }
 };
 
 shm_writer::shm_writer() = default;
@@ -349,19 +523,57 @@ errc shm_writer::open_image(void* mem, size_t size, const shm_writer_options& op
 }
 
 errc shm_writer::send(const void* data, size_t len) noexcept {
-  if (!impl_) return errc::not_connected;
   const const_buffer s{data, len};
-  return impl_->send(&s, 1);
+  return sendv(&s, 1);
 }
 
 errc shm_writer::sendv(const const_buffer* parts, size_t count) noexcept {
   if (!impl_) return errc::not_connected;
+  if (impl_->stage_cap != 0) return impl_->stage_send(parts, count);
+  return impl_->send(parts, count);
+}
+
+errc shm_writer::sendv_now(const const_buffer* parts, size_t count) noexcept {
+  if (!impl_) return errc::not_connected;
+  if (const errc e = impl_->flush_stage(); e != errc::ok) return e;
   return impl_->send(parts, count);
 }
 
 errc shm_writer::send_batch(const const_buffer* msgs, size_t count) noexcept {
   if (!impl_) return errc::not_connected;
+  if (const errc e = impl_->flush_stage(); e != errc::ok) return e;
   return impl_->send_batch(msgs, count);
+}
+
+errc shm_writer::coalesce(uv_loop_t* loop, size_t stage_bytes) noexcept {
+  if (!impl_) return errc::not_connected;
+  if (impl_->stage_cap != 0) return errc::wrong_state;
+  // The stage is one batch body: it must fit the record limit.
+  const size_t cap = std::min<size_t>(stage_bytes, impl_->g.max_record) & ~size_t{7};
+  if (cap < 64) return errc::invalid_argument;
+  impl_->stage.reset(new (std::nothrow) uint8_t[cap]());
+  if (!impl_->stage) return errc::no_memory;
+  if (loop != nullptr) {
+    if (const errc e = impl_->start_glue(loop); e != errc::ok) {
+      impl_->stage.reset();
+      return e;
+    }
+  }
+  impl_->stage_cap = cap;
+  return errc::ok;
+}
+
+bool shm_writer::coalescing() const noexcept {
+  return impl_ && impl_->stage_cap != 0;
+}
+
+errc shm_writer::flush() noexcept {
+  if (!impl_) return errc::not_connected;
+  return impl_->flush_stage();
+}
+
+size_t shm_writer::staged() const noexcept {
+  return impl_ ? impl_->stage_count : 0;
 }
 
 bool shm_writer::reader_alive() const noexcept {
@@ -370,6 +582,7 @@ bool shm_writer::reader_alive() const noexcept {
 
 void shm_writer::close() {
   if (!impl_) return;
+  impl_->stop_coalescing();
   impl_->flush();
   release_region(&impl_->map, false);
   impl_.reset();
