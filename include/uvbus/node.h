@@ -116,6 +116,14 @@ struct node_config {
 
   // A connection must finish the registration handshake within this time or is closed.
   uint32_t handshake_timeout_ms = 5000;
+  // Caps on accepted connections that have not finished registration (each holds a socket and a
+  // little memory until handshake_timeout_ms): beyond max_unregistered of them on this node, or
+  // beyond max_unregistered_per_address of them from one source address (an IP address, whatever
+  // the port; every unix-socket peer counts as one address), a new connection is closed at once,
+  // counted (uvbus_stream_rejected_total) and logged (warn, rate limited). Registered peers do not
+  // count and are never affected; a refused connector simply retries later. 0: no cap.
+  uint32_t max_unregistered = 1024;
+  uint32_t max_unregistered_per_address = 64;
   // Every registered peer is pinged this often; the pong gives the round-trip time. A peer from
   // which nothing at all arrived for heartbeat_timeout_ms is dropped (its pending messages fail).
   uint32_t heartbeat_interval_ms = 2000;
@@ -391,8 +399,9 @@ class node {
   // (message_limit + 32), post_queue_messages, link_queue_packets,
   // max_outstanding_responses or default_ttl 0, a zero timeout or interval, heartbeat_timeout_ms
   // below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside
-  // [0, 1], and with a shm:// listen URL: shm_ring_bytes not a power of two or too small for two
-  // records of message_limit, shm_abandon_timeout_us 0.
+  // [0, 1], max_unregistered_per_address above a non-zero max_unregistered, and with a shm://
+  // listen URL: shm_ring_bytes not a power of two or too small for two records of message_limit,
+  // shm_abandon_timeout_us 0.
   [[nodiscard]] static errc validate(bus_id id, const node_config& cfg,
                                      std::string* detail = nullptr);
 

@@ -7,15 +7,22 @@
 
 namespace uvbus {
 
-// static_ring: one allocation of ring_bytes, made on the connection's first send; a block (one
-// whole frame) is always contiguous and never wraps; a full ring refuses (queue_full), it never
-// reallocates. dynamic: one allocation per frame, bounded by max_bytes and max_blocks.
+// static_ring: a ring of at most ring_bytes, allocated on the connection's first send at
+// ring_initial_bytes and doubled on demand (a few times per connection, never per message, never
+// shrunk) up to ring_bytes; a block (one whole frame) is always contiguous and never wraps; a full
+// ring of ring_bytes refuses (queue_full). dynamic: one allocation per frame, bounded by max_bytes
+// and max_blocks.
 enum class queue_mode : uint8_t { static_ring, dynamic };
 
 struct write_queue_config {
   queue_mode mode = queue_mode::static_ring;
   // static_ring: the ring's size. Each block costs its size rounded up to 8 plus 16 bytes.
   size_t ring_bytes = size_t{2} * 1024 * 1024;
+  // static_ring: the first allocation (at least one power of two that holds the first frame). A
+  // connection that only ever sends small messages (a handshake, heartbeats) holds this much, not
+  // ring_bytes. Growing copies the queued frames once into the larger ring. 0, or ring_bytes or
+  // more: the whole ring at once, never reallocated.
+  size_t ring_initial_bytes = size_t{4} * 1024;
   // Limits in both modes: payload bytes held (block sizes, without overhead) and number of blocks.
   // 0 means "no limit beyond the ring" (static) — dynamic mode requires both to be non-zero.
   size_t max_bytes = size_t{2} * 1024 * 1024;

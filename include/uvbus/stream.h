@@ -74,7 +74,9 @@ struct stream_config {
   // Per-connection send queue (see write_queue.h). A block holds one whole frame (payload plus at
   // most kFrameMaxHeader bytes), so max_bytes/ring_bytes must hold at least one frame of
   // message_limit. The ring (static mode) is allocated on the connection's first send, not before,
-  // so a connection that never sends costs no queue memory.
+  // so a connection that never sends costs no queue memory; it starts at queue.ring_initial_bytes
+  // (4 KiB) and doubles only as the queue fills, so one that sends little (a handshake) costs
+  // little.
   write_queue_config queue = {};
   // Frames smaller than this many bytes are coalesced: when a write is issued, as many queued small
   // frames as fit are copied into one per-thread merge buffer and written with one system call.
@@ -101,6 +103,17 @@ struct stream_config {
   // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
   // strangers can make a listener hold. 0: no limit.
   uint32_t max_connections = 16384;
+  // Caps on accepted connections the owner has not vouched for yet with mark_registered() (for a
+  // bus node: peers that have not finished registration). An accept that would make more than
+  // max_unregistered such connections on the channel, or more than max_unregistered_per_address
+  // of them from one source address (an IPv4 or IPv6 address, whatever the port; every unix-socket
+  // peer counts as the same address), is closed at once without on_accepted, counted in
+  // connections_rejected and logged (warn, rate limited). A connection stops counting when it is
+  // marked registered or released. 0: no cap. Both are off here, since a channel whose owner never
+  // calls mark_registered() would count every connection for its whole life; the bus node turns
+  // them on (node_config::max_unregistered, 1024, and max_unregistered_per_address, 64).
+  uint32_t max_unregistered = 0;
+  uint32_t max_unregistered_per_address = 0;
 };
 
 // Per-connection counters. Totals only ever grow; the queue_* fields are current values.
@@ -120,6 +133,7 @@ struct stream_connection_metrics {
   size_t queue_bytes = 0;               // frame bytes waiting in the send queue now
   size_t queue_packets = 0;             // packets waiting in the send queue now
   size_t queue_peak_bytes = 0;          // highest queue_bytes seen
+  size_t queue_memory_bytes = 0;        // memory the send queue holds now (its ring, or blocks)
 };
 
 // Per-channel counters: the sums of every connection's totals, live and closed, plus events.
@@ -131,7 +145,12 @@ struct stream_channel_metrics {
   uint64_t connections_closed = 0;     // connections that reported on_disconnected
   uint64_t connections_open = 0;       // connecting + connected right now
   uint64_t listeners_open = 0;
-  uint64_t connections_rejected = 0;  // accepted then closed at once: max_connections reached
+  // Accepted then closed at once, over a cap: max_connections, max_unregistered or
+  // max_unregistered_per_address (the last two also counted apart below).
+  uint64_t connections_rejected = 0;
+  uint64_t rejected_unregistered = 0;  // ... because max_unregistered was reached
+  uint64_t rejected_per_address = 0;   // ... because max_unregistered_per_address was reached
+  uint64_t unregistered_open = 0;      // accepted, not yet mark_registered(), not yet released
 };
 
 // A connection, by value: a slot index and a generation, so an id whose connection has ended
@@ -168,7 +187,8 @@ struct listener_id {
 struct stream_callbacks {
   // Log lines about the channel's own events: a connection closed for a corrupt stream
   // (bad_hash, bad_varint, oversize: warn) or a stalled one (timeout: warn), an accepted
-  // connection rejected over max_connections (warn), a failed accept (error), a stale unix socket
+  // connection rejected over max_connections, max_unregistered or max_unregistered_per_address
+  // (warn), a failed accept (error), a stale unix socket
   // file replaced (info). Rate limited per kind (uvbus/log.h). Same thread and rules as the other
   // callbacks; it may not close the channel.
   log_fn on_log;
@@ -234,7 +254,8 @@ class stream_channel {
 
   // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid or too
   // small for one frame of message_limit, read_buffer_size is below 4 KiB or above 1 GiB, backlog
-  // <= 0. *detail (if given) names the field and the rule.
+  // <= 0, max_unregistered_per_address above a non-zero max_unregistered (it could never apply).
+  // *detail (if given) names the field and the rule.
   [[nodiscard]] static errc validate(const stream_config& cfg,
                                      std::string* detail = nullptr) noexcept;
 
@@ -320,6 +341,11 @@ class stream_channel {
   [[nodiscard]] uint8_t* prepare_send(connection_id conn, size_t size, errc* err = nullptr);
   errc commit_send(connection_id conn, uint64_t* seq = nullptr);
   void cancel_send(connection_id conn);
+
+  // The owner vouches for an accepted connection (a bus node: its peer finished registration): it
+  // stops counting against max_unregistered and max_unregistered_per_address. Idempotent; nothing
+  // to do for an outbound connection. Errors: closed (gone or unknown).
+  errc mark_registered(connection_id conn);
 
   // Receive-side flow control: stop / restart reading from conn. Called from on_received, the
   // pause takes effect after the messages of the chunk being delivered (they already left the

@@ -112,6 +112,8 @@ stream_config node::impl::link_stream_config() const {
   sc.queue.max_blocks = cfg.link_queue_packets;
   sc.tcp_nodelay = cfg.tcp_nodelay;
   sc.connect_timeout_ms = cfg.handshake_timeout_ms;
+  sc.max_unregistered = cfg.max_unregistered;
+  sc.max_unregistered_per_address = cfg.max_unregistered_per_address;
   return sc;
 }
 

@@ -203,6 +203,17 @@ errc check_ids(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
+errc check_caps(const node_config& cfg, std::string* detail) {
+  if (cfg.max_unregistered != 0 && cfg.max_unregistered_per_address > cfg.max_unregistered) {
+    return refuse(detail, errc::invalid_argument,
+                  "max_unregistered_per_address (" +
+                      std::to_string(cfg.max_unregistered_per_address) +
+                      ") must not exceed max_unregistered (" +
+                      std::to_string(cfg.max_unregistered) + "): it could never apply (0: no cap)");
+  }
+  return errc::ok;
+}
+
 errc check_sizes(const node_config& cfg, std::string* detail) {
   if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
     return refuse(
@@ -342,6 +353,7 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   if (e == errc::ok) e = check_parents(cfg, detail);
   if (e == errc::ok) e = check_ids(cfg, detail);
   if (e == errc::ok) e = check_sizes(cfg, detail);
+  if (e == errc::ok) e = check_caps(cfg, detail);
   if (e == errc::ok) e = check_timers(cfg, detail);
   if (e == errc::ok) e = check_shm(cfg, detail);
   return e;

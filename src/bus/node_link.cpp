@@ -431,6 +431,7 @@ void node::impl::move_peer(peer_ep* p, link* to) {
   old->close_reason = errc::duplicate_id;
   to->peer = p;
   to->state = link_state::registered;
+  (void)streams->mark_registered(to->conn);  // off the unregistered caps (max_unregistered)
   p->lk = to;
   close_link(old, errc::duplicate_id, disconnect_mode::graceful);
 }
@@ -444,6 +445,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   p->last_rx_ms = p->last_ping_ms = p->last_data_ms = now_ms();
   lk->peer = p.get();
   lk->state = link_state::registered;
+  (void)streams->mark_registered(lk->conn);  // off the unregistered caps (max_unregistered)
   // Every peer's subnets are kept for source checks (a sibling relays for its descendants);
   // only children's take part in routing.
   table.add(p->id, kind, p->info.subnets);

@@ -1,8 +1,8 @@
 #include "core/write_queue.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 namespace uvbus {
 namespace {
@@ -19,6 +19,33 @@ constexpr size_t align8(size_t n) noexcept {
 }
 constexpr size_t ring_stride(size_t n) noexcept {
   return sizeof(ring_header) + align8(n);
+}
+
+// In front of every ring allocation: the link of the list of retired rings (16 bytes keep the ring
+// 8-byte aligned). Never inside the ring, so a write still reading a retired block is unaffected.
+struct ring_prefix {
+  uint8_t* next;  // the next retired ring (its ring pointer)
+  size_t size;    // this ring's size
+};
+static_assert(sizeof(ring_prefix) == 16, "ring prefix must stay 16 bytes");
+
+ring_prefix* prefix_of(uint8_t* ring) noexcept {
+  return reinterpret_cast<ring_prefix*>(ring - sizeof(ring_prefix));
+}
+
+uint8_t* alloc_ring(size_t size) noexcept {
+  auto* mem = static_cast<uint8_t*>(std::malloc(sizeof(ring_prefix) + size));
+  return mem == nullptr ? nullptr : mem + sizeof(ring_prefix);
+}
+
+void free_ring(uint8_t* ring) noexcept {
+  if (ring != nullptr) std::free(ring - sizeof(ring_prefix));
+}
+
+size_t pow2_at_least(size_t n) noexcept {
+  size_t p = 64;
+  while (p < n) p *= 2;
+  return p;
 }
 
 }  // namespace
@@ -42,14 +69,12 @@ errc write_queue::validate(const write_queue_config& cfg) noexcept {
 
 write_queue::write_queue(const write_queue_config& cfg) : cfg_(cfg) {
   valid_ = validate(cfg) == errc::ok;
-  if (valid_ && cfg_.mode == queue_mode::static_ring) {
-    cfg_.ring_bytes = align8(cfg_.ring_bytes);
-    ring_.reset(new (std::nothrow) uint8_t[cfg_.ring_bytes]);
-    valid_ = ring_ != nullptr;
-  }
+  if (valid_ && cfg_.mode == queue_mode::static_ring) cfg_.ring_bytes = align8(cfg_.ring_bytes);
 }
 
 write_queue::~write_queue() {
+  release_retired();
+  free_ring(ring_);
   while (first_ != nullptr) {
     dyn_block* next = first_->next;
     std::free(first_);
@@ -58,8 +83,74 @@ write_queue::~write_queue() {
 }
 
 size_t write_queue::memory_bytes() const noexcept {
-  if (cfg_.mode == queue_mode::static_ring) return valid_ ? cfg_.ring_bytes : 0;
+  if (cfg_.mode == queue_mode::static_ring) return cap_ + retired_bytes_;
   return bytes_ + count_ * sizeof(dyn_block);
+}
+
+void write_queue::release_retired() noexcept {
+  while (retired_ != nullptr) {
+    uint8_t* next = prefix_of(retired_)->next;
+    free_ring(retired_);
+    retired_ = next;
+  }
+  retired_bytes_ = 0;
+}
+
+bool write_queue::place(size_t need, size_t* at, size_t* new_wrap) const noexcept {
+  *new_wrap = wrap_at_;
+  if (count_ == 0) {
+    *at = 0;
+    *new_wrap = 0;
+    return need <= cap_;
+  }
+  if (wrap_at_ == 0) {
+    // Blocks occupy [head_, tail_). Room at the end, else start again at 0 before head_.
+    if (tail_ + need <= cap_) {
+      *at = tail_;
+      return true;
+    }
+    if (need <= head_) {
+      *at = 0;
+      *new_wrap = tail_;
+      return true;
+    }
+    return false;
+  }
+  // Wrapped: blocks occupy [head_, wrap_at_) and [0, tail_).
+  *at = tail_;
+  return tail_ + need <= head_;
+}
+
+errc write_queue::grow(size_t need) noexcept {
+  size_t used = 0;
+  for_each_front(count_, [&](const block& b) { used += ring_stride(b.size); });
+  if (used + need > cfg_.ring_bytes) return errc::queue_full;  // the largest ring would refuse too
+  size_t cap = cap_ == 0 ? cfg_.ring_initial_bytes : cap_ * 2;
+  cap = std::max(cap, pow2_at_least(used + need));
+  if (cap_ == 0 && cfg_.ring_initial_bytes == 0) cap = cfg_.ring_bytes;
+  cap = align8(std::min(cap, cfg_.ring_bytes));
+  uint8_t* next = alloc_ring(cap);
+  if (next == nullptr) return errc::no_memory;
+  size_t off = 0;
+  for_each_front(count_, [&](const block& b) {
+    const size_t stride = ring_stride(b.size);
+    std::memcpy(next + off, b.data - sizeof(ring_header), stride);
+    off += stride;
+  });
+  if (ring_ != nullptr && count_ == 0) {
+    free_ring(ring_);  // nothing queued: nothing can still read it
+  } else if (ring_ != nullptr) {
+    prefix_of(ring_)->next = retired_;
+    prefix_of(ring_)->size = cap_;
+    retired_ = ring_;
+    retired_bytes_ += cap_;
+  }
+  ring_ = next;
+  cap_ = cap;
+  head_ = 0;
+  tail_ = off;
+  wrap_at_ = 0;
+  return errc::ok;
 }
 
 uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
@@ -95,38 +186,24 @@ uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
   const size_t need = ring_stride(n);
   if (need > cfg_.ring_bytes) return failed(errc::message_too_large);
   size_t at = 0;
-  size_t new_wrap = wrap_at_;
-  if (count_ == 0) {
-    head_ = tail_ = wrap_at_ = new_wrap = 0;
-    at = 0;
-  } else if (wrap_at_ == 0) {
-    // Blocks occupy [head_, tail_). Room at the end, else start again at 0 before head_.
-    if (tail_ + need <= cfg_.ring_bytes) {
-      at = tail_;
-    } else if (need <= head_) {
-      at = 0;
-      new_wrap = tail_;
-    } else {
-      return failed(errc::queue_full);
-    }
-  } else {
-    // Wrapped: blocks occupy [head_, wrap_at_) and [0, tail_).
-    if (tail_ + need <= head_) {
-      at = tail_;
-    } else {
-      return failed(errc::queue_full);
-    }
+  size_t new_wrap = 0;
+  if (!place(need, &at, &new_wrap)) {
+    if (cap_ >= cfg_.ring_bytes) return failed(errc::queue_full);
+    const errc e = grow(need);
+    if (e != errc::ok) return failed(e);
+    if (!place(need, &at, &new_wrap)) return failed(errc::queue_full);
   }
+  if (count_ == 0) head_ = 0;
   prev_tail_ = tail_;
   prev_wrap_ = wrap_at_;
   wrap_at_ = new_wrap;
   last_off_ = at;
   tail_ = at + need;
   ring_header h{n, tag};
-  std::memcpy(ring_.get() + at, &h, sizeof h);
+  std::memcpy(ring_ + at, &h, sizeof h);
   ++count_;
   bytes_ += n;
-  return ring_.get() + at + sizeof(ring_header);
+  return ring_ + at + sizeof(ring_header);
 }
 
 void write_queue::unreserve_back() noexcept {
@@ -146,7 +223,7 @@ void write_queue::unreserve_back() noexcept {
     return;
   }
   ring_header h{};
-  std::memcpy(&h, ring_.get() + last_off_, sizeof h);
+  std::memcpy(&h, ring_ + last_off_, sizeof h);
   bytes_ -= h.size;
   --count_;
   tail_ = prev_tail_;
@@ -161,14 +238,14 @@ write_queue::cursor write_queue::begin() const noexcept {
 write_queue::block write_queue::at(cursor c) const noexcept {
   if (cfg_.mode == queue_mode::dynamic) return {c.node->data(), c.node->size, c.node->tag};
   ring_header h{};
-  std::memcpy(&h, ring_.get() + c.off, sizeof h);
-  return {ring_.get() + c.off + sizeof(ring_header), static_cast<size_t>(h.size), h.tag};
+  std::memcpy(&h, ring_ + c.off, sizeof h);
+  return {ring_ + c.off + sizeof(ring_header), static_cast<size_t>(h.size), h.tag};
 }
 
 write_queue::cursor write_queue::advance(cursor c) const noexcept {
   if (cfg_.mode == queue_mode::dynamic) return {0, c.node->next};
   ring_header h{};
-  std::memcpy(&h, ring_.get() + c.off, sizeof h);
+  std::memcpy(&h, ring_ + c.off, sizeof h);
   size_t next = c.off + ring_stride(h.size);
   if (wrap_at_ != 0 && next == wrap_at_) next = 0;
   return {next, nullptr};

@@ -1,9 +1,11 @@
 // Write queue: a FIFO of variable-size byte blocks, the per-connection send queue of the stream
 // channel. Two modes:
 //
-//  * static_ring: one allocation of ring_bytes made at construction. A block is always contiguous
+//  * static_ring: a ring allocated by the first reserve() (ring_initial_bytes, or the power of two
+//    that holds the first block) and grown by doubling, up to ring_bytes, when a block does not
+//    fit: the queued blocks are copied into the new ring in order. A block is always contiguous
 //    (it never wraps); when the tail has no room for it the block starts again at offset 0. A full
-//    ring makes reserve() fail; it never reallocates.
+//    ring of ring_bytes makes reserve() fail.
 //  * dynamic: one allocation per block, bounded by max_bytes and max_blocks.
 //
 // Each block carries a 64-bit tag chosen by the producer (the stream channel stores the packet id
@@ -12,7 +14,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 #include "uvbus/error.h"
 #include "uvbus/queue_config.h"
@@ -38,8 +39,14 @@ class write_queue {
 
   // Appends a block of n bytes (n may be 0) and returns a pointer to its storage, which the caller
   // fills before the block is read. On failure returns nullptr and sets *err (if given) to
-  // queue_full (no room now) or message_too_large (n can never fit).
+  // queue_full (no room now), message_too_large (n can never fit) or no_memory (the ring could not
+  // be allocated or grown). Growing moves the queued blocks, but the memory they were read from
+  // (a write in flight) stays valid until release_retired().
   [[nodiscard]] uint8_t* reserve(size_t n, uint64_t tag = 0, errc* err = nullptr) noexcept;
+
+  // Frees the rings a growth replaced. Call it when no pointer into an older block is in use (no
+  // write in flight); without a call they live until the queue is destroyed.
+  void release_retired() noexcept;
 
   // Removes the most recently reserved block (only valid right after reserve(), before any other
   // block was pushed). Lets a producer undo a reservation when a later step fails.
@@ -72,7 +79,8 @@ class write_queue {
   }
 
   [[nodiscard]] queue_mode mode() const noexcept { return cfg_.mode; }
-  // Bytes allocated by the queue itself (the ring, or the blocks in dynamic mode).
+  // Bytes allocated by the queue itself (the ring and the rings not yet released, or the blocks in
+  // dynamic mode).
   [[nodiscard]] size_t memory_bytes() const noexcept;
 
  private:
@@ -85,13 +93,21 @@ class write_queue {
   [[nodiscard]] cursor begin() const noexcept;
   [[nodiscard]] block at(cursor c) const noexcept;
   [[nodiscard]] cursor advance(cursor c) const noexcept;
+  // Where a block of `need` ring bytes goes in the current ring: false when it does not fit now.
+  bool place(size_t need, size_t* at, size_t* new_wrap) const noexcept;
+  // Moves the queued blocks into a larger ring that also holds `need` more bytes.
+  errc grow(size_t need) noexcept;
 
   write_queue_config cfg_;
   bool valid_ = false;
   size_t count_ = 0;
   size_t bytes_ = 0;
-  // static ring
-  std::unique_ptr<uint8_t[]> ring_;
+  // static ring: ring_ points kRingPrefix bytes into its allocation, whose prefix chains the rings
+  // retired by grow() (retired_, retired_bytes_) until release_retired().
+  uint8_t* ring_ = nullptr;
+  size_t cap_ = 0;  // the ring's size now (0: not allocated yet)
+  uint8_t* retired_ = nullptr;
+  size_t retired_bytes_ = 0;
   size_t head_ = 0;       // offset of the oldest block
   size_t tail_ = 0;       // offset where the next block goes
   size_t wrap_at_ = 0;    // when the tail has wrapped: where the blocks before the wrap end

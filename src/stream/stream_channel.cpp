@@ -219,6 +219,7 @@ stream_channel_metrics stream_channel::impl::metrics() const {
   stream_channel_metrics m = retired;
   for (const conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     add_totals(m.totals, c->metrics, true);
+    if (c->queue) m.totals.queue_memory_bytes += c->queue->memory_bytes();
   }
   return m;
 }
@@ -322,6 +323,9 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
     return bad("read_buffer_size must be between 4 KiB and 1 GiB");
   }
   if (cfg.backlog <= 0) return bad("backlog must be > 0");
+  if (cfg.max_unregistered != 0 && cfg.max_unregistered_per_address > cfg.max_unregistered) {
+    return bad("max_unregistered_per_address must not exceed max_unregistered (or set it to 0)");
+  }
   return errc::ok;
 }
 
@@ -485,6 +489,14 @@ void stream_channel::cancel_send(connection_id conn) {
   impl_->cancel_send(impl_->find(conn));
 }
 
+errc stream_channel::mark_registered(connection_id conn) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::mark_registered");
+  conn_impl* c = impl_->find(conn);
+  if (c == nullptr || impl_->closed) return errc::closed;
+  impl_->forget_unregistered(c);
+  return errc::ok;
+}
+
 errc stream_channel::pause_reading(connection_id conn) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::pause_reading");
   conn_impl* c = impl_->find(conn);
@@ -549,7 +561,10 @@ errc stream_channel::connection_metrics(connection_id conn, stream_connection_me
   UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::connection_metrics");
   const conn_impl* c = impl_->find(conn);
   if (c == nullptr) return errc::closed;
-  if (out != nullptr) *out = c->metrics;
+  if (out != nullptr) {
+    *out = c->metrics;
+    out->queue_memory_bytes = c->queue ? c->queue->memory_bytes() : 0;
+  }
   return errc::ok;
 }
 

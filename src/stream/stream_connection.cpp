@@ -12,10 +12,13 @@
 // free again when it returns and one buffer can serve every connection of the thread. Blocks are
 // popped only once all their bytes are in the kernel. When the socket takes only part of the batch
 // (or nothing: EAGAIN), the rest of the block at the cut is handed to uv_write() straight from the
-// queue block (its memory does not move until popped) and the connection waits for that write —
+// queue block (a ring that grows meanwhile keeps the old memory until the write completes) and
+// the connection waits for that write —
 // the "one write in flight" state; the blocks after it stay queued and are merged again when it
-// completes. Nothing is allocated per packet: the queue is a fixed ring (or a block per packet in
-// dynamic mode, by the user's choice), the merge buffer is per thread, requests are per connection.
+// completes. Nothing is allocated per packet: the queue is a ring that starts small and doubles up
+// to its configured size (a few times per connection, on its first sends, not per packet), or a
+// block per packet in dynamic mode, by the user's choice; the merge buffer is per thread, requests
+// are per connection.
 //
 // Read path. libuv reads into one large per-thread buffer (alloc_cb), and the per-connection
 // frame_decoder yields payloads straight from it; only the bytes of a frame cut by the end of a
@@ -318,6 +321,7 @@ void stream_channel::impl::start_write(conn_impl* c, size_t offset) {
 
 void stream_channel::impl::on_write_done(conn_impl* c, int status) {
   c->writing = false;
+  c->queue->release_retired();  // the write may have read a ring the queue has outgrown
   // A closing connection's queued packets (this one included) are reported by its close path.
   if (!c->active()) return;
   if (status < 0) {
@@ -373,6 +377,8 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
     }
   }
   uint8_t* p = c->queue->reserve(frame_header_size(total) + total, 0, err);
+  // A growing ring keeps the old one for the write in flight; without one it can go now.
+  if (!c->writing) c->queue->release_retired();
   if (p == nullptr && *err == errc::queue_full) {
     ++c->m().send_refused;
     c->want_writable = true;
@@ -565,6 +571,7 @@ void stream_channel::impl::release(conn_impl* c) {
   if (c->ai_list != nullptr) uv_freeaddrinfo(c->ai_list);
   c->ai_list = c->ai_next = nullptr;
   add_totals(retired.totals, c->metrics, false);
+  forget_unregistered(c);
   if (c->dirty) remove_dirty(c);
   unlink(c);
   delete c;

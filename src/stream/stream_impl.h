@@ -3,10 +3,12 @@
 
 #include <uv.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/frame.h"
@@ -40,6 +42,25 @@ enum class conn_state : uint8_t {
 
 struct listener_impl;
 
+// The source address of an accepted connection, for max_unregistered_per_address: the IP address
+// (an IPv4-mapped IPv6 address as IPv4), or one key shared by every unix-socket peer.
+struct source_key {
+  std::array<uint8_t, 16> bytes{};
+  uint8_t family = 0;  // 4, 6, or 1 for unix
+  friend bool operator==(const source_key& a, const source_key& b) noexcept {
+    return a.family == b.family && a.bytes == b.bytes;
+  }
+};
+struct source_hash {
+  size_t operator()(const source_key& k) const noexcept {
+    uint64_t h = 1469598103934665603ULL ^ k.family;  // FNV-1a
+    for (const uint8_t b : k.bytes) h = (h ^ b) * 1099511628211ULL;
+    return static_cast<size_t>(h);
+  }
+};
+// The key of a peer's address (family 0 for an address of another kind).
+source_key source_of(const sockaddr* sa) noexcept;
+
 struct conn_impl {
   explicit conn_impl(stream_channel::impl* c) : ch(c) {}
 
@@ -61,10 +82,12 @@ struct conn_impl {
   bool reported = false;       // the final callbacks have fired
   bool connected_once = false;  // on_accepted / on_connected(ok) fired: end with on_disconnected
   bool shutting_down = false;
+  bool unregistered = false;  // counted against the max_unregistered caps (see source)
   conn_state state = conn_state::connecting;
   errc reason = errc::ok;
   int pending = 0;  // libuv objects still referring to this connection (handles, requests)
 
+  detail::source_key source;           // accepted connections: the peer's address
   std::unique_ptr<write_queue> queue;  // created on the first send
   uint8_t* prepared = nullptr;         // prepare_send(): the open reservation's frame
   size_t prepared_size = 0;            // and its payload size
@@ -175,6 +198,7 @@ enum stream_log_kind : size_t {
   kLogRejected,
   kLogAcceptFailed,
   kLogStaleFile,
+  kLogUnregistered,
 };
 
 }  // namespace detail
@@ -215,6 +239,9 @@ struct stream_channel::impl {
   detail::conn_table table;
   conn_impl* dirty_head = nullptr;
 
+  // Accepted connections not yet mark_registered(), per source address (retired.unregistered_open
+  // counts them all). An entry lives while its count is not 0: at most max_unregistered of them.
+  std::unordered_map<detail::source_key, uint32_t, detail::source_hash> unregistered_by_source;
   detail::log_limiter log_limit;   // on_log: per kind of event (log_kind)
   stream_channel_metrics retired;  // totals of connections already released, and event counts
 
@@ -295,6 +322,11 @@ struct stream_channel::impl {
   errc connect(std::string_view url, connection_id* out, void* user);
   static void connection_cb(uv_stream_t* server, int status);
   void on_incoming(listener_impl* l, int status);
+  // Counts c as unregistered, or refuses it over max_unregistered(_per_address): false then
+  // (logged and counted; the caller closes it).
+  bool admit_unregistered(const listener_impl* l, conn_impl* c);
+  // c no longer counts as unregistered (marked registered, or released).
+  void forget_unregistered(conn_impl* c);
   static uv_stream_t* server_of(listener_impl* l) { return &l->h.stream; }
   errc listen_unix(listener_impl* l, const std::string& path);
   errc listen_tcp(listener_impl* l, const sockaddr* sa);
@@ -323,6 +355,7 @@ using detail::kLogOversize;
 using detail::kLogRejected;
 using detail::kLogStaleFile;
 using detail::kLogStalled;
+using detail::kLogUnregistered;
 using detail::kMaxGather;
 using detail::kMinMergeBuffer;
 using detail::listener_impl;

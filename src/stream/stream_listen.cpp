@@ -1,4 +1,5 @@
-// Stream listening: listen() on tcp/dns/unix URLs, unix socket files, accept and max_connections.
+// Stream listening: listen() on tcp/dns/unix URLs, unix socket files, accept, max_connections and
+// the caps on unregistered connections.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -82,6 +83,69 @@ std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bou
 
 }  // namespace
 
+namespace detail {
+
+source_key source_of(const sockaddr* sa) noexcept {
+  source_key k;
+  if (sa->sa_family == AF_INET) {
+    k.family = 4;
+    std::memcpy(k.bytes.data(), &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
+  } else if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      k.family = 4;  // the same host whichever socket family it reached us through
+      std::memcpy(k.bytes.data(), in6->sin6_addr.s6_addr + 12, 4);
+    } else {
+      k.family = 6;
+      std::memcpy(k.bytes.data(), in6->sin6_addr.s6_addr, 16);
+    }
+  }
+  return k;
+}
+
+}  // namespace detail
+
+bool stream_channel::impl::admit_unregistered(const listener_impl* l, conn_impl* c) {
+  const uint32_t total = cfg.max_unregistered;
+  const uint32_t per = cfg.max_unregistered_per_address;
+  const auto it = unregistered_by_source.find(c->source);
+  const uint32_t from_source = it == unregistered_by_source.end() ? 0 : it->second;
+  const char* cap = nullptr;
+  uint32_t value = 0;
+  if (total != 0 && retired.unregistered_open >= total) {
+    ++retired.rejected_unregistered;
+    cap = "max_unregistered";
+    value = total;
+  } else if (per != 0 && from_source >= per) {
+    ++retired.rejected_per_address;
+    cap = "max_unregistered_per_address";
+    value = per;
+  }
+  if (cap != nullptr) {
+    ++retired.connections_rejected;
+    log_event(kLogUnregistered, log_level::warn,
+              l->url + ": connection from " + (c->is_unix ? "a unix socket" : c->peer_url) +
+                  " rejected: " + cap + " (" + std::to_string(value) + ") reached");
+    return false;
+  }
+  if (it != unregistered_by_source.end()) {
+    ++it->second;
+  } else {
+    unregistered_by_source.emplace(c->source, 1);
+  }
+  ++retired.unregistered_open;
+  c->unregistered = true;
+  return true;
+}
+
+void stream_channel::impl::forget_unregistered(conn_impl* c) {
+  if (!c->unregistered) return;
+  c->unregistered = false;
+  --retired.unregistered_open;
+  const auto it = unregistered_by_source.find(c->source);
+  if (it != unregistered_by_source.end() && --it->second == 0) unregistered_by_source.erase(it);
+}
+
 void stream_channel::impl::connection_cb(uv_stream_t* server, int status) {
   auto* l = static_cast<listener_impl*>(server->data);
   l->ch->on_incoming(l, status);
@@ -114,12 +178,14 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
   }
   if (c->is_unix) {
     c->peer_url = l->url;
+    c->source.family = 1;
   } else {
     apply_tcp_options(c);
     sockaddr_storage ss{};
     int len = sizeof ss;
     if (uv_tcp_getpeername(&c->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
       c->peer_url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
+      c->source = detail::source_of(reinterpret_cast<sockaddr*>(&ss));
     }
   }
   if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
@@ -128,6 +194,11 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
     log_event(kLogRejected, log_level::warn,
               l->url + ": connection from " + c->peer_url + " rejected: max_connections (" +
                   std::to_string(cfg.max_connections) + ") reached");
+    c->reported = true;
+    end_conn(c, errc::busy);
+    return;
+  }
+  if (!admit_unregistered(l, c)) {
     c->reported = true;
     end_conn(c, errc::busy);
     return;

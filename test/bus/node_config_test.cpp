@@ -130,6 +130,9 @@ std::vector<rule> size_rules() {
        errc::invalid_argument, "post_queue_bytes (1000) must hold one message"},
       {"outstanding 0", [](C* c) { c->max_outstanding_responses = 0; }, errc::invalid_argument,
        "max_outstanding_responses"},
+      {"per-address cap above the node's", [](C* c) { c->max_unregistered_per_address = 2000; },
+       errc::invalid_argument,
+       "max_unregistered_per_address (2000) must not exceed max_unregistered (1024)"},
   };
 }
 
@@ -215,6 +218,13 @@ TEST(NodeConfig, DefaultsAndTheTestConfigAreValid) {
   c = fast_config();
   c.heartbeat_interval_ms = 2000;
   c.heartbeat_timeout_ms = 4000;
+  EXPECT_EQ(node::validate(1, c), errc::ok);
+  // No node-wide cap: any per-address cap; equal caps.
+  c = fast_config();
+  c.max_unregistered = 0;
+  c.max_unregistered_per_address = 5000;
+  EXPECT_EQ(node::validate(1, c), errc::ok);
+  c.max_unregistered = 5000;
   EXPECT_EQ(node::validate(1, c), errc::ok);
 }
 

@@ -43,15 +43,72 @@ TEST(WriteQueue, RejectsInvalidConfig) {
 
 TEST(WriteQueue, StaticRingIsFullWithoutReallocating) {
   write_queue q(ring(1024));
-  const size_t mem = q.memory_bytes();
+  EXPECT_EQ(q.memory_bytes(), 0u);  // nothing before the first block
   size_t pushed = 0;
   errc e = errc::ok;
+  ASSERT_NE(q.reserve(100, pushed++, &e), nullptr);
+  const size_t mem = q.memory_bytes();
+  EXPECT_EQ(mem, 1024u);  // a ring below ring_initial_bytes is allocated whole
   while (q.reserve(100, pushed, &e) != nullptr) ++pushed;
   EXPECT_EQ(e, errc::queue_full);
   EXPECT_EQ(pushed, 1024u / (16 + 104));
   EXPECT_EQ(q.memory_bytes(), mem);
   EXPECT_EQ(q.reserve(2000, 0, &e), nullptr);
   EXPECT_EQ(e, errc::message_too_large);
+}
+
+TEST(WriteQueue, StaticRingStartsSmallAndGrowsToRingBytes) {
+  write_queue_config c = ring(size_t{64} * 1024);
+  c.ring_initial_bytes = 256;
+  write_queue q(c);
+  EXPECT_EQ(q.memory_bytes(), 0u);
+  uint64_t tag = 0;
+  std::deque<uint64_t> model;
+  auto push = [&](size_t n) {
+    uint8_t* p = q.reserve(n, tag);
+    if (p == nullptr) return false;
+    fill(p, n, tag);
+    model.push_back(tag++);
+    return true;
+  };
+  ASSERT_TRUE(push(10));
+  EXPECT_EQ(q.memory_bytes(), 256u);
+  // Wrap the small ring, then grow it while wrapped: the order and the bytes survive.
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(push(30));
+    if (q.size() > 3) {
+      ASSERT_TRUE(check(q.front()));
+      q.pop_front();
+      model.pop_front();
+    }
+  }
+  EXPECT_EQ(q.memory_bytes(), 256u);
+  const write_queue::block before = q.front();
+  ASSERT_TRUE(push(1000));
+  // The old ring stays readable (a write in flight may still read `before`) until released.
+  EXPECT_EQ(q.memory_bytes(), 256u + 2048u);
+  EXPECT_TRUE(check(before));
+  q.release_retired();
+  EXPECT_EQ(q.memory_bytes(), 2048u);
+  while (push(3000)) {
+  }
+  EXPECT_GE(q.memory_bytes(), c.ring_bytes);
+  q.release_retired();
+  EXPECT_EQ(q.memory_bytes(), c.ring_bytes);
+  for (uint64_t t : model) {
+    ASSERT_EQ(q.front().tag, t);
+    ASSERT_TRUE(check(q.front()));
+    q.pop_front();
+  }
+  EXPECT_TRUE(q.empty());
+}
+
+TEST(WriteQueue, ZeroInitialBytesAllocatesTheWholeRing) {
+  write_queue_config c = ring(size_t{64} * 1024);
+  c.ring_initial_bytes = 0;
+  write_queue q(c);
+  ASSERT_NE(q.reserve(1), nullptr);
+  EXPECT_EQ(q.memory_bytes(), c.ring_bytes);
 }
 
 TEST(WriteQueue, ByteAndBlockLimitsApplyInBothModes) {
@@ -224,6 +281,9 @@ void model_check(write_queue_config cfg, uint64_t seed) {
 TEST(WriteQueue, StaticRingMatchesDequeModelThroughManyWraps) {
   model_check(ring(size_t{16} * 1024), 1);
   model_check(ring(4 * 1024 + 8), 2);
+  write_queue_config grown = ring(size_t{32} * 1024);
+  grown.ring_initial_bytes = 64;  // grows through every size while blocks are queued
+  model_check(grown, 4);
 }
 
 TEST(WriteQueue, DynamicModeMatchesDequeModel) {

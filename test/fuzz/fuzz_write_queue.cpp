@@ -14,7 +14,13 @@
 //     (no contiguous room at the tail, nor at the start before the head), so space never leaks;
 //   * the ring's blocks lie inside the ring and never overlap; merge_front() copies a prefix of the
 //     model's blocks under the documented stop rules (exactly that prefix in dynamic mode);
-//   * memory_bytes() is the ring size, or the blocks plus their bookkeeping in dynamic mode.
+//   * memory_bytes() is the ring size now plus the rings a growth retired, or the blocks plus their
+//     bookkeeping in dynamic mode;
+//   * a static ring is allocated by the first reserve that reaches it, at ring_initial_bytes (0:
+//     the whole ring) or the power of two that holds the block, and grows only when a block does
+//     not fit: to a larger power of two (or ring_bytes) that holds every queued block plus the new
+//     one, laid out from offset 0 in FIFO order; the front block read before the growth stays
+//     readable (a write in flight) until release_retired().
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,7 +62,9 @@ const bool trace = std::getenv("UVBUS_FUZZ_TRACE") != nullptr;
 struct harness {
   write_queue_config cfg;
   bool valid;
-  size_t ring = 0;  // aligned ring size
+  size_t ring = 0;     // aligned ring size (the largest the ring may grow to)
+  size_t cap = 0;      // the ring's size now (0: not allocated yet)
+  size_t retired = 0;  // bytes of the rings a growth replaced, not yet released
   write_queue q;
   std::deque<model_block> m;
   size_t bytes = 0;
@@ -71,11 +79,11 @@ struct harness {
 
   bool is_static() const { return cfg.mode == queue_mode::static_ring; }
 
-  void check_block(const write_queue::block& b, const model_block& want) const {
+  void check_block(const write_queue::block& b, const model_block& want, bool where = true) const {
     FUZZ_CHECK(b.size == want.size);
     FUZZ_CHECK(b.tag == want.tag);
     for (size_t i = 0; i < b.size; ++i) FUZZ_CHECK(b.data[i] == pattern(want.tag, i));
-    if (is_static() && base != nullptr) {
+    if (where && is_static() && base != nullptr) {
       FUZZ_CHECK(b.data == base + want.off + kRingHeader);
     }
   }
@@ -86,12 +94,13 @@ struct harness {
     FUZZ_CHECK(q.bytes() == bytes);
     if (!m.empty()) check_block(q.front(), m.front());
     if (is_static()) {
-      FUZZ_CHECK(q.memory_bytes() == (valid ? ring : 0));
+      FUZZ_CHECK(q.memory_bytes() == cap + retired);
+      FUZZ_CHECK(cap <= ring);
       // Blocks stay inside the ring, are disjoint, and follow the FIFO layout: increasing
       // offsets, with at most one wrap back to 0.
       size_t wraps = 0;
       for (size_t i = 0; i < m.size(); ++i) {
-        FUZZ_CHECK(m[i].off + stride(m[i].size) <= ring);
+        FUZZ_CHECK(m[i].off + stride(m[i].size) <= cap);
         if (i > 0) {
           const size_t prev_end = m[i - 1].off + stride(m[i - 1].size);
           if (m[i].off < prev_end) {
@@ -107,10 +116,44 @@ struct harness {
     }
   }
 
+  size_t used() const {
+    size_t u = 0;
+    for (const model_block& b : m) u += stride(b.size);
+    return u;
+  }
+
+  // A successful reserve that changed memory_bytes() grew the ring: check the new size, then lay
+  // the model's blocks out again from offset 0 and learn the new ring's start.
+  void grown(const uint8_t* p, size_t n, const write_queue::block* old_front) {
+    const size_t old_cap = cap;
+    const size_t now = q.memory_bytes() - retired - (m.empty() ? 0 : old_cap);
+    FUZZ_CHECK(now > old_cap && now <= ring);
+    const size_t u = used();
+    FUZZ_CHECK(now >= u + stride(n));
+    const size_t first = align8(cfg.ring_initial_bytes);
+    FUZZ_CHECK(now == ring || (now & (now - 1)) == 0 || (old_cap == 0 && now == first));
+    if (!m.empty()) retired += old_cap;
+    cap = now;
+    size_t off = 0;
+    for (model_block& b : m) {
+      b.off = off;
+      off += stride(b.size);
+    }
+    base = p - kRingHeader - u;
+    // The block a write in flight would be reading is still there, in the retired ring.
+    if (old_front != nullptr) check_block(*old_front, m.front(), false);
+  }
+
   void reserve(size_t n) {
     const uint64_t tag = next_tag++;
     errc err = errc::ok;
+    const size_t mem_before = q.memory_bytes();
+    write_queue::block front{};
+    if (!m.empty()) front = q.front();
     uint8_t* p = q.reserve(n, tag, &err);
+    if (p != nullptr && is_static() && q.memory_bytes() != mem_before) {
+      grown(p, n, m.empty() ? nullptr : &front);
+    }
     if (trace) {
       std::fprintf(stderr, "reserve %zu (stride %zu) -> %s off %td\n", n, stride(n),
                    p != nullptr ? "ok" : uvbus::to_string(err),
@@ -137,6 +180,10 @@ struct harness {
     } else if (p == nullptr) {
       // Only a full ring may refuse now: justify it with the layout.
       FUZZ_CHECK(err == errc::queue_full);
+      if (cap < ring) {
+        FUZZ_CHECK(used() + stride(n) > ring);  // a growth would not have helped
+        return;
+      }
       FUZZ_CHECK(!m.empty());
       const size_t head = m.front().off;
       const size_t tail = m.back().off + stride(m.back().size);
@@ -164,6 +211,11 @@ struct harness {
     m.push_back({tag, n, off});
     bytes += n;
     can_unreserve = true;
+  }
+
+  void release() {
+    q.release_retired();
+    retired = 0;
   }
 
   void pop() {
@@ -236,6 +288,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.ring_bytes = in.u16() % 4200;  // below 64 is invalid on purpose
   cfg.max_bytes = (flags & 2) != 0 ? 0 : in.u16() % 5000;
   cfg.max_blocks = (flags & 4) != 0 ? 0 : in.u8() % 48;
+  // Bit 3: a ring that starts at 64 .. 8192 bytes and grows; else the whole ring at once.
+  cfg.ring_initial_bytes = (flags & 8) != 0 ? size_t{64} << ((flags >> 4) & 7) : 0;
   harness h(cfg);
   h.check_all();
 
@@ -254,6 +308,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3:
       case 4:
         h.pop();
+        if ((op & 0x80) != 0) h.release();  // no write in flight any more
         break;
       case 5:
         h.unreserve();
