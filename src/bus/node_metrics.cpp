@@ -217,7 +217,8 @@ void node::impl::channel_families(prom_text* t) const {
     counters_out(t, gauges, 2, metric_type::gauge);
     const counter_row rows[] = {
         {"uvbus_stream_accepted_total", "Connections accepted.", m.connections_accepted},
-        {"uvbus_stream_rejected_total", "Connections rejected at max_connections.",
+        {"uvbus_stream_rejected_total",
+         "Connections refused at accept: max_connections or the unregistered caps.",
          m.connections_rejected},
         {"uvbus_stream_connect_failures_total", "Outbound connects that failed.", m.connect_failed},
         {"uvbus_stream_decode_errors_total", "Corrupt frames (bad hash, length, size).",
