@@ -62,6 +62,10 @@ enum class delivery_mode : uint8_t {
   next_hop,
 };
 
+// A stream link's compression codec (node_config::compression).
+enum class compression_codec : uint8_t { none = 0, lz4 = 1, zstd = 2 };
+const char* to_string(compression_codec c) noexcept;
+
 // A listening socket handed from one process of a node to the next (node::detach_listeners(),
 // node_config::inherit_listeners, uvbus/handover.h): its bound URL (port 0 resolved), the socket.
 struct inherited_listener {
@@ -90,7 +94,8 @@ struct node_config {
   bool join_as_tool = false;
 
   // Largest user payload of send_data() (message_too_large above it); the stream frame limit is
-  // this plus the 36 bytes of bus header and data prefix. Every node of a bus should agree.
+  // this plus 85 bytes (bus header 32, flow prefix 12, trace block 25,
+  // shared-memory writer tag 16). Every node of a bus should agree.
   size_t message_limit = size_t{64} * 1024;
   // Per-connection stream send queue, bytes and packets (back-pressure: queue_full above them).
   size_t link_queue_bytes = size_t{2} << 20;
@@ -171,6 +176,13 @@ struct node_config {
   // Access tokens. Peers registering here must prove one of them (any: rotation is adding the new
   // token everywhere, then removing the old). Empty: no proof required. When connecting, the first
   // token is used. Tokens never cross the wire: only HMAC-SHA256(token, nonce || id || role).
+  // Authentication is two-way (protocol version 6): a node with tokens also requires the node it
+  // connects to (parent or sibling) to prove one, over a nonce of its own, and closes the link
+  // (access_denied, retried with backoff) if it does not; a peer that negotiates version 5 or
+  // less cannot prove itself and is refused. With tokens, every message written into this node's
+  // shared-memory ring must carry its writer's tag, derived from the token and the writer's id
+  // (docs/security.md): records without a valid one, or whose source id that writer may not
+  // speak for, are dropped and counted (node_counters::shm_rejected).
   std::vector<std::string> access_tokens;
   // Protocol versions offered; the highest common one is used.
   uint8_t protocol_min = proto::kMinVersion;
@@ -224,6 +236,16 @@ struct node_config {
   std::string host_id;
   // Stream TCP_NODELAY.
   bool tcp_nodelay = true;
+  // Link compression (docs/compression.md "On the bus"), negotiated at registration (protocol
+  // version 6): a stream link compresses only when both of its nodes ask for a codec; it then
+  // uses the accepting node's codec in both directions, each side at its own level. Data messages
+  // of at least compression_threshold bytes are compressed one by one and sent compressed only
+  // when that saves bytes (a message never grows); the receiving node restores each one before
+  // anything else sees it, bounded by the message limit. Shared memory is never compressed.
+  // Levels: lz4 0 (default), -N faster, 1..12 LZ4HC; zstd 0 (default 3), negative fast, up to 22.
+  compression_codec compression = compression_codec::none;
+  int compression_level = 0;
+  size_t compression_threshold = 512;
   // How this node describes itself in the bus directory (node::directory(), on_directory;
   // docs/bus.md "Directory"): a name, a type ("gateway", "logic", ...) and labels (region, zone,
   // version, ...). Each text at most 128 bytes, at most 16 labels with distinct non-empty keys.
@@ -300,6 +322,13 @@ struct node_counters {
   uint64_t requests_received = 0;  // requests delivered to on_data here
   uint64_t answers_sent = 0;       // reply() / reply_error() accepted
   uint64_t answers_ignored = 0;    // answers that came late, twice, or from a node not called
+  // Link compression and shared-memory writer tags (protocol version 6).
+  uint64_t compressed_sent = 0;        // messages sent compressed
+  uint64_t compressed_raw_bytes = 0;   // ... their bodies' size before compression
+  uint64_t compressed_wire_bytes = 0;  // ... and after
+  uint64_t decompressed = 0;           // compressed messages received and restored
+  uint64_t shm_rejected = 0;  // ring records refused: no valid writer tag, or a source id
+                              // the tagged writer may not speak for
 };
 
 // Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own

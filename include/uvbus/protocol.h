@@ -21,9 +21,11 @@ namespace uvbus::proto {
 // message (docs/protocol.md "Trace context"); a node strips it from what it sends on a link that
 // negotiated less. Version 5 adds request/reply (node::call, docs/protocol.md "Calls"): a call
 // block at the start of the payload, marked by a header flag; a message with one never travels on
-// a link that negotiated less (the send fails with version_mismatch).
+// a link that negotiated less (the send fails with version_mismatch). Version 6 adds registration
+// extensions (docs/protocol.md "Registration extensions"): the acceptor's proof of an access token
+// (two-way authentication), the link's compression codec, and compressed data messages.
 inline constexpr uint8_t kMinVersion = 1;
-inline constexpr uint8_t kMaxVersion = 5;
+inline constexpr uint8_t kMaxVersion = 6;
 inline constexpr uint8_t kDefaultTtl = 16;
 
 // What a node tells a peer about itself at registration.

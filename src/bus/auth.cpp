@@ -27,13 +27,18 @@ bool hmac_sha256(const std::string& key, const uint8_t* data, size_t n,
 }
 
 bool verify_proof(const std::vector<std::string>& tokens, const uint8_t* data, size_t n,
-                  const uint8_t proof[kMacSize]) noexcept {
+                  const uint8_t proof[kMacSize], size_t* which) noexcept {
   int matched = 0;
-  for (const std::string& t : tokens) {
+  size_t first = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
     uint8_t mac[kMacSize];
-    if (!hmac_sha256(t, data, n, mac)) continue;
-    matched |= CRYPTO_memcmp(mac, proof, kMacSize) == 0 ? 1 : 0;
+    if (!hmac_sha256(tokens[i], data, n, mac)) continue;
+    const int hit = CRYPTO_memcmp(mac, proof, kMacSize) == 0 ? 1 : 0;
+    // Branch-free: the first matching index, without an early exit.
+    first += static_cast<size_t>(matched == 0 && hit == 0 ? 1 : 0);
+    matched |= hit;
   }
+  if (which != nullptr) *which = first;
   return matched != 0;
 }
 

@@ -4,6 +4,9 @@
 // HMAC-SHA256(token, proto::auth_input(nonce, id, role)). The acceptor recomputes the MAC for every
 // token it accepts (several at once, so tokens can be rotated without a flag day) and compares in
 // constant time. A captured proof is useless later: the next registration gets another nonce.
+// From protocol version 6 the acceptor proves itself too: the connector sends a nonce of its own
+// in the registration and the acceptor answers with HMAC-SHA256(token, accept_auth_input(...))
+// using the token the connector's proof matched; the connector checks it against its tokens.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +28,10 @@ inline constexpr size_t kMacSize = 32;
 // True if proof equals HMAC-SHA256(t, data) for some t in tokens. Every token is tried (no early
 // exit) and each comparison is constant-time, so timing says nothing about which token or byte
 // matched. An empty token list matches nothing: the caller decides whether auth is required.
+// *which (if given) gets the index of the first matching token (the acceptor answers with it).
 [[nodiscard]] bool verify_proof(const std::vector<std::string>& tokens, const uint8_t* data,
-                                size_t n, const uint8_t proof[kMacSize]) noexcept;
+                                size_t n, const uint8_t proof[kMacSize],
+                                size_t* which = nullptr) noexcept;
 
 // A stable identity of the machine (kernel instance) this process runs on, equal for two processes
 // exactly when they can share memory through /dev/shm in the usual setups: the kernel's boot_id

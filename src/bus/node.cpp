@@ -105,7 +105,7 @@ void node::impl::close_link(link* lk, errc why, disconnect_mode mode) {
 // ---------------------------------------------------------------------------- start / stop --
 stream_config node::impl::link_stream_config() const {
   stream_config sc;
-  sc.message_limit = std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024);
+  sc.message_limit = std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024);
   sc.queue.mode = queue_mode::static_ring;
   sc.queue.ring_bytes = std::max(cfg.link_queue_bytes, 2 * (sc.message_limit + 64));
   sc.queue.max_bytes = sc.queue.ring_bytes;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "bus/node_impl.h"
+#include "core/compress.h"
 #include "core/frame.h"
 
 namespace uvbus {
@@ -203,6 +204,23 @@ errc check_ids(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
+errc check_compression(const node_config& cfg, std::string* detail) {
+  const auto c = static_cast<codec>(cfg.compression);
+  if (c != codec::none && c != codec::lz4 && c != codec::zstd) {
+    return refuse(detail, errc::invalid_argument,
+                  "compression (" + std::to_string(static_cast<int>(cfg.compression)) +
+                      ") is not none, lz4 or zstd");
+  }
+  const codec_levels lv = levels_of(c);
+  if (cfg.compression_level < lv.min || cfg.compression_level > lv.max) {
+    return refuse(detail, errc::invalid_argument,
+                  "compression_level (" + std::to_string(cfg.compression_level) + ") must be " +
+                      std::to_string(lv.min) + " .. " + std::to_string(lv.max) + " for " +
+                      to_string(c));
+  }
+  return errc::ok;
+}
+
 errc check_caps(const node_config& cfg, std::string* detail) {
   if (cfg.max_unregistered != 0 && cfg.max_unregistered_per_address > cfg.max_unregistered) {
     return refuse(detail, errc::invalid_argument,
@@ -220,7 +238,7 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
         detail, errc::invalid_argument,
         "message_limit (" + std::to_string(cfg.message_limit) + ") must be 1 .. 1073741824");
   }
-  const size_t frame = frame_size(cfg.message_limit + kBusOverhead);
+  const size_t frame = frame_size(cfg.message_limit + kMaxBusOverhead);
   if (cfg.link_queue_bytes < frame) {
     return refuse(detail, errc::invalid_argument,
                   "link_queue_bytes (" + std::to_string(cfg.link_queue_bytes) +
@@ -326,7 +344,7 @@ shm_config detail::ring_config(const node_config& cfg) {
   shc.ring_bytes = cfg.shm_ring_bytes;
   shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
   shc.max_record_size =
-      static_cast<uint32_t>(std::max<size_t>(cfg.message_limit + kBusOverhead, size_t{64} * 1024));
+      static_cast<uint32_t>(std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024));
   return shc;
 }
 
@@ -354,6 +372,7 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   if (e == errc::ok) e = check_ids(cfg, detail);
   if (e == errc::ok) e = check_sizes(cfg, detail);
   if (e == errc::ok) e = check_caps(cfg, detail);
+  if (e == errc::ok) e = check_compression(cfg, detail);
   if (e == errc::ok) e = check_timers(cfg, detail);
   if (e == errc::ok) e = check_shm(cfg, detail);
   return e;

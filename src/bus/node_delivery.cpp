@@ -83,6 +83,12 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
     // Sends of one loop turn go into the ring as one batch at the end of the turn (docs/shm.md,
     // "Coalescing writer"); a next-hop report needs its record in the ring now (sendv_now).
     if (!p->shm->coalescing()) (void)p->shm->coalesce(loop);
+    if (p->shm_tagged) {  // the writer's tag first (access tokens; docs/security.md)
+      sec->tagged.assign(1, const_buffer{p->shm_envelope, sizeof p->shm_envelope});
+      sec->tagged.insert(sec->tagged.end(), bufs, bufs + n);
+      bufs = sec->tagged.data();
+      n = sec->tagged.size();
+    }
     const bool now = tag != 0 && (tag & kTagE2e) == 0;
     errc e = now ? p->shm->sendv_now(bufs, n) : p->shm->sendv(bufs, n);
     // abandoned: we stalled mid-record (preempted past the reader's timeout) and the reader
@@ -104,6 +110,7 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
   if (p->lk == nullptr || p->lk->state != link_state::registered) return errc::not_connected;
   // Without on_report there is nothing to pair the channel's reports with.
   const uint64_t ctag = cbs.on_report ? tag : 0;
+  if (p->lk->codec != 0) compress_out(p->lk, &bufs, &n);
   uint64_t seq = 0;
   const errc e = streams->sendv(p->lk->conn, bufs, n, &seq);
   if (e == errc::ok && ctag != 0) p->lk->reports.push_back({seq, ctag, target});

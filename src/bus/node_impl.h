@@ -23,6 +23,7 @@
 
 #include "bus/auth.h"
 #include "bus/flow.h"
+#include "bus/node_secure.h"
 #include "bus/routing.h"
 #include "bus/wire.h"
 #include "core/ring_fifo.h"
@@ -37,6 +38,11 @@
 namespace uvbus::detail {
 
 constexpr size_t kBusOverhead = proto::kHeaderSize + proto::kDataPrefix;
+// The most a message adds to its payload on a link or in a ring: the header, the flow prefix (user
+// type, epoch), a trace block and a shared-memory writer envelope. Frame and record limits are
+// message_limit plus this, so a message of message_limit bytes fits in every form.
+constexpr size_t kMaxBusOverhead =
+    proto::kHeaderSize + proto::kFlowPrefix + proto::kTraceSize + proto::kShmEnvelopeSize;
 constexpr uint32_t kSiblingRetryMs =
     5000;  // after a failed direct attempt, use the parent this long
 constexpr size_t kMaxSpans = 64;
@@ -117,6 +123,8 @@ struct peer_ep {
   std::vector<uint64_t> paused_links;
   bool shm_reader_paused = false;  // we stopped our shm reader because of this overflow
   bool user_blocked = false;       // a send_data() got queue_full: tell on_writable
+  bool shm_tagged = false;         // shm_envelope goes before each message into its ring
+  uint8_t shm_envelope[proto::kShmEnvelopeSize] = {};
 };
 
 enum class link_state : uint8_t {
@@ -138,6 +146,9 @@ struct link {
   uint8_t version = 0;   // the negotiated protocol version, once registered
   bus_id expect_id = 0;  // connector to a sibling: whom we expect
   uint8_t nonce[proto::kNonceSize] = {};
+  bool sent_nonce = false;                   // connector: my_nonce went out (version 6)
+  uint8_t my_nonce[proto::kNonceSize] = {};  // connector: what the acceptor must prove over
+  uint8_t codec = 0;                         // the link's compression codec (0: none)
   uint64_t deadline_ms = 0;
   peer_ep* peer = nullptr;
   errc close_reason = errc::ok;  // set when we close it for a reason of our own
@@ -474,7 +485,29 @@ struct node::impl {
   void on_register(link* lk, const proto::header& hd, const uint8_t* body);
   // Once a sibling is registered (on whichever link), its waiting messages go to it.
   void settle_sibling(bus_id id);
-  bool accept_reply(link* lk, bus_id to, uint8_t version);
+  bool accept_reply(link* lk, bus_id to, uint8_t version, const proto::register_body* rb = nullptr,
+                    size_t token = 0);
+
+  // ---------------------------------------------- version 6: node_secure.cpp (docs/security.md) --
+  // Connector: the extensions of its registration (its nonce, the codec it wants).
+  void register_ext(link* lk, const proto::challenge_body& ch, proto::register_body* rb);
+  // Acceptor: the reply's extensions (its proof with the token the connector's matched, the codec).
+  void reply_ext(link* lk, const proto::register_body& rb, size_t token, uint8_t version,
+                 proto::register_reply_body* rr);
+  // Connector: checks the acceptor's proof (with access tokens) and takes the link's codec. False
+  // (with *why) if the acceptor did not prove a token.
+  bool check_reply_ext(link* lk, const proto::register_reply_body& rr, std::string* why);
+  // A data message for a link that compresses: bufs replaced by the compressed form (spans valid
+  // until the next call) when it is worth it.
+  void compress_out(link* lk, const const_buffer** bufs, size_t* n);
+  // A received message with flag_compressed: restored into a scratch buffer; false (link closed
+  // as a protocol violation) if it may not be or does not decompress within the limit.
+  bool inflate_in(link* lk, const uint8_t** data, size_t* size);
+  // Our tag for writing into peer p's ring (with access tokens), set when its writer opens.
+  void shm_tag_peer(peer_ep* p);
+  // A record of our ring: checks and strips the writer's envelope. False: refused (counted).
+  bool shm_accept(const uint8_t** data, size_t* size, bus_id* writer);
+  std::unique_ptr<detail::link_security> sec = std::make_unique<detail::link_security>();
   // Moves a registered peer onto another (just registered) link and closes its old link quietly.
   void move_peer(peer_ep* p, link* to);
   peer_ep* add_peer(link* lk, peer_kind kind, proto::node_info info);
@@ -640,6 +673,7 @@ using detail::handles;
 using detail::hop;
 using detail::in_flight;
 using detail::kBusOverhead;
+using detail::kMaxBusOverhead;
 using detail::kMaxSpans;
 using detail::kSiblingRetryMs;
 using detail::kTagE2e;

@@ -175,6 +175,11 @@ void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
       n->protocol_violation(lk, "message before the handshake");
       return;
   }
+  if ((hd.flags & proto::flag_compressed) != 0) {
+    if (!n->inflate_in(lk, &data, &size)) return;
+    (void)proto::parse_header(data, size, &hd);  // the restored header: body_len changed
+    body = data + proto::kHeaderSize;
+  }
   peer_ep* p = lk->peer;
   p->last_rx_ms = n->now_ms();
   switch (hd.type) {
@@ -255,6 +260,7 @@ void node::impl::on_challenge(link* lk, const proto::header& hd, const uint8_t* 
       return;
     }
   }
+  register_ext(lk, ch, &rb);
   std::vector<uint8_t> b;
   proto::encode_register(rb, &b);
   if (send_control(lk, make_header(msg_type::register_req, ch.acceptor_id, 0), b) != errc::ok) {
@@ -277,13 +283,20 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     rr.message = "the sibling answered with another id";
   }
   if (result == errc::ok && lk->is_parent && rr.info.id == self) result = errc::duplicate_id;
+  // Two-way authentication: the acceptor must prove a token of ours too. Not proving it is not
+  // a configuration refusal (an impostor must not stop us retrying the real parent).
+  bool unproven = false;
+  if (result == errc::ok && !check_reply_ext(lk, rr, &rr.message)) {
+    result = errc::access_denied;
+    unproven = true;
+  }
   if (result != errc::ok) {
     log(log_level::warn, "registration to %s refused: %s (%s)", streams->peer_url(lk->conn).c_str(),
         to_string(result), rr.message.c_str());
     lk->close_reason = result;
     if (lk->is_parent) {
-      if (result == errc::access_denied || result == errc::out_of_subnet ||
-          result == errc::version_mismatch) {
+      if (!unproven && (result == errc::access_denied || result == errc::out_of_subnet ||
+                        result == errc::version_mismatch)) {
         parent_failed = true;
         parent_refusal = result;
         fail_queue(&parent_pending, result);
@@ -358,9 +371,10 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     refuse(lk, errc::version_mismatch, "no common protocol version", who);
     return;
   }
+  size_t token = 0;  // the token the connector proved: we prove the same one back
   if (!cfg.access_tokens.empty()) {
     const std::vector<uint8_t> in = proto::auth_input(lk->nonce, who.id, rb.role);
-    if (!detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof)) {
+    if (!detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof, &token)) {
       refuse(lk, errc::access_denied, "no matching access token", who);
       return;
     }
@@ -377,7 +391,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     if (ok == errc::duplicate_id && kind == peer_kind::sibling && old != nullptr &&
         old->kind == peer_kind::sibling && who.id < self) {
       // The simultaneous-connect rule (see on_register_reply): the smaller id's link wins.
-      if (!accept_reply(lk, who.id, version)) return;
+      if (!accept_reply(lk, who.id, version, &rb, token)) return;
       move_peer(old, lk);
       return;
     }
@@ -392,7 +406,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     refuse(lk, ok, msg, who);
     return;
   }
-  if (!accept_reply(lk, who.id, version)) return;
+  if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
       who.pid, who.hostname.c_str());
   peer_ep* p = add_peer(lk, kind, who);
@@ -409,13 +423,15 @@ void node::impl::settle_sibling(bus_id id) {
   siblings.erase(it);
 }
 
-bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version) {
+bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version,
+                              const proto::register_body* rb, size_t token) {
   ++counters.registrations_accepted;
   proto::register_reply_body rr;
   rr.status = proto::reason::ok;
   rr.version = version;
   lk->version = version;
   rr.info = my_info();
+  if (rb != nullptr) reply_ext(lk, *rb, token, version, &rr);
   std::vector<uint8_t> b;
   proto::encode_register_reply(rr, &b);
   if (send_control(lk, make_header(msg_type::register_reply, to, 0), b) != errc::ok) {
@@ -465,6 +481,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
       break;
     }
   }
+  if (p->shm) shm_tag_peer(p.get());
   peer_ep* raw = p.get();
   peers[raw->id] = std::move(p);
   cached_hop = nullptr;

@@ -97,6 +97,16 @@ void node::impl::node_families(prom_text* t) const {
       {"uvbus_node_requests_received_total", "Requests delivered to on_data here.",
        c.requests_received},
       {"uvbus_node_answers_sent_total", "Replies and error answers sent.", c.answers_sent},
+      {"uvbus_node_compressed_sent_total", "Messages sent compressed.", c.compressed_sent},
+      {"uvbus_node_compressed_raw_bytes_total", "Bodies of compressed messages, before.",
+       c.compressed_raw_bytes},
+      {"uvbus_node_compressed_wire_bytes_total", "Bodies of compressed messages, as sent.",
+       c.compressed_wire_bytes},
+      {"uvbus_node_decompressed_total", "Compressed messages received and restored.",
+       c.decompressed},
+      {"uvbus_node_shm_rejected_total",
+       "Ring records refused: no valid writer tag, or a source the writer may not speak for.",
+       c.shm_rejected},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
   const counter_row gauges[] = {

@@ -438,9 +438,20 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
   bus_id last_source = n->self;
   // A callback may stop the node mid-batch: nothing more is delivered then.
   for (size_t i = 0; i < count && n->state == run_state::running; ++i) {
+    const uint8_t* data = recs[i].data;
+    size_t size = recs[i].size;
+    bus_id writer = 0;
+    if (!n->shm_accept(&data, &size, &writer)) continue;
     proto::header hd;
-    if (proto::parse_header(recs[i].data, recs[i].size, &hd) != errc::ok) {
+    if (proto::parse_header(data, size, &hd) != errc::ok) {
       ++n->counters.protocol_errors;
+      continue;
+    }
+    // With access tokens the tag proved the writer: it may speak for itself, or relay for the
+    // nodes its registration allows (as on its stream link).
+    if (!n->cfg.access_tokens.empty() && hd.source != writer &&
+        (n->find_peer(writer) == nullptr || !n->table.source_allowed(writer, hd.source))) {
+      ++n->counters.shm_rejected;
       continue;
     }
     switch (hd.type) {
@@ -458,7 +469,7 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
             p->last_data_ms = p->last_rx_ms;
           }
         }
-        n->on_routed(nullptr, hd, recs[i].data, recs[i].size);
+        n->on_routed(nullptr, hd, data, size);
         break;
       default:
         ++n->counters.protocol_errors;
@@ -543,6 +554,11 @@ std::string node::impl::counters_text() const {
   add("requests_received", c.requests_received);
   add("answers_sent", c.answers_sent);
   add("answers_ignored", c.answers_ignored);
+  add("compressed_sent", c.compressed_sent);
+  add("compressed_raw_bytes", c.compressed_raw_bytes);
+  add("compressed_wire_bytes", c.compressed_wire_bytes);
+  add("decompressed", c.decompressed);
+  add("shm_rejected", c.shm_rejected);
   add("peers", peers.size());
   return s;
 }

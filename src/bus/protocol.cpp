@@ -324,6 +324,67 @@ errc parse_challenge(const uint8_t* p, size_t n, challenge_body* out) {
   return errc::ok;
 }
 
+namespace {
+
+void encode_ext(const reg_extensions& x, std::vector<uint8_t>* out) {
+  if (!x.present) return;
+  writer w(out);
+  w.u8(static_cast<uint8_t>(int{x.has_nonce} + int{x.has_proof} + int{x.has_compression}));
+  if (x.has_nonce) {
+    w.u8(static_cast<uint8_t>(ext_tag::nonce));
+    w.u8(kNonceSize);
+    w.bytes(x.nonce, kNonceSize);
+  }
+  if (x.has_proof) {
+    w.u8(static_cast<uint8_t>(ext_tag::proof));
+    w.u8(kProofSize);
+    w.bytes(x.proof, kProofSize);
+  }
+  if (x.has_compression) {
+    w.u8(static_cast<uint8_t>(ext_tag::compression));
+    w.u8(1);
+    w.u8(x.compression);
+  }
+}
+
+// Reads the extension block if bytes are left; true if the rest of r is a well-formed block.
+bool parse_ext(reader& r, reg_extensions* x) {
+  if (r.left() == 0) return true;
+  x->present = true;
+  const uint8_t count = r.u8();
+  if (count > kMaxExtensions) return false;
+  for (uint8_t i = 0; i < count && r.ok(); ++i) {
+    const uint8_t tag = r.u8();
+    const uint8_t len = r.u8();
+    const uint8_t* v = r.take(len);
+    if (v == nullptr) return false;
+    struct field {
+      bool* seen;
+      size_t size;
+      uint8_t* dst;
+    };
+    field f{nullptr, 0, nullptr};
+    if (tag == static_cast<uint8_t>(ext_tag::nonce)) {
+      f = {&x->has_nonce, kNonceSize, x->nonce};
+    } else if (tag == static_cast<uint8_t>(ext_tag::proof)) {
+      f = {&x->has_proof, kProofSize, x->proof};
+    } else if (tag == static_cast<uint8_t>(ext_tag::compression)) {
+      f = {&x->has_compression, 1, &x->compression};
+    } else {
+      continue;  // a later version's field
+    }
+    bool* seen = f.seen;
+    const size_t want = f.size;
+    uint8_t* dst = f.dst;
+    if (*seen || len != want) return false;
+    *seen = true;
+    std::memcpy(dst, v, want);
+  }
+  return r.done() && x->compression <= 2;
+}
+
+}  // namespace
+
 void encode_register(const register_body& b, std::vector<uint8_t>* out) {
   writer w(out);
   w.u8(b.min_version);
@@ -331,6 +392,7 @@ void encode_register(const register_body& b, std::vector<uint8_t>* out) {
   w.u8(static_cast<uint8_t>(b.role));
   encode_node_info(b.info, out);
   w.bytes(b.proof, kProofSize);
+  encode_ext(b.ext, out);
 }
 
 errc parse_register(const uint8_t* p, size_t n, register_body* out) {
@@ -347,7 +409,7 @@ errc parse_register(const uint8_t* p, size_t n, register_body* out) {
   b.role = static_cast<link_role>(role);
   if (!read_node_info(r, &b.info)) return errc::protocol_error;
   const uint8_t* proof = r.take(kProofSize);
-  if (!r.done()) return errc::protocol_error;
+  if (!r.ok() || !parse_ext(r, &b.ext)) return errc::protocol_error;
   std::memcpy(b.proof, proof, kProofSize);
   *out = std::move(b);
   return errc::ok;
@@ -359,6 +421,7 @@ void encode_register_reply(const register_reply_body& b, std::vector<uint8_t>* o
   w.u8(b.version);
   encode_node_info(b.info, out);
   w.str8(b.message, kMaxReasonBytes);
+  encode_ext(b.ext, out);
 }
 
 errc parse_register_reply(const uint8_t* p, size_t n, register_reply_body* out) {
@@ -370,7 +433,7 @@ errc parse_register_reply(const uint8_t* p, size_t n, register_reply_body* out) 
   b.status = static_cast<reason>(status);
   if (!read_node_info(r, &b.info)) return errc::protocol_error;
   r.str8(&b.message, kMaxReasonBytes);
-  if (!r.done()) return errc::protocol_error;
+  if (!r.ok() || !parse_ext(r, &b.ext)) return errc::protocol_error;
   if (b.status == reason::ok && (b.version < kMinVersion || b.version == 0)) {
     return errc::protocol_error;
   }
@@ -579,14 +642,35 @@ errc parse_directory(const uint8_t* p, size_t n, directory_body* out) {
   return errc::ok;
 }
 
-std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id, link_role role) {
-  static constexpr char kLabel[] = "uvbus-register-v1";
+namespace {
+std::vector<uint8_t> labelled_input(const char* label, const uint8_t nonce[kNonceSize], bus_id id,
+                                    link_role role) {
   std::vector<uint8_t> v;
   writer w(&v);
-  w.bytes(kLabel, sizeof kLabel - 1);
+  w.bytes(label, std::strlen(label));
   w.bytes(nonce, kNonceSize);
   w.u64(id);
   w.u8(static_cast<uint8_t>(role));
+  return v;
+}
+}  // namespace
+
+std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id, link_role role) {
+  return labelled_input("uvbus-register-v1", nonce, id, role);
+}
+
+std::vector<uint8_t> accept_auth_input(const uint8_t nonce[kNonceSize], bus_id acceptor,
+                                       link_role role) {
+  return labelled_input("uvbus-accept-v1", nonce, acceptor, role);
+}
+
+std::vector<uint8_t> shm_tag_input(bus_id reader_id, bus_id writer_id) {
+  static constexpr char kLabel[] = "uvbus-shm-writer-v1";
+  std::vector<uint8_t> v;
+  writer w(&v);
+  w.bytes(kLabel, sizeof kLabel - 1);
+  w.u64(reader_id);
+  w.u64(writer_id);
   return v;
 }
 

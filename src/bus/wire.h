@@ -82,8 +82,13 @@ inline constexpr uint8_t flag_trace = 0x08;
 // Version 5, data/forward: the payload starts with a call block (kCallSize bytes: call_kind 1,
 // call id 8, code 4): a request of node::call() or its reply. Never sent on a link below version 5.
 inline constexpr uint8_t flag_call = 0x10;
+// Version 6, data/forward on a stream link that negotiated a codec: the body (everything after
+// the header) is one compressed block (core/compress.h) of the original body. Link-local: the
+// receiver restores the message before anything else reads it, and a relay compresses again (or
+// not) for its next link.
+inline constexpr uint8_t flag_compressed = 0x20;
 inline constexpr uint8_t kKnownFlags =
-    flag_require_response | flag_flow | flag_sync | flag_trace | flag_call;
+    flag_require_response | flag_flow | flag_sync | flag_trace | flag_call | flag_compressed;
 inline constexpr size_t kTraceSize = 25;
 inline constexpr size_t kCallSize = 13;
 
@@ -170,12 +175,34 @@ enum class link_role : uint8_t {
   tool = 3,     // a client that only sends commands (never routed to)
 };
 
+// Version 6: optional fields after a register or register_reply body, sent only to a peer that
+// speaks version 6 (the connector: when the challenge offers it; the acceptor: when the link
+// negotiated it). Encoded as u8 count, then count x {u8 tag, u8 len, len bytes}; a parser skips
+// tags it does not know, refuses a known tag with the wrong length, more than kMaxExtensions or
+// a tag twice.
+enum class ext_tag : uint8_t {
+  nonce = 1,        // register: the connector's nonce (kNonceSize) for the acceptor's proof
+  proof = 2,        // register_reply: HMAC-SHA256(token, accept_auth_input(nonce, acceptor, role))
+  compression = 3,  // register: the codec the connector wants; reply: the link's codec (1 byte)
+};
+inline constexpr size_t kMaxExtensions = 8;
+struct reg_extensions {
+  bool present = false;  // encode: write the block; parse: it was there
+  bool has_nonce = false;
+  uint8_t nonce[kNonceSize] = {};
+  bool has_proof = false;
+  uint8_t proof[kProofSize] = {};
+  bool has_compression = false;
+  uint8_t compression = 0;  // codec: 0 none, 1 lz4, 2 zstd
+};
+
 struct register_body {
   uint8_t min_version = kMinVersion;
   uint8_t max_version = kMaxVersion;
   link_role role = link_role::child;
   node_info info;
   uint8_t proof[kProofSize] = {};  // HMAC-SHA256(token, auth_input(nonce, id, role)); 0s if none
+  reg_extensions ext;
 };
 
 struct register_reply_body {
@@ -183,6 +210,7 @@ struct register_reply_body {
   uint8_t version = kMaxVersion;  // the version the link uses (when accepted)
   node_info info;                 // the acceptor's info (empty lists when refused)
   std::string message;            // human-readable detail, <= 255 bytes
+  reg_extensions ext;
 };
 
 struct ping_body {
@@ -367,5 +395,15 @@ void encode_command_reply(uint32_t command, reason status, const void* result, s
 // the acceptor's fresh nonce stops it being replayed at all.
 [[nodiscard]] std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id,
                                               link_role role);
+// Version 6, the acceptor's answer: "uvbus-accept-v1" || the connector's nonce || the acceptor's
+// id || role. Its own label, so that neither proof can stand in for the other.
+[[nodiscard]] std::vector<uint8_t> accept_auth_input(const uint8_t nonce[kNonceSize],
+                                                     bus_id acceptor, link_role role);
+// What a writer puts before each message it writes into a peer's shared-memory ring when the
+// bus has access tokens (docs/protocol.md "Shared-memory writer tags"): the marker byte, 7 bytes
+// of HMAC-SHA256(token, shm_tag_input(reader, writer)), and the writer's id (u64 LE).
+inline constexpr size_t kShmEnvelopeSize = 16;
+inline constexpr uint8_t kShmEnvelopeMarker = 0xe6;  // never a header's first byte (its version)
+[[nodiscard]] std::vector<uint8_t> shm_tag_input(bus_id reader, bus_id writer);
 
 }  // namespace uvbus::proto

@@ -305,8 +305,61 @@ TEST(Protocol, RegisterRoundTripsAndEveryTruncationFails) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     EXPECT_EQ(parse_register(bytes.data(), n, &r), errc::protocol_error) << n;
   }
-  bytes.push_back(0);
+  bytes.push_back(1);  // an extension block announcing one entry, cut short
   EXPECT_EQ(parse_register(bytes.data(), bytes.size(), &r), errc::protocol_error);
+  bytes.back() = 0;  // an empty extension block (version 6) is well formed
+  ASSERT_EQ(parse_register(bytes.data(), bytes.size(), &r), errc::ok);
+  EXPECT_TRUE(r.ext.present);
+}
+
+TEST(Protocol, RegistrationExtensionsRoundTripAndRefuseMalformedEntries) {
+  register_body b;
+  b.info = sample_info();
+  b.ext.present = true;
+  b.ext.has_nonce = true;
+  std::memset(b.ext.nonce, 0x5A, kNonceSize);
+  b.ext.has_compression = true;
+  b.ext.compression = 2;
+  std::vector<uint8_t> bytes;
+  encode_register(b, &bytes);
+  register_body r;
+  ASSERT_EQ(parse_register(bytes.data(), bytes.size(), &r), errc::ok);
+  EXPECT_TRUE(r.ext.has_nonce);
+  EXPECT_EQ(std::memcmp(r.ext.nonce, b.ext.nonce, kNonceSize), 0);
+  EXPECT_FALSE(r.ext.has_proof);
+  EXPECT_EQ(r.ext.compression, 2);
+  // Cut anywhere inside the block: refused (cut before it: a plain version-5 registration).
+  const size_t block = 1 + (2 + kNonceSize) + (2 + 1);
+  for (size_t n = bytes.size() - block + 1; n < bytes.size(); ++n) {
+    EXPECT_EQ(parse_register(bytes.data(), n, &r), errc::protocol_error) << n;
+  }
+  const size_t base = bytes.size() - block;
+  auto with_block = [&](std::vector<uint8_t> blk) {
+    std::vector<uint8_t> m(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(base));
+    m.insert(m.end(), blk.begin(), blk.end());
+    register_body out;
+    return parse_register(m.data(), m.size(), &out);
+  };
+  EXPECT_EQ(with_block({1, 99, 2, 7, 7}), errc::ok) << "an unknown tag is skipped";
+  EXPECT_EQ(with_block({1, 3, 2, 1, 1}), errc::protocol_error) << "wrong length";
+  EXPECT_EQ(with_block({2, 3, 1, 1, 3, 1, 1}), errc::protocol_error) << "a tag twice";
+  EXPECT_EQ(with_block({1, 3, 1, 3}), errc::protocol_error) << "codec 3";
+  EXPECT_EQ(with_block({9}), errc::protocol_error) << "more than 8 entries";
+
+  register_reply_body rb;
+  rb.info = sample_info();
+  rb.ext.present = true;
+  rb.ext.has_proof = true;
+  std::memset(rb.ext.proof, 0x33, kProofSize);
+  rb.ext.has_compression = true;
+  rb.ext.compression = 1;
+  std::vector<uint8_t> rbytes;
+  encode_register_reply(rb, &rbytes);
+  register_reply_body rr;
+  ASSERT_EQ(parse_register_reply(rbytes.data(), rbytes.size(), &rr), errc::ok);
+  EXPECT_TRUE(rr.ext.has_proof);
+  EXPECT_EQ(std::memcmp(rr.ext.proof, rb.ext.proof, kProofSize), 0);
+  EXPECT_EQ(rr.ext.compression, 1);
 }
 
 TEST(Protocol, RegisterRejectsOutOfRangeFields) {

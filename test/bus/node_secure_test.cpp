@@ -1,0 +1,302 @@
+// Protocol version 6's link protection on live nodes: two-way authentication (an acceptor that
+// cannot prove a token is refused by the connector), token rotation, link compression negotiated
+// at registration (and a compression bomb from a hand-made peer), and shared-memory writer tags
+// (records without a valid tag, or speaking for another node, are dropped and counted).
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bus/auth.h"
+#include "bus/bus_harness.h"
+#include "bus/wire.h"
+#include "core/compress.h"
+#include "core/endian.h"
+#include "uvbus/shm.h"
+#include "uvbus/stream.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_node;
+using test::fast_config;
+
+constexpr bus_id kRoot = 0x10000;
+constexpr bus_id kChild = 0x10001;
+constexpr bus_id kOther = 0x10002;
+const subnet kNet{0x10000, 48};
+
+node_config with_tokens(std::vector<std::string> tokens) {
+  node_config c = fast_config();
+  c.access_tokens = std::move(tokens);
+  return c;
+}
+
+// A compressible message: a game-like record repeated with small changes.
+std::string snapshot(size_t n, uint32_t seed) {
+  std::string s;
+  while (s.size() < n) {
+    s += "{\"entity\":" + std::to_string(seed++ % 97) + ",\"x\":1.25,\"y\":-3.5,\"hp\":100}";
+  }
+  s.resize(n);
+  return s;
+}
+
+std::string random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& ch : s) ch = static_cast<char>(rng());
+  return s;
+}
+
+class NodeSecure : public test::bus_fixture {};
+
+TEST_F(NodeSecure, BothSidesProveTheirTokenAndRotationWorks) {
+  // The root accepts the old and the new token; the child proves the new one: the root must
+  // answer with the same (new) token, which is the only one the child knows.
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"old", "new"}));
+  bus_node* child = make_child(kChild, root, {}, with_tokens({"new"}));
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  ASSERT_EQ(test::send_str(child, kRoot, 7, "hello"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
+  EXPECT_EQ(root->got[0].bytes, "hello");
+}
+
+TEST_F(NodeSecure, AParentThatCannotProveATokenIsRefusedAndRetried) {
+  // An acceptor without tokens accepts anyone, so it cannot prove one: the child refuses it
+  // (access_denied, with the reason) and, since an impostor must not stop it, keeps retrying.
+  bus_node* root = make_root(kRoot, {kNet});
+  bus_node* child = make_child(kChild, root, {}, with_tokens({"secret"}));
+  ASSERT_TRUE(wait([&] { return child->registrations.size() >= 2; }));
+  EXPECT_EQ(child->ups, 0);
+  EXPECT_EQ(child->registrations[0], errc::access_denied);
+  EXPECT_NE(child->registration_details[0].find("did not prove"), std::string::npos)
+      << child->registration_details[0];
+  EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::ok) << "not a refusal for good";
+}
+
+TEST_F(NodeSecure, AVersion5AcceptorCannotProveItselfAndIsRefused) {
+  node_config rc = with_tokens({"secret"});
+  rc.protocol_max = 5;
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* child = make_child(kChild, root, {}, with_tokens({"secret"}));
+  ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+  EXPECT_EQ(child->registrations[0], errc::access_denied);
+  EXPECT_NE(child->registration_details[0].find("version 5"), std::string::npos)
+      << child->registration_details[0];
+  EXPECT_EQ(child->ups, 0);
+}
+
+TEST_F(NodeSecure, CompressionIsNegotiatedAndRestoresEveryMessage) {
+  node_config rc = fast_config();
+  rc.compression = compression_codec::zstd;
+  node_config cc = fast_config();
+  cc.compression = compression_codec::lz4;  // the acceptor's codec wins: zstd both ways
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* child = make_child(kChild, root, {}, cc);
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  const std::string big = snapshot(8000, 1);
+  const std::string noise = random_bytes(4000, 2);
+  const std::string small = snapshot(100, 3);  // below compression_threshold
+  for (const std::string* s : {&big, &noise, &small}) {
+    ASSERT_EQ(test::send_str(child, kRoot, 1, *s), errc::ok);
+    ASSERT_EQ(test::send_str(root, kChild, 2, *s), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return root->got.size() == 3 && child->got.size() == 3; }));
+  for (bus_node* t : {root, child}) {
+    EXPECT_EQ(t->got[0].bytes, big);
+    EXPECT_EQ(t->got[1].bytes, noise);
+    EXPECT_EQ(t->got[2].bytes, small);
+    const node_counters k = t->n->counters();
+    EXPECT_EQ(k.compressed_sent, 1u) << "only the compressible message above the threshold";
+    EXPECT_EQ(k.decompressed, 1u);
+    EXPECT_LT(k.compressed_wire_bytes * 4, k.compressed_raw_bytes);
+  }
+}
+
+TEST_F(NodeSecure, CompressionNeedsBothSides) {
+  node_config rc = fast_config();
+  rc.compression = compression_codec::zstd;
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* child = make_child(kChild, root);  // none
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  const std::string big = snapshot(8000, 1);
+  ASSERT_EQ(test::send_str(root, kChild, 2, big), errc::ok);
+  ASSERT_TRUE(wait([&] { return child->got.size() == 1; }));
+  EXPECT_EQ(child->got[0].bytes, big);
+  EXPECT_EQ(root->n->counters().compressed_sent, 0u);
+}
+
+TEST_F(NodeSecure, BadCompressionSettingsAreRefusedByName) {
+  node_config c = fast_config();
+  c.compression = compression_codec::lz4;
+  c.compression_level = 99;
+  std::string why;
+  EXPECT_EQ(node::validate(kRoot, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("compression_level (99)"), std::string::npos) << why;
+  c.compression = static_cast<compression_codec>(9);
+  c.compression_level = 0;
+  EXPECT_EQ(node::validate(kRoot, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("compression (9)"), std::string::npos) << why;
+}
+
+// A hand-made child that registers with compression and then sends `bomb` as a data message.
+struct raw_child {
+  std::unique_ptr<stream_channel> ch;
+  connection_id conn{};
+  bool registered = false;
+  bool closed = false;
+  std::vector<uint8_t> bomb;
+
+  void start(uv_loop_t* loop, const std::string& url) {
+    stream_callbacks cb;
+    cb.on_received = [this](connection_id c, const uint8_t* d, size_t n) { on_msg(c, d, n); };
+    cb.on_disconnected = [this](connection_id, errc) { closed = true; };
+    ch = std::make_unique<stream_channel>(loop, stream_config{}, std::move(cb));
+    ASSERT_EQ(ch->connect(url, &conn), errc::ok);
+  }
+  void send(proto::msg_type t, const std::vector<uint8_t>& body, uint8_t flags = 0) {
+    proto::header h;
+    h.type = t;
+    h.flags = flags;
+    h.source = kOther;
+    h.target = kRoot;
+    const std::vector<uint8_t> m = proto::build(h, body);
+    (void)ch->send(conn, m.data(), m.size());
+  }
+  void on_msg(connection_id, const uint8_t* d, size_t n) {
+    proto::header hd;
+    if (proto::parse_header(d, n, &hd) != errc::ok) return;
+    if (hd.type == proto::msg_type::challenge) {
+      proto::challenge_body chb;
+      ASSERT_EQ(proto::parse_challenge(d + proto::kHeaderSize, hd.body_len, &chb), errc::ok);
+      proto::register_body rb;
+      rb.info.id = kOther;
+      rb.info.host_id = "raw";
+      rb.ext.present = true;
+      rb.ext.has_compression = true;
+      rb.ext.compression = 1;  // lz4
+      std::vector<uint8_t> body;
+      proto::encode_register(rb, &body);
+      send(proto::msg_type::register_req, body);
+    } else if (hd.type == proto::msg_type::register_reply) {
+      registered = true;
+      send(proto::msg_type::data, bomb, proto::flag_compressed);
+    }
+  }
+};
+
+TEST_F(NodeSecure, ACompressionBombClosesOnlyItsOwnLink) {
+  node_config rc = fast_config();
+  rc.compression = compression_codec::lz4;
+  rc.message_limit = 4096;
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* honest = make_child(kChild, root);
+  ASSERT_TRUE(wait([&] { return honest->ups == 1; }));
+  // 1 MiB of zeros in a block of about 4 KiB, far above the root's limit: refused before a byte
+  // is inflated.
+  std::vector<uint8_t> zeros(size_t{1} << 20, 0);
+  std::vector<uint8_t> block(zeros.size());
+  compressor comp;
+  const size_t z = comp.compress(codec::lz4, 0, zeros.data(), zeros.size(), block.data(),
+                                 block.size());
+  ASSERT_GT(z, 0u);
+  raw_child raw;
+  raw.bomb.assign(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(z));
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.closed; }));
+  EXPECT_TRUE(raw.registered);
+  EXPECT_GE(root->n->counters().protocol_errors, 1u);
+  bool named = false;
+  for (const std::string& e : root->error_texts) named = named || e.find("oversize") != std::string::npos || e.find("limit") != std::string::npos;
+  EXPECT_TRUE(named);
+  ASSERT_EQ(test::send_str(honest, kRoot, 1, "still here"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// --------------------------------------------------------------------- shared-memory tags --
+class NodeShmTags : public test::bus_fixture {
+ protected:
+  node_config shm_config(const std::string& ring) {
+    node_config c = with_tokens({"secret"});
+    c.enable_shm = true;
+    c.shm_ring_bytes = size_t{1} << 20;
+    c.listen.push_back(ring);
+    return c;
+  }
+  void TearDown() override {
+    test::bus_fixture::TearDown();
+    for (const std::string& r : rings_) (void)shm_remove(r);
+  }
+  std::string ring(const char* what) {
+    rings_.push_back("shm://" + test::unique_name(what));
+    return rings_.back();
+  }
+  std::vector<std::string> rings_;
+};
+
+std::vector<uint8_t> data_message(bus_id source, const std::string& text) {
+  proto::header h;
+  h.type = proto::msg_type::data;
+  h.source = source;
+  h.target = kRoot;
+  std::vector<uint8_t> body(proto::kDataPrefix);
+  body.insert(body.end(), text.begin(), text.end());
+  return proto::build(h, body);
+}
+
+std::vector<uint8_t> enveloped(const std::vector<uint8_t>& m, bus_id writer, uint64_t tag) {
+  std::vector<uint8_t> out(proto::kShmEnvelopeSize);
+  out[0] = proto::kShmEnvelopeMarker;
+  for (int i = 0; i < 7; ++i) out[1 + i] = static_cast<uint8_t>(tag >> (8 * i));
+  store_le<uint64_t>(out.data() + 8, writer);
+  out.insert(out.end(), m.begin(), m.end());
+  return out;
+}
+
+uint64_t true_tag(const std::string& token, bus_id reader, bus_id writer) {
+  const std::vector<uint8_t> in = proto::shm_tag_input(reader, writer);
+  uint8_t mac[detail::kMacSize];
+  EXPECT_TRUE(detail::hmac_sha256(token, in.data(), in.size(), mac));
+  uint64_t t = 0;
+  for (int i = 0; i < 7; ++i) t |= uint64_t{mac[i]} << (8 * i);
+  return t;
+}
+
+TEST_F(NodeShmTags, TaggedWritersAreDeliveredAndImpostorsAreCounted) {
+  const std::string root_ring = ring("tags-root");
+  bus_node* root = make_root(kRoot, {kNet}, shm_config(root_ring));
+  bus_node* child = make_child(kChild, root, {}, shm_config(ring("tags-child")));
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  ASSERT_TRUE(wait([&] {
+    endpoint_info e;
+    return root->n->peer(kChild, &e) && e.data_channel == channel_kind::shm;
+  }));
+  ASSERT_EQ(test::send_str(child, kRoot, 1, "honest"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
+  EXPECT_GE(child->n->counters().data_sent_shm, 1u);
+
+  shm_writer rogue;
+  ASSERT_EQ(rogue.open(root_ring), errc::ok);
+  const std::vector<uint8_t> plain = data_message(kChild, "no tag");
+  const std::vector<uint8_t> wrong = enveloped(data_message(kChild, "bad tag"), kChild, 12345);
+  // The child's true tag, but speaking for a node the child may not speak for.
+  const std::vector<uint8_t> other = enveloped(data_message(kOther, "as another"), kChild,
+                                               true_tag("secret", kRoot, kChild));
+  for (const auto* m : {&plain, &wrong, &other}) {
+    ASSERT_EQ(rogue.send(m->data(), m->size()), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return root->n->counters().shm_rejected == 3; }));
+  ASSERT_EQ(test::send_str(child, kRoot, 1, "after"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
+  EXPECT_EQ(root->got[1].bytes, "after");
+  rogue.close();
+}
+
+}  // namespace
+}  // namespace uvbus
