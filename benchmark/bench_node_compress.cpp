@@ -65,7 +65,7 @@ void run_root(compression_codec c, int level, std::atomic<uv_async_t*>* wake, st
   stop.data = &loop;
   uv_async_init(&loop, &stop, [](uv_async_t* a) { uv_stop(static_cast<uv_loop_t*>(a->data)); });
   node_config cfg = base(c, level);
-  cfg.subnets = {subnet{0x1000, 48}};
+  cfg.subnets = {subnet{0x1000, 12}};
   node_callbacks cb;
   cb.on_data = [got](bus_id, uint32_t, const uint8_t*, size_t) {
     got->fetch_add(1, std::memory_order_relaxed);

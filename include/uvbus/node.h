@@ -39,6 +39,7 @@
 #include "uvbus/call.h"
 #include "uvbus/directory.h"
 #include "uvbus/error.h"
+#include "uvbus/fanout.h"
 #include "uvbus/histogram.h"
 #include "uvbus/log.h"
 #include "uvbus/protocol.h"
@@ -329,6 +330,10 @@ struct node_counters {
   uint64_t decompressed = 0;           // compressed messages received and restored
   uint64_t shm_rejected = 0;  // ring records refused: no valid writer tag, or a source id
                               // the tagged writer may not speak for
+  // Broadcast (node::broadcast).
+  uint64_t broadcasts_sent = 0;       // broadcast() calls accepted
+  uint64_t broadcasts_received = 0;   // broadcasts delivered to on_data here
+  uint64_t broadcasts_forwarded = 0;  // copies relayed to a next link
 };
 
 // Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own
@@ -550,6 +555,35 @@ class node {
   // The nodes of type `type` ("" = any type) that carry every label of `labels`, by id.
   [[nodiscard]] std::vector<directory_entry> find(const std::string& type,
                                                   const std::vector<node_label>& labels = {}) const;
+
+  // ------------------------------------------------------ any node of a type, broadcast --
+  // One live node of type `type` ("" = any) carrying every label of `labels`, from the directory
+  // (this node included if it matches; tool nodes never), chosen by `how` (uvbus/fanout.h).
+  // unknown_route (and *out unchanged) if none matches; invalid_argument for a null out.
+  [[nodiscard]] errc pick(const std::string& type, const std::vector<node_label>& labels,
+                          const pick_options& how, bus_id* out);
+  // pick() then send_data() to the node picked (*chosen, if given): one message, one report, as
+  // send_data. unknown_route when no node matches.
+  [[nodiscard]] errc send_any(const std::string& type, const std::vector<node_label>& labels,
+                              uint32_t msg_type, const void* data, size_t size,
+                              const pick_options& how = {}, const send_options& opt = {},
+                              bus_id* chosen = nullptr, uint64_t* message_id = nullptr);
+  // This node's load hint (any scale; lower is less loaded) for the least_loaded policy. Carried
+  // to every node by the directory (protocol version 6), at most once per heartbeat interval.
+  void set_load(uint32_t load);
+  // One send delivered to every node of `to` (uvbus/fanout.h) except this one: the message goes
+  // once over each tree link (parent, children) behind which the directory knows a target, and
+  // each relay fans it out the same way (one copy per link, not per target). Every target's
+  // on_data gets it (source: this node, type msg_type) and acknowledges it; cb gets one summary
+  // when every node that matched here has acknowledged, or after timeout_ms with the rest as
+  // failed, or closed at stop(). Not resent (a failed target may be sent to with send_data).
+  // Links below protocol version 6 are skipped. Errors at once (cb never called): unknown_route
+  // (no node matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits),
+  // message_too_large (size plus the selector's bytes above message_limit), wrong_state, closed.
+  // *broadcast_id (if given) is the report's id.
+  [[nodiscard]] errc broadcast(const broadcast_target& to, uint32_t msg_type, const void* data,
+                               size_t size, uint32_t timeout_ms, broadcast_fn cb,
+                               const send_options& opt = {}, uint64_t* broadcast_id = nullptr);
 
   [[nodiscard]] bus_id id() const noexcept;
   // The URLs actually listened on (port 0 resolved), in config order.

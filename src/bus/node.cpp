@@ -281,6 +281,7 @@ void node::impl::stop() {
   drop_held();
   siblings.clear();
   fail_calls_for_stop();
+  detail::fan_stop(*this);
   std::vector<std::pair<uint64_t, pending_reply>> rs(replies.begin(), replies.end());
   replies.clear();
   for (auto& [seq, r] : rs) {

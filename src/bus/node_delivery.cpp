@@ -352,6 +352,7 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
 // ---------------------------------------------------------------------------------- timers --
 void node::impl::tick() {
   const uint64_t now = now_ms();
+  detail::fan_tick(*this, now);
   if (post_blocked) drain_posts();  // a full ring or pending queue has no wake-up of its own
   std::vector<link*> expired;
   for (auto& [id, lk] : links) {
@@ -474,6 +475,7 @@ void node::impl::run_deferred() {
     }
   }
   run_deferred_calls();
+  detail::fan_run_deferred(*this);
   if (!self_replies.empty()) {
     auto rs = std::move(self_replies);
     self_replies.clear();

@@ -195,7 +195,9 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
     protocol_violation(lk, "bad directory message");
     return;
   }
-  if (b.op == proto::dir_op::upsert) {
+  if (b.op == proto::dir_op::load) {
+    detail::fan_loads(*this, p, b.loads);
+  } else if (b.op == proto::dir_op::upsert) {
     dir_upsert(p, b.entries);
   } else {
     dir_remove(p, b.ids);

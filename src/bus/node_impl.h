@@ -23,6 +23,7 @@
 
 #include "bus/auth.h"
 #include "bus/flow.h"
+#include "bus/node_fanout.h"
 #include "bus/node_secure.h"
 #include "bus/routing.h"
 #include "bus/wire.h"
@@ -508,6 +509,7 @@ struct node::impl {
   // A record of our ring: checks and strips the writer's envelope. False: refused (counted).
   bool shm_accept(const uint8_t** data, size_t* size, bus_id* writer);
   std::unique_ptr<detail::link_security> sec = std::make_unique<detail::link_security>();
+  std::unique_ptr<detail::fanout_state> fan = std::make_unique<detail::fanout_state>();
   // Moves a registered peer onto another (just registered) link and closes its old link quietly.
   void move_peer(peer_ep* p, link* to);
   peer_ep* add_peer(link* lk, peer_kind kind, proto::node_info info);

@@ -490,6 +490,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
     release_held(raw);
   }
   dir_link_up(raw);
+  detail::fan_link_up(*this, raw);
   fire(cbs.on_endpoint_added, info_of(*raw));
   return raw;
 }

@@ -107,6 +107,11 @@ void node::impl::node_families(prom_text* t) const {
       {"uvbus_node_shm_rejected_total",
        "Ring records refused: no valid writer tag, or a source the writer may not speak for.",
        c.shm_rejected},
+      {"uvbus_node_broadcasts_sent_total", "node::broadcast()s accepted.", c.broadcasts_sent},
+      {"uvbus_node_broadcasts_received_total", "Broadcasts delivered to on_data here.",
+       c.broadcasts_received},
+      {"uvbus_node_broadcasts_forwarded_total", "Broadcast copies relayed to a next link.",
+       c.broadcasts_forwarded},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
   const counter_row gauges[] = {

@@ -147,6 +147,10 @@ void node::impl::on_traced_data(link* from, const proto::header& hd, const uint8
 }
 
 void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
+  if ((hd.type == msg_type::broadcast || hd.type == msg_type::broadcast_ack) &&
+      detail::fan_routed(*this, from, hd, data, size)) {
+    return;
+  }
   // Checked before relaying too: stripping a short block for an older hop would corrupt it.
   if ((hd.flags & proto::flag_trace) != 0 &&
       (hd.body_len < proto::kTraceSize ||
@@ -462,6 +466,8 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
       case msg_type::command_reply:
       case msg_type::dropped:
       case msg_type::flow_ack:
+      case msg_type::broadcast:
+      case msg_type::broadcast_ack:
         if (hd.source != last_source) {
           last_source = hd.source;
           if (peer_ep* p = n->find_peer(hd.source); p != nullptr) {
@@ -559,6 +565,9 @@ std::string node::impl::counters_text() const {
   add("compressed_wire_bytes", c.compressed_wire_bytes);
   add("decompressed", c.decompressed);
   add("shm_rejected", c.shm_rejected);
+  add("broadcasts_sent", c.broadcasts_sent);
+  add("broadcasts_received", c.broadcasts_received);
+  add("broadcasts_forwarded", c.broadcasts_forwarded);
   add("peers", peers.size());
   return s;
 }

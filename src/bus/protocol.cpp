@@ -198,6 +198,10 @@ const char* to_string(msg_type t) noexcept {
       return "flow_ack";
     case msg_type::directory:
       return "directory";
+    case msg_type::broadcast:
+      return "broadcast";
+    case msg_type::broadcast_ack:
+      return "broadcast_ack";
   }
   return "unknown";
 }
@@ -608,6 +612,10 @@ void encode_directory(const directory_body& b, std::vector<uint8_t>* out) {
     const size_t n = std::min(b.entries.size(), kMaxDirItems);
     w.u16(static_cast<uint16_t>(n));
     for (size_t i = 0; i < n; ++i) write_entry(w, b.entries[i]);
+  } else if (b.op == dir_op::load) {
+    const size_t n = std::min(b.loads.size(), kMaxDirItems);
+    w.u16(static_cast<uint16_t>(n));
+    for (size_t i = 0; i < n; ++i) w.u64(b.loads[i].first), w.u32(b.loads[i].second);
   } else {
     const size_t n = std::min(b.ids.size(), kMaxDirItems);
     w.u16(static_cast<uint16_t>(n));
@@ -634,6 +642,13 @@ errc parse_directory(const uint8_t* p, size_t n, directory_body* out) {
     b.op = dir_op::remove;
     if (r.left() != count * 8) return errc::protocol_error;
     for (size_t i = 0; i < count; ++i) b.ids.push_back(r.u64());
+  } else if (op == static_cast<uint8_t>(dir_op::load)) {
+    b.op = dir_op::load;
+    if (r.left() != count * 12) return errc::protocol_error;
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t id = r.u64();
+      b.loads.emplace_back(id, r.u32());
+    }
   } else {
     return errc::protocol_error;
   }

@@ -19,6 +19,7 @@
 
 #include "core/endian.h"
 #include "uvbus/directory.h"
+#include "uvbus/fanout.h"
 #include "uvbus/error.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
@@ -62,8 +63,13 @@ enum class msg_type : uint8_t {
   flow_ack = 13,
   // Version 5: directory entries or removals, between a parent and a child (link-local).
   directory = 14,
+  // Version 6: a message for every node matching a selector, fanned out along tree links
+  // (header.target 0, header.sequence the broadcast id), and a target's acknowledgement of it
+  // (routed to the broadcast's source, header.sequence the broadcast id, empty body).
+  broadcast = 15,
+  broadcast_ack = 16,
 };
-inline constexpr uint8_t kMaxMsgType = 14;
+inline constexpr uint8_t kMaxMsgType = 16;
 const char* to_string(msg_type t) noexcept;
 
 // Header flags.
@@ -331,7 +337,8 @@ struct command_reply_body {
 // Version 5, link-local between a parent and a child: entries of the bus directory (upsert) or
 // ids that left it (remove). Limits: a name, type, label key or value is at most kMaxDirText bytes,
 // at most kMaxLabels labels; a body holds at most kMaxDirItems items.
-enum class dir_op : uint8_t { upsert = 1, remove = 2 };
+// Version 6 adds load: (id, load hint) pairs (node::set_load), only to peers that speak it.
+enum class dir_op : uint8_t { upsert = 1, remove = 2, load = 3 };
 inline constexpr size_t kMaxDirText = 128;
 inline constexpr size_t kMaxLabels = 16;
 inline constexpr size_t kMaxDirItems = 4096;
@@ -339,7 +346,23 @@ struct directory_body {
   dir_op op = dir_op::upsert;
   std::vector<directory_entry> entries;  // upsert
   std::vector<bus_id> ids;               // remove
+  std::vector<std::pair<bus_id, uint32_t>> loads;  // load
 };
+
+// Version 6: a broadcast's body: the selector, the user type, the payload (a view).
+//   u8 kind: 1 type and labels: str8 type, u8 count (<= kMaxLabels), count x (str8 key, str8 value)
+//            2 subnet: u64 prefix, u8 mask bits (<= 64)
+//   u32 user type, then the payload
+struct broadcast_body {
+  broadcast_target to;
+  uint32_t user_type = 0;
+  const uint8_t* payload = nullptr;
+  size_t size = 0;
+};
+// The body's bytes before the payload.
+void encode_broadcast_head(const broadcast_target& to, uint32_t user_type,
+                           std::vector<uint8_t>* out);
+[[nodiscard]] errc parse_broadcast(const uint8_t* p, size_t n, broadcast_body* out);
 void encode_directory(const directory_body& b, std::vector<uint8_t>* out);
 [[nodiscard]] errc parse_directory(const uint8_t* p, size_t n, directory_body* out);
 

@@ -1,0 +1,316 @@
+// Any node of a type (pick, send_any, load hints) and broadcast (fan-out along the tree links,
+// acknowledgements, the summary report): docs/bus.md "Any node of a type" and "Broadcast".
+#include <algorithm>
+
+#include "bus/node_impl.h"
+
+namespace uvbus {
+
+using detail::fanout_state;
+using detail::pending_broadcast;
+
+namespace {
+constexpr uint8_t kV6 = 6;
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+bool labels_match(const std::vector<node_label>& have, const std::vector<node_label>& want) {
+  for (const auto& [k, v] : want) {
+    const auto it = std::find_if(have.begin(), have.end(),
+                                 [&k = k](const node_label& h) { return h.first == k; });
+    if (it == have.end() || it->second != v) return false;
+  }
+  return true;
+}
+
+bool self_matches(const node::impl& n, const broadcast_target& to) {
+  if (n.cfg.join_as_tool) return false;
+  if (to.by_subnet) return to.net.contains(n.self);
+  return (to.type.empty() || to.type == n.cfg.type) && labels_match(n.cfg.labels, to.labels);
+}
+
+bool tree_v6(const detail::peer_ep* p) {
+  return p != nullptr && p->lk != nullptr &&
+         (p->kind == detail::peer_kind::parent || p->kind == detail::peer_kind::child) &&
+         node::impl::version_of(p) >= kV6;
+}
+
+// Sends one copy of the broadcast [bufs] to every tree link except `except` behind which the
+// directory knows a target. Returns the copies sent.
+size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
+               size_t count) {
+  size_t sent = 0;
+  for (auto& [id, p] : n.peers) {
+    if (id == except || !tree_v6(p.get())) continue;
+    bool behind = false;
+    for (const auto& [eid, item] : n.dir) {
+      if (item.via == id && to.matches(item.e)) {
+        behind = true;
+        break;
+      }
+    }
+    if (behind && n.transmit(p.get(), bufs, count, 0, 0) == errc::ok) ++sent;
+  }
+  return sent;
+}
+
+void finish(node::impl& n, uint64_t id, errc status) {
+  fanout_state& f = *n.fan;
+  auto it = f.pending.find(id);
+  if (it == f.pending.end()) return;
+  pending_broadcast pb = std::move(it->second);
+  f.pending.erase(it);
+  broadcast_report r;
+  r.broadcast_id = id;
+  r.expected = pb.expected.size();
+  r.reached = std::move(pb.reached);
+  std::sort(r.reached.begin(), r.reached.end());
+  for (const bus_id e : pb.expected) {
+    if (!std::binary_search(r.reached.begin(), r.reached.end(), e)) r.failed.push_back(e);
+  }
+  r.status = r.failed.empty() ? errc::ok : status;
+  f.finished.emplace_back(std::move(pb.cb), std::move(r));
+  n.arm_idle();
+}
+
+void on_ack(node::impl& n, const proto::header& hd) {
+  auto it = n.fan->pending.find(hd.sequence);
+  if (it == n.fan->pending.end()) return;  // late: already reported
+  pending_broadcast& pb = it->second;
+  if (std::find(pb.reached.begin(), pb.reached.end(), hd.source) != pb.reached.end()) return;
+  pb.reached.push_back(hd.source);
+  if (std::binary_search(pb.expected.begin(), pb.expected.end(), hd.source)) ++pb.acked_expected;
+  if (pb.acked_expected == pb.expected.size()) finish(n, hd.sequence, errc::ok);
+}
+}  // namespace
+
+// ------------------------------------------------------------------------------ broadcast --
+bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_t* data,
+                        size_t size) {
+  if (hd.type == proto::msg_type::broadcast_ack) {
+    if (hd.target != n.self) return false;  // routed on like any message
+    on_ack(n, hd);
+    return true;
+  }
+  if (hd.type != proto::msg_type::broadcast) return false;
+  proto::broadcast_body b;
+  if (proto::parse_broadcast(data + proto::kHeaderSize, hd.body_len, &b) != errc::ok) {
+    if (from != nullptr) n.protocol_violation(from, "bad broadcast body");
+    return true;
+  }
+  const bus_id from_id = from != nullptr && from->peer != nullptr ? from->peer->id : 0;
+  if (hd.ttl > 0) {
+    uint8_t head[proto::kHeaderSize];
+    std::memcpy(head, data, proto::kHeaderSize);
+    head[3] = static_cast<uint8_t>(hd.ttl - 1);
+    const const_buffer bufs[2] = {{head, sizeof head},
+                                  {data + proto::kHeaderSize, size - proto::kHeaderSize}};
+    n.counters.broadcasts_forwarded += fan_out(n, from_id, b.to, bufs, 2);
+  }
+  if (hd.source != n.self && self_matches(n, b.to)) {
+    ++n.counters.broadcasts_received;
+    const proto::header ack = n.make_header(proto::msg_type::broadcast_ack, hd.source, hd.sequence);
+    uint8_t m[proto::kHeaderSize];
+    proto::encode_header(ack, m);
+    const const_buffer cb{m, sizeof m};
+    (void)n.route_reply(hd.source, &cb, sizeof m);
+    n.deliver(hd.source, 0, b.user_type, b.payload, b.size);
+  }
+  return true;
+}
+
+errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* data, size_t size,
+                     uint32_t timeout_ms, broadcast_fn cb, const send_options& opt,
+                     uint64_t* broadcast_id) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::broadcast");
+  impl& n = *impl_;
+  if (!cb || timeout_ms == 0 || (data == nullptr && size != 0) || to.net.mask_bits > 64) {
+    return n.fail(errc::invalid_argument,
+                  !cb               ? "node::broadcast: the callback is empty"
+                  : timeout_ms == 0 ? "node::broadcast: timeout_ms is 0"
+                  : to.net.mask_bits > 64 ? "node::broadcast: a subnet wider than 64 bits"
+                                          : "node::broadcast: null data, non-zero size");
+  }
+  if (n.state != impl::run_state::running) {
+    return n.fail(n.state == impl::run_state::idle ? errc::wrong_state : errc::closed,
+                  "node::broadcast: the node is not running");
+  }
+  fanout_state& f = *n.fan;
+  f.head.assign(proto::kHeaderSize, 0);
+  proto::encode_broadcast_head(to, msg_type, &f.head);
+  const size_t selector = f.head.size() - proto::kHeaderSize;
+  if (size + selector > n.cfg.message_limit) {
+    return n.fail(errc::message_too_large,
+                  "node::broadcast: " + std::to_string(size) + " bytes + " +
+                      std::to_string(selector) + " of selector, above message_limit (" +
+                      std::to_string(n.cfg.message_limit) + ")");
+  }
+  if (f.pending.size() >= fanout_state::kMaxPending) {
+    return n.fail(errc::queue_full, "node::broadcast: 4096 broadcasts await their summary");
+  }
+  pending_broadcast pb;
+  for (const auto& [id, item] : n.dir) {
+    if (to.matches(item.e)) pb.expected.push_back(id);
+  }
+  if (pb.expected.empty()) {
+    return n.fail(errc::unknown_route, "node::broadcast: no node of the directory matches");
+  }
+  proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.next_seq++);
+  hd.ttl = opt.ttl != 0 ? opt.ttl : n.cfg.default_ttl;
+  hd.body_len = static_cast<uint32_t>(selector + size);
+  proto::encode_header(hd, f.head.data());
+  const const_buffer bufs[2] = {{f.head.data(), f.head.size()}, {data, size}};
+  fan_out(n, 0, to, bufs, 2);
+  pb.cb = std::move(cb);
+  pb.deadline_ms = n.now_ms() + timeout_ms;
+  f.pending.emplace(hd.sequence, std::move(pb));
+  ++n.counters.broadcasts_sent;
+  if (broadcast_id != nullptr) *broadcast_id = hd.sequence;
+  return errc::ok;
+}
+
+void detail::fan_stop(node::impl& n) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, pb] : n.fan->pending) ids.push_back(id);
+  for (const uint64_t id : ids) finish(n, id, errc::closed);
+}
+
+void detail::fan_run_deferred(node::impl& n) {
+  if (n.dead || n.fan->finished.empty()) return;
+  auto done = std::move(n.fan->finished);
+  n.fan->finished.clear();
+  for (auto& [cb, r] : done) {
+    n.fire(cb, r);
+    if (n.dead) return;
+  }
+}
+
+// ------------------------------------------------------------------- any node of a type --
+errc node::pick(const std::string& type, const std::vector<node_label>& labels,
+                const pick_options& how, bus_id* out) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::pick");
+  impl& n = *impl_;
+  if (out == nullptr) return n.fail(errc::invalid_argument, "node::pick: out is null");
+  const broadcast_target want = broadcast_target::of_type(type, labels);
+  std::vector<bus_id> ids;  // by id (dir is ordered)
+  if (n.start_unix_ms != 0 && self_matches(n, want)) ids.push_back(n.self);
+  for (const auto& [id, item] : n.dir) {
+    if (want.matches(item.e)) ids.push_back(id);
+  }
+  if (ids.empty()) {
+    return n.fail(errc::unknown_route, "node::pick: no node of type \"" + type + "\"" +
+                                           (labels.empty() ? "" : " with those labels") +
+                                           " in the directory");
+  }
+  std::sort(ids.begin(), ids.end());
+  fanout_state& f = *n.fan;
+  bus_id best = ids.front();
+  if (how.policy == pick_policy::round_robin) {
+    std::string key = type;
+    for (const auto& [k, v] : labels) key += '\0' + k + '=' + v;
+    best = ids[f.cursors[key]++ % ids.size()];
+  } else if (how.policy == pick_policy::least_loaded) {
+    uint32_t least = UINT32_MAX;
+    for (const bus_id id : ids) {
+      const auto it = f.loads.find(id);
+      const uint32_t l = id == n.self ? f.my_load : it == f.loads.end() ? 0 : it->second;
+      if (l < least) {
+        least = l;
+        best = id;
+      }
+    }
+  } else {
+    uint64_t top = 0;
+    for (const bus_id id : ids) {
+      const uint64_t score = mix(how.key ^ mix(id));
+      if (score >= top) {
+        top = score;
+        best = id;
+      }
+    }
+  }
+  *out = best;
+  return errc::ok;
+}
+
+errc node::send_any(const std::string& type, const std::vector<node_label>& labels,
+                    uint32_t msg_type, const void* data, size_t size, const pick_options& how,
+                    const send_options& opt, bus_id* chosen, uint64_t* message_id) {
+  bus_id target = 0;
+  const errc e = pick(type, labels, how, &target);
+  if (e != errc::ok) return e;
+  if (chosen != nullptr) *chosen = target;
+  return send_data(target, msg_type, data, size, opt, message_id);
+}
+
+void node::set_load(uint32_t load) {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::set_load", );
+  fanout_state& f = *impl_->fan;
+  if (f.my_load == load) return;
+  f.my_load = load;
+  f.load_dirty = true;
+}
+
+// ------------------------------------------------------------------------------ load hints --
+namespace {
+void send_loads(node::impl& n, detail::peer_ep* p, const proto::directory_body& b) {
+  std::vector<uint8_t> body;
+  proto::encode_directory(b, &body);
+  (void)n.send_control(p->lk, n.make_header(proto::msg_type::directory, p->id, 0), body);
+}
+}  // namespace
+
+void detail::fan_tick(node::impl& n, uint64_t now) {
+  fanout_state& f = *n.fan;
+  std::vector<uint64_t> expired;
+  for (const auto& [id, pb] : f.pending) {
+    if (now >= pb.deadline_ms) expired.push_back(id);
+  }
+  for (const uint64_t id : expired) finish(n, id, errc::timeout);
+  if (!f.load_dirty || now - f.load_sent_ms < n.cfg.heartbeat_interval_ms) return;
+  f.load_dirty = false;
+  f.load_sent_ms = now;
+  proto::directory_body b;
+  b.op = proto::dir_op::load;
+  b.loads.emplace_back(n.self, f.my_load);
+  for (auto& [id, p] : n.peers) {
+    if (tree_v6(p.get())) send_loads(n, p.get(), b);
+  }
+}
+
+void detail::fan_link_up(node::impl& n, peer_ep* p) {
+  if (!tree_v6(p)) return;
+  proto::directory_body b;
+  b.op = proto::dir_op::load;
+  b.loads.emplace_back(n.self, n.fan->my_load);
+  for (const auto& [id, load] : n.fan->loads) {
+    const auto it = n.dir.find(id);
+    if (it != n.dir.end() && it->second.via != p->id) b.loads.emplace_back(id, load);
+    if (b.loads.size() == proto::kMaxDirItems) break;
+  }
+  send_loads(n, p, b);
+}
+
+void detail::fan_loads(node::impl& n, peer_ep* from,
+                       const std::vector<std::pair<bus_id, uint32_t>>& l) {
+  proto::directory_body fwd;
+  fwd.op = proto::dir_op::load;
+  for (const auto& [id, load] : l) {
+    const auto it = n.dir.find(id);
+    // Only the link a node's entry came through speaks for it.
+    if (it == n.dir.end() || it->second.via != from->id) continue;
+    n.fan->loads[id] = load;
+    fwd.loads.emplace_back(id, load);
+  }
+  if (fwd.loads.empty()) return;
+  for (auto& [id, p] : n.peers) {
+    if (id != from->id && tree_v6(p.get())) send_loads(n, p.get(), fwd);
+  }
+}
+
+}  // namespace uvbus

@@ -1,0 +1,54 @@
+// Any node of a type and broadcast (node_fanout.cpp): the per-node state, and the hooks the rest of
+// the node calls (routing, the tick, stop, the directory). Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "bus/wire.h"
+#include "uvbus/fanout.h"
+#include "uvbus/node.h"
+
+namespace uvbus::detail {
+
+struct link;
+struct peer_ep;
+
+// A broadcast of ours waiting for its acknowledgements.
+struct pending_broadcast {
+  broadcast_fn cb;
+  std::vector<bus_id> expected;  // sorted
+  std::vector<bus_id> reached;
+  size_t acked_expected = 0;
+  uint64_t deadline_ms = 0;
+};
+
+struct fanout_state {
+  static constexpr size_t kMaxPending = 4096;  // broadcasts awaiting their summary
+  std::map<std::string, size_t> cursors;       // round_robin, per type and labels
+  uint32_t my_load = 0;
+  bool load_dirty = false;
+  uint64_t load_sent_ms = 0;
+  std::unordered_map<bus_id, uint32_t> loads;  // learned load hints
+  std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
+  std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
+  std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
+};
+
+// Broadcasts (any target) and broadcast acknowledgements for us: true when handled.
+bool fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_t* data,
+                size_t size);
+// Deadlines, and our load hint when it changed (at most once per heartbeat interval).
+void fan_tick(node::impl& n, uint64_t now);
+// stop(): every pending broadcast is reported closed from the loop (fan_run_deferred).
+void fan_stop(node::impl& n);
+void fan_run_deferred(node::impl& n);
+// A tree link came up: the load hints we know go to it. A load message arrived from a tree peer.
+void fan_link_up(node::impl& n, peer_ep* p);
+void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id, uint32_t>>& l);
+
+}  // namespace uvbus::detail

@@ -1,0 +1,200 @@
+// Any node of a type and broadcast on a live tree: root, two gateways, three logic nodes and a
+// chat node. pick() round robin, least loaded (load hints through the directory) and consistent
+// hashing (stable keys, only a dead node's keys move, every node picks alike); broadcast by type
+// and by subnet with one copy per link, its summary report, targets that cannot be reached, stop.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_node;
+using test::fast_config;
+
+constexpr bus_id kRoot = 0x1000;
+constexpr bus_id kG1 = 0x1100;
+constexpr bus_id kL1 = 0x1101;
+constexpr bus_id kL2 = 0x1102;
+constexpr bus_id kG2 = 0x1200;
+constexpr bus_id kL3 = 0x1201;
+constexpr bus_id kChat = 0x1202;
+
+node_config typed(const std::string& type, uint8_t protocol_max = proto::kMaxVersion) {
+  node_config c = fast_config();
+  c.type = type;
+  c.protocol_max = protocol_max;
+  return c;
+}
+
+class NodeFanout : public test::bus_fixture {
+ protected:
+  // The tree; l3_max is L3's highest protocol version (5: broadcasts cannot reach it).
+  void build(uint8_t l3_max = proto::kMaxVersion) {
+    root_ = make_root(kRoot, {subnet{0x1000, 12}}, typed("root"));
+    g1_ = make_child(kG1, root_, {subnet{0x1100, 8}}, typed("gateway"));
+    g2_ = make_child(kG2, root_, {subnet{0x1200, 8}}, typed("gateway"));
+    ASSERT_TRUE(wait([&] { return g1_->ups == 1 && g2_->ups == 1; }))
+        << (g1_->registration_details.empty() ? "" : g1_->registration_details.back())
+        << (g1_->error_texts.empty() ? "" : g1_->error_texts.back())
+        << (root_->error_texts.empty() ? "" : root_->error_texts.back());
+    l1_ = make_child(kL1, g1_, {}, typed("logic"));
+    l2_ = make_child(kL2, g1_, {}, typed("logic"));
+    l3_ = make_child(kL3, g2_, {}, typed("logic", l3_max));
+    chat_ = make_child(kChat, g2_, {}, typed("chat"));
+    for (bus_node* t : {root_, g1_, g2_, l1_, l2_, l3_, chat_}) {
+      ASSERT_TRUE(wait([&] { return t->n->directory().size() == 7; })) << t->n->id();
+    }
+  }
+  bus_id pick(bus_node* from, const pick_options& how) {
+    bus_id id = 0;
+    EXPECT_EQ(from->n->pick("logic", {}, how, &id), errc::ok);
+    return id;
+  }
+  bus_node* root_ = nullptr;
+  bus_node* g1_ = nullptr;
+  bus_node* g2_ = nullptr;
+  bus_node* l1_ = nullptr;
+  bus_node* l2_ = nullptr;
+  bus_node* l3_ = nullptr;
+  bus_node* chat_ = nullptr;
+};
+
+TEST_F(NodeFanout, RoundRobinVisitsEveryLogicNodeAndSendAnyDelivers) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::map<bus_id, int> seen;
+  for (int i = 0; i < 6; ++i) ++seen[pick(chat_, {})];
+  EXPECT_EQ(seen, (std::map<bus_id, int>{{kL1, 2}, {kL2, 2}, {kL3, 2}}));
+  bus_id chosen = 0;
+  ASSERT_EQ(chat_->n->send_any("logic", {}, 5, "hi", 2, {}, {}, &chosen), errc::ok);
+  bus_node* target = chosen == kL1 ? l1_ : chosen == kL2 ? l2_ : l3_;
+  ASSERT_TRUE(wait([&] { return target->got.size() == 1; }));
+  EXPECT_EQ(target->got[0].source, kChat);
+  bus_id none = 0;
+  EXPECT_EQ(chat_->n->pick("match", {}, {}, &none), errc::unknown_route);
+  EXPECT_EQ(chat_->n->send_any("logic", {{"zone", "eu"}}, 5, "x", 1), errc::unknown_route);
+}
+
+TEST_F(NodeFanout, ConsistentHashKeepsKeysAndMovesOnlyTheDeadNodes) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  pick_options how;
+  how.policy = pick_policy::consistent_hash;
+  std::map<uint64_t, bus_id> before;
+  std::map<bus_id, int> load;
+  for (uint64_t k = 1; k <= 300; ++k) {
+    how.key = k;
+    before[k] = pick(chat_, how);
+    ++load[before[k]];
+    EXPECT_EQ(pick(l1_, how), before[k]) << "every node with the same directory picks alike";
+  }
+  for (const auto& [id, n] : load) EXPECT_GT(n, 50) << id;  // spread over all three
+  destroy(l3_);
+  ASSERT_TRUE(wait([&] { return chat_->n->find("logic").size() == 2; }));
+  for (uint64_t k = 1; k <= 300; ++k) {
+    how.key = k;
+    const bus_id now = pick(chat_, how);
+    if (before[k] != kL3) {
+      EXPECT_EQ(now, before[k]) << "key " << k << " moved although its node lives";
+    } else {
+      EXPECT_TRUE(now == kL1 || now == kL2);
+    }
+  }
+}
+
+TEST_F(NodeFanout, LeastLoadedFollowsTheLoadHints) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  pick_options how;
+  how.policy = pick_policy::least_loaded;
+  l1_->n->set_load(50);
+  l2_->n->set_load(10);
+  l3_->n->set_load(30);
+  ASSERT_TRUE(wait([&] { return pick(chat_, how) == kL2 && pick(l1_, how) == kL2; }));
+  l2_->n->set_load(90);
+  ASSERT_TRUE(wait([&] { return pick(chat_, how) == kL3; }));
+}
+
+TEST_F(NodeFanout, BroadcastByTypeReachesEachTargetOnceWithOneCopyPerLink) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::optional<broadcast_report> rep;
+  uint64_t id = 0;
+  ASSERT_EQ(chat_->n->broadcast(
+                broadcast_target::of_type("logic"), 9, "all", 3, 30000,
+                [&](const broadcast_report& r) { rep = r; }, {}, &id),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::ok);
+  EXPECT_EQ(rep->broadcast_id, id);
+  EXPECT_EQ(rep->expected, 3u);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL1, kL2, kL3}));
+  EXPECT_TRUE(rep->failed.empty());
+  for (bus_node* t : {l1_, l2_, l3_}) {
+    ASSERT_EQ(t->got.size(), 1u);
+    EXPECT_EQ(t->got[0].source, kChat);
+    EXPECT_EQ(t->got[0].type, 9u);
+    EXPECT_EQ(t->got[0].bytes, "all");
+  }
+  for (bus_node* t : {root_, g1_, g2_, chat_}) EXPECT_TRUE(t->got.empty()) << t->n->id();
+  // chat -> g2; g2 -> l3 and the root; the root -> g1 only; g1 -> l1 and l2.
+  EXPECT_EQ(g2_->n->counters().broadcasts_forwarded, 2u);
+  EXPECT_EQ(root_->n->counters().broadcasts_forwarded, 1u);
+  EXPECT_EQ(g1_->n->counters().broadcasts_forwarded, 2u);
+  EXPECT_EQ(chat_->n->counters().broadcasts_sent, 1u);
+}
+
+TEST_F(NodeFanout, BroadcastBySubnetIncludesTheGatewayItself) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(l3_->n->broadcast(broadcast_target::in_subnet(subnet{0x1100, 8}), 1, "s", 1, 30000,
+                              [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kG1, kL1, kL2}));
+  EXPECT_EQ(g1_->got.size(), 1u);
+  EXPECT_TRUE(chat_->got.empty());
+}
+
+TEST_F(NodeFanout, ATargetThatCannotBeReachedIsReportedFailed) {
+  ASSERT_NO_FATAL_FAILURE(build(5));  // L3 speaks version 5: no broadcast reaches it
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 300,
+                              [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::timeout);
+  EXPECT_EQ(rep->expected, 2u);  // L2 and L3 (the sender is not a target)
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
+  EXPECT_TRUE(l3_->got.empty());
+}
+
+TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(build(5));
+  std::optional<broadcast_report> rep;
+  const auto cb = [&](const broadcast_report& r) { rep = r; };
+  const broadcast_target logic = broadcast_target::of_type("logic");
+  EXPECT_EQ(l1_->n->broadcast(logic, 1, "x", 1, 0, cb), errc::invalid_argument);
+  EXPECT_EQ(l1_->n->broadcast(logic, 1, "x", 1, 100, nullptr), errc::invalid_argument);
+  EXPECT_EQ(l1_->n->broadcast(broadcast_target::of_type("none"), 1, "x", 1, 100, cb),
+            errc::unknown_route);
+  const std::string big(70000, 'b');
+  EXPECT_EQ(l1_->n->broadcast(logic, 1, big.data(), big.size(), 100, cb),
+            errc::message_too_large);
+  EXPECT_NE(l1_->n->last_error().detail.find("selector"), std::string::npos);
+  ASSERT_EQ(l1_->n->broadcast(logic, 1, "x", 1, 60000, cb), errc::ok);
+  l1_->n->stop();
+  EXPECT_FALSE(rep.has_value()) << "never from inside stop()";
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::closed);
+  EXPECT_EQ(rep->expected, 2u);
+  ASSERT_FALSE(rep->failed.empty());
+  EXPECT_EQ(rep->failed.back(), kL3);  // L2's acknowledgement may or may not have come first
+}
+
+}  // namespace
+}  // namespace uvbus
