@@ -81,6 +81,10 @@ const char* to_string(errc e) noexcept {
       return "out_of_subnet: the bus id is outside the parent's subnets";
     case errc::remote_error:
       return "remote_error: the called node's handler answered with an error";
+    case errc::tls_handshake_failed:
+      return "tls_handshake_failed: the TLS handshake failed";
+    case errc::peer_not_authenticated:
+      return "peer_not_authenticated: a TLS certificate was refused";
   }
   return "unknown error";
 }
