@@ -5,6 +5,13 @@
 
 namespace uvbus {
 
+namespace {
+const char* tls_name(errc e) noexcept {
+  return e == errc::tls_handshake_failed ? "tls_handshake_failed: the TLS handshake failed"
+                                         : "peer_not_authenticated: a TLS certificate was refused";
+}
+}  // namespace
+
 const char* to_string(errc e) noexcept {
   switch (e) {
     case errc::ok:
@@ -82,9 +89,8 @@ const char* to_string(errc e) noexcept {
     case errc::remote_error:
       return "remote_error: the called node's handler answered with an error";
     case errc::tls_handshake_failed:
-      return "tls_handshake_failed: the TLS handshake failed";
     case errc::peer_not_authenticated:
-      return "peer_not_authenticated: a TLS certificate was refused";
+      return tls_name(e);
   }
   return "unknown error";
 }

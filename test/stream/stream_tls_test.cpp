@@ -152,7 +152,7 @@ class StreamTls : public stream_fixture {
     ch->close();
   }
 
-  bool logged(const std::string& what) const {
+  [[nodiscard]] bool logged(const std::string& what) const {
     for (const auto& l : srec_.logs) {
       if (l.second.find(what) != std::string::npos) return true;
     }
@@ -174,6 +174,7 @@ void exchange(recorder* a_rec, stream_channel* a, connection_id ac, recorder* b_
               stream_channel* b, connection_id bc,
               const std::function<bool(const std::function<bool()>&)>& run) {
   std::vector<std::string> sent;
+  sent.reserve(2002);
   for (int i = 0; i < 2000; ++i)
     sent.emplace_back(8 + (i * 37) % 120, static_cast<char>('a' + i % 26));
   sent.emplace_back(size_t{200} * 1024, 'L');  // a large frame: encrypted from its queue block
@@ -367,12 +368,12 @@ TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
     accepted_before_ = 0;
     serve(st);
     tls_config ct = psk_config();
-    ct.key_update_bytes = 16 * 1024;
+    ct.key_update_bytes = uint64_t{16} * 1024;
     recorder crec;
     const connection_id c = dial_with(&crec, ct);
     stream_channel* ch = channels_.back().get();
     ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && !srec_.accepted.empty(); }));
-    const std::string chunk(32 * 1024, 'k');
+    const std::string chunk(size_t{32} * 1024, 'k');
     int sent = 0;
     ASSERT_TRUE(run([&] {
       while (sent < 32 && ch->send(c, chunk.data(), chunk.size()) == errc::ok) ++sent;
@@ -384,6 +385,7 @@ TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
     } else {
       EXPECT_TRUE(logged("more than 5 KeyUpdate messages"));
     }
+    for (auto& channel : channels_) channel->close();
   }
 }
 
