@@ -437,5 +437,14 @@ TEST_F(StreamTls, TheChannelDefaultAppliesToPlainListenAndConnect) {
   EXPECT_EQ(a.accepted.size(), 1u);
 }
 
+TEST_F(StreamTls, UnixSocketsCarryTlsToo) {
+  const std::string path = "/tmp/" + unique_name("tls") + ".sock";
+  server_ = make_channel(&srec_);
+  ASSERT_EQ(server_->listen("unix://" + path, psk_config(), &listener_), errc::ok);
+  url_ = server_->listener_url(listener_);
+  expect_honest_peer_works(psk_config());
+  EXPECT_EQ(server_->metrics().tls_failed, 0u);
+}
+
 }  // namespace
 }  // namespace uvbus::test
