@@ -172,7 +172,9 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
     if (!s.done()) {
       tls_fail(c, e, "tls: the peer closed the connection during the handshake");
     } else {
-      end_conn(c, e);  // an end without close_notify may be a truncation: never graceful
+      // An end without close_notify may be a truncation: never graceful, unless we were the ones
+      // ending (our close_notify went first and the peer just closed).
+      end_conn(c, c->shutting_down && nread == UV_EOF ? errc::ok : e);
     }
     return;
   }

@@ -210,6 +210,8 @@ TEST_F(StreamTls, CertificatesCarryDataBothWays) {
   ASSERT_EQ(channels_.back()->disconnect(c), errc::ok);
   ASSERT_TRUE(run([&] { return srec_.disconnected.count(srec_.accepted[0].value) != 0; }));
   EXPECT_EQ(srec_.disconnected[srec_.accepted[0].value], errc::ok);
+  ASSERT_TRUE(run([&] { return crec.disconnected.count(c.value) != 0; }));
+  EXPECT_EQ(crec.disconnected[c.value], errc::ok);
 }
 
 TEST_F(StreamTls, PskCarriesDataBothWays) {
