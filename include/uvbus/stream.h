@@ -197,7 +197,8 @@ struct stream_callbacks {
   // Log lines about the channel's own events: a connection closed for a corrupt stream
   // (bad_hash, bad_varint, oversize: warn) or a stalled one (timeout: warn), an accepted
   // connection rejected over max_connections, max_unregistered or max_unregistered_per_address
-  // (warn), a failed accept (error), a stale unix socket
+  // (warn), a TLS link that failed its handshake or broke its rules, with the reason (warn), a
+  // failed accept (error), a stale unix socket
   // file replaced (info). Rate limited per kind (uvbus/log.h). Same thread and rules as the other
   // callbacks; it may not close the channel.
   log_fn on_log;
@@ -219,6 +220,9 @@ struct stream_callbacks {
   //   connection_reset   the peer reset the connection, or its EOF cut a frame in the middle
   //   cancelled          disconnect(force)
   //   bad_hash / oversize / bad_varint  the peer sent a corrupt stream (counted in decode_errors)
+  //   protocol_error     TLS links: a record failed (tampering) or the peer sent a KeyUpdate storm
+  //   peer_not_authenticated  TLS links: the peer refused our certificate after our handshake
+  //                      completed (TLS 1.3 clients finish first)
   //   timeout            partial_frame_timeout_ms, io_error, ...
   std::function<void(connection_id conn, errc reason)> on_disconnected;
 
