@@ -1,11 +1,14 @@
 // Stream channel receiver (benchmark contract: docs/benchmark.md):
 //
 //   uvbus_bench_stream_recv URL [--min B] [--max B] [--seconds S] [--ready FILE]
+//                           [--tls [TOKEN]]
 //
 // Listens on URL (port 0 allowed), verifies every payload and sequence number of the one sender,
 // prints one line per second and a final JSON line, and exits after the sender's end message (or
 // S + 5 seconds after the first connection). --ready FILE: once listening, the bound URL is
 // written to FILE (atomically, by rename), so a script can start the sender on an ephemeral port.
+// --tls: the listener requires TLS 1.3 in PSK mode, the key derived from TOKEN (give the sender the
+// same), a fixed benchmark token when none is given.
 #include <uv.h>
 
 #include <cstdio>
@@ -79,6 +82,14 @@ struct receiver {
   }
 };
 
+// --tls [TOKEN]: TLS 1.3 in PSK mode (a fixed benchmark token when none is given).
+tls_config psk_tls(const std::string& token) {
+  tls_config t;
+  t.mode = tls_mode::psk;
+  t.psk_token = token == "1" ? "uvbus-benchmark-token-0001" : token;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +106,7 @@ int main(int argc, char** argv) {
 
   stream_config cfg;
   cfg.message_limit = std::max<size_t>(kDefaultMessageLimit, r.o.max);
+  if (r.o.flag("tls")) cfg.tls = psk_tls(r.o.get("tls"));
   stream_channel ch(&loop, cfg, r.callbacks());
   r.ch = &ch;
   listener_id l;

@@ -1,13 +1,14 @@
 // Stream channel sender (benchmark contract: docs/benchmark.md):
 //
 //   uvbus_bench_stream_send URL [--min B] [--max B] [--seconds S] [--no-merge]
-//                               [--queue-bytes N] [--batch N] [--copy]
+//                               [--queue-bytes N] [--batch N] [--copy] [--tls [TOKEN]]
 //
 // Connects to URL and sends numbered payloads for S seconds as fast as the channel takes them:
 // it sends until send() returns queue_full and resumes from on_writable (back-pressure, no
 // polling). Then it sends the end message, disconnects gracefully and prints a summary with the
 // channel's write metrics. --no-merge turns coalescing off (one write per packet). Payloads are
-// built in place with prepare_send/commit_send; --copy uses send() from a buffer instead.
+// built in place with prepare_send/commit_send; --copy uses send() from a buffer instead. --tls:
+// TLS 1.3 in PSK mode, as the receiver's --tls.
 #include <uv.h>
 
 #include <algorithm>
@@ -105,6 +106,14 @@ struct sender {
   }
 };
 
+// --tls [TOKEN]: TLS 1.3 in PSK mode (a fixed benchmark token when none is given).
+tls_config psk_tls(const std::string& token) {
+  tls_config t;
+  t.mode = tls_mode::psk;
+  t.psk_token = token == "1" ? "uvbus-benchmark-token-0001" : token;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +135,7 @@ int main(int argc, char** argv) {
   stream_config cfg;
   cfg.message_limit = std::max<size_t>(kDefaultMessageLimit, s.o.max);
   if (s.o.flag("no-merge")) cfg.merge_threshold = 0;
+  if (s.o.flag("tls")) cfg.tls = psk_tls(s.o.get("tls"));
   const long qb = s.o.get_int("queue-bytes", 0);
   if (qb > 0) cfg.queue.ring_bytes = cfg.queue.max_bytes = static_cast<size_t>(qb);
   stream_callbacks cb;

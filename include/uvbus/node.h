@@ -44,6 +44,7 @@
 #include "uvbus/log.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
+#include "uvbus/tls.h"
 #include "uvbus/trace.h"
 
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
@@ -130,6 +131,9 @@ struct node_config {
   // count and are never affected; a refused connector simply retries later. 0: no cap.
   uint32_t max_unregistered = 1024;
   uint32_t max_unregistered_per_address = 64;
+  // Encrypted links (uvbus/tls.h, docs/security.md): TLS 1.3 on every stream listener and every
+  // link this node dials, in certificate or psk mode; peers must use the same mode. Off by default.
+  tls_config tls;
   // Every registered peer is pinged this often; the pong gives the round-trip time. A peer from
   // which nothing at all arrived for heartbeat_timeout_ms is dropped (its pending messages fail).
   uint32_t heartbeat_interval_ms = 2000;

@@ -32,6 +32,8 @@
 //   * on_send_failed(conn, first, last, reason): the connection died, was disconnected with force,
 //     or the channel closed before all of its bytes reached the kernel.
 // All reports of a connection come before its on_disconnected.
+// On a TLS link (uvbus/tls.h) "reached the kernel" means "was encrypted": the ciphertext of a
+// batch is sent right after it, and the next batch waits until it has all gone to the kernel.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +47,7 @@
 #include "uvbus/error.h"
 #include "uvbus/log.h"
 #include "uvbus/queue_config.h"
+#include "uvbus/tls.h"
 
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
 
@@ -114,6 +117,9 @@ struct stream_config {
   // them on (node_config::max_unregistered, 1024, and max_unregistered_per_address, 64).
   uint32_t max_unregistered = 0;
   uint32_t max_unregistered_per_address = 0;
+  // TLS for every listen() and connect() of the channel that does not name its own (the tls_config
+  // overloads below). Off by default. See uvbus/tls.h and docs/security.md.
+  tls_config tls = {};
 };
 
 // Per-connection counters. Totals only ever grow; the queue_* fields are current values.
@@ -151,6 +157,9 @@ struct stream_channel_metrics {
   uint64_t rejected_unregistered = 0;  // ... because max_unregistered was reached
   uint64_t rejected_per_address = 0;   // ... because max_unregistered_per_address was reached
   uint64_t unregistered_open = 0;      // accepted, not yet mark_registered(), not yet released
+  // TLS links: handshakes that failed or timed out, and KeyUpdate storms (each closed that link;
+  // logged with the reason, warn, rate limited).
+  uint64_t tls_failed = 0;
 };
 
 // A connection, by value: a slot index and a generation, so an id whose connection has ended
@@ -188,7 +197,8 @@ struct stream_callbacks {
   // Log lines about the channel's own events: a connection closed for a corrupt stream
   // (bad_hash, bad_varint, oversize: warn) or a stalled one (timeout: warn), an accepted
   // connection rejected over max_connections, max_unregistered or max_unregistered_per_address
-  // (warn), a failed accept (error), a stale unix socket
+  // (warn), a TLS link that failed its handshake or broke its rules, with the reason (warn), a
+  // failed accept (error), a stale unix socket
   // file replaced (info). Rate limited per kind (uvbus/log.h). Same thread and rules as the other
   // callbacks; it may not close the channel.
   log_fn on_log;
@@ -210,6 +220,9 @@ struct stream_callbacks {
   //   connection_reset   the peer reset the connection, or its EOF cut a frame in the middle
   //   cancelled          disconnect(force)
   //   bad_hash / oversize / bad_varint  the peer sent a corrupt stream (counted in decode_errors)
+  //   protocol_error     TLS links: a record failed (tampering) or the peer sent a KeyUpdate storm
+  //   peer_not_authenticated  TLS links: the peer refused our certificate after our handshake
+  //                      completed (TLS 1.3 clients finish first)
   //   timeout            partial_frame_timeout_ms, io_error, ...
   std::function<void(connection_id conn, errc reason)> on_disconnected;
 
@@ -273,6 +286,14 @@ class stream_channel {
   // resolve_failed, already_exists, io_error.
   [[nodiscard]] errc listen(std::string_view url, listener_id* out = nullptr,
                             void* user_data = nullptr);
+  // The same with this listener's own TLS settings (instead of stream_config::tls): with a mode
+  // other than off, every connection it accepts must complete a TLS 1.3 handshake (within
+  // tls.handshake_timeout_ms) before on_accepted; one that fails is closed unannounced, counted in
+  // tls_failed and logged. The settings are checked and their files read here: errors as above,
+  // plus invalid_argument, not_found, permission_denied, tls_handshake_failed (last_error() names
+  // the setting or file).
+  [[nodiscard]] errc listen(std::string_view url, const tls_config& tls, listener_id* out = nullptr,
+                            void* user_data = nullptr);
   // Listens on a socket that is already bound and listening, typically one a previous process of
   // this service gave away with detach_listener() (a planned hand-over, uvbus/handover.h). url
   // names what it must be: a unix:// URL, a socket bound to that path; a TCP URL, a socket of that
@@ -305,6 +326,13 @@ class stream_channel {
   // and immediate system errors.
   [[nodiscard]] errc connect(std::string_view url, connection_id* out = nullptr,
                              void* user_data = nullptr);
+  // The same with this dial's own TLS settings (instead of stream_config::tls). With a mode other
+  // than off, on_connected(ok) fires once the TLS handshake completed and the peer authenticated;
+  // otherwise on_connected reports tls_handshake_failed, peer_not_authenticated (a certificate was
+  // refused, by either side), timeout (tls.handshake_timeout_ms) or connection_reset, and the
+  // reason is logged. Settings errors as for the listen() overload.
+  [[nodiscard]] errc connect(std::string_view url, const tls_config& tls,
+                             connection_id* out = nullptr, void* user_data = nullptr);
 
   // Ends a connection (see disconnect_mode). The callbacks fire later from the loop, never from
   // inside this call. Calling it again upgrades graceful to force; otherwise it returns closed.

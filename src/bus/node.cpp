@@ -114,6 +114,7 @@ stream_config node::impl::link_stream_config() const {
   sc.connect_timeout_ms = cfg.handshake_timeout_ms;
   sc.max_unregistered = cfg.max_unregistered;
   sc.max_unregistered_per_address = cfg.max_unregistered_per_address;
+  sc.tls = cfg.tls;
   return sc;
 }
 

@@ -5,6 +5,13 @@
 
 namespace uvbus {
 
+namespace {
+const char* tls_name(errc e) noexcept {
+  return e == errc::tls_handshake_failed ? "tls_handshake_failed: the TLS handshake failed"
+                                         : "peer_not_authenticated: a TLS certificate was refused";
+}
+}  // namespace
+
 const char* to_string(errc e) noexcept {
   switch (e) {
     case errc::ok:
@@ -81,6 +88,9 @@ const char* to_string(errc e) noexcept {
       return "out_of_subnet: the bus id is outside the parent's subnets";
     case errc::remote_error:
       return "remote_error: the called node's handler answered with an error";
+    case errc::tls_handshake_failed:
+    case errc::peer_not_authenticated:
+      return tls_name(e);
   }
   return "unknown error";
 }

@@ -12,6 +12,7 @@
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/tls_context.h"
 
 namespace uvbus {
 
@@ -326,6 +327,14 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.max_unregistered != 0 && cfg.max_unregistered_per_address > cfg.max_unregistered) {
     return bad("max_unregistered_per_address must not exceed max_unregistered (or set it to 0)");
   }
+  if (cfg.tls.mode != tls_mode::off) {
+    std::string why;
+    const errc e = detail::tls_context::check(cfg.tls, &why);
+    if (e != errc::ok) {
+      if (detail != nullptr) *detail = why;
+      return e;
+    }
+  }
   return errc::ok;
 }
 
@@ -379,7 +388,13 @@ void stream_channel::impl::log_end(const conn_impl* c, errc reason) {
 
 errc stream_channel::listen(std::string_view url, listener_id* out, void* user_data) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen");
-  return impl_->listen(url, out, user_data);
+  return impl_->listen_tls(url, nullptr, out, user_data);
+}
+
+errc stream_channel::listen(std::string_view url, const tls_config& tls, listener_id* out,
+                            void* user_data) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen");
+  return impl_->listen_tls(url, &tls, out, user_data);
 }
 
 errc stream_channel::listen_fd(std::string_view url, int fd, listener_id* out, void* user_data) {
@@ -388,7 +403,7 @@ errc stream_channel::listen_fd(std::string_view url, int fd, listener_id* out, v
     ::close(fd);
     return errc::closed;
   }
-  return impl_->listen_fd(url, fd, out, user_data);
+  return impl_->listen_fd_tls(url, fd, nullptr, out, user_data);
 }
 
 errc stream_channel::detach_listener(listener_id l, int* fd) {
@@ -423,7 +438,13 @@ void* stream_channel::listener_user_data(listener_id l) const {
 
 errc stream_channel::connect(std::string_view url, connection_id* out, void* user_data) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::connect");
-  return impl_->connect(url, out, user_data);
+  return impl_->connect_tls(url, nullptr, out, user_data);
+}
+
+errc stream_channel::connect(std::string_view url, const tls_config& tls, connection_id* out,
+                             void* user_data) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::connect");
+  return impl_->connect_tls(url, &tls, out, user_data);
 }
 
 errc stream_channel::impl::disconnect(conn_impl* c, disconnect_mode mode) {

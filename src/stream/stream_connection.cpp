@@ -209,6 +209,7 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
   write_queue& q = *c->queue;
   size_t budget = kFlushBudget;
   while (!q.empty()) {
+    if (c->writing) return;  // TLS: the last batch's ciphertext is still going out
     if (budget == 0) {
       mark_dirty(c);
       return;
@@ -234,8 +235,8 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     }
     size_t len = 0;
     for (unsigned i = 0; i < nbufs; ++i) len += bufs[i].len;
-    ++c->m().write_calls;
-    int w = uv_try_write(c->stream(), bufs, nbufs);
+    if (!c->secure) ++c->m().write_calls;  // TLS counts its socket writes in tls_send()
+    int w = c->secure ? tls_write(c, bufs, nbufs) : uv_try_write(c->stream(), bufs, nbufs);
     if (w == UV_EAGAIN) {
       w = 0;
     } else if (w < 0) {
@@ -320,6 +321,10 @@ void stream_channel::impl::start_write(conn_impl* c, size_t offset) {
 }
 
 void stream_channel::impl::on_write_done(conn_impl* c, int status) {
+  if (c->secure) {
+    tls_write_done(c, status);
+    return;
+  }
   c->writing = false;
   c->queue->release_retired();  // the write may have read a ring the queue has outgrown
   // A closing connection's queued packets (this one included) are reported by its close path.
@@ -340,6 +345,7 @@ void stream_channel::impl::on_write_done(conn_impl* c, int status) {
 void stream_channel::impl::maybe_shutdown(conn_impl* c) {
   if (c->shutting_down || c->writing || (c->queue && !c->queue->empty())) return;
   c->shutting_down = true;
+  if (c->secure) tls_close_notify(c);  // uv_shutdown() waits for its write
   c->sreq.data = c;
   const int r = uv_shutdown(&c->sreq, c->stream(), [](uv_shutdown_t* req, int status) {
     auto* cc = static_cast<conn_impl*>(req->data);
@@ -467,6 +473,10 @@ void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t
 
 void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;  // EAGAIN: a normal event, never an error
+  if (c->secure) {
+    tls_on_read(c, nread, buf);
+    return;
+  }
   if (nread < 0) {
     if (nread != UV_EOF) {
       ++c->m().io_errors;
@@ -477,10 +487,14 @@ void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* 
     }
     return;
   }
-  auto& m = c->m();
-  ++m.read_calls;
+  ++c->m().read_calls;
   c->last_read_ms = uv_now(loop);
-  c->decoder.feed(buf->base, static_cast<size_t>(nread));
+  (void)deliver(c, reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread));
+}
+
+bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) {
+  auto& m = c->m();
+  c->decoder.feed(data, n);
   for (;;) {
     const frame_decoder::result r = c->decoder.next();
     if (r.status == frame_status::payload) {
@@ -491,14 +505,14 @@ void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* 
         cb.on_received(c->id, r.data, r.size);
         // The callback may have ended the connection or closed the channel. A pause takes effect
         // after this chunk: its bytes live in the shared read buffer and cannot wait.
-        if (!c->active()) return;
+        if (!c->active()) return false;
       }
       continue;
     }
-    if (r.status == frame_status::need_more) return;
+    if (r.status == frame_status::need_more) return true;
     ++m.decode_errors;
     end_conn(c, from_decoder(r.status));
-    return;
+    return false;
   }
 }
 

@@ -17,6 +17,10 @@ void stream_channel::impl::on_connected(conn_impl* c) {
     c->ai_list = c->ai_next = nullptr;
   }
   if (!c->is_unix) apply_tcp_options(c);
+  if (c->tls_ctx && !c->secure) {  // TLS: on_connected once the handshake completed
+    tls_start(c);
+    return;
+  }
   c->state = conn_state::connected;
   c->connected_once = true;
   ++retired.connections_connected;

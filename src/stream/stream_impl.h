@@ -18,10 +18,17 @@
 #include "core/write_queue.h"
 #include "uvbus/address.h"
 #include "uvbus/stream.h"
+#include "uvbus/tls.h"
 
 namespace uvbus {
 
 namespace detail {
+
+class tls_context;
+class tls_session;
+struct tls_session_deleter {  // defined in stream_tls.cpp, where tls_session is complete
+  void operator()(tls_session* s) const noexcept;
+};
 
 // libuv handles a connection or listener may own; the first member of each is a uv_handle_t, so a
 // pointer to the union is a valid uv_handle_t* / uv_stream_t*.
@@ -93,6 +100,10 @@ struct conn_impl {
   size_t prepared_size = 0;            // and its payload size
   frame_decoder decoder;
   uint64_t last_read_ms = 0;  // uv_now() of the last read that returned bytes (or of the accept)
+  // TLS links (stream_tls.cpp): the context says the link must be TLS; the session exists from
+  // the TCP connect / accept on (the handshake runs while state is still connecting).
+  std::shared_ptr<const tls_context> tls_ctx;
+  std::unique_ptr<tls_session, tls_session_deleter> secure;
 
   // Sequence numbers: accepted packets are 1..accepted_seq; 1..written_seq have all their bytes in
   // the kernel (popped from the queue); on_written has been told up to reported_seq. The queue
@@ -134,6 +145,7 @@ struct listener_impl {
   std::string unix_path;  // removed on close if it is still the file we created
   uint64_t unix_dev = 0;
   uint64_t unix_ino = 0;
+  std::shared_ptr<const tls_context> tls_ctx;  // its connections are TLS (nullptr: clear)
   list_hook<listener_impl> hook;
 };
 
@@ -199,6 +211,7 @@ enum stream_log_kind : size_t {
   kLogAcceptFailed,
   kLogStaleFile,
   kLogUnregistered,
+  kLogTls,
 };
 
 }  // namespace detail
@@ -301,6 +314,8 @@ struct stream_channel::impl {
   static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
   void on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
   void start_reading(conn_impl* c);
+  // Decodes plaintext bytes into messages for on_received; false once c is no longer active.
+  bool deliver(conn_impl* c, const uint8_t* data, size_t n);
   void end_conn(conn_impl* c, errc reason);
   void close_timer(conn_impl* c);
   // One libuv object referring to c is gone; the last one finishes the connection.
@@ -322,6 +337,8 @@ struct stream_channel::impl {
   errc connect(std::string_view url, connection_id* out, void* user);
   static void connection_cb(uv_stream_t* server, int status);
   void on_incoming(listener_impl* l, int status);
+  // An accepted connection is ready (after its TLS handshake, if any): on_accepted.
+  void accepted(conn_impl* c);
   // Counts c as unregistered, or refuses it over max_unregistered(_per_address): false then
   // (logged and counted; the caller closes it).
   bool admit_unregistered(const listener_impl* l, conn_impl* c);
@@ -339,6 +356,29 @@ struct stream_channel::impl {
   errc close_listener(listener_impl* l);
   void close_all(bool with_callbacks);
   [[nodiscard]] stream_channel_metrics metrics() const;
+
+  // TLS links (stream_tls.cpp). The channel's own context (stream_config::tls), built on first use.
+  std::shared_ptr<const detail::tls_context> default_tls;
+  // The context for a listen or connect: per_call, else stream_config::tls (nullptr: clear).
+  errc tls_context_for(const tls_config* per_call, std::shared_ptr<const detail::tls_context>* out);
+  errc listen_tls(std::string_view url, const tls_config* tls, listener_id* out, void* user);
+  errc listen_fd_tls(std::string_view url, int fd, const tls_config* tls, listener_id* out,
+                     void* user);
+  errc connect_tls(std::string_view url, const tls_config* tls, connection_id* out, void* user);
+  // TCP is up: creates the session, starts reading, the handshake and its deadline.
+  void tls_start(conn_impl* c);
+  void tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
+  void tls_handshake(conn_impl* c);
+  // flush_queue()'s write: encrypts the batch (all of it) and sends the ciphertext; returns the
+  // plaintext bytes taken, or a libuv error (the connection is then ended).
+  int tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs);
+  // Sends the session's pending ciphertext: what the socket takes now, the rest with one uv_write
+  // (c->writing). 0, or a libuv error (the caller ends the connection).
+  int tls_send(conn_impl* c);
+  void tls_write_done(conn_impl* c, int status);
+  void tls_close_notify(conn_impl* c);
+  // A TLS failure: logged with its detail, counted, the connection ended with e.
+  void tls_fail(conn_impl* c, errc e, const std::string& detail);
 };
 
 // The channel's .cpp files name these internal types unqualified.

@@ -203,6 +203,16 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
     end_conn(c, errc::busy);
     return;
   }
+  if (l->tls_ctx) {  // TLS: on_accepted once the handshake completed
+    c->tls_ctx = l->tls_ctx;
+    c->last_read_ms = uv_now(loop);
+    tls_start(c);
+    return;
+  }
+  accepted(c);
+}
+
+void stream_channel::impl::accepted(conn_impl* c) {
   c->state = conn_state::connected;
   c->connected_once = true;
   c->last_read_ms = uv_now(loop);

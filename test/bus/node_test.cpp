@@ -584,5 +584,29 @@ TEST_F(NodeTest, GracefulStopTellsPeersAndFailsPending) {
   EXPECT_EQ(p->removed[0].second, errc::closed);  // it said goodbye
 }
 
+// node_config::tls: the links run inside TLS (PSK mode here); a child with another token never
+// registers, and the parent keeps serving the honest one.
+TEST_F(NodeTest, LinksRunOverTlsAndAWrongTokenNeverRegisters) {
+  node_config tc = fast_config();
+  tc.tls.mode = tls_mode::psk;
+  tc.tls.psk_token = "cluster-token-0123456789abcdef";
+  bus_node* p = make_root(0x100, {{0x100, 8}}, tc);
+  node_config bad = tc;
+  bad.tls.psk_token = "another-token-0123456789abcdef";
+  bus_node* intruder = make_child(0x102, p, {}, bad);
+  bus_node* c = make_child(0x101, p, {}, tc);
+  ASSERT_TRUE(wait([&] { return c->n->up() && p->added.size() == 1; }));
+  ASSERT_EQ(send_str(c, 0x100, 7, "up"), errc::ok);
+  ASSERT_EQ(send_str(p, 0x101, 8, "down"), errc::ok);
+  ASSERT_TRUE(wait([&] { return p->got.size() == 1 && c->got.size() == 1; }));
+  EXPECT_EQ(p->got[0].bytes, "up");
+  EXPECT_EQ(c->got[0].bytes, "down");
+  // The parent refused the intruder's handshake (logged by its stream channel).
+  ASSERT_TRUE(wait([&] { return p->logged("tls: handshake failed"); }));
+  EXPECT_FALSE(intruder->n->up());
+  for (const errc e : intruder->registrations) EXPECT_NE(e, errc::ok);
+  EXPECT_EQ(p->added.size(), 1u);
+}
+
 }  // namespace
 }  // namespace uvbus

@@ -11,7 +11,7 @@ namespace {
 
 TEST(Errc, EveryCodeHasADistinctName) {
   std::set<std::string> names;
-  for (int i = 0; i <= static_cast<int>(errc::remote_error); ++i) {
+  for (int i = 0; i <= static_cast<int>(errc::peer_not_authenticated); ++i) {
     const std::string s = to_string(static_cast<errc>(i));
     EXPECT_NE(s, "unknown error") << i;
     EXPECT_TRUE(names.insert(s).second) << s;

@@ -1,0 +1,65 @@
+// Encrypted, mutually authenticated stream links: the TLS settings of a listener or a dial.
+//
+// TLS 1.3 only (OpenSSL 3), in one of two modes:
+//   * certificate: each side presents a certificate chain signed by ca_file and checks the peer's
+//     (the accepting side requires one: a client without a certificate is refused), optionally
+//     also that the peer's certificate names expected_peer (its CN or a subjectAltName entry).
+//   * psk: TLS 1.3 external pre-shared key derived from a shared access token (HKDF-SHA256), for
+//     clusters without a PKI. Knowing the token is what authenticates each side. The handshake
+//     still runs (EC)DHE, so a token leaked later does not decrypt recorded traffic.
+// The stream frames (MurmurHash3 + length) travel unchanged inside the TLS records. Settings are
+// checked (and the files read) when listen() or connect() is called; errors name the file or the
+// setting (stream_channel::last_error()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace uvbus {
+
+enum class tls_mode : uint8_t {
+  off,          // clear text (the default)
+  certificate,  // TLS 1.3 with X.509 certificates on both sides
+  psk,          // TLS 1.3 with an external PSK derived from psk_token
+};
+
+inline constexpr uint64_t kDefaultKeyUpdateBytes = uint64_t{1} << 30;
+inline constexpr uint32_t kDefaultKeyUpdateIntervalMs = 3600U * 1000U;
+
+struct tls_config {
+  tls_mode mode = tls_mode::off;
+
+  // Certificate mode: PEM files. cert_file holds our certificate followed by its intermediates;
+  // key_file its private key; ca_file the CA certificate(s) the peer's chain must lead to.
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+  // When not empty, the peer's certificate must carry exactly this string as its subject CN or as
+  // a subjectAltName (DNS, URI or e-mail) entry: a host name, or a bus node id written into the
+  // certificate. Empty: any certificate the CA signed is accepted.
+  std::string expected_peer;
+
+  // PSK mode: the shared access token (at least 16 bytes) and the PSK identity both sides use. The
+  // key is HKDF-SHA256(token, salt "uvbus tls 1.3 psk", info identity), 32 bytes.
+  std::string psk_token;
+  std::string psk_identity = "uvbus";
+
+  // TLS 1.3 cipher suites (OpenSSL's syntax). Empty: OpenSSL's default list in certificate mode;
+  // TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256 in psk mode, whose key is bound to SHA-256
+  // (a psk-mode list needs a SHA-256 suite, or no suite can use the key).
+  std::string ciphersuites;
+
+  // A connection that has not finished its handshake within this time is closed with
+  // errc::timeout (a peer that stalls mid-handshake holds at most one TLS record meanwhile).
+  uint32_t handshake_timeout_ms = 10000;
+  // Our sending key is renewed (TLS 1.3 KeyUpdate) when this much time has passed or this many
+  // plaintext bytes were sent under it, whichever comes first; checked on each flush. 0: never.
+  uint32_t key_update_interval_ms = kDefaultKeyUpdateIntervalMs;
+  uint64_t key_update_bytes = kDefaultKeyUpdateBytes;
+  // A peer that sends more than max_peer_key_updates KeyUpdate messages within
+  // key_update_window_ms is closed with errc::protocol_error (a KeyUpdate storm). 0: no limit.
+  uint32_t max_peer_key_updates = 32;
+  uint32_t key_update_window_ms = 10000;
+};
+
+}  // namespace uvbus

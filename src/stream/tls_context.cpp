@@ -1,0 +1,206 @@
+// TLS contexts: SSL_CTX building from a tls_config (files, PSK derivation, protocol limits), with
+// errors that name the bad file or setting.
+#include "stream/tls_context.h"
+
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+#include <openssl/ssl.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+namespace uvbus::detail {
+
+namespace {
+
+constexpr const char kPskSalt[] = "uvbus tls 1.3 psk";
+constexpr size_t kMinTokenBytes = 16;
+// TLS_AES_128_GCM_SHA256: the PSK's cipher suite (its hash, SHA-256, is the PSK's hash).
+constexpr unsigned char kPskCipher[2] = {0x13, 0x01};
+constexpr const char kPskSuites[] = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256";
+
+errc file_error(const char* what, const std::string& path, std::string* detail) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f != nullptr) {
+    std::fclose(f);
+    return errc::ok;
+  }
+  const int e = errno;
+  *detail = std::string("tls: cannot read ") + what + " " + path + ": " + std::strerror(e);
+  if (e == ENOENT) return errc::not_found;
+  if (e == EACCES || e == EPERM) return errc::permission_denied;
+  return errc::io_error;
+}
+
+errc ssl_error(const std::string& what, std::string* detail) {
+  *detail = "tls: " + what + ": " + openssl_errors();
+  return errc::tls_handshake_failed;
+}
+
+SSL_SESSION* psk_session(SSL* ssl, const tls_context* tc) {
+  const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, kPskCipher);
+  SSL_SESSION* s = cipher == nullptr ? nullptr : SSL_SESSION_new();
+  if (s == nullptr) return nullptr;
+  if (SSL_SESSION_set1_master_key(s, tc->psk(), tls_context::kPskBytes) != 1 ||
+      SSL_SESSION_set_cipher(s, cipher) != 1 ||
+      SSL_SESSION_set_protocol_version(s, TLS1_3_VERSION) != 1) {
+    SSL_SESSION_free(s);
+    return nullptr;
+  }
+  return s;
+}
+
+const tls_context* context_of(SSL* ssl) {
+  return static_cast<const tls_context*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
+}
+
+// Client: offer the PSK (only for a SHA-256 suite, the PSK's hash).
+int use_psk(SSL* ssl, const EVP_MD* md, const unsigned char** id, size_t* idlen,
+            SSL_SESSION** sess) {
+  const tls_context* tc = context_of(ssl);
+  *sess = nullptr;
+  if (md != nullptr && EVP_MD_get_type(md) != NID_sha256) return 1;
+  *sess = psk_session(ssl, tc);
+  if (*sess == nullptr) return 0;
+  *id = reinterpret_cast<const unsigned char*>(tc->config().psk_identity.data());
+  *idlen = tc->config().psk_identity.size();
+  return 1;
+}
+
+// Server: the PSK for our identity; any other identity finds none (and the handshake fails, as
+// there is no certificate to fall back to).
+int find_psk(SSL* ssl, const unsigned char* id, size_t idlen, SSL_SESSION** sess) {
+  const tls_context* tc = context_of(ssl);
+  *sess = nullptr;
+  const std::string& mine = tc->config().psk_identity;
+  if (idlen != mine.size() || std::memcmp(id, mine.data(), idlen) != 0) return 1;
+  *sess = psk_session(ssl, tc);
+  return *sess == nullptr ? 0 : 1;
+}
+
+}  // namespace
+
+std::string openssl_errors() {
+  std::string out;
+  unsigned long e = 0;  // NOLINT(google-runtime-int): OpenSSL's type
+  while ((e = ERR_get_error()) != 0) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? "no OpenSSL error queued" : out;
+}
+
+errc tls_context::check(const tls_config& cfg, std::string* detail) {
+  auto bad = [detail](const char* why) {
+    if (detail != nullptr) *detail = why;
+    return errc::invalid_argument;
+  };
+  switch (cfg.mode) {
+    case tls_mode::off:
+      return errc::ok;
+    case tls_mode::certificate:
+      if (cfg.cert_file.empty() || cfg.key_file.empty() || cfg.ca_file.empty()) {
+        return bad("tls: certificate mode needs cert_file, key_file and ca_file");
+      }
+      break;
+    case tls_mode::psk:
+      if (cfg.psk_token.size() < kMinTokenBytes) {
+        return bad("tls: psk mode needs psk_token of at least 16 bytes");
+      }
+      if (cfg.psk_identity.empty()) return bad("tls: psk_identity must not be empty");
+      break;
+    default:
+      return bad("tls: unknown mode");
+  }
+  if (cfg.handshake_timeout_ms == 0) return bad("tls: handshake_timeout_ms must be > 0");
+  if (cfg.max_peer_key_updates != 0 && cfg.key_update_window_ms == 0) {
+    return bad("tls: key_update_window_ms must be > 0 when max_peer_key_updates is set");
+  }
+  return errc::ok;
+}
+
+errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
+                         std::string* detail) {
+  errc e = check(cfg, detail);
+  if (e != errc::ok) return e;
+  std::shared_ptr<tls_context> tc(new (std::nothrow) tls_context);
+  if (!tc) return errc::no_memory;
+  tc->cfg_ = cfg;
+  tc->ctx_ = SSL_CTX_new(TLS_method());
+  if (tc->ctx_ == nullptr) return ssl_error("SSL_CTX_new", detail);
+  SSL_CTX* c = tc->ctx_;
+  SSL_CTX_set_app_data(c, tc.get());
+  // TLS 1.3 only: an older ClientHello is refused with protocol_version (no downgrade).
+  if (SSL_CTX_set_min_proto_version(c, TLS1_3_VERSION) != 1 ||
+      SSL_CTX_set_max_proto_version(c, TLS1_3_VERSION) != 1) {
+    return ssl_error("cannot restrict the protocol to TLS 1.3", detail);
+  }
+  // No resumption (a bus link is long-lived): no tickets, no session cache.
+  SSL_CTX_set_num_tickets(c, 0);
+  SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
+  SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
+  // A PSK is bound to one hash (SHA-256 here): only the suites using it can select the PSK.
+  const std::string suites = !cfg.ciphersuites.empty()   ? cfg.ciphersuites
+                             : cfg.mode == tls_mode::psk ? kPskSuites
+                                                         : std::string();
+  if (!suites.empty() && SSL_CTX_set_ciphersuites(c, suites.c_str()) != 1) {
+    return ssl_error("ciphersuites '" + suites + "' rejected", detail);
+  }
+  e = cfg.mode == tls_mode::certificate ? tc->load_certificates(detail) : tc->setup_psk(detail);
+  if (e != errc::ok) return e;
+  *out = std::move(tc);
+  return errc::ok;
+}
+
+errc tls_context::load_certificates(std::string* detail) {
+  errc e = file_error("certificate file", cfg_.cert_file, detail);
+  if (e == errc::ok) e = file_error("key file", cfg_.key_file, detail);
+  if (e == errc::ok) e = file_error("CA file", cfg_.ca_file, detail);
+  if (e != errc::ok) return e;
+  if (SSL_CTX_use_certificate_chain_file(ctx_, cfg_.cert_file.c_str()) != 1) {
+    return ssl_error("cannot load certificate file " + cfg_.cert_file, detail);
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx_, cfg_.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return ssl_error("cannot load key file " + cfg_.key_file, detail);
+  }
+  if (SSL_CTX_check_private_key(ctx_) != 1) {
+    return ssl_error("key file " + cfg_.key_file + " does not match " + cfg_.cert_file, detail);
+  }
+  if (SSL_CTX_load_verify_locations(ctx_, cfg_.ca_file.c_str(), nullptr) != 1) {
+    return ssl_error("cannot load CA file " + cfg_.ca_file, detail);
+  }
+  return errc::ok;
+}
+
+errc tls_context::setup_psk(std::string* detail) {
+  EVP_PKEY_CTX* k = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
+  size_t len = kPskBytes;
+  const bool ok =
+      k != nullptr && EVP_PKEY_derive_init(k) == 1 &&
+      EVP_PKEY_CTX_set_hkdf_md(k, EVP_sha256()) == 1 &&
+      EVP_PKEY_CTX_set1_hkdf_salt(k, reinterpret_cast<const unsigned char*>(kPskSalt),
+                                  sizeof kPskSalt - 1) == 1 &&
+      EVP_PKEY_CTX_set1_hkdf_key(k, reinterpret_cast<const unsigned char*>(cfg_.psk_token.data()),
+                                 static_cast<int>(cfg_.psk_token.size())) == 1 &&
+      EVP_PKEY_CTX_add1_hkdf_info(k,
+                                  reinterpret_cast<const unsigned char*>(cfg_.psk_identity.data()),
+                                  static_cast<int>(cfg_.psk_identity.size())) == 1 &&
+      EVP_PKEY_derive(k, psk_, &len) == 1 && len == kPskBytes;
+  EVP_PKEY_CTX_free(k);
+  if (!ok) return ssl_error("cannot derive the PSK (HKDF-SHA256)", detail);
+  SSL_CTX_set_psk_use_session_callback(ctx_, use_psk);
+  SSL_CTX_set_psk_find_session_callback(ctx_, find_psk);
+  return errc::ok;
+}
+
+tls_context::~tls_context() {
+  SSL_CTX_free(ctx_);
+  OPENSSL_cleanse(psk_, sizeof psk_);
+}
+
+}  // namespace uvbus::detail

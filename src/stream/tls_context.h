@@ -1,0 +1,50 @@
+// TLS contexts: an OpenSSL SSL_CTX built from a tls_config (TLS 1.3 only, certificates or PSK).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "uvbus/error.h"
+#include "uvbus/tls.h"
+
+typedef struct ssl_ctx_st SSL_CTX;  // NOLINT(modernize-use-using): matches OpenSSL's declaration
+
+namespace uvbus::detail {
+
+// One SSL_CTX shared by every connection of a listener (or by one dial); it serves both roles.
+// Immutable once built, so sessions may outlive the listener that created them.
+class tls_context {
+ public:
+  // Checks cfg and builds the context: reads the certificate, key and CA files or derives the PSK.
+  // Errors: invalid_argument (a missing or inconsistent setting: *detail names it), not_found /
+  // permission_denied (a file: *detail names it), tls_handshake_failed (OpenSSL refused a file or
+  // setting: *detail has OpenSSL's reason), no_memory.
+  static errc create(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
+                     std::string* detail);
+  // Only the settings, without touching any file (stream_channel::validate()).
+  static errc check(const tls_config& cfg, std::string* detail);
+
+  tls_context(const tls_context&) = delete;
+  tls_context& operator=(const tls_context&) = delete;
+  ~tls_context();
+
+  [[nodiscard]] SSL_CTX* ctx() const noexcept { return ctx_; }
+  [[nodiscard]] const tls_config& config() const noexcept { return cfg_; }
+  [[nodiscard]] const uint8_t* psk() const noexcept { return psk_; }
+  static constexpr size_t kPskBytes = 32;
+
+ private:
+  tls_context() = default;
+  errc load_certificates(std::string* detail);
+  errc setup_psk(std::string* detail);
+
+  SSL_CTX* ctx_ = nullptr;
+  tls_config cfg_;
+  uint8_t psk_[kPskBytes] = {};
+};
+
+// OpenSSL's queued errors as one line ("error:...: reason; ..."), clearing the queue.
+std::string openssl_errors();
+
+}  // namespace uvbus::detail

@@ -1,0 +1,118 @@
+// A TLS session over memory: ciphertext in, plaintext out, plaintext in, ciphertext out. Knows
+// nothing of sockets or libuv (src/stream/stream_tls.cpp drives it from a connection).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "stream/tls_context.h"
+#include "uvbus/error.h"
+
+typedef struct ssl_st SSL;  // NOLINT(modernize-use-using): matches OpenSSL's declaration
+typedef struct bio_st BIO;  // NOLINT(modernize-use-using): matches OpenSSL's declaration
+struct x509_store_ctx_st;
+
+namespace uvbus::detail {
+
+// A growable byte buffer with a read offset: written at the back, consumed from the front. Keeps
+// its memory when emptied, so a connection in steady state allocates nothing.
+class byte_buf {
+ public:
+  byte_buf() = default;
+  byte_buf(const byte_buf&) = delete;
+  byte_buf& operator=(const byte_buf&) = delete;
+  // Appends n bytes; false when memory ran out (nothing appended).
+  bool append(const uint8_t* p, size_t n) noexcept;
+  [[nodiscard]] const uint8_t* data() const noexcept { return mem_.get() + off_; }
+  [[nodiscard]] size_t size() const noexcept { return end_ - off_; }
+  [[nodiscard]] bool empty() const noexcept { return end_ == off_; }
+  [[nodiscard]] size_t capacity() const noexcept { return cap_; }
+  void consume(size_t n) noexcept;
+  void clear() noexcept { off_ = end_ = 0; }
+  void swap(byte_buf& o) noexcept;
+
+ private:
+  std::unique_ptr<uint8_t[]> mem_;
+  size_t cap_ = 0;
+  size_t off_ = 0;
+  size_t end_ = 0;
+};
+
+class tls_session {
+ public:
+  // server: the accepting side (it requires the client's certificate in certificate mode).
+  static errc create(std::shared_ptr<const tls_context> ctx, bool server,
+                     std::unique_ptr<tls_session>* out, std::string* detail);
+  ~tls_session();
+  tls_session(const tls_session&) = delete;
+  tls_session& operator=(const tls_session&) = delete;
+
+  // Ciphertext received: consumed by the next handshake() / read() calls, which leave nothing of
+  // it behind once they report that they need more (TLS keeps a partial record itself).
+  void set_input(const uint8_t* p, size_t n) noexcept {
+    in_ = p;
+    in_len_ = n;
+  }
+  // The current time, for the KeyUpdate window.
+  void set_now(uint64_t now_ms) noexcept { now_ms_ = now_ms; }
+
+  // Advances the handshake with the input given. ok: finished (done() is true) or waiting for more
+  // input; otherwise tls_handshake_failed or peer_not_authenticated (*detail says why).
+  errc handshake(std::string* detail);
+  [[nodiscard]] bool done() const noexcept { return done_; }
+
+  // Decrypts into [buf, buf + cap): *n bytes (0: the input is used up). closed: the peer sent
+  // close_notify. protocol_error: a KeyUpdate storm or a TLS error (*detail).
+  errc read(uint8_t* buf, size_t cap, size_t* n, std::string* detail);
+  // Encrypts all of [p, p + n) into out() (records of at most 16 KiB). Renews our key first when
+  // the interval or the byte budget of tls_config is used up.
+  errc write(const uint8_t* p, size_t n, std::string* detail);
+  // Queues close_notify into out() (once).
+  void close_notify();
+
+  // Ciphertext to send: what handshake(), read() (post-handshake replies), write() and
+  // close_notify() produced. The owner sends it and consume()s what went out.
+  byte_buf& out() noexcept { return out_; }
+  // A second buffer for a write in flight: swap_out() moves out() here (out() then collects new
+  // ciphertext while flight() is being written), the owner clear()s it when the write completes.
+  byte_buf& flight() noexcept { return flight_; }
+  void swap_out() noexcept { out_.swap(flight_); }
+
+  [[nodiscard]] uint64_t key_updates_sent() const noexcept { return updates_sent_; }
+  [[nodiscard]] uint64_t key_updates_received() const noexcept { return updates_total_; }
+  [[nodiscard]] const char* cipher() const noexcept;
+
+ private:
+  tls_session() = default;
+  static int bio_write(BIO* b, const char* data, size_t len, size_t* written);
+  static int bio_read(BIO* b, char* data, size_t len, size_t* read);
+  static int verify(int ok, x509_store_ctx_st* store);
+  static void on_message(int write_p, int version, int type, const void* buf, size_t len, SSL* ssl,
+                         void* arg);
+  errc failure(int ret, const char* what, std::string* detail);
+  void maybe_key_update();
+
+  std::shared_ptr<const tls_context> ctx_;
+  SSL* ssl_ = nullptr;
+  bool done_ = false;
+  bool oom_ = false;  // appending ciphertext ran out of memory
+  bool closed_notify_ = false;
+  const uint8_t* in_ = nullptr;
+  size_t in_len_ = 0;
+  byte_buf out_;
+  byte_buf flight_;
+  std::string verify_detail_;  // why our verify callback refused the peer's certificate
+  uint64_t now_ms_ = 0;
+  // KeyUpdate accounting: ours (renewal), the peer's (storm limit).
+  uint64_t last_update_ms_ = 0;
+  uint64_t bytes_since_update_ = 0;
+  uint64_t updates_sent_ = 0;
+  uint64_t window_start_ms_ = 0;
+  uint32_t window_updates_ = 0;
+  uint64_t updates_total_ = 0;
+  bool storm_ = false;
+};
+
+}  // namespace uvbus::detail

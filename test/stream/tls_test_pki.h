@@ -1,0 +1,115 @@
+// Test certificates made at runtime with OpenSSL (no committed keys): a CA, server and client
+// certificates, an expired one, one for the wrong name and one from a rogue CA, as PEM files in a
+// temporary directory that is removed afterwards.
+#pragma once
+
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace uvbus::test {
+
+class test_pki {
+ public:
+  struct pair {
+    std::string cert;
+    std::string key;
+  };
+
+  test_pki() {
+    char tmpl[] = "/tmp/uvbus-tls-XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    dir_ = d != nullptr ? d : "/tmp";
+    EVP_PKEY* ca_key = EVP_EC_gen("P-256");
+    X509* ca = make("uvbus test CA", "", ca_key, nullptr, nullptr, true, -3600, 86400);
+    ca_file = save(ca, ca_key, "ca").cert;
+    server = issue("server.test", "server.test", ca, ca_key, -3600, 86400, "server");
+    client = issue("node-42", "client.test", ca, ca_key, -3600, 86400, "client");
+    expired = issue("node-42", "client.test", ca, ca_key, -172800, -86400, "expired");
+    wrong_name = issue("mallory", "mallory.test", ca, ca_key, -3600, 86400, "wrong-name");
+    EVP_PKEY* rogue_key = EVP_EC_gen("P-256");
+    X509* rogue = make("rogue CA", "", rogue_key, nullptr, nullptr, true, -3600, 86400);
+    rogue_client = issue("node-42", "client.test", rogue, rogue_key, -3600, 86400, "rogue");
+    X509_free(rogue);
+    EVP_PKEY_free(rogue_key);
+    X509_free(ca);
+    EVP_PKEY_free(ca_key);
+  }
+  ~test_pki() {
+    for (const std::string& f : files_) std::remove(f.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  test_pki(const test_pki&) = delete;
+  test_pki& operator=(const test_pki&) = delete;
+
+  std::string ca_file;
+  pair server, client, expired, wrong_name, rogue_client;
+
+ private:
+  static X509* make(const char* cn, const char* dns, EVP_PKEY* key, X509* issuer,
+                    EVP_PKEY* issuer_key, bool ca, long not_before_s, long not_after_s) {
+    X509* x = X509_new();
+    X509_set_version(x, 2);
+    static long serial = 1;
+    ASN1_INTEGER_set(X509_get_serialNumber(x), serial++);
+    X509_gmtime_adj(X509_getm_notBefore(x), not_before_s);
+    X509_gmtime_adj(X509_getm_notAfter(x), not_after_s);
+    X509_set_pubkey(x, key);
+    X509_NAME* name = X509_get_subject_name(x);
+    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(cn),
+                               -1, -1, 0);
+    X509_set_issuer_name(x, issuer != nullptr ? X509_get_subject_name(issuer) : name);
+    X509V3_CTX v3;
+    X509V3_set_ctx_nodb(&v3);
+    X509V3_set_ctx(&v3, issuer != nullptr ? issuer : x, x, nullptr, nullptr, 0);
+    add_ext(x, &v3, NID_basic_constraints, ca ? "critical,CA:TRUE" : "CA:FALSE");
+    if (ca) add_ext(x, &v3, NID_key_usage, "critical,keyCertSign,cRLSign");
+    add_ext(x, &v3, NID_subject_key_identifier, "hash");
+    if (dns[0] != '\0') add_ext(x, &v3, NID_subject_alt_name, (std::string("DNS:") + dns).c_str());
+    X509_sign(x, issuer_key != nullptr ? issuer_key : key, EVP_sha256());
+    return x;
+  }
+  static void add_ext(X509* x, X509V3_CTX* v3, int nid, const char* value) {
+    X509_EXTENSION* e = X509V3_EXT_conf_nid(nullptr, v3, nid, value);
+    if (e == nullptr) return;
+    X509_add_ext(x, e, -1);
+    X509_EXTENSION_free(e);
+  }
+  pair issue(const char* cn, const char* dns, X509* ca, EVP_PKEY* ca_key, long nb, long na,
+             const char* file) {
+    EVP_PKEY* key = EVP_EC_gen("P-256");
+    X509* x = make(cn, dns, key, ca, ca_key, false, nb, na);
+    pair p = save(x, key, file);
+    X509_free(x);
+    EVP_PKEY_free(key);
+    return p;
+  }
+  pair save(X509* x, EVP_PKEY* key, const char* name) {
+    pair p{dir_ + "/" + name + ".crt", dir_ + "/" + name + ".key"};
+    std::FILE* f = std::fopen(p.cert.c_str(), "w");
+    if (f != nullptr) {
+      PEM_write_X509(f, x);
+      std::fclose(f);
+    }
+    f = std::fopen(p.key.c_str(), "w");
+    if (f != nullptr) {
+      PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
+      std::fclose(f);
+    }
+    files_.push_back(p.cert);
+    files_.push_back(p.key);
+    return p;
+  }
+
+  std::string dir_;
+  std::vector<std::string> files_;
+};
+
+}  // namespace uvbus::test
