@@ -9,10 +9,10 @@
 // Threading: an etcd_discovery belongs to its uv_loop_t and to the thread that runs that loop; it
 // must be constructed, called and destroyed there. Every callback runs on that thread from inside
 // uv_run(), never from inside a member function call (no re-entrancy into the caller's frame).
-// Callbacks may call any member function, and may destroy the object (nothing of it is touched
-// after the callback returns). Destruction cancels every request without callbacks; the handles
-// it owns finish closing on the loop's next iteration, so the loop must run once more before
-// uv_loop_close().
+// on_directory and on_state may call any member function and may destroy the object (nothing of
+// it is touched after the callback returns); on_log may call const members only. Destruction
+// cancels every request without callbacks; the handles it owns finish closing on the loop's next
+// iteration, so the loop must run once more before uv_loop_close().
 //
 // Errors are values: start()/update_self() return an errc and keep the detail in last_error().
 // When a function which takes a callback returns an error, the callback will never be called.
@@ -62,7 +62,8 @@ struct discovery_callbacks {
   // The session state changed: true once this node is registered (if it registers) and the
   // directory is in sync with etcd, false when etcd became unreachable (the directory is kept).
   std::function<void(bool connected)> on_state;
-  // Log lines (malformed entries, failures, failover), rate limited per kind. Optional.
+  // Log lines (malformed entries, failures, failover), rate limited per kind (5 a second, then
+  // one line with the count left out). Optional; must not destroy the object.
   log_fn on_log;
 };
 

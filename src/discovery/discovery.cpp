@@ -222,9 +222,17 @@ bool etcd_discovery::lookup(bus_id id, directory_entry* out) const {
   return true;
 }
 
-size_t etcd_discovery::size() const { return impl_->dir.size(); }
-bool etcd_discovery::connected() const { return impl_->is_connected; }
-discovery_stats etcd_discovery::stats() const { return impl_->st; }
-const error_info& etcd_discovery::last_error() const { return impl_->err; }
+size_t etcd_discovery::size() const {
+  return impl_->dir.size();
+}
+bool etcd_discovery::connected() const {
+  return impl_->is_connected;
+}
+discovery_stats etcd_discovery::stats() const {
+  return impl_->st;
+}
+const error_info& etcd_discovery::last_error() const {
+  return impl_->err;
+}
 
 }  // namespace uvbus

@@ -60,6 +60,7 @@ struct etcd_discovery::impl {
   void watch();
   void on_watch_line(std::string_view line);
   void keepalive();
+  void probe(uint32_t timeout);
   void arm_keepalive();
   void fail(const std::string& why);
   void set_connected(bool c);

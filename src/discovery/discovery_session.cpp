@@ -91,20 +91,20 @@ void etcd_discovery::impl::put_self() {
   const bool first = ph == phase::putting;
   uint64_t& slot = first ? req : upd_req;
   if (slot != 0) http->cancel(slot);
-  uint64_t id = http->post(
-      url("/v3/kv/put"), etcd::put_request(key, etcd::encode_entry(self), lease),
-      cfg.request_timeout_ms, [this, first](http_result& r) {
-        if (first) req = 0;
-        if (!first) upd_req = 0;
-        std::string why = failure_of(r);
-        if (why.empty()) (void)etcd::parse_ok(r.body, &why);  // sets why when it fails
-        if (!why.empty()) return fail("put: " + why);
-        if (!first) return;
-        ++st.registrations;
-        attempt = 0;
-        arm_keepalive();
-        range();
-      });
+  uint64_t id =
+      http->post(url("/v3/kv/put"), etcd::put_request(key, etcd::encode_entry(self), lease),
+                 cfg.request_timeout_ms, [this, first](http_result& r) {
+                   if (first) req = 0;
+                   if (!first) upd_req = 0;
+                   std::string why = failure_of(r);
+                   if (why.empty()) (void)etcd::parse_ok(r.body, &why);  // sets why when it fails
+                   if (!why.empty()) return fail("put: " + why);
+                   if (!first) return;
+                   ++st.registrations;
+                   attempt = 0;
+                   arm_keepalive();
+                   range();
+                 });
   if (id == 0) return fail("put: the HTTP client refused the request");
   slot = id;
 }
@@ -155,6 +155,7 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
   }
   if (w.revision > revision) revision = w.revision;
   if (w.created) {
+    if (!registering) arm_keepalive();  // the probe that notices a silent or partitioned member
     const std::weak_ptr<char> alive = life;
     set_connected(true);
     if (alive.expired()) return;
@@ -171,10 +172,25 @@ void etcd_discovery::impl::arm_keepalive() {
       ka_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->keepalive(); }, every, every);
 }
 
+// A watch-only instance probes with a linearizable count instead: a member that lost its
+// cluster (or hangs) fails it, and the session moves to the next endpoint.
+void etcd_discovery::impl::probe(uint32_t timeout) {
+  ka_req = http->post(url("/v3/kv/range"), etcd::count_request(nodes_prefix), timeout,
+                      [this](http_result& r) {
+                        ka_req = 0;
+                        std::string why = failure_of(r);
+                        if (why.empty()) (void)etcd::parse_ok(r.body, &why);
+                        if (!why.empty()) fail("probe: " + why);
+                      });
+  if (ka_req == 0) fail("probe: the HTTP client refused the request");
+}
+
 void etcd_discovery::impl::keepalive() {
-  if (ka_req != 0 || lease == 0) return;  // the previous one is still under way
+  if (ka_req != 0) return;  // the previous one is still under way
   const uint32_t timeout =
       std::min<uint32_t>(cfg.request_timeout_ms, std::max<uint32_t>(cfg.ttl_s * 1000 / 3, 100));
+  if (!registering) return probe(timeout);
+  if (lease == 0) return;
   ka_req = http->post(url("/v3/lease/keepalive"), etcd::lease_id_request(lease), timeout,
                       [this](http_result& r) {
                         ka_req = 0;

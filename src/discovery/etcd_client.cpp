@@ -19,7 +19,7 @@ struct etcd_client::request {
   std::string buf;   // the response (unary) or the unconsumed part of a stream
   bool streaming = false;
   bool oversize = false;
-  size_t max = 0;                           // max_body
+  size_t max = 0;                          // max_body
   std::vector<uint64_t>* dirty = nullptr;  // the client's dirty_ list
   line_fn on_line;
   done_fn done;
@@ -38,7 +38,9 @@ struct etcd_client::poll_ctx {
 
 namespace {
 
-CURLM* multi_of(void* m) { return static_cast<CURLM*>(m); }
+CURLM* multi_of(void* m) {
+  return static_cast<CURLM*>(m);
+}
 
 int socket_cb(CURL*, curl_socket_t fd, int what, void* userp, void* socketp) {
   return static_cast<etcd_client*>(userp)->on_socket(fd, what, socketp);
@@ -189,7 +191,9 @@ void etcd_client::drop(uint64_t id) {
   reqs_.erase(it);
 }
 
-void etcd_client::cancel(uint64_t id) { drop(id); }
+void etcd_client::cancel(uint64_t id) {
+  drop(id);
+}
 
 int etcd_client::on_socket(int fd, int what, void* socketp) {
   auto* ctx = static_cast<poll_ctx*>(socketp);

@@ -65,12 +65,12 @@ class etcd_client {
 
   uv_loop_t* loop_;
   size_t max_body_;
-  void* multi_ = nullptr;   // CURLM*
-  void* timer_ = nullptr;   // uv_timer_t*, freed by its close callback
+  void* multi_ = nullptr;  // CURLM*
+  void* timer_ = nullptr;  // uv_timer_t*, freed by its close callback
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<request>> reqs_;
   std::unordered_map<int, poll_ctx*> polls_;
-  std::shared_ptr<char> life_;  // expires when destroyed (a callback may destroy us)
+  std::shared_ptr<char> life_;   // expires when destroyed (a callback may destroy us)
   std::vector<uint64_t> dirty_;  // streams that received data since the last after_action
 };
 

@@ -408,6 +408,14 @@ std::string range_request(std::string_view prefix_key) {
   return j.dump();
 }
 
+std::string count_request(std::string_view prefix_key) {
+  json j;
+  j["key"] = base64_encode(prefix_key);
+  j["range_end"] = base64_encode(prefix_end(prefix_key));
+  j["count_only"] = true;
+  return j.dump();
+}
+
 std::string watch_request(std::string_view prefix_key, int64_t start_revision) {
   json c;
   c["key"] = base64_encode(prefix_key);

@@ -14,7 +14,7 @@ namespace uvbus::detail::etcd {
 // Value format version written into "v".
 constexpr int kEntryVersion = 1;
 // Limits of a decoded entry (a value breaking them is malformed).
-constexpr size_t kMaxText = 256;    // name, type, host, hostname, a label key or value, a URL
+constexpr size_t kMaxText = 256;  // name, type, host, hostname, a label key or value, a URL
 constexpr size_t kMaxLabels = 32;
 constexpr size_t kMaxUrls = 16;
 
@@ -72,6 +72,8 @@ bool parse_ok(std::string_view body, std::string* why);
 
 // Request bodies.
 std::string range_request(std::string_view prefix_key);
+// A linearizable count of the keys under a prefix (a cheap "is the cluster there" probe).
+std::string count_request(std::string_view prefix_key);
 std::string watch_request(std::string_view prefix_key, int64_t start_revision);
 std::string put_request(std::string_view key, std::string_view value, int64_t lease);
 std::string grant_request(int64_t ttl_s);

@@ -11,9 +11,12 @@ namespace {
 namespace etcd = detail::etcd;
 
 TEST(DiscoveryCodec, Base64) {
-  const std::pair<const char*, const char*> v[] = {{"", ""},         {"f", "Zg=="},
-                                                   {"fo", "Zm8="},   {"foo", "Zm9v"},
-                                                   {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+  const std::pair<const char*, const char*> v[] = {{"", ""},
+                                                   {"f", "Zg=="},
+                                                   {"fo", "Zm8="},
+                                                   {"foo", "Zm9v"},
+                                                   {"foob", "Zm9vYg=="},
+                                                   {"fooba", "Zm9vYmE="},
                                                    {"foobar", "Zm9vYmFy"}};
   for (const auto& [plain, enc] : v) {
     EXPECT_EQ(etcd::base64_encode(plain), enc);
@@ -49,8 +52,7 @@ TEST(DiscoveryCodec, EntryRoundTripAndFieldOrder) {
   directory_entry e = test::test_entry(0x42);
   e.parent = 7;  // not written
   const std::string json = etcd::encode_entry(e);
-  EXPECT_EQ(json.rfind(R"({"v":1,"id":"0000000000000042","name":"node-66","type":"logic",)", 0),
-            0U)
+  EXPECT_EQ(json.rfind(R"({"v":1,"id":"0000000000000042","name":"node-66","type":"logic",)", 0), 0U)
       << json;
   directory_entry back;
   std::string why;
@@ -90,9 +92,8 @@ TEST(DiscoveryCodec, MalformedEntriesNameTheField) {
   }
   directory_entry e;
   std::string why;
-  EXPECT_FALSE(etcd::decode_entry(R"({"v":1,"id":"0000000000000001","name":")" +
-                                      std::string(300, 'x') + "\"}",
-                                  &e, &why));
+  EXPECT_FALSE(etcd::decode_entry(
+      R"({"v":1,"id":"0000000000000001","name":")" + std::string(300, 'x') + "\"}", &e, &why));
 }
 
 TEST(DiscoveryCodec, GatewayResponses) {

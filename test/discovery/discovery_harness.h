@@ -100,7 +100,8 @@ class discovery_fixture : public ::testing::Test {
   }
   // Runs the loop for `d` (to check that something does not happen meanwhile).
   void run_for(std::chrono::milliseconds d) {
-    run_until(&loop_, [] { return false; }, d);
+    run_until(
+        &loop_, [] { return false; }, d);
   }
   uv_loop_t loop_{};
   std::unique_ptr<etcd_cluster> etcd_;

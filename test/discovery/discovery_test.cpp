@@ -20,9 +20,8 @@ class DiscoveryTest : public test::discovery_fixture {
   // Writes key -> value straight into etcd (as another writer of the prefix would).
   void raw_put(const std::string& key, const std::string& value) {
     long status = 0;
-    const std::string body =
-        test::http_post(etcd_->endpoint(0) + "/v3/kv/put",
-                        detail::etcd::put_request(key, value, 0), &status);
+    const std::string body = test::http_post(etcd_->endpoint(0) + "/v3/kv/put",
+                                             detail::etcd::put_request(key, value, 0), &status);
     ASSERT_EQ(status, 200) << body;
   }
 };
