@@ -204,6 +204,8 @@ errc etcd_discovery::update_self(const directory_entry& self) {
   d.self.parent = 0;
   if (d.lease != 0 && (d.ph == impl::phase::ranging || d.ph == impl::phase::watching)) {
     d.put_self();
+  } else if (d.ph == impl::phase::putting) {
+    d.self_dirty = true;
   }
   return errc::ok;
 }

@@ -30,6 +30,7 @@ struct etcd_discovery::impl {
   phase ph = phase::idle;
   directory_entry self;
   bool registering = false;
+  bool self_dirty = false;   // update_self() during the registering put: put again after it
   std::string nodes_prefix;  // <prefix>/nodes/
   size_t ep = 0;             // the endpoint in use
   uint32_t attempt = 0;      // failures since the last good session

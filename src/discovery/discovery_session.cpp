@@ -104,6 +104,10 @@ void etcd_discovery::impl::put_self() {
                    attempt = 0;
                    arm_keepalive();
                    range();
+                   if (self_dirty) {  // update_self() while the first put was under way
+                     self_dirty = false;
+                     put_self();
+                   }
                  });
   if (id == 0) return fail("put: the HTTP client refused the request");
   slot = id;
@@ -121,8 +125,9 @@ void etcd_discovery::impl::range() {
                      }
                      if (!why.empty()) return fail("range: " + why);
                      revision = rr.revision;
-                     watch();  // first: a callback below may destroy us
-                     (void)apply_snapshot(rr.kvs);
+                     const std::weak_ptr<char> alive = life;
+                     watch();  // first: the events below may destroy us
+                     if (!alive.expired()) (void)apply_snapshot(rr.kvs);
                    });
   if (req == 0) fail("range: the HTTP client refused the request");
 }

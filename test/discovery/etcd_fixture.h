@@ -120,6 +120,7 @@ class etcd_cluster {
     return out;
   }
   [[nodiscard]] bool running(size_t i) const { return members_[i].pid > 0; }
+  [[nodiscard]] pid_t pid(size_t i) const { return members_[i].pid; }
 
   // Starts member i (again: same data dir and ports). false if fork failed.
   bool start_member(size_t i) {
