@@ -40,7 +40,7 @@ bool get_i64(const json& o, const char* field, int64_t* out) {
     return true;
   }
   if (!it->is_string()) return false;
-  const std::string& s = it->get_ref<const std::string&>();
+  const auto& s = it->get_ref<const std::string&>();
   const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
@@ -227,7 +227,8 @@ std::string prefix_end(std::string_view p) {
     }
     end.pop_back();
   }
-  return std::string(1, '\0');  // every key
+  end.assign(1, '\0');  // every key
+  return end;
 }
 
 bool id_from_key(std::string_view prefix, std::string_view key, bus_id* id) {
