@@ -39,7 +39,8 @@ struct etcd_discovery::impl {
   uint64_t req = 0;      // the unary request of the current step
   uint64_t watch_req = 0;
   uint64_t ka_req = 0;
-  uint64_t upd_req = 0;  // update_self()'s put
+  uint64_t upd_req = 0;
+  uint64_t ka_ok_ms = 0;  // loop time of the last renewal (or grant)  // update_self()'s put
   bool is_connected = false;
   std::function<void()> stop_done;
   std::map<bus_id, directory_entry> dir;
@@ -61,6 +62,7 @@ struct etcd_discovery::impl {
   void watch();
   void on_watch_line(std::string_view line);
   void keepalive();
+  void on_keepalive(detail::http_result& r);
   void probe(uint32_t timeout);
   void arm_keepalive();
   void fail(const std::string& why);

@@ -102,6 +102,7 @@ void etcd_discovery::impl::put_self() {
                    if (!first) return;
                    ++st.registrations;
                    attempt = 0;
+                   ka_ok_ms = uv_now(loop);  // the lease was granted just before
                    arm_keepalive();
                    range();
                    if (self_dirty) {  // update_self() while the first put was under way
@@ -193,21 +194,34 @@ void etcd_discovery::impl::probe(uint32_t timeout) {
 void etcd_discovery::impl::keepalive() {
   if (ka_req != 0) return;  // the previous one is still under way
   const uint32_t timeout =
-      std::min<uint32_t>(cfg.request_timeout_ms, std::max<uint32_t>(cfg.ttl_s * 1000 / 3, 100));
+      std::min<uint32_t>(cfg.request_timeout_ms, std::max<uint32_t>(cfg.ttl_s * 1000 / 2, 100));
   if (!registering) return probe(timeout);
   if (lease == 0) return;
   ka_req = http->post(url("/v3/lease/keepalive"), etcd::lease_id_request(lease), timeout,
-                      [this](http_result& r) {
-                        ka_req = 0;
-                        std::string why = failure_of(r);
-                        etcd::lease_reply lr;
-                        if (why.empty() && !etcd::parse_keepalive(r.body, &lr, &why)) {
-                          why = "bad body: " + why;
-                        }
-                        if (why.empty() && lr.ttl <= 0) why = "the lease expired";
-                        if (!why.empty()) fail("keep-alive: " + why);
-                      });
+                      [this](http_result& r) { on_keepalive(r); });
   if (ka_req == 0) fail("keep-alive: the HTTP client refused the request");
+}
+
+// A lease found gone, or an endpoint that refuses connections, ends the session at once. A slow
+// answer (a busy etcd or host) is retried at the next tick while the lease surely lives (less
+// than 2/3 of the TTL since the last renewal): restarting every session of a busy cluster with
+// new leases would only add to its load.
+void etcd_discovery::impl::on_keepalive(http_result& r) {
+  ka_req = 0;
+  std::string why = failure_of(r);
+  etcd::lease_reply lr;
+  if (why.empty() && !etcd::parse_keepalive(r.body, &lr, &why)) why = "bad body: " + why;
+  if (why.empty() && lr.ttl <= 0) return fail("keep-alive: the lease expired");
+  if (why.empty()) {
+    ka_ok_ms = uv_now(loop);
+    return;
+  }
+  const bool slow = r.code == errc::timeout || (r.code == errc::ok && r.status >= 500);
+  if (slow && uv_now(loop) - ka_ok_ms < uint64_t{cfg.ttl_s} * 1000 * 2 / 3) {
+    log(log_level::info, kFailure, "keep-alive: " + why + ": retried at the next tick");
+    return;
+  }
+  fail("keep-alive: " + why);
 }
 
 void etcd_discovery::impl::finish_stop() {
