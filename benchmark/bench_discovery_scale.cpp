@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
       "instances %zu: all directories complete in %.3f s; etcd CPU %ld ms during it, "
       "%ld ms per s steady (keep-alives), etcd RSS %ld KiB; this process +%ld KiB "
       "(%.1f KiB per instance); a killed instance left all %zu directories in %.3f s "
-      "(ttl 2 s)\n",
+      "(ttl %u s)\n",
       n, t_all, etcd_cpu, steady / 3, etcd_rss, self_rss,
       static_cast<double>(self_rss) / static_cast<double>(n), n - 1, t_gone, c.ttl_s);
   for (const auto& [r, count] : reasons) std::printf("  %6zu x %s\n", count, r.c_str());
