@@ -59,7 +59,9 @@ class NodeDiscoveryTest : public test::discovery_fixture {
 
 TEST_F(NodeDiscoveryTest, NodesWithoutUrlsSeeEachOtherThroughEtcd) {
   start_etcd(1);
-  watched_node* a = make_node(0x10, base("a", "logic", {{"zone", "a"}}));
+  node_config ac = base("a", "logic", {{"zone", "a"}});
+  ac.discovery.ttl_s = 60;  // a quick removal below can only come from stop()'s revoke
+  watched_node* a = make_node(0x10, ac);
   watched_node* b = make_node(0x20, base("b", "chat"));
   ASSERT_TRUE(wait([&] { return a->n->directory().size() == 2 && b->n->directory().size() == 2; }));
   directory_entry e;
@@ -74,8 +76,8 @@ TEST_F(NodeDiscoveryTest, NodesWithoutUrlsSeeEachOtherThroughEtcd) {
   ASSERT_EQ(b->events.size(), 1U);
   EXPECT_EQ(b->events[0], std::make_pair(directory_event::added, bus_id{0x10}));
 
-  a->n->stop();  // revokes: b sees it leave
-  ASSERT_TRUE(wait([&] { return b->n->directory().size() == 1; }, seconds(10)));
+  a->n->stop();  // revokes: b sees it leave long before the 60 s TTL
+  ASSERT_TRUE(wait([&] { return b->n->directory().size() == 1; }, seconds(20)));
   EXPECT_EQ(b->events.back(), std::make_pair(directory_event::removed, bus_id{0x10}));
 }
 
