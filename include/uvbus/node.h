@@ -38,6 +38,7 @@
 #include "uvbus/buffer.h"
 #include "uvbus/call.h"
 #include "uvbus/directory.h"
+#include "uvbus/discovery.h"
 #include "uvbus/error.h"
 #include "uvbus/fanout.h"
 #include "uvbus/histogram.h"
@@ -257,6 +258,18 @@ struct node_config {
   std::string name;
   std::string type;
   std::vector<node_label> labels;
+  // Discovery on etcd (uvbus/discovery.h, docs/cluster.md). With discovery.etcd_endpoints set,
+  // start() registers this node's directory entry under discovery.prefix with a lease and merges
+  // every node found there into directory(), lookup(), find() and on_directory, exactly as the
+  // tree's own entries (parent = 0 for a node known only from etcd). stop() revokes the lease.
+  // etcd being unreachable never stops the node: the last directory is kept. Default: off.
+  discovery_config discovery;
+  // With discovery on and parent_urls empty: register to the lowest-id discovered node of this
+  // type ("" = none: the node is a root) carrying every label of discovery_parent_labels, at its
+  // stream listen URLs; until one is found the node is not up. Read once: when the chosen parent
+  // leaves, the node keeps reconnecting to its URLs (as with parent_urls).
+  std::string discovery_parent_type;
+  std::vector<node_label> discovery_parent_labels;
 };
 
 enum class channel_kind : uint8_t { none, stream, shm };

@@ -263,7 +263,10 @@ errc node::impl::start() {
     std::lock_guard<std::mutex> lock(mbox.mu);
     mbox.st = detail::mailbox::status::open;
   }
-  if (cfg.parent_urls.empty()) {
+  disc_start();  // node_discovery.cpp: may choose parent_urls
+  if (cfg.parent_urls.empty() && disc_parent_wanted) {
+    // up once discovery names a parent
+  } else if (cfg.parent_urls.empty()) {
     is_up = true;
     deferred_up = true;
     arm_idle();
@@ -276,6 +279,7 @@ errc node::impl::start() {
 void node::impl::stop() {
   if (state != run_state::running) return;
   state = run_state::stopping;
+  disc_stop();
   close_mailbox(detail::mailbox::status::stopped);
   fail_queue(&parent_pending, errc::closed);
   for (auto& [id, s] : siblings) fail_queue(&s.pending, errc::closed);
@@ -375,6 +379,7 @@ void node::impl::destroy() {
     h = nullptr;
   }
   if (reader) reader->close(cfg.keep_shm_inbox ? shm_close_mode::keep : shm_close_mode::remove);
+  disc.reset();  // without a revoke: the entry leaves with its lease, as after a crash
   peers.clear();
   // The channel's destructor closes everything without callbacks.
   streams.reset();

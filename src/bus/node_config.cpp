@@ -375,6 +375,12 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   if (e == errc::ok) e = check_compression(cfg, detail);
   if (e == errc::ok) e = check_timers(cfg, detail);
   if (e == errc::ok) e = check_shm(cfg, detail);
+  if (e == errc::ok && !cfg.discovery.etcd_endpoints.empty()) {
+    std::string why;
+    if (uvbus::validate(cfg.discovery, &why) != errc::ok) {
+      e = refuse(detail, errc::invalid_argument, "discovery." + why);
+    }
+  }
   return e;
 }
 

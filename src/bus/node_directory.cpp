@@ -105,7 +105,7 @@ void node::impl::dir_link_up(peer_ep* p) {
   b.entries.push_back(self_entry());
   if (p->kind == peer_kind::parent) b.entries.front().parent = p->id;
   for (const auto& [id, item] : dir) {
-    if (item.via != p->id) b.entries.push_back(item.e);
+    if (item.via != p->id && item.via != kViaDiscovery) b.entries.push_back(item.e);
   }
   dir_send(p, b);
   if (p->kind == peer_kind::parent) {

@@ -663,6 +663,16 @@ struct node::impl {
   // Sends b to every tree peer but `except` (chunked: bodies stay small).
   void dir_broadcast(bus_id except, const proto::directory_body& b);
   void dir_send(peer_ep* p, const proto::directory_body& b);
+  // ----------------------------------------------------------------------------- discovery --
+  // node_discovery.cpp: node_config::discovery. Entries learned from etcd sit in `dir` with
+  // via = kViaDiscovery (never flooded along the tree).
+  static constexpr bus_id kViaDiscovery = ~bus_id{0};
+  std::unique_ptr<etcd_discovery> disc;
+  bool disc_parent_wanted = false;  // discovery_parent_type set, no parent chosen yet
+  void disc_start();
+  void disc_stop();
+  void disc_event(directory_event ev, const directory_entry& e);
+  void disc_pick_parent();
   void maybe_finish_stop();
   void finish_stop();
   static void on_handle_closed(uv_handle_t* hd);

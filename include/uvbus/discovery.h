@@ -1,0 +1,119 @@
+// Discovery on etcd: a node registers its directory entry under a key prefix with a lease and
+// watches the prefix, keeping a local copy of every node's entry (docs/cluster.md).
+//
+// etcd_discovery talks to etcd's v3 JSON gateway (HTTP/1.1 through libcurl's multi-socket
+// interface) from the loop it is given; it never blocks the loop and starts no thread. It is
+// usable on its own (a tool that only watches: start() with id 0) and is what node_config::
+// discovery turns on inside a node.
+//
+// Threading: an etcd_discovery belongs to its uv_loop_t and to the thread that runs that loop; it
+// must be constructed, called and destroyed there. Every callback runs on that thread from inside
+// uv_run(), never from inside a member function call (no re-entrancy into the caller's frame).
+// on_directory and on_state may call any member function and may destroy the object (nothing of
+// it is touched after the callback returns); on_log may call const members only. Destruction
+// cancels every request without callbacks; the handles it owns finish closing on the loop's next
+// iteration, so the loop must run once more before uv_loop_close().
+//
+// Errors are values: start()/update_self() return an errc and keep the detail in last_error().
+// When a function which takes a callback returns an error, the callback will never be called.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "uvbus/directory.h"
+#include "uvbus/error.h"
+#include "uvbus/log.h"
+
+typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
+
+namespace uvbus {
+
+struct discovery_config {
+  // etcd client URLs, "http://HOST:PORT" (the JSON gateway listens on the client port), tried in
+  // order; after a failure the next one is used. Empty: discovery is off (node_config).
+  std::vector<std::string> etcd_endpoints;
+  // Key prefix, without a trailing '/'. Entries live under <prefix>/nodes/<16 hex digits>.
+  std::string prefix = "/uvbus";
+  // Lease TTL in seconds (2..3600); keep-alive every ttl_s/3. A node that dies leaves every
+  // directory at most about ttl_s later.
+  uint32_t ttl_s = 10;
+  // Deadline of one unary request (grant, put, range, keep-alive, revoke).
+  uint32_t request_timeout_ms = 3000;
+  // After a failure the session restarts after retry_min_ms, doubling up to retry_max_ms
+  // (+-20 % jitter), on the next endpoint.
+  uint32_t retry_min_ms = 100;
+  uint32_t retry_max_ms = 3000;
+  // Bounds: entries kept (others are skipped and logged), bytes of one response (a range read,
+  // one watch message) and of one entry's value.
+  size_t max_entries = 100000;
+  size_t max_response_bytes = size_t{64} << 20;
+  size_t max_entry_bytes = size_t{16} << 10;
+};
+
+struct discovery_callbacks {
+  // An entry appeared, changed or left. `entry` is valid during the call only. Directory state
+  // (directory(), lookup()) already reflects the event when it runs.
+  std::function<void(directory_event event, const directory_entry& entry)> on_directory;
+  // The session state changed: true once this node is registered (if it registers) and the
+  // directory is in sync with etcd, false when etcd became unreachable (the directory is kept).
+  std::function<void(bool connected)> on_state;
+  // Log lines (malformed entries, failures, failover), rate limited per kind (5 a second, then
+  // one line with the count left out). Optional; must not destroy the object.
+  log_fn on_log;
+};
+
+// Counters since construction (for tests, metrics and the scale tool).
+struct discovery_stats {
+  uint64_t registrations = 0;  // successful lease grant + put
+  uint64_t resyncs = 0;        // range reads that replaced the directory
+  uint64_t failures = 0;       // sessions that failed (unreachable, timeout, lease lost, ...)
+  uint64_t malformed = 0;      // entries skipped because they did not decode
+  uint64_t skipped_full = 0;   // entries skipped because max_entries was reached
+};
+
+class etcd_discovery {
+ public:
+  etcd_discovery(uv_loop_t* loop, discovery_config cfg, discovery_callbacks cbs);
+  ~etcd_discovery();
+  etcd_discovery(const etcd_discovery&) = delete;
+  etcd_discovery& operator=(const etcd_discovery&) = delete;
+
+  // Checks the configuration (invalid_argument naming the field) and starts the session: with
+  // self.id != 0 it registers `self` (copied) under its key, then reads and watches the prefix.
+  // wrong_state if started already.
+  [[nodiscard]] errc start(const directory_entry& self);
+  // Replaces the registered entry (same id; listen URLs known later, labels changed). Written at
+  // once when registered, else at the next registration.
+  [[nodiscard]] errc update_self(const directory_entry& self);
+  // Revokes the lease (the entry leaves every directory at once) and stops; `done` runs when the
+  // revoke was answered or failed (never inside this call). Destroying the object without stop()
+  // leaves the entry until its lease expires, as a crash would.
+  [[nodiscard]] errc stop(std::function<void()> done);
+
+  // Every entry known, by id (this node's own included once it is seen in etcd).
+  [[nodiscard]] std::vector<directory_entry> directory() const;
+  [[nodiscard]] bool lookup(bus_id id, directory_entry* out) const;
+  [[nodiscard]] size_t size() const;
+  // Registered (if registering) and watching.
+  [[nodiscard]] bool connected() const;
+  [[nodiscard]] discovery_stats stats() const;
+  [[nodiscard]] const error_info& last_error() const;
+
+  // The key of node `id` under `prefix`: prefix + "/nodes/" + 16 lowercase hex digits.
+  static std::string key_of(const std::string& prefix, bus_id id);
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+// Checks a discovery_config: ok, or invalid_argument with *detail naming the field.
+[[nodiscard]] errc validate(const discovery_config& cfg, std::string* detail);
+
+}  // namespace uvbus

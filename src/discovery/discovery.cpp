@@ -1,0 +1,240 @@
+// etcd_discovery's public surface and its directory: configuration checks, applying range
+// snapshots and watch events (malformed entries skipped and logged, capped size), events to the
+// user, rate-limited logging.
+#include <cinttypes>
+#include <cstdarg>
+
+#include "discovery/discovery_impl.h"
+
+namespace uvbus {
+
+using detail::etcd::kv;
+
+errc validate(const discovery_config& cfg, std::string* detail) {
+  const auto bad = [&](const std::string& d) {
+    *detail = d;
+    return errc::invalid_argument;
+  };
+  if (cfg.etcd_endpoints.empty()) return bad("etcd_endpoints: empty");
+  for (size_t i = 0; i < cfg.etcd_endpoints.size(); ++i) {
+    const std::string& u = cfg.etcd_endpoints[i];
+    if ((u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) || u.size() > 1024) {
+      return bad("etcd_endpoints[" + std::to_string(i) + "] \"" + u +
+                 "\": not an http:// or https:// URL");
+    }
+  }
+  if (cfg.prefix.empty() || cfg.prefix.front() != '/' || cfg.prefix.back() == '/' ||
+      cfg.prefix.size() > 256) {
+    return bad("prefix \"" + cfg.prefix +
+               "\": must start with '/', not end with '/', at most 256 bytes");
+  }
+  if (cfg.ttl_s < 2 || cfg.ttl_s > 3600) {
+    return bad("ttl_s (" + std::to_string(cfg.ttl_s) + ") must be within 2..3600");
+  }
+  if (cfg.request_timeout_ms < 10) return bad("request_timeout_ms must be at least 10");
+  if (cfg.retry_min_ms == 0 || cfg.retry_max_ms < cfg.retry_min_ms) {
+    return bad("retry_min_ms must be > 0 and retry_max_ms >= retry_min_ms");
+  }
+  if (cfg.max_entries == 0) return bad("max_entries must be > 0");
+  if (cfg.max_response_bytes < 4096) return bad("max_response_bytes must be at least 4096");
+  if (cfg.max_entry_bytes < 256) return bad("max_entry_bytes must be at least 256");
+  return errc::ok;
+}
+
+etcd_discovery::impl::impl(uv_loop_t* l, discovery_config c, discovery_callbacks cb)
+    : loop(l), cfg(std::move(c)), cbs(std::move(cb)) {
+  ka_timer = new uv_timer_t;
+  retry_timer = new uv_timer_t;
+  uv_timer_init(loop, ka_timer);
+  uv_timer_init(loop, retry_timer);
+  ka_timer->data = this;
+  retry_timer->data = this;
+}
+
+etcd_discovery::impl::~impl() {
+  life.reset();
+  http.reset();  // cancels every request without callbacks
+  for (uv_timer_t* t : {ka_timer, retry_timer}) {
+    uv_timer_stop(t);
+    uv_close(reinterpret_cast<uv_handle_t*>(t),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+  }
+}
+
+void etcd_discovery::impl::log(log_level lv, size_t kind, const std::string& msg) {
+  if (!cbs.on_log) return;
+  uint64_t suppressed = 0;
+  if (!limiter.allow(kind, uv_now(loop), &suppressed)) return;
+  std::string line = "discovery: " + msg;
+  if (suppressed > 0) line += " (" + std::to_string(suppressed) + " similar lines left out)";
+  cbs.on_log(lv, line);
+}
+
+bool etcd_discovery::impl::emit(directory_event ev, const directory_entry& e) {
+  if (!cbs.on_directory) return true;
+  const std::weak_ptr<char> alive = life;
+  cbs.on_directory(ev, e);
+  return !alive.expired();
+}
+
+bool etcd_discovery::impl::decode(const kv& item, directory_entry* out) {
+  bus_id id = 0;
+  std::string why;
+  if (!detail::etcd::id_from_key(cfg.prefix, item.key, &id) || id == 0) {
+    why = "key is not <prefix>/nodes/<16 lowercase hex digits>";
+  } else if (item.value.size() > cfg.max_entry_bytes) {
+    why = "value of " + std::to_string(item.value.size()) + " bytes above max_entry_bytes";
+  } else if (detail::etcd::decode_entry(item.value, out, &why)) {
+    if (out->id == id) return true;
+    why = "\"id\" differs from the key's id";
+  }
+  ++st.malformed;
+  std::string shown = item.key.substr(0, 120);
+  for (char& c : shown) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  }
+  log(log_level::warn, kMalformed, "malformed entry \"" + shown + "\" skipped: " + why);
+  return false;
+}
+
+bool etcd_discovery::impl::apply_snapshot(const std::vector<kv>& kvs) {
+  std::map<bus_id, directory_entry> next;
+  for (const kv& item : kvs) {
+    directory_entry e;
+    if (!decode(item, &e)) continue;
+    if (next.size() >= cfg.max_entries) {
+      ++st.skipped_full;
+      log(log_level::warn, kFull, "max_entries reached: entry skipped");
+      continue;
+    }
+    next.emplace(e.id, std::move(e));
+  }
+  std::vector<std::pair<directory_event, directory_entry>> events;
+  for (auto& [id, e] : dir) {
+    if (next.find(id) == next.end()) events.emplace_back(directory_event::removed, std::move(e));
+  }
+  for (const auto& [id, e] : next) {
+    auto it = dir.find(id);
+    if (it == dir.end()) {
+      events.emplace_back(directory_event::added, e);
+    } else if (it->second != e) {
+      events.emplace_back(directory_event::changed, e);
+    }
+  }
+  dir.swap(next);
+  ++st.resyncs;
+  for (const auto& [ev, e] : events) {
+    if (!emit(ev, e)) return false;
+  }
+  return true;
+}
+
+bool etcd_discovery::impl::apply_put(const kv& item) {
+  directory_entry e;
+  if (!decode(item, &e)) {
+    // The key's current value is not a valid entry: whatever was there before is gone.
+    return apply_delete(item.key);
+  }
+  auto it = dir.find(e.id);
+  if (it == dir.end()) {
+    if (dir.size() >= cfg.max_entries) {
+      ++st.skipped_full;
+      log(log_level::warn, kFull, "max_entries reached: entry skipped");
+      return true;
+    }
+    it = dir.emplace(e.id, std::move(e)).first;
+    return emit(directory_event::added, it->second);
+  }
+  if (it->second == e) return true;
+  it->second = std::move(e);
+  return emit(directory_event::changed, it->second);
+}
+
+bool etcd_discovery::impl::apply_delete(const std::string& key) {
+  bus_id id = 0;
+  if (!detail::etcd::id_from_key(cfg.prefix, key, &id)) return true;
+  auto it = dir.find(id);
+  if (it == dir.end()) return true;
+  const directory_entry e = std::move(it->second);
+  dir.erase(it);
+  return emit(directory_event::removed, e);
+}
+
+// ---------------------------------------------------------------------- public wrappers --
+etcd_discovery::etcd_discovery(uv_loop_t* loop, discovery_config cfg, discovery_callbacks cbs)
+    : impl_(std::make_unique<impl>(loop, std::move(cfg), std::move(cbs))) {}
+
+etcd_discovery::~etcd_discovery() = default;
+
+std::string etcd_discovery::key_of(const std::string& prefix, bus_id id) {
+  return detail::etcd::node_key(prefix, id);
+}
+
+errc etcd_discovery::start(const directory_entry& self) {
+  impl& d = *impl_;
+  if (d.ph != impl::phase::idle) {
+    d.err = {errc::wrong_state, "start(): started already"};
+    return errc::wrong_state;
+  }
+  std::string why;
+  if (validate(d.cfg, &why) != errc::ok) {
+    d.err = {errc::invalid_argument, why};
+    return errc::invalid_argument;
+  }
+  d.self = self;
+  d.self.parent = 0;
+  d.registering = self.id != 0;
+  d.nodes_prefix = d.cfg.prefix + "/nodes/";
+  d.http = std::make_unique<detail::etcd_client>(d.loop, d.cfg.max_response_bytes);
+  d.begin_session();
+  return errc::ok;
+}
+
+errc etcd_discovery::update_self(const directory_entry& self) {
+  impl& d = *impl_;
+  if (!d.registering || self.id != d.self.id) {
+    d.err = {errc::invalid_argument, "update_self(): id differs from the registered id"};
+    return errc::invalid_argument;
+  }
+  if (d.ph == impl::phase::stopped) {
+    d.err = {errc::closed, "update_self(): stopped"};
+    return errc::closed;
+  }
+  d.self = self;
+  d.self.parent = 0;
+  if (d.lease != 0 && (d.ph == impl::phase::ranging || d.ph == impl::phase::watching)) {
+    d.put_self();
+  } else if (d.ph == impl::phase::putting) {
+    d.self_dirty = true;
+  }
+  return errc::ok;
+}
+
+std::vector<directory_entry> etcd_discovery::directory() const {
+  std::vector<directory_entry> out;
+  out.reserve(impl_->dir.size());
+  for (const auto& [id, e] : impl_->dir) out.push_back(e);
+  return out;
+}
+
+bool etcd_discovery::lookup(bus_id id, directory_entry* out) const {
+  auto it = impl_->dir.find(id);
+  if (it == impl_->dir.end()) return false;
+  if (out != nullptr) *out = it->second;
+  return true;
+}
+
+size_t etcd_discovery::size() const {
+  return impl_->dir.size();
+}
+bool etcd_discovery::connected() const {
+  return impl_->is_connected;
+}
+discovery_stats etcd_discovery::stats() const {
+  return impl_->st;
+}
+const error_info& etcd_discovery::last_error() const {
+  return impl_->err;
+}
+
+}  // namespace uvbus

@@ -1,0 +1,83 @@
+// etcd_discovery's state: the session with etcd (lease, registration, range read, watch,
+// keep-alive, retry across endpoints) and the directory it keeps (discovery.cpp,
+// discovery_session.cpp).
+#pragma once
+
+#include <uv.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "core/log_limiter.h"
+#include "discovery/etcd_client.h"
+#include "discovery/etcd_codec.h"
+#include "uvbus/discovery.h"
+
+namespace uvbus {
+
+struct etcd_discovery::impl {
+  enum class phase : uint8_t { idle, granting, putting, ranging, watching, backoff, stopped };
+  enum log_kind : size_t { kMalformed, kFailure, kFull, kInfo };
+
+  uv_loop_t* loop;
+  discovery_config cfg;
+  discovery_callbacks cbs;
+  std::unique_ptr<detail::etcd_client> http;
+  uv_timer_t* ka_timer = nullptr;     // keep-alive ticks (heap: freed by its close callback)
+  uv_timer_t* retry_timer = nullptr;  // backoff, and stop()'s deferred done
+  phase ph = phase::idle;
+  directory_entry self;
+  bool registering = false;
+  bool self_dirty = false;   // update_self() during the registering put: put again after it
+  std::string nodes_prefix;  // <prefix>/nodes/
+  size_t ep = 0;             // the endpoint in use
+  uint32_t attempt = 0;      // failures since the last good session
+  int64_t lease = 0;
+  int64_t revision = 0;  // the last revision seen (range header, watch header)
+  uint64_t req = 0;      // the unary request of the current step
+  uint64_t watch_req = 0;
+  uint64_t ka_req = 0;
+  uint64_t upd_req = 0;
+  uint64_t ka_ok_ms = 0;  // loop time of the last renewal (or grant)  // update_self()'s put
+  bool is_connected = false;
+  std::function<void()> stop_done;
+  std::map<bus_id, directory_entry> dir;
+  discovery_stats st;
+  error_info err;
+  detail::log_limiter limiter;
+  std::mt19937 rng{std::random_device{}()};
+  std::shared_ptr<char> life = std::make_shared<char>(0);  // expires at destruction
+
+  impl(uv_loop_t* l, discovery_config c, discovery_callbacks cb);
+  ~impl();
+
+  // ------------------------------------------------------------ discovery_session.cpp --
+  [[nodiscard]] std::string url(const char* path) const;
+  void begin_session();
+  void grant();
+  void put_self();
+  void range();
+  void watch();
+  void on_watch_line(std::string_view line);
+  void keepalive();
+  void on_keepalive(detail::http_result& r);
+  void probe(uint32_t timeout);
+  void arm_keepalive();
+  void fail(const std::string& why);
+  void set_connected(bool c);
+  void cancel_all();
+  void finish_stop();
+
+  // ---------------------------------------------------------------------- discovery.cpp --
+  // Each returns false when a callback destroyed the object (stop touching it).
+  bool apply_snapshot(const std::vector<detail::etcd::kv>& kvs);
+  bool apply_put(const detail::etcd::kv& item);
+  bool apply_delete(const std::string& key);
+  bool decode(const detail::etcd::kv& item, directory_entry* out);
+  bool emit(directory_event ev, const directory_entry& e);
+  void log(log_level lv, size_t kind, const std::string& msg);
+};
+
+}  // namespace uvbus

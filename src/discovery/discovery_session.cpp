@@ -1,0 +1,258 @@
+// etcd_discovery's session with etcd: lease grant, put of the own entry, range read of the
+// prefix, watch from the range revision + 1, keep-alive every ttl_s/3, and on any failure the
+// next endpoint after a backoff with a new lease; stop() revokes the lease.
+#include <algorithm>
+
+#include "discovery/discovery_impl.h"
+
+namespace uvbus {
+
+namespace etcd = detail::etcd;
+using detail::http_result;
+
+std::string etcd_discovery::impl::url(const char* path) const {
+  std::string u = cfg.etcd_endpoints[ep % cfg.etcd_endpoints.size()];
+  while (!u.empty() && u.back() == '/') u.pop_back();
+  return u + path;
+}
+
+void etcd_discovery::impl::cancel_all() {
+  for (uint64_t* id : {&req, &watch_req, &ka_req, &upd_req}) {
+    if (*id != 0) http->cancel(*id);
+    *id = 0;
+  }
+  uv_timer_stop(ka_timer);
+  uv_timer_stop(retry_timer);
+}
+
+void etcd_discovery::impl::set_connected(bool c) {
+  if (c == is_connected) return;
+  is_connected = c;
+  if (cbs.on_state) cbs.on_state(c);
+}
+
+// A unary request's outcome as text: empty when a 200 response with a body arrived.
+static std::string failure_of(const http_result& r) {
+  if (r.code != errc::ok) return std::string(to_string(r.code)) + " (" + r.detail + ")";
+  if (r.status != 200) {
+    return "HTTP " + std::to_string(r.status) + ": " + r.body.substr(0, 200);
+  }
+  return {};
+}
+
+void etcd_discovery::impl::fail(const std::string& why) {
+  ++st.failures;
+  cancel_all();
+  lease = 0;  // the next session registers with a new lease
+  err = {errc::not_connected, why};
+  log(log_level::warn, kFailure,
+      "etcd " + cfg.etcd_endpoints[ep % cfg.etcd_endpoints.size()] + ": " + why);
+  ep = (ep + 1) % cfg.etcd_endpoints.size();
+  uint64_t delay = cfg.retry_min_ms;
+  for (uint32_t i = 0; i < attempt && delay < cfg.retry_max_ms; ++i) delay *= 2;
+  delay = std::min<uint64_t>(delay, cfg.retry_max_ms);
+  std::uniform_real_distribution<double> jitter(0.8, 1.2);
+  delay = static_cast<uint64_t>(static_cast<double>(delay) * jitter(rng));
+  ++attempt;
+  ph = phase::backoff;
+  uv_timer_start(
+      retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->begin_session(); }, delay, 0);
+  set_connected(false);  // may destroy us: nothing after it
+}
+
+void etcd_discovery::impl::begin_session() {
+  if (registering) {
+    grant();
+  } else {
+    range();
+  }
+}
+
+void etcd_discovery::impl::grant() {
+  ph = phase::granting;
+  req = http->post(url("/v3/lease/grant"), etcd::grant_request(cfg.ttl_s), cfg.request_timeout_ms,
+                   [this](http_result& r) {
+                     req = 0;
+                     std::string why = failure_of(r);
+                     etcd::lease_reply lr;
+                     if (why.empty() && !etcd::parse_lease_grant(r.body, &lr, &why)) {
+                       why = "lease grant: " + why;
+                     }
+                     if (!why.empty()) return fail("lease grant: " + why);
+                     lease = lr.id;
+                     ph = phase::putting;
+                     put_self();
+                   });
+  if (req == 0) fail("lease grant: the HTTP client refused the request");
+}
+
+void etcd_discovery::impl::put_self() {
+  const std::string key = etcd::node_key(cfg.prefix, self.id);
+  const bool first = ph == phase::putting;
+  uint64_t& slot = first ? req : upd_req;
+  if (slot != 0) http->cancel(slot);
+  uint64_t id =
+      http->post(url("/v3/kv/put"), etcd::put_request(key, etcd::encode_entry(self), lease),
+                 cfg.request_timeout_ms, [this, first](http_result& r) {
+                   if (first) req = 0;
+                   if (!first) upd_req = 0;
+                   std::string why = failure_of(r);
+                   if (why.empty()) (void)etcd::parse_ok(r.body, &why);  // sets why when it fails
+                   if (!why.empty()) return fail("put: " + why);
+                   if (!first) return;
+                   ++st.registrations;
+                   attempt = 0;
+                   ka_ok_ms = uv_now(loop);  // the lease was granted just before
+                   arm_keepalive();
+                   range();
+                   if (self_dirty) {  // update_self() while the first put was under way
+                     self_dirty = false;
+                     put_self();
+                   }
+                 });
+  if (id == 0) return fail("put: the HTTP client refused the request");
+  slot = id;
+}
+
+void etcd_discovery::impl::range() {
+  ph = phase::ranging;
+  req = http->post(url("/v3/kv/range"), etcd::range_request(nodes_prefix), cfg.request_timeout_ms,
+                   [this](http_result& r) {
+                     req = 0;
+                     std::string why = failure_of(r);
+                     etcd::range_reply rr;
+                     if (why.empty() && !etcd::parse_range(r.body, &rr, &why)) {
+                       why = "bad body: " + why;
+                     }
+                     if (!why.empty()) return fail("range: " + why);
+                     revision = rr.revision;
+                     const std::weak_ptr<char> alive = life;
+                     watch();  // first: the events below may destroy us
+                     if (!alive.expired()) (void)apply_snapshot(rr.kvs);
+                   });
+  if (req == 0) fail("range: the HTTP client refused the request");
+}
+
+void etcd_discovery::impl::watch() {
+  ph = phase::watching;
+  watch_req = http->stream(
+      url("/v3/watch"), etcd::watch_request(nodes_prefix, revision + 1), cfg.request_timeout_ms,
+      [this](std::string_view line) { on_watch_line(line); },
+      [this](http_result& r) {
+        watch_req = 0;
+        std::string why = failure_of(r);
+        fail("watch stream ended" + (why.empty() ? std::string() : ": " + why));
+      });
+  if (watch_req == 0) fail("watch: the HTTP client refused the request");
+}
+
+void etcd_discovery::impl::on_watch_line(std::string_view line) {
+  etcd::watch_reply w;
+  std::string why;
+  if (!etcd::parse_watch(line, &w, &why)) return fail("watch: " + why);
+  if (w.canceled || w.compact_revision != 0) {
+    // A gap (compaction, cancel): read everything again, then watch from there.
+    log(log_level::info, kInfo,
+        "watch cancelled (compact_revision " + std::to_string(w.compact_revision) + " " + w.error +
+            "): resync");
+    http->cancel(watch_req);
+    watch_req = 0;
+    return range();
+  }
+  if (w.revision > revision) revision = w.revision;
+  if (w.created) {
+    if (!registering) arm_keepalive();  // the probe that notices a silent or partitioned member
+    const std::weak_ptr<char> alive = life;
+    set_connected(true);
+    if (alive.expired()) return;
+  }
+  for (const etcd::watch_event& ev : w.events) {
+    const bool alive = ev.deleted ? apply_delete(ev.item.key) : apply_put(ev.item);
+    if (!alive) return;
+  }
+}
+
+void etcd_discovery::impl::arm_keepalive() {
+  const uint64_t every = std::max<uint64_t>(uint64_t{cfg.ttl_s} * 1000 / 3, 100);
+  uv_timer_start(
+      ka_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->keepalive(); }, every, every);
+}
+
+// A watch-only instance probes with a linearizable count instead: a member that lost its
+// cluster (or hangs) fails it, and the session moves to the next endpoint.
+void etcd_discovery::impl::probe(uint32_t timeout) {
+  ka_req = http->post(url("/v3/kv/range"), etcd::count_request(nodes_prefix), timeout,
+                      [this](http_result& r) {
+                        ka_req = 0;
+                        std::string why = failure_of(r);
+                        if (why.empty()) (void)etcd::parse_ok(r.body, &why);
+                        if (!why.empty()) fail("probe: " + why);
+                      });
+  if (ka_req == 0) fail("probe: the HTTP client refused the request");
+}
+
+void etcd_discovery::impl::keepalive() {
+  if (ka_req != 0) return;  // the previous one is still under way
+  const uint32_t timeout =
+      std::min<uint32_t>(cfg.request_timeout_ms, std::max<uint32_t>(cfg.ttl_s * 1000 / 2, 100));
+  if (!registering) return probe(timeout);
+  if (lease == 0) return;
+  ka_req = http->post(url("/v3/lease/keepalive"), etcd::lease_id_request(lease), timeout,
+                      [this](http_result& r) { on_keepalive(r); });
+  if (ka_req == 0) fail("keep-alive: the HTTP client refused the request");
+}
+
+// A lease found gone, or an endpoint that refuses connections, ends the session at once. A slow
+// answer (a busy etcd or host) is retried at the next tick while the lease surely lives (less
+// than 2/3 of the TTL since the last renewal): restarting every session of a busy cluster with
+// new leases would only add to its load.
+void etcd_discovery::impl::on_keepalive(http_result& r) {
+  ka_req = 0;
+  std::string why = failure_of(r);
+  etcd::lease_reply lr;
+  if (why.empty() && !etcd::parse_keepalive(r.body, &lr, &why)) why = "bad body: " + why;
+  if (why.empty() && lr.ttl <= 0) return fail("keep-alive: the lease expired");
+  if (why.empty()) {
+    ka_ok_ms = uv_now(loop);
+    return;
+  }
+  const bool slow = r.code == errc::timeout || (r.code == errc::ok && r.status >= 500);
+  if (slow && uv_now(loop) - ka_ok_ms < uint64_t{cfg.ttl_s} * 1000 * 2 / 3) {
+    log(log_level::info, kFailure, "keep-alive: " + why + ": retried at the next tick");
+    return;
+  }
+  fail("keep-alive: " + why);
+}
+
+void etcd_discovery::impl::finish_stop() {
+  std::function<void()> cb = std::move(stop_done);
+  if (cb) cb();
+}
+
+errc etcd_discovery::stop(std::function<void()> done) {
+  impl& d = *impl_;
+  if (d.ph == impl::phase::idle || d.ph == impl::phase::stopped) {
+    d.err = {errc::wrong_state, "stop(): not started, or stopped already"};
+    return errc::wrong_state;
+  }
+  d.cancel_all();
+  d.ph = impl::phase::stopped;
+  d.stop_done = std::move(done);
+  d.is_connected = false;
+  const int64_t lease = d.lease;
+  d.lease = 0;
+  if (lease != 0) {
+    d.req = d.http->post(d.url("/v3/lease/revoke"), etcd::lease_id_request(lease),
+                         d.cfg.request_timeout_ms, [&d](http_result&) {
+                           d.req = 0;
+                           d.finish_stop();
+                         });
+  }
+  if (d.req == 0) {
+    uv_timer_start(
+        d.retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->finish_stop(); }, 0, 0);
+  }
+  return errc::ok;
+}
+
+}  // namespace uvbus

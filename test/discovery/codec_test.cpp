@@ -1,0 +1,143 @@
+// The discovery codec: base64 vectors, keys, the entry's JSON value (round trip, every malformed
+// shape refused with the field named), and the gateway's responses (range, watch, lease).
+#include <gtest/gtest.h>
+
+#include "discovery/discovery_harness.h"
+#include "discovery/etcd_codec.h"
+
+namespace uvbus {
+namespace {
+
+namespace etcd = detail::etcd;
+
+TEST(DiscoveryCodec, Base64) {
+  const std::pair<const char*, const char*> v[] = {{"", ""},
+                                                   {"f", "Zg=="},
+                                                   {"fo", "Zm8="},
+                                                   {"foo", "Zm9v"},
+                                                   {"foob", "Zm9vYg=="},
+                                                   {"fooba", "Zm9vYmE="},
+                                                   {"foobar", "Zm9vYmFy"}};
+  for (const auto& [plain, enc] : v) {
+    EXPECT_EQ(etcd::base64_encode(plain), enc);
+    std::string back;
+    ASSERT_TRUE(etcd::base64_decode(enc, &back));
+    EXPECT_EQ(back, plain);
+  }
+  std::string out;
+  EXPECT_FALSE(etcd::base64_decode("Zg=", &out));
+  EXPECT_FALSE(etcd::base64_decode("Z===", &out));
+  EXPECT_FALSE(etcd::base64_decode("Zg==Zg==", &out));
+  EXPECT_FALSE(etcd::base64_decode("Zm9*", &out));
+  const std::string bin("\x00\xff\x10\x80", 4);
+  ASSERT_TRUE(etcd::base64_decode(etcd::base64_encode(bin), &out));
+  EXPECT_EQ(out, bin);
+}
+
+TEST(DiscoveryCodec, Keys) {
+  EXPECT_EQ(etcd::node_key("/uvbus", 0x1234), "/uvbus/nodes/0000000000001234");
+  EXPECT_EQ(etcd_discovery::key_of("/p", ~bus_id{0}), "/p/nodes/ffffffffffffffff");
+  bus_id id = 0;
+  EXPECT_TRUE(etcd::id_from_key("/uvbus", "/uvbus/nodes/00000000000000ab", &id));
+  EXPECT_EQ(id, 0xabU);
+  EXPECT_FALSE(etcd::id_from_key("/uvbus", "/uvbus/nodes/00000000000000AB", &id));
+  EXPECT_FALSE(etcd::id_from_key("/uvbus", "/uvbus/nodes/0000000000000ab", &id));
+  EXPECT_FALSE(etcd::id_from_key("/uvbus", "/other/nodes/00000000000000ab", &id));
+  EXPECT_FALSE(etcd::id_from_key("/uvbus", "/uvbus/nodez/00000000000000ab", &id));
+  EXPECT_EQ(etcd::prefix_end("/a/"), "/a0");
+  EXPECT_EQ(etcd::prefix_end(std::string("a\xff", 2)), "b");
+}
+
+TEST(DiscoveryCodec, EntryRoundTripAndFieldOrder) {
+  directory_entry e = test::test_entry(0x42);
+  e.parent = 7;  // not written
+  const std::string json = etcd::encode_entry(e);
+  EXPECT_EQ(json.rfind(R"({"v":1,"id":"0000000000000042","name":"node-66","type":"logic",)", 0), 0U)
+      << json;
+  directory_entry back;
+  std::string why;
+  ASSERT_TRUE(etcd::decode_entry(json, &back, &why)) << why;
+  e.parent = 0;
+  EXPECT_EQ(back, e);
+  // Unknown fields and a newer version are accepted (forward compatible).
+  ASSERT_TRUE(etcd::decode_entry(R"({"v":2,"id":"0000000000000001","extra":[1]})", &back, &why));
+  EXPECT_EQ(back.id, 1U);
+}
+
+TEST(DiscoveryCodec, MalformedEntriesNameTheField) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"", "JSON"},
+      {"[]", "JSON object"},
+      {R"({"id":"0000000000000001"})", "\"v\""},
+      {R"({"v":0,"id":"0000000000000001"})", "\"v\""},
+      {R"({"v":1})", "\"id\""},
+      {R"({"v":1,"id":"0000000000000000"})", "\"id\""},
+      {R"({"v":1,"id":1})", "\"id\""},
+      {R"({"v":1,"id":"0000000000000001","name":5})", "\"name\""},
+      {R"({"v":1,"id":"0000000000000001","labels":[]})", "\"labels\""},
+      {R"({"v":1,"id":"0000000000000001","labels":{"":"x"}})", "\"labels\""},
+      {R"({"v":1,"id":"0000000000000001","labels":{"k":1}})", "\"labels\""},
+      {R"({"v":1,"id":"0000000000000001","urls":"x"})", "\"urls\""},
+      {R"({"v":1,"id":"0000000000000001","urls":[1]})", "\"urls\""},
+      {R"({"v":1,"id":"0000000000000001","pid":-1})", "\"pid\""},
+      {R"({"v":1,"id":"0000000000000001","pid":4294967296})", "\"pid\""},
+      {R"({"v":1,"id":"0000000000000001","proto":256})", "\"proto\""},
+      {R"({"v":1,"id":"0000000000000001","start":1.5})", "\"start\""},
+  };
+  for (const auto& [json, field] : bad) {
+    directory_entry e;
+    std::string why;
+    EXPECT_FALSE(etcd::decode_entry(json, &e, &why)) << json;
+    EXPECT_NE(why.find(field), std::string::npos) << json << " -> " << why;
+  }
+  directory_entry e;
+  std::string why;
+  EXPECT_FALSE(etcd::decode_entry(
+      R"({"v":1,"id":"0000000000000001","name":")" + std::string(300, 'x') + "\"}", &e, &why));
+}
+
+TEST(DiscoveryCodec, GatewayResponses) {
+  etcd::range_reply rr;
+  std::string why;
+  ASSERT_TRUE(etcd::parse_range(
+      R"({"header":{"revision":"9"},"kvs":[{"key":"L2EvYg==","value":"eA==","version":"1"}],"count":"1"})",
+      &rr, &why))
+      << why;
+  EXPECT_EQ(rr.revision, 9);
+  ASSERT_EQ(rr.kvs.size(), 1U);
+  EXPECT_EQ(rr.kvs[0].key, "/a/b");
+  EXPECT_EQ(rr.kvs[0].value, "x");
+  EXPECT_FALSE(etcd::parse_range(R"({"error":"boom","code":14})", &rr, &why));
+  EXPECT_NE(why.find("boom"), std::string::npos);
+  EXPECT_FALSE(etcd::parse_range(R"({"kvs":[{"key":"%%%"}]})", &rr, &why));
+
+  etcd::watch_reply w;
+  ASSERT_TRUE(etcd::parse_watch(
+      R"({"result":{"header":{"revision":"12"},"events":[{"kv":{"key":"L2E="}},{"type":"DELETE","kv":{"key":"L2I="}}]}})",
+      &w, &why))
+      << why;
+  EXPECT_EQ(w.revision, 12);
+  ASSERT_EQ(w.events.size(), 2U);
+  EXPECT_FALSE(w.events[0].deleted);
+  EXPECT_TRUE(w.events[1].deleted);
+  ASSERT_TRUE(etcd::parse_watch(
+      R"({"result":{"header":{},"canceled":true,"compact_revision":"2"}})", &w, &why));
+  EXPECT_TRUE(w.canceled);
+  EXPECT_EQ(w.compact_revision, 2);
+  ASSERT_TRUE(etcd::parse_watch(R"({"result":{"created":"yes"}})", &w, &why));  // not a bool
+  EXPECT_FALSE(w.created);
+  EXPECT_FALSE(etcd::parse_watch(R"({"error":{"grpc_code":14,"message":"down"}})", &w, &why));
+  EXPECT_NE(why.find("down"), std::string::npos);
+
+  etcd::lease_reply lr;
+  ASSERT_TRUE(etcd::parse_lease_grant(R"({"header":{},"ID":"4111","TTL":"2"})", &lr, &why));
+  EXPECT_EQ(lr.id, 4111);
+  EXPECT_EQ(lr.ttl, 2);
+  EXPECT_FALSE(etcd::parse_lease_grant(R"({"header":{},"TTL":"2"})", &lr, &why));
+  ASSERT_TRUE(etcd::parse_keepalive(R"({"result":{"header":{},"ID":"123"}})", &lr, &why));
+  EXPECT_EQ(lr.ttl, 0);  // the lease is gone
+  EXPECT_FALSE(etcd::parse_keepalive(R"({"result":{"ID":"12x"}})", &lr, &why));
+}
+
+}  // namespace
+}  // namespace uvbus
