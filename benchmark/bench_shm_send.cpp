@@ -63,6 +63,7 @@ int run_writer(const options& o, uint64_t id) {
   std::vector<uint8_t> buf(std::max<size_t>(o.max, 24));
   uint64_t seq = 0, full = 0, abandoned = 0;
   const double t0 = mono_now();
+  const cpu_counter cpu;  // this writer process's getrusage CPU from here on
   const double end = t0 + o.seconds;
   // Message k of writer id carries sequence number (id << 56) | k (see bench_shm_recv).
   const uint64_t base = id << 56;
@@ -130,11 +131,13 @@ int run_writer(const options& o, uint64_t id) {
     }
   }
   const double dt = mono_now() - t0;
+  const double ns_per_msg = cpu.ns_per_msg(seq);
   e = send_end(w, id, seq, buf.data());
-  std::printf("[send] writer=%" PRIu64 " msgs=%" PRIu64 " msgs/s=%.0f queue_full=%" PRIu64
-              " abandoned=%" PRIu64 " wakeups=%" PRIu64 " end=%s\n",
-              id, seq, static_cast<double>(seq) / dt, full, abandoned, w.metrics().wakeups,
-              to_string(e));
+  std::printf("[send] writer=%" PRIu64 " msgs=%" PRIu64
+              " msgs/s=%.0f cpu_ns/msg=%.1f queue_full=%" PRIu64 " abandoned=%" PRIu64
+              " wakeups=%" PRIu64 " end=%s\n",
+              id, seq, static_cast<double>(seq) / dt, ns_per_msg, full, abandoned,
+              w.metrics().wakeups, to_string(e));
   std::fflush(stdout);
   return e == errc::ok ? 0 : 1;
 }
