@@ -416,8 +416,12 @@ void receiver::step() {
   }
 }
 
+double kib_delta(long now, long before) {
+  return static_cast<double>(now - before) * 1024.0;
+}
+
 void print_result(const plan& p, const receiver& r, const stream_channel_metrics& m, int rc) {
-  const double n = static_cast<double>(p.conns);
+  const auto n = static_cast<double>(p.conns);
   auto per = [&](double kib_or_bytes) { return kib_or_bytes / n; };
   const double target = p.rate * n;
   std::printf(
@@ -438,13 +442,13 @@ void print_result(const plan& p, const receiver& r, const stream_channel_metrics
       r.measured ? r.cpu_s * 1e9 / static_cast<double>(r.measured) : 0,
       static_cast<double>(r.lat.quantile(0.5)) / 1e3,
       static_cast<double>(r.lat.quantile(0.99)) / 1e3,
-      static_cast<double>(r.lat.quantile(0.999)) / 1e3, per((r.idle.rss - r.base.rss) * 1024.0),
-      per((r.active.rss - r.base.rss) * 1024.0), per((r.quiet.rss - r.base.rss) * 1024.0),
+      static_cast<double>(r.lat.quantile(0.999)) / 1e3, per(kib_delta(r.idle.rss, r.base.rss)),
+      per(kib_delta(r.active.rss, r.base.rss)), per(kib_delta(r.quiet.rss, r.base.rss)),
       per(static_cast<double>(r.idle.heap) - static_cast<double>(r.base.heap)),
       per(static_cast<double>(r.active.heap) - static_cast<double>(r.base.heap)),
       per(static_cast<double>(r.quiet.heap) - static_cast<double>(r.base.heap)),
-      per((r.idle.slab - r.base.slab) * 1024.0), r.active.tcp_buf, m.connections_rejected, r.bad,
-      rc, r.load.c_str());
+      per(kib_delta(r.idle.slab, r.base.slab)), r.active.tcp_buf, m.connections_rejected, r.bad, rc,
+      r.load.c_str());
   std::fflush(stdout);
 }
 

@@ -33,8 +33,8 @@ TEST(BufferPool, AReleasedBufferIsHandedOutAgain) {
 
 TEST(BufferPool, KeepsAtMostMaxFreeBuffers) {
   buffer_pool pool(64, 3);
-  std::vector<uint8_t*> held;
-  for (int i = 0; i < 10; ++i) held.push_back(pool.acquire());
+  std::vector<uint8_t*> held(10);
+  for (uint8_t*& p : held) p = pool.acquire();
   for (uint8_t* p : held) pool.release(p);
   EXPECT_EQ(pool.free_count(), 3u);
   EXPECT_EQ(pool.outstanding(), 0);
@@ -84,11 +84,12 @@ TEST(WriteQueueStorage, ADrainedInitialRingGoesBackToThePoolAndComesBack) {
   const uint64_t reused = pool->reused();
   uint8_t* p = q.reserve(10, 7);
   ASSERT_NE(p, nullptr);
-  std::memcpy(p, "0123456789", 10);
+  const uint8_t digits[10] = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'};
+  std::memcpy(p, digits, sizeof digits);
   EXPECT_EQ(pool->reused(), reused + 1);
   EXPECT_EQ(q.front().size, 10u);
   EXPECT_EQ(q.front().tag, 7u);
-  EXPECT_EQ(std::memcmp(q.front().data, "0123456789", 10), 0);
+  EXPECT_EQ(std::memcmp(q.front().data, digits, sizeof digits), 0);
 }
 
 TEST(WriteQueueStorage, GrownRingsAndDynamicQueuesKeepTheirMemory) {
