@@ -128,6 +128,23 @@ void on_records(void* user, const shm_record* recs, size_t n) {
   }
 }
 
+// The busy-polling client: one ping in flight, and the background load between polls.
+void run_poll_client(side* s, double load_rate) {
+  (void)s->reader.set_callbacks(
+      {[s](const shm_record* recs, size_t n) { on_records(s, recs, n); }});
+  client_send(s);
+  s->load_rate = load_rate;
+  s->load_msg.assign(s->buf.size(), 0xFF);
+  if (s->load_rate > 0) {
+    while (s->remaining > 0) {
+      (void)s->reader.poll(64);
+      send_load(s);
+    }
+  } else {
+    while (s->remaining > 0) (void)s->reader.poll(64);
+  }
+}
+
 int run_side(side& s, bool uv) {
   (void)s.reader.set_callbacks(
       {[&s](const shm_record* recs, size_t n) { on_records(&s, recs, n); }});
@@ -205,19 +222,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!uv) {
-    (void)s.reader.set_callbacks(
-        {[&s](const shm_record* recs, size_t n) { on_records(&s, recs, n); }});
-    client_send(&s);
-    s.load_rate = std::strtod(o.get("load-rate", "0").c_str(), nullptr);
-    s.load_msg.assign(size, 0xFF);
-    if (s.load_rate > 0) {
-      while (s.remaining > 0) {
-        (void)s.reader.poll(64);
-        send_load(&s);
-      }
-    } else {
-      while (s.remaining > 0) (void)s.reader.poll(64);
-    }
+    run_poll_client(&s, std::strtod(o.get("load-rate", "0").c_str(), nullptr));
   } else {
     run_side(s, true);
   }
