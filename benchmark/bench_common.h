@@ -11,7 +11,9 @@
 //
 // The receiver prints one line per second to stdout:
 //   [recv] t=3 msgs/s=2512345 MB/s=170.3 cpu%=98 rss_kib=5120
-// and a final JSON line starting with {"bench":...} (see json_line()).
+// and a final JSON line starting with {"bench":...} (see json_line()). Every sender and receiver
+// also reports cpu_ns_per_msg: user + system CPU (getrusage) over the measured interval divided by
+// the messages of that interval -- the per-message budget a game server pays (cpu_counter).
 #pragma once
 
 #include <algorithm>
@@ -165,6 +167,33 @@ inline double cpu_now() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
+// User + system CPU seconds from getrusage: who = RUSAGE_SELF (the process) or RUSAGE_THREAD (the
+// calling thread, for benchmarks that run several roles in one process).
+inline double rusage_cpu(int who = RUSAGE_SELF) {
+  rusage ru{};
+  if (getrusage(who, &ru) != 0) return 0;
+  const auto sec = [](const timeval& tv) {
+    return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
+  };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+// CPU nanoseconds per message over an interval: start() when it begins, ns_per_msg(n) at its end.
+// With RUSAGE_THREAD, both calls must come from the thread being measured.
+class cpu_counter {
+ public:
+  explicit cpu_counter(int who = RUSAGE_SELF) : who_(who) { start(); }
+  void start() { c0_ = rusage_cpu(who_); }
+  double seconds() const { return rusage_cpu(who_) - c0_; }
+  double ns_per_msg(uint64_t msgs) const {
+    return msgs == 0 ? 0 : seconds() * 1e9 / static_cast<double>(msgs);
+  }
+
+ private:
+  int who_;
+  double c0_ = 0;
+};
+
 inline long rss_kib() {
   // Current RSS from /proc (max RSS from getrusage would hide a leak's shape).
   FILE* f = std::fopen("/proc/self/statm", "r");
@@ -193,6 +222,8 @@ class meter {
   void reset_clock() {
     t0_ = last_t_ = mono_now();
     c0_ = last_c_ = cpu_now();
+    ru_.start();
+    msgs0_ = msgs_;
   }
   void add(size_t bytes) {
     ++msgs_;
@@ -225,6 +256,8 @@ class meter {
   uint64_t bytes() const { return bytes_; }
   double elapsed() const { return mono_now() - t0_; }
   double cpu_pct() const { return (cpu_now() - c0_) / std::max(elapsed(), 1e-9) * 100; }
+  // User + system CPU (getrusage) since reset_clock(), per message received since then.
+  double cpu_ns_per_msg() const { return ru_.ns_per_msg(msgs_ - msgs0_); }
   // Median of the per-second samples, first sample dropped (warm-up) when there are 3 or more.
   double median_msgs() const { return med(per_sec_msgs_); }
   double median_mb() const { return med(per_sec_mb_); }
@@ -237,7 +270,8 @@ class meter {
   }
   const char* tag_;
   int second_ = 0;
-  uint64_t msgs_ = 0, bytes_ = 0, last_msgs_ = 0, last_bytes_ = 0;
+  uint64_t msgs_ = 0, bytes_ = 0, last_msgs_ = 0, last_bytes_ = 0, msgs0_ = 0;
+  cpu_counter ru_;
   double t0_ = 0, last_t_ = 0, c0_ = 0, last_c_ = 0;
   std::vector<double> per_sec_msgs_, per_sec_mb_, per_sec_cpu_;
 };
@@ -248,10 +282,10 @@ inline void json_line(const char* bench, const options& o, const meter& m, uint6
   std::printf(
       "{\"bench\":\"%s\",\"url\":\"%s\",\"min\":%zu,\"max\":%zu,\"seconds\":%.1f,"
       "\"msgs\":%" PRIu64 ",\"bytes\":%" PRIu64
-      ",\"msgs_per_s\":%.0f,\"mb_per_s\":%.1f,\"cpu_pct\":%.0f,\"rss_kib\":%ld,"
-      "\"errors\":%" PRIu64 "%s}\n",
+      ",\"msgs_per_s\":%.0f,\"mb_per_s\":%.1f,\"cpu_pct\":%.0f,\"cpu_ns_per_msg\":%.1f,"
+      "\"rss_kib\":%ld,\"errors\":%" PRIu64 "%s}\n",
       bench, o.url.c_str(), o.min, o.max, o.seconds, m.msgs(), m.bytes(), m.median_msgs(),
-      m.median_mb(), m.median_cpu(), rss_kib(), errors, extra_json.c_str());
+      m.median_mb(), m.median_cpu(), m.cpu_ns_per_msg(), rss_kib(), errors, extra_json.c_str());
   std::fflush(stdout);
 }
 

@@ -33,3 +33,16 @@ bench_setup() {
 json_field() {  # json_field LINE KEY: the value of KEY in one flat JSON line
   sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" <<<"$1" | tr -d '"'
 }
+
+# send_cpu_ns: reads a sender's stdout and prints its CPU ns per message: the cpu_ns/msg of its
+# "[send] ... msgs=N ... cpu_ns/msg=X" lines, weighted by N when several writers print one each
+# ("?" when there is none).
+send_cpu_ns() {
+  { grep '^\[send\]' || true; } | sed -n 's/.* msgs=\([0-9]*\).* cpu_ns\/msg=\([0-9.]*\).*/\1 \2/p' |
+    awk '{n += $1; c += $1 * $2} END {if (n > 0) printf "%.1f\n", c / n; else print "?"}'
+}
+
+# with_send_ns JSON NS: the JSON line with "send_cpu_ns_per_msg" added (unless NS is "?").
+with_send_ns() {
+  if [ "$2" = "?" ]; then echo "$1"; else echo "${1%\}},\"send_cpu_ns_per_msg\":$2}"; fi
+}

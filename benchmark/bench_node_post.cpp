@@ -143,6 +143,8 @@ int main(int argc, char** argv) {
   const double warm_end = mono_now() + o.seconds / 10;
   double t0 = 0;
   double c0 = 0;
+  cpu_counter loop_cpu(RUSAGE_THREAD);  // the sender node's loop thread (this one)
+  cpu_counter all_cpu;                  // the process: + producer thread and receiver thread
   uint64_t m0 = 0;
   uint64_t b0 = 0;
   double t_end = 0;
@@ -151,6 +153,8 @@ int main(int argc, char** argv) {
     if (t0 == 0 && now >= warm_end) {
       t0 = now;
       c0 = cpu_now();
+      loop_cpu.start();
+      all_cpu.start();
       m0 = r.msgs;
       b0 = r.bytes;
       t_end = t0 + o.seconds;
@@ -163,11 +167,15 @@ int main(int argc, char** argv) {
   const double cpu = (cpu_now() - c0) / secs * 100;
   const uint64_t msgs = r.msgs - m0;
   const uint64_t bytes = r.bytes - b0;
+  const double loop_ns = loop_cpu.ns_per_msg(msgs);
+  const double all_ns = all_cpu.ns_per_msg(msgs);
   stop = true;
   if (producer.joinable()) producer.join();
-  std::printf("[node_post] mode=%s size=%zu-%zu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f\n", mode.c_str(),
-              o.min, o.max, static_cast<double>(msgs) / secs,
-              static_cast<double>(bytes) / secs / 1e6, cpu);
+  std::printf(
+      "[node_post] mode=%s size=%zu-%zu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f loop_cpu_ns/msg=%.1f "
+      "process_cpu_ns/msg=%.1f\n",
+      mode.c_str(), o.min, o.max, static_cast<double>(msgs) / secs,
+      static_cast<double>(bytes) / secs / 1e6, cpu, loop_ns, all_ns);
   std::fflush(stdout);
   n.reset();
   while (uv_run(&loop, UV_RUN_NOWAIT) != 0) {

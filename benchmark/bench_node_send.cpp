@@ -190,15 +190,18 @@ int main(int argc, char** argv) {
   s.stream_link = !peers.empty() && peers[0].data_channel == channel_kind::stream;
   const double t0 = mono_now();
   const double c0 = cpu_now();
+  const cpu_counter ru;
   s.send_until(n, &loop, t0 + s.o.seconds);
   const double secs = mono_now() - t0;
   const double cpu = (cpu_now() - c0) / secs * 100;
+  const double ns_per_msg = ru.ns_per_msg(s.seq);
   s.send_end(n, &loop);
   std::printf(
-      "[send] node 0x%llx via %s: msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f refused=%llu "
+      "[send] node 0x%llx via %s: msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f cpu_ns/msg=%.1f "
+      "refused=%llu "
       "reports=%s delivery=%s ok=%llu failed=%llu unacked_peak=%llu/%lluKiB rss_kib=%ld\n",
       static_cast<unsigned long long>(s.id), channel, static_cast<unsigned long long>(s.seq),
-      static_cast<double>(s.seq) / secs, static_cast<double>(s.bytes) / secs / 1e6, cpu,
+      static_cast<double>(s.seq) / secs, static_cast<double>(s.bytes) / secs / 1e6, cpu, ns_per_msg,
       static_cast<unsigned long long>(s.refused), s.reports ? "on" : "off",
       next_hop ? "next_hop" : "end_to_end", static_cast<unsigned long long>(s.reports_ok),
       static_cast<unsigned long long>(s.reports_failed),

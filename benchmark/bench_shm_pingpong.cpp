@@ -2,12 +2,18 @@
 //
 //   uvbus_bench_shm_pingpong shm://NAME [--size 64] [--round-trips N] [--warmup N]
 //                            [--client-cpu C] [--server-cpu S] [--uv] [--spin-us US]
+//                            [--load-rate R]
 //
 // Forks an echo server. Each side creates the ring it reads (NAME-c2s at the server, NAME-s2c at
 // the client) and writes into the other. One message in flight; every round trip is timed with
 // CLOCK_MONOTONIC and kept in a histogram (p50/p90/p99/p99.9/max in µs). By default both sides
 // busy-poll shm_reader::poll (the "users who poll" path); --uv runs both sides' readers on a libuv
 // loop (spin, then futex sleep + uv_async wake-up), which is what a uvbus node does.
+//
+// --load-rate R (busy-poll mode): latency under load. The client also writes R records a second of
+// the same size into the same ring, paced between polls; they start with 8 bytes of 0xFF (a ping
+// starts with its send time, never that) and the server drops them. The JSON line adds the load
+// achieved.
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,7 +67,35 @@ struct side {
   histogram hist;
   bool server = false;
   uv_loop_t* loop = nullptr;
+  // Background load (--load-rate): records per second, written so far, since when (ns).
+  double load_rate = 0;
+  uint64_t load_sent = 0;
+  uint64_t load_full = 0;
+  uint64_t load_t0 = 0;
+  std::vector<uint8_t> load_msg;
 };
+
+// A background-load record: its first 8 bytes are all 0xFF.
+bool is_load(const shm_record& r) {
+  return r.size >= 8 && get_le64(r.data) == ~uint64_t{0};
+}
+
+// Writes the load records due by now (a full ring drops the rest of this turn's records).
+void send_load(side* s) {
+  const uint64_t now = mono_ns();
+  if (s->load_t0 == 0) s->load_t0 = now;
+  const auto due =
+      static_cast<uint64_t>(static_cast<double>(now - s->load_t0) * 1e-9 * s->load_rate);
+  while (s->load_sent < due) {
+    const errc e = s->writer.send(s->load_msg.data(), s->load_msg.size());
+    if (e != errc::ok) {
+      ++s->load_full;
+      s->load_sent = due;
+      return;
+    }
+    ++s->load_sent;
+  }
+}
 
 void client_send(side* s) {
   s->t_sent = mono_ns();
@@ -74,6 +108,7 @@ void on_records(void* user, const shm_record* recs, size_t n) {
   auto* s = static_cast<side*>(user);
   for (size_t i = 0; i < n; ++i) {
     if (s->server) {
+      if (is_load(recs[i])) continue;  // background load: dropped
       send_retry(s->writer, recs[i].data, recs[i].size);
       if (recs[i].size == 1) s->reader.stop();  // the client's "quit"
       continue;
@@ -90,6 +125,23 @@ void on_records(void* user, const shm_record* recs, size_t n) {
       return;
     }
     client_send(s);
+  }
+}
+
+// The busy-polling client: one ping in flight, and the background load between polls.
+void run_poll_client(side* s, double load_rate) {
+  (void)s->reader.set_callbacks(
+      {[s](const shm_record* recs, size_t n) { on_records(s, recs, n); }});
+  client_send(s);
+  s->load_rate = load_rate;
+  s->load_msg.assign(s->buf.size(), 0xFF);
+  if (s->load_rate > 0) {
+    while (s->remaining > 0) {
+      (void)s->reader.poll(64);
+      send_load(s);
+    }
+  } else {
+    while (s->remaining > 0) (void)s->reader.poll(64);
   }
 }
 
@@ -141,6 +193,7 @@ int main(int argc, char** argv) {
       } cx{&s};
       (void)s.reader.set_callbacks({[&cx](const shm_record* r, size_t n) {
         for (size_t i = 0; i < n; ++i) {
+          if (is_load(r[i])) continue;  // background load: dropped
           send_retry(cx.s->writer, r[i].data, r[i].size);
           if (r[i].size == 1) cx.quit = true;
         }
@@ -169,10 +222,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!uv) {
-    (void)s.reader.set_callbacks(
-        {[&s](const shm_record* recs, size_t n) { on_records(&s, recs, n); }});
-    client_send(&s);
-    while (s.remaining > 0) (void)s.reader.poll(64);
+    run_poll_client(&s, std::strtod(o.get("load-rate", "0").c_str(), nullptr));
   } else {
     run_side(s, true);
   }
@@ -189,9 +239,13 @@ int main(int argc, char** argv) {
       "{\"bench\":\"shm_pingpong\",\"url\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
       "\"round_trips\":%" PRIu64
       ",\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
-      "\"max_us\":%.2f}\n",
+      "\"max_us\":%.2f,\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_full\":%" PRIu64 "}\n",
       o.url.c_str(), uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99),
-      us(0.999), static_cast<double>(s.hist.max()) / 1000.0);
+      us(0.999), static_cast<double>(s.hist.max()) / 1000.0, s.load_rate,
+      s.load_t0 == 0
+          ? 0.0
+          : static_cast<double>(s.load_sent) / (static_cast<double>(mono_ns() - s.load_t0) * 1e-9),
+      s.load_full);
   s.writer.close();
   s.reader.close();
   return 0;

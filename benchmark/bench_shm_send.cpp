@@ -56,6 +56,14 @@ errc send_end(shm_writer& w, uint64_t id, uint64_t seq, uint8_t* buf) {
   return e;
 }
 
+void print_writer(uint64_t id, uint64_t seq, double dt, double ns_per_msg, uint64_t full,
+                  uint64_t abandoned, uint64_t wakeups, errc e) {
+  std::printf(
+      "[send] writer=%" PRIu64 " msgs=%" PRIu64 " msgs/s=%.0f cpu_ns/msg=%.1f queue_full=%" PRIu64
+      " abandoned=%" PRIu64 " wakeups=%" PRIu64 " end=%s\n",
+      id, seq, static_cast<double>(seq) / dt, ns_per_msg, full, abandoned, wakeups, to_string(e));
+}
+
 int run_writer(const options& o, uint64_t id) {
   shm_writer w;
   if (!open_retry(w, o, id)) return 1;
@@ -63,6 +71,7 @@ int run_writer(const options& o, uint64_t id) {
   std::vector<uint8_t> buf(std::max<size_t>(o.max, 24));
   uint64_t seq = 0, full = 0, abandoned = 0;
   const double t0 = mono_now();
+  const cpu_counter cpu;  // this writer process's getrusage CPU from here on
   const double end = t0 + o.seconds;
   // Message k of writer id carries sequence number (id << 56) | k (see bench_shm_recv).
   const uint64_t base = id << 56;
@@ -130,11 +139,9 @@ int run_writer(const options& o, uint64_t id) {
     }
   }
   const double dt = mono_now() - t0;
+  const double ns_per_msg = cpu.ns_per_msg(seq);
   e = send_end(w, id, seq, buf.data());
-  std::printf("[send] writer=%" PRIu64 " msgs=%" PRIu64 " msgs/s=%.0f queue_full=%" PRIu64
-              " abandoned=%" PRIu64 " wakeups=%" PRIu64 " end=%s\n",
-              id, seq, static_cast<double>(seq) / dt, full, abandoned, w.metrics().wakeups,
-              to_string(e));
+  print_writer(id, seq, dt, ns_per_msg, full, abandoned, w.metrics().wakeups, e);
   std::fflush(stdout);
   return e == errc::ok ? 0 : 1;
 }

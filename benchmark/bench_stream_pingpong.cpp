@@ -1,12 +1,16 @@
 // Stream channel round-trip latency:
 //
 //   uvbus_bench_stream_pingpong URL [--size 64] [--round-trips 200000] [--warmup 10000]
-//                                   [--client-cpu 0] [--server-cpu 1]
+//                                   [--client-cpu 0] [--server-cpu 1] [--load-rate R]
 //
 // Forks an echo server (its own process and loop, pinned to --server-cpu) listening on URL (port
 // 0 allowed); the client (pinned to --client-cpu) keeps one message in flight, times every round
 // trip with CLOCK_MONOTONIC into a histogram and prints p50/p90/p99/p99.9/max in microseconds plus
 // a JSON line. Both sides use the channel's defaults (TCP_NODELAY on).
+//
+// --load-rate R: latency under load. The client also sends R messages a second of the same size
+// on the same connection (from a 1 ms timer: R/1000 per tick, what a game server's tick does);
+// they start with the byte 'L' and the server drops them. The JSON line adds the load achieved.
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,7 +43,7 @@ int run_server(const std::string& url, int ready_fd) {
   stream_channel* chp = nullptr;
   stream_callbacks cb;
   cb.on_received = [&chp](connection_id c, const uint8_t* p, size_t n) {
-    (void)chp->send(c, p, n);
+    if (n == 0 || p[0] != 'L') (void)chp->send(c, p, n);  // background load is dropped
   };
   cb.on_disconnected = [&chp](connection_id, errc) { chp->close(); };
   stream_channel ch(&loop, stream_config{}, cb);
@@ -67,6 +71,26 @@ struct client {
   histogram h;
   bool finished = false;
   bool failed = false;
+  // Background load (--load-rate): messages per second, sent so far, since when, refused.
+  double load_rate = 0;
+  uint64_t load_sent = 0;
+  uint64_t load_refused = 0;
+  double load_t0 = 0;
+  std::vector<uint8_t> load_msg;
+
+  void send_load() {
+    if (conn.value == 0 || finished) return;
+    if (load_t0 == 0) load_t0 = mono_now();
+    const auto due = static_cast<uint64_t>((mono_now() - load_t0) * load_rate);
+    while (load_sent < due) {
+      if (ch->send(conn, load_msg.data(), load_msg.size()) != errc::ok) {
+        ++load_refused;  // queue full: this tick's remainder is dropped, not queued up
+        load_sent = due;
+        break;
+      }
+      ++load_sent;
+    }
+  }
 
   void ping() {
     t0 = mono_ns();
@@ -136,12 +160,23 @@ int main(int argc, char** argv) {
   c.msg.assign(size, 0x5a);
   c.warmup = o.get_int("warmup", 10000);
   c.round_trips = o.get_int("round-trips", 200000);
+  c.load_rate = std::strtod(o.get("load-rate", "0").c_str(), nullptr);
+  c.load_msg.assign(size, 'L');
   uv_loop_t loop;
   uv_loop_init(&loop);
   stream_channel ch(&loop, stream_config{}, c.callbacks());
   c.ch = &ch;
+  uv_timer_t load_timer;
+  uv_timer_init(&loop, &load_timer);
+  load_timer.data = &c;
+  if (c.load_rate > 0) {
+    uv_timer_start(
+        &load_timer, [](uv_timer_t* t) { static_cast<client*>(t->data)->send_load(); }, 1, 1);
+  }
   if (ch.connect(url) != errc::ok) c.failed = c.finished = true;
   while (!c.finished) uv_run(&loop, UV_RUN_ONCE);
+  const double load_secs = c.load_t0 == 0 ? 0 : mono_now() - c.load_t0;
+  uv_close(reinterpret_cast<uv_handle_t*>(&load_timer), nullptr);
   ch.close();
   uv_run(&loop, UV_RUN_DEFAULT);
   int status = 0;
@@ -158,10 +193,12 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\":\"stream_pingpong\",\"url\":\"%s\",\"size\":%zu,\"round_trips\":%llu,"
       "\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,\"max_us\":%.2f,"
-      "\"errors\":%d}\n",
+      "\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_refused\":%llu,\"errors\":%d}\n",
       o.url.c_str(), size, static_cast<unsigned long long>(c.h.count()),
       static_cast<double>(c.h.quantile(0.5)) * us, static_cast<double>(c.h.quantile(0.9)) * us,
       static_cast<double>(c.h.quantile(0.99)) * us, static_cast<double>(c.h.quantile(0.999)) * us,
-      static_cast<double>(c.h.max()) * us, c.failed ? 1 : 0);
+      static_cast<double>(c.h.max()) * us, c.load_rate,
+      load_secs > 0 ? static_cast<double>(c.load_sent) / load_secs : 0.0,
+      static_cast<unsigned long long>(c.load_refused), c.failed ? 1 : 0);
   return c.failed ? 1 : 0;
 }

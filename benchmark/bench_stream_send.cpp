@@ -35,6 +35,7 @@ struct sender {
   double t_start = 0;
   double t_end = 0;
   double c_start = 0;
+  cpu_counter cpu_ru;  // getrusage CPU from the connection on, for cpu_ns/msg
   bool end_sent = false;
   bool done = false;
   int exit_code = 0;
@@ -94,10 +95,10 @@ struct sender {
     const double cpu = (cpu_now() - c_start) / secs * 100;
     (void)ch->connection_metrics(conn, &final_metrics);
     std::printf(
-        "[send] msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f write_calls=%llu merged=%llu "
-        "refused=%llu\n",
+        "[send] msgs=%llu msgs/s=%.0f MB/s=%.1f cpu%%=%.0f cpu_ns/msg=%.1f write_calls=%llu "
+        "merged=%llu refused=%llu\n",
         static_cast<unsigned long long>(seq), static_cast<double>(seq) / secs,
-        static_cast<double>(bytes) / secs / 1e6, cpu,
+        static_cast<double>(bytes) / secs / 1e6, cpu, cpu_ru.ns_per_msg(seq),
         static_cast<unsigned long long>(final_metrics.write_calls),
         static_cast<unsigned long long>(final_metrics.packets_merged),
         static_cast<unsigned long long>(final_metrics.send_refused));
@@ -151,6 +152,7 @@ int main(int argc, char** argv) {
     self->conn = c;
     self->t_start = mono_now();
     self->c_start = cpu_now();
+    self->cpu_ru.start();
     self->t_end = self->t_start + self->o.seconds;
     self->pump();
   };

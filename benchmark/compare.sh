@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # uvbus against the machine's raw baseline, measured in the same sitting: ROUNDS alternating rounds
 # of (baseline, stream, shm, bus), then medians per case and ratios, as a markdown table, plus the
-# data file for benchmark/chart.sh. Needs python3 and ../shared/baseline/run.sh (BASELINE=...).
+# data file for benchmark/chart.sh; throughput rows also give uvbus's CPU ns per message (sender /
+# receiver, getrusage user + system, medians). Needs python3 and ../shared/baseline/run.sh (BASELINE=...).
 #
 #   benchmark/compare.sh BUILD_DIR [OUT_DIR]     (default OUT_DIR /tmp/uvbus-compare)
 #   ROUNDS=3 SECONDS_PER_CASE=3 PARTS="stream shm bus"
@@ -70,7 +71,11 @@ cases = [
   ("latency bus node tcp 64 B", "bus:tcp/node-pingpong64", "base:tcp-pingpong", "l"),
   ("latency bus node shm 64 B", "bus:shm/node-pingpong64", "base:shm-pingpong", "l"),
 ]
-md = ["| case | uvbus | reference, same sitting | ratio per round | median ratio |", "|---|---:|---:|---|---:|"]
+md = ["| case | uvbus | reference, same sitting | ratio per round | median ratio | CPU ns/msg snd / rcv |",
+      "|---|---:|---:|---|---:|---:|"]
+def cpu_cell(uk):
+    s, r = med(series(uk, "send_cpu_ns_per_msg")), med(series(uk, "cpu_ns_per_msg"))
+    return f"{s:.0f} / {r:.0f}" if s is not None and r is not None else "-"
 chart = []
 for label, uk, bk, kind in cases:
     if not series(uk, "msgs_per_s" if kind == "t" else "p50_us"):
@@ -91,8 +96,9 @@ for label, uk, bk, kind in cases:
             if a and b: ratios.append(a / b)
     fmt = (lambda v: f"{v/1e6:.2f} M {unit}") if unit == "msg/s" else (lambda v: f"{v:.1f} {unit}" if unit == "MB/s" else f"{v:.2f} {unit}")
     uvm, bvm = med(us), med(bs)
+    cpu = cpu_cell(uk) if kind == "t" else "-"
     md.append(f"| {label} | {fmt(uvm) if uvm else '-'} | {fmt(bvm) if bvm else '-'} | "
-              + " / ".join(f"{x:.2f}" for x in ratios) + f" | **{med(ratios):.2f}**|" if ratios else f"| {label} | {fmt(uvm)} | - | - | - |")
+              + " / ".join(f"{x:.2f}" for x in ratios) + f" | **{med(ratios):.2f}** | {cpu} |" if ratios else f"| {label} | {fmt(uvm)} | - | - | - | {cpu} |")
     if kind == "t" and bk.startswith("base:") and "no-merge" not in label:
         chart.append(f"{label.replace(' ', '_').replace(',', '')} {med(um) or 0:.0f} {med(bm) or 0:.0f} {med(ub) or 0:.1f} {med(bb) or 0:.1f}")
 open(out + "/table.md", "w").write("\n".join(md) + "\n")

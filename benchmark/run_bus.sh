@@ -3,7 +3,8 @@
 # (the node's automatic choice: same host + a ring offered), direct and forwarded through a relay
 # node, each beside the raw channel's own benchmark over the same transport in the same run; then
 # 64 B round-trip latency node-to-node over TCP and shared memory. Prints one table row per case
-# (with the ratio to the raw channel) and then every JSON line.
+# (with the ratio to the raw channel; snd-ns / rcv-ns: CPU nanoseconds per message, user + system
+# from getrusage, of the sender / receiver process, last run) and then every JSON line.
 #
 #   benchmark/run_bus.sh BUILD_DIR
 #
@@ -76,7 +77,9 @@ one_run() {
     >"$out.send" 2>&1 || true
   wait "$rpid" || true
   [ -z "$ppid" ] || wait "$ppid" || true
-  grep '^{"bench"' "$out" | tail -1 || true
+  local j
+  j=$(grep '^{"bench"' "$out" | tail -1 || true)
+  [ -z "$j" ] || with_send_ns "$j" "$(send_cpu_ns <"$out.send")"
 }
 
 # run_case NAME BASELINE_NAME RECV_BIN SEND_BIN "RECV ARGS" "SEND ARGS" ["RELAY ARGS"]
@@ -103,8 +106,11 @@ run_case() {
   local mb
   mb=$(awk -v r="$rate" -v m="$(json_field "$last" mb_per_s)" -v l="$(json_field "$last" msgs_per_s)" \
     'BEGIN {if (l > 0) printf "%.1f", m * r / l; else print 0}')
-  ROWS+=("$(printf '%-24s %12s %9s %7s %8s %6s' "$name" "$rate" "$mb" \
-    "$(json_field "$last" cpu_pct)" "$ratio" "$(json_field "$last" errors)")")
+  local sns
+  sns=$(json_field "$last" send_cpu_ns_per_msg)
+  ROWS+=("$(printf '%-24s %12s %9s %7s %8s %8s %8s %6s' "$name" "$rate" "$mb" \
+    "$(json_field "$last" cpu_pct)" "${sns:-?}" "$(json_field "$last" cpu_ns_per_msg)" "$ratio" \
+    "$(json_field "$last" errors)")")
 }
 
 SHM=uvbus-bus-bench-$$
@@ -141,7 +147,7 @@ lat_case "shm/node-pingpong64" "${N}_latency" "ipv4://127.0.0.1:0" --shm "$SHM-l
 
 echo "# uvbus bus nodes, ${MIN}-${MAX} B, ${SECS}s per case, median of $REPEAT," \
   "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-24s %12s %9s %7s %8s %6s\n' case msgs/s MB/s rcv-cpu vs-raw errors
+printf '%-24s %12s %9s %7s %8s %8s %8s %6s\n' case msgs/s MB/s rcv-cpu snd-ns rcv-ns vs-raw errors
 for r in "${ROWS[@]}"; do echo "$r"; done
 if [ ${#LAT[@]} -gt 0 ]; then
   printf '%-24s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us

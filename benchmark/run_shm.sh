@@ -2,7 +2,8 @@
 # Shared-memory channel benchmarks: receiver/sender pairs with small (8-128 B) and large
 # (8-16384 B) payloads, with 1 and 2 writer processes (all writers on the sender core), then 64 B
 # round-trip latency over two rings, busy-polling and through the libuv loop. Prints one table row
-# per case, then every JSON line.
+# per case, then every JSON line. snd-ns / rcv-ns: CPU nanoseconds (user + system, getrusage) per
+# message of the sender processes (weighted over the writers) / the receiver.
 #
 #   benchmark/run_shm.sh BUILD_DIR
 #
@@ -49,9 +50,13 @@ run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES [SENDER FLAGS]]
     cat "$out" >&2
     return 0
   fi
+  local sns
+  sns=$(send_cpu_ns <<<"$send_out")
+  j=$(with_send_ns "$j" "$sns")
   JSON+=("${j%\}},\"case\":\"$name\"}")
-  ROWS+=("$(printf '%-16s %12s %9s %7s %10s %9s %6s' "$name" "$(json_field "$j" msgs_per_s)" \
-    "$(json_field "$j" mb_per_s)" "$(json_field "$j" cpu_pct)" "$(json_field "$j" queue_full)" \
+  ROWS+=("$(printf '%-18s %12s %9s %7s %8s %8s %10s %9s %6s' "$name" \
+    "$(json_field "$j" msgs_per_s)" "$(json_field "$j" mb_per_s)" "$(json_field "$j" cpu_pct)" \
+    "$sns" "$(json_field "$j" cpu_ns_per_msg)" "$(json_field "$j" queue_full)" \
     "$(json_field "$j" abandoned)" "$(json_field "$j" errors)")")
 }
 
@@ -81,7 +86,8 @@ for mode in poll uv; do
 done
 
 echo "# uvbus shm channel, ${SECS}s per case, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-16s %12s %9s %7s %10s %9s %6s\n' case msgs/s MB/s rcv-cpu queue_full abandoned errors
+printf '%-18s %12s %9s %7s %8s %8s %10s %9s %6s\n' case msgs/s MB/s rcv-cpu snd-ns rcv-ns \
+  queue_full abandoned errors
 for r in "${ROWS[@]}"; do echo "$r"; done
 if [ ${#LAT[@]} -gt 0 ]; then
   printf '%-16s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us

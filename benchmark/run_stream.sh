@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stream channel benchmarks: receiver/sender pairs over ipv4, ipv6 and unix sockets with small
 # (8-128 B) and large (8-16384 B) payloads, small also with --no-merge, then 64 B ping-pong latency
-# over tcp and unix. Prints one table row per case, then every JSON line.
+# over tcp and unix. Prints one table row per case, then every JSON line. snd-ns / rcv-ns: CPU
+# nanoseconds (user + system, getrusage) per message of the sender / receiver process.
 #
 #   benchmark/run_stream.sh BUILD_DIR
 #
@@ -51,12 +52,16 @@ run_pair() {  # run_pair NAME KIND MIN MAX [sender flags...]
     cat "$out" >&2
     return 0
   fi
+  local sns
+  sns=$(send_cpu_ns <<<"$send_line")
+  j=$(with_send_ns "$j" "$sns")
   JSON+=("${j%\}},\"case\":\"$name\"}")
   local writes merged
   writes=$(sed -n 's/.*write_calls=\([0-9]*\).*/\1/p' <<<"$send_line")
   merged=$(sed -n 's/.*merged=\([0-9]*\).*/\1/p' <<<"$send_line")
-  ROWS+=("$(printf '%-22s %12s %9s %7s %12s %12s %6s' "$name" "$(json_field "$j" msgs_per_s)" \
-    "$(json_field "$j" mb_per_s)" "$(json_field "$j" cpu_pct)" "${writes:-?}" "${merged:-?}" \
+  ROWS+=("$(printf '%-22s %12s %9s %7s %8s %8s %12s %12s %6s' "$name" \
+    "$(json_field "$j" msgs_per_s)" "$(json_field "$j" mb_per_s)" "$(json_field "$j" cpu_pct)" \
+    "$sns" "$(json_field "$j" cpu_ns_per_msg)" "${writes:-?}" "${merged:-?}" \
     "$(json_field "$j" errors)")")
 }
 
@@ -80,7 +85,8 @@ for kind in ipv4 unix; do
 done
 
 echo "# uvbus stream channel, ${SECS}s per case, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-22s %12s %9s %7s %12s %12s %6s\n' case msgs/s MB/s rcv-cpu write_calls merged errors
+printf '%-22s %12s %9s %7s %8s %8s %12s %12s %6s\n' case msgs/s MB/s rcv-cpu snd-ns rcv-ns \
+  write_calls merged errors
 for r in "${ROWS[@]}"; do echo "$r"; done
 if [ ${#LAT[@]} -gt 0 ]; then
   printf '%-22s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us

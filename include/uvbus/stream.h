@@ -79,7 +79,8 @@ struct stream_config {
   // message_limit. The ring (static mode) is allocated on the connection's first send, not before,
   // so a connection that never sends costs no queue memory; it starts at queue.ring_initial_bytes
   // (4 KiB) and doubles only as the queue fills, so one that sends little (a handshake) costs
-  // little.
+  // little. A ring still at its initial size goes back to a per-thread pool whenever the queue
+  // drains, so a quiet connection holds no send buffer; a ring that grew is kept.
   write_queue_config queue = {};
   // Frames smaller than this many bytes are coalesced: when a write is issued, as many queued small
   // frames as fit are copied into one per-thread merge buffer and written with one system call.

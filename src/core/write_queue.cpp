@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/buffer_pool.h"
+
 namespace uvbus {
 namespace {
 
@@ -33,13 +35,31 @@ ring_prefix* prefix_of(uint8_t* ring) noexcept {
   return reinterpret_cast<ring_prefix*>(ring - sizeof(ring_prefix));
 }
 
+// Rings up to this size come from (and go back to) the thread's buffer_pool for their size: a
+// connection's small ring is handed back whenever its queue drains (release_storage) and the next
+// connection that sends takes it again, without malloc.
+constexpr size_t kPooledRingMax = size_t{16} * 1024;
+
 uint8_t* alloc_ring(size_t size) noexcept {
-  auto* mem = static_cast<uint8_t*>(std::malloc(sizeof(ring_prefix) + size));
-  return mem == nullptr ? nullptr : mem + sizeof(ring_prefix);
+  const size_t total = sizeof(ring_prefix) + size;
+  buffer_pool* pool = size <= kPooledRingMax ? buffer_pool::local(total) : nullptr;
+  auto* mem = pool != nullptr ? pool->acquire() : static_cast<uint8_t*>(std::malloc(total));
+  if (mem == nullptr) return nullptr;
+  reinterpret_cast<ring_prefix*>(mem)->size = size;
+  return mem + sizeof(ring_prefix);
 }
 
 void free_ring(uint8_t* ring) noexcept {
-  if (ring != nullptr) std::free(ring - sizeof(ring_prefix));
+  if (ring == nullptr) return;
+  uint8_t* mem = ring - sizeof(ring_prefix);
+  const size_t size = reinterpret_cast<ring_prefix*>(mem)->size;
+  buffer_pool* pool =
+      size <= kPooledRingMax ? buffer_pool::local(sizeof(ring_prefix) + size) : nullptr;
+  if (pool != nullptr) {
+    pool->release(mem);
+  } else {
+    std::free(mem);
+  }
 }
 
 size_t pow2_at_least(size_t n) noexcept {
@@ -85,6 +105,19 @@ write_queue::~write_queue() {
 size_t write_queue::memory_bytes() const noexcept {
   if (cfg_.mode == queue_mode::static_ring) return cap_ + retired_bytes_;
   return bytes_ + count_ * sizeof(dyn_block);
+}
+
+bool write_queue::release_storage() noexcept {
+  if (cfg_.mode != queue_mode::static_ring || count_ != 0 || ring_ == nullptr ||
+      cap_ > cfg_.ring_initial_bytes) {
+    return false;
+  }
+  release_retired();
+  free_ring(ring_);
+  ring_ = nullptr;
+  cap_ = 0;
+  head_ = tail_ = wrap_at_ = last_off_ = prev_tail_ = prev_wrap_ = 0;
+  return true;
 }
 
 void write_queue::release_retired() noexcept {

@@ -48,6 +48,12 @@ class write_queue {
   // write in flight); without a call they live until the queue is destroyed.
   void release_retired() noexcept;
 
+  // An empty static ring of its initial size hands its memory back (to the thread's buffer pool,
+  // see buffer_pool.h); the next reserve() takes a ring again. Rings that grew are kept (their
+  // connection bursts). Also frees retired rings, so the same rule as release_retired() applies:
+  // no write may be reading the queue. Returns true if memory was released.
+  bool release_storage() noexcept;
+
   // Removes the most recently reserved block (only valid right after reserve(), before any other
   // block was pushed). Lets a producer undo a reservation when a later step fails.
   void unreserve_back() noexcept;

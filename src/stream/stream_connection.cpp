@@ -199,6 +199,9 @@ void stream_channel::impl::maybe_writable(conn_impl* c) {
 void stream_channel::impl::flush(conn_impl* c) {
   flush_queue(c);
   report_written(c);
+  // A drained queue hands its small ring back to the thread's pool (write_queue::release_storage):
+  // a quiet connection keeps no send buffer.
+  if (c->queue && !c->writing && c->prepared == nullptr) (void)c->queue->release_storage();
 }
 
 void stream_channel::impl::flush_queue(conn_impl* c) {

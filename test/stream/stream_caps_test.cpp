@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer_pool.h"
 #include "core/frame.h"
 #include "stream/stream_harness.h"
 
@@ -166,6 +167,39 @@ TEST_F(StreamCaps, TheSendRingStartsSmallAndGrowsOnlyAsItFills) {
   EXPECT_GT(m.queue_memory_bytes, size_t{100} * 1024);  // grown (the old rings released) ...
   EXPECT_LE(m.queue_memory_bytes, s->config().queue.ring_bytes);  // ... never beyond ring_bytes
   EXPECT_EQ(s->metrics().totals.queue_memory_bytes, m.queue_memory_bytes);
+}
+
+TEST_F(StreamCaps, AQuietConnectionHandsItsSendRingBackToThePool) {
+  recorder srv;
+  recorder cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  const connection_id conn = srv.accepted[0];
+  const uint64_t from = cli.live.begin()->first;
+  // The ring of the default queue comes from this (the loop's) thread's pool: 16-byte prefix.
+  buffer_pool* pool = buffer_pool::local(16 + s->config().queue.ring_initial_bytes);
+  ASSERT_NE(pool, nullptr);
+  stream_connection_metrics m;
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t reused = pool->reused();
+    ASSERT_EQ(s->send(conn, "hello", 5), errc::ok);
+    ASSERT_EQ(s->connection_metrics(conn, &m), errc::ok);
+    EXPECT_EQ(m.queue_memory_bytes, s->config().queue.ring_initial_bytes);  // taken to send
+    const size_t got = cli.received[from].size();
+    ASSERT_TRUE(run([&] { return cli.received[from].size() == got + 1; }));
+    // Written and drained: the connection holds no send memory until it sends again.
+    ASSERT_EQ(s->connection_metrics(conn, &m), errc::ok);
+    EXPECT_EQ(m.queue_memory_bytes, 0u);
+    EXPECT_EQ(s->metrics().totals.queue_memory_bytes, 0u);
+    EXPECT_GE(pool->free_count(), 1u);
+    if (round > 0) {
+      EXPECT_EQ(pool->reused(), reused + 1);  // the same buffer, no malloc
+    }
+  }
 }
 
 TEST_F(StreamCaps, TheRingGrowsWhileAWriteIsInFlightAndKeepsItsBytesUntilItCompletes) {
