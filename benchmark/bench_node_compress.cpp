@@ -31,7 +31,8 @@ uint64_t thread_cpu_ns() {
   rusage ru{};
   getrusage(RUSAGE_THREAD, &ru);
   const auto ns = [](const timeval& t) {
-    return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_usec) * 1000;
+    return static_cast<uint64_t>(t.tv_sec) * 1000000000ull +
+           static_cast<uint64_t>(t.tv_usec) * 1000;
   };
   return ns(ru.ru_utime) + ns(ru.ru_stime);
 }
@@ -135,8 +136,8 @@ int run(int argc, char** argv) {
   const options o = options::parse(argc, argv);
   const size_t size = static_cast<size_t>(o.get_int("size", 2048));
   const double seconds = o.flag("seconds") ? o.seconds : 3;
-  const corpus_format f = o.get("format", "json") == "binary" ? corpus_format::binary
-                                                               : corpus_format::json;
+  const corpus_format f =
+      o.get("format", "json") == "binary" ? corpus_format::binary : corpus_format::json;
   const int level = static_cast<int>(o.get_int("level", 0));
   const std::vector<std::vector<uint8_t>> corpus = make_corpus(1, 64, size, f);
   std::printf("# node over TCP loopback, %zu B %s snapshots, %.1f s per codec, level %d\n", size,
@@ -151,9 +152,9 @@ int run(int argc, char** argv) {
     if (std::string(name) == "zstd") c = compression_codec::zstd;
     const result r = run_codec(c, level, corpus, seconds);
     const double rate = static_cast<double>(r.messages) / r.seconds;
-    const double ratio = r.raw_bytes == 0 ? 1.0
-                                          : static_cast<double>(r.wire_bytes) /
-                                                static_cast<double>(r.raw_bytes);
+    const double ratio = r.raw_bytes == 0
+                             ? 1.0
+                             : static_cast<double>(r.wire_bytes) / static_cast<double>(r.raw_bytes);
     const double per = r.messages == 0 ? 0 : 1.0 / static_cast<double>(r.messages);
     std::printf("%-6s %12.0f %10.1f %10.3f %14.0f %14.0f\n", name, rate,
                 rate * static_cast<double>(size) / 1e6, ratio,

@@ -117,6 +117,22 @@ tls_config psk_tls(const std::string& token) {
 
 }  // namespace
 
+// The connection is up (or failed): the clocks start and the first burst goes out.
+static void connected(sender* self, connection_id c, errc st) {
+  if (st != errc::ok) {
+    std::fprintf(stderr, "send: connect: %s\n", to_string(st));
+    self->exit_code = 1;
+    self->done = true;
+    return;
+  }
+  self->conn = c;
+  self->t_start = mono_now();
+  self->c_start = cpu_now();
+  self->cpu_ru.start();
+  self->t_end = self->t_start + self->o.seconds;
+  self->pump();
+}
+
 int main(int argc, char** argv) {
   sender s;
   s.o = options::parse(argc, argv);
@@ -142,19 +158,7 @@ int main(int argc, char** argv) {
   stream_callbacks cb;
   void* const ctx = &s;
   cb.on_connected = [ctx](connection_id c, errc st) {
-    auto* self = static_cast<sender*>(ctx);
-    if (st != errc::ok) {
-      std::fprintf(stderr, "send: connect: %s\n", to_string(st));
-      self->exit_code = 1;
-      self->done = true;
-      return;
-    }
-    self->conn = c;
-    self->t_start = mono_now();
-    self->c_start = cpu_now();
-    self->cpu_ru.start();
-    self->t_end = self->t_start + self->o.seconds;
-    self->pump();
+    connected(static_cast<sender*>(ctx), c, st);
   };
   cb.on_writable = [ctx](connection_id) {
     auto* self = static_cast<sender*>(ctx);

@@ -343,8 +343,8 @@ shm_config detail::ring_config(const node_config& cfg) {
   shm_config shc;
   shc.ring_bytes = cfg.shm_ring_bytes;
   shc.abandon_timeout_us = cfg.shm_abandon_timeout_us;
-  shc.max_record_size =
-      static_cast<uint32_t>(std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024));
+  shc.max_record_size = static_cast<uint32_t>(
+      std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024));
   return shc;
 }
 

@@ -130,11 +130,11 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::broadcast");
   impl& n = *impl_;
   if (!cb || timeout_ms == 0 || (data == nullptr && size != 0) || to.net.mask_bits > 64) {
-    return n.fail(errc::invalid_argument,
-                  !cb               ? "node::broadcast: the callback is empty"
-                  : timeout_ms == 0 ? "node::broadcast: timeout_ms is 0"
-                  : to.net.mask_bits > 64 ? "node::broadcast: a subnet wider than 64 bits"
-                                          : "node::broadcast: null data, non-zero size");
+    return n.fail(errc::invalid_argument, !cb ? "node::broadcast: the callback is empty"
+                                          : timeout_ms == 0 ? "node::broadcast: timeout_ms is 0"
+                                          : to.net.mask_bits > 64
+                                              ? "node::broadcast: a subnet wider than 64 bits"
+                                              : "node::broadcast: null data, non-zero size");
   }
   if (n.state != impl::run_state::running) {
     return n.fail(n.state == impl::run_state::idle ? errc::wrong_state : errc::closed,
@@ -145,10 +145,10 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   proto::encode_broadcast_head(to, msg_type, &f.head);
   const size_t selector = f.head.size() - proto::kHeaderSize;
   if (size + selector > n.cfg.message_limit) {
-    return n.fail(errc::message_too_large,
-                  "node::broadcast: " + std::to_string(size) + " bytes + " +
-                      std::to_string(selector) + " of selector, above message_limit (" +
-                      std::to_string(n.cfg.message_limit) + ")");
+    return n.fail(errc::message_too_large, "node::broadcast: " + std::to_string(size) +
+                                               " bytes + " + std::to_string(selector) +
+                                               " of selector, above message_limit (" +
+                                               std::to_string(n.cfg.message_limit) + ")");
   }
   if (f.pending.size() >= fanout_state::kMaxPending) {
     return n.fail(errc::queue_full, "node::broadcast: 4096 broadcasts await their summary");

@@ -33,8 +33,8 @@ struct fanout_state {
   uint32_t my_load = 0;
   bool load_dirty = false;
   uint64_t load_sent_ms = 0;
-  std::unordered_map<bus_id, uint32_t> loads;  // learned load hints
-  std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
+  std::unordered_map<bus_id, uint32_t> loads;                       // learned load hints
+  std::map<uint64_t, pending_broadcast> pending;                    // by broadcast id
   std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
 };

@@ -489,24 +489,16 @@ struct node::impl {
   bool accept_reply(link* lk, bus_id to, uint8_t version, const proto::register_body* rb = nullptr,
                     size_t token = 0);
 
-  // ---------------------------------------------- version 6: node_secure.cpp (docs/security.md) --
-  // Connector: the extensions of its registration (its nonce, the codec it wants).
+  // ---- version 6, node_secure.cpp: registration extensions (proofs, codec), compression of data
+  // messages on a link (spans / restored message valid until the next call; a bad one closes the
+  // link), shared-memory writer tags (shm_accept strips the envelope; false: refused, counted).
   void register_ext(link* lk, const proto::challenge_body& ch, proto::register_body* rb);
-  // Acceptor: the reply's extensions (its proof with the token the connector's matched, the codec).
   void reply_ext(link* lk, const proto::register_body& rb, size_t token, uint8_t version,
                  proto::register_reply_body* rr);
-  // Connector: checks the acceptor's proof (with access tokens) and takes the link's codec. False
-  // (with *why) if the acceptor did not prove a token.
   bool check_reply_ext(link* lk, const proto::register_reply_body& rr, std::string* why);
-  // A data message for a link that compresses: bufs replaced by the compressed form (spans valid
-  // until the next call) when it is worth it.
   void compress_out(link* lk, const const_buffer** bufs, size_t* n);
-  // A received message with flag_compressed: restored into a scratch buffer; false (link closed
-  // as a protocol violation) if it may not be or does not decompress within the limit.
   bool inflate_in(link* lk, const uint8_t** data, size_t* size);
-  // Our tag for writing into peer p's ring (with access tokens), set when its writer opens.
   void shm_tag_peer(peer_ep* p);
-  // A record of our ring: checks and strips the writer's envelope. False: refused (counted).
   bool shm_accept(const uint8_t** data, size_t* size, bus_id* writer);
   std::unique_ptr<detail::link_security> sec = std::make_unique<detail::link_security>();
   std::unique_ptr<detail::fanout_state> fan = std::make_unique<detail::fanout_state>();

@@ -423,8 +423,8 @@ void node::impl::settle_sibling(bus_id id) {
   siblings.erase(it);
 }
 
-bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version,
-                              const proto::register_body* rb, size_t token) {
+bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version, const proto::register_body* rb,
+                              size_t token) {
   ++counters.registrations_accepted;
   proto::register_reply_body rr;
   rr.status = proto::reason::ok;

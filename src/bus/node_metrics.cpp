@@ -30,6 +30,28 @@ void counters_out(prom_text* t, const counter_row* rows, size_t n, metric_type t
   }
 }
 
+// Protocol version 6's counters: link compression, shared-memory writer tags, broadcast.
+void v6_families(prom_text* t, const node_counters& c) {
+  const counter_row rows[] = {
+      {"uvbus_node_compressed_sent_total", "Messages sent compressed.", c.compressed_sent},
+      {"uvbus_node_compressed_raw_bytes_total", "Bodies of compressed messages, before.",
+       c.compressed_raw_bytes},
+      {"uvbus_node_compressed_wire_bytes_total", "Bodies of compressed messages, as sent.",
+       c.compressed_wire_bytes},
+      {"uvbus_node_decompressed_total", "Compressed messages received and restored.",
+       c.decompressed},
+      {"uvbus_node_shm_rejected_total",
+       "Ring records refused: no valid writer tag, or a source the writer may not speak for.",
+       c.shm_rejected},
+      {"uvbus_node_broadcasts_sent_total", "node::broadcast()s accepted.", c.broadcasts_sent},
+      {"uvbus_node_broadcasts_received_total", "Broadcasts delivered to on_data here.",
+       c.broadcasts_received},
+      {"uvbus_node_broadcasts_forwarded_total", "Broadcast copies relayed to a next link.",
+       c.broadcasts_forwarded},
+  };
+  counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
+}
+
 std::string hex_id(bus_id id) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "0x%" PRIx64, id);
@@ -97,23 +119,9 @@ void node::impl::node_families(prom_text* t) const {
       {"uvbus_node_requests_received_total", "Requests delivered to on_data here.",
        c.requests_received},
       {"uvbus_node_answers_sent_total", "Replies and error answers sent.", c.answers_sent},
-      {"uvbus_node_compressed_sent_total", "Messages sent compressed.", c.compressed_sent},
-      {"uvbus_node_compressed_raw_bytes_total", "Bodies of compressed messages, before.",
-       c.compressed_raw_bytes},
-      {"uvbus_node_compressed_wire_bytes_total", "Bodies of compressed messages, as sent.",
-       c.compressed_wire_bytes},
-      {"uvbus_node_decompressed_total", "Compressed messages received and restored.",
-       c.decompressed},
-      {"uvbus_node_shm_rejected_total",
-       "Ring records refused: no valid writer tag, or a source the writer may not speak for.",
-       c.shm_rejected},
-      {"uvbus_node_broadcasts_sent_total", "node::broadcast()s accepted.", c.broadcasts_sent},
-      {"uvbus_node_broadcasts_received_total", "Broadcasts delivered to on_data here.",
-       c.broadcasts_received},
-      {"uvbus_node_broadcasts_forwarded_total", "Broadcast copies relayed to a next link.",
-       c.broadcasts_forwarded},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
+  v6_families(t, c);
   const counter_row gauges[] = {
       {"uvbus_node_pending_messages", "Messages waiting for a link now.", c.pending_now},
       {"uvbus_node_flow_unacked_messages", "Messages in retransmit buffers now.",

@@ -36,8 +36,8 @@ void node::impl::register_ext(link* lk, const proto::challenge_body& ch, proto::
   rb->ext.compression = static_cast<uint8_t>(cfg.compression);
 }
 
-void node::impl::reply_ext(link* lk, const proto::register_body& rb, size_t token,
-                           uint8_t version, proto::register_reply_body* rr) {
+void node::impl::reply_ext(link* lk, const proto::register_body& rb, size_t token, uint8_t version,
+                           proto::register_reply_body* rr) {
   if (version < kV6) return;
   rr->ext.present = true;
   if (!cfg.access_tokens.empty() && rb.ext.has_nonce && token < cfg.access_tokens.size()) {
@@ -53,8 +53,7 @@ void node::impl::reply_ext(link* lk, const proto::register_body& rb, size_t toke
   rr->ext.compression = lk->codec;
 }
 
-bool node::impl::check_reply_ext(link* lk, const proto::register_reply_body& rr,
-                                 std::string* why) {
+bool node::impl::check_reply_ext(link* lk, const proto::register_reply_body& rr, std::string* why) {
   if (!cfg.access_tokens.empty()) {
     if (rr.version < kV6 || !lk->sent_nonce) {
       *why = "the acceptor negotiated protocol version " + std::to_string(rr.version) +
@@ -126,10 +125,9 @@ bool node::impl::inflate_in(link* lk, const uint8_t** data, size_t* size) {
   link_security& s = *sec;
   if (s.body_limit == 0) s.body_limit = link_stream_config().message_limit - proto::kHeaderSize;
   s.restored.resize(proto::kHeaderSize + s.body_limit);
-  const decompress_result r =
-      s.comp.decompress(static_cast<codec>(lk->codec), m + proto::kHeaderSize,
-                        *size - proto::kHeaderSize, s.restored.data() + proto::kHeaderSize,
-                        s.body_limit);
+  const decompress_result r = s.comp.decompress(
+      static_cast<codec>(lk->codec), m + proto::kHeaderSize, *size - proto::kHeaderSize,
+      s.restored.data() + proto::kHeaderSize, s.body_limit);
   if (r.code != errc::ok) {
     const std::string why = "compressed message refused: " + s.comp.last_error().detail;
     protocol_violation(lk, why.c_str());

@@ -19,8 +19,8 @@
 
 #include "core/endian.h"
 #include "uvbus/directory.h"
-#include "uvbus/fanout.h"
 #include "uvbus/error.h"
+#include "uvbus/fanout.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
 #include "uvbus/trace.h"
@@ -344,8 +344,8 @@ inline constexpr size_t kMaxLabels = 16;
 inline constexpr size_t kMaxDirItems = 4096;
 struct directory_body {
   dir_op op = dir_op::upsert;
-  std::vector<directory_entry> entries;  // upsert
-  std::vector<bus_id> ids;               // remove
+  std::vector<directory_entry> entries;            // upsert
+  std::vector<bus_id> ids;                         // remove
   std::vector<std::pair<bus_id, uint32_t>> loads;  // load
 };
 

@@ -183,8 +183,7 @@ TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {
   EXPECT_EQ(l1_->n->broadcast(broadcast_target::of_type("none"), 1, "x", 1, 100, cb),
             errc::unknown_route);
   const std::string big(70000, 'b');
-  EXPECT_EQ(l1_->n->broadcast(logic, 1, big.data(), big.size(), 100, cb),
-            errc::message_too_large);
+  EXPECT_EQ(l1_->n->broadcast(logic, 1, big.data(), big.size(), 100, cb), errc::message_too_large);
   EXPECT_NE(l1_->n->last_error().detail.find("selector"), std::string::npos);
   ASSERT_EQ(l1_->n->broadcast(logic, 1, "x", 1, 60000, cb), errc::ok);
   l1_->n->stop();

@@ -201,8 +201,8 @@ TEST_F(NodeSecure, ACompressionBombClosesOnlyItsOwnLink) {
   std::vector<uint8_t> zeros(size_t{1} << 20, 0);
   std::vector<uint8_t> block(zeros.size());
   compressor comp;
-  const size_t z = comp.compress(codec::lz4, 0, zeros.data(), zeros.size(), block.data(),
-                                 block.size());
+  const size_t z =
+      comp.compress(codec::lz4, 0, zeros.data(), zeros.size(), block.data(), block.size());
   ASSERT_GT(z, 0u);
   raw_child raw;
   raw.bomb.assign(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(z));
@@ -211,7 +211,9 @@ TEST_F(NodeSecure, ACompressionBombClosesOnlyItsOwnLink) {
   EXPECT_TRUE(raw.registered);
   EXPECT_GE(root->n->counters().protocol_errors, 1u);
   bool named = false;
-  for (const std::string& e : root->error_texts) named = named || e.find("oversize") != std::string::npos || e.find("limit") != std::string::npos;
+  for (const std::string& e : root->error_texts)
+    named =
+        named || e.find("oversize") != std::string::npos || e.find("limit") != std::string::npos;
   EXPECT_TRUE(named);
   ASSERT_EQ(test::send_str(honest, kRoot, 1, "still here"), errc::ok);
   ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
@@ -286,8 +288,8 @@ TEST_F(NodeShmTags, TaggedWritersAreDeliveredAndImpostorsAreCounted) {
   const std::vector<uint8_t> plain = data_message(kChild, "no tag");
   const std::vector<uint8_t> wrong = enveloped(data_message(kChild, "bad tag"), kChild, 12345);
   // The child's true tag, but speaking for a node the child may not speak for.
-  const std::vector<uint8_t> other = enveloped(data_message(kOther, "as another"), kChild,
-                                               true_tag("secret", kRoot, kChild));
+  const std::vector<uint8_t> other =
+      enveloped(data_message(kOther, "as another"), kChild, true_tag("secret", kRoot, kChild));
   for (const auto* m : {&plain, &wrong, &other}) {
     ASSERT_EQ(rogue.send(m->data(), m->size()), errc::ok);
   }
