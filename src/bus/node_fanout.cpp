@@ -34,8 +34,10 @@ bool self_matches(const node::impl& n, const broadcast_target& to) {
   return (to.type.empty() || to.type == n.cfg.type) && labels_match(n.cfg.labels, to.labels);
 }
 
-bool tree_v6(const detail::peer_ep* p) {
-  return p != nullptr && p->lk != nullptr &&
+// A parent or child link speaking version 6. A tool node sends no load hints (its parent would
+// refuse a directory message from it); its broadcasts go to its parent like any node's.
+bool tree_v6(const node::impl& n, const detail::peer_ep* p, bool loads = true) {
+  return !(loads && n.cfg.join_as_tool) && p != nullptr && p->lk != nullptr &&
          (p->kind == detail::peer_kind::parent || p->kind == detail::peer_kind::child) &&
          node::impl::version_of(p) >= kV6;
 }
@@ -46,7 +48,7 @@ size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const c
                size_t count) {
   size_t sent = 0;
   for (auto& [id, p] : n.peers) {
-    if (id == except || !tree_v6(p.get())) continue;
+    if (id == except || !tree_v6(n, p.get(), false)) continue;
     bool behind = false;
     for (const auto& [eid, item] : n.dir) {
       if (item.via == id && to.matches(item.e)) {
@@ -279,12 +281,12 @@ void detail::fan_tick(node::impl& n, uint64_t now) {
   b.op = proto::dir_op::load;
   b.loads.emplace_back(n.self, f.my_load);
   for (auto& [id, p] : n.peers) {
-    if (tree_v6(p.get())) send_loads(n, p.get(), b);
+    if (tree_v6(n, p.get())) send_loads(n, p.get(), b);
   }
 }
 
 void detail::fan_link_up(node::impl& n, peer_ep* p) {
-  if (!tree_v6(p)) return;
+  if (!tree_v6(n, p)) return;
   proto::directory_body b;
   b.op = proto::dir_op::load;
   b.loads.emplace_back(n.self, n.fan->my_load);
@@ -309,7 +311,7 @@ void detail::fan_loads(node::impl& n, peer_ep* from,
   }
   if (fwd.loads.empty()) return;
   for (auto& [id, p] : n.peers) {
-    if (id != from->id && tree_v6(p.get())) send_loads(n, p.get(), fwd);
+    if (id != from->id && tree_v6(n, p.get())) send_loads(n, p.get(), fwd);
   }
 }
 

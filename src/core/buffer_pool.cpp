@@ -65,9 +65,27 @@ struct registry {
 
 }  // namespace
 
-buffer_pool* buffer_pool::local(size_t size) noexcept {
+namespace {
+registry* thread_registry() noexcept {
   if (gone) return nullptr;
   thread_local registry reg;
+  return &reg;
+}
+}  // namespace
+
+size_t buffer_pool::thread_free_bytes() noexcept {
+  const registry* r = thread_registry();
+  size_t n = 0;
+  for (size_t i = 0; r != nullptr && i < r->count; ++i) {
+    n += r->pools[i]->free_count() * r->pools[i]->buffer_size();
+  }
+  return n;
+}
+
+buffer_pool* buffer_pool::local(size_t size) noexcept {
+  registry* regp = thread_registry();
+  if (regp == nullptr) return nullptr;
+  registry& reg = *regp;
   for (size_t i = 0; i < reg.count; ++i) {
     if (reg.pools[i]->buffer_size() == size) return reg.pools[i];
   }

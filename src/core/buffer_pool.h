@@ -40,6 +40,8 @@ class buffer_pool {
   // has kMaxPoolsPerThread pools of other sizes (or is exiting): use malloc/free then.
   static constexpr size_t kMaxPoolsPerThread = 8;
   [[nodiscard]] static buffer_pool* local(size_t size) noexcept;
+  // Bytes held in the free lists of the calling thread's pools (memory accounting, tests).
+  [[nodiscard]] static size_t thread_free_bytes() noexcept;
 
  private:
   size_t size_;

@@ -489,7 +489,7 @@ TEST(Protocol, DirectoryRoundTripsAndEveryTruncationFails) {
   ASSERT_EQ(parse_directory(m.data(), m.size(), &back), errc::ok);
   EXPECT_EQ(back.ids, r.ids);
   // An unknown op, a count above the limit, an entry with id 0: refused.
-  EXPECT_EQ(parse_directory(hex("03 0000").data(), 3, &back), errc::protocol_error);
+  EXPECT_EQ(parse_directory(hex("04 0000").data(), 3, &back), errc::protocol_error);
   EXPECT_EQ(parse_directory(hex("02 0110").data(), 3, &back), errc::protocol_error);
   b.entries = {e};
   b.entries[0].id = 0;
