@@ -30,10 +30,10 @@ bool verify_proof(const std::vector<std::string>& tokens, const uint8_t* data, s
                   const uint8_t proof[kMacSize], size_t* which) noexcept {
   int matched = 0;
   size_t first = 0;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    uint8_t mac[kMacSize];
-    if (!hmac_sha256(tokens[i], data, n, mac)) continue;
-    const int hit = CRYPTO_memcmp(mac, proof, kMacSize) == 0 ? 1 : 0;
+  for (const std::string& t : tokens) {
+    uint8_t mac[kMacSize] = {};
+    const bool ok = hmac_sha256(t, data, n, mac);
+    const int hit = ok && CRYPTO_memcmp(mac, proof, kMacSize) == 0 ? 1 : 0;
     // Branch-free: the first matching index, without an early exit.
     first += static_cast<size_t>(matched == 0 && hit == 0 ? 1 : 0);
     matched |= hit;

@@ -214,7 +214,10 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   bus_id best = ids.front();
   if (how.policy == pick_policy::round_robin) {
     std::string key = type;
-    for (const auto& [k, v] : labels) key += '\0' + k + '=' + v;
+    for (const auto& [k, v] : labels) {
+      key.push_back('\0');
+      key.append(k).append(1, '=').append(v);
+    }
     best = ids[f.cursors[key]++ % ids.size()];
   } else if (how.policy == pick_policy::least_loaded) {
     uint32_t least = UINT32_MAX;

@@ -39,7 +39,7 @@ node_config with_tokens(std::vector<std::string> tokens) {
 std::string snapshot(size_t n, uint32_t seed) {
   std::string s;
   while (s.size() < n) {
-    s += "{\"entity\":" + std::to_string(seed++ % 97) + ",\"x\":1.25,\"y\":-3.5,\"hp\":100}";
+    s += R"({"entity":)" + std::to_string(seed++ % 97) + R"(,"x":1.25,"y":-3.5,"hp":100})";
   }
   s.resize(n);
   return s;
