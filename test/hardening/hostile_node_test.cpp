@@ -252,9 +252,11 @@ TEST_F(HostileNodeFlood, ARegistrationFloodRegistersNobodyAndClosesEveryone) {
             before.registrations_refused + before.protocol_errors + forged);
   EXPECT_TRUE(only_the_honest_child_is_registered());
   EXPECT_TRUE(exchange(200));
-  // Every hostile connection's state is gone (64 KiB of slack for timers and logs). Repeating
-  // the flood showed no growth at all from one round to the next.
-  EXPECT_LT(heap_bytes(), heap_before + size_t{64} * 1024);
+  // Every hostile connection's state is gone: 250 connections held about 1.4 MiB (5.5 KiB each);
+  // 128 KiB of slack for timers, logs and the sanitizers' own bookkeeping (ThreadSanitizer's
+  // accounting ended 77 KiB above the baseline once, ASan's within 64 KiB). Repeating the flood
+  // showed no growth at all from one round to the next.
+  EXPECT_LT(heap_bytes(), heap_before + size_t{128} * 1024);
 }
 
 TEST_F(HostileNode, ConnectionsDroppedMidHandshakeLeaveNothingBehind) {
