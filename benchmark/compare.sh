@@ -2,7 +2,8 @@
 # uvbus against the machine's raw baseline, measured in the same sitting: ROUNDS alternating rounds
 # of (baseline, stream, shm, bus), then medians per case and ratios, as a markdown table, plus the
 # data file for benchmark/chart.sh; throughput rows also give uvbus's CPU ns per message (sender /
-# receiver, getrusage user + system, medians). Needs python3 and ../shared/baseline/run.sh (BASELINE=...).
+# receiver, getrusage user + system, medians). Needs python3 and the machine's raw baseline
+# script, given as BASELINE=/path/to/run.sh (the raw coalesced and ring programs it compares with).
 #
 #   benchmark/compare.sh BUILD_DIR [OUT_DIR]     (default OUT_DIR /tmp/uvbus-compare)
 #   ROUNDS=3 SECONDS_PER_CASE=3 PARTS="stream shm bus"
@@ -13,7 +14,7 @@ OUT=${2:-/tmp/uvbus-compare}
 ROUNDS=${ROUNDS:-3}
 SECS=${SECONDS_PER_CASE:-3}
 PARTS=${PARTS:-"stream shm bus"}
-BASELINE=${BASELINE:-../shared/baseline/run.sh}
+BASELINE=${BASELINE:?set BASELINE=/path/to/run.sh, the raw baseline script of this machine}
 mkdir -p "$OUT"
 : >"$OUT/all.jsonl"
 for r in $(seq 1 "$ROUNDS"); do

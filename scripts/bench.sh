@@ -5,8 +5,8 @@
 #
 #   SECONDS_PER_CASE=5   seconds each throughput case sends
 #   PARTS="micro stream shm bus"   which parts to run
-#   BASELINE=/path/to/shared/baseline/run.sh   also run the machine's raw baseline in the same
-#                        sitting (default: ../shared/baseline/run.sh when it exists)
+#   BASELINE=/path/to/run.sh   also run the machine's raw baseline script in the same sitting
+#                        (none by default)
 #   BUILD=build-bench
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,8 +37,8 @@ for part in $PARTS; do
   esac
 done
 
-BASELINE=${BASELINE:-../shared/baseline/run.sh}
-if [ -x "$BASELINE" ] || [ -f "$BASELINE" ]; then
+BASELINE=${BASELINE:-}
+if [ -n "$BASELINE" ] && { [ -x "$BASELINE" ] || [ -f "$BASELINE" ]; }; then
   echo "## raw baseline of this machine, same sitting ($BASELINE)"
   DURATION=$SECONDS_PER_CASE bash "$BASELINE" | grep -v '^{"baseline"' || true
 fi
