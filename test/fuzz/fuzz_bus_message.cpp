@@ -57,6 +57,17 @@ void check_directory(const uint8_t* p, size_t n) {
   check_same(enc, p, n);
 }
 
+void check_broadcast(const uint8_t* p, size_t n) {
+  proto::broadcast_body b;
+  if (proto::parse_broadcast(p, n, &b) != errc::ok) return;
+  FUZZ_CHECK(inside(b.payload, b.size, p, n));
+  FUZZ_CHECK(b.to.labels.size() <= proto::kMaxLabels && b.to.net.mask_bits <= 64);
+  std::vector<uint8_t> enc;
+  proto::encode_broadcast_head(b.to, b.user_type, &enc);
+  enc.insert(enc.end(), b.payload, b.payload + b.size);
+  check_same(enc, p, n);
+}
+
 void check_flow_ack(const uint8_t* p, size_t n) {
   proto::flow_ack_body b;
   if (proto::parse_flow_ack(p, n, &b) != errc::ok) return;
@@ -83,12 +94,22 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
       proto::register_body b;
       if (proto::parse_register(p, n, &b) != errc::ok) return;
       proto::encode_register(b, &enc);
+      // An extension block re-encodes without unknown tags (fuzz_registration checks its fields).
+      if (b.ext.present) {
+        FUZZ_CHECK(enc.size() <= n);
+        return;
+      }
       return check_same(enc, p, n);
     }
     case proto::msg_type::register_reply: {
       proto::register_reply_body b;
       if (proto::parse_register_reply(p, n, &b) != errc::ok) return;
       proto::encode_register_reply(b, &enc);
+      // Likewise for the reply's extension block.
+      if (b.ext.present) {
+        FUZZ_CHECK(enc.size() <= n);
+        return;
+      }
       return check_same(enc, p, n);
     }
     case proto::msg_type::ping:
@@ -144,6 +165,10 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
       return check_flow_ack(p, n);
     case proto::msg_type::directory:
       return check_directory(p, n);
+    case proto::msg_type::broadcast:
+      return check_broadcast(p, n);
+    case proto::msg_type::broadcast_ack:
+      return;  // no body to parse: the header says it all
   }
   FUZZ_CHECK(false && "parse_header accepted an unknown type");
 }
