@@ -266,8 +266,12 @@ struct node_config {
   discovery_config discovery;
   // With discovery on and parent_urls empty: register to the lowest-id discovered node of this
   // type ("" = none: the node is a root) carrying every label of discovery_parent_labels, at its
-  // stream listen URLs; until one is found the node is not up. Read once: when the chosen parent
-  // leaves, the node keeps reconnecting to its URLs (as with parent_urls).
+  // stream listen URLs; until one is found the node is not up and messages for the rest of the
+  // bus wait in the parent queue (within their deadlines). A lost link is first retried at the
+  // same parent's URLs, as with parent_urls; once that parent's entry has left etcd (stopped, or
+  // its lease expired after a crash) the rule chooses again among the live ones. A lower-id
+  // candidate that appears later takes the node over (every node applying the rule to the same
+  // directory has the same parent: no split trees); the old link is closed, flows resume.
   std::string discovery_parent_type;
   std::vector<node_label> discovery_parent_labels;
 };

@@ -198,7 +198,7 @@ errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, si
     return transmit(p, bufs, n, tag, target, via_shm);
   }
   if (r.kind == hop::self) return errc::invalid_argument;
-  if (r.kind == hop::none && (table.owns(target) || cfg.parent_urls.empty())) {
+  if (r.kind == hop::none && (table.owns(target) || !has_parent())) {
     return errc::unknown_route;
   }
   // Up through the parent, or directly to a sibling.

@@ -125,8 +125,13 @@ void node::impl::dir_link_gone(bus_id peer) {
       ++it;
       continue;
     }
+    b.ids.push_back(it->first);
+    if (disc_keep(it->second)) {  // still in etcd: stays, as etcd's entry
+      if (dead) return;
+      ++it;
+      continue;
+    }
     const directory_entry e = std::move(it->second.e);
-    b.ids.push_back(e.id);
     it = dir.erase(it);
     fire(cbs.on_directory, directory_event::removed, e);
     if (dead) return;
@@ -174,9 +179,13 @@ void node::impl::dir_remove(peer_ep* from, const std::vector<bus_id>& ids) {
     auto it = dir.find(id);
     // Only the link an entry came through may take it away (it may have moved since).
     if (it == dir.end() || it->second.via != from_id) continue;
+    fwd.ids.push_back(id);
+    if (disc_keep(it->second)) {
+      if (dead) return;
+      continue;
+    }
     const directory_entry e = std::move(it->second.e);
     dir.erase(it);
-    fwd.ids.push_back(id);
     fire(cbs.on_directory, directory_event::removed, e);
     if (dead) return;
   }

@@ -1,7 +1,8 @@
 // node_config::discovery inside a node: registers the node's own directory entry in etcd
 // (etcd_discovery), merges the entries found there into the node's directory and on_directory
 // (kept apart from the tree's flooding), revokes on stop(), and optionally picks the parent by a
-// rule (discovery_parent_type / discovery_parent_labels) when parent_urls is empty.
+// rule (discovery_parent_type / discovery_parent_labels) when parent_urls is empty, choosing again
+// when the chosen parent leaves etcd while the node has no working link to it.
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -13,6 +14,7 @@ void node::impl::disc_start() {
   cb.on_log = [this](log_level lv, const std::string& m) { log(lv, "%s", m.c_str()); };
   disc = std::make_unique<etcd_discovery>(loop, cfg.discovery, std::move(cb));
   disc_parent_wanted = cfg.parent_urls.empty() && !cfg.discovery_parent_type.empty();
+  disc_rule = disc_parent_wanted;
   directory_entry me = self_entry();
   me.parent = 0;
   // node::validate checked cfg.discovery, so this cannot fail; if it did, the node runs without.
@@ -20,24 +22,30 @@ void node::impl::disc_start() {
     log(log_level::error, "discovery: %s", disc->last_error().detail.c_str());
     disc.reset();
     disc_parent_wanted = false;
+    disc_rule = false;
   }
 }
 
 void node::impl::disc_stop() {
   if (disc) (void)disc->stop(nullptr);  // revokes the lease; best effort if destroyed first
+  if (disc_rule) cfg.parent_urls.clear();  // a later start() applies the rule again
   disc_parent_wanted = false;
+  disc_rule = false;
+  disc_parent = 0;
 }
 
 // An etcd entry: added or changed unless the tree knows the node (the tree's entry, with its
-// parent, wins); removed only if it came from etcd.
+// parent, wins); removed only if it came from etcd. The chosen parent leaving may re-choose.
 void node::impl::disc_event(directory_event ev, const directory_entry& e) {
   if (dead || e.id == self || state != run_state::running) return;
   auto it = dir.find(e.id);
   if (ev == directory_event::removed) {
-    if (it == dir.end() || it->second.via != kViaDiscovery) return;
-    const directory_entry gone = std::move(it->second.e);
-    dir.erase(it);
-    fire(cbs.on_directory, directory_event::removed, gone);
+    if (it != dir.end() && it->second.via == kViaDiscovery) {
+      const directory_entry gone = std::move(it->second.e);
+      dir.erase(it);
+      fire(cbs.on_directory, directory_event::removed, gone);
+    }
+    if (!dead && e.id == disc_parent) (void)disc_parent_left();
     return;
   }
   if (it == dir.end()) {
@@ -47,13 +55,29 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     it->second.e = e;
     fire(cbs.on_directory, directory_event::changed, it->second.e);
   }
-  if (!dead && disc_parent_wanted) disc_pick_parent();
+  if (!dead && disc_rule) disc_pick_parent();
+}
+
+bool node::impl::disc_keep(dir_item& item) {
+  directory_entry e;
+  if (disc == nullptr || state != run_state::running || !disc->lookup(item.e.id, &e)) return false;
+  item.via = kViaDiscovery;
+  if (item.e != e) {
+    item.e = std::move(e);
+    fire(cbs.on_directory, directory_event::changed, item.e);
+  }
+  return true;
 }
 
 // The lowest-id node of discovery_parent_type with every discovery_parent_label and a stream
-// listen URL becomes the parent: its stream URLs are parent_urls from then on.
+// listen URL is the parent: its stream URLs are parent_urls from then on. Every node applying the
+// rule to the same directory chooses the same parent, so a lower-id candidate appearing later
+// (a gateway that started late, or came back) takes the children over: otherwise nodes that chose
+// while the directory was still filling would split the bus into two trees. The current parent
+// link is closed (its flows resume through the new parent; nothing is lost).
 void node::impl::disc_pick_parent() {
   for (const directory_entry& c : disc->directory()) {
+    if (disc_parent != 0 && c.id >= disc_parent) return;  // the current one is still the best
     if (c.id == self || c.type != cfg.discovery_parent_type ||
         !c.has_labels(cfg.discovery_parent_labels)) {
       continue;
@@ -63,13 +87,50 @@ void node::impl::disc_pick_parent() {
       if (u.rfind("shm://", 0) != 0 && urls.size() < proto::kMaxListen) urls.push_back(u);
     }
     if (urls.empty()) continue;
+    const bus_id before = disc_parent;
     disc_parent_wanted = false;
+    disc_parent = c.id;
     cfg.parent_urls = std::move(urls);
-    log(log_level::info, "discovery: parent 0x%" PRIx64 " (%s, type %s) chosen at %s", c.id,
-        c.name.c_str(), c.type.c_str(), cfg.parent_urls.front().c_str());
-    connect_parent();
+    parent_index = 0;
+    reconnect_attempt = 0;
+    log(log_level::info, "discovery: parent 0x%" PRIx64 " (%s, type %s) chosen at %s%s", c.id,
+        c.name.c_str(), c.type.c_str(), cfg.parent_urls.front().c_str(),
+        before != 0 ? " (a lower id than the current parent)" : "");
+    if (reconnect_armed) {
+      uv_timer_stop(&h->reconnect);
+      reconnect_armed = false;
+    }
+    if (parent_link != nullptr) {
+      close_link(parent_link, errc::connection_reset);  // reconnects to the new URLs
+    } else {
+      connect_parent();
+    }
     return;
   }
+}
+
+// A registered parent stays whatever etcd says (a working link wins). Without one, a parent
+// whose entry left etcd (revoked, or its lease expired after a crash) is given up: the queued
+// messages wait for the next parent the rule finds (now, or when one appears), within their
+// deadlines.
+bool node::impl::disc_parent_left() {
+  if (disc == nullptr || disc_parent == 0 || state != run_state::running) return false;
+  if (parent_link != nullptr && parent_link->peer != nullptr) return false;
+  directory_entry e;
+  if (disc->lookup(disc_parent, &e)) return false;
+  log(log_level::info, "discovery: parent 0x%" PRIx64 " left the directory; choosing again",
+      disc_parent);
+  if (reconnect_armed) {
+    uv_timer_stop(&h->reconnect);
+    reconnect_armed = false;
+  }
+  cfg.parent_urls.clear();
+  parent_index = 0;
+  reconnect_attempt = 0;
+  disc_parent = 0;
+  disc_parent_wanted = true;
+  disc_pick_parent();
+  return true;
 }
 
 }  // namespace uvbus

@@ -661,10 +661,20 @@ struct node::impl {
   static constexpr bus_id kViaDiscovery = ~bus_id{0};
   std::unique_ptr<etcd_discovery> disc;
   bool disc_parent_wanted = false;  // discovery_parent_type set, no parent chosen yet
+  bool disc_rule = false;           // the parent comes from discovery_parent_type
+  bus_id disc_parent = 0;           // the parent the rule chose (0: none)
+  // A parent is configured, or the discovery rule is still looking for one.
+  [[nodiscard]] bool has_parent() const { return !cfg.parent_urls.empty() || disc_parent_wanted; }
   void disc_start();
   void disc_stop();
   void disc_event(directory_event ev, const directory_entry& e);
   void disc_pick_parent();
+  // A tree entry is going away: if etcd still lists the node, it stays as etcd's entry (a changed
+  // event if it differs) and this returns true; false: the caller removes it.
+  bool disc_keep(dir_item& item);
+  // The chosen parent left etcd while we have no working link to it: choose again. Returns
+  // true when it did (the reconnect to the old parent is off).
+  bool disc_parent_left();
   void maybe_finish_stop();
   void finish_stop();
   static void on_handle_closed(uv_handle_t* hd);

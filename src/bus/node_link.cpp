@@ -40,6 +40,7 @@ void node::impl::connect_parent() {
 
 void node::impl::schedule_reconnect() {
   if (state != run_state::running || parent_failed || reconnect_armed) return;
+  if (disc_parent_left() || cfg.parent_urls.empty()) return;  // node_discovery.cpp
   // Every failure moves on to the next parent URL; the backoff grows once per round over them.
   parent_index = (parent_index + 1) % cfg.parent_urls.size();
   const uint32_t round = reconnect_attempt / static_cast<uint32_t>(cfg.parent_urls.size());

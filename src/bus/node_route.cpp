@@ -244,7 +244,7 @@ errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t tot
     p = find_peer(r.next);
   }
   if (p == nullptr) {
-    if (r.kind == hop::none && !cfg.parent_urls.empty() && !table.owns(target) && !parent_failed) {
+    if (r.kind == hop::none && has_parent() && !table.owns(target) && !parent_failed) {
       return enqueue(&parent_pending, bufs, 1, total, 0, target);
     }
     return errc::unknown_route;

@@ -1,7 +1,8 @@
 // node_config::discovery: nodes without any static URL find each other through etcd (in
 // directory(), lookup(), find() and on_directory), a stopped node leaves everyone's directory,
 // a bad discovery config is refused naming the field, and a node picks its parent by type and
-// labels from the directory, registers to it and exchanges data.
+// labels from the directory, registers to it and exchanges data, chooses again when that parent
+// crashes (its lease expires) without losing what was sent meanwhile, and follows a lower id.
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@ struct watched_node {
   std::unique_ptr<node> n;
   std::vector<std::pair<directory_event, bus_id>> events;
   std::vector<std::string> data;
+  std::vector<errc> reports;
 };
 
 class NodeDiscoveryTest : public test::discovery_fixture {
@@ -50,6 +52,7 @@ class NodeDiscoveryTest : public test::discovery_fixture {
     cb.on_data = [raw](bus_id, uint32_t, const uint8_t* d, size_t n) {
       raw->data.emplace_back(reinterpret_cast<const char*>(d), n);
     };
+    cb.on_report = [raw](const delivery_report& r) { raw->reports.push_back(r.status); };
     raw->n = std::make_unique<node>(&loop_, id, std::move(c), std::move(cb));
     EXPECT_EQ(raw->n->start(), errc::ok) << raw->n->last_error().detail;
     return raw;
@@ -110,6 +113,48 @@ TEST_F(NodeDiscoveryTest, ParentChosenByTypeAndLabels) {
   ASSERT_EQ(lg->n->send_data(0x200, 1, "hi", 2), errc::ok);
   ASSERT_TRUE(wait([&] { return gw->data.size() == 1; }));
   EXPECT_EQ(gw->data[0], "hi");
+}
+
+// Gateway failover: two gateways own the same child subnet; the child registers to the lower id.
+// That gateway crashes (destroyed without stop(): its lease expires by itself); the child keeps
+// retrying its URLs until the entry leaves etcd, then registers to the other gateway, and the
+// message sent meanwhile is delivered there once. When the first gateway comes back the child
+// moves back to it (the lowest id wins, so nodes choosing at different times never split).
+TEST_F(NodeDiscoveryTest, ACrashedParentIsReplacedByTheNextLiveOne) {
+  start_etcd(1);
+  node_config g = base("gw-1", "gateway");
+  g.subnets = {{0x1000, 8}};
+  watched_node* gw1 = make_node(0x100, g);
+  g.name = "gw-2";
+  watched_node* gw2 = make_node(0x200, g);
+  node_config lc = base("logic-1", "logic");
+  lc.discovery_parent_type = "gateway";
+  watched_node* lg = make_node(0x1001, lc);
+  endpoint_info p;
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+  EXPECT_EQ(p.role, peer_role::parent);
+
+  gw1->n.reset();  // a crash: no goodbye, no revoke
+  ASSERT_TRUE(wait([&] { return !lg->n->up(); }));
+  ASSERT_EQ(lg->n->send_data(0x200, 7, "meanwhile", 9), errc::ok);
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x200, &p); }));
+  EXPECT_EQ(p.role, peer_role::parent);
+  EXPECT_FALSE(lg->n->peer(0x100, &p));
+  ASSERT_TRUE(wait([&] { return gw2->data.size() == 1 && lg->reports.size() == 1; }));
+  EXPECT_EQ(gw2->data[0], "meanwhile");
+  EXPECT_EQ(lg->reports[0], errc::ok);
+
+  node_config back = base("gw-1", "gateway");
+  back.subnets = {{0x1000, 8}};
+  watched_node* again = make_node(0x100, back);
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+  EXPECT_EQ(p.role, peer_role::parent);
+  EXPECT_FALSE(lg->n->peer(0x200, &p));
+  ASSERT_EQ(lg->n->send_data(0x100, 7, "back", 4), errc::ok);
+  ASSERT_TRUE(wait([&] { return again->data.size() == 1 && lg->reports.size() == 2; }));
+  EXPECT_EQ(again->data[0], "back");
+  EXPECT_EQ(lg->reports[1], errc::ok);
+  EXPECT_EQ(gw2->data.size(), 1U);
 }
 
 }  // namespace
