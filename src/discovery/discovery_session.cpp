@@ -151,10 +151,12 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
   std::string why;
   if (!etcd::parse_watch(line, &w, &why)) return fail("watch: " + why);
   if (w.canceled || w.compact_revision != 0) {
-    // A gap (compaction, cancel): read everything again, then watch from there.
+    // A gap (compaction, cancel): read everything again, then watch from there. etcd answers a
+    // watch from a compacted revision with `created`, then `canceled` + compact_revision and no
+    // cancel_reason, and keeps the stream open: it is dropped here.
     log(log_level::info, kInfo,
-        "watch cancelled (compact_revision " + std::to_string(w.compact_revision) + " " + w.error +
-            "): resync");
+        "watch cancelled (compact_revision " + std::to_string(w.compact_revision) +
+            (w.error.empty() ? std::string() : ", " + w.error) + "): resync");
     http->cancel(watch_req);
     watch_req = 0;
     return range();
