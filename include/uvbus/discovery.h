@@ -76,6 +76,12 @@ struct discovery_stats {
   uint64_t skipped_full = 0;   // entries skipped because max_entries was reached
 };
 
+class etcd_discovery;
+namespace detail {
+// A test seam of the library (internal; see src/discovery/discovery_impl.h), not API.
+int64_t discovery_rewatch_from(etcd_discovery& d, int64_t from);
+}  // namespace detail
+
 class etcd_discovery {
  public:
   etcd_discovery(uv_loop_t* loop, discovery_config cfg, discovery_callbacks cbs);
@@ -110,6 +116,7 @@ class etcd_discovery {
   struct impl;
 
  private:
+  friend int64_t detail::discovery_rewatch_from(etcd_discovery& d, int64_t from);
   std::unique_ptr<impl> impl_;
 };
 

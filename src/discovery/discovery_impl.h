@@ -59,7 +59,7 @@ struct etcd_discovery::impl {
   void grant();
   void put_self();
   void range();
-  void watch();
+  void watch(int64_t from);  // the prefix, from revision `from`
   void on_watch_line(std::string_view line);
   void keepalive();
   void on_keepalive(detail::http_result& r);
@@ -69,6 +69,8 @@ struct etcd_discovery::impl {
   void set_connected(bool c);
   void cancel_all();
   void finish_stop();
+  // Test seam (detail::discovery_rewatch_from), not used by the library: see there.
+  int64_t rewatch_from(int64_t from);
 
   // ---------------------------------------------------------------------- discovery.cpp --
   // Each returns false when a callback destroyed the object (stop touching it).
@@ -79,5 +81,14 @@ struct etcd_discovery::impl {
   bool emit(directory_event ev, const directory_entry& e);
   void log(log_level lv, size_t kind, const std::string& msg);
 };
+
+namespace detail {
+// Test seam for the watch-gap test (not API; the public class befriends it): cancels d's watch
+// request and returns the last revision d had seen. With from > 0 it then watches the prefix
+// again from revision `from` (one etcd has compacted already forces the gap path: etcd cancels
+// the watch with compact_revision set); with from == 0 it leaves d without a watch, so d misses
+// every change until the next call. Nothing happens (returns 0) unless d is watching.
+int64_t discovery_rewatch_from(etcd_discovery& d, int64_t from);
+}  // namespace detail
 
 }  // namespace uvbus

@@ -127,16 +127,16 @@ void etcd_discovery::impl::range() {
                      if (!why.empty()) return fail("range: " + why);
                      revision = rr.revision;
                      const std::weak_ptr<char> alive = life;
-                     watch();  // first: the events below may destroy us
+                     watch(revision + 1);  // first: the events below may destroy us
                      if (!alive.expired()) (void)apply_snapshot(rr.kvs);
                    });
   if (req == 0) fail("range: the HTTP client refused the request");
 }
 
-void etcd_discovery::impl::watch() {
+void etcd_discovery::impl::watch(int64_t from) {
   ph = phase::watching;
   watch_req = http->stream(
-      url("/v3/watch"), etcd::watch_request(nodes_prefix, revision + 1), cfg.request_timeout_ms,
+      url("/v3/watch"), etcd::watch_request(nodes_prefix, from), cfg.request_timeout_ms,
       [this](std::string_view line) { on_watch_line(line); },
       [this](http_result& r) {
         watch_req = 0;
@@ -151,10 +151,12 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
   std::string why;
   if (!etcd::parse_watch(line, &w, &why)) return fail("watch: " + why);
   if (w.canceled || w.compact_revision != 0) {
-    // A gap (compaction, cancel): read everything again, then watch from there.
+    // A gap (compaction, cancel): read everything again, then watch from there. etcd answers a
+    // watch from a compacted revision with `created`, then `canceled` + compact_revision and no
+    // cancel_reason, and keeps the stream open: it is dropped here.
     log(log_level::info, kInfo,
-        "watch cancelled (compact_revision " + std::to_string(w.compact_revision) + " " + w.error +
-            "): resync");
+        "watch cancelled (compact_revision " + std::to_string(w.compact_revision) +
+            (w.error.empty() ? std::string() : ", " + w.error) + "): resync");
     http->cancel(watch_req);
     watch_req = 0;
     return range();
@@ -227,6 +229,18 @@ void etcd_discovery::impl::on_keepalive(http_result& r) {
 void etcd_discovery::impl::finish_stop() {
   std::function<void()> cb = std::move(stop_done);
   if (cb) cb();
+}
+
+int64_t etcd_discovery::impl::rewatch_from(int64_t from) {
+  if (ph != phase::watching) return 0;
+  if (watch_req != 0) http->cancel(watch_req);
+  watch_req = 0;
+  if (from > 0) watch(from);
+  return revision;
+}
+
+int64_t detail::discovery_rewatch_from(etcd_discovery& d, int64_t from) {
+  return d.impl_->rewatch_from(from);
 }
 
 errc etcd_discovery::stop(std::function<void()> done) {
