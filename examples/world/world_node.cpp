@@ -53,8 +53,7 @@ struct world {
 
 void say(const world& w, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 void say(const world& w, const char* fmt, ...) {
-  std::printf("%-7s %#llx ", w.role.c_str(),
-              static_cast<unsigned long long>(w.n ? w.n->id() : 0));
+  std::printf("%-7s %#llx ", w.role.c_str(), static_cast<unsigned long long>(w.n ? w.n->id() : 0));
   va_list ap;
   va_start(ap, fmt);
   std::vprintf(fmt, ap);
@@ -89,10 +88,10 @@ void gateway_tick(world& w) {
   }
   const std::string req = "login player " + std::to_string(player);
   world* wp = &w;
-  const errc e = w.n->call(target, kLogin, req.data(), req.size(), 2000,
-                           [wp](const uvbus::call_result& r) {
-                             ++(r.status == errc::ok ? wp->calls_ok : wp->calls_failed);
-                           });
+  const errc e =
+      w.n->call(target, kLogin, req.data(), req.size(), 2000, [wp](const uvbus::call_result& r) {
+        ++(r.status == errc::ok ? wp->calls_ok : wp->calls_failed);
+      });
   if (e != errc::ok) ++w.calls_failed;
   if (w.ticks % 10 == 0) {
     say(w, "CALLS ok %llu failed %llu (player %llu -> logic %#llx)",
@@ -106,12 +105,12 @@ void chat_tick(world& w) {
   if (w.ticks % 5 != 0 || !w.n->up()) return;
   const std::string line = "chat line " + std::to_string(w.ticks / 5);
   world* wp = &w;
-  const errc e = w.n->broadcast(uvbus::broadcast_target::of_type("logic"), kChat, line.data(),
-                                line.size(), 1000, [wp](const uvbus::broadcast_report& r) {
-                                  say(*wp, "BCAST %s reached %zu failed %zu of %zu",
-                                      to_string(r.status), r.reached.size(), r.failed.size(),
-                                      r.expected);
-                                });
+  const errc e =
+      w.n->broadcast(uvbus::broadcast_target::of_type("logic"), kChat, line.data(), line.size(),
+                     1000, [wp](const uvbus::broadcast_report& r) {
+                       say(*wp, "BCAST %s reached %zu failed %zu of %zu", to_string(r.status),
+                           r.reached.size(), r.failed.size(), r.expected);
+                     });
   if (e != errc::ok) say(w, "BCAST refused: %s", to_string(e));
 }
 

@@ -27,7 +27,7 @@ void node::impl::disc_start() {
 }
 
 void node::impl::disc_stop() {
-  if (disc) (void)disc->stop(nullptr);  // revokes the lease; best effort if destroyed first
+  if (disc) (void)disc->stop(nullptr);     // revokes the lease; best effort if destroyed first
   if (disc_rule) cfg.parent_urls.clear();  // a later start() applies the rule again
   disc_parent_wanted = false;
   disc_rule = false;

@@ -3,7 +3,7 @@
 // pending queues, reports, timers), node_link.cpp (links, stream callbacks, registration
 // handshake), node_route.cpp (routed messages, forwarding, siblings, shared-memory input, commands)
 // and node_call.cpp (request/reply), plus node_flow, node_grace, node_post, node_metrics and
-// node_handover (each file says what it owns).
+// node_handover (each file says what it owns). Its building blocks are in node_types.h.
 #pragma once
 
 #include <uv.h>
@@ -25,6 +25,7 @@
 #include "bus/flow.h"
 #include "bus/node_fanout.h"
 #include "bus/node_secure.h"
+#include "bus/node_types.h"
 #include "bus/routing.h"
 #include "bus/wire.h"
 #include "core/ring_fifo.h"
@@ -35,193 +36,6 @@
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
 #include "uvbus/stream.h"
-
-namespace uvbus::detail {
-
-constexpr size_t kBusOverhead = proto::kHeaderSize + proto::kDataPrefix;
-// The most a message adds to its payload on a link or in a ring: the header, the flow prefix (user
-// type, epoch), a trace block and a shared-memory writer envelope. Frame and record limits are
-// message_limit plus this, so a message of message_limit bytes fits in every form.
-constexpr size_t kMaxBusOverhead =
-    proto::kHeaderSize + proto::kFlowPrefix + proto::kTraceSize + proto::kShmEnvelopeSize;
-constexpr uint32_t kSiblingRetryMs =
-    5000;  // after a failed direct attempt, use the parent this long
-constexpr size_t kMaxSpans = 64;
-// A sibling the parent does not know yet (not registered): ask again this often while messages
-// wait for it (they expire on the pending queue's deadline).
-constexpr uint32_t kSiblingWaitRetryMs = 100;
-// Relay drop log lines: the first kDropLogBurst per kDropLogWindowMs, then one summary.
-constexpr uint32_t kDropLogBurst = 5;
-constexpr uint64_t kDropLogWindowMs = 1000;
-// A report tag is the message id; this bit marks a require_response message, whose one report is
-// owned by its entry in node::impl::replies (the ack, the response timeout or the first channel
-// failure, whichever comes first) and never by the channel's success. Message ids stay below it.
-constexpr uint64_t kTagE2e = uint64_t{1} << 63;
-
-// Whether a listening socket inherited as inherited_url serves the listen URL listen_url: the
-// same URL, or the same scheme and host with listen_url's port 0 (any) or equal; a dns:// listen
-// URL takes a TCP socket of its port (listen_fd() checks the socket itself).
-bool inherited_fits(const std::string& listen_url, const std::string& inherited_url);
-
-// The shared-memory ring config a node with a shm:// listen URL opens (node_config.cpp).
-shm_config ring_config(const node_config& cfg);
-
-inline uint64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-inline peer_role role_of(peer_kind k) {
-  switch (k) {
-    case peer_kind::parent:
-      return peer_role::parent;
-    case peer_kind::child:
-      return peer_role::child;
-    case peer_kind::sibling:
-      return peer_role::sibling;
-    case peer_kind::tool:
-      return peer_role::tool;
-  }
-  return peer_role::child;
-}
-
-// A message waiting for its link (whole bus message: header + body).
-struct pending_msg {
-  std::vector<uint8_t> bytes;
-  uint64_t tag = 0;  // message id (| kTagE2e) when a report is owed, else 0
-  bus_id target = 0;
-  uint64_t deadline_ms = 0;
-};
-
-struct pending_queue {
-  std::deque<pending_msg> q;
-  size_t bytes = 0;
-};
-
-struct link;
-
-// A reported message on a stream link: its stream sequence number and what to report.
-struct in_flight {
-  uint64_t seq;
-  uint64_t tag;
-  bus_id target;
-};
-
-struct peer_ep {
-  bus_id id = 0;
-  peer_kind kind = peer_kind::child;
-  proto::node_info info;
-  link* lk = nullptr;  // its registered stream link
-  std::unique_ptr<shm_writer> shm;
-  uint64_t rtt_ns = 0;
-  uint64_t last_rx_ms = 0;
-  uint64_t last_ping_ms = 0;
-  uint64_t last_data_ms = 0;
-  // Relayed messages that met a full queue, and the links paused until they drain.
-  std::deque<std::vector<uint8_t>> overflow;
-  size_t overflow_bytes = 0;
-  std::vector<uint64_t> paused_links;
-  bool shm_reader_paused = false;  // we stopped our shm reader because of this overflow
-  bool user_blocked = false;       // a send_data() got queue_full: tell on_writable
-  bool shm_tagged = false;         // shm_envelope goes before each message into its ring
-  uint8_t shm_envelope[proto::kShmEnvelopeSize] = {};
-};
-
-enum class link_state : uint8_t {
-  connecting,
-  await_challenge,  // connector
-  await_register,   // acceptor
-  await_reply,      // connector
-  registered,
-  closing,
-};
-
-struct link {
-  connection_id conn;
-  uint64_t conn_id = 0;  // conn.value, the key in impl::links
-  link_state state = link_state::connecting;
-  bool outbound = false;
-  bool is_parent = false;
-  proto::link_role role = proto::link_role::child;
-  uint8_t version = 0;   // the negotiated protocol version, once registered
-  bus_id expect_id = 0;  // connector to a sibling: whom we expect
-  uint8_t nonce[proto::kNonceSize] = {};
-  bool sent_nonce = false;                   // connector: my_nonce went out (version 6)
-  uint8_t my_nonce[proto::kNonceSize] = {};  // connector: what the acceptor must prove over
-  uint8_t codec = 0;                         // the link's compression codec (0: none)
-  uint64_t deadline_ms = 0;
-  peer_ep* peer = nullptr;
-  errc close_reason = errc::ok;  // set when we close it for a reason of our own
-  bool paused = false;
-  bool reported = false;  // parent link: on_registration already told about this attempt
-  // Messages awaiting their next-hop report, in stream sequence order: on_written(through) pops
-  // every entry with seq <= through, on_send_failed(first, last) every entry with seq <= last.
-  ring_fifo<in_flight> reports;
-};
-
-// waiting: the parent said the sibling is not registered (yet); messages wait, the lookup repeats.
-enum class sib_state : uint8_t { lookup, waiting, connecting, via_parent };
-
-struct sibling_entry {
-  sib_state state = sib_state::lookup;
-  pending_queue pending;
-  uint64_t until_ms = 0;  // via_parent: retry a direct link after this
-};
-
-struct pending_reply {
-  bus_id target = 0;
-  uint64_t deadline_ms = 0;
-  node::command_cb cb;  // commands; empty for acks
-  uint64_t report_tag = 0;
-};
-
-struct self_msg {
-  bus_id source;
-  uint32_t type;
-  std::vector<uint8_t> bytes;
-  uint64_t seq;
-  bool require_response;
-  bool has_trace = false;
-  trace_context trace;
-  uint8_t call_flag = 0;  // proto::flag_call when the bytes start with a call block
-};
-
-// An outstanding node::call() (node_call.cpp). The call id is (gen << 32) | slot index.
-struct call_slot {
-  uint32_t gen = 0;
-  bool busy = false;
-  bus_id target = 0;
-  uint64_t deadline_ms = 0;
-  call_fn cb;
-};
-
-// libuv handles live in their own heap block so their close callbacks may run after the node is
-// destroyed; the last close callback frees the block.
-struct handles {
-  uv_timer_t tick{};
-  uv_timer_t reconnect{};
-  uv_idle_t idle{};
-  uv_async_t post{};   // wakes the loop for the mailbox
-  uv_check_t acks{};   // flows: acknowledgements go out after each loop iteration's input
-  uv_timer_t flow{};   // flows: retry transmissions that met a full queue
-  uv_timer_t calls{};  // node::call() deadlines (node_call.cpp)
-  int open = 0;
-};
-
-// node::post()'s mailbox: the one part of a node other threads touch, all of it under `mu`.
-// Producers append records (node_post.cpp) to `bytes`; the loop swaps the whole buffer out.
-struct mailbox {
-  enum class status : uint8_t { not_started, open, stopped, gone };
-  std::mutex mu;
-  status st = status::not_started;
-  std::vector<uint8_t> bytes;
-  std::vector<std::function<void()>> tasks;
-  size_t items = 0;  // records in bytes
-  uv_async_t* async = nullptr;
-};
-
-}  // namespace uvbus::detail
 
 namespace uvbus {
 
