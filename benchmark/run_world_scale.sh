@@ -60,7 +60,7 @@ run_one() {
   done
   local want="DIR $n nodes" deadline=$(($(date +%s) + 300)) done_n=0
   while :; do
-    done_n=$(grep -l "$want" "$d"/gw.log "$d"/l*.log 2>/dev/null | wc -l)
+    done_n=$(grep -l "$want" "$d"/gw.log "$d"/l*.log 2>/dev/null | wc -l || true)
     [ "$done_n" -ge "$n" ] && break
     if [ "$(date +%s)" -ge "$deadline" ]; then echo "scale: N=$n: only $done_n complete" >&2; return 1; fi
     sleep 0.05
@@ -76,12 +76,12 @@ run_one() {
   cpu2=$(cpu_ms "$etcd_pid")
   # kill -9 the last logic node; wait until every other process's directory lost it
   local victim=${PIDS[-1]} t2 gone=0
-  kill -9 "$victim"
+  { kill -9 "$victim" && wait "$victim"; } 2>/dev/null || true
   t2=$(now_ms)
   local want2="DIR $((n - 1)) nodes"
   deadline=$(($(date +%s) + 60))
   while :; do
-    gone=$(grep -l "$want2" "$d"/gw.log "$d"/l*.log 2>/dev/null | wc -l)
+    gone=$(grep -l "$want2" "$d"/gw.log "$d"/l*.log 2>/dev/null | wc -l || true)
     [ "$gone" -ge $((n - 1)) ] && break
     if [ "$(date +%s)" -ge "$deadline" ]; then echo "scale: N=$n: the killed node stayed" >&2; return 1; fi
     sleep 0.05
