@@ -198,6 +198,12 @@ errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, si
     return transmit(p, bufs, n, tag, target, via_shm);
   }
   if (r.kind == hop::self) return errc::invalid_argument;
+  if (r.kind == hop::none && !table.owns(target)) {
+    detail::sibling_entry* s = disc_sibling(target);  // node_discovery.cpp
+    if (s != nullptr && s->state != sib_state::via_parent) {
+      return enqueue(&s->pending, bufs, n, total, tag, target);
+    }
+  }
   if (r.kind == hop::none && (table.owns(target) || !has_parent())) {
     return errc::unknown_route;
   }

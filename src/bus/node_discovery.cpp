@@ -1,8 +1,8 @@
 // node_config::discovery inside a node: registers the node's own directory entry in etcd
 // (etcd_discovery), merges the entries found there into the node's directory and on_directory
-// (kept apart from the tree's flooding), revokes on stop(), and optionally picks the parent by a
-// rule (discovery_parent_type / discovery_parent_labels) when parent_urls is empty, choosing again
-// when the chosen parent leaves etcd while the node has no working link to it.
+// (kept apart from the tree's flooding), dials the nodes no tree of ours knows directly, revokes
+// on stop(), and optionally picks the parent by a rule (discovery_parent_type / _labels) when
+// parent_urls is empty, choosing again when the chosen parent leaves etcd or a lower id appears.
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -131,6 +131,24 @@ bool node::impl::disc_parent_left() {
   disc_parent_wanted = true;
   disc_pick_parent();
   return true;
+}
+
+// A node in another tree, or in none (both roots), is reached over a direct link registered as a
+// sibling, dialled at the listen URLs of its etcd entry (a unix socket on the same host first).
+// After a failed dial the entry waits kSiblingRetryMs (via_parent) before the next one: its
+// messages go to the parent meanwhile; without one they fail (unknown_route), queued ones too.
+detail::sibling_entry* node::impl::disc_sibling(bus_id target) {
+  if (disc == nullptr || !cfg.sibling_direct) return nullptr;
+  auto d = dir.find(target);
+  if (d == dir.end() || d->second.via != kViaDiscovery) return nullptr;
+  auto [it, fresh] = siblings.emplace(target, detail::sibling_entry{});
+  detail::sibling_entry& s = it->second;
+  if (fresh || (s.state == sib_state::via_parent && now_ms() >= s.until_ms)) {
+    s.state = sib_state::connecting;
+    log(log_level::info, "discovery: 0x%" PRIx64 " is in no tree of ours: direct link", target);
+    dial_sibling(target, sibling_url(d->second.e.listen, d->second.e.host_id));
+  }
+  return &s;
 }
 
 }  // namespace uvbus

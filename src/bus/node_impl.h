@@ -268,6 +268,11 @@ struct node::impl {
   errc start_lookup(bus_id target);
   void sibling_via_parent(bus_id target, const char* why);
   void on_lookup(bus_id target, errc st, const uint8_t* p, size_t n);
+  [[nodiscard]] std::string sibling_url(const std::vector<std::string>& listen,
+                                        const std::string& host) const;
+  // Connects to the sibling entry's node at url (state connecting), or routes its queue through
+  // the parent when there is no URL or the connect fails at once.
+  void dial_sibling(bus_id target, const std::string& url);
 
   // --------------------------------------------------------------------------------- links --
   link* add_link(connection_id c, bool outbound);
@@ -489,6 +494,9 @@ struct node::impl {
   // The chosen parent left etcd while we have no working link to it: choose again. Returns
   // true when it did (the reconnect to the old parent is off).
   bool disc_parent_left();
+  // A node etcd lists that the tree does not know: its sibling entry, dialled directly (nullptr
+  // when target is not such a node).
+  detail::sibling_entry* disc_sibling(bus_id target);
   void maybe_finish_stop();
   void finish_stop();
   static void on_handle_closed(uv_handle_t* hd);

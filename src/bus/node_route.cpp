@@ -33,6 +33,8 @@ void node::impl::sibling_via_parent(bus_id target, const char* why) {
   peer_ep* pp = parent_peer();
   if (pp != nullptr) {
     flush_queue(&it->second.pending, pp);
+  } else if (!has_parent()) {
+    fail_queue(&it->second.pending, errc::unknown_route);  // a root's direct dial failed
   } else {
     // Keep order: the parent queue takes them (they still expire on their own deadlines).
     for (auto& m : it->second.pending.q) {
@@ -62,17 +64,25 @@ void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
     return;
   }
   if (state != run_state::running) return;
-  // Prefer a unix socket on the same host, else the first TCP address.
+  dial_sibling(target, sibling_url(info.listen, info.host_id));
+}
+
+// Prefer a unix socket on the same host, else the first TCP address; "" if there is none.
+std::string node::impl::sibling_url(const std::vector<std::string>& listen,
+                                    const std::string& host) const {
   std::string url;
-  for (const std::string& u : info.listen) {
+  for (const std::string& u : listen) {
     address a;
     if (parse_address(u, &a) != errc::ok) continue;
-    if (a.kind == scheme::unix_socket && info.host_id == host_id) {
-      url = u;
-      break;
-    }
+    if (a.kind == scheme::unix_socket && host == host_id) return u;
     if (url.empty() && a.is_stream() && a.kind != scheme::unix_socket) url = u;
   }
+  return url;
+}
+
+void node::impl::dial_sibling(bus_id target, const std::string& url) {
+  auto it = siblings.find(target);
+  if (it == siblings.end()) return;
   if (url.empty()) {
     sibling_via_parent(target, "no stream address");
     return;
