@@ -73,6 +73,8 @@ struct side {
   uint64_t load_full = 0;
   uint64_t load_t0 = 0;
   std::vector<uint8_t> load_msg;
+  double cpu0 = 0;  // client: getrusage at the first measured round trip, and at the last
+  double cpu1 = 0;
 };
 
 // A background-load record: its first 8 bytes are all 0xFF.
@@ -115,12 +117,13 @@ void on_records(void* user, const shm_record* recs, size_t n) {
     }
     const uint64_t now = mono_ns();
     if (s->warmup > 0) {
-      --s->warmup;
+      if (--s->warmup == 0) s->cpu0 = rusage_cpu();
     } else {
       s->hist.add(now - s->t_sent);
       --s->remaining;
     }
     if (s->remaining == 0) {
+      s->cpu1 = rusage_cpu();
       s->reader.stop();
       return;
     }
@@ -211,6 +214,7 @@ int main(int argc, char** argv) {
   s.buf.assign(size, 0xab);
   s.remaining = trips;
   s.warmup = warm;
+  if (warm == 0) s.cpu0 = rusage_cpu();
   if (const errc e = s.reader.open(s2c, cfg); e != errc::ok) {
     std::fprintf(stderr, "open %s: %s\n", s2c.c_str(), to_string(e));
     kill(pid, SIGKILL);
@@ -239,13 +243,15 @@ int main(int argc, char** argv) {
       "{\"bench\":\"shm_pingpong\",\"url\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
       "\"round_trips\":%" PRIu64
       ",\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
-      "\"max_us\":%.2f,\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_full\":%" PRIu64 "}\n",
+      "\"max_us\":%.2f,\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_full\":%" PRIu64
+      ",\"client_cpu_ns_per_rt\":%.0f}\n",
       o.url.c_str(), uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99),
       us(0.999), static_cast<double>(s.hist.max()) / 1000.0, s.load_rate,
       s.load_t0 == 0
           ? 0.0
           : static_cast<double>(s.load_sent) / (static_cast<double>(mono_ns() - s.load_t0) * 1e-9),
-      s.load_full);
+      s.load_full,
+      s.hist.count() > 0 ? (s.cpu1 - s.cpu0) * 1e9 / static_cast<double>(s.hist.count()) : 0.0);
   s.writer.close();
   s.reader.close();
   return 0;

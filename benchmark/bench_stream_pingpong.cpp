@@ -69,6 +69,8 @@ struct client {
   long done = 0;
   uint64_t t0 = 0;
   histogram h;
+  double cpu0 = 0;  // getrusage at the first measured round trip, and at the last
+  double cpu1 = 0;
   bool finished = false;
   bool failed = false;
   // Background load (--load-rate): messages per second, sent so far, since when, refused.
@@ -99,8 +101,10 @@ struct client {
   void pong(size_t n) {
     const uint64_t t = mono_ns();
     if (n != msg.size()) failed = true;
+    if (done == warmup) cpu0 = rusage_cpu();
     if (done >= warmup) h.add(t - t0);
     if (++done == warmup + round_trips) {
+      cpu1 = rusage_cpu();
       finished = true;
       return;
     }
@@ -193,12 +197,14 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\":\"stream_pingpong\",\"url\":\"%s\",\"size\":%zu,\"round_trips\":%llu,"
       "\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,\"max_us\":%.2f,"
-      "\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_refused\":%llu,\"errors\":%d}\n",
+      "\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_refused\":%llu,\"errors\":%d,"
+      "\"client_cpu_ns_per_rt\":%.0f}\n",
       o.url.c_str(), size, static_cast<unsigned long long>(c.h.count()),
       static_cast<double>(c.h.quantile(0.5)) * us, static_cast<double>(c.h.quantile(0.9)) * us,
       static_cast<double>(c.h.quantile(0.99)) * us, static_cast<double>(c.h.quantile(0.999)) * us,
       static_cast<double>(c.h.max()) * us, c.load_rate,
       load_secs > 0 ? static_cast<double>(c.load_sent) / load_secs : 0.0,
-      static_cast<unsigned long long>(c.load_refused), c.failed ? 1 : 0);
+      static_cast<unsigned long long>(c.load_refused), c.failed ? 1 : 0,
+      c.h.count() > 0 ? (c.cpu1 - c.cpu0) * 1e9 / static_cast<double>(c.h.count()) : 0.0);
   return c.failed ? 1 : 0;
 }

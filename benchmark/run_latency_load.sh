@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Latency under load: 64 B round trips (p50/p99/p99.9) while the same link carries LOAD_PCT % (50)
-# of its maximum small-message throughput, over TCP (stream channel) and shared memory (busy-poll),
-# beside the same ping-pong without load. The maximum is measured first in the same sitting
+# of its maximum small-message throughput, over TCP (stream channel), shared memory (busy-poll)
+# and between two bus nodes over TCP and over shared memory (node-tcp, node-shm: the load is data
+# messages of the node, end-to-end delivery), beside the same ping-pong without load. The maximum is measured first in the same sitting
 # (64 B sender/receiver pair, as fast as it goes); each case runs REPEAT times, alternating loaded
 # and unloaded, and the table shows medians. Then every JSON line.
 #
 #   benchmark/run_latency_load.sh BUILD_DIR
 #
 # Environment: SECONDS_PER_CASE (3, for the maximum), ROUND_TRIPS (50000), REPEAT (3),
-# LOAD_PCT (50), CASES (extended regex on tcp / shm), SEND_CPU (0), RECV_CPU (1), PIN (1).
+# LOAD_PCT (50), CASES (extended regex on tcp / shm / node-tcp / node-shm), SEND_CPU (0),
+# RECV_CPU (1), PIN (1). Every JSON line also has the client's CPU per round trip.
 set -euo pipefail
 BUILD=${1:?usage: run_latency_load.sh BUILD_DIR}
 ROUND_TRIPS=${ROUND_TRIPS:-50000}
@@ -16,44 +18,52 @@ REPEAT=${REPEAT:-3}
 LOAD_PCT=${LOAD_PCT:-50}
 source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 bench_setup latload uvbus_bench_stream_recv uvbus_bench_stream_send uvbus_bench_stream_pingpong \
-  uvbus_bench_shm_recv uvbus_bench_shm_send uvbus_bench_shm_pingpong
+  uvbus_bench_shm_recv uvbus_bench_shm_send uvbus_bench_shm_pingpong uvbus_bench_node_recv \
+  uvbus_bench_node_send uvbus_bench_node_latency
 
 med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
-max_rate() {  # max_rate tcp|shm: the receiver's median msgs/s for 64 B messages
-  local ready=$TMP/$1.ready out=$TMP/$1.max url
+max_rate() {  # max_rate tcp|shm|node-tcp|node-shm: the receiver's median msgs/s for 64 B messages
+  local ready=$TMP/$1.ready out=$TMP/$1.max url recv send rargs=""
   rm -f "$ready"
-  if [ "$1" = tcp ]; then
-    $ON_RECV "$BUILD/uvbus_bench_stream_recv" ipv4://127.0.0.1:0 --min 64 --max 64 --seconds "$SECS" \
-      --ready "$ready" >"$out" 2>&1 &
-  else
-    url="shm://uvbus-latload-$$"
-    $ON_RECV "$BUILD/uvbus_bench_shm_recv" "$url" --min 64 --max 64 --seconds "$SECS" \
-      --ready "$ready" >"$out" 2>&1 &
-  fi
+  case $1 in
+    tcp) recv=uvbus_bench_stream_recv send=uvbus_bench_stream_send url=ipv4://127.0.0.1:0 ;;
+    shm) recv=uvbus_bench_shm_recv send=uvbus_bench_shm_send url="shm://uvbus-latload-$$" ;;
+    node-tcp) recv=uvbus_bench_node_recv send=uvbus_bench_node_send url=ipv4://127.0.0.1:0 ;;
+    node-shm)
+      recv=uvbus_bench_node_recv send=uvbus_bench_node_send url=ipv4://127.0.0.1:0
+      rargs="--shm uvbus-latload-n$$"
+      ;;
+  esac
+  # shellcheck disable=SC2086
+  $ON_RECV "$BUILD/$recv" "$url" $rargs --min 64 --max 64 --seconds "$SECS" --ready "$ready" \
+    >"$out" 2>&1 &
   local rpid=$!
   for _ in $(seq 100); do [ -f "$ready" ] && break; sleep 0.05; done
-  if [ "$1" = tcp ]; then
-    $ON_SEND "$BUILD/uvbus_bench_stream_send" "$(cat "$ready")" --min 64 --max 64 --seconds "$SECS" >/dev/null
-  else
-    $ON_SEND "$BUILD/uvbus_bench_shm_send" "$url" --min 64 --max 64 --seconds "$SECS" >/dev/null
-  fi
+  local target=$url
+  case $1 in tcp | node-*) target=$(cat "$ready") ;; esac
+  local sargs=""
+  [ "$1" = node-tcp ] && sargs="--no-shm"
+  # shellcheck disable=SC2086
+  $ON_SEND "$BUILD/$send" "$target" $sargs --min 64 --max 64 --seconds "$SECS" >/dev/null 2>&1 || true
   wait "$rpid" || true
   json_field "$(grep '^{"bench"' "$out" | tail -1)" msgs_per_s
 }
 
-pp() {  # pp tcp|shm LOAD_RATE: one ping-pong's JSON line
-  if [ "$1" = tcp ]; then
-    "$BUILD/uvbus_bench_stream_pingpong" ipv4://127.0.0.1:0 --size 64 --round-trips "$ROUND_TRIPS" \
-      --client-cpu "$SEND_CPU" --server-cpu "$RECV_CPU" --load-rate "$2" | grep '^{' || true
-  else
-    "$BUILD/uvbus_bench_shm_pingpong" "shm://uvbus-latload-pp-$$" --size 64 \
-      --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" --server-cpu "$RECV_CPU" \
-      --load-rate "$2" | grep '^{' || true
-  fi
+pp() {  # pp tcp|shm|node-tcp|node-shm LOAD_RATE: one ping-pong's JSON line
+  local common=(--size 64 --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU"
+    --server-cpu "$RECV_CPU" --load-rate "$2")
+  case $1 in
+    tcp) "$BUILD/uvbus_bench_stream_pingpong" ipv4://127.0.0.1:0 "${common[@]}" ;;
+    shm) "$BUILD/uvbus_bench_shm_pingpong" "shm://uvbus-latload-pp-$$" "${common[@]}" ;;
+    node-tcp) "$BUILD/uvbus_bench_node_latency" ipv4://127.0.0.1:0 "${common[@]}" ;;
+    node-shm)
+      "$BUILD/uvbus_bench_node_latency" ipv4://127.0.0.1:0 --shm "uvbus-latload-npp$$" "${common[@]}"
+      ;;
+  esac | grep '^{' || true
 }
 
-for link in tcp shm; do
+for link in tcp shm node-tcp node-shm; do
   [[ $link =~ $CASES ]] || continue
   max=$(max_rate "$link")
   load=$(awk -v m="$max" -v p="$LOAD_PCT" 'BEGIN {printf "%.0f", m * p / 100}')
