@@ -44,6 +44,9 @@ max_rate() {  # max_rate tcp|shm|node-tcp|node-shm: the receiver's median msgs/s
   case $1 in tcp | node-*) target=$(cat "$ready") ;; esac
   local sargs=""
   [ "$1" = node-tcp ] && sargs="--no-shm"
+  # The ping-pong's load is one send() per record, so its maximum is the single-send one (a
+  # batched sender reaches twice as much, a rate single sends could only queue behind).
+  [ "$1" = shm ] && sargs="--batch-bytes 0"
   # shellcheck disable=SC2086
   $ON_SEND "$BUILD/$send" "$target" $sargs --min 64 --max 64 --seconds "$SECS" >/dev/null 2>&1 || true
   wait "$rpid" || true
