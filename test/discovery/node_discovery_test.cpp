@@ -230,7 +230,9 @@ TEST_F(NodeDiscoveryTest, EtcdLeaderKilledUnderLoadLosesNothingOnTheBus) {
     if (i == kTotal / 2) etcd_->kill_member(leader);
     const std::string m = std::to_string(i);
     ASSERT_EQ(l1->n->send_data(0x1002, 1, m.data(), m.size()), errc::ok) << i;
-    if (i % 100 == 99) ASSERT_TRUE(wait([&] { return l1->reports.size() == i + 1; })) << i;
+    if (i % 100 == 99) {
+      ASSERT_TRUE(wait([&] { return l1->reports.size() == i + 1; })) << i;
+    }
   }
   ASSERT_TRUE(wait([&] { return l2->data.size() == kTotal; }));
   for (size_t i = 0; i < kTotal; ++i) ASSERT_EQ(l2->data[i], std::to_string(i));
