@@ -298,7 +298,9 @@ TEST_F(FaultInjection, KilledReceiverRestartsAndEveryMessageIsAccountedFor) {
 TEST_F(FaultInjection, KilledShmReceiverReattachesItsRingAndEveryMessageIsAccountedFor) {
   const std::string url = "shm://" + test::unique_name("fault-rx");
   killed_receiver(delivery_mode::end_to_end, "killed shm receiver, end to end", url);
-  (void)shm_remove(url);
+  kill_receiver();  // the last incarnation: a ring whose reader lives is not removed (busy)
+  std::string why;
+  EXPECT_EQ(shm_remove(url, false, &why), errc::ok) << why;
 }
 
 TEST_F(FaultInjection, KilledReceiverNextHopReportsWhatWasInFlightFailed) {
