@@ -165,8 +165,17 @@ TEST_F(ShmPersist, SigkilledReaderIsFollowedByOneThatResumesExactly) {
 // The child of ReaderKilledInsideItsCallbackGetsThatBatchAgain: polls in callback batches of 10
 // and, inside the batch that holds record 500, writes the batch's first sequence to fd and waits
 // for its SIGKILL there.
+// Not about abandonment: a writer preempted for milliseconds on a loaded machine (sanitizers, two
+// cores) must not have its batch skipped, so the timeouts here are generous.
+shm_config patient_cfg() {
+  shm_config c = small_cfg();
+  c.abandon_timeout_us = 500000;
+  c.reclaim_timeout_us = 2000000;
+  return c;
+}
+
 [[noreturn]] void dying_in_callback_child(const std::string& url, int fd) {
-  shm_config cfg = small_cfg();
+  shm_config cfg = patient_cfg();
   cfg.batch_max = 10;
   auto* r = new shm_reader({[fd](const shm_record* recs, size_t n) {
     uint32_t w = 0;
@@ -196,6 +205,14 @@ TEST_F(ShmPersist, ReaderKilledInsideItsCallbackGetsThatBatchAgain) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) dying_in_callback_child(url, p[1]);
+  struct reap {  // a failed assertion below must not leave the child polling forever
+    pid_t pid;
+    ~reap() {
+      if (pid <= 0) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } child{pid};
   uint64_t first = 0;
   ASSERT_EQ(read(p[0], &first, sizeof first), static_cast<ssize_t>(sizeof first));
   ASSERT_EQ(first, ~uint64_t{0});  // the child's reader is open
@@ -205,13 +222,14 @@ TEST_F(ShmPersist, ReaderKilledInsideItsCallbackGetsThatBatchAgain) {
   ASSERT_EQ(read(p[0], &first, sizeof first), static_cast<ssize_t>(sizeof first));
   kill(pid, SIGKILL);  // inside the callback of the batch [first, first + 10)
   ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+  child.pid = -1;
   close(p[0]);
   close(p[1]);
   EXPECT_GT(first, 490u);
   EXPECT_LE(first, 500u);
   seq_sink sink({first});  // that batch again, then everything after it, nothing before it
   shm_reader r(sink.callbacks());
-  ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+  ASSERT_EQ(r.open(url, patient_cfg()), errc::ok);
   EXPECT_TRUE(poll_until(r, sink, 1000 - first));
   EXPECT_EQ(sink.bad, 0u);
   EXPECT_EQ(r.poll(10), 0u);
