@@ -96,6 +96,52 @@ struct load_gen {
   }
 };
 
+// Keeps one message in flight warmup + rounds times, timing the measured ones into *hist; the
+// client's CPU per measured round trip goes to *cpu_ns. false if a send fails for good.
+bool ping_loop(uv_loop_t* loop, node& n, bool* reply, const std::vector<uint8_t>& buf, long warmup,
+               long rounds, histogram* hist, double* cpu_ns) {
+  double cpu0 = 0;
+  for (long i = 0; i < warmup + rounds; ++i) {
+    if (i == warmup) cpu0 = rusage_cpu();
+    *reply = false;
+    const uint64_t t0 = mono_ns();
+    errc e = errc::ok;
+    // Under --load-rate the link's queue (or the flow's window) may be full: the ping waits for
+    // room like any message would, and that wait is part of its round trip.
+    while ((e = n.send_data(0x1000, 1, buf.data(), buf.size())) == errc::queue_full) {
+      uv_run(loop, UV_RUN_NOWAIT);
+    }
+    if (e != errc::ok) {
+      std::fprintf(stderr, "latency: send_data: %s\n", to_string(e));
+      return false;
+    }
+    while (!*reply) uv_run(loop, UV_RUN_ONCE);
+    const uint64_t dt = mono_ns() - t0;
+    if (i >= warmup) hist->add(dt);
+  }
+  *cpu_ns = rounds > 0 ? (rusage_cpu() - cpu0) * 1e9 / static_cast<double>(rounds) : 0;
+  return true;
+}
+
+void print_result(const std::string& url, const char* channel, size_t size, long rounds,
+                  const histogram& hist, double cpu_ns, const load_gen& load, double load_secs) {
+  auto us = [&](double q) { return static_cast<double>(hist.quantile(q)) / 1000.0; };
+  std::printf(
+      "[latency] node via %s size=%zu round_trips=%ld p50=%.1fus p90=%.1fus p99=%.1fus "
+      "p99.9=%.1fus max=%.1fus client_cpu=%.0fns/rt\n",
+      channel, size, rounds, us(0.5), us(0.9), us(0.99), us(0.999),
+      static_cast<double>(hist.max()) / 1000.0, cpu_ns);
+  std::printf(
+      "{\"bench\":\"node_latency\",\"url\":\"%s\",\"channel\":\"%s\",\"size\":%zu,"
+      "\"round_trips\":%ld,\"p50_us\":%.1f,\"p90_us\":%.1f,\"p99_us\":%.1f,"
+      "\"p999_us\":%.1f,\"max_us\":%.1f,\"client_cpu_ns_per_rt\":%.0f,\"load_rate\":%.0f,"
+      "\"load_achieved\":%.0f,\"load_refused\":%llu}\n",
+      url.c_str(), channel, size, rounds, us(0.5), us(0.9), us(0.99), us(0.999),
+      static_cast<double>(hist.max()) / 1000.0, cpu_ns, load.rate,
+      load_secs > 0 ? static_cast<double>(load.sent) / load_secs : 0.0,
+      static_cast<unsigned long long>(load.refused));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,26 +202,8 @@ int main(int argc, char** argv) {
         &load_timer, [](uv_timer_t* t) { static_cast<load_gen*>(t->data)->tick(); }, 1, 1);
   }
   histogram hist;
-  double cpu0 = 0;
-  for (long i = 0; i < warmup + rounds; ++i) {
-    if (i == warmup) cpu0 = rusage_cpu();
-    reply = false;
-    const uint64_t t0 = mono_ns();
-    errc e = errc::ok;
-    // Under --load-rate the link's queue (or the flow's window) may be full: the ping waits for
-    // room like any message would, and that wait is part of its round trip.
-    while ((e = n.send_data(0x1000, 1, buf.data(), buf.size())) == errc::queue_full) {
-      uv_run(&loop, UV_RUN_NOWAIT);
-    }
-    if (e != errc::ok) {
-      std::fprintf(stderr, "latency: send_data: %s\n", to_string(e));
-      return 1;
-    }
-    while (!reply) uv_run(&loop, UV_RUN_ONCE);
-    const uint64_t dt = mono_ns() - t0;
-    if (i >= warmup) hist.add(dt);
-  }
-  const double cpu_ns = rounds > 0 ? (rusage_cpu() - cpu0) * 1e9 / static_cast<double>(rounds) : 0;
+  double cpu_ns = 0;
+  if (!ping_loop(&loop, n, &reply, buf, warmup, rounds, &hist, &cpu_ns)) return 1;
   load.on = false;
   const double load_secs = load.t0 == 0 ? 0 : mono_now() - load.t0;
   uv_close(reinterpret_cast<uv_handle_t*>(&load_timer), nullptr);
@@ -184,20 +212,6 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 1000 && !down; ++i) uv_run(&loop, UV_RUN_ONCE);
   int status = 0;
   waitpid(child, &status, 0);
-  auto us = [&](double q) { return static_cast<double>(hist.quantile(q)) / 1000.0; };
-  std::printf(
-      "[latency] node via %s size=%zu round_trips=%ld p50=%.1fus p90=%.1fus p99=%.1fus "
-      "p99.9=%.1fus max=%.1fus client_cpu=%.0fns/rt\n",
-      channel, size, rounds, us(0.5), us(0.9), us(0.99), us(0.999),
-      static_cast<double>(hist.max()) / 1000.0, cpu_ns);
-  std::printf(
-      "{\"bench\":\"node_latency\",\"url\":\"%s\",\"channel\":\"%s\",\"size\":%zu,"
-      "\"round_trips\":%ld,\"p50_us\":%.1f,\"p90_us\":%.1f,\"p99_us\":%.1f,"
-      "\"p999_us\":%.1f,\"max_us\":%.1f,\"client_cpu_ns_per_rt\":%.0f,\"load_rate\":%.0f,"
-      "\"load_achieved\":%.0f,\"load_refused\":%llu}\n",
-      url.c_str(), channel, size, rounds, us(0.5), us(0.9), us(0.99), us(0.999),
-      static_cast<double>(hist.max()) / 1000.0, cpu_ns, load.rate,
-      load_secs > 0 ? static_cast<double>(load.sent) / load_secs : 0.0,
-      static_cast<unsigned long long>(load.refused));
+  print_result(url, channel, size, rounds, hist, cpu_ns, load, load_secs);
   return 0;
 }

@@ -169,6 +169,27 @@ int run_side(side& s, bool uv) {
   return 0;
 }
 
+void print_result(const std::string& url, bool uv, size_t size, const side& s) {
+  auto us = [&](double q) { return static_cast<double>(s.hist.quantile(q)) / 1000.0; };
+  std::printf("[pingpong] mode=%s size=%zu round_trips=%" PRIu64
+              " p50=%.2fus p90=%.2fus p99=%.2fus p99.9=%.2fus max=%.2fus\n",
+              uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99), us(0.999),
+              static_cast<double>(s.hist.max()) / 1000.0);
+  std::printf(
+      "{\"bench\":\"shm_pingpong\",\"url\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
+      "\"round_trips\":%" PRIu64
+      ",\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
+      "\"max_us\":%.2f,\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_full\":%" PRIu64
+      ",\"client_cpu_ns_per_rt\":%.0f}\n",
+      url.c_str(), uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99), us(0.999),
+      static_cast<double>(s.hist.max()) / 1000.0, s.load_rate,
+      s.load_t0 == 0
+          ? 0.0
+          : static_cast<double>(s.load_sent) / (static_cast<double>(mono_ns() - s.load_t0) * 1e-9),
+      s.load_full,
+      s.hist.count() > 0 ? (s.cpu1 - s.cpu0) * 1e9 / static_cast<double>(s.hist.count()) : 0.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -234,24 +255,7 @@ int main(int argc, char** argv) {
   send_retry(s.writer, &quit, 1);
   int st = 0;
   waitpid(pid, &st, 0);
-  auto us = [&](double q) { return static_cast<double>(s.hist.quantile(q)) / 1000.0; };
-  std::printf("[pingpong] mode=%s size=%zu round_trips=%" PRIu64
-              " p50=%.2fus p90=%.2fus p99=%.2fus p99.9=%.2fus max=%.2fus\n",
-              uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99), us(0.999),
-              static_cast<double>(s.hist.max()) / 1000.0);
-  std::printf(
-      "{\"bench\":\"shm_pingpong\",\"url\":\"%s\",\"mode\":\"%s\",\"size\":%zu,"
-      "\"round_trips\":%" PRIu64
-      ",\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f,"
-      "\"max_us\":%.2f,\"load_rate\":%.0f,\"load_achieved\":%.0f,\"load_full\":%" PRIu64
-      ",\"client_cpu_ns_per_rt\":%.0f}\n",
-      o.url.c_str(), uv ? "uv" : "poll", size, s.hist.count(), us(0.5), us(0.9), us(0.99),
-      us(0.999), static_cast<double>(s.hist.max()) / 1000.0, s.load_rate,
-      s.load_t0 == 0
-          ? 0.0
-          : static_cast<double>(s.load_sent) / (static_cast<double>(mono_ns() - s.load_t0) * 1e-9),
-      s.load_full,
-      s.hist.count() > 0 ? (s.cpu1 - s.cpu0) * 1e9 / static_cast<double>(s.hist.count()) : 0.0);
+  print_result(o.url, uv, size, s);
   s.writer.close();
   s.reader.close();
   return 0;
