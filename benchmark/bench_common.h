@@ -141,10 +141,16 @@ inline size_t make_end(uint64_t writer, uint64_t count, uint8_t* out) {
 inline bool verify_payload(const uint8_t* p, size_t n, uint64_t seq, uint64_t writer, size_t min,
                            size_t max) {
   if (n != payload_size(seq, writer, min, max)) return false;
-  uint8_t want[16];
-  put_le64(want, seq);
-  put_le64(want + 8, writer);
-  if (std::memcmp(p, want, std::min<size_t>(n, 16)) != 0) return false;
+  if (n >= 16) {  // two word compares: a memcmp call here cost ~9 % of a raw shm receiver
+    uint64_t head[2];
+    std::memcpy(head, p, 16);
+    if (head[0] != seq || head[1] != writer) return false;  // little-endian hosts
+  } else {
+    uint8_t want[16];
+    put_le64(want, seq);
+    put_le64(want + 8, writer);
+    if (std::memcmp(p, want, n) != 0) return false;
+  }
   // Accumulate differences instead of branching per word: one well-predicted branch per message.
   uint64_t w = seq * 0x9E3779B97F4A7C15ull + 1;
   uint64_t diff = 0;
