@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 
 #include "bench_common.h"
@@ -79,6 +80,27 @@ inline bool check_payload(const settings& s, const uint8_t* p, size_t n, uint32_
   ++*expect;
   m->add(n);
   return false;
+}
+
+// Fills the receiver's report from its meter at the end of a run.
+inline void finish_report(const bench::meter& m, bool done, recv_report* r) {
+  r->ok = done ? 1 : 0;
+  r->msgs = m.msgs();
+  r->msgs_per_s = m.median_msgs();
+  r->mb_per_s = m.median_mb();
+  r->cpu_ns_per_msg = m.cpu_ns_per_msg();
+}
+
+// Closes the case's sockets (a descriptor < 0 is skipped) and removes its unix socket and folder.
+inline void close_case(std::initializer_list<int> fds, bool unix_socket, const std::string& path,
+                       const char* dir) {
+  for (const int fd : fds) {
+    if (fd >= 0) close(fd);
+  }
+  if (unix_socket) {
+    unlink(path.c_str());
+    rmdir(dir);
+  }
 }
 
 // One throughput JSON line from the sender's count and CPU and the receiver's report; returns

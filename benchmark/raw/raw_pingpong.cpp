@@ -157,13 +157,7 @@ int pingpong_socket(const settings& s, bool unix_socket) {
   socket_transport t(fd);
   const bool ok = fd >= 0 && client(s, t);
   const bool child_ok = wait_child(pid);
-  if (fd >= 0) close(fd);
-  close(lfd);
-  close(rfd);
-  if (unix_socket) {
-    unlink(path.c_str());
-    rmdir(dir);
-  }
+  close_case({fd, lfd, rfd}, unix_socket, path, dir);
   return ok && child_ok ? 0 : 1;
 }
 

@@ -58,11 +58,7 @@ recv_report shm_recv(const settings& s, ring_reader& rd) {
     }
     m.tick();
   }
-  r.ok = done ? 1 : 0;
-  r.msgs = m.msgs();
-  r.msgs_per_s = m.median_msgs();
-  r.mb_per_s = m.median_mb();
-  r.cpu_ns_per_msg = m.cpu_ns_per_msg();
+  finish_report(m, done, &r);
   return r;
 }
 

@@ -94,11 +94,7 @@ recv_report recv_frames(const settings& s, int fd) {
     have -= off;
     m.tick();
   }
-  r.ok = done ? 1 : 0;
-  r.msgs = m.msgs();
-  r.msgs_per_s = m.median_msgs();
-  r.mb_per_s = m.median_mb();
-  r.cpu_ns_per_msg = m.cpu_ns_per_msg();
+  finish_report(m, done, &r);
   return r;
 }
 
@@ -183,13 +179,7 @@ int run_stream(const settings& s, bool unix_socket) {
   recv_report r;
   const bool got = read_all(rfd, &r, sizeof r);
   const bool child_ok = wait_child(pid);
-  if (fd >= 0) close(fd);
-  close(lfd);
-  close(rfd);
-  if (unix_socket) {
-    unlink(path.c_str());
-    rmdir(dir);
-  }
+  close_case({fd, lfd, rfd}, unix_socket, path, dir);
   return print_throughput(s, sent, send_ns, got ? r : recv_report{}) && child_ok ? 0 : 1;
 }
 
