@@ -165,7 +165,10 @@ errc write_queue::grow(size_t need) noexcept {
   uint8_t* next = alloc_ring(cap);
   if (next == nullptr) return errc::no_memory;
   size_t off = 0;
+  size_t index = 0;
+  const size_t first_unsealed = count_ - unsealed_count_;
   for_each_front(count_, [&](const block& b) {
+    if (index++ == first_unsealed) unsealed_ = {off, nullptr};
     const size_t stride = ring_stride(b.size);
     std::memcpy(next + off, b.data - sizeof(ring_header), stride);
     off += stride;
@@ -213,6 +216,7 @@ uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
     last_ = b;
     ++count_;
     bytes_ += n;
+    if (unsealed_count_++ == 0) unsealed_ = {0, b};
     return b->data();
   }
 
@@ -236,11 +240,13 @@ uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
   std::memcpy(ring_ + at, &h, sizeof h);
   ++count_;
   bytes_ += n;
+  if (unsealed_count_++ == 0) unsealed_ = {at, nullptr};
   return ring_ + at + sizeof(ring_header);
 }
 
 void write_queue::unreserve_back() noexcept {
   if (count_ == 0) return;
+  if (unsealed_count_ != 0) --unsealed_count_;
   if (cfg_.mode == queue_mode::dynamic) {
     dyn_block* b = last_;
     bytes_ -= b->size;
@@ -288,8 +294,23 @@ write_queue::block write_queue::front() const noexcept {
   return at(begin());
 }
 
+size_t write_queue::take_unsealed(block* out, size_t max) noexcept {
+  const size_t n = std::min(max, unsealed_count_);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = at(unsealed_);
+    unsealed_ = advance(unsealed_);
+  }
+  unsealed_count_ -= n;
+  return n;
+}
+
 void write_queue::pop_front() noexcept {
   if (count_ == 0) return;
+  // Popping an unsealed block (a queue dropped unfinished) moves the oldest unsealed one on.
+  if (unsealed_count_ == count_) {
+    --unsealed_count_;
+    if (unsealed_count_ != 0) unsealed_ = advance(begin());
+  }
   if (cfg_.mode == queue_mode::dynamic) {
     dyn_block* b = first_;
     first_ = b->next;

@@ -10,6 +10,10 @@
 //
 // Each block carries a 64-bit tag chosen by the producer (the stream channel stores the packet id
 // there so it can report each packet's fate). Not thread-safe: one owner thread.
+//
+// Sealing: the queue remembers which blocks were reserved since they were last handed out by
+// take_unsealed(), so a producer can finish blocks in batches after filling them (the stream
+// channel writes frame checksums 16 frames at a time) and must do so before anything reads them.
 #pragma once
 
 #include <cstddef>
@@ -57,6 +61,12 @@ class write_queue {
   // Removes the most recently reserved block (only valid right after reserve(), before any other
   // block was pushed). Lets a producer undo a reservation when a later step fails.
   void unreserve_back() noexcept;
+
+  // Blocks reserved and not yet handed out by take_unsealed(), oldest first.
+  [[nodiscard]] size_t unsealed() const noexcept { return unsealed_count_; }
+  // Writes up to max of the oldest unsealed blocks to out and counts them as sealed; returns how
+  // many. The caller finishes them (they are queued blocks: writable until popped).
+  size_t take_unsealed(block* out, size_t max) noexcept;
 
   [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
   [[nodiscard]] size_t size() const noexcept { return count_; }
@@ -108,6 +118,9 @@ class write_queue {
   bool valid_ = false;
   size_t count_ = 0;
   size_t bytes_ = 0;
+  // The oldest unsealed block (valid while unsealed_count_ != 0) and how many follow from it.
+  cursor unsealed_{0, nullptr};
+  size_t unsealed_count_ = 0;
   // static ring: ring_ points kRingPrefix bytes into its allocation, whose prefix chains the rings
   // retired by grow() (retired_, retired_bytes_) until release_retired().
   uint8_t* ring_ = nullptr;

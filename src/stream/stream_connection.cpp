@@ -1,10 +1,13 @@
 // Stream connections: the coalescing write path, the read path and connection endings.
 //
-// Write path. send() encodes the frame (hash computed once, over the payload already
-// copied into its queue block) into the connection's write_queue and puts the connection on the
-// channel's flush list; the list is flushed before the loop next blocks (uv_check right after the
-// I/O phase, and an idle handle that keeps the poll from blocking while the list is non-empty). So
-// every packet sent during one loop iteration leaves in as few system calls as possible.
+// Write path. send() copies the payload into a frame in the connection's write_queue, writes its
+// length and puts the connection on the channel's flush list. Checksums are written in batches
+// (seal_frames: murmur3_x86_32_batch, SIMD lanes) once 16 frames wait, while they are still in the
+// cache, and for the rest before a flush reads the queue; a small frame sent when none waits is
+// hashed at once. The list is flushed before the loop next
+// blocks (uv_check right after the I/O phase, and an idle handle that keeps the poll from blocking
+// while the list is non-empty). So every packet sent during one loop iteration leaves in as few
+// system calls as possible.
 //
 // A flush takes the queue's front: when it is small (below merge_threshold) as many small frames as
 // fit are copied into the thread's merge buffer and written with one uv_try_write(); a large frame
@@ -36,7 +39,9 @@
 #include <cstring>
 #include <new>
 
+#include "core/endian.h"
 #include "core/murmur3.h"
+#include "core/murmur3_batch.h"
 #include "stream/stream_impl.h"
 
 namespace uvbus {
@@ -204,6 +209,23 @@ void stream_channel::impl::flush(conn_impl* c) {
   if (c->queue && !c->writing && c->prepared == nullptr) (void)c->queue->release_storage();
 }
 
+void stream_channel::impl::seal_frames(write_queue& q) {
+  write_queue::block b[kSealBatch];
+  const uint8_t* data[kSealBatch];
+  size_t len[kSealBatch];
+  uint32_t hash[kSealBatch];
+  while (q.unsealed() != 0) {
+    const size_t n = q.take_unsealed(b, kSealBatch);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t hdr = frame_header_size_of(b[i]);
+      data[i] = b[i].data + hdr;
+      len[i] = b[i].size - hdr;
+    }
+    murmur3_x86_32_batch(data, len, n, 0, hash);
+    for (size_t i = 0; i < n; ++i) store_le<uint32_t>(b[i].data, hash[i]);
+  }
+}
+
 void stream_channel::impl::flush_queue(conn_impl* c) {
   if (!c->active() || c->writing || c->shutting_down || !c->queue || c->prepared != nullptr) {
     if (c->active() && !c->writing && c->state == conn_state::draining) maybe_shutdown(c);
@@ -213,6 +235,8 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
   size_t budget = kFlushBudget;
   while (!q.empty()) {
     if (c->writing) return;  // TLS: the last batch's ciphertext is still going out
+    // Every pass: on_writable, called below, may have queued more frames.
+    seal_frames(q);
     if (budget == 0) {
       mark_dirty(c);
       return;
@@ -395,11 +419,21 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
   return p;
 }
 
-// The payload is in place after the header room: hash it once, write the header, schedule.
+// The payload is in place after the header room: write the header and schedule. A small frame
+// with no other frame waiting for its checksum is hashed at once (batches of small frames did not
+// pay: docs/core.md); otherwise the checksum follows in a batch (seal_frames).
 void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
   ++c->accepted_seq;
-  const size_t hdr = frame_header_size(total);
-  frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
+  write_queue& q = *c->queue;
+  if (total < kSealBatchMinBytes && q.unsealed() == 1) {
+    const size_t hdr = frame_header_size(total);
+    (void)frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
+    write_queue::block self{};
+    (void)q.take_unsealed(&self, 1);
+  } else {
+    (void)frame_write_header(0, total, frame);
+    if (q.unsealed() >= kSealBatch) seal_frames(q);
+  }
   auto& m = c->m();
   m.queue_bytes = c->queue->bytes();
   m.queue_packets = c->queue->size();

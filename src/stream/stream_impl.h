@@ -193,6 +193,12 @@ inline constexpr size_t kFlushBudget = size_t{1024} * 1024;
 // One writev() carries at most this many queue blocks and (beyond its first block) this many bytes.
 inline constexpr size_t kMaxGather = 16;
 inline constexpr size_t kGatherBytes = size_t{256} * 1024;
+// Queued frames get their checksums in batches of this many (murmur3_x86_32_batch's lanes): when
+// this many are waiting, and before any flush writes the queue.
+inline constexpr size_t kSealBatch = 16;
+// Payloads below this are hashed one at a time as they are queued unless a batch is already
+// waiting (for 8-128 B frames the batch cost the sender more than it saved).
+inline constexpr size_t kSealBatchMinBytes = 256;
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
 errc from_uv(int status) noexcept;
@@ -304,8 +310,11 @@ struct stream_channel::impl {
   void maybe_shutdown(conn_impl* c);
   // Checks a send of `total` payload bytes and reserves its frame in c's queue.
   uint8_t* reserve_frame(conn_impl* c, size_t total, errc* err);
-  // The payload is in place after the header room: hash it once, write the header, schedule.
+  // The payload is in place after the header room: write the header (a checksum now, or later in
+  // a batch: seal_frames), schedule.
   void complete_frame(conn_impl* c, uint8_t* frame, size_t total);
+  // Writes the checksums of every frame queued since the last call, kSealBatch at a time.
+  static void seal_frames(write_queue& q);
   errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t* seq);
   uint8_t* prepare_send(conn_impl* c, size_t size, errc* err);
   errc commit_send(conn_impl* c, uint64_t* seq);
@@ -398,6 +407,8 @@ using detail::kLogStalled;
 using detail::kLogUnregistered;
 using detail::kMaxGather;
 using detail::kMinMergeBuffer;
+using detail::kSealBatch;
+using detail::kSealBatchMinBytes;
 using detail::listener_impl;
 using detail::literal_sockaddr;
 

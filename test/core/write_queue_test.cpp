@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <random>
@@ -224,10 +225,27 @@ TEST(WriteQueue, ForEachFrontVisitsInOrder) {
   EXPECT_EQ(seen, (std::vector<uint64_t>{0, 1, 2, 3, 4, 5}));
 }
 
-// Random push/pop/merge against a std::deque model, through many wraps.
+// take_unsealed() hands out the model's oldest unsealed blocks (the newest `unsealed` of the
+// model).
+void seal_check(write_queue& q, const std::deque<std::pair<uint64_t, size_t>>& model,
+                size_t* unsealed, size_t max) {
+  write_queue::block got[16];
+  const size_t n = q.take_unsealed(got, max);
+  ASSERT_EQ(n, std::min(max, *unsealed));
+  for (size_t i = 0; i < n; ++i) {
+    const auto& want = model[model.size() - *unsealed + i];
+    ASSERT_EQ(got[i].tag, want.first);
+    ASSERT_EQ(got[i].size, want.second);
+    ASSERT_TRUE(check(got[i]));
+  }
+  *unsealed -= n;
+}
+
+// Random push/pop/merge/seal against a std::deque model, through many wraps.
 void model_check(write_queue_config cfg, uint64_t seed) {
   write_queue q(cfg);
   std::deque<std::pair<uint64_t, size_t>> model;
+  size_t unsealed = 0;  // the newest blocks of the model not yet taken by take_unsealed()
   std::mt19937_64 rng(seed);
   uint64_t next_tag = 0;
   size_t rejected = 0;
@@ -245,6 +263,9 @@ void model_check(write_queue_config cfg, uint64_t seed) {
       }
       fill(p, n, next_tag);
       model.emplace_back(next_tag++, n);
+      ++unsealed;
+    } else if (op == 8 && rng() % 2 == 0) {
+      seal_check(q, model, &unsealed, 1 + rng() % 16);
     } else if (op < 9) {
       if (model.empty()) {
         ASSERT_TRUE(q.empty());
@@ -256,6 +277,7 @@ void model_check(write_queue_config cfg, uint64_t seed) {
       ASSERT_TRUE(check(b));
       q.pop_front();
       model.pop_front();
+      unsealed = std::min(unsealed, model.size());
     } else {
       size_t n = 0;
       const size_t bytes = q.merge_front(merge_buf.data(), merge_buf.size(), 1024, &n);
@@ -270,6 +292,7 @@ void model_check(write_queue_config cfg, uint64_t seed) {
       ASSERT_EQ(off, bytes);
     }
     ASSERT_EQ(q.size(), model.size());
+    ASSERT_EQ(q.unsealed(), unsealed);
     size_t total = 0;
     for (auto& m : model) total += m.second;
     ASSERT_EQ(q.bytes(), total);

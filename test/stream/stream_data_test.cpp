@@ -279,6 +279,50 @@ TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
   EXPECT_EQ(cli.writable[p.client.value], 1) << "on_writable fires once per queue_full episode";
 }
 
+// Checksums are written in batches before a flush writes the queue; frames queued by on_writable,
+// which a flush calls between two of its writes, must get theirs before the flush goes on.
+TEST_F(StreamData, FramesQueuedFromOnWritableCarryTheirChecksums) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.message_limit = 1024;
+  cfg.queue.ring_bytes = size_t{16} * 1024;
+  cfg.queue.max_bytes = size_t{16} * 1024;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli);
+  uint64_t sent = 0;
+  const uint64_t total = 400;
+  auto next = [&] {
+    std::string m(100 + sent % 900, static_cast<char>('a' + sent % 26));
+    m.replace(0, std::to_string(sent).size(), std::to_string(sent));
+    return m;
+  };
+  // A few frames per call: fewer than a checksum batch, so they wait for the flush to seal them.
+  cli.on_writable_hook = [&](connection_id id) {
+    for (int i = 0; i < 3 && sent < total; ++i) {
+      const std::string m = next();
+      if (c->send(id, m.data(), m.size()) != errc::ok) return;
+      ++sent;
+    }
+    while (sent < total) {
+      const std::string m = next();
+      if (c->send(id, m.data(), m.size()) != errc::ok) break;
+      ++sent;
+    }
+  };
+  while (sent < total) {
+    const std::string m = next();
+    if (c->send(p.client, m.data(), m.size()) != errc::ok) break;
+    ++sent;
+  }
+  ASSERT_LT(sent, total) << "the queue must fill for on_writable to matter";
+  ASSERT_TRUE(run([&] { return srv.received_count == total || !srv.disconnected.empty(); }));
+  ASSERT_TRUE(srv.disconnected.empty()) << to_string(srv.disconnected.begin()->second);
+  const auto& got = srv.received[p.server.value];
+  ASSERT_EQ(got.size(), total);
+  for (sent = 0; sent < total; ++sent) ASSERT_EQ(got[sent], next()) << sent;
+}
+
 TEST_F(StreamData, DynamicQueueModeWorksToo) {
   recorder srv, cli;
   stream_config cfg;
