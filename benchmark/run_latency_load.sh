@@ -2,14 +2,17 @@
 # Latency under load: 64 B round trips (p50/p99/p99.9) while the same link carries LOAD_PCT % (50)
 # of its maximum small-message throughput, over TCP (stream channel), shared memory (busy-poll)
 # and between two bus nodes over TCP and over shared memory (node-tcp, node-shm: the load is data
-# messages of the node, end-to-end delivery), beside the same ping-pong without load. The maximum is measured first in the same sitting
-# (64 B sender/receiver pair, as fast as it goes); each case runs REPEAT times, alternating loaded
-# and unloaded, and the table shows medians. Then every JSON line.
+# messages of the node, end-to-end delivery), beside the same ping-pong without load. The maximum
+# is measured first in the same sitting (64 B sender/receiver pair, as fast as it goes); each case
+# runs REPEAT times, alternating loaded and unloaded, and the table shows medians. raw-tcp and
+# raw-shm are the floor: uvbus_raw_ceiling's blocking-socket and busy-polled-ring ping-pong under
+# the same load rate as tcp and shm (--load-rate, the same pacing). Then every JSON line.
 #
 #   benchmark/run_latency_load.sh BUILD_DIR
 #
 # Environment: SECONDS_PER_CASE (3, for the maximum), ROUND_TRIPS (50000), REPEAT (3),
-# LOAD_PCT (50), CASES (extended regex on tcp / shm / node-tcp / node-shm), SEND_CPU (0),
+# LOAD_PCT (50), CASES (extended regex on tcp / shm / node-tcp / node-shm / raw-tcp / raw-shm),
+# SEND_CPU (0),
 # RECV_CPU (1), PIN (1). Every JSON line also has the client's CPU per round trip.
 set -euo pipefail
 BUILD=${1:?usage: run_latency_load.sh BUILD_DIR}
@@ -19,7 +22,7 @@ LOAD_PCT=${LOAD_PCT:-50}
 source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 bench_setup latload uvbus_bench_stream_recv uvbus_bench_stream_send uvbus_bench_stream_pingpong \
   uvbus_bench_shm_recv uvbus_bench_shm_send uvbus_bench_shm_pingpong uvbus_bench_node_recv \
-  uvbus_bench_node_send uvbus_bench_node_latency
+  uvbus_bench_node_send uvbus_bench_node_latency uvbus_raw_ceiling
 
 med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
@@ -63,12 +66,23 @@ pp() {  # pp tcp|shm|node-tcp|node-shm LOAD_RATE: one ping-pong's JSON line
     node-shm)
       "$BUILD/uvbus_bench_node_latency" ipv4://127.0.0.1:0 --shm "uvbus-latload-npp$$" "${common[@]}"
       ;;
+    raw-*)
+      local pin=()
+      [ "$PIN" = 1 ] || pin=(--no-pin)
+      "$BUILD/uvbus_raw_ceiling" "${1#raw-}-pingpong" --size 64 --round-trips "$ROUND_TRIPS" \
+        --send-cpu "$SEND_CPU" --recv-cpu "$RECV_CPU" --load-rate "$2" "${pin[@]}"
+      ;;
   esac | grep '^{' || true
 }
 
-for link in tcp shm node-tcp node-shm; do
+declare -A MAX
+
+for link in tcp shm node-tcp node-shm raw-tcp raw-shm; do
   [[ $link =~ $CASES ]] || continue
-  max=$(max_rate "$link")
+  # The raw floor runs under the load rate of the uvbus link it is the floor of.
+  base=${link#raw-}
+  [ -n "${MAX[$base]:-}" ] || MAX[$base]=$(max_rate "$base")
+  max=${MAX[$base]}
   load=$(awk -v m="$max" -v p="$LOAD_PCT" 'BEGIN {printf "%.0f", m * p / 100}')
   declare -A P50 P99 P999 ACH
   for mode in idle loaded; do P50[$mode]=""; P99[$mode]=""; P999[$mode]=""; ACH[$mode]=""; done

@@ -3,18 +3,21 @@
 //
 //   uvbus_raw_ceiling CASE [--dist small|large|fixed64] [--seconds S] [--host 127.0.0.1|::1]
 //                     [--size 64] [--round-trips N] [--warmup N] [--publish-bytes 4096]
-//                     [--send-cpu 0] [--recv-cpu 1] [--no-pin] [--corrupt SEQ]
+//                     [--send-cpu 0] [--recv-cpu 1] [--no-pin] [--corrupt SEQ] [--load-rate R]
 //
 // CASE: tcp-coalesced, unix-coalesced, shm-ring (each also with -hash), tcp-pingpong,
 // unix-pingpong, shm-pingpong. Prints one JSON line ({"raw":CASE,...}); exits 1 when the run is not
 // verified (a lost, reordered or corrupt message), 2 on bad arguments. --corrupt flips one bit of
 // one message after it was hashed: the run must then fail (the self-test of the verification).
 // Payloads are the uvbus benchmarks' own (bench_common.h): same sizes, same per-byte check.
+// --load-rate R (ping-pong cases): the same link also carries R messages a second of the ping's
+// size, which the echo side drops (the floor of latency under load; raw_pingpong.cpp).
 #include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "raw/raw_common.h"
@@ -134,9 +137,13 @@ bool parse(int argc, char** argv, settings* out) {
   s.send_cpu = static_cast<int>(o.get_int("send-cpu", 0));
   s.recv_cpu = static_cast<int>(o.get_int("recv-cpu", 1));
   s.pin = !o.flag("no-pin");
+  s.load_rate = std::strtod(o.get("load-rate", "0").c_str(), nullptr);
   if (o.flag("corrupt")) s.corrupt_seq = static_cast<uint64_t>(o.get_int("corrupt", 0));
-  if (s.seconds <= 0 || s.size < 16 || s.size > 65536 || s.round_trips == 0) {
-    std::fprintf(stderr, "raw: --seconds must be > 0, --size 16..65536, --round-trips > 0\n");
+  if (s.seconds <= 0 || s.size < 16 || s.size > 65536 || s.round_trips == 0 ||
+      !(s.load_rate >= 0)) {
+    std::fprintf(stderr,
+                 "raw: --seconds must be > 0, --size 16..65536, --round-trips > 0, "
+                 "--load-rate >= 0\n");
     return false;
   }
   *out = s;

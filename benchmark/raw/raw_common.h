@@ -25,6 +25,7 @@ struct settings {
   uint64_t corrupt_seq = ~uint64_t{0};  // flip one bit of this message (the self-test)
   size_t size = 64;                     // ping-pong message size
   uint64_t round_trips = 200000, warmup = 10000;
+  double load_rate = 0;  // ping-pong: background messages a second on the same link (0: none)
   int send_cpu = 0, recv_cpu = 1;
   bool pin = true;
 };

@@ -37,15 +37,19 @@ class ring_writer {
 
   // Room for a record of `payload` bytes; returns where its 8-byte header starts.
   uint8_t* reserve(size_t payload) {
-    const size_t n = record_size(payload);
-    const size_t pos = head_ & mask_;
-    const size_t pad = size_ - pos < n ? size_ - pos : 0;
-    wait_room(pad + n);
-    if (pad != 0) {
-      std::memcpy(data_ + pos, &kWrap, 4);
-      head_ += pad;
+    const size_t pad = pad_for(payload);
+    wait_room(pad + record_size(payload));
+    return place(pad);
+  }
+  // As reserve(), but nullptr instead of waiting when the ring is full now.
+  uint8_t* try_reserve(size_t payload) {
+    const size_t pad = pad_for(payload);
+    const size_t need = pad + record_size(payload);
+    if (size_ - (head_ - tail_cache_) < need) {
+      tail_cache_ = h_->tail.load(std::memory_order_acquire);
+      if (size_ - (head_ - tail_cache_) < need) return nullptr;
     }
-    return data_ + (head_ & mask_);
+    return place(pad);
   }
   // Writes the record's length (the caller wrote the payload and, if any, the hash) and commits it.
   void commit(size_t payload) {
@@ -60,6 +64,19 @@ class ring_writer {
   }
 
  private:
+  // Bytes skipped (with a wrap marker) so that a record of `payload` bytes does not cross the end.
+  [[nodiscard]] size_t pad_for(size_t payload) const {
+    const size_t n = record_size(payload);
+    const size_t pos = head_ & mask_;
+    return size_ - pos < n ? size_ - pos : 0;
+  }
+  uint8_t* place(size_t pad) {
+    if (pad != 0) {
+      std::memcpy(data_ + (head_ & mask_), &kWrap, 4);
+      head_ += pad;
+    }
+    return data_ + (head_ & mask_);
+  }
   void wait_room(size_t need) {
     while (size_ - (head_ - tail_cache_) < need) {
       if (published_ != head_) publish();  // the reader may be waiting for what we hold back
