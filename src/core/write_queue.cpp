@@ -338,16 +338,18 @@ void write_queue::pop_front() noexcept {
   }
 }
 
-size_t write_queue::merge_front(uint8_t* dst, size_t cap, size_t max_block,
-                                size_t* blocks) const noexcept {
+size_t write_queue::merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
+                                size_t* span) const noexcept {
   size_t copied = 0;
   size_t n = 0;
+  size_t ring_bytes = 0;
   cursor c = begin();
   while (n < count_) {
     const block b = at(c);
     if (b.size >= max_block || copied + b.size > cap) break;
     if (b.size != 0) std::memcpy(dst + copied, b.data, b.size);
     copied += b.size;
+    ring_bytes += ring_stride(b.size);
     ++n;
     // The block that ends at the wrap point is the last one merged in this pass.
     if (cfg_.mode == queue_mode::static_ring && wrap_at_ != 0 &&
@@ -357,7 +359,31 @@ size_t write_queue::merge_front(uint8_t* dst, size_t cap, size_t max_block,
     c = advance(c);
   }
   *blocks = n;
+  if (span != nullptr) *span = ring_bytes;
   return copied;
+}
+
+void write_queue::pop_front_n(size_t n, size_t bytes, size_t span) noexcept {
+  if (cfg_.mode == queue_mode::dynamic || n > count_ || n < 2) {
+    for (size_t i = 0; i < n; ++i) pop_front();
+    return;
+  }
+  if (n == count_) {
+    count_ = bytes_ = unsealed_count_ = 0;
+    head_ = tail_ = wrap_at_ = 0;
+    return;
+  }
+  // Merged blocks never cross the wrap point, so the head lands on or before it.
+  bytes_ -= bytes;
+  count_ -= n;
+  unsealed_count_ = std::min(unsealed_count_, count_);
+  head_ += span;
+  if (wrap_at_ != 0 && head_ == wrap_at_) {
+    head_ = 0;
+    wrap_at_ = 0;
+    prev_wrap_ = 0;
+  }
+  if (unsealed_count_ == count_) unsealed_ = begin();
 }
 
 }  // namespace uvbus

@@ -67,6 +67,11 @@ class write_queue {
   // Writes up to max of the oldest unsealed blocks to out and counts them as sealed; returns how
   // many. The caller finishes them (they are queued blocks: writable until popped).
   size_t take_unsealed(block* out, size_t max) noexcept;
+  // Counts the newest block as sealed when it is the only unsealed one (the caller finished it
+  // at once); otherwise nothing changes.
+  void seal_newest() noexcept {
+    if (unsealed_count_ == 1) unsealed_count_ = 0;
+  }
 
   [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
   [[nodiscard]] size_t size() const noexcept { return count_; }
@@ -82,7 +87,12 @@ class write_queue {
   // across the ring's wrap point (a static ring's blocks after the wrap are not merged with those
   // before it). Returns the bytes copied; *blocks gets how many blocks they were. The blocks stay
   // queued: the caller pops them once the write that carries them completes.
-  size_t merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks) const noexcept;
+  // *span (if given) gets what pop_front_n() needs to pop them all at once.
+  size_t merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
+                     size_t* span = nullptr) const noexcept;
+  // Pops the n front blocks that the last merge_front() reported (n blocks, `bytes` copied, *span
+  // `span`), with nothing popped since: one step in a static ring instead of n.
+  void pop_front_n(size_t n, size_t bytes, size_t span) noexcept;
 
   // Visits the first n blocks from the front (n <= size()) without removing them.
   template <class F>

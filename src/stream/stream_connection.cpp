@@ -160,10 +160,9 @@ void stream_channel::impl::report_written(conn_impl* c) {
   cb.on_written(c->id, c->reported_seq);
 }
 
-void stream_channel::impl::pop_merged(conn_impl* c, const uint8_t* frames, size_t len,
-                                      size_t count) {
-  write_queue& q = *c->queue;
-  for (size_t i = 0; i < count; ++i) q.pop_front();
+void stream_channel::impl::pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count,
+                                      size_t span) {
+  c->queue->pop_front_n(count, len, span);
   c->written_seq += count;
   size_t header_bytes = 0;
   for (size_t pos = 0; pos < len;) {
@@ -245,6 +244,7 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     uv_buf_t bufs[kMaxGather];
     unsigned nbufs = 1;
     size_t merged = 0;
+    size_t span = 0;  // the merged blocks' room in the queue (write_queue::pop_front_n)
     if (cfg.merge_threshold == 0 || q.size() == 1) {
       bufs[0] = uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
     } else {
@@ -254,7 +254,7 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
         return;
       }
       if (front.size < cfg.merge_threshold) {
-        const size_t n = q.merge_front(mb, merge_cap, cfg.merge_threshold, &merged);
+        const size_t n = q.merge_front(mb, merge_cap, cfg.merge_threshold, &merged, &span);
         bufs[0] = uv_buf_init(reinterpret_cast<char*>(mb), static_cast<unsigned>(n));
       } else {
         nbufs = gather(q, mb, bufs, &merged);
@@ -275,7 +275,7 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     if (nbufs == 1 && merged > 1 && static_cast<size_t>(w) == len) {
       // The whole merged batch went out: pop the blocks without looking at them again; the
       // payload bytes come from the frames just written.
-      pop_merged(c, reinterpret_cast<const uint8_t*>(bufs[0].base), len, merged);
+      pop_merged(c, reinterpret_cast<const uint8_t*>(bufs[0].base), len, merged, span);
       maybe_writable(c);
       if (!c->active()) return;
       continue;
@@ -428,8 +428,7 @@ void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t t
   if (total < kSealBatchMinBytes && q.unsealed() == 1) {
     const size_t hdr = frame_header_size(total);
     (void)frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
-    write_queue::block self{};
-    (void)q.take_unsealed(&self, 1);
+    q.seal_newest();
   } else {
     (void)frame_write_header(0, total, frame);
     if (q.unsealed() >= kSealBatch) seal_frames(q);

@@ -297,7 +297,7 @@ struct stream_channel::impl {
   // Pops the blocks wholly covered by `written` bytes (reporting each delivered) and returns the
   // bytes of the next block already written.
   size_t consume(conn_impl* c, size_t written);
-  void pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count);
+  void pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count, size_t span);
   void maybe_writable(conn_impl* c);
   void flush(conn_impl* c);
   void flush_queue(conn_impl* c);

@@ -237,7 +237,9 @@ void seal_check(write_queue& q, const std::deque<std::pair<uint64_t, size_t>>& m
     ASSERT_EQ(got[i].tag, want.first);
     ASSERT_EQ(got[i].size, want.second);
   }
-  if (n != 0) ASSERT_TRUE(check(got[n - 1]));  // the bytes too (of one block: valgrind runs this)
+  if (n != 0) {
+    ASSERT_TRUE(check(got[n - 1]));  // the bytes too (of one block: valgrind runs this)
+  }
   *unsealed -= n;
 }
 
@@ -266,6 +268,9 @@ void model_check(write_queue_config cfg, uint64_t seed) {
       ++unsealed;
     } else if (op == 8 && rng() % 2 == 0) {
       seal_check(q, model, &unsealed, 1 + rng() % 16);
+    } else if (op == 8) {
+      q.seal_newest();
+      if (unsealed == 1) unsealed = 0;
     } else if (op < 9) {
       if (model.empty()) {
         ASSERT_TRUE(q.empty());
@@ -280,7 +285,8 @@ void model_check(write_queue_config cfg, uint64_t seed) {
       unsealed = std::min(unsealed, model.size());
     } else {
       size_t n = 0;
-      const size_t bytes = q.merge_front(merge_buf.data(), merge_buf.size(), 1024, &n);
+      size_t span = 0;
+      const size_t bytes = q.merge_front(merge_buf.data(), merge_buf.size(), 1024, &n, &span);
       ASSERT_LE(n, model.size());
       size_t off = 0;
       for (size_t i = 0; i < n; ++i) {
@@ -290,6 +296,11 @@ void model_check(write_queue_config cfg, uint64_t seed) {
         off += model[i].second;
       }
       ASSERT_EQ(off, bytes);
+      if (rng() % 2 == 0) {  // the blocks went out: pop them at once
+        q.pop_front_n(n, bytes, span);
+        model.erase(model.begin(), model.begin() + static_cast<std::ptrdiff_t>(n));
+        unsealed = std::min(unsealed, model.size());
+      }
     }
     ASSERT_EQ(q.size(), model.size());
     ASSERT_EQ(q.unsealed(), unsealed);
