@@ -3,7 +3,8 @@
 // Input layout: a config (mode, ring size, byte and block limits, some of them invalid on
 // purpose), then a sequence of operations, each an opcode byte and its arguments: reserve,
 // pop_front, unreserve_back (only where the header allows it: after a successful reserve with no
-// other successful reserve since), merge_front and for_each_front.
+// other successful reserve since), merge_front (then, sometimes, pop_front_n of what it merged),
+// for_each_front, take_unsealed and seal_newest.
 //
 // Invariants checked after every operation:
 //   * size(), bytes(), empty(), front() and the contents and tags of every block equal the model's
@@ -14,6 +15,8 @@
 //     (no contiguous room at the tail, nor at the start before the head), so space never leaks;
 //   * the ring's blocks lie inside the ring and never overlap; merge_front() copies a prefix of the
 //     model's blocks under the documented stop rules (exactly that prefix in dynamic mode);
+//   * unsealed() counts the blocks reserved since take_unsealed() last handed them out (the model's
+//     newest ones), and take_unsealed() hands out exactly those, oldest first;
 //   * memory_bytes() is the ring size now plus the rings a growth retired, or the blocks plus their
 //     bookkeeping in dynamic mode;
 //   * a static ring is allocated by the first reserve that reaches it, at ring_initial_bytes (0:
@@ -21,6 +24,8 @@
 //     not fit: to a larger power of two (or ring_bytes) that holds every queued block plus the new
 //     one, laid out from offset 0 in FIFO order; the front block read before the growth stays
 //     readable (a write in flight) until release_retired().
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -71,6 +76,7 @@ struct harness {
   const uint8_t* base = nullptr;  // ring start, learnt from the first reservation
   bool can_unreserve = false;
   uint64_t next_tag = 1;
+  size_t unsealed = 0;  // the newest blocks of m not yet handed out by take_unsealed()
 
   explicit harness(const write_queue_config& c)
       : cfg(c), valid(write_queue::validate(c) == errc::ok), q(c) {
@@ -90,6 +96,7 @@ struct harness {
 
   void check_all() const {
     FUZZ_CHECK(q.size() == m.size());
+    FUZZ_CHECK(q.unsealed() == unsealed);
     FUZZ_CHECK(q.empty() == m.empty());
     FUZZ_CHECK(q.bytes() == bytes);
     if (!m.empty()) check_block(q.front(), m.front());
@@ -210,6 +217,7 @@ struct harness {
     for (size_t i = 0; i < n; ++i) p[i] = pattern(tag, i);
     m.push_back({tag, n, off});
     bytes += n;
+    ++unsealed;
     can_unreserve = true;
   }
 
@@ -228,7 +236,23 @@ struct harness {
     q.pop_front();
     bytes -= m.front().size;
     m.pop_front();
+    unsealed = std::min(unsealed, m.size());
     if (m.empty()) can_unreserve = false;
+  }
+
+  void seal(size_t max) {
+    if (trace) std::fprintf(stderr, "seal %zu\n", max);
+    write_queue::block got[16];
+    max %= 17;
+    const size_t n = q.take_unsealed(got, max);
+    FUZZ_CHECK(n == std::min(max, unsealed));
+    for (size_t i = 0; i < n; ++i) check_block(got[i], m[m.size() - unsealed + i]);
+    unsealed -= n;
+  }
+
+  void seal_newest() {
+    q.seal_newest();
+    if (unsealed == 1) unsealed = 0;
   }
 
   void unreserve() {
@@ -237,13 +261,15 @@ struct harness {
     q.unreserve_back();
     bytes -= m.back().size;
     m.pop_back();
+    if (unsealed != 0) --unsealed;
     can_unreserve = false;
   }
 
-  void merge(size_t cap, size_t max_block) {
+  void merge(size_t cap, size_t max_block, bool pop) {
     std::unique_ptr<uint8_t[]> dst(new uint8_t[cap == 0 ? 1 : cap]);
     size_t blocks = 12345;
-    const size_t copied = q.merge_front(dst.get(), cap, max_block, &blocks);
+    size_t span = 0;
+    const size_t copied = q.merge_front(dst.get(), cap, max_block, &blocks, &span);
     // The longest prefix the stop rules allow, ignoring the ring's wrap point.
     size_t most = 0;
     size_t most_bytes = 0;
@@ -264,6 +290,13 @@ struct harness {
       // Stopped early: only allowed at the wrap point.
       FUZZ_CHECK(m[blocks].off == 0 && m[blocks - 1].off != 0);
     }
+    if (!pop) return;
+    // The merge went out whole: pop it at once.
+    q.pop_front_n(blocks, copied, span);
+    m.erase(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(blocks));
+    bytes -= copied;
+    unsealed = std::min(unsealed, m.size());
+    if (m.empty()) can_unreserve = false;
   }
 
   void visit(size_t n) {
@@ -314,10 +347,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         h.unreserve();
         break;
       case 6:
-        h.merge(in.u16() % 5000, (op & 0x80) != 0 ? SIZE_MAX : in.u16() % 3100);
+        h.merge(in.u16() % 5000, (op & 0x80) != 0 ? SIZE_MAX : in.u16() % 3100, (op & 0x40) != 0);
         break;
       case 7:
-        h.visit(in.u8());
+        if ((op & 0xC0) == 0x80) {
+          h.seal(in.u8());
+        } else if ((op & 0xC0) == 0x40) {
+          h.seal_newest();
+        } else {
+          h.visit(in.u8());
+        }
         break;
     }
     h.check_all();
