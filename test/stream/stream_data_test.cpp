@@ -254,12 +254,18 @@ TEST_F(StreamData, PrepareAndCommitSendsInPlace) {
   EXPECT_EQ(cm(c, p.client).packets_sent, 3u);
 }
 
-TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
-  recorder srv, cli;
+// A 16 KiB send queue for 1 KiB messages: fills after a few sends.
+stream_config small_queue() {
   stream_config cfg;
   cfg.message_limit = 1024;
   cfg.queue.ring_bytes = size_t{16} * 1024;
   cfg.queue.max_bytes = size_t{16} * 1024;
+  return cfg;
+}
+
+TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
+  recorder srv, cli;
+  const stream_config cfg = small_queue();
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli, cfg);
   pair p = connect(s, &srv, c, &cli);
@@ -283,12 +289,8 @@ TEST_F(StreamData, QueueFullIsReportedAndWritableFollows) {
 // which a flush calls between two of its writes, must get theirs before the flush goes on.
 TEST_F(StreamData, FramesQueuedFromOnWritableCarryTheirChecksums) {
   recorder srv, cli;
-  stream_config cfg;
-  cfg.message_limit = 1024;
-  cfg.queue.ring_bytes = size_t{16} * 1024;
-  cfg.queue.max_bytes = size_t{16} * 1024;
   stream_channel* s = make_channel(&srv);
-  stream_channel* c = make_channel(&cli, cfg);
+  stream_channel* c = make_channel(&cli, small_queue());
   pair p = connect(s, &srv, c, &cli);
   uint64_t sent = 0;
   const uint64_t total = 400;
@@ -297,24 +299,17 @@ TEST_F(StreamData, FramesQueuedFromOnWritableCarryTheirChecksums) {
     m.replace(0, std::to_string(sent).size(), std::to_string(sent));
     return m;
   };
-  // A few frames per call: fewer than a checksum batch, so they wait for the flush to seal them.
-  cli.on_writable_hook = [&](connection_id id) {
-    for (int i = 0; i < 3 && sent < total; ++i) {
+  // Sends until the queue refuses; the frames after the last full batch of 16 wait for a flush
+  // to write their checksums.
+  auto fill = [&](connection_id id) {
+    while (sent < total) {
       const std::string m = next();
       if (c->send(id, m.data(), m.size()) != errc::ok) return;
       ++sent;
     }
-    while (sent < total) {
-      const std::string m = next();
-      if (c->send(id, m.data(), m.size()) != errc::ok) break;
-      ++sent;
-    }
   };
-  while (sent < total) {
-    const std::string m = next();
-    if (c->send(p.client, m.data(), m.size()) != errc::ok) break;
-    ++sent;
-  }
+  cli.on_writable_hook = fill;
+  fill(p.client);
   ASSERT_LT(sent, total) << "the queue must fill for on_writable to matter";
   ASSERT_TRUE(run([&] { return srv.received_count == total || !srv.disconnected.empty(); }));
   ASSERT_TRUE(srv.disconnected.empty()) << to_string(srv.disconnected.begin()->second);
