@@ -91,9 +91,10 @@ class socket_transport : public transport {
     load.dropped += due - load.sent - k;
     load.sent = due;
     if (k == 0) return true;
-    for (size_t i = burst_.size() / n; i < k; ++i) {
-      burst_.resize((i + 1) * n);
-      bench::put_le64(burst_.data() + i * n, kLoadSeq);
+    if (burst_.size() < k * n) {  // more load messages than ever before: mark the new ones
+      const size_t had = burst_.size() / n;
+      burst_.resize(k * n);
+      for (size_t i = had; i < k; ++i) bench::put_le64(burst_.data() + i * n, kLoadSeq);
     }
     return write_all(fd_, burst_.data(), k * n);
   }

@@ -45,9 +45,9 @@ class ring_writer {
   uint8_t* try_reserve(size_t payload) {
     const size_t pad = pad_for(payload);
     const size_t need = pad + record_size(payload);
-    if (size_ - (head_ - tail_cache_) < need) {
+    if (!fits(need)) {
       tail_cache_ = h_->tail.load(std::memory_order_acquire);
-      if (size_ - (head_ - tail_cache_) < need) return nullptr;
+      if (!fits(need)) return nullptr;
     }
     return place(pad);
   }
@@ -77,8 +77,10 @@ class ring_writer {
     }
     return data_ + (head_ & mask_);
   }
+  // Room for `need` more bytes by the last tail this writer read.
+  [[nodiscard]] bool fits(size_t need) const { return size_ - (head_ - tail_cache_) >= need; }
   void wait_room(size_t need) {
-    while (size_ - (head_ - tail_cache_) < need) {
+    while (!fits(need)) {
       if (published_ != head_) publish();  // the reader may be waiting for what we hold back
       tail_cache_ = h_->tail.load(std::memory_order_acquire);
       cpu_relax();
