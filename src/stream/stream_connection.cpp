@@ -253,7 +253,10 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
         return;
       }
       if (front.size < cfg.merge_threshold) {
-        const size_t n = q.merge_front(mb, merge_cap, cfg.merge_threshold, &merged, &span);
+        // Never below one frame that qualifies for merging (merge_threshold may be set large).
+        const size_t window =
+            c->merge_window != 0 ? std::max(c->merge_window, cfg.merge_threshold) : merge_cap;
+        const size_t n = q.merge_front(mb, window, cfg.merge_threshold, &merged, &span);
         bufs[0] = uv_buf_init(reinterpret_cast<char*>(mb), static_cast<unsigned>(n));
       } else {
         nbufs = gather(q, mb, bufs, &merged);
@@ -271,6 +274,9 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
       return;
     }
     budget -= std::min(budget, static_cast<size_t>(w));
+    if (merged > 1 && nbufs == 1) {
+      c->merge_window = next_merge_window(c->merge_window, static_cast<size_t>(w), len, merge_cap);
+    }
     if (nbufs == 1 && merged > 1 && static_cast<size_t>(w) == len) {
       // The whole merged batch went out: pop the blocks without looking at them again; the
       // payload bytes come from the frames just written.

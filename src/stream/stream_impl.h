@@ -96,8 +96,11 @@ struct conn_impl {
 
   detail::source_key source;           // accepted connections: the peer's address
   std::unique_ptr<write_queue> queue;  // created on the first send
-  uint8_t* prepared = nullptr;         // prepare_send(): the open reservation's frame
-  size_t prepared_size = 0;            // and its payload size
+  // How many bytes the next merge copies at most: what the socket took the last time it took only
+  // part of a merge, doubled after every merge it took whole (0: merge_cap). See kMinMergeWindow.
+  size_t merge_window = 0;
+  uint8_t* prepared = nullptr;  // prepare_send(): the open reservation's frame
+  size_t prepared_size = 0;     // and its payload size
   frame_decoder decoder;
   uint64_t last_read_ms = 0;  // uv_now() of the last read that returned bytes (or of the accept)
   // TLS links (stream_tls.cpp): the context says the link must be TLS; the session exists from
@@ -187,6 +190,20 @@ struct callback_scope {
 
 // Tuning of the write path.
 inline constexpr size_t kMinMergeBuffer = size_t{64} * 1024;
+// A socket that takes only part of a merge (a unix socket: its send buffer is about 208 KiB, and
+// nothing autotunes it) would have the untaken frames copied into the merge buffer again on the
+// next flush, several times over when the peer reads slower than we send. So a connection merges
+// at most what its socket last took (never below this), and twice as much after each merge it
+// took whole, up to the buffer.
+inline constexpr size_t kMinMergeWindow = size_t{16} * 1024;
+// The merge window after a merged write of len bytes of which the socket took w, given the
+// window it was made with (0: the whole buffer, cap). EAGAIN (w == 0) says nothing about the
+// socket's size and leaves the window as it is.
+constexpr size_t next_merge_window(size_t window, size_t w, size_t len, size_t cap) noexcept {
+  if (w == len) return window == 0 || window * 2 >= cap ? 0 : window * 2;
+  if (w == 0) return window;
+  return w > kMinMergeWindow ? w : kMinMergeWindow;
+}
 // A flush hands the socket at most this much before giving other connections (and the loop) a
 // turn; the connection stays on the flush list.
 inline constexpr size_t kFlushBudget = size_t{1024} * 1024;
@@ -407,9 +424,11 @@ using detail::kLogStalled;
 using detail::kLogUnregistered;
 using detail::kMaxGather;
 using detail::kMinMergeBuffer;
+using detail::kMinMergeWindow;
 using detail::kSealBatch;
 using detail::kSealBatchMinBytes;
 using detail::listener_impl;
 using detail::literal_sockaddr;
+using detail::next_merge_window;
 
 }  // namespace uvbus

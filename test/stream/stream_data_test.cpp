@@ -6,6 +6,7 @@
 #include <string>
 
 #include "stream/stream_harness.h"
+#include "stream/stream_impl.h"
 
 namespace uvbus::test {
 namespace {
@@ -316,6 +317,62 @@ TEST_F(StreamData, FramesQueuedFromOnWritableCarryTheirChecksums) {
   const auto& got = srv.received[p.server.value];
   ASSERT_EQ(got.size(), total);
   for (sent = 0; sent < total; ++sent) ASSERT_EQ(got[sent], next()) << sent;
+}
+
+// The merge window (stream_impl.h): what a socket took when it took only part of a merge, never
+// below kMinMergeWindow; doubled after a merge it took whole, back to the whole buffer (0).
+TEST(StreamMergeWindow, ShrinksToWhatTheSocketTookAndGrowsBack) {
+  constexpr size_t cap = size_t{256} * 1024;
+  constexpr auto k = size_t{1024};
+  EXPECT_EQ(detail::next_merge_window(0, 80 * k, cap, cap), 80 * k);
+  EXPECT_EQ(detail::next_merge_window(80 * k, 0, 80 * k, cap), 80 * k) << "EAGAIN says nothing";
+  EXPECT_EQ(detail::next_merge_window(80 * k, 5 * k, 80 * k, cap), detail::kMinMergeWindow);
+  EXPECT_EQ(detail::next_merge_window(80 * k, 80 * k, 80 * k, cap), 160 * k);
+  EXPECT_EQ(detail::next_merge_window(160 * k, 160 * k, 160 * k, cap), 0u) << "the whole buffer";
+  EXPECT_EQ(detail::next_merge_window(0, cap, cap, cap), 0u);
+}
+
+// A unix socket takes a few hundred KiB at most, so a reader that pauses makes the writer's merges
+// go out in part and its merge window shrink; frames as large as merge_threshold (above the
+// smallest window) must still be merged and sent, intact and in order.
+TEST_F(StreamData, FramesUpToTheMergeThresholdPassWhileTheMergeWindowIsSmall) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.message_limit = size_t{64} * 1024;
+  cfg.merge_threshold = size_t{40} * 1024;  // above kMinMergeWindow
+  cfg.queue.ring_bytes = cfg.queue.max_bytes = size_t{1024} * 1024;
+  stream_channel* s = make_channel(&srv, cfg);
+  stream_channel* c = make_channel(&cli, cfg);
+  pair p = connect(s, &srv, c, &cli, "unix:///tmp/" + unique_name("window") + ".sock");
+  ASSERT_EQ(s->pause_reading(p.server), errc::ok);
+  uint64_t sent = 0;
+  auto next = [](uint64_t i) {  // every fourth frame 30-38 KiB, the rest 100-1100 B
+    const size_t n = i % 4 == 3 ? size_t{30} * 1024 + (i * 977) % 8192 : 100 + (i * 131) % 1000;
+    std::string m(n, static_cast<char>('a' + i % 26));
+    m.replace(0, std::to_string(i).size(), std::to_string(i));
+    return m;
+  };
+  constexpr uint64_t kTotal = 600;  // about 5 MiB: several queue fills
+  auto fill = [&](connection_id id) {
+    while (sent < kTotal) {
+      const std::string m = next(sent);
+      if (c->send(id, m.data(), m.size()) != errc::ok) return;
+      ++sent;
+    }
+  };
+  cli.on_writable_hook = fill;
+  fill(p.client);
+  ASSERT_LT(sent, kTotal) << "the queue must fill while the reader is paused";
+  // Let the writer meet the full socket before the reader resumes.
+  ASSERT_TRUE(run([&] { return cm(c, p.client).queue_packets < sent; }));
+  ASSERT_EQ(s->resume_reading(p.server), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == kTotal || !srv.disconnected.empty(); },
+                  std::chrono::seconds(60)));
+  ASSERT_TRUE(srv.disconnected.empty()) << to_string(srv.disconnected.begin()->second);
+  const auto& got = srv.received[p.server.value];
+  ASSERT_EQ(got.size(), kTotal);
+  for (uint64_t i = 0; i < kTotal; ++i) ASSERT_EQ(got[i], next(i)) << i;
+  EXPECT_GT(cm(c, p.client).packets_merged, 0u);
 }
 
 TEST_F(StreamData, DynamicQueueModeWorksToo) {
