@@ -87,7 +87,7 @@ bool frame_decoder::next_batch() noexcept {
   if (count == 0) return false;
   size_t payload_bytes = 0;
   for (size_t i = 0; i < count; ++i) payload_bytes += len[i];
-  if (payload_bytes < count * batch_min_mean_) {
+  if (payload_bytes / count < batch_min_mean_) {
     // Small frames: one at a time (see frame.h), these and the next ones, without parsing ahead:
     // a parse that is declined again costs a header decode per frame.
     unbatched_left_ = count * kSmallRunBatches;

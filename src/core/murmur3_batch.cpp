@@ -137,6 +137,17 @@ murmur3_impl murmur3_batch_active() noexcept {
   return a;
 }
 
+size_t murmur3_batch_min_mean_bytes() noexcept {
+  switch (murmur3_batch_active()) {
+    case murmur3_impl::avx512:
+      return 0;
+    case murmur3_impl::avx2:
+      return kBatchSmallAvx2;
+    default:
+      return ~size_t{0};
+  }
+}
+
 void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
                           uint32_t* out) noexcept {
   const murmur3_impl impl = murmur3_batch_active();

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/murmur3_batch.h"
 #include "stream/stream_impl.h"
 #include "stream/tls_context.h"
 
@@ -114,6 +115,7 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
     : loop(l), cfg(c), cb(std::move(cbs)) {
   cfg_error = validate(c, &cfg_detail);
   merge_cap = std::max({kMinMergeBuffer, cfg.message_limit + kFrameMaxHeader, cfg.merge_threshold});
+  seal_min_bytes = murmur3_batch_min_mean_bytes();
   const size_t byte_cap = cfg.queue.max_bytes != 0 ? cfg.queue.max_bytes : cfg.queue.ring_bytes;
   low_bytes = byte_cap / 2;
   low_packets = cfg.queue.max_blocks != 0 ? cfg.queue.max_blocks / 2 : SIZE_MAX;

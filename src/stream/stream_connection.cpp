@@ -430,7 +430,7 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
 void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
   ++c->accepted_seq;
   write_queue& q = *c->queue;
-  if (total < kSealBatchMinBytes && q.unsealed() == 1) {
+  if (total < seal_min_bytes && q.unsealed() == 1) {
     const size_t hdr = frame_header_size(total);
     (void)frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
     q.seal_newest();

@@ -213,9 +213,9 @@ inline constexpr size_t kGatherBytes = size_t{256} * 1024;
 // Queued frames get their checksums in batches of this many (murmur3_x86_32_batch's lanes): when
 // this many are waiting, and before any flush writes the queue.
 inline constexpr size_t kSealBatch = 16;
-// Payloads below this are hashed one at a time as they are queued unless a batch is already
-// waiting (for 8-128 B frames the batch cost the sender more than it saved).
-inline constexpr size_t kSealBatchMinBytes = 256;
+// Payloads below the channel's seal_min_bytes (murmur3_batch_min_mean_bytes(): 0 with the AVX-512
+// kernel, 256 B with AVX2) are hashed one at a time as they are queued unless a batch is already
+// waiting: with AVX2, batches of 8-128 B frames cost the sender as much as they saved.
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
 errc from_uv(int status) noexcept;
@@ -259,8 +259,9 @@ struct stream_channel::impl {
   errc cfg_error = errc::ok;
   std::string cfg_detail;  // validate()'s detail for cfg_error
   size_t merge_cap;
-  size_t low_bytes;    // on_writable fires at or below these
-  size_t low_packets;  //
+  size_t seal_min_bytes;  // see kSealBatch
+  size_t low_bytes;       // on_writable fires at or below these
+  size_t low_packets;     //
   bool closed = false;
   bool owner_gone = false;
   int handles = 0;  // libuv handles/requests of the channel itself and of its listeners
@@ -426,7 +427,6 @@ using detail::kMaxGather;
 using detail::kMinMergeBuffer;
 using detail::kMinMergeWindow;
 using detail::kSealBatch;
-using detail::kSealBatchMinBytes;
 using detail::listener_impl;
 using detail::literal_sockaddr;
 using detail::next_merge_window;

@@ -242,6 +242,21 @@ TEST_P(Murmur3Batch, DecoderReportsAHeaderErrorAfterTheWholeFramesBeforeIt) {
   EXPECT_EQ(got, good.payloads);
 }
 
+// Where batches of small frames pay depends on the kernel (murmur3_batch.h); a decoder built
+// without a threshold takes the active kernel's, and yields every small frame in order.
+TEST_P(Murmur3Batch, SmallFramesAreBatchedWhereTheKernelMakesItPay) {
+  size_t want = ~size_t{0};
+  if (GetParam() == murmur3_impl::avx512) want = 0;
+  if (GetParam() == murmur3_impl::avx2) want = kBatchSmallAvx2;
+  EXPECT_EQ(murmur3_batch_min_mean_bytes(), want);
+  std::mt19937 rng(21);
+  const wire w = make_wire(500, 128, rng);
+  frame_decoder d(kMaxPayload);
+  std::vector<std::vector<uint8_t>> got;
+  EXPECT_EQ(decode(d, w.bytes, {w.bytes.size()}, &got), frame_status::need_more);
+  EXPECT_EQ(got, w.payloads);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, Murmur3Batch, ::testing::ValuesIn(kernels()),
                          [](const ::testing::TestParamInfo<murmur3_impl>& info) {
                            return std::string(to_string(info.param));
