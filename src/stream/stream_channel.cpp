@@ -326,6 +326,8 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
     return bad("read_buffer_size must be between 4 KiB and 1 GiB");
   }
   if (cfg.backlog <= 0) return bad("backlog must be > 0");
+  if (cfg.unix_send_buffer > kMaxUnixSendBuffer)
+    return bad("unix_send_buffer must be at most 1 GiB");
   if (cfg.max_unregistered != 0 && cfg.max_unregistered_per_address > cfg.max_unregistered) {
     return bad("max_unregistered_per_address must not exceed max_unregistered (or set it to 0)");
   }

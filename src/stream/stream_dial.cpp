@@ -16,7 +16,11 @@ void stream_channel::impl::on_connected(conn_impl* c) {
     uv_freeaddrinfo(c->ai_list);
     c->ai_list = c->ai_next = nullptr;
   }
-  if (!c->is_unix) apply_tcp_options(c);
+  if (c->is_unix) {
+    apply_unix_options(c);
+  } else {
+    apply_tcp_options(c);
+  }
   if (c->tls_ctx && !c->secure) {  // TLS: on_connected once the handshake completed
     tls_start(c);
     return;
@@ -34,6 +38,14 @@ void stream_channel::impl::on_connected(conn_impl* c) {
 void stream_channel::impl::apply_tcp_options(conn_impl* c) {
   uv_tcp_nodelay(&c->h.tcp, cfg.tcp_nodelay ? 1 : 0);
   if (cfg.tcp_keepalive) uv_tcp_keepalive(&c->h.tcp, 1, cfg.keepalive_delay_s);
+}
+
+// Both ends of a unix connection (see stream_config::unix_send_buffer). A refusal is not an error:
+// the connection works with the kernel's default, only slower.
+void stream_channel::impl::apply_unix_options(conn_impl* c) {
+  if (cfg.unix_send_buffer == 0) return;
+  int bytes = static_cast<int>(cfg.unix_send_buffer);
+  (void)uv_send_buffer_size(&c->h.handle, &bytes);
 }
 
 void stream_channel::impl::connect_cb(uv_connect_t* req, int status) {

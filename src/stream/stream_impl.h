@@ -190,6 +190,8 @@ struct callback_scope {
 
 // Tuning of the write path.
 inline constexpr size_t kMinMergeBuffer = size_t{64} * 1024;
+// Largest stream_config::unix_send_buffer (setsockopt takes an int; the kernel caps it far lower).
+inline constexpr size_t kMaxUnixSendBuffer = size_t{1} << 30;
 // A socket that takes only part of a merge (a unix socket: its send buffer is about 208 KiB, and
 // nothing autotunes it) would have the untaken frames copied into the merge buffer again on the
 // next flush, several times over when the peer reads slower than we send. So a connection merges
@@ -356,6 +358,7 @@ struct stream_channel::impl {
   void log_end(const conn_impl* c, errc reason);
   void on_connected(conn_impl* c);
   void apply_tcp_options(conn_impl* c);
+  void apply_unix_options(conn_impl* c);
   static void connect_cb(uv_connect_t* req, int status);
   errc start_tcp_connect(conn_impl* c, const sockaddr* sa);
   void try_next_address(conn_impl* c);
@@ -424,6 +427,7 @@ using detail::kLogStaleFile;
 using detail::kLogStalled;
 using detail::kLogUnregistered;
 using detail::kMaxGather;
+using detail::kMaxUnixSendBuffer;
 using detail::kMinMergeBuffer;
 using detail::kMinMergeWindow;
 using detail::kSealBatch;

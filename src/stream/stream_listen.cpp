@@ -177,6 +177,7 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
     return;
   }
   if (c->is_unix) {
+    apply_unix_options(c);
     c->peer_url = l->url;
     c->source.family = 1;
   } else {

@@ -136,6 +136,40 @@ TEST_F(StreamCaps, EveryUnixSocketPeerCountsAsOneAddress) {
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 2; }));
 }
 
+// stream_config::unix_send_buffer sets how much a unix socket takes before the peer reads: a
+// server sends 2 MiB to a raw client that never reads, and the first flush writes until the
+// socket is full (nothing drains it afterwards). 32 KiB asked for (the kernel doubles it) takes
+// far less than 1 MiB asked for, which the kernel caps at net.core.wmem_max (at least 208 KiB).
+TEST_F(StreamCaps, UnixSendBufferSetsHowMuchTheSocketTakesBeforeThePeerReads) {
+  auto taken = [&](size_t sndbuf) -> uint64_t {
+    recorder srv;
+    stream_config cfg;
+    cfg.unix_send_buffer = sndbuf;
+    stream_channel* s = make_channel(&srv, cfg);
+    const std::string path = "/tmp/" + unique_name("sndbuf") + ".sock";
+    EXPECT_EQ(s->listen("unix://" + path), errc::ok);
+    src_peer peer(path);
+    EXPECT_TRUE(peer.ok());
+    EXPECT_TRUE(run([&] { return srv.accepted.size() == 1; }));
+    const connection_id conn = srv.accepted[0];
+    const std::string m(1000, 'x');
+    for (int i = 0; i < 2048; ++i) EXPECT_EQ(s->send(conn, m.data(), m.size()), errc::ok);
+    EXPECT_TRUE(run([&] { return cm(s, conn).packets_sent > 0; }));
+    const uint64_t bytes = cm(s, conn).bytes_sent;
+    s->close();
+    return bytes;
+  };
+  const uint64_t small = taken(size_t{32} * 1024);
+  const uint64_t large = taken(size_t{1} << 20);
+  EXPECT_LT(small, uint64_t{160} * 1024);
+  EXPECT_GT(large, 2 * small);
+  stream_config bad;
+  bad.unix_send_buffer = size_t{2} << 30;
+  std::string why;
+  EXPECT_EQ(stream_channel::validate(bad, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("unix_send_buffer"), std::string::npos) << why;
+}
+
 TEST_F(StreamCaps, TheSendRingStartsSmallAndGrowsOnlyAsItFills) {
   recorder srv;
   recorder cli;
