@@ -1,5 +1,5 @@
 // Microbenchmarks of the core hot pieces: MurmurHash3 (one buffer, and batches by each kernel),
-// frame encode+decode, write-queue push+pop and the merge step.
+// CRC-32C (each kernel), frame encode+decode, write-queue push+pop and the merge step.
 // Run: build/uvbus_micro_core [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "core/frame.h"
 #include "core/murmur3.h"
 #include "core/murmur3_batch.h"
@@ -35,6 +36,27 @@ void BM_Murmur3_x64_128(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
 }
 BENCHMARK(BM_Murmur3_x64_128)->Arg(16)->Arg(128)->Arg(4096)->Arg(65536);
+
+// CRC-32C of one buffer: args size, kernel (0 = table, 1 = sse42; skipped where the CPU lacks it).
+// Each call depends on the one before (its result seeds the next), so this is the latency of one
+// record's checksum, not the throughput of independent ones.
+void BM_Crc32c(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  const auto impl = state.range(1) == 0 ? uvbus::crc32c_impl::table : uvbus::crc32c_impl::sse42;
+  if (!uvbus::crc32c_use(impl)) {
+    state.SkipWithError("kernel not supported on this CPU");
+    return;
+  }
+  std::vector<uint8_t> buf(n + 1, 0x5a);
+  uint32_t crc = 0;
+  for (auto _ : state) {
+    crc = uvbus::crc32c(buf.data() + 1, n, crc);  // unaligned input
+    benchmark::DoNotOptimize(crc);
+  }
+  (void)uvbus::crc32c_use(uvbus::crc32c_impl::auto_);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 128, 4096, 8192, 65536}, {0, 1}});
 
 // Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
 // at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The

@@ -1,0 +1,35 @@
+// CRC-32C (Castagnoli: polynomial 0x1EDC6F41, reflected, initial value and final xor ~0: the CRC
+// of iSCSI, ext4 and SCTP), the shared-memory ring's record checksum from layout version 4 on.
+// Two kernels, chosen at run time by CPU: the SSE4.2 crc32 instruction in three interleaved
+// streams joined with a carry-less multiply (about 20 GB/s here), and a portable slicing-by-8
+// table. Both give the same value for every input. Figures and the reasons: docs/core.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace uvbus {
+
+// The CRC of data[0, len) continued from `crc`, the CRC of what came before it (0 for nothing):
+// crc32c(b, m, crc32c(a, n)) is the CRC of a's n bytes followed by b's m bytes. data may be null
+// when len == 0. Thread-safe; no allocation.
+[[nodiscard]] uint32_t crc32c(const void* data, size_t len, uint32_t crc = 0) noexcept;
+
+// The kernels. auto_ picks the fastest this CPU supports.
+enum class crc32c_impl { auto_, table, sse42 };
+
+const char* to_string(crc32c_impl impl) noexcept;
+
+// Whether this build and this CPU can run impl (auto_ and table always can).
+[[nodiscard]] bool crc32c_supported(crc32c_impl impl) noexcept;
+
+// Forces a kernel (tests, benchmarks); auto_ returns to the CPU's choice. Returns false, changing
+// nothing, when impl is not supported. Process-wide; not meant to race with hashing threads.
+// Without a call, the environment variable UVBUS_CRC32C=table|sse42 is honoured (an unsupported
+// or unknown value means auto).
+bool crc32c_use(crc32c_impl impl) noexcept;
+
+// The kernel crc32c runs now (never auto_).
+[[nodiscard]] crc32c_impl crc32c_active() noexcept;
+
+}  // namespace uvbus

@@ -1,0 +1,82 @@
+// crc32c's SSE4.2 kernel (this file alone is built with -msse4.2 -mpclmul; crc32c.cpp calls it
+// only on a CPU that has both). The crc32 instruction takes 3 cycles per 8 bytes but can start
+// one every cycle, so one dependent chain runs at a third of the unit's speed: long inputs are cut
+// into rounds of three 256-byte lanes hashed side by side, and the three lane CRCs are joined by
+// shifting each over the bytes that follow it, a carry-less multiply by x^(8*256-33) mod P
+// reduced by one more crc32 (the same identity zlib's crc32_combine uses, in one instruction).
+#include <nmmintrin.h>
+#include <wmmintrin.h>
+
+#include <cstring>
+
+#include "core/crc32c.h"
+
+namespace uvbus::crc32c_detail {
+namespace {
+
+constexpr size_t kLane = 256;  // 3 x 256 B per round: measured fastest from 256 B to 16 KiB
+
+// a * b mod P for reflected 32-bit polynomials (bit 31 is x^0).
+constexpr uint32_t gf2_mul(uint32_t a, uint32_t b) noexcept {
+  uint32_t prod = 0;
+  for (int i = 0; i < 32; ++i) {
+    if ((a & 0x80000000U) != 0) prod ^= b;
+    a <<= 1;
+    b = (b >> 1) ^ ((b & 1U) != 0 ? 0x82F63B78U : 0U);
+  }
+  return prod;
+}
+
+// x^n mod P, reflected.
+constexpr uint32_t x_pow(uint64_t n) noexcept {
+  uint32_t r = 0x80000000U;  // 1
+  uint32_t p = 0x40000000U;  // x
+  for (; n != 0; n >>= 1) {
+    if ((n & 1U) != 0) r = gf2_mul(r, p);
+    p = gf2_mul(p, p);
+  }
+  return r;
+}
+
+// Shifts a lane's register over kLane zero bytes: the 64-bit carry-less product with
+// x^(8*kLane-33), then crc32 of that product (a multiply by x^32 followed by the reduction mod P;
+// the -33 makes up for those 32 and the product's one-bit offset in reflected order).
+constexpr uint32_t kShiftLane = x_pow(8 * kLane - 33);
+
+inline uint32_t shift_lane(uint32_t reg) noexcept {
+  const __m128i prod = _mm_clmulepi64_si128(_mm_cvtsi32_si128(static_cast<int>(reg)),
+                                            _mm_cvtsi32_si128(static_cast<int>(kShiftLane)), 0);
+  return static_cast<uint32_t>(_mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(prod))));
+}
+
+inline uint64_t load64(const uint8_t* p) noexcept {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
+  while (len >= 3 * kLane) {
+    uint64_t a = reg;
+    uint64_t b = 0;
+    uint64_t c = 0;
+    for (size_t i = 0; i < kLane; i += 8) {
+      a = _mm_crc32_u64(a, load64(p + i));
+      b = _mm_crc32_u64(b, load64(p + kLane + i));
+      c = _mm_crc32_u64(c, load64(p + 2 * kLane + i));
+    }
+    reg = shift_lane(shift_lane(static_cast<uint32_t>(a)) ^ static_cast<uint32_t>(b)) ^
+          static_cast<uint32_t>(c);
+    p += 3 * kLane;
+    len -= 3 * kLane;
+  }
+  uint64_t r = reg;
+  for (; len >= 8; len -= 8, p += 8) r = _mm_crc32_u64(r, load64(p));
+  auto r32 = static_cast<uint32_t>(r);
+  for (; len != 0; --len) r32 = _mm_crc32_u8(r32, *p++);
+  return r32;
+}
+
+}  // namespace uvbus::crc32c_detail
