@@ -82,6 +82,12 @@ struct shm_config {
   // creates one: not_found when there is nothing to reattach. For operator tools
   // (uvbus_shm_inspect --drain), which must not leave a new region behind.
   bool must_exist = false;
+  // The layout version of a region this reader creates: 0 = the newest (4: CRC-32C record
+  // checksums), or 3 (MurmurHash3 checksums, about half as fast on large records) so that writers
+  // built before version 4, which refuse a version 4 region with bad_layout, can still attach
+  // while a fleet is upgraded. A reattached region keeps the version it was created with, and
+  // writers of this build attach regions of either version.
+  uint32_t layout_version = 0;
 };
 
 // How shm_reader::close leaves the region.

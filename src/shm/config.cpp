@@ -57,6 +57,14 @@ errc shm_validate(const shm_config& cfg, std::string* detail) {
     return refuse(detail, [&] { return std::string("batch_max must be at least 1"); });
   if (cfg.abandon_timeout_us == 0)
     return refuse(detail, [&] { return std::string("abandon_timeout_us must be non-zero"); });
+  if (cfg.layout_version != 0 &&
+      (cfg.layout_version < kOldestVersion || cfg.layout_version > kVersion)) {
+    return refuse(detail, [&] {
+      return std::string("layout_version (" + std::to_string(cfg.layout_version) +
+                         ") must be 0 (the newest) or from " + std::to_string(kOldestVersion) +
+                         " to " + std::to_string(kVersion));
+    });
+  }
   return errc::ok;
 }
 

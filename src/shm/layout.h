@@ -32,12 +32,17 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/crc32c.h"
 #include "core/murmur3.h"
 
 namespace uvbus::shm_detail {
 
 inline constexpr uint64_t kMagic = 0x4d48535355425655ull;  // "UVBUSSHM" in little-endian bytes
-inline constexpr uint32_t kVersion = 3;  // 2: kBatch records; 3: persistent consumed cursor
+// 2: kBatch records; 3: persistent consumed cursor; 4: CRC-32C record checksums (payload_hash).
+// New regions are kVersion unless shm_config::layout_version asks for an older one; regions of
+// every version from kOldestVersion on are attached, read and written, each with its own checksum.
+inline constexpr uint32_t kVersion = 4;
+inline constexpr uint32_t kOldestVersion = 3;
 inline constexpr uint32_t kHeaderSize = 4096;
 inline constexpr uint32_t kRecordHeaderSize = 8;  // the {len, checksum} prefix in the data
 inline constexpr uint32_t kMinNodeSize = 64;
@@ -120,7 +125,7 @@ struct region_header {
 // The prefix at the start of a record's first data node (plain memory: written by the writer
 // before its commit CAS (release), read by the reader after its acquire load of the head).
 //   len      payload bytes
-//   checksum record_checksum(payload, len, position): MurmurHash3_x64_128 low 32 bits ^ mix(pos)
+//   checksum record_checksum(version, payload, len, position): payload_hash ^ mix(pos)
 struct record_prefix {
   uint32_t len;
   uint32_t checksum;
@@ -168,29 +173,36 @@ inline uint32_t record_seed(uint64_t pos) noexcept {
   return static_cast<uint32_t>(pos);
 }
 
-// The record checksum: the low 32 bits of MurmurHash3_x64_128(payload, len, seed 0) (about twice
-// as fast as the x86_32 variant on x86-64 for every record size we carry), xor a mix of the
-// record's position, so that a stale record of an earlier lap never verifies at a new position.
+// The record checksum: a hash of the payload, xor a mix of the record's position, so that a stale
+// record of an earlier lap never verifies at a new position. The payload hash depends on the
+// region's layout version:
+//   4: CRC-32C (core/crc32c.h). With the SSE4.2 kernel about 2.2x the speed of version 3's hash
+//      on 8 KiB records (18 against 8 GB/s), and even on 128 B; for a 32-bit check a CRC is also
+//      the better code (every burst of up to 32 flipped bits is caught).
+//   3: the low 32 bits of MurmurHash3_x64_128(payload, len, seed 0): what every earlier build
+//      writes and checks, kept for regions created by them (an inbox kept across a hot upgrade).
 // The payload part does not depend on the position, so a writer can hash its source buffer
 // before it reserves nodes, which keeps the reserve-to-commit window (the window in which a
 // preempted writer holds up the reader) down to a memcpy.
-inline uint32_t payload_hash(const void* payload, size_t len) noexcept {
+inline uint32_t payload_hash(uint32_t version, const void* payload, size_t len) noexcept {
+  if (version >= 4) return crc32c(payload, len);
   return murmur3_x64_128_low32(payload, len, 0);  // inline: see core/murmur3.h
 }
 constexpr uint32_t position_mix(uint64_t pos) noexcept {
   return static_cast<uint32_t>((pos * 0x9E3779B97F4A7C15ull) >> 32);
 }
-inline uint32_t record_checksum(const void* payload, size_t len, uint64_t pos) noexcept {
-  return payload_hash(payload, len) ^ position_mix(pos);
+inline uint32_t record_checksum(uint32_t version, const void* payload, size_t len,
+                                uint64_t pos) noexcept {
+  return payload_hash(version, payload, len) ^ position_mix(pos);
 }
 // An item of a batch at byte offset `off` of the body of the batch at position `pos`: the same
 // payload hash, mixed with both, so an item moved to another offset never verifies either.
 constexpr uint32_t item_mix(uint64_t pos, uint64_t off) noexcept {
   return position_mix(pos) ^ static_cast<uint32_t>((off + 1) * 0x85EBCA77u);
 }
-inline uint32_t batch_item_checksum(const void* payload, size_t len, uint64_t pos,
+inline uint32_t batch_item_checksum(uint32_t version, const void* payload, size_t len, uint64_t pos,
                                     uint64_t off) noexcept {
-  return payload_hash(payload, len) ^ item_mix(pos, off);
+  return payload_hash(version, payload, len) ^ item_mix(pos, off);
 }
 
 // ABI checks: these are the offsets documented in docs/shm.md.

@@ -22,7 +22,12 @@ std::string differs(const std::string& field, uint64_t region, uint64_t wanted) 
 }  // namespace
 
 std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_config& cfg) {
-  if (h->version != kVersion) return differs("layout version", h->version, kVersion);
+  // Any version this build reads: a reattached region keeps its own (layout_version is only for
+  // regions this reader creates), so an inbox kept across an upgrade is drained as it was written.
+  if (h->version < kOldestVersion || h->version > kVersion) {
+    return "its layout version is " + std::to_string(h->version) + ", this build reads " +
+           std::to_string(kOldestVersion) + " to " + std::to_string(kVersion);
+  }
   if (h->header_size != kHeaderSize) return differs("header_size", h->header_size, kHeaderSize);
   if (h->record_header_size != kRecordHeaderSize) {
     return differs("record_header_size", h->record_header_size, kRecordHeaderSize);

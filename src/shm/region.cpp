@@ -137,10 +137,10 @@ errc validate_header(void* base, size_t mapped, geometry* g, const char** why) n
   }
   // Everything below was written before magic was published (release), so the acquire above
   // makes it visible; it is copied into *g and never read from the region again.
-  if (h->version != kVersion || h->header_size != kHeaderSize ||
+  if (h->version < kOldestVersion || h->version > kVersion || h->header_size != kHeaderSize ||
       h->record_header_size != kRecordHeaderSize) {
-    w = "header version, header_size or record_header_size differ from this build's (version 3, "
-        "4096, 8)";
+    w = "header version, header_size or record_header_size differ from this build's (version 3 "
+        "or 4, 4096, 8)";
     return errc::bad_layout;
   }
   const uint32_t ns = h->node_size;
@@ -171,6 +171,7 @@ errc validate_header(void* base, size_t mapped, geometry* g, const char** why) n
   g->node_size = ns;
   g->node_shift = log2u(ns);
   g->max_record = h->max_record_size;
+  g->version = h->version;
   return errc::ok;
 }
 
@@ -183,7 +184,7 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
   for (uint64_t i = 0; i < cfg.ring_bytes / cfg.node_size; ++i) {
     heads[i].store(~uint64_t{0}, std::memory_order_relaxed);
   }
-  h->version = kVersion;
+  h->version = cfg.layout_version != 0 ? cfg.layout_version : kVersion;
   h->header_size = kHeaderSize;
   h->region_size = region_bytes(cfg.ring_bytes, cfg.node_size);
   h->ring_bytes = cfg.ring_bytes;

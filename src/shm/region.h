@@ -41,6 +41,7 @@ struct geometry {
   uint32_t node_size = 0;
   uint32_t node_shift = 0;
   uint32_t max_record = 0;
+  uint32_t version = 0;  // the region's layout version: which payload_hash its records carry
 
   head_word* head(uint64_t pos) const noexcept { return heads + (pos & mask); }
   uint8_t* node(uint64_t pos) const noexcept { return data + ((pos & mask) << node_shift); }

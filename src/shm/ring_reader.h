@@ -274,7 +274,7 @@ struct ring_reader {
       return step::go_on;
     }
     const uint8_t* payload = node + kRecordHeaderSize;
-    if (record_checksum(payload, pre.len, rd - n) != pre.checksum) {
+    if (record_checksum(g.version, payload, pre.len, rd - n) != pre.checksum) {
       ++c_checksum;
       return step::go_on;
     }
@@ -315,7 +315,7 @@ struct ring_reader {
         return pause_batch(off);
       }
       const uint8_t* payload = body + off + kRecordHeaderSize;
-      const bool ok = batch_item_checksum(payload, ip.len, rd, off) == ip.checksum;
+      const bool ok = batch_item_checksum(g.version, payload, ip.len, rd, off) == ip.checksum;
       off += item_bytes;
       if (!ok) {
         ++c_checksum;

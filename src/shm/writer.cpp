@@ -241,7 +241,7 @@ struct shm_writer::impl {
     if (const errc e = precheck(); e != errc::ok) return e;
     // A single part is hashed before reserving (see payload_hash): the reserve-to-commit window
     // is then just the copy.
-    const uint32_t pre_hash = count == 1 ? payload_hash(parts[0].data, total) : 0;
+    const uint32_t pre_hash = count == 1 ? payload_hash(g.version, parts[0].data, total) : 0;
     const uint64_t need = g.nodes_for(total);
     uint64_t w = 0;
     if (const errc e = reserve(need, &w); e != errc::ok) return e;
@@ -256,7 +256,7 @@ struct shm_writer::impl {
       if (parts[i].size != 0) std::memcpy(dst + off, parts[i].data, parts[i].size);
       off += parts[i].size;
     }
-    const uint32_t hash = count == 1 ? pre_hash : payload_hash(dst, total);
+    const uint32_t hash = count == 1 ? pre_hash : payload_hash(g.version, dst, total);
     const record_prefix pre{static_cast<uint32_t>(total), hash ^ position_mix(w)};
     std::memcpy(node, &pre, sizeof pre);
     return commit(w, need, kCommitted, 1, total);
@@ -277,7 +277,8 @@ struct shm_writer::impl {
     if (const errc e = precheck(); e != errc::ok) return e;
     // Every payload is hashed before reserving, as in send(): the window stays the copies.
     uint32_t hashes[shm_writer::kMaxBatch];
-    for (size_t i = 0; i < count; ++i) hashes[i] = payload_hash(msgs[i].data, msgs[i].size);
+    for (size_t i = 0; i < count; ++i)
+      hashes[i] = payload_hash(g.version, msgs[i].data, msgs[i].size);
     const uint64_t need = g.nodes_for(body);
     uint64_t w = 0;
     if (const errc e = reserve(need, &w); e != errc::ok) return e;
@@ -394,7 +395,7 @@ struct shm_writer::impl {
       off += parts[i].size;
     }
     const record_prefix ip{static_cast<uint32_t>(total),
-                           payload_hash(d + kRecordHeaderSize, total)};
+                           payload_hash(g.version, d + kRecordHeaderSize, total)};
     std::memcpy(d, &ip, sizeof ip);
     stage_used += item;
     ++stage_count;

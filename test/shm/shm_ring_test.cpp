@@ -218,7 +218,7 @@ TEST(ShmLayout, AttachRefusesWrongMagicVersionAndSizes) {
   expect_refused([&] { h->magic.store(0x1234); }, errc::bad_layout);
   expect_refused([&] { h->magic.store(0); }, errc::not_connected);  // still being formatted
   expect_refused([&] { h->version = shm_detail::kVersion + 1; }, errc::bad_layout);
-  expect_refused([&] { h->version = shm_detail::kVersion - 1; }, errc::bad_layout);
+  expect_refused([&] { h->version = shm_detail::kOldestVersion - 1; }, errc::bad_layout);
   expect_refused([&] { h->header_size = 2048; }, errc::bad_layout);
   expect_refused([&] { h->node_size = 32; }, errc::bad_layout);  // below the minimum
   expect_refused([&] { h->node_size = 100; }, errc::bad_layout);
