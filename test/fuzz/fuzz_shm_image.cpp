@@ -4,7 +4,8 @@
 //
 // Input layout:
 //   byte 0      node size: 64 << (b % 3)
-//   byte 1      ring: (16 << (b % 4)) nodes
+//   byte 1      ring: (16 << (b % 4)) nodes; layout version 3 (MurmurHash3 checksums) when
+//               b & 0x80, else the newest (CRC-32C)
 //   byte 2      records a well-behaved writer sends first (b % 24), sizes from the next bytes
 //   then        patches until the input ends, each [kind u8] then:
 //                 kind % 4 == 0: [offset u16][length u8 % 32][bytes] over the header's first
@@ -58,7 +59,9 @@ struct aligned_free {
 uvbus::shm_config config_from(uvbus::fuzz::byte_reader& in) {
   uvbus::shm_config cfg;
   cfg.node_size = 64u << (in.u8() % 3);
-  cfg.ring_bytes = static_cast<size_t>(cfg.node_size) * (16u << (in.u8() % 4));
+  const uint8_t ring = in.u8();
+  cfg.ring_bytes = static_cast<size_t>(cfg.node_size) * (16u << (ring % 4));
+  cfg.layout_version = (ring & 0x80) != 0 ? 3 : 0;
   cfg.max_record_size = static_cast<uint32_t>(cfg.ring_bytes / 2 - 64);
   // Tiny timeouts: a record that looks stuck is skipped at once instead of after 4 ms, so the
   // drain loop below terminates quickly; the skip path is what we want exercised anyway.
