@@ -119,9 +119,8 @@ TEST(ShmVersion, AKeptVersion3InboxIsReattachedAndDrainedByADefaultReader) {
   shm_config now = old_cfg;
   now.layout_version = 0;  // this build's default: version 4 for a new region
   collected got;
-  shm_reader r(shm_reader_callbacks{[&](const shm_record* rec, size_t n) {
-    collected::cb(&got, rec, n);
-  }});
+  shm_reader r(
+      shm_reader_callbacks{[&](const shm_record* rec, size_t n) { collected::cb(&got, rec, n); }});
   ASSERT_EQ(r.open(url, now), errc::ok) << r.last_error().detail;
   EXPECT_TRUE(r.reattached());
   for (int turn = 0; turn < 100 && got.recs.size() < 50; ++turn) (void)r.poll(64);
@@ -149,8 +148,7 @@ TEST(ShmVersion, LayoutVersionOutsideTheSupportedRangeIsRefusedNamingIt) {
         << detail;
   }
   shm_reader r;
-  EXPECT_EQ(r.open("mem://" + test::unique_name("version-bad"), cfg_of(5)),
-            errc::invalid_argument);
+  EXPECT_EQ(r.open("mem://" + test::unique_name("version-bad"), cfg_of(5)), errc::invalid_argument);
 }
 
 }  // namespace
