@@ -43,7 +43,7 @@ uint32_t wire_hash(uint32_t version, const std::string& s) {
 
 record_prefix prefix_at(const image& img, uint64_t off) {
   record_prefix p;
-  std::memcpy(&p, img.p + kHeaderSize + 64 * 8 + off, sizeof p);  // 64 heads of a 4096-byte ring
+  std::memcpy(&p, img.p + kHeaderSize + size_t{64} * 8 + off, sizeof p);  // 64 heads of a 4096-byte ring
   return p;
 }
 
@@ -91,7 +91,7 @@ TEST(ShmVersion, AFlippedByteFailsTheChecksumInEitherVersion) {
     const std::string m = "will be damaged", n = "stays intact";
     ASSERT_EQ(w.send(m.data(), m.size()), errc::ok);
     ASSERT_EQ(w.send(n.data(), n.size()), errc::ok);
-    img.p[kHeaderSize + 64 * 8 + kRecordHeaderSize + 2] ^= 0x01;
+    img.p[kHeaderSize + size_t{64} * 8 + kRecordHeaderSize + 2] ^= 0x01;
     collected got;
     EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 1U);
     EXPECT_EQ(got.recs, (std::vector<std::string>{n}));
