@@ -43,7 +43,8 @@ uint32_t wire_hash(uint32_t version, const std::string& s) {
 
 record_prefix prefix_at(const image& img, uint64_t off) {
   record_prefix p;
-  std::memcpy(&p, img.p + kHeaderSize + size_t{64} * 8 + off, sizeof p);  // 64 heads of a 4096-byte ring
+  std::memcpy(&p, img.p + kHeaderSize + size_t{64} * 8 + off,
+              sizeof p);  // 64 heads of a 4096-byte ring
   return p;
 }
 
