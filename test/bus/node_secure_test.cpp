@@ -247,8 +247,9 @@ std::vector<uint8_t> data_message(bus_id source, const std::string& text) {
   h.type = proto::msg_type::data;
   h.source = source;
   h.target = kRoot;
-  std::vector<uint8_t> body(proto::kDataPrefix);
-  body.insert(body.end(), text.begin(), text.end());
+  // Sized once and filled: insert() into a 4-byte vector trips GCC 12's -Warray-bounds at -O2.
+  std::vector<uint8_t> body(proto::kDataPrefix + text.size());
+  std::memcpy(body.data() + proto::kDataPrefix, text.data(), text.size());
   return proto::build(h, body);
 }
 
