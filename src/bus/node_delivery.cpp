@@ -259,7 +259,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   // a require_response message; across the bus end_to_end makes require_response moot.
   const bool rr = target == self ? opt.require_response || flows : opt.require_response && !flows;
   if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
-  if (seq == 0) seq = next_seq++;
+  if (seq == 0) seq = take_seq();
   const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
   if (target != self && flows) {
     bool via_shm = false;
@@ -332,7 +332,7 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
   if (!cb) return errc::invalid_argument;
   if (size > cfg.message_limit) return errc::message_too_large;
   if (replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
-  const uint64_t seq = next_seq++;
+  const uint64_t seq = take_seq();
   std::vector<uint8_t> body;
   proto::encode_command(static_cast<uint32_t>(cmd), args, size, &body);
   if (target == self) {
@@ -386,7 +386,7 @@ void node::impl::tick() {
       p->last_ping_ms = now;
       std::vector<uint8_t> b;
       proto::encode_ping({mono_ns()}, &b);
-      (void)send_control(lk.get(), make_header(msg_type::ping, p->id, next_seq++), b);
+      (void)send_control(lk.get(), make_header(msg_type::ping, p->id, take_seq()), b);
     }
   }
   for (link* lk : expired) {

@@ -162,7 +162,7 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   if (pb.expected.empty()) {
     return n.fail(errc::unknown_route, "node::broadcast: no node of the directory matches");
   }
-  proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.next_seq++);
+  proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.take_seq());
   hd.ttl = opt.ttl != 0 ? opt.ttl : n.cfg.default_ttl;
   hd.body_len = static_cast<uint32_t>(selector + size);
   proto::encode_header(hd, f.head.data());

@@ -12,7 +12,7 @@ errc node::impl::start_lookup(bus_id target) {
   if (pp == nullptr) return errc::not_connected;
   uint8_t arg[8];
   for (int i = 0; i < 8; ++i) arg[i] = static_cast<uint8_t>(target >> (8 * i));
-  const uint64_t seq = next_seq++;
+  const uint64_t seq = take_seq();
   std::vector<uint8_t> body;
   proto::encode_command(static_cast<uint32_t>(proto::command_id::lookup), arg, 8, &body);
   const std::vector<uint8_t> m = proto::build(make_header(msg_type::command, pp->id, seq), body);
@@ -265,7 +265,7 @@ errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t tot
 void node::impl::send_ack(bus_id to, uint64_t seq, proto::reason st) {
   std::vector<uint8_t> b;
   proto::encode_ack({seq, st}, &b);
-  const std::vector<uint8_t> m = proto::build(make_header(msg_type::ack, to, next_seq++), b);
+  const std::vector<uint8_t> m = proto::build(make_header(msg_type::ack, to, take_seq()), b);
   const const_buffer cb{m.data(), m.size()};
   (void)route_reply(to, &cb, m.size());
 }
@@ -361,7 +361,7 @@ void node::impl::send_drop_notice(const proto::header& hd, proto::reason why) {
   if (p == nullptr || version_of(p) < 2) return;
   std::vector<uint8_t> b;
   proto::encode_dropped({hd.sequence, hd.target, why}, &b);
-  proto::header nh = make_header(msg_type::dropped, hd.source, next_seq++);
+  proto::header nh = make_header(msg_type::dropped, hd.source, take_seq());
   nh.flags = hd.flags & proto::flag_flow;  // message_id is a flow sequence
   const std::vector<uint8_t> m = proto::build(nh, b);
   if (transmit_bytes(p, m, 0, hd.source) == errc::ok) ++counters.drop_notices_sent;
