@@ -478,7 +478,9 @@ class node {
 
   // Sends a message to target. Returns at once:
   //   ok                 accepted: exactly one delivery report follows (if on_report is set);
-  //                      *message_id (if given) gets the id that report will carry
+  //                      *message_id (if given) gets the id that report will carry (unique
+  //                      per node; increasing for the loop thread's sends, but post()'s ids from
+  //                      other threads do not fall in order between them)
   //   message_too_large  size > message_limit
   //   unknown_route      no route to target (an id in our subnets with no such child, or no
   //                      parent for an id outside them)
