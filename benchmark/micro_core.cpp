@@ -56,7 +56,7 @@ void BM_Crc32c(benchmark::State& state) {
   (void)uvbus::crc32c_use(uvbus::crc32c_impl::auto_);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
 }
-BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 71, 128, 4096, 8192, 65536}, {0, 1}});
+BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 71, 128, 256, 4096, 8192, 65536}, {0, 1}});
 
 // Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
 // at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The
