@@ -20,15 +20,7 @@ namespace {
 using test::image;
 using test::run_until;
 
-struct collected {
-  std::vector<std::string> recs;
-  static void cb(void* u, const shm_record* r, size_t n) {
-    auto* self = static_cast<collected*>(u);
-    for (size_t i = 0; i < n; ++i) {
-      self->recs.emplace_back(reinterpret_cast<const char*>(r[i].data), r[i].size);
-    }
-  }
-};
+using test::collected;
 
 shm_config small_cfg(size_t ring = 4096, uint32_t max_rec = 1024) {
   shm_config c;

@@ -115,4 +115,22 @@ inline errc start_with(shm_reader& r, uv_loop_t* loop, records_fn fn, void* user
   return r.start(loop);
 }
 
+// A records sink (records_fn) that keeps every payload as a string, in delivery order.
+struct collected {
+  std::vector<std::string> recs;
+  static void cb(void* u, const shm_record* r, size_t n) {
+    auto* self = static_cast<collected*>(u);
+    for (size_t i = 0; i < n; ++i) {
+      self->recs.emplace_back(reinterpret_cast<const char*>(r[i].data), r[i].size);
+    }
+  }
+};
+
+// Formats img as a region of cfg and attaches w and r to it; the first error, or ok.
+inline errc format_and_attach(image& img, const shm_config& cfg, shm_writer& w, shm_reader& r) {
+  if (const errc e = shm_format_image(img.p, img.size, cfg); e != errc::ok) return e;
+  if (const errc e = w.open_image(img.p, img.size); e != errc::ok) return e;
+  return r.open_image(img.p, img.size, cfg);
+}
+
 }  // namespace uvbus::test

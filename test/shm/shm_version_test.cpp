@@ -18,15 +18,7 @@ namespace {
 using test::image;
 using namespace shm_detail;
 
-struct collected {
-  std::vector<std::string> recs;
-  static void cb(void* u, const shm_record* r, size_t n) {
-    auto* self = static_cast<collected*>(u);
-    for (size_t i = 0; i < n; ++i) {
-      self->recs.emplace_back(reinterpret_cast<const char*>(r[i].data), r[i].size);
-    }
-  }
-};
+using test::collected;
 
 shm_config cfg_of(uint32_t version) {
   shm_config c;
@@ -53,12 +45,10 @@ TEST(ShmVersion, EachVersionStoresItsOwnChecksumAndReadsBackIntact) {
     SCOPED_TRACE(version);
     const shm_config cfg = cfg_of(version);
     image img(shm_region_size(cfg));
-    ASSERT_EQ(shm_format_image(img.p, img.size, cfg), errc::ok);
-    EXPECT_EQ(reinterpret_cast<const region_header*>(img.p)->version, version);
     shm_writer w;
     shm_reader r;
-    ASSERT_EQ(w.open_image(img.p, img.size), errc::ok);
-    ASSERT_EQ(r.open_image(img.p, img.size, cfg), errc::ok);
+    ASSERT_EQ(test::format_and_attach(img, cfg, w, r), errc::ok);
+    EXPECT_EQ(reinterpret_cast<const region_header*>(img.p)->version, version);
     const std::string a = "a record of its own";
     const std::string b = "first of a batch";
     const std::string c = "second";
@@ -84,11 +74,9 @@ TEST(ShmVersion, AFlippedByteFailsTheChecksumInEitherVersion) {
     SCOPED_TRACE(version);
     const shm_config cfg = cfg_of(version);
     image img(shm_region_size(cfg));
-    ASSERT_EQ(shm_format_image(img.p, img.size, cfg), errc::ok);
     shm_writer w;
     shm_reader r;
-    ASSERT_EQ(w.open_image(img.p, img.size), errc::ok);
-    ASSERT_EQ(r.open_image(img.p, img.size, cfg), errc::ok);
+    ASSERT_EQ(test::format_and_attach(img, cfg, w, r), errc::ok);
     const std::string m = "will be damaged", n = "stays intact";
     ASSERT_EQ(w.send(m.data(), m.size()), errc::ok);
     ASSERT_EQ(w.send(n.data(), n.size()), errc::ok);
