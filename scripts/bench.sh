@@ -37,6 +37,8 @@ for part in $PARTS; do
       echo "## core microbenchmarks"
       "$BUILD/uvbus_micro_core" --benchmark_min_time=0.3 2>/dev/null |
         grep -E '^(BM_|Benchmark|---)' || true
+      echo "## bus microbenchmarks"
+      "$BUILD/uvbus_micro_bus" --benchmark_min_time=0.3 2>/dev/null | grep -E '^BM_' || true
       ;;
     *)
       if [ -x "benchmark/run_$part.sh" ]; then

@@ -60,9 +60,35 @@ errc routing_table::check_peer(bus_id id) const {
   return errc::ok;
 }
 
+void routing_table::index_add(const subnet& s, bus_id owner) {
+  auto it = std::find_if(by_width_.begin(), by_width_.end(),
+                         [&](const width_index& w) { return w.mask_bits >= s.mask_bits; });
+  if (it == by_width_.end() || it->mask_bits != s.mask_bits) {
+    it = by_width_.insert(it, width_index{s.mask_bits, {}});
+  }
+  it->owner_by_first.emplace(s.first(), owner);  // an earlier claim of the same subnet stays
+}
+
+void routing_table::index_remove(const subnet& s) {
+  auto it = std::find_if(by_width_.begin(), by_width_.end(),
+                         [&](const width_index& w) { return w.mask_bits == s.mask_bits; });
+  if (it == by_width_.end()) return;
+  it->owner_by_first.erase(s.first());
+  for (const auto& [net, owner] : child_subnets_) {
+    if (net == s) {
+      it->owner_by_first.emplace(net.first(), owner);
+      return;
+    }
+  }
+  if (it->owner_by_first.empty()) by_width_.erase(it);
+}
+
 void routing_table::add(bus_id id, peer_kind kind, std::vector<subnet> subnets) {
   if (kind == peer_kind::child) {
-    for (const subnet& s : subnets) child_subnets_.emplace_back(s.canonical(), id);
+    for (const subnet& s : subnets) {
+      child_subnets_.emplace_back(s.canonical(), id);
+      index_add(s.canonical(), id);
+    }
   }
   peers_[id] = peer{kind, std::move(subnets)};
 }
@@ -71,9 +97,11 @@ bool routing_table::remove(bus_id id) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return false;
   peers_.erase(it);
-  child_subnets_.erase(std::remove_if(child_subnets_.begin(), child_subnets_.end(),
-                                      [id](const auto& e) { return e.second == id; }),
-                       child_subnets_.end());
+  const auto mine = std::stable_partition(child_subnets_.begin(), child_subnets_.end(),
+                                          [id](const auto& e) { return e.second != id; });
+  std::vector<std::pair<subnet, bus_id>> gone(mine, child_subnets_.end());
+  child_subnets_.erase(mine, child_subnets_.end());
+  for (const auto& [net, owner] : gone) index_remove(net);
   return true;
 }
 
@@ -92,14 +120,10 @@ bool routing_table::kind_of(bus_id id, peer_kind* out) const {
 route routing_table::lookup(bus_id target) const {
   if (target == self_) return {hop::self, self_};
   if (peers_.count(target) != 0) return {hop::direct, target};
-  const std::pair<subnet, bus_id>* best = nullptr;
-  for (const auto& e : child_subnets_) {
-    if (e.first.contains(target) &&
-        (best == nullptr || e.first.mask_bits < best->first.mask_bits)) {
-      best = &e;
-    }
+  for (const width_index& w : by_width_) {  // narrowest first
+    auto it = w.owner_by_first.find(target & ~subnet::low_mask(w.mask_bits));
+    if (it != w.owner_by_first.end()) return {hop::child, it->second};
   }
-  if (best != nullptr) return {hop::child, best->second};
   if (owns(target)) return {hop::none, 0};
   if (has_parent_) return {hop::parent, parent_};
   return {hop::none, 0};

@@ -92,8 +92,19 @@ class routing_table {
   bool has_parent_ = false;
   bus_id parent_ = 0;
   std::unordered_map<bus_id, peer> peers_;
-  // Children with subnets, for step 3 (few entries: a linear scan beats a trie here).
+  // Children's subnets (canonical), in registration order: check_child() scans them for overlaps.
   std::vector<std::pair<subnet, bus_id>> child_subnets_;
+  // Step 3's index over child_subnets_: per mask width in use, narrowest first, the owner of each
+  // subnet by its first id (the first registered one when two children claim the same subnet).
+  // One hash lookup per width in use instead of a scan of every child's subnets per message.
+  struct width_index {
+    uint8_t mask_bits = 0;
+    std::unordered_map<bus_id, bus_id> owner_by_first;
+  };
+  std::vector<width_index> by_width_;
+  void index_add(const subnet& s, bus_id owner);
+  // Drops s from the index, then puts back the next child that claims the same subnet, if any.
+  void index_remove(const subnet& s);
 };
 
 }  // namespace uvbus::detail

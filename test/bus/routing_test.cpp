@@ -1,6 +1,13 @@
+// Routing table: next-hop choice, child registration checks, sources, version negotiation, and
+// the child-subnet index against a plain scan under random registrations and removals.
 #include "bus/routing.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace uvbus::detail {
 namespace {
@@ -87,6 +94,82 @@ TEST(Routing, VersionNegotiation) {
   EXPECT_EQ(negotiate_version(1, 1, 1, 1), 1);
   EXPECT_EQ(negotiate_version(1, 1, 2, 2), 0);
   EXPECT_EQ(negotiate_version(0, 0, 0, 0), 0);
+}
+
+// What lookup() answers, computed by scanning every child subnet (narrowest wins, the earliest
+// registered on a tie): the reference for the index.
+struct scan_table {
+  bus_id self;
+  std::vector<bus_id> peers;
+  std::vector<std::pair<subnet, bus_id>> nets;
+  [[nodiscard]] route lookup(bus_id target) const {
+    if (target == self) return {hop::self, self};
+    if (std::find(peers.begin(), peers.end(), target) != peers.end()) return {hop::direct, target};
+    const std::pair<subnet, bus_id>* best = nullptr;
+    for (const auto& e : nets) {
+      if (e.first.contains(target) &&
+          (best == nullptr || e.first.mask_bits < best->first.mask_bits))
+        best = &e;
+    }
+    if (best != nullptr) return {hop::child, best->second};
+    return {hop::none, 0};
+  }
+};
+
+TEST(Routing, SubnetIndexAgreesWithAScanUnderChurn) {
+  routing_table t(0, {{0, 32}});
+  scan_table ref{0, {}, {}};
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  const auto next = [&x](uint64_t n) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return (x >> 33) % n;
+  };
+  const uint8_t widths[] = {0, 2, 4, 8, 12};
+  size_t checked = 0;
+  for (int op = 0; op < 4000; ++op) {
+    if (ref.peers.empty() || next(3) != 0) {
+      const bus_id id = 0x10000 + next(512);
+      if (std::find(ref.peers.begin(), ref.peers.end(), id) != ref.peers.end()) continue;
+      std::vector<subnet> nets;
+      for (uint64_t i = next(4); i > 0; --i) nets.push_back({next(0x4000), widths[next(5)]});
+      t.add(id, peer_kind::child, nets);  // overlapping and equal subnets on purpose
+      ref.peers.push_back(id);
+      for (const subnet& s : nets) ref.nets.emplace_back(s.canonical(), id);
+    } else {
+      const bus_id id = ref.peers[next(ref.peers.size())];
+      ASSERT_TRUE(t.remove(id));
+      ref.peers.erase(std::find(ref.peers.begin(), ref.peers.end(), id));
+      ref.nets.erase(std::remove_if(ref.nets.begin(), ref.nets.end(),
+                                    [id](const auto& e) { return e.second == id; }),
+                     ref.nets.end());
+    }
+    for (int q = 0; q < 16; ++q) {
+      const bus_id target = next(5) == 0 ? 0x10000 + next(512) : next(0x4000);
+      const route got = t.lookup(target);
+      const route want = ref.lookup(target);
+      ASSERT_EQ(static_cast<int>(got.kind), static_cast<int>(want.kind)) << "target " << target;
+      ASSERT_EQ(got.next, want.next) << "target " << target;
+      checked += got.kind == hop::child ? 1 : 0;
+    }
+  }
+  EXPECT_GT(checked, 1000u);  // the churn really exercised step 3
+}
+
+TEST(Routing, EqualSubnetsOfTwoChildrenHandOverOnRemoval) {
+  routing_table t(0, {{0, 32}});
+  t.add(0x100, peer_kind::child, {{0x500, 8}});
+  t.add(0x200, peer_kind::child, {{0x5FF, 8}});  // the same subnet, another spelling
+  EXPECT_EQ(t.lookup(0x542).next, 0x100u);       // the first claim routes
+  ASSERT_TRUE(t.remove(0x100));
+  EXPECT_EQ(t.lookup(0x542).next, 0x200u);
+  ASSERT_TRUE(t.remove(0x200));
+  EXPECT_EQ(t.lookup(0x542).kind, hop::none);  // inside our subnet, no child owns it
+  // Registered again (a reconnect) with other subnets: nothing of the first registration stays.
+  t.add(0x300, peer_kind::child, {{0x600, 4}});
+  t.add(0x300, peer_kind::child, {{0x700, 4}});
+  ASSERT_TRUE(t.remove(0x300));
+  EXPECT_EQ(t.lookup(0x605).kind, hop::none);
+  EXPECT_EQ(t.lookup(0x705).kind, hop::none);
 }
 
 }  // namespace
