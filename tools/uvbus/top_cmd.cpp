@@ -127,6 +127,9 @@ int top_main(int argc, char** argv) {
   const uint32_t interval = a.interval_ms == 0 ? 1000 : a.interval_ms;
   const uint32_t refreshes = a.once ? 1 : a.count;  // 0: until interrupted
   const bool tty = isatty(STDOUT_FILENO) != 0 && !a.json;
+  // A terminal gets each frame in one flush: line buffering would show a half-drawn screen.
+  static char frame_buffer[1 << 16];
+  if (tty) std::setvbuf(stdout, frame_buffer, _IOFBF, sizeof frame_buffer);
   session s;
   rc = s.join(a.join, {});
   if (rc != kExitOk) return rc;
