@@ -1,6 +1,7 @@
 // Microbenchmarks of the bus's per-message decisions: the routing table's next hop for a
 // grandchild (a child subnet lookup, what a relay does for every message its hop cache misses),
-// against the plain scan of every child subnet that the index replaced.
+// against the plain scan of every child subnet that the index replaced; and a child's
+// registration (check_child, add, remove) among N children, against the scan check_child did.
 // Run: build/uvbus_micro_bus [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -68,6 +69,45 @@ void BM_RouteLookupScan(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
 }
 BENCHMARK(BM_RouteLookupScan)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000);
+
+// One child registering and leaving among N registered children: the collision check, the add
+// and the remove that a reconnecting child costs its parent.
+void BM_RegisterChild(benchmark::State& state) {
+  const auto children = static_cast<uint64_t>(state.range(0));
+  routing_table table(0, {{0, 48}});
+  for (uint64_t i = 0; i < children; ++i) {
+    table.add(child_base(i) | 1, peer_kind::child, {{child_base(i), 8}});
+  }
+  const bus_id id = child_base(children) | 1;
+  const std::vector<subnet> nets = {{child_base(children), 8}};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(table.check_child(id, nets));
+    table.add(id, peer_kind::child, nets);
+    benchmark::DoNotOptimize(table.remove(id));
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+BENCHMARK(BM_RegisterChild)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000)->Arg(100000);
+
+// The collision check check_child() did before the ordered index: every child subnet against the
+// new id and each new subnet.
+void BM_RegisterCheckScan(benchmark::State& state) {
+  const auto children = static_cast<uint64_t>(state.range(0));
+  std::vector<std::pair<subnet, bus_id>> nets;
+  for (uint64_t i = 0; i < children; ++i) nets.emplace_back(subnet{child_base(i), 8}, i);
+  const bus_id id = child_base(children) | 1;
+  const std::vector<subnet> mine = {{child_base(children), 8}};
+  for (auto _ : state) {
+    bool hit = false;
+    for (const auto& [net, owner] : nets) {
+      hit = hit || net.contains(id);
+      for (const subnet& s : mine) hit = hit || s.overlaps(net);
+    }
+    benchmark::DoNotOptimize(hit);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+BENCHMARK(BM_RegisterCheckScan)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000)->Arg(100000);
 
 }  // namespace
 

@@ -45,12 +45,9 @@ errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets) c
     if (s.contains(self_)) return errc::out_of_subnet;
   }
   if (id == self_ || peers_.count(id) != 0) return errc::duplicate_id;
-  for (const auto& [net, owner] : child_subnets_) {
-    (void)owner;
-    if (net.contains(id)) return errc::duplicate_id;
-    for (const subnet& s : subnets) {
-      if (s.overlaps(net)) return errc::duplicate_id;
-    }
+  if (child_owner(id) != nullptr) return errc::duplicate_id;
+  for (const subnet& s : subnets) {
+    if (child_overlap(s.canonical())) return errc::duplicate_id;
   }
   return errc::ok;
 }
@@ -58,6 +55,20 @@ errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets) c
 errc routing_table::check_peer(bus_id id) const {
   if (id == self_ || peers_.count(id) != 0) return errc::duplicate_id;
   return errc::ok;
+}
+
+const bus_id* routing_table::child_owner(bus_id id) const {
+  for (const width_index& w : by_width_) {  // narrowest first
+    auto it = w.owner_by_first.find(id & ~subnet::low_mask(w.mask_bits));
+    if (it != w.owner_by_first.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+bool routing_table::child_overlap(const subnet& s) const {
+  if (child_owner(s.first()) != nullptr) return true;
+  auto it = child_nets_.lower_bound({s.first(), 0});
+  return it != child_nets_.end() && it->first.first <= s.last();
 }
 
 void routing_table::index_add(const subnet& s, bus_id owner) {
@@ -69,25 +80,25 @@ void routing_table::index_add(const subnet& s, bus_id owner) {
   it->owner_by_first.emplace(s.first(), owner);  // an earlier claim of the same subnet stays
 }
 
-void routing_table::index_remove(const subnet& s) {
+void routing_table::index_remove(const subnet& s, const bus_id* next) {
   auto it = std::find_if(by_width_.begin(), by_width_.end(),
                          [&](const width_index& w) { return w.mask_bits == s.mask_bits; });
   if (it == by_width_.end()) return;
-  it->owner_by_first.erase(s.first());
-  for (const auto& [net, owner] : child_subnets_) {
-    if (net == s) {
-      it->owner_by_first.emplace(net.first(), owner);
-      return;
-    }
+  if (next != nullptr) {
+    it->owner_by_first[s.first()] = *next;
+    return;
   }
+  it->owner_by_first.erase(s.first());
   if (it->owner_by_first.empty()) by_width_.erase(it);
 }
 
 void routing_table::add(bus_id id, peer_kind kind, std::vector<subnet> subnets) {
+  (void)remove(id);  // a registration again: nothing of the earlier one stays
   if (kind == peer_kind::child) {
     for (const subnet& s : subnets) {
-      child_subnets_.emplace_back(s.canonical(), id);
-      index_add(s.canonical(), id);
+      const subnet c = s.canonical();
+      child_nets_.emplace(std::make_pair(c.first(), c.mask_bits), id);  // after equal ones
+      index_add(c, id);
     }
   }
   peers_[id] = peer{kind, std::move(subnets)};
@@ -96,12 +107,22 @@ void routing_table::add(bus_id id, peer_kind kind, std::vector<subnet> subnets) 
 bool routing_table::remove(bus_id id) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return false;
+  if (it->second.kind == peer_kind::child) {
+    for (const subnet& s : it->second.subnets) {
+      const subnet c = s.canonical();
+      const auto range = child_nets_.equal_range({c.first(), c.mask_bits});
+      auto mine =
+          std::find_if(range.first, range.second, [id](const auto& e) { return e.second == id; });
+      if (mine == range.second) continue;  // listed twice: the first pass took it
+      if (mine != range.first) {
+        child_nets_.erase(mine);  // not the routing claim: the index stays
+        continue;
+      }
+      const auto after = child_nets_.erase(mine);
+      index_remove(c, after != range.second ? &after->second : nullptr);
+    }
+  }
   peers_.erase(it);
-  const auto mine = std::stable_partition(child_subnets_.begin(), child_subnets_.end(),
-                                          [id](const auto& e) { return e.second != id; });
-  std::vector<std::pair<subnet, bus_id>> gone(mine, child_subnets_.end());
-  child_subnets_.erase(mine, child_subnets_.end());
-  for (const auto& [net, owner] : gone) index_remove(net);
   return true;
 }
 
@@ -120,10 +141,7 @@ bool routing_table::kind_of(bus_id id, peer_kind* out) const {
 route routing_table::lookup(bus_id target) const {
   if (target == self_) return {hop::self, self_};
   if (peers_.count(target) != 0) return {hop::direct, target};
-  for (const width_index& w : by_width_) {  // narrowest first
-    auto it = w.owner_by_first.find(target & ~subnet::low_mask(w.mask_bits));
-    if (it != w.owner_by_first.end()) return {hop::child, it->second};
-  }
+  if (const bus_id* owner = child_owner(target)) return {hop::child, *owner};
   if (owns(target)) return {hop::none, 0};
   if (has_parent_) return {hop::parent, parent_};
   return {hop::none, 0};

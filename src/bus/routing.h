@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "uvbus/error.h"
@@ -59,9 +61,10 @@ class routing_table {
   // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
   [[nodiscard]] errc check_peer(bus_id id) const;
 
-  // Adds a registered direct peer. Its subnets always count for source_allowed(); only a child's
-  // are used for routing (a sibling's claim is not the parent's allocation, so traffic for a
-  // sibling's descendants still goes through the parent).
+  // Adds a registered direct peer (replacing an earlier registration of the same id). Its
+  // subnets always count for source_allowed(); only a child's are used for routing (a sibling's
+  // claim is not the parent's allocation, so traffic for a sibling's descendants still goes
+  // through the parent). check_child(), add() and remove() cost O(log children) each.
   void add(bus_id id, peer_kind kind, std::vector<subnet> subnets = {});
   // Removes a peer; returns whether it was there.
   bool remove(bus_id id);
@@ -92,9 +95,11 @@ class routing_table {
   bool has_parent_ = false;
   bus_id parent_ = 0;
   std::unordered_map<bus_id, peer> peers_;
-  // Children's subnets (canonical), in registration order: check_child() scans them for overlaps.
-  std::vector<std::pair<subnet, bus_id>> child_subnets_;
-  // Step 3's index over child_subnets_: per mask width in use, narrowest first, the owner of each
+  // Every child subnet (canonical), ordered by its first id, then width; equal subnets of two
+  // children in registration order. check_child() finds a subnet that a new one would contain by
+  // one ordered lookup, and remove() finds a child's entries without a scan of everyone's.
+  std::multimap<std::pair<bus_id, uint8_t>, bus_id> child_nets_;
+  // Step 3's index over child_nets_: per mask width in use, narrowest first, the owner of each
   // subnet by its first id (the first registered one when two children claim the same subnet).
   // One hash lookup per width in use instead of a scan of every child's subnets per message.
   struct width_index {
@@ -102,9 +107,14 @@ class routing_table {
     std::unordered_map<bus_id, bus_id> owner_by_first;
   };
   std::vector<width_index> by_width_;
+  // The child owning the narrowest child subnet that holds id, if any.
+  [[nodiscard]] const bus_id* child_owner(bus_id id) const;
+  // Whether s overlaps a child's subnet: one of them holds s's first id, or starts inside s
+  // (two aligned subnets either nest or are disjoint).
+  [[nodiscard]] bool child_overlap(const subnet& s) const;
   void index_add(const subnet& s, bus_id owner);
-  // Drops s from the index, then puts back the next child that claims the same subnet, if any.
-  void index_remove(const subnet& s);
+  // Drops s from the index, or hands it to `next` (the next child that claims the same subnet).
+  void index_remove(const subnet& s, const bus_id* next);
 };
 
 }  // namespace uvbus::detail

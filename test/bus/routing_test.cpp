@@ -114,6 +114,22 @@ struct scan_table {
     if (best != nullptr) return {hop::child, best->second};
     return {hop::none, 0};
   }
+  // check_child() by a scan, for a table whose own subnet holds every id and subnet asked about.
+  [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets) const {
+    for (const subnet& s : subnets) {
+      if (s.contains(self)) return errc::out_of_subnet;
+    }
+    if (id == self || std::find(peers.begin(), peers.end(), id) != peers.end()) {
+      return errc::duplicate_id;
+    }
+    for (const auto& e : nets) {
+      if (e.first.contains(id)) return errc::duplicate_id;
+      for (const subnet& s : subnets) {
+        if (s.overlaps(e.first)) return errc::duplicate_id;
+      }
+    }
+    return errc::ok;
+  }
 };
 
 TEST(Routing, SubnetIndexAgreesWithAScanUnderChurn) {
@@ -126,6 +142,8 @@ TEST(Routing, SubnetIndexAgreesWithAScanUnderChurn) {
   };
   const uint8_t widths[] = {0, 2, 4, 8, 12};
   size_t checked = 0;
+  size_t collisions = 0;
+  size_t accepted = 0;
   for (int op = 0; op < 4000; ++op) {
     if (ref.peers.empty() || next(3) != 0) {
       const bus_id id = 0x10000 + next(512);
@@ -151,8 +169,26 @@ TEST(Routing, SubnetIndexAgreesWithAScanUnderChurn) {
       ASSERT_EQ(got.next, want.next) << "target " << target;
       checked += got.kind == hop::child ? 1 : 0;
     }
+    for (int q = 0; q < 4; ++q) {  // a registration's collision check against the scan
+      // Ids and subnets half in the registered range [0, 0x4000), half above it; now and then a
+      // registered child's id.
+      const bus_id id =
+          next(8) == 0 && !ref.peers.empty() ? ref.peers[next(ref.peers.size())] : next(0x8000);
+      std::vector<subnet> nets;
+      for (uint64_t i = next(3); i > 0; --i) nets.push_back({next(0x8000), widths[next(5)]});
+      if (next(2) == 0 && !ref.nets.empty()) {  // one that nests in or around a registered subnet
+        const subnet& r = ref.nets[next(ref.nets.size())].first;
+        nets.push_back({r.prefix | next(0x1000), widths[next(5)]});
+      }
+      const errc want = ref.check_child(id, nets);
+      ASSERT_EQ(t.check_child(id, nets), want) << "id " << id;
+      collisions += want == errc::duplicate_id ? 1 : 0;
+      accepted += want == errc::ok ? 1 : 0;
+    }
   }
-  EXPECT_GT(checked, 1000u);  // the churn really exercised step 3
+  EXPECT_GT(checked, 1000u);     // the churn really exercised step 3
+  EXPECT_GT(collisions, 1000u);  // and both answers of check_child()
+  EXPECT_GT(accepted, 1000u);
 }
 
 TEST(Routing, EqualSubnetsOfTwoChildrenHandOverOnRemoval) {
@@ -167,6 +203,8 @@ TEST(Routing, EqualSubnetsOfTwoChildrenHandOverOnRemoval) {
   // Registered again (a reconnect) with other subnets: nothing of the first registration stays.
   t.add(0x300, peer_kind::child, {{0x600, 4}});
   t.add(0x300, peer_kind::child, {{0x700, 4}});
+  EXPECT_EQ(t.lookup(0x605).kind, hop::none);  // the second registration replaced the first
+  EXPECT_EQ(t.lookup(0x705).next, 0x300u);
   ASSERT_TRUE(t.remove(0x300));
   EXPECT_EQ(t.lookup(0x605).kind, hop::none);
   EXPECT_EQ(t.lookup(0x705).kind, hop::none);
