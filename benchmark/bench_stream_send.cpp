@@ -154,7 +154,13 @@ int main(int argc, char** argv) {
   if (s.o.flag("no-merge")) cfg.merge_threshold = 0;
   if (s.o.flag("tls")) cfg.tls = psk_tls(s.o.get("tls"));
   const long qb = s.o.get_int("queue-bytes", 0);
-  if (qb > 0) cfg.queue.ring_bytes = cfg.queue.max_bytes = static_cast<size_t>(qb);
+  if (qb > 0) {
+    cfg.queue.ring_bytes = cfg.queue.max_bytes = static_cast<size_t>(qb);
+    // A queue smaller than the default message limit: the largest message must still fit.
+    if (static_cast<size_t>(qb) < 2 * kDefaultMessageLimit) {
+      cfg.message_limit = std::max<size_t>(s.o.max, static_cast<size_t>(qb) / 2);
+    }
+  }
   stream_callbacks cb;
   void* const ctx = &s;
   cb.on_connected = [ctx](connection_id c, errc st) {
@@ -183,7 +189,8 @@ int main(int argc, char** argv) {
   s.ch = &ch;
   const errc e = ch.connect(s.o.url);
   if (e != errc::ok) {
-    std::fprintf(stderr, "send: connect %s: %s\n", s.o.url.c_str(), to_string(e));
+    std::fprintf(stderr, "send: connect %s: %s: %s\n", s.o.url.c_str(), to_string(e),
+                 ch.last_error().detail.c_str());
     return 1;
   }
   // With --batch, the sender yields to the loop after each batch and resumes from an idle handle.
