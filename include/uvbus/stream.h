@@ -148,6 +148,9 @@ struct stream_connection_metrics {
   size_t queue_packets = 0;             // packets waiting in the send queue now
   size_t queue_peak_bytes = 0;          // highest queue_bytes seen
   size_t queue_memory_bytes = 0;        // memory the send queue holds now (its ring, or blocks)
+  // Memory the connection holds now for a frame cut by the end of a read (0 between reads that
+  // end at a frame boundary: a quiet connection holds no receive buffer).
+  size_t receive_memory_bytes = 0;
 };
 
 // Per-channel counters: the sums of every connection's totals, live and closed, plus events.

@@ -112,6 +112,11 @@ bool frame_decoder::next_batch() noexcept {
   return true;
 }
 
+void frame_decoder::release_buffer() noexcept {
+  if (release_partial_ || !partial_.empty()) return;
+  std::vector<uint8_t>().swap(partial_);
+}
+
 frame_decoder::result frame_decoder::next() {
   if (error_ != frame_status::payload) return {error_, nullptr, 0};
   if (release_partial_) {

@@ -58,7 +58,9 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // Memory: between chunks the decoder keeps only the bytes of one partial frame. Its buffer grows
 // with the bytes actually received (never reserved from the announced length, so a peer sending a
 // header and then nothing pins only what it sent) and is released again once a frame larger than
-// kDecoderKeepBytes completes, so an idle decoder holds at most kDecoderKeepBytes.
+// kDecoderKeepBytes completes, so a decoder between frames of a burst holds at most
+// kDecoderKeepBytes; release_buffer() at a frame boundary frees even that (the stream channel
+// calls it after every read that ends at one, so a quiet connection holds no receive memory).
 //
 // Batches: when next() finds frames lying wholly inside the chunk, it parses up to kBatchFrames of
 // them at once, verifies their checksums together (murmur3_x86_32_batch: SIMD lanes), keeps the
@@ -122,6 +124,9 @@ class frame_decoder {
   [[nodiscard]] size_t max_payload() const noexcept { return max_payload_; }
   // Forgets any partial frame and error: the decoder is as new.
   void reset() noexcept;
+  // At a frame boundary (buffered() == 0, the last payload consumed: next() returned need_more),
+  // frees the partial-frame buffer; otherwise does nothing.
+  void release_buffer() noexcept;
 
  private:
   result fail(frame_status s) noexcept {

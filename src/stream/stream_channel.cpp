@@ -223,6 +223,7 @@ stream_channel_metrics stream_channel::impl::metrics() const {
   for (const conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     add_totals(m.totals, c->metrics, true);
     if (c->queue) m.totals.queue_memory_bytes += c->queue->memory_bytes();
+    m.totals.receive_memory_bytes += c->decoder.buffer_capacity();
   }
   return m;
 }
@@ -589,6 +590,7 @@ errc stream_channel::connection_metrics(connection_id conn, stream_connection_me
   if (out != nullptr) {
     *out = c->metrics;
     out->queue_memory_bytes = c->queue ? c->queue->memory_bytes() : 0;
+    out->receive_memory_bytes = c->decoder.buffer_capacity();
   }
   return errc::ok;
 }

@@ -550,7 +550,11 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
       }
       continue;
     }
-    if (r.status == frame_status::need_more) return true;
+    if (r.status == frame_status::need_more) {
+      // A read that ends at a frame boundary: the connection keeps no receive buffer.
+      c->decoder.release_buffer();
+      return true;
+    }
     ++m.decode_errors;
     end_conn(c, from_decoder(r.status));
     return false;

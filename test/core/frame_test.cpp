@@ -185,6 +185,28 @@ TEST(Frame, LargePartialBufferIsReleasedAfterTheFrame) {
   EXPECT_LE(d.buffer_capacity(), frame_decoder::kDecoderKeepBytes);
 }
 
+// A frame that straddled two chunks leaves a small buffer behind (kept for the next straddle of a
+// burst); release_buffer() at the boundary frees it, and does nothing while a frame is partial.
+TEST(Frame, ReleaseBufferFreesOnlyAtAFrameBoundary) {
+  const auto f = encode(pattern(1000, 5));
+  frame_decoder d;
+  d.feed(f.data(), 600);
+  EXPECT_EQ(d.next().status, frame_status::need_more);
+  d.release_buffer();  // mid-frame: the 600 bytes must stay
+  EXPECT_EQ(d.buffered(), 600u);
+  d.feed(f.data() + 600, f.size() - 600);
+  const auto r = d.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  d.release_buffer();  // the payload still points into the buffer: nothing happens yet
+  EXPECT_EQ(r.data[999], pattern(1000, 5)[999]);
+  EXPECT_EQ(d.next().status, frame_status::need_more);
+  EXPECT_GT(d.buffer_capacity(), 0u);  // kept: at most kDecoderKeepBytes
+  d.release_buffer();
+  EXPECT_EQ(d.buffer_capacity(), 0u);
+  d.feed(f.data(), f.size());  // and the decoder goes on as new
+  EXPECT_EQ(d.next().size, 1000u);
+}
+
 TEST(Frame, ThousandRandomFramesSplitAtRandomPoints) {
   std::mt19937_64 rng(12345);
   std::vector<std::vector<uint8_t>> payloads;

@@ -168,6 +168,29 @@ TEST_F(StreamHostile, AFrameSplitIntoSingleBytesStillArrives) {
   EXPECT_EQ(srv.received[srv.accepted[0].value][0], std::string(300, 's'));
 }
 
+// A frame cut by the end of a read is held by the connection until it completes; after a read
+// that ends at a frame boundary the connection holds no receive memory (100 000 mostly quiet
+// connections must not each keep a buffer).
+TEST_F(StreamHostile, AFrameCutByAReadLeavesNoReceiveMemoryOnceComplete) {
+  recorder srv;
+  stream_channel* s = make_channel(&srv);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  raw_peer peer(s->listener_port(l));
+  ASSERT_TRUE(peer.ok());
+  const std::vector<uint8_t> f = frame_of(std::string(1000, 'q'));
+  ASSERT_TRUE(peer.write_all({f.begin(), f.begin() + 600}));
+  ASSERT_TRUE(run([&] {  // the cut frame, held
+    return srv.accepted.size() == 1 && cm(s, srv.accepted[0]).receive_memory_bytes >= 600;
+  }));
+  EXPECT_GE(s->metrics().totals.receive_memory_bytes, 600u);
+  ASSERT_TRUE(peer.write_all({f.begin() + 600, f.end()}));
+  ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
+  EXPECT_EQ(cm(s, srv.accepted[0]).receive_memory_bytes, 0u);
+  EXPECT_EQ(s->metrics().totals.receive_memory_bytes, 0u);
+  EXPECT_EQ(srv.received[srv.accepted[0].value][0], std::string(1000, 'q'));
+}
+
 }  // namespace
 }  // namespace uvbus::test
 
