@@ -57,6 +57,15 @@ std::vector<uint8_t> frame_of(const std::string& s) {
 
 class StreamHostile : public stream_fixture {
  protected:
+  // A server channel recording into *srv and listening on a port from the OS; returns the port
+  // (0 if it could not listen: a raw_peer to it then fails ok()).
+  uint16_t listening_server(recorder* srv, stream_channel** out) {
+    *out = make_channel(srv);
+    listener_id l;
+    if ((*out)->listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 0;
+    return (*out)->listener_port(l);
+  }
+
   // Sends `bytes` from a raw peer after one good frame, and checks that the raw connection ends
   // with `reason` after delivering only the good frame, while a well-behaved connection on the
   // same listener keeps working.
@@ -153,10 +162,8 @@ TEST_F(StreamHostile, ClosingAtAFrameBoundaryIsAGracefulEnd) {
 
 TEST_F(StreamHostile, AFrameSplitIntoSingleBytesStillArrives) {
   recorder srv;
-  stream_channel* s = make_channel(&srv);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  raw_peer peer(s->listener_port(l));
+  stream_channel* s = nullptr;
+  raw_peer peer(listening_server(&srv, &s));
   ASSERT_TRUE(peer.ok());
   const std::vector<uint8_t> f = frame_of(std::string(300, 's'));
   for (uint8_t b : f) {
@@ -173,10 +180,8 @@ TEST_F(StreamHostile, AFrameSplitIntoSingleBytesStillArrives) {
 // connections must not each keep a buffer).
 TEST_F(StreamHostile, AFrameCutByAReadLeavesNoReceiveMemoryOnceComplete) {
   recorder srv;
-  stream_channel* s = make_channel(&srv);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  raw_peer peer(s->listener_port(l));
+  stream_channel* s = nullptr;
+  raw_peer peer(listening_server(&srv, &s));
   ASSERT_TRUE(peer.ok());
   const std::vector<uint8_t> f = frame_of(std::string(1000, 'q'));
   ASSERT_TRUE(peer.write_all({f.begin(), f.begin() + 600}));
