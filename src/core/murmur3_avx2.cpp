@@ -30,8 +30,16 @@ inline __m256i step(__m256i h, __m256i k, __m256i nb, __m256i w) noexcept {
 }
 
 // Lanes base..base+7's words of one round, transposed: r[j] holds word j of the eight lanes.
+// Lanes [base, base + 8) of round `round`, transposed. A round that every lane fills uses plain
+// loads instead of the masked load and tail blend.
 inline void load_round(const lanes& l, size_t base, uint32_t round, __m256i r[8]) noexcept {
-  for (size_t i = 0; i < 8; ++i) r[i] = load_chunk(l, base + i, round);
+  if (full_round(l, base + 8, round)) {
+    for (size_t i = 0; i < 8; ++i) {
+      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + round * kChunk));
+    }
+  } else {
+    for (size_t i = 0; i < 8; ++i) r[i] = load_chunk(l, base + i, round);
+  }
   transpose8(r);
 }
 
@@ -80,11 +88,7 @@ void batch_avx2(const uint8_t* const* data, const size_t* len, size_t n, uint32_
   _mm256_store_si256(reinterpret_cast<__m256i*>(state + 8), h1);
   _mm256_store_si256(reinterpret_cast<__m256i*>(done), fmix(_mm256_xor_si256(h0, len0)));
   _mm256_store_si256(reinterpret_cast<__m256i*>(done + 8), fmix(_mm256_xor_si256(h1, len1)));
-  const uint32_t simd_bytes = l.rounds * kChunk;
-  for (size_t i = 0; i < n; ++i) {
-    out[i] =
-        l.len[i] <= simd_bytes ? done[i] : finish_scalar(state[i], l.p[i], l.len[i], simd_bytes);
-  }
+  finish_lanes(l, n, state, done, out);
 }
 
 }  // namespace uvbus::murmur3_batch_detail

@@ -11,14 +11,27 @@
 namespace uvbus::murmur3_batch_detail {
 namespace {
 
-// Bytes [off, off + 32) of the lane p[0, len), zero past len, without a branch on the length
-// (lengths vary at random from frame to frame; mispredictions here would cost more than the
-// hashing): bytes past len are masked off in the load, which neither reads nor faults on them.
-inline __m256i load_chunk_masked(const uint8_t* p, uint32_t len, uint32_t off) noexcept {
-  const uint32_t rem = off < len ? len - off : 0;
-  const uint8_t* q = off < len ? p + off : kZeroChunk;  // see kZeroChunk
-  if (rem >= kChunk) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  return _mm256_maskz_loadu_epi8(_bzhi_u32(0xffffffffU, rem), q);
+// Bytes [off, off + 32) of lane i, zero past its end, with one byte-masked load (bytes past the
+// end are masked off: neither read nor faulted on) and no branch on the lane's length (see lanes).
+inline __m256i load_chunk_masked(const lanes& l, size_t i, uint32_t off) noexcept {
+  uint32_t rem = 0;
+  const uint8_t* q = chunk_at(l.p[i], l.len[i], off, &rem);
+  // BZHI reads only the index's low 8 bits: clamp first (a cmov, not a branch).
+  return _mm256_maskz_loadu_epi8(_bzhi_u32(0xffffffffU, std::min(rem, kChunk)), q);
+}
+
+// Lanes [base, base + 8) of round `round`, transposed (r[j]: word j of each lane). A round that
+// every lane fills uses plain loads, which are cheaper than masked ones.
+inline void load_round(const lanes& l, size_t base, uint32_t round, __m256i r[8]) noexcept {
+  const uint32_t off = round * kChunk;
+  if (full_round(l, base + 8, round)) {
+    for (size_t i = 0; i < 8; ++i) {
+      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + off));
+    }
+  } else {
+    for (size_t i = 0; i < 8; ++i) r[i] = load_chunk_masked(l, base + i, off);
+  }
+  transpose8(r);
 }
 
 // Shifts, rotates and the 256-bit insert through their zero-masking forms with every lane
@@ -67,16 +80,6 @@ inline __m256i fmix(__m256i h) noexcept {
   return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
 }
 
-// out[i] for the lanes the SIMD loop finished; the longer ones continue in scalar code.
-void finish(const lanes& l, size_t n, const uint32_t* state, const uint32_t* done,
-            uint32_t* out) noexcept {
-  const uint32_t simd_bytes = l.rounds * kChunk;
-  for (size_t i = 0; i < n; ++i) {
-    out[i] =
-        l.len[i] <= simd_bytes ? done[i] : finish_scalar(state[i], l.p[i], l.len[i], simd_bytes);
-  }
-}
-
 }  // namespace
 
 void batch_avx512(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
@@ -90,12 +93,8 @@ void batch_avx512(const uint8_t* const* data, const size_t* len, size_t n, uint3
   for (uint32_t round = 0; round < l.rounds; ++round) {
     __m256i lo[8];
     __m256i hi[8];
-    for (int i = 0; i < 8; ++i) {
-      lo[i] = load_chunk_masked(l.p[i], l.len[i], round * kChunk);
-      hi[i] = load_chunk_masked(l.p[8 + i], l.len[8 + i], round * kChunk);
-    }
-    transpose8(lo);
-    transpose8(hi);
+    load_round(l, 0, round, lo);
+    load_round(l, 8, round, hi);
     const int w0 = static_cast<int>(round * 8);
     for (int j = 0, e = round_words(l, round); j < e; ++j) {
       const __m512i k = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(lo[j]), hi[j], 1);
@@ -106,7 +105,7 @@ void batch_avx512(const uint8_t* const* data, const size_t* len, size_t n, uint3
   alignas(64) uint32_t done[16];
   _mm512_store_si512(state, h);
   _mm512_store_si512(done, fmix(_mm512_xor_si512(h, lenv)));
-  finish(l, n, state, done, out);
+  finish_lanes(l, n, state, done, out);
 }
 
 void batch_avx512_8(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
@@ -118,8 +117,7 @@ void batch_avx512_8(const uint8_t* const* data, const size_t* len, size_t n, uin
   __m256i h = _mm256_set1_epi32(static_cast<int>(seed));
   for (uint32_t round = 0; round < l.rounds; ++round) {
     __m256i r[8];
-    for (int i = 0; i < 8; ++i) r[i] = load_chunk_masked(l.p[i], l.len[i], round * kChunk);
-    transpose8(r);
+    load_round(l, 0, round, r);
     const int w0 = static_cast<int>(round * 8);
     for (int j = 0, e = round_words(l, round); j < e; ++j) {
       h = step(h, r[j], nb, _mm256_set1_epi32(w0 + j));
@@ -129,7 +127,7 @@ void batch_avx512_8(const uint8_t* const* data, const size_t* len, size_t n, uin
   alignas(32) uint32_t done[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(state), h);
   _mm256_store_si256(reinterpret_cast<__m256i*>(done), fmix(_mm256_xor_si256(h, lenv)));
-  finish(l, n, state, done, out);
+  finish_lanes(l, n, state, done, out);
 }
 
 }  // namespace uvbus::murmur3_batch_detail

@@ -7,9 +7,12 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "core/murmur3_batch_impl.h"
 
 namespace uvbus::murmur3_batch_detail {
 namespace {
@@ -61,12 +64,21 @@ inline void transpose8(__m256i r[8]) noexcept {
 // than that leave the loop on a block boundary and are finished by finish_scalar(). words: the
 // 4-byte words (blocks and tail) of the longest lane that the loop covers; rounds stop there, as
 // every lane's words past it are zero.
+// used / min_len: how many lanes hold a buffer and the shortest of them: a round that ends at or
+// below min_len loads every used lane's chunk whole (full_round()).
+//
+// Nothing here branches on a single lane's length. Real frame lengths are random, and a branch per
+// lane and round (GCC turns `off < len ? a : b` into one) mispredicts so often that it cost more
+// than the hashing: 63 cycles a frame instead of 26 for 8-128 B frames whose lengths the predictor
+// cannot learn (docs/core.md). Branches left are per batch or per round, on aggregates that repeat.
 struct lanes {
   const uint8_t* p[16] = {};
   uint32_t len[16] = {};
   uint32_t tail[16] = {};  // the last 1..3 bytes as a zero-padded word (0 without a tail)
   uint32_t rounds = 0;
   uint32_t words = 0;
+  size_t used = 0;
+  uint32_t min_len = 0;
 };
 
 // The tail word of p[0, len): branch-free when len >= 4 (the 4 bytes ending at len are in
@@ -86,25 +98,42 @@ inline uint32_t tail_word(const uint8_t* p, uint32_t len) noexcept {
 inline void load_lanes(const uint8_t* const* data, const size_t* len, size_t n, lanes* l) noexcept {
   uint32_t top1 = 0;
   uint32_t top2 = 0;
+  uint32_t shortest = UINT32_MAX;
   for (size_t i = 0; i < n; ++i) {
     l->p[i] = data[i];
     l->len[i] = static_cast<uint32_t>(len[i]);
     l->tail[i] = tail_word(data[i], l->len[i]);
     const uint32_t r = (l->len[i] + kChunk - 1) / kChunk;
-    if (r > top1) {
-      top2 = top1;
-      top1 = r;
-    } else if (r > top2) {
-      top2 = r;
-    }
+    top2 = std::max(top2, std::min(top1, r));  // min/max, not if/else: no branch per lane
+    top1 = std::max(top1, r);
+    shortest = std::min(shortest, l->len[i]);
   }
   l->rounds = top2;
+  l->used = n;
+  l->min_len = shortest;
   uint32_t words = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t w = (l->len[i] + 3) / 4;
     if (w > words) words = w;
   }
   l->words = words < top2 * 8 ? words : top2 * 8;
+}
+
+// Whether each of the first `width` lanes has all 32 bytes of this round's chunk (plain loads, no
+// masks): all of them hold a buffer, and the shortest is long enough.
+inline bool full_round(const lanes& l, size_t width, uint32_t round) noexcept {
+  return l.used >= width && l.min_len >= (round + 1) * kChunk;
+}
+
+// Where lane p[0, len) has its bytes [off, off + 32) and how many of them exist (*rem, 0..len):
+// past its end, kZeroChunk and 0. Selected with masks, not ?: (see lanes).
+inline const uint8_t* chunk_at(const uint8_t* p, uint32_t len, uint32_t off,
+                               uint32_t* rem) noexcept {
+  const uintptr_t in = uintptr_t{0} - static_cast<uintptr_t>(off < len);  // all ones inside
+  *rem = (len - off) & static_cast<uint32_t>(in);
+  const uintptr_t at = ((reinterpret_cast<uintptr_t>(p) + off) & in) |
+                       (reinterpret_cast<uintptr_t>(kZeroChunk) & ~in);  // see kZeroChunk
+  return reinterpret_cast<const uint8_t*>(at);
 }
 
 // Words of round `round` that some lane still needs (1..8).
@@ -122,19 +151,34 @@ inline int round_words(const lanes& l, uint32_t round) noexcept {
 // assembles them, and every word after that is zero (a no-op, see the kernels' step()).
 inline __m256i load_chunk(const lanes& l, size_t i, uint32_t round) noexcept {
   const uint32_t len = l.len[i];
-  const uint32_t off = round * kChunk;
   // Whole words of lane i before this chunk's start, minus the chunk's first word index: the
   // chunk's words j < rel are whole blocks, word j == rel is the tail word, the rest are zero.
   const int rel = static_cast<int>(len / 4) - static_cast<int>(round * 8);
-  const uint8_t* q = off < len ? l.p[i] + off : kZeroChunk;  // see kZeroChunk
-  // A whole chunk with a plain load (the common case of long lanes).
-  if (rel >= 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  uint32_t rem = 0;
+  const uint8_t* q = chunk_at(l.p[i], len, round * kChunk, &rem);
   const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i relv = _mm256_set1_epi32(rel);
   const __m256i v =
       _mm256_maskload_epi32(reinterpret_cast<const int*>(q), _mm256_cmpgt_epi32(relv, index));
   return _mm256_blendv_epi8(v, _mm256_set1_epi32(static_cast<int>(l.tail[i])),
                             _mm256_cmpeq_epi32(relv, index));
+}
+
+// out[i] for every lane: the SIMD result (done), or for the lanes longer than the SIMD rounds
+// (usually none or one) the scalar continuation from their state after those rounds.
+inline void finish_lanes(const lanes& l, size_t n, const uint32_t* state, const uint32_t* done,
+                         uint32_t* out) noexcept {
+  const uint32_t simd_bytes = l.rounds * kChunk;
+  uint32_t rest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = done[i];
+    rest |= static_cast<uint32_t>(l.len[i] > simd_bytes) << i;
+  }
+  while (rest != 0) {
+    const auto i = static_cast<size_t>(__builtin_ctz(rest));
+    rest &= rest - 1;
+    out[i] = finish_scalar(state[i], l.p[i], l.len[i], simd_bytes);
+  }
 }
 
 }  // namespace
