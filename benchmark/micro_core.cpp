@@ -75,7 +75,7 @@ void BM_Murmur3Batch(benchmark::State& state) {
     state.SkipWithError("kernel not supported by this CPU");
     return;
   }
-  constexpr size_t kFrames = 8192;        // per iteration; a multiple of every batch size
+  constexpr size_t kFrames = 8192;              // per iteration; a multiple of every batch size
   constexpr size_t kLengths = size_t{1} << 18;  // the random sequence, a multiple of kFrames
   constexpr size_t kSlot = 128 + 5;
   std::mt19937 rng(1);
