@@ -29,13 +29,13 @@ inline __m256i step(__m256i h, __m256i k, __m256i nb, __m256i w) noexcept {
   return _mm256_blendv_epi8(hx, hf, _mm256_cmpgt_epi32(nb, w));
 }
 
-// Lanes base..base+7's words of one round, transposed: r[j] holds word j of the eight lanes.
-// Lanes [base, base + 8) of round `round`, transposed. A round that every lane fills uses plain
-// loads instead of the masked load and tail blend.
+// Lanes [base, base + 8) of round `round`, transposed: r[j] holds word j of the eight lanes. A
+// round that every lane fills uses plain loads instead of the masked load and tail blend.
 inline void load_round(const lanes& l, size_t base, uint32_t round, __m256i r[8]) noexcept {
   if (full_round(l, base + 8, round)) {
+    const size_t off = size_t{round} * kChunk;
     for (size_t i = 0; i < 8; ++i) {
-      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + round * kChunk));
+      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + off));
     }
   } else {
     for (size_t i = 0; i < 8; ++i) r[i] = load_chunk(l, base + i, round);
