@@ -68,11 +68,9 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // reported where it was in the stream: after every frame before it, and nothing after it is
 // yielded. The results are exactly those of checking one frame at a time. With the scalar kernel
 // (no AVX2, or UVBUS_MURMUR3=scalar) frames are checked one at a time: batching would not pay.
-// Nor when the batch's payloads average under batch_min_mean bytes (default: what pays with the
-// active kernel, murmur3_batch_min_mean_bytes(): 0 with AVX-512, kBatchMinMeanBytes with AVX2):
-// with AVX2, for small frames the batch hash is faster on its own, but the stream benchmark's
-// receiver spent more CPU per message in total (docs/core.md, "Frame checksums in batches"), so
-// those frames are checked one at a time as they are yielded; 0 batches every run of whole frames.
+// Nor when the batch's payloads average under batch_min_mean bytes: those frames are checked one
+// at a time as they are yielded. The default is what pays with the active kernel,
+// murmur3_batch_min_mean_bytes(): 0 (batch every run of whole frames) with AVX2 and AVX-512.
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload
   need_more,   // every byte fed so far has been consumed; feed the next chunk
@@ -88,10 +86,6 @@ class frame_decoder {
   static constexpr size_t kDecoderKeepBytes = 4096;
   // Whole frames of one chunk verified together (the batch hash kernels' lane count).
   static constexpr size_t kBatchFrames = 16;
-
-  // With the AVX2 kernel, batches whose payloads average fewer bytes than this are checked one
-  // frame at a time instead (see above).
-  static constexpr size_t kBatchMinMeanBytes = kBatchSmallAvx2;
 
   explicit frame_decoder(size_t max_payload = size_t{256} * 1024,
                          size_t batch_min_mean = murmur3_batch_min_mean_bytes()) noexcept

@@ -31,11 +31,9 @@ bool murmur3_batch_use(murmur3_impl impl) noexcept;
 [[nodiscard]] murmur3_impl murmur3_batch_active() noexcept;
 
 // The mean payload size below which hashing frames one at a time, as they come, costs a stream
-// sender or receiver less than gathering them into batches, for the kernel active now: with the
-// 16-lane AVX-512 kernel batches pay for every size (0); with 8-lane AVX2 only from 256 B on
-// (kBatchSmallAvx2); with the scalar kernel never (SIZE_MAX). Measured in docs/core.md, "Frame
-// checksums in batches".
-inline constexpr size_t kBatchSmallAvx2 = 256;
+// sender or receiver less than gathering them into batches, for the kernel active now: with a SIMD
+// kernel (AVX2 or AVX-512) batches pay for every size (0); with the scalar kernel never
+// (SIZE_MAX). Measured in docs/core.md, "Frame checksums in batches".
 [[nodiscard]] size_t murmur3_batch_min_mean_bytes() noexcept;
 
 }  // namespace uvbus

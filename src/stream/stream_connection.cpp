@@ -3,8 +3,8 @@
 // Write path. send() copies the payload into a frame in the connection's write_queue, writes its
 // length and puts the connection on the channel's flush list. Checksums are written in batches
 // (seal_frames: murmur3_x86_32_batch, SIMD lanes) once 16 frames wait, while they are still in the
-// cache, and for the rest before a flush reads the queue; a small frame sent when none waits is
-// hashed at once. The list is flushed before the loop next blocks (uv_check right after the I/O
+// cache, and for the rest before a flush reads the queue; with the scalar kernel a frame sent when
+// none waits is hashed at once. The list is flushed before the loop next blocks (uv_check right after the I/O
 // phase, and an idle handle that keeps the poll from blocking while the list is non-empty), so
 // every packet sent during one loop iteration leaves in as few system calls as possible.
 //
@@ -424,9 +424,10 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
   return p;
 }
 
-// The payload is in place after the header room: write the header and schedule. A small frame
-// with no other frame waiting for its checksum is hashed at once (batches of small frames did not
-// pay: docs/core.md); otherwise the checksum follows in a batch (seal_frames).
+// The payload is in place after the header room: write the header and schedule. Below
+// seal_min_bytes (every frame with the scalar kernel, none with a SIMD one) a frame with no other
+// frame waiting for its checksum is hashed at once; otherwise the checksum follows in a batch
+// (seal_frames).
 void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
   ++c->accepted_seq;
   write_queue& q = *c->queue;
