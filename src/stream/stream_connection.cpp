@@ -4,9 +4,10 @@
 // length and puts the connection on the channel's flush list. Checksums are written in batches
 // (seal_frames: murmur3_x86_32_batch, SIMD lanes) once 16 frames wait, while they are still in the
 // cache, and for the rest before a flush reads the queue; with the scalar kernel a frame sent when
-// none waits is hashed at once. The list is flushed before the loop next blocks (uv_check right after the I/O
-// phase, and an idle handle that keeps the poll from blocking while the list is non-empty), so
-// every packet sent during one loop iteration leaves in as few system calls as possible.
+// none waits is hashed at once. The list is flushed before the loop next blocks (uv_check right
+// after the I/O phase, and an idle handle that keeps the poll from blocking while the list is
+// non-empty), so every packet sent during one loop iteration leaves in as few system calls as
+// possible.
 //
 // A flush takes the queue's front: when it is small (below merge_threshold) as many small frames as
 // fit are copied into the thread's merge buffer and written with one uv_try_write(); a large frame
