@@ -40,8 +40,24 @@ ring_prefix* prefix_of(uint8_t* ring) noexcept {
 // connection that sends takes it again, without malloc.
 constexpr size_t kPooledRingMax = size_t{16} * 1024;
 
+// Blocks up to this size are merged by a copy of this many bytes whatever their size (fixed 16-byte
+// moves, no branch on the size): a memcpy of a random small size mispredicts its size classes,
+// which cost more than the copy (docs/stream.md, "Write path"). Every ring is allocated this many
+// bytes longer, so that the fixed copy of a block at the ring's end stays inside the allocation;
+// the bytes it copies past the block are scratch that later blocks overwrite, or past the merge.
+constexpr size_t kFixedCopy = 160;
+
+// Copies kFixedCopy bytes from src (a ring block: the ring's slack keeps them readable) to dst.
+inline void fixed_copy(uint8_t* dst, const uint8_t* src) noexcept {
+  for (size_t k = 0; k < kFixedCopy; k += 16) {
+    uint8_t w[16];
+    std::memcpy(w, src + k, 16);
+    std::memcpy(dst + k, w, 16);
+  }
+}
+
 uint8_t* alloc_ring(size_t size) noexcept {
-  const size_t total = sizeof(ring_prefix) + size;
+  const size_t total = write_queue::ring_storage_bytes(size);
   buffer_pool* pool = size <= kPooledRingMax ? buffer_pool::local(total) : nullptr;
   auto* mem = pool != nullptr ? pool->acquire() : static_cast<uint8_t*>(std::malloc(total));
   if (mem == nullptr) return nullptr;
@@ -54,7 +70,7 @@ void free_ring(uint8_t* ring) noexcept {
   uint8_t* mem = ring - sizeof(ring_prefix);
   const size_t size = reinterpret_cast<ring_prefix*>(mem)->size;
   buffer_pool* pool =
-      size <= kPooledRingMax ? buffer_pool::local(sizeof(ring_prefix) + size) : nullptr;
+      size <= kPooledRingMax ? buffer_pool::local(write_queue::ring_storage_bytes(size)) : nullptr;
   if (pool != nullptr) {
     pool->release(mem);
   } else {
@@ -77,6 +93,10 @@ struct write_queue::dyn_block {
   // The data follows the struct; aligned to 8 by the struct's own alignment.
   uint8_t* data() noexcept { return reinterpret_cast<uint8_t*>(this + 1); }
 };
+
+size_t write_queue::ring_storage_bytes(size_t ring) noexcept {
+  return sizeof(ring_prefix) + ring + kFixedCopy;
+}
 
 errc write_queue::validate(const write_queue_config& cfg) noexcept {
   if (cfg.mode == queue_mode::static_ring) {
@@ -340,26 +360,45 @@ void write_queue::pop_front() noexcept {
 
 size_t write_queue::merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
                                 size_t* span) const noexcept {
+  if (cfg_.mode == queue_mode::static_ring) return merge_ring(dst, cap, max_block, blocks, span);
   size_t copied = 0;
   size_t n = 0;
-  size_t ring_bytes = 0;
-  cursor c = begin();
-  while (n < count_) {
-    const block b = at(c);
-    if (b.size >= max_block || copied + b.size > cap) break;
-    if (b.size != 0) std::memcpy(dst + copied, b.data, b.size);
-    copied += b.size;
-    ring_bytes += ring_stride(b.size);
+  for (const dyn_block* d = first_; d != nullptr; d = d->next) {
+    if (d->size >= max_block || copied + d->size > cap) break;
+    if (d->size != 0) std::memcpy(dst + copied, reinterpret_cast<const uint8_t*>(d + 1), d->size);
+    copied += d->size;
     ++n;
-    // The block that ends at the wrap point is the last one merged in this pass.
-    if (cfg_.mode == queue_mode::static_ring && wrap_at_ != 0 &&
-        c.off + ring_stride(b.size) == wrap_at_) {
-      break;
-    }
-    c = advance(c);
   }
   *blocks = n;
-  if (span != nullptr) *span = ring_bytes;
+  if (span != nullptr) *span = 0;  // pop_front_n() of a dynamic queue pops block by block
+  return copied;
+}
+
+// merge_front() of a static ring: the blocks from the head up to the wrap point (or the tail) lie
+// at increasing offsets, each a ring_header and its bytes.
+size_t write_queue::merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
+                               size_t* span) const noexcept {
+  const size_t end = wrap_at_ != 0 ? wrap_at_ : tail_;
+  size_t copied = 0;
+  size_t n = 0;
+  size_t off = head_;
+  while (n < count_ && off < end) {
+    ring_header h{};
+    std::memcpy(&h, ring_ + off, sizeof h);
+    const auto size = static_cast<size_t>(h.size);
+    if (size >= max_block || copied + size > cap) break;
+    const uint8_t* data = ring_ + off + sizeof(ring_header);
+    if (size <= kFixedCopy && cap - copied >= kFixedCopy) {
+      fixed_copy(dst + copied, data);
+    } else if (size != 0) {
+      std::memcpy(dst + copied, data, size);
+    }
+    copied += size;
+    off += ring_stride(size);
+    ++n;
+  }
+  *blocks = n;
+  if (span != nullptr) *span = off - head_;
   return copied;
 }
 

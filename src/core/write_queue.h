@@ -88,6 +88,7 @@ class write_queue {
   // before it). Returns the bytes copied; *blocks gets how many blocks they were. The blocks stay
   // queued: the caller pops them once the write that carries them completes.
   // *span (if given) gets what pop_front_n() needs to pop them all at once.
+  // It may write anywhere in [dst, dst + cap), past the bytes it reports copied too.
   size_t merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
                      size_t* span = nullptr) const noexcept;
   // Pops the n front blocks that the last merge_front() reported (n blocks, `bytes` copied, *span
@@ -105,6 +106,11 @@ class write_queue {
   }
 
   [[nodiscard]] queue_mode mode() const noexcept { return cfg_.mode; }
+  // What a static ring of `ring` bytes allocates: the ring, a 16-byte prefix and the slack of the
+  // merge's fixed-size copies (merge_front). Rings up to 16 KiB come from the thread's buffer_pool
+  // of this size.
+  [[nodiscard]] static size_t ring_storage_bytes(size_t ring) noexcept;
+
   // Bytes allocated by the queue itself (the ring and the rings not yet released, or the blocks in
   // dynamic mode).
   [[nodiscard]] size_t memory_bytes() const noexcept;
@@ -121,6 +127,8 @@ class write_queue {
   [[nodiscard]] cursor advance(cursor c) const noexcept;
   // Where a block of `need` ring bytes goes in the current ring: false when it does not fit now.
   bool place(size_t need, size_t* at, size_t* new_wrap) const noexcept;
+  size_t merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
+                    size_t* span) const noexcept;
   // Moves the queued blocks into a larger ring that also holds `need` more bytes.
   errc grow(size_t need) noexcept;
 

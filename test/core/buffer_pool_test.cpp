@@ -75,7 +75,7 @@ TEST(WriteQueueStorage, ADrainedInitialRingGoesBackToThePoolAndComesBack) {
   EXPECT_EQ(q.memory_bytes(), cfg.ring_initial_bytes);
   EXPECT_FALSE(q.release_storage());  // a block is queued
   q.pop_front();
-  buffer_pool* pool = buffer_pool::local(16 + cfg.ring_initial_bytes);  // prefix + ring
+  buffer_pool* pool = buffer_pool::local(write_queue::ring_storage_bytes(cfg.ring_initial_bytes));
   ASSERT_NE(pool, nullptr);
   const size_t free_before = pool->free_count();
   EXPECT_TRUE(q.release_storage());

@@ -13,6 +13,7 @@
 
 #include "core/buffer_pool.h"
 #include "core/frame.h"
+#include "core/write_queue.h"
 #include "stream/stream_harness.h"
 
 namespace uvbus::test {
@@ -214,8 +215,9 @@ TEST_F(StreamCaps, AQuietConnectionHandsItsSendRingBackToThePool) {
   ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
   const connection_id conn = srv.accepted[0];
   const uint64_t from = cli.live.begin()->first;
-  // The ring of the default queue comes from this (the loop's) thread's pool: 16-byte prefix.
-  buffer_pool* pool = buffer_pool::local(16 + s->config().queue.ring_initial_bytes);
+  // The ring of the default queue comes from this (the loop's) thread's pool.
+  buffer_pool* pool =
+      buffer_pool::local(write_queue::ring_storage_bytes(s->config().queue.ring_initial_bytes));
   ASSERT_NE(pool, nullptr);
   stream_connection_metrics m;
   for (int round = 0; round < 3; ++round) {
