@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -215,6 +216,32 @@ TEST(WriteQueue, MergeNeverCrossesTheWrapPoint) {
   EXPECT_EQ(q.front().tag, 8u);
   EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n), 100u);
   EXPECT_EQ(n, 1u);
+}
+
+// A small block is merged by a fixed-size copy that reads and writes past the block
+// (docs/stream.md, "Write path"): a block that ends exactly at the ring's end, merged into a buffer
+// of exactly its size or with room to spare, still comes out right, and under ASan nothing outside
+// the ring's allocation or the buffer is touched (the ring is above the pooled sizes: its own
+// allocation).
+TEST(WriteQueue, MergeOfASmallBlockAtTheRingEndStaysInBounds) {
+  constexpr size_t kRing = size_t{32} * 1024;
+  for (const size_t n : std::vector<size_t>{1, 7, 8, 9, 16, 100, 152, 159, 160, 161}) {
+    write_queue_config c = ring(kRing);
+    c.ring_initial_bytes = kRing;
+    write_queue q(c);
+    const size_t filler = kRing - 2 * 16 - ((n + 7) & ~size_t{7});  // two 16-byte block headers
+    fill(q.reserve(filler, 1), filler, 1);
+    fill(q.reserve(n, 2), n, 2);
+    q.pop_front();
+    for (const size_t room : {size_t{0}, size_t{200}}) {
+      const std::unique_ptr<uint8_t[]> dst(new uint8_t[n + room]);
+      size_t blocks = 0;
+      ASSERT_EQ(q.merge_front(dst.get(), n + room, 3072, &blocks), n) << n;
+      EXPECT_EQ(blocks, 1u);
+      const write_queue::block b{dst.get(), n, 2};
+      EXPECT_TRUE(check(b)) << n << " " << room;
+    }
+  }
 }
 
 TEST(WriteQueue, ForEachFrontVisitsInOrder) {
