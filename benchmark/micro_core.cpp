@@ -109,8 +109,8 @@ void BM_Murmur3Batch(benchmark::State& state) {
 }
 BENCHMARK(BM_Murmur3Batch)
     ->ArgNames({"size", "kernel", "batch"})
-    ->ArgsProduct({{0, 8, 32, 64, 128, 1024}, {0}, {1}})
-    ->ArgsProduct({{0, 8, 32, 64, 128, 1024}, {1, 2, 3}, {8, 16}});
+    ->ArgsProduct({{0, 8, 16, 32, 64, 128, 1024}, {0}, {1}})
+    ->ArgsProduct({{0, 8, 16, 32, 64, 128, 1024}, {1, 2, 3}, {8, 16}});
 
 // Encode one frame into a buffer, then decode it: frames/s.
 void BM_FrameEncodeDecode(benchmark::State& state) {

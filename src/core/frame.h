@@ -70,7 +70,7 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // (no AVX2, or UVBUS_MURMUR3=scalar) frames are checked one at a time: batching would not pay.
 // Nor when the batch's payloads average under batch_min_mean bytes: those frames are checked one
 // at a time as they are yielded. The default is what pays with the active kernel,
-// murmur3_batch_min_mean_bytes(): 0 (batch every run of whole frames) with AVX2 and AVX-512.
+// murmur3_batch_min_mean_bytes(): 0 (batch every run of whole frames) with AVX-512, 24 B with AVX2.
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload
   need_more,   // every byte fed so far has been consumed; feed the next chunk

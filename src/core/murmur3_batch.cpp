@@ -140,8 +140,9 @@ murmur3_impl murmur3_batch_active() noexcept {
 size_t murmur3_batch_min_mean_bytes() noexcept {
   switch (murmur3_batch_active()) {
     case murmur3_impl::avx512:
-    case murmur3_impl::avx2:
       return 0;
+    case murmur3_impl::avx2:
+      return kBatchMinMeanAvx2;
     default:
       return ~size_t{0};
   }

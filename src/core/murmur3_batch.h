@@ -31,9 +31,11 @@ bool murmur3_batch_use(murmur3_impl impl) noexcept;
 [[nodiscard]] murmur3_impl murmur3_batch_active() noexcept;
 
 // The mean payload size below which hashing frames one at a time, as they come, costs a stream
-// sender or receiver less than gathering them into batches, for the kernel active now: with a SIMD
-// kernel (AVX2 or AVX-512) batches pay for every size (0); with the scalar kernel never
+// sender or receiver less than gathering them into batches, for the kernel active now: with
+// AVX-512 batches pay for every size (0); with AVX2 from a mean of 24 B on (kBatchMinMeanAvx2: the
+// scalar hash of 8 or 16 B is faster than AVX2's transposes); with the scalar kernel never
 // (SIZE_MAX). Measured in docs/core.md, "Frame checksums in batches".
+inline constexpr size_t kBatchMinMeanAvx2 = 24;
 [[nodiscard]] size_t murmur3_batch_min_mean_bytes() noexcept;
 
 }  // namespace uvbus

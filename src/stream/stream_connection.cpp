@@ -3,11 +3,11 @@
 // Write path. send() copies the payload into a frame in the connection's write_queue, writes its
 // length and puts the connection on the channel's flush list. Checksums are written in batches
 // (seal_frames: murmur3_x86_32_batch, SIMD lanes) once 16 frames wait, while they are still in the
-// cache, and for the rest before a flush reads the queue; with the scalar kernel a frame sent when
-// none waits is hashed at once. The list is flushed before the loop next blocks (uv_check right
-// after the I/O phase, and an idle handle that keeps the poll from blocking while the list is
-// non-empty), so every packet sent during one loop iteration leaves in as few system calls as
-// possible.
+// cache, and for the rest before a flush reads the queue; with the scalar kernel (and AVX2's for
+// frames under 24 B) a frame sent when none waits is hashed at once. The list is flushed before the
+// loop next blocks (uv_check right after the I/O phase, and an idle handle that keeps the poll from
+// blocking while the list is non-empty), so every packet sent during one loop iteration leaves in
+// as few system calls as possible.
 //
 // A flush takes the queue's front: when it is small (below merge_threshold) as many small frames as
 // fit are copied into the thread's merge buffer and written with one uv_try_write(); a large frame
@@ -426,7 +426,7 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
 }
 
 // The payload is in place after the header room: write the header and schedule. Below
-// seal_min_bytes (every frame with the scalar kernel, none with a SIMD one) a frame with no other
+// seal_min_bytes (every frame with the scalar kernel, under 24 B with AVX2) a frame with no other
 // frame waiting for its checksum is hashed at once; otherwise the checksum follows in a batch
 // (seal_frames).
 void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {

@@ -215,9 +215,9 @@ inline constexpr size_t kGatherBytes = size_t{256} * 1024;
 // Queued frames get their checksums in batches of this many (murmur3_x86_32_batch's lanes): when
 // this many are waiting, and before any flush writes the queue.
 inline constexpr size_t kSealBatch = 16;
-// Payloads below the channel's seal_min_bytes (murmur3_batch_min_mean_bytes(): 0 with a SIMD
-// kernel, every size with the scalar one) are hashed one at a time as they are queued unless a
-// batch is already waiting.
+// Payloads below the channel's seal_min_bytes (murmur3_batch_min_mean_bytes(): 0 with AVX-512,
+// 24 B with AVX2, every size with the scalar kernel) are hashed one at a time as they are queued
+// unless a batch is already waiting.
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
 errc from_uv(int status) noexcept;
