@@ -229,7 +229,7 @@ TEST(WriteQueue, MergeOfASmallBlockAtTheRingEndStaysInBounds) {
     write_queue_config c = ring(kRing);
     c.ring_initial_bytes = kRing;
     write_queue q(c);
-    const size_t filler = kRing - 2 * 16 - ((n + 7) & ~size_t{7});  // two 16-byte block headers
+    const size_t filler = kRing - size_t{32} - ((n + 7) & ~size_t{7});  // two 16-byte block headers
     fill(q.reserve(filler, 1), filler, 1);
     fill(q.reserve(n, 2), n, 2);
     q.pop_front();
