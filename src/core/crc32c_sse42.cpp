@@ -1,10 +1,11 @@
 // crc32c's SSE4.2 kernel (this file alone is built with -msse4.2 -mpclmul; crc32c.cpp calls it
 // only on a CPU that has both). The crc32 instruction takes 3 cycles per 8 bytes but can start
 // one every cycle, so one dependent chain runs at a third of the unit's speed: long inputs are cut
-// into rounds of three 256-byte lanes hashed side by side, what is left (from 96 bytes on) into one
-// round of three shorter lanes, and the three lane CRCs are joined by shifting each over the bytes
-// that follow it: a carry-less multiply by x^(8n-33) mod P, reduced by one more crc32 (the
-// identity behind zlib's crc32_combine, in two instructions).
+// into rounds of three 256-byte lanes hashed side by side, what is left (from 256 bytes on) into
+// one round of three shorter lanes, and the three lane CRCs are joined by shifting each over the
+// bytes that follow it: a carry-less multiply by x^(8n-33) mod P, reduced by one more crc32 (the
+// identity behind zlib's crc32_combine, in two instructions). The same multiply, by a negative
+// power of x, lets the last len % 8 bytes take one 8-byte step without a branch on len % 8.
 #include <nmmintrin.h>
 #include <wmmintrin.h>
 
@@ -16,8 +17,10 @@ namespace uvbus::crc32c_detail {
 namespace {
 
 constexpr size_t kLane = 256;  // 3 x 256 B per round: measured fastest from 256 B to 16 KiB
-// Shorter inputs run as one chain (measured: 71 B took 11.2 ns as one chain, 12.3 ns in lanes).
-constexpr size_t kMinLanes = 96;
+// Shorter inputs run as one chain. Lanes pay for equal sizes from about 96 B on (71 B took 11.2 ns
+// as one chain, 12.3 ns in lanes), but records of mixed sizes then branch at random on this
+// threshold: for 8-140 B and 8-300 B records 256 was 15-20 % faster than 96 (docs/core.md).
+constexpr size_t kMinLanes = 256;
 
 // a * b mod P for reflected 32-bit polynomials (bit 31 is x^0).
 constexpr uint32_t gf2_mul(uint32_t a, uint32_t b) noexcept {
@@ -55,11 +58,49 @@ constexpr shift_table make_shifts() noexcept {
 }
 constexpr shift_table kShift = make_shifts();
 
-inline uint32_t shift_words(uint32_t reg, size_t words) noexcept {
-  const __m128i prod =
-      _mm_clmulepi64_si128(_mm_cvtsi32_si128(static_cast<int>(reg)),
-                           _mm_cvtsi32_si128(static_cast<int>(kShift.k[words])), 0);
+// x^-1 modulo the polynomial (P(x) + 1) / x, in the same bit order: P's constant term is 1, so
+// dropping it and dividing by x leaves the inverse of x.
+constexpr uint32_t kInvX = ((0x82F63B78U & 0x7FFFFFFFU) << 1) | 1U;
+static_assert(gf2_mul(kInvX, 0x40000000U) == 0x80000000U, "x * x^-1 must be 1");
+
+constexpr uint32_t inv_x_pow(uint64_t n) noexcept {
+  uint32_t r = 0x80000000U;  // 1
+  uint32_t p = kInvX;
+  for (; n != 0; n >>= 1) {
+    if ((n & 1U) != 0) r = gf2_mul(r, p);
+    p = gf2_mul(p, p);
+  }
+  return r;
+}
+
+// The last t = len % 8 bytes of an input without a branch on t. Zero bytes in front of the data
+// do not change a CRC whose register is zero, so for any register r,
+//   update(r, tail) == update(r * x^(-8 (8 - t)), (8 - t) zero bytes, tail),
+// which is one 8-byte step on the input's last 8 bytes with their first 8 - t masked to zero
+// (t == 0: r * x^-64 and a zero word, which is r again). kTailShift[t] multiplies by x^(-8 (8 - t))
+// in shift_words()'s convention (a constant for x^n is x^(n - 33)).
+struct tail_table {
+  uint32_t shift[8];
+  uint64_t mask[8];
+};
+constexpr tail_table make_tail() noexcept {
+  tail_table t{};
+  for (size_t k = 0; k < 8; ++k) {
+    t.shift[k] = inv_x_pow(8 * (8 - k) + 33);
+    t.mask[k] = k == 0 ? 0 : ~uint64_t{0} << (8 * (8 - k));
+  }
+  return t;
+}
+constexpr tail_table kTail = make_tail();
+
+inline uint32_t mul_const(uint32_t reg, uint32_t k) noexcept {
+  const __m128i prod = _mm_clmulepi64_si128(_mm_cvtsi32_si128(static_cast<int>(reg)),
+                                            _mm_cvtsi32_si128(static_cast<int>(k)), 0);
   return static_cast<uint32_t>(_mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(prod))));
+}
+
+inline uint32_t shift_words(uint32_t reg, size_t words) noexcept {
+  return mul_const(reg, kShift.k[words]);
 }
 
 inline uint64_t load64(const uint8_t* p) noexcept {
@@ -90,7 +131,7 @@ inline uint32_t three_lanes(uint32_t reg, const uint8_t* p, size_t words) noexce
 uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
   for (; len >= 3 * kLane; len -= 3 * kLane, p += 3 * kLane) reg = three_lanes(reg, p, kLane / 8);
   // A shorter input of kMinLanes or more: three lanes as long as it allows (the join costs about
-  // as much as three steps of one chain, so below that one chain is faster).
+  // as much as three steps of one chain).
   if (len >= kMinLanes) {
     const size_t words = len / 24;
     reg = three_lanes(reg, p, words);
@@ -98,8 +139,14 @@ uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
     len -= 24 * words;
   }
   uint64_t r = reg;
-  for (; len >= 8; len -= 8, p += 8) r = _mm_crc32_u64(r, load64(p));
-  // The last 0-7 bytes in at most three steps (each step is a 3-cycle link of the one chain).
+  if (len >= 8) {
+    // Whole words, then the last len % 8 bytes in one more step (kTail): no branch on len % 8.
+    const uint8_t* end = p + len;
+    for (; len >= 8; len -= 8, p += 8) r = _mm_crc32_u64(r, load64(p));
+    const uint32_t shifted = mul_const(static_cast<uint32_t>(r), kTail.shift[len]);
+    return static_cast<uint32_t>(_mm_crc32_u64(shifted, load64(end - 8) & kTail.mask[len]));
+  }
+  // Below 8 bytes: at most three steps (each step is a 3-cycle link of the one chain).
   auto r32 = static_cast<uint32_t>(r);
   if ((len & 4) != 0) {
     uint32_t v;
