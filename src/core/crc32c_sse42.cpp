@@ -77,8 +77,8 @@ constexpr uint32_t inv_x_pow(uint64_t n) noexcept {
 // do not change a CRC whose register is zero, so for any register r,
 //   update(r, tail) == update(r * x^(-8 (8 - t)), (8 - t) zero bytes, tail),
 // which is one 8-byte step on the input's last 8 bytes with their first 8 - t masked to zero
-// (t == 0: r * x^-64 and a zero word, which is r again). kTailShift[t] multiplies by x^(-8 (8 - t))
-// in shift_words()'s convention (a constant for x^n is x^(n - 33)).
+// (t == 0: r * x^-64 and a zero word, which is r again). kTail.shift[t] multiplies by
+// x^(-8 (8 - t)) in shift_words()'s convention (a constant for x^n is x^(n - 33)).
 struct tail_table {
   uint32_t shift[8];
   uint64_t mask[8];

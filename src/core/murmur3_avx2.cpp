@@ -29,18 +29,10 @@ inline __m256i step(__m256i h, __m256i k, __m256i nb, __m256i w) noexcept {
   return _mm256_blendv_epi8(hx, hf, _mm256_cmpgt_epi32(nb, w));
 }
 
-// Lanes [base, base + 8) of round `round`, transposed: r[j] holds word j of the eight lanes. A
-// round that every lane fills uses plain loads instead of the masked load and tail blend.
+// Lanes [base, base + 8) of round `round`, transposed (load_round_with: the dword-masked load
+// and tail blend where a lane ends in this round).
 inline void load_round(const lanes& l, size_t base, uint32_t round, __m256i r[8]) noexcept {
-  if (full_round(l, base + 8, round)) {
-    const size_t off = size_t{round} * kChunk;
-    for (size_t i = 0; i < 8; ++i) {
-      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + off));
-    }
-  } else {
-    for (size_t i = 0; i < 8; ++i) r[i] = load_chunk(l, base + i, round);
-  }
-  transpose8(r);
+  load_round_with(l, base, round, r, [&](size_t i) { return load_chunk(l, i, round); });
 }
 
 inline __m256i fmix(__m256i h) noexcept {

@@ -20,18 +20,11 @@ inline __m256i load_chunk_masked(const lanes& l, size_t i, uint32_t off) noexcep
   return _mm256_maskz_loadu_epi8(_bzhi_u32(0xffffffffU, std::min(rem, kChunk)), q);
 }
 
-// Lanes [base, base + 8) of round `round`, transposed (r[j]: word j of each lane). A round that
-// every lane fills uses plain loads, which are cheaper than masked ones.
+// Lanes [base, base + 8) of round `round`, transposed (load_round_with: the byte-masked load
+// where a lane ends in this round).
 inline void load_round(const lanes& l, size_t base, uint32_t round, __m256i r[8]) noexcept {
   const uint32_t off = round * kChunk;
-  if (full_round(l, base + 8, round)) {
-    for (size_t i = 0; i < 8; ++i) {
-      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + off));
-    }
-  } else {
-    for (size_t i = 0; i < 8; ++i) r[i] = load_chunk_masked(l, base + i, off);
-  }
-  transpose8(r);
+  load_round_with(l, base, round, r, [&](size_t i) { return load_chunk_masked(l, i, off); });
 }
 
 // Shifts, rotates and the 256-bit insert through their zero-masking forms with every lane

@@ -164,6 +164,23 @@ inline __m256i load_chunk(const lanes& l, size_t i, uint32_t round) noexcept {
                             _mm256_cmpeq_epi32(relv, index));
 }
 
+// Lanes [base, base + 8) of round `round`, transposed: r[j] holds word j of the eight lanes. A
+// round that every lane fills takes plain loads; otherwise partial(i) loads lane i's chunk, zero
+// past its end (each kernel's masked load).
+template <class Partial>
+inline void load_round_with(const lanes& l, size_t base, uint32_t round, __m256i r[8],
+                            Partial partial) noexcept {
+  if (full_round(l, base + 8, round)) {
+    const size_t off = size_t{round} * kChunk;
+    for (size_t i = 0; i < 8; ++i) {
+      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(l.p[base + i] + off));
+    }
+  } else {
+    for (size_t i = 0; i < 8; ++i) r[i] = partial(base + i);
+  }
+  transpose8(r);
+}
+
 // out[i] for every lane: the SIMD result (done), or for the lanes longer than the SIMD rounds
 // (usually none or one) the scalar continuation from their state after those rounds.
 inline void finish_lanes(const lanes& l, size_t n, const uint32_t* state, const uint32_t* done,

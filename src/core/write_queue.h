@@ -127,6 +127,7 @@ class write_queue {
   [[nodiscard]] cursor advance(cursor c) const noexcept;
   // Where a block of `need` ring bytes goes in the current ring: false when it does not fit now.
   bool place(size_t need, size_t* at, size_t* new_wrap) const noexcept;
+  // merge_front() of a static ring (by offset, small blocks by a fixed-size copy).
   size_t merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
                     size_t* span) const noexcept;
   // Moves the queued blocks into a larger ring that also holds `need` more bytes.
