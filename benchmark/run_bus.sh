@@ -15,6 +15,9 @@
 # DELIVERY (end_to_end, the node default; next_hop: the node senders use next-hop delivery),
 # METRICS (1: the node senders serve metrics and render them once a second), LATENCY (1: the node
 # senders keep latency histograms).
+# The raw-*-node-size cases run the bare channel with payloads of MIN+44..MAX+44 B (MIN+36.. with
+# DELIVERY=next_hop): frames as long as the node's, so node / raw-node-size is the cost of the
+# node's own work and raw-node-size / raw the cost of its header's bytes.
 # Relay cases run three processes: the receiver (root node, RECV_CPU), a relay node of its own
 # (its child, not pinned: with two cores it shares them with the others) and the sender (a child
 # of the relay, SEND_CPU), so every message is forwarded once by a parent.
@@ -43,7 +46,8 @@ one_run() {
   local ready=$TMP/$file.ready out=$TMP/$file.recv
   rm -f "$ready" "$ready.relay"
   # shellcheck disable=SC2086
-  $ON_RECV "$recv" $rargs --min "$MIN" --max "$MAX" --seconds "$SECS" --ready "$ready" >"$out" 2>&1 &
+  $ON_RECV "$recv" $rargs --min "${CASE_MIN:-$MIN}" --max "${CASE_MAX:-$MAX}" --seconds "$SECS" \
+    --ready "$ready" >"$out" 2>&1 &
   local rpid=$!
   for _ in $(seq 200); do [ -f "$ready" ] && break; sleep 0.05; done
   if [ ! -f "$ready" ]; then
@@ -73,8 +77,8 @@ one_run() {
   if [ "${METRICS:-0}" = 1 ] && [[ $send == *node_send ]]; then extra="$extra --metrics"; fi
   if [ "${LATENCY:-0}" = 1 ] && [[ $send == *node_send ]]; then extra="$extra --latency"; fi
   # shellcheck disable=SC2086
-  $ON_SEND "$send" "$(cat "$ready")" $sargs $extra --min "$MIN" --max "$MAX" --seconds "$SECS" \
-    >"$out.send" 2>&1 || true
+  $ON_SEND "$send" "$(cat "$ready")" $sargs $extra --min "${CASE_MIN:-$MIN}" \
+    --max "${CASE_MAX:-$MAX}" --seconds "$SECS" >"$out.send" 2>&1 || true
   wait "$rpid" || true
   [ -z "$ppid" ] || wait "$ppid" || true
   local j
@@ -117,11 +121,20 @@ SHM=uvbus-bus-bench-$$
 N=$BUILD/uvbus_bench_node
 run_case "tcp/raw-stream" "" "$BUILD/uvbus_bench_stream_recv" "$BUILD/uvbus_bench_stream_send" \
   "ipv4://127.0.0.1:0" ""
+# The bare channel carrying frames as long as the node's (payload + the node's own header, 44 B
+# with end-to-end delivery, 36 B next-hop): how much of the node's gap to the bare channel is the
+# header's bytes, and how much the node's work.
+HDR=44
+[ "${DELIVERY:-}" != next_hop ] || HDR=36
+CASE_MIN=$((MIN + HDR)) CASE_MAX=$((MAX + HDR)) run_case "tcp/raw-stream-node-size" "tcp/raw-stream" \
+  "$BUILD/uvbus_bench_stream_recv" "$BUILD/uvbus_bench_stream_send" "ipv4://127.0.0.1:0" ""
 run_case "tcp/node" "tcp/raw-stream" "${N}_recv" "${N}_send" "ipv4://127.0.0.1:0" "--no-shm"
 run_case "tcp/node-relay" "tcp/raw-stream" "${N}_recv" "${N}_send" \
   "ipv4://127.0.0.1:0" "--no-shm --id 0x1101" "ipv4://127.0.0.1:0"
 run_case "shm/raw-shm" "" "$BUILD/uvbus_bench_shm_recv" "$BUILD/uvbus_bench_shm_send" \
   "shm://$SHM-raw" ""
+CASE_MIN=$((MIN + HDR)) CASE_MAX=$((MAX + HDR)) run_case "shm/raw-shm-node-size" "shm/raw-shm" \
+  "$BUILD/uvbus_bench_shm_recv" "$BUILD/uvbus_bench_shm_send" "shm://$SHM-raw" ""
 run_case "shm/node" "shm/raw-shm" "${N}_recv" "${N}_send" "ipv4://127.0.0.1:0 --shm $SHM" ""
 run_case "shm/node-relay" "shm/raw-shm" "${N}_recv" "${N}_send" \
   "ipv4://127.0.0.1:0 --shm $SHM" "--id 0x1101" "ipv4://127.0.0.1:0 --shm $SHM"
