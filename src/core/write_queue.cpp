@@ -359,28 +359,34 @@ void write_queue::pop_front() noexcept {
 }
 
 size_t write_queue::merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
-                                size_t* span) const noexcept {
-  if (cfg_.mode == queue_mode::static_ring) return merge_ring(dst, cap, max_block, blocks, span);
+                                size_t* span, uint64_t* tag_sum) const noexcept {
+  if (cfg_.mode == queue_mode::static_ring) {
+    return merge_ring(dst, cap, max_block, blocks, span, tag_sum);
+  }
   size_t copied = 0;
   size_t n = 0;
+  uint64_t tags = 0;
   for (const dyn_block* d = first_; d != nullptr; d = d->next) {
     if (d->size >= max_block || copied + d->size > cap) break;
     if (d->size != 0) std::memcpy(dst + copied, reinterpret_cast<const uint8_t*>(d + 1), d->size);
     copied += d->size;
+    tags += d->tag;
     ++n;
   }
   *blocks = n;
   if (span != nullptr) *span = 0;  // pop_front_n() of a dynamic queue pops block by block
+  if (tag_sum != nullptr) *tag_sum = tags;
   return copied;
 }
 
 // merge_front() of a static ring: the blocks from the head up to the wrap point (or the tail) lie
 // at increasing offsets, each a ring_header and its bytes.
 size_t write_queue::merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
-                               size_t* span) const noexcept {
+                               size_t* span, uint64_t* tag_sum) const noexcept {
   const size_t end = wrap_at_ != 0 ? wrap_at_ : tail_;
   size_t copied = 0;
   size_t n = 0;
+  uint64_t tags = 0;
   size_t off = head_;
   while (n < count_ && off < end) {
     ring_header h{};
@@ -394,11 +400,13 @@ size_t write_queue::merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_
       std::memcpy(dst + copied, data, size);
     }
     copied += size;
+    tags += h.tag;
     off += ring_stride(size);
     ++n;
   }
   *blocks = n;
   if (span != nullptr) *span = off - head_;
+  if (tag_sum != nullptr) *tag_sum = tags;
   return copied;
 }
 

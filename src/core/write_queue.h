@@ -8,8 +8,8 @@
 //    ring of ring_bytes makes reserve() fail.
 //  * dynamic: one allocation per block, bounded by max_bytes and max_blocks.
 //
-// Each block carries a 64-bit tag chosen by the producer (the stream channel stores the packet id
-// there so it can report each packet's fate). Not thread-safe: one owner thread.
+// Each block carries a 64-bit tag chosen by the producer (the stream channel stores the frame's
+// payload size there). Not thread-safe: one owner thread.
 //
 // Sealing: the queue remembers which blocks were reserved since they were last handed out by
 // take_unsealed(), so a producer can finish blocks in batches after filling them (the stream
@@ -87,10 +87,12 @@ class write_queue {
   // across the ring's wrap point (a static ring's blocks after the wrap are not merged with those
   // before it). Returns the bytes copied; *blocks gets how many blocks they were. The blocks stay
   // queued: the caller pops them once the write that carries them completes.
-  // *span (if given) gets what pop_front_n() needs to pop them all at once.
+  // *span (if given) gets what pop_front_n() needs to pop them all at once, and *tag_sum (if
+  // given) the sum of their tags (the stream channel's tag is a frame's payload size, so this is
+  // the payload bytes merged without reading the frames again).
   // It may write anywhere in [dst, dst + cap), past the bytes it reports copied too.
   size_t merge_front(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
-                     size_t* span = nullptr) const noexcept;
+                     size_t* span = nullptr, uint64_t* tag_sum = nullptr) const noexcept;
   // Pops the n front blocks that the last merge_front() reported (n blocks, `bytes` copied, *span
   // `span`), with nothing popped since: one step in a static ring instead of n.
   void pop_front_n(size_t n, size_t bytes, size_t span) noexcept;
@@ -128,8 +130,8 @@ class write_queue {
   // Where a block of `need` ring bytes goes in the current ring: false when it does not fit now.
   bool place(size_t need, size_t* at, size_t* new_wrap) const noexcept;
   // merge_front() of a static ring (by offset, small blocks by a fixed-size copy).
-  size_t merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks,
-                    size_t* span) const noexcept;
+  size_t merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks, size_t* span,
+                    uint64_t* tag_sum) const noexcept;
   // Moves the queued blocks into a larger ring that also holds `need` more bytes.
   errc grow(size_t need) noexcept;
 

@@ -117,18 +117,7 @@ void stream_channel::impl::flush_dirty() {
 void stream_channel::impl::count_sent(conn_impl* c, const write_queue::block& b) {
   auto& m = c->m();
   ++m.packets_sent;
-  m.bytes_sent += b.size - frame_header_size_of(b);
-}
-
-// Payload size of a queued frame: its header holds the varint length after the 4-byte hash.
-size_t stream_channel::impl::frame_header_size_of(const write_queue::block& b) {
-  // Fast paths for payloads below 128 and 16384 bytes (one or two varint bytes).
-  if (b.data[kFrameHashBytes] < 0x80) return kFrameHashBytes + 1;
-  if (b.data[kFrameHashBytes + 1] < 0x80) return kFrameHashBytes + 2;
-  uint64_t len = 0;
-  size_t vn = 0;
-  (void)varint_decode(b.data + kFrameHashBytes, b.size - kFrameHashBytes, &len, &vn);
-  return kFrameHashBytes + vn;
+  m.bytes_sent += b.tag;  // the payload size (reserve_frame)
 }
 
 void stream_channel::impl::sync_queue_metrics(conn_impl* c) {
@@ -160,31 +149,14 @@ void stream_channel::impl::report_written(conn_impl* c) {
   cb.on_written(c->id, c->reported_seq);
 }
 
-void stream_channel::impl::pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count,
-                                      size_t span) {
+void stream_channel::impl::pop_merged(conn_impl* c, size_t len, size_t count, size_t span,
+                                      uint64_t payload) {
   c->queue->pop_front_n(count, len, span);
   c->written_seq += count;
-  size_t header_bytes = 0;
-  for (size_t pos = 0; pos < len;) {
-    uint64_t plen = 0;
-    size_t vn = 0;
-    const uint8_t* v = frames + pos + kFrameHashBytes;
-    if (v[0] < 0x80) {
-      plen = v[0];
-      vn = 1;
-    } else if (v[1] < 0x80) {
-      plen = (uint64_t{v[0]} & 0x7f) << 7 | v[1];
-      vn = 2;
-    } else {
-      (void)varint_decode(v, len - pos - kFrameHashBytes, &plen, &vn);
-    }
-    header_bytes += kFrameHashBytes + vn;
-    pos += kFrameHashBytes + vn + static_cast<size_t>(plen);
-  }
   auto& m = c->m();
   m.packets_sent += count;
   m.packets_merged += count;
-  m.bytes_sent += len - header_bytes;
+  m.bytes_sent += payload;
   sync_queue_metrics(c);
 }
 
@@ -215,10 +187,9 @@ void stream_channel::impl::seal_frames(write_queue& q) {
   uint32_t hash[kSealBatch];
   while (q.unsealed() != 0) {
     const size_t n = q.take_unsealed(b, kSealBatch);
-    for (size_t i = 0; i < n; ++i) {
-      const size_t hdr = frame_header_size_of(b[i]);
-      data[i] = b[i].data + hdr;
-      len[i] = b[i].size - hdr;
+    for (size_t i = 0; i < n; ++i) {  // the payload ends the frame; the tag is its size
+      len[i] = static_cast<size_t>(b[i].tag);
+      data[i] = b[i].data + b[i].size - len[i];
     }
     murmur3_x86_32_batch(data, len, n, 0, hash);
     for (size_t i = 0; i < n; ++i) store_le<uint32_t>(b[i].data, hash[i]);
@@ -244,7 +215,8 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     uv_buf_t bufs[kMaxGather];
     unsigned nbufs = 1;
     size_t merged = 0;
-    size_t span = 0;  // the merged blocks' room in the queue (write_queue::pop_front_n)
+    size_t span = 0;       // the merged blocks' room in the queue (write_queue::pop_front_n)
+    uint64_t payload = 0;  // ... and their payload bytes
     if (cfg.merge_threshold == 0 || q.size() == 1) {
       bufs[0] = uv_buf_init(reinterpret_cast<char*>(front.data), static_cast<unsigned>(front.size));
     } else {
@@ -257,7 +229,7 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
         // Never below one frame that qualifies for merging (merge_threshold may be set large).
         const size_t window =
             c->merge_window != 0 ? std::max(c->merge_window, cfg.merge_threshold) : merge_cap;
-        const size_t n = q.merge_front(mb, window, cfg.merge_threshold, &merged, &span);
+        const size_t n = q.merge_front(mb, window, cfg.merge_threshold, &merged, &span, &payload);
         bufs[0] = uv_buf_init(reinterpret_cast<char*>(mb), static_cast<unsigned>(n));
       } else {
         nbufs = gather(q, mb, bufs, &merged);
@@ -279,9 +251,8 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
       c->merge_window = next_merge_window(c->merge_window, static_cast<size_t>(w), len, merge_cap);
     }
     if (nbufs == 1 && merged > 1 && static_cast<size_t>(w) == len) {
-      // The whole merged batch went out: pop the blocks without looking at them again; the
-      // payload bytes come from the frames just written.
-      pop_merged(c, reinterpret_cast<const uint8_t*>(bufs[0].base), len, merged, span);
+      // The whole merged batch went out: pop the blocks without looking at them again.
+      pop_merged(c, len, merged, span, payload);
       maybe_writable(c);
       if (!c->active()) return;
       continue;
@@ -415,7 +386,8 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
       return nullptr;
     }
   }
-  uint8_t* p = c->queue->reserve(frame_header_size(total) + total, 0, err);
+  // The block's tag is the payload size: the byte counts and the batch hash read it there.
+  uint8_t* p = c->queue->reserve(frame_header_size(total) + total, total, err);
   // A growing ring keeps the old one for the write in flight; without one it can go now.
   if (!c->writing) c->queue->release_retired();
   if (p == nullptr && *err == errc::queue_full) {

@@ -311,13 +311,13 @@ struct stream_channel::impl {
   void flush_dirty();
   // Called with the block still queued (in dynamic mode popping frees it).
   void count_sent(conn_impl* c, const write_queue::block& b);
-  // Payload size of a queued frame: its header holds the varint length after the 4-byte hash.
-  static size_t frame_header_size_of(const write_queue::block& b);
   void sync_queue_metrics(conn_impl* c);
   // Pops the blocks wholly covered by `written` bytes (reporting each delivered) and returns the
   // bytes of the next block already written.
   size_t consume(conn_impl* c, size_t written);
-  void pop_merged(conn_impl* c, const uint8_t* frames, size_t len, size_t count, size_t span);
+  // Pops the `count` blocks of a merged write of `len` bytes that went out whole (`span`, and
+  // `payload` bytes of payload: the sum of their tags, write_queue::merge_front).
+  void pop_merged(conn_impl* c, size_t len, size_t count, size_t span, uint64_t payload);
   void maybe_writable(conn_impl* c);
   void flush(conn_impl* c);
   void flush_queue(conn_impl* c);

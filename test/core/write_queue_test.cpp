@@ -201,6 +201,30 @@ TEST(WriteQueue, MergeStopsAtLargeBlockCapacityAndWrapPoint) {
   EXPECT_EQ(n, 0u);
 }
 
+TEST(WriteQueue, MergeSumsTheMergedBlocksTagsInBothModes) {
+  for (auto mode : {queue_mode::static_ring, queue_mode::dynamic}) {
+    write_queue_config c = ring(size_t{16} * 1024);
+    c.mode = mode;
+    c.max_bytes = 1 << 20;
+    c.max_blocks = 1000;
+    write_queue q(c);
+    for (uint64_t t = 1; t <= 4; ++t) fill(q.reserve(100, t * 1000), 100, t);
+    fill(q.reserve(5000, 7), 5000, 5);  // stops the merge: its tag is not counted
+    std::vector<uint8_t> buf(1 << 16);
+    size_t n = 0;
+    size_t span = 0;
+    uint64_t tags = 0;
+    EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n, &span, &tags), 400u);
+    EXPECT_EQ(n, 4u);
+    EXPECT_EQ(tags, 10000u);
+    EXPECT_EQ(q.merge_front(buf.data(), 250, 3072, &n, &span, &tags), 200u);  // capacity
+    EXPECT_EQ(tags, 3000u);
+    q.pop_front_n(2, 200, span);
+    EXPECT_EQ(q.merge_front(buf.data(), buf.size(), 3072, &n, &span, &tags), 200u);
+    EXPECT_EQ(tags, 7000u);
+  }
+}
+
 TEST(WriteQueue, MergeNeverCrossesTheWrapPoint) {
   write_queue q(ring(1024));
   // 7 blocks of 120 B stride (840 B), pop 4, then 2 more: one fits at the end, the next wraps.

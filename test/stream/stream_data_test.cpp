@@ -159,6 +159,33 @@ TEST_F(StreamData, CoalescesSmallPacketsIntoFewWrites) {
   EXPECT_EQ(c->metrics().totals.write_calls, m.write_calls);
 }
 
+// Payload byte counts of merged, gathered and single writes come from the queue's block tags:
+// payloads around the one- and two-byte varint limits (127/128, 16383/16384) must count exactly.
+TEST_F(StreamData, BytesSentCountsEveryPayloadByteOfMixedSizes) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  srv.keep_payloads = false;
+  const size_t sizes[] = {0, 1, 127, 128, 200, 3000, 16383, 16384, 40000};
+  std::vector<uint8_t> buf(40000, 0x5a);
+  uint64_t want = 0;
+  size_t sent = 0;
+  for (int round = 0; round < 16; ++round) {  // 1.2 MB: within the default 2 MiB queue
+    for (size_t n : sizes) {
+      ASSERT_EQ(c->send(p.client, buf.data(), n), errc::ok);
+      want += n;
+      ++sent;
+    }
+  }
+  ASSERT_TRUE(run([&] { return srv.received_count == sent; }));
+  const auto& m = cm(c, p.client);
+  EXPECT_EQ(m.packets_sent, sent);
+  EXPECT_EQ(m.bytes_sent, want);
+  EXPECT_GT(m.packets_merged, 0u);
+  EXPECT_EQ(cm(s, p.server).bytes_received, want);
+}
+
 TEST_F(StreamData, WithoutCoalescingEveryPacketCostsAWrite) {
   recorder srv, cli;
   stream_config cfg;
