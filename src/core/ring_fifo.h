@@ -35,6 +35,11 @@ class ring_fifo {
     head_ = (head_ + 1) & (slots_.size() - 1);
     --size_;
   }
+  // Drops the n front elements (n <= size()) in one step.
+  void pop_front_n(size_t n) noexcept {
+    head_ = (head_ + n) & (slots_.size() - 1);
+    size_ -= n;
+  }
 
  private:
   void grow() {

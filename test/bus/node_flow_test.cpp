@@ -116,6 +116,34 @@ TEST_F(NodeFlowTest, OkMeansDeliveredAndReportsAreEndToEnd) {
   EXPECT_EQ(a_->n->counters().flow_unacked_now, 0u);
 }
 
+// A sender without on_report: acknowledgements settle whole runs of messages at once, and the
+// counters still say every message was delivered and nothing is held.
+TEST_F(NodeFlowTest, WithoutOnReportAcknowledgementsCountEveryMessage) {
+  make_tree();
+  node_config cc = flow_config();
+  cc.parent_urls = {url_};
+  bus_node* c = make(0x103, cc, true, [](node_callbacks* cb) { cb->on_report = nullptr; });
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  b_->keep_bytes = false;
+  constexpr uint64_t kCount = 3000;
+  std::vector<uint8_t> payload(200, 0x42);
+  for (uint64_t i = 0; i < kCount; ++i) {
+    const size_t n = 1 + i % payload.size();
+    ASSERT_EQ(c->n->send_data(0x102, 1, payload.data(), n), errc::ok) << i;
+  }
+  ASSERT_TRUE(wait([&] {
+    const node_counters k = c->n->counters();
+    return b_->got_count == kCount && k.flow_unacked_now == 0;
+  }));
+  const node_counters k = c->n->counters();
+  EXPECT_EQ(k.reports_ok, kCount);
+  EXPECT_EQ(k.reports_failed, 0u);
+  EXPECT_EQ(k.flow_unacked_bytes, 0u);
+  EXPECT_GE(k.flow_acks_received, 1u);
+  EXPECT_LT(k.flow_acks_received, kCount);  // runs of messages, not one at a time
+  EXPECT_TRUE(c->reports.empty());
+}
+
 // The parent relay dies with messages in flight and comes back: every message is delivered
 // exactly once, in order, and reported ok; none fails because a link blinked.
 TEST_F(NodeFlowTest, ParentRestartLosesNothing) {
