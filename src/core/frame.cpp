@@ -70,7 +70,9 @@ bool frame_decoder::next_batch() noexcept {
   while (count < kBatchFrames && n > kFrameHashBytes) {
     uint64_t plen = 0;
     size_t vn = 0;
-    if (varint_decode(p + kFrameHashBytes, n - kFrameHashBytes, &plen, &vn) != varint_status::ok ||
+    const uint8_t* v = p + kFrameHashBytes;
+    const bool short_ok = n - kFrameHashBytes >= 2 && varint_decode_short(v, &plen, &vn);
+    if ((!short_ok && varint_decode(v, n - kFrameHashBytes, &plen, &vn) != varint_status::ok) ||
         plen > max_payload_) {
       break;  // a header error or an incomplete header: the one-frame path reports or keeps it
     }

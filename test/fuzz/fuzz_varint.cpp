@@ -7,6 +7,8 @@
 //     value fits in 64 bits; truncated exactly when fewer than 10 bytes all have the high bit set
 //     (and still fit); too_long otherwise. Every strict prefix of an ok encoding is truncated;
 //   * an ok decode of a canonical encoding (no leading 0x80 byte) re-encodes to the same bytes;
+//   * varint_decode_short() (2 readable bytes) agrees with decode for one- and two-byte
+//     encodings and declines longer ones;
 //   * encode(v) writes exactly varint_size(v) bytes (into an exactly-sized heap buffer, so ASan
 //     catches one more), decodes back to v, and loses its last byte to a truncated decode.
 #include <cstring>
@@ -66,6 +68,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     // Outputs are left alone on failure.
     FUZZ_CHECK(value == 0xdeadbeef && consumed == 12345);
+  }
+  // The short decoder (2 readable bytes): the general decoder's answer when that took one or two
+  // bytes, false (outputs untouched) when it needs more.
+  if (size >= 2) {
+    uint64_t sv = 7;
+    size_t sc = 9;
+    if (uvbus::varint_decode_short(p, &sv, &sc)) {
+      FUZZ_CHECK(st == varint_status::ok && consumed <= 2 && sv == value && sc == consumed);
+    } else {
+      FUZZ_CHECK(sv == 7 && sc == 9);
+      FUZZ_CHECK(st != varint_status::ok || consumed > 2);
+    }
   }
 
   // Round trip of a value taken from the input.
