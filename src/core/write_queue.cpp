@@ -109,7 +109,12 @@ errc write_queue::validate(const write_queue_config& cfg) noexcept {
 
 write_queue::write_queue(const write_queue_config& cfg) : cfg_(cfg) {
   valid_ = validate(cfg) == errc::ok;
-  if (valid_ && cfg_.mode == queue_mode::static_ring) cfg_.ring_bytes = align8(cfg_.ring_bytes);
+  if (valid_ && cfg_.mode == queue_mode::static_ring) {
+    cfg_.ring_bytes = align8(cfg_.ring_bytes);
+    fast_n_ = cfg_.ring_bytes;
+    if (cfg_.max_bytes != 0) byte_limit_ = cfg_.max_bytes;
+    if (cfg_.max_blocks != 0) block_limit_ = cfg_.max_blocks;
+  }
 }
 
 write_queue::~write_queue() {
@@ -210,6 +215,13 @@ errc write_queue::grow(size_t need) noexcept {
 }
 
 uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
+  // The common case first: a static ring with blocks queued, within the limits, and room right
+  // after the tail (up to the ring's end, or up to the head once the tail has wrapped). n <
+  // fast_n_ (the ring's size) keeps the sums from overflowing.
+  if (n < fast_n_ && count_ != 0 && bytes_ + n <= byte_limit_ && count_ < block_limit_) {
+    const size_t end = wrap_at_ == 0 ? cap_ : head_;
+    if (tail_ + ring_stride(n) <= end) return push_ring(tail_, wrap_at_, n, tag);
+  }
   auto failed = [err](errc e) -> uint8_t* {
     if (err != nullptr) *err = e;
     return nullptr;
@@ -251,12 +263,16 @@ uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
     if (!place(need, &at, &new_wrap)) return failed(errc::queue_full);
   }
   if (count_ == 0) head_ = 0;
+  return push_ring(at, new_wrap, n, tag);
+}
+
+uint8_t* write_queue::push_ring(size_t at, size_t new_wrap, size_t n, uint64_t tag) noexcept {
   prev_tail_ = tail_;
   prev_wrap_ = wrap_at_;
   wrap_at_ = new_wrap;
   last_off_ = at;
-  tail_ = at + need;
-  ring_header h{n, tag};
+  tail_ = at + ring_stride(n);
+  const ring_header h{n, tag};
   std::memcpy(ring_ + at, &h, sizeof h);
   ++count_;
   bytes_ += n;

@@ -51,6 +51,8 @@ class write_queue {
   // Frees the rings a growth replaced. Call it when no pointer into an older block is in use (no
   // write in flight); without a call they live until the queue is destroyed.
   void release_retired() noexcept;
+  // Whether a growth left rings for release_retired().
+  [[nodiscard]] bool has_retired() const noexcept { return retired_ != nullptr; }
 
   // An empty static ring of its initial size hands its memory back (to the thread's buffer pool,
   // see buffer_pool.h); the next reserve() takes a ring again. Rings that grew are kept (their
@@ -132,11 +134,18 @@ class write_queue {
   // merge_front() of a static ring (by offset, small blocks by a fixed-size copy).
   size_t merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks, size_t* span,
                     uint64_t* tag_sum) const noexcept;
+  // Appends a block of n bytes at offset `at` of the ring (new_wrap: wrap_at_ after it).
+  uint8_t* push_ring(size_t at, size_t new_wrap, size_t n, uint64_t tag) noexcept;
   // Moves the queued blocks into a larger ring that also holds `need` more bytes.
   errc grow(size_t need) noexcept;
 
   write_queue_config cfg_;
   bool valid_ = false;
+  // reserve()'s fast path: taken for n below fast_n_ (the ring's size; 0 turns it off: dynamic
+  // mode or an invalid config) within the limits (SIZE_MAX where the config sets none).
+  size_t fast_n_ = 0;
+  size_t byte_limit_ = SIZE_MAX;
+  size_t block_limit_ = SIZE_MAX;
   size_t count_ = 0;
   size_t bytes_ = 0;
   // The oldest unsealed block (valid while unsealed_count_ != 0) and how many follow from it.

@@ -358,6 +358,12 @@ void model_check(write_queue_config cfg, uint64_t seed) {
     size_t total = 0;
     for (auto& m : model) total += m.second;
     ASSERT_EQ(q.bytes(), total);
+    if (cfg.max_bytes != 0) {
+      ASSERT_LE(total, cfg.max_bytes);
+    }
+    if (cfg.max_blocks != 0) {
+      ASSERT_LE(model.size(), cfg.max_blocks);
+    }
   }
   EXPECT_GT(rejected, 0u);      // the run reached "full" ...
   EXPECT_GT(next_tag, 50000u);  // ... and cycled the ring many times
@@ -369,6 +375,45 @@ TEST(WriteQueue, StaticRingMatchesDequeModelThroughManyWraps) {
   write_queue_config grown = ring(size_t{32} * 1024);
   grown.ring_initial_bytes = 64;  // grows through every size while blocks are queued
   model_check(grown, 4);
+}
+
+TEST(WriteQueue, StaticRingWithLimitsMatchesDequeModel) {
+  write_queue_config bytes = ring(size_t{16} * 1024);
+  bytes.max_bytes = 3000;  // reached long before the ring is full, wrapped or not
+  model_check(bytes, 5);
+  write_queue_config blocks = ring(size_t{16} * 1024);
+  blocks.max_blocks = 12;
+  model_check(blocks, 6);
+}
+
+// reserve()'s fast path once the tail has wrapped: a block fits up to the head, not a byte beyond.
+TEST(WriteQueue, WrappedRingFillsExactlyUpToTheHead) {
+  write_queue_config c = ring(1024);
+  c.ring_initial_bytes = 0;
+  write_queue q(c);
+  uint64_t tag = 0;
+  for (int i = 0; i < 4; ++i) {  // 4 blocks of 256 ring bytes fill it
+    uint8_t* p = q.reserve(240, tag, nullptr);
+    ASSERT_NE(p, nullptr);
+    fill(p, 240, tag++);
+  }
+  q.pop_front();
+  q.pop_front();                 // the head is at 512
+  for (int i = 0; i < 2; ++i) {  // at 0 (the wrap), then at 256: the tail reaches the head
+    uint8_t* p = q.reserve(240, tag, nullptr);
+    ASSERT_NE(p, nullptr);
+    fill(p, 240, tag++);
+  }
+  errc e = errc::ok;
+  EXPECT_EQ(q.reserve(0, tag, &e), nullptr);  // even an empty block needs its 16-byte header
+  EXPECT_EQ(e, errc::queue_full);
+  for (uint64_t want = 2; want < 6; ++want) {
+    ASSERT_FALSE(q.empty());
+    EXPECT_EQ(q.front().tag, want);
+    EXPECT_TRUE(check(q.front()));
+    q.pop_front();
+  }
+  EXPECT_TRUE(q.empty());
 }
 
 TEST(WriteQueue, DynamicModeMatchesDequeModel) {
