@@ -359,8 +359,27 @@ void stream_channel::impl::maybe_shutdown(conn_impl* c) {
   if (r != 0) end_conn(c, from_uv(r));
 }
 
-// Checks a send of `total` payload bytes and reserves its frame in c's queue.
-uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* err) {
+// Checks a send of `total` payload bytes and reserves its frame in c's queue. The common case (a
+// connected connection with a queue, a size within the limit) stays short; the rest is
+// reserve_refused().
+uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, size_t* hdr, errc* err) {
+  if (closed || c->state != conn_state::connected || c->prepared != nullptr ||
+      total > cfg.message_limit || !c->queue) {
+    return reserve_unusual(c, total, hdr, err);
+  }
+  // The block's tag is the payload size: the byte counts and the batch hash read it there.
+  *hdr = frame_header_size(total);
+  write_queue& q = *c->queue;
+  uint8_t* p = q.reserve(*hdr + total, total, err);
+  // A growing ring keeps the old one for the write in flight; without one it can go now.
+  if (q.has_retired() && !c->writing) q.release_retired();
+  if (p == nullptr) refused(c, *err);
+  return p;
+}
+
+// reserve_frame() on a closed channel or connection, during prepare_send(), beyond the size limit
+// or before the connection's first send (the queue is created here).
+uint8_t* stream_channel::impl::reserve_unusual(conn_impl* c, size_t total, size_t* hdr, errc* err) {
   if (closed) {
     *err = errc::closed;
     return nullptr;
@@ -379,44 +398,43 @@ uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, errc* e
     *err = errc::message_too_large;
     return nullptr;
   }
+  c->queue.reset(new (std::nothrow) write_queue(cfg.queue));
   if (!c->queue) {
-    c->queue.reset(new (std::nothrow) write_queue(cfg.queue));
-    if (!c->queue) {
-      *err = errc::no_memory;
-      return nullptr;
-    }
+    *err = errc::no_memory;
+    return nullptr;
   }
-  // The block's tag is the payload size: the byte counts and the batch hash read it there.
-  uint8_t* p = c->queue->reserve(frame_header_size(total) + total, total, err);
-  // A growing ring keeps the old one for the write in flight; without one it can go now.
-  if (!c->writing) c->queue->release_retired();
-  if (p == nullptr && *err == errc::queue_full) {
-    ++c->m().send_refused;
-    c->want_writable = true;
-  }
-  return p;
+  return reserve_frame(c, total, hdr, err);
+}
+
+void stream_channel::impl::refused(conn_impl* c, errc err) {
+  if (err != errc::queue_full) return;
+  ++c->m().send_refused;
+  c->want_writable = true;
 }
 
 // The payload is in place after the header room: write the header and schedule. Below
 // seal_min_bytes (every frame with the scalar kernel, under 24 B with AVX2) a frame with no other
 // frame waiting for its checksum is hashed at once; otherwise the checksum follows in a batch
-// (seal_frames).
-void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t total) {
+// (seal_frames, called last so that the common path needs no stack frame of its own).
+void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t hdr, size_t total) {
   ++c->accepted_seq;
   write_queue& q = *c->queue;
   if (total < seal_min_bytes && q.unsealed() == 1) {
-    const size_t hdr = frame_header_size(total);
-    (void)frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
-    q.seal_newest();
+    seal_one(q, frame, hdr, total);
   } else {
     (void)frame_write_header(0, total, frame);
-    if (q.unsealed() >= kSealBatch) seal_frames(q);
   }
   auto& m = c->m();
-  m.queue_bytes = c->queue->bytes();
-  m.queue_packets = c->queue->size();
+  m.queue_bytes = q.bytes();
+  m.queue_packets = q.size();
   if (m.queue_bytes > m.queue_peak_bytes) m.queue_peak_bytes = m.queue_bytes;
-  if (!c->writing) mark_dirty(c);
+  if (!c->writing && !c->dirty) mark_dirty(c);
+  if (q.unsealed() >= kSealBatch) seal_frames(q);
+}
+
+void stream_channel::impl::seal_one(write_queue& q, uint8_t* frame, size_t hdr, size_t total) {
+  (void)frame_write_header(murmur3_x86_32(frame + hdr, total, 0), total, frame);
+  q.seal_newest();
 }
 
 errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t* seq) {
@@ -428,27 +446,30 @@ errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n
     total += bufs[i].size;
   }
   errc err = errc::ok;
-  uint8_t* p = reserve_frame(c, total, &err);
+  size_t hdr = 0;
+  uint8_t* p = reserve_frame(c, total, &hdr, &err);
   if (p == nullptr) return err;
-  uint8_t* payload = p + frame_header_size(total);
+  uint8_t* payload = p + hdr;
   for (size_t i = 0; i < n; ++i) {
     if (bufs[i].size != 0) std::memcpy(payload, bufs[i].data, bufs[i].size);
     payload += bufs[i].size;
   }
-  complete_frame(c, p, total);
+  complete_frame(c, p, hdr, total);
   if (seq != nullptr) *seq = c->accepted_seq;
   return errc::ok;
 }
 
 uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, errc* err) {
   errc e = errc::ok;
-  uint8_t* p = c == nullptr ? nullptr : reserve_frame(c, size, &e);
+  size_t hdr = 0;
+  uint8_t* p = c == nullptr ? nullptr : reserve_frame(c, size, &hdr, &e);
   if (c == nullptr) e = errc::closed;
   if (err != nullptr) *err = e;
   if (p == nullptr) return nullptr;
   c->prepared = p;
   c->prepared_size = size;
-  return p + frame_header_size(size);
+  c->prepared_hdr = hdr;
+  return p + hdr;
 }
 
 errc stream_channel::impl::commit_send(conn_impl* c, uint64_t* seq) {
@@ -456,7 +477,7 @@ errc stream_channel::impl::commit_send(conn_impl* c, uint64_t* seq) {
   if (c == nullptr || c->prepared == nullptr) return errc::closed;
   uint8_t* p = c->prepared;
   c->prepared = nullptr;
-  complete_frame(c, p, c->prepared_size);
+  complete_frame(c, p, c->prepared_hdr, c->prepared_size);
   if (seq != nullptr) *seq = c->accepted_seq;
   return errc::ok;
 }

@@ -101,6 +101,7 @@ struct conn_impl {
   size_t merge_window = 0;
   uint8_t* prepared = nullptr;  // prepare_send(): the open reservation's frame
   size_t prepared_size = 0;     // and its payload size
+  size_t prepared_hdr = 0;      // and its header's size
   frame_decoder decoder;
   uint64_t last_read_ms = 0;  // uv_now() of the last read that returned bytes (or of the accept)
   // TLS links (stream_tls.cpp): the context says the link must be TLS; the session exists from
@@ -328,11 +329,18 @@ struct stream_channel::impl {
   void start_write(conn_impl* c, size_t offset);
   void on_write_done(conn_impl* c, int status);
   void maybe_shutdown(conn_impl* c);
-  // Checks a send of `total` payload bytes and reserves its frame in c's queue.
-  uint8_t* reserve_frame(conn_impl* c, size_t total, errc* err);
-  // The payload is in place after the header room: write the header (a checksum now, or later in
-  // a batch: seal_frames), schedule.
-  void complete_frame(conn_impl* c, uint8_t* frame, size_t total);
+  // Checks a send of `total` payload bytes and reserves its frame in c's queue; the payload goes
+  // at frame + *hdr (the header's size, frame_header_size(total)).
+  uint8_t* reserve_frame(conn_impl* c, size_t total, size_t* hdr, errc* err);
+  // reserve_frame()'s rare cases (errors, the first send); out of line.
+  uint8_t* reserve_unusual(conn_impl* c, size_t total, size_t* hdr, errc* err);
+  // A reservation refused with err: queue_full counts and asks for on_writable.
+  void refused(conn_impl* c, errc err);
+  // The payload is in place after the header room of hdr bytes: write the header (a checksum now,
+  // or later in a batch: seal_frames), schedule.
+  void complete_frame(conn_impl* c, uint8_t* frame, size_t hdr, size_t total);
+  // Hashes one frame at once (complete_frame() below seal_min_bytes) and counts it sealed.
+  static void seal_one(write_queue& q, uint8_t* frame, size_t hdr, size_t total);
   // Writes the checksums of every frame queued since the last call, kSealBatch at a time.
   static void seal_frames(write_queue& q);
   errc send(conn_impl* c, const const_buffer* bufs, size_t n, uint64_t* seq);
