@@ -14,6 +14,8 @@
 # build gives line-level figures). Valgrind does not emulate AVX-512: the batch hash runs its AVX2
 # kernel under callgrind, whatever the host has.
 #
+# Exits 1 if a case gave no result.
+#
 # Cases: stream/send, stream/recv (bare ipv4 stream channel), node-tcp/send, node-tcp/recv,
 # node-shm/send, node-shm/recv (bus nodes, end-to-end delivery), node-tcp/relay (the parent that
 # forwards every message of a child to the root).
@@ -27,6 +29,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 bench_setup instr uvbus_bench_stream_recv uvbus_bench_stream_send uvbus_bench_node_recv \
   uvbus_bench_node_send
 SHM=uvbus-instr-$$
+FAILED=0
 CG="valgrind --tool=callgrind --collect-atstart=no --toggle-collect=main"
 
 # total_ir FILE: the instructions a callgrind output file counted.
@@ -91,6 +94,7 @@ measure() {
   if [ -z "$msgs" ] || [ "$msgs" = 0 ] || [ -z "$ir" ]; then
     echo "$name: no result" >&2
     cat "$TMP/send.out" "$TMP/recv.out" >&2
+    FAILED=1
     return 0
   fi
   [ -z "${OUT:-}" ] || { mkdir -p "$OUT" && cp "$cgf" "$OUT/"; }
@@ -110,4 +114,5 @@ measure node-shm/send send node-shm
 measure node-shm/recv recv node-shm
 measure node-tcp/relay relay relay
 rm -f "/dev/shm/$SHM"*
-printf '%s\n' "${JSON[@]}"
+[ "${#JSON[@]}" -eq 0 ] || printf '%s\n' "${JSON[@]}"
+exit "$FAILED"
