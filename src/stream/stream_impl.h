@@ -330,8 +330,10 @@ struct stream_channel::impl {
   void on_write_done(conn_impl* c, int status);
   void maybe_shutdown(conn_impl* c);
   // Checks a send of `total` payload bytes and reserves its frame in c's queue; the payload goes
-  // at frame + *hdr (the header's size, frame_header_size(total)).
-  uint8_t* reserve_frame(conn_impl* c, size_t total, size_t* hdr, errc* err);
+  // at frame + *hdr (the header's size, frame_header_size(total)). It and complete_frame() are
+  // inlined into the three send entry points (stream_connection.cpp, where they are defined).
+  [[gnu::always_inline]] inline uint8_t* reserve_frame(conn_impl* c, size_t total, size_t* hdr,
+                                                       errc* err);
   // reserve_frame()'s rare cases (errors, the first send). These helpers stay out of line (cold,
   // noinline) so that the common path of a send inlines into its caller without a stack frame.
   [[gnu::cold, gnu::noinline]] uint8_t* reserve_unusual(conn_impl* c, size_t total, size_t* hdr,
@@ -340,7 +342,8 @@ struct stream_channel::impl {
   [[gnu::cold, gnu::noinline]] void refused(conn_impl* c, errc err);
   // The payload is in place after the header room of hdr bytes: write the header (a checksum now,
   // or later in a batch: seal_frames), schedule.
-  void complete_frame(conn_impl* c, uint8_t* frame, size_t hdr, size_t total);
+  [[gnu::always_inline]] inline void complete_frame(conn_impl* c, uint8_t* frame, size_t hdr,
+                                                    size_t total);
   // Hashes one frame at once (complete_frame() below seal_min_bytes) and counts it sealed.
   [[gnu::noinline]] static void seal_one(write_queue& q, uint8_t* frame, size_t hdr, size_t total);
   // Writes the checksums of every frame queued since the last call, kSealBatch at a time.
