@@ -184,11 +184,8 @@ void node::impl::flush_queue(pending_queue* q, peer_ep* p) {
   }
 }
 
-errc node::impl::route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total,
-                           uint64_t tag, bool* via_shm) {
-  if (cached_hop != nullptr && cached_target == target) {
-    return transmit(cached_hop, bufs, n, tag, target, via_shm);
-  }
+errc node::impl::route_lookup(bus_id target, const const_buffer* bufs, size_t n, size_t total,
+                              uint64_t tag, bool* via_shm) {
   const detail::route r = table.lookup(target);
   if (r.kind == hop::direct || r.kind == hop::child) {
     peer_ep* p = find_peer(r.next);

@@ -267,9 +267,17 @@ struct node::impl {
   // Sends a queue's messages through peer p, in order.
   void flush_queue(pending_queue* q, peer_ep* p);
   // Routes a whole message (given as buffers whose first 32 bytes are its header) that this node
-  // originates: picks the next hop, queues while the link is coming up.
+  // originates: picks the next hop, queues while the link is coming up. The cached hop of the
+  // last target is taken inline; route_lookup() is the rest.
   errc route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
-                 bool* via_shm);
+                 bool* via_shm) {
+    if (cached_hop != nullptr && cached_target == target) {
+      return transmit(cached_hop, bufs, n, tag, target, via_shm);
+    }
+    return route_lookup(target, bufs, n, total, tag, via_shm);
+  }
+  errc route_lookup(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
+                    bool* via_shm);
 
   // ----------------------------------------------------------------------------- send_data --
   // seq: the message id node::post() allocated already (0: allocate one).
