@@ -361,7 +361,7 @@ void stream_channel::impl::maybe_shutdown(conn_impl* c) {
 
 // Checks a send of `total` payload bytes and reserves its frame in c's queue. The common case (a
 // connected connection with a queue, a size within the limit) stays short; the rest is
-// reserve_refused().
+// reserve_unusual().
 uint8_t* stream_channel::impl::reserve_frame(conn_impl* c, size_t total, size_t* hdr, errc* err) {
   if (closed || c->state != conn_state::connected || c->prepared != nullptr ||
       total > cfg.message_limit || !c->queue) {
@@ -398,7 +398,7 @@ uint8_t* stream_channel::impl::reserve_unusual(conn_impl* c, size_t total, size_
     *err = errc::message_too_large;
     return nullptr;
   }
-  c->queue.reset(new (std::nothrow) write_queue(cfg.queue));
+  if (!c->queue) c->queue.reset(new (std::nothrow) write_queue(cfg.queue));
   if (!c->queue) {
     *err = errc::no_memory;
     return nullptr;
