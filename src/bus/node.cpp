@@ -383,6 +383,7 @@ void node::impl::destroy() {
   peers.clear();
   // The channel's destructor closes everything without callbacks.
   streams.reset();
+  forget_link();
   links.clear();
 }
 

@@ -278,6 +278,25 @@ struct node::impl {
   }
   errc route_lookup(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
                     bool* via_shm);
+  // The common case of transmit() without a report, taken inline by a flow's first send and by a
+  // relay: p's registered stream link when the message can go to it as it is (version 5 or later
+  // takes every flag a routed message carries; no codec, no ring, not a sibling, whose idle clock
+  // transmit() keeps). Else nullptr, and the caller uses transmit().
+  static link* plain_stream(const peer_ep* p) noexcept {
+    link* lk = p->lk;
+    if (p->shm || p->kind == peer_kind::sibling || lk == nullptr) return nullptr;
+    return lk->state == link_state::registered && lk->codec == 0 && lk->version >= 5 ? lk : nullptr;
+  }
+  // One whole message to a plain_stream() link (send(), not sendv(): a single span keeps the
+  // channel's copy loop out of the inlined path, 40 instructions a message).
+  errc send_plain(peer_ep* p, link* lk, const uint8_t* m, size_t size) {
+    const errc e = streams->send(lk->conn, m, size);
+    if (e == errc::queue_full) p->user_blocked = true;
+    return e;
+  }
+  // forward() to a plain_stream() link: the new header goes straight into the reserved frame.
+  errc forward_plain(peer_ep* p, link* lk, const proto::header& hd, const uint8_t* data,
+                     size_t size);
 
   // ----------------------------------------------------------------------------- send_data --
   // seq: the message id node::post() allocated already (0: allocate one).
@@ -305,10 +324,19 @@ struct node::impl {
   void registration_result(errc e, const std::string& detail);
 
   // ---------------------------------------------------------------------- stream callbacks --
+  // The last link found is kept: a read delivers its frames one after another. forget_link()
+  // before a link leaves links.
   link* link_of(connection_id c) const {
+    if (c.value == last_link_id && last_link != nullptr) return last_link;
     auto it = links.find(c.value);
-    return it == links.end() ? nullptr : it->second.get();
+    if (it == links.end()) return nullptr;
+    last_link_id = c.value;
+    last_link = it->second.get();
+    return last_link;
   }
+  void forget_link() const noexcept { last_link = nullptr; }
+  mutable uint64_t last_link_id = 0;
+  mutable link* last_link = nullptr;
   void s_accepted(connection_id c);
   void s_connected(connection_id c, errc status);
   void s_disconnected(connection_id c, errc reason);

@@ -16,6 +16,7 @@ link* node::impl::add_link(connection_id c, bool outbound) {
   lk->deadline_ms = now_ms() + cfg.handshake_timeout_ms +
                     (outbound ? cfg.handshake_timeout_ms : 0);  // connect + handshake
   link* raw = lk.get();
+  forget_link();
   links[raw->conn_id] = std::move(lk);
   return raw;
 }
@@ -501,6 +502,7 @@ void node::impl::link_gone(link* lk, errc reason) {
   auto it = links.find(lk->conn_id);
   if (it != links.end()) {
     owned = std::move(it->second);
+    forget_link();
     links.erase(it);
   }
   // Anything still awaiting a channel report on this link failed with it (the channel reports

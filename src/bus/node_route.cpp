@@ -306,7 +306,10 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
   errc e = errc::queue_full;
-  if (p->overflow.empty()) e = transmit(p, bufs, 2, 0, hd.target);
+  if (p->overflow.empty()) {
+    link* lk = plain_stream(p);
+    e = lk != nullptr ? forward_plain(p, lk, hd, data, size) : transmit(p, bufs, 2, 0, hd.target);
+  }
   if (e == errc::ok) {
     if (hd.type == msg_type::data || hd.type == msg_type::forward) ++counters.forwarded;
     return;
@@ -316,6 +319,21 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
     return;
   }
   relay_drop(hd, proto::reason_from_errc(e));
+}
+
+// forward() to a plain stream link (plain_stream()): the new header is written straight into the
+// frame the connection reserves, then the body after it.
+errc node::impl::forward_plain(peer_ep* p, link* lk, const proto::header& hd, const uint8_t* data,
+                               size_t size) {
+  errc e = errc::ok;
+  uint8_t* d = streams->prepare_send(lk->conn, size, &e);
+  if (d != nullptr) {
+    forward_header(hd, data, d);
+    std::memcpy(d + proto::kHeaderSize, data + proto::kHeaderSize, size - proto::kHeaderSize);
+    e = streams->commit_send(lk->conn);
+  }
+  if (e == errc::queue_full) p->user_blocked = true;
+  return e;
 }
 
 uint8_t node::impl::version_of(const peer_ep* p) {
