@@ -17,8 +17,8 @@
 # Exits 1 if a case gave no result.
 #
 # Cases: stream/send, stream/recv (bare ipv4 stream channel), node-tcp/send, node-tcp/recv,
-# node-shm/send, node-shm/recv (bus nodes, end-to-end delivery), node-tcp/relay (the parent that
-# forwards every message of a child to the root).
+# node-shm/send, node-shm/recv (bus nodes, end-to-end delivery), node-tcp/relay and node-shm/relay
+# (the parent that forwards every message of a child to the root, over TCP or shared memory).
 set -euo pipefail
 
 BUILD=${1:?usage: instr.sh BUILD_DIR}
@@ -42,20 +42,23 @@ wait_file() {
   return 1
 }
 
-# measure NAME SIDE KIND: runs the pair of KIND (stream | node-tcp | node-shm | relay) with SIDE
-# (send | recv | relay) under callgrind and prints NAME, instructions per message and messages.
+# measure NAME SIDE KIND: runs the pair of KIND (stream | node-tcp | node-shm | relay | relay-shm)
+# with SIDE (send | recv | relay) under callgrind and prints NAME, instructions per message and
+# messages.
 measure() {
   local name=$1 side=$2 kind=$3
   [[ $name =~ $CASES ]] || return 0
   local recv=$BUILD/uvbus_bench_stream_recv send=$BUILD/uvbus_bench_stream_send
   local rargs=(ipv4://127.0.0.1:0) sargs=() cgf=$TMP/${name////_}.cg
   case $kind in
-    node-* | relay) recv=$BUILD/uvbus_bench_node_recv send=$BUILD/uvbus_bench_node_send ;;
+    node-* | relay*) recv=$BUILD/uvbus_bench_node_recv send=$BUILD/uvbus_bench_node_send ;;
   esac
   case $kind in
     node-tcp | relay) sargs=(--no-shm) ;;
-    node-shm) rargs+=(--shm "$SHM") ;;
+    node-shm | relay-shm) rargs+=(--shm "$SHM") ;;
   esac
+  local pargs=(ipv4://127.0.0.1:0)
+  [ "$kind" != relay-shm ] || pargs+=(--shm "$SHM-relay")
   local on_r=$ON_RECV on_s=$ON_SEND on_p=""
   [ "$side" = recv ] && on_r="$ON_RECV $CG --callgrind-out-file=$cgf"
   [ "$side" = send ] && on_s="$ON_SEND $CG --callgrind-out-file=$cgf"
@@ -71,7 +74,7 @@ measure() {
   url=$(cat "$TMP/ready")
   if [ "$side" = relay ]; then
     # shellcheck disable=SC2086
-    $on_p "$recv" ipv4://127.0.0.1:0 --relay-of "$url" --seconds "$rsecs" \
+    $on_p "$recv" "${pargs[@]}" --relay-of "$url" --seconds "$rsecs" \
       --ready "$TMP/ready.relay" >"$TMP/relay.out" 2>&1 &
     ppid=$!
     wait_file "$TMP/ready.relay" || { kill "$rpid" "$ppid" 2>/dev/null; return 0; }
@@ -113,6 +116,7 @@ measure node-tcp/recv recv node-tcp
 measure node-shm/send send node-shm
 measure node-shm/recv recv node-shm
 measure node-tcp/relay relay relay
+measure node-shm/relay relay relay-shm
 rm -f "/dev/shm/$SHM"*
 [ "${#JSON[@]}" -eq 0 ] || printf '%s\n' "${JSON[@]}"
 exit "$FAILED"

@@ -122,12 +122,7 @@ errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spa
   // In order: while earlier messages wait to be (re)sent, this one waits behind them.
   if (f.next_unsent == f.next_seq) {
     if (f.need_sync) m[2] |= proto::flag_sync;
-    const const_buffer b{m, total};
-    link* lk =
-        cached_hop != nullptr && cached_target == target ? plain_stream(cached_hop) : nullptr;
-    if (lk != nullptr) *via_shm = false;
-    const errc e = lk != nullptr ? send_plain(cached_hop, lk, m, total)
-                                 : route_out(target, &b, 1, total, 0, via_shm);
+    const errc e = flow_out(target, m, total, via_shm);
     if (e != errc::ok) {
       f.store.tail = off;  // not accepted: take the bytes back
       return e;

@@ -294,9 +294,33 @@ struct node::impl {
     if (e == errc::queue_full) p->user_blocked = true;
     return e;
   }
-  // forward() to a plain_stream() link: the new header goes straight into the reserved frame.
-  errc forward_plain(peer_ep* p, link* lk, const proto::header& hd, const uint8_t* data,
-                     size_t size);
+  // A flow message's first send (without a report): to the cached hop's ring or stream link
+  // when that takes it as it is, else through route_out().
+  errc flow_out(bus_id target, const uint8_t* m, size_t total, bool* via_shm) {
+    peer_ep* p = cached_target == target ? cached_hop : nullptr;
+    if (p != nullptr && p->shm && plain_ring(p)) {
+      if (!p->shm->coalescing()) (void)p->shm->coalesce(loop);
+      const errc e = p->shm->send(m, total);
+      // abandoned (retried) and not_connected (the stream instead): transmit() below.
+      if (e != errc::abandoned && e != errc::not_connected) {
+        *via_shm = e == errc::ok;
+        return e;
+      }
+    } else if (link* lk = p != nullptr ? plain_stream(p) : nullptr; lk != nullptr) {
+      *via_shm = false;
+      return send_plain(p, lk, m, total);
+    }
+    const const_buffer b{m, total};
+    return route_out(target, &b, 1, total, 0, via_shm);
+  }
+  // p's ring takes a routed message as it is: untagged, not a sibling's, and a link of version 5
+  // or later (see plain_stream()).
+  static bool plain_ring(const peer_ep* p) noexcept {
+    return !p->shm_tagged && p->kind != peer_kind::sibling && p->lk != nullptr &&
+           p->lk->version >= 5;
+  }
+  errc forward_out(peer_ep* p, const proto::header& hd, const uint8_t* data, size_t size,
+                   const const_buffer* bufs);
 
   // ----------------------------------------------------------------------------- send_data --
   // seq: the message id node::post() allocated already (0: allocate one).

@@ -306,10 +306,7 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
   errc e = errc::queue_full;
-  if (p->overflow.empty()) {
-    link* lk = plain_stream(p);
-    e = lk != nullptr ? forward_plain(p, lk, hd, data, size) : transmit(p, bufs, 2, 0, hd.target);
-  }
+  if (p->overflow.empty()) e = forward_out(p, hd, data, size, bufs);
   if (e == errc::ok) {
     if (hd.type == msg_type::data || hd.type == msg_type::forward) ++counters.forwarded;
     return;
@@ -321,19 +318,27 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
   relay_drop(hd, proto::reason_from_errc(e));
 }
 
-// forward() to a plain stream link (plain_stream()): the new header is written straight into the
-// frame the connection reserves, then the body after it.
-errc node::impl::forward_plain(peer_ep* p, link* lk, const proto::header& hd, const uint8_t* data,
-                               size_t size) {
-  errc e = errc::ok;
-  uint8_t* d = streams->prepare_send(lk->conn, size, &e);
-  if (d != nullptr) {
-    forward_header(hd, data, d);
-    std::memcpy(d + proto::kHeaderSize, data + proto::kHeaderSize, size - proto::kHeaderSize);
-    e = streams->commit_send(lk->conn);
+// forward()'s send: straight into a plain stream link's reserved frame (the new header written
+// there) or a plain ring, else transmit(). bufs: the new header and the body.
+errc node::impl::forward_out(peer_ep* p, const proto::header& hd, const uint8_t* data, size_t size,
+                             const const_buffer* bufs) {
+  if (link* lk = plain_stream(p); lk != nullptr) {
+    errc e = errc::ok;
+    uint8_t* d = streams->prepare_send(lk->conn, size, &e);
+    if (d != nullptr) {
+      forward_header(hd, data, d);
+      std::memcpy(d + proto::kHeaderSize, data + proto::kHeaderSize, size - proto::kHeaderSize);
+      e = streams->commit_send(lk->conn);
+    }
+    if (e == errc::queue_full) p->user_blocked = true;
+    return e;
   }
-  if (e == errc::queue_full) p->user_blocked = true;
-  return e;
+  if (p->shm && plain_ring(p)) {
+    if (!p->shm->coalescing()) (void)p->shm->coalesce(loop);
+    const errc e = p->shm->sendv(bufs, 2);
+    if (e != errc::abandoned && e != errc::not_connected) return e;
+  }
+  return transmit(p, bufs, 2, 0, hd.target);
 }
 
 uint8_t node::impl::version_of(const peer_ep* p) {
