@@ -2,7 +2,7 @@
 //
 //   uvbus_bench_node_send PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID]
 //                                    [--target ID] [--reports] [--next-hop] [--metrics]
-//                                    [--latency]
+//                                    [--latency] [--copy]
 //
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
@@ -16,6 +16,10 @@
 // --metrics (UVBUS_BENCH_METRICS=1) turns the metrics endpoint on and renders the metrics text
 // once a second (a scrape 15 times more often than Prometheus' default); --latency
 // (UVBUS_BENCH_LATENCY=1) turns the latency histograms on and prints their percentiles.
+// Payloads are built in place with prepare_data/commit_data, as the stream benchmark builds them
+// with prepare_send/commit_send; --copy builds each in a buffer and send_data()s it (one more
+// copy).
+
 #include <uv.h>
 
 #include <cstdio>
@@ -37,6 +41,7 @@ struct sender {
   bus_id id = 0;
   bus_id target = 0;
   bool reports = false;
+  bool copy = false;  // --copy: send_data() from a buffer instead of prepare_data/commit_data
   bool down = false;
   bool writable = true;
   bool stream_link = false;
@@ -83,8 +88,19 @@ struct sender {
     std::vector<uint8_t> buf(o.max + 16);
     while (exit_code == 0 && mono_now() < t_end) {
       for (int k = 0; k < 4096; ++k) {
-        const size_t len = make_payload(seq, 0, o.min, o.max, buf.data());
-        const errc e = n.send_data(target, 1, buf.data(), len);
+        errc e = errc::ok;
+        size_t len = 0;
+        if (copy) {
+          len = make_payload(seq, 0, o.min, o.max, buf.data());
+          e = n.send_data(target, 1, buf.data(), len);
+        } else {
+          len = payload_size(seq, 0, o.min, o.max);
+          uint8_t* p = n.prepare_data(target, 1, len, &e);
+          if (p != nullptr) {
+            (void)make_payload(seq, 0, o.min, o.max, p);
+            e = n.commit_data();
+          }
+        }
         if (e == errc::queue_full) {
           ++refused;
           if (stream_link) writable = false;
@@ -147,7 +163,7 @@ int main(int argc, char** argv) {
   if (s.o.url.empty()) {
     std::fprintf(stderr,
                  "usage: %s PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID] "
-                 "[--target ID] [--reports] [--next-hop] [--metrics] [--latency]\n",
+                 "[--target ID] [--reports] [--next-hop] [--metrics] [--latency] [--copy]\n",
                  argv[0]);
     return 2;
   }
@@ -172,6 +188,7 @@ int main(int argc, char** argv) {
     return v != nullptr && v[0] == '1';
   };
   s.metrics = s.o.flag("metrics") || env_on("UVBUS_BENCH_METRICS");
+  s.copy = s.o.flag("copy") || env_on("UVBUS_BENCH_COPY");
   if (s.metrics) c.metrics_url = "http://127.0.0.1:0/metrics";
   c.latency_histograms = s.o.flag("latency") || env_on("UVBUS_BENCH_LATENCY");
   node n(&loop, s.id, c, s.callbacks());

@@ -504,6 +504,23 @@ class node {
   [[nodiscard]] errc send_datav(bus_id target, uint32_t type, const const_buffer* bufs,
                                 size_t count, const send_options& opt = {},
                                 uint64_t* message_id = nullptr);
+  // In-place form, for a payload serialized straight into the node's buffer (saves the copy
+  // send_data() makes): prepare_data() reserves room for exactly `size` payload bytes to target
+  // and returns where to write them; commit_data() sends them with send_data()'s results and its
+  // one report, and gives the message id. Under delivery_mode::end_to_end to another node the
+  // room is in the target's retransmit buffer, so the payload is copied once less; otherwise it is
+  // a buffer of the node's that commit_data() copies as send_data() would. On failure
+  // prepare_data() returns nullptr and sets *err to one of send_data()'s errors (queue_full: the
+  // retransmit buffer is full, retry on on_writable), or wrong_state while another reservation is
+  // open; nothing is sent. Between the two calls this node sends nothing else (send_data(),
+  // send_datav(), call() and answers return wrong_state) and control must not return to the loop;
+  // cancel_data() drops the reservation instead (nothing is sent or reported). stop() drops an
+  // open reservation: commit_data() then returns closed. commit_data() without a reservation
+  // returns wrong_state. The pointer is valid until commit_data(), cancel_data() or stop().
+  [[nodiscard]] uint8_t* prepare_data(bus_id target, uint32_t type, size_t size,
+                                      errc* err = nullptr, const send_options& opt = {});
+  [[nodiscard]] errc commit_data(uint64_t* message_id = nullptr);
+  void cancel_data();
 
   // ------------------------------------------------------------------- from any thread --
   // post() is the node's one thread-safe entry: any thread may call it while the node object

@@ -14,6 +14,9 @@
 
 namespace uvbus::detail {
 
+// A flow's retransmit buffer starts at this size and doubles as it fills; an idle flow's goes.
+inline constexpr size_t kFlowStoreMin = 16384;
+
 // Whole messages (header + body) of one flow, in sequence order, in one growable ring of bytes
 // (node_flow.cpp allocates in it). A message is stored contiguously: when it does not fit before
 // the end of the buffer it starts at offset 0 and the rest of the buffer waits until the ring has

@@ -278,6 +278,7 @@ errc node::impl::start() {
 
 void node::impl::stop() {
   if (state != run_state::running) return;
+  drop_prepared();
   state = run_state::stopping;
   disc_stop();
   close_mailbox(detail::mailbox::status::stopped);
@@ -413,7 +414,9 @@ errc node::impl::send_failed(errc e, bus_id target, size_t size) {
                                             : ": outside our subnets and this node has no parent");
       break;
     case errc::wrong_state:
-      last_err.detail = "the node is not started";
+      last_err.detail = prep.open ? "a prepare_data() reservation is open: commit_data() or "
+                                    "cancel_data() first"
+                                  : "the node is not started";
       break;
     case errc::closed:
       last_err.detail = "the node is stopped";

@@ -243,6 +243,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
                            const send_options& opt, uint64_t* message_id, uint64_t seq) {
   if (state != run_state::running)
     return state == run_state::idle ? errc::wrong_state : errc::closed;
+  if (prep.open) return errc::wrong_state;  // send_failed() names the reservation
   if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;
   size_t size = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -261,11 +262,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   if (target != self && flows) {
     bool via_shm = false;
     const errc e = flow_send(target, type, spans, count, size, opt, seq, &via_shm);
-    if (e != errc::ok) return e;
-    ++counters.data_sent;
-    ++(via_shm ? counters.data_sent_shm : counters.data_sent_stream);
-    if (message_id != nullptr) *message_id = seq;
-    return errc::ok;
+    return flow_sent(e, via_shm, seq, message_id);
   }
   if (target == self) {
     self_msg m{self, type, {}, seq, rr, false, {}};

@@ -13,7 +13,6 @@ using proto::msg_type;
 
 namespace {
 
-constexpr size_t kFlowOverhead = proto::kHeaderSize + proto::kFlowPrefix;
 constexpr uint32_t kMaxRtoFactor = 8;
 // A target asks for a resend of one flow at most this often (the source resends everything
 // unacknowledged at once, so asking again before it could have arrived only duplicates).
@@ -23,7 +22,6 @@ constexpr uint64_t kResendIntervalMs = 5;
 // A target forgets the position of a flow silent for this long (a later message of that flow
 // asks the source to resynchronise, which is safe: see docs/bus.md).
 constexpr uint64_t kRxIdleMs = 120000;
-constexpr size_t kRingMin = 16384;
 // Messages the resend timer sends again (flow_probe).
 constexpr uint64_t kProbeWindow = 64;
 
@@ -46,105 +44,7 @@ bool final_refusal(errc why, bool target_known) {
 }  // namespace
 
 // ------------------------------------------------------------------------------- source side --
-tx_flow& node::impl::tx_flow_for(bus_id target) {
-  if (cached_flow != nullptr && cached_flow_target == target) return *cached_flow;
-  tx_flow& f = tx_flows[target];  // unordered_map: references stay valid across rehashing
-  if (f.target == 0) {
-    f.target = target;
-    f.rto_ms = cfg.resend_timeout_ms;
-  }
-  cached_flow_target = target;
-  cached_flow = &f;
-  return f;
-}
-
-uint8_t* node::impl::flow_alloc(tx_flow& f, size_t n, size_t* offset) {
-  detail::byte_ring& r = f.store;
-  const bool empty = f.entries.empty();
-  if (empty) r.tail = 0;
-  const size_t head = empty ? 0 : f.entries.front().offset;
-  const bool wrapped = !empty && r.tail <= head;
-  // Room at the tail: before the end of the buffer, or (wrapped) before the front message.
-  const size_t room = wrapped ? head - r.tail : r.cap - r.tail;
-  if (room >= n) {
-    *offset = r.tail;
-  } else if (!wrapped && !empty && head >= n) {
-    *offset = 0;  // wrap: the bytes after the old tail wait until the front passes them
-  } else {
-    // Grow (or allocate) and compact the messages into the new buffer, in order.
-    size_t cap = std::max(kRingMin, r.cap * 2);
-    while (cap < (f.bytes + n) * 2 && cap < cfg.retransmit_max_bytes) cap *= 2;
-    cap = std::min(cap, cfg.retransmit_max_bytes);
-    if (cap < f.bytes + n) return nullptr;
-    std::unique_ptr<uint8_t[]> b(new uint8_t[cap]);
-    size_t off = 0;
-    for (size_t i = 0; i < f.entries.size(); ++i) {
-      tx_entry& e = f.entries[i];
-      std::memcpy(b.get() + off, r.buf.get() + e.offset, e.size);
-      e.offset = off;
-      off += e.size;
-    }
-    r.buf = std::move(b);
-    r.cap = cap;
-    r.tail = off;
-    *offset = off;
-  }
-  r.tail = *offset + n;
-  return r.buf.get() + *offset;
-}
-
-errc node::impl::flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
-                           size_t size, const send_options& opt, uint64_t message_id,
-                           bool* via_shm) {
-  tx_flow& f = tx_flow_for(target);
-  const size_t trace = opt.trace != nullptr ? proto::kTraceSize : 0;
-  const size_t total = kFlowOverhead + trace + size;
-  size_t off = 0;
-  uint8_t* m =
-      f.entries.size() < cfg.retransmit_max_messages ? flow_alloc(f, total, &off) : nullptr;
-  if (m == nullptr) {
-    f.user_blocked = true;  // on_writable(target) once acknowledgements have drained it
-    return errc::queue_full;
-  }
-  proto::header hd = make_header(msg_type::data, target, f.next_seq);
-  hd.flags = proto::flag_flow | send_call_flag;
-  if (trace != 0) hd.flags |= proto::flag_trace;
-  if (opt.ttl != 0) hd.ttl = opt.ttl;
-  hd.body_len = static_cast<uint32_t>(trace + proto::kFlowPrefix + size);
-  proto::encode_header(hd, m);
-  if (trace != 0) proto::encode_trace(*opt.trace, m + proto::kHeaderSize);
-  proto::encode_flow_prefix(type, incarnation, m + proto::kHeaderSize + trace);
-  uint8_t* p = m + kFlowOverhead + trace;
-  for (size_t i = 0; i < count; ++i) {
-    if (spans[i].size != 0) std::memcpy(p, spans[i].data, spans[i].size);
-    p += spans[i].size;
-  }
-  // In order: while earlier messages wait to be (re)sent, this one waits behind them.
-  if (f.next_unsent == f.next_seq) {
-    if (f.need_sync) m[2] |= proto::flag_sync;
-    const errc e = flow_out(target, m, total, via_shm);
-    if (e != errc::ok) {
-      f.store.tail = off;  // not accepted: take the bytes back
-      return e;
-    }
-    m[2] &= static_cast<uint8_t>(~proto::flag_sync);
-    f.need_sync = false;
-    ++f.next_unsent;
-  }
-  if (f.entries.empty()) f.last_progress_ms = now_ms();
-  f.entries.push_back(tx_entry{f.next_seq, message_id, off, static_cast<uint32_t>(total), false,
-                               now_ms() + cfg.delivery_timeout_ms,
-                               latency_sampled(f.next_seq) ? detail::mono_ns() : 0});
-  const bool backlog = f.next_unsent < f.next_seq;
-  ++f.next_seq;
-  f.bytes += total;
-  ++counters.flow_unacked_now;
-  counters.flow_unacked_bytes += total;
-  // Behind earlier messages that wait: try to move the line (a full queue retries on its timer).
-  if (backlog && !f.blocked) flow_pump(f);
-  return errc::ok;
-}
-
+// (tx_flow_for, flow_alloc and a message's first send: node_flow_send.cpp)
 void node::impl::flow_pump(tx_flow& f) {
   while (!f.entries.empty() && f.next_unsent < f.next_seq && flows_may_send()) {
     const uint64_t front = f.entries.front().seq;
@@ -361,7 +261,7 @@ void node::impl::flows_tick(uint64_t now) {
       flow_settle_front(f, 0, errc::ok);
     }
     if (f.entries.empty()) {
-      if (f.store.cap > kRingMin && now - f.last_progress_ms > 1000) f.store = {};
+      if (f.store.cap > detail::kFlowStoreMin && now - f.last_progress_ms > 1000) f.store = {};
       continue;
     }
     if (now - std::max(f.last_progress_ms, f.resend_ms) >= f.rto_ms) {

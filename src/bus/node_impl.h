@@ -169,10 +169,41 @@ struct node::impl {
   detail::tx_flow* cached_flow = nullptr;
   bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
   detail::rx_flow* cached_rx = nullptr;
-  detail::tx_flow& tx_flow_for(bus_id target);
+  detail::tx_flow& tx_flow_for(bus_id target) {
+    if (cached_flow != nullptr && cached_flow_target == target) return *cached_flow;
+    return tx_flow_lookup(target);
+  }
+  detail::tx_flow& tx_flow_lookup(bus_id target);
+  // Room for n bytes at the tail of f's buffer (nullptr: it cannot grow that far); flow_grow()
+  // is the rare case of a buffer that must grow. flow_alloc, flow_reserve and flow_commit are
+  // defined inline in node_flow_send.cpp, and only callable there.
   uint8_t* flow_alloc(detail::tx_flow& f, size_t n, size_t* offset);
+  uint8_t* flow_grow(detail::tx_flow& f, size_t n, size_t* offset);
   errc flow_send(bus_id target, uint32_t type, const const_buffer* spans, size_t count, size_t size,
                  const send_options& opt, uint64_t message_id, bool* via_shm);
+  // flow_send() in two steps: flow_reserve() writes the header and flow prefix of a message of
+  // `size` payload bytes into f's retransmit buffer and returns where the payload goes (nullptr:
+  // the buffer is full, queue_full); flow_commit() sends it (or queues it behind earlier ones) and
+  // records it. Nothing else may allocate in f between the two; a failed commit takes the bytes
+  // back, and so does flow_unreserve() (a cancelled reservation).
+  struct flow_slot {
+    size_t offset = 0;  // of the message in f.store
+    size_t size = 0;    // header, prefixes and payload
+  };
+  // A flow message's send ended with e: counted when accepted, its id given.
+  errc flow_sent(errc e, bool via_shm, uint64_t seq, uint64_t* message_id) {
+    if (e != errc::ok) return e;
+    ++counters.data_sent;
+    ++(via_shm ? counters.data_sent_shm : counters.data_sent_stream);
+    if (message_id != nullptr) *message_id = seq;
+    return e;
+  }
+  uint8_t* flow_reserve(detail::tx_flow& f, uint32_t type, size_t size, const send_options& opt,
+                        flow_slot* slot);
+  errc flow_commit(detail::tx_flow& f, const flow_slot& slot, uint64_t message_id, bool* via_shm);
+  static void flow_unreserve(detail::tx_flow& f, const flow_slot& slot) {
+    f.store.tail = slot.offset;
+  }
   // Sends what waits in order, from next_unsent.
   void flow_pump(detail::tx_flow& f);
   void flow_block(detail::tx_flow& f);
@@ -321,6 +352,25 @@ struct node::impl {
   }
   errc forward_out(peer_ep* p, const proto::header& hd, const uint8_t* data, size_t size,
                    const const_buffer* bufs);
+
+  // -------------------------------------------------------------------------- prepare_data --
+  // An open prepare_data() reservation (node_prepare.cpp).
+  struct prepared_send {
+    bool open = false;
+    bus_id target = 0;
+    uint32_t type = 0;
+    size_t size = 0;
+    send_options opt;
+    trace_context trace;              // opt.trace points here when the caller gave one
+    detail::tx_flow* flow = nullptr;  // end_to_end to another node: the room is in its buffer
+    flow_slot slot;                   // ... here
+    std::vector<uint8_t> buf;         // otherwise the payload waits here
+  } prep;
+  uint8_t* prepare_data(bus_id target, uint32_t type, size_t size, const send_options& opt,
+                        errc* err);
+  errc commit_data(uint64_t* message_id);
+  // cancel_data(), and stop() with a reservation open.
+  void drop_prepared();
 
   // ----------------------------------------------------------------------------- send_data --
   // seq: the message id node::post() allocated already (0: allocate one).
