@@ -516,7 +516,9 @@ class node {
   // send_datav(), call() and answers return wrong_state) and control must not return to the loop;
   // cancel_data() drops the reservation instead (nothing is sent or reported). stop() drops an
   // open reservation: commit_data() then returns closed. commit_data() without a reservation
-  // returns wrong_state. The pointer is valid until commit_data(), cancel_data() or stop().
+  // returns wrong_state; a commit_data() that fails (queue_full from the link, ...) has dropped
+  // the reservation too: nothing is sent or reported, prepare again to retry. The pointer is
+  // valid until commit_data(), cancel_data() or stop().
   [[nodiscard]] uint8_t* prepare_data(bus_id target, uint32_t type, size_t size,
                                       errc* err = nullptr, const send_options& opt = {});
   [[nodiscard]] errc commit_data(uint64_t* message_id = nullptr);
