@@ -125,6 +125,21 @@ TEST_F(NodePrepareTest, SelfAndNextHopMessagesUseTheNodesBuffer) {
   for (const delivery_report& r : a_->reports) EXPECT_EQ(r.status, errc::ok);
 }
 
+TEST_F(NodePrepareTest, ACommitThatFailsHasDroppedTheReservation) {
+  make_tree();
+  uint8_t* p = p_->n->prepare_data(0x1AA, 7, 4);  // inside the root's subnets, no such child
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p_->n->commit_data(), errc::unknown_route);
+  EXPECT_NE(p_->n->last_error().detail.find("0x1aa"), std::string::npos)
+      << p_->n->last_error().detail;
+  EXPECT_EQ(p_->n->commit_data(), errc::wrong_state);  // nothing open any more
+  uint64_t id = 0;
+  ASSERT_EQ(p_->n->send_data(0x102, 7, "ok", 2, {}, &id), errc::ok);
+  ASSERT_TRUE(wait([&] { return b_->got.size() == 1 && p_->reports.size() == 1; }));
+  EXPECT_EQ(b_->got[0].bytes, "ok");
+  EXPECT_EQ(p_->reports[0].message_id, id);  // no report for the failed commit
+}
+
 TEST_F(NodePrepareTest, StopDropsTheReservation) {
   make_tree();
   ASSERT_NE(a_->n->prepare_data(0x102, 7, 8), nullptr);
