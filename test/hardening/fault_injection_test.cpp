@@ -178,6 +178,8 @@ class FaultInjection : public ::testing::Test {
   void TearDown() override {
     kill_receiver();
     kill_now(&other_);
+    // A killed listener leaves its unix socket's path behind.
+    if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
     nodes_.clear();
     EXPECT_EQ(test::close_loop(&loop_), 0);
     close(pipe_[0]);
@@ -208,7 +210,8 @@ class FaultInjection : public ::testing::Test {
   uv_loop_t loop_{};
   int pipe_[2] = {-1, -1};
   pid_t child_ = -1;
-  pid_t other_ = -1;  // the killed sender or root of the other tests
+  pid_t other_ = -1;       // the killed sender or root of the other tests
+  std::string unix_path_;  // the killed root's socket path, removed by TearDown
   void (*previous_sigpipe_)(int) = SIG_DFL;
   std::vector<std::unique_ptr<node>> nodes_;
 };
@@ -372,7 +375,8 @@ TEST_F(FaultInjection, KilledSenderRestartsAndTheReceiverGetsAnUnbrokenPrefixOfE
 }
 
 TEST_F(FaultInjection, KilledParentRestartsAndItsChildrenRecoverByThemselves) {
-  const std::string url = "unix:///tmp/" + test::unique_name("fault-root") + ".sock";
+  unix_path_ = "/tmp/" + test::unique_name("fault-root") + ".sock";
+  const std::string url = "unix://" + unix_path_;
   other_ = spawn([&] { root_main(url); });
   ledger l;
   node_callbacks scb;
