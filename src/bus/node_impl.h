@@ -354,7 +354,7 @@ struct node::impl {
                    const const_buffer* bufs);
 
   // -------------------------------------------------------------------------- prepare_data --
-  // An open prepare_data() reservation (node_prepare.cpp).
+  // An open prepare_data() reservation (node_flow_send.cpp).
   struct prepared_send {
     bool open = false;
     bus_id target = 0;
