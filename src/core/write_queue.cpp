@@ -9,18 +9,8 @@
 namespace uvbus {
 namespace {
 
-// Header in front of every block of the static ring. 16 bytes keeps block data 8-byte aligned.
-struct ring_header {
-  uint64_t size;
-  uint64_t tag;
-};
-static_assert(sizeof(ring_header) == 16, "ring block header must stay 16 bytes");
-
 constexpr size_t align8(size_t n) noexcept {
   return (n + 7) & ~static_cast<size_t>(7);
-}
-constexpr size_t ring_stride(size_t n) noexcept {
-  return sizeof(ring_header) + align8(n);
 }
 
 // In front of every ring allocation: the link of the list of retired rings (16 bytes keep the ring
@@ -214,14 +204,8 @@ errc write_queue::grow(size_t need) noexcept {
   return errc::ok;
 }
 
-uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
-  // The common case first: a static ring with blocks queued, within the limits, and room right
-  // after the tail (up to the ring's end, or up to the head once the tail has wrapped). n <
-  // fast_n_ (the ring's size) keeps the sums from overflowing.
-  if (n < fast_n_ && count_ != 0 && bytes_ + n <= byte_limit_ && count_ < block_limit_) {
-    const size_t end = wrap_at_ == 0 ? cap_ : head_;
-    if (tail_ + ring_stride(n) <= end) return push_ring(tail_, wrap_at_, n, tag);
-  }
+// reserve() beyond its inline common case: errors, dynamic mode, the wrap and growth.
+uint8_t* write_queue::reserve_slow(size_t n, uint64_t tag, errc* err) noexcept {
   auto failed = [err](errc e) -> uint8_t* {
     if (err != nullptr) *err = e;
     return nullptr;
@@ -264,20 +248,6 @@ uint8_t* write_queue::reserve(size_t n, uint64_t tag, errc* err) noexcept {
   }
   if (count_ == 0) head_ = 0;
   return push_ring(at, new_wrap, n, tag);
-}
-
-uint8_t* write_queue::push_ring(size_t at, size_t new_wrap, size_t n, uint64_t tag) noexcept {
-  prev_tail_ = tail_;
-  prev_wrap_ = wrap_at_;
-  wrap_at_ = new_wrap;
-  last_off_ = at;
-  tail_ = at + ring_stride(n);
-  const ring_header h{n, tag};
-  std::memcpy(ring_ + at, &h, sizeof h);
-  ++count_;
-  bytes_ += n;
-  if (unsealed_count_++ == 0) unsealed_ = {at, nullptr};
-  return ring_ + at + sizeof(ring_header);
 }
 
 void write_queue::unreserve_back() noexcept {

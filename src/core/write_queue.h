@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "uvbus/error.h"
 #include "uvbus/queue_config.h"
@@ -46,7 +47,17 @@ class write_queue {
   // queue_full (no room now), message_too_large (n can never fit) or no_memory (the ring could not
   // be allocated or grown). Growing moves the queued blocks, but the memory they were read from
   // (a write in flight) stays valid until release_retired().
-  [[nodiscard]] uint8_t* reserve(size_t n, uint64_t tag = 0, errc* err = nullptr) noexcept;
+  // The common case (a static ring with blocks queued, within the limits, room right after the
+  // tail) is inline; the rest is reserve_slow().
+  [[nodiscard]] uint8_t* reserve(size_t n, uint64_t tag = 0, errc* err = nullptr) noexcept {
+    // n < fast_n_ (the ring's size) keeps the sums from overflowing. The end of the room is the
+    // ring's end, or the head once the tail has wrapped.
+    if (n < fast_n_ && count_ != 0 && bytes_ + n <= byte_limit_ && count_ < block_limit_) {
+      const size_t end = wrap_at_ == 0 ? cap_ : head_;
+      if (tail_ + ring_stride(n) <= end) return push_ring(tail_, wrap_at_, n, tag);
+    }
+    return reserve_slow(n, tag, err);
+  }
 
   // Frees the rings a growth replaced. Call it when no pointer into an older block is in use (no
   // write in flight); without a call they live until the queue is destroyed.
@@ -121,6 +132,17 @@ class write_queue {
 
  private:
   struct dyn_block;
+  // Header in front of every block of the static ring. 16 bytes keeps block data 8-byte aligned.
+  struct ring_header {
+    uint64_t size;
+    uint64_t tag;
+  };
+  static_assert(sizeof(ring_header) == 16, "ring block header must stay 16 bytes");
+  // A block's room in the ring: its header and its data rounded up to 8 bytes.
+  static constexpr size_t ring_stride(size_t n) noexcept {
+    return sizeof(ring_header) + ((n + 7) & ~static_cast<size_t>(7));
+  }
+  uint8_t* reserve_slow(size_t n, uint64_t tag, errc* err) noexcept;
   // A position: a byte offset in the ring, or a node pointer in dynamic mode.
   struct cursor {
     size_t off;
@@ -135,7 +157,19 @@ class write_queue {
   size_t merge_ring(uint8_t* dst, size_t cap, size_t max_block, size_t* blocks, size_t* span,
                     uint64_t* tag_sum) const noexcept;
   // Appends a block of n bytes at offset `at` of the ring (new_wrap: wrap_at_ after it).
-  uint8_t* push_ring(size_t at, size_t new_wrap, size_t n, uint64_t tag) noexcept;
+  uint8_t* push_ring(size_t at, size_t new_wrap, size_t n, uint64_t tag) noexcept {
+    prev_tail_ = tail_;
+    prev_wrap_ = wrap_at_;
+    wrap_at_ = new_wrap;
+    last_off_ = at;
+    tail_ = at + ring_stride(n);
+    const ring_header h{n, tag};
+    std::memcpy(ring_ + at, &h, sizeof h);
+    ++count_;
+    bytes_ += n;
+    if (unsealed_count_++ == 0) unsealed_ = {at, nullptr};
+    return ring_ + at + sizeof(ring_header);
+  }
   // Moves the queued blocks into a larger ring that also holds `need` more bytes.
   errc grow(size_t need) noexcept;
 
