@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Size limits of the sources: files over 700 lines, functions over 80 lines (the MurmurHash3
-reference port excepted). Heuristic: a function body is a '{' ending a line at indentation 0 or 2
-(namespace-level or in-class definition) up to the '}' at the same indentation. Exit 1 if any."""
+reference port excepted); and every file opens with a comment line on what it owns.
+Heuristic: a function body is a '{' ending a line at indentation 0 or 2 (namespace-level or
+in-class definition) up to the '}' at the same indentation. Exit 1 if any."""
 import re, subprocess, sys
 
 FILE_LIMIT, FN_LIMIT = 700, 80
@@ -13,6 +14,8 @@ for f in files:
     if not f.endswith((".cpp", ".h")) or f in EXEMPT:
         continue
     lines = open(f, encoding="utf-8").read().split("\n")
+    if not lines[0].startswith("//"):
+        print(f"{f}:1: does not open with a comment line on what it owns"); bad += 1
     if len(lines) > FILE_LIMIT:
         print(f"{f}: {len(lines)} lines (limit {FILE_LIMIT})"); bad += 1
     start = None

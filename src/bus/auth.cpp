@@ -1,3 +1,4 @@
+// Registration authentication: HMAC-SHA256 proofs, random nonces and the host identity.
 #include "bus/auth.h"
 
 #include <openssl/crypto.h>

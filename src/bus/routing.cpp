@@ -1,3 +1,4 @@
+// The routing table: next hop for a target id, source checks and the peer sets it keeps.
 #include "bus/routing.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Channel URLs: parsing every scheme into an address, and the canonical form back.
 #include "uvbus/address.h"
 
 #include <arpa/inet.h>

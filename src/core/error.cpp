@@ -1,3 +1,4 @@
+// Error codes and log levels: their names, and the mapping from errno.
 #include "uvbus/error.h"
 #include "uvbus/log.h"
 

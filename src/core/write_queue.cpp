@@ -1,3 +1,4 @@
+// write_queue: the ring's and the dynamic mode's slow paths, growth, merging and popping.
 #include "core/write_queue.h"
 
 #include <algorithm>

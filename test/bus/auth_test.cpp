@@ -1,3 +1,4 @@
+// Registration authentication: HMAC-SHA256 against RFC 4231, tokens, nonces, host identity.
 #include "bus/auth.h"
 
 #include <gtest/gtest.h>

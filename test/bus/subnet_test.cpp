@@ -1,3 +1,4 @@
+// Subnets of bus ids: masks of every width, containment, nesting and overlap.
 #include "uvbus/subnet.h"
 
 #include <gtest/gtest.h>

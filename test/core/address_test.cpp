@@ -1,3 +1,4 @@
+// Channel URLs: every scheme parsed, malformed and hostile URLs refused, the canonical form.
 #include "uvbus/address.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// Error codes: distinct names, retriable against fatal, the errno mapping.
 #include "uvbus/error.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// Stream frames: libatbus-compatible bytes, edge lengths, limits, corrupt and oversize frames.
 #include "core/frame.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// MurmurHash3: the reference verification values, known vectors, every alignment and length.
 #include "core/murmur3.h"
 
 #include <gtest/gtest.h>

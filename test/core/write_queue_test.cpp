@@ -1,3 +1,4 @@
+// write_queue: configs, the static ring (growth, wrap, limits), dynamic mode, merging, models.
 #include "core/write_queue.h"
 
 #include <gtest/gtest.h>
