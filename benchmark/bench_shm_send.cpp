@@ -109,8 +109,7 @@ int run_writer(const options& o, uint64_t id) {
     std::vector<uint8_t> stage(std::max(limit, o.max) + o.max + 64);
     std::vector<const_buffer> spans(shm_writer::kMaxBatch);
     size_t cnt = 0;
-    // Inline in the loop below, as the single-send path's payload work is (a comparison of the
-    // two modes must not hinge on what the compiler chose to inline).
+    // Inline, like the single-send path's payload work: the modes must not differ in inlining.
     auto fill = [&]() __attribute__((always_inline)) {
       cnt = 0;
       size_t used = 0, bytes = 0;
