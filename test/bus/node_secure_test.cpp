@@ -1,11 +1,13 @@
 // Protocol version 6's link protection on live nodes: two-way authentication (an acceptor that
 // cannot prove a token is refused by the connector), token rotation, link compression negotiated
-// at registration (and a compression bomb from a hand-made peer), and shared-memory writer tags
-// (records without a valid tag, or speaking for another node, are dropped and counted).
+// at registration (and a compression bomb from a hand-made peer), a registered peer forging a
+// source in flow data, and shared-memory writer tags (records without a valid tag, or speaking for
+// another node, are dropped and counted).
 #include <gtest/gtest.h>
 #include <uv.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -143,13 +145,14 @@ TEST_F(NodeSecure, BadCompressionSettingsAreRefusedByName) {
   EXPECT_NE(why.find("compression (9)"), std::string::npos) << why;
 }
 
-// A hand-made child that registers with compression and then sends `bomb` as a data message.
+// A hand-made child: it registers (asking for lz4 if `compress`) and then runs on_registered.
 struct raw_child {
   std::unique_ptr<stream_channel> ch;
   connection_id conn{};
   bool registered = false;
   bool closed = false;
-  std::vector<uint8_t> bomb;
+  bool compress = true;
+  std::function<void(raw_child&)> on_registered;
 
   void start(uv_loop_t* loop, const std::string& url) {
     stream_callbacks cb;
@@ -158,14 +161,24 @@ struct raw_child {
     ch = std::make_unique<stream_channel>(loop, stream_config{}, std::move(cb));
     ASSERT_EQ(ch->connect(url, &conn), errc::ok);
   }
-  void send(proto::msg_type t, const std::vector<uint8_t>& body, uint8_t flags = 0) {
+  void send(proto::msg_type t, const std::vector<uint8_t>& body, uint8_t flags = 0,
+            bus_id source = kOther, uint64_t seq = 0) {
     proto::header h;
     h.type = t;
     h.flags = flags;
-    h.source = kOther;
+    h.source = source;
     h.target = kRoot;
+    h.sequence = seq;
     const std::vector<uint8_t> m = proto::build(h, body);
     (void)ch->send(conn, m.data(), m.size());
+  }
+  // Flow data number `seq` of flow epoch 1 that claims to come from `source`, flagged sync so
+  // that a receiver without state for the epoch takes it.
+  void send_flow(bus_id source, uint64_t seq, const std::string& text) {
+    std::vector<uint8_t> body(proto::kFlowPrefix + text.size());
+    proto::encode_flow_prefix(1, 1, body.data());
+    std::memcpy(body.data() + proto::kFlowPrefix, text.data(), text.size());
+    send(proto::msg_type::data, body, proto::flag_flow | proto::flag_sync, source, seq);
   }
   void on_msg(connection_id, const uint8_t* d, size_t n) {
     proto::header hd;
@@ -176,18 +189,52 @@ struct raw_child {
       proto::register_body rb;
       rb.info.id = kOther;
       rb.info.host_id = "raw";
-      rb.ext.present = true;
-      rb.ext.has_compression = true;
-      rb.ext.compression = 1;  // lz4
+      if (compress) {
+        rb.ext.present = true;
+        rb.ext.has_compression = true;
+        rb.ext.compression = 1;  // lz4
+      }
       std::vector<uint8_t> body;
       proto::encode_register(rb, &body);
       send(proto::msg_type::register_req, body);
     } else if (hd.type == proto::msg_type::register_reply) {
       registered = true;
-      send(proto::msg_type::data, bomb, proto::flag_compressed);
+      if (on_registered) on_registered(*this);
     }
   }
 };
+
+// A registered peer that speaks for its sibling in flow data (the message kind the receive path
+// tests first): its link is closed with the reason named and nothing it forged is delivered,
+// while its own flow data before that was, and the honest sibling is unaffected.
+TEST_F(NodeSecure, FlowDataWithAForgedSourceClosesOnlyItsOwnLink) {
+  bus_node* root = make_root(kRoot, {kNet}, fast_config());
+  bus_node* honest = make_child(kChild, root);
+  ASSERT_TRUE(wait([&] { return honest->ups == 1; }));
+  raw_child raw;
+  raw.compress = false;
+  raw.on_registered = [](raw_child& r) {
+    r.send_flow(kOther, 1, "mine");
+    r.send_flow(kChild, 2, "forged");
+  };
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.closed; }));
+  EXPECT_TRUE(raw.registered);
+  ASSERT_EQ(root->got.size(), 1u);
+  EXPECT_EQ(root->got[0].source, kOther);
+  EXPECT_EQ(root->got[0].bytes, "mine");
+  EXPECT_GE(root->n->counters().protocol_errors, 1u);
+  bool named = false;
+  for (const std::string& e : root->error_texts)
+    named = named || e.find("source id") != std::string::npos;
+  EXPECT_TRUE(named);
+  ASSERT_EQ(test::send_str(honest, kRoot, 1, "still here"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
+  EXPECT_EQ(root->got[1].source, kChild);
+  EXPECT_EQ(root->got[1].bytes, "still here");
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
 
 TEST_F(NodeSecure, ACompressionBombClosesOnlyItsOwnLink) {
   node_config rc = fast_config();
@@ -205,7 +252,10 @@ TEST_F(NodeSecure, ACompressionBombClosesOnlyItsOwnLink) {
       comp.compress(codec::lz4, 0, zeros.data(), zeros.size(), block.data(), block.size());
   ASSERT_GT(z, 0u);
   raw_child raw;
-  raw.bomb.assign(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(z));
+  const std::vector<uint8_t> bomb(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(z));
+  raw.on_registered = [&bomb](raw_child& r) {
+    r.send(proto::msg_type::data, bomb, proto::flag_compressed);
+  };
   raw.start(&loop_, root->n->listen_urls().at(0));
   ASSERT_TRUE(wait([&] { return raw.closed; }));
   EXPECT_TRUE(raw.registered);
