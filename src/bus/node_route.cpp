@@ -157,6 +157,10 @@ void node::impl::on_traced_data(link* from, const proto::header& hd, const uint8
 }
 
 void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
+  if (plain_flow_data(hd)) {
+    on_flow_data(from, hd, data + proto::kHeaderSize);
+    return;
+  }
   if ((hd.type == msg_type::broadcast || hd.type == msg_type::broadcast_ack) &&
       detail::fan_routed(*this, from, hd, data, size)) {
     return;
