@@ -10,10 +10,6 @@
 namespace uvbus {
 namespace {
 
-constexpr size_t align8(size_t n) noexcept {
-  return (n + 7) & ~static_cast<size_t>(7);
-}
-
 // In front of every ring allocation: the link of the list of retired rings (16 bytes keep the ring
 // 8-byte aligned). Never inside the ring, so a write still reading a retired block is unaffected.
 struct ring_prefix {

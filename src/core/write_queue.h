@@ -138,10 +138,9 @@ class write_queue {
     uint64_t tag;
   };
   static_assert(sizeof(ring_header) == 16, "ring block header must stay 16 bytes");
+  static constexpr size_t align8(size_t n) noexcept { return (n + 7) & ~static_cast<size_t>(7); }
   // A block's room in the ring: its header and its data rounded up to 8 bytes.
-  static constexpr size_t ring_stride(size_t n) noexcept {
-    return sizeof(ring_header) + ((n + 7) & ~static_cast<size_t>(7));
-  }
+  static constexpr size_t ring_stride(size_t n) noexcept { return sizeof(ring_header) + align8(n); }
   uint8_t* reserve_slow(size_t n, uint64_t tag, errc* err) noexcept;
   // A position: a byte offset in the ring, or a node pointer in dynamic mode.
   struct cursor {
