@@ -184,12 +184,6 @@ void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
   }
   peer_ep* p = lk->peer;
   p->last_rx_ms = n->now_ms();
-  // The common case first, without on_routed()'s checks (source check as below).
-  if (n->plain_flow_data(hd) && (hd.source == p->id || n->table.source_allowed(p->id, hd.source))) {
-    if (p->kind == peer_kind::sibling) p->last_data_ms = p->last_rx_ms;
-    n->on_flow_data(lk, hd, body);
-    return;
-  }
   switch (hd.type) {
     case msg_type::ping: {
       std::vector<uint8_t> b(body, body + hd.body_len);
@@ -231,6 +225,11 @@ void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
     return;
   }
   if (p->kind == peer_kind::sibling) p->last_data_ms = p->last_rx_ms;
+  // Flow data for this node (the common case) needs none of on_routed()'s checks.
+  if (n->plain_flow_data(hd)) {
+    n->on_flow_data(lk, hd, body);
+    return;
+  }
   n->on_routed(lk, hd, data, size);
 }
 
