@@ -14,6 +14,7 @@
 
 #include "bus/auth.h"
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
 #include "bus/wire.h"
 #include "core/compress.h"
 #include "core/endian.h"
@@ -25,6 +26,7 @@ namespace {
 
 using test::bus_node;
 using test::fast_config;
+using test::raw_child;
 
 constexpr bus_id kRoot = 0x10000;
 constexpr bus_id kChild = 0x10001;
@@ -145,65 +147,6 @@ TEST_F(NodeSecure, BadCompressionSettingsAreRefusedByName) {
   EXPECT_NE(why.find("compression (9)"), std::string::npos) << why;
 }
 
-// A hand-made child: it registers (asking for lz4 if `compress`) and then runs on_registered.
-struct raw_child {
-  std::unique_ptr<stream_channel> ch;
-  connection_id conn{};
-  bool registered = false;
-  bool closed = false;
-  bool compress = true;
-  std::function<void(raw_child&)> on_registered;
-
-  void start(uv_loop_t* loop, const std::string& url) {
-    stream_callbacks cb;
-    cb.on_received = [this](connection_id c, const uint8_t* d, size_t n) { on_msg(c, d, n); };
-    cb.on_disconnected = [this](connection_id, errc) { closed = true; };
-    ch = std::make_unique<stream_channel>(loop, stream_config{}, std::move(cb));
-    ASSERT_EQ(ch->connect(url, &conn), errc::ok);
-  }
-  void send(proto::msg_type t, const std::vector<uint8_t>& body, uint8_t flags = 0,
-            bus_id source = kOther, uint64_t seq = 0) {
-    proto::header h;
-    h.type = t;
-    h.flags = flags;
-    h.source = source;
-    h.target = kRoot;
-    h.sequence = seq;
-    const std::vector<uint8_t> m = proto::build(h, body);
-    (void)ch->send(conn, m.data(), m.size());
-  }
-  // Flow data number `seq` of flow epoch 1 that claims to come from `source`, flagged sync so
-  // that a receiver without state for the epoch takes it.
-  void send_flow(bus_id source, uint64_t seq, const std::string& text) {
-    std::vector<uint8_t> body(proto::kFlowPrefix + text.size());
-    proto::encode_flow_prefix(1, 1, body.data());
-    std::memcpy(body.data() + proto::kFlowPrefix, text.data(), text.size());
-    send(proto::msg_type::data, body, proto::flag_flow | proto::flag_sync, source, seq);
-  }
-  void on_msg(connection_id, const uint8_t* d, size_t n) {
-    proto::header hd;
-    if (proto::parse_header(d, n, &hd) != errc::ok) return;
-    if (hd.type == proto::msg_type::challenge) {
-      proto::challenge_body chb;
-      ASSERT_EQ(proto::parse_challenge(d + proto::kHeaderSize, hd.body_len, &chb), errc::ok);
-      proto::register_body rb;
-      rb.info.id = kOther;
-      rb.info.host_id = "raw";
-      if (compress) {
-        rb.ext.present = true;
-        rb.ext.has_compression = true;
-        rb.ext.compression = 1;  // lz4
-      }
-      std::vector<uint8_t> body;
-      proto::encode_register(rb, &body);
-      send(proto::msg_type::register_req, body);
-    } else if (hd.type == proto::msg_type::register_reply) {
-      registered = true;
-      if (on_registered) on_registered(*this);
-    }
-  }
-};
-
 // A registered peer that speaks for its sibling in flow data (the message kind the receive path
 // tests first): its link is closed with the reason named and nothing it forged is delivered,
 // while its own flow data before that was, and the honest sibling is unaffected.
@@ -211,7 +154,7 @@ TEST_F(NodeSecure, FlowDataWithAForgedSourceClosesOnlyItsOwnLink) {
   bus_node* root = make_root(kRoot, {kNet}, fast_config());
   bus_node* honest = make_child(kChild, root);
   ASSERT_TRUE(wait([&] { return honest->ups == 1; }));
-  raw_child raw;
+  raw_child raw(kOther, kRoot);
   raw.compress = false;
   raw.on_registered = [](raw_child& r) {
     r.send_flow(kOther, 1, "mine");
@@ -251,7 +194,7 @@ TEST_F(NodeSecure, ACompressionBombClosesOnlyItsOwnLink) {
   const size_t z =
       comp.compress(codec::lz4, 0, zeros.data(), zeros.size(), block.data(), block.size());
   ASSERT_GT(z, 0u);
-  raw_child raw;
+  raw_child raw(kOther, kRoot);
   const std::vector<uint8_t> bomb(block.begin(), block.begin() + static_cast<std::ptrdiff_t>(z));
   raw.on_registered = [&bomb](raw_child& r) {
     r.send(proto::msg_type::data, bomb, proto::flag_compressed);

@@ -1,0 +1,97 @@
+// A hand-made bus child for tests that need a peer speaking the wire protocol directly: it
+// registers with a real parent (asking for lz4 if `compress`), records every message it receives
+// after registration, and sends any message it is told to, including ones a real node never
+// sends (forged sources, drop notices, flow data without acknowledgements).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bus/wire.h"
+#include "uvbus/stream.h"
+
+namespace uvbus::test {
+
+struct raw_child {
+  bus_id id = 0;      // the id it registers as
+  bus_id parent = 0;  // the parent's id: the target of what it sends
+  std::unique_ptr<stream_channel> ch;
+  connection_id conn{};
+  bool registered = false;
+  bool closed = false;
+  bool compress = true;
+  std::function<void(raw_child&)> on_registered;
+  struct message {
+    proto::header hd;
+    std::vector<uint8_t> body;
+  };
+  std::vector<message> got;  // every message after registration, in arrival order
+
+  raw_child(bus_id self, bus_id parent_id) : id(self), parent(parent_id) {}
+
+  void start(uv_loop_t* loop, const std::string& url) {
+    stream_callbacks cb;
+    cb.on_received = [this](connection_id c, const uint8_t* d, size_t n) { on_msg(c, d, n); };
+    cb.on_disconnected = [this](connection_id, errc) { closed = true; };
+    ch = std::make_unique<stream_channel>(loop, stream_config{}, std::move(cb));
+    ASSERT_EQ(ch->connect(url, &conn), errc::ok);
+  }
+  // A message of type t to the parent, claiming to come from `source` (0: itself).
+  void send(proto::msg_type t, const std::vector<uint8_t>& body, uint8_t flags = 0,
+            bus_id source = 0, uint64_t seq = 0) {
+    proto::header h;
+    h.type = t;
+    h.flags = flags;
+    h.source = source != 0 ? source : id;
+    h.target = parent;
+    h.sequence = seq;
+    const std::vector<uint8_t> m = proto::build(h, body);
+    (void)ch->send(conn, m.data(), m.size());
+  }
+  // Flow data number `seq` of flow epoch 1 that claims to come from `source`, flagged sync so
+  // that a receiver without state for the epoch takes it.
+  void send_flow(bus_id source, uint64_t seq, const std::string& text) {
+    std::vector<uint8_t> body(proto::kFlowPrefix + text.size());
+    proto::encode_flow_prefix(1, 1, body.data());
+    std::memcpy(body.data() + proto::kFlowPrefix, text.data(), text.size());
+    send(proto::msg_type::data, body, proto::flag_flow | proto::flag_sync, source, seq);
+  }
+  // A relay's notice that flow message `seq` from the parent to this child was dropped for `why`.
+  void send_flow_drop_notice(uint64_t seq, proto::reason why) {
+    std::vector<uint8_t> body;
+    proto::encode_dropped({seq, id, why}, &body);
+    send(proto::msg_type::dropped, body, proto::flag_flow);
+  }
+  void on_msg(connection_id, const uint8_t* d, size_t n) {
+    proto::header hd;
+    if (proto::parse_header(d, n, &hd) != errc::ok) return;
+    if (hd.type == proto::msg_type::challenge) {
+      proto::challenge_body chb;
+      ASSERT_EQ(proto::parse_challenge(d + proto::kHeaderSize, hd.body_len, &chb), errc::ok);
+      proto::register_body rb;
+      rb.info.id = id;
+      rb.info.host_id = "raw";
+      if (compress) {
+        rb.ext.present = true;
+        rb.ext.has_compression = true;
+        rb.ext.compression = 1;  // lz4
+      }
+      std::vector<uint8_t> body;
+      proto::encode_register(rb, &body);
+      send(proto::msg_type::register_req, body);
+    } else if (hd.type == proto::msg_type::register_reply) {
+      registered = true;
+      if (on_registered) on_registered(*this);
+    } else if (registered) {
+      got.push_back({hd, std::vector<uint8_t>(d + proto::kHeaderSize, d + n)});
+    }
+  }
+};
+
+}  // namespace uvbus::test
