@@ -45,7 +45,13 @@ struct tx_flow {
   uint64_t acked = 0;        // highest sequence the target acknowledged
   uint64_t high_sent = 0;    // highest sequence ever handed to a channel (resends are below it)
   uint64_t peer_incarnation = 0;  // the target's incarnation in its last acknowledgement
-  bool need_sync = true;          // the next transmission carries flag_sync
+  // The target must be told to skip settled sequences: the next transmission of the first
+  // unsettled message (the front of `entries`, or a new message when none waits) carries flag_sync.
+  // Never a later one: flag_sync says every sequence before it is settled, so a target that missed
+  // an unsettled one before it would skip it, drop its resend as a duplicate and acknowledge it as
+  // delivered. A later message goes without it; the target asks for the gap, or the resend timer's
+  // probe (which flags the front) tells it.
+  bool need_sync = true;
   bool blocked = false;           // a transmission met a full queue: retried by the flow timer
   bool user_blocked = false;      // send_data() got queue_full here: on_writable when it drains
   uint64_t last_progress_ms = 0;  // last acknowledgement that advanced, or the first send

@@ -57,7 +57,8 @@ void node::impl::flow_pump(tx_flow& f) {
       continue;
     }
     uint8_t* m = f.store.buf.get() + e.offset;
-    if (f.need_sync) m[2] |= proto::flag_sync;
+    const bool sync = f.need_sync && e.seq == front;  // see tx_flow::need_sync
+    if (sync) m[2] |= proto::flag_sync;
     const const_buffer b{m, e.size};
     const errc err = route_out(f.target, &b, 1, e.size, 0, nullptr);
     m[2] &= static_cast<uint8_t>(~proto::flag_sync);
@@ -67,7 +68,7 @@ void node::impl::flow_pump(tx_flow& f) {
       if (err == errc::queue_full) flow_block(f);
       return;
     }
-    f.need_sync = false;
+    if (sync) f.need_sync = false;
     if (e.seq <= f.high_sent) ++counters.flow_resent;
     if (e.seq > f.high_sent) f.high_sent = e.seq;
     ++f.next_unsent;
@@ -118,6 +119,7 @@ void node::impl::flow_probe(tx_flow& f) {
     const errc err = route_out(f.target, &b, 1, e.size, 0, nullptr);
     m[2] &= static_cast<uint8_t>(~proto::flag_sync);
     if (err != errc::ok) return;
+    if (sync) f.need_sync = false;  // the front went out flagged: the target may skip to it
     sync = false;
     ++counters.flow_resent;
   }

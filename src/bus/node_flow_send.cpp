@@ -102,14 +102,16 @@ UVBUS_FLOW_INLINE errc node::impl::flow_commit(tx_flow& f, const flow_slot& slot
   uint8_t* m = f.store.buf.get() + off;
   // In order: while earlier messages wait to be (re)sent, this one waits behind them.
   if (f.next_unsent == f.next_seq) {
-    if (f.need_sync) m[2] |= proto::flag_sync;
+    // Flagged only as the flow's first unsettled message (see tx_flow::need_sync).
+    const bool sync = f.need_sync && f.entries.empty();
+    if (sync) m[2] |= proto::flag_sync;
     const errc e = flow_out(f.target, m, total, via_shm);
     if (e != errc::ok) {
       f.store.tail = off;  // not accepted: take the bytes back
       return e;
     }
     m[2] &= static_cast<uint8_t>(~proto::flag_sync);
-    f.need_sync = false;
+    if (sync) f.need_sync = false;
     ++f.next_unsent;
   }
   if (f.entries.empty()) f.last_progress_ms = now_ms();

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
+#include "bus/wire.h"
 #include "uvbus/node.h"
 
 namespace uvbus {
@@ -273,6 +275,52 @@ TEST_F(NodeFlowTest, ParentHoldsMessagesForARestartingChild) {
   EXPECT_EQ(in_order(b_).size(), 100u);
   EXPECT_EQ(p_->n->counters().forward_dropped, 0u);
   EXPECT_EQ(a2->n->counters().drop_notices_received, 0u);
+}
+
+// flag_sync tells the target that every sequence before it is settled (acknowledged, or reported
+// failed), so that it may skip what it never got. Message 1 refused for good while message 2 is
+// unacknowledged must not put the flag on the new message 3: a target that missed 2 would skip it,
+// drop its resend as a duplicate and acknowledge it, and 2 would be reported delivered. The flag
+// may go on 2, the first unsettled message, and nowhere after it. The target is a hand-made child
+// that acknowledges nothing.
+TEST_F(NodeFlowTest, SyncGoesOnlyOnTheFirstUnsettledMessage) {
+  node_config rc = flow_config();
+  rc.subnets = {{0x100, 8}};
+  bus_node* root = make(0x100, rc);
+  test::raw_child raw(0x101, 0x100);
+  raw.compress = false;
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.registered; }));
+  const auto flow_data = [&raw](size_t k) {  // the k-th first transmission of flow data
+    std::vector<const test::raw_child::message*> v;
+    for (const auto& m : raw.got) {
+      if (m.hd.type == proto::msg_type::data && (m.hd.flags & proto::flag_flow) != 0) {
+        bool seen = false;
+        for (const auto* p : v) seen = seen || p->hd.sequence == m.hd.sequence;
+        if (!seen) v.push_back(&m);
+      }
+    }
+    return k < v.size() ? v[k] : nullptr;
+  };
+  uint64_t id[3] = {};
+  ASSERT_EQ(test::send_str(root, 0x101, 1, "one", {}, &id[0]), errc::ok);
+  ASSERT_EQ(test::send_str(root, 0x101, 1, "two", {}, &id[1]), errc::ok);
+  ASSERT_TRUE(wait([&] { return flow_data(1) != nullptr; }));
+  const uint64_t seq1 = flow_data(0)->hd.sequence;
+  const uint64_t seq2 = flow_data(1)->hd.sequence;
+  raw.send_flow_drop_notice(seq1, proto::reason::ttl_expired);
+  ASSERT_TRUE(wait([&] { return root->report_for(id[0]) != nullptr; }));
+  EXPECT_EQ(root->report_for(id[0])->status, errc::ttl_expired);
+  ASSERT_EQ(test::send_str(root, 0x101, 1, "three", {}, &id[2]), errc::ok);
+  ASSERT_TRUE(wait([&] { return flow_data(2) != nullptr; }));
+  EXPECT_EQ(root->report_for(id[1]), nullptr) << "2 is neither acknowledged nor failed";
+  for (const auto& m : raw.got) {
+    if (m.hd.type != proto::msg_type::data || (m.hd.flags & proto::flag_sync) == 0) continue;
+    EXPECT_TRUE(m.hd.sequence == seq1 || m.hd.sequence == seq2)
+        << "flag_sync on " << m.hd.sequence << " while " << seq2 << " is unsettled";
+  }
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
 }
 
 TEST_F(NodeFlowTest, FullRetransmitBufferIsQueueFull) {
