@@ -141,20 +141,24 @@ void node::impl::deliver(bus_id source, uint8_t flags, uint32_t type, const uint
   finish_call(c.call_id, r);
 }
 
-void node::impl::finish_call(uint64_t call_id, const call_result& r) {
+call_fn node::impl::take_call(uint64_t call_id, errc status) {
   detail::call_slot* s = find_call(call_id);
-  if (s == nullptr) return;
+  if (s == nullptr) return nullptr;
   call_fn cb = std::move(s->cb);
   s->busy = false;
   s->cb = nullptr;
   call_free.push_back(static_cast<uint32_t>(call_id & 0xffffffffU));
   --calls_open;
-  if (r.status == errc::ok) {
+  if (status == errc::ok) {
     ++counters.calls_ok;
   } else {
     ++counters.calls_failed;
   }
-  fire(cb, r);
+  return cb;
+}
+
+void node::impl::finish_call(uint64_t call_id, const call_result& r) {
+  fire(take_call(call_id, r.status), r);  // nothing for a call already ended
 }
 
 bool node::impl::call_report(uint64_t message_id, errc status) {
@@ -164,9 +168,11 @@ bool node::impl::call_report(uint64_t message_id, errc status) {
   const uint64_t id = it->second;  // 0: an answer's report
   call_by_message.erase(it);
   if (id != 0 && status != errc::ok && find_call(id) != nullptr) {
-    call_result r;
-    r.status = status;
-    finish_call(id, r);
+    // Reports are made inside the node's own loops and member functions (stop(), the flow timer's
+    // walk over every flow, a pending queue being failed): the call ends now, its callback runs
+    // from the loop, as on_report's do.
+    deferred_call_fail.emplace_back(take_call(id, status), status);
+    arm_idle();
   }
   return true;
 }

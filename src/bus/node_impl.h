@@ -566,8 +566,10 @@ struct node::impl {
   // The message id of each request still owed a report -> its call id: the report is the call's
   // (a failure ends it), never on_report's.
   std::unordered_map<uint64_t, uint64_t> call_by_message;
-  std::vector<std::pair<call_fn, errc>> deferred_call_fail;  // stop(): answered from the loop
-  const reply_handle* incoming_req = nullptr;                // node::incoming_request()
+  // Calls ended without an answer from inside the node (stop(), a failed request's report from the
+  // flow timer or a pending queue): their callbacks run from the loop, never from there.
+  std::vector<std::pair<call_fn, errc>> deferred_call_fail;
+  const reply_handle* incoming_req = nullptr;  // node::incoming_request()
   // Set around the send_data() of a call or an answer: the flag for the header.
   uint8_t send_call_flag = 0;
   errc call(bus_id target, uint32_t type, const void* data, size_t size, uint32_t timeout_ms,
@@ -579,6 +581,8 @@ struct node::impl {
   // True when the report of message `message_id` belonged to a call (it is consumed here).
   bool call_report(uint64_t message_id, errc status);
   detail::call_slot* find_call(uint64_t call_id);
+  // Ends call `call_id` (frees its slot, counts it) and returns its callback for the caller to run.
+  call_fn take_call(uint64_t call_id, errc status);
   void finish_call(uint64_t call_id, const call_result& r);
   void arm_call_timer();
   static void on_call_timer(uv_timer_t* t);

@@ -215,6 +215,32 @@ TEST_P(NodeCallTest, StopEndsOpenCallsWithClosedFromTheLoop) {
   EXPECT_EQ(out->size(), 3u);
 }
 
+// A call whose request still waits for its link (the parent is not there) is ended by stop() as
+// well, and from the loop: its request's failure is reported inside stop(), the callback must not
+// run there. And a callback that stops the node or calls again meanwhile is safe.
+TEST_P(NodeCallTest, StopEndsCallsWhoseRequestStillWaitsFromTheLoop) {
+  node_config c = cfg();
+  c.parent_urls = {"ipv4://127.0.0.1:1"};  // nobody listens there
+  a_ = make(0x101, c);
+  auto out = std::make_shared<std::vector<outcome>>();
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(a_->n->call(0x100, 5, "x", 1, 20000, record(out)), errc::ok);
+  node* n = a_->n.get();
+  ASSERT_EQ(n->call(0x100, 5, "y", 1, 20000,
+                    [n, out](const call_result& r) {
+                      out->push_back({r.status, 0, "again"});
+                      n->stop();
+                      EXPECT_EQ(n->call(0x100, 5, "z", 1, 100, record(out)), errc::closed);
+                    }),
+            errc::ok);
+  a_->n->stop();
+  EXPECT_TRUE(out->empty());  // not inside stop()
+  ASSERT_TRUE(wait([&] { return out->size() == 3; }));
+  for (const outcome& o : *out) EXPECT_EQ(o.status, errc::closed);
+  run_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(out->size(), 3u);
+}
+
 TEST_P(NodeCallTest, ANodeCallsItself) {
   node_config c = cfg();
   c.subnets = {{0x100, 8}};
