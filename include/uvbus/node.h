@@ -152,6 +152,10 @@ struct node_config {
   // version 3) whatever its own mode; end_to_end needs version 3 on every link of the path.
   delivery_mode delivery = delivery_mode::end_to_end;
   // end_to_end: a message the target has not acknowledged after this time fails (timeout).
+  // A target keeps a silent flow's position for max(120 s, twice its own delivery_timeout_ms), and
+  // a source may resend a message until this deadline: give the nodes of a bus the same value (a
+  // source whose deadline is longer than that may see a message whose acknowledgement was lost
+  // delivered a second time, after a silence longer than the target keeps the position).
   uint32_t delivery_timeout_ms = 10000;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload

@@ -19,8 +19,10 @@ constexpr uint32_t kMaxRtoFactor = 8;
 constexpr uint64_t kNackIntervalMs = 10;
 // A source honours a target's resend request at most this often per flow.
 constexpr uint64_t kResendIntervalMs = 5;
-// A target forgets the position of a flow silent for this long (a later message of that flow
-// asks the source to resynchronise, which is safe: see docs/bus.md).
+// A target forgets the position of a flow silent for this long, or for twice its own
+// delivery_timeout_ms if that is longer (a later message of that flow asks the source to
+// resynchronise, which is safe only once the source can no longer resend a message the target
+// delivered: see docs/bus.md).
 constexpr uint64_t kRxIdleMs = 120000;
 // Messages the resend timer sends again (flow_probe).
 constexpr uint64_t kProbeWindow = 64;
@@ -274,8 +276,9 @@ void node::impl::flows_tick(uint64_t now) {
   if (stop_flush_until != 0 && (now >= stop_flush_until || counters.flow_unacked_now == 0)) {
     close_links_for_stop();
   }
+  const uint64_t rx_idle_ms = std::max<uint64_t>(kRxIdleMs, uint64_t{2} * cfg.delivery_timeout_ms);
   for (auto it = rx_flows.begin(); it != rx_flows.end();) {
-    if (!it->second.queued && now - it->second.last_rx_ms > kRxIdleMs) {
+    if (!it->second.queued && now - it->second.last_rx_ms > rx_idle_ms) {
       if (cached_rx == &it->second) cached_rx = nullptr;
       it = rx_flows.erase(it);
     } else {
