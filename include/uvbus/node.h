@@ -335,6 +335,8 @@ struct node_counters {
   // Flows (end_to_end delivery; docs/bus.md "Flows").
   uint64_t flow_unacked_now = 0;    // source: messages in retransmit buffers right now
   uint64_t flow_unacked_bytes = 0;  // ... and their bytes
+  uint64_t flow_targets = 0;        // source: targets with a flow (kept while the node runs)
+  uint64_t flow_buffer_bytes = 0;   // source: memory the flows' buffers hold now (idle ones shrink)
   uint64_t flow_resent = 0;         // source: messages sent again
   uint64_t flow_acks_sent = 0;      // target: acknowledgements sent
   uint64_t flow_acks_received = 0;  // source

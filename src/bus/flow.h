@@ -16,6 +16,8 @@ namespace uvbus::detail {
 
 // A flow's retransmit buffer starts at this size and doubles as it fills; an idle flow's goes.
 inline constexpr size_t kFlowStoreMin = 16384;
+// ... and an idle flow's ring of entries goes when it holds room for more than this many.
+inline constexpr size_t kFlowEntriesKept = 256;
 
 // Whole messages (header + body) of one flow, in sequence order, in one growable ring of bytes
 // (node_flow.cpp allocates in it). A message is stored contiguously: when it does not fit before

@@ -564,7 +564,7 @@ bool node::peer(bus_id id, endpoint_info* out) const {
 
 node_counters node::counters() const noexcept {
   UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::counters", {});
-  return impl_->counters;
+  return impl_->counters_now();
 }
 
 std::string node::routes_text() const {

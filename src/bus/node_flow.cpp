@@ -265,7 +265,11 @@ void node::impl::flows_tick(uint64_t now) {
       flow_settle_front(f, 0, errc::ok);
     }
     if (f.entries.empty()) {
-      if (f.store.cap > detail::kFlowStoreMin && now - f.last_progress_ms > 1000) f.store = {};
+      // Quiet for a second: what a burst grew goes (no reservation is open: that needs the loop).
+      if (now - f.last_progress_ms > 1000) {
+        if (f.store.cap > detail::kFlowStoreMin) f.store = {};
+        if (f.entries.capacity() > detail::kFlowEntriesKept) f.entries = {};
+      }
       continue;
     }
     if (now - std::max(f.last_progress_ms, f.resend_ms) >= f.rto_ms) {
@@ -285,6 +289,15 @@ void node::impl::flows_tick(uint64_t now) {
       ++it;
     }
   }
+}
+
+node_counters node::impl::counters_now() const {
+  node_counters c = counters;
+  c.flow_targets = tx_flows.size();
+  for (const auto& [id, f] : tx_flows) {
+    c.flow_buffer_bytes += f.store.cap + f.entries.capacity() * sizeof(tx_entry);
+  }
+  return c;
 }
 
 void node::impl::flows_route_changed(bool lost) {

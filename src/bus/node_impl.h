@@ -221,6 +221,8 @@ struct node::impl {
   void flow_sample_rtt(detail::tx_flow& f, uint64_t through);
   [[nodiscard]] uint32_t flow_base_rto(const detail::tx_flow& f) const;
   void flows_tick(uint64_t now);
+  // The counters with the flow gauges counted now (flow_targets, flow_buffer_bytes).
+  node_counters counters_now() const;
   // A link was lost (resend what is unacknowledged) or came up (send what waits).
   void flows_route_changed(bool lost);
   void flows_stop();

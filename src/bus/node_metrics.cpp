@@ -61,7 +61,7 @@ std::string hex_id(bus_id id) {
 }  // namespace
 
 void node::impl::node_families(prom_text* t) const {
-  const node_counters& c = counters;
+  const node_counters c = counters_now();
   const std::string id = hex_id(self);
   const label info[] = {{"id", id}, {"version", kVersionString}};
   t->family("uvbus_node_info", "The node's bus id and library version (value 1).",
@@ -127,6 +127,9 @@ void node::impl::node_families(prom_text* t) const {
       {"uvbus_node_flow_unacked_messages", "Messages in retransmit buffers now.",
        c.flow_unacked_now},
       {"uvbus_node_flow_unacked_bytes", "Bytes in retransmit buffers now.", c.flow_unacked_bytes},
+      {"uvbus_node_flow_targets", "Targets this node has a flow to.", c.flow_targets},
+      {"uvbus_node_flow_buffer_bytes", "Memory the flows' retransmit buffers hold now.",
+       c.flow_buffer_bytes},
       {"uvbus_node_peers", "Registered direct peers now.", peers.size()},
       {"uvbus_node_calls_open", "Calls awaiting their answer now.", calls_open},
   };

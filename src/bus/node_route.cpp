@@ -563,7 +563,7 @@ std::string node::impl::counters_text() const {
     std::snprintf(buf, sizeof buf, "%s=%" PRIu64 "\n", k, v);
     s += buf;
   };
-  const node_counters& c = counters;
+  const node_counters c = counters_now();
   add("data_sent", c.data_sent);
   add("data_sent_stream", c.data_sent_stream);
   add("data_sent_shm", c.data_sent_shm);
@@ -585,6 +585,8 @@ std::string node::impl::counters_text() const {
   add("held_for_child", c.held_for_child);
   add("flow_unacked_now", c.flow_unacked_now);
   add("flow_unacked_bytes", c.flow_unacked_bytes);
+  add("flow_targets", c.flow_targets);
+  add("flow_buffer_bytes", c.flow_buffer_bytes);
   add("flow_resent", c.flow_resent);
   add("flow_acks_sent", c.flow_acks_sent);
   add("flow_acks_received", c.flow_acks_received);

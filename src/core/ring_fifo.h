@@ -14,6 +14,7 @@ class ring_fifo {
  public:
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   [[nodiscard]] size_t size() const noexcept { return size_; }
+  [[nodiscard]] size_t capacity() const noexcept { return slots_.size(); }
   [[nodiscard]] T& front() noexcept { return slots_[head_]; }
   [[nodiscard]] const T& front() const noexcept { return slots_[head_]; }
 

@@ -148,6 +148,24 @@ TEST_F(NodeFlowTest, WithoutOnReportAcknowledgementsCountEveryMessage) {
 
 // The parent relay dies with messages in flight and comes back: every message is delivered
 // exactly once, in order, and reported ok; none fails because a link blinked.
+// What a burst grows (the byte buffer, the ring of entries) goes back once the flow has been
+// acknowledged and quiet for a second; the flow itself (its sequence) stays.
+TEST_F(NodeFlowTest, AQuietFlowGivesBackWhatABurstGrew) {
+  make_tree();
+  b_->keep_bytes = false;
+  std::vector<uint8_t> payload(200, 0x42);
+  for (int i = 0; i < 3000; ++i)
+    ASSERT_EQ(a_->n->send_data(0x102, 1, payload.data(), 200), errc::ok);
+  const node_counters burst = a_->n->counters();
+  EXPECT_EQ(burst.flow_targets, 1u);
+  EXPECT_GT(burst.flow_buffer_bytes, 3000u * 200u);
+  ASSERT_TRUE(wait([&] { return a_->n->counters().flow_buffer_bytes == 0; }));
+  EXPECT_EQ(b_->got_count, 3000u);
+  EXPECT_EQ(a_->n->counters().flow_targets, 1u);
+  ASSERT_EQ(a_->n->send_data(0x102, 1, payload.data(), 200), errc::ok);  // the flow goes on
+  ASSERT_TRUE(wait([&] { return b_->got_count == 3001; }));
+}
+
 TEST_F(NodeFlowTest, ParentRestartLosesNothing) {
   make_tree();
   send_some(300);
