@@ -108,7 +108,9 @@ struct stream_config {
   // A connection that holds part of a frame and receives no byte for this long is closed with
   // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
   // bytes, forever). Checked by one timer per channel every timeout/4 (at least every 10 ms), so a
-  // stalled half-frame is closed within 1.25 x the timeout. 0: never.
+  // stalled half-frame is closed within 1.25 x the timeout. A connection paused with
+  // pause_reading() is not checked (the wait is the owner's, not the peer's): its clock starts
+  // again at resume_reading(). 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
   // Accepted connections beyond this many live connections (inbound + outbound) of the channel are
   // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
@@ -389,7 +391,8 @@ class stream_channel {
   // Receive-side flow control: stop / restart reading from conn. Called from on_received, the
   // pause takes effect after the messages of the chunk being delivered (they already left the
   // kernel and live in the shared read buffer); no further read is made until resume_reading().
-  // Errors: closed, not_connected.
+  // However long the pause, it never counts as a stalled peer (partial_frame_timeout_ms restarts
+  // at resume_reading()). Errors: closed, not_connected.
   errc pause_reading(connection_id conn);
   errc resume_reading(connection_id conn);
 

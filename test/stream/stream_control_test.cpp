@@ -1,0 +1,156 @@
+// The application steering a connection from its callbacks: a pause outlasting the stall timeout.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/frame.h"
+#include "stream/stream_harness.h"
+
+namespace uvbus::test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+class StreamControl : public stream_fixture {
+ protected:
+  struct pair {
+    connection_id server;
+    connection_id client;
+  };
+  // Connects client channel c to server channel s (listening on a port from the OS first).
+  pair connect(stream_channel* s, recorder* srv, stream_channel* c, recorder* cli) {
+    listener_id l;
+    EXPECT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    pair p;
+    EXPECT_EQ(c->connect(s->listener_url(l), &p.client), errc::ok);
+    const size_t before = srv->accepted.size();
+    EXPECT_TRUE(run([&] {
+      return srv->accepted.size() > before && cli->connected.count(p.client.value) != 0;
+    }));
+    p.server = srv->accepted.back();
+    EXPECT_EQ(cli->connected[p.client.value], errc::ok);
+    return p;
+  }
+  // Runs the loop for `ms` of wall-clock time (no sleep: the loop keeps serving events).
+  void run_for(int ms) {
+    const auto until = steady_clock::now() + milliseconds(ms);
+    (void)run([&] { return steady_clock::now() >= until; }, milliseconds(ms + 5000));
+  }
+};
+
+// A blocking TCP client writing raw bytes (the kernel completes its handshake from the backlog).
+struct raw_writer {
+  int fd = -1;
+  explicit raw_writer(uint16_t port) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ~raw_writer() {
+    if (fd >= 0) ::close(fd);
+  }
+  bool write_all(const uint8_t* p, size_t n) const {
+    while (n != 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  }
+};
+
+std::vector<uint8_t> frame_of(const std::string& s) {
+  std::vector<uint8_t> out(frame_size(s.size()));
+  EXPECT_EQ(frame_encode(s.data(), s.size(), out.data(), out.size()), out.size());
+  return out;
+}
+
+// A bus node pauses an upstream link while the next hop is slow: the half frame it holds then is
+// the application's doing, not a stalled peer, however long the pause lasts.
+TEST_F(StreamControl, PausedConnectionOutlivesThePartialFrameTimeout) {
+  recorder srv, cli;
+  stream_config scfg;
+  scfg.partial_frame_timeout_ms = 200;
+  scfg.read_buffer_size = 4096;
+  // The read buffer is per thread and only grows (an earlier test of this process may have left
+  // it at the default 256 KiB): a larger frame is cut by the first read whatever its size.
+  scfg.message_limit = size_t{512} * 1024;
+  stream_config ccfg;
+  ccfg.message_limit = scfg.message_limit;
+  stream_channel* s = make_channel(&srv, scfg);
+  stream_channel* c = make_channel(&cli, ccfg);
+  const pair p = connect(s, &srv, c, &cli);
+  srv.on_received_hook = [&](connection_id conn, const uint8_t*, size_t) {
+    if (srv.received_count == 1) {
+      ASSERT_EQ(s->pause_reading(conn), errc::ok);
+    }
+  };
+  const std::string small(10, 's');
+  std::string big(kDefaultReadBufferSize + 100000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 % 251);
+  ASSERT_EQ(c->send(p.client, small.data(), small.size()), errc::ok);
+  ASSERT_EQ(c->send(p.client, big.data(), big.size()), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
+  ASSERT_GT(cm(s, p.server).receive_memory_bytes, 0u) << "paused holding part of a frame";
+  run_for(1000);  // five timeouts
+  const uint64_t sid = p.server.value;
+  ASSERT_EQ(srv.disconnected.count(sid), 0u) << to_string(srv.disconnected[sid]);
+  EXPECT_EQ(s->metrics().totals.partial_frame_timeouts, 0u);
+  EXPECT_EQ(srv.received_count, 1u);
+  ASSERT_EQ(s->resume_reading(p.server), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received_count == 2 || srv.disconnected.count(sid) != 0; }));
+  ASSERT_EQ(srv.received_count, 2u) << to_string(srv.disconnected[sid]);
+  EXPECT_EQ(srv.received[sid][0], small);
+  EXPECT_TRUE(srv.received[sid][1] == big) << "the large message arrives whole";
+}
+
+// resume_reading() restarts the stall clock: a peer that sends the rest of its frame soon after
+// the resume is not closed for the time the connection spent paused.
+TEST_F(StreamControl, ResumeReadingRestartsTheStallClock) {
+  recorder srv;
+  stream_config scfg;
+  scfg.partial_frame_timeout_ms = 400;  // swept every 100 ms
+  stream_channel* s = make_channel(&srv, scfg);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  raw_writer peer(s->listener_port(l));
+  ASSERT_GE(peer.fd, 0);
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1; }));
+  const connection_id conn = srv.accepted[0];
+  srv.on_received_hook = [&](connection_id id, const uint8_t*, size_t) {
+    ASSERT_EQ(s->pause_reading(id), errc::ok);
+  };
+  std::vector<uint8_t> bytes = frame_of("first");
+  const std::vector<uint8_t> second = frame_of(std::string(1000, 'x'));
+  const size_t cut = bytes.size() + second.size() / 2;
+  bytes.insert(bytes.end(), second.begin(), second.end());
+  ASSERT_TRUE(peer.write_all(bytes.data(), cut));  // one frame and half of the next
+  ASSERT_TRUE(run([&] { return srv.received_count == 1; }));
+  srv.on_received_hook = nullptr;
+  run_for(1000);  // paused well past the timeout
+  ASSERT_TRUE(srv.disconnected.empty());
+  ASSERT_EQ(s->resume_reading(conn), errc::ok);
+  run_for(150);  // at least one sweep, well within a timeout of the resume
+  ASSERT_TRUE(srv.disconnected.empty()) << to_string(srv.disconnected.begin()->second);
+  ASSERT_TRUE(peer.write_all(bytes.data() + cut, bytes.size() - cut));
+  ASSERT_TRUE(run([&] { return srv.received_count == 2 || !srv.disconnected.empty(); }));
+  EXPECT_EQ(srv.received[conn.value].back(), std::string(1000, 'x'));
+  EXPECT_EQ(s->metrics().totals.partial_frame_timeouts, 0u);
+}
+
+}  // namespace
+}  // namespace uvbus::test
