@@ -54,9 +54,11 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 namespace uvbus {
 
 enum class disconnect_mode : uint8_t {
-  // Stop accepting sends (they return errc::closed), let every queued packet reach the kernel,
-  // shut the write side down, then close. on_disconnected reports errc::ok. If the connection
-  // dies first, the remaining packets are reported failed and the reason is that error.
+  // Stop accepting sends (they return errc::closed) and stop reading (nothing more of the
+  // connection is delivered, not even the rest of the chunk on_received was called from), let
+  // every queued packet reach the kernel, shut the write side down, then close. on_disconnected
+  // reports errc::ok. If the connection dies first, the remaining packets are reported failed and
+  // the reason is that error.
   graceful,
   // Close now: every queued packet is reported failed with errc::cancelled, then on_disconnected
   // reports errc::cancelled.
@@ -242,7 +244,8 @@ struct stream_callbacks {
   // One whole, checksum-verified message. [data, data + size) points into the channel's read
   // buffer (or a partial-frame buffer) and is valid only until this callback returns: copy what
   // you keep. Messages of one connection arrive in order. If the callback disconnects the
-  // connection (or closes the channel), no further message of that connection is delivered.
+  // connection (graceful or force) or closes the channel, no further message of that connection
+  // is delivered.
   std::function<void(connection_id conn, const uint8_t* data, size_t size)> on_received;
 
   // Cumulative delivery report: every packet of conn with sequence <= written_through has had all

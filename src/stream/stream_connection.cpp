@@ -539,9 +539,10 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
       if (cb.on_received) {
         const detail::callback_scope scope(this);
         cb.on_received(c->id, r.data, r.size);
-        // The callback may have ended the connection or closed the channel. A pause takes effect
-        // after this chunk: its bytes live in the shared read buffer and cannot wait.
-        if (!c->active()) return false;
+        // The callback may have disconnected the connection (a graceful one drains its queue but
+        // reads no more) or closed the channel. A pause takes effect after this chunk: its bytes
+        // live in the shared read buffer and cannot wait.
+        if (c->state != conn_state::connected) return false;
       }
       continue;
     }
@@ -557,7 +558,7 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
 }
 
 void stream_channel::impl::start_reading(conn_impl* c) {
-  if (c->reading || c->paused || !c->active()) return;
+  if (c->reading || c->paused || c->state != conn_state::connected) return;
   const int r = uv_read_start(c->stream(), alloc_cb, read_cb);
   if (r != 0) {
     end_conn(c, from_uv(r));

@@ -1,4 +1,5 @@
-// The application steering a connection from its callbacks: a pause outlasting the stall timeout.
+// The application steering a connection from its callbacks: a pause outlasting the stall timeout,
+// a graceful disconnect inside on_received.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -150,6 +151,39 @@ TEST_F(StreamControl, ResumeReadingRestartsTheStallClock) {
   ASSERT_TRUE(run([&] { return srv.received_count == 2 || !srv.disconnected.empty(); }));
   EXPECT_EQ(srv.received[conn.value].back(), std::string(1000, 'x'));
   EXPECT_EQ(s->metrics().totals.partial_frame_timeouts, 0u);
+}
+
+// "If the callback disconnects that connection, nothing more of it is delivered" holds for a
+// graceful disconnect too, while the packets queued before it still reach the peer.
+TEST_F(StreamControl, GracefulDisconnectInsideOnReceivedStopsDelivery) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  const pair p = connect(s, &srv, c, &cli);
+  srv.on_received_hook = [&](connection_id conn, const uint8_t*, size_t) {
+    for (int i = 0; i < 3; ++i) {
+      const std::string reply = "reply-" + std::to_string(i);
+      ASSERT_EQ(s->send(conn, reply.data(), reply.size()), errc::ok);
+    }
+    ASSERT_EQ(s->disconnect(conn, disconnect_mode::graceful), errc::ok);
+    EXPECT_EQ(s->send(conn, "late", 4), errc::closed);
+  };
+  for (int i = 0; i < 5; ++i) {  // one write: the five frames arrive in one read
+    const std::string m = "msg-" + std::to_string(i) + "...";
+    ASSERT_EQ(m.size(), 8u);
+    ASSERT_EQ(c->send(p.client, m.data(), m.size()), errc::ok);
+  }
+  const uint64_t sid = p.server.value;
+  const uint64_t cid = p.client.value;
+  ASSERT_TRUE(run([&] { return srv.disconnected.count(sid) && cli.disconnected.count(cid); }));
+  EXPECT_EQ(srv.received_count, 1u);
+  EXPECT_EQ(s->metrics().totals.packets_received, 1u);
+  EXPECT_EQ(srv.disconnected[sid], errc::ok);
+  EXPECT_EQ(srv.written[sid], 3u);
+  EXPECT_TRUE(srv.failed.empty());
+  EXPECT_EQ(cli.disconnected[cid], errc::ok);
+  const std::vector<std::string> want = {"reply-0", "reply-1", "reply-2"};
+  EXPECT_EQ(cli.received[cid], want);
 }
 
 }  // namespace
