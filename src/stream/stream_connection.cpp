@@ -204,7 +204,9 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
   write_queue& q = *c->queue;
   size_t budget = kFlushBudget;
   while (!q.empty()) {
-    if (c->writing) return;  // TLS: the last batch's ciphertext is still going out
+    // TLS: the last batch's ciphertext is still going out. Or on_writable, called below, opened a
+    // reservation: its frame is not complete, and commit_send() / cancel_send() flush again.
+    if (c->writing || c->prepared != nullptr) return;
     // Every pass: on_writable, called below, may have queued more frames.
     seal_frames(q);
     if (budget == 0) {
@@ -489,6 +491,8 @@ void stream_channel::impl::cancel_send(conn_impl* c) {
     c->queue->unreserve_back();
     sync_queue_metrics(c);
   }
+  // The frames queued before the reservation waited for it (flush_queue), as does a drain.
+  if (c->active()) mark_dirty(c);
 }
 
 void stream_channel::impl::alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf) {

@@ -1,5 +1,5 @@
 // The application steering a connection from its callbacks: a pause outlasting the stall timeout,
-// a graceful disconnect inside on_received.
+// a graceful disconnect inside on_received, a reservation opened in on_writable.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -184,6 +184,104 @@ TEST_F(StreamControl, GracefulDisconnectInsideOnReceivedStopsDelivery) {
   EXPECT_EQ(cli.disconnected[cid], errc::ok);
   const std::vector<std::string> want = {"reply-0", "reply-1", "reply-2"};
   EXPECT_EQ(cli.received[cid], want);
+}
+
+// A dynamic queue of 8 blocks filled with 8-byte messages; on_writable then fires from inside a
+// flush, which must not write, free or count a reservation opened there.
+class ReservationInOnWritable : public StreamControl {
+ protected:
+  void SetUp() override {
+    StreamControl::SetUp();
+    stream_config ccfg;
+    ccfg.queue.mode = queue_mode::dynamic;
+    ccfg.queue.max_bytes = size_t{1} << 20;
+    ccfg.queue.max_blocks = 8;
+    s = make_channel(&srv);
+    c = make_channel(&cli, ccfg);
+    p = connect(s, &srv, c, &cli);
+  }
+  // Sends numbered 8-byte messages until the queue refuses one; checks their sequence numbers.
+  void fill() {
+    for (;;) {
+      uint64_t seq = 0;
+      const errc e = c->send(p.client, &sent, sizeof sent, &seq);
+      if (e == errc::queue_full) return;
+      ASSERT_EQ(e, errc::ok);
+      ASSERT_EQ(seq, ++sent);
+    }
+  }
+  // Every message 0..n-1 arrived in order, the reservation's (if any) last.
+  void expect_received(uint64_t n, const std::string& last) {
+    const auto& got = srv.received[p.server.value];
+    ASSERT_EQ(got.size(), n + (last.empty() ? 0 : 1));
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], std::string(reinterpret_cast<const char*>(&i), sizeof i)) << i;
+    }
+    if (!last.empty()) {
+      EXPECT_EQ(got.back(), last);
+    }
+  }
+
+  recorder srv, cli;
+  stream_channel* s = nullptr;
+  stream_channel* c = nullptr;
+  pair p;
+  uint64_t sent = 0;
+};
+
+TEST_F(ReservationInOnWritable, CommittedLaterGoesOutIntactAndIsReportedOnce) {
+  uint8_t* held = nullptr;
+  cli.on_writable_hook = [&](connection_id conn) {
+    errc e = errc::ok;
+    held = c->prepare_send(conn, 64, &e);
+    ASSERT_NE(held, nullptr) << to_string(e);
+  };
+  fill();
+  ASSERT_GT(sent, 0u);
+  const std::string body(64, 'R');
+  uint64_t commit_seq = 0;
+  // The commit comes from outside the callback that opened the reservation.
+  ASSERT_TRUE(run([&] {
+    if (held != nullptr && commit_seq == 0) {
+      std::memcpy(held, body.data(), body.size());
+      EXPECT_EQ(c->commit_send(p.client, &commit_seq), errc::ok);
+    }
+    return cli.written[p.client.value] == sent + 1 || !srv.disconnected.empty();
+  }));
+  EXPECT_EQ(commit_seq, sent + 1);
+  ASSERT_TRUE(run([&] { return srv.received_count == sent + 1 || !srv.disconnected.empty(); }));
+  ASSERT_TRUE(srv.disconnected.empty()) << to_string(srv.disconnected.begin()->second);
+  expect_received(sent, body);
+  EXPECT_EQ(cm(c, p.client).packets_sent, sent + 1);
+  EXPECT_EQ(cm(c, p.client).bytes_sent, sent * 8 + 64);
+  EXPECT_TRUE(cli.failed.empty());
+}
+
+// The frames queued in on_writable before the reservation wait for it; cancelling it lets them go.
+TEST_F(ReservationInOnWritable, CancelledLetsTheFramesQueuedBeforeItGo) {
+  bool held = false;
+  cli.on_writable_hook = [&](connection_id conn) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(c->send(conn, &sent, sizeof sent), errc::ok);
+      ++sent;
+    }
+    held = c->prepare_send(conn, 64) != nullptr;
+    ASSERT_TRUE(held);
+  };
+  fill();
+  bool cancelled = false;
+  ASSERT_TRUE(run([&] {
+    if (held && !cancelled) {
+      c->cancel_send(p.client);
+      cancelled = true;
+    }
+    return srv.received_count == sent || !srv.disconnected.empty();
+  }));
+  ASSERT_TRUE(srv.disconnected.empty()) << to_string(srv.disconnected.begin()->second);
+  expect_received(sent, "");
+  ASSERT_TRUE(run([&] { return cli.written[p.client.value] == sent; }));
+  EXPECT_EQ(cm(c, p.client).packets_sent, sent);
+  EXPECT_TRUE(cli.failed.empty());
 }
 
 }  // namespace
