@@ -382,8 +382,9 @@ class stream_channel {
   // and control must not return to the loop; cancel_send() drops the reservation instead (nothing
   // is queued or reported). A reservation opened inside on_writable (which runs in the middle of
   // a flush) holds the rest of that flush back: nothing of conn is written until commit_send() or
-  // cancel_send(). A reservation is not a packet: if the connection ends before
-  // commit_send(), commit_send() returns closed and nothing is reported for it.
+  // cancel_send(). A reservation is not a packet: if the connection ends or is disconnected
+  // (graceful or force) before commit_send(), commit_send() drops the reservation and returns
+  // closed, and nothing is reported for it (a graceful drain then goes on without it).
   [[nodiscard]] uint8_t* prepare_send(connection_id conn, size_t size, errc* err = nullptr);
   errc commit_send(connection_id conn, uint64_t* seq = nullptr);
   void cancel_send(connection_id conn);

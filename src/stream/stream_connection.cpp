@@ -477,6 +477,10 @@ uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, errc* err
 errc stream_channel::impl::commit_send(conn_impl* c, uint64_t* seq) {
   // No reservation: never made, cancelled, or dropped because the connection ended meanwhile.
   if (c == nullptr || c->prepared == nullptr) return errc::closed;
+  if (c->state != conn_state::connected) {  // disconnected meanwhile: not a packet, not reported
+    cancel_send(c);
+    return errc::closed;
+  }
   uint8_t* p = c->prepared;
   c->prepared = nullptr;
   complete_frame(c, p, c->prepared_hdr, c->prepared_size);

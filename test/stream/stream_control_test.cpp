@@ -1,5 +1,6 @@
 // The application steering a connection from its callbacks: a pause outlasting the stall timeout,
-// a graceful disconnect inside on_received, a reservation opened in on_writable.
+// a graceful disconnect inside on_received, reservations opened in on_writable or outliving a
+// disconnect.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -282,6 +283,52 @@ TEST_F(ReservationInOnWritable, CancelledLetsTheFramesQueuedBeforeItGo) {
   ASSERT_TRUE(run([&] { return cli.written[p.client.value] == sent; }));
   EXPECT_EQ(cm(c, p.client).packets_sent, sent);
   EXPECT_TRUE(cli.failed.empty());
+}
+
+// A reservation is not a packet: once the connection is disconnected, commit_send() drops it and
+// returns closed, and no report covers it.
+TEST_F(StreamControl, CommitAfterForceDisconnectIsClosedAndUnreported) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  const pair p = connect(s, &srv, c, &cli);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(c->send(p.client, "abc", 3), errc::ok);
+  errc e = errc::ok;
+  uint8_t* buf = c->prepare_send(p.client, 16, &e);
+  ASSERT_NE(buf, nullptr) << to_string(e);
+  std::memset(buf, 'z', 16);
+  ASSERT_EQ(c->disconnect(p.client, disconnect_mode::force), errc::ok);
+  uint64_t seq = 0;
+  EXPECT_EQ(c->commit_send(p.client, &seq), errc::closed);
+  EXPECT_EQ(seq, 0u);
+  EXPECT_EQ(c->commit_send(p.client, &seq), errc::closed) << "the reservation is gone";
+  const uint64_t id = p.client.value;
+  ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0; }));
+  EXPECT_EQ(cli.disconnected[id], errc::cancelled);
+  cli.expect_exact(id, 3);
+  ASSERT_EQ(cli.failed.size(), 1u);
+  EXPECT_EQ(cli.failed[0].last, 3u) << "the reservation is not reported";
+  EXPECT_EQ(c->metrics().totals.send_failed, 3u);
+}
+
+// The same after a graceful disconnect: the reservation is dropped and the queue still drains.
+TEST_F(StreamControl, CommitAfterGracefulDisconnectIsClosedAndTheQueueDrains) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  const pair p = connect(s, &srv, c, &cli);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(c->send(p.client, "abc", 3), errc::ok);
+  uint8_t* buf = c->prepare_send(p.client, 16);
+  ASSERT_NE(buf, nullptr);
+  std::memset(buf, 'z', 16);
+  ASSERT_EQ(c->disconnect(p.client, disconnect_mode::graceful), errc::ok);
+  EXPECT_EQ(c->commit_send(p.client), errc::closed);
+  const uint64_t id = p.client.value;
+  ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0 && srv.live.empty(); }));
+  EXPECT_EQ(cli.disconnected[id], errc::ok);
+  EXPECT_EQ(cli.written[id], 3u);
+  EXPECT_TRUE(cli.failed.empty());
+  EXPECT_EQ(srv.received_count, 3u);
 }
 
 }  // namespace
