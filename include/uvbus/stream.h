@@ -54,9 +54,11 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 namespace uvbus {
 
 enum class disconnect_mode : uint8_t {
-  // Stop accepting sends (they return errc::closed), let every queued packet reach the kernel,
-  // shut the write side down, then close. on_disconnected reports errc::ok. If the connection
-  // dies first, the remaining packets are reported failed and the reason is that error.
+  // Stop accepting sends (they return errc::closed) and stop reading (nothing more of the
+  // connection is delivered, not even the rest of the chunk on_received was called from), let
+  // every queued packet reach the kernel, shut the write side down, then close. on_disconnected
+  // reports errc::ok. If the connection dies first, the remaining packets are reported failed and
+  // the reason is that error.
   graceful,
   // Close now: every queued packet is reported failed with errc::cancelled, then on_disconnected
   // reports errc::cancelled.
@@ -108,7 +110,9 @@ struct stream_config {
   // A connection that holds part of a frame and receives no byte for this long is closed with
   // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
   // bytes, forever). Checked by one timer per channel every timeout/4 (at least every 10 ms), so a
-  // stalled half-frame is closed within 1.25 x the timeout. 0: never.
+  // stalled half-frame is closed within 1.25 x the timeout. A connection paused with
+  // pause_reading() is not checked (the wait is the owner's, not the peer's): its clock starts
+  // again at resume_reading(). 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
   // Accepted connections beyond this many live connections (inbound + outbound) of the channel are
   // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
@@ -240,7 +244,8 @@ struct stream_callbacks {
   // One whole, checksum-verified message. [data, data + size) points into the channel's read
   // buffer (or a partial-frame buffer) and is valid only until this callback returns: copy what
   // you keep. Messages of one connection arrive in order. If the callback disconnects the
-  // connection (or closes the channel), no further message of that connection is delivered.
+  // connection (graceful or force) or closes the channel, no further message of that connection
+  // is delivered.
   std::function<void(connection_id conn, const uint8_t* data, size_t size)> on_received;
 
   // Cumulative delivery report: every packet of conn with sequence <= written_through has had all
@@ -375,8 +380,11 @@ class stream_channel {
   // nullptr and sets *err to one of send()'s errors (or invalid_argument while another reservation
   // on conn is open); nothing is queued. Between the two calls nothing else may be sent on conn,
   // and control must not return to the loop; cancel_send() drops the reservation instead (nothing
-  // is queued or reported). A reservation is not a packet: if the connection ends before
-  // commit_send(), commit_send() returns closed and nothing is reported for it.
+  // is queued or reported). A reservation opened inside on_writable (which runs in the middle of
+  // a flush) holds the rest of that flush back: nothing of conn is written until commit_send() or
+  // cancel_send(). A reservation is not a packet: if the connection ends or is disconnected
+  // (graceful or force) before commit_send(), commit_send() drops the reservation and returns
+  // closed, and nothing is reported for it (a graceful drain then goes on without it).
   [[nodiscard]] uint8_t* prepare_send(connection_id conn, size_t size, errc* err = nullptr);
   errc commit_send(connection_id conn, uint64_t* seq = nullptr);
   void cancel_send(connection_id conn);
@@ -389,7 +397,8 @@ class stream_channel {
   // Receive-side flow control: stop / restart reading from conn. Called from on_received, the
   // pause takes effect after the messages of the chunk being delivered (they already left the
   // kernel and live in the shared read buffer); no further read is made until resume_reading().
-  // Errors: closed, not_connected.
+  // However long the pause, it never counts as a stalled peer (partial_frame_timeout_ms restarts
+  // at resume_reading()). Errors: closed, not_connected.
   errc pause_reading(connection_id conn);
   errc resume_reading(connection_id conn);
 

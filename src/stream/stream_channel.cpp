@@ -139,13 +139,16 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
 }
 
 // One pass over the connections, not a timer per connection: an idle connection costs nothing,
-// and a half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout.
+// and a half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout. Only a
+// connection that is reading counts: one the owner paused (a bus node holding an upstream link
+// back for a slow next hop) waits by the owner's choice, and its clock restarts at
+// resume_reading(); a draining one reads no more.
 void stream_channel::impl::sweep_partial_frames() {
   const uint64_t now = uv_now(loop);
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     // end_conn() only marks the connection and closes its handle; it stays linked until the
     // close callback, so the next pointer is still valid after it.
-    if (c->active() && c->decoder.buffered() != 0 &&
+    if (c->state == conn_state::connected && !c->paused && c->decoder.buffered() != 0 &&
         now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
       ++c->m().partial_frame_timeouts;
       end_conn(c, errc::timeout);
@@ -472,6 +475,11 @@ errc stream_channel::impl::disconnect(conn_impl* c, disconnect_mode mode) {
       }
       c->state = conn_state::draining;
       c->want_writable = false;
+      // Nothing more of it is delivered (stream.h, on_received): reading stops here, for good.
+      if (c->reading) {
+        uv_read_stop(c->stream());
+        c->reading = false;
+      }
       // Flushed (and then shut down) from the loop, never inside this call.
       mark_dirty(c);
       return errc::ok;
@@ -541,7 +549,10 @@ errc stream_channel::resume_reading(connection_id conn) {
   conn_impl* c = impl_->find(conn);
   if (c == nullptr || impl_->closed) return errc::closed;
   if (!c->active()) return c->state == conn_state::closing ? errc::closed : errc::not_connected;
-  c->paused = false;
+  if (c->paused) {
+    c->paused = false;
+    c->last_read_ms = uv_now(impl_->loop);  // the stall clock starts again (sweep_partial_frames)
+  }
   impl_->start_reading(c);
   return errc::ok;
 }

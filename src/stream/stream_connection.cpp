@@ -204,7 +204,9 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
   write_queue& q = *c->queue;
   size_t budget = kFlushBudget;
   while (!q.empty()) {
-    if (c->writing) return;  // TLS: the last batch's ciphertext is still going out
+    // TLS: the last batch's ciphertext is still going out. Or on_writable, called below, opened a
+    // reservation: its frame is not complete, and commit_send() / cancel_send() flush again.
+    if (c->writing || c->prepared != nullptr) return;
     // Every pass: on_writable, called below, may have queued more frames.
     seal_frames(q);
     if (budget == 0) {
@@ -475,6 +477,10 @@ uint8_t* stream_channel::impl::prepare_send(conn_impl* c, size_t size, errc* err
 errc stream_channel::impl::commit_send(conn_impl* c, uint64_t* seq) {
   // No reservation: never made, cancelled, or dropped because the connection ended meanwhile.
   if (c == nullptr || c->prepared == nullptr) return errc::closed;
+  if (c->state != conn_state::connected) {  // disconnected meanwhile: not a packet, not reported
+    cancel_send(c);
+    return errc::closed;
+  }
   uint8_t* p = c->prepared;
   c->prepared = nullptr;
   complete_frame(c, p, c->prepared_hdr, c->prepared_size);
@@ -489,6 +495,8 @@ void stream_channel::impl::cancel_send(conn_impl* c) {
     c->queue->unreserve_back();
     sync_queue_metrics(c);
   }
+  // The frames queued before the reservation waited for it (flush_queue), as does a drain.
+  if (c->active()) mark_dirty(c);
 }
 
 void stream_channel::impl::alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf) {
@@ -539,9 +547,10 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
       if (cb.on_received) {
         const detail::callback_scope scope(this);
         cb.on_received(c->id, r.data, r.size);
-        // The callback may have ended the connection or closed the channel. A pause takes effect
-        // after this chunk: its bytes live in the shared read buffer and cannot wait.
-        if (!c->active()) return false;
+        // The callback may have disconnected the connection (a graceful one drains its queue but
+        // reads no more) or closed the channel. A pause takes effect after this chunk: its bytes
+        // live in the shared read buffer and cannot wait.
+        if (c->state != conn_state::connected) return false;
       }
       continue;
     }
@@ -557,7 +566,7 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
 }
 
 void stream_channel::impl::start_reading(conn_impl* c) {
-  if (c->reading || c->paused || !c->active()) return;
+  if (c->reading || c->paused || c->state != conn_state::connected) return;
   const int r = uv_read_start(c->stream(), alloc_cb, read_cb);
   if (r != 0) {
     end_conn(c, from_uv(r));
