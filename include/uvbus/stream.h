@@ -54,11 +54,12 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 namespace uvbus {
 
 enum class disconnect_mode : uint8_t {
-  // Stop accepting sends (they return errc::closed) and stop reading (nothing more of the
-  // connection is delivered, not even the rest of the chunk on_received was called from), let
-  // every queued packet reach the kernel, shut the write side down, then close. on_disconnected
-  // reports errc::ok. If the connection dies first, the remaining packets are reported failed and
-  // the reason is that error.
+  // Stop accepting sends (they return errc::closed) and delivering (nothing more of the
+  // connection reaches on_received, not even the rest of the chunk it was called from: what
+  // still arrives is read and dropped, so that a peer's writes never stall on us), let every
+  // queued packet reach the kernel, shut the write side down, then close. on_disconnected reports
+  // errc::ok. If the connection dies first, the remaining packets are reported failed and the
+  // reason is that error.
   graceful,
   // Close now: every queued packet is reported failed with errc::cancelled, then on_disconnected
   // reports errc::cancelled.

@@ -475,11 +475,10 @@ errc stream_channel::impl::disconnect(conn_impl* c, disconnect_mode mode) {
       }
       c->state = conn_state::draining;
       c->want_writable = false;
-      // Nothing more of it is delivered (stream.h, on_received): reading stops here, for good.
-      if (c->reading) {
-        uv_read_stop(c->stream());
-        c->reading = false;
-      }
+      // Nothing more of it is delivered (stream.h, on_received), but it goes on reading, and
+      // discards (on_read): a peer whose writes stalled on us would never finish its own drain.
+      c->paused = false;
+      start_reading(c);
       // Flushed (and then shut down) from the loop, never inside this call.
       mark_dirty(c);
       return errc::ok;

@@ -517,6 +517,19 @@ void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t
 
 void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;  // EAGAIN: a normal event, never an error
+  if (c->state == conn_state::draining) {
+    // A graceful disconnect delivers nothing more; what still arrives is read and dropped, so
+    // that the peer's writes (and its own drain) never stall on us. Its end of stream only ends
+    // the reading: the queue still drains, then the write side shuts down.
+    if (nread >= 0) return;
+    uv_read_stop(c->stream());
+    c->reading = false;
+    if (nread != UV_EOF) {
+      ++c->m().io_errors;
+      end_conn(c, from_uv(static_cast<int>(nread)));
+    }
+    return;
+  }
   if (c->secure) {
     tls_on_read(c, nread, buf);
     return;
@@ -566,7 +579,7 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
 }
 
 void stream_channel::impl::start_reading(conn_impl* c) {
-  if (c->reading || c->paused || c->state != conn_state::connected) return;
+  if (c->reading || c->paused || !c->active()) return;
   const int r = uv_read_start(c->stream(), alloc_cb, read_cb);
   if (r != 0) {
     end_conn(c, from_uv(r));
