@@ -112,8 +112,10 @@ struct region_header {
   // line: writers load reader_state on every send and must not miss on it because of this).
   // Every record before consumed_pos was handed to a records callback that returned; if
   // consumed_batch_pos == consumed_pos, so were the items of the batch at consumed_pos whose body
-  // offset is below consumed_batch_off. A reattaching reader resumes from it; read_pos (line 3)
-  // may trail it (records held after a skip).
+  // offset is below consumed_batch_off. Stored before read_pos (line 3), which may trail it
+  // (records held after a skip). A reattaching reader resumes from max(consumed_pos, read_pos):
+  // builds before that order could leave it behind read_pos, and every record before read_pos was
+  // consumed too.
   std::atomic<uint64_t> consumed_pos;
   std::atomic<uint64_t> consumed_batch_pos;
   std::atomic<uint64_t> consumed_batch_off;

@@ -121,25 +121,29 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
   }
   const std::string url = addr.to_string();
   open_outcome how;
+  const auto incompatible = [&](errc e, const std::string& detail) {
+    const std::string text = "the existing region is incompatible with this shm_config: " + detail +
+                             ". It was left intact with its records: read them with "
+                             "`uvbus_shm_inspect --drain " +
+                             url + "`, or delete it with `uvbus_shm_inspect --remove " + url + "`";
+    return impl_->fail(call, url, e, text.c_str());
+  };
   if (const errc e = create_region(addr, cfg, &p->map, &how); e != errc::ok) {
     if (how.detail.empty()) return impl_->fail(call, url, e);
-    const std::string text =
-        "the existing region is incompatible with this shm_config: " + how.detail +
-        ". It was left intact with its records: read them with "
-        "`uvbus_shm_inspect --drain " +
-        url + "`, or delete it with `uvbus_shm_inspect --remove " + url + "`";
-    return impl_->fail(call, url, e, text.c_str());
+    return incompatible(e, how.detail);
   }
   const char* bad = nullptr;
-  if (const errc e = validate_header(p->map.base, p->map.size, &p->g, &bad); e != errc::ok) {
+  errc e = validate_header(p->map.base, p->map.size, &p->g, &bad);
+  if (e == errc::ok && how.reattached) how.detail = p->resume();
+  if (e != errc::ok || !how.detail.empty()) {
     if (how.reattached && p->map.size >= kHeaderSize) {  // never wipe records: hand it back
       static_cast<region_header*>(p->map.base)
           ->reader_state.store(kReaderDetached, std::memory_order_release);
     }
     release_region(&p->map, !how.reattached);
-    return impl_->fail(call, url, e, bad);
+    if (e != errc::ok) return impl_->fail(call, url, e, bad);
+    return incompatible(errc::bad_layout, how.detail);
   }
-  if (how.reattached) p->resume();
   impl_->url = url;
   impl_->logged_abandoned = p->c_abandoned;
   impl_->logged_checksum = p->c_checksum;

@@ -3,9 +3,11 @@
 // handle, futex helper thread). Private to src/shm/reader.cpp.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -102,9 +104,13 @@ struct ring_reader {
     h->batches.store(c_batches, std::memory_order_relaxed);
   }
 
-  // Releases nodes up to the first still-held skipped record. release: every read of those nodes
-  // (checksum, the callback's reads) happens before a writer's acquire load sees the new value and
-  // overwrites them.
+  // Stores the consumed cursor, then releases nodes up to the first still-held skipped record.
+  // release: every read of those nodes (checksum, the callback's reads) happens before a writer's
+  // acquire load sees the new read_pos and overwrites them. consumed_pos goes first so that
+  // read_pos <= consumed_pos holds at every instant (the new read_pos is at most rd, the new
+  // consumed_pos): a reader killed between the two stores leaves a state whose only oddity is
+  // read_pos trailing, as it does behind held records. Writers read only read_pos, so storing
+  // consumed_pos first lets no writer reuse a node sooner.
   void publish(uint64_t now) noexcept {
     while (nholds > 0) {
       const hold& hd = holds[0];
@@ -117,12 +123,12 @@ struct ring_reader {
       std::memmove(&holds[0], &holds[1], (nholds - 1) * sizeof(hold));
       --nholds;
     }
+    store_consumed();
     const uint64_t pos = nholds > 0 ? holds[0].pos : rd;
     if (pos != published) {
       published = pos;
       g.hdr->read_pos.store(pos, std::memory_order_release);
     }
-    store_consumed();
   }
 
   // Stores the consumed cursor (rd, and the offset reached inside a partly delivered batch at rd)
@@ -145,15 +151,26 @@ struct ring_reader {
   // A reattached region: resumes from its consumed cursor and counters, and holds again the
   // skipped records between read_pos and the cursor whose writers have not acknowledged the skip
   // (their nodes must not be reused before reclaim_timeout: a stalled writer may still copy).
-  // layout_mismatch() checked read_pos <= consumed_pos <= write_pos.
-  void resume() noexcept {
+  // layout_mismatch() accepted the cursors from the header alone; here, with the heads mapped,
+  // write_pos is helped past a dead writer's unadvanced claim the last reader skipped, and the
+  // cursors must then be read_pos <= resume position <= write_pos, one ring apart at most.
+  // Returns "" or why not (bad_layout).
+  std::string resume() {
     region_header* h = g.hdr;
-    rd = stored_pos = h->consumed_pos.load(std::memory_order_acquire);
-    if (h->consumed_batch_pos.load(std::memory_order_acquire) == rd) {
+    published = h->read_pos.load(std::memory_order_acquire);
+    stored_pos = h->consumed_pos.load(std::memory_order_acquire);
+    // Every record before read_pos was consumed: read_pos passes a record only after the callback
+    // it went to returned. (A build that stored read_pos first, killed between the two stores,
+    // left consumed_pos behind it; stored_pos keeps the header's value, so it is rewritten.)
+    rd = std::max(published, stored_pos);
+    if (rd == stored_pos && h->consumed_batch_pos.load(std::memory_order_acquire) == rd) {
       sub_pos = rd;
       sub_off = stored_off = h->consumed_batch_off.load(std::memory_order_acquire);
     }
-    published = h->read_pos.load(std::memory_order_acquire);
+    const uint64_t wp = help_write_pos(g, rd);
+    if (rd > wp || wp - published > g.nodes) {
+      return cursors_inconsistent(published, stored_pos, wp, g.nodes);
+    }
     c_records = h->records_read.load(std::memory_order_relaxed);
     c_bytes = h->bytes_read.load(std::memory_order_relaxed);
     c_abandoned = h->abandoned.load(std::memory_order_relaxed);
@@ -173,6 +190,7 @@ struct ring_reader {
       p += n;
     }
     reattached = true;
+    return {};
   }
 
   // The records gathered for the next callback call, and what one drain has delivered so far.
