@@ -272,7 +272,7 @@ class shm_reader {
   // in batches, synchronously, before it returns; returns how many were delivered (0: nothing
   // ready, not open, started, or no on_records). Also advances abandon timeouts.
   [[nodiscard]] size_t poll(size_t max_records);
-  // Copies the next record into buf (no callback). Errors: not_found (no record ready now; retry
+  // Copies the next record into buf (no callback). Errors: would_block (no record ready now; retry
   // later), buffer_too_small (*len = the record's size; it stays at the head), closed (not open),
   // wrong_state (started, or inside the callback).
   [[nodiscard]] errc try_receive(void* buf, size_t cap, size_t* len);
