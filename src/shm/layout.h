@@ -99,7 +99,11 @@ struct region_header {
   std::atomic<uint64_t> queue_full;
   std::atomic<uint64_t> writer_abandoned;
   std::atomic<uint64_t> wakeups;
-  uint8_t pad5[24];
+  // Messages a coalescing writer's send() accepted (ok) that never reached the ring: the region
+  // was removed, or close() (or the destructor) could not publish the stage. In what was padding
+  // (zero in every region; builds before it neither write nor show it): no version change.
+  std::atomic<uint64_t> staged_dropped;
+  uint8_t pad5[16];
   // ---- line 6: reader-side counters, stored by the reader after each drain.
   std::atomic<uint64_t> records_read;
   std::atomic<uint64_t> bytes_read;
@@ -235,6 +239,7 @@ static_assert(offsetof(region_header, read_pos) == 192, "own cache line");
 static_assert(offsetof(region_header, reader_sleeping) == 256, "own cache line");
 static_assert(offsetof(region_header, records_written) == 320, "");
 static_assert(offsetof(region_header, wakeups) == 352, "");
+static_assert(offsetof(region_header, staged_dropped) == 360, "");
 static_assert(offsetof(region_header, records_read) == 384, "");
 static_assert(offsetof(region_header, batches) == 424, "");
 static_assert(offsetof(region_header, consumed_pos) == 448, "own cache line");

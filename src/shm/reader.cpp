@@ -267,6 +267,7 @@ shm_metrics shm_reader::metrics() const noexcept {
   m.queue_full = h->queue_full.load(std::memory_order_relaxed);
   m.writer_abandoned = h->writer_abandoned.load(std::memory_order_relaxed);
   m.wakeups = h->wakeups.load(std::memory_order_relaxed);
+  m.staged_dropped = h->staged_dropped.load(std::memory_order_relaxed);
   m.records_read = rr.c_records;
   m.bytes_read = rr.c_bytes;
   m.abandoned = rr.c_abandoned;
