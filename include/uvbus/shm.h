@@ -275,9 +275,11 @@ class shm_reader {
   // in batches, synchronously, before it returns; returns how many were delivered (0: nothing
   // ready, not open, started, or no on_records). Also advances abandon timeouts.
   [[nodiscard]] size_t poll(size_t max_records);
-  // Copies the next record into buf (no callback). Errors: would_block (no record ready now; retry
-  // later), buffer_too_small (*len = the record's size; it stays at the head), closed (not open),
-  // wrong_state (started, or inside the callback).
+  // Copies the next record into buf (no callback). The checksum is verified on the copy in buf, so
+  // the bytes returned are exactly the bytes verified. Errors: would_block (no record ready now;
+  // retry later), buffer_too_small (*len = the record's size; it stays at the head), closed (not
+  // open), wrong_state (started, or inside the callback). On an error buf's contents are
+  // unspecified (a record skipped for a bad checksum may have been copied into it).
   [[nodiscard]] errc try_receive(void* buf, size_t cap, size_t* len);
 
   // Stops and closes the region as `mode` says (shm_close_mode: remove marks it closed for good

@@ -211,19 +211,14 @@ errc shm_reader::try_receive(void* buf, size_t cap, size_t* len) {
   if (!impl_->open()) return errc::closed;
   ring_reader& rr = *impl_->ring;
   if (rr.started || impl_->in_callback > 0) return errc::wrong_state;
-  struct ctx {
-    void* buf;
-    size_t* len;
-  } cx{buf, len};
+  // The record is copied into buf before its checksum is verified, on the copy (ring_reader::
+  // copy_to): what try_receive returns is exactly what was verified.
   rr.size_limit = cap;
   rr.too_big = 0;
+  rr.copy_to = static_cast<uint8_t*>(buf);
   const size_t n = rr.drain(
-      [](void* u, const shm_record* r, size_t) {
-        auto* x = static_cast<ctx*>(u);
-        if (r->size != 0) std::memcpy(x->buf, r->data, r->size);
-        *x->len = r->size;
-      },
-      &cx, 1);
+      [](void* u, const shm_record* r, size_t) { *static_cast<size_t*>(u) = r->size; }, len, 1);
+  rr.copy_to = nullptr;
   rr.size_limit = ~size_t{0};
   if (n == 1) return errc::ok;
   if (rr.too_big != 0) {

@@ -79,6 +79,11 @@ struct ring_reader {
   std::vector<shm_record> batch;
   size_t size_limit = ~size_t{0};  // try_receive's buffer size
   size_t too_big = 0;              // set when drain stopped at a record above size_limit
+  // try_receive's buffer: when set, a payload is copied here first and the checksum verified on
+  // the copy, which is what gets delivered (the bytes verified are the bytes handed out, even if a
+  // writer stalled past abandon + reclaim writes into the ring meanwhile). Holds at least
+  // size_limit bytes.
+  uint8_t* copy_to = nullptr;
 
   // Loop integration.
   uv_loop_t* loop = nullptr;
@@ -277,6 +282,14 @@ struct ring_reader {
     }
   }
 
+  // The bytes to verify and deliver: the ring's, or (try_receive) a copy in copy_to. len was
+  // checked against size_limit.
+  const uint8_t* take_payload(const uint8_t* ring, uint32_t len) const noexcept {
+    if (copy_to == nullptr) return ring;
+    if (len != 0) std::memcpy(copy_to, ring, len);
+    return copy_to;
+  }
+
   // A committed single record of n nodes at rd.
   step take_record(uint64_t n, sink& s) noexcept {
     const uint8_t* node = g.node(rd);
@@ -291,7 +304,7 @@ struct ring_reader {
       ++c_corrupt;
       return step::go_on;
     }
-    const uint8_t* payload = node + kRecordHeaderSize;
+    const uint8_t* payload = take_payload(node + kRecordHeaderSize, pre.len);
     if (record_checksum(g.version, payload, pre.len, rd - n) != pre.checksum) {
       ++c_checksum;
       return step::go_on;
@@ -332,7 +345,7 @@ struct ring_reader {
         too_big = ip.len;
         return pause_batch(off);
       }
-      const uint8_t* payload = body + off + kRecordHeaderSize;
+      const uint8_t* payload = take_payload(body + off + kRecordHeaderSize, ip.len);
       const bool ok = batch_item_checksum(g.version, payload, ip.len, rd, off) == ip.checksum;
       off += item_bytes;
       if (!ok) {
