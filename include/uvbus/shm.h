@@ -132,9 +132,12 @@ struct shm_metrics {
   uint64_t batches = 0;            // callback batches (reader)
   uint64_t fill_bytes = 0;         // ring bytes reserved and not yet released by the reader
   uint64_t capacity_bytes = 0;     // ring size
-  // Coalescing writers (shm_writer::coalesce) only, this writer's own: staged messages published
-  // (flushes: ring reservations made for them), and staged messages that send() had accepted but
-  // that never reached the ring (the region was removed, or close() found the ring full).
+  // Coalescing writers (shm_writer::coalesce) only: staged messages published (flushes: ring
+  // reservations made for them; this writer's own), and staged messages that send() had accepted
+  // (ok) but that never reached the ring (the region was removed, or close() or the destructor
+  // could not publish the stage). staged_dropped is this writer's own in shm_writer::metrics(),
+  // and the total of every writer of the region in the reader's metrics() and shm_region_info
+  // (each writer adds its drops with its other counters, and always at close()).
   uint64_t coalesced_flushes = 0;
   uint64_t staged_dropped = 0;
 };
@@ -272,9 +275,11 @@ class shm_reader {
   // in batches, synchronously, before it returns; returns how many were delivered (0: nothing
   // ready, not open, started, or no on_records). Also advances abandon timeouts.
   [[nodiscard]] size_t poll(size_t max_records);
-  // Copies the next record into buf (no callback). Errors: not_found (no record ready now; retry
-  // later), buffer_too_small (*len = the record's size; it stays at the head), closed (not open),
-  // wrong_state (started, or inside the callback).
+  // Copies the next record into buf (no callback). The checksum is verified on the copy in buf, so
+  // the bytes returned are exactly the bytes verified. Errors: would_block (no record ready now;
+  // retry later), buffer_too_small (*len = the record's size; it stays at the head), closed (not
+  // open), wrong_state (started, or inside the callback). On an error buf's contents are
+  // unspecified (a record skipped for a bad checksum may have been copied into it).
   [[nodiscard]] errc try_receive(void* buf, size_t cap, size_t* len);
 
   // Stops and closes the region as `mode` says (shm_close_mode: remove marks it closed for good
@@ -376,9 +381,13 @@ class shm_writer {
   // at the end of every turn of that loop (uv_prepare and uv_check handles, unreferenced: they
   // never keep the loop alive). With a loop the writer belongs to that loop's thread.
   //   What ok means then: the message is accepted and will be in the ring, in send order, by
-  //   the end of the loop turn (or the next flush()) — unless the region is removed first (then
-  //   it is dropped as the records already in the ring are; counted in staged_dropped) or this
-  //   process dies first (then it is lost, never torn: the ring only ever sees whole batches).
+  //   the end of the loop turn (or the next flush()) — unless, first:
+  //   - the region is removed (then it is dropped as the records already in the ring are);
+  //   - close() or the destructor runs while the stage can not be published (the ring full, or
+  //     the copy abandoned 3 times): it is dropped, and close() returns how many were;
+  //   - this process dies (then it is lost, never torn: the ring only ever sees whole batches).
+  //   The first two are never silent: they are counted in staged_dropped, this writer's and the
+  //   region's (the reader's metrics(), shm_inspect, uvbus_shm_inspect).
   //   Back-pressure: a flush that finds the ring full keeps the stage and retries (at the next
   //   send, flush, loop turn, or every millisecond); meanwhile send() tries the flush again and
   //   returns queue_full if the ring is still full (nothing of that message is staged).
@@ -405,8 +414,15 @@ class shm_writer {
   // True if the region's reader is open and its process alive (a kill(pid, 0) and a read of
   // /proc): false while it is dead or closed with keep, true again once a reader reattached.
   [[nodiscard]] bool reader_alive() const noexcept;
-  // Detaches (the region itself belongs to the reader). Idempotent.
-  void close();
+  // Detaches (the region itself belongs to the reader). Idempotent. A coalescing writer first
+  // publishes its stage once; if that fails (the ring is full, the copy was abandoned 3 times, or
+  // the region was removed) the staged messages, which send() had accepted, are dropped. Returns
+  // how many were dropped (0 when nothing was staged, the flush succeeded, without coalesce(), or
+  // already closed), and adds them to the region's staged_dropped counter, so a drop by the
+  // destructor (which calls close() and can return nothing) shows in the reader's metrics() and
+  // shm_inspect too. A caller that must drop nothing calls flush() until it returns ok (or gives
+  // up knowing what is still staged(): the count) before close().
+  size_t close();
 
   [[nodiscard]] bool is_open() const noexcept;
   [[nodiscard]] size_t max_record_size() const noexcept;

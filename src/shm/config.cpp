@@ -119,6 +119,7 @@ errc shm_inspect(std::string_view url, shm_region_info* out) {
     mt.checksum_failures = h->checksum_failures.load(std::memory_order_relaxed);
     mt.corrupt = h->corrupt.load(std::memory_order_relaxed);
     mt.wakeups = h->wakeups.load(std::memory_order_relaxed);
+    mt.staged_dropped = h->staged_dropped.load(std::memory_order_relaxed);
     mt.batches = h->batches.load(std::memory_order_relaxed);
     mt.capacity_bytes = out->ring_bytes;
     if (out->write_pos >= out->read_pos) {

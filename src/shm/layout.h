@@ -99,7 +99,11 @@ struct region_header {
   std::atomic<uint64_t> queue_full;
   std::atomic<uint64_t> writer_abandoned;
   std::atomic<uint64_t> wakeups;
-  uint8_t pad5[24];
+  // Messages a coalescing writer's send() accepted (ok) that never reached the ring: the region
+  // was removed, or close() (or the destructor) could not publish the stage. In what was padding
+  // (zero in every region; builds before it neither write nor show it): no version change.
+  std::atomic<uint64_t> staged_dropped;
+  uint8_t pad5[16];
   // ---- line 6: reader-side counters, stored by the reader after each drain.
   std::atomic<uint64_t> records_read;
   std::atomic<uint64_t> bytes_read;
@@ -112,8 +116,10 @@ struct region_header {
   // line: writers load reader_state on every send and must not miss on it because of this).
   // Every record before consumed_pos was handed to a records callback that returned; if
   // consumed_batch_pos == consumed_pos, so were the items of the batch at consumed_pos whose body
-  // offset is below consumed_batch_off. A reattaching reader resumes from it; read_pos (line 3)
-  // may trail it (records held after a skip).
+  // offset is below consumed_batch_off. Stored before read_pos (line 3), which may trail it
+  // (records held after a skip). A reattaching reader resumes from max(consumed_pos, read_pos):
+  // builds before that order could leave it behind read_pos, and every record before read_pos was
+  // consumed too.
   std::atomic<uint64_t> consumed_pos;
   std::atomic<uint64_t> consumed_batch_pos;
   std::atomic<uint64_t> consumed_batch_off;
@@ -233,6 +239,7 @@ static_assert(offsetof(region_header, read_pos) == 192, "own cache line");
 static_assert(offsetof(region_header, reader_sleeping) == 256, "own cache line");
 static_assert(offsetof(region_header, records_written) == 320, "");
 static_assert(offsetof(region_header, wakeups) == 352, "");
+static_assert(offsetof(region_header, staged_dropped) == 360, "");
 static_assert(offsetof(region_header, records_read) == 384, "");
 static_assert(offsetof(region_header, batches) == 424, "");
 static_assert(offsetof(region_header, consumed_pos) == 448, "own cache line");

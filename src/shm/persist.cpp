@@ -1,5 +1,6 @@
 // Persistent regions: whether an existing region can be reattached, taking the reader role of
 // one, and noticing and performing the removal of its name.
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -20,6 +21,29 @@ std::string differs(const std::string& field, uint64_t region, uint64_t wanted) 
          std::to_string(wanted);
 }
 }  // namespace
+
+std::string cursors_inconsistent(uint64_t rp, uint64_t cp, uint64_t wp, uint64_t nodes) {
+  return "its cursors are inconsistent (read_pos " + std::to_string(rp) + ", consumed_pos " +
+         std::to_string(cp) + ", write_pos " + std::to_string(wp) + ", " + std::to_string(nodes) +
+         " nodes)";
+}
+
+uint64_t help_write_pos(const geometry& g, uint64_t upto) noexcept {
+  region_header* h = g.hdr;
+  uint64_t w = h->write_pos.load(std::memory_order_acquire);
+  // Bounded: every step either stops or moves write_pos (ours or another writer's CAS).
+  for (uint64_t step = 0; w < upto && step < g.nodes; ++step) {
+    const uint64_t c = g.head(w)->load(std::memory_order_acquire);
+    if (!ctl_is(c, w)) break;  // nothing claimed at w: write_pos is where it belongs
+    uint64_t n = ctl_state(c) == kPad ? g.nodes - (w & g.mask) : ctl_nodes(c);
+    if (n == 0) n = 1;  // as reserve() helps
+    if (h->write_pos.compare_exchange_strong(w, w + n, std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+      w += n;
+    }
+  }
+  return h->write_pos.load(std::memory_order_acquire);
+}
 
 std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_config& cfg) {
   // Any version this build reads: a reattached region keeps its own (layout_version is only for
@@ -46,16 +70,25 @@ std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_c
   if (h->region_size != want || mapped < want) {
     return differs("region_size (mapped " + std::to_string(mapped) + ")", h->region_size, want);
   }
-  // The cursors: read_pos <= consumed_pos <= write_pos, at most one ring apart. write_pos only
-  // grows (writers may keep committing while we look), so it is loaded last.
+  // The cursors, in every state this protocol leaves when a process dies at any instruction:
+  //  - consumed_pos may trail read_pos: builds before the consumed-first order stored read_pos
+  //    first, and a reader killed between the two stores left it so. Every record before read_pos
+  //    was consumed too, so the reader resumes at max(read_pos, consumed_pos)
+  //    (ring_reader::resume).
+  //  - that resume position and read_pos may pass write_pos by one claim whose writer died
+  //    between its claim and its write_pos advance while no other writer sent (the reader
+  //    skipped it as abandoned). resume() helps write_pos past it, as writers do, and checks the
+  //    cursors again against the heads.
+  // All within one ring. write_pos only grows (writers may keep committing while we look), so it
+  // is loaded last.
   const uint64_t rp = h->read_pos.load(std::memory_order_acquire);
   const uint64_t cp = h->consumed_pos.load(std::memory_order_acquire);
   const uint64_t wp = h->write_pos.load(std::memory_order_acquire);
   const uint64_t nodes = cfg.ring_bytes / cfg.node_size;
-  if (rp > cp || cp > wp || wp - rp > nodes) {
-    return "its cursors are inconsistent (read_pos " + std::to_string(rp) + ", consumed_pos " +
-           std::to_string(cp) + ", write_pos " + std::to_string(wp) + ", " + std::to_string(nodes) +
-           " nodes)";
+  const uint64_t from = std::max(rp, cp);
+  const auto apart = [](uint64_t a, uint64_t b) { return a > b ? a - b : b - a; };
+  if (from - rp > nodes || apart(wp, rp) > nodes || apart(wp, from) > nodes) {
+    return cursors_inconsistent(rp, cp, wp, nodes);
   }
   return {};
 }

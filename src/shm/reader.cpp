@@ -121,25 +121,29 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
   }
   const std::string url = addr.to_string();
   open_outcome how;
+  const auto incompatible = [&](errc e, const std::string& detail) {
+    const std::string text = "the existing region is incompatible with this shm_config: " + detail +
+                             ". It was left intact with its records: read them with "
+                             "`uvbus_shm_inspect --drain " +
+                             url + "`, or delete it with `uvbus_shm_inspect --remove " + url + "`";
+    return impl_->fail(call, url, e, text.c_str());
+  };
   if (const errc e = create_region(addr, cfg, &p->map, &how); e != errc::ok) {
     if (how.detail.empty()) return impl_->fail(call, url, e);
-    const std::string text =
-        "the existing region is incompatible with this shm_config: " + how.detail +
-        ". It was left intact with its records: read them with "
-        "`uvbus_shm_inspect --drain " +
-        url + "`, or delete it with `uvbus_shm_inspect --remove " + url + "`";
-    return impl_->fail(call, url, e, text.c_str());
+    return incompatible(e, how.detail);
   }
   const char* bad = nullptr;
-  if (const errc e = validate_header(p->map.base, p->map.size, &p->g, &bad); e != errc::ok) {
+  errc e = validate_header(p->map.base, p->map.size, &p->g, &bad);
+  if (e == errc::ok && how.reattached) how.detail = p->resume();
+  if (e != errc::ok || !how.detail.empty()) {
     if (how.reattached && p->map.size >= kHeaderSize) {  // never wipe records: hand it back
       static_cast<region_header*>(p->map.base)
           ->reader_state.store(kReaderDetached, std::memory_order_release);
     }
     release_region(&p->map, !how.reattached);
-    return impl_->fail(call, url, e, bad);
+    if (e != errc::ok) return impl_->fail(call, url, e, bad);
+    return incompatible(errc::bad_layout, how.detail);
   }
-  if (how.reattached) p->resume();
   impl_->url = url;
   impl_->logged_abandoned = p->c_abandoned;
   impl_->logged_checksum = p->c_checksum;
@@ -207,19 +211,14 @@ errc shm_reader::try_receive(void* buf, size_t cap, size_t* len) {
   if (!impl_->open()) return errc::closed;
   ring_reader& rr = *impl_->ring;
   if (rr.started || impl_->in_callback > 0) return errc::wrong_state;
-  struct ctx {
-    void* buf;
-    size_t* len;
-  } cx{buf, len};
+  // The record is copied into buf before its checksum is verified, on the copy (ring_reader::
+  // copy_to): what try_receive returns is exactly what was verified.
   rr.size_limit = cap;
   rr.too_big = 0;
+  rr.copy_to = static_cast<uint8_t*>(buf);
   const size_t n = rr.drain(
-      [](void* u, const shm_record* r, size_t) {
-        auto* x = static_cast<ctx*>(u);
-        if (r->size != 0) std::memcpy(x->buf, r->data, r->size);
-        *x->len = r->size;
-      },
-      &cx, 1);
+      [](void* u, const shm_record* r, size_t) { *static_cast<size_t*>(u) = r->size; }, len, 1);
+  rr.copy_to = nullptr;
   rr.size_limit = ~size_t{0};
   if (n == 1) return errc::ok;
   if (rr.too_big != 0) {
@@ -263,6 +262,7 @@ shm_metrics shm_reader::metrics() const noexcept {
   m.queue_full = h->queue_full.load(std::memory_order_relaxed);
   m.writer_abandoned = h->writer_abandoned.load(std::memory_order_relaxed);
   m.wakeups = h->wakeups.load(std::memory_order_relaxed);
+  m.staged_dropped = h->staged_dropped.load(std::memory_order_relaxed);
   m.records_read = rr.c_records;
   m.bytes_read = rr.c_bytes;
   m.abandoned = rr.c_abandoned;

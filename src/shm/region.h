@@ -78,6 +78,12 @@ errc attach_region(const address& addr, mapping* out);
 // "" if the region header h (mapped bytes) can be reattached by a reader asking for cfg; else
 // "its <field> is <region's>, this reader asks for <cfg's>".
 std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_config& cfg);
+// "its cursors are inconsistent (read_pos .., consumed_pos .., write_pos .., N nodes)".
+std::string cursors_inconsistent(uint64_t rp, uint64_t cp, uint64_t wp, uint64_t nodes);
+// Advances write_pos, as a writer's reserve() helps, past every record claimed at it whose writer
+// has not advanced it (died between its claim and its advance), until it reaches `upto` or finds
+// nothing claimed. Returns write_pos then. Safe at any time: it is the writers' own protocol.
+uint64_t help_write_pos(const geometry& g, uint64_t upto) noexcept;
 // Takes the reader role of a reattached region: owner pid and start time, incarnation + 1, state
 // open (release).
 void claim_region(region_header* h) noexcept;

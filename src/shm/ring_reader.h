@@ -3,9 +3,11 @@
 // handle, futex helper thread). Private to src/shm/reader.cpp.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -77,6 +79,11 @@ struct ring_reader {
   std::vector<shm_record> batch;
   size_t size_limit = ~size_t{0};  // try_receive's buffer size
   size_t too_big = 0;              // set when drain stopped at a record above size_limit
+  // try_receive's buffer: when set, a payload is copied here first and the checksum verified on
+  // the copy, which is what gets delivered (the bytes verified are the bytes handed out, even if a
+  // writer stalled past abandon + reclaim writes into the ring meanwhile). Holds at least
+  // size_limit bytes.
+  uint8_t* copy_to = nullptr;
 
   // Loop integration.
   uv_loop_t* loop = nullptr;
@@ -102,9 +109,13 @@ struct ring_reader {
     h->batches.store(c_batches, std::memory_order_relaxed);
   }
 
-  // Releases nodes up to the first still-held skipped record. release: every read of those nodes
-  // (checksum, the callback's reads) happens before a writer's acquire load sees the new value and
-  // overwrites them.
+  // Stores the consumed cursor, then releases nodes up to the first still-held skipped record.
+  // release: every read of those nodes (checksum, the callback's reads) happens before a writer's
+  // acquire load sees the new read_pos and overwrites them. consumed_pos goes first so that
+  // read_pos <= consumed_pos holds at every instant (the new read_pos is at most rd, the new
+  // consumed_pos): a reader killed between the two stores leaves a state whose only oddity is
+  // read_pos trailing, as it does behind held records. Writers read only read_pos, so storing
+  // consumed_pos first lets no writer reuse a node sooner.
   void publish(uint64_t now) noexcept {
     while (nholds > 0) {
       const hold& hd = holds[0];
@@ -117,12 +128,12 @@ struct ring_reader {
       std::memmove(&holds[0], &holds[1], (nholds - 1) * sizeof(hold));
       --nholds;
     }
+    store_consumed();
     const uint64_t pos = nholds > 0 ? holds[0].pos : rd;
     if (pos != published) {
       published = pos;
       g.hdr->read_pos.store(pos, std::memory_order_release);
     }
-    store_consumed();
   }
 
   // Stores the consumed cursor (rd, and the offset reached inside a partly delivered batch at rd)
@@ -145,15 +156,26 @@ struct ring_reader {
   // A reattached region: resumes from its consumed cursor and counters, and holds again the
   // skipped records between read_pos and the cursor whose writers have not acknowledged the skip
   // (their nodes must not be reused before reclaim_timeout: a stalled writer may still copy).
-  // layout_mismatch() checked read_pos <= consumed_pos <= write_pos.
-  void resume() noexcept {
+  // layout_mismatch() accepted the cursors from the header alone; here, with the heads mapped,
+  // write_pos is helped past a dead writer's unadvanced claim the last reader skipped, and the
+  // cursors must then be read_pos <= resume position <= write_pos, one ring apart at most.
+  // Returns "" or why not (bad_layout).
+  std::string resume() {
     region_header* h = g.hdr;
-    rd = stored_pos = h->consumed_pos.load(std::memory_order_acquire);
-    if (h->consumed_batch_pos.load(std::memory_order_acquire) == rd) {
+    published = h->read_pos.load(std::memory_order_acquire);
+    stored_pos = h->consumed_pos.load(std::memory_order_acquire);
+    // Every record before read_pos was consumed: read_pos passes a record only after the callback
+    // it went to returned. (A build that stored read_pos first, killed between the two stores,
+    // left consumed_pos behind it; stored_pos keeps the header's value, so it is rewritten.)
+    rd = std::max(published, stored_pos);
+    if (rd == stored_pos && h->consumed_batch_pos.load(std::memory_order_acquire) == rd) {
       sub_pos = rd;
       sub_off = stored_off = h->consumed_batch_off.load(std::memory_order_acquire);
     }
-    published = h->read_pos.load(std::memory_order_acquire);
+    const uint64_t wp = help_write_pos(g, rd);
+    if (rd > wp || wp - published > g.nodes) {
+      return cursors_inconsistent(published, stored_pos, wp, g.nodes);
+    }
     c_records = h->records_read.load(std::memory_order_relaxed);
     c_bytes = h->bytes_read.load(std::memory_order_relaxed);
     c_abandoned = h->abandoned.load(std::memory_order_relaxed);
@@ -173,6 +195,7 @@ struct ring_reader {
       p += n;
     }
     reattached = true;
+    return {};
   }
 
   // The records gathered for the next callback call, and what one drain has delivered so far.
@@ -259,6 +282,14 @@ struct ring_reader {
     }
   }
 
+  // The bytes to verify and deliver: the ring's, or (try_receive) a copy in copy_to. len was
+  // checked against size_limit.
+  const uint8_t* take_payload(const uint8_t* ring, uint32_t len) const noexcept {
+    if (copy_to == nullptr) return ring;
+    if (len != 0) std::memcpy(copy_to, ring, len);
+    return copy_to;
+  }
+
   // A committed single record of n nodes at rd.
   step take_record(uint64_t n, sink& s) noexcept {
     const uint8_t* node = g.node(rd);
@@ -273,7 +304,7 @@ struct ring_reader {
       ++c_corrupt;
       return step::go_on;
     }
-    const uint8_t* payload = node + kRecordHeaderSize;
+    const uint8_t* payload = take_payload(node + kRecordHeaderSize, pre.len);
     if (record_checksum(g.version, payload, pre.len, rd - n) != pre.checksum) {
       ++c_checksum;
       return step::go_on;
@@ -314,7 +345,7 @@ struct ring_reader {
         too_big = ip.len;
         return pause_batch(off);
       }
-      const uint8_t* payload = body + off + kRecordHeaderSize;
+      const uint8_t* payload = take_payload(body + off + kRecordHeaderSize, ip.len);
       const bool ok = batch_item_checksum(g.version, payload, ip.len, rd, off) == ip.checksum;
       off += item_bytes;
       if (!ok) {

@@ -41,7 +41,8 @@ struct shm_writer::impl {
   uint64_t cached_read = 0;  // last read_pos seen: free space is at least nodes - (w - cached)
   shm_metrics local;         // this writer's counters
   // Deltas not yet added to the region's shared counters (flushed every kFlushEvery sends).
-  uint64_t pend_records = 0, pend_bytes = 0, pend_full = 0, pend_abandoned = 0, pend_wakeups = 0;
+  uint64_t pend_records = 0, pend_bytes = 0, pend_full = 0, pend_abandoned = 0, pend_wakeups = 0,
+           pend_dropped = 0;
   uint32_t sends_since_flush = 0;
   uint32_t sends_since_liveness = 0;
   uint64_t last_liveness_ns = 0;
@@ -69,7 +70,8 @@ struct shm_writer::impl {
     if (pend_full) h->queue_full.fetch_add(pend_full, std::memory_order_relaxed);
     if (pend_abandoned) h->writer_abandoned.fetch_add(pend_abandoned, std::memory_order_relaxed);
     if (pend_wakeups) h->wakeups.fetch_add(pend_wakeups, std::memory_order_relaxed);
-    pend_records = pend_bytes = pend_full = pend_abandoned = pend_wakeups = 0;
+    if (pend_dropped) h->staged_dropped.fetch_add(pend_dropped, std::memory_order_relaxed);
+    pend_records = pend_bytes = pend_full = pend_abandoned = pend_wakeups = pend_dropped = 0;
     sends_since_flush = 0;
   }
 
@@ -339,6 +341,16 @@ struct shm_writer::impl {
     return commit(w, need, kBatch, stage_count, stage_payload);
   }
 
+  // Drops the staged messages (counted here and, at the next flush(), in the region). Returns how
+  // many.
+  size_t drop_stage() noexcept {
+    const size_t n = stage_count;
+    local.staged_dropped += n;
+    pend_dropped += n;
+    clear_stage();
+    return n;
+  }
+
   void clear_stage() noexcept {
     stage_used = stage_count = 0;
     stage_payload = 0;
@@ -359,8 +371,7 @@ struct shm_writer::impl {
       return e;
     }
     if (e == errc::not_connected) {
-      local.staged_dropped += stage_count;
-      clear_stage();
+      drop_stage();
       return e;
     }
     if (!stuck && glue != nullptr) uv_timer_start(&glue->retry, on_retry, 1, 1);
@@ -379,8 +390,7 @@ struct shm_writer::impl {
     // A region closed for good: what is staged can never be read either (a relaxed hint, as in
     // precheck; a removed name is found by the flush's periodic check).
     if (g.hdr->reader_state.load(std::memory_order_relaxed) == kReaderClosed || removed) {
-      local.staged_dropped += stage_count;
-      clear_stage();
+      drop_stage();
       return gone();
     }
     const uint64_t item = batch_item_bytes(total);
@@ -429,11 +439,14 @@ struct shm_writer::impl {
     return errc::ok;
   }
 
-  // close(): a last flush; what can not be published is dropped (counted).
-  void stop_coalescing() noexcept {
-    if (stage_cap == 0) return;
-    if (flush_stage() != errc::ok) local.staged_dropped += stage_count;
+  // close(): a last flush; what can not be published is dropped and counted (the caller then
+  // flushes the counters into the region). Returns how many were dropped.
+  size_t stop_coalescing() noexcept {
+    if (stage_cap == 0) return 0;
+    const size_t before = local.staged_dropped;
+    if (flush_stage() != errc::ok) drop_stage();
     clear_stage();
+    const auto dropped = static_cast<size_t>(local.staged_dropped - before);
     if (glue != nullptr) {
       glue->owner = nullptr;
       uv_close(reinterpret_cast<uv_handle_t*>(&glue->prepare), writer_glue_closed);
@@ -442,6 +455,7 @@ struct shm_writer::impl {
       glue = nullptr;
     }
     stage_cap = 0;
+    return dropped;
   }
 };
 
@@ -581,12 +595,13 @@ bool shm_writer::reader_alive() const noexcept {
   return impl_ && shm_detail::reader_alive(impl_->g.hdr, impl_->map.kind, true);
 }
 
-void shm_writer::close() {
-  if (!impl_) return;
-  impl_->stop_coalescing();
-  impl_->flush();
+size_t shm_writer::close() {
+  if (!impl_) return 0;
+  const size_t dropped = impl_->stop_coalescing();
+  impl_->flush();  // the counters, staged_dropped among them, into the region
   release_region(&impl_->map, false);
   impl_.reset();
+  return dropped;
 }
 
 bool shm_writer::is_open() const noexcept {

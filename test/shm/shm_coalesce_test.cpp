@@ -170,6 +170,28 @@ TEST(ShmCoalesce, FullRingKeepsTheStageRefusesNewSendsAndLosesNothing) {
   EXPECT_EQ(g.w.metrics().staged_dropped, 0u);
 }
 
+// close() on a full ring can not publish the stage: what send() accepted is dropped then, but
+// never silently: close() returns how many, and the region counts them (the reader's metrics,
+// shm_inspect), for the destructor too.
+TEST(ShmCoalesce, CloseThatCannotPublishTheStageReportsWhatItDrops) {
+  ring g(small_cfg(4096, 1024), 1024);
+  errc e = errc::ok;
+  for (size_t i = 0; i < 1000 && e == errc::ok; ++i) e = g.w.send(msg(i).data(), msg(i).size());
+  ASSERT_EQ(e, errc::queue_full);
+  const size_t staged = g.w.staged();
+  ASSERT_GT(staged, 0u);           // accepted (ok), waiting for room
+  EXPECT_EQ(g.w.close(), staged);  // the ring is still full
+  EXPECT_EQ(g.w.close(), 0u);      // idempotent
+  EXPECT_EQ(g.r.metrics().staged_dropped, staged);
+  {
+    shm_writer w2;  // the destructor can return nothing: the region still says it
+    ASSERT_EQ(w2.open_image(g.img.p, g.img.size), errc::ok);
+    ASSERT_EQ(w2.coalesce(nullptr, 1024), errc::ok);
+    ASSERT_EQ(w2.send("late", 4), errc::ok);
+  }
+  EXPECT_EQ(g.r.metrics().staged_dropped, staged + 1);
+}
+
 TEST(ShmCoalesce, AbandonedFlushIsRetriedWithoutDuplicates) {
   shm_config cfg = small_cfg();
   cfg.abandon_timeout_us = 2000;

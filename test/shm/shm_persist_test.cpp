@@ -2,6 +2,9 @@
 // and reads every record not yet consumed, in order; incompatible regions; uvbus_shm_inspect.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -11,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "shm/layout.h"
 #include "shm/test_hook.h"
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
@@ -392,6 +396,132 @@ TEST_F(ShmPersist, WriterKilledMidWriteWhileTheReaderIsDownIsSkippedAfterReattac
   EXPECT_EQ(sink.next[0], 100u);
   EXPECT_EQ(r.metrics().abandoned, 1u);
   EXPECT_EQ(r.poll(10), 0u);
+}
+
+// A POSIX region mapped read-write whole, to construct the cursor and head states that a process
+// killed at a given instruction leaves behind.
+struct raw_region {
+  void* p = MAP_FAILED;
+  size_t n = 0;
+  explicit raw_region(const std::string& name) {
+    const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
+    struct stat st {};
+    if (fd < 0) return;
+    if (fstat(fd, &st) == 0) {
+      n = static_cast<size_t>(st.st_size);
+      p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+  }
+  ~raw_region() {
+    if (p != MAP_FAILED) munmap(p, n);
+  }
+  raw_region(const raw_region&) = delete;
+  raw_region& operator=(const raw_region&) = delete;
+  [[nodiscard]] shm_detail::region_header* hdr() const {
+    return static_cast<shm_detail::region_header*>(p);
+  }
+  [[nodiscard]] shm_detail::head_word* head(uint64_t pos) const {
+    auto* heads = reinterpret_cast<shm_detail::head_word*>(static_cast<uint8_t*>(p) +
+                                                           shm_detail::kHeaderSize);
+    return heads + (pos & (hdr()->ring_bytes / hdr()->node_size - 1));
+  }
+};
+
+// Polls r until done() (or a generous deadline). Returns done().
+template <class Pred>
+bool poll_while_not(shm_reader& r, Pred&& done) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done() && std::chrono::steady_clock::now() < end) {
+    if (r.poll(16) == 0) std::this_thread::yield();
+  }
+  return done();
+}
+
+// A reader built before consumed_pos was stored first, killed between its two cursor stores:
+// read_pos is ahead of consumed_pos. read_pos only ever passes records whose callback returned,
+// so every record before it was consumed: the region must be reattached, resuming at read_pos.
+TEST_F(ShmPersist, ReadPosAheadOfConsumedPosIsReattachedAndResumesThere) {
+  const std::string name = test::unique_name("persist-rp-ahead");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  shm_writer w;
+  uint64_t cut = 0;  // consumed_pos after the first callback batch
+  {
+    seq_sink sink({0});
+    shm_reader r(sink.callbacks());
+    ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+    ASSERT_EQ(w.open(url), errc::ok);
+    ASSERT_EQ(send_range(w, 0, 0, 30), errc::ok);
+    ASSERT_TRUE(poll_until(r, sink, 10));
+    shm_region_info info;
+    ASSERT_EQ(shm_inspect(url, &info), errc::ok);
+    cut = info.consumed_pos;
+    ASSERT_TRUE(poll_until(r, sink, 20));
+    r.close(shm_close_mode::keep);
+  }
+  raw_region raw(name);
+  ASSERT_NE(raw.p, MAP_FAILED);
+  ASSERT_GT(raw.hdr()->read_pos.load(), cut);
+  raw.hdr()->consumed_pos.store(cut);  // the second store the killed reader never made
+  ASSERT_EQ(send_range(w, 0, 30, 40), errc::ok);
+  seq_sink sink({20});  // 10..19 were consumed: never again; 20..39 all, in order
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok) << r.last_error().detail;
+  EXPECT_TRUE(r.reattached());
+  EXPECT_TRUE(poll_until(r, sink, 20));
+  EXPECT_EQ(sink.bad, 0u);
+  EXPECT_EQ(r.poll(10), 0u);
+  r.close(shm_close_mode::keep);  // the repaired cursor is stored
+  shm_region_info info;
+  ASSERT_EQ(shm_inspect(url, &info), errc::ok);
+  EXPECT_LE(info.read_pos, info.consumed_pos);
+}
+
+// A writer that died between its claim and its write_pos advance while no other writer sent:
+// the reader skips the claim after the abandon timeout, so consumed_pos passes write_pos (and
+// read_pos too once reclaim released the nodes). The reattaching reader must accept it, and no
+// record before or after the dead claim may be lost.
+void dead_claim_then_reattach(const char* what, bool reclaimed) {
+  SCOPED_TRACE(what);
+  const std::string name = test::unique_name(what);
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  seq_sink sink({0});
+  shm_writer w;
+  {
+    shm_reader r(sink.callbacks());
+    ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+    ASSERT_EQ(w.open(url), errc::ok);
+    ASSERT_EQ(send_range(w, 0, 0, 5), errc::ok);
+    ASSERT_TRUE(poll_until(r, sink, 5));
+    raw_region raw(name);
+    ASSERT_NE(raw.p, MAP_FAILED);
+    const uint64_t wp = raw.hdr()->write_pos.load();
+    // The dead writer's claim of 2 nodes: its head says WRITING, write_pos never advanced.
+    raw.head(wp)->store(shm_detail::make_ctl(wp, 2, shm_detail::kWriting));
+    ASSERT_TRUE(poll_while_not(r, [&] { return r.metrics().abandoned == 1; }));
+    if (reclaimed) {
+      ASSERT_TRUE(poll_while_not(r, [&] { return raw.hdr()->read_pos.load() == wp + 2; }));
+    }
+    EXPECT_EQ(raw.hdr()->write_pos.load(), wp);
+    EXPECT_EQ(raw.hdr()->consumed_pos.load(), wp + 2);
+    r.close(shm_close_mode::keep);
+  }
+  shm_reader r(sink.callbacks());
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok) << r.last_error().detail;
+  EXPECT_TRUE(r.reattached());
+  ASSERT_EQ(send_range(w, 0, 5, 105, 4), errc::ok);
+  EXPECT_TRUE(poll_until(r, sink, 105));
+  EXPECT_EQ(sink.bad, 0u);
+  EXPECT_EQ(sink.next[0], 105u);
+  EXPECT_EQ(r.metrics().abandoned, 1u);
+  EXPECT_EQ(r.poll(10), 0u);
+}
+
+TEST_F(ShmPersist, CursorsPastADeadWritersUnadvancedClaimAreReattached) {
+  dead_claim_then_reattach("persist-deadclaim-held", false);
+  dead_claim_then_reattach("persist-deadclaim-freed", true);
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ void print_counters(const uvbus::shm_metrics& m) {
   std::printf("checksum_failures %" PRIu64 "\n", m.checksum_failures);
   std::printf("corrupt           %" PRIu64 "\n", m.corrupt);
   std::printf("wakeups           %" PRIu64 "\n", m.wakeups);
+  std::printf("staged_dropped    %" PRIu64
+              " accepted by coalescing writers, never published (region removed, close)\n",
+              m.staged_dropped);
   std::printf(
       "note              writer-side counters (records_written, bytes_written, queue_full,\n"
       "                  writers' abandoned, wakeups) are published by each writer every %u "
