@@ -1,4 +1,5 @@
-// Stream connections: the coalescing write path, the read path and connection endings.
+// Stream connections: the coalescing write path and connection endings (the read path:
+// stream_read.cpp).
 //
 // Write path. send() copies the payload into a frame in the connection's write_queue, writes its
 // length and puts the connection on the channel's flush list. Checksums are written in batches
@@ -23,13 +24,6 @@
 // block per packet in dynamic mode, by the user's choice; the merge buffer is per thread, requests
 // are per connection.
 //
-// Read path. libuv reads into one large per-thread buffer (alloc_cb), and the per-connection
-// frame_decoder yields payloads straight from it; only the bytes of a frame cut by the end of a
-// read are copied into the connection's decoder. The decoder verifies the whole frames of a read
-// up to 16 at a time (murmur3_x86_32_batch) and yields them in order; a bad checksum still ends
-// the connection after the frames before it, and nothing after it is delivered. Decode errors end
-// that connection only.
-//
 // Endings. end_conn() stops everything and calls uv_close(); the final reports (every queued packet
 // failed, then on_disconnected or on_connected(error)) fire from the close callback, so they never
 // run inside a user's call to disconnect(). close() of the channel reports synchronously instead.
@@ -48,12 +42,10 @@ namespace uvbus {
 
 namespace {
 
-// Per-thread buffers shared by every channel and connection of the thread. Only touched from inside
-// one libuv callback at a time (single-threaded loop), and never referenced after the call that
-// used them returns (reads are decoded at once; merged writes are synchronous).
+// The per-thread merge buffer, shared by every channel and connection of the thread. Only touched
+// from inside one libuv callback at a time (single-threaded loop), and never referenced after the
+// call that used it returns (merged writes are synchronous).
 struct thread_buffers {
-  std::unique_ptr<uint8_t[]> read;
-  size_t read_size = 0;
   std::unique_ptr<uint8_t[]> merge;
   size_t merge_size = 0;
 };
@@ -65,19 +57,6 @@ uint8_t* merge_buffer(size_t want) {
     tls.merge_size = tls.merge ? want : 0;
   }
   return tls.merge.get();
-}
-
-errc from_decoder(frame_status s) noexcept {
-  switch (s) {
-    case frame_status::bad_hash:
-      return errc::bad_hash;
-    case frame_status::oversize:
-      return errc::oversize;
-    case frame_status::bad_varint:
-      return errc::bad_varint;
-    default:
-      return errc::protocol_error;
-  }
 }
 
 }  // namespace
@@ -497,95 +476,6 @@ void stream_channel::impl::cancel_send(conn_impl* c) {
   }
   // The frames queued before the reservation waited for it (flush_queue), as does a drain.
   if (c->active()) mark_dirty(c);
-}
-
-void stream_channel::impl::alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf) {
-  auto* c = static_cast<conn_impl*>(h->data);
-  const size_t want = c->ch->cfg.read_buffer_size;
-  if (tls.read_size < want) {
-    tls.read.reset(new (std::nothrow) uint8_t[want]);
-    tls.read_size = tls.read ? want : 0;
-  }
-  // A zero-length buffer makes libuv report UV_ENOBUFS, which ends the connection.
-  *buf = uv_buf_init(reinterpret_cast<char*>(tls.read.get()), static_cast<unsigned>(tls.read_size));
-}
-
-void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
-  auto* c = static_cast<conn_impl*>(s->data);
-  c->ch->on_read(c, nread, buf);
-}
-
-void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
-  if (nread == 0) return;  // EAGAIN: a normal event, never an error
-  if (c->state == conn_state::draining) {
-    // A graceful disconnect delivers nothing more; what still arrives is read and dropped, so
-    // that the peer's writes (and its own drain) never stall on us. Its end of stream only ends
-    // the reading: the queue still drains, then the write side shuts down.
-    if (nread >= 0) return;
-    uv_read_stop(c->stream());
-    c->reading = false;
-    if (nread != UV_EOF) {
-      ++c->m().io_errors;
-      end_conn(c, from_uv(static_cast<int>(nread)));
-    }
-    return;
-  }
-  if (c->secure) {
-    tls_on_read(c, nread, buf);
-    return;
-  }
-  if (nread < 0) {
-    if (nread != UV_EOF) {
-      ++c->m().io_errors;
-      end_conn(c, from_uv(static_cast<int>(nread)));
-    } else {
-      // The peer closed: at a frame boundary that is a graceful end, mid-frame it is not.
-      end_conn(c, c->decoder.buffered() == 0 ? errc::ok : errc::connection_reset);
-    }
-    return;
-  }
-  ++c->m().read_calls;
-  c->last_read_ms = uv_now(loop);
-  (void)deliver(c, reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread));
-}
-
-bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) {
-  auto& m = c->m();
-  c->decoder.feed(data, n);
-  for (;;) {
-    const frame_decoder::result r = c->decoder.next();
-    if (r.status == frame_status::payload) {
-      ++m.packets_received;
-      m.bytes_received += r.size;
-      if (cb.on_received) {
-        const detail::callback_scope scope(this);
-        cb.on_received(c->id, r.data, r.size);
-        // The callback may have disconnected the connection (a graceful one drains its queue but
-        // reads no more) or closed the channel. A pause takes effect after this chunk: its bytes
-        // live in the shared read buffer and cannot wait.
-        if (c->state != conn_state::connected) return false;
-      }
-      continue;
-    }
-    if (r.status == frame_status::need_more) {
-      // A read that ends at a frame boundary: the connection keeps no receive buffer.
-      c->decoder.release_buffer();
-      return true;
-    }
-    ++m.decode_errors;
-    end_conn(c, from_decoder(r.status));
-    return false;
-  }
-}
-
-void stream_channel::impl::start_reading(conn_impl* c) {
-  if (c->reading || c->paused || !c->active()) return;
-  const int r = uv_read_start(c->stream(), alloc_cb, read_cb);
-  if (r != 0) {
-    end_conn(c, from_uv(r));
-    return;
-  }
-  c->reading = true;
 }
 
 void stream_channel::impl::end_conn(conn_impl* c, errc reason) {
