@@ -23,8 +23,10 @@
 // would race with the newer record's payload bytes; in their own array they only ever meet other
 // atomic accesses.
 //
-// Positions (write_pos, read_pos, record stamps) count nodes since creation and never wrap in
-// practice (2^64); a node's index is pos & (N - 1).
+// Positions (write_pos, read_pos, consumed_pos) count nodes since creation and never wrap in
+// practice (2^64); a node's index is pos & (N - 1). Heads carry only a 40-bit stamp of a position
+// (pos mod 2^40, which wraps every 2^40 nodes: about 3 hours at 7 GB/s in 64-byte nodes); see
+// ctl_span for why the ring does not depend on stamps being unique.
 #pragma once
 
 #include <atomic>
@@ -140,9 +142,16 @@ struct record_prefix {
 // The head (ctl word) of a node:
 //   bits 0-7 state, bits 8-23 node count, bits 24-63 stamp = position mod 2^40.
 // One word so that claiming a node (stale value -> WRITING of this position), committing
-// (WRITING -> COMMITTED) and skipping (WRITING -> ABANDONED) are single CASes, and a stale head
-// from an earlier lap can never be mistaken for a current one.
+// (WRITING -> COMMITTED) and skipping (WRITING -> ABANDONED) are single CASes. A stale head from
+// an earlier lap carries another stamp, unless no record started at its node for exactly a
+// multiple of 2^40 positions (see ctl_span: writers and reader then agree to step over it).
 using head_word = std::atomic<uint64_t>;
+
+// What format_header stores in every head (all versions, all builds). It is not a value any
+// writer stores (state 0xff), but its stamp field reads as 2^40 - 1: at every position
+// k * 2^40 - 1, whose index is N - 1 (N divides 2^40), a head never claimed since the region was
+// formatted matches the position. ctl_span steps over it by one node on both sides.
+inline constexpr uint64_t kHeadFormatted = ~uint64_t{0};
 
 enum rec_state : uint32_t {
   kWriting = 1,       // claimed by a writer, payload being copied
@@ -173,6 +182,28 @@ constexpr uint64_t ctl_nodes(uint64_t c) noexcept {
 }
 constexpr bool ctl_is(uint64_t c, uint64_t pos) noexcept {
   return (c >> 24) == (pos & kStampMask);
+}
+
+// The nodes a head c stamped with the position of node `idx` covers: how far the reader steps
+// over it (read_head) and how far writers help write_pos over it (reserve, help_write_pos). PAD:
+// the rest of the lap; otherwise its node count, bounded as the reader bounds it: 0 steps one
+// node, a count past the end of the lap steps to the lap's end. Always in [1, nodes - idx].
+//
+// Why both sides must use this one function: a stamp is only 40 bits, so a head that matches the
+// position is not always a claim of this lap. It may be kHeadFormatted at a position
+// k * 2^40 - 1, or a record's head left from exactly k * 2^40 positions ago (no record started at
+// that node since). Writers cannot tell either from a claim whose writer has not advanced
+// write_pos yet, so they help write_pos over it; the reader treats it as a record (its checksum
+// is mixed with the full 64-bit position, so an old record never verifies: position_mix(p) and
+// position_mix(p + k * 2^40) always differ). Neither harms the ring as long as writers and reader
+// step over exactly the same nodes: no writer claims a position whose head matches it, nobody
+// writes into the nodes stepped over, and the next record starts at the same position for both.
+// Builds before this function helped by the raw node count (0xffff for kHeadFormatted) while the
+// reader stepped one node: write_pos ran 65535 nodes ahead of a reader that then waited for ever.
+constexpr uint64_t ctl_span(uint64_t c, uint64_t idx, uint64_t nodes) noexcept {
+  const uint64_t n = (c >> 8) & 0xffff;
+  if ((c & 0xff) == kPad || idx + n > nodes) return nodes - idx;
+  return n == 0 ? 1 : n;
 }
 
 inline uint32_t record_seed(uint64_t pos) noexcept {
@@ -249,5 +280,12 @@ static_assert(offsetof(region_header, reserved) == 512, "");
 static_assert(sizeof(record_prefix) == kRecordHeaderSize, "");
 static_assert(sizeof(head_word) == 8, "");
 static_assert(kBatch == 6 && batch_item_bytes(0) == 8 && batch_item_bytes(1) == 16, "ABI");
+static_assert(ctl_is(kHeadFormatted, kStampMask) && !ctl_is(kHeadFormatted, kStampMask + 1), "");
+static_assert(ctl_span(kHeadFormatted, 15, 16) == 1 &&
+                  ctl_span(make_ctl(3, 0, kPad), 3, 16) == 13 &&
+                  ctl_span(make_ctl(3, 0, kCommitted), 3, 16) == 1 &&
+                  ctl_span(make_ctl(3, 14, kWriting), 3, 16) == 13 &&
+                  ctl_span(make_ctl(3, 13, kBatch), 3, 16) == 13,
+              "the reader's bounds");
 
 }  // namespace uvbus::shm_detail

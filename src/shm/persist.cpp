@@ -35,8 +35,9 @@ uint64_t help_write_pos(const geometry& g, uint64_t upto) noexcept {
   for (uint64_t step = 0; w < upto && step < g.nodes; ++step) {
     const uint64_t c = g.head(w)->load(std::memory_order_acquire);
     if (!ctl_is(c, w)) break;  // nothing claimed at w: write_pos is where it belongs
-    uint64_t n = ctl_state(c) == kPad ? g.nodes - (w & g.mask) : ctl_nodes(c);
-    if (n == 0) n = 1;  // as reserve() helps
+    const uint64_t n = ctl_span(c, w & g.mask, g.nodes);  // as reserve() helps
+    const uint64_t rp = h->read_pos.load(std::memory_order_acquire);
+    if (w + n - rp > g.nodes && rp <= w) break;  // as reserve() helps: never past a ring
     if (h->write_pos.compare_exchange_strong(w, w + n, std::memory_order_acq_rel,
                                              std::memory_order_acquire)) {
       w += n;

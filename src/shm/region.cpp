@@ -178,11 +178,12 @@ errc validate_header(void* base, size_t mapped, geometry* g, const char** why) n
 void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned) noexcept {
   auto* h = static_cast<region_header*>(base);
   std::memset(base, 0, kHeaderSize);
-  // Every head gets a value no position of this region's lifetime can match (stamp 2^40-1), so
-  // memory reused from an earlier region can never pass for a current record.
+  // Every head gets kHeadFormatted, which no writer stores. Its stamp field matches the positions
+  // k * 2^40 - 1 (node N - 1) only; there writers and reader step over it alike (ctl_span). Older
+  // builds format heads the same way, so regions they kept reattach with the same meaning.
   auto* heads = reinterpret_cast<head_word*>(static_cast<uint8_t*>(base) + kHeaderSize);
   for (uint64_t i = 0; i < cfg.ring_bytes / cfg.node_size; ++i) {
-    heads[i].store(~uint64_t{0}, std::memory_order_relaxed);
+    heads[i].store(kHeadFormatted, std::memory_order_relaxed);
   }
   h->version = cfg.layout_version != 0 ? cfg.layout_version : kVersion;
   h->header_size = kHeaderSize;

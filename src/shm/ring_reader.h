@@ -186,13 +186,13 @@ struct ring_reader {
     uint64_t p = published;
     while (p < rd && nholds < kMaxHolds) {
       const uint64_t c = g.head(p)->load(std::memory_order_acquire);
-      const uint64_t n = ctl_state(c) == kPad ? g.nodes - (p & g.mask) : ctl_nodes(c);
-      if (!ctl_is(c, p) || n == 0) {  // unreadable: hold everything from here (reclaim frees it)
+      // unreadable: hold everything from here (reclaim frees it)
+      if (!ctl_is(c, p) || (ctl_nodes(c) == 0 && ctl_state(c) != kPad)) {
         holds[nholds++] = hold{p, now};
         break;
       }
       if (ctl_state(c) == kAbandoned) holds[nholds++] = hold{p, now};
-      p += n;
+      p += ctl_span(c, p & g.mask, g.nodes);  // the step the last reader took here
     }
     reattached = true;
     return {};
@@ -260,8 +260,11 @@ struct ring_reader {
     }
     const uint64_t n = ctl_nodes(c);
     if (n == 0 || idx + n > g.nodes) {  // impossible for a real writer: never trust it
-      ++c_corrupt;
-      rd += (n == 0) ? 1 : g.nodes - idx;
+      // ... except the formatted head, which matches positions k * 2^40 - 1 at node N - 1 when
+      // no record started there since the region was formatted: not damage. Writers help
+      // write_pos over exactly these nodes too (ctl_span).
+      if (c != kHeadFormatted) ++c_corrupt;
+      rd += ctl_span(c, idx, g.nodes);
       return step::go_on;
     }
     switch (st) {

@@ -143,9 +143,14 @@ struct shm_writer::impl {
       uint64_t c = head->load(std::memory_order_acquire);
       if (ctl_is(c, w)) {
         // Position w is claimed but write_pos not yet advanced (its writer is between its two
-        // CASes, or died there): help it along, so no writer ever waits for another.
-        uint64_t n = ctl_state(c) == kPad ? g.nodes - idx : ctl_nodes(c);
-        if (n == 0) n = 1;
+        // CASes, or died there): help it along, so no writer ever waits for another. By
+        // ctl_span, exactly the nodes the reader steps over at w: the head may also be one no
+        // writer claimed in this stamp period (see ctl_span), which the reader steps over alike.
+        const uint64_t n = ctl_span(c, idx, g.nodes);
+        // A real claim was made with room for it, so this never refuses one; it keeps such an
+        // old head from taking write_pos more than a ring past read_pos (unless the reader has
+        // already stepped over it: read_pos past w).
+        if (!room(w, n) && cached_read <= w) return full();
         if (h->write_pos.compare_exchange_strong(w, w + n, std::memory_order_acq_rel,
                                                  std::memory_order_acquire)) {
           w += n;
@@ -155,7 +160,8 @@ struct shm_writer::impl {
       // w must still be the current write position: a writer preempted for a whole lap could
       // otherwise claim a node that is now in the middle of a newer record. While write_pos == w,
       // nobody has claimed position w, so the CAS below fails if anything touched the node after
-      // we loaded c (stamps only grow: no ABA).
+      // we loaded c (no ABA: the head would have to come back to exactly c, which takes a record
+      // starting at this node 2^40 positions later, while this writer sits here).
       const uint64_t now_w = h->write_pos.load(std::memory_order_acquire);
       if (now_w != w) {
         w = now_w;
