@@ -251,11 +251,11 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
   if (cfg.post_queue_messages == 0) {
     return refuse(detail, errc::invalid_argument, "post_queue_messages must be at least 1");
   }
-  if (cfg.post_queue_bytes < cfg.message_limit + 32) {
+  if (cfg.post_queue_bytes < detail::post_item_bytes(cfg.message_limit)) {
     return refuse(detail, errc::invalid_argument,
                   "post_queue_bytes (" + std::to_string(cfg.post_queue_bytes) +
                       ") must hold one message of message_limit (" +
-                      std::to_string(cfg.message_limit + 32) + " bytes)");
+                      std::to_string(detail::post_item_bytes(cfg.message_limit)) + " bytes)");
   }
   if (cfg.max_outstanding_responses == 0) {
     return refuse(detail, errc::invalid_argument, "max_outstanding_responses must be at least 1");

@@ -23,11 +23,7 @@ struct post_record {
   uint8_t trace[proto::kTraceSize] = {};  // send_options::trace, encoded
   uint8_t pad2[7] = {};
 };
-static_assert(sizeof(post_record) == 64, "post_record is packed by hand");
-
-constexpr size_t padded(size_t n) {
-  return (n + 7) & ~size_t{7};
-}
+static_assert(sizeof(post_record) == detail::kPostRecordBytes, "post_record is packed by hand");
 
 }  // namespace
 
@@ -37,7 +33,7 @@ errc node::impl::mailbox_refusal() const {
 
 void node::impl::mailbox_append(const void* rec, const void* data, size_t size) {
   const size_t off = mbox.bytes.size();
-  mbox.bytes.resize(off + sizeof(post_record) + padded(size));
+  mbox.bytes.resize(off + detail::post_item_bytes(size));
   std::memcpy(mbox.bytes.data() + off, rec, sizeof(post_record));
   if (size != 0) std::memcpy(mbox.bytes.data() + off + sizeof(post_record), data, size);
   // Wake the loop on the first item only: it takes everything in one swap.
@@ -48,7 +44,7 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
                               const send_options& opt, uint64_t* message_id) {
   // cfg never changes after construction: reading it here is safe from any thread.
   if (size > cfg.message_limit) return errc::message_too_large;
-  const size_t need = sizeof(post_record) + padded(size);
+  const size_t need = detail::post_item_bytes(size);
   std::lock_guard<std::mutex> lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
   if (mbox.items >= cfg.post_queue_messages || mbox.bytes.size() + need > cfg.post_queue_bytes) {
@@ -73,7 +69,10 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
 errc node::impl::post_task(std::function<void()> task) {
   std::lock_guard<std::mutex> lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
-  if (mbox.items >= cfg.post_queue_messages) return errc::queue_full;
+  if (mbox.items >= cfg.post_queue_messages ||
+      mbox.bytes.size() + detail::kPostRecordBytes > cfg.post_queue_bytes) {
+    return errc::queue_full;
+  }
   mbox.tasks.push_back(std::move(task));
   post_record r;
   r.task = 1;
@@ -155,7 +154,7 @@ void node::impl::drain_posts() {
       post_blocked = true;  // retried when a link drains (s_writable) or at the next tick
       return;
     }
-    post_offset += sizeof r + padded(r.size);
+    post_offset += detail::post_item_bytes(r.size);
   }
   // Posts that arrived while this batch ran (or while it waited for a full link) did not wake the
   // loop (the mailbox was not empty): come back for them after the loop's next round of I/O.

@@ -206,6 +206,13 @@ struct handles {
   int open = 0;
 };
 
+// What one item of node::post()'s mailbox takes of post_queue_bytes: a 64-byte record (a task's
+// whole cost), then a message's payload rounded up to 8 (node_post.cpp).
+inline constexpr size_t kPostRecordBytes = 64;
+inline constexpr size_t post_item_bytes(size_t payload) noexcept {
+  return kPostRecordBytes + ((payload + 7) & ~size_t{7});
+}
+
 // node::post()'s mailbox: the one part of a node other threads touch, all of it under `mu`.
 // Producers append records (node_post.cpp) to `bytes`; the loop swaps the whole buffer out.
 struct mailbox {

@@ -231,6 +231,31 @@ TEST_F(NodeThreadTest, PostRefusesAtOnceWhatIsWrongAtOnce) {
   EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::closed);
 }
 
+// The smallest post_queue_bytes validate() accepts holds one message of message_limit (each
+// message takes its payload rounded up to 8 plus a 64-byte record), and a task's record counts
+// against the bytes too.
+TEST_F(NodeThreadTest, TheSmallestPostQueueHoldsOneLargestMessage) {
+  node_config cfg = fast_config();
+  cfg.message_limit = 1000;
+  cfg.post_queue_bytes = 1000 + 64;
+  std::string why;
+  EXPECT_EQ(node::validate(0x100, cfg, &why), errc::ok) << why;
+  cfg.post_queue_bytes = 1000 + 63;
+  EXPECT_EQ(node::validate(0x100, cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("post_queue_bytes (1063) must hold one message"), std::string::npos) << why;
+  cfg.post_queue_bytes = 1000 + 64;
+  bus_node* p = make_root(0x100, {{0x100, 8}}, cfg);
+  const std::string big(1000, 'x');
+  // The loop is not running between these calls: the mailbox fills.
+  EXPECT_EQ(p->n->post(0x100, 1, big.data(), big.size()), errc::ok);
+  EXPECT_EQ(p->n->post([] {}), errc::queue_full);  // 64 more bytes do not fit
+  ASSERT_TRUE(wait([&] { return p->got.size() == 1; }));
+  int ran = 0;
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(p->n->post([&ran] { ++ran; }), errc::ok);
+  EXPECT_EQ(p->n->post([&ran] { ++ran; }), errc::queue_full);  // 17 x 64 > 1064
+  ASSERT_TRUE(wait([&] { return ran == 16; }));
+}
+
 // stop() with posts not yet run: each still gets exactly one report (closed); accepted tasks run.
 TEST_F(NodeThreadTest, StopWithPostsInFlightReportsEachClosed) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
