@@ -519,7 +519,18 @@ void node::impl::link_gone(link* lk, errc reason) {
   bool lost_peer = false;
   if (peer_ep* p = lk->peer; p != nullptr) {
     cached_hop = nullptr;
-    counters.forward_dropped += p->overflow.size();
+    // What waited in its overflow can go nowhere now: dropped as a relay drops (counted, logged,
+    // and a drop notice or a failed acknowledgement to each source), never silently.
+    while (!p->overflow.empty()) {
+      const std::vector<uint8_t>& m = p->overflow.front();
+      if (proto::header hd; proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
+        relay_drop(hd, proto::reason::not_connected);
+      } else {
+        ++counters.forward_dropped;
+      }
+      p->overflow.pop_front();
+    }
+    p->overflow_bytes = 0;
     resume_paused(p);
     const endpoint_info info = info_of(*p);
     if (p->kind == peer_kind::child && state == run_state::running) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
 
 namespace uvbus {
 namespace {
@@ -201,6 +202,32 @@ TEST_F(NodeRelayTest, EarlyMessageToSiblingThatNeverComesTimesOut) {
   run_for(200ms);
   EXPECT_EQ(a->reports.size(), 1u);
   EXPECT_EQ(root_->n->counters().forward_dropped, 0u);
+}
+
+// A next hop that stops reading fills the relay's overflow for it; when it then goes, what waited
+// there is dropped as every relay drop is: each source is told (a drop notice), none silently.
+TEST_F(NodeRelayTest, OverflowForANextHopThatGoesIsDroppedWithNotices) {
+  make_root_and_sender();
+  test::raw_child sink(0x102, 0x100);
+  sink.compress = false;
+  sink.pause_after_register = true;
+  sink.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return sink.registered; }));
+  // Until A's own link queue is full: the root stopped reading A, its overflow for the sink full.
+  const std::string payload(60000, 'x');
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 8; ++i) {
+      if (send_str(a_, 0x102, 1, payload) == errc::queue_full) return true;
+    }
+    return false;
+  }));
+  sink.ch->close();
+  ASSERT_TRUE(wait([&] {
+    const uint64_t dropped = root_->n->counters().forward_dropped;
+    return dropped > 0 && a_drops().size() == dropped;
+  })) << root_->n->counters().forward_dropped
+      << " dropped, " << a_drops().size() << " told";
+  for (const dropped_event& d : a_drops()) EXPECT_EQ(d.why, errc::not_connected);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ struct raw_child {
   bool closed = false;
   bool compress = true;
   std::function<void(raw_child&)> on_registered;
+  bool pause_after_register = false;  // stop reading once registered (a next hop that stalls)
   struct message {
     proto::header hd;
     std::vector<uint8_t> body;
@@ -87,6 +88,7 @@ struct raw_child {
       send(proto::msg_type::register_req, body);
     } else if (hd.type == proto::msg_type::register_reply) {
       registered = true;
+      if (pause_after_register) (void)ch->pause_reading(conn);
       if (on_registered) on_registered(*this);
     } else if (registered) {
       got.push_back({hd, std::vector<uint8_t>(d + proto::kHeaderSize, d + n)});
