@@ -290,6 +290,10 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     rr.message = "the sibling answered with another id";
   }
   if (result == errc::ok && lk->is_parent && rr.info.id == self) result = errc::duplicate_id;
+  // A sibling relays only for subnets it could plausibly own (as on the acceptor's side).
+  if (result == errc::ok && !lk->is_parent) {
+    result = table.check_sibling(rr.info.id, rr.info.subnets, &rr.message);
+  }
   // Two-way authentication: the acceptor must prove a token of ours too. Not proving it is not
   // a configuration refusal (an impostor must not stop us retrying the real parent).
   bool unproven = false;
@@ -388,12 +392,16 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   }
   peer_kind kind = peer_kind::child;
   errc ok = errc::ok;
+  std::string why;  // a sibling's implausible subnet, named
   if (rb.role == proto::link_role::child) {
     ok = table.check_child(who.id, who.subnets);
   } else {
     kind = rb.role == proto::link_role::sibling ? peer_kind::sibling : peer_kind::tool;
     ok = table.check_peer(who.id);
     if (ok == errc::ok && table.owns(who.id)) ok = errc::out_of_subnet;
+    if (ok == errc::ok && kind == peer_kind::sibling) {
+      ok = table.check_sibling(who.id, who.subnets, &why);
+    }
     peer_ep* old = find_peer(who.id);
     if (ok == errc::duplicate_id && kind == peer_kind::sibling && old != nullptr &&
         old->kind == peer_kind::sibling && who.id < self) {
@@ -405,7 +413,9 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   }
   if (ok != errc::ok) {
     char msg[128];
-    if (ok == errc::out_of_subnet) {
+    if (!why.empty()) {
+      std::snprintf(msg, sizeof msg, "%s", why.c_str());
+    } else if (ok == errc::out_of_subnet) {
       std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " or its subnets are outside ours", who.id);
     } else {
       std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " is already registered", who.id);
@@ -469,8 +479,8 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   lk->peer = p.get();
   lk->state = link_state::registered;
   (void)streams->mark_registered(lk->conn);  // off the unregistered caps (max_unregistered)
-  // Every peer's subnets are kept for source checks (a sibling relays for its descendants);
-  // only children's take part in routing.
+  // Children's and siblings' subnets (checked above) are kept for source checks (a sibling
+  // relays for its descendants), a tool's are not; only children's take part in routing.
   table.add(p->id, kind, p->info.subnets);
   // Same host and a ring offered: our data for it goes through shared memory.
   if (cfg.enable_shm && kind != peer_kind::tool && p->info.host_id == host_id) {

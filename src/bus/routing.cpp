@@ -58,6 +58,42 @@ errc routing_table::check_peer(bus_id id) const {
   return errc::ok;
 }
 
+const char* routing_table::sibling_fault(bus_id id, const subnet& s) const {
+  if (!s.valid()) return "is not a valid subnet";
+  if (s.contains(self_)) return "holds our own id";
+  for (const subnet& mine : subnets_) {
+    if (mine.overlaps(s)) return "overlaps our subnets";
+  }
+  if (has_parent_ && s.contains(parent_)) return "holds our parent's id";
+  // A sibling is our parent's child: its subnets came out of the parent's.
+  auto par = peers_.find(parent_);
+  if (has_parent_ && par != peers_.end() && !par->second.subnets.empty() &&
+      std::none_of(par->second.subnets.begin(), par->second.subnets.end(),
+                   [&s](const subnet& p) { return p.contains(s); })) {
+    return "is outside our parent's subnets";
+  }
+  for (const auto& [other, p] : peers_) {
+    if (other == id || p.kind == peer_kind::child) continue;  // children are inside our subnets
+    if (s.contains(other)) return "holds a registered peer's id";
+    if (p.kind != peer_kind::sibling) continue;
+    for (const subnet& o : p.subnets) {
+      if (o.overlaps(s)) return "overlaps another sibling's subnets";
+    }
+  }
+  return nullptr;
+}
+
+errc routing_table::check_sibling(bus_id id, const std::vector<subnet>& subnets,
+                                  std::string* why) const {
+  for (const subnet& s : subnets) {
+    if (const char* fault = sibling_fault(id, s)) {
+      *why = "sibling subnet " + s.to_string() + " " + fault;
+      return errc::out_of_subnet;
+    }
+  }
+  return errc::ok;
+}
+
 const bus_id* routing_table::child_owner(bus_id id) const {
   for (const width_index& w : by_width_) {  // narrowest first
     auto it = w.owner_by_first.find(id & ~subnet::low_mask(w.mask_bits));
@@ -95,6 +131,7 @@ void routing_table::index_remove(const subnet& s, const bus_id* next) {
 
 void routing_table::add(bus_id id, peer_kind kind, std::vector<subnet> subnets) {
   (void)remove(id);  // a registration again: nothing of the earlier one stays
+  if (kind == peer_kind::tool) subnets.clear();  // a tool relays for no one
   if (kind == peer_kind::child) {
     for (const subnet& s : subnets) {
       const subnet c = s.canonical();

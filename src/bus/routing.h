@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -60,12 +61,20 @@ class routing_table {
   [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets) const;
   // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
   [[nodiscard]] errc check_peer(bus_id id) const;
+  // Whether sibling `id`'s declared subnets are plausible, so that it may relay for them: each
+  // must be valid and hold neither our id nor our parent's nor any other registered peer's,
+  // overlap neither our subnets nor another sibling's, and lie inside our parent's subnets while
+  // the parent is registered. Otherwise out_of_subnet and *why names the subnet and the fault.
+  [[nodiscard]] errc check_sibling(bus_id id, const std::vector<subnet>& subnets,
+                                   std::string* why) const;
 
-  // Adds a registered direct peer (replacing an earlier registration of the same id). Its
-  // subnets always count for source_allowed(); only a child's are used for routing (a sibling's
-  // claim is not the parent's allocation, so traffic for a sibling's descendants still goes
-  // through the parent). check_child(), add() and remove() take O(log children) per subnet
-  // plus one hash lookup per subnet width in use: no scan of the other children.
+  // Adds a registered direct peer (replacing an earlier registration of the same id). A child's
+  // or sibling's subnets count for source_allowed() (check them first: check_child(),
+  // check_sibling()), a tool's are dropped (a tool speaks only as itself); only a child's are used
+  // for routing (a sibling's claim is not the parent's allocation, so traffic for a sibling's
+  // descendants still goes through the parent). check_child(), add() and remove() take
+  // O(log children) per subnet plus one hash lookup per subnet width in use: no scan of the
+  // other children.
   void add(bus_id id, peer_kind kind, std::vector<subnet> subnets = {});
   // Removes a peer; returns whether it was there.
   bool remove(bus_id id);
@@ -76,8 +85,8 @@ class routing_table {
   [[nodiscard]] route lookup(bus_id target) const;
 
   // Whether a message that arrived from peer `from` may claim `source`: a parent's are not checked
-  // (a parent relays for the whole bus); a child, sibling or tool may only send as itself or as an
-  // id inside its subnets (its descendants).
+  // (a parent relays for the whole bus); a child or sibling may only send as itself or as an id
+  // inside its subnets (its descendants), a tool only as itself.
   [[nodiscard]] bool source_allowed(bus_id from, bus_id source) const;
 
   template <class F>
@@ -113,6 +122,8 @@ class routing_table {
   // Whether s overlaps a child's subnet: one of them holds s's first id, or starts inside s
   // (two aligned subnets either nest or are disjoint).
   [[nodiscard]] bool child_overlap(const subnet& s) const;
+  // Why sibling `id` may not relay for s (see check_sibling()), or nullptr.
+  [[nodiscard]] const char* sibling_fault(bus_id id, const subnet& s) const;
   void index_add(const subnet& s, bus_id owner);
   // Drops s from the index, or hands it to `next` (the next child that claims the same subnet).
   void index_remove(const subnet& s, const bus_id* next);

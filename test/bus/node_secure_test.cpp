@@ -1,8 +1,8 @@
 // Protocol version 6's link protection on live nodes: two-way authentication (an acceptor that
 // cannot prove a token is refused by the connector), token rotation, link compression negotiated
 // at registration (and a compression bomb from a hand-made peer), a registered peer forging a
-// source in flow data, and shared-memory writer tags (records without a valid tag, or speaking for
-// another node, are dropped and counted).
+// source in flow data, a tool or sibling declaring subnets it cannot own, and shared-memory writer
+// tags (records without a valid tag, or speaking for another node, are dropped and counted).
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -54,6 +54,21 @@ std::string random_bytes(size_t n, uint32_t seed) {
   std::string s(n, '\0');
   for (char& ch : s) ch = static_cast<char>(rng());
   return s;
+}
+
+// A plain data message's body (user type 1).
+std::vector<uint8_t> data_body(const std::string& text) {
+  std::vector<uint8_t> body(proto::kDataPrefix + text.size());
+  proto::encode_data_prefix(1, body.data());
+  std::memcpy(body.data() + proto::kDataPrefix, text.data(), text.size());
+  return body;
+}
+
+bool error_named(const bus_node& n, const std::string& what) {
+  for (const std::string& e : n.error_texts) {
+    if (e.find(what) != std::string::npos) return true;
+  }
+  return false;
 }
 
 class NodeSecure : public test::bus_fixture {};
@@ -175,6 +190,80 @@ TEST_F(NodeSecure, FlowDataWithAForgedSourceClosesOnlyItsOwnLink) {
   ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
   EXPECT_EQ(root->got[1].source, kChild);
   EXPECT_EQ(root->got[1].bytes, "still here");
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// A tool speaks only as itself: subnets it declares (here every id) are not honoured, so its
+// message claiming to come from an honest child closes its link with the reason named and is not
+// delivered, while its own message before that was.
+TEST_F(NodeSecure, AToolDeclaringEveryIdCannotSpeakForAChild) {
+  bus_node* root = make_root(kRoot, {kNet}, fast_config());
+  bus_node* honest = make_child(kChild, root);
+  ASSERT_TRUE(wait([&] { return honest->ups == 1; }));
+  constexpr bus_id kTool = 0x7000000000000;  // outside the root's subnets, as a tool's id is
+  raw_child raw(kTool, kRoot);
+  raw.compress = false;
+  raw.role = proto::link_role::tool;
+  raw.subnets = {subnet{0, 64}};
+  raw.on_registered = [](raw_child& r) {
+    r.send(proto::msg_type::data, data_body("mine"), 0, kTool, 1);
+    r.send(proto::msg_type::data, data_body("forged"), 0, kChild, 2);
+  };
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.closed; }));
+  EXPECT_TRUE(raw.registered);
+  ASSERT_EQ(root->got.size(), 1u);
+  EXPECT_EQ(root->got[0].source, kTool);
+  EXPECT_EQ(root->got[0].bytes, "mine");
+  EXPECT_TRUE(error_named(*root, "source id not allowed"));
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// A sibling relays for the subnets it declares only if it could own them: one holding our
+// parent's id, overlapping our subnets or outside our parent's subnets is refused with
+// out_of_subnet and the subnet named; a plausible one is accepted and relays for it.
+TEST_F(NodeSecure, ASiblingDeclaringSubnetsItCannotOwnIsRefused) {
+  constexpr bus_id kA = 0x20001;
+  constexpr bus_id kSib = 0x30001;
+  bus_node* root = make_root(kRoot, {kNet}, fast_config());
+  bus_node* a = make_child(kA, root, {subnet{0x20100, 8}});
+  ASSERT_TRUE(wait([&] { return a->ups == 1; }));
+  struct refusal {
+    subnet declared;
+    const char* fault;
+  };
+  const refusal cases[] = {{{0x10000, 4}, "0x10000/4 holds our parent's id"},
+                           {{0x20100, 4}, "0x20100/4 overlaps our subnets"},
+                           {{0x1000000000000, 8}, "0x1000000000000/8 is outside our parent's"}};
+  for (const refusal& c : cases) {
+    raw_child raw(kSib, kA);
+    raw.role = proto::link_role::sibling;
+    raw.subnets = {subnet{0x30100, 8}, c.declared};
+    raw.start(&loop_, a->n->listen_urls().at(0));
+    ASSERT_TRUE(wait([&] { return raw.closed; })) << c.fault;
+    EXPECT_FALSE(raw.registered) << c.fault;
+    EXPECT_EQ(raw.reply_status, proto::reason::out_of_subnet) << c.fault;
+    EXPECT_NE(raw.reply_message.find(c.fault), std::string::npos) << raw.reply_message;
+    EXPECT_TRUE(error_named(*a, c.fault)) << c.fault;
+    raw.ch->close();
+    ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+  }
+  EXPECT_EQ(a->n->counters().registrations_refused, 3u);
+  raw_child raw(kSib, kA);
+  raw.compress = false;
+  raw.role = proto::link_role::sibling;
+  raw.subnets = {subnet{0x30100, 8}};
+  raw.on_registered = [](raw_child& r) {
+    r.send(proto::msg_type::data, data_body("relayed"), 0, 0x30105, 1);
+  };
+  raw.start(&loop_, a->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return a->got.size() == 1; }));
+  EXPECT_TRUE(raw.registered);
+  EXPECT_EQ(a->got[0].source, 0x30105u);
+  EXPECT_EQ(a->got[0].bytes, "relayed");
+  EXPECT_FALSE(raw.closed);
   raw.ch->close();
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
 }

@@ -1,7 +1,8 @@
 // A hand-made bus child for tests that need a peer speaking the wire protocol directly: it
-// registers with a real parent (asking for lz4 if `compress`), records every message it receives
-// after registration, and sends any message it is told to, including ones a real node never
-// sends (forged sources, drop notices, flow data without acknowledgements).
+// registers with a real parent (asking for lz4 if `compress`; as `role`, declaring `subnets`),
+// records every message it receives after registration, and sends any message it is told to,
+// including ones a real node never sends (forged sources, drop notices, flow data without
+// acknowledgements).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -26,6 +27,10 @@ struct raw_child {
   bool registered = false;
   bool closed = false;
   bool compress = true;
+  proto::link_role role = proto::link_role::child;  // what it registers as
+  std::vector<subnet> subnets;                      // the subnets it declares
+  proto::reason reply_status = proto::reason::ok;   // the registration reply's status ...
+  std::string reply_message;                        // ... and message
   std::function<void(raw_child&)> on_registered;
   bool pause_after_register = false;  // stop reading once registered (a next hop that stalls)
   struct message {
@@ -76,8 +81,10 @@ struct raw_child {
       proto::challenge_body chb;
       ASSERT_EQ(proto::parse_challenge(d + proto::kHeaderSize, hd.body_len, &chb), errc::ok);
       proto::register_body rb;
+      rb.role = role;
       rb.info.id = id;
       rb.info.host_id = "raw";
+      rb.info.subnets = subnets;
       if (compress) {
         rb.ext.present = true;
         rb.ext.has_compression = true;
@@ -87,7 +94,12 @@ struct raw_child {
       proto::encode_register(rb, &body);
       send(proto::msg_type::register_req, body);
     } else if (hd.type == proto::msg_type::register_reply) {
-      registered = true;
+      proto::register_reply_body rr;
+      ASSERT_EQ(proto::parse_register_reply(d + proto::kHeaderSize, hd.body_len, &rr), errc::ok);
+      reply_status = rr.status;
+      reply_message = rr.message;
+      registered = rr.status == proto::reason::ok;
+      if (!registered) return;
       if (pause_after_register) (void)ch->pause_reading(conn);
       if (on_registered) on_registered(*this);
     } else if (registered) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -87,6 +88,51 @@ TEST(Routing, SourcesAreCheckedPerPeerKind) {
   EXPECT_FALSE(t.source_allowed(0x3000, 0x31AB));
   EXPECT_EQ(t.lookup(0x30AB).kind, hop::parent);
   EXPECT_FALSE(t.source_allowed(0x5555, 0x5555));
+}
+
+// A tool speaks only as itself, whatever subnets it declared.
+TEST(Routing, AToolsSubnetsAreNotHonoured) {
+  routing_table t(0x1000, {{0x1000, 12}});
+  t.add(0x9000, peer_kind::tool, {{0, 64}});
+  EXPECT_TRUE(t.source_allowed(0x9000, 0x9000));
+  EXPECT_FALSE(t.source_allowed(0x9000, 0x1100));
+  EXPECT_FALSE(t.source_allowed(0x9000, 0x9001));
+  ASSERT_NE(t.subnets_of(0x9000), nullptr);
+  EXPECT_TRUE(t.subnets_of(0x9000)->empty());
+}
+
+// A sibling's declared subnets must be ones it could own (check_sibling(), run before add()).
+TEST(Routing, ASiblingsSubnetsMustBePlausible) {
+  routing_table t(0x1000, {{0x1000, 8}});
+  t.set_parent(0x1);
+  t.add(0x1, peer_kind::parent, {{0, 16}});
+  t.add(0x1005, peer_kind::child);
+  t.add(0x3000, peer_kind::sibling, {{0x3000, 8}});
+  t.add(0x9000, peer_kind::tool);
+  std::string why;
+  // Its own subtree, and none at all: fine.
+  EXPECT_EQ(t.check_sibling(0x2000, {{0x2000, 8}, {0x2400, 10}}, &why), errc::ok);
+  EXPECT_EQ(t.check_sibling(0x2000, {}, &why), errc::ok);
+  const std::pair<subnet, const char*> bad[] = {
+      {{0, 64}, "sibling subnet 0x0/64 holds our own id"},
+      {{0x1000, 4}, "sibling subnet 0x1000/4 holds our own id"},
+      {{0x1080, 4}, "overlaps our subnets"},
+      {{0x0, 4}, "holds our parent's id"},
+      {{0x10000, 8}, "is outside our parent's subnets"},
+      {{0x9000, 8}, "holds a registered peer's id"},  // the tool
+      {{0x3080, 4}, "overlaps another sibling's subnets"},
+      {{0x2000, 65}, "is not a valid subnet"},
+  };
+  for (const auto& [s, fault] : bad) {
+    why.clear();
+    EXPECT_EQ(t.check_sibling(0x2000, {{0x2000, 8}, s}, &why), errc::out_of_subnet) << fault;
+    EXPECT_NE(why.find(fault), std::string::npos) << why;
+  }
+  // A sibling registering again is not its own rival; without a parent only the rest counts.
+  EXPECT_EQ(t.check_sibling(0x3000, {{0x3000, 8}}, &why), errc::ok);
+  t.remove(0x1);
+  t.clear_parent();
+  EXPECT_EQ(t.check_sibling(0x2000, {{0x10000, 8}}, &why), errc::ok);
 }
 
 TEST(Routing, VersionNegotiation) {
