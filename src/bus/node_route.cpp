@@ -477,8 +477,11 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
   impl* n = static_cast<impl*>(user);
   // Liveness is refreshed once per run of records from one source, not per record.
   bus_id last_source = n->self;
-  // A callback may stop the node mid-batch: nothing more is delivered then.
-  for (size_t i = 0; i < count && n->state == run_state::running; ++i) {
+  // Records are taken while the node runs, and while stop() waits for acknowledgements (which
+  // come through the ring from same-host peers). A callback that destroys the node, or a stop()
+  // without that wait, ends the batch: nothing more of it is delivered.
+  for (size_t i = 0;
+       i < count && !n->dead && (n->state == run_state::running || n->stop_flush_until != 0); ++i) {
     const uint8_t* data = recs[i].data;
     size_t size = recs[i].size;
     bus_id writer = 0;

@@ -341,6 +341,34 @@ TEST_F(NodeFlowTest, SyncGoesOnlyOnTheFirstUnsettledMessage) {
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
 }
 
+// stop() waits up to stop_flush_ms for acknowledgements, and a same-host target sends them
+// through the stopping node's ring: they count (before, the ring was read and its records
+// dropped while stopping, so delivered messages were reported closed after the whole wait).
+TEST_F(NodeFlowTest, StopTakesAcknowledgementsThatComeThroughItsRing) {
+  node_config pc = flow_config();
+  pc.subnets = {{0x100, 8}};
+  pc.enable_shm = true;
+  pc.shm_ring_bytes = 1 << 20;
+  pc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("flow-stop")};
+  pc.stop_flush_ms = 60000;
+  p_ = make(0x100, pc);
+  node_config bc = flow_config();
+  bc.enable_shm = true;
+  bc.parent_urls = {p_->n->listen_urls().at(0)};
+  b_ = make(0x102, bc);
+  ASSERT_TRUE(wait([&] { return b_->n->up(); }));
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 50; ++i) {
+    uint64_t id = 0;
+    ASSERT_EQ(p_->n->send_data(0x102, 1, &i, sizeof i, {}, &id), errc::ok);
+    ids.push_back(id);
+  }
+  p_->n->stop();
+  ASSERT_TRUE(wait([&] { return p_->reports.size() == ids.size(); }));
+  for (const auto& r : p_->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
+  EXPECT_EQ(b_->got.size(), ids.size());
+}
+
 TEST_F(NodeFlowTest, FullRetransmitBufferIsQueueFull) {
   node_config ac = flow_config();
   ac.retransmit_max_messages = 10;

@@ -127,6 +127,26 @@ TEST_F(NodeLifecycleTest, DestroyInOnData) {
   settle();
 }
 
+// The same burst under next-hop delivery with require_response: the target acknowledges what its
+// on_data got, and nothing after its destruction (a report of ok says the target's on_data ran).
+TEST_F(NodeLifecycleTest, DestroyInOnDataAcknowledgesOnlyWhatWasDelivered) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  pc.delivery = delivery_mode::next_hop;
+  victim* p = make_victim(0x100, pc, kill_in::on_data);
+  node_config cc = child_of(&p->rec);
+  cc.delivery = delivery_mode::next_hop;
+  bus_node* c = make(0x101, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  send_options o;
+  o.require_response = true;
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(send_str(c, 0x100, 1, "burst", o), errc::ok);
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 100; }));
+  EXPECT_EQ(p->rec.got.size(), 1u);
+  EXPECT_LE(c->ok_reports(), 1u);
+  settle();
+}
+
 // Messages to itself are delivered from the node's idle callback (the deferred path).
 TEST_F(NodeLifecycleTest, DestroyInOnDataOfAMessageToItself) {
   victim* p = make_victim(0x100, fast_config(), kill_in::on_data);
