@@ -154,8 +154,7 @@ void node::impl::s_writable(connection_id c) {
 void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
   impl* n = this;
   link* lk = link_of(c);
-  // Destroyed from a callback earlier in this read: the rest of it is not looked at (no delivery,
-  // no acknowledgement of what was never delivered, no relaying).
+  // Destroyed by a callback earlier in this read: nothing more of it is looked at.
   if (lk == nullptr || lk->state == link_state::closing || dead) return;
   proto::header hd;
   if (proto::parse_header(data, size, &hd) != errc::ok) {
