@@ -337,6 +337,7 @@ void node::impl::maybe_finish_stop() {
     close_links_for_stop();  // reports them closed and comes back here
     return;
   }
+  if (disc_stopping) return;  // disc_stop()'s callback comes back here
   stop_done_pending = true;
   arm_idle();
 }

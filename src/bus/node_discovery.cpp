@@ -27,7 +27,14 @@ void node::impl::disc_start() {
 }
 
 void node::impl::disc_stop() {
-  if (disc) (void)disc->stop(nullptr);     // revokes the lease; best effort if destroyed first
+  // Revokes the lease. The node's stop completes (on_down(closed)) only after the revoke's answer
+  // (bounded by request_timeout_ms): destroying the node in on_down would otherwise cancel it.
+  if (disc) {
+    disc_stopping = disc->stop([this] {
+      disc_stopping = false;
+      maybe_finish_stop();
+    }) == errc::ok;
+  }
   if (disc_rule) cfg.parent_urls.clear();  // a later start() applies the rule again
   disc_parent_wanted = false;
   disc_rule = false;

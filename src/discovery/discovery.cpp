@@ -43,18 +43,17 @@ errc validate(const discovery_config& cfg, std::string* detail) {
 
 etcd_discovery::impl::impl(uv_loop_t* l, discovery_config c, discovery_callbacks cb)
     : loop(l), cfg(std::move(c)), cbs(std::move(cb)) {
-  ka_timer = new uv_timer_t;
-  retry_timer = new uv_timer_t;
-  uv_timer_init(loop, ka_timer);
-  uv_timer_init(loop, retry_timer);
-  ka_timer->data = this;
-  retry_timer->data = this;
+  for (uv_timer_t** t : {&ka_timer, &retry_timer, &watch_timer}) {
+    *t = new uv_timer_t;
+    uv_timer_init(loop, *t);
+    (*t)->data = this;
+  }
 }
 
 etcd_discovery::impl::~impl() {
   life.reset();
   http.reset();  // cancels every request without callbacks
-  for (uv_timer_t* t : {ka_timer, retry_timer}) {
+  for (uv_timer_t* t : {ka_timer, retry_timer, watch_timer}) {
     uv_timer_stop(t);
     uv_close(reinterpret_cast<uv_handle_t*>(t),
              [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });

@@ -27,6 +27,7 @@ struct etcd_discovery::impl {
   std::unique_ptr<detail::etcd_client> http;
   uv_timer_t* ka_timer = nullptr;     // keep-alive ticks (heap: freed by its close callback)
   uv_timer_t* retry_timer = nullptr;  // backoff, and stop()'s deferred done
+  uv_timer_t* watch_timer = nullptr;  // the deadline for the watch's `created`
   phase ph = phase::idle;
   directory_entry self;
   bool registering = false;
@@ -39,8 +40,9 @@ struct etcd_discovery::impl {
   uint64_t req = 0;      // the unary request of the current step
   uint64_t watch_req = 0;
   uint64_t ka_req = 0;
-  uint64_t upd_req = 0;
-  uint64_t ka_ok_ms = 0;  // loop time of the last renewal (or grant)  // update_self()'s put
+  uint64_t upd_req = 0;    // update_self()'s put
+  uint64_t ka_ok_ms = 0;   // loop time of the last renewal (or grant)
+  uint64_t resync_ms = 0;  // loop time of the last resync after a compaction cancel (0: none)
   bool is_connected = false;
   std::function<void()> stop_done;
   std::map<bus_id, directory_entry> dir;
@@ -61,6 +63,8 @@ struct etcd_discovery::impl {
   void range();
   void watch(int64_t from);  // the prefix, from revision `from`
   void on_watch_line(std::string_view line);
+  // A watch cancel: a resync (range read, then a new watch) or fail().
+  void on_watch_cancel(const detail::etcd::watch_reply& w);
   void keepalive();
   void on_keepalive(detail::http_result& r);
   void probe(uint32_t timeout);

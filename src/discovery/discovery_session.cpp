@@ -23,6 +23,7 @@ void etcd_discovery::impl::cancel_all() {
   }
   uv_timer_stop(ka_timer);
   uv_timer_stop(retry_timer);
+  uv_timer_stop(watch_timer);
 }
 
 void etcd_discovery::impl::set_connected(bool c) {
@@ -44,6 +45,7 @@ void etcd_discovery::impl::fail(const std::string& why) {
   ++st.failures;
   cancel_all();
   lease = 0;  // the next session registers with a new lease
+  resync_ms = 0;
   err = {errc::not_connected, why};
   log(log_level::warn, kFailure,
       "etcd " + cfg.etcd_endpoints[ep % cfg.etcd_endpoints.size()] + ": " + why);
@@ -133,6 +135,8 @@ void etcd_discovery::impl::range() {
   if (req == 0) fail("range: the HTTP client refused the request");
 }
 
+// A stream that never says `created` (a buffering proxy, a stuck gateway) fails the session after
+// request_timeout_ms. A watch-only instance's probe runs from here on, `created` or not.
 void etcd_discovery::impl::watch(int64_t from) {
   ph = phase::watching;
   watch_req = http->stream(
@@ -143,27 +147,50 @@ void etcd_discovery::impl::watch(int64_t from) {
         std::string why = failure_of(r);
         fail("watch stream ended" + (why.empty() ? std::string() : ": " + why));
       });
-  if (watch_req == 0) fail("watch: the HTTP client refused the request");
+  if (watch_req == 0) return fail("watch: the HTTP client refused the request");
+  if (!registering) arm_keepalive();  // the probe that notices a silent or partitioned member
+  uv_timer_start(
+      watch_timer,
+      [](uv_timer_t* t) {
+        auto* d = static_cast<impl*>(t->data);
+        d->fail("watch: not created within " + std::to_string(d->cfg.request_timeout_ms) + " ms");
+      },
+      cfg.request_timeout_ms, 0);
+}
+
+// etcd answers a watch from a compacted revision with `created`, then `canceled` +
+// compact_revision and no cancel_reason, and keeps the stream open: the stream is dropped and
+// everything read again (range, then a watch from there). Any other cancel (a cancel_reason, no
+// compact_revision), or a second compaction cancel within request_timeout_ms of the last resync,
+// is not a gap a resync fixes: it fails the session (backoff, next endpoint).
+void etcd_discovery::impl::on_watch_cancel(const etcd::watch_reply& w) {
+  const std::string what = "watch cancelled (compact_revision " +
+                           std::to_string(w.compact_revision) +
+                           (w.error.empty() ? std::string() : ", " + w.error) + ")";
+  const uint64_t now = uv_now(loop);
+  if (w.compact_revision == 0) {
+    return fail(what + (w.error.empty() ? ": no cancel_reason" : std::string()));
+  }
+  if (resync_ms != 0 && now - resync_ms < cfg.request_timeout_ms) {
+    return fail(what + ": again within " + std::to_string(cfg.request_timeout_ms) +
+                " ms of a resync");
+  }
+  resync_ms = now;
+  log(log_level::info, kInfo, what + ": resync");
+  http->cancel(watch_req);
+  watch_req = 0;
+  uv_timer_stop(watch_timer);
+  range();
 }
 
 void etcd_discovery::impl::on_watch_line(std::string_view line) {
   etcd::watch_reply w;
   std::string why;
   if (!etcd::parse_watch(line, &w, &why)) return fail("watch: " + why);
-  if (w.canceled || w.compact_revision != 0) {
-    // A gap (compaction, cancel): read everything again, then watch from there. etcd answers a
-    // watch from a compacted revision with `created`, then `canceled` + compact_revision and no
-    // cancel_reason, and keeps the stream open: it is dropped here.
-    log(log_level::info, kInfo,
-        "watch cancelled (compact_revision " + std::to_string(w.compact_revision) +
-            (w.error.empty() ? std::string() : ", " + w.error) + "): resync");
-    http->cancel(watch_req);
-    watch_req = 0;
-    return range();
-  }
+  if (w.canceled || w.compact_revision != 0) return on_watch_cancel(w);
   if (w.revision > revision) revision = w.revision;
   if (w.created) {
-    if (!registering) arm_keepalive();  // the probe that notices a silent or partitioned member
+    uv_timer_stop(watch_timer);
     const std::weak_ptr<char> alive = life;
     set_connected(true);
     if (alive.expired()) return;
@@ -235,6 +262,7 @@ int64_t etcd_discovery::impl::rewatch_from(int64_t from) {
   if (ph != phase::watching) return 0;
   if (watch_req != 0) http->cancel(watch_req);
   watch_req = 0;
+  uv_timer_stop(watch_timer);
   if (from > 0) watch(from);
   return revision;
 }

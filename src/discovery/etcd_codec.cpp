@@ -6,10 +6,17 @@
 #include <cinttypes>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 namespace uvbus::detail::etcd {
 
-using json = nlohmann::ordered_json;
+// Parsing uses nlohmann::json (a std::map per object): ordered_json's object insert scans every
+// key, so a value of N unknown keys (accepted: forward compatible) would cost O(N^2). The entry's
+// encoding keeps its field order (ordered_json); its decoding notes the labels' order while
+// parsing (parse_entry_json).
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
@@ -26,6 +33,29 @@ int b64_value(char c) {
 
 json parse_json(std::string_view s) {
   return json::parse(s.begin(), s.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+// An entry's JSON, and in *label_order the keys of its top-level "labels" object in document order
+// (json's objects are sorted): the labels keep the order they were written in.
+json parse_entry_json(std::string_view s, std::vector<std::string>* label_order) {
+  std::string top_key;
+  bool in_labels = false;
+  const json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    // Depth: 0 for the top-level object's start and end, 1 for its keys and for the start and
+    // end of an object that is one of its values, 2 for that object's keys.
+    if (ev == json::parse_event_t::key && depth == 1) {
+      top_key = parsed.get<std::string>();
+    } else if (ev == json::parse_event_t::object_start && depth == 1) {
+      in_labels = top_key == "labels";
+      if (in_labels) label_order->clear();  // a repeated "labels": the last one counts
+    } else if (ev == json::parse_event_t::object_end && depth == 1) {
+      in_labels = false;
+    } else if (ev == json::parse_event_t::key && depth == 2 && in_labels) {
+      label_order->push_back(parsed.get<std::string>());
+    }
+    return true;
+  };
+  return json::parse(s.begin(), s.end(), cb, /*allow_exceptions=*/false);
 }
 
 // A JSON int64 as the gateway writes it (a decimal string) or as a number.
@@ -118,14 +148,18 @@ bool uint_field(const json& o, const char* field, uint64_t max, uint64_t* out, s
   return true;
 }
 
-bool decode_labels(const json& o, directory_entry* out, std::string* why) {
+bool decode_labels(const json& o, const std::vector<std::string>& order, directory_entry* out,
+                   std::string* why) {
   auto it = o.find("labels");
   if (it == o.end()) return true;
   if (!it->is_object() || it->size() > kMaxLabels) {
     *why = "\"labels\" is not an object of at most 32 labels";
     return false;
   }
-  for (const auto& [k, v] : it->items()) {
+  std::set<std::string_view> seen;  // a repeated key: its first position, its last value
+  for (const std::string& k : order) {
+    if (!seen.insert(k).second) continue;
+    const json& v = (*it)[k];
     if (k.empty() || k.size() > kMaxText || !v.is_string() ||
         v.get_ref<const std::string&>().size() > kMaxText) {
       *why = "\"labels\" has an empty or long key, or a value that is not a short string";
@@ -246,14 +280,14 @@ bool id_from_key(std::string_view prefix, std::string_view key, bus_id* id) {
 }
 
 std::string encode_entry(const directory_entry& e) {
-  json j;
+  ordered_json j;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016" PRIx64, e.id);
   j["v"] = kEntryVersion;
   j["id"] = hex;
   j["name"] = e.name;
   j["type"] = e.type;
-  json labels = json::object();
+  ordered_json labels = ordered_json::object();
   for (const auto& [k, v] : e.labels) labels[k] = v;
   j["labels"] = std::move(labels);
   j["urls"] = e.listen;
@@ -263,11 +297,12 @@ std::string encode_entry(const directory_entry& e) {
   j["start"] = e.start_time_ms;
   j["proto"] = e.protocol_version;
   // Invalid UTF-8 in a caller's string must not throw: replace it.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
 bool decode_entry(std::string_view text, directory_entry* out, std::string* why) {
-  const json j = parse_json(text);
+  std::vector<std::string> label_order;
+  const json j = parse_entry_json(text, &label_order);
   if (j.is_discarded() || !j.is_object()) {
     *why = "not a JSON object";
     return false;
@@ -291,7 +326,7 @@ bool decode_entry(std::string_view text, directory_entry* out, std::string* why)
   out->id = id;
   if (!text_field(j, "name", &out->name, why) || !text_field(j, "type", &out->type, why) ||
       !text_field(j, "host", &out->host_id, why) ||
-      !text_field(j, "hostname", &out->hostname, why) || !decode_labels(j, out, why) ||
+      !text_field(j, "hostname", &out->hostname, why) || !decode_labels(j, label_order, out, why) ||
       !decode_urls(j, out, why) || !uint_field(j, "pid", UINT32_MAX, &pid, why) ||
       !uint_field(j, "start", UINT64_MAX, &out->start_time_ms, why) ||
       !uint_field(j, "proto", 255, &proto, why)) {

@@ -64,6 +64,21 @@ TEST(DiscoveryCodec, EntryRoundTripAndFieldOrder) {
   EXPECT_EQ(back.id, 1U);
 }
 
+// A value with thousands of unknown keys (forward compatible) decodes to exactly the known fields,
+// its labels in their written order (the parser's objects are sorted maps; the labels' order is
+// noted while parsing), an unknown object holding a "name" not taken for the entry's name.
+TEST(DiscoveryCodec, EntryWithThousandsOfUnknownKeys) {
+  const directory_entry e = test::test_entry(0x43);
+  std::string json = etcd::encode_entry(e);
+  json.pop_back();  // the closing brace
+  for (int i = 0; i < 5000; ++i) json += ",\"x" + std::to_string(i) + "\":" + std::to_string(i);
+  json += R"(,"zz":{"name":"not-the-name"}})";
+  directory_entry back;
+  std::string why;
+  ASSERT_TRUE(etcd::decode_entry(json, &back, &why)) << why;
+  EXPECT_EQ(back, e);
+}
+
 TEST(DiscoveryCodec, MalformedEntriesNameTheField) {
   const std::pair<const char*, const char*> bad[] = {
       {"", "JSON"},

@@ -1,11 +1,13 @@
 // node_config::discovery: nodes without any static URL find each other through etcd (in
 // directory(), lookup(), find() and on_directory), a stopped node leaves everyone's directory,
+// also when destroyed in on_down(closed) right after stop() (the revoke is not cancelled),
 // a bad discovery config is refused naming the field, and a node picks its parent by type and
 // labels from the directory, registers to it and exchanges data, chooses again when that parent
 // crashes (its lease expires) without losing what was sent meanwhile, and follows a lower id;
 // nodes in no common tree reach each other over direct links dialled from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge.
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,33 @@ TEST_F(NodeDiscoveryTest, NodesWithoutUrlsSeeEachOtherThroughEtcd) {
   a->n->stop();  // revokes: b sees it leave long before the 60 s TTL
   ASSERT_TRUE(wait([&] { return b->n->directory().size() == 1; }, seconds(20)));
   EXPECT_EQ(b->events.back(), std::make_pair(directory_event::removed, bus_id{0x10}));
+}
+
+// The documented orderly exit: stop(), then destroy the node in on_down(closed). The lease revoke
+// stop() sends must not be cancelled by that destruction: on_down waits for its answer, and a
+// watcher sees the entry leave long before the 60 s TTL.
+TEST_F(NodeDiscoveryTest, DestroyingInOnDownAfterStopStillRevokes) {
+  start_etcd(1);
+  test::disc_instance* watcher = make(directory_entry{}, config());  // watch only
+  node_config ac = base("a", "logic");
+  ac.discovery.ttl_s = 60;  // a quick removal below can only come from stop()'s revoke
+  std::unique_ptr<node> a;
+  int downs = 0;
+  node_callbacks cb;
+  cb.on_down = [&](errc why) {
+    EXPECT_EQ(why, errc::closed);
+    ++downs;
+    a.reset();  // destroyed inside its own callback
+  };
+  a = std::make_unique<node>(&loop_, 0x10, std::move(ac), std::move(cb));
+  ASSERT_EQ(a->start(), errc::ok) << a->last_error().detail;
+  ASSERT_TRUE(wait([&] { return watcher->ids() == std::set<bus_id>{0x10}; }));
+  a->stop();
+  ASSERT_TRUE(wait([&] { return a == nullptr; }, seconds(10)));
+  EXPECT_EQ(downs, 1);
+  ASSERT_TRUE(wait([&] { return watcher->ids().empty(); }, seconds(10)))
+      << "the entry stayed in etcd: the revoke was cancelled";
+  EXPECT_EQ(watcher->count(directory_event::removed, 0x10), 1U);
 }
 
 // Two roots (no parent, no static URL): data, a call and the end-to-end reports go over a
