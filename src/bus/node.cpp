@@ -271,7 +271,17 @@ errc node::impl::start() {
     deferred_up = true;
     arm_idle();
   } else {
-    connect_parent();
+    // From the loop, not inside start(): a connect that fails at once reports on_registration
+    // (and logs), and callbacks never run inside the node's own member functions.
+    reconnect_armed = true;
+    uv_timer_start(
+        &h->reconnect,
+        [](uv_timer_t* t) {
+          auto* self = static_cast<impl*>(t->data);
+          self->reconnect_armed = false;
+          self->connect_parent();
+        },
+        0, 0);
   }
   return errc::ok;
 }

@@ -147,6 +147,32 @@ TEST_F(NodeLifecycleTest, DestroyInOnDataAcknowledgesOnlyWhatWasDelivered) {
   settle();
 }
 
+// A parent address that fails at once (the kernel refuses the connect): the refusal reaches
+// on_registration from the loop, never inside start(), so a callback that destroys the node
+// cannot pull it away from under start()'s caller.
+TEST_F(NodeLifecycleTest, AParentThatFailsAtOnceIsReportedFromTheLoop) {
+  node_config c = fast_config();
+  c.parent_urls = {"ipv4://255.255.255.255:4000"};
+  bool inside = false;
+  int calls_inside = 0;
+  bus_node t;
+  node_callbacks cb = t.callbacks();
+  cb.on_registration = [&](errc e, const std::string& d) {
+    calls_inside += inside ? 1 : 0;
+    t.registrations.push_back(e);
+    t.registration_details.push_back(d);
+  };
+  cb.on_log = [&](log_level, const std::string&) { calls_inside += inside ? 1 : 0; };
+  t.n = std::make_unique<node>(&loop_, 0x101, c, std::move(cb));
+  inside = true;
+  ASSERT_EQ(t.n->start(), errc::ok);
+  inside = false;
+  EXPECT_EQ(calls_inside, 0);
+  ASSERT_TRUE(wait([&] { return !t.registrations.empty(); }));
+  EXPECT_NE(t.registrations[0], errc::ok);
+  t.n.reset();
+}
+
 // Messages to itself are delivered from the node's idle callback (the deferred path).
 TEST_F(NodeLifecycleTest, DestroyInOnDataOfAMessageToItself) {
   victim* p = make_victim(0x100, fast_config(), kill_in::on_data);
