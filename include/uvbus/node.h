@@ -114,12 +114,15 @@ struct node_config {
   // A relay that just started (a parent restart), or that just lost a child's link, holds
   // messages for that child's id (an id of its subnets with no child registered) this long,
   // waiting for the child to register (again), instead of refusing them with unknown_route.
-  // Bounded per child like the pending queues (pending_max_messages / pending_max_bytes).
-  // 0: refuse at once.
+  // Bounded like the pending queues, per child and in total: all messages held, for every child
+  // id together, are at most pending_max_messages / pending_max_bytes; beyond that a message is
+  // refused as if no grace applied (unknown_route). 0: refuse at once.
   uint32_t child_grace_ms = 2000;
   // Forwarding back-pressure: when a relayed message meets a full next-hop queue it waits in that
   // hop's overflow queue (this many bytes at most) and the link it came from stops being read until
   // the overflow drains; beyond it, relayed messages are dropped and counted (forward_dropped).
+  // A link paused so is not timed out for silence; a next hop whose overflow has not moved for
+  // heartbeat_timeout_ms is closed (queue_full) and its overflow refused (queue_full).
   size_t forward_overflow_bytes = size_t{4} << 20;
 
   // A connection must finish the registration handshake within this time or is closed.

@@ -350,6 +350,28 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
 }
 
 // ---------------------------------------------------------------------------------- timers --
+// A next hop whose overflow has not moved for heartbeat_timeout_ms does not read: the links paused
+// for it would otherwise stay paused for ever. What waits in its overflow is refused (queue_full:
+// a drop notice, or a failed report, to each source), then the hop is closed, which resumes them.
+void node::impl::close_stalled_hop(link* lk, uint64_t now) {
+  peer_ep* p = lk->peer;
+  log(log_level::warn,
+      "%s 0x%" PRIx64 " has not read for %" PRIu64 " ms (%zu relayed messages waiting): dropping",
+      detail::to_string(p->kind), p->id, now - p->overflow_moved_ms, p->overflow.size());
+  while (!p->overflow.empty()) {
+    const std::vector<uint8_t>& m = p->overflow.front();
+    proto::header hd;
+    if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
+      relay_drop(hd, proto::reason::queue_full);
+    } else {
+      ++counters.forward_dropped;
+    }
+    p->overflow_bytes -= m.size();
+    p->overflow.pop_front();
+  }
+  close_link(lk, errc::queue_full);
+}
+
 void node::impl::tick() {
   const uint64_t now = now_ms();
   detail::fan_tick(*this, now);
@@ -362,7 +384,12 @@ void node::impl::tick() {
       continue;
     }
     peer_ep* p = lk->peer;
-    if (now - p->last_rx_ms > cfg.heartbeat_timeout_ms) {
+    if (!p->overflow.empty() && now - p->overflow_moved_ms > cfg.heartbeat_timeout_ms) {
+      close_stalled_hop(lk.get(), now);
+      continue;
+    }
+    // A link we stopped reading for back-pressure is not silent: we do not read its pings.
+    if (!lk->paused && now - p->last_rx_ms > cfg.heartbeat_timeout_ms) {
       ++counters.heartbeat_timeouts;
       log(log_level::warn, "%s 0x%" PRIx64 " silent for %" PRIu64 " ms: dropping",
           detail::to_string(p->kind), p->id, now - p->last_rx_ms);

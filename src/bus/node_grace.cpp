@@ -1,6 +1,9 @@
 // Bus node, a relay's grace for its children: a message for an id of our subnets whose child is
 // not registered — because we just started (a parent restart) or its link was just lost (a child
 // restart) — waits for that child for child_grace_ms instead of being refused with unknown_route.
+// All held messages together, whatever their target, are bounded by pending_max_messages and
+// pending_max_bytes (held_count, held_bytes): beyond that a message is refused as if no grace
+// applied, however many distinct ids the messages name.
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -19,13 +22,21 @@ bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, si
   } else {
     return false;
   }
+  if (held_count >= cfg.pending_max_messages || held_bytes + size > cfg.pending_max_bytes) {
+    return false;
+  }
   pending_queue& q = held[hd.target];
   uint8_t head[proto::kHeaderSize];
   forward_header(hd, data, head);
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-  if (enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) return false;
+  if (enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) {
+    if (q.q.empty()) held.erase(hd.target);
+    return false;
+  }
   q.q.back().deadline_ms = since + cfg.child_grace_ms;
+  ++held_count;
+  held_bytes += size;
   ++counters.held_for_child;
   return true;
 }
@@ -35,6 +46,8 @@ void node::impl::release_held(peer_ep* child) {
   if (it == held.end()) return;
   pending_queue q = std::move(it->second);
   held.erase(it);
+  held_count -= q.q.size();
+  held_bytes -= q.bytes;
   counters.forwarded += q.q.size();
   flush_queue(&q, child);
 }
@@ -50,6 +63,8 @@ void node::impl::grace_tick(uint64_t now) {
         relay_drop(hd, proto::reason::unknown_route);
       }
       q.bytes -= m.size();
+      held_bytes -= m.size();
+      --held_count;
       q.q.pop_front();
       --counters.pending_now;
     }
@@ -66,6 +81,8 @@ void node::impl::drop_held() {
     counters.pending_now -= q.q.size();
   }
   held.clear();
+  held_count = 0;
+  held_bytes = 0;
 }
 
 }  // namespace uvbus

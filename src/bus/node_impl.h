@@ -148,6 +148,8 @@ struct node::impl {
   uint64_t started_ms = 0;
   std::unordered_map<bus_id, uint64_t> children_lost_ms;  // child id -> when its link was lost
   std::unordered_map<bus_id, pending_queue> held;         // by child id
+  size_t held_count = 0;  // messages in `held`, all ids together (capped: pending_max_messages)
+  size_t held_bytes = 0;  // their bytes (capped: pending_max_bytes)
   // True when the message waits for its child (else the caller refuses it).
   bool hold_for_child(const proto::header& hd, const uint8_t* data, size_t size);
   void release_held(peer_ep* child);
@@ -491,6 +493,7 @@ struct node::impl {
   bool overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size);
   void drain_overflow(peer_ep* p);
   void resume_paused(peer_ep* p);
+  void close_stalled_hop(link* lk, uint64_t now);  // node_delivery.cpp
   void restart_shm_reader();
   static void on_shm_records(void* user, const shm_record* recs, size_t count);
 

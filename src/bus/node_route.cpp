@@ -410,6 +410,7 @@ bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs,
   std::vector<uint8_t> m(size);
   std::memcpy(m.data(), bufs[0].data, bufs[0].size);
   std::memcpy(m.data() + bufs[0].size, bufs[1].data, bufs[1].size);
+  if (p->overflow.empty()) p->overflow_moved_ms = now_ms();
   p->overflow_bytes += size;
   p->overflow.push_back(std::move(m));
   // Back-pressure: stop reading the link (or the ring) that feeds this hop until it drains.
@@ -445,6 +446,7 @@ void node::impl::drain_overflow(peer_ep* p) {
     }
     p->overflow_bytes -= m.size();
     p->overflow.pop_front();
+    p->overflow_moved_ms = now_ms();
   }
   resume_paused(p);
 }
@@ -455,6 +457,8 @@ void node::impl::resume_paused(peer_ep* p) {
     if (it != links.end() && it->second->paused) {
       it->second->paused = false;
       (void)streams->resume_reading(it->second->conn);
+      // Its pings were not read meanwhile: its silence clock starts again now.
+      if (it->second->peer != nullptr) it->second->peer->last_rx_ms = now_ms();
     }
   }
   p->paused_links.clear();

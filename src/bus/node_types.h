@@ -119,6 +119,9 @@ struct peer_ep {
   std::deque<std::vector<uint8_t>> overflow;
   size_t overflow_bytes = 0;
   std::vector<uint64_t> paused_links;
+  // When the overflow last moved (a message into an empty one, or one out): a hop whose overflow
+  // has not moved for heartbeat_timeout_ms is not reading and is closed (tick).
+  uint64_t overflow_moved_ms = 0;
   bool shm_reader_paused = false;  // we stopped our shm reader because of this overflow
   bool user_blocked = false;       // a send_data() got queue_full: tell on_writable
   bool shm_tagged = false;         // shm_envelope goes before each message into its ring
@@ -150,7 +153,7 @@ struct link {
   uint64_t deadline_ms = 0;
   peer_ep* peer = nullptr;
   errc close_reason = errc::ok;  // set when we close it for a reason of our own
-  bool paused = false;
+  bool paused = false;    // not read for back-pressure: exempt from the heartbeat timeout meanwhile
   bool reported = false;  // parent link: on_registration already told about this attempt
   // Messages awaiting their next-hop report, in stream sequence order: on_written(through) pops
   // every entry with seq <= through, on_send_failed(first, last) every entry with seq <= last.

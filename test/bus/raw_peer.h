@@ -74,6 +74,14 @@ struct raw_child {
     proto::encode_dropped({seq, id, why}, &body);
     send(proto::msg_type::dropped, body, proto::flag_flow);
   }
+  // Stops reading its connection: what the parent sends it backs up (it still sends).
+  void pause_reading() { ASSERT_EQ(ch->pause_reading(conn), errc::ok); }
+  // A heartbeat to the parent, so that it is not dropped as silent while it does not read.
+  void ping() {
+    std::vector<uint8_t> body;
+    proto::encode_ping({1}, &body);
+    send(proto::msg_type::ping, body);
+  }
   void on_msg(connection_id, const uint8_t* d, size_t n) {
     proto::header hd;
     if (proto::parse_header(d, n, &hd) != errc::ok) return;
