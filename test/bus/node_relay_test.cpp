@@ -228,102 +228,101 @@ TEST_F(NodeRelayTest, OverflowForANextHopThatGoesIsDroppedWithNotices) {
   })) << root_->n->counters().forward_dropped
       << " dropped, " << a_drops().size() << " told";
   for (const dropped_event& d : a_drops()) EXPECT_EQ(d.why, errc::not_connected);
+}
 
-  // A next hop that stops reading: the relay stops reading the link that feeds it (back-pressure),
-  // so that link's pings go unread; it is not dropped as silent for that. The hop that does not
-  // read is the one closed, once its overflow has not moved for heartbeat_timeout_ms, and every
-  // message that waited there is refused to its source: nothing is lost silently. (It used to drop
-  // the upstream link for heartbeat timeout and keep the stalled hop for ever.)
-  TEST_F(NodeRelayTest, StalledNextHopIsClosedAndTheUpstreamLinkSurvives) {
-    node_config rc = hop_config();
-    rc.subnets = {{0x100, 8}};
-    rc.heartbeat_timeout_ms = 1500;
-    rc.link_queue_bytes = size_t{256} << 10;
-    rc.forward_overflow_bytes = size_t{512} << 10;
-    root_ = make(0x100, rc);
-    node_config ac = hop_config();
-    ac.parent_urls = {root_->n->listen_urls().at(0)};
-    ac.link_queue_bytes = size_t{256} << 10;
-    a_ = make_recording(0x101, ac);
-    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
-    test::raw_child y(0x102, 0x100);
-    y.compress = false;  // what it is sent must fill the socket, not shrink to nothing
-    y.start(&loop_, root_->n->listen_urls().at(0));
-    ASSERT_TRUE(wait([&] { return y.registered; }));
-    y.pause_reading();
-    const std::string payload(60000, 'x');
-    uint64_t sent = 0;
-    auto next_ping = std::chrono::steady_clock::now();
-    // A sends to Y as fast as its link takes it and Y keeps pinging, until the root drops someone.
-    ASSERT_TRUE(wait([&] {
-      for (int i = 0; i < 16 && send_str(a_, 0x102, 1, payload) == errc::ok; ++i) ++sent;
-      if (std::chrono::steady_clock::now() >= next_ping) {
-        y.ping();
-        next_ping = std::chrono::steady_clock::now() + 100ms;
-      }
-      return !root_->removed.empty();
-    }));
-    ASSERT_EQ(root_->removed.size(), 1u);
-    EXPECT_EQ(root_->removed[0].first, 0x102u);  // the hop that did not read, not its feeder
-    EXPECT_EQ(root_->removed[0].second, errc::queue_full);
-    EXPECT_TRUE(root_->logged("has not read for"));
-    EXPECT_EQ(root_->n->counters().heartbeat_timeouts, 0u);
-    EXPECT_TRUE(a_->downs.empty());
-    // A's link is read again: its queue drains, so it takes a message for the root, which arrives.
-    ASSERT_TRUE(wait([&] { return send_str(a_, 0x100, 2, "after") == errc::ok; }));
-    ASSERT_TRUE(wait([&] { return root_->got.size() == 1; }));
-    EXPECT_EQ(root_->got[0].bytes, "after");
-    // Every relayed message the root dropped (the overflow, then what came for the gone hop) was
-    // told to A with a drop notice; none waits any more.
-    ASSERT_TRUE(wait([&] {
-      const node_counters c = root_->n->counters();
-      return c.pending_now == 0 && c.forward_dropped > 0 && c.forward_dropped == a_drops().size();
-    })) << "root dropped "
-        << root_->n->counters().forward_dropped << ", A was told of " << a_drops().size()
-        << " (sent " << sent << ")";
-    EXPECT_EQ(root_->n->counters().drop_notices_sent, root_->n->counters().forward_dropped);
-    EXPECT_TRUE(a_->n->up());
-    y.ch->close();
-    ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
-  }
-
-  // The grace hold of a relay that just started is bounded in total, not only per child id:
-  // messages to many distinct unregistered ids stop being held at pending_max_messages, and the
-  // rest are refused at once with unknown_route, as if no grace applied. A release makes room
-  // again.
-  TEST_F(NodeRelayTest, GraceHoldIsBoundedAcrossChildIds) {
-    node_config rc = hop_config();
-    rc.subnets = {{0x100, 8}};
-    rc.child_grace_ms = 60000;  // the whole test runs inside the window
-    rc.pending_max_messages = 8;
-    root_ = make(0x100, rc);
-    node_config ac = hop_config();
-    ac.parent_urls = {root_->n->listen_urls().at(0)};
-    ac.sibling_direct = false;
-    a_ = make_recording(0x101, ac);
-    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
-    constexpr uint64_t kIds = 40;
-    for (uint64_t i = 0; i < kIds; ++i) ASSERT_EQ(send_str(a_, 0x110 + i, 1, "held?"), errc::ok);
-    ASSERT_TRUE(
-        wait([&] { return root_->n->counters().held_for_child + a_drops().size() == kIds; }));
-    EXPECT_EQ(root_->n->counters().held_for_child, 8u);
-    EXPECT_EQ(root_->n->counters().pending_now, 8u);
-    ASSERT_EQ(a_drops().size(), kIds - 8);
-    for (const auto& d : a_drops()) {
-      EXPECT_GE(d.target, 0x110u + 8);
-      EXPECT_EQ(d.why, errc::unknown_route);
+// A next hop that stops reading: the relay stops reading the link that feeds it (back-pressure),
+// so that link's pings go unread; it is not dropped as silent for that. The hop that does not read
+// is the one closed, once its overflow has not moved for heartbeat_timeout_ms, and every message
+// that waited there is refused to its source: nothing is lost silently. (It used to drop the
+// upstream link for heartbeat timeout and keep the stalled hop for ever.)
+TEST_F(NodeRelayTest, StalledNextHopIsClosedAndTheUpstreamLinkSurvives) {
+  node_config rc = hop_config();
+  rc.subnets = {{0x100, 8}};
+  rc.heartbeat_timeout_ms = 1500;
+  rc.link_queue_bytes = size_t{256} << 10;
+  rc.forward_overflow_bytes = size_t{512} << 10;
+  root_ = make(0x100, rc);
+  node_config ac = hop_config();
+  ac.parent_urls = {root_->n->listen_urls().at(0)};
+  ac.link_queue_bytes = size_t{256} << 10;
+  a_ = make_recording(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  test::raw_child y(0x102, 0x100);
+  y.compress = false;  // what it is sent must fill the socket, not shrink to nothing
+  y.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return y.registered; }));
+  y.pause_reading();
+  const std::string payload(60000, 'x');
+  uint64_t sent = 0;
+  auto next_ping = std::chrono::steady_clock::now();
+  // A sends to Y as fast as its link takes it and Y keeps pinging, until the root drops someone.
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 16 && send_str(a_, 0x102, 1, payload) == errc::ok; ++i) ++sent;
+    if (std::chrono::steady_clock::now() >= next_ping) {
+      y.ping();
+      next_ping = std::chrono::steady_clock::now() + 100ms;
     }
-    // The first held child registers: its message is delivered and frees room for one more.
-    bus_node* b = make_child(0x110, root_);
-    ASSERT_TRUE(wait([&] { return b->got.size() == 1; }));
-    EXPECT_EQ(b->got[0].bytes, "held?");
-    ASSERT_EQ(send_str(a_, 0x1f0, 1, "held?"), errc::ok);
-    ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child == 9; }));
-    ASSERT_EQ(send_str(a_, 0x1f1, 1, "held?"), errc::ok);
-    ASSERT_TRUE(wait([&] { return a_drops().size() == kIds - 8 + 1; }));
-    EXPECT_EQ(a_drops().back().target, 0x1f1u);
-    EXPECT_EQ(root_->n->counters().held_for_child, 9u);
+    return !root_->removed.empty();
+  }));
+  ASSERT_EQ(root_->removed.size(), 1u);
+  EXPECT_EQ(root_->removed[0].first, 0x102u);  // the hop that did not read, not its feeder
+  EXPECT_EQ(root_->removed[0].second, errc::queue_full);
+  EXPECT_TRUE(root_->logged("has not read for"));
+  EXPECT_EQ(root_->n->counters().heartbeat_timeouts, 0u);
+  EXPECT_TRUE(a_->downs.empty());
+  // A's link is read again: its queue drains, so it takes a message for the root, which arrives.
+  ASSERT_TRUE(wait([&] { return send_str(a_, 0x100, 2, "after") == errc::ok; }));
+  ASSERT_TRUE(wait([&] { return root_->got.size() == 1; }));
+  EXPECT_EQ(root_->got[0].bytes, "after");
+  // Every relayed message the root dropped (the overflow, then what came for the gone hop) was
+  // told to A with a drop notice; none waits any more.
+  ASSERT_TRUE(wait([&] {
+    const node_counters c = root_->n->counters();
+    return c.pending_now == 0 && c.forward_dropped > 0 && c.forward_dropped == a_drops().size();
+  })) << "root dropped "
+      << root_->n->counters().forward_dropped << ", A was told of " << a_drops().size() << " (sent "
+      << sent << ")";
+  EXPECT_EQ(root_->n->counters().drop_notices_sent, root_->n->counters().forward_dropped);
+  EXPECT_TRUE(a_->n->up());
+  y.ch->close();
+  ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
+}
+
+// The grace hold of a relay that just started is bounded in total, not only per child id: messages
+// to many distinct unregistered ids stop being held at pending_max_messages, and the rest are
+// refused at once with unknown_route, as if no grace applied. A release makes room again.
+TEST_F(NodeRelayTest, GraceHoldIsBoundedAcrossChildIds) {
+  node_config rc = hop_config();
+  rc.subnets = {{0x100, 8}};
+  rc.child_grace_ms = 60000;  // the whole test runs inside the window
+  rc.pending_max_messages = 8;
+  root_ = make(0x100, rc);
+  node_config ac = hop_config();
+  ac.parent_urls = {root_->n->listen_urls().at(0)};
+  ac.sibling_direct = false;
+  a_ = make_recording(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  constexpr uint64_t kIds = 40;
+  for (uint64_t i = 0; i < kIds; ++i) ASSERT_EQ(send_str(a_, 0x110 + i, 1, "held?"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child + a_drops().size() == kIds; }));
+  EXPECT_EQ(root_->n->counters().held_for_child, 8u);
+  EXPECT_EQ(root_->n->counters().pending_now, 8u);
+  ASSERT_EQ(a_drops().size(), kIds - 8);
+  for (const auto& d : a_drops()) {
+    EXPECT_GE(d.target, 0x110u + 8);
+    EXPECT_EQ(d.why, errc::unknown_route);
   }
+  // The first held child registers: its message is delivered and frees room for one more.
+  bus_node* b = make_child(0x110, root_);
+  ASSERT_TRUE(wait([&] { return b->got.size() == 1; }));
+  EXPECT_EQ(b->got[0].bytes, "held?");
+  ASSERT_EQ(send_str(a_, 0x1f0, 1, "held?"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child == 9; }));
+  ASSERT_EQ(send_str(a_, 0x1f1, 1, "held?"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a_drops().size() == kIds - 8 + 1; }));
+  EXPECT_EQ(a_drops().back().target, 0x1f1u);
+  EXPECT_EQ(root_->n->counters().held_for_child, 9u);
+}
 
 }  // namespace
 }  // namespace uvbus
