@@ -22,6 +22,7 @@
 namespace uvbus {
 namespace {
 
+using test::raw_region;
 using test::run_until;
 using test::shm_cleanup;
 
@@ -397,36 +398,6 @@ TEST_F(ShmPersist, WriterKilledMidWriteWhileTheReaderIsDownIsSkippedAfterReattac
   EXPECT_EQ(r.metrics().abandoned, 1u);
   EXPECT_EQ(r.poll(10), 0u);
 }
-
-// A POSIX region mapped read-write whole, to construct the cursor and head states that a process
-// killed at a given instruction leaves behind.
-struct raw_region {
-  void* p = MAP_FAILED;
-  size_t n = 0;
-  explicit raw_region(const std::string& name) {
-    const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
-    struct stat st {};
-    if (fd < 0) return;
-    if (fstat(fd, &st) == 0) {
-      n = static_cast<size_t>(st.st_size);
-      p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    close(fd);
-  }
-  ~raw_region() {
-    if (p != MAP_FAILED) munmap(p, n);
-  }
-  raw_region(const raw_region&) = delete;
-  raw_region& operator=(const raw_region&) = delete;
-  [[nodiscard]] shm_detail::region_header* hdr() const {
-    return static_cast<shm_detail::region_header*>(p);
-  }
-  [[nodiscard]] shm_detail::head_word* head(uint64_t pos) const {
-    auto* heads = reinterpret_cast<shm_detail::head_word*>(static_cast<uint8_t*>(p) +
-                                                           shm_detail::kHeaderSize);
-    return heads + (pos & (hdr()->ring_bytes / hdr()->node_size - 1));
-  }
-};
 
 // Polls r until done() (or a generous deadline). Returns done().
 template <class Pred>

@@ -1,9 +1,11 @@
 // Helpers for the shm tests: deterministic payloads, RAII removal of shm objects, aligned images.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/ipc.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "shm/layout.h"
 #include "test_util.h"
 #include "uvbus/shm.h"
 
@@ -132,5 +135,35 @@ inline errc format_and_attach(image& img, const shm_config& cfg, shm_writer& w, 
   if (const errc e = w.open_image(img.p, img.size); e != errc::ok) return e;
   return r.open_image(img.p, img.size, cfg);
 }
+
+// A POSIX region mapped read-write whole, to construct the cursor and head states that a process
+// killed at a given instruction leaves behind, or cursors no real run reaches in a test's time.
+struct raw_region {
+  void* p = MAP_FAILED;
+  size_t n = 0;
+  explicit raw_region(const std::string& name) {
+    const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
+    struct stat st {};
+    if (fd < 0) return;
+    if (fstat(fd, &st) == 0) {
+      n = static_cast<size_t>(st.st_size);
+      p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+  }
+  ~raw_region() {
+    if (p != MAP_FAILED) munmap(p, n);
+  }
+  raw_region(const raw_region&) = delete;
+  raw_region& operator=(const raw_region&) = delete;
+  [[nodiscard]] shm_detail::region_header* hdr() const {
+    return static_cast<shm_detail::region_header*>(p);
+  }
+  [[nodiscard]] shm_detail::head_word* head(uint64_t pos) const {
+    auto* heads = reinterpret_cast<shm_detail::head_word*>(static_cast<uint8_t*>(p) +
+                                                           shm_detail::kHeaderSize);
+    return heads + (pos & (hdr()->ring_bytes / hdr()->node_size - 1));
+  }
+};
 
 }  // namespace uvbus::test

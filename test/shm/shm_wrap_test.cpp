@@ -249,28 +249,6 @@ TEST(ShmStampWrap, OldHeadNeverTakesWritePosMoreThanARingPastReadPos) {
   EXPECT_EQ(ring.hdr()->read_pos.load(), ring.hdr()->write_pos.load());
 }
 
-// A POSIX region mapped whole, to set cursors no real run reaches in a test's time.
-struct raw_posix {
-  void* p = MAP_FAILED;
-  size_t n = 0;
-  explicit raw_posix(const std::string& name) {
-    const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
-    struct stat st {};
-    if (fd < 0) return;
-    if (fstat(fd, &st) == 0) {
-      n = static_cast<size_t>(st.st_size);
-      p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    close(fd);
-  }
-  ~raw_posix() {
-    if (p != MAP_FAILED) munmap(p, n);
-  }
-  raw_posix(const raw_posix&) = delete;
-  raw_posix& operator=(const raw_posix&) = delete;
-  [[nodiscard]] region_header* hdr() const { return static_cast<region_header*>(p); }
-};
-
 // A reader passes the never-claimed head at 2^40 - 1 while no writer sends (its cursors then lead
 // write_pos by that node) and closes with keep; the next reader helps write_pos over the same head
 // at reattach (as writers do) and must accept the cursors, and a writer's records must arrive.
@@ -283,7 +261,7 @@ TEST(ShmStampWrap, ReaderPastTheNeverClaimedHeadIsReattached) {
   {
     shm_reader r;
     ASSERT_EQ(r.open(url, cfg), errc::ok);
-    raw_posix raw(name);
+    test::raw_region raw(name);
     ASSERT_NE(raw.p, MAP_FAILED);
     raw.hdr()->write_pos.store(at);
     raw.hdr()->read_pos.store(at);
