@@ -156,11 +156,19 @@ struct node_config {
   // version 3) whatever its own mode; end_to_end needs version 3 on every link of the path.
   delivery_mode delivery = delivery_mode::end_to_end;
   // end_to_end: a message the target has not acknowledged after this time fails (timeout).
-  // A target keeps a silent flow's position for max(120 s, twice its own delivery_timeout_ms), and
-  // a source may resend a message until this deadline: give the nodes of a bus the same value (a
-  // source whose deadline is longer than that may see a message whose acknowledgement was lost
-  // delivered a second time, after a silence longer than the target keeps the position).
+  // A target keeps a silent flow's position for max(flow_idle_ms, twice its own
+  // delivery_timeout_ms), and a source may resend a message until this deadline: give the nodes of
+  // a bus the same value (a source whose deadline is longer than that may see a message whose
+  // acknowledgement was lost delivered a second time, after a silence longer than the target keeps
+  // the position).
   uint32_t delivery_timeout_ms = 10000;
+  // end_to_end: a flow with nothing sent or unacknowledged for this long is forgotten: the
+  // source's state for that target (about 200 bytes, its latency histogram with it) and the
+  // target's position (kept at least twice the target's delivery_timeout_ms). A later message to
+  // the same target starts a new flow above every sequence sent before, so nothing is taken for a
+  // duplicate; a target that refuses its first message as unknown_route is then final at once
+  // (a target never acknowledged). Memory per peer is bounded by the peers of the last flow_idle_ms.
+  uint32_t flow_idle_ms = 120000;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload
   // plus 44 bytes); beyond either, send_data() returns queue_full until acknowledgements drain it.
@@ -339,7 +347,8 @@ struct node_counters {
   // Flows (end_to_end delivery; docs/bus.md "Flows").
   uint64_t flow_unacked_now = 0;    // source: messages in retransmit buffers right now
   uint64_t flow_unacked_bytes = 0;  // ... and their bytes
-  uint64_t flow_targets = 0;        // source: targets with a flow (kept while the node runs)
+  uint64_t flow_targets = 0;        // source: targets with a flow (idle ones go: flow_idle_ms)
+  uint64_t flow_sources = 0;        // target: sources whose position is kept (idle ones go)
   uint64_t flow_buffer_bytes = 0;   // source: memory the flows' buffers hold now (idle ones shrink)
   uint64_t flow_resent = 0;         // source: messages sent again
   uint64_t flow_acks_sent = 0;      // target: acknowledgements sent

@@ -285,6 +285,7 @@ errc check_timers(const node_config& cfg, std::string* detail) {
       {"sibling_idle_ms", cfg.sibling_idle_ms},
       {"delivery_timeout_ms", cfg.delivery_timeout_ms},
       {"resend_timeout_ms", cfg.resend_timeout_ms},
+      {"flow_idle_ms", cfg.flow_idle_ms},
   };
   for (const auto& [name, v] : nonzero) {
     if (v == 0) return refuse(detail, errc::invalid_argument, std::string(name) + " must not be 0");

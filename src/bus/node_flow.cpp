@@ -19,11 +19,6 @@ constexpr uint32_t kMaxRtoFactor = 8;
 constexpr uint64_t kNackIntervalMs = 10;
 // A source honours a target's resend request at most this often per flow.
 constexpr uint64_t kResendIntervalMs = 5;
-// A target forgets the position of a flow silent for this long, or for twice its own
-// delivery_timeout_ms if that is longer (a later message of that flow asks the source to
-// resynchronise, which is safe only once the source can no longer resend a message the target
-// delivered: see docs/bus.md).
-constexpr uint64_t kRxIdleMs = 120000;
 // Messages the resend timer sends again (flow_probe).
 constexpr uint64_t kProbeWindow = 64;
 
@@ -249,8 +244,26 @@ void node::impl::flow_drop_notice(bus_id target, uint64_t seq, errc why) {
   flow_settle_front(f, 0, errc::ok);
 }
 
+// A flow with nothing to send or settle, idle for flow_idle_ms, goes (its sequence lives on in
+// flow_seq_floor). One that met a full queue stays until it has been told (on_writable), and one
+// with a reservation open stays until it is committed or cancelled.
+bool node::impl::forget_idle_flow(const tx_flow& f, uint64_t now) {
+  if (!f.entries.empty() || f.blocked || f.user_blocked) return false;
+  if (prep.open && prep.flow == &f) return false;  // a caller that let the loop run meanwhile
+  if (now - f.last_progress_ms < cfg.flow_idle_ms) return false;
+  flow_seq_floor = std::max(flow_seq_floor, f.next_seq);
+  if (cached_flow == &f) cached_flow = nullptr;
+  return true;
+}
+
 void node::impl::flows_tick(uint64_t now) {
-  for (auto& [id, f] : tx_flows) {
+  for (auto it = tx_flows.begin(); it != tx_flows.end();) {
+    tx_flow& f = it->second;
+    if (forget_idle_flow(f, now)) {
+      it = tx_flows.erase(it);
+      continue;
+    }
+    ++it;
     // Deadlines grow with the sequence: the expired ones are at the front.
     bool expired = false;
     for (size_t i = 0; i < f.entries.size() && f.entries[i].deadline_ms <= now; ++i) {
@@ -280,7 +293,8 @@ void node::impl::flows_tick(uint64_t now) {
   if (stop_flush_until != 0 && (now >= stop_flush_until || counters.flow_unacked_now == 0)) {
     close_links_for_stop();
   }
-  const uint64_t rx_idle_ms = std::max<uint64_t>(kRxIdleMs, uint64_t{2} * cfg.delivery_timeout_ms);
+  const uint64_t rx_idle_ms =
+      std::max<uint64_t>(cfg.flow_idle_ms, uint64_t{2} * cfg.delivery_timeout_ms);
   for (auto it = rx_flows.begin(); it != rx_flows.end();) {
     if (!it->second.queued && now - it->second.last_rx_ms > rx_idle_ms) {
       if (cached_rx == &it->second) cached_rx = nullptr;
@@ -294,6 +308,7 @@ void node::impl::flows_tick(uint64_t now) {
 node_counters node::impl::counters_now() const {
   node_counters c = counters;
   c.flow_targets = tx_flows.size();
+  c.flow_sources = rx_flows.size();
   for (const auto& [id, f] : tx_flows) {
     c.flow_buffer_bytes += f.store.cap + f.entries.capacity() * sizeof(tx_entry);
   }

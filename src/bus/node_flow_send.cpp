@@ -25,6 +25,9 @@ tx_flow& node::impl::tx_flow_lookup(bus_id target) {
   if (f.target == 0) {
     f.target = target;
     f.rto_ms = cfg.resend_timeout_ms;
+    // Above every sequence of a flow forgotten before: its target may still hold that position.
+    f.next_seq = f.next_unsent = flow_seq_floor;
+    f.acked = f.high_sent = flow_seq_floor - 1;
   }
   cached_flow_target = target;
   cached_flow = &f;

@@ -169,6 +169,8 @@ struct node::impl {
   std::vector<bus_id> flow_blocked;  // tx flows that met a full queue (retried by the timer)
   bus_id cached_flow_target = 0;
   detail::tx_flow* cached_flow = nullptr;
+  // The first sequence of a new flow: above every sequence of the flows forgotten so far.
+  uint64_t flow_seq_floor = 1;
   bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
   detail::rx_flow* cached_rx = nullptr;
   detail::tx_flow& tx_flow_for(bus_id target) {
@@ -223,6 +225,7 @@ struct node::impl {
   void flow_sample_rtt(detail::tx_flow& f, uint64_t through);
   [[nodiscard]] uint32_t flow_base_rto(const detail::tx_flow& f) const;
   void flows_tick(uint64_t now);
+  bool forget_idle_flow(const detail::tx_flow& f, uint64_t now);
   // The counters with the flow gauges counted now (flow_targets, flow_buffer_bytes).
   node_counters counters_now() const;
   // A link was lost (resend what is unacknowledged) or came up (send what waits).

@@ -128,6 +128,7 @@ void node::impl::node_families(prom_text* t) const {
        c.flow_unacked_now},
       {"uvbus_node_flow_unacked_bytes", "Bytes in retransmit buffers now.", c.flow_unacked_bytes},
       {"uvbus_node_flow_targets", "Targets this node has a flow to.", c.flow_targets},
+      {"uvbus_node_flow_sources", "Sources whose flow position this node keeps.", c.flow_sources},
       {"uvbus_node_flow_buffer_bytes", "Memory the flows' retransmit buffers hold now.",
        c.flow_buffer_bytes},
       {"uvbus_node_peers", "Registered direct peers now.", peers.size()},

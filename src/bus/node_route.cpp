@@ -593,6 +593,7 @@ std::string node::impl::counters_text() const {
   add("flow_unacked_now", c.flow_unacked_now);
   add("flow_unacked_bytes", c.flow_unacked_bytes);
   add("flow_targets", c.flow_targets);
+  add("flow_sources", c.flow_sources);
   add("flow_buffer_bytes", c.flow_buffer_bytes);
   add("flow_resent", c.flow_resent);
   add("flow_acks_sent", c.flow_acks_sent);

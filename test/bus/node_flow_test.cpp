@@ -149,7 +149,7 @@ TEST_F(NodeFlowTest, WithoutOnReportAcknowledgementsCountEveryMessage) {
 // The parent relay dies with messages in flight and comes back: every message is delivered
 // exactly once, in order, and reported ok; none fails because a link blinked.
 // What a burst grows (the byte buffer, the ring of entries) goes back once the flow has been
-// acknowledged and quiet for a second; the flow itself (its sequence) stays.
+// acknowledged and quiet for a second; the flow itself (its sequence) stays for flow_idle_ms.
 TEST_F(NodeFlowTest, AQuietFlowGivesBackWhatABurstGrew) {
   make_tree();
   b_->keep_bytes = false;
@@ -164,6 +164,62 @@ TEST_F(NodeFlowTest, AQuietFlowGivesBackWhatABurstGrew) {
   EXPECT_EQ(a_->n->counters().flow_targets, 1u);
   ASSERT_EQ(a_->n->send_data(0x102, 1, payload.data(), 200), errc::ok);  // the flow goes on
   ASSERT_TRUE(wait([&] { return b_->got_count == 3001; }));
+}
+
+// A flow idle for flow_idle_ms is forgotten by its source while the target still holds its
+// position; the next message starts a new flow above every sequence sent before, so the target
+// takes nothing for a duplicate (a flow restarted from 1 would be dropped and reported ok).
+TEST_F(NodeFlowTest, AForgottenFlowStartsAboveItsOldSequences) {
+  make_tree();
+  node_config cc = flow_config();
+  cc.parent_urls = {url_};
+  cc.flow_idle_ms = 200;
+  bus_node* c = make(0x103, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  for (uint64_t v = 0; v < 100; ++v) {
+    if (v == 50) {
+      ASSERT_TRUE(wait([&] { return c->n->counters().flow_targets == 0; }));
+      EXPECT_EQ(b_->n->counters().flow_sources, 1u);  // B keeps C's position for 40 s
+    }
+    ASSERT_EQ(c->n->send_data(0x102, 1, &v, sizeof v), errc::ok);
+    if (v == 49) {
+      ASSERT_TRUE(wait([&] { return c->reports.size() == 50; }));
+    }
+  }
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 100; }));
+  for (const auto& r : c->reports) {
+    EXPECT_EQ(r.status, errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return b_->got.size() == 100; })) << b_->got.size() << " of 100";
+  EXPECT_EQ(in_order(b_).size(), 100u);
+  EXPECT_EQ(b_->n->counters().flow_duplicates, 0u);
+}
+
+// A target forgets a silent source after max(flow_idle_ms, 2 x its own delivery_timeout_ms):
+// D (deadline 20 ms) after its flow_idle_ms of 50 ms, B (deadline 20 s) not while C forgets its
+// side after 400 ms.
+TEST_F(NodeFlowTest, ATargetForgetsASilentSourceOnlyAfterTwiceItsDeadline) {
+  node_config bc = flow_config();
+  bc.flow_idle_ms = 50;
+  make_tree(flow_config(), bc);
+  node_config dc = bc;
+  dc.delivery_timeout_ms = 20;
+  dc.parent_urls = {url_};
+  bus_node* d = make(0x104, dc);
+  node_config cc = flow_config();
+  cc.parent_urls = {url_};
+  cc.flow_idle_ms = 400;
+  bus_node* c = make(0x103, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up() && d->n->up(); }));
+  const uint64_t v = 7;
+  ASSERT_EQ(c->n->send_data(0x102, 1, &v, sizeof v), errc::ok);
+  ASSERT_EQ(c->n->send_data(0x104, 1, &v, sizeof v), errc::ok);
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 2; }));
+  EXPECT_EQ(b_->n->counters().flow_sources, 1u);
+  EXPECT_EQ(d->n->counters().flow_sources, 1u);
+  ASSERT_TRUE(wait([&] { return d->n->counters().flow_sources == 0; }));
+  ASSERT_TRUE(wait([&] { return c->n->counters().flow_targets == 0; }));
+  EXPECT_EQ(b_->n->counters().flow_sources, 1u);
 }
 
 TEST_F(NodeFlowTest, ParentRestartLosesNothing) {
