@@ -166,8 +166,8 @@ struct node_config {
   // source's state for that target (about 200 bytes, its latency histogram with it) and the
   // target's position (kept at least twice the target's delivery_timeout_ms). A later message to
   // the same target starts a new flow above every sequence sent before, so nothing is taken for a
-  // duplicate; a target that refuses its first message as unknown_route is then final at once
-  // (a target never acknowledged). Memory per peer is bounded by the peers of the last flow_idle_ms.
+  // duplicate; an unknown_route for its first message is then final at once (as for a target
+  // never acknowledged). Memory per peer is bounded by the peers of the last flow_idle_ms.
   uint32_t flow_idle_ms = 120000;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload
