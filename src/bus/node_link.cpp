@@ -393,9 +393,9 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   }
   peer_kind kind = peer_kind::child;
   errc ok = errc::ok;
-  std::string why;  // a sibling's implausible subnet, named
+  std::string why;  // a child's or sibling's subnet that cannot be theirs, named
   if (rb.role == proto::link_role::child) {
-    ok = table.check_child(who.id, who.subnets);
+    ok = table.check_child(who.id, who.subnets, &why);
   } else {
     kind = rb.role == proto::link_role::sibling ? peer_kind::sibling : peer_kind::tool;
     ok = table.check_peer(who.id);

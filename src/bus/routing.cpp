@@ -2,6 +2,8 @@
 #include "bus/routing.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 
 namespace uvbus::detail {
 
@@ -35,7 +37,8 @@ bool routing_table::owns(bus_id id) const noexcept {
   return false;
 }
 
-errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets) const {
+errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets,
+                                std::string* why) const {
   if (!owns(id)) return errc::out_of_subnet;
   for (const subnet& s : subnets) {
     if (!s.valid()) return errc::out_of_subnet;
@@ -49,6 +52,16 @@ errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets) c
   if (child_owner(id) != nullptr) return errc::duplicate_id;
   for (const subnet& s : subnets) {
     if (child_overlap(s.canonical())) return errc::duplicate_id;
+    // A registered child's own id inside s: the new child could send as it.
+    auto held = child_ids_.lower_bound(s.first());
+    if (held != child_ids_.end() && *held <= s.last()) {
+      if (why != nullptr) {
+        char hex[24];
+        std::snprintf(hex, sizeof hex, "0x%" PRIx64, *held);
+        *why = "child subnet " + s.to_string() + " holds registered child " + hex;
+      }
+      return errc::duplicate_id;
+    }
   }
   return errc::ok;
 }
@@ -133,6 +146,7 @@ void routing_table::add(bus_id id, peer_kind kind, std::vector<subnet> subnets) 
   (void)remove(id);  // a registration again: nothing of the earlier one stays
   if (kind == peer_kind::tool) subnets.clear();  // a tool relays for no one
   if (kind == peer_kind::child) {
+    child_ids_.insert(id);
     for (const subnet& s : subnets) {
       const subnet c = s.canonical();
       child_nets_.emplace(std::make_pair(c.first(), c.mask_bits), id);  // after equal ones
@@ -146,6 +160,7 @@ bool routing_table::remove(bus_id id) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return false;
   if (it->second.kind == peer_kind::child) {
+    child_ids_.erase(id);
     for (const subnet& s : it->second.subnets) {
       const subnet c = s.canonical();
       const auto range = child_nets_.equal_range({c.first(), c.mask_bits});

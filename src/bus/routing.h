@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -57,8 +58,10 @@ class routing_table {
 
   // Whether a peer could register as our child: its id and each of its subnets must lie inside
   // ours (out_of_subnet), and neither its id nor its subnets may collide with ourselves or a
-  // registered peer (duplicate_id). Returns ok when acceptable.
-  [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets) const;
+  // registered peer (duplicate_id): a subnet may hold no other child's id, which it could then
+  // send as (*why, if given, names the subnet and the child). Returns ok when acceptable.
+  [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets,
+                                 std::string* why = nullptr) const;
   // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
   [[nodiscard]] errc check_peer(bus_id id) const;
   // Whether sibling `id`'s declared subnets are plausible, so that it may relay for them: each
@@ -109,6 +112,8 @@ class routing_table {
   // children in registration order. check_child() finds a subnet that a new one would contain by
   // one ordered lookup, and remove() finds a child's entries without a scan of everyone's.
   std::multimap<std::pair<bus_id, uint8_t>, bus_id> child_nets_;
+  // Every registered child's id: check_child() finds one inside a new subnet by one lookup.
+  std::set<bus_id> child_ids_;
   // Step 3's index over child_nets_: per mask width in use, narrowest first, the owner of each
   // subnet by its first id (the first registered one when two children claim the same subnet).
   // One hash lookup per width in use instead of a scan of every child's subnets per message.

@@ -221,6 +221,33 @@ TEST_F(NodeSecure, AToolDeclaringEveryIdCannotSpeakForAChild) {
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
 }
 
+// A new child may not declare a subnet that holds a registered child's id (it could then send as
+// that child): refused with duplicate_id, the subnet and the child named; the honest child stays.
+TEST_F(NodeSecure, AChildDeclaringASubnetHoldingAnotherChildIsRefused) {
+  constexpr bus_id kHonest = 0x10201;
+  bus_node* root = make_root(kRoot, {kNet}, fast_config());
+  bus_node* honest = make_child(kHonest, root);
+  ASSERT_TRUE(wait([&] { return honest->ups == 1; }));
+  raw_child raw(0x10200, kRoot);
+  raw.subnets = {subnet{0x10200, 8}};
+  raw.on_registered = [](raw_child& r) {
+    r.send(proto::msg_type::data, data_body("forged"), 0, kHonest, 1);
+  };
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.closed; }));
+  EXPECT_FALSE(raw.registered);
+  EXPECT_EQ(raw.reply_status, proto::reason::duplicate_id);
+  const char* want = "child subnet 0x10200/8 holds registered child 0x10201";
+  EXPECT_NE(raw.reply_message.find(want), std::string::npos) << raw.reply_message;
+  EXPECT_TRUE(error_named(*root, want));
+  EXPECT_TRUE(root->got.empty());
+  EXPECT_EQ(test::send_str(honest, kRoot, 7, "still here"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
+  EXPECT_EQ(root->got[0].source, kHonest);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
 // A sibling relays for the subnets it declares only if it could own them: one holding our
 // parent's id, overlapping our subnets or outside our parent's subnets is refused with
 // out_of_subnet and the subnet named; a plausible one is accepted and relays for it.

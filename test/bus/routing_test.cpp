@@ -59,6 +59,15 @@ TEST(Routing, ChildRegistrationChecks) {
   EXPECT_EQ(t.check_child(0x1200, {{0x1100, 9}}), errc::out_of_subnet);
   EXPECT_EQ(t.check_child(0x1200, {{0x1180, 7}}), errc::duplicate_id);  // overlaps 0x1100/8
   EXPECT_EQ(t.check_child(0x1300, {{0x1300, 8}}), errc::ok);
+  // A subnet that holds a registered child's id (one without subnets): the new child could send
+  // as it. Refused, the child named; the same subnet is fine once that child has gone.
+  t.add(0x1420, peer_kind::child);
+  std::string why;
+  EXPECT_EQ(t.check_child(0x1401, {{0x1400, 8}}, &why), errc::duplicate_id);
+  EXPECT_EQ(why, "child subnet 0x1400/8 holds registered child 0x1420");
+  EXPECT_EQ(t.check_child(0x1401, {{0x1400, 4}}), errc::ok);  // 0x1400-0x140f
+  EXPECT_TRUE(t.remove(0x1420));
+  EXPECT_EQ(t.check_child(0x1401, {{0x1400, 8}}), errc::ok);
   EXPECT_EQ(t.check_peer(0x1100), errc::duplicate_id);
   EXPECT_EQ(t.check_peer(0x9999), errc::ok);
 }
