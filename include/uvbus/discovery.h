@@ -45,7 +45,9 @@ struct discovery_config {
   // Deadline of one unary request (grant, put, range, keep-alive, revoke).
   uint32_t request_timeout_ms = 3000;
   // After a failure the session restarts after retry_min_ms, doubling up to retry_max_ms
-  // (+-20 % jitter), on the next endpoint.
+  // (+-20 % jitter), on the next endpoint. The wait starts again from retry_min_ms only after a
+  // session that stayed connected for retry_max_ms (etcd cancelling every watch at once, or
+  // failing every session after its registration, meets a growing wait).
   uint32_t retry_min_ms = 100;
   uint32_t retry_max_ms = 3000;
   // Bounds: entries kept (others are skipped and logged), bytes of one response (a range read,
@@ -72,8 +74,11 @@ struct discovery_stats {
   uint64_t registrations = 0;  // successful lease grant + put
   uint64_t resyncs = 0;        // range reads that replaced the directory
   uint64_t failures = 0;       // sessions that failed (unreachable, timeout, lease lost, ...)
-  uint64_t malformed = 0;      // entries skipped because they did not decode
-  uint64_t skipped_full = 0;   // entries skipped because max_entries was reached
+  // The backoff the last failure waited before the next session: it doubles with every failure
+  // until a session has stayed connected for retry_max_ms.
+  uint64_t last_retry_delay_ms = 0;
+  uint64_t malformed = 0;     // entries skipped because they did not decode
+  uint64_t skipped_full = 0;  // entries skipped because max_entries was reached
 };
 
 class etcd_discovery;

@@ -34,7 +34,10 @@ struct etcd_discovery::impl {
   bool self_dirty = false;   // update_self() during the registering put: put again after it
   std::string nodes_prefix;  // <prefix>/nodes/
   size_t ep = 0;             // the endpoint in use
-  uint32_t attempt = 0;      // failures since the last good session
+  // Failures since the last good session: one that stayed connected (watch created) for
+  // retry_max_ms. A session that fails sooner (etcd cancelling every watch) keeps backing off.
+  uint32_t attempt = 0;
+  uint64_t up_ms = 0;  // loop time the current session's watch was created (0: not yet)
   int64_t lease = 0;
   int64_t revision = 0;  // the last revision seen (range header, watch header)
   uint64_t req = 0;      // the unary request of the current step

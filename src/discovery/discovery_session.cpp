@@ -50,11 +50,14 @@ void etcd_discovery::impl::fail(const std::string& why) {
   log(log_level::warn, kFailure,
       "etcd " + cfg.etcd_endpoints[ep % cfg.etcd_endpoints.size()] + ": " + why);
   ep = (ep + 1) % cfg.etcd_endpoints.size();
+  if (up_ms != 0 && uv_now(loop) - up_ms >= cfg.retry_max_ms) attempt = 0;
+  up_ms = 0;
   uint64_t delay = cfg.retry_min_ms;
   for (uint32_t i = 0; i < attempt && delay < cfg.retry_max_ms; ++i) delay *= 2;
   delay = std::min<uint64_t>(delay, cfg.retry_max_ms);
   std::uniform_real_distribution<double> jitter(0.8, 1.2);
   delay = static_cast<uint64_t>(static_cast<double>(delay) * jitter(rng));
+  st.last_retry_delay_ms = delay;
   ++attempt;
   ph = phase::backoff;
   uv_timer_start(
@@ -103,7 +106,6 @@ void etcd_discovery::impl::put_self() {
                    if (!why.empty()) return fail("put: " + why);
                    if (!first) return;
                    ++st.registrations;
-                   attempt = 0;
                    ka_ok_ms = uv_now(loop);  // the lease was granted just before
                    arm_keepalive();
                    range();
@@ -191,6 +193,7 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
   if (w.revision > revision) revision = w.revision;
   if (w.created) {
     uv_timer_stop(watch_timer);
+    if (up_ms == 0) up_ms = uv_now(loop);
     const std::weak_ptr<char> alive = life;
     set_connected(true);
     if (alive.expired()) return;

@@ -17,9 +17,10 @@ namespace {
 using std::chrono::seconds;
 using test::disc_instance;
 
-// Answers every POST but /v3/watch with a range-shaped body (revision 5, no kvs) and closes the
-// connection; answers /v3/watch with `watch_lines` (a 200 response read until close) and keeps
-// the connection open, or sends nothing at all when watch_lines is empty.
+// Answers a lease grant or keep-alive with lease 7, every other POST but /v3/watch with a
+// range-shaped body (revision 5, no kvs), and closes the connection; answers /v3/watch with
+// `watch_lines` (a 200 response read until close) and keeps the connection open, or sends nothing
+// at all when watch_lines is empty.
 class fake_etcd {
  public:
   explicit fake_etcd(uv_loop_t* loop) : srv_(new uv_tcp_t) {
@@ -106,7 +107,9 @@ class fake_etcd {
       }
       return;
     }
-    const std::string body = R"({"header":{"revision":"5"},"count":"0"})";
+    std::string body = R"({"header":{"revision":"5"},"count":"0"})";
+    if (path == "/v3/lease/grant") body = R"({"header":{"revision":"5"},"ID":"7","TTL":"2"})";
+    if (path == "/v3/lease/keepalive") body = R"({"result":{"ID":"7","TTL":"2"}})";
     send(c,
          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
          "Content-Length: " +
@@ -185,6 +188,28 @@ TEST_F(DiscoveryFakeTest, CancelWithoutCompactRevisionFailsTheSession) {
       << v->d->last_error().detail;
   EXPECT_TRUE(logged(v, "watch cancelled", "permission denied"));
   EXPECT_FALSE(logged(v, "resync"));
+}
+
+// A registering instance whose every watch etcd cancels at once: each session registers (grant +
+// put) and fails. The backoff must grow across them; before, the registration reset it and the
+// instance put itself again every retry_min_ms, for ever.
+TEST_F(DiscoveryFakeTest, SessionsThatFailAfterRegisteringBackOffMoreAndMore) {
+  ASSERT_TRUE(fake_->ok());
+  fake_->watch_lines = std::string(kCreated) +
+                       R"({"result":{"canceled":true,"cancel_reason":"permission denied"}})"
+                       "\n";
+  discovery_config c = config({fake_->url()});
+  c.retry_min_ms = 20;
+  c.retry_max_ms = 5000;
+  directory_entry self;
+  self.id = 0x42;
+  self.listen = {"ipv4://127.0.0.1:1"};
+  disc_instance* v = make(self, std::move(c));
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 5; }, seconds(30)));
+  const discovery_stats st = v->d->stats();
+  EXPECT_GE(st.registrations, 5u);
+  EXPECT_GE(st.last_retry_delay_ms, 20u * 16 * 8 / 10) << "the 5th failure waits 320 ms +-20 %";
+  EXPECT_GE(fake_->count("/v3/lease/grant"), 5u);
 }
 
 // A compaction cancel resyncs once (range read, new watch); the same cancel again right after that
