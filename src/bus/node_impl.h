@@ -141,6 +141,7 @@ struct node::impl {
   impl(uv_loop_t* l, bus_id id, node_config c, node_callbacks cb)
       : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {
     incarnation = (rng() ^ (uint64_t{std::random_device{}()} << 32)) | 1;
+    flow_seq_floor = 1 + (rng() & kFlowSeqBaseMask);
   }
 
   // -------------------------------------------------------------------------- child grace --
@@ -169,7 +170,11 @@ struct node::impl {
   std::vector<bus_id> flow_blocked;  // tx flows that met a full queue (retried by the timer)
   bus_id cached_flow_target = 0;
   detail::tx_flow* cached_flow = nullptr;
-  // The first sequence of a new flow: above every sequence of the flows forgotten so far.
+  // The first sequence of a new flow: above every sequence of the flows forgotten so far. It
+  // starts at a random point below 2^40 per incarnation, so a relay's drop notice (which names
+  // a sequence, not an epoch) meant for a dead incarnation of this node practically never names
+  // a message of this one.
+  static constexpr uint64_t kFlowSeqBaseMask = (uint64_t{1} << 40) - 1;
   uint64_t flow_seq_floor = 1;
   bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
   detail::rx_flow* cached_rx = nullptr;

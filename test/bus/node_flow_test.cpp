@@ -397,6 +397,44 @@ TEST_F(NodeFlowTest, SyncGoesOnlyOnTheFirstUnsettledMessage) {
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
 }
 
+// A relay's drop notice names a flow sequence, not an epoch. Each incarnation of a node starts its
+// flows at a random sequence, so a notice meant for a dead incarnation's message does not settle
+// the new incarnation's message (before, both started at 1: the new message was reported failed).
+TEST_F(NodeFlowTest, ADropNoticeForADeadIncarnationSettlesNothing) {
+  node_config rc = flow_config();
+  rc.subnets = {{0x100, 8}};
+  uint64_t seq[2] = {};
+  uint64_t id = 0;
+  bus_node* root = nullptr;
+  std::unique_ptr<test::raw_child> raw;
+  for (uint64_t& s : seq) {
+    if (root != nullptr) destroy(root);
+    root = make(0x100, rc);
+    raw = std::make_unique<test::raw_child>(0x101, 0x100);
+    raw->compress = false;
+    raw->start(&loop_, root->n->listen_urls().at(0));
+    ASSERT_TRUE(wait([&] { return raw->registered; }));
+    ASSERT_EQ(test::send_str(root, 0x101, 1, "one", {}, &id), errc::ok);
+    const auto flow_data = [&raw]() -> const test::raw_child::message* {
+      for (const auto& m : raw->got) {
+        if (m.hd.type == proto::msg_type::data && (m.hd.flags & proto::flag_flow) != 0) return &m;
+      }
+      return nullptr;
+    };
+    ASSERT_TRUE(wait([&] { return flow_data() != nullptr; }));
+    s = flow_data()->hd.sequence;
+  }
+  EXPECT_NE(seq[0], seq[1]);
+  raw->send_flow_drop_notice(seq[0], proto::reason::ttl_expired);
+  ASSERT_TRUE(wait([&] { return root->n->counters().drop_notices_received == 1; }));
+  EXPECT_EQ(root->report_for(id), nullptr) << "settled by the old incarnation's notice";
+  raw->send_flow_drop_notice(seq[1], proto::reason::ttl_expired);  // its own: settles it
+  ASSERT_TRUE(wait([&] { return root->report_for(id) != nullptr; }));
+  EXPECT_EQ(root->report_for(id)->status, errc::ttl_expired);
+  raw->ch->close();
+  ASSERT_TRUE(wait([&] { return raw->ch->closed(); }));
+}
+
 // stop() waits up to stop_flush_ms for acknowledgements, and a same-host target sends them
 // through the stopping node's ring: they count (before, the ring was read and its records
 // dropped while stopping, so delivered messages were reported closed after the whole wait).
