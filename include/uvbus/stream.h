@@ -115,6 +115,11 @@ struct stream_config {
   // pause_reading() is not checked (the wait is the owner's, not the peer's): its clock starts
   // again at resume_reading(). 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
+  // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
+  // been empty, with nothing written, for this long (the same timer checks, at least every half
+  // of it): a connection that once queued a burst does not keep up to queue.ring_bytes for its
+  // life. Its next send starts a small ring again. 0: grown rings are kept.
+  uint32_t send_ring_idle_ms = 5000;
   // Accepted connections beyond this many live connections (inbound + outbound) of the channel are
   // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
   // strangers can make a listener hold. 0: no limit.

@@ -119,11 +119,11 @@ size_t write_queue::memory_bytes() const noexcept {
   return bytes_ + count_ * sizeof(dyn_block);
 }
 
-bool write_queue::release_storage() noexcept {
-  if (cfg_.mode != queue_mode::static_ring || count_ != 0 || ring_ == nullptr ||
-      cap_ > cfg_.ring_initial_bytes) {
-    return false;
-  }
+bool write_queue::release_storage(bool grown_too) noexcept {
+  if (cfg_.mode != queue_mode::static_ring || count_ != 0 || ring_ == nullptr) return false;
+  // A ring allocated whole is kept: its owner asked for no reallocation.
+  if (cfg_.ring_initial_bytes == 0 || cfg_.ring_initial_bytes >= cfg_.ring_bytes) return false;
+  if (cap_ > cfg_.ring_initial_bytes && !grown_too) return false;
   release_retired();
   free_ring(ring_);
   ring_ = nullptr;

@@ -67,9 +67,11 @@ class write_queue {
 
   // An empty static ring of its initial size hands its memory back (to the thread's buffer pool,
   // see buffer_pool.h); the next reserve() takes a ring again. Rings that grew are kept (their
-  // connection bursts). Also frees retired rings, so the same rule as release_retired() applies:
-  // no write may be reading the queue. Returns true if memory was released.
-  bool release_storage() noexcept;
+  // connection bursts) unless grown_too (the owner's idle sweep); a ring allocated whole
+  // (ring_initial_bytes 0 or >= ring_bytes) is always kept. Also frees retired rings, so the same
+  // rule as release_retired() applies: no write may be reading the queue. Returns true if memory
+  // was released.
+  bool release_storage(bool grown_too = false) noexcept;
 
   // Removes the most recently reserved block (only valid right after reserve(), before any other
   // block was pushed). Lets a producer undo a reservation when a later step fails.

@@ -126,30 +126,37 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
   uv_idle_init(loop, &idle);
   idle.data = this;
   uv_unref(reinterpret_cast<uv_handle_t*>(&idle));
-  uv_timer_init(loop, &sweep);
-  sweep.data = this;
-  if (cfg.partial_frame_timeout_ms != 0) {
-    const uint64_t every = std::max<uint64_t>(10, cfg.partial_frame_timeout_ms / 4);
+  uv_timer_init(loop, &sweep_timer);
+  sweep_timer.data = this;
+  uint64_t every = UINT64_MAX;
+  if (cfg.partial_frame_timeout_ms != 0) every = cfg.partial_frame_timeout_ms / 4;
+  if (cfg.send_ring_idle_ms != 0) every = std::min<uint64_t>(every, cfg.send_ring_idle_ms / 2);
+  if (every != UINT64_MAX) {
+    every = std::max<uint64_t>(10, every);
     uv_timer_start(
-        &sweep, [](uv_timer_t* t) { static_cast<impl*>(t->data)->sweep_partial_frames(); }, every,
-        every);
+        &sweep_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->sweep(); }, every, every);
   }
-  uv_unref(reinterpret_cast<uv_handle_t*>(&sweep));  // never keeps the loop alive by itself
+  uv_unref(reinterpret_cast<uv_handle_t*>(&sweep_timer));  // never keeps the loop alive by itself
   handles = 3;
 }
 
-// One pass over the connections, not a timer per connection: an idle connection costs nothing,
-// and a half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout. Only a
+// One pass over the connections, not a timer per connection: an idle connection costs nothing.
+// A half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout. Only a
 // connection that is reading counts: one the owner paused (a bus node holding an upstream link
 // back for a slow next hop) waits by the owner's choice, and its clock restarts at
-// resume_reading(); a draining one reads no more.
-void stream_channel::impl::sweep_partial_frames() {
+// resume_reading(); a draining one reads no more. A send ring that grew and has been empty, with
+// no write in flight and no reservation open, since a flush send_ring_idle_ms ago is freed.
+void stream_channel::impl::sweep() {
   const uint64_t now = uv_now(loop);
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
+    if (cfg.send_ring_idle_ms != 0 && c->queue && !c->writing && c->prepared == nullptr &&
+        now - c->last_flush_ms >= cfg.send_ring_idle_ms) {
+      (void)c->queue->release_storage(true);
+    }
     // end_conn() only marks the connection and closes its handle; it stays linked until the
     // close callback, so the next pointer is still valid after it.
-    if (c->state == conn_state::connected && !c->paused && c->decoder.buffered() != 0 &&
-        now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
+    if (cfg.partial_frame_timeout_ms != 0 && c->state == conn_state::connected && !c->paused &&
+        c->decoder.buffered() != 0 && now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
       ++c->m().partial_frame_timeouts;
       end_conn(c, errc::timeout);
     }
@@ -218,7 +225,7 @@ void stream_channel::impl::close_all(bool with_callbacks) {
   auto done = [](uv_handle_t* h) { static_cast<impl*>(h->data)->handle_released(); };
   uv_close(reinterpret_cast<uv_handle_t*>(&check), done);
   uv_close(reinterpret_cast<uv_handle_t*>(&idle), done);
-  uv_close(reinterpret_cast<uv_handle_t*>(&sweep), done);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sweep_timer), done);
 }
 
 stream_channel_metrics stream_channel::impl::metrics() const {
@@ -550,7 +557,7 @@ errc stream_channel::resume_reading(connection_id conn) {
   if (!c->active()) return c->state == conn_state::closing ? errc::closed : errc::not_connected;
   if (c->paused) {
     c->paused = false;
-    c->last_read_ms = uv_now(impl_->loop);  // the stall clock starts again (sweep_partial_frames)
+    c->last_read_ms = uv_now(impl_->loop);  // the stall clock starts again (sweep)
   }
   impl_->start_reading(c);
   return errc::ok;

@@ -154,6 +154,7 @@ void stream_channel::impl::maybe_writable(conn_impl* c) {
 void stream_channel::impl::flush(conn_impl* c) {
   flush_queue(c);
   report_written(c);
+  c->last_flush_ms = uv_now(loop);
   // A drained queue hands its small ring back to the thread's pool (write_queue::release_storage):
   // a quiet connection keeps no send buffer.
   if (c->queue && !c->writing && c->prepared == nullptr) (void)c->queue->release_storage();

@@ -103,7 +103,8 @@ struct conn_impl {
   size_t prepared_size = 0;     // and its payload size
   size_t prepared_hdr = 0;      // and its header's size
   frame_decoder decoder;
-  uint64_t last_read_ms = 0;  // uv_now() of the last read that returned bytes (or of the accept)
+  uint64_t last_read_ms = 0;   // uv_now() of the last read that returned bytes (or of the accept)
+  uint64_t last_flush_ms = 0;  // uv_now() of the last flush (send_ring_idle_ms counts from it)
   // TLS links (stream_tls.cpp): the context says the link must be TLS; the session exists from
   // the TCP connect / accept on (the handshake runs while state is still connecting).
   std::shared_ptr<const tls_context> tls_ctx;
@@ -272,7 +273,7 @@ struct stream_channel::impl {
   uv_check_t check{};
   uv_idle_t idle{};
   bool idle_on = false;
-  uv_timer_t sweep{};  // closes connections stalled mid-frame (partial_frame_timeout_ms)
+  uv_timer_t sweep_timer{};  // stalled half-frames, idle grown send rings (sweep())
 
   detail::conn_list conns;
   detail::listener_list listeners;
@@ -298,8 +299,9 @@ struct stream_channel::impl {
   // Reports written_seq to on_written if it moved since the last report.
   void report_written(conn_impl* c);
 
-  // Closes connections stalled mid-frame for partial_frame_timeout_ms (one pass, one timer).
-  void sweep_partial_frames();
+  // One pass, one timer: closes connections stalled mid-frame for partial_frame_timeout_ms and
+  // frees the grown send rings of connections quiet for send_ring_idle_ms.
+  void sweep();
   void link(conn_impl* c);
   void unlink(conn_impl* c);
   void link(listener_impl* l);

@@ -105,6 +105,31 @@ TEST(WriteQueueStorage, GrownRingsAndDynamicQueuesKeepTheirMemory) {
   ASSERT_NE(d.reserve(10), nullptr);
   d.pop_front();
   EXPECT_FALSE(d.release_storage());
+  EXPECT_FALSE(d.release_storage(true));
+}
+
+// The owner's idle sweep frees a grown ring (release_storage(true)); a ring allocated whole
+// (ring_initial_bytes 0 or >= ring_bytes) is kept whatever the call, even when drained.
+TEST(WriteQueueStorage, AGrownRingGoesOnlyWhenAskedAndAWholeRingStays) {
+  write_queue_config cfg;
+  write_queue q(cfg);
+  ASSERT_NE(q.reserve(10000), nullptr);
+  EXPECT_FALSE(q.release_storage(true));  // still queued
+  q.pop_front();
+  EXPECT_TRUE(q.release_storage(true));
+  EXPECT_EQ(q.memory_bytes(), 0u);
+  ASSERT_NE(q.reserve(10), nullptr);
+  EXPECT_EQ(q.memory_bytes(), cfg.ring_initial_bytes);  // small again
+  for (const size_t initial : {size_t{0}, cfg.ring_bytes, cfg.ring_bytes * 2}) {
+    write_queue_config whole;
+    whole.ring_initial_bytes = initial;
+    write_queue w(whole);
+    ASSERT_NE(w.reserve(10), nullptr);
+    w.pop_front();
+    EXPECT_FALSE(w.release_storage()) << initial;
+    EXPECT_FALSE(w.release_storage(true)) << initial;
+    EXPECT_EQ(w.memory_bytes(), whole.ring_bytes) << initial;
+  }
 }
 
 }  // namespace

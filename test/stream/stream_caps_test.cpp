@@ -204,6 +204,40 @@ TEST_F(StreamCaps, TheSendRingStartsSmallAndGrowsOnlyAsItFills) {
   EXPECT_EQ(s->metrics().totals.queue_memory_bytes, m.queue_memory_bytes);
 }
 
+// A ring that grew for a burst is freed once the queue has been empty for send_ring_idle_ms
+// (before, a connection kept up to ring_bytes for its life); the next send starts small again.
+TEST_F(StreamCaps, AGrownSendRingIsFreedOnceTheConnectionIsQuiet) {
+  recorder srv;
+  recorder cli;
+  stream_config cfg;
+  cfg.send_ring_idle_ms = 50;
+  stream_channel* s = make_channel(&srv, cfg);
+  stream_channel* c = make_channel(&cli);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  const connection_id conn = srv.accepted[0];
+  const uint64_t from = cli.live.begin()->first;
+  const std::string big(size_t{100} * 1024, 'b');
+  stream_connection_metrics m;
+  for (int round = 1; round <= 2; ++round) {
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(s->send(conn, big.data(), big.size()), errc::ok);
+    ASSERT_EQ(s->connection_metrics(conn, &m), errc::ok);
+    EXPECT_GT(m.queue_memory_bytes, size_t{256} * 1024) << "round " << round;  // grown
+    ASSERT_TRUE(run([&] { return cli.received[from].size() == size_t{4} * round; }));
+    ASSERT_TRUE(run([&] {
+      return s->connection_metrics(conn, &m) == errc::ok && m.queue_memory_bytes == 0;
+    })) << m.queue_memory_bytes;
+    EXPECT_EQ(s->metrics().totals.queue_memory_bytes, 0u);
+  }
+  ASSERT_EQ(s->send(conn, "hello", 5), errc::ok);  // small again
+  ASSERT_EQ(s->connection_metrics(conn, &m), errc::ok);
+  EXPECT_EQ(m.queue_memory_bytes, s->config().queue.ring_initial_bytes);
+  ASSERT_TRUE(run([&] { return cli.received[from].size() == 9; }));
+  EXPECT_EQ(cli.received[from].back(), "hello");
+}
+
 TEST_F(StreamCaps, AQuietConnectionHandsItsSendRingBackToThePool) {
   recorder srv;
   recorder cli;
