@@ -41,7 +41,11 @@ errc node::impl::call(bus_id target, uint32_t type, const void* data, size_t siz
   // The slot this call will take (taken only once the request is accepted).
   const bool reuse = !call_free.empty();
   const uint32_t index = reuse ? call_free.back() : static_cast<uint32_t>(call_slots.size());
-  const uint32_t gen = (reuse ? call_slots[index].gen : 0) + 1;
+  // A new slot's generations start at a random point per incarnation: an answer meant for an
+  // earlier process of this id (a late one, after a restart) must not match this one's call.
+  // Generation 0 is skipped: slot 0's id would be 0, which the protocol refuses.
+  uint32_t gen = (reuse ? call_slots[index].gen : static_cast<uint32_t>(incarnation >> 32)) + 1;
+  if (gen == 0) gen = 1;
   const uint64_t id = make_call_id(index, gen);
   uint8_t block[proto::kCallSize];
   proto::encode_call({proto::call_kind::request, id, timeout_ms}, block);

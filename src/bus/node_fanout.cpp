@@ -42,6 +42,21 @@ bool tree_v6(const node::impl& n, const detail::peer_ep* p, bool loads = true) {
          node::impl::version_of(p) >= kV6;
 }
 
+// The tree neighbour a broadcast from `source` came through: the child towards it, or the parent
+// (a sibling's broadcast, like any from outside our subnets, comes down from the parent). For a
+// copy read from our shared-memory ring, which has no link: sending it back there would bounce
+// it between the two nodes until its TTL ran out.
+bus_id tree_hop_towards(const node::impl& n, bus_id source) {
+  const detail::route r = n.table.lookup(source);
+  detail::peer_kind k{};
+  if (r.kind == detail::hop::child) return r.next;
+  if (r.kind == detail::hop::direct && n.table.kind_of(r.next, &k) &&
+      k != detail::peer_kind::sibling) {
+    return r.next;
+  }
+  return n.table.has_parent() ? n.table.parent() : 0;
+}
+
 // Sends one copy of the broadcast [bufs] to every tree link except `except` behind which the
 // directory knows a target. Returns the copies sent.
 size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
@@ -105,7 +120,9 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
     if (from != nullptr) n.protocol_violation(from, "bad broadcast body");
     return true;
   }
-  const bus_id from_id = from != nullptr && from->peer != nullptr ? from->peer->id : 0;
+  const bus_id from_id = from == nullptr         ? tree_hop_towards(n, hd.source)
+                         : from->peer != nullptr ? from->peer->id
+                                                 : 0;
   if (hd.ttl > 0) {
     uint8_t head[proto::kHeaderSize];
     std::memcpy(head, data, proto::kHeaderSize);

@@ -155,6 +155,34 @@ TEST_P(NodeCallTest, AHandlerThatNeverAnswersMakesTheCallTimeOutOnce) {
   EXPECT_EQ(a_->n->counters().calls_failed, 1u);
 }
 
+// A restarted caller (a new node object of the same id) must not take an answer meant for its
+// predecessor's call as the answer to its own (before, both calls had the same id).
+TEST_P(NodeCallTest, AnAnswerForAPreviousProcessOfTheCallerIsIgnored) {
+  make_tree();
+  mode_ = behaviour::later;
+  auto old_out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x102, 5, "x", 1, 30000, record(old_out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return saved_.size() == 1; }));
+  node_config ac = cfg();
+  ac.parent_urls = {p_->n->listen_urls().at(0)};
+  ac.sibling_direct = false;
+  destroy(a_);
+  bus_node* a2 = nullptr;
+  ASSERT_TRUE(wait([&] {  // the parent lets the id go once it sees the old link close
+    if (a2 != nullptr && a2->n->up()) return true;
+    if (a2 == nullptr || a2->n == nullptr) a2 = make(0x101, ac);
+    return false;
+  }));
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a2->n->call(0x102, 5, "y", 1, 30000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return saved_.size() == 2; }));
+  ASSERT_EQ(b_->n->reply(saved_[0], "for-old", 7), errc::ok);
+  ASSERT_EQ(b_->n->reply(saved_[1], "for-new", 7), errc::ok);
+  ASSERT_TRUE(wait([&] { return !out->empty() && a2->n->counters().answers_ignored == 1; }));
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ(out->at(0).bytes, "for-new");
+}
+
 TEST_P(NodeCallTest, AnswersMayComeLaterAndInAnyOrder) {
   make_tree();
   mode_ = behaviour::later;

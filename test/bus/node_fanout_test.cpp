@@ -26,10 +26,18 @@ constexpr bus_id kG2 = 0x1200;
 constexpr bus_id kL3 = 0x1201;
 constexpr bus_id kChat = 0x1202;
 
+// Shared memory between the tree's nodes as well (every node a ring of its own): set by a test.
+bool g_shm = false;
+
 node_config typed(const std::string& type, uint8_t protocol_max = proto::kMaxVersion) {
   node_config c = fast_config();
   c.type = type;
   c.protocol_max = protocol_max;
+  if (g_shm) {
+    c.enable_shm = true;
+    c.shm_ring_bytes = 1 << 20;
+    c.listen.push_back("shm://" + test::unique_name("fanout"));
+  }
   return c;
 }
 
@@ -51,6 +59,10 @@ class NodeFanout : public test::bus_fixture {
     for (bus_node* t : {root_, g1_, g2_, l1_, l2_, l3_, chat_}) {
       ASSERT_TRUE(wait([&] { return t->n->directory().size() == 7; })) << t->n->id();
     }
+  }
+  void TearDown() override {
+    g_shm = false;
+    test::bus_fixture::TearDown();
   }
   bus_id pick(bus_node* from, const pick_options& how) {
     bus_id id = 0;
@@ -145,6 +157,34 @@ TEST_F(NodeFanout, BroadcastByTypeReachesEachTargetOnceWithOneCopyPerLink) {
   EXPECT_EQ(root_->n->counters().broadcasts_forwarded, 1u);
   EXPECT_EQ(g1_->n->counters().broadcasts_forwarded, 2u);
   EXPECT_EQ(chat_->n->counters().broadcasts_sent, 1u);
+}
+
+// The same over shared memory: a copy read from a ring has no link, and went back to where it
+// came from (the root and the gateways sent it to each other until its TTL ran out: 2^8 copies
+// delivered to each target). It must not go back to the tree neighbour towards its source.
+TEST_F(NodeFanout, BroadcastOverSharedMemoryNeverGoesBackWhereItCameFrom) {
+  g_shm = true;
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(chat_->n->broadcast(broadcast_target::of_type("logic"), 9, "all", 3, 30000,
+                                [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::ok);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL1, kL2, kL3}));
+  // A message after it on every path: once it is in, a copy sent back would have been too.
+  for (bus_node* t : {l1_, l2_, l3_}) {
+    ASSERT_EQ(test::send_str(chat_, t->n->id(), 2, "after"), errc::ok);
+  }
+  ASSERT_TRUE(
+      wait([&] { return l1_->got.size() >= 2 && l2_->got.size() >= 2 && l3_->got.size() >= 2; }));
+  for (bus_node* t : {l1_, l2_, l3_}) {
+    EXPECT_EQ(t->got.size(), 2u) << t->n->id();
+    EXPECT_EQ(t->got[0].bytes, "all");
+  }
+  EXPECT_EQ(g2_->n->counters().broadcasts_forwarded, 2u);
+  EXPECT_EQ(root_->n->counters().broadcasts_forwarded, 1u);
+  EXPECT_EQ(g1_->n->counters().broadcasts_forwarded, 2u);
 }
 
 TEST_F(NodeFanout, BroadcastBySubnetIncludesTheGatewayItself) {
