@@ -640,7 +640,8 @@ class node {
   // when every node that matched here has acknowledged, or after timeout_ms with the rest as
   // failed, or closed at stop(). Not resent (a failed target may be sent to with send_data).
   // Links below protocol version 6 are skipped. Errors at once (cb never called): unknown_route
-  // (no node matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits),
+  // (no node matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits, a
+  // type, label key or value over 128 bytes or more than 16 labels: the wire carries no more),
   // message_too_large (size plus the selector's bytes above message_limit), wrong_state, closed.
   // *broadcast_id (if given) is the report's id.
   [[nodiscard]] errc broadcast(const broadcast_target& to, uint32_t msg_type, const void* data,

@@ -57,6 +57,28 @@ bus_id tree_hop_towards(const node::impl& n, bus_id source) {
   return n.table.has_parent() ? n.table.parent() : 0;
 }
 
+// Why a type-and-labels selector cannot go on the wire whole (empty: it can). Cut silently, the
+// relays would match a selector other than the one the sender counted its targets by.
+std::string selector_fault(const broadcast_target& to) {
+  if (to.by_subnet) return {};
+  const auto too_long = [](const std::string& s) { return s.size() > proto::kMaxDirText; };
+  if (too_long(to.type)) {
+    return "the type is " + std::to_string(to.type.size()) + " bytes, at most " +
+           std::to_string(proto::kMaxDirText);
+  }
+  if (to.labels.size() > proto::kMaxLabels) {
+    return std::to_string(to.labels.size()) + " labels, at most " +
+           std::to_string(proto::kMaxLabels);
+  }
+  for (const auto& [key, value] : to.labels) {
+    if (too_long(key) || too_long(value)) {
+      return "label \"" + key.substr(0, 32) + "\" is longer than " +
+             std::to_string(proto::kMaxDirText) + " bytes (key or value)";
+    }
+  }
+  return {};
+}
+
 // Sends one copy of the broadcast [bufs] to every tree link except `except` behind which the
 // directory knows a target. Returns the copies sent.
 size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
@@ -154,6 +176,9 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
                                           : to.net.mask_bits > 64
                                               ? "node::broadcast: a subnet wider than 64 bits"
                                               : "node::broadcast: null data, non-zero size");
+  }
+  if (const std::string why = selector_fault(to); !why.empty()) {
+    return n.fail(errc::invalid_argument, "node::broadcast: " + why);
   }
   if (n.state != impl::run_state::running) {
     return n.fail(n.state == impl::run_state::idle ? errc::wrong_state : errc::closed,

@@ -225,6 +225,18 @@ TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {
   const std::string big(70000, 'b');
   EXPECT_EQ(l1_->n->broadcast(logic, 1, big.data(), big.size(), 100, cb), errc::message_too_large);
   EXPECT_NE(l1_->n->last_error().detail.find("selector"), std::string::npos);
+  // A selector the wire cannot carry whole is refused, not cut (the relays would match another).
+  EXPECT_EQ(l1_->n->broadcast(broadcast_target::of_type(std::string(129, 't')), 1, "x", 1, 100, cb),
+            errc::invalid_argument);
+  EXPECT_NE(l1_->n->last_error().detail.find("the type is 129 bytes"), std::string::npos);
+  std::vector<node_label> many(17, node_label{"k", "v"});
+  EXPECT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic", many), 1, "x", 1, 100, cb),
+            errc::invalid_argument);
+  EXPECT_NE(l1_->n->last_error().detail.find("17 labels"), std::string::npos);
+  const std::vector<node_label> long_value{{"zone", std::string(200, 'z')}};
+  EXPECT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic", long_value), 1, "x", 1, 100, cb),
+            errc::invalid_argument);
+  EXPECT_NE(l1_->n->last_error().detail.find("label \"zone\""), std::string::npos);
   ASSERT_EQ(l1_->n->broadcast(logic, 1, "x", 1, 60000, cb), errc::ok);
   l1_->n->stop();
   EXPECT_FALSE(rep.has_value()) << "never from inside stop()";
