@@ -162,12 +162,9 @@ struct node_config {
   // acknowledgement was lost delivered a second time, after a silence longer than the target keeps
   // the position).
   uint32_t delivery_timeout_ms = 10000;
-  // end_to_end: a flow with nothing sent or unacknowledged for this long is forgotten: the
-  // source's state for that target (about 200 bytes, its latency histogram with it) and the
-  // target's position (kept at least twice the target's delivery_timeout_ms). A later message to
-  // the same target starts a new flow above every sequence sent before, so nothing is taken for a
-  // duplicate; an unknown_route for its first message is then final at once (as for a target
-  // never acknowledged). Memory per peer is bounded by the peers of the last flow_idle_ms.
+  // end_to_end: a flow idle this long is forgotten: the source's state (~200 bytes and latency
+  // histogram per target), the target's position (kept at least 2 x its delivery_timeout_ms). A
+  // later message starts a new flow above every sequence sent before (docs/bus.md "Flows").
   uint32_t flow_idle_ms = 120000;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload
@@ -274,6 +271,9 @@ struct node_config {
   std::string name;
   std::string type;
   std::vector<node_label> labels;
+  // At most this many directory entries (at least 1): a new one beyond it is left out, counted
+  // (directory_skipped) and logged, whatever peers announce (docs/bus.md "Directory").
+  size_t directory_max_entries = 65536;
   // Discovery on etcd (uvbus/discovery.h, docs/cluster.md). With discovery.etcd_endpoints set,
   // start() registers this node's directory entry under discovery.prefix with a lease and merges
   // every node found there into directory(), lookup(), find() and on_directory, exactly as the
@@ -374,6 +374,7 @@ struct node_counters {
   uint64_t broadcasts_sent = 0;       // broadcast() calls accepted
   uint64_t broadcasts_received = 0;   // broadcasts delivered to on_data here
   uint64_t broadcasts_forwarded = 0;  // copies relayed to a next link
+  uint64_t directory_skipped = 0;     // new directory entries left out: directory_max_entries
 };
 
 // Callbacks. Each may be empty. They run on the loop thread, never from inside the node's own

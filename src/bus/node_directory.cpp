@@ -139,6 +139,18 @@ void node::impl::dir_link_gone(bus_id peer) {
   dir_broadcast(peer, b);
 }
 
+bool node::impl::dir_has_room(bus_id id) {
+  if (dir.size() < cfg.directory_max_entries) return true;
+  // The first one and then every 1024th: a flood of announcements is one line in a thousand.
+  if (counters.directory_skipped++ % 1024 == 0) {
+    log(log_level::warn,
+        "directory: directory_max_entries (%zu) reached: 0x%" PRIx64 " left out (%" PRIu64
+        " so far)",
+        cfg.directory_max_entries, id, counters.directory_skipped);
+  }
+  return false;
+}
+
 void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries) {
   // A callback below may close links: only the peer's id is used after the first one.
   const bus_id from_id = from->id;
@@ -155,6 +167,7 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
     }
     auto it = dir.find(e.id);
     directory_event ev = directory_event::added;
+    if (it == dir.end() && !dir_has_room(e.id)) continue;
     if (it == dir.end()) {
       it = dir.emplace(e.id, dir_item{e, from_id}).first;
     } else {

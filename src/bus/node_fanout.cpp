@@ -354,6 +354,14 @@ void detail::fan_loads(node::impl& n, peer_ep* from,
     n.fan->loads[id] = load;
     fwd.loads.emplace_back(id, load);
   }
+  // Hints of nodes that left the directory go once they outnumber the directory (amortised: the
+  // map stays within twice the directory's size).
+  auto& loads = n.fan->loads;
+  if (loads.size() > 2 * n.dir.size() + 64) {
+    for (auto it = loads.begin(); it != loads.end();) {
+      it = n.dir.count(it->first) == 0 ? loads.erase(it) : std::next(it);
+    }
+  }
   if (fwd.loads.empty()) return;
   for (auto& [id, p] : n.peers) {
     if (id != from->id && tree_v6(n, p.get())) send_loads(n, p.get(), fwd);

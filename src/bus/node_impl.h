@@ -618,6 +618,8 @@ struct node::impl {
   void dir_link_gone(bus_id peer);
   void on_directory_msg(link* lk, const proto::header& hd, const uint8_t* body);
   void dir_upsert(peer_ep* from, std::vector<directory_entry>& entries);
+  // Whether a new entry (node `id`) fits under directory_max_entries; counts and logs it if not.
+  bool dir_has_room(bus_id id);
   void dir_remove(peer_ep* from, const std::vector<bus_id>& ids);
   // Sends b to every tree peer but `except` (chunked: bodies stay small).
   void dir_broadcast(bus_id except, const proto::directory_body& b);

@@ -48,6 +48,8 @@ void v6_families(prom_text* t, const node_counters& c) {
        c.broadcasts_received},
       {"uvbus_node_broadcasts_forwarded_total", "Broadcast copies relayed to a next link.",
        c.broadcasts_forwarded},
+      {"uvbus_node_directory_skipped_total",
+       "New directory entries left out: directory_max_entries reached.", c.directory_skipped},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
 }

@@ -491,7 +491,10 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
     bus_id writer = 0;
     if (!n->shm_accept(&data, &size, &writer)) continue;
     proto::header hd;
-    if (proto::parse_header(data, size, &hd) != errc::ok) {
+    // Shared memory is never compressed (the flag is link-local): relayed on with the flag set, a
+    // record would get the next hop's link closed, and delivered here it would be a compressed body.
+    if (proto::parse_header(data, size, &hd) != errc::ok ||
+        (hd.flags & proto::flag_compressed) != 0) {
       ++n->counters.protocol_errors;
       continue;
     }
@@ -615,6 +618,7 @@ std::string node::impl::counters_text() const {
   add("broadcasts_sent", c.broadcasts_sent);
   add("broadcasts_received", c.broadcasts_received);
   add("broadcasts_forwarded", c.broadcasts_forwarded);
+  add("directory_skipped", c.directory_skipped);
   add("peers", peers.size());
   return s;
 }

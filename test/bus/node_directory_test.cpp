@@ -164,6 +164,31 @@ TEST_F(NodeDirectoryTest, AVersion4ChildIsLeftOutAndNothingElseChanges) {
   EXPECT_EQ(r_->n->counters().protocol_errors, 0u);
 }
 
+// directory_max_entries bounds what others can make a node hold: new entries beyond it are left
+// out, counted and logged; the rest of the bus is not affected.
+TEST_F(NodeDirectoryTest, ANewEntryBeyondTheCapIsLeftOutCountedAndLogged) {
+  node_config rc = fast_config();
+  rc.subnets = {{0x100, 8}};
+  r_ = make_described(0x100, "root", "root", {}, rc);
+  node_config small = under(r_);
+  small.directory_max_entries = 1;
+  c_ = make_described(0x121, "chat-1", "chat", {}, small);
+  l1_ = make_described(0x111, "logic-1", "logic", {}, under(r_));
+  l2_ = make_described(0x120, "logic-2", "logic", {}, under(r_));
+  ASSERT_TRUE(wait(
+      [&] { return r_->n->directory().size() == 4 && c_->n->counters().directory_skipped >= 2; }));
+  EXPECT_EQ(c_->n->directory().size(), 2u);  // itself and one other
+  EXPECT_TRUE(c_->logged("directory_max_entries (1) reached"));
+  EXPECT_EQ(l1_->n->directory().size(), 4u);
+  ASSERT_EQ(test::send_str(c_, 0x120, 1, "routed all the same"), errc::ok);
+  ASSERT_TRUE(wait([&] { return l2_->got.size() == 1; }));
+  node_config zero = fast_config();
+  zero.directory_max_entries = 0;
+  std::string why;
+  EXPECT_EQ(node::validate(0x100, zero, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("directory_max_entries"), std::string::npos) << why;
+}
+
 TEST_F(NodeDirectoryTest, TheDirectoryIsEmptyBeforeStart) {
   bus_node* t = make(0x100, fast_config(), false);
   EXPECT_TRUE(t->n->directory().empty());

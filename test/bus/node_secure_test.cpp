@@ -351,11 +351,13 @@ class NodeShmTags : public test::bus_fixture {
   std::vector<std::string> rings_;
 };
 
-std::vector<uint8_t> data_message(bus_id source, const std::string& text) {
+std::vector<uint8_t> data_message(bus_id source, const std::string& text, bus_id target = kRoot,
+                                  uint8_t flags = 0) {
   proto::header h;
   h.type = proto::msg_type::data;
+  h.flags = flags;
   h.source = source;
-  h.target = kRoot;
+  h.target = target;
   // Sized once and filled: insert() into a 4-byte vector trips GCC 12's -Warray-bounds at -O2.
   std::vector<uint8_t> body(proto::kDataPrefix + text.size());
   std::memcpy(body.data() + proto::kDataPrefix, text.data(), text.size());
@@ -408,6 +410,36 @@ TEST_F(NodeShmTags, TaggedWritersAreDeliveredAndImpostorsAreCounted) {
   ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
   EXPECT_EQ(root->got[1].bytes, "after");
   rogue.close();
+}
+
+// The compressed flag is link-local: a ring record carrying it (from a writer with the true tag)
+// is refused and counted. Before, the root relayed it with the flag to a child whose link has no
+// codec, which closed that innocent link, and a record for the root itself was delivered with its
+// body as it was.
+TEST_F(NodeShmTags, ARecordFlaggedCompressedIsRefusedAndHurtsNoLink) {
+  const std::string root_ring = ring("zflag-root");
+  bus_node* root = make_root(kRoot, {kNet}, shm_config(root_ring));
+  bus_node* child = make_child(kChild, root, {}, shm_config(ring("zflag-child")));
+  bus_node* other = make_child(kOther, root, {}, with_tokens({"secret"}));
+  ASSERT_TRUE(wait([&] { return child->ups == 1 && other->ups == 1; }));
+  shm_writer w;
+  ASSERT_EQ(w.open(root_ring), errc::ok);
+  const uint64_t tag = true_tag("secret", kRoot, kChild);
+  const std::vector<uint8_t> to_root =
+      data_message(kChild, "z-root", kRoot, proto::flag_compressed);
+  const std::vector<uint8_t> to_other =
+      data_message(kChild, "z-other", kOther, proto::flag_compressed);
+  for (const std::vector<uint8_t>* m : {&to_root, &to_other}) {
+    const std::vector<uint8_t> e = enveloped(*m, kChild, tag);
+    ASSERT_EQ(w.send(e.data(), e.size()), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return root->n->counters().protocol_errors == 2; }));
+  ASSERT_EQ(test::send_str(child, kOther, 1, "after"), errc::ok);
+  ASSERT_TRUE(wait([&] { return other->got.size() == 1; }));
+  EXPECT_EQ(other->got[0].bytes, "after");
+  EXPECT_EQ(other->downs.size(), 0u);
+  EXPECT_TRUE(root->got.empty());
+  w.close();
 }
 
 }  // namespace
