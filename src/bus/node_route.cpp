@@ -492,7 +492,7 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
     if (!n->shm_accept(&data, &size, &writer)) continue;
     proto::header hd;
     // Shared memory is never compressed (the flag is link-local): relayed on with the flag set, a
-    // record would get the next hop's link closed, and delivered here it would be a compressed body.
+    // record would get the next hop's link closed; delivered here, its body would be wrong.
     if (proto::parse_header(data, size, &hd) != errc::ok ||
         (hd.flags & proto::flag_compressed) != 0) {
       ++n->counters.protocol_errors;
