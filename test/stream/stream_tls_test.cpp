@@ -1,7 +1,7 @@
 // Stream links over TLS 1.3: data both ways with certificates and with a PSK, and hostile peers
 // (wrong, expired or missing certificate, wrong PSK, garbage, a TLS 1.2 client, a stalled
 // handshake, a KeyUpdate storm, a server that does not know the PSK), each refused while an
-// honest peer on the same listener works.
+// honest peer on the same listener works; nothing delivered after a disconnect in on_accepted.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/ssl.h>
@@ -542,6 +542,35 @@ TEST_F(StreamTls, APskServerRefusesAClientWithoutThePsk) {
   EXPECT_TRUE(logged("handshake failed"));
   EXPECT_TRUE(srec_.accepted.empty());
   expect_honest_peer_works(psk_config());
+}
+
+TEST_F(StreamTls, NothingIsDeliveredAfterAGracefulDisconnectInOnAccepted) {
+  // The client's first messages arrive in the read that finishes the server's handshake; the
+  // server disconnects in on_accepted, so none of them may reach on_received (as in clear text).
+  for (const tls_mode mode : {tls_mode::off, tls_mode::psk}) {
+    SCOPED_TRACE(mode == tls_mode::off ? "clear text" : "tls");
+    srec_ = recorder{};
+    tls_config t = psk_config();
+    t.mode = mode;
+    serve(t);
+    srec_.on_accepted_hook = [&](connection_id s) {
+      EXPECT_EQ(server_->disconnect(s, disconnect_mode::graceful), errc::ok);
+    };
+    recorder crec;
+    stream_channel* ch = make_channel(&crec);
+    crec.on_connected_hook = [&](connection_id c, errc s) {
+      for (int i = 0; s == errc::ok && i < 3; ++i) EXPECT_EQ(ch->send(c, "early", 5), errc::ok);
+    };
+    connection_id c;
+    ASSERT_EQ(ch->connect(url_, t, &c), errc::ok);
+    ASSERT_TRUE(run([&] {
+      return srec_.accepted.size() == 1 && srec_.disconnected.count(srec_.accepted[0].value) != 0;
+    }));
+    EXPECT_EQ(srec_.received_count, 0u);
+    EXPECT_EQ(srec_.disconnected[srec_.accepted[0].value], errc::ok);
+    EXPECT_EQ(server_->metrics().tls_failed, 0u);
+    for (auto& channel : channels_) channel->close();
+  }
 }
 
 TEST_F(StreamTls, UnixSocketsCarryTlsToo) {
