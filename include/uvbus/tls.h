@@ -5,8 +5,10 @@
 //     (the accepting side requires one: a client without a certificate is refused), optionally
 //     also that the peer's certificate names expected_peer (its CN or a subjectAltName entry).
 //   * psk: TLS 1.3 external pre-shared key derived from a shared access token (HKDF-SHA256), for
-//     clusters without a PKI. Knowing the token is what authenticates each side. The handshake
-//     still runs (EC)DHE, so a token leaked later does not decrypt recorded traffic.
+//     clusters without a PKI. Knowing the token is what authenticates each side: a peer that
+//     offers a certificate instead (a TLS 1.3 server may ignore the PSK) is refused with
+//     errc::peer_not_authenticated. The handshake still runs (EC)DHE, so a token leaked later does
+//     not decrypt recorded traffic.
 // The stream frames (MurmurHash3 + length) travel unchanged inside the TLS records. Settings are
 // checked (and the files read) when listen() or connect() is called; errors name the file or the
 // setting (stream_channel::last_error()).

@@ -92,6 +92,8 @@ void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* 
 }
 
 bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) {
+  // Only a connected connection delivers: draining (a graceful disconnect) or closing, nothing.
+  if (c->state != conn_state::connected) return false;
   auto& m = c->m();
   c->decoder.feed(data, n);
   for (;;) {

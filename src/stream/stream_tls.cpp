@@ -182,9 +182,18 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
   c->last_read_ms = uv_now(loop);
   s.set_now(c->last_read_ms);
   s.set_input(reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread));
+  // The input points into the per-thread read buffer: forgotten at every exit of this call, so
+  // that nothing later (a write, close_notify) can read through a stale pointer. The session
+  // lives as long as c, which is freed from the loop, never inside this call.
+  struct input_reset {
+    detail::tls_session* session;
+    ~input_reset() { session->set_input(nullptr, 0); }
+  } const forget{&s};
   if (!s.done()) {
     tls_handshake(c);
-    if (!s.done() || !c->active()) return;
+    // on_accepted / on_connected may have disconnected it: a graceful disconnect delivers
+    // nothing more, not even the rest of this read (as on_read drops reads while draining).
+    if (!s.done() || c->state != conn_state::connected) return;
   }
   uint8_t* plain = plain_buffer();
   if (plain == nullptr) {

@@ -115,6 +115,12 @@ errc tls_session::create(std::shared_ptr<const tls_context> ctx, bool server,
   if (ctx->config().mode == tls_mode::certificate) {
     const int mode = server ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_PEER;
     SSL_set_verify(s->ssl_, mode, verify);
+  } else if (!server) {
+    // PSK mode: knowing the token is the only proof. TLS 1.3 lets a server that does not know it
+    // ignore the offered PSK and authenticate with a certificate instead; any certificate is
+    // refused, so such a handshake aborts before our Finished. A PSK server has no certificate,
+    // so a client without the PSK cannot finish; handshake() checks both sides again at the end.
+    SSL_set_verify(s->ssl_, SSL_VERIFY_PEER, refuse_certificate);
   }
   if (server) {
     SSL_set_accept_state(s->ssl_);
@@ -181,6 +187,21 @@ int tls_session::verify(int ok, x509_store_ctx_st* store) {
   return 0;
 }
 
+int tls_session::refuse_certificate(int, x509_store_ctx_st* store) {
+  SSL* ssl =
+      static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  auto* s = static_cast<tls_session*>(SSL_get_app_data(ssl));
+  if (s->verify_detail_.empty()) {
+    X509* cert = X509_STORE_CTX_get0_cert(store);
+    char subject[256] = "?";
+    if (cert != nullptr) X509_NAME_oneline(X509_get_subject_name(cert), subject, sizeof subject);
+    s->verify_detail_ = std::string("tls: psk mode: the peer presented a certificate ('") +
+                        subject + "') instead of using the PSK: it does not know the access token";
+  }
+  X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION);
+  return 0;
+}
+
 void tls_session::on_message(int write_p, int, int type, const void* buf, size_t len, SSL*,
                              void* arg) {
   auto* s = static_cast<tls_session*>(arg);
@@ -222,6 +243,16 @@ errc tls_session::handshake(std::string* detail) {
   ERR_clear_error();
   const int r = SSL_do_handshake(ssl_);
   if (r == 1) {
+    if (ctx_->config().mode == tls_mode::psk &&
+        (SSL_session_reused(ssl_) != 1 || SSL_get0_peer_certificate(ssl_) != nullptr)) {
+      // Not authenticated by the PSK, however it got here: what the handshake queued for the
+      // peer (a client's Finished) is dropped, so that a server never sees the link up.
+      out_.clear();
+      *detail =
+          "tls: psk mode: the handshake finished without the PSK: the peer is not "
+          "authenticated";
+      return errc::peer_not_authenticated;
+    }
     done_ = true;
     last_update_ms_ = now_ms_;
     window_start_ms_ = now_ms_;

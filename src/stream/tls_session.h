@@ -59,7 +59,9 @@ class tls_session {
   void set_now(uint64_t now_ms) noexcept { now_ms_ = now_ms; }
 
   // Advances the handshake with the input given. ok: finished (done() is true) or waiting for more
-  // input; otherwise tls_handshake_failed or peer_not_authenticated (*detail says why).
+  // input; otherwise tls_handshake_failed or peer_not_authenticated (*detail says why). In psk
+  // mode a handshake that did not use the PSK (the peer authenticated with a certificate) is
+  // peer_not_authenticated.
   errc handshake(std::string* detail);
   [[nodiscard]] bool done() const noexcept { return done_; }
 
@@ -89,6 +91,8 @@ class tls_session {
   static int bio_write(BIO* b, const char* data, size_t len, size_t* written);
   static int bio_read(BIO* b, char* data, size_t len, size_t* read);
   static int verify(int ok, x509_store_ctx_st* store);
+  // PSK mode: every certificate is refused (the PSK is the only way to authenticate).
+  static int refuse_certificate(int ok, x509_store_ctx_st* store);
   static void on_message(int write_p, int version, int type, const void* buf, size_t len, SSL* ssl,
                          void* arg);
   errc failure(int ret, const char* what, std::string* detail);

@@ -1,6 +1,7 @@
 // Stream links over TLS 1.3: data both ways with certificates and with a PSK, and hostile peers
 // (wrong, expired or missing certificate, wrong PSK, garbage, a TLS 1.2 client, a stalled
-// handshake, a KeyUpdate storm), each refused while an honest peer on the same listener works.
+// handshake, a KeyUpdate storm, a server that does not know the PSK), each refused while an
+// honest peer on the same listener works; nothing delivered after a disconnect in on_accepted.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/ssl.h>
@@ -86,6 +87,74 @@ class raw_tls_client {
   }
 
   options opt_;
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> handshake_ok_{false};
+  std::thread thread_;
+};
+
+// A TLS 1.3 server of our own (OpenSSL directly, its own thread, blocking sockets) that accepts one
+// connection with a certificate and no PSK: an impostor for a PSK client. It reads until the
+// connection ends or `wanted` arrived, then closes.
+class raw_tls_server {
+ public:
+  raw_tls_server(const test_pki::pair& id, std::string wanted) : wanted_(std::move(wanted)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (fd_ >= 0 &&
+        (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 4) != 0 ||
+         getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0)) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    port_ = ntohs(sa.sin_port);
+    timeval tv{30, 0};  // accept() too: a test that goes wrong ends instead of hanging
+    if (fd_ >= 0) setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    thread_ = std::thread([this, id] { run(id); });
+  }
+  ~raw_tls_server() {
+    thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  raw_tls_server(const raw_tls_server&) = delete;
+  raw_tls_server& operator=(const raw_tls_server&) = delete;
+  [[nodiscard]] uint16_t port() const { return port_; }
+  [[nodiscard]] bool finished() const { return finished_.load(); }
+  [[nodiscard]] bool handshake_ok() const { return handshake_ok_.load(); }
+  // The plaintext read (valid once finished()).
+  [[nodiscard]] const std::string& received() const { return received_; }
+
+ private:
+  void run(const test_pki::pair& id) {
+    const int c = fd_ < 0 ? -1 : ::accept(fd_, nullptr, nullptr);
+    timeval tv{30, 0};
+    if (c >= 0) setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    SSL_CTX_use_certificate_chain_file(ctx, id.cert.c_str());
+    SSL_CTX_use_PrivateKey_file(ctx, id.key.c_str(), SSL_FILETYPE_PEM);
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, c);
+    if (c >= 0 && SSL_accept(ssl) == 1) {
+      handshake_ok_ = true;
+      char b[256];
+      int n = 0;
+      while (received_.find(wanted_) == std::string::npos && (n = SSL_read(ssl, b, sizeof b)) > 0) {
+        received_.append(b, static_cast<size_t>(n));
+      }
+    }
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    if (c >= 0) ::close(c);
+    finished_ = true;
+  }
+
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::string wanted_;
+  std::string received_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshake_ok_{false};
   std::thread thread_;
@@ -437,6 +506,71 @@ TEST_F(StreamTls, TheChannelDefaultAppliesToPlainListenAndConnect) {
   ASSERT_EQ(pc->send(p, "hello", 5), errc::ok);
   ASSERT_TRUE(run([&] { return s->metrics().tls_failed == 1; }));
   EXPECT_EQ(a.accepted.size(), 1u);
+}
+
+TEST_F(StreamTls, APskClientRefusesAServerThatAuthenticatesWithACertificate) {
+  // The impostor does not know the token; TLS 1.3 lets it ignore the offered PSK and present any
+  // certificate. The PSK client must abort the handshake: nothing is sent, on_connected fails.
+  raw_tls_server impostor(pki_->server, "secret-payload");
+  recorder crec;
+  stream_channel* ch = make_channel(&crec);
+  crec.on_connected_hook = [&](connection_id c, errc s) {
+    if (s == errc::ok) (void)ch->send(c, "secret-payload", 14);
+  };
+  connection_id c;
+  ASSERT_EQ(ch->connect("ipv4://127.0.0.1:" + std::to_string(impostor.port()), psk_config(), &c),
+            errc::ok);
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && impostor.finished(); }));
+  EXPECT_EQ(crec.connected[c.value], errc::peer_not_authenticated);
+  EXPECT_FALSE(impostor.handshake_ok()) << "the client let the handshake finish";
+  EXPECT_EQ(impostor.received().find("secret-payload"), std::string::npos) << "data leaked";
+  EXPECT_EQ(ch->metrics().tls_failed, 1u);
+  bool named = false;
+  for (const auto& l : crec.logs) {
+    named |= l.second.find("psk mode: the peer presented a certificate") != std::string::npos;
+  }
+  EXPECT_TRUE(named);
+}
+
+TEST_F(StreamTls, APskServerRefusesAClientWithoutThePsk) {
+  // A PSK server has no certificate: a client that offers no PSK (here one that would accept any
+  // certificate) cannot finish the handshake.
+  serve(psk_config());
+  raw_tls_client bad(server_->listener_port(listener_), {TLS1_3_VERSION, "", "", "", 0});
+  ASSERT_TRUE(run([&] { return bad.finished() && server_->metrics().tls_failed == 1; }));
+  EXPECT_FALSE(bad.handshake_ok());
+  EXPECT_TRUE(logged("handshake failed"));
+  EXPECT_TRUE(srec_.accepted.empty());
+  expect_honest_peer_works(psk_config());
+}
+
+TEST_F(StreamTls, NothingIsDeliveredAfterAGracefulDisconnectInOnAccepted) {
+  // The client's first messages arrive in the read that finishes the server's handshake; the
+  // server disconnects in on_accepted, so none of them may reach on_received (as in clear text).
+  for (const tls_mode mode : {tls_mode::off, tls_mode::psk}) {
+    SCOPED_TRACE(mode == tls_mode::off ? "clear text" : "tls");
+    srec_ = recorder{};
+    tls_config t = psk_config();
+    t.mode = mode;
+    serve(t);
+    srec_.on_accepted_hook = [&](connection_id s) {
+      EXPECT_EQ(server_->disconnect(s, disconnect_mode::graceful), errc::ok);
+    };
+    recorder crec;
+    stream_channel* ch = make_channel(&crec);
+    crec.on_connected_hook = [&](connection_id c, errc s) {
+      for (int i = 0; s == errc::ok && i < 3; ++i) EXPECT_EQ(ch->send(c, "early", 5), errc::ok);
+    };
+    connection_id c;
+    ASSERT_EQ(ch->connect(url_, t, &c), errc::ok);
+    ASSERT_TRUE(run([&] {
+      return srec_.accepted.size() == 1 && srec_.disconnected.count(srec_.accepted[0].value) != 0;
+    }));
+    EXPECT_EQ(srec_.received_count, 0u);
+    EXPECT_EQ(srec_.disconnected[srec_.accepted[0].value], errc::ok);
+    EXPECT_EQ(server_->metrics().tls_failed, 0u);
+    for (auto& channel : channels_) channel->close();
+  }
 }
 
 TEST_F(StreamTls, UnixSocketsCarryTlsToo) {
