@@ -8,8 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 namespace uvbus::obs {
 
@@ -134,12 +136,20 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
                    const char*, size_t* upload_size, void** state) -> MHD_Result {
     return static_cast<MHD_Result>(on_request(cls, c, path, method, upload_size, state));
   };
+  MHD_NotifyConnectionCallback notify = [](void* cls, MHD_Connection* c, void**,
+                                           MHD_ConnectionNotificationCode toe) {
+    on_connection(cls, c, toe == MHD_CONNECTION_NOTIFY_STARTED);
+  };
   const unsigned flags = MHD_USE_EPOLL | (u.ipv6 ? MHD_USE_IPv6 : 0);
+  // CONNECTION_TIMEOUT is an idle timeout (every byte restarts it): the request's own deadline is
+  // kept here (deadlines_), and PER_IP_CONNECTION_LIMIT keeps one host from taking every slot.
+  loop_ = loop;
   daemon_ = MHD_start_daemon(flags, 0, nullptr, nullptr, access, this, MHD_OPTION_LISTEN_SOCKET, fd,
                              MHD_OPTION_CONNECTION_LIMIT, limits_.max_connections,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, limits_.max_per_address,
                              MHD_OPTION_CONNECTION_TIMEOUT, limits_.timeout_seconds,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, limits_.connection_memory,
-                             MHD_OPTION_END);
+                             MHD_OPTION_NOTIFY_CONNECTION, notify, this, MHD_OPTION_END);
   if (daemon_ == nullptr) {
     ::close(fd);
     if (detail != nullptr) *detail = "metrics endpoint: libmicrohttpd did not start";
@@ -184,20 +194,55 @@ void http_endpoint::run_daemon() {
   // must be now: otherwise nothing would wake us again for the clients waiting in the backlog (an
   // endpoint that once reached its limit would never accept again).
   const unsigned before = connections();
+  (void)expire_connections();
   MHD_run(daemon_);
   if (connections() < before) MHD_run(daemon_);
+  uint64_t next = expire_connections();  // what is left pending after this run
   MHD_UNSIGNED_LONG_LONG timeout = 0;
-  if (MHD_get_timeout(daemon_, &timeout) == MHD_YES) {
+  if (MHD_get_timeout(daemon_, &timeout) == MHD_YES && timeout < next) next = timeout;
+  if (next != std::numeric_limits<uint64_t>::max()) {
     uv_timer_start(
         &part_->timer,
         [](uv_timer_t* t) {
           auto* p = static_cast<loop_part*>(t->data);
           if (p->owner != nullptr) p->owner->run_daemon();
         },
-        timeout, 0);
+        next, 0);
   } else {
     uv_timer_stop(&part_->timer);
   }
+}
+
+uint64_t http_endpoint::expire_connections() {
+  const uint64_t now = uv_now(loop_);
+  uint64_t next = std::numeric_limits<uint64_t>::max();
+  for (auto& [connection, d] : deadlines_) {
+    if (d.expired) continue;
+    if (now < d.at_ms) {
+      next = std::min(next, d.at_ms - now);
+      continue;
+    }
+    // Not closed here: the socket is libmicrohttpd's. After the shutdown its next read sees the end
+    // of the stream and it closes the connection itself (the socket's epoll event wakes it).
+    (void)::shutdown(d.fd, SHUT_RDWR);
+    d.expired = true;
+    ++deadline_closes_;
+  }
+  return next;
+}
+
+void http_endpoint::on_connection(void* cls, void* connection, bool started) {
+  auto* self = static_cast<http_endpoint*>(cls);
+  if (!started) {
+    self->deadlines_.erase(connection);
+    return;
+  }
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(static_cast<MHD_Connection*>(connection),
+                                                           MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (info == nullptr) return;
+  deadline& d = self->deadlines_[connection];
+  d.fd = info->connect_fd;
+  d.at_ms = uv_now(self->loop_) + uint64_t{self->limits_.timeout_seconds} * 1000;
 }
 
 int http_endpoint::on_request(void* cls, void* connection, const char* url, const char* method,
@@ -229,6 +274,12 @@ int http_endpoint::on_request(void* cls, void* connection, const char* url, cons
   MHD_add_response_header(resp, "Connection", "close");
   const MHD_Result q = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
   MHD_destroy_response(resp);
+  // The request is complete: the answer gets a deadline of its own (a client that reads it a byte
+  // at a time would otherwise hold the slot, its idle timeout restarting at every byte).
+  const auto it = self->deadlines_.find(connection);
+  if (it != self->deadlines_.end() && !it->second.expired) {
+    it->second.at_ms = uv_now(self->loop_) + uint64_t{self->limits_.timeout_seconds} * 1000;
+  }
   return q;
 }
 
@@ -239,6 +290,7 @@ void http_endpoint::stop() {
   part_ = nullptr;
   MHD_stop_daemon(daemon_);  // closes the listening socket and every connection
   daemon_ = nullptr;
+  deadlines_.clear();
   url_.clear();
   port_ = 0;
 }

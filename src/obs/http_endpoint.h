@@ -1,5 +1,6 @@
 // A small HTTP GET endpoint served from a libuv loop by libmicrohttpd (no thread of its own): the
-// node's /metrics. Bounded: a few concurrent connections, a timeout, no request bodies.
+// node's /metrics. Bounded: a few concurrent connections (a few per client address), a deadline per
+// request, no request bodies.
 #pragma once
 
 #include <uv.h>
@@ -9,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "uvbus/error.h"
 
@@ -39,9 +41,15 @@ errc parse_http_url(std::string_view url, http_url* out, std::string* detail);
 
 // What one endpoint may hold at once (the defaults are what a node uses).
 struct http_limits {
-  unsigned max_connections = 16;     // more wait in the listen backlog (or are refused)
-  unsigned timeout_seconds = 10;     // an idle connection is closed after this
+  unsigned max_connections = 16;  // more wait in the listen backlog (or are refused)
+  // A connection whose request is not complete this long after it was accepted is closed, however
+  // steadily its bytes trickle in; one whose answer is not sent this long after that, too. Also
+  // libmicrohttpd's idle timeout: a connection silent this long is closed.
+  unsigned timeout_seconds = 10;
   size_t connection_memory = 32768;  // per connection: request line, headers, buffers
+  // Connections open at once from one client address (an IPv4 or IPv6 address); more from it
+  // are accepted and closed at once, so one host cannot take every slot. 0: no such limit.
+  unsigned max_per_address = 4;
 };
 
 class http_endpoint {
@@ -58,7 +66,7 @@ class http_endpoint {
   // permission_denied, io_error, wrong_state (already started); *detail says what failed.
   errc start(uv_loop_t* loop, std::string_view url, http_handler handler, std::string* detail);
   // Before start(): other bounds (tests use a short timeout). Errors: wrong_state (started),
-  // invalid_argument (a zero).
+  // invalid_argument (a zero; max_per_address may be 0).
   errc set_limits(const http_limits& limits);
   // Closes the socket and every connection; the loop's handles close asynchronously (run the
   // loop until they have). Idempotent.
@@ -71,11 +79,24 @@ class http_endpoint {
   // Connections open now (at most limits().max_connections).
   [[nodiscard]] unsigned connections() const noexcept;
   [[nodiscard]] const http_limits& limits() const noexcept { return limits_; }
+  // Connections this endpoint closed because their request (or answer) missed its deadline.
+  [[nodiscard]] uint64_t deadline_closes() const noexcept { return deadline_closes_; }
 
   struct loop_part;  // the libuv handles (freed by their close callbacks)
 
  private:
+  // An open connection's socket and the time (uv_now, ms) its request or answer must be done by.
+  struct deadline {
+    int fd = -1;
+    uint64_t at_ms = 0;
+    bool expired = false;  // shut down: libmicrohttpd closes it on its next read
+  };
+
   void run_daemon();
+  // Shuts down the sockets of connections past their deadline; the ms until the next deadline
+  // (UINT64_MAX: none pending).
+  uint64_t expire_connections();
+  static void on_connection(void* cls, void* connection, bool started);
   static int on_request(void* cls, void* connection, const char* url, const char* method,
                         size_t* upload_size, void** state);
 
@@ -87,6 +108,9 @@ class http_endpoint {
   std::string url_;
   std::string path_;
   uint64_t requests_ = 0;
+  uv_loop_t* loop_ = nullptr;
+  std::unordered_map<const void*, deadline> deadlines_;  // by MHD_Connection
+  uint64_t deadline_closes_ = 0;
 };
 
 }  // namespace uvbus::obs

@@ -1,6 +1,7 @@
 // http_endpoint on its own test loop: GET/HEAD, 404 by the handler, 405 and bodies refused, 100
-// clients at once within the connection limit, stalled/garbage/oversized clients, the timeout,
-// stop() with a client connected and a loop that closes cleanly. curl runs on a helper thread.
+// clients at once within the connection limit, stalled/garbage/oversized/slow-byte clients, the
+// idle timeout and the request deadline, the per-address limit, stop() with a client connected and
+// a loop that closes cleanly. curl runs on a helper thread.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -234,7 +236,9 @@ TEST_F(HttpEndpointTest, ServesIpv6) {
 }
 
 TEST_F(HttpEndpointTest, HundredClientsAtOnceStayWithinTheConnectionLimit) {
-  ASSERT_EQ(start(), errc::ok) << why_;
+  http_limits l;
+  l.max_per_address = 0;  // all from loopback: the total limit alone
+  ASSERT_EQ(start(l), errc::ok) << why_;
   const std::string out = serve_while(
       "curl -s --parallel --parallel-immediate --parallel-max 100 -m 60 -o /dev/null "
       "-w '%{http_code}\\n' '" +
@@ -255,7 +259,9 @@ TEST_F(HttpEndpointTest, HundredClientsAtOnceStayWithinTheConnectionLimit) {
 }
 
 TEST_F(HttpEndpointTest, StalledAndGarbageClientsDoNotBlockOthers) {
-  ASSERT_EQ(start(), errc::ok) << why_;
+  http_limits l;
+  l.max_per_address = 0;  // all from loopback: every slot but two taken by one host
+  ASSERT_EQ(start(l), errc::ok) << why_;
   std::vector<std::unique_ptr<raw_client>> silent;
   for (unsigned i = 0; i + 2 < http_endpoint::kMaxConnections; ++i) {
     silent.push_back(std::make_unique<raw_client>(ep_->port()));
@@ -292,6 +298,81 @@ TEST_F(HttpEndpointTest, IdleConnectionsAreClosedByTheTimeout) {
     return std::all_of(silent.begin(), silent.end(), [](auto& c) { return c->closed(); });
   }));
   EXPECT_LE(most_connections_, l.max_connections);
+}
+
+// Slow bytes reset an idle timeout forever: the whole request has a deadline instead (the limit's
+// worth of such clients would otherwise block every scrape).
+TEST_F(HttpEndpointTest, SlowByteClientsAreClosedAtTheRequestDeadline) {
+  http_limits l;
+  l.max_connections = 2;
+  l.timeout_seconds = 1;
+  ASSERT_EQ(start(l), errc::ok) << why_;
+  std::vector<std::unique_ptr<raw_client>> slow;
+  for (unsigned i = 0; i < l.max_connections; ++i) {
+    slow.push_back(std::make_unique<raw_client>(ep_->port()));
+    ASSERT_TRUE(slow.back()->connected());
+    ASSERT_GT(slow.back()->send_some("GET /metrics HTTP/1.1\r\n"), 0);
+  }
+  ASSERT_TRUE(serve_until([&] { return ep_->connections() == l.max_connections; }));
+  // While the scrape waits for a slot, each slow client sends one more header byte every 300 ms.
+  const auto begin = std::chrono::steady_clock::now();
+  auto next = begin;
+  std::vector<std::chrono::steady_clock::duration> lived(slow.size());
+  std::string out;
+  std::atomic<bool> finished{false};
+  std::thread scrape([&] {
+    out = run_command("curl -s -m 60 -w '\\n%{http_code}' '" + ep_->url() + "'");
+    finished = true;
+  });
+  const bool ok = serve_until([&] {
+    const auto now = std::chrono::steady_clock::now();
+    const bool tick = now >= next;
+    if (tick) next = now + std::chrono::milliseconds(300);
+    bool all_closed = true;
+    for (size_t i = 0; i < slow.size(); ++i) {
+      if (lived[i] != std::chrono::steady_clock::duration::zero()) continue;
+      if (slow[i]->closed()) {
+        lived[i] = now - begin;
+        continue;
+      }
+      all_closed = false;
+      if (tick) (void)slow[i]->send_some("X");
+    }
+    return all_closed && finished.load();
+  });
+  scrape.join();
+  ASSERT_TRUE(ok) << "the slow clients kept their slots or the scrape was not answered: " << out;
+  EXPECT_EQ(out.substr(out.rfind('\n') + 1), "200") << out;
+  for (const auto& d : lived) {
+    // About the timeout after they connected; generous for ASan on a shared machine.
+    EXPECT_LT(d, std::chrono::seconds(30));
+  }
+  for (const auto& c : slow) EXPECT_TRUE(c->received().empty()) << c->received();
+  EXPECT_EQ(ep_->deadline_closes(), slow.size());  // the deadline did it, not the idle timeout
+  EXPECT_EQ(fetch(ep_->url()).status, 200);
+}
+
+// One address holds at most max_per_address connections; more from it are closed at once, while
+// the endpoint still has slots for others.
+TEST_F(HttpEndpointTest, OneAddressHoldsAtMostItsShare) {
+  http_limits l;
+  l.max_per_address = 2;
+  ASSERT_EQ(start(l), errc::ok) << why_;
+  std::vector<std::unique_ptr<raw_client>> held;
+  for (unsigned i = 0; i < l.max_per_address; ++i) {
+    held.push_back(std::make_unique<raw_client>(ep_->port()));
+    ASSERT_TRUE(held.back()->connected());
+  }
+  ASSERT_TRUE(serve_until([&] { return ep_->connections() == l.max_per_address; }));
+  raw_client extra(ep_->port());
+  ASSERT_TRUE(extra.connected());  // in the backlog; accepted and closed by the endpoint
+  ASSERT_TRUE(serve_until([&] { return extra.closed(); }));
+  EXPECT_TRUE(extra.received().empty()) << extra.received();
+  EXPECT_EQ(ep_->connections(), l.max_per_address);
+  EXPECT_EQ(fetch(ep_->url()).status, 0);  // curl from the same address: refused too
+  held.clear();
+  ASSERT_TRUE(serve_until([&] { return ep_->connections() == 0; }));
+  EXPECT_EQ(fetch(ep_->url()).status, 200);
 }
 
 TEST_F(HttpEndpointTest, OversizedRequestIsRefusedNotBuffered) {

@@ -280,6 +280,13 @@ TEST(Tool, UsageErrorsExitTwo) {
   EXPECT_EQ(sh(t + " routes 5 --id 5").rc, 2);  // no parent
   EXPECT_EQ(sh(t + " send 5 7 --parent ipv4://127.0.0.1:1 --id 5").rc, 2);
   EXPECT_EQ(sh(t + " metrics ftp://x").rc, 2);
+  // 0 would mean "no timeout" to libcurl: refused as the bus subcommands refuse it.
+  r = sh(t + " metrics http://127.0.0.1:1/metrics --timeout-ms 0");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("bad value '0' for --timeout-ms"), std::string::npos) << r.err;
+  r = sh(t + " routes 5 --parent ipv4://127.0.0.1:1 --id 5 --timeout-ms 0");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("bad value '0' for --timeout-ms"), std::string::npos) << r.err;
   EXPECT_EQ(sh(t + " call 5").rc, 2);
   for (const char* c : {"routes", "counters", "ping", "send", "nodes", "top", "metrics", "shm"}) {
     r = sh(t + " " + c + " --help");

@@ -128,8 +128,14 @@ int metrics_main(int argc, char** argv) {
     }
     if (s == "--json") {
       json = true;
-    } else if (s == "--timeout-ms" && i + 1 < argc && parse_u32(argv[i + 1], &timeout_ms)) {
-      ++i;
+    } else if (s == "--timeout-ms" && i + 1 < argc) {
+      // 0 is no timeout at all to libcurl: refused, as the bus subcommands refuse it.
+      if (!parse_u32(argv[++i], &timeout_ms) || timeout_ms == 0) {
+        std::fprintf(stderr,
+                     "uvbus metrics: bad value '%s' for --timeout-ms (milliseconds, >= 1)\n",
+                     argv[i]);
+        return kExitUsage;
+      }
     } else if (s.rfind("--", 0) != 0 && url == nullptr) {
       url = argv[i];
     } else {

@@ -50,21 +50,23 @@ int session::join(const join_options& o, uvbus::node_callbacks cb) {
                  detail.c_str());
     return kExitUsage;
   }
-  bool up = false;
-  uvbus::errc refused = uvbus::errc::ok;
-  std::string why;
-  cb.on_up = [this, &up](uvbus::bus_id parent) {
+  // The callbacks stay installed on the node after join() returns (a later re-registration, a
+  // failed reconnect, stop() with a registration in flight): they touch members, not this frame.
+  up_ = false;
+  refused_ = uvbus::errc::ok;
+  why_.clear();
+  cb.on_up = [this](uvbus::bus_id parent) {
     parent_ = parent;
-    up = true;
+    up_ = true;
   };
   cb.on_down = [this, user = cb.on_down](uvbus::errc why) {
     if (why == uvbus::errc::closed) stopped_ = true;
     if (user) user(why);
   };
-  cb.on_registration = [&refused, &why](uvbus::errc r, const std::string& d) {
-    if (r != uvbus::errc::ok && refused == uvbus::errc::ok) {
-      refused = r;
-      why = d;
+  cb.on_registration = [this](uvbus::errc r, const std::string& d) {
+    if (r != uvbus::errc::ok && refused_ == uvbus::errc::ok) {
+      refused_ = r;
+      why_ = d;
     }
   };
   node_ = std::make_unique<uvbus::node>(&loop_, o.id, cfg, cb);
@@ -74,12 +76,12 @@ int session::join(const join_options& o, uvbus::node_callbacks cb) {
                  node_->last_error().detail.c_str());
     return kExitJoin;
   }
-  run_until([&] { return up || refused != uvbus::errc::ok; }, o.timeout_ms);
-  if (up) return kExitOk;
-  if (refused == uvbus::errc::ok) refused = uvbus::errc::timeout;
+  run_until([this] { return up_ || refused_ != uvbus::errc::ok; }, o.timeout_ms);
+  if (up_) return kExitOk;
+  const uvbus::errc refused = refused_ == uvbus::errc::ok ? uvbus::errc::timeout : refused_;
   std::fprintf(stderr, "uvbus: could not join the bus at %s as id %#" PRIx64 ": %s%s%s%s\n",
-               o.parent.c_str(), o.id, uvbus::to_string(refused), why.empty() ? "" : " (",
-               why.c_str(), why.empty() ? "" : ")");
+               o.parent.c_str(), o.id, uvbus::to_string(refused), why_.empty() ? "" : " (",
+               why_.c_str(), why_.empty() ? "" : ")");
   if (refused == uvbus::errc::out_of_subnet) {
     std::fprintf(stderr,
                  "uvbus: a tool's id must lie outside the parent's subnets: pass another "

@@ -43,6 +43,10 @@ class session {
   bool stopped_ = false;
   std::unique_ptr<uvbus::node> node_;
   uint64_t parent_ = 0;
+  // What join() waits for, written by the node's callbacks (which outlive join()).
+  bool up_ = false;
+  uvbus::errc refused_ = uvbus::errc::ok;
+  std::string why_;
 };
 
 // A command's outcome.

@@ -1,0 +1,118 @@
+// The uvbus tool's session (tools/uvbus/session.cpp) in-process: what its node's callbacks touch
+// after join() returned, when the parent goes away later (ASan: detect_stack_use_after_return).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common.h"
+#include "session.h"
+#include "test_util.h"
+#include "uvbus/node.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+// A write into a frame that has returned is only caught with fake stack frames: on in this binary
+// whatever ASAN_OPTIONS says (its own options still come after these).
+extern "C" const char* __asan_default_options() {
+  return "detect_stack_use_after_return=1";
+}
+#endif
+
+namespace {
+
+constexpr uint64_t kRoot = 0x10000;
+constexpr uint64_t kToolId = 0xfffe000000000001ULL;
+
+// A root node (id 0x10000, subnets 0x10000/16) on its own thread until stop().
+class root_thread {
+ public:
+  root_thread() {
+    std::promise<std::string> url;
+    auto f = url.get_future();
+    thread_ = std::thread([this, &url] { run(&url); });
+    url_ = f.get();
+  }
+  ~root_thread() { stop(); }
+  root_thread(const root_thread&) = delete;
+  root_thread& operator=(const root_thread&) = delete;
+
+  [[nodiscard]] const std::string& url() const { return url_; }
+  // Destroys the node (its links close) and ends the thread.
+  void stop() {
+    if (!thread_.joinable()) return;
+    uv_async_send(&stop_);
+    thread_.join();
+  }
+
+ private:
+  void run(std::promise<std::string>* url) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bool stopping = false;
+    stop_.data = &stopping;
+    uv_async_init(&loop, &stop_, [](uv_async_t* a) { *static_cast<bool*>(a->data) = true; });
+    uvbus::node_config cfg;
+    cfg.listen = {"ipv4://127.0.0.1:0"};
+    cfg.subnets = {{kRoot, 16}};
+    cfg.child_grace_ms = 0;
+    auto n = std::make_unique<uvbus::node>(&loop, kRoot, cfg, uvbus::node_callbacks{});
+    const bool ok = n->start() == uvbus::errc::ok;
+    url->set_value(ok ? n->listen_urls().at(0) : "");
+    while (!stopping) uv_run(&loop, UV_RUN_ONCE);
+    n.reset();
+    uv_close(reinterpret_cast<uv_handle_t*>(&stop_), nullptr);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+  }
+
+  std::thread thread_;
+  std::string url_;
+  uv_async_t stop_{};
+};
+
+// join() succeeded and returned; then the parent goes away: the link's end and the failed
+// reconnects report to the callbacks join() installed, which must not reach into its old frame.
+TEST(ToolSession, ParentLostAfterJoinTouchesNoReturnedFrame) {
+  root_thread root;
+  ASSERT_FALSE(root.url().empty());
+  uvbus_tool::session s;
+  uvbus_tool::join_options o;
+  o.parent = root.url();
+  o.id = kToolId;
+  ASSERT_EQ(s.join(o, {}), uvbus_tool::kExitOk);
+  EXPECT_EQ(s.parent_id(), kRoot);
+  root.stop();
+  // The node notices the loss and retries; every failed attempt reports a registration result.
+  s.run_until([] { return false; }, 2000);
+  EXPECT_TRUE(s.node().running());
+}
+
+// join() gave up (a parent that accepts and never answers); the link's end later still reports.
+TEST(ToolSession, JoinThatTimedOutTouchesNoReturnedFrame) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof in;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&in), len), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);  // connects complete in the backlog; nobody ever answers
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&in), &len), 0);
+  uvbus_tool::session s;
+  uvbus_tool::join_options o;
+  o.parent = "ipv4://127.0.0.1:" + std::to_string(ntohs(in.sin_port));
+  o.id = kToolId;
+  o.timeout_ms = 200;
+  EXPECT_EQ(s.join(o, {}), uvbus_tool::kExitJoin);
+  ::close(fd);  // the connection in the backlog is reset: the registration attempt fails now
+  s.run_until([] { return false; }, 2000);
+  EXPECT_TRUE(s.node().running());
+}
+
+}  // namespace
