@@ -534,6 +534,8 @@ struct node::impl {
   void expire_queue(pending_queue* q, uint64_t now);
   static void on_idle(uv_idle_t* t);
   void run_deferred();
+  // Stopping: nothing deferred is owed any more, so on_down(closed) may come.
+  bool stop_settled();
 
   // -------------------------------------------------------------------------- start / stop --
   errc start();
