@@ -555,7 +555,7 @@ class node {
   //                      a send the loop refuses (unknown_route, not_connected, a refusal for
   //                      good, ...) is reported with that code; a full link or ring is retried
   //                      when it drains, not reported. Accepted before stop() but not run yet:
-  //                      reported closed. Destroyed first: no report.
+  //                      reported closed, before on_down(closed). Destroyed first: no report.
   //   queue_full         the mailbox is full (post_queue_messages / post_queue_bytes; it stops
   //                      draining while the link is full): retriable
   //   message_too_large  size > message_limit
@@ -567,8 +567,8 @@ class node {
                           const send_options& opt = {}, uint64_t* message_id = nullptr);
   // Runs task on the loop thread, in post order with the messages, as a callback of this node
   // (it may call any node function, and destroy the node). An accepted task runs even after
-  // stop(); none runs after destruction. Errors: invalid_argument (empty task), queue_full,
-  // wrong_state, closed, as above.
+  // stop() (before on_down(closed)); none runs after destruction. Errors: invalid_argument
+  // (empty task), queue_full, wrong_state, closed, as above.
   [[nodiscard]] errc post(std::function<void()> task);
 
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per

@@ -476,6 +476,8 @@ void node::impl::run_deferred() {
     }
     restart_shm_reader();
   }
+  // Posts accepted before stop() are reported (closed), their tasks run, before on_down(closed).
+  if (state == run_state::stopping) drain_posts_for_stop();
   if (!deferred_logs.empty()) {
     auto lines = std::move(deferred_logs);
     deferred_logs.clear();
@@ -543,7 +545,7 @@ void node::impl::run_deferred() {
 
 bool node::impl::stop_settled() {
   return deferred_reports.empty() && deferred_self.empty() && self_replies.empty() &&
-         deferred_call_fail.empty() && fan->finished.empty();
+         deferred_call_fail.empty() && fan->finished.empty() && posts_drained();
 }
 
 }  // namespace uvbus

@@ -527,6 +527,9 @@ struct node::impl {
   static void on_post_async(uv_async_t* a);
   errc run_posted(const uint8_t* at);
   void drain_posts();
+  // Stopping: runs everything the mailbox accepted before stop() (no send can wait any more).
+  void drain_posts_for_stop();
+  bool posts_drained();
 
   // -------------------------------------------------------------------------------- timers --
   static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }

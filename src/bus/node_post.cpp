@@ -162,4 +162,16 @@ void node::impl::drain_posts() {
   if (mbox.items != 0 && mbox.st != detail::mailbox::status::gone) uv_async_send(mbox.async);
 }
 
+bool node::impl::posts_drained() {
+  if (post_offset < post_backlog.size()) return false;
+  std::lock_guard<std::mutex> lock(mbox.mu);
+  return mbox.items == 0;
+}
+
+void node::impl::drain_posts_for_stop() {
+  // The mailbox takes nothing after stop(), and a send no longer meets queue_full (it is refused:
+  // closed), so each round runs a whole batch: this ends.
+  while (!dead && !posts_drained()) drain_posts();
+}
+
 }  // namespace uvbus

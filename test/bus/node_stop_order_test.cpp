@@ -1,11 +1,12 @@
-// stop() settles everything it owes before on_down(closed): the callbacks of open calls and
-// broadcast summaries (also when stop() is called from a callback while the node has no link),
-// so a node destroyed in on_down(closed) loses nothing.
+// stop() settles everything it owes before on_down(closed): posts and tasks accepted before it,
+// the callbacks of open calls and broadcast summaries (also when stop() is called from a callback
+// while the node has no link), so a node destroyed in on_down(closed) loses nothing.
 #include <gtest/gtest.h>
 #include <uv.h>
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bus/bus_harness.h"
@@ -24,8 +25,52 @@ std::string event(const char* what, errc e) {
 
 class NodeStopOrder : public test::bus_fixture {
  protected:
+  // Records every callback of t into events_ as it comes, and destroys t's node in on_down.
+  void record_and_destroy_in_on_down(bus_node* t) {
+    node_callbacks cb = t->callbacks();
+    cb.on_report = [this, t](const delivery_report& r) {
+      t->reports.push_back(r);
+      events_.emplace_back("report");
+    };
+    cb.on_down = [this, t](errc e) {
+      events_.emplace_back(event("down", e));
+      t->n.reset();
+    };
+    ASSERT_EQ(t->n->set_callbacks(cb), errc::ok);
+  }
   std::vector<std::string> events_;
 };
+
+// Posts accepted before stop() are reported (closed) before on_down(closed), even when the loop
+// has not run the mailbox yet.
+TEST_F(NodeStopOrder, PostsAcceptedBeforeStopAreReportedBeforeOnDown) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return p->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(record_and_destroy_in_on_down(p));
+  std::thread([&] {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::ok);
+  }).join();
+  p->n->stop();
+  ASSERT_TRUE(wait([&] { return p->n == nullptr; }));
+  run_for(100ms);
+  ASSERT_EQ(p->reports.size(), 3u);
+  for (const auto& r : p->reports) EXPECT_EQ(r.status, errc::closed);
+  EXPECT_EQ(events_, (std::vector<std::string>{"report", "report", "report", "down:closed"}));
+}
+
+// A task accepted before stop() runs (it "runs even after stop()") before on_down(closed).
+TEST_F(NodeStopOrder, TaskAcceptedBeforeStopRunsBeforeOnDown) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return p->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(record_and_destroy_in_on_down(p));
+  std::thread([&] {
+    EXPECT_EQ(p->n->post([this] { events_.emplace_back("task"); }), errc::ok);
+  }).join();
+  p->n->stop();
+  ASSERT_TRUE(wait([&] { return p->n == nullptr; }));
+  run_for(100ms);
+  EXPECT_EQ(events_, (std::vector<std::string>{"task", "down:closed"}));
+}
 
 // stop() from on_report on a node with no link: the open call's callback (closed) still runs,
 // once, before on_down(closed).
