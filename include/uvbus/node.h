@@ -148,8 +148,8 @@ struct node_config {
   double reconnect_jitter = 0.2;
   // node::post()'s mailbox (shared by every posting thread): at most this many messages and tasks
   // and this many bytes (each message: its payload rounded up to 8, plus 64; each task: 64)
-  // waiting for the loop; beyond either, post() returns queue_full. It must hold one message of
-  // message_limit.
+  // waiting for the loop, those of a batch the loop stopped on a full link included; beyond
+  // either, post() returns queue_full. It must hold one message of message_limit.
   size_t post_queue_messages = 65536;
   size_t post_queue_bytes = size_t{8} << 20;
   // What an ok report means; see delivery_mode. Every node of a bus speaks flows (protocol

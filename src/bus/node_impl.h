@@ -517,11 +517,14 @@ struct node::impl {
   size_t post_offset = 0;
   std::vector<std::function<void()>> post_tasks;
   size_t post_task_next = 0;
+  size_t post_batch_items = 0;  // records in post_backlog, and how many of them have run
+  size_t post_batch_done = 0;
   bool post_blocked = false;  // a posted message met queue_full: retry on writable / tick
   errc post_message(bus_id target, uint32_t type, const void* data, size_t size,
                     const send_options& opt, uint64_t* message_id);
   errc post_task(std::function<void()> task);
   errc mailbox_refusal() const;
+  bool mailbox_full(size_t need) const;
   void mailbox_append(const void* rec, const void* data, size_t size);
   void close_mailbox(detail::mailbox::status st);
   static void on_post_async(uv_async_t* a);
