@@ -148,8 +148,8 @@ struct node_config {
   double reconnect_jitter = 0.2;
   // node::post()'s mailbox (shared by every posting thread): at most this many messages and tasks
   // and this many bytes (each message: its payload rounded up to 8, plus 64; each task: 64)
-  // waiting for the loop; beyond either, post() returns queue_full. It must hold one message of
-  // message_limit.
+  // waiting for the loop, those of a batch the loop stopped on a full link included; beyond
+  // either, post() returns queue_full. It must hold one message of message_limit.
   size_t post_queue_messages = 65536;
   size_t post_queue_bytes = size_t{8} << 20;
   // What an ok report means; see delivery_mode. Every node of a bus speaks flows (protocol
@@ -556,7 +556,7 @@ class node {
   //                      a send the loop refuses (unknown_route, not_connected, a refusal for
   //                      good, ...) is reported with that code; a full link or ring is retried
   //                      when it drains, not reported. Accepted before stop() but not run yet:
-  //                      reported closed. Destroyed first: no report.
+  //                      reported closed, before on_down(closed). Destroyed first: no report.
   //   queue_full         the mailbox is full (post_queue_messages / post_queue_bytes; it stops
   //                      draining while the link is full): retriable
   //   message_too_large  size > message_limit
@@ -568,8 +568,8 @@ class node {
                           const send_options& opt = {}, uint64_t* message_id = nullptr);
   // Runs task on the loop thread, in post order with the messages, as a callback of this node
   // (it may call any node function, and destroy the node). An accepted task runs even after
-  // stop(); none runs after destruction. Errors: invalid_argument (empty task), queue_full,
-  // wrong_state, closed, as above.
+  // stop() (before on_down(closed)); none runs after destruction. Errors: invalid_argument
+  // (empty task), queue_full, wrong_state, closed, as above.
   [[nodiscard]] errc post(std::function<void()> task);
 
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per

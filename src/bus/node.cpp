@@ -367,6 +367,10 @@ void node::impl::finish_stop() {
   auto cmds = std::move(deferred_cmd_fail);
   deferred_cmd_fail.clear();
   for (auto& cb : cmds) fire(cb, errc::closed, nullptr, size_t{0});
+  // Each accepted call and broadcast has its one outcome before on_down (run_deferred() waited
+  // for them; this is for any a callback just above left).
+  run_deferred_calls();
+  detail::fan_run_deferred(*this);
   fire(cbs.on_down, errc::closed);
 }
 

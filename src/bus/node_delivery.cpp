@@ -476,6 +476,8 @@ void node::impl::run_deferred() {
     }
     restart_shm_reader();
   }
+  // Posts accepted before stop() are reported (closed), their tasks run, before on_down(closed).
+  if (state == run_state::stopping) drain_posts_for_stop();
   if (!deferred_logs.empty()) {
     auto lines = std::move(deferred_logs);
     deferred_logs.clear();
@@ -528,15 +530,22 @@ void node::impl::run_deferred() {
       deferred_reports.swap(rs);  // keep the capacity: no allocation per message
     }
   }
-  if (stop_done_pending) {
+  // on_down(closed) comes after everything owed: what a callback above deferred (stop() from
+  // on_report fails the open calls and broadcasts) first gets another round.
+  if (stop_done_pending && !dead && stop_settled()) {
     stop_done_pending = false;
     finish_stop();
   }
   if (deferred_reports.empty() && deferred_self.empty() && self_replies.empty() &&
-      deferred_logs.empty() && shm_overflow.empty() && !deferred_up && !stop_done_pending &&
-      h != nullptr) {
+      deferred_call_fail.empty() && fan->finished.empty() && deferred_logs.empty() &&
+      shm_overflow.empty() && !deferred_up && !stop_done_pending && h != nullptr) {
     uv_idle_stop(&h->idle);
   }
+}
+
+bool node::impl::stop_settled() {
+  return deferred_reports.empty() && deferred_self.empty() && self_replies.empty() &&
+         deferred_call_fail.empty() && fan->finished.empty() && posts_drained();
 }
 
 }  // namespace uvbus

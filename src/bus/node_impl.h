@@ -517,16 +517,22 @@ struct node::impl {
   size_t post_offset = 0;
   std::vector<std::function<void()>> post_tasks;
   size_t post_task_next = 0;
+  size_t post_batch_items = 0;  // records in post_backlog, and how many of them have run
+  size_t post_batch_done = 0;
   bool post_blocked = false;  // a posted message met queue_full: retry on writable / tick
   errc post_message(bus_id target, uint32_t type, const void* data, size_t size,
                     const send_options& opt, uint64_t* message_id);
   errc post_task(std::function<void()> task);
   errc mailbox_refusal() const;
+  bool mailbox_full(size_t need) const;
   void mailbox_append(const void* rec, const void* data, size_t size);
   void close_mailbox(detail::mailbox::status st);
   static void on_post_async(uv_async_t* a);
   errc run_posted(const uint8_t* at);
   void drain_posts();
+  // Stopping: runs everything the mailbox accepted before stop() (no send can wait any more).
+  void drain_posts_for_stop();
+  bool posts_drained();
 
   // -------------------------------------------------------------------------------- timers --
   static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }
@@ -534,6 +540,8 @@ struct node::impl {
   void expire_queue(pending_queue* q, uint64_t now);
   static void on_idle(uv_idle_t* t);
   void run_deferred();
+  // Stopping: nothing deferred is owed any more, so on_down(closed) may come.
+  bool stop_settled();
 
   // -------------------------------------------------------------------------- start / stop --
   errc start();

@@ -31,6 +31,12 @@ errc node::impl::mailbox_refusal() const {
   return mbox.st == detail::mailbox::status::not_started ? errc::wrong_state : errc::closed;
 }
 
+// Under mbox.mu. A batch the loop could not finish (held_*) counts with what waits in the mailbox.
+bool node::impl::mailbox_full(size_t need) const {
+  return mbox.items + mbox.held_items >= cfg.post_queue_messages ||
+         mbox.bytes.size() + mbox.held_bytes + need > cfg.post_queue_bytes;
+}
+
 void node::impl::mailbox_append(const void* rec, const void* data, size_t size) {
   const size_t off = mbox.bytes.size();
   mbox.bytes.resize(off + detail::post_item_bytes(size));
@@ -47,9 +53,7 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
   const size_t need = detail::post_item_bytes(size);
   std::lock_guard<std::mutex> lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
-  if (mbox.items >= cfg.post_queue_messages || mbox.bytes.size() + need > cfg.post_queue_bytes) {
-    return errc::queue_full;
-  }
+  if (mailbox_full(need)) return errc::queue_full;
   post_record r;
   r.seq = next_seq.fetch_add(1, std::memory_order_relaxed);
   r.target = target;
@@ -69,10 +73,7 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
 errc node::impl::post_task(std::function<void()> task) {
   std::lock_guard<std::mutex> lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
-  if (mbox.items >= cfg.post_queue_messages ||
-      mbox.bytes.size() + detail::kPostRecordBytes > cfg.post_queue_bytes) {
-    return errc::queue_full;
-  }
+  if (mailbox_full(detail::kPostRecordBytes)) return errc::queue_full;
   mbox.tasks.push_back(std::move(task));
   post_record r;
   r.task = 1;
@@ -136,6 +137,8 @@ void node::impl::drain_posts() {
     if (mbox.items == 0) return;
     post_backlog.swap(mbox.bytes);  // both keep their capacity: no allocation in steady state
     post_tasks.swap(mbox.tasks);
+    post_batch_items = mbox.items;
+    post_batch_done = 0;
     mbox.items = 0;
   }
   post_blocked = false;
@@ -146,20 +149,39 @@ void node::impl::drain_posts() {
     std::memcpy(&r, at, sizeof r);
     if (r.task != 0) {
       post_offset += sizeof r;
+      ++post_batch_done;
       const std::function<void()> task = std::move(post_tasks[post_task_next++]);
       fire(task);
       continue;
     }
     if (run_posted(at) == errc::queue_full) {
       post_blocked = true;  // retried when a link drains (s_writable) or at the next tick
+      std::lock_guard<std::mutex> lock(mbox.mu);
+      mbox.held_items = post_batch_items - post_batch_done;
+      mbox.held_bytes = post_backlog.size() - post_offset;
       return;
     }
     post_offset += detail::post_item_bytes(r.size);
+    ++post_batch_done;
   }
   // Posts that arrived while this batch ran (or while it waited for a full link) did not wake the
   // loop (the mailbox was not empty): come back for them after the loop's next round of I/O.
   std::lock_guard<std::mutex> lock(mbox.mu);
+  mbox.held_items = 0;
+  mbox.held_bytes = 0;
   if (mbox.items != 0 && mbox.st != detail::mailbox::status::gone) uv_async_send(mbox.async);
+}
+
+bool node::impl::posts_drained() {
+  if (post_offset < post_backlog.size()) return false;
+  std::lock_guard<std::mutex> lock(mbox.mu);
+  return mbox.items == 0;
+}
+
+void node::impl::drain_posts_for_stop() {
+  // The mailbox takes nothing after stop(), and a send no longer meets queue_full (it is refused:
+  // closed), so each round runs a whole batch: this ends.
+  while (!dead && !posts_drained()) drain_posts();
 }
 
 }  // namespace uvbus

@@ -225,6 +225,9 @@ struct mailbox {
   std::vector<uint8_t> bytes;
   std::vector<std::function<void()>> tasks;
   size_t items = 0;  // records in bytes
+  // What a swapped-out batch stuck on a full queue still holds: it counts against the bounds.
+  size_t held_items = 0;
+  size_t held_bytes = 0;
   uv_async_t* async = nullptr;
 };
 

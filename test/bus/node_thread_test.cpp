@@ -256,6 +256,31 @@ TEST_F(NodeThreadTest, TheSmallestPostQueueHoldsOneLargestMessage) {
   ASSERT_TRUE(wait([&] { return ran == 16; }));
 }
 
+// A batch the loop took from the mailbox but could not finish (its link's queue is full) still
+// counts against post_queue_messages: the mailbox does not take another full quota meanwhile.
+TEST_F(NodeThreadTest, ABatchStuckOnAFullQueueCountsAgainstThePostQueue) {
+  node_config cfg = fast_config("ipv4://127.0.0.1:1");  // a parent that is never there
+  cfg.pending_max_messages = 1;                         // one message waits for it, no more
+  cfg.pending_timeout_ms = 60000;
+  cfg.post_queue_messages = 4;
+  cfg.stop_flush_ms = 0;  // nothing went out: stop() need not wait for acknowledgements
+  bus_node* c = make(0x101, cfg);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c->n->post(0x200, 1, "x", 1), errc::ok);
+  EXPECT_EQ(c->n->post(0x200, 1, "x", 1), errc::queue_full);
+  // The loop takes all four: the first waits for the parent, the second meets queue_full.
+  ASSERT_TRUE(wait([&] { return c->n->counters().pending_now == 1; }));
+  int accepted = 0;
+  for (int i = 0; i < 8; ++i) accepted += c->n->post(0x200, 1, "x", 1) == errc::ok ? 1 : 0;
+  EXPECT_EQ(accepted, 1);  // three still wait in the batch
+  run_for(50ms);           // the batch is retried (tick): still stuck, still counted
+  accepted = 0;
+  for (int i = 0; i < 8; ++i) accepted += c->n->post(0x200, 1, "x", 1) == errc::ok ? 1 : 0;
+  EXPECT_EQ(accepted, 0);
+  c->n->stop();  // everything accepted is reported closed
+  ASSERT_TRUE(wait([&] { return !c->downs.empty(); }));
+  EXPECT_EQ(c->reports.size(), 5u);
+}
+
 // stop() with posts not yet run: each still gets exactly one report (closed); accepted tasks run.
 TEST_F(NodeThreadTest, StopWithPostsInFlightReportsEachClosed) {
   bus_node* p = make_root(0x100, {{0x100, 8}});

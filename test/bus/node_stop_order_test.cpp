@@ -1,0 +1,137 @@
+// stop() settles everything it owes before on_down(closed): posts and tasks accepted before it,
+// the callbacks of open calls and broadcast summaries (also when stop() is called from a callback
+// while the node has no link), so a node destroyed in on_down(closed) loses nothing.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bus/bus_harness.h"
+
+namespace uvbus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::bus_node;
+using test::fast_config;
+
+// "what:closed" for errc::closed, else "what:" and the error's text.
+std::string event(const char* what, errc e) {
+  return std::string(what) + ":" + (e == errc::closed ? "closed" : to_string(e));
+}
+
+class NodeStopOrder : public test::bus_fixture {
+ protected:
+  // Records every callback of t into events_ as it comes, and destroys t's node in on_down.
+  void record_and_destroy_in_on_down(bus_node* t) {
+    node_callbacks cb = t->callbacks();
+    cb.on_report = [this, t](const delivery_report& r) {
+      t->reports.push_back(r);
+      events_.emplace_back("report");
+    };
+    cb.on_down = [this, t](errc e) {
+      events_.emplace_back(event("down", e));
+      t->n.reset();
+    };
+    ASSERT_EQ(t->n->set_callbacks(cb), errc::ok);
+  }
+  std::vector<std::string> events_;
+};
+
+// Posts accepted before stop() are reported (closed) before on_down(closed), even when the loop
+// has not run the mailbox yet.
+TEST_F(NodeStopOrder, PostsAcceptedBeforeStopAreReportedBeforeOnDown) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return p->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(record_and_destroy_in_on_down(p));
+  std::thread([&] {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::ok);
+  }).join();
+  p->n->stop();
+  ASSERT_TRUE(wait([&] { return p->n == nullptr; }));
+  run_for(100ms);
+  ASSERT_EQ(p->reports.size(), 3u);
+  for (const auto& r : p->reports) EXPECT_EQ(r.status, errc::closed);
+  EXPECT_EQ(events_, (std::vector<std::string>{"report", "report", "report", "down:closed"}));
+}
+
+// A task accepted before stop() runs (it "runs even after stop()") before on_down(closed).
+TEST_F(NodeStopOrder, TaskAcceptedBeforeStopRunsBeforeOnDown) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return p->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(record_and_destroy_in_on_down(p));
+  std::thread([&] {
+    EXPECT_EQ(p->n->post([this] { events_.emplace_back("task"); }), errc::ok);
+  }).join();
+  p->n->stop();
+  ASSERT_TRUE(wait([&] { return p->n == nullptr; }));
+  run_for(100ms);
+  EXPECT_EQ(events_, (std::vector<std::string>{"task", "down:closed"}));
+}
+
+// stop() from on_report on a node with no link: the open call's callback (closed) still runs,
+// once, before on_down(closed).
+TEST_F(NodeStopOrder, StopFromOnReportRunsAnOpenCallsCallbackBeforeOnDown) {
+  bus_node* r = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return r->ups == 1; }));
+  node_callbacks cb = r->callbacks();
+  cb.on_data = [](bus_id, uint32_t, const uint8_t*, size_t) {};  // requests are ignored
+  cb.on_report = [this, r](const delivery_report&) {
+    events_.emplace_back("report");
+    r->n->stop();
+  };
+  cb.on_down = [this, r](errc e) {
+    events_.emplace_back(event("down", e));
+    r->n.reset();
+  };
+  ASSERT_EQ(r->n->set_callbacks(cb), errc::ok);
+  ASSERT_EQ(r->n->call(0x100, 5, "q", 1, 60000,
+                       [this](const call_result& res) {
+                         events_.emplace_back(event("call", res.status));
+                       }),
+            errc::ok);
+  ASSERT_EQ(send_str(r, 0x100, 1, "x"), errc::ok);
+  ASSERT_TRUE(wait([&] { return r->n == nullptr; }));
+  run_for(100ms);
+  EXPECT_EQ(events_, (std::vector<std::string>{"report", "call:closed", "down:closed"}));
+}
+
+// The same for a broadcast summary: the broadcast waits for a target whose link went away (it
+// speaks protocol version 5: no copy was sent), so the node is alone when on_report stops it.
+TEST_F(NodeStopOrder, StopFromOnReportRunsABroadcastSummaryBeforeOnDown) {
+  node_config rc = fast_config();
+  rc.type = "root";
+  bus_node* r = make_root(0x1000, {{0x1000, 8}}, rc);
+  node_config lc = fast_config();
+  lc.type = "logic";
+  lc.protocol_max = 5;
+  bus_node* l = make_child(0x1001, r, {}, lc);
+  ASSERT_TRUE(wait([&] { return l->ups == 1 && r->n->directory().size() == 2; }));
+  ASSERT_EQ(r->n->broadcast(broadcast_target::of_type("logic"), 1, "b", 1, 60000,
+                            [this](const broadcast_report& rep) {
+                              events_.emplace_back(event("broadcast", rep.status));
+                            }),
+            errc::ok);
+  destroy(l);
+  ASSERT_TRUE(wait([&] { return !r->removed.empty(); }));  // r has no link any more
+  node_callbacks cb = r->callbacks();
+  cb.on_report = [this, r](const delivery_report&) {
+    events_.emplace_back("report");
+    r->n->stop();
+  };
+  cb.on_down = [this, r](errc e) {
+    events_.emplace_back(event("down", e));
+    r->n.reset();
+  };
+  ASSERT_EQ(r->n->set_callbacks(cb), errc::ok);
+  ASSERT_EQ(send_str(r, 0x1000, 1, "x"), errc::ok);
+  ASSERT_TRUE(wait([&] { return r->n == nullptr; }));
+  run_for(100ms);
+  EXPECT_EQ(events_, (std::vector<std::string>{"report", "broadcast:closed", "down:closed"}));
+}
+
+}  // namespace
+}  // namespace uvbus
