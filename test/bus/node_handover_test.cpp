@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "bus/bus_harness.h"
+#include "bus/node_types.h"
 #include "uvbus/handover.h"
 #include "uvbus/stream.h"
 
@@ -110,8 +111,8 @@ TEST_F(NodeHandoverTest, ParentHandsItsListenersOverAndNoConnectionIsRefused) {
   ASSERT_EQ(got_e, errc::ok) << got_why;
   for (const inherited_listener& l : give.listeners) ::close(l.fd);
   ASSERT_EQ(got.listeners.size(), 2u);
-  EXPECT_EQ(got.listeners[0].url, urls[1]);  // detached in reverse order
-  EXPECT_EQ(got.listeners[1].url, urls[0]);
+  EXPECT_EQ(got.listeners[0].url, urls[0]);  // detached in listen order
+  EXPECT_EQ(got.listeners[1].url, urls[1]);
   EXPECT_EQ(got.flow_positions, give.flow_positions);
 
   node_config c2 = pc_;
@@ -168,6 +169,65 @@ TEST_F(NodeHandoverTest, AnInheritedSocketThatDoesNotFitIsRefusedAndClosed) {
   EXPECT_NE(u->n->last_error().detail.find("bound to port"), std::string::npos)
       << u->n->last_error().detail;
   EXPECT_FALSE(fd_is_open(out[0].fd));
+}
+
+// A port the OS had free a moment ago (bound and closed; nothing connected, so no TIME_WAIT).
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof in;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&in), sizeof in), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&in), &len), 0);
+  ::close(fd);
+  return ntohs(in.sin_port);
+}
+
+uint16_t port_of(const std::string& url) {
+  return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+}
+
+// A port-0 URL before a fixed-port URL on the same host: each gets its own socket back (the fixed
+// port its exact match, the port-0 URL what is left), whatever the order they were detached in.
+TEST_F(NodeHandoverTest, PortZeroAndFixedPortListenersEachAdoptTheirOwnSocket) {
+  node_config c = fast_config();
+  c.listen = {"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:" + std::to_string(free_port())};
+  bus_node* a = make(0x42, c);
+  const std::vector<std::string> urls = a->n->listen_urls();
+  ASSERT_EQ(urls.size(), 2u);
+  std::vector<inherited_listener> out;
+  ASSERT_EQ(a->n->detach_listeners(&out), errc::ok);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].url, urls[0]);  // in listen order
+  EXPECT_EQ(out[1].url, urls[1]);
+  a->n->stop();
+  destroy(a);
+  c.inherit_listeners = out;
+  bus_node* b = make(0x42, c, false);
+  ASSERT_EQ(b->n->start(), errc::ok) << b->n->last_error().detail;
+  EXPECT_EQ(b->n->listen_urls(), urls);
+  // Both sockets are adopted and listening (the port-0 one was not closed).
+  for (const std::string& u : urls) {
+    int fd = -1;
+    EXPECT_EQ(probe_connect(port_of(u), {}, &fd), 0) << u;
+    ::close(fd);
+  }
+  destroy(b);
+  for (const inherited_listener& l : out) EXPECT_FALSE(fd_is_open(l.fd));
+}
+
+// Reversed inherited order and a dns:// URL: exact ports first, wildcards take what is left.
+TEST(NodeHandoverConfig, InheritedSocketsAreMatchedExactFirstThenByPortZero) {
+  const std::vector<std::string> listen = {"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:7",
+                                           "dns://localhost:9", "ipv4://127.0.0.1:0"};
+  const std::vector<inherited_listener> in = {
+      {"ipv4://127.0.0.1:9", 3}, {"ipv4://127.0.0.1:7", 4}, {"ipv4://127.0.0.1:5", 5}};
+  EXPECT_EQ(detail::match_inherited(listen, in), (std::vector<int>{2, 1, 0, -1}));
+  EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:0"}, in),
+            (std::vector<int>{0, 1}));
+  EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:8"}, in), (std::vector<int>{-1}));
+  EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:7"}, {}), (std::vector<int>{-1}));
 }
 
 TEST(NodeHandoverConfig, InheritedSocketsMustNameAListenUrl) {
