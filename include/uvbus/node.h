@@ -225,7 +225,8 @@ struct node_config {
   bool keep_shm_inbox = false;
   // Planned restart: node::flow_positions() of the previous process of this id, taken after its
   // stop(): this node starts with them, so messages its sources send again (those the previous
-  // process delivered but had not acknowledged) are recognised as duplicates. Empty: none.
+  // process delivered but had not acknowledged) are recognised as duplicates. Each position
+  // counts as heard from at start() (then kept like any silent flow's). Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
   // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an

@@ -230,6 +230,25 @@ TEST(NodeHandoverConfig, InheritedSocketsAreMatchedExactFirstThenByPortZero) {
   EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:7"}, {}), (std::vector<int>{-1}));
 }
 
+// Flow positions inherited by a node started long after its loop last updated its time (the new
+// process blocked in handover_receive()) are kept, not forgotten as idle at the first tick.
+TEST_F(NodeHandoverTest, InheritedFlowPositionsSurviveAStaleLoopClock) {
+  std::vector<uint8_t> blob(4 + 24, 0);
+  blob[0] = 1;     // one entry
+  blob[4] = 0x42;  // source 0x42
+  blob[12] = 7;    // epoch 7
+  blob[20] = 99;   // through 99
+  node_config c = fast_config();
+  c.flow_idle_ms = 1000;
+  c.delivery_timeout_ms = 500;
+  c.inherit_flow_positions = blob;
+  // On purpose: the loop's cached time (set when the fixture initialised it) goes stale.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  bus_node* b = make(0x100, c);
+  run_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(b->n->flow_positions(), blob);
+}
+
 TEST(NodeHandoverConfig, InheritedSocketsMustNameAListenUrl) {
   node_config c = fast_config();
   std::string why;
