@@ -4,13 +4,17 @@
 // partners give clear errors.
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <thread>
 
 #include "bus/bus_harness.h"
+#include "bus/handover_check.h"
 #include "bus/node_types.h"
 #include "uvbus/handover.h"
 #include "uvbus/stream.h"
@@ -305,6 +309,81 @@ TEST(Handover, GarbageIsRefusedAndItsSocketsClosed) {
   EXPECT_EQ(ack, 1);  // refused
   ::close(fd);
   EXPECT_TRUE(st.listeners.empty());
+}
+
+TEST(Handover, APeerOfAnotherUserIsNotTrusted) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  std::string why;
+  EXPECT_EQ(detail::check_peer_owner(sv[0], ::geteuid(), "/p", &why), errc::ok) << why;
+  EXPECT_EQ(detail::check_peer_owner(sv[0], ::geteuid() + 1, "/p", &why), errc::permission_denied);
+  EXPECT_NE(why.find("uid " + std::to_string(::geteuid())), std::string::npos) << why;
+  EXPECT_NE(why.find("/p"), std::string::npos) << why;
+  const int plain = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // no peer credentials
+  EXPECT_NE(detail::check_peer_owner(plain, ::geteuid(), "/p", &why), errc::ok);
+  ::close(plain);
+  ::close(sv[0]);
+  ::close(sv[1]);
+}
+
+// Run in a forked child (another user listening at path, mode 0777): accepts one connection,
+// reads what comes with its fds, acknowledges it, writes the number of fds received to `report`.
+[[noreturn]] void foreign_receiver(const std::string& path, int report) {
+  int got = -1;
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::snprintf(un.sun_path, sizeof un.sun_path, "%s", path.c_str());
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  pollfd p{s, POLLIN, 0};
+  if (::setuid(65534) == 0 && ::bind(s, reinterpret_cast<sockaddr*>(&un), sizeof un) == 0 &&
+      ::chmod(path.c_str(), 0777) == 0 && ::listen(s, 4) == 0 && ::poll(&p, 1, 30000) == 1) {
+    const int c = ::accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
+    uint8_t head[12];
+    iovec iov{head, sizeof head};
+    alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    got = 0;
+    if (::recvmsg(c, &m, MSG_CMSG_CLOEXEC) > 0) {
+      for (cmsghdr* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
+        got += static_cast<int>((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      }
+      const uint8_t ack = 0;
+      (void)::send(c, &ack, 1, MSG_NOSIGNAL);
+    }
+  }
+  (void)::write(report, &got, sizeof got);
+  ::_exit(0);
+}
+
+// Another user who pre-creates the receiver's socket gets nothing: the sender checks the peer.
+TEST(Handover, TheSenderRefusesAReceiverOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a receiver as another user";
+  const std::string path = temp_path("handover-foreign.ctl");
+  int report[2];
+  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) foreign_receiver(path, report[1]);
+  ::close(report[1]);
+  handover_state st;
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  st.listeners = {{"ipv4://127.0.0.1:1", lfd}};
+  std::string why;
+  EXPECT_EQ(handover_send(path, st, 30000, &why), errc::permission_denied) << why;
+  EXPECT_NE(why.find("uid 65534"), std::string::npos) << why;
+  EXPECT_NE(why.find(path), std::string::npos) << why;
+  int got = -1;
+  EXPECT_EQ(::read(report[0], &got, sizeof got), static_cast<ssize_t>(sizeof got));
+  EXPECT_EQ(got, 0) << "the foreign receiver got the listening socket";
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  ::close(report[0]);
+  ::close(lfd);
+  ::unlink(path.c_str());
 }
 
 TEST(Handover, StreamListenerMovesBetweenChannelsWithItsBacklog) {
