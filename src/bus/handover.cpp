@@ -303,10 +303,10 @@ errc listen_at(const sockaddr_un& sun, int* out, std::string* detail) {
 // Reads one hand-over message from the connected sender c into *out (fds owned by *out).
 errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
   std::vector<int> fds;
-  uint8_t head[kHeader];
+  uint8_t head[kHeader] = {};
   errc e = read_all(c, head, kHeader, deadline, &fds, detail);
-  const size_t count = head[5];
-  const size_t body_len = load_le32(head + 8);
+  const size_t count = e == errc::ok ? head[5] : 0;
+  const size_t body_len = e == errc::ok ? load_le32(head + 8) : 0;
   if (e == errc::ok && (std::memcmp(head, kMagic, 4) != 0 || head[4] != kVersion ||
                         count > kMaxSockets || body_len > kMaxBody)) {
     e = say(detail, errc::protocol_error, "handover: not a version-1 hand-over message");
@@ -360,7 +360,15 @@ errc handover_receive(const std::string& path, int timeout_ms, handover_state* o
       return say(detail, errc::timeout, why);
     }
     const fd_guard c(::accept4(s.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (c.fd < 0) continue;
+    if (c.fd < 0) {
+      // A sender that went, or a signal: wait for the next. Anything else (out of fds or
+      // memory) would fail again at once for as long as the sender waits: give up with it.
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ||
+          errno == EPROTO) {
+        continue;
+      }
+      return say(detail, errc::io_error, sys(("handover: accept at " + path).c_str()));
+    }
     std::string why;
     if (detail::check_peer_owner(c.fd, ::geteuid(), path, &why) != errc::ok) {
       // Not ours to trust: ignore it and keep waiting for the real sender.

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -384,6 +385,70 @@ TEST(Handover, TheSenderRefusesAReceiverOfAnotherUser) {
   ::close(report[0]);
   ::close(lfd);
   ::unlink(path.c_str());
+}
+
+// Run in a forked child: with every fd slot taken but one (the receiver's socket), accept fails
+// with EMFILE while a sender waits; writes the result and its detail to `report`.
+[[noreturn]] void receiver_out_of_fds(const std::string& path, int report) {
+  rlimit lim{256, 256};
+  (void)::setrlimit(RLIMIT_NOFILE, &lim);
+  int last = -1;
+  for (int f; (f = ::dup(report)) >= 0;) last = f;
+  ::close(last);
+  handover_state st;
+  std::string why;
+  const errc e = handover_receive(path, 5000, &st, &why);
+  const std::string msg = std::to_string(static_cast<int>(e)) + " " + why;
+  (void)::write(report, msg.data(), msg.size());
+  ::_exit(0);
+}
+
+// A receiver that can not accept (out of fds) fails with the reason instead of spinning on the
+// waiting connection until its deadline.
+TEST(Handover, AReceiverOutOfFdsFailsWithTheReason) {
+  const std::string path = temp_path("handover-emfile.ctl");
+  int report[2];
+  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) receiver_out_of_fds(path, report[1]);
+  ::close(report[1]);
+  int fd = -1;
+  while (probe_connect(0, path, &fd) != 0) {
+    ::close(fd);
+    std::this_thread::yield();
+  }
+  std::string msg;
+  char buf[512];
+  for (ssize_t r; (r = ::read(report[0], buf, sizeof buf)) > 0;) msg.append(buf, r);
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  ::close(report[0]);
+  ::close(fd);
+  EXPECT_EQ(msg.substr(0, msg.find(' ')), std::to_string(static_cast<int>(errc::io_error))) << msg;
+  EXPECT_NE(msg.find("accept"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::strerror(EMFILE)), std::string::npos) << msg;
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
+// A sender that connects and goes before a whole header: a clear timeout, nothing adopted.
+TEST(Handover, ASenderGoneMidHeaderIsAClearError) {
+  const std::string path = temp_path("handover-short.ctl");
+  handover_state st;
+  std::string why;
+  errc e = errc::ok;
+  std::thread receiver([&] { e = handover_receive(path, 30000, &st, &why); });
+  int fd = -1;
+  while (probe_connect(0, path, &fd) != 0) {
+    ::close(fd);
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(::send(fd, "UVB", 3, MSG_NOSIGNAL), 3);
+  ::close(fd);
+  receiver.join();
+  EXPECT_EQ(e, errc::timeout);
+  EXPECT_NE(why.find("closed mid-message"), std::string::npos) << why;
+  EXPECT_TRUE(st.listeners.empty());
 }
 
 TEST(Handover, StreamListenerMovesBetweenChannelsWithItsBacklog) {
