@@ -31,21 +31,25 @@ struct handover_state {
 };
 
 // The new process: creates a unix socket at `path` (mode 0600; a stale file is replaced, a path
-// another live receiver listens on gives address_in_use), waits up to timeout_ms for one sender,
-// checks that it runs as the same user, receives its state (the fds become this process's and
-// *out owns them) and acknowledges; the socket file is removed before returning. Errors (detail,
-// if given, says what was wrong): invalid_argument (path too long, out null), timeout (no sender
-// in time, or it stopped mid-way), permission_denied (a sender of another user), protocol_error
-// (not a hand-over message, more sockets than announced, oversize), and the system's errors.
+// another live receiver listens on gives address_in_use), waits up to timeout_ms for one sender
+// of its own user (SO_PEERCRED; a sender of another user is ignored, and named in the timeout's
+// detail), receives its state (the fds become this process's and *out owns them) and
+// acknowledges; the socket file is removed before returning. Errors (detail, if given, says what
+// was wrong): invalid_argument (path too long, out null), timeout (no sender in time, or it
+// stopped mid-way), protocol_error (not a hand-over message, more sockets than announced,
+// oversize), io_error (accepting failed other than transiently, e.g. out of fds: at once, not at
+// the deadline), and the system's errors.
 [[nodiscard]] errc handover_receive(const std::string& path, int timeout_ms, handover_state* out,
                                     std::string* detail = nullptr);
 
 // The old process: connects to the receiver at `path` (retrying until it is there or timeout_ms
-// passes), sends the state and waits for the receiver's acknowledgement. The fds stay the caller's
-// (the receiver has its own copies from then on: close them after a success). Errors:
-// invalid_argument (path too long, more than 8 sockets, a negative fd), timeout (no receiver, or
-// no acknowledgement in time), protocol_error (the receiver refused the message), and the
-// system's errors.
+// passes), checks that the receiver runs as this process's effective user (SO_PEERCRED: another
+// user who made the path first gets nothing), sends the state and waits for the receiver's
+// acknowledgement. The fds stay the caller's (the receiver has its own copies from then on: close
+// them after a success). Errors: invalid_argument (path too long, more than 8 sockets, a negative
+// fd), timeout (no receiver, or no acknowledgement in time), permission_denied (the receiver
+// runs as another user: the detail names its uid and the path), protocol_error (the receiver
+// refused the message), and the system's errors.
 [[nodiscard]] errc handover_send(const std::string& path, const handover_state& state,
                                  int timeout_ms, std::string* detail = nullptr);
 

@@ -222,16 +222,18 @@ struct node_config {
   bool keep_shm_inbox = false;
   // Planned restart: node::flow_positions() of the previous process of this id, taken after its
   // stop(): this node starts with them, so messages its sources send again (those the previous
-  // process delivered but had not acknowledged) are recognised as duplicates. Empty: none.
+  // process delivered but had not acknowledged) are recognised as duplicates. Each position
+  // counts as heard from at start() (then kept like any silent flow's). Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
   // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an
   // entry's url fits (the same URL; or the same scheme and host with the listen URL's port 0 or
   // equal; a dns:// URL by its port) adopts that socket instead of binding, so peers that
-  // connected meanwhile wait in its backlog instead of being refused. start() owns every fd from
-  // its call on: it is closed with its listener, or by start() if it is not adopted (start()
-  // failed, or the socket did not fit: then start() fails with invalid_argument naming
-  // inherit_listeners[i] and why).
+  // connected meanwhile wait in its backlog instead of being refused. Each socket serves one URL;
+  // exact fits (the same URL, a fixed port) are matched first, port-0 URLs take what is left, in
+  // `listen` order. start() owns every fd from its call on: it is closed with its listener, or by
+  // start() if it is not adopted (start() failed, or the socket did not fit: then start() fails
+  // with invalid_argument naming inherit_listeners[i] and why).
   std::vector<inherited_listener> inherit_listeners;
   // Metrics endpoint: "http://HOST:PORT[/PATH]" (HOST an IPv4 literal, [IPv6] or localhost; port
   // 0 picks one; PATH default /metrics) serves node::metrics_text() in the Prometheus text format
@@ -680,11 +682,12 @@ class node {
   // returns.
   [[nodiscard]] const trace_context* incoming_trace() const noexcept;
   // Planned hand-over, first step: stops accepting on every stream listener and appends each one's
-  // listening socket (with its bound URL) to *out; the sockets stay bound and listening,
-  // so peers connecting from now on wait in the backlog for the next process (which gets them as
-  // node_config::inherit_listeners) instead of being refused. The caller owns the fds. Then
+  // listening socket (with its bound URL) to *out, in `listen` order; they stay bound and
+  // listening, so peers connecting from now on wait in the backlog for the next process (which gets
+  // them as node_config::inherit_listeners) instead of being refused. The caller owns the fds. Then
   // stop() as usual; existing links are not touched. Errors: wrong_state (not running),
-  // invalid_argument (out null), and the duplicate's system error (that listener stays).
+  // invalid_argument (out null), and the duplicate's system error (that listener and the ones after
+  // it stay; those before it are in *out).
   [[nodiscard]] errc detach_listeners(std::vector<inherited_listener>* out);
 
   struct impl;  // src/bus/node.cpp

@@ -1,5 +1,6 @@
 // Planned hand-over between two processes of a node: listening sockets (SCM_RIGHTS) and flow
-// positions over a unix socket, with deadlines, a same-user check and a bounded message.
+// positions over a unix socket, with deadlines, a same-user check on both sides and a bounded
+// message.
 //
 // Message: "UVBH" u8 version=1 u8 count u16 0 u32 body_len (little-endian), the count fds riding
 // on the first bytes; body: count × (u16 url_len, url), then u32 positions_len, positions.
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "bus/handover_check.h"
 #include "core/endian.h"
 
 namespace uvbus {
@@ -193,6 +195,21 @@ errc connect_until(const sockaddr_un& sun, int64_t deadline, int* out, std::stri
 
 }  // namespace
 
+errc detail::check_peer_owner(int fd, uid_t expect, const std::string& path, std::string* why) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return say(why, errc::io_error,
+               sys(("handover: the peer at " + path + ": SO_PEERCRED").c_str()));
+  }
+  if (cred.uid != expect) {
+    return say(why, errc::permission_denied,
+               "handover: the peer at " + path + " runs as uid " + std::to_string(cred.uid) +
+                   ", not uid " + std::to_string(expect));
+  }
+  return errc::ok;
+}
+
 errc handover_send(const std::string& path, const handover_state& st, int timeout_ms,
                    std::string* detail) {
   sockaddr_un sun{};
@@ -218,6 +235,9 @@ errc handover_send(const std::string& path, const handover_state& st, int timeou
   errc e = connect_until(sun, deadline, &raw, detail);
   if (e != errc::ok) return e;
   const fd_guard s(raw);
+  // Only a receiver of our own user gets the sockets (another user could have made the path).
+  e = detail::check_peer_owner(s.fd, ::geteuid(), path, detail);
+  if (e != errc::ok) return e;
   // The header carries the fds; the rest follows as plain bytes.
   alignas(cmsghdr) char control[CMSG_SPACE(kMaxSockets * sizeof(int))] = {};
   iovec iov{const_cast<uint8_t*>(msg.data()), kHeader};
@@ -283,10 +303,10 @@ errc listen_at(const sockaddr_un& sun, int* out, std::string* detail) {
 // Reads one hand-over message from the connected sender c into *out (fds owned by *out).
 errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
   std::vector<int> fds;
-  uint8_t head[kHeader];
+  uint8_t head[kHeader] = {};
   errc e = read_all(c, head, kHeader, deadline, &fds, detail);
-  const size_t count = head[5];
-  const size_t body_len = load_le32(head + 8);
+  const size_t count = e == errc::ok ? head[5] : 0;
+  const size_t body_len = e == errc::ok ? load_le32(head + 8) : 0;
   if (e == errc::ok && (std::memcmp(head, kMagic, 4) != 0 || head[4] != kVersion ||
                         count > kMaxSockets || body_len > kMaxBody)) {
     e = say(detail, errc::protocol_error, "handover: not a version-1 hand-over message");
@@ -340,12 +360,19 @@ errc handover_receive(const std::string& path, int timeout_ms, handover_state* o
       return say(detail, errc::timeout, why);
     }
     const fd_guard c(::accept4(s.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (c.fd < 0) continue;
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(c.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid()) {
+    if (c.fd < 0) {
+      // A sender that went, or a signal: wait for the next. Anything else (out of fds or
+      // memory) would fail again at once for as long as the sender waits: give up with it.
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ||
+          errno == EPROTO) {
+        continue;
+      }
+      return say(detail, errc::io_error, sys(("handover: accept at " + path).c_str()));
+    }
+    std::string why;
+    if (detail::check_peer_owner(c.fd, ::geteuid(), path, &why) != errc::ok) {
       // Not ours to trust: ignore it and keep waiting for the real sender.
-      refused = " (refused a sender of uid " + std::to_string(cred.uid) + ")";
+      refused = " (refused: " + why + ")";
       continue;
     }
     return receive_from(c.fd, deadline, out, detail);

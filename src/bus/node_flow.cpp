@@ -463,6 +463,10 @@ errc node::impl::flow_positions_import(const uint8_t* p, size_t n) {
   if (p == nullptr || n < 4) return errc::protocol_error;
   const auto count = load_le<uint32_t>(p);
   if (n != 4 + size_t{count} * 24) return errc::protocol_error;
+  // start() may come long after the loop last ran (the new process blocked in
+  // handover_receive()): stamped with the stale cached time, every position would look idle
+  // for that long and be forgotten at the first tick.
+  uv_update_time(loop);
   for (uint32_t i = 0; i < count; ++i) {
     const uint8_t* e = p + 4 + size_t{i} * 24;
     rx_flow& r = rx_flows[load_le<uint64_t>(e)];

@@ -20,12 +20,46 @@ bool detail::inherited_fits(const std::string& listen_url, const std::string& in
   return want.port == 0 || want.port == have.port;
 }
 
+namespace {
+
+// Whether listen_url takes inherited_url in the first pass: the same URL, or a fixed port.
+bool exact_fit(const std::string& listen_url, const std::string& inherited_url) {
+  if (listen_url == inherited_url) return true;
+  address want;
+  return parse_address(listen_url, &want) == errc::ok && want.port != 0 &&
+         detail::inherited_fits(listen_url, inherited_url);
+}
+
+}  // namespace
+
+std::vector<int> detail::match_inherited(const std::vector<std::string>& listen,
+                                         const std::vector<inherited_listener>& inherited) {
+  std::vector<int> out(listen.size(), -1);
+  std::vector<bool> used(inherited.size(), false);
+  for (const bool exact : {true, false}) {
+    for (size_t i = 0; i < listen.size(); ++i) {
+      for (size_t j = 0; j < inherited.size() && out[i] < 0; ++j) {
+        const std::string& have = inherited[j].url;
+        if (used[j] || !(exact ? exact_fit(listen[i], have) : inherited_fits(listen[i], have))) {
+          continue;
+        }
+        used[j] = true;
+        out[i] = static_cast<int>(j);
+      }
+    }
+  }
+  return out;
+}
+
 errc node::impl::open_stream_listener(stream_channel* ch, const std::string& u, size_t index,
                                       listener_id* l) {
   const std::string field = "node_config.listen[" + std::to_string(index) + "] \"" + u + "\": ";
-  for (size_t j = 0; j < cfg.inherit_listeners.size(); ++j) {
+  const int k = index < cfg.listen.size() && cfg.listen[index] == u
+                    ? detail::match_inherited(cfg.listen, cfg.inherit_listeners)[index]
+                    : -1;
+  if (k >= 0 && cfg.inherit_listeners[static_cast<size_t>(k)].fd >= 0) {
+    const auto j = static_cast<size_t>(k);
     inherited_listener& in = cfg.inherit_listeners[j];
-    if (in.fd < 0 || !detail::inherited_fits(u, in.url)) continue;
     const int fd = in.fd;
     in.fd = -1;  // listen_fd() owns it now, whatever the result
     const errc e = ch->listen_fd(u, fd, l);
@@ -51,17 +85,23 @@ errc node::impl::detach_listeners(std::vector<inherited_listener>* out) {
   if (state != run_state::running) {
     return fail(errc::wrong_state, "node::detach_listeners: the node is not running");
   }
-  while (!stream_listeners.empty()) {
-    const auto& [url, id] = stream_listeners.back();
+  // In listen order (the successor matches them to its listen URLs whatever the order).
+  size_t done = 0;
+  for (; done < stream_listeners.size(); ++done) {
+    const auto& [url, id] = stream_listeners[done];
     const std::string bound = streams->listener_url(id);
     int fd = -1;
     const errc e = streams->detach_listener(id, &fd);
     if (e != errc::ok) {
-      return fail(e, "node::detach_listeners: \"" + url + "\": " + streams->last_error().detail);
+      std::string why = "node::detach_listeners: \"" + url + "\": ";  // before url moves
+      why += streams->last_error().detail;
+      stream_listeners.erase(stream_listeners.begin(),
+                             stream_listeners.begin() + static_cast<std::ptrdiff_t>(done));
+      return fail(e, std::move(why));
     }
     out->push_back(inherited_listener{bound, fd});
-    stream_listeners.pop_back();
   }
+  stream_listeners.clear();
   return errc::ok;
 }
 

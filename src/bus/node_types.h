@@ -59,6 +59,11 @@ constexpr uint64_t kTagE2e = uint64_t{1} << 63;
 // same URL, or the same scheme and host with listen_url's port 0 (any) or equal; a dns:// listen
 // URL takes a TCP socket of its port (listen_fd() checks the socket itself).
 bool inherited_fits(const std::string& listen_url, const std::string& inherited_url);
+// Which inherited socket each listen URL adopts (its index in `inherited`, or -1: bind afresh).
+// Each socket serves one URL; exact fits (the same URL, or a fixed port) are matched before the
+// port-0 URLs take what is left, so a wildcard never takes a fixed-port URL's socket.
+std::vector<int> match_inherited(const std::vector<std::string>& listen,
+                                 const std::vector<inherited_listener>& inherited);
 
 // The shared-memory ring config a node with a shm:// listen URL opens (node_config.cpp).
 shm_config ring_config(const node_config& cfg);

@@ -4,13 +4,19 @@
 // partners give clear errors.
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <thread>
 
 #include "bus/bus_harness.h"
+#include "bus/handover_check.h"
+#include "bus/node_types.h"
 #include "uvbus/handover.h"
 #include "uvbus/stream.h"
 
@@ -110,8 +116,8 @@ TEST_F(NodeHandoverTest, ParentHandsItsListenersOverAndNoConnectionIsRefused) {
   ASSERT_EQ(got_e, errc::ok) << got_why;
   for (const inherited_listener& l : give.listeners) ::close(l.fd);
   ASSERT_EQ(got.listeners.size(), 2u);
-  EXPECT_EQ(got.listeners[0].url, urls[1]);  // detached in reverse order
-  EXPECT_EQ(got.listeners[1].url, urls[0]);
+  EXPECT_EQ(got.listeners[0].url, urls[0]);  // detached in listen order
+  EXPECT_EQ(got.listeners[1].url, urls[1]);
   EXPECT_EQ(got.flow_positions, give.flow_positions);
 
   node_config c2 = pc_;
@@ -170,6 +176,84 @@ TEST_F(NodeHandoverTest, AnInheritedSocketThatDoesNotFitIsRefusedAndClosed) {
   EXPECT_FALSE(fd_is_open(out[0].fd));
 }
 
+// A port the OS had free a moment ago (bound and closed; nothing connected, so no TIME_WAIT).
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof in;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&in), sizeof in), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&in), &len), 0);
+  ::close(fd);
+  return ntohs(in.sin_port);
+}
+
+uint16_t port_of(const std::string& url) {
+  return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+}
+
+// A port-0 URL before a fixed-port URL on the same host: each gets its own socket back (the fixed
+// port its exact match, the port-0 URL what is left), whatever the order they were detached in.
+TEST_F(NodeHandoverTest, PortZeroAndFixedPortListenersEachAdoptTheirOwnSocket) {
+  node_config c = fast_config();
+  c.listen = {"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:" + std::to_string(free_port())};
+  bus_node* a = make(0x42, c);
+  const std::vector<std::string> urls = a->n->listen_urls();
+  ASSERT_EQ(urls.size(), 2u);
+  std::vector<inherited_listener> out;
+  ASSERT_EQ(a->n->detach_listeners(&out), errc::ok);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].url, urls[0]);  // in listen order
+  EXPECT_EQ(out[1].url, urls[1]);
+  a->n->stop();
+  destroy(a);
+  c.inherit_listeners = out;
+  bus_node* b = make(0x42, c, false);
+  ASSERT_EQ(b->n->start(), errc::ok) << b->n->last_error().detail;
+  EXPECT_EQ(b->n->listen_urls(), urls);
+  // Both sockets are adopted and listening (the port-0 one was not closed).
+  for (const std::string& u : urls) {
+    int fd = -1;
+    EXPECT_EQ(probe_connect(port_of(u), {}, &fd), 0) << u;
+    ::close(fd);
+  }
+  destroy(b);
+  for (const inherited_listener& l : out) EXPECT_FALSE(fd_is_open(l.fd));
+}
+
+// Reversed inherited order and a dns:// URL: exact ports first, wildcards take what is left.
+TEST(NodeHandoverConfig, InheritedSocketsAreMatchedExactFirstThenByPortZero) {
+  const std::vector<std::string> listen = {"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:7",
+                                           "dns://localhost:9", "ipv4://127.0.0.1:0"};
+  const std::vector<inherited_listener> in = {
+      {"ipv4://127.0.0.1:9", 3}, {"ipv4://127.0.0.1:7", 4}, {"ipv4://127.0.0.1:5", 5}};
+  EXPECT_EQ(detail::match_inherited(listen, in), (std::vector<int>{2, 1, 0, -1}));
+  EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:0"}, in),
+            (std::vector<int>{0, 1}));
+  EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:8"}, in), (std::vector<int>{-1}));
+  EXPECT_EQ(detail::match_inherited({"ipv4://127.0.0.1:7"}, {}), (std::vector<int>{-1}));
+}
+
+// Flow positions inherited by a node started long after its loop last updated its time (the new
+// process blocked in handover_receive()) are kept, not forgotten as idle at the first tick.
+TEST_F(NodeHandoverTest, InheritedFlowPositionsSurviveAStaleLoopClock) {
+  std::vector<uint8_t> blob(4 + 24, 0);
+  blob[0] = 1;     // one entry
+  blob[4] = 0x42;  // source 0x42
+  blob[12] = 7;    // epoch 7
+  blob[20] = 99;   // through 99
+  node_config c = fast_config();
+  c.flow_idle_ms = 1000;
+  c.delivery_timeout_ms = 500;
+  c.inherit_flow_positions = blob;
+  // On purpose: the loop's cached time (set when the fixture initialised it) goes stale.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  bus_node* b = make(0x100, c);
+  run_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(b->n->flow_positions(), blob);
+}
+
 TEST(NodeHandoverConfig, InheritedSocketsMustNameAListenUrl) {
   node_config c = fast_config();
   std::string why;
@@ -225,6 +309,145 @@ TEST(Handover, GarbageIsRefusedAndItsSocketsClosed) {
   EXPECT_EQ(::recv(fd, &ack, 1, 0), 1);
   EXPECT_EQ(ack, 1);  // refused
   ::close(fd);
+  EXPECT_TRUE(st.listeners.empty());
+}
+
+TEST(Handover, APeerOfAnotherUserIsNotTrusted) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  std::string why;
+  EXPECT_EQ(detail::check_peer_owner(sv[0], ::geteuid(), "/p", &why), errc::ok) << why;
+  EXPECT_EQ(detail::check_peer_owner(sv[0], ::geteuid() + 1, "/p", &why), errc::permission_denied);
+  EXPECT_NE(why.find("uid " + std::to_string(::geteuid())), std::string::npos) << why;
+  EXPECT_NE(why.find("/p"), std::string::npos) << why;
+  const int plain = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // no peer credentials
+  EXPECT_NE(detail::check_peer_owner(plain, ::geteuid(), "/p", &why), errc::ok);
+  ::close(plain);
+  ::close(sv[0]);
+  ::close(sv[1]);
+}
+
+// Run in a forked child (another user listening at path, mode 0777): accepts one connection,
+// reads what comes with its fds, acknowledges it, writes the number of fds received to `report`.
+[[noreturn]] void foreign_receiver(const std::string& path, int report) {
+  int got = -1;
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::snprintf(un.sun_path, sizeof un.sun_path, "%s", path.c_str());
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  pollfd p{s, POLLIN, 0};
+  if (::setuid(65534) == 0 && ::bind(s, reinterpret_cast<sockaddr*>(&un), sizeof un) == 0 &&
+      ::chmod(path.c_str(), 0777) == 0 && ::listen(s, 4) == 0 && ::poll(&p, 1, 30000) == 1) {
+    const int c = ::accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
+    uint8_t head[12];
+    iovec iov{head, sizeof head};
+    alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    got = 0;
+    if (::recvmsg(c, &m, MSG_CMSG_CLOEXEC) > 0) {
+      for (cmsghdr* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
+        got += static_cast<int>((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      }
+      const uint8_t ack = 0;
+      (void)::send(c, &ack, 1, MSG_NOSIGNAL);
+    }
+  }
+  (void)::write(report, &got, sizeof got);
+  ::_exit(0);
+}
+
+// Another user who pre-creates the receiver's socket gets nothing: the sender checks the peer.
+TEST(Handover, TheSenderRefusesAReceiverOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a receiver as another user";
+  const std::string path = temp_path("handover-foreign.ctl");
+  int report[2];
+  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) foreign_receiver(path, report[1]);
+  ::close(report[1]);
+  handover_state st;
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  st.listeners = {{"ipv4://127.0.0.1:1", lfd}};
+  std::string why;
+  EXPECT_EQ(handover_send(path, st, 30000, &why), errc::permission_denied) << why;
+  EXPECT_NE(why.find("uid 65534"), std::string::npos) << why;
+  EXPECT_NE(why.find(path), std::string::npos) << why;
+  int got = -1;
+  EXPECT_EQ(::read(report[0], &got, sizeof got), static_cast<ssize_t>(sizeof got));
+  EXPECT_EQ(got, 0) << "the foreign receiver got the listening socket";
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  ::close(report[0]);
+  ::close(lfd);
+  ::unlink(path.c_str());
+}
+
+// Run in a forked child: with every fd slot taken but one (the receiver's socket), accept fails
+// with EMFILE while a sender waits; writes the result and its detail to `report`.
+[[noreturn]] void receiver_out_of_fds(const std::string& path, int report) {
+  rlimit lim{256, 256};
+  (void)::setrlimit(RLIMIT_NOFILE, &lim);
+  int last = -1;
+  for (int f; (f = ::dup(report)) >= 0;) last = f;
+  ::close(last);
+  handover_state st;
+  std::string why;
+  const errc e = handover_receive(path, 5000, &st, &why);
+  const std::string msg = std::to_string(static_cast<int>(e)) + " " + why;
+  (void)::write(report, msg.data(), msg.size());
+  ::_exit(0);
+}
+
+// A receiver that can not accept (out of fds) fails with the reason instead of spinning on the
+// waiting connection until its deadline.
+TEST(Handover, AReceiverOutOfFdsFailsWithTheReason) {
+  const std::string path = temp_path("handover-emfile.ctl");
+  int report[2];
+  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) receiver_out_of_fds(path, report[1]);
+  ::close(report[1]);
+  int fd = -1;
+  while (probe_connect(0, path, &fd) != 0) {
+    ::close(fd);
+    std::this_thread::yield();
+  }
+  std::string msg;
+  char buf[512];
+  for (ssize_t r; (r = ::read(report[0], buf, sizeof buf)) > 0;) msg.append(buf, r);
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  ::close(report[0]);
+  ::close(fd);
+  EXPECT_EQ(msg.substr(0, msg.find(' ')), std::to_string(static_cast<int>(errc::io_error))) << msg;
+  EXPECT_NE(msg.find("accept"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::strerror(EMFILE)), std::string::npos) << msg;
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
+// A sender that connects and goes before a whole header: a clear timeout, nothing adopted.
+TEST(Handover, ASenderGoneMidHeaderIsAClearError) {
+  const std::string path = temp_path("handover-short.ctl");
+  handover_state st;
+  std::string why;
+  errc e = errc::ok;
+  std::thread receiver([&] { e = handover_receive(path, 30000, &st, &why); });
+  int fd = -1;
+  while (probe_connect(0, path, &fd) != 0) {
+    ::close(fd);
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(::send(fd, "UVB", 3, MSG_NOSIGNAL), 3);
+  ::close(fd);
+  receiver.join();
+  EXPECT_EQ(e, errc::timeout);
+  EXPECT_NE(why.find("closed mid-message"), std::string::npos) << why;
   EXPECT_TRUE(st.listeners.empty());
 }
 
