@@ -175,7 +175,7 @@ struct node_config {
   // messages are sent again (the wait doubles, up to 8x, while nothing advances).
   uint32_t resend_timeout_ms = 200;
   // end_to_end: stop() keeps the links open this long at most for the acknowledgements of
-  // messages sent and not acknowledged yet (0: report them closed at once).
+  // messages sent and not acknowledged yet, while a registered link is left (0: closed at once).
   uint32_t stop_flush_ms = 2000;
   // Target side: a flow is acknowledged once per loop iteration that delivered something, and
   // inside a long run of deliveries every ack_every messages.

@@ -310,8 +310,9 @@ void node::impl::stop() {
   }
   uv_timer_stop(&h->reconnect);
   // End-to-end messages not acknowledged yet get stop_flush_ms to be: the links stay open (and
-  // the ring keeps being read: acknowledgements may come through it) until then.
-  if (counters.flow_unacked_now != 0 && cfg.stop_flush_ms != 0) {
+  // the ring keeps being read: acknowledgements may come through it) until then. Not without a
+  // registered link: no acknowledgement could come.
+  if (counters.flow_unacked_now != 0 && cfg.stop_flush_ms != 0 && any_registered_link()) {
     stop_flush_until = now_ms() + cfg.stop_flush_ms;
     return;
   }

@@ -290,7 +290,8 @@ void node::impl::flows_tick(uint64_t now) {
       flow_probe(f);
     }
   }
-  if (stop_flush_until != 0 && (now >= stop_flush_until || counters.flow_unacked_now == 0)) {
+  if (stop_flush_until != 0 &&
+      (now >= stop_flush_until || counters.flow_unacked_now == 0 || !any_registered_link())) {
     close_links_for_stop();
   }
   const uint64_t rx_idle_ms =

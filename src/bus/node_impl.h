@@ -569,6 +569,13 @@ struct node::impl {
   void stop();
   // stop(), second half (after the flows' flush, if any): goodbyes, graceful closes.
   void close_links_for_stop();
+  // Whether a registered link is left: without one no acknowledgement can come (stop's wait ends).
+  [[nodiscard]] bool any_registered_link() const {
+    for (const auto& [id, lk] : links) {
+      if (lk->state == link_state::registered) return true;
+    }
+    return false;
+  }
   // While stop() waits for flows to be acknowledged: until when (0: not waiting).
   uint64_t stop_flush_until = 0;
   [[nodiscard]] bool flows_may_send() const {

@@ -489,6 +489,38 @@ TEST_F(NodeFlowTest, StopWaitsForAcknowledgementsThenReportsTheRestClosed) {
   EXPECT_EQ(b_->got.size(), 50u);
 }
 
+// stop() waits up to stop_flush_ms for acknowledgements only while a registered link is left
+// (none could come otherwise): with the parent gone before stop(), or gone during the wait, the
+// rest is reported closed at once instead of after the whole wait (10 minutes here).
+TEST_F(NodeFlowTest, StopWithoutALinkLeftDoesNotWaitForAcknowledgements) {
+  make_tree();
+  node_config cc = flow_config();
+  cc.parent_urls = {url_};
+  cc.stop_flush_ms = 600000;
+  bus_node* before = make(0x103, cc);
+  bus_node* during = make(0x104, cc);
+  test::raw_child silent(0x105, 0x100);  // registers, never acknowledges flow data
+  silent.compress = false;
+  silent.start(&loop_, url_);
+  ASSERT_TRUE(wait([&] { return before->n->up() && during->n->up() && silent.registered; }));
+  for (bus_node* t : {before, during}) {
+    for (int i = 0; i < 5; ++i) ASSERT_EQ(test::send_str(t, 0x105, 1, "unacked"), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return silent.got.size() >= 10; }));
+  during->n->stop();  // waits: its link to the parent is up
+  destroy(p_);
+  p_ = nullptr;
+  ASSERT_TRUE(wait([&] { return !before->n->up(); }));
+  before->n->stop();
+  ASSERT_TRUE(wait([&] { return !before->downs.empty() && !during->downs.empty(); }));
+  for (bus_node* t : {before, during}) {
+    ASSERT_EQ(t->reports.size(), 5u) << t->n->id();
+    for (const auto& r : t->reports) EXPECT_EQ(r.status, errc::closed);
+  }
+  silent.ch->close();
+  ASSERT_TRUE(wait([&] { return silent.ch->closed(); }));
+}
+
 // A planned restart of the target: the old process stops (its links close; what was in flight to
 // it is resent), hands its flow positions to the new one, which drops what the old one delivered.
 // Exactly once across the restart, every report ok.
