@@ -52,6 +52,17 @@ int probe_connect(uint16_t port, const std::string& unix_path, int* fd_out) {
   return err;
 }
 
+// A unix socket connected to path, once something listens there (a receiver on another thread or
+// process); spins until then.
+int connect_when_listening(const std::string& path) {
+  int fd = -1;
+  while (probe_connect(0, path, &fd) != 0) {
+    ::close(fd);
+    std::this_thread::yield();
+  }
+  return fd;
+}
+
 bool fd_is_open(int fd) {
   return ::fcntl(fd, F_GETFD) != -1;
 }
@@ -295,11 +306,7 @@ TEST(Handover, GarbageIsRefusedAndItsSocketsClosed) {
   std::string why;
   errc e = errc::ok;
   std::thread receiver([&] { e = handover_receive(path, 30000, &st, &why); });
-  int fd = -1;
-  while (probe_connect(0, path, &fd) != 0) {
-    ::close(fd);
-    std::this_thread::yield();
-  }
+  const int fd = connect_when_listening(path);
   const char junk[] = "GET / HTTP/1.1\r\n\r\n";
   ASSERT_EQ(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
   receiver.join();
@@ -413,11 +420,7 @@ TEST(Handover, AReceiverOutOfFdsFailsWithTheReason) {
   ASSERT_GE(child, 0);
   if (child == 0) receiver_out_of_fds(path, report[1]);
   ::close(report[1]);
-  int fd = -1;
-  while (probe_connect(0, path, &fd) != 0) {
-    ::close(fd);
-    std::this_thread::yield();
-  }
+  const int fd = connect_when_listening(path);
   std::string msg;
   char buf[512];
   for (ssize_t r; (r = ::read(report[0], buf, sizeof buf)) > 0;) msg.append(buf, r);
@@ -438,11 +441,7 @@ TEST(Handover, ASenderGoneMidHeaderIsAClearError) {
   std::string why;
   errc e = errc::ok;
   std::thread receiver([&] { e = handover_receive(path, 30000, &st, &why); });
-  int fd = -1;
-  while (probe_connect(0, path, &fd) != 0) {
-    ::close(fd);
-    std::this_thread::yield();
-  }
+  const int fd = connect_when_listening(path);
   ASSERT_EQ(::send(fd, "UVB", 3, MSG_NOSIGNAL), 3);
   ::close(fd);
   receiver.join();

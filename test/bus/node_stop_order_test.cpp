@@ -25,12 +25,15 @@ std::string event(const char* what, errc e) {
 
 class NodeStopOrder : public test::bus_fixture {
  protected:
-  // Records every callback of t into events_ as it comes, and destroys t's node in on_down.
-  void record_and_destroy_in_on_down(bus_node* t) {
+  // Records every callback of t into events_ as it comes, and destroys t's node in on_down; with
+  // stop_in_on_report, on_report stops the node.
+  void record_and_destroy_in_on_down(bus_node* t, bool stop_in_on_report = false) {
     node_callbacks cb = t->callbacks();
-    cb.on_report = [this, t](const delivery_report& r) {
+    cb.on_data = [](bus_id, uint32_t, const uint8_t*, size_t) {};  // requests are ignored
+    cb.on_report = [this, t, stop_in_on_report](const delivery_report& r) {
       t->reports.push_back(r);
       events_.emplace_back("report");
+      if (stop_in_on_report) t->n->stop();
     };
     cb.on_down = [this, t](errc e) {
       events_.emplace_back(event("down", e));
@@ -77,17 +80,7 @@ TEST_F(NodeStopOrder, TaskAcceptedBeforeStopRunsBeforeOnDown) {
 TEST_F(NodeStopOrder, StopFromOnReportRunsAnOpenCallsCallbackBeforeOnDown) {
   bus_node* r = make_root(0x100, {{0x100, 8}});
   ASSERT_TRUE(wait([&] { return r->ups == 1; }));
-  node_callbacks cb = r->callbacks();
-  cb.on_data = [](bus_id, uint32_t, const uint8_t*, size_t) {};  // requests are ignored
-  cb.on_report = [this, r](const delivery_report&) {
-    events_.emplace_back("report");
-    r->n->stop();
-  };
-  cb.on_down = [this, r](errc e) {
-    events_.emplace_back(event("down", e));
-    r->n.reset();
-  };
-  ASSERT_EQ(r->n->set_callbacks(cb), errc::ok);
+  ASSERT_NO_FATAL_FAILURE(record_and_destroy_in_on_down(r, true));
   ASSERT_EQ(r->n->call(0x100, 5, "q", 1, 60000,
                        [this](const call_result& res) {
                          events_.emplace_back(event("call", res.status));
@@ -117,16 +110,7 @@ TEST_F(NodeStopOrder, StopFromOnReportRunsABroadcastSummaryBeforeOnDown) {
             errc::ok);
   destroy(l);
   ASSERT_TRUE(wait([&] { return !r->removed.empty(); }));  // r has no link any more
-  node_callbacks cb = r->callbacks();
-  cb.on_report = [this, r](const delivery_report&) {
-    events_.emplace_back("report");
-    r->n->stop();
-  };
-  cb.on_down = [this, r](errc e) {
-    events_.emplace_back(event("down", e));
-    r->n.reset();
-  };
-  ASSERT_EQ(r->n->set_callbacks(cb), errc::ok);
+  ASSERT_NO_FATAL_FAILURE(record_and_destroy_in_on_down(r, true));
   ASSERT_EQ(send_str(r, 0x1000, 1, "x"), errc::ok);
   ASSERT_TRUE(wait([&] { return r->n == nullptr; }));
   run_for(100ms);

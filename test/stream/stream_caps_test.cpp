@@ -58,7 +58,18 @@ class src_peer {
   bool ok_ = false;
 };
 
-class StreamCaps : public stream_fixture {};
+class StreamCaps : public stream_fixture {
+ protected:
+  // c connects to a listener of s on loopback; true once s accepted it and c has it live. The
+  // server side's id is srv.accepted[0], the client's cli.live.begin().
+  bool connect_pair(stream_channel* s, stream_channel* c, const recorder& srv,
+                    const recorder& cli) {
+    listener_id l;
+    if (s->listen("ipv4://127.0.0.1:0", &l) != errc::ok) return false;
+    if (c->connect(s->listener_url(l)) != errc::ok) return false;
+    return run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); });
+  }
+};
 
 TEST_F(StreamCaps, ValidateRefusesAPerAddressCapAboveTheTotal) {
   stream_config cfg;
@@ -176,10 +187,7 @@ TEST_F(StreamCaps, TheSendRingStartsSmallAndGrowsOnlyAsItFills) {
   recorder cli;
   stream_channel* s = make_channel(&srv);  // default queue: 2 MiB ring, 4 KiB at first
   stream_channel* c = make_channel(&cli);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  ASSERT_TRUE(connect_pair(s, c, srv, cli));
   const connection_id conn = srv.accepted[0];
   stream_connection_metrics m;
   ASSERT_EQ(s->connection_metrics(conn, &m), errc::ok);
@@ -213,10 +221,7 @@ TEST_F(StreamCaps, AGrownSendRingIsFreedOnceTheConnectionIsQuiet) {
   cfg.send_ring_idle_ms = 50;
   stream_channel* s = make_channel(&srv, cfg);
   stream_channel* c = make_channel(&cli);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  ASSERT_TRUE(connect_pair(s, c, srv, cli));
   const connection_id conn = srv.accepted[0];
   const uint64_t from = cli.live.begin()->first;
   const std::string big(size_t{100} * 1024, 'b');
@@ -243,10 +248,7 @@ TEST_F(StreamCaps, AQuietConnectionHandsItsSendRingBackToThePool) {
   recorder cli;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  ASSERT_TRUE(connect_pair(s, c, srv, cli));
   const connection_id conn = srv.accepted[0];
   const uint64_t from = cli.live.begin()->first;
   // The ring of the default queue comes from this (the loop's) thread's pool.
@@ -278,10 +280,7 @@ TEST_F(StreamCaps, TheRingGrowsWhileAWriteIsInFlightAndKeepsItsBytesUntilItCompl
   cli.keep_payloads = false;
   stream_channel* s = make_channel(&srv);
   stream_channel* c = make_channel(&cli);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  ASSERT_EQ(c->connect(s->listener_url(l)), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  ASSERT_TRUE(connect_pair(s, c, srv, cli));
   const connection_id conn = srv.accepted[0];
   const connection_id peer = cli.live.begin()->second;
   ASSERT_EQ(c->pause_reading(peer), errc::ok);
