@@ -3,6 +3,7 @@
 // The logic that drives them is node_flow.cpp; docs/bus.md "Flows" states the guarantees.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -76,6 +77,15 @@ struct rx_flow {
   bool queued = false;        // in node::impl::ack_queue
   uint64_t last_nack_ms = 0;
   uint64_t last_rx_ms = 0;
+  // The epochs this flow switched away from, newest first. A source's epochs are random, so only
+  // this tells a late message of a dead incarnation from a new one's: it is stale, never taken.
+  std::array<uint64_t, 2> left{};
+  [[nodiscard]] bool has_left(uint64_t e) const { return e != 0 && (e == left[0] || e == left[1]); }
+  void leave(uint64_t e) {
+    if (e == 0) return;
+    left[1] = left[0];
+    left[0] = e;
+  }
 };
 
 }  // namespace uvbus::detail

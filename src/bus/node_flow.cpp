@@ -357,6 +357,10 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
   r.last_rx_ms = now_ms();
   const bool sync = (hd.flags & proto::flag_sync) != 0;
   if (r.epoch != epoch) {
+    if (r.has_left(epoch)) {
+      ++counters.flow_stale;  // a dead incarnation's, late: taking it would drop the live flow
+      return;
+    }
     if (!sync) {
       // No state for this epoch (we restarted, or forgot it): the source must resend from its
       // first unacknowledged message with flag_sync; this one is dropped (it will come again).
@@ -365,6 +369,7 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
       queue_ack(hd.source, r, ack_kind::resync);
       return;
     }
+    r.leave(r.epoch);
     r.epoch = epoch;
     r.through = hd.sequence - 1;
   }

@@ -114,6 +114,8 @@ void node::impl::node_families(prom_text* t) const {
        c.flow_duplicates},
       {"uvbus_node_flow_out_of_order_total", "Flow messages after a gap dropped here.",
        c.flow_out_of_order},
+      {"uvbus_node_flow_stale_total", "Late sync messages of a source's earlier epoch dropped.",
+       c.flow_stale},
       {"uvbus_node_calls_started_total", "node::call()s accepted.", c.calls_started},
       {"uvbus_node_calls_ok_total", "Calls answered with a reply.", c.calls_ok},
       {"uvbus_node_calls_failed_total",

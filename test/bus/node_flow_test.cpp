@@ -435,6 +435,36 @@ TEST_F(NodeFlowTest, ADropNoticeForADeadIncarnationSettlesNothing) {
   ASSERT_TRUE(wait([&] { return raw->ch->closed(); }));
 }
 
+// A source's incarnations are random numbers, so a target cannot tell which of two epochs is the
+// newer. A sync message of a dead incarnation that arrives late (by another path) after the new
+// incarnation's must not switch the flow back to the old epoch: the target would then ask the
+// live source to resync, and take its resent messages again (before: the stale message was
+// delivered, the new epoch's next message refused for a resync).
+TEST_F(NodeFlowTest, ALateSyncOfADeadIncarnationDoesNotTakeTheFlowBack) {
+  node_config rc = flow_config();
+  rc.subnets = {{0x100, 8}};
+  bus_node* root = make(0x100, rc);
+  test::raw_child raw(0x101, 0x100);
+  raw.compress = false;
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.registered; }));
+  constexpr uint64_t kOld = 0x5eed1, kNew = 0x5eed2;
+  raw.send_flow(0x101, 10, "old", kOld);
+  raw.send_flow(0x101, 500, "new", kNew);
+  raw.send_flow(0x101, 11, "late", kOld);          // the dead incarnation's, delayed
+  raw.send_flow(0x101, 501, "next", kNew, false);  // the live flow goes on in order
+  raw.send_flow(0x101, 12, "later", kOld);         // and another one, after it
+  raw.send_flow(0x101, 502, "last", kNew, false);
+  ASSERT_TRUE(wait([&] { return root->got.size() >= 4; }));
+  std::vector<std::string> got;
+  for (const auto& g : root->got) got.push_back(g.bytes);
+  EXPECT_EQ(got, (std::vector<std::string>{"old", "new", "next", "last"}));
+  EXPECT_EQ(root->n->counters().flow_stale, 2u);
+  EXPECT_EQ(root->n->counters().flow_resyncs, 0u);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
 // stop() waits up to stop_flush_ms for acknowledgements, and a same-host target sends them
 // through the stopping node's ring: they count (before, the ring was read and its records
 // dropped while stopping, so delivered messages were reported closed after the whole wait).

@@ -60,13 +60,15 @@ struct raw_child {
     const std::vector<uint8_t> m = proto::build(h, body);
     (void)ch->send(conn, m.data(), m.size());
   }
-  // Flow data number `seq` of flow epoch 1 that claims to come from `source`, flagged sync so
-  // that a receiver without state for the epoch takes it.
-  void send_flow(bus_id source, uint64_t seq, const std::string& text) {
+  // Flow data number `seq` of flow `epoch` that claims to come from `source`, flagged sync
+  // (unless !sync) so that a receiver without state for the epoch takes it.
+  void send_flow(bus_id source, uint64_t seq, const std::string& text, uint64_t epoch = 1,
+                 bool sync = true) {
     std::vector<uint8_t> body(proto::kFlowPrefix + text.size());
-    proto::encode_flow_prefix(1, 1, body.data());
+    proto::encode_flow_prefix(1, epoch, body.data());
     std::memcpy(body.data() + proto::kFlowPrefix, text.data(), text.size());
-    send(proto::msg_type::data, body, proto::flag_flow | proto::flag_sync, source, seq);
+    const uint8_t flags = proto::flag_flow | (sync ? proto::flag_sync : 0);
+    send(proto::msg_type::data, body, flags, source, seq);
   }
   // A relay's notice that flow message `seq` from the parent to this child was dropped for `why`.
   void send_flow_drop_notice(uint64_t seq, proto::reason why) {
