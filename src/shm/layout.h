@@ -83,7 +83,13 @@ struct region_header {
   std::atomic<uint32_t> reader_state;        // kReaderOpen / kReaderClosed / kReaderDetached
   std::atomic<uint32_t> reader_incarnation;  // 1 at creation, +1 at every reattach
   uint64_t created_unix_ns;
-  uint8_t pad1[48];
+  // Who holds the region or is taking it: pid << 32 | the low 32 bits of its start time; 0 when
+  // free (a reader that closes with keep clears it). A SysV reattach wins only by CASing it from a
+  // word whose process is gone, so the claim and what it is judged by are one word (see
+  // region.cpp, sysv_existing). In what was padding (zero in regions of builds before it, which
+  // neither write nor read it): no version change.
+  std::atomic<uint64_t> claim;
+  uint8_t pad1[40];
   // ---- line 2: the reservation cursor, CASed by writers (and advanced by helping writers).
   std::atomic<uint64_t> write_pos;
   uint8_t pad2[56];
@@ -264,6 +270,7 @@ static_assert(offsetof(region_header, owner_start_time) == 56, "");
 static_assert(offsetof(region_header, reader_state) == 64, "");
 static_assert(offsetof(region_header, reader_incarnation) == 68, "");
 static_assert(offsetof(region_header, created_unix_ns) == 72, "");
+static_assert(offsetof(region_header, claim) == 80, "");
 
 static_assert(offsetof(region_header, write_pos) == 128, "own cache line");
 static_assert(offsetof(region_header, read_pos) == 192, "own cache line");

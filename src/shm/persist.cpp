@@ -98,6 +98,7 @@ void claim_region(region_header* h) noexcept {
   const auto pid = static_cast<uint32_t>(::getpid());
   h->owner_pid.store(pid, std::memory_order_relaxed);
   h->owner_start_time.store(process_start_time(pid), std::memory_order_relaxed);
+  h->claim.store(own_claim(), std::memory_order_relaxed);  // SysV: already CASed to this
   h->reader_incarnation.fetch_add(1, std::memory_order_relaxed);
   // The new reader polls on start; a 1 left by the dead one would only cost writers a wake-up.
   h->reader_sleeping.store(0, std::memory_order_relaxed);

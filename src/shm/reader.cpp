@@ -137,8 +137,7 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
   if (e == errc::ok && how.reattached) how.detail = p->resume();
   if (e != errc::ok || !how.detail.empty()) {
     if (how.reattached && p->map.size >= kHeaderSize) {  // never wipe records: hand it back
-      static_cast<region_header*>(p->map.base)
-          ->reader_state.store(kReaderDetached, std::memory_order_release);
+      detach_region(static_cast<region_header*>(p->map.base));
     }
     release_region(&p->map, !how.reattached);
     if (e != errc::ok) return impl_->fail(call, url, e, bad);

@@ -2,6 +2,7 @@
 #include "shm/region.h"
 
 #include "core/murmur3.h"
+#include "shm/test_hook.h"
 
 #include <cerrno>
 #include <climits>
@@ -58,6 +59,10 @@ uint32_t log2u(uint64_t v) {
   return static_cast<uint32_t>(63 - __builtin_clzll(v));
 }
 
+// region_access::set_claim_hook (tests only): the user word is stored before the hook (release).
+std::atomic<void (*)(void*)> g_claim_hook{nullptr};
+void* g_claim_hook_user = nullptr;
+
 }  // namespace
 
 uint64_t mono_ns() noexcept {
@@ -101,6 +106,24 @@ bool reader_alive(const region_header* h, region_kind kind, bool check_start) no
     if (st != 0 && own != 0 && st != own) return false;
   }
   return true;
+}
+
+uint64_t own_claim() noexcept {
+  const auto pid = static_cast<uint32_t>(::getpid());
+  return uint64_t{pid} << 32 | static_cast<uint32_t>(process_start_time(pid));
+}
+
+bool claim_held(uint64_t word) noexcept {
+  const auto pid = static_cast<uint32_t>(word >> 32);
+  if (pid == 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
+  const uint64_t st = process_start_time(pid);
+  return st == 0 || static_cast<uint32_t>(st) == static_cast<uint32_t>(word);
+}
+
+void detach_region(region_header* h) noexcept {
+  h->claim.store(0, std::memory_order_relaxed);
+  h->reader_state.store(kReaderDetached, std::memory_order_release);
 }
 
 void futex_wake(std::atomic<uint32_t>* word, int count) noexcept {
@@ -198,6 +221,7 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
     const auto pid = static_cast<uint32_t>(::getpid());
     h->owner_pid.store(pid, std::memory_order_relaxed);
     h->owner_start_time.store(process_start_time(pid), std::memory_order_relaxed);
+    h->claim.store(own_claim(), std::memory_order_relaxed);
   }
   h->reader_incarnation.store(1, std::memory_order_relaxed);
   timespec ts{};
@@ -342,7 +366,6 @@ errc sysv_existing(key_t key, const shm_config& cfg, mapping* out, open_outcome*
     if (p == shmat_failed()) return errc_from_errno(-errno);
     auto* h = static_cast<region_header*>(p);
     const uint64_t m = h->magic.load(std::memory_order_acquire);
-    uint32_t pid = h->owner_pid.load(std::memory_order_relaxed);
     errc e = errc::busy;
     if (m == 0) {
       stale = creator_dead(ds);
@@ -354,7 +377,11 @@ errc sysv_existing(key_t key, const shm_config& cfg, mapping* out, open_outcome*
       how->detail = layout_mismatch(h, ds.shm_segsz, cfg);
       if (!how->detail.empty()) {
         e = errc::bad_layout;
-      } else if (h->owner_pid.compare_exchange_strong(pid, static_cast<uint32_t>(::getpid()))) {
+      } else if (uint64_t w = h->claim.load(std::memory_order_acquire);
+                 !claim_held(w) && h->claim.compare_exchange_strong(w, own_claim())) {
+        // The CAS decides between readers racing here: one that loads the word after it sees a
+        // live claimant, whatever owner_pid and the state (stored by claim_region) still say.
+        if (auto* hook = g_claim_hook.load(std::memory_order_acquire)) hook(g_claim_hook_user);
         claim_region(h);
         out->kind = region_kind::sysv;
         out->base = p;
@@ -579,6 +606,11 @@ std::string open_error_detail(const char* call, const std::string& url, errc e, 
     default:
       return d + to_string(e);
   }
+}
+
+void region_access::set_claim_hook(void (*hook)(void*), void* user) noexcept {
+  g_claim_hook_user = user;
+  g_claim_hook.store(hook, std::memory_order_release);
 }
 
 }  // namespace uvbus::shm_detail

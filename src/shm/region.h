@@ -105,6 +105,14 @@ void release_region(mapping* m, bool remove) noexcept;
 bool reader_alive(const region_header* h, region_kind kind, bool check_start) noexcept;
 
 uint64_t process_start_time(uint32_t pid) noexcept;  // 0 if unknown
+// The claim word of this process (region_header::claim: pid << 32 | low 32 bits of its start
+// time), and whether a word names a process that still lives (an unknown start time counts as
+// alive: a reader is never taken over on a guess).
+uint64_t own_claim() noexcept;
+bool claim_held(uint64_t word) noexcept;
+// Hands a region this reader owns to the next one (close with keep): claim cleared, then state
+// detached (release), so a reader that sees "detached" finds the claim free or newly taken.
+void detach_region(region_header* h) noexcept;
 uint64_t mono_ns() noexcept;
 
 // Futex on a 32-bit word that may live in shared memory (never the PRIVATE flag).

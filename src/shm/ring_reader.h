@@ -560,7 +560,11 @@ struct ring_reader {
       const bool keep = mode == shm_close_mode::keep;
       // release: a writer that sees "closed" needs nothing else from us and stops sending; a
       // reader that reattaches after "detached" (acquire) sees the cursor and counters above.
-      g.hdr->reader_state.store(keep ? kReaderDetached : kReaderClosed, std::memory_order_release);
+      if (keep) {
+        detach_region(g.hdr);
+      } else {
+        g.hdr->reader_state.store(kReaderClosed, std::memory_order_release);
+      }
       release_region(&map, !keep);
     }
   }

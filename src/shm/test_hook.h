@@ -7,6 +7,12 @@
 
 namespace uvbus::shm_detail {
 
+struct region_access {
+  // hook(user) runs inside every later SysV reattach, between winning the region's claim and
+  // taking it over (the window two racing readers meet in), until removed with nullptr.
+  static void set_claim_hook(void (*hook)(void* user), void* user) noexcept;
+};
+
 struct writer_access {
   // hook(user) runs inside every later send of w until removed with nullptr. No-op if w is closed.
   static void set_test_hook(shm_writer& w, void (*hook)(void* user), void* user) noexcept;

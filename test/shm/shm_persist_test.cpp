@@ -284,6 +284,45 @@ TEST_F(ShmPersist, CloseWithKeepThenReopenLosesNothing) {
   keep_and_reopen("mem://" + name);
 }
 
+// Two readers reattaching one detached SysV segment at once: only one takes it. The second opens
+// while the first is between winning the region and taking it over (a test hook there). Before,
+// it judged the first by the previous reader's state and start time, took the region as well,
+// and both drained one ring.
+TEST_F(ShmPersist, TwoReadersReattachingOneSysVSegmentAtOnceOnlyOneTakesIt) {
+  const int key = test::unique_key();
+  shm_cleanup cleanup{"", key};
+  char url[64];
+  std::snprintf(url, sizeof url, "shm://0x%x", key);
+  {
+    shm_reader r0({[](const shm_record*, size_t) {}});
+    ASSERT_EQ(r0.open(url, small_cfg()), errc::ok);
+    r0.close(shm_close_mode::keep);
+  }
+  struct race {
+    shm_reader second{{[](const shm_record*, size_t) {}}};
+    const char* url = nullptr;
+    int runs = 0;
+    errc got = errc::ok;
+  } c;
+  c.url = url;
+  shm_detail::region_access::set_claim_hook(
+      [](void* u) {
+        auto* c = static_cast<race*>(u);
+        if (c->runs++ == 0) c->got = c->second.open(c->url, small_cfg());
+      },
+      &c);
+  shm_reader first({[](const shm_record*, size_t) {}});
+  const errc e = first.open(url, small_cfg());
+  shm_detail::region_access::set_claim_hook(nullptr, nullptr);
+  ASSERT_EQ(e, errc::ok) << first.last_error().detail;
+  EXPECT_TRUE(first.reattached());
+  EXPECT_EQ(c.runs, 1) << "the second reader won the region too";
+  EXPECT_EQ(c.got, errc::busy) << to_string(c.got);
+  c.second.close(shm_close_mode::remove);
+  first.close(shm_close_mode::remove);
+  EXPECT_FALSE(test::sysv_exists(key));
+}
+
 TEST_F(ShmPersist, IncompatibleRegionIsRefusedNamingTheFieldAndLeftIntact) {
   const std::string name = test::unique_name("persist-incompat");
   const std::string url = "shm://" + name;
