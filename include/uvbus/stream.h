@@ -118,7 +118,9 @@ struct stream_config {
   // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
   // been empty, with nothing written, for this long (the same timer checks, at least every half
   // of it): a connection that once queued a burst does not keep up to queue.ring_bytes for its
-  // life. Its next send starts a small ring again. 0: grown rings are kept.
+  // life. Its next send starts a small ring again. On a TLS link the ciphertext buffers (up to
+  // about twice the largest write batch's ciphertext, kept while traffic flows) are freed the
+  // same way; the next write allocates them again. 0: grown rings and ciphertext buffers are kept.
   uint32_t send_ring_idle_ms = 5000;
   // Accepted connections beyond this many live connections (inbound + outbound) of the channel are
   // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
@@ -157,7 +159,9 @@ struct stream_connection_metrics {
   size_t queue_bytes = 0;               // frame bytes waiting in the send queue now
   size_t queue_packets = 0;             // packets waiting in the send queue now
   size_t queue_peak_bytes = 0;          // highest queue_bytes seen
-  size_t queue_memory_bytes = 0;        // memory the send queue holds now (its ring, or blocks)
+  // Memory the send path holds now: the queue's ring (or blocks), and on a TLS link also its
+  // ciphertext buffers.
+  size_t queue_memory_bytes = 0;
   // Memory the connection holds now for a frame cut by the end of a read (0 between reads that
   // end at a frame boundary: a quiet connection holds no receive buffer).
   size_t receive_memory_bytes = 0;

@@ -401,6 +401,9 @@ struct stream_channel::impl {
   errc close_listener(listener_impl* l);
   void close_all(bool with_callbacks);
   [[nodiscard]] stream_channel_metrics metrics() const;
+  // Memory c's send path holds now (queue_memory_bytes): its queue's ring or blocks, and on a TLS
+  // link its ciphertext buffers.
+  [[nodiscard]] static size_t send_memory(const conn_impl* c) noexcept;
 
   // TLS links (stream_tls.cpp). The channel's own context (stream_config::tls), built on first use.
   std::shared_ptr<const detail::tls_context> default_tls;

@@ -39,6 +39,12 @@ void byte_buf::consume(size_t n) noexcept {
   if (off_ == end_) off_ = end_ = 0;
 }
 
+void byte_buf::release() noexcept {
+  if (!empty()) return;
+  mem_.reset();
+  cap_ = off_ = end_ = 0;
+}
+
 void byte_buf::swap(byte_buf& o) noexcept {
   std::swap(mem_, o.mem_);
   std::swap(cap_, o.cap_);

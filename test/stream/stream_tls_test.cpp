@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -458,6 +459,65 @@ TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
     }
     for (auto& channel : channels_) channel->close();
   }
+}
+
+TEST_F(StreamTls, AQuietConnectionGivesItsCiphertextBuffersBack) {
+  // A burst of large frames grows the sender's ciphertext buffers to a write batch's ciphertext
+  // (queue_memory_bytes counts them with the ring); once the connection has been quiet for
+  // send_ring_idle_ms both are freed, and the next burst grows them again.
+  stream_config cfg;
+  cfg.send_ring_idle_ms = 50;
+  serve(psk_config(), cfg);
+  recorder crec;
+  const connection_id c = dial_with(&crec, psk_config());
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && !srec_.accepted.empty(); }));
+  const connection_id s = srec_.accepted[0];
+  size_t peak = 0;  // what the send path held when a batch had just been encrypted
+  srec_.on_written_hook = [&](connection_id, uint64_t) {
+    stream_connection_metrics w;
+    if (server_->connection_metrics(s, &w) == errc::ok) peak = std::max(peak, w.queue_memory_bytes);
+  };
+  const std::string big(size_t{100} * 1024, 'b');
+  stream_connection_metrics m;
+  for (size_t round = 1; round <= 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    peak = 0;
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(server_->send(s, big.data(), big.size()), errc::ok);
+    ASSERT_TRUE(run([&] { return crec.received[c.value].size() == 4 * round; }));
+    EXPECT_GT(peak, size_t{512} * 1024);  // the grown ring and a batch's ciphertext
+    ASSERT_TRUE(run([&] {
+      return server_->connection_metrics(s, &m) == errc::ok && m.queue_memory_bytes == 0;
+    })) << m.queue_memory_bytes;
+    EXPECT_EQ(server_->metrics().totals.queue_memory_bytes, 0u);
+  }
+  for (const std::string& r : crec.received[c.value]) EXPECT_EQ(r, big);
+  ASSERT_EQ(server_->send(s, "hello", 5), errc::ok);  // small again, and it still works
+  ASSERT_TRUE(run([&] { return crec.received[c.value].size() == 9; }));
+  EXPECT_EQ(crec.received[c.value].back(), "hello");
+}
+
+TEST_F(StreamTls, CiphertextBuffersAreKeptWhileTrafficFlows) {
+  // A steady flow (a message sent from every on_written) keeps its buffers: what the send path
+  // holds at each report never drops (a drop would be a free, then an allocation per message).
+  serve(psk_config());
+  recorder crec;
+  const connection_id c = dial_with(&crec, psk_config());
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && !srec_.accepted.empty(); }));
+  const connection_id s = srec_.accepted[0];
+  std::vector<size_t> held;
+  srec_.on_written_hook = [&](connection_id, uint64_t) {
+    stream_connection_metrics w;
+    if (server_->connection_metrics(s, &w) != errc::ok) return;
+    held.push_back(w.queue_memory_bytes);
+    if (held.size() < 500) {
+      EXPECT_EQ(server_->send(s, "tick", 4), errc::ok);
+    }
+  };
+  ASSERT_EQ(server_->send(s, "tick", 4), errc::ok);
+  ASSERT_TRUE(run([&] { return crec.received[c.value].size() == 500; }));
+  ASSERT_EQ(held.size(), 500u);
+  EXPECT_GT(held[0], 0u);
+  for (size_t i = 1; i < held.size(); ++i) ASSERT_GE(held[i], held[i - 1]) << "report " << i;
 }
 
 TEST_F(StreamTls, BadSettingsAreNamed) {
