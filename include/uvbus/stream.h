@@ -53,6 +53,10 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 
 namespace uvbus {
 
+namespace detail {
+struct stream_access;  // the test hook's door (src/stream/test_access.h); not part of the API
+}
+
 enum class disconnect_mode : uint8_t {
   // Stop accepting sends (they return errc::closed) and delivering (nothing more of the
   // connection reaches on_received, not even the rest of the chunk it was called from: what
@@ -154,7 +158,7 @@ struct stream_connection_metrics {
   uint64_t send_refused = 0;    // send() calls that returned queue_full
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
-  uint64_t io_errors = 0;       // read/write errors other than a clean EOF
+  uint64_t io_errors = 0;       // socket read/write errors other than a clean EOF (not TLS's)
   uint64_t partial_frame_timeouts = 0;  // closed for stalling mid-frame (partial_frame_timeout_ms)
   size_t queue_bytes = 0;               // frame bytes waiting in the send queue now
   size_t queue_packets = 0;             // packets waiting in the send queue now
@@ -182,8 +186,10 @@ struct stream_channel_metrics {
   uint64_t rejected_unregistered = 0;  // ... because max_unregistered was reached
   uint64_t rejected_per_address = 0;   // ... because max_unregistered_per_address was reached
   uint64_t unregistered_open = 0;      // accepted, not yet mark_registered(), not yet released
-  // TLS links: handshakes that failed or timed out, and KeyUpdate storms (each closed that link;
-  // logged with the reason, warn, rate limited).
+  // TLS links closed by a failure of TLS itself: handshakes that failed or timed out, records that
+  // did not decrypt (tampering) or could not be encrypted, KeyUpdate storms (logged with the
+  // reason, warn, rate limited). Each failure counts once: a socket error is its connection's
+  // io_error, never a tls_failed too, and a TLS failure never an io_error.
   uint64_t tls_failed = 0;
 };
 
@@ -447,6 +453,7 @@ class stream_channel {
   struct impl;  // private, in src/stream/
 
  private:
+  friend struct detail::stream_access;
   // Heap-allocated so that libuv close callbacks still find it if the channel object is destroyed
   // before the loop has run them.
   impl* impl_;

@@ -224,8 +224,12 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     if (w == UV_EAGAIN) {
       w = 0;
     } else if (w < 0) {
-      ++c->m().io_errors;
-      end_conn(c, from_uv(w));
+      // tls_write() has counted its error (a socket error in io_errors, a TLS one in tls_failed,
+      // never both) and ended the connection.
+      if (!c->secure) {
+        ++c->m().io_errors;
+        end_conn(c, from_uv(w));
+      }
       return;
     }
     budget -= std::min(budget, static_cast<size_t>(w));

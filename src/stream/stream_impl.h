@@ -418,7 +418,8 @@ struct stream_channel::impl {
   void tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
   void tls_handshake(conn_impl* c);
   // flush_queue()'s write: encrypts the batch (all of it) and sends the ciphertext; returns the
-  // plaintext bytes taken, or a libuv error (the connection is then ended).
+  // plaintext bytes taken, or a libuv error (the connection is then ended, and the error counted
+  // once: a socket error in io_errors, a TLS one in tls_failed).
   int tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs);
   // Sends the session's pending ciphertext: what the socket takes now, the rest with one uv_write
   // (c->writing). 0, or a libuv error (the caller ends the connection).

@@ -19,6 +19,7 @@
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 #include "stream/tls_context.h"
 #include "stream/tls_session.h"
 
@@ -27,6 +28,13 @@ namespace uvbus {
 namespace detail {
 void tls_session_deleter::operator()(tls_session* s) const noexcept {
   delete s;
+}
+
+bool stream_access::break_tls_writes(stream_channel& ch, connection_id conn) noexcept {
+  conn_impl* c = ch.impl_->find(conn);
+  if (c == nullptr || !c->secure) return false;
+  c->secure->break_writes();
+  return true;
 }
 }  // namespace detail
 
@@ -230,13 +238,18 @@ int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned
     std::string why;
     const errc e = s.write(reinterpret_cast<const uint8_t*>(bufs[i].base), bufs[i].len, &why);
     if (e != errc::ok) {
-      tls_fail(c, e, why);
+      tls_fail(c, e, why);  // a TLS failure: tls_failed, not io_errors
       return UV_EPROTO;
     }
     total += bufs[i].len;
   }
   const int r = tls_send(c);
-  return r < 0 ? r : static_cast<int>(total);
+  if (r < 0) {
+    ++c->m().io_errors;
+    end_conn(c, from_uv(r));
+    return r;
+  }
+  return static_cast<int>(total);
 }
 
 int stream_channel::impl::tls_send(conn_impl* c) {

@@ -317,6 +317,13 @@ void tls_session::close_notify() {
   ERR_clear_error();
 }
 
+void tls_session::break_writes() noexcept {
+  ERR_clear_error();
+  (void)SSL_shutdown(ssl_);
+  ERR_clear_error();
+  out_.clear();  // the close_notify it queued never leaves
+}
+
 const char* tls_session::cipher() const noexcept {
   const SSL_CIPHER* c = SSL_get_current_cipher(ssl_);
   return c == nullptr ? "none" : SSL_CIPHER_get_name(c);

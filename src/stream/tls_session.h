@@ -95,6 +95,10 @@ class tls_session {
     flight_.release();
   }
 
+  // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
+  // that every later write() fails.
+  void break_writes() noexcept;
+
   [[nodiscard]] uint64_t key_updates_sent() const noexcept { return updates_sent_; }
   [[nodiscard]] uint64_t key_updates_received() const noexcept { return updates_total_; }
   [[nodiscard]] const char* cipher() const noexcept;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "stream/test_access.h"
 #include "stream_harness.h"
 #include "tls_test_pki.h"
 
@@ -518,6 +519,30 @@ TEST_F(StreamTls, CiphertextBuffersAreKeptWhileTrafficFlows) {
   ASSERT_EQ(held.size(), 500u);
   EXPECT_GT(held[0], 0u);
   for (size_t i = 1; i < held.size(); ++i) ASSERT_GE(held[i], held[i - 1]) << "report " << i;
+}
+
+TEST_F(StreamTls, AWriteTheSessionRefusesCountsOnceAsATlsFailure) {
+  // The session refuses to encrypt (here OpenSSL's state after a fatal error: every SSL_write
+  // fails, "protocol is shutdown"): the link ends with protocol_error, its packet reported failed.
+  // A TLS failure, not a socket error: counted in tls_failed and logged, not in io_errors too.
+  serve(psk_config());
+  recorder crec;
+  const connection_id c = dial_with(&crec, psk_config());
+  stream_channel* ch = channels_.back().get();
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && !srec_.accepted.empty(); }));
+  ASSERT_TRUE(detail::stream_access::break_tls_writes(*ch, c));
+  ASSERT_EQ(ch->send(c, "doomed", 6), errc::ok);
+  ASSERT_TRUE(run([&] { return crec.disconnected.count(c.value) != 0; }));
+  EXPECT_EQ(crec.disconnected[c.value], errc::protocol_error);
+  EXPECT_EQ(crec.failed_count(c.value), 1u);
+  const stream_channel_metrics m = ch->metrics();
+  EXPECT_EQ(m.tls_failed, 1u);
+  EXPECT_EQ(m.totals.io_errors, 0u);
+  bool named = false;
+  for (const auto& l : crec.logs)
+    named |= l.second.find("protocol is shutdown") != std::string::npos;
+  EXPECT_TRUE(named);
+  EXPECT_EQ(srec_.received_count, 0u);
 }
 
 TEST_F(StreamTls, BadSettingsAreNamed) {
