@@ -158,7 +158,9 @@ struct stream_connection_metrics {
   uint64_t send_refused = 0;    // send() calls that returned queue_full
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
-  uint64_t io_errors = 0;       // socket read/write errors other than a clean EOF (not TLS's)
+  // Socket read/write errors other than a clean EOF (on a TLS link: after the handshake; see
+  // stream_channel_metrics::tls_failed).
+  uint64_t io_errors = 0;
   uint64_t partial_frame_timeouts = 0;  // closed for stalling mid-frame (partial_frame_timeout_ms)
   size_t queue_bytes = 0;               // frame bytes waiting in the send queue now
   size_t queue_packets = 0;             // packets waiting in the send queue now
@@ -186,10 +188,11 @@ struct stream_channel_metrics {
   uint64_t rejected_unregistered = 0;  // ... because max_unregistered was reached
   uint64_t rejected_per_address = 0;   // ... because max_unregistered_per_address was reached
   uint64_t unregistered_open = 0;      // accepted, not yet mark_registered(), not yet released
-  // TLS links closed by a failure of TLS itself: handshakes that failed or timed out, records that
-  // did not decrypt (tampering) or could not be encrypted, KeyUpdate storms (logged with the
-  // reason, warn, rate limited). Each failure counts once: a socket error is its connection's
-  // io_error, never a tls_failed too, and a TLS failure never an io_error.
+  // TLS links closed by a failure of TLS itself: handshakes that failed or timed out (including
+  // a socket error or an end of stream before the link was announced), records that did not
+  // decrypt (tampering) or could not be encrypted, KeyUpdate storms (logged with the reason, warn,
+  // rate limited). Each failure counts once: a socket error after the handshake is its
+  // connection's io_error and never a tls_failed too; a tls_failed is never an io_error.
   uint64_t tls_failed = 0;
 };
 

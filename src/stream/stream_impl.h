@@ -428,6 +428,9 @@ struct stream_channel::impl {
   void tls_close_notify(conn_impl* c);
   // A TLS failure: logged with its detail, counted, the connection ended with e.
   void tls_fail(conn_impl* c, errc e, const std::string& detail);
+  // A socket error (a libuv status) on a TLS link, counted once: before the link was announced
+  // its handshake failed (tls_fail: tls_failed, logged naming `what`), afterwards an io_error.
+  void tls_socket_error(conn_impl* c, int status, const char* what);
 };
 
 // The channel's .cpp files name these internal types unqualified.

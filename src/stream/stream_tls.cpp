@@ -158,8 +158,7 @@ void stream_channel::impl::tls_handshake(conn_impl* c) {
   }
   const int r = tls_send(c);
   if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
+    tls_socket_error(c, r, "sending");
     return;
   }
   if (!s.done()) return;
@@ -175,14 +174,15 @@ void stream_channel::impl::tls_handshake(conn_impl* c) {
 void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   detail::tls_session& s = *c->secure;
   if (nread < 0) {
-    if (nread != UV_EOF) ++c->m().io_errors;
-    const errc e = nread == UV_EOF ? errc::connection_reset : from_uv(static_cast<int>(nread));
-    if (!s.done()) {
-      tls_fail(c, e, "tls: the peer closed the connection during the handshake");
+    if (nread != UV_EOF) {
+      tls_socket_error(c, static_cast<int>(nread), "reading");
+    } else if (!c->connected_once) {
+      tls_fail(c, errc::connection_reset,
+               "tls: the peer closed the connection during the handshake");
     } else {
       // An end without close_notify may be a truncation: never graceful, unless we were the ones
       // ending (our close_notify went first and the peer just closed).
-      end_conn(c, c->shutting_down && nread == UV_EOF ? errc::ok : e);
+      end_conn(c, c->shutting_down ? errc::ok : errc::connection_reset);
     }
     return;
   }
@@ -224,10 +224,7 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
     if (!deliver(c, plain, n)) return;
   }
   const int r = tls_send(c);  // what reading produced (a KeyUpdate reply, an alert)
-  if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
-  }
+  if (r < 0) tls_socket_error(c, r, "sending");
 }
 
 int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs) {
@@ -245,8 +242,7 @@ int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned
   }
   const int r = tls_send(c);
   if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
+    tls_socket_error(c, r, "sending");
     return r;
   }
   return static_cast<int>(total);
@@ -293,8 +289,7 @@ void stream_channel::impl::tls_write_done(conn_impl* c, int status) {
   int r = status;
   if (r >= 0) r = tls_send(c);
   if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
+    tls_socket_error(c, r, "sending");
     return;
   }
   if (!c->writing && c->active()) flush(c);
@@ -303,6 +298,16 @@ void stream_channel::impl::tls_write_done(conn_impl* c, int status) {
 void stream_channel::impl::tls_close_notify(conn_impl* c) {
   c->secure->close_notify();
   (void)tls_send(c);  // a failure shows in the shutdown that follows
+}
+
+void stream_channel::impl::tls_socket_error(conn_impl* c, int status, const char* what) {
+  if (!c->connected_once) {  // the handshake failed: counted and logged as such, once
+    tls_fail(c, from_uv(status),
+             std::string("tls: ") + what + " failed during the handshake: " + uv_strerror(status));
+    return;
+  }
+  ++c->m().io_errors;
+  end_conn(c, from_uv(status));
 }
 
 void stream_channel::impl::tls_fail(conn_impl* c, errc e, const std::string& why) {

@@ -417,6 +417,58 @@ TEST_F(StreamTls, AStalledHandshakeIsClosedByItsDeadline) {
   expect_honest_peer_works(psk_config());
 }
 
+// The first flight of a TLS 1.3 client (a ClientHello), made with OpenSSL over memory BIOs.
+std::string client_hello() {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  SSL* ssl = SSL_new(ctx);
+  BIO* out = BIO_new(BIO_s_mem());
+  SSL_set_bio(ssl, BIO_new(BIO_s_mem()), out);
+  (void)SSL_connect(ssl);  // wants the server's answer; the hello is in `out`
+  char* p = nullptr;
+  const long n = BIO_get_mem_data(out, &p);  // NOLINT(google-runtime-int): OpenSSL's type
+  std::string hello(p, static_cast<size_t>(n));
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  return hello;
+}
+
+TEST_F(StreamTls, APeerThatResetsMidHandshakeCountsOnceAsAFailedHandshake) {
+  // A peer resets the TCP connection during the handshake: once the server has read part of a
+  // record (it is waiting for the rest: a read error), or right after a whole ClientHello (the
+  // server answers into a reset socket: a write error). Either way that handshake failed: counted
+  // once, in tls_failed, and logged, not in io_errors as well (nor only there).
+  const uint8_t part[] = {0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x00, 0x3f, 0xfc, 0x03, 0x03};
+  const std::string first[] = {std::string(reinterpret_cast<const char*>(part), sizeof part),
+                               client_hello()};
+  for (const std::string& bytes : first) {
+    const bool reading = bytes.size() == sizeof part;
+    SCOPED_TRACE(reading ? "reset while the server reads" : "reset before the server answers");
+    srec_ = recorder{};
+    serve(server_config());  // a server of its own: its counters are this peer's
+    const int fd = dial(server_->listener_port(listener_));
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    if (reading) {
+      ASSERT_TRUE(run([&] { return server_->metrics().totals.read_calls == 1; }));
+    }
+    const linger reset{1, 0};
+    ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset), 0);
+    ::close(fd);  // RST
+    // Counted (so accepted) and released: nothing more can be counted for it.
+    ASSERT_TRUE(run([&] {
+      const stream_channel_metrics m = server_->metrics();
+      return m.tls_failed + m.totals.io_errors != 0 && m.connections_open == 0;
+    }));
+    const stream_channel_metrics m = server_->metrics();
+    EXPECT_EQ(m.tls_failed, 1u);
+    EXPECT_EQ(m.totals.io_errors, 0u);
+    EXPECT_TRUE(logged("during the handshake"));
+    EXPECT_TRUE(srec_.accepted.empty());
+  }
+  expect_honest_peer_works(client_config());
+}
+
 TEST_F(StreamTls, AKeyUpdateStormClosesThatPeer) {
   serve(server_config());
   raw_tls_client storm(server_->listener_port(listener_),
