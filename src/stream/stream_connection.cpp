@@ -335,7 +335,7 @@ void stream_channel::impl::on_write_done(conn_impl* c, int status) {
 void stream_channel::impl::maybe_shutdown(conn_impl* c) {
   if (c->shutting_down || c->writing || (c->queue && !c->queue->empty())) return;
   c->shutting_down = true;
-  if (c->secure) tls_close_notify(c);  // uv_shutdown() waits for its write
+  if (c->secure && !tls_close_notify(c)) return;  // uv_shutdown() waits for its write
   c->sreq.data = c;
   const int r = uv_shutdown(&c->sreq, c->stream(), [](uv_shutdown_t* req, int status) {
     auto* cc = static_cast<conn_impl*>(req->data);

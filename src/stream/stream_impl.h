@@ -425,7 +425,8 @@ struct stream_channel::impl {
   // (c->writing). 0, or a libuv error (the caller ends the connection).
   int tls_send(conn_impl* c);
   void tls_write_done(conn_impl* c, int status);
-  void tls_close_notify(conn_impl* c);
+  // Sends close_notify ahead of the shutdown; false: that write failed and ended the connection.
+  bool tls_close_notify(conn_impl* c);
   // A TLS failure: logged with its detail, counted, the connection ended with e.
   void tls_fail(conn_impl* c, errc e, const std::string& detail);
   // A socket error (a libuv status) on a TLS link, counted once: before the link was announced

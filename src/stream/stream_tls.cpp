@@ -295,9 +295,14 @@ void stream_channel::impl::tls_write_done(conn_impl* c, int status) {
   if (!c->writing && c->active()) flush(c);
 }
 
-void stream_channel::impl::tls_close_notify(conn_impl* c) {
+bool stream_channel::impl::tls_close_notify(conn_impl* c) {
   c->secure->close_notify();
-  (void)tls_send(c);  // a failure shows in the shutdown that follows
+  const int r = tls_send(c);
+  if (r < 0) {  // counted, as clear text's drain counts the read that meets it
+    tls_socket_error(c, r, "sending close_notify");
+    return false;
+  }
+  return true;
 }
 
 void stream_channel::impl::tls_socket_error(conn_impl* c, int status, const char* what) {

@@ -597,6 +597,36 @@ TEST_F(StreamTls, AWriteTheSessionRefusesCountsOnceAsATlsFailure) {
   EXPECT_EQ(srec_.received_count, 0u);
 }
 
+TEST_F(StreamTls, AGracefulEndIntoAResetConnectionCountsTheWriteError) {
+  // The peer has reset the connection (it closed with our data unread) when we disconnect
+  // gracefully, before our loop has read the reset. In clear text the drain's read meets the
+  // error (io_errors); over TLS the close_notify written first meets it, and that write error
+  // counts the same, instead of being dropped for the shutdown's.
+  for (const tls_mode mode : {tls_mode::off, tls_mode::psk}) {
+    SCOPED_TRACE(mode == tls_mode::off ? "clear text" : "tls");
+    srec_ = recorder{};
+    tls_config t = psk_config();
+    t.mode = mode;
+    serve(t);
+    recorder crec;
+    stream_channel* ch = make_channel(&crec);
+    connection_id c;
+    ASSERT_EQ(ch->connect(url_, t, &c), errc::ok);
+    ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && !srec_.accepted.empty(); }));
+    const connection_id s = srec_.accepted[0];
+    ASSERT_EQ(server_->pause_reading(s), errc::ok);
+    ASSERT_EQ(ch->send(c, "unread", 6), errc::ok);
+    ASSERT_TRUE(run([&] { return crec.written[c.value] == 1; }));
+    ASSERT_EQ(server_->disconnect(s, disconnect_mode::force), errc::ok);  // a reset: data unread
+    ASSERT_EQ(ch->disconnect(c, disconnect_mode::graceful), errc::ok);
+    ASSERT_TRUE(run([&] { return crec.disconnected.count(c.value) != 0; }));
+    EXPECT_EQ(crec.disconnected[c.value], errc::connection_reset);
+    EXPECT_EQ(ch->metrics().totals.io_errors, 1u);
+    EXPECT_EQ(ch->metrics().tls_failed, 0u);
+    for (auto& channel : channels_) channel->close();
+  }
+}
+
 TEST_F(StreamTls, BadSettingsAreNamed) {
   recorder rec;
   stream_channel* ch = make_channel(&rec);
