@@ -53,6 +53,10 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 
 namespace uvbus {
 
+namespace detail {
+struct stream_access;  // the test hook's door (src/stream/test_access.h); not part of the API
+}
+
 enum class disconnect_mode : uint8_t {
   // Stop accepting sends (they return errc::closed) and delivering (nothing more of the
   // connection reaches on_received, not even the rest of the chunk it was called from: what
@@ -118,7 +122,9 @@ struct stream_config {
   // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
   // been empty, with nothing written, for this long (the same timer checks, at least every half
   // of it): a connection that once queued a burst does not keep up to queue.ring_bytes for its
-  // life. Its next send starts a small ring again. 0: grown rings are kept.
+  // life. Its next send starts a small ring again. On a TLS link the ciphertext buffers (up to
+  // about twice the largest write batch's ciphertext, kept while traffic flows) are freed the
+  // same way; the next write allocates them again. 0: grown rings and ciphertext buffers are kept.
   uint32_t send_ring_idle_ms = 5000;
   // Accepted connections beyond this many live connections (inbound + outbound) of the channel are
   // closed at once, without on_accepted, and counted in connections_rejected: the bound on what
@@ -152,12 +158,16 @@ struct stream_connection_metrics {
   uint64_t send_refused = 0;    // send() calls that returned queue_full
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
-  uint64_t io_errors = 0;       // read/write errors other than a clean EOF
+  // Socket read/write errors other than a clean EOF (on a TLS link: after the handshake; see
+  // stream_channel_metrics::tls_failed).
+  uint64_t io_errors = 0;
   uint64_t partial_frame_timeouts = 0;  // closed for stalling mid-frame (partial_frame_timeout_ms)
   size_t queue_bytes = 0;               // frame bytes waiting in the send queue now
   size_t queue_packets = 0;             // packets waiting in the send queue now
   size_t queue_peak_bytes = 0;          // highest queue_bytes seen
-  size_t queue_memory_bytes = 0;        // memory the send queue holds now (its ring, or blocks)
+  // Memory the send path holds now: the queue's ring (or blocks), and on a TLS link also its
+  // ciphertext buffers.
+  size_t queue_memory_bytes = 0;
   // Memory the connection holds now for a frame cut by the end of a read (0 between reads that
   // end at a frame boundary: a quiet connection holds no receive buffer).
   size_t receive_memory_bytes = 0;
@@ -178,8 +188,11 @@ struct stream_channel_metrics {
   uint64_t rejected_unregistered = 0;  // ... because max_unregistered was reached
   uint64_t rejected_per_address = 0;   // ... because max_unregistered_per_address was reached
   uint64_t unregistered_open = 0;      // accepted, not yet mark_registered(), not yet released
-  // TLS links: handshakes that failed or timed out, and KeyUpdate storms (each closed that link;
-  // logged with the reason, warn, rate limited).
+  // TLS links closed by a failure of TLS itself: handshakes that failed or timed out (including
+  // a socket error or an end of stream before the link was announced), records that did not
+  // decrypt (tampering) or could not be encrypted, KeyUpdate storms (logged with the reason, warn,
+  // rate limited). Each failure counts once: a socket error after the handshake is its
+  // connection's io_error and never a tls_failed too; a tls_failed is never an io_error.
   uint64_t tls_failed = 0;
 };
 
@@ -443,6 +456,7 @@ class stream_channel {
   struct impl;  // private, in src/stream/
 
  private:
+  friend struct detail::stream_access;
   // Heap-allocated so that libuv close callbacks still find it if the channel object is destroyed
   // before the loop has run them.
   impl* impl_;

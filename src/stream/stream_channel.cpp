@@ -14,6 +14,7 @@
 #include "core/murmur3_batch.h"
 #include "stream/stream_impl.h"
 #include "stream/tls_context.h"
+#include "stream/tls_session.h"
 
 namespace uvbus {
 
@@ -145,13 +146,15 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
 // connection that is reading counts: one the owner paused (a bus node holding an upstream link
 // back for a slow next hop) waits by the owner's choice, and its clock restarts at
 // resume_reading(); a draining one reads no more. A send ring that grew and has been empty, with
-// no write in flight and no reservation open, since a flush send_ring_idle_ms ago is freed.
+// no write in flight and no reservation open, since a flush send_ring_idle_ms ago is freed, and so
+// are a TLS link's ciphertext buffers (a batch's ciphertext each, kept while traffic flows).
 void stream_channel::impl::sweep() {
   const uint64_t now = uv_now(loop);
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
-    if (cfg.send_ring_idle_ms != 0 && c->queue && !c->writing && c->prepared == nullptr &&
+    if (cfg.send_ring_idle_ms != 0 && !c->writing && c->prepared == nullptr &&
         now - c->last_flush_ms >= cfg.send_ring_idle_ms) {
-      (void)c->queue->release_storage(true);
+      if (c->queue) (void)c->queue->release_storage(true);
+      if (c->secure) c->secure->release_buffers();  // only the empty ones
     }
     // end_conn() only marks the connection and closes its handle; it stays linked until the
     // close callback, so the next pointer is still valid after it.
@@ -232,10 +235,16 @@ stream_channel_metrics stream_channel::impl::metrics() const {
   stream_channel_metrics m = retired;
   for (const conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     add_totals(m.totals, c->metrics, true);
-    if (c->queue) m.totals.queue_memory_bytes += c->queue->memory_bytes();
+    m.totals.queue_memory_bytes += send_memory(c);
     m.totals.receive_memory_bytes += c->decoder.buffer_capacity();
   }
   return m;
+}
+
+size_t stream_channel::impl::send_memory(const conn_impl* c) noexcept {
+  size_t n = c->queue ? c->queue->memory_bytes() : 0;
+  if (c->secure) n += c->secure->buffer_bytes();
+  return n;
 }
 
 errc stream_channel::impl::fail(errc e, std::string detail) {
@@ -606,7 +615,7 @@ errc stream_channel::connection_metrics(connection_id conn, stream_connection_me
   if (c == nullptr) return errc::closed;
   if (out != nullptr) {
     *out = c->metrics;
-    out->queue_memory_bytes = c->queue ? c->queue->memory_bytes() : 0;
+    out->queue_memory_bytes = impl::send_memory(c);
     out->receive_memory_bytes = c->decoder.buffer_capacity();
   }
   return errc::ok;

@@ -224,8 +224,12 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     if (w == UV_EAGAIN) {
       w = 0;
     } else if (w < 0) {
-      ++c->m().io_errors;
-      end_conn(c, from_uv(w));
+      // tls_write() has counted its error (a socket error in io_errors, a TLS one in tls_failed,
+      // never both) and ended the connection.
+      if (!c->secure) {
+        ++c->m().io_errors;
+        end_conn(c, from_uv(w));
+      }
       return;
     }
     budget -= std::min(budget, static_cast<size_t>(w));
@@ -331,7 +335,7 @@ void stream_channel::impl::on_write_done(conn_impl* c, int status) {
 void stream_channel::impl::maybe_shutdown(conn_impl* c) {
   if (c->shutting_down || c->writing || (c->queue && !c->queue->empty())) return;
   c->shutting_down = true;
-  if (c->secure) tls_close_notify(c);  // uv_shutdown() waits for its write
+  if (c->secure && !tls_close_notify(c)) return;  // uv_shutdown() waits for its write
   c->sreq.data = c;
   const int r = uv_shutdown(&c->sreq, c->stream(), [](uv_shutdown_t* req, int status) {
     auto* cc = static_cast<conn_impl*>(req->data);

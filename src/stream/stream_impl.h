@@ -401,6 +401,9 @@ struct stream_channel::impl {
   errc close_listener(listener_impl* l);
   void close_all(bool with_callbacks);
   [[nodiscard]] stream_channel_metrics metrics() const;
+  // Memory c's send path holds now (queue_memory_bytes): its queue's ring or blocks, and on a TLS
+  // link its ciphertext buffers.
+  [[nodiscard]] static size_t send_memory(const conn_impl* c) noexcept;
 
   // TLS links (stream_tls.cpp). The channel's own context (stream_config::tls), built on first use.
   std::shared_ptr<const detail::tls_context> default_tls;
@@ -415,15 +418,20 @@ struct stream_channel::impl {
   void tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
   void tls_handshake(conn_impl* c);
   // flush_queue()'s write: encrypts the batch (all of it) and sends the ciphertext; returns the
-  // plaintext bytes taken, or a libuv error (the connection is then ended).
+  // plaintext bytes taken, or a libuv error (the connection is then ended, and the error counted
+  // once: a socket error in io_errors, a TLS one in tls_failed).
   int tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs);
   // Sends the session's pending ciphertext: what the socket takes now, the rest with one uv_write
   // (c->writing). 0, or a libuv error (the caller ends the connection).
   int tls_send(conn_impl* c);
   void tls_write_done(conn_impl* c, int status);
-  void tls_close_notify(conn_impl* c);
+  // Sends close_notify ahead of the shutdown; false: that write failed and ended the connection.
+  bool tls_close_notify(conn_impl* c);
   // A TLS failure: logged with its detail, counted, the connection ended with e.
   void tls_fail(conn_impl* c, errc e, const std::string& detail);
+  // A socket error (a libuv status) on a TLS link, counted once: before the link was announced
+  // its handshake failed (tls_fail: tls_failed, logged naming `what`), afterwards an io_error.
+  void tls_socket_error(conn_impl* c, int status, const char* what);
 };
 
 // The channel's .cpp files name these internal types unqualified.

@@ -19,6 +19,7 @@
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 #include "stream/tls_context.h"
 #include "stream/tls_session.h"
 
@@ -27,6 +28,13 @@ namespace uvbus {
 namespace detail {
 void tls_session_deleter::operator()(tls_session* s) const noexcept {
   delete s;
+}
+
+bool stream_access::break_tls_writes(stream_channel& ch, connection_id conn) noexcept {
+  conn_impl* c = ch.impl_->find(conn);
+  if (c == nullptr || !c->secure) return false;
+  c->secure->break_writes();
+  return true;
 }
 }  // namespace detail
 
@@ -150,8 +158,7 @@ void stream_channel::impl::tls_handshake(conn_impl* c) {
   }
   const int r = tls_send(c);
   if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
+    tls_socket_error(c, r, "sending");
     return;
   }
   if (!s.done()) return;
@@ -167,14 +174,15 @@ void stream_channel::impl::tls_handshake(conn_impl* c) {
 void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   detail::tls_session& s = *c->secure;
   if (nread < 0) {
-    if (nread != UV_EOF) ++c->m().io_errors;
-    const errc e = nread == UV_EOF ? errc::connection_reset : from_uv(static_cast<int>(nread));
-    if (!s.done()) {
-      tls_fail(c, e, "tls: the peer closed the connection during the handshake");
+    if (nread != UV_EOF) {
+      tls_socket_error(c, static_cast<int>(nread), "reading");
+    } else if (!c->connected_once) {
+      tls_fail(c, errc::connection_reset,
+               "tls: the peer closed the connection during the handshake");
     } else {
       // An end without close_notify may be a truncation: never graceful, unless we were the ones
       // ending (our close_notify went first and the peer just closed).
-      end_conn(c, c->shutting_down && nread == UV_EOF ? errc::ok : e);
+      end_conn(c, c->shutting_down ? errc::ok : errc::connection_reset);
     }
     return;
   }
@@ -216,10 +224,7 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
     if (!deliver(c, plain, n)) return;
   }
   const int r = tls_send(c);  // what reading produced (a KeyUpdate reply, an alert)
-  if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
-  }
+  if (r < 0) tls_socket_error(c, r, "sending");
 }
 
 int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs) {
@@ -230,13 +235,17 @@ int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned
     std::string why;
     const errc e = s.write(reinterpret_cast<const uint8_t*>(bufs[i].base), bufs[i].len, &why);
     if (e != errc::ok) {
-      tls_fail(c, e, why);
+      tls_fail(c, e, why);  // a TLS failure: tls_failed, not io_errors
       return UV_EPROTO;
     }
     total += bufs[i].len;
   }
   const int r = tls_send(c);
-  return r < 0 ? r : static_cast<int>(total);
+  if (r < 0) {
+    tls_socket_error(c, r, "sending");
+    return r;
+  }
+  return static_cast<int>(total);
 }
 
 int stream_channel::impl::tls_send(conn_impl* c) {
@@ -280,16 +289,30 @@ void stream_channel::impl::tls_write_done(conn_impl* c, int status) {
   int r = status;
   if (r >= 0) r = tls_send(c);
   if (r < 0) {
-    ++c->m().io_errors;
-    end_conn(c, from_uv(r));
+    tls_socket_error(c, r, "sending");
     return;
   }
   if (!c->writing && c->active()) flush(c);
 }
 
-void stream_channel::impl::tls_close_notify(conn_impl* c) {
+bool stream_channel::impl::tls_close_notify(conn_impl* c) {
   c->secure->close_notify();
-  (void)tls_send(c);  // a failure shows in the shutdown that follows
+  const int r = tls_send(c);
+  if (r < 0) {  // counted, as clear text's drain counts the read that meets it
+    tls_socket_error(c, r, "sending close_notify");
+    return false;
+  }
+  return true;
+}
+
+void stream_channel::impl::tls_socket_error(conn_impl* c, int status, const char* what) {
+  if (!c->connected_once) {  // the handshake failed: counted and logged as such, once
+    tls_fail(c, from_uv(status),
+             std::string("tls: ") + what + " failed during the handshake: " + uv_strerror(status));
+    return;
+  }
+  ++c->m().io_errors;
+  end_conn(c, from_uv(status));
 }
 
 void stream_channel::impl::tls_fail(conn_impl* c, errc e, const std::string& why) {

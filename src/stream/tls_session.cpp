@@ -39,6 +39,12 @@ void byte_buf::consume(size_t n) noexcept {
   if (off_ == end_) off_ = end_ = 0;
 }
 
+void byte_buf::release() noexcept {
+  if (!empty()) return;
+  mem_.reset();
+  cap_ = off_ = end_ = 0;
+}
+
 void byte_buf::swap(byte_buf& o) noexcept {
   std::swap(mem_, o.mem_);
   std::swap(cap_, o.cap_);
@@ -309,6 +315,13 @@ void tls_session::close_notify() {
   ERR_clear_error();
   (void)SSL_shutdown(ssl_);
   ERR_clear_error();
+}
+
+void tls_session::break_writes() noexcept {
+  ERR_clear_error();
+  (void)SSL_shutdown(ssl_);
+  ERR_clear_error();
+  out_.clear();  // the close_notify it queued never leaves
 }
 
 const char* tls_session::cipher() const noexcept {

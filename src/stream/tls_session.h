@@ -17,7 +17,7 @@ struct x509_store_ctx_st;
 namespace uvbus::detail {
 
 // A growable byte buffer with a read offset: written at the back, consumed from the front. Keeps
-// its memory when emptied, so a connection in steady state allocates nothing.
+// its memory when emptied, so a connection in steady state allocates nothing, until release().
 class byte_buf {
  public:
   byte_buf() = default;
@@ -32,6 +32,9 @@ class byte_buf {
   void consume(size_t n) noexcept;
   void clear() noexcept { off_ = end_ = 0; }
   void swap(byte_buf& o) noexcept;
+  // Frees the memory of an empty buffer (a non-empty one is left as it is); the next append()
+  // allocates again.
+  void release() noexcept;
 
  private:
   std::unique_ptr<uint8_t[]> mem_;
@@ -81,6 +84,20 @@ class tls_session {
   // ciphertext while flight() is being written), the owner clear()s it when the write completes.
   byte_buf& flight() noexcept { return flight_; }
   void swap_out() noexcept { out_.swap(flight_); }
+  // Memory the two ciphertext buffers hold now (each up to a write batch's ciphertext).
+  [[nodiscard]] size_t buffer_bytes() const noexcept {
+    return out_.capacity() + flight_.capacity();
+  }
+  // A quiet connection gives that memory back: each buffer that is empty is freed (the owner
+  // calls it with no write in flight; the next write allocates again).
+  void release_buffers() noexcept {
+    out_.release();
+    flight_.release();
+  }
+
+  // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
+  // that every later write() fails.
+  void break_writes() noexcept;
 
   [[nodiscard]] uint64_t key_updates_sent() const noexcept { return updates_sent_; }
   [[nodiscard]] uint64_t key_updates_received() const noexcept { return updates_total_; }
