@@ -2,6 +2,7 @@
 // read chunk, ciphertext to a per-connection buffer), peer checks and KeyUpdate accounting.
 #include "stream/tls_session.h"
 
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -315,6 +316,14 @@ void tls_session::close_notify() {
   ERR_clear_error();
   (void)SSL_shutdown(ssl_);
   ERR_clear_error();
+}
+
+void tls_session::release_buffers() noexcept {
+  out_.release();
+  flight_.release();
+  // OpenSSL allocates them again at the next read or write; it refuses while they hold data.
+  static const bool safe = OpenSSL_version_num() >= 0x300000e0UL;  // 3.0.14
+  if (safe) (void)SSL_free_buffers(ssl_);
 }
 
 void tls_session::break_writes() noexcept {

@@ -89,11 +89,10 @@ class tls_session {
     return out_.capacity() + flight_.capacity();
   }
   // A quiet connection gives that memory back: each buffer that is empty is freed (the owner
-  // calls it with no write in flight; the next write allocates again).
-  void release_buffers() noexcept {
-    out_.release();
-    flight_.release();
-  }
+  // calls it with no write in flight; the next write allocates again), and so are OpenSSL's own
+  // record buffers when they hold nothing (about 17 KiB each way in OpenSSL 3.0; SSL_free_buffers,
+  // used only with an OpenSSL of 3.0.14 or later, whose SSL_free_buffers is safe: CVE-2024-4741).
+  void release_buffers() noexcept;
 
   // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
   // that every later write() fails.
