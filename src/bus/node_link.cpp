@@ -290,7 +290,14 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     result = errc::protocol_error;
     rr.message = "the sibling answered with another id";
   }
-  if (result == errc::ok && lk->is_parent && rr.info.id == self) result = errc::duplicate_id;
+  // A parent with our id or a registered peer's would replace that peer's entry under its link.
+  if (result == errc::ok && lk->is_parent && (rr.info.id == self || find_peer(rr.info.id))) {
+    result = errc::duplicate_id;
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "the parent answered with id 0x%" PRIx64 ", %s", rr.info.id,
+                  rr.info.id == self ? "ours" : "a registered peer's");
+    rr.message = msg;
+  }
   // A sibling relays only for subnets it could plausibly own (as on the acceptor's side).
   if (result == errc::ok && !lk->is_parent) {
     result = table.check_sibling(rr.info.id, rr.info.subnets, &rr.message);
