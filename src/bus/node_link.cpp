@@ -345,7 +345,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   if (lk->is_parent) {
     parent_id = p->id;
     table.set_parent(p->id);
-    reconnect_attempt = 0;
+    parent_up_ms = now_ms();  // the backoff restarts only if this link lasts (link_gone)
     is_up = true;
     log(log_level::info, "registered with parent 0x%" PRIx64, p->id);
     registration_result(errc::ok, rr.message);
@@ -584,6 +584,9 @@ void node::impl::link_gone(link* lk, errc reason) {
     for (auto& [id, s] : siblings) {
       if (s.state == sib_state::lookup) sibling_via_parent(id, "parent lost");
     }
+    // A parent that drops every registration at once is retried less and less often: the
+    // backoff starts again only after a link that stayed registered for reconnect_max_ms.
+    if (lost_peer && now_ms() - parent_up_ms >= cfg.reconnect_max_ms) reconnect_attempt = 0;
     schedule_reconnect();
   } else if (lk->outbound && lk->expect_id != 0 && lk->peer == nullptr) {
     if (find_peer(lk->expect_id) != nullptr) {

@@ -293,7 +293,11 @@ class raw_peer {
     EXPECT_EQ(ch_.listen(url, &l), errc::ok);
     return ch_.listener_url(l);
   }
+  bool drop_after_register = false;  // close each link right after accepting its registration
   int registrations = 0;
+  void drop() {
+    if (conn_) (void)ch_.disconnect(conn_);
+  }
   void connect(const std::string& url) { EXPECT_EQ(ch_.connect(url), errc::ok); }
 
   void send(const std::vector<uint8_t>& m) {
@@ -331,6 +335,7 @@ class raw_peer {
         send(proto::build(o, b));
         registered = true;
         ++registrations;
+        if (drop_after_register) drop();
         break;
       }
       case proto::msg_type::challenge: {  // we are the connector: register as a child
@@ -476,6 +481,31 @@ TEST_F(NodeTest, AParentAnsweringWithARegisteredPeersIdIsRefused) {
   endpoint_info e;
   ASSERT_TRUE(n->n->peer(0x201, &e));
   EXPECT_EQ(e.role, peer_role::child);
+}
+
+// A parent that accepted each registration and dropped the link at once was retried every
+// reconnect_min_ms for ever (a registration reset the backoff); the backoff now restarts only
+// after a link that stayed registered for reconnect_max_ms.
+TEST_F(NodeTest, AParentThatDropsEveryRegistrationAtOnceIsRetriedLessAndLessOften) {
+  raw_peer parent(&loop_);
+  parent.drop_after_register = true;
+  node_config cfg = fast_config(parent.listen());
+  cfg.reconnect_min_ms = 50;
+  cfg.reconnect_max_ms = 800;
+  cfg.reconnect_jitter = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  bus_node* c = make(0x101, cfg);
+  ASSERT_TRUE(wait([&] { return c->ups == 5; }));
+  // 50 + 100 + 200 + 400 ms between the five registrations (without backoff: 4 x 50).
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 700ms);
+  parent.drop_after_register = false;  // the next link lasts: the backoff starts again
+  ASSERT_TRUE(wait([&] { return c->ups == 6; }));
+  run_for(900ms);
+  ASSERT_TRUE(c->n->up());
+  const auto t1 = std::chrono::steady_clock::now();
+  parent.drop();
+  ASSERT_TRUE(wait([&] { return c->ups == 7; }));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 700ms);  // 50 ms, not 800
 }
 
 TEST_F(NodeTest, WrongTokenIsRefusedAndLogged) {
