@@ -4,12 +4,14 @@
 //   ipv6://[::1]:16389            IPv6 literal in brackets; the libatbus form ipv6://::1:16389 is
 //                                 accepted too (the last colon separates the port)
 //   dns://localhost:16389         a host name, resolved when connecting or listening
-//   unix:///tmp/x.sock            a unix socket path (absolute or relative)
+//   unix:///tmp/x.sock            a unix socket path (absolute or relative), at most
+//                                 kMaxUnixPathBytes (107) bytes: what a socket address holds
 //   shm://name  or  shm:///name   a POSIX shared-memory region (shm_open name "/name")
 //   shm://0x1234  or  shm://4660  a SysV shared-memory key (hex with 0x, or decimal)
 //   mem://name                    an in-process ring, for threads of one process
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -19,6 +21,10 @@
 namespace uvbus {
 
 enum class scheme : uint8_t { ipv4, ipv6, dns, unix_socket, shm, mem };
+
+// The longest unix:// path: sockaddr_un's sun_path less its terminating NUL. A longer one would be
+// cut by connect() and reach another socket.
+inline constexpr size_t kMaxUnixPathBytes = 107;
 
 const char* to_string(scheme s) noexcept;
 
@@ -39,8 +45,9 @@ struct address {
   }
 };
 
-// Parses url into *out. Errors: bad_url (malformed: missing "://", empty host or path, bad or
-// out-of-range port, invalid IP literal, bad shm key), unsupported_scheme (unknown scheme).
+// Parses url into *out. Errors: bad_url (malformed: missing "://", empty host or path, a unix path
+// over kMaxUnixPathBytes, bad or out-of-range port, invalid IP literal, bad shm key),
+// unsupported_scheme (unknown scheme).
 // *out is only written on success.
 [[nodiscard]] errc parse_address(std::string_view url, address* out);
 

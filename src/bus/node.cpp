@@ -98,6 +98,7 @@ errc node::impl::send_control(link* lk, proto::header hd, const std::vector<uint
 void node::impl::close_link(link* lk, errc why, disconnect_mode mode) {
   if (lk->state == link_state::closing) return;
   lk->state = link_state::closing;
+  lk->deadline_ms = now_ms() + cfg.heartbeat_timeout_ms;  // a graceful close's limit (tick())
   if (lk->close_reason == errc::ok) lk->close_reason = why;
   (void)streams->disconnect(lk->conn, mode);
 }
@@ -331,6 +332,7 @@ void node::impl::close_links_for_stop() {
     }
     if (lk->state != link_state::closing) {
       lk->state = link_state::closing;
+      lk->deadline_ms = now_ms() + cfg.heartbeat_timeout_ms;
       if (lk->close_reason == errc::ok) lk->close_reason = errc::closed;
       (void)streams->disconnect(lk->conn, disconnect_mode::graceful);
     }

@@ -27,6 +27,9 @@ std::string url_problem(const std::string& url, errc e) {
   const std::string scheme = url.substr(0, sep);
   const std::string rest = url.substr(sep + 3);
   if (rest.empty()) return "empty host or path";
+  if (scheme == "unix" && rest.size() > kMaxUnixPathBytes) {
+    return "the path is longer than " + std::to_string(kMaxUnixPathBytes) + " bytes";
+  }
   if (scheme == "ipv4" || scheme == "dns" || scheme == "ipv6") {
     const size_t colon = rest.rfind(':');
     const size_t bracket = rest.rfind(']');

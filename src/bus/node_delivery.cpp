@@ -350,6 +350,22 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
 }
 
 // ---------------------------------------------------------------------------------- timers --
+namespace {
+
+// True for a closing link. A graceful close flushes the queue first; a peer that does not read
+// would hold it (and stop()) for ever: after heartbeat_timeout_ms (its deadline_ms once closing)
+// it is closed at once.
+bool force_overdue_close(stream_channel* streams, detail::link* lk, uint64_t now) {
+  if (lk->state != detail::link_state::closing) return false;
+  if (now >= lk->deadline_ms) {
+    lk->deadline_ms = UINT64_MAX;
+    (void)streams->disconnect(lk->conn, disconnect_mode::force);
+  }
+  return true;
+}
+
+}  // namespace
+
 // A next hop whose overflow has not moved for heartbeat_timeout_ms does not read: the links paused
 // for it would otherwise stay paused for ever. What waits in its overflow is refused (queue_full:
 // a drop notice, or a failed report, to each source), then the hop is closed, which resumes them.
@@ -378,7 +394,7 @@ void node::impl::tick() {
   if (post_blocked) drain_posts();  // a full ring or pending queue has no wake-up of its own
   std::vector<link*> expired;
   for (auto& [id, lk] : links) {
-    if (lk->state == link_state::closing) continue;
+    if (force_overdue_close(streams.get(), lk.get(), now)) continue;
     if (lk->state != link_state::registered) {
       if (now >= lk->deadline_ms) expired.push_back(lk.get());
       continue;

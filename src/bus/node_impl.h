@@ -90,8 +90,9 @@ struct node::impl {
   errc parent_refusal = errc::ok;  // ... and why (what sends return from then on)
   link* parent_link = nullptr;
   bus_id parent_id = 0;
-  uint32_t reconnect_attempt = 0;
-  size_t parent_index = 0;  // the entry of cfg.parent_urls tried now
+  uint32_t reconnect_attempt = 0;  // reset by a parent link that stayed up reconnect_max_ms
+  uint64_t parent_up_ms = 0;       // when the parent last accepted our registration
+  size_t parent_index = 0;         // the entry of cfg.parent_urls tried now
   bool reconnect_armed = false;
   std::mt19937_64 rng{detail::mono_ns()};
 

@@ -290,7 +290,14 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     result = errc::protocol_error;
     rr.message = "the sibling answered with another id";
   }
-  if (result == errc::ok && lk->is_parent && rr.info.id == self) result = errc::duplicate_id;
+  // A parent with our id or a registered peer's would replace that peer's entry under its link.
+  if (result == errc::ok && lk->is_parent && (rr.info.id == self || find_peer(rr.info.id))) {
+    result = errc::duplicate_id;
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "the parent answered with id 0x%" PRIx64 ", %s", rr.info.id,
+                  rr.info.id == self ? "ours" : "a registered peer's");
+    rr.message = msg;
+  }
   // A sibling relays only for subnets it could plausibly own (as on the acceptor's side).
   if (result == errc::ok && !lk->is_parent) {
     result = table.check_sibling(rr.info.id, rr.info.subnets, &rr.message);
@@ -338,7 +345,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   if (lk->is_parent) {
     parent_id = p->id;
     table.set_parent(p->id);
-    reconnect_attempt = 0;
+    parent_up_ms = now_ms();  // the backoff restarts only if this link lasts (link_gone)
     is_up = true;
     log(log_level::info, "registered with parent 0x%" PRIx64, p->id);
     registration_result(errc::ok, rr.message);
@@ -577,6 +584,9 @@ void node::impl::link_gone(link* lk, errc reason) {
     for (auto& [id, s] : siblings) {
       if (s.state == sib_state::lookup) sibling_via_parent(id, "parent lost");
     }
+    // A parent that drops every registration at once is retried less and less often: the
+    // backoff starts again only after a link that stayed registered for reconnect_max_ms.
+    if (lost_peer && now_ms() - parent_up_ms >= cfg.reconnect_max_ms) reconnect_attempt = 0;
     schedule_reconnect();
   } else if (lk->outbound && lk->expect_id != 0 && lk->peer == nullptr) {
     if (find_peer(lk->expect_id) != nullptr) {

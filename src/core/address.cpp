@@ -2,10 +2,14 @@
 #include "uvbus/address.h"
 
 #include <arpa/inet.h>
+#include <sys/un.h>
 
 #include <cstdio>
 
 namespace uvbus {
+
+static_assert(kMaxUnixPathBytes + 1 == sizeof(sockaddr_un{}.sun_path), "sun_path size");
+
 namespace {
 
 bool parse_port(std::string_view s, uint16_t* port) {
@@ -105,7 +109,7 @@ errc parse_address(std::string_view url, address* out) {
 
   switch (a.kind) {
     case scheme::unix_socket:
-      if (rest.empty() || rest.find('\0') != std::string_view::npos) return errc::bad_url;
+      if (rest.empty() || rest.size() > kMaxUnixPathBytes) return errc::bad_url;
       a.host = std::string(rest);
       break;
     case scheme::shm:

@@ -279,6 +279,10 @@ errc stream_channel::impl::check_url(std::string_view url, address* a) {
     if (tcp && !rest.empty() && rest.back() != ']' && rest.find(':') == std::string_view::npos) {
       return fail(pe, u + ": missing port");
     }
+    if (!tcp && rest.size() > kMaxUnixPathBytes) {
+      return fail(pe, u + ": the path is longer than " + std::to_string(kMaxUnixPathBytes) +
+                          " bytes (a socket address holds no more)");
+    }
     return fail(pe, u + ": " + to_string(pe));
   }
   if (!a->is_stream()) {

@@ -49,6 +49,8 @@ std::vector<rule> url_rules() {
        errc::invalid_argument, "listen: 9 URLs, at most 8"},
       {"long URL", [](C* c) { c->listen = {"unix:///" + std::string(300, 'x')}; },
        errc::invalid_argument, "longer than 256 bytes"},
+      {"unix path too long", [](C* c) { c->parent_urls = {"unix:///" + std::string(107, 'x')}; },
+       errc::bad_url, "parent_urls[0] \"unix:///xxx"},
       {"parent not a URL",
        [](C* c) {
          c->parent_urls = {"ipv4://127.0.0.1:1", "nonsense"};

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
 
 namespace uvbus {
 namespace {
@@ -115,6 +116,41 @@ TEST_F(NodeStopOrder, StopFromOnReportRunsABroadcastSummaryBeforeOnDown) {
   ASSERT_TRUE(wait([&] { return r->n == nullptr; }));
   run_for(100ms);
   EXPECT_EQ(events_, (std::vector<std::string>{"report", "broadcast:closed", "down:closed"}));
+}
+
+// stop() closes every link gracefully: its queue reaches the kernel first. A peer that stopped
+// reading (a stalled process) with more queued than the kernel takes held that for ever, and
+// on_down(closed) never came (the heartbeat check skips closing links). A graceful close now gets
+// heartbeat_timeout_ms; then the link is closed at once and what it still held is reported.
+TEST_F(NodeStopOrder, StopEndsWhenAPeerDoesNotReadWhatIsQueuedForIt) {
+  node_config pc = fast_config();
+  pc.heartbeat_timeout_ms = 1000;
+  pc.stop_flush_ms = 0;
+  bus_node* p = make_root(0x100, {{0x100, 8}}, pc);
+  test::raw_child c(0x101, 0x100);
+  c.compress = false;  // what it is sent must fill the socket, not shrink to nothing
+  c.pause_after_register = true;
+  c.start(&loop_, p->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return c.registered; }));
+  const std::string payload(60000, 'x');
+  size_t accepted = 0;
+  auto next_ping = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait([&] {  // until the kernel's buffers and the link's queue are full
+    if (std::chrono::steady_clock::now() >= next_ping) {
+      c.ping();  // not silent: only its reading stalls
+      next_ping = std::chrono::steady_clock::now() + 100ms;
+    }
+    for (int i = 0; i < 16; ++i) {
+      if (send_str(p, 0x101, 1, payload) != errc::ok) return true;
+      ++accepted;
+    }
+    return false;
+  }));
+  ASSERT_TRUE(p->removed.empty());
+  p->n->stop();
+  ASSERT_TRUE(wait([&] { return !p->downs.empty(); }, 10s));
+  EXPECT_EQ(p->downs.back(), errc::closed);
+  EXPECT_EQ(p->reports.size(), accepted);  // every accepted message reported
 }
 
 }  // namespace

@@ -288,10 +288,15 @@ class raw_peer {
   bool registered = false;
   bool closed_ = false;
 
-  std::string listen() {
+  std::string listen(const std::string& url = "ipv4://127.0.0.1:0") {
     listener_id l;
-    EXPECT_EQ(ch_.listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    EXPECT_EQ(ch_.listen(url, &l), errc::ok);
     return ch_.listener_url(l);
+  }
+  bool drop_after_register = false;  // close each link right after accepting its registration
+  int registrations = 0;
+  void drop() {
+    if (conn_) (void)ch_.disconnect(conn_);
   }
   void connect(const std::string& url) { EXPECT_EQ(ch_.connect(url), errc::ok); }
 
@@ -329,6 +334,8 @@ class raw_peer {
         o.type = proto::msg_type::register_reply;
         send(proto::build(o, b));
         registered = true;
+        ++registrations;
+        if (drop_after_register) drop();
         break;
       }
       case proto::msg_type::challenge: {  // we are the connector: register as a child
@@ -446,6 +453,59 @@ TEST_F(NodeTest, HeartbeatTimeoutDropsASilentChild) {
   ASSERT_TRUE(wait([&] { return p->added.size() == 1; }));
   ASSERT_TRUE(wait([&] { return p->removed.size() == 1; }, 3000ms));
   EXPECT_EQ(p->removed[0].second, errc::timeout);
+}
+
+// A parent answering with the id of a peer this node already has (a child here) replaced that
+// peer's entry: the child's link kept pointing to the freed one (heap-use-after-free at its next
+// message or heartbeat).
+TEST_F(NodeTest, AParentAnsweringWithARegisteredPeersIdIsRefused) {
+  const std::string path = "/tmp/" + test::unique_name("parent") + ".sock";
+  bus_node* n = make_root(0x200, {{0x200, 8}}, fast_config("unix://" + path));
+  bus_node* c = make_child(0x201, n);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  raw_peer parent(&loop_);
+  parent.id = 0x201;  // the child's id
+  parent.listen("unix://" + path);
+  const auto refused = [&] {  // the index of the first duplicate_id refusal, or size()
+    size_t i = 0;
+    while (i < n->registrations.size() && n->registrations[i] != errc::duplicate_id) ++i;
+    return i;
+  };
+  ASSERT_TRUE(wait([&] { return n->ups > 0 || refused() < n->registrations.size(); }));
+  EXPECT_EQ(n->ups, 0);
+  ASSERT_LT(refused(), n->registrations.size());
+  const std::string& why = n->registration_details[refused()];
+  EXPECT_NE(why.find("0x201, a registered peer's"), std::string::npos) << why;
+  ASSERT_EQ(send_str(c, 0x200, 1, "still here"), errc::ok);  // the child's link is intact
+  ASSERT_TRUE(wait([&] { return n->got.size() == 1; }));
+  endpoint_info e;
+  ASSERT_TRUE(n->n->peer(0x201, &e));
+  EXPECT_EQ(e.role, peer_role::child);
+}
+
+// A parent that accepted each registration and dropped the link at once was retried every
+// reconnect_min_ms for ever (a registration reset the backoff); the backoff now restarts only
+// after a link that stayed registered for reconnect_max_ms.
+TEST_F(NodeTest, AParentThatDropsEveryRegistrationAtOnceIsRetriedLessAndLessOften) {
+  raw_peer parent(&loop_);
+  parent.drop_after_register = true;
+  node_config cfg = fast_config(parent.listen());
+  cfg.reconnect_min_ms = 50;
+  cfg.reconnect_max_ms = 800;
+  cfg.reconnect_jitter = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  bus_node* c = make(0x101, cfg);
+  ASSERT_TRUE(wait([&] { return c->ups == 5; }));
+  // 50 + 100 + 200 + 400 ms between the five registrations (without backoff: 4 x 50).
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 700ms);
+  parent.drop_after_register = false;  // the next link lasts: the backoff starts again
+  ASSERT_TRUE(wait([&] { return c->ups == 6; }));
+  run_for(900ms);
+  ASSERT_TRUE(c->n->up());
+  const auto t1 = std::chrono::steady_clock::now();
+  parent.drop();
+  ASSERT_TRUE(wait([&] { return c->ups == 7; }));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 700ms);  // 50 ms, not 800
 }
 
 TEST_F(NodeTest, WrongTokenIsRefusedAndLogged) {

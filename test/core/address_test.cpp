@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <string_view>
 
 namespace uvbus {
@@ -69,6 +70,15 @@ TEST(Address, RejectsMalformedUrls) {
     EXPECT_EQ(parse_address(bad, &a), errc::bad_url) << bad;
   }
   EXPECT_EQ(parse_address("http://x:1", &a), errc::unsupported_scheme);
+}
+
+// A socket address holds 107 bytes of path: a longer one would be cut by connect() (libuv's
+// uv_pipe_connect) and reach another socket.
+TEST(Address, UnixPathsLimitedToWhatASocketAddressHolds) {
+  const std::string fits = "/" + std::string(kMaxUnixPathBytes - 1, 'p');
+  EXPECT_EQ(parse_ok(("unix://" + fits).c_str()).host, fits);
+  address a;
+  EXPECT_EQ(parse_address("unix://" + fits + "q", &a), errc::bad_url);
 }
 
 // Found by test/fuzz/fuzz_address: inet_pton/getaddrinfo/shm_open read a C string, so a NUL

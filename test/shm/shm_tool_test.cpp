@@ -92,5 +92,28 @@ TEST(ShmTool, DrainReadsAClosedRegionOfAnyRingSizeThenRemoveDeletesIt) {
   EXPECT_EQ(w.send("gone", 4), errc::not_connected);
 }
 
+// --drain --out FILE consumed every record and exited 0 when FILE could not be written (a full
+// disk): the records were gone from the ring and missing from FILE. It now stops at the first
+// record it cannot write, says so, exits 2, and the records behind it stay in the region.
+TEST(ShmTool, DrainStopsAtTheFirstRecordItCannotWrite) {
+  const std::string name = test::unique_name("tool-full");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  {
+    shm_reader r;
+    ASSERT_EQ(r.open(url, tool_cfg()), errc::ok);
+    shm_writer w;
+    ASSERT_EQ(w.open(url), errc::ok);
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(w.send("record", 6), errc::ok);
+    r.close(shm_close_mode::keep);
+  }
+  std::string out;
+  EXPECT_EQ(run_tool("--drain " + url + " --quiet --out /dev/full", &out), 2) << out;
+  EXPECT_NE(out.find("/dev/full"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 record consumed and not written"), std::string::npos) << out;
+  EXPECT_EQ(run_tool("--drain --quiet " + url, &out), 0) << out;  // the other two stayed
+  EXPECT_NE(out.find("2 records, 12 bytes"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace uvbus

@@ -247,6 +247,28 @@ TEST_F(StreamConnect, RejectsBadUrlsAtOnceWithoutCallbacks) {
   EXPECT_EQ(ch->metrics().connections_open, 0u);
 }
 
+// A socket address holds a path of at most 107 bytes. libuv's uv_pipe_connect() cut a longer
+// one silently, so connect() reached whatever listened at the first 107 bytes: another socket.
+TEST_F(StreamConnect, AUnixPathTooLongForASocketAddressIsRefusedNotCut) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  std::string path = unix_path();
+  path.insert(path.size() - 5, 107 - path.size(), 'p');  // exactly 107 bytes: it fits
+  ASSERT_EQ(path.size(), 107u);
+  listener_id l;
+  ASSERT_EQ(s->listen("unix://" + path, &l), errc::ok);
+  const std::string longer = "unix://" + path + "-other";
+  connection_id conn;
+  EXPECT_EQ(c->connect(longer, &conn), errc::bad_url);
+  EXPECT_NE(c->last_error().detail.find("longer than 107 bytes"), std::string::npos)
+      << c->last_error().detail;
+  EXPECT_EQ(s->listen(longer), errc::bad_url);
+  run([] { return false; }, std::chrono::milliseconds(50));
+  EXPECT_TRUE(srv.accepted.empty()) << "connected to " << path << " instead";
+  EXPECT_TRUE(cli.connected.empty());
+}
+
 TEST_F(StreamConnect, CancelsAPendingConnect) {
   recorder r;
   stream_channel* ch = make_channel(&r);

@@ -8,9 +8,10 @@
 //
 // Exit status (also in --help, docs/shm.md and docs/tools.md): 0 done (inspect: region valid),
 // 1 not a usable uvbus region (inspect still prints what could be read; drain/remove: foreign
-// object or another layout version), 2 usage or open error (no such region, permission), 3
-// refused: a live reader owns the region (drain; remove without --force).
+// object or another layout version), 2 usage, open or write error (no such region, permission,
+// --out FILE full), 3 refused: a live reader owns the region (drain; remove without --force).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -44,8 +45,9 @@ void usage(FILE* f) {
       "           mark the region closed for good (its writers get not_connected) and remove its\n"
       "           name; --force: even when a live reader owns it (or it is not a uvbus region)\n"
       "URL: shm://name | shm://0xKEY | shm://KEY\n"
-      "exit status: 0 done (inspect: region valid), 1 not a usable uvbus region, 2 usage or open\n"
-      "error (e.g. no such region), 3 refused: a live reader owns the region\n");
+      "exit status: 0 done (inspect: region valid), 1 not a usable uvbus region, 2 usage, open or\n"
+      "write error (e.g. no such region, --out FILE full), 3 refused: a live reader owns the "
+      "region\n");
 }
 
 void print_counters(const uvbus::shm_metrics& m) {
@@ -137,10 +139,14 @@ int inspect_main(const char* url, bool json) {
   return e == uvbus::errc::ok ? kExitOk : kExitUnusable;
 }
 
-// Where --drain's records go.
+// Where --drain's records go. With --out each record is flushed to FILE before the next one is
+// consumed (the drain reads one record per batch then): a write that fails (a full disk) stops
+// the drain with that one record lost, said so, and the records behind it left in the region.
 struct drain_sink {
   bool quiet = false;
   FILE* out = nullptr;
+  const char* out_name = nullptr;
+  int write_errno = 0;  // the first failed write to out (0: none)
   uint64_t records = 0;
   uint64_t bytes = 0;
   void take(const uvbus::shm_record* r, size_t n) {
@@ -148,12 +154,15 @@ struct drain_sink {
       ++records;
       bytes += r[i].size;
       if (!quiet) std::printf("record %" PRIu64 ": %zu bytes, checksum ok\n", records, r[i].size);
-      if (out != nullptr) {
+      if (out != nullptr && write_errno == 0) {
         const auto len = static_cast<uint32_t>(r[i].size);
         const uint8_t le[4] = {static_cast<uint8_t>(len), static_cast<uint8_t>(len >> 8),
                                static_cast<uint8_t>(len >> 16), static_cast<uint8_t>(len >> 24)};
-        std::fwrite(le, 1, 4, out);
-        std::fwrite(r[i].data, 1, r[i].size, out);
+        errno = 0;
+        if (std::fwrite(le, 1, 4, out) != 4 ||
+            std::fwrite(r[i].data, 1, r[i].size, out) != r[i].size || std::fflush(out) != 0) {
+          write_errno = errno != 0 ? errno : EIO;
+        }
       }
     }
   }
@@ -179,14 +188,15 @@ int drain_main(const char* url, drain_sink* sink) {
   cfg.max_record_size = i.max_record_size;
   cfg.abandon_timeout_us = i.abandon_timeout_us != 0 ? i.abandon_timeout_us : 4000;
   cfg.must_exist = true;
+  if (sink->out != nullptr) cfg.batch_max = 1;  // one record consumed per write (drain_sink)
   uvbus::shm_reader r({[sink](const uvbus::shm_record* recs, size_t n) { sink->take(recs, n); }});
   e = r.open(url, cfg);
   if (e != uvbus::errc::ok) return refusal(url, e, r.last_error().detail);
   const auto quiet_for = std::max(std::chrono::microseconds(200000),
                                   std::chrono::microseconds(2 * i.abandon_timeout_us));
   auto last = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - last < quiet_for) {
-    if (r.poll(1024) > 0) {
+  while (sink->write_errno == 0 && std::chrono::steady_clock::now() - last < quiet_for) {
+    if (r.poll(sink->out != nullptr ? 1 : 1024) > 0) {
       last = std::chrono::steady_clock::now();
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -194,6 +204,13 @@ int drain_main(const char* url, drain_sink* sink) {
   }
   const uvbus::shm_metrics m = r.metrics();
   r.close(uvbus::shm_close_mode::keep);
+  if (sink->write_errno != 0) {
+    std::fprintf(stderr,
+                 "%s: writing %s failed (%s): drain stopped after %" PRIu64
+                 " records, 1 record consumed and not written; the rest stay in the region\n",
+                 url, sink->out_name, std::strerror(sink->write_errno), sink->records);
+    return kExitUsage;
+  }
   std::printf("drained %s: %" PRIu64 " records, %" PRIu64 " bytes; skipped: %" PRIu64
               " checksum failures, %" PRIu64 " corrupt, %" PRIu64 " abandoned (region totals)\n",
               url, sink->records, sink->bytes, m.checksum_failures, m.corrupt, m.abandoned);
@@ -257,8 +274,12 @@ int shm_inspect_legacy_main(int argc, char** argv) {
     std::fprintf(stderr, "%s: cannot open %s\n", url, out);
     return kExitUsage;
   }
+  sink.out_name = out;
   const int rc = drain_main(url, &sink);
-  if (sink.out != nullptr) std::fclose(sink.out);
+  if (sink.out != nullptr && std::fclose(sink.out) != 0 && rc == kExitOk) {
+    std::fprintf(stderr, "%s: closing %s failed: %s\n", url, out, std::strerror(errno));
+    return kExitUsage;
+  }
   return rc;
 }
 
