@@ -148,13 +148,14 @@ int main(int argc, char** argv) {
   }
   if (a.gateway) {
     if (const uvbus::errc e = a.gateway->start(); e != uvbus::errc::ok) {
-      std::fprintf(stderr, "gateway: %s\n", to_string(e));
+      std::fprintf(stderr, "gateway: %s %s\n", to_string(e),
+                   a.gateway->last_error().detail.c_str());
       return 1;
     }
   }
   for (auto& l : a.logic) {
     if (const uvbus::errc e = l->start(); e != uvbus::errc::ok) {
-      std::fprintf(stderr, "logic: %s\n", to_string(e));
+      std::fprintf(stderr, "logic: %s %s\n", to_string(e), l->last_error().detail.c_str());
       return 1;
     }
   }

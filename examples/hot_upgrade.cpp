@@ -199,7 +199,10 @@ int run_sender(const char* parent, uint64_t count) {
   c.parent_urls = {parent};
   c.delivery_timeout_ms = 30000;
   node n(loop, 0x101, c, cb);
-  if (n.start() != errc::ok) return 1;
+  if (const errc e = n.start(); e != errc::ok) {
+    std::fprintf(stderr, "sender: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
+    return 1;
+  }
   uv_timer_t t;
   uv_timer_init(loop, &t);
   struct ctx {

@@ -143,8 +143,16 @@ void on_data(world& w, bus_id from, uint32_t type, const uint8_t* p, size_t n) {
   const uvbus::reply_handle* rq = w.n->incoming_request();
   if (type != kLogin || rq == nullptr) return;
   uvbus::reply_handle h = *rq;
-  const std::string ans = w.role + " " + std::to_string(w.n->id() & 0xff) + " owns " +
-                          std::string(reinterpret_cast<const char*>(p), n).substr(6);
+  const std::string req(reinterpret_cast<const char*>(p), n);
+  if (req.compare(0, 6, "login ") != 0) {  // from anyone (`uvbus call`): never trust its shape
+    static const char kWhy[] = "expected \"login NAME\"";
+    if (w.n->reply_error(h, 400, kWhy, sizeof kWhy - 1) != errc::ok) {
+      say(w, "error answer to %#llx failed", static_cast<unsigned long long>(from));
+    }
+    return;
+  }
+  const std::string ans =
+      w.role + " " + std::to_string(w.n->id() & 0xff) + " owns " + req.substr(6);
   if (w.n->reply(h, ans.data(), ans.size()) != errc::ok) {
     say(w, "reply to %#llx failed", static_cast<unsigned long long>(from));
   }
