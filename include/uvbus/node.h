@@ -371,8 +371,7 @@ struct node_counters {
   uint64_t compressed_raw_bytes = 0;   // ... their bodies' size before compression
   uint64_t compressed_wire_bytes = 0;  // ... and after
   uint64_t decompressed = 0;           // compressed messages received and restored
-  uint64_t shm_rejected = 0;           // ring records refused: no valid writer tag, or a source id
-                                       // the tagged writer may not speak for
+  uint64_t shm_rejected = 0;           // ring records refused: bad writer tag, or a foreign source
   // Broadcast (node::broadcast).
   uint64_t broadcasts_sent = 0;       // broadcast() calls accepted
   uint64_t broadcasts_received = 0;   // broadcasts delivered to on_data here

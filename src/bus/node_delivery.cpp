@@ -388,59 +388,17 @@ void node::impl::close_stalled_hop(link* lk, uint64_t now) {
   close_link(lk, errc::queue_full);
 }
 
-void node::impl::tick() {
-  const uint64_t now = now_ms();
-  detail::fan_tick(*this, now);
-  if (post_blocked) drain_posts();  // a full ring or pending queue has no wake-up of its own
-  std::vector<link*> expired;
-  for (auto& [id, lk] : links) {
-    if (force_overdue_close(streams.get(), lk.get(), now)) continue;
-    if (lk->state != link_state::registered) {
-      if (now >= lk->deadline_ms) expired.push_back(lk.get());
-      continue;
-    }
-    peer_ep* p = lk->peer;
-    if (!p->overflow.empty() && now - p->overflow_moved_ms > cfg.heartbeat_timeout_ms) {
-      close_stalled_hop(lk.get(), now);
-      continue;
-    }
-    // A link we stopped reading for back-pressure is not silent: we do not read its pings.
-    if (!lk->paused && now - p->last_rx_ms > cfg.heartbeat_timeout_ms) {
-      ++counters.heartbeat_timeouts;
-      log(log_level::warn, "%s 0x%" PRIx64 " silent for %" PRIu64 " ms: dropping",
-          detail::to_string(p->kind), p->id, now - p->last_rx_ms);
-      close_link(lk.get(), errc::timeout);
-      continue;
-    }
-    if (p->kind == peer_kind::sibling && now - p->last_data_ms > cfg.sibling_idle_ms) {
-      std::vector<uint8_t> b;
-      proto::encode_bye({proto::reason::closing}, &b);
-      (void)send_control(lk.get(), make_header(msg_type::bye, p->id, 0), b);
-      close_link(lk.get(), errc::closed, disconnect_mode::graceful);
-      continue;
-    }
-    if (now - p->last_ping_ms >= cfg.heartbeat_interval_ms) {
-      p->last_ping_ms = now;
-      std::vector<uint8_t> b;
-      proto::encode_ping({mono_ns()}, &b);
-      (void)send_control(lk.get(), make_header(msg_type::ping, p->id, take_seq()), b);
-    }
-  }
-  for (link* lk : expired) {
-    log(log_level::warn, "connection %s: handshake timed out", streams->peer_url(lk->conn).c_str());
-    close_link(lk, errc::timeout);
-  }
-  expire_queue(&parent_pending, now);
-  drop_log_flush(now);
-  flows_tick(now);
-  grace_tick(now);
+// Sibling entries: expired messages fail, idle entries go, and a sibling waited for is looked up
+// again (after the walk: a lookup that fails logs, and on_log may send, adding an entry).
+void node::impl::sibling_tick(uint64_t now) {
+  std::vector<bus_id> ask;
   for (auto it = siblings.begin(); it != siblings.end();) {
     expire_queue(&it->second.pending, now);
     sibling_entry& s = it->second;
     // Waiting for a sibling to register with the parent: ask again, while anything waits for it.
     if (s.state == sib_state::waiting && !s.pending.q.empty() && now >= s.until_ms) {
       s.state = sib_state::lookup;
-      if (start_lookup(it->first) != errc::ok) sibling_via_parent(it->first, "lookup failed");
+      ask.push_back(it->first);
     }
     const bool idle = s.state == sib_state::waiting || s.state == sib_state::via_parent;
     if (idle && now >= s.until_ms && s.pending.q.empty()) {
@@ -449,6 +407,67 @@ void node::impl::tick() {
       ++it;
     }
   }
+  for (bus_id id : ask) {
+    if (dead) return;
+    if (start_lookup(id) != errc::ok) sibling_via_parent(id, "lookup failed");
+  }
+}
+
+void node::impl::tick() {
+  const uint64_t now = now_ms();
+  detail::fan_tick(*this, now);
+  if (post_blocked) drain_posts();  // a full ring or pending queue has no wake-up of its own
+  // A walk over a copy: a log line below runs on_log, which may send, and a send may dial a
+  // sibling (a link added to `links`). Links leave `links` only from the channel's callbacks.
+  std::vector<link*> all;
+  all.reserve(links.size());
+  for (auto& [id, lk] : links) all.push_back(lk.get());
+  std::vector<link*> expired;
+  for (link* lk : all) {
+    if (dead) return;
+    if (force_overdue_close(streams.get(), lk, now)) continue;
+    if (lk->state != link_state::registered) {
+      if (now >= lk->deadline_ms) expired.push_back(lk);
+      continue;
+    }
+    peer_ep* p = lk->peer;
+    if (!p->overflow.empty() && now - p->overflow_moved_ms > cfg.heartbeat_timeout_ms) {
+      close_stalled_hop(lk, now);
+      continue;
+    }
+    // A link we stopped reading for back-pressure is not silent: we do not read its pings.
+    if (!lk->paused && now - p->last_rx_ms > cfg.heartbeat_timeout_ms) {
+      ++counters.heartbeat_timeouts;
+      log(log_level::warn, "%s 0x%" PRIx64 " silent for %" PRIu64 " ms: dropping",
+          detail::to_string(p->kind), p->id, now - p->last_rx_ms);
+      close_link(lk, errc::timeout);
+      continue;
+    }
+    if (p->kind == peer_kind::sibling && now - p->last_data_ms > cfg.sibling_idle_ms) {
+      std::vector<uint8_t> b;
+      proto::encode_bye({proto::reason::closing}, &b);
+      (void)send_control(lk, make_header(msg_type::bye, p->id, 0), b);
+      close_link(lk, errc::closed, disconnect_mode::graceful);
+      continue;
+    }
+    if (now - p->last_ping_ms >= cfg.heartbeat_interval_ms) {
+      p->last_ping_ms = now;
+      std::vector<uint8_t> b;
+      proto::encode_ping({mono_ns()}, &b);
+      (void)send_control(lk, make_header(msg_type::ping, p->id, take_seq()), b);
+    }
+  }
+  for (link* lk : expired) {
+    if (dead) return;
+    log(log_level::warn, "connection %s: handshake timed out", streams->peer_url(lk->conn).c_str());
+    close_link(lk, errc::timeout);
+  }
+  expire_queue(&parent_pending, now);
+  drop_log_flush(now);
+  flows_tick(now);
+  grace_tick(now);
+  if (dead) return;
+  sibling_tick(now);
   // Replies: deadlines grow with the sequence only per kind, so scan everything (bounded by the
   // messages in flight with require_response, which the pending limits keep small).
   std::vector<std::pair<uint64_t, pending_reply>> late;

@@ -538,6 +538,7 @@ struct node::impl {
   // -------------------------------------------------------------------------------- timers --
   static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }
   void tick();
+  void sibling_tick(uint64_t now);  // tick()'s part for the sibling entries
   void expire_queue(pending_queue* q, uint64_t now);
   static void on_idle(uv_idle_t* t);
   void run_deferred();

@@ -580,10 +580,13 @@ void node::impl::link_gone(link* lk, errc reason) {
     if (was_up && state == run_state::running) {
       fire(cbs.on_down, reason == errc::closed ? errc::connection_reset : reason);
     }
-    // Siblings being looked up wait in the parent queue now.
+    // Siblings being looked up wait in the parent queue now (by id: its log line may send, and
+    // a send may add to `siblings`).
+    std::vector<bus_id> looking;
     for (auto& [id, s] : siblings) {
-      if (s.state == sib_state::lookup) sibling_via_parent(id, "parent lost");
+      if (s.state == sib_state::lookup) looking.push_back(id);
     }
+    for (bus_id id : looking) sibling_via_parent(id, "parent lost");
     // A parent that drops every registration at once is retried less and less often: the
     // backoff starts again only after a link that stayed registered for reconnect_max_ms.
     if (lost_peer && now_ms() - parent_up_ms >= cfg.reconnect_max_ms) reconnect_attempt = 0;

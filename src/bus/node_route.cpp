@@ -27,7 +27,6 @@ errc node::impl::start_lookup(bus_id target) {
 void node::impl::sibling_via_parent(bus_id target, const char* why) {
   auto it = siblings.find(target);
   if (it == siblings.end()) return;
-  log(log_level::info, "sibling 0x%" PRIx64 ": %s, routing through the parent", target, why);
   it->second.state = sib_state::via_parent;
   it->second.until_ms = now_ms() + kSiblingRetryMs;
   peer_ep* pp = parent_peer();
@@ -44,6 +43,8 @@ void node::impl::sibling_via_parent(bus_id target, const char* why) {
     it->second.pending.q.clear();
     it->second.pending.bytes = 0;
   }
+  // Last: on_log may send, and a send may add a sibling entry (it must not use `it` after that).
+  log(log_level::info, "sibling 0x%" PRIx64 ": %s, routing through the parent", target, why);
 }
 
 void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
