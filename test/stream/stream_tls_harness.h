@@ -1,0 +1,240 @@
+// The TLS stream tests' shared parts: a raw TCP dial, OpenSSL clients and servers of our own for
+// the peers a tls_config cannot describe, and the StreamTls fixture (a server channel, configs,
+// an honest-peer check).
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stream_harness.h"
+#include "tls_test_pki.h"
+
+namespace uvbus::test {
+
+inline constexpr char kToken[] = "cluster-access-token-0123456789";
+
+inline int dial(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{30, 0};  // a test that goes wrong ends instead of hanging
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// A TLS client of our own, made with OpenSSL directly and run on its own thread (blocking socket),
+// for the peers a tls_config cannot describe: no certificate, TLS 1.2, a KeyUpdate storm.
+class raw_tls_client {
+ public:
+  struct options {
+    int max_version = TLS1_3_VERSION;
+    std::string cert, key, ca;
+    int key_updates = 0;  // sent after the handshake, as fast as possible
+  };
+  raw_tls_client(uint16_t port, options o) : opt_(std::move(o)) {
+    thread_ = std::thread([this, port] { run(port); });
+  }
+  ~raw_tls_client() { thread_.join(); }
+  raw_tls_client(const raw_tls_client&) = delete;
+  raw_tls_client& operator=(const raw_tls_client&) = delete;
+  // True once the thread saw the connection end (or fail).
+  [[nodiscard]] bool finished() const { return finished_.load(); }
+  [[nodiscard]] bool handshake_ok() const { return handshake_ok_.load(); }
+
+ private:
+  void run(uint16_t port) {
+    const int fd = dial(port);
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_set_max_proto_version(ctx, opt_.max_version);
+    if (!opt_.ca.empty()) SSL_CTX_load_verify_locations(ctx, opt_.ca.c_str(), nullptr);
+    if (!opt_.cert.empty()) {
+      SSL_CTX_use_certificate_chain_file(ctx, opt_.cert.c_str());
+      SSL_CTX_use_PrivateKey_file(ctx, opt_.key.c_str(), SSL_FILETYPE_PEM);
+    }
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    if (fd >= 0 && SSL_connect(ssl) == 1) {
+      handshake_ok_ = true;
+      for (int i = 0; i < opt_.key_updates; ++i) {
+        if (SSL_key_update(ssl, SSL_KEY_UPDATE_NOT_REQUESTED) != 1 || SSL_do_handshake(ssl) != 1) {
+          break;
+        }
+      }
+      char b[256];
+      while (SSL_read(ssl, b, sizeof b) > 0) {
+      }
+    }
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    if (fd >= 0) ::close(fd);
+    finished_ = true;
+  }
+
+  options opt_;
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> handshake_ok_{false};
+  std::thread thread_;
+};
+
+// A TLS 1.3 server of our own (OpenSSL directly, its own thread, blocking sockets) that accepts one
+// connection with a certificate and no PSK: an impostor for a PSK client. It reads until the
+// connection ends or `wanted` arrived, then closes.
+class raw_tls_server {
+ public:
+  raw_tls_server(const test_pki::pair& id, std::string wanted) : wanted_(std::move(wanted)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (fd_ >= 0 &&
+        (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 4) != 0 ||
+         getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0)) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    port_ = ntohs(sa.sin_port);
+    timeval tv{30, 0};  // accept() too: a test that goes wrong ends instead of hanging
+    if (fd_ >= 0) setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    thread_ = std::thread([this, id] { run(id); });
+  }
+  ~raw_tls_server() {
+    thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  raw_tls_server(const raw_tls_server&) = delete;
+  raw_tls_server& operator=(const raw_tls_server&) = delete;
+  [[nodiscard]] uint16_t port() const { return port_; }
+  [[nodiscard]] bool finished() const { return finished_.load(); }
+  [[nodiscard]] bool handshake_ok() const { return handshake_ok_.load(); }
+  // The plaintext read (valid once finished()).
+  [[nodiscard]] const std::string& received() const { return received_; }
+
+ private:
+  void run(const test_pki::pair& id) {
+    const int c = fd_ < 0 ? -1 : ::accept(fd_, nullptr, nullptr);
+    timeval tv{30, 0};
+    if (c >= 0) setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    SSL_CTX_use_certificate_chain_file(ctx, id.cert.c_str());
+    SSL_CTX_use_PrivateKey_file(ctx, id.key.c_str(), SSL_FILETYPE_PEM);
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, c);
+    if (c >= 0 && SSL_accept(ssl) == 1) {
+      handshake_ok_ = true;
+      char b[256];
+      int n = 0;
+      while (received_.find(wanted_) == std::string::npos && (n = SSL_read(ssl, b, sizeof b)) > 0) {
+        received_.append(b, static_cast<size_t>(n));
+      }
+    }
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    if (c >= 0) ::close(c);
+    finished_ = true;
+  }
+
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::string wanted_;
+  std::string received_;
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> handshake_ok_{false};
+  std::thread thread_;
+};
+
+class StreamTls : public stream_fixture {
+ protected:
+  static void SetUpTestSuite() { pki_ = new test_pki; }
+  static void TearDownTestSuite() {
+    delete pki_;
+    pki_ = nullptr;
+  }
+
+  static tls_config cert_config(const test_pki::pair& p, const std::string& expected) {
+    tls_config t;
+    t.mode = tls_mode::certificate;
+    t.cert_file = p.cert;
+    t.key_file = p.key;
+    t.ca_file = pki_->ca_file;
+    t.expected_peer = expected;
+    return t;
+  }
+  static tls_config server_config() { return cert_config(pki_->server, "node-42"); }
+  static tls_config client_config() { return cert_config(pki_->client, "server.test"); }
+  static tls_config psk_config(const char* token = kToken) {
+    tls_config t;
+    t.mode = tls_mode::psk;
+    t.psk_token = token;
+    return t;
+  }
+
+  // A server channel listening with `tls` on port 0.
+  void serve(const tls_config& tls, const stream_config& cfg = {}) {
+    server_ = make_channel(&srec_, cfg);
+    ASSERT_EQ(server_->listen("ipv4://127.0.0.1:0", tls, &listener_), errc::ok)
+        << server_->last_error().detail;
+    url_ = server_->listener_url(listener_);
+  }
+
+  // Connects a new client channel with `tls`; returns its connection id (0 if connect() failed).
+  connection_id dial_with(recorder* rec, const tls_config& tls, const stream_config& cfg = {}) {
+    stream_channel* ch = make_channel(rec, cfg);
+    connection_id c;
+    EXPECT_EQ(ch->connect(url_, tls, &c), errc::ok) << ch->last_error().detail;
+    return c;
+  }
+
+  // An honest client on the same listener: connects, a message each way, both arrive.
+  void expect_honest_peer_works(const tls_config& tls) {
+    recorder rec;
+    const connection_id c = dial_with(&rec, tls);
+    ASSERT_TRUE(run([&] { return rec.connected.count(c.value) != 0; }));
+    ASSERT_EQ(rec.connected[c.value], errc::ok);
+    stream_channel* ch = channels_.back().get();
+    ASSERT_TRUE(run([&] { return srec_.accepted.size() == accepted_before_ + 1; }));
+    const connection_id s = srec_.accepted.back();
+    ++accepted_before_;
+    ASSERT_EQ(ch->send(c, "ping", 4), errc::ok);
+    ASSERT_EQ(server_->send(s, "pong", 4), errc::ok);
+    ASSERT_TRUE(
+        run([&] { return !rec.received[c.value].empty() && !srec_.received[s.value].empty(); }));
+    EXPECT_EQ(srec_.received[s.value].back(), "ping");
+    EXPECT_EQ(rec.received[c.value].back(), "pong");
+    ch->close();
+  }
+
+  [[nodiscard]] bool logged(const std::string& what) const {
+    for (const auto& l : srec_.logs) {
+      if (l.second.find(what) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  static inline test_pki* pki_ = nullptr;
+  recorder srec_;
+  stream_channel* server_ = nullptr;
+  listener_id listener_;
+  std::string url_;
+  size_t accepted_before_ = 0;
+};
+
+}  // namespace uvbus::test
