@@ -1,8 +1,8 @@
 // Any node of a type and broadcast on a live tree: root, two gateways, three logic nodes and a
-// chat node. pick() round robin, least loaded (load hints through the directory, those of
-// departed nodes pruned) and consistent hashing (stable keys, only a dead node's keys move, every
-// node picks alike); broadcast by type and by subnet with one copy per link, its summary report,
-// targets that cannot be reached, stop.
+// chat node. pick() round robin (a bounded set of cursors), least loaded (load hints through the
+// directory, those of departed nodes pruned) and consistent hashing (stable keys, only a dead
+// node's keys move, every node picks alike); broadcast by type and by subnet with one copy per
+// link, its summary report, targets that cannot be reached, stop.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -140,6 +140,50 @@ TEST_F(NodeFanout, LeastLoadedFollowsTheLoadHints) {
   ASSERT_TRUE(wait([&] { return pick(chat_, how) == kL2 && pick(l1_, how) == kL2; }));
   l2_->n->set_load(90);
   ASSERT_TRUE(wait([&] { return pick(chat_, how) == kL3; }));
+}
+
+// pick() keeps a round-robin cursor per type and labels asked for: a caller asking with ever-new
+// label sets (here the subsets of 13 labels both nodes carry) grew that map without bound. At
+// most kMaxCursors (4096) are kept; a key asked for all along keeps its turn meanwhile.
+TEST_F(NodeFanout, RoundRobinCursorsAreBoundedAndASteadyKeyKeepsItsTurn) {
+  node_config c = typed("logic");
+  for (int i = 0; i < 13; ++i) c.labels.emplace_back("k" + std::to_string(i), "v");
+  root_ = make_root(kRoot, {subnet{0x1000, 12}}, c);
+  l1_ = make_child(kL1, root_, {}, c);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == 2; }));
+  std::vector<bus_id> steady;
+  for (uint32_t i = 1; i <= 6000; ++i) {
+    std::vector<node_label> subset;
+    for (uint32_t b = 0; b < 13; ++b) {
+      if ((i >> b & 1) != 0) subset.push_back(c.labels[b]);
+    }
+    bus_id id = 0;
+    ASSERT_EQ(root_->n->pick("logic", subset, {}, &id), errc::ok);
+    if (i % 8 == 0) steady.push_back(pick(root_, {}));
+  }
+  const double cursors = metric(root_, "uvbus_node_pick_cursors");
+  EXPECT_LE(cursors, 4096);
+  EXPECT_GE(cursors, 2048);
+  for (size_t i = 1; i < steady.size(); ++i) {
+    ASSERT_NE(steady[i], steady[i - 1]) << "the steady key lost its turn at pick " << i;
+  }
+}
+
+// A selector nothing matches any more (the node carrying its label left) keeps no cursor.
+TEST_F(NodeFanout, RoundRobinForgetsTheCursorOfASelectorNothingMatches) {
+  root_ = make_root(kRoot, {subnet{0x1000, 12}}, typed("root"));
+  node_config pod = typed("logic");
+  pod.labels = {{"pod", "p-1"}};
+  l1_ = make_child(kL1, root_, {}, pod);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == 1; }));
+  bus_id id = 0;
+  ASSERT_EQ(root_->n->pick("logic", pod.labels, {}, &id), errc::ok);
+  EXPECT_EQ(id, kL1);
+  EXPECT_EQ(metric(root_, "uvbus_node_pick_cursors"), 1);
+  destroy(l1_);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").empty(); }));
+  EXPECT_EQ(root_->n->pick("logic", pod.labels, {}, &id), errc::unknown_route);
+  EXPECT_EQ(metric(root_, "uvbus_node_pick_cursors"), 0);
 }
 
 // Load hints of nodes that left the directory are dropped once they outnumber it (more than
