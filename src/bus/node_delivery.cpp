@@ -418,6 +418,7 @@ void node::impl::tick() {
   drop_log_flush(now);
   flows_tick(now);
   grace_tick(now);
+  dir_tick(now);
   for (auto it = siblings.begin(); it != siblings.end();) {
     expire_queue(&it->second.pending, now);
     sibling_entry& s = it->second;

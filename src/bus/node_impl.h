@@ -630,6 +630,8 @@ struct node::impl {
   // dir_peer, or a tool (it gets the directory, never sends one); never from a tool node.
   [[nodiscard]] bool dir_sends_to(const peer_ep* p) const;
   void dir_link_up(peer_ep* p);
+  // Asks again for entries left out once there is room, answers peers that asked (tick).
+  void dir_tick(uint64_t now);
   void dir_link_gone(bus_id peer);
   void on_directory_msg(link* lk, const proto::header& hd, const uint8_t* body);
   void dir_upsert(peer_ep* from, std::vector<directory_entry>& entries);
