@@ -243,17 +243,26 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
 // Entries left out for want of room are not announced again by their nodes: once there is room
 // for them, we ask each tree link that brought some for its directory again (an upsert with no
 // entries; a peer without this ignores it), and what we already know comes in unchanged (no
-// event, not forwarded). We ask only once the room reaches what was left out or a sixteenth of
-// directory_max_entries, whichever is less: a bus larger than the bound is not asked over and
-// over for a slot or two. A request is answered at most once per heartbeat interval per link
-// (a whole directory can be large).
+// event, not forwarded); etcd's entries are taken again from etcd_discovery's copy. Only once the
+// room reaches what was left out or a sixteenth of directory_max_entries, whichever is less: a
+// bus larger than the bound is not asked over and over for a slot or two. A request is answered
+// at most once per heartbeat interval per link (a whole directory can be large).
 void node::impl::dir_tick(uint64_t now) {
   const size_t cap = cfg.directory_max_entries;
   const size_t room = dir.size() < cap ? cap - dir.size() : 0;
+  const auto fits = [&](size_t skipped) {
+    return skipped != 0 && room >= std::min(skipped, std::max<size_t>(cap / 16, 1));
+  };
+  if (disc != nullptr && fits(disc_skipped)) {
+    disc_skipped = 0;
+    for (const directory_entry& e : disc->directory()) {
+      if (dir.count(e.id) == 0) disc_event(directory_event::added, e);
+      if (dead) return;
+    }
+  }
   for (auto& [id, p] : peers) {
     if (!dir_peer(p.get())) continue;
-    const size_t enough = std::min(p->dir_skipped, std::max<size_t>(cap / 16, 1));
-    if (p->dir_skipped != 0 && room >= enough && !cfg.join_as_tool) {
+    if (fits(p->dir_skipped) && !cfg.join_as_tool) {
       p->dir_skipped = 0;
       std::vector<uint8_t> body;
       proto::encode_directory(proto::directory_body{}, &body);

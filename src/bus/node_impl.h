@@ -650,6 +650,7 @@ struct node::impl {
   bool disc_rule = false;           // the parent comes from discovery_parent_type
   bus_id disc_parent = 0;           // the parent the rule chose (0: none)
   bool disc_stopping = false;       // stop()'s lease revoke is under way: on_down waits for it
+  size_t disc_skipped = 0;          // etcd entries left out for want of room (dir_tick: again)
   // A parent is configured, or the discovery rule is still looking for one.
   [[nodiscard]] bool has_parent() const { return !cfg.parent_urls.empty() || disc_parent_wanted; }
   void disc_start();
