@@ -263,10 +263,12 @@ void node::impl::dir_tick(uint64_t now) {
   for (auto& [id, p] : peers) {
     if (!dir_peer(p.get())) continue;
     if (fits(p->dir_skipped) && !cfg.join_as_tool) {
-      p->dir_skipped = 0;
       std::vector<uint8_t> body;
       proto::encode_directory(proto::directory_body{}, &body);
-      (void)send_control(p->lk, make_header(msg_type::directory, p->id, 0), body);
+      // A full link queue: asked at a later tick.
+      if (send_control(p->lk, make_header(msg_type::directory, p->id, 0), body) == errc::ok) {
+        p->dir_skipped = 0;
+      }
     }
     if (p->dir_wanted && now >= p->dir_answer_after_ms && dir_sends_to(p.get())) {
       p->dir_wanted = false;
