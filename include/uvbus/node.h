@@ -274,7 +274,7 @@ struct node_config {
   std::string type;
   std::vector<node_label> labels;
   // At most this many directory entries (at least 1): a new one beyond it is left out, counted
-  // (directory_skipped) and logged, whatever peers announce (docs/bus.md "Directory").
+  // (directory_skipped), logged, and asked for again once room frees (docs/bus.md "Directory").
   size_t directory_max_entries = 65536;
   // Discovery on etcd (uvbus/discovery.h, docs/cluster.md). With discovery.etcd_endpoints set,
   // start() registers this node's directory entry under discovery.prefix with a lease and merges

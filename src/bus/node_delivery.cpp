@@ -466,6 +466,7 @@ void node::impl::tick() {
   drop_log_flush(now);
   flows_tick(now);
   grace_tick(now);
+  dir_tick(now);
   if (dead) return;
   sibling_tick(now);
   // Replies: deadlines grow with the sequence only per kind, so scan everything (bounded by the

@@ -96,17 +96,26 @@ void node::impl::dir_broadcast(bus_id except, const proto::directory_body& b) {
   }
 }
 
+namespace {
+// What a tree peer gets of our directory: our own entry, then everything not learned through it
+// (etcd's entries stay out: every node with discovery reads etcd itself).
+proto::directory_body snapshot_for(const node::impl& n, const detail::peer_ep* p) {
+  proto::directory_body b;
+  b.entries.push_back(n.self_entry());
+  for (const auto& [id, item] : n.dir) {
+    if (item.via != p->id && item.via != node::impl::kViaDiscovery) b.entries.push_back(item.e);
+  }
+  return b;
+}
+}  // namespace
+
 // A tree link came up: the peer gets everything we know (its own part of the tree included, which
 // it ignores); a new parent also changes our own entry for the nodes below us.
 void node::impl::dir_link_up(peer_ep* p) {
   if (start_unix_ms == 0) return;  // not started (cannot happen for a registered peer)
   if (!dir_sends_to(p)) return;
-  proto::directory_body b;
-  b.entries.push_back(self_entry());
+  proto::directory_body b = snapshot_for(*this, p);
   if (p->kind == peer_kind::parent) b.entries.front().parent = p->id;
-  for (const auto& [id, item] : dir) {
-    if (item.via != p->id && item.via != kViaDiscovery) b.entries.push_back(item.e);
-  }
   dir_send(p, b);
   if (p->kind == peer_kind::parent) {
     proto::directory_body me;
@@ -167,7 +176,10 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
     }
     auto it = dir.find(e.id);
     directory_event ev = directory_event::added;
-    if (it == dir.end() && !dir_has_room(e.id)) continue;
+    if (it == dir.end() && !dir_has_room(e.id)) {
+      if (peer_ep* p = find_peer(from_id); p != nullptr) ++p->dir_skipped;  // dir_tick asks again
+      continue;
+    }
     if (it == dir.end()) {
       it = dir.emplace(e.id, dir_item{e, from_id}).first;
     } else {
@@ -219,10 +231,50 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
   }
   if (b.op == proto::dir_op::load) {
     detail::fan_loads(*this, p, b.loads);
+  } else if (b.op == proto::dir_op::upsert && b.entries.empty()) {
+    p->dir_wanted = true;  // a request for our directory: dir_tick answers it
   } else if (b.op == proto::dir_op::upsert) {
     dir_upsert(p, b.entries);
   } else {
     dir_remove(p, b.ids);
+  }
+}
+
+// Entries left out for want of room are not announced again by their nodes: once there is room
+// for them, we ask each tree link that brought some for its directory again (an upsert with no
+// entries; a peer without this ignores it), and what we already know comes in unchanged (no
+// event, not forwarded); etcd's entries are taken again from etcd_discovery's copy. Only once the
+// room reaches what was left out or a sixteenth of directory_max_entries, whichever is less: a
+// bus larger than the bound is not asked over and over for a slot or two. A request is answered
+// at most once per heartbeat interval per link (a whole directory can be large).
+void node::impl::dir_tick(uint64_t now) {
+  const size_t cap = cfg.directory_max_entries;
+  const size_t room = dir.size() < cap ? cap - dir.size() : 0;
+  const auto fits = [&](size_t skipped) {
+    return skipped != 0 && room >= std::min(skipped, std::max<size_t>(cap / 16, 1));
+  };
+  if (disc != nullptr && fits(disc_skipped)) {
+    disc_skipped = 0;
+    for (const directory_entry& e : disc->directory()) {
+      if (dir.count(e.id) == 0) disc_event(directory_event::added, e);
+      if (dead) return;
+    }
+  }
+  for (auto& [id, p] : peers) {
+    if (!dir_peer(p.get())) continue;
+    if (fits(p->dir_skipped) && !cfg.join_as_tool) {
+      std::vector<uint8_t> body;
+      proto::encode_directory(proto::directory_body{}, &body);
+      // A full link queue: asked at a later tick.
+      if (send_control(p->lk, make_header(msg_type::directory, p->id, 0), body) == errc::ok) {
+        p->dir_skipped = 0;
+      }
+    }
+    if (p->dir_wanted && now >= p->dir_answer_after_ms && dir_sends_to(p.get())) {
+      p->dir_wanted = false;
+      p->dir_answer_after_ms = now + cfg.heartbeat_interval_ms;
+      dir_send(p.get(), snapshot_for(*this, p.get()));
+    }
   }
 }
 

@@ -55,7 +55,10 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     if (!dead && e.id == disc_parent) (void)disc_parent_left();
     return;
   }
-  if (it == dir.end() && !dir_has_room(e.id)) return;
+  if (it == dir.end() && !dir_has_room(e.id)) {
+    ++disc_skipped;  // etcd's watch will not bring it again: dir_tick offers it once room frees
+    return;
+  }
   if (it == dir.end()) {
     it = dir.emplace(e.id, dir_item{e, kViaDiscovery}).first;
     fire(cbs.on_directory, directory_event::added, it->second.e);

@@ -117,6 +117,40 @@ void finish(node::impl& n, uint64_t id, errc status) {
   n.arm_idle();
 }
 
+// The round_robin cursor key of a type and labels (in the order given).
+std::string cursor_key(const std::string& type, const std::vector<node_label>& labels) {
+  std::string key = type;
+  for (const auto& [k, v] : labels) {
+    key.push_back('\0');
+    key.append(k).append(1, '=').append(v);
+  }
+  return key;
+}
+
+// The cursor of `key`, created at the first turn. At most kMaxCursors are kept: when a new key
+// would pass that, the less recently used half is forgotten (each of those starts again at the
+// lowest id when asked for), so a caller asking with ever-new label sets costs bounded memory and
+// a key in steady use keeps its place (its last use is recent).
+size_t& cursor_for(fanout_state& f, std::string key) {
+  auto it = f.cursors.find(key);
+  if (it == f.cursors.end()) {
+    if (f.cursors.size() >= fanout_state::kMaxCursors) {
+      std::vector<uint64_t> used;
+      used.reserve(f.cursors.size());
+      for (const auto& [k, c] : f.cursors) used.push_back(c.used);
+      const auto mid = used.begin() + static_cast<std::ptrdiff_t>(used.size() / 2);
+      std::nth_element(used.begin(), mid, used.end());
+      const uint64_t keep_from = *mid;  // every `used` differs: exactly half goes
+      for (auto c = f.cursors.begin(); c != f.cursors.end();) {
+        c = c->second.used < keep_from ? f.cursors.erase(c) : std::next(c);
+      }
+    }
+    it = f.cursors.emplace(std::move(key), detail::rr_cursor{}).first;
+  }
+  it->second.used = ++f.cursor_clock;
+  return it->second.next;
+}
+
 void on_ack(node::impl& n, const proto::header& hd) {
   auto it = n.fan->pending.find(hd.sequence);
   if (it == n.fan->pending.end()) return;  // late: already reported
@@ -246,21 +280,18 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   for (const auto& [id, item] : n.dir) {
     if (want.matches(item.e)) ids.push_back(id);
   }
+  fanout_state& f = *n.fan;
   if (ids.empty()) {
+    // Nothing to take turns among: its cursor (if any) goes; it starts afresh if nodes come.
+    if (how.policy == pick_policy::round_robin) f.cursors.erase(cursor_key(type, labels));
     return n.fail(errc::unknown_route, "node::pick: no node of type \"" + type + "\"" +
                                            (labels.empty() ? "" : " with those labels") +
                                            " in the directory");
   }
   std::sort(ids.begin(), ids.end());
-  fanout_state& f = *n.fan;
   bus_id best = ids.front();
   if (how.policy == pick_policy::round_robin) {
-    std::string key = type;
-    for (const auto& [k, v] : labels) {
-      key.push_back('\0');
-      key.append(k).append(1, '=').append(v);
-    }
-    best = ids[f.cursors[key]++ % ids.size()];
+    best = ids[cursor_for(f, cursor_key(type, labels))++ % ids.size()];
   } else if (how.policy == pick_policy::least_loaded) {
     uint32_t least = UINT32_MAX;
     for (const bus_id id : ids) {

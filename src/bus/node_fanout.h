@@ -27,9 +27,18 @@ struct pending_broadcast {
   uint64_t deadline_ms = 0;
 };
 
+// round_robin's place for one type and labels: the next turn, and when it was last asked for.
+struct rr_cursor {
+  size_t next = 0;
+  uint64_t used = 0;  // fanout_state::cursor_clock at the last pick
+};
+
 struct fanout_state {
   static constexpr size_t kMaxPending = 4096;  // broadcasts awaiting their summary
-  std::map<std::string, size_t> cursors;       // round_robin, per type and labels
+  // round_robin cursors kept at most (the less recently used half goes when a new one would pass).
+  static constexpr size_t kMaxCursors = 4096;
+  std::unordered_map<std::string, rr_cursor> cursors;  // round_robin, per type and labels
+  uint64_t cursor_clock = 0;
   uint32_t my_load = 0;
   bool load_dirty = false;
   uint64_t load_sent_ms = 0;

@@ -632,6 +632,8 @@ struct node::impl {
   // dir_peer, or a tool (it gets the directory, never sends one); never from a tool node.
   [[nodiscard]] bool dir_sends_to(const peer_ep* p) const;
   void dir_link_up(peer_ep* p);
+  // Asks again for entries left out once there is room, answers peers that asked (tick).
+  void dir_tick(uint64_t now);
   void dir_link_gone(bus_id peer);
   void on_directory_msg(link* lk, const proto::header& hd, const uint8_t* body);
   void dir_upsert(peer_ep* from, std::vector<directory_entry>& entries);
@@ -650,6 +652,7 @@ struct node::impl {
   bool disc_rule = false;           // the parent comes from discovery_parent_type
   bus_id disc_parent = 0;           // the parent the rule chose (0: none)
   bool disc_stopping = false;       // stop()'s lease revoke is under way: on_down waits for it
+  size_t disc_skipped = 0;          // etcd entries left out for want of room (dir_tick: again)
   // A parent is configured, or the discovery rule is still looking for one.
   [[nodiscard]] bool has_parent() const { return !cfg.parent_urls.empty() || disc_parent_wanted; }
   void disc_start();

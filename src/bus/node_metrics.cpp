@@ -30,8 +30,9 @@ void counters_out(prom_text* t, const counter_row* rows, size_t n, metric_type t
   }
 }
 
-// Protocol version 6's counters: link compression, shared-memory writer tags, broadcast.
-void v6_families(prom_text* t, const node_counters& c) {
+// Protocol version 6's counters: link compression, shared-memory writer tags, broadcast; and
+// what pick() keeps (gauges).
+void v6_families(prom_text* t, const node_counters& c, const detail::fanout_state& f) {
   const counter_row rows[] = {
       {"uvbus_node_compressed_sent_total", "Messages sent compressed.", c.compressed_sent},
       {"uvbus_node_compressed_raw_bytes_total", "Bodies of compressed messages, before.",
@@ -52,6 +53,13 @@ void v6_families(prom_text* t, const node_counters& c) {
        "New directory entries left out: directory_max_entries reached.", c.directory_skipped},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
+  const counter_row gauges[] = {
+      {"uvbus_node_pick_cursors", "Round-robin cursors pick() keeps now (per type and labels).",
+       f.cursors.size()},
+      {"uvbus_node_load_hints", "Load hints of other nodes kept now (pick() least_loaded).",
+       f.loads.size()},
+  };
+  counters_out(t, gauges, sizeof gauges / sizeof gauges[0], metric_type::gauge);
 }
 
 std::string hex_id(bus_id id) {
@@ -125,7 +133,7 @@ void node::impl::node_families(prom_text* t) const {
       {"uvbus_node_answers_sent_total", "Replies and error answers sent.", c.answers_sent},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
-  v6_families(t, c);
+  v6_families(t, c, *fan);
   const counter_row gauges[] = {
       {"uvbus_node_pending_messages", "Messages waiting for a link now.", c.pending_now},
       {"uvbus_node_flow_unacked_messages", "Messages in retransmit buffers now.",

@@ -131,6 +131,11 @@ struct peer_ep {
   bool user_blocked = false;       // a send_data() got queue_full: tell on_writable
   bool shm_tagged = false;         // shm_envelope goes before each message into its ring
   uint8_t shm_envelope[proto::kShmEnvelopeSize] = {};
+  // Directory (node_directory.cpp, dir_tick): new entries from it left out for want of room since
+  // we last asked it for its directory; it asked for ours; not answered again before this time.
+  size_t dir_skipped = 0;
+  bool dir_wanted = false;
+  uint64_t dir_answer_after_ms = 0;
 };
 
 enum class link_state : uint8_t {

@@ -1,16 +1,19 @@
 // Any node of a type and broadcast on a live tree: root, two gateways, three logic nodes and a
-// chat node. pick() round robin, least loaded (load hints through the directory) and consistent
-// hashing (stable keys, only a dead node's keys move, every node picks alike); broadcast by type
-// and by subnet with one copy per link, its summary report, targets that cannot be reached, stop.
+// chat node. pick() round robin (a bounded set of cursors), least loaded (load hints through the
+// directory, those of departed nodes pruned) and consistent hashing (stable keys, only a dead
+// node's keys move, every node picks alike); broadcast by type and by subnet with one copy per
+// link, its summary report, targets that cannot be reached, stop.
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
 
 namespace uvbus {
 namespace {
@@ -39,6 +42,14 @@ node_config typed(const std::string& type, uint8_t protocol_max = proto::kMaxVer
     c.listen.push_back("shm://" + test::unique_name("fanout"));
   }
   return c;
+}
+
+// An unlabelled series of t's metrics (-1: not there).
+double metric(bus_node* t, const std::string& name) {
+  const std::string text = t->n->metrics_text();
+  const std::string key = "\n" + name + " ";
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
 }
 
 class NodeFanout : public test::bus_fixture {
@@ -129,6 +140,100 @@ TEST_F(NodeFanout, LeastLoadedFollowsTheLoadHints) {
   ASSERT_TRUE(wait([&] { return pick(chat_, how) == kL2 && pick(l1_, how) == kL2; }));
   l2_->n->set_load(90);
   ASSERT_TRUE(wait([&] { return pick(chat_, how) == kL3; }));
+}
+
+// pick() keeps a round-robin cursor per type and labels asked for: a caller asking with ever-new
+// label sets (here the subsets of 13 labels both nodes carry) grew that map without bound. At
+// most kMaxCursors (4096) are kept; a key asked for all along keeps its turn meanwhile.
+TEST_F(NodeFanout, RoundRobinCursorsAreBoundedAndASteadyKeyKeepsItsTurn) {
+  node_config c = typed("logic");
+  for (int i = 0; i < 13; ++i) c.labels.emplace_back("k" + std::to_string(i), "v");
+  root_ = make_root(kRoot, {subnet{0x1000, 12}}, c);
+  l1_ = make_child(kL1, root_, {}, c);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == 2; }));
+  std::vector<bus_id> steady;
+  for (uint32_t i = 1; i <= 6000; ++i) {
+    std::vector<node_label> subset;
+    for (uint32_t b = 0; b < 13; ++b) {
+      if ((i >> b & 1) != 0) subset.push_back(c.labels[b]);
+    }
+    bus_id id = 0;
+    ASSERT_EQ(root_->n->pick("logic", subset, {}, &id), errc::ok);
+    if (i % 8 == 0) steady.push_back(pick(root_, {}));
+  }
+  const double cursors = metric(root_, "uvbus_node_pick_cursors");
+  EXPECT_LE(cursors, 4096);
+  EXPECT_GE(cursors, 2048);
+  for (size_t i = 1; i < steady.size(); ++i) {
+    ASSERT_NE(steady[i], steady[i - 1]) << "the steady key lost its turn at pick " << i;
+  }
+}
+
+// A selector nothing matches any more (the node carrying its label left) keeps no cursor.
+TEST_F(NodeFanout, RoundRobinForgetsTheCursorOfASelectorNothingMatches) {
+  root_ = make_root(kRoot, {subnet{0x1000, 12}}, typed("root"));
+  node_config pod = typed("logic");
+  pod.labels = {{"pod", "p-1"}};
+  l1_ = make_child(kL1, root_, {}, pod);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == 1; }));
+  bus_id id = 0;
+  ASSERT_EQ(root_->n->pick("logic", pod.labels, {}, &id), errc::ok);
+  EXPECT_EQ(id, kL1);
+  EXPECT_EQ(metric(root_, "uvbus_node_pick_cursors"), 1);
+  destroy(l1_);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").empty(); }));
+  EXPECT_EQ(root_->n->pick("logic", pod.labels, {}, &id), errc::unknown_route);
+  EXPECT_EQ(metric(root_, "uvbus_node_pick_cursors"), 0);
+}
+
+// Load hints of nodes that left the directory are dropped once they outnumber it (more than
+// twice the directory plus 64), at the next load message; those of nodes still there stay. A
+// hand-made child announces itself and 200 nodes below it, each with a hint, then takes the 200
+// away and sends one more hint.
+TEST_F(NodeFanout, LoadHintsOfDepartedNodesArePrunedOnceTheyOutnumberTheDirectory) {
+  root_ = make_root(kRoot, {subnet{0x1000, 12}}, typed("root"));
+  test::raw_child c(kG1, kRoot);
+  c.subnets = {subnet{kG1, 8}};
+  c.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return c.registered; }));
+  const auto send = [&](const proto::directory_body& b) {
+    std::vector<uint8_t> body;
+    proto::encode_directory(b, &body);
+    c.send(proto::msg_type::directory, body);
+  };
+  proto::directory_body up;
+  proto::directory_body loads;
+  proto::directory_body gone;
+  loads.op = proto::dir_op::load;
+  gone.op = proto::dir_op::remove;
+  for (bus_id id = kG1; id <= kG1 + 200; ++id) {
+    directory_entry e;
+    e.id = id;
+    e.type = "logic";
+    up.entries.push_back(e);
+    loads.loads.emplace_back(id, 5);
+    if (id != kG1) gone.ids.push_back(id);
+  }
+  send(up);
+  send(loads);
+  ASSERT_TRUE(wait([&] { return metric(root_, "uvbus_node_load_hints") == 201; }));
+  send(gone);
+  ASSERT_TRUE(wait([&] { return root_->n->directory().size() == 2; }));  // the root and kG1
+  EXPECT_EQ(metric(root_, "uvbus_node_load_hints"), 201);  // nothing prunes them until a hint
+  loads.loads = {{kG1, 3}};
+  send(loads);
+  // An entry after the hint on the same link: once it is in, the hint has been handled.
+  up.entries.resize(1);
+  up.entries[0].id = kG1 + 255;
+  send(up);
+  ASSERT_TRUE(wait([&] { return root_->n->directory().size() == 3; }));
+  EXPECT_EQ(metric(root_, "uvbus_node_load_hints"), 1);  // kG1's own, the 200 others dropped
+  pick_options how;
+  how.policy = pick_policy::least_loaded;
+  root_->n->set_load(4);
+  bus_id id = 0;
+  ASSERT_EQ(root_->n->pick("", {}, how, &id), errc::ok);
+  EXPECT_EQ(id, kG1 + 255);  // no hint: 0 (kG1 kept its 3, the root has 4)
 }
 
 TEST_F(NodeFanout, BroadcastByTypeReachesEachTargetOnceWithOneCopyPerLink) {

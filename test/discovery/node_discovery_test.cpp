@@ -1,9 +1,10 @@
 // node_config::discovery: nodes without any static URL find each other through etcd (in
 // directory(), lookup(), find() and on_directory), a stopped node leaves everyone's directory,
-// also when destroyed in on_down(closed) right after stop() (the revoke is not cancelled),
-// a bad discovery config is refused naming the field, and a node picks its parent by type and
-// labels from the directory, registers to it and exchanges data, chooses again when that parent
-// crashes (its lease expires) without losing what was sent meanwhile, and follows a lower id;
+// also when destroyed in on_down(closed) right after stop() (the revoke is not cancelled), an
+// entry left out of a full directory is taken in once room frees, a bad discovery config is
+// refused naming the field, and a node picks its parent by type and labels from the directory,
+// registers to it and exchanges data, chooses again when that parent crashes (its lease expires)
+// without losing what was sent meanwhile, and follows a lower id;
 // nodes in no common tree reach each other over direct links dialled from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge.
 #include <memory>
@@ -154,6 +155,29 @@ TEST_F(NodeDiscoveryTest, NodesInNoCommonTreeTalkOverADirectLink) {
   EXPECT_EQ(a->reports[2], errc::timeout);
   directory_entry e;
   EXPECT_TRUE(a->n->lookup(0x30, &e));  // still listed: the failure came from the dial
+}
+
+// An etcd entry left out because the directory was full (directory_max_entries) is taken in once
+// room frees: etcd's watch reports only changes, so before, it stayed out until its node
+// re-registered in etcd.
+TEST_F(NodeDiscoveryTest, AnEntryLeftOutForWantOfRoomIsTakenInOnceRoomFrees) {
+  start_etcd(1);
+  watched_node* a = make_node(0x10, base("a", "logic"));
+  watched_node* b = make_node(0x20, base("b", "logic"));
+  ASSERT_TRUE(wait([&] { return a->n->directory().size() == 2 && b->n->directory().size() == 2; }));
+  node_config cc = base("c", "chat");
+  cc.directory_max_entries = 1;
+  watched_node* c = make_node(0x30, cc);
+  ASSERT_TRUE(wait(
+      [&] { return c->n->directory().size() == 2 && c->n->counters().directory_skipped == 1; }));
+  const bus_id in = c->n->directory().at(1).id;
+  const bus_id out = in == 0x10 ? 0x20 : 0x10;
+  (in == 0x10 ? a : b)->n->stop();  // revokes its entry: room for one at c
+  directory_entry e;
+  ASSERT_TRUE(wait([&] { return c->n->lookup(out, &e); }, seconds(20)));
+  EXPECT_FALSE(c->n->lookup(in, &e));
+  EXPECT_EQ(c->events.back(), std::make_pair(directory_event::added, out));
+  EXPECT_EQ(c->n->counters().directory_skipped, 1u);
 }
 
 TEST_F(NodeDiscoveryTest, BadDiscoveryConfigIsRefusedNamingTheField) {
