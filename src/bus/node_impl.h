@@ -534,7 +534,6 @@ struct node::impl {
   // Stopping: runs everything the mailbox accepted before stop() (no send can wait any more).
   void drain_posts_for_stop();
   bool posts_drained();
-
   // -------------------------------------------------------------------------------- timers --
   static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }
   void tick();
