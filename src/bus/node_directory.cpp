@@ -53,37 +53,131 @@ bool node::impl::dir_sends_to(const peer_ep* p) const {
   return dir_peer(p);
 }
 
+namespace {
+
+// An entry's share of a body, roughly (for chunking only).
+size_t entry_bytes(const directory_entry& e) {
+  size_t n = 64 + e.name.size() + e.type.size() + e.host_id.size() + e.hostname.size();
+  for (const auto& [k, v] : e.labels) n += 2 + k.size() + v.size();
+  for (const auto& u : e.listen) n += 2 + u.size();
+  return n;
+}
+
+}  // namespace
+
+errc node::impl::dir_out(peer_ep* p, const proto::directory_body& chunk) {
+  std::vector<uint8_t> body;
+  proto::encode_directory(chunk, &body);
+  return send_control(p->lk, make_header(msg_type::directory, p->id, 0), body);
+}
+
+// Directory messages to p go out at once, unless they meet a full link queue: then what is left
+// waits in p (removals in order; for changes and snapshots, a pass over the whole directory) and
+// everything after it waits behind it, so that the peer sees them in order (dir_drain).
 void node::impl::dir_send(peer_ep* p, const proto::directory_body& b) {
+  const bool behind = p->dir_pass != 0 || !p->dir_removes.empty();
   proto::directory_body chunk;
   chunk.op = b.op;
-  std::vector<uint8_t> body;
-  const auto flush = [&] {
-    body.clear();
-    proto::encode_directory(chunk, &body);
-    (void)send_control(p->lk, make_header(msg_type::directory, p->id, 0), body);
-    chunk.entries.clear();
-    chunk.ids.clear();
-  };
   if (b.op == proto::dir_op::remove) {
-    for (const bus_id id : b.ids) {
-      chunk.ids.push_back(id);
-      if (chunk.ids.size() == proto::kMaxDirItems) flush();
+    for (size_t i = 0; i < b.ids.size(); i += proto::kMaxDirItems) {
+      const auto from = b.ids.begin() + static_cast<std::ptrdiff_t>(i);
+      const auto to = b.ids.begin() +
+                      static_cast<std::ptrdiff_t>(std::min(b.ids.size(), i + proto::kMaxDirItems));
+      chunk.ids.assign(from, to);
+      const errc e = behind ? errc::queue_full : dir_out(p, chunk);
+      if (e == errc::queue_full) {
+        dir_owe_removes(p, from, b.ids.end());
+        return;
+      }
+      if (e != errc::ok) return;  // the link is going: its peer forgets what came through it
     }
-    if (!chunk.ids.empty()) flush();
+    return;
+  }
+  if (behind) {
+    dir_owe_pass(p);
     return;
   }
   size_t bytes = 0;
-  for (const directory_entry& e : b.entries) {
-    chunk.entries.push_back(e);
-    bytes += 64 + e.name.size() + e.type.size() + e.host_id.size() + e.hostname.size();
-    for (const auto& [k, v] : e.labels) bytes += 2 + k.size() + v.size();
-    for (const auto& u : e.listen) bytes += 2 + u.size();
-    if (bytes >= kDirChunkBytes) {
-      flush();
-      bytes = 0;
-    }
+  for (size_t i = 0; i < b.entries.size(); ++i) {
+    chunk.entries.push_back(b.entries[i]);
+    bytes += entry_bytes(b.entries[i]);
+    if (bytes < kDirChunkBytes && i + 1 < b.entries.size()) continue;
+    const errc e = dir_out(p, chunk);
+    if (e == errc::queue_full) dir_owe_pass(p);
+    if (e != errc::ok) return;
+    chunk.entries.clear();
+    bytes = 0;
   }
-  if (!chunk.entries.empty()) flush();
+}
+
+void node::impl::dir_owe_pass(peer_ep* p) {
+  if (p->dir_pass == 0) {
+    p->dir_pass = 1;
+  } else if (p->dir_pass == 2) {
+    p->dir_again = true;  // entries the pass has already sent may have changed
+  }
+}
+
+void node::impl::dir_owe_removes(peer_ep* p, std::vector<bus_id>::const_iterator from,
+                                 std::vector<bus_id>::const_iterator to) {
+  p->dir_removes.insert(p->dir_removes.end(), from, to);
+  if (p->dir_removes.size() <= cfg.directory_max_entries) return;
+  // It has not read a directory's worth of removals: rather than hold more, let it go; it gets a
+  // fresh snapshot when it registers again (and forgets what came through this link).
+  log(log_level::warn, "directory: %s 0x%" PRIx64 " is %zu removals behind: closing its link",
+      detail::to_string(p->kind), p->id, p->dir_removes.size());
+  p->dir_removes.clear();
+  p->dir_pass = 0;
+  if (p->lk != nullptr) close_link(p->lk, errc::queue_full);
+}
+
+// Sends what waits for p while its queue takes it: removals first, then the pass (our own entry,
+// then every entry not learned through p nor from etcd, in id order from dir_cursor), then
+// another pass if entries changed while one ran. Called at on_writable and every tick.
+void node::impl::dir_drain(peer_ep* p) {
+  if (p->dir_pass == 0 && p->dir_removes.empty()) return;
+  proto::directory_body chunk;
+  chunk.op = proto::dir_op::remove;
+  size_t sent = 0;
+  errc e = errc::ok;
+  while (sent < p->dir_removes.size() && e == errc::ok) {
+    const size_t n = std::min(p->dir_removes.size() - sent, proto::kMaxDirItems);
+    chunk.ids.assign(p->dir_removes.begin() + static_cast<std::ptrdiff_t>(sent),
+                     p->dir_removes.begin() + static_cast<std::ptrdiff_t>(sent + n));
+    e = dir_out(p, chunk);
+    if (e == errc::ok) sent += n;
+  }
+  p->dir_removes.erase(p->dir_removes.begin(),
+                       p->dir_removes.begin() + static_cast<std::ptrdiff_t>(sent));
+  chunk.op = proto::dir_op::upsert;
+  while (e == errc::ok && p->dir_pass != 0) {
+    chunk.entries.clear();
+    size_t bytes = 0;
+    if (p->dir_pass == 1) {  // a pass starts with our own entry
+      chunk.entries.push_back(self_entry());
+      if (p->kind == peer_kind::parent) chunk.entries.front().parent = p->id;
+      p->dir_cursor = 0;
+    }
+    auto it = dir.lower_bound(p->dir_cursor);
+    for (; it != dir.end() && bytes < kDirChunkBytes; ++it) {
+      if (it->second.via == p->id || it->second.via == kViaDiscovery) continue;
+      chunk.entries.push_back(it->second.e);
+      bytes += entry_bytes(it->second.e);
+    }
+    if (!chunk.entries.empty()) e = dir_out(p, chunk);
+    if (e != errc::ok) break;
+    p->dir_pass = 2;
+    if (it == dir.end()) {
+      p->dir_pass = p->dir_again ? 1 : 0;  // another pass from the start, at once
+      p->dir_again = false;
+      continue;
+    }
+    p->dir_cursor = it->first;  // the first entry not sent
+  }
+  if (e != errc::ok && e != errc::queue_full) {  // the link is going
+    p->dir_removes.clear();
+    p->dir_pass = 0;
+  }
 }
 
 void node::impl::dir_broadcast(bus_id except, const proto::directory_body& b) {
@@ -96,30 +190,19 @@ void node::impl::dir_broadcast(bus_id except, const proto::directory_body& b) {
   }
 }
 
-namespace {
-// What a tree peer gets of our directory: our own entry, then everything not learned through it
-// (etcd's entries stay out: every node with discovery reads etcd itself).
-proto::directory_body snapshot_for(const node::impl& n, const detail::peer_ep* p) {
-  proto::directory_body b;
-  b.entries.push_back(n.self_entry());
-  for (const auto& [id, item] : n.dir) {
-    if (item.via != p->id && item.via != node::impl::kViaDiscovery) b.entries.push_back(item.e);
-  }
-  return b;
-}
-}  // namespace
-
-// A tree link came up: the peer gets everything we know (its own part of the tree included, which
-// it ignores); a new parent also changes our own entry for the nodes below us.
+// A tree link came up: the peer gets everything we know but what came through it and etcd's
+// entries (every node with discovery reads etcd itself), as a pass (dir_drain: as much as its
+// queue takes now, the rest as it drains); a new parent also changes our own entry for the nodes
+// below us.
 void node::impl::dir_link_up(peer_ep* p) {
   if (start_unix_ms == 0) return;  // not started (cannot happen for a registered peer)
   if (!dir_sends_to(p)) return;
-  proto::directory_body b = snapshot_for(*this, p);
-  if (p->kind == peer_kind::parent) b.entries.front().parent = p->id;
-  dir_send(p, b);
+  dir_owe_pass(p);
+  dir_drain(p);
   if (p->kind == peer_kind::parent) {
     proto::directory_body me;
-    me.entries.push_back(b.entries.front());
+    me.entries.push_back(self_entry());
+    me.entries.front().parent = p->id;
     dir_broadcast(p->id, me);
   }
 }
@@ -261,6 +344,7 @@ void node::impl::dir_tick(uint64_t now) {
     }
   }
   for (auto& [id, p] : peers) {
+    dir_drain(p.get());  // what met a full queue (on_writable drains it too)
     if (!dir_peer(p.get())) continue;
     if (fits(p->dir_skipped) && !cfg.join_as_tool) {
       std::vector<uint8_t> body;
@@ -273,7 +357,8 @@ void node::impl::dir_tick(uint64_t now) {
     if (p->dir_wanted && now >= p->dir_answer_after_ms && dir_sends_to(p.get())) {
       p->dir_wanted = false;
       p->dir_answer_after_ms = now + cfg.heartbeat_interval_ms;
-      dir_send(p.get(), snapshot_for(*this, p.get()));
+      dir_owe_pass(p.get());
+      dir_drain(p.get());
     }
   }
 }

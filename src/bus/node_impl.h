@@ -144,7 +144,6 @@ struct node::impl {
     incarnation = (rng() ^ (uint64_t{std::random_device{}()} << 32)) | 1;
     flow_seq_floor = 1 + (rng() & kFlowSeqBaseMask);
   }
-
   // -------------------------------------------------------------------------- child grace --
   // node_grace.cpp: relayed messages for children of ours not registered (yet, again).
   uint64_t started_ms = 0;
@@ -157,7 +156,6 @@ struct node::impl {
   void release_held(peer_ep* child);
   void grace_tick(uint64_t now);
   void drop_held();
-
   // ---------------------------------------------------------------------------------- flows --
   // node_flow.cpp. incarnation: random, nonzero, per node object: this node's flow epoch as a
   // source and its incarnation as a target.
@@ -259,7 +257,6 @@ struct node::impl {
   static constexpr uint32_t kOtherType = 0xffffffffU;
   // protocol_error for a malformed blob (nothing imported); existing positions are replaced.
   errc flow_positions_import(const uint8_t* p, size_t n);
-
   // ------------------------------------------------------------------------------- helpers --
   // Calls a user callback (or a command callback) unless it is empty or the node was destroyed.
   template <class F, class... A>
@@ -292,7 +289,6 @@ struct node::impl {
   // Sends one link-local control message over a link's stream connection.
   errc send_control(link* lk, proto::header hd, const std::vector<uint8_t>& body);
   void close_link(link* lk, errc why, disconnect_mode mode = disconnect_mode::force);
-
   // ------------------------------------------------------------------------------ transmit --
   // Sends a routed message (data, forward, ack, command, reply) to a registered peer over shared
   // memory when it has a ring for us, else over its stream link. tag != 0 asks for a report.
@@ -365,7 +361,6 @@ struct node::impl {
   }
   errc forward_out(peer_ep* p, const proto::header& hd, const uint8_t* data, size_t size,
                    const const_buffer* bufs);
-
   // -------------------------------------------------------------------------- prepare_data --
   // An open prepare_data() reservation (node_flow_send.cpp).
   struct prepared_send {
@@ -384,7 +379,6 @@ struct node::impl {
   errc commit_data(uint64_t* message_id);
   // cancel_data(), and stop() with a reservation open.
   void drop_prepared();
-
   // ----------------------------------------------------------------------------- send_data --
   // seq: the message id node::post() allocated already (0: allocate one).
   errc send_data(bus_id target, uint32_t type, const const_buffer* spans, size_t count,
@@ -639,9 +633,15 @@ struct node::impl {
   // Whether a new entry (node `id`) fits under directory_max_entries; counts and logs it if not.
   bool dir_has_room(bus_id id);
   void dir_remove(peer_ep* from, const std::vector<bus_id>& ids);
-  // Sends b to every tree peer but `except` (chunked: bodies stay small).
+  // Sends b to every tree peer but `except` / to p (chunked); what meets a full queue waits in p
+  // for dir_drain() (on_writable, tick): removals to send, a pass over the directory owed.
   void dir_broadcast(bus_id except, const proto::directory_body& b);
   void dir_send(peer_ep* p, const proto::directory_body& b);
+  errc dir_out(peer_ep* p, const proto::directory_body& chunk);
+  void dir_owe_pass(peer_ep* p);
+  void dir_owe_removes(peer_ep* p, std::vector<bus_id>::const_iterator from,
+                       std::vector<bus_id>::const_iterator to);
+  void dir_drain(peer_ep* p);
   // ----------------------------------------------------------------------------- discovery --
   // node_discovery.cpp: node_config::discovery. Entries learned from etcd sit in `dir` with
   // via = kViaDiscovery (never flooded along the tree).

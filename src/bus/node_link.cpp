@@ -143,6 +143,7 @@ void node::impl::s_writable(connection_id c) {
   link* lk = link_of(c);
   if (lk == nullptr || lk->peer == nullptr) return;
   peer_ep* p = lk->peer;
+  n->dir_drain(p);
   n->drain_overflow(p);
   if (n->post_blocked) n->drain_posts();
   if (p->user_blocked && p->overflow.empty()) {

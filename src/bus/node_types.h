@@ -136,6 +136,13 @@ struct peer_ep {
   size_t dir_skipped = 0;
   bool dir_wanted = false;
   uint64_t dir_answer_after_ms = 0;
+  // Directory messages for it that met a full link queue (dir_drain): removals in order, then a
+  // pass over our directory (1: our own entry next; 2: entries from dir_cursor on), and another
+  // pass after it (dir_again) if entries changed while one ran.
+  std::vector<bus_id> dir_removes;
+  uint8_t dir_pass = 0;
+  bool dir_again = false;
+  bus_id dir_cursor = 0;
 };
 
 enum class link_state : uint8_t {

@@ -78,6 +78,7 @@ struct raw_child {
   }
   // Stops reading its connection: what the parent sends it backs up (it still sends).
   void pause_reading() { ASSERT_EQ(ch->pause_reading(conn), errc::ok); }
+  void resume_reading() { ASSERT_EQ(ch->resume_reading(conn), errc::ok); }
   // A heartbeat to the parent, so that it is not dropped as silent while it does not read.
   void ping() {
     std::vector<uint8_t> body;
