@@ -42,6 +42,44 @@ class NodeDirectoryTest : public bus_fixture {
       };
     });
   }
+  // A large bus made up by a hand-made child: root 0x10000 (0x10000/16) with small messages and
+  // link queues, and `src` (kSource, 0x18000/12) registered to it, to announce() entries.
+  static constexpr bus_id kSource = 0x18000;
+  void large_bus(test::raw_child* src, size_t message_limit, size_t queue_bytes) {
+    node_config rc = fast_config();
+    rc.subnets = {{0x10000, 16}};
+    rc.message_limit = message_limit;
+    rc.link_queue_bytes = queue_bytes;
+    rc.heartbeat_timeout_ms = 60000;
+    r_ = make_described(0x10000, "root", "root", {}, rc);
+    src->subnets = {{kSource, 12}};
+    src->start(&loop_, r_->n->listen_urls().at(0));
+    EXPECT_TRUE(wait([&] { return src->registered; }));
+  }
+  static void send_dir(test::raw_child& src, const proto::directory_body& b) {
+    std::vector<uint8_t> body;
+    proto::encode_directory(b, &body);
+    src.send(proto::msg_type::directory, body);
+  }
+  // src announces nodes [from, to] of type logic, `per` a message, each with `pads` labels of 120
+  // bytes and a "version" label last.
+  static void announce(test::raw_child& src, bus_id from, bus_id to, size_t per, int pads,
+                       const std::string& version) {
+    proto::directory_body b;
+    for (bus_id id = from; id <= to; ++id) {
+      directory_entry e;
+      e.id = id;
+      e.type = "logic";
+      for (int k = 0; k < pads; ++k)
+        e.labels.emplace_back("k" + std::to_string(k), std::string(120, 'v'));
+      e.labels.emplace_back("version", version);
+      b.entries.push_back(std::move(e));
+      if (b.entries.size() == per || id == to) {
+        send_dir(src, b);
+        b.entries.clear();
+      }
+    }
+  }
   node_config under(bus_node* parent, std::vector<subnet> nets = {}) {
     node_config c = fast_config();
     c.parent_urls = {parent->n->listen_urls().at(0)};
@@ -172,51 +210,30 @@ TEST_F(NodeDirectoryTest, AVersion4ChildIsLeftOutAndNothingElseChanges) {
 // queue, and what did not fit follows as the queue drains (before: cut at the queue's size, the
 // rest never sent, so the new node never saw most of the bus). Removals after it arrive too.
 TEST_F(NodeDirectoryTest, ADirectoryLargerThanTheLinkQueueReachesANewNodeWhole) {
-  constexpr bus_id kSource = 0x18000;
   constexpr size_t kEntries = 1500;
-  node_config rc = fast_config();
-  rc.subnets = {{0x10000, 16}};
-  rc.message_limit = size_t{16} * 1024;
-  rc.link_queue_bytes = size_t{64} * 1024;
-  r_ = make_described(0x10000, "root", "root", {}, rc);
-  test::raw_child c(kSource, 0x10000);
-  c.subnets = {{kSource, 12}};
-  c.start(&loop_, r_->n->listen_urls().at(0));
-  ASSERT_TRUE(wait([&] { return c.registered; }));
-  proto::directory_body up;
-  proto::directory_body gone;
-  gone.op = proto::dir_op::remove;
-  for (bus_id id = kSource + 1; id <= kSource + kEntries; ++id) {
-    directory_entry e;
-    e.id = id;
-    e.type = "logic";
-    e.labels = {{"padding", std::string(120, 'p')}};
-    up.entries.push_back(e);
-    if (id % 3 != 0) gone.ids.push_back(id);
-  }
-  const auto send = [&](const proto::directory_body& b) {
-    std::vector<uint8_t> body;
-    proto::encode_directory(b, &body);
-    c.send(proto::msg_type::directory, body);
-  };
-  proto::directory_body part;  // 50 entries a message: under message_limit
-  for (size_t i = 0; i < up.entries.size(); i += 50) {
-    part.entries.assign(up.entries.begin() + static_cast<std::ptrdiff_t>(i),
-                        up.entries.begin() + static_cast<std::ptrdiff_t>(i + 50));
-    send(part);
+  test::raw_child src(kSource, 0x10000);
+  large_bus(&src, size_t{16} * 1024, size_t{64} * 1024);
+  ASSERT_TRUE(src.registered);
+  for (bus_id from = kSource + 1; from <= kSource + kEntries; from += 500) {
+    announce(src, from, from + 499, 40, 1, "1");
   }
   ASSERT_TRUE(wait([&] { return r_->n->directory().size() == kEntries + 1; }));
   l1_ = make_described(0x10001, "logic-1", "logic", {}, under(r_));  // the new node
   ASSERT_TRUE(wait([&] { return l1_->n->directory().size() == kEntries + 2; }))
       << l1_->n->directory().size() << " of " << kEntries + 2;
-  send(gone);
+  proto::directory_body gone;
+  gone.op = proto::dir_op::remove;
+  for (bus_id id = kSource + 1; id <= kSource + kEntries; ++id) {
+    if (id % 3 != 0) gone.ids.push_back(id);
+  }
+  send_dir(src, gone);
   const size_t left = kEntries - gone.ids.size() + 2;
   ASSERT_TRUE(wait([&] { return l1_->n->directory().size() == left; }));
   directory_entry e;
   EXPECT_TRUE(l1_->n->lookup(kSource + 3, &e));
   EXPECT_FALSE(l1_->n->lookup(kSource + 1, &e));
-  c.ch->close();
-  ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
+  src.ch->close();
+  ASSERT_TRUE(wait([&] { return src.ch->closed(); }));
 }
 
 // A peer that does not read while the directory changes: its snapshot stalls on the full queue
@@ -224,38 +241,12 @@ TEST_F(NodeDirectoryTest, ADirectoryLargerThanTheLinkQueueReachesANewNodeWhole) 
 // it, and once it reads it ends with exactly the root's directory (before: the snapshot was cut,
 // and the removals and changes that met the full queue were lost).
 TEST_F(NodeDirectoryTest, RemovalsAndChangesWaitBehindAStalledSnapshotInOrder) {
-  constexpr bus_id kSource = 0x18000;
   constexpr size_t kEntries = 4000;
-  node_config rc = fast_config();
-  rc.subnets = {{0x10000, 16}};
-  rc.message_limit = size_t{64} * 1024;
-  rc.link_queue_bytes = size_t{256} * 1024;
-  rc.heartbeat_timeout_ms = 60000;
-  r_ = make_described(0x10000, "root", "root", {}, rc);
   test::raw_child src(kSource, 0x10000);
-  src.subnets = {{kSource, 12}};
-  src.start(&loop_, r_->n->listen_urls().at(0));
-  ASSERT_TRUE(wait([&] { return src.registered; }));
-  const auto announce = [&](bus_id from, bus_id to, const std::string& version) {
-    proto::directory_body b;
-    for (bus_id id = from; id <= to; ++id) {
-      directory_entry e;
-      e.id = id;
-      e.type = "logic";
-      for (int k = 0; k < 15; ++k)
-        e.labels.emplace_back("k" + std::to_string(k), std::string(120, 'v'));
-      e.labels.emplace_back("version", version);
-      b.entries.push_back(std::move(e));
-      if (b.entries.size() == 20 || id == to) {
-        std::vector<uint8_t> body;
-        proto::encode_directory(b, &body);
-        src.send(proto::msg_type::directory, body);
-        b.entries.clear();
-      }
-    }
-  };
+  large_bus(&src, size_t{64} * 1024, size_t{256} * 1024);
+  ASSERT_TRUE(src.registered);
   for (bus_id from = kSource + 1; from <= kSource + kEntries; from += 400) {  // 0.9 MB at a time:
-    announce(from, from + 399, "1");  // under the raw child's own 2 MiB queue
+    announce(src, from, from + 399, 20, 15, "1");  // under the raw child's own 2 MiB queue
     ASSERT_TRUE(wait([&] { return r_->n->directory().size() == from + 400 - kSource; }));
   }
   test::raw_child dst(0x10002, 0x10000);
@@ -266,10 +257,8 @@ TEST_F(NodeDirectoryTest, RemovalsAndChangesWaitBehindAStalledSnapshotInOrder) {
   proto::directory_body gone;
   gone.op = proto::dir_op::remove;
   for (bus_id id = kSource + 1; id <= kSource + 1000; ++id) gone.ids.push_back(id);
-  std::vector<uint8_t> body;
-  proto::encode_directory(gone, &body);
-  src.send(proto::msg_type::directory, body);
-  announce(kSource + 3990, kSource + 3999, "2");  // changed
+  send_dir(src, gone);
+  announce(src, kSource + 3990, kSource + 3999, 20, 15, "2");  // changed
   directory_entry e;
   ASSERT_TRUE(wait([&] {
     return r_->n->directory().size() == kEntries - 1000 + 1 && r_->n->lookup(kSource + 3999, &e) &&

@@ -43,6 +43,16 @@ class NodeFlowTest : public test::bus_fixture {
     b_ = make(0x102, bc);
     ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
   }
+  // Root 0x100 with the hand-made child `raw` (0x101, no compression) registered to it.
+  bus_node* root_with(test::raw_child* raw) {
+    node_config rc = flow_config();
+    rc.subnets = {{0x100, 8}};
+    bus_node* root = make(0x100, rc);
+    raw->compress = false;
+    raw->start(&loop_, root->n->listen_urls().at(0));
+    EXPECT_TRUE(wait([&] { return raw->registered; }));
+    return root;
+  }
   // Sends numbers [next_, next_ + n) from A to B.
   void send_some(int n) {
     for (int i = 0; i < n; ++i) {
@@ -358,13 +368,9 @@ TEST_F(NodeFlowTest, ParentHoldsMessagesForARestartingChild) {
 // may go on 2, the first unsettled message, and nowhere after it. The target is a hand-made child
 // that acknowledges nothing.
 TEST_F(NodeFlowTest, SyncGoesOnlyOnTheFirstUnsettledMessage) {
-  node_config rc = flow_config();
-  rc.subnets = {{0x100, 8}};
-  bus_node* root = make(0x100, rc);
   test::raw_child raw(0x101, 0x100);
-  raw.compress = false;
-  raw.start(&loop_, root->n->listen_urls().at(0));
-  ASSERT_TRUE(wait([&] { return raw.registered; }));
+  bus_node* root = root_with(&raw);
+  ASSERT_TRUE(raw.registered);
   const auto flow_data = [&raw](size_t k) {  // the k-th first transmission of flow data
     std::vector<const test::raw_child::message*> v;
     for (const auto& m : raw.got) {
@@ -441,13 +447,9 @@ TEST_F(NodeFlowTest, ADropNoticeForADeadIncarnationSettlesNothing) {
 // live source to resync, and take its resent messages again (before: the stale message was
 // delivered, the new epoch's next message refused for a resync).
 TEST_F(NodeFlowTest, ALateSyncOfADeadIncarnationDoesNotTakeTheFlowBack) {
-  node_config rc = flow_config();
-  rc.subnets = {{0x100, 8}};
-  bus_node* root = make(0x100, rc);
   test::raw_child raw(0x101, 0x100);
-  raw.compress = false;
-  raw.start(&loop_, root->n->listen_urls().at(0));
-  ASSERT_TRUE(wait([&] { return raw.registered; }));
+  bus_node* root = root_with(&raw);
+  ASSERT_TRUE(raw.registered);
   constexpr uint64_t kOld = 0x5eed1, kNew = 0x5eed2;
   raw.send_flow(0x101, 10, "old", kOld);
   raw.send_flow(0x101, 500, "new", kNew);

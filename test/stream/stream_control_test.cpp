@@ -50,17 +50,7 @@ class StreamControl : public stream_fixture {
 // A blocking TCP client writing raw bytes (the kernel completes its handshake from the backlog).
 struct raw_writer {
   int fd = -1;
-  explicit raw_writer(uint16_t port) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
+  explicit raw_writer(uint16_t port) : fd(dial(port)) {}
   ~raw_writer() {
     if (fd >= 0) ::close(fd);
   }

@@ -1,7 +1,12 @@
 // Test harness for the stream channel: one loop, channels whose callbacks record every event.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <chrono>
@@ -16,6 +21,24 @@
 #include "uvbus/stream.h"
 
 namespace uvbus::test {
+
+// A blocking TCP socket connected to 127.0.0.1:port (reads and writes time out after 30 s, so a
+// test that goes wrong ends instead of hanging), or -1.
+inline int dial(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{30, 0};  // a test that goes wrong ends instead of hanging
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return fd;
+}
 
 // Records every callback of one channel. Connections are keyed by id value (ids never dangle,
 // and they are unique in the process).

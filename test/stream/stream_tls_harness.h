@@ -23,22 +23,6 @@ namespace uvbus::test {
 
 inline constexpr char kToken[] = "cluster-access-token-0123456789";
 
-inline int dial(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  timeval tv{30, 0};  // a test that goes wrong ends instead of hanging
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
 // A TLS client of our own, made with OpenSSL directly and run on its own thread (blocking socket),
 // for the peers a tls_config cannot describe: no certificate, TLS 1.2, a KeyUpdate storm.
 class raw_tls_client {
@@ -193,6 +177,16 @@ class StreamTls : public stream_fixture {
     ASSERT_EQ(server_->listen("ipv4://127.0.0.1:0", tls, &listener_), errc::ok)
         << server_->last_error().detail;
     url_ = server_->listener_url(listener_);
+  }
+
+  // A fresh server recorder and a server in clear text (tls_mode::off) or psk mode: the tests that
+  // compare the two. Returns that config (a client's too).
+  tls_config serve_in(tls_mode mode) {
+    srec_ = recorder{};
+    tls_config t = psk_config();
+    t.mode = mode;
+    serve(t);
+    return t;
   }
 
   // Connects a new client channel with `tls`; returns its connection id (0 if connect() failed).

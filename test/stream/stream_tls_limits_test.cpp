@@ -240,10 +240,7 @@ TEST_F(StreamTls, AGracefulEndIntoAResetConnectionCountsTheWriteError) {
   // counts the same, instead of being dropped for the shutdown's.
   for (const tls_mode mode : {tls_mode::off, tls_mode::psk}) {
     SCOPED_TRACE(mode == tls_mode::off ? "clear text" : "tls");
-    srec_ = recorder{};
-    tls_config t = psk_config();
-    t.mode = mode;
-    serve(t);
+    const tls_config t = serve_in(mode);
     recorder crec;
     stream_channel* ch = make_channel(&crec);
     connection_id c;

@@ -278,10 +278,7 @@ TEST_F(StreamTls, NothingIsDeliveredAfterAGracefulDisconnectInOnAccepted) {
   // server disconnects in on_accepted, so none of them may reach on_received (as in clear text).
   for (const tls_mode mode : {tls_mode::off, tls_mode::psk}) {
     SCOPED_TRACE(mode == tls_mode::off ? "clear text" : "tls");
-    srec_ = recorder{};
-    tls_config t = psk_config();
-    t.mode = mode;
-    serve(t);
+    const tls_config t = serve_in(mode);
     srec_.on_accepted_hook = [&](connection_id s) {
       EXPECT_EQ(server_->disconnect(s, disconnect_mode::graceful), errc::ok);
     };
