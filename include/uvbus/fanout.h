@@ -16,8 +16,9 @@ namespace uvbus {
 
 // How node::pick() chooses among the live nodes that match.
 enum class pick_policy : uint8_t {
-  // Each matching node in turn (a cursor per type and labels, on this node; at most 4096 kept,
-  // the least recently used dropped first: docs/bus.md "Any node of a type").
+  // Each matching node in turn (a cursor per type and set of labels, in any order, on this
+  // node; at most 4096 kept with 1 MiB of keys, the least recently used dropped first:
+  // docs/bus.md "Any node of a type").
   round_robin,
   // The node with the lowest load hint (node::set_load(), carried by the directory); ties by id.
   least_loaded,

@@ -622,9 +622,9 @@ class node {
                                                   const std::vector<node_label>& labels = {}) const;
 
   // ------------------------------------------------------ any node of a type, broadcast --
-  // One live node of type `type` ("" = any) carrying every label of `labels`, from the directory
-  // (this node included if it matches; tool nodes never), chosen by `how` (uvbus/fanout.h).
-  // unknown_route (and *out unchanged) if none matches; invalid_argument for a null out.
+  // One live node of type `type` ("" = any) with every label of `labels` from the directory (this
+  // node too, tool nodes never), chosen by `how` (uvbus/fanout.h). unknown_route (*out unchanged)
+  // if none matches; invalid_argument: null out, over 16 labels, a type/key/value over 128 bytes.
   [[nodiscard]] errc pick(const std::string& type, const std::vector<node_label>& labels,
                           const pick_options& how, bus_id* out);
   // pick() then send_data() to the node picked (*chosen, if given): one message, one report, as

@@ -117,8 +117,12 @@ void finish(node::impl& n, uint64_t id, errc status) {
   n.arm_idle();
 }
 
-// The round_robin cursor key of a type and labels (in the order given).
-std::string cursor_key(const std::string& type, const std::vector<node_label>& labels) {
+// The round_robin cursor key of a type and labels: the labels sorted and each once, so one
+// selector written in another order takes the same turns, and a key is never longer than the
+// directory entry it matched.
+std::string cursor_key(const std::string& type, std::vector<node_label> labels) {
+  std::sort(labels.begin(), labels.end());
+  labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
   std::string key = type;
   for (const auto& [k, v] : labels) {
     key.push_back('\0');
@@ -127,28 +131,47 @@ std::string cursor_key(const std::string& type, const std::vector<node_label>& l
   return key;
 }
 
-// The cursor of `key`, created at the first turn. At most kMaxCursors are kept: when a new key
-// would pass that, the less recently used half is forgotten (each of those starts again at the
-// lowest id when asked for), so a caller asking with ever-new label sets costs bounded memory and
-// a key in steady use keeps its place (its last use is recent).
+// Forgets the less recently used half of the cursors (each starts again at the lowest id when
+// asked for); a key in steady use keeps its place (its last use is recent).
+void forget_older_half(fanout_state& f) {
+  std::vector<uint64_t> used;
+  used.reserve(f.cursors.size());
+  for (const auto& [k, c] : f.cursors) used.push_back(c.used);
+  const auto mid = used.begin() + static_cast<std::ptrdiff_t>(used.size() / 2);
+  std::nth_element(used.begin(), mid, used.end());
+  const uint64_t keep_from = *mid;  // every `used` differs: exactly half goes
+  for (auto c = f.cursors.begin(); c != f.cursors.end();) {
+    if (c->second.used < keep_from) {
+      f.cursor_bytes -= c->first.size();
+      c = f.cursors.erase(c);
+    } else {
+      ++c;
+    }
+  }
+}
+
+// The cursor of `key`, created at the first turn. At most kMaxCursors are kept, with at most
+// kMaxCursorBytes of keys, so a caller asking with ever-new label sets costs bounded memory.
 size_t& cursor_for(fanout_state& f, std::string key) {
   auto it = f.cursors.find(key);
   if (it == f.cursors.end()) {
-    if (f.cursors.size() >= fanout_state::kMaxCursors) {
-      std::vector<uint64_t> used;
-      used.reserve(f.cursors.size());
-      for (const auto& [k, c] : f.cursors) used.push_back(c.used);
-      const auto mid = used.begin() + static_cast<std::ptrdiff_t>(used.size() / 2);
-      std::nth_element(used.begin(), mid, used.end());
-      const uint64_t keep_from = *mid;  // every `used` differs: exactly half goes
-      for (auto c = f.cursors.begin(); c != f.cursors.end();) {
-        c = c->second.used < keep_from ? f.cursors.erase(c) : std::next(c);
-      }
+    while (!f.cursors.empty() && (f.cursors.size() >= fanout_state::kMaxCursors ||
+                                  f.cursor_bytes + key.size() > fanout_state::kMaxCursorBytes)) {
+      forget_older_half(f);
     }
+    f.cursor_bytes += key.size();
     it = f.cursors.emplace(std::move(key), detail::rr_cursor{}).first;
   }
   it->second.used = ++f.cursor_clock;
   return it->second.next;
+}
+
+// The cursor of a selector nothing matches any more goes (it starts afresh if nodes come).
+void forget_cursor(fanout_state& f, const std::string& key) {
+  const auto it = f.cursors.find(key);
+  if (it == f.cursors.end()) return;
+  f.cursor_bytes -= it->first.size();
+  f.cursors.erase(it);
 }
 
 void on_ack(node::impl& n, const proto::header& hd) {
@@ -275,6 +298,11 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   impl& n = *impl_;
   if (out == nullptr) return n.fail(errc::invalid_argument, "node::pick: out is null");
   const broadcast_target want = broadcast_target::of_type(type, labels);
+  // No directory entry holds a longer type or label, or more labels: say so instead of keeping
+  // a cursor for a key no entry could have.
+  if (const std::string why = selector_fault(want); !why.empty()) {
+    return n.fail(errc::invalid_argument, "node::pick: " + why);
+  }
   std::vector<bus_id> ids;  // by id (dir is ordered)
   if (n.start_unix_ms != 0 && self_matches(n, want)) ids.push_back(n.self);
   for (const auto& [id, item] : n.dir) {
@@ -283,7 +311,7 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   fanout_state& f = *n.fan;
   if (ids.empty()) {
     // Nothing to take turns among: its cursor (if any) goes; it starts afresh if nodes come.
-    if (how.policy == pick_policy::round_robin) f.cursors.erase(cursor_key(type, labels));
+    if (how.policy == pick_policy::round_robin) forget_cursor(f, cursor_key(type, labels));
     return n.fail(errc::unknown_route, "node::pick: no node of type \"" + type + "\"" +
                                            (labels.empty() ? "" : " with those labels") +
                                            " in the directory");

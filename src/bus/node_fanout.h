@@ -35,9 +35,12 @@ struct rr_cursor {
 
 struct fanout_state {
   static constexpr size_t kMaxPending = 4096;  // broadcasts awaiting their summary
-  // round_robin cursors kept at most (the less recently used half goes when a new one would pass).
+  // round_robin cursors kept at most, and the bytes of their keys (the less recently used half
+  // goes when a new one would pass either).
   static constexpr size_t kMaxCursors = 4096;
+  static constexpr size_t kMaxCursorBytes = size_t{1} << 20;
   std::unordered_map<std::string, rr_cursor> cursors;  // round_robin, per type and labels
+  size_t cursor_bytes = 0;                             // the keys' bytes
   uint64_t cursor_clock = 0;
   uint32_t my_load = 0;
   bool load_dirty = false;

@@ -56,6 +56,8 @@ void v6_families(prom_text* t, const node_counters& c, const detail::fanout_stat
   const counter_row gauges[] = {
       {"uvbus_node_pick_cursors", "Round-robin cursors pick() keeps now (per type and labels).",
        f.cursors.size()},
+      {"uvbus_node_pick_cursor_bytes", "Bytes of the keys of those cursors (at most 1 MiB).",
+       f.cursor_bytes},
       {"uvbus_node_load_hints", "Load hints of other nodes kept now (pick() least_loaded).",
        f.loads.size()},
   };

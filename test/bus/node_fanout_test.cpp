@@ -186,6 +186,40 @@ TEST_F(NodeFanout, RoundRobinForgetsTheCursorOfASelectorNothingMatches) {
   EXPECT_EQ(metric(root_, "uvbus_node_pick_cursors"), 0);
 }
 
+// The cursors' keys are bounded in bytes as well as in number (1 MiB): here 3000 label sets of
+// about 8 labels of 120-byte values each, some 3 MB of keys kept before. One selector written
+// in another order takes the same turns, and one no entry could match (a label given 17 times,
+// which a node could not carry) is refused instead of kept.
+TEST_F(NodeFanout, RoundRobinCursorKeysAreBoundedInBytesAndIgnoreLabelOrder) {
+  node_config c = typed("logic");
+  for (int i = 0; i < 16; ++i)
+    c.labels.emplace_back("k" + std::to_string(i), std::string(120, 'v'));
+  root_ = make_root(kRoot, {subnet{0x1000, 12}}, c);
+  l1_ = make_child(kL1, root_, {}, c);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == 2; }));
+  bus_id id = 0;
+  for (uint32_t i = 1; i <= 3000; ++i) {
+    std::vector<node_label> subset;
+    for (uint32_t b = 0; b < 16; ++b) {
+      if ((i * 2654435761U >> b & 1) != 0) subset.push_back(c.labels[b]);
+    }
+    ASSERT_EQ(root_->n->pick("logic", subset, {}, &id), errc::ok);
+  }
+  EXPECT_LE(metric(root_, "uvbus_node_pick_cursor_bytes"), 1 << 20);
+  EXPECT_GE(metric(root_, "uvbus_node_pick_cursor_bytes"), 1 << 18);
+  const std::vector<node_label> ab = {c.labels[0], c.labels[1]};
+  const std::vector<node_label> ba = {c.labels[1], c.labels[0], c.labels[1]};
+  bus_id first = 0;
+  bus_id second = 0;
+  ASSERT_EQ(root_->n->pick("logic", ab, {}, &first), errc::ok);
+  ASSERT_EQ(root_->n->pick("logic", ba, {}, &second), errc::ok);
+  EXPECT_NE(first, second) << "the same selector in another order took the same turn";
+  const std::vector<node_label> many(17, c.labels[0]);
+  EXPECT_EQ(root_->n->pick("logic", many, {}, &id), errc::invalid_argument);
+  EXPECT_NE(root_->n->last_error().detail.find("17 labels, at most 16"), std::string::npos)
+      << root_->n->last_error().detail;
+}
+
 // Load hints of nodes that left the directory are dropped once they outnumber it (more than
 // twice the directory plus 64), at the next load message; those of nodes still there stay. A
 // hand-made child announces itself and 200 nodes below it, each with a hint, then takes the 200
