@@ -290,6 +290,10 @@ struct stream_channel::impl {
 
   // Records the error (and its detail) as last_error() and returns it.
   errc fail(errc e, std::string detail = {});
+  // A system call of listen() failed with uv_error (libuv's or a negative errno): kept in sys_error
+  // for the detail ("too many open files"), mapped to an errc.
+  errc sys_fail(int uv_error);
+  int sys_error = 0;
   // A live connection's impl, or nullptr for a gone / unknown id.
   [[nodiscard]] conn_impl* find(connection_id id) const noexcept { return table.find(id); }
   [[nodiscard]] listener_impl* find(listener_id id) const noexcept;
@@ -375,7 +379,8 @@ struct stream_channel::impl {
   void apply_tcp_options(conn_impl* c);
   void apply_unix_options(conn_impl* c);
   static void connect_cb(uv_connect_t* req, int status);
-  errc start_tcp_connect(conn_impl* c, const sockaddr* sa);
+  // 0 or libuv's (negative) error: the caller keeps it for the reason and the detail.
+  int start_tcp_connect(conn_impl* c, const sockaddr* sa);
   void try_next_address(conn_impl* c);
   static void resolved_cb(uv_getaddrinfo_t* req, int status, addrinfo* res);
   void start_connect_timer(conn_impl* c);

@@ -232,7 +232,7 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
     if (!S_ISSOCK(st.st_mode)) return errc::already_exists;
     // A socket file: replace it only if nobody listens on it any more.
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return errc_from_errno(-errno);
+    if (fd < 0) return sys_fail(-errno);
     sockaddr_un sun{};
     sun.sun_family = AF_UNIX;
     std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
@@ -240,13 +240,13 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
     const int err = r == 0 ? 0 : errno;
     ::close(fd);
     if (r == 0 || err == EAGAIN || err == EINPROGRESS) return errc::address_in_use;
-    if (err != ECONNREFUSED) return errc_from_errno(-err);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errc_from_errno(-errno);
+    if (err != ECONNREFUSED) return sys_fail(-err);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return sys_fail(-errno);
     log_event(kLogStaleFile, log_level::info,
               "unix://" + path + ": replaced a stale socket file nobody listened on");
   }
   int r = uv_pipe_init(loop, &l->h.pipe, 0);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->h.handle.data = l;
   ++handles;
   l->is_unix = true;
@@ -254,20 +254,20 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
   // closes, also after detach_listener() gave the socket to another process. The file is ours
   // to remove (remove_socket_file()).
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errc_from_errno(-errno);
+  if (fd < 0) return sys_fail(-errno);
   sockaddr_un sun{};
   sun.sun_family = AF_UNIX;
   std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0) {
     const int err = errno;
     ::close(fd);
-    return errc_from_errno(-err);
+    return sys_fail(-err);
   }
   r = uv_pipe_open(&l->h.pipe, fd);
   if (r != 0) {
     ::close(fd);
     ::unlink(path.c_str());
-    return from_uv(r);
+    return sys_fail(r);
   }
   l->unix_path = path;
   if (stat(path.c_str(), &st) == 0) {
@@ -276,27 +276,27 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
   }
   // Before listen(): nobody can connect yet, so there is no window with the default mode.
   if (chmod(path.c_str(), static_cast<mode_t>(cfg.unix_socket_mode)) != 0) {
-    return errc_from_errno(-errno);
+    return sys_fail(-errno);
   }
   r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->url = "unix://" + path;
   return errc::ok;
 }
 
 errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
   int r = uv_tcp_init(loop, &l->h.tcp);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->h.handle.data = l;
   ++handles;
   r = uv_tcp_bind(&l->h.tcp, sa, sa->sa_family == AF_INET6 ? UV_TCP_IPV6ONLY : 0);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   sockaddr_storage ss{};
   int len = sizeof ss;
   r = uv_tcp_getsockname(&l->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
   l->port = sockaddr_port(reinterpret_cast<sockaddr*>(&ss));
   return errc::ok;
@@ -310,6 +310,7 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
   if (l == nullptr) return fail(errc::no_memory, std::string(url) + ": out of memory");
   l->user_data = user;
   const int handles_before = handles;
+  sys_error = 0;
   errc e = errc::ok;
   if (a.kind == scheme::unix_socket) {
     e = listen_unix(l, a.host);
@@ -347,12 +348,19 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
     } else {
       delete l;
     }
-    return fail(e, std::string(url) + ": " + to_string(e));
+    std::string detail = std::string(url) + ": " + to_string(e);
+    if (sys_error != 0) detail += std::string(" (") + uv_strerror(sys_error) + ")";
+    return fail(e, detail);
   }
   l->id = listener_id{next_listener_id()};
   link(l);
   if (out != nullptr) *out = l->id;
   return errc::ok;
+}
+
+errc stream_channel::impl::sys_fail(int uv_error) {
+  sys_error = uv_error;
+  return from_uv(uv_error);
 }
 
 errc stream_channel::impl::listen_fd(std::string_view url, int fd, listener_id* out, void* user) {

@@ -53,7 +53,8 @@ uint64_t iterations_in(uv_loop_t* loop, uint64_t ms) {
   bool fired = false;
   uv_timer_init(loop, &t);
   t.data = &fired;
-  uv_timer_start(&t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
+  uv_timer_start(
+      &t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
   uint64_t n = 0;
   while (!fired) {
     uv_run(loop, UV_RUN_ONCE);
@@ -72,9 +73,9 @@ int out_of_descriptors_child() {
   {
     http_endpoint ep;
     std::string detail;
-    if (ep.start(&loop, "http://127.0.0.1:0/metrics",
-                 [](std::string_view, http_response* r) { r->body = "up 1\n"; },
-                 &detail) != errc::ok) {
+    if (ep.start(
+            &loop, "http://127.0.0.1:0/metrics",
+            [](std::string_view, http_response* r) { r->body = "up 1\n"; }, &detail) != errc::ok) {
       return 10;
     }
     const int client = connect_client(ep.port());
