@@ -432,7 +432,11 @@ errc stream_channel::impl::detach_listener(listener_impl* l, int* fd) {
   uv_os_fd_t raw = -1;
   if (uv_fileno(&l->h.handle, &raw) != 0) return fail(errc::closed, l->url + ": no socket");
   const int d = fcntl(raw, F_DUPFD_CLOEXEC, 0);
-  if (d < 0) return fail(errc_from_errno(-errno), l->url + ": dup of the listening socket failed");
+  if (d < 0) {
+    const int err = errno;
+    return fail(errc_from_errno(-err),
+                l->url + ": dup of the listening socket failed (" + std::strerror(err) + ")");
+  }
   l->unix_path.clear();  // the socket file stays: it belongs to the socket, which lives on
   (void)close_listener(l);
   *fd = d;

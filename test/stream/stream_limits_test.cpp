@@ -47,7 +47,8 @@ uint64_t iterations_in(uv_loop_t* loop, uint64_t ms) {
   bool fired = false;
   uv_timer_init(loop, &t);
   t.data = &fired;
-  uv_timer_start(&t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
+  uv_timer_start(
+      &t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
   uint64_t n = 0;
   while (!fired) {
     uv_run(loop, UV_RUN_ONCE);
@@ -137,6 +138,9 @@ int dials_out_of_descriptors(uv_loop_t* loop) {
     listener_id l2;
     const errc e0 = ch.listen("ipv4://127.0.0.1:0", &l2);
     const std::string d0 = ch.last_error().detail;
+    int fd = -1;
+    const errc ed = ch.detach_listener(l, &fd);
+    const std::string dd = ch.last_error().detail;
     const errc e1 = ch.connect("ipv4://127.0.0.1:" + port, &lit);
     const std::string d1 = ch.last_error().detail;
     const errc e2 = ch.connect("dns://127.0.0.1:" + port, &dns);
@@ -152,6 +156,9 @@ int dials_out_of_descriptors(uv_loop_t* loop) {
     // Refused at once, the detail naming the system's reason.
     if (e0 == errc::ok || d0.find("too many open files") == std::string::npos) rc = 2;
     if (e1 != errc::io_error || d1.find("too many open files") == std::string::npos) rc = 3;
+    std::fprintf(stderr, "detach: %s (%s)\n", to_string(ed), dd.c_str());
+    if (ed != errc::io_error || dd.find("Too many open files") == std::string::npos) rc = 7;
+    if (ch.listener_port(l) == 0) rc = 8;  // a failed hand-over keeps listening
     // Failing from the loop, with the system error (not a caller error such as invalid_argument).
     if (e2 != errc::ok || e3 != errc::ok || !ended) return 4;
     if (rec.connected[dns.value] != errc::io_error) rc = 5;
@@ -163,8 +170,83 @@ int dials_out_of_descriptors(uv_loop_t* loop) {
 }
 
 TEST(StreamLimits, ListenAndDialsOutOfDescriptorsFailWithTheReason) {
-  // 2: listen's detail, 3: a literal connect's detail, 5: a dns dial's reason, 6: a unix dial's.
+  // 2: listen's detail, 3: a literal connect's detail, 5: a dns dial's reason, 6: a unix dial's,
+  // 7: detach_listener's detail, 8: the listener lost by a failed detach.
   EXPECT_EQ(in_child(dials_out_of_descriptors), 0);
+}
+
+class StreamZeroWindow : public stream_fixture {};
+
+// A peer that never reads while tiny and large sends alternate: the queue stops at its bound
+// (queue_full, never grows, under twice the ring's memory), another connection of the same channel
+// keeps working, and when the peer then resets every accepted packet is reported exactly once.
+TEST_F(StreamZeroWindow, ANonReadingPeerIsBoundedHurtsNoOneAndItsResetReportsEverything) {
+  recorder ra, rb;
+  stream_config cfg;
+  stream_channel* a = make_channel(&ra, cfg);
+  stream_channel* b = make_channel(&rb, cfg);
+  listener_id l;
+  ASSERT_EQ(a->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  const int peer = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(peer, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(a->listener_port(l));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(peer, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_TRUE(run([&] { return ra.accepted.size() == 1; }));
+  const connection_id c = ra.accepted[0];
+  connection_id other;
+  ASSERT_EQ(b->connect("ipv4://127.0.0.1:" + std::to_string(a->listener_port(l)), &other),
+            errc::ok);
+  ASSERT_TRUE(run([&] { return ra.accepted.size() == 2 && rb.connected.count(other.value); }));
+  const std::string large(40000, 'L');
+  uint64_t accepted = 0;
+  int refused = 0;
+  // Fill until queue_full, letting the loop write what the kernel takes between rounds.
+  for (int round = 0; round < 200 && refused < 1000; ++round) {
+    for (int i = 0; i < 64; ++i) {
+      const bool big = (i % 8) == 7;
+      const errc e = big ? a->send(c, large.data(), large.size()) : a->send(c, "t", 1);
+      if (e == errc::ok) {
+        ++accepted;
+      } else {
+        ASSERT_EQ(e, errc::queue_full);
+        ++refused;
+      }
+    }
+    uv_run(&loop_, UV_RUN_NOWAIT);
+  }
+  ASSERT_GT(refused, 0) << "the queue never filled";
+  const stream_connection_metrics m = cm(a, c);
+  EXPECT_LE(m.queue_bytes, cfg.queue.max_bytes + 64 * 1024);
+  // The ring, plus the rings its growth replaced while the stuck write still reads one of them
+  // (freed when that write completes): less than twice ring_bytes (3.5 MiB of 2 MiB measured).
+  EXPECT_LT(m.queue_memory_bytes, 2 * cfg.queue.ring_bytes);
+  // The other connection is unaffected: 100 messages each way.
+  const connection_id a_other = ra.accepted[1];
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(b->send(other, "ping", 4), errc::ok);
+    ASSERT_EQ(a->send(a_other, "pong", 4), errc::ok);
+  }
+  ASSERT_TRUE(run([&] {
+    return rb.received[other.value].size() == 100 && ra.received[a_other.value].size() == 100;
+  }));
+  // The peer resets: every accepted packet of c reported once, the end named.
+  const linger lg{1, 0};
+  setsockopt(peer, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  ::close(peer);
+  ASSERT_TRUE(run([&] { return ra.disconnected.count(c.value) == 1; }));
+  EXPECT_EQ(ra.disconnected[c.value], errc::connection_reset);
+  ra.expect_exact(c.value, accepted);
+  EXPECT_GT(ra.failed_count(c.value), 0u);
+  std::fprintf(stderr,
+               "accepted %llu, refused %d, written %llu, failed %llu, queue %zu B, %zu B held\n",
+               static_cast<unsigned long long>(accepted), refused,
+               static_cast<unsigned long long>(ra.written[c.value]),
+               static_cast<unsigned long long>(ra.failed_count(c.value)), m.queue_bytes,
+               m.queue_memory_bytes);
 }
 
 }  // namespace
