@@ -63,7 +63,11 @@ errc listen_socket(const http_url& u, int* fd_out, uint16_t* port, std::string* 
     len = sizeof *in;
   }
   const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errc_from_errno(-errno);
+  if (fd < 0) {
+    const int err = errno;
+    if (detail != nullptr) *detail = std::string("metrics endpoint: socket: ") + std::strerror(err);
+    return errc_from_errno(-err);
+  }
   const int one = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (u.ipv6) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
@@ -147,6 +151,7 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
   // CONNECTION_TIMEOUT is an idle timeout (every byte restarts it): the request's own deadline is
   // kept here (deadlines_), and PER_IP_CONNECTION_LIMIT keeps one host from taking every slot.
   loop_ = loop;
+  errno = 0;  // what libmicrohttpd met (its epoll descriptor, say), for the detail
   daemon_ = MHD_start_daemon(flags, 0, nullptr, nullptr, access, this, MHD_OPTION_LISTEN_SOCKET, fd,
                              MHD_OPTION_CONNECTION_LIMIT, limits_.max_connections,
                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, limits_.max_per_address,
@@ -154,9 +159,13 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, limits_.connection_memory,
                              MHD_OPTION_NOTIFY_CONNECTION, notify, this, MHD_OPTION_END);
   if (daemon_ == nullptr) {
+    const int err = errno;
     ::close(fd);
-    if (detail != nullptr) *detail = "metrics endpoint: libmicrohttpd did not start";
-    return errc::io_error;
+    if (detail != nullptr) {
+      *detail = "metrics endpoint: libmicrohttpd did not start";
+      if (err != 0) *detail += std::string(" (") + std::strerror(err) + ")";
+    }
+    return err == ENOMEM ? errc::no_memory : errc::io_error;
   }
   listen_fd_ = fd;
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
