@@ -283,7 +283,8 @@ errc stream_channel::impl::check_url(std::string_view url, address* a) {
       return fail(pe, u + ": the path is longer than " + std::to_string(kMaxUnixPathBytes) +
                           " bytes (a socket address holds no more)");
     }
-    return fail(pe, u + ": " + to_string(pe));
+    const std::string why = tcp ? detail::tcp_url_problem(url.substr(0, sep), rest) : std::string();
+    return fail(pe, u + ": " + (why.empty() ? std::string(to_string(pe)) : why));
   }
   if (!a->is_stream()) {
     return fail(errc::unsupported_scheme, u + ": not a stream scheme (ipv4, ipv6, dns or unix)");

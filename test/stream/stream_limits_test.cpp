@@ -175,6 +175,38 @@ TEST(StreamLimits, ListenAndDialsOutOfDescriptorsFailWithTheReason) {
   EXPECT_EQ(in_child(dials_out_of_descriptors), 0);
 }
 
+class StreamUrlEdges : public stream_fixture {};
+
+// Ports 0 / 65535 / 65536, IPv6 scope ids and bad literals: refused with a detail naming the part.
+TEST_F(StreamUrlEdges, BadPortsAndLiteralsAreNamedInTheDetail) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const struct {
+    const char* url;
+    const char* says;
+  } cases[] = {
+      {"ipv4://127.0.0.1:65536", "port \"65536\""},
+      {"ipv4://127.0.0.1:-1", "port \"-1\""},
+      {"ipv4://127.0.0.1:8o", "port \"8o\""},
+      {"dns://localhost:99999", "port \"99999\""},
+      {"ipv4://300.1.2.3:80", "\"300.1.2.3\" is not an IPv4 address"},
+      {"ipv6://[fe80::1%lo]:80", "scope"},
+      {"ipv6://[::1:80", "\"[::1:80\""},
+      {"ipv6://[1::2::3]:80", "\"1::2::3\" is not an IPv6 address"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(ch->connect(c.url), errc::bad_url) << c.url;
+    EXPECT_NE(ch->last_error().detail.find(c.says), std::string::npos)
+        << c.url << ": " << ch->last_error().detail;
+    EXPECT_EQ(ch->listen(c.url), errc::bad_url) << c.url;
+  }
+  // The highest port is a port: a connect to it is attempted (refused by nobody listening).
+  connection_id top;
+  ASSERT_EQ(ch->connect("ipv4://127.0.0.1:65535", &top), errc::ok);
+  ASSERT_TRUE(run([&] { return r.connected.count(top.value) == 1; }));
+  EXPECT_NE(r.connected[top.value], errc::ok);
+}
+
 class StreamZeroWindow : public stream_fixture {};
 
 // A peer that never reads while tiny and large sends alternate: the queue stops at its bound
