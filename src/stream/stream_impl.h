@@ -272,6 +272,12 @@ struct stream_channel::impl {
   bool closed = false;
   bool owner_gone = false;
   int handles = 0;  // libuv handles/requests of the channel itself and of its listeners
+  // A descriptor (/dev/null) held while the channel listens, closed to take waiting clients off a
+  // backlog libuv cannot accept from (its own reserve lost): shed_backlog(). Its slot is left free
+  // until the loop turn ends, so that libuv's next accept can end its loop; reserve_timer reopens
+  // it.
+  int reserve_fd = -1;
+  uv_timer_t reserve_timer{};
 
   uv_check_t check{};
   uv_idle_t idle{};
@@ -296,6 +302,10 @@ struct stream_channel::impl {
   // A system call of listen() failed with uv_error (libuv's or a negative errno): kept in sys_error
   // for the detail ("too many open files"), mapped to an errc.
   errc sys_fail(int uv_error);
+  // Closes the clients waiting on l's backlog with the reserve descriptor; how many.
+  uint64_t shed_backlog(listener_impl* l);
+  // Opens the reserve descriptor if it is not; false if it cannot be (out of descriptors).
+  bool reopen_reserve();
   int sys_error = 0;
   // A live connection's impl, or nullptr for a gone / unknown id.
   [[nodiscard]] conn_impl* find(connection_id id) const noexcept { return table.find(id); }

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 
 namespace uvbus {
 
@@ -85,6 +86,13 @@ std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bou
 
 namespace detail {
 
+int stream_access::drop_reserve(stream_channel& ch) noexcept {
+  const int fd = ch.impl_->reserve_fd;
+  if (fd >= 0) ::close(fd);
+  ch.impl_->reserve_fd = -1;
+  return fd;
+}
+
 source_key source_of(const sockaddr* sa) noexcept {
   source_key k;
   if (sa->sa_family == AF_INET) {
@@ -151,12 +159,46 @@ void stream_channel::impl::connection_cb(uv_stream_t* server, int status) {
   l->ch->on_incoming(l, status);
 }
 
+uint64_t stream_channel::impl::shed_backlog(listener_impl* l) {
+  uv_os_fd_t fd = -1;
+  if (uv_fileno(&l->h.handle, &fd) != 0) return 0;
+  if (reserve_fd >= 0) ::close(reserve_fd);
+  reserve_fd = -1;
+  uint64_t n = 0;
+  int s = -1;
+  while ((s = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
+    if (s >= 0) ::close(s);
+    n += s >= 0 ? 1 : 0;
+  }
+  // The slot stays free: accept() takes a descriptor before it looks at the backlog, so libuv's
+  // next one ends its loop (EAGAIN) only if there is one. Reopened when this loop turn is over.
+  uv_timer_start(
+      &reserve_timer, [](uv_timer_t* t) { (void)static_cast<impl*>(t->data)->reopen_reserve(); }, 0,
+      0);
+  return n;
+}
+
+bool stream_channel::impl::reopen_reserve() {
+  if (reserve_fd < 0 && !closed) reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return reserve_fd >= 0;
+}
+
 void stream_channel::impl::on_incoming(listener_impl* l, int status) {
-  if (status < 0 && !closed) {  // e.g. EMFILE: the next accept may succeed
+  if (status < 0 && !closed) {
+    // Out of descriptors libuv takes the waiting clients off the backlog with a reserve descriptor
+    // of its own; an error here means that failed (its reserve lost to another thread or process)
+    // and it calls again at once for as long as the accept fails: shed them with ours, so that
+    // its next accept finds the backlog empty instead of spinning in this loop turn for ever.
+    const bool out_of_fds = status == UV_EMFILE || status == UV_ENFILE;
+    const uint64_t shed = out_of_fds ? shed_backlog(l) : 0;
     log_event(kLogAcceptFailed, log_level::error,
-              l->url + ": accept failed: " + uv_strerror(status));
+              l->url + ": accept failed: " + uv_strerror(status) +
+                  (out_of_fds ? "; " + std::to_string(shed) + " waiting clients closed" : ""));
   }
   if (status < 0 || closed) return;
+  // Without a reserve (just used, or lost) and no descriptor to make one: this client's becomes
+  // it, or libuv's next accept would fail with nothing left to shed the backlog with.
+  const bool starved = reserve_fd < 0 && !reopen_reserve() && (errno == EMFILE || errno == ENFILE);
   conn_impl* c = new_conn(false, nullptr);
   if (c == nullptr) return;
   c->is_unix = l->is_unix;
@@ -188,6 +230,16 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
       c->peer_url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
       c->source = detail::source_of(reinterpret_cast<sockaddr*>(&ss));
     }
+  }
+  if (starved) {
+    ++retired.connections_rejected;
+    log_event(kLogAcceptFailed, log_level::error,
+              l->url + ": connection from " + c->peer_url +
+                  " closed: out of descriptors (its descriptor is kept in reserve)");
+    c->reported = true;
+    end_conn(c, errc::busy);
+    (void)reopen_reserve();
+    return;
   }
   if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
     // Accepted only to take it off the backlog: over the cap, it is closed unannounced.
@@ -354,6 +406,7 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
   }
   l->id = listener_id{next_listener_id()};
   link(l);
+  (void)reopen_reserve();
   if (out != nullptr) *out = l->id;
   return errc::ok;
 }
@@ -412,6 +465,7 @@ errc stream_channel::impl::listen_fd(std::string_view url, int fd, listener_id* 
   }
   l->id = listener_id{next_listener_id()};
   link(l);
+  (void)reopen_reserve();
   if (out != nullptr) *out = l->id;
   return errc::ok;
 }

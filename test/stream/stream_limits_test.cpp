@@ -1,5 +1,6 @@
 // The stream channel under operating-system limits: a listener and dials out of descriptors
 // (RLIMIT_NOFILE lowered in a forked child, so no other test is disturbed).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "stream/stream_harness.h"
+#include "stream/test_access.h"
 
 namespace uvbus::test {
 namespace {
@@ -122,6 +124,116 @@ int listener_out_of_descriptors(uv_loop_t* loop) {
 TEST(StreamLimits, AListenerOutOfDescriptorsShedsWaitingClientsAndRecovers) {
   // 2: the loop spun; 3: the waiting client hung; 5: no recovery.
   EXPECT_EQ(in_child(listener_out_of_descriptors), 0);
+}
+
+// libuv keeps one descriptor (loop->emfile_fd) to shed a backlog it cannot accept from. When that
+// reserve is lost (another thread took the slot while libuv had it closed: emulated here by taking
+// it and clearing the private field), libuv's accept loop calls the channel again at once for as
+// long as accept() fails: the loop turn never ended (killed by the alarm) before the channel shed
+// the backlog with a reserve of its own.
+int listener_reserve_lost(uv_loop_t* loop) {
+  recorder rec;
+  std::vector<std::string> logs;
+  stream_callbacks cb = rec.callbacks();
+  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
+  int rc = 0;
+  {
+    stream_channel ch(loop, stream_config{}, cb);
+    listener_id l;
+    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
+    const int client = dial(ch.listener_port(l));
+    if (client < 0) return 11;
+    if (loop->emfile_fd < 0) return 14;
+    ::close(loop->emfile_fd);
+    const int taken = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // "another thread"
+    loop->emfile_fd = -1;
+    rlimit old{};
+    if (!exhaust_descriptors(&old)) return 12;
+    ::alarm(10);  // a loop turn that never ends is killed: the test fails with a signal
+    const uint64_t spins = iterations_in(loop, 500);
+    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    ::alarm(0);
+    setrlimit(RLIMIT_NOFILE, &old);
+    ::close(taken);
+    std::fprintf(stderr, "iterations %llu, waiting client closed %d\n",
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0);
+    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
+    if (spins > 200) rc = 2;
+    if (!closed && rc == 0) rc = 3;
+    bool named = false;
+    for (const auto& s : logs)
+      named = named || s.find("1 waiting clients closed") != std::string::npos;
+    if (!named && rc == 0) rc = 4;
+    ::close(client);
+    const int again = dial(ch.listener_port(l));
+    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
+    ::close(again);
+    ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
+}
+
+TEST(StreamLimits, AListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
+  // -1: killed by the alarm (the loop turn never ended); 2: spun; 3: the client hung; 4: not
+  // logged; 5: no recovery.
+  EXPECT_EQ(in_child(listener_reserve_lost), 0);
+}
+
+// Both reserves lost (libuv's and the channel's) and one descriptor free: libuv's accept takes it
+// for a client and its next accept fails with nothing to shed with. The channel keeps that
+// client's descriptor as its reserve (the client is closed) instead of spinning.
+int listener_both_reserves_lost(uv_loop_t* loop) {
+  recorder rec;
+  std::vector<std::string> logs;
+  stream_callbacks cb = rec.callbacks();
+  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
+  int rc = 0;
+  {
+    stream_channel ch(loop, stream_config{}, cb);
+    listener_id l;
+    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
+    const int client = dial(ch.listener_port(l));
+    if (client < 0 || loop->emfile_fd < 0) return 11;
+    ::close(loop->emfile_fd);
+    loop->emfile_fd = -1;
+    if (detail::stream_access::drop_reserve(ch) < 0) return 15;
+    const int taken1 = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // "other threads"
+    const int taken2 = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    rlimit old{};
+    getrlimit(RLIMIT_NOFILE, &old);
+    const int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    rlimit one = old;
+    one.rlim_cur = static_cast<rlim_t>(lowest_free + 1);  // exactly one descriptor left
+    if (setrlimit(RLIMIT_NOFILE, &one) != 0) return 12;
+    ::alarm(10);
+    const uint64_t spins = iterations_in(loop, 500);
+    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    ::alarm(0);
+    setrlimit(RLIMIT_NOFILE, &old);
+    ::close(taken1);
+    ::close(taken2);
+    std::fprintf(stderr, "iterations %llu, client closed %d, accepted %zu\n",
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size());
+    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
+    if (spins > 200) rc = 2;
+    if (!closed && rc == 0) rc = 3;
+    if (!rec.accepted.empty() && rc == 0) rc = 4;
+    ::close(client);
+    const int again = dial(ch.listener_port(l));
+    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
+    ::close(again);
+    ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
+}
+
+TEST(StreamLimits, WithBothReservesLostTheLastDescriptorBecomesTheReserve) {
+  // -1: killed by the alarm (the loop turn never ended); 2: spun; 3: the client hung; 4: the
+  // client announced (its descriptor was needed); 5: no recovery.
+  EXPECT_EQ(in_child(listener_both_reserves_lost), 0);
 }
 
 int dials_out_of_descriptors(uv_loop_t* loop) {
