@@ -272,10 +272,10 @@ struct stream_channel::impl {
   bool closed = false;
   bool owner_gone = false;
   int handles = 0;  // libuv handles/requests of the channel itself and of its listeners
-  // A descriptor (/dev/null) held while the channel listens, closed to take waiting clients off a
-  // backlog libuv cannot accept from (its own reserve lost): shed_backlog(). Its slot is left free
-  // until the loop turn ends, so that libuv's next accept can end its loop; reserve_timer reopens
-  // it.
+  // A descriptor (/dev/null) held while the channel has a listener, closed to take waiting clients
+  // off a backlog libuv cannot accept from (its own reserve lost): shed_backlog(). Its slot is left
+  // free until the loop turn ends, so that libuv's next accept can end its loop; reserve_timer
+  // reopens it.
   int reserve_fd = -1;
   uv_timer_t reserve_timer{};
 

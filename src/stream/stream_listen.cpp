@@ -179,7 +179,9 @@ uint64_t stream_channel::impl::shed_backlog(listener_impl* l) {
 }
 
 bool stream_channel::impl::reopen_reserve() {
-  if (reserve_fd < 0 && !closed) reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (reserve_fd < 0 && !closed && !listeners.empty()) {
+    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
   return reserve_fd >= 0;
 }
 
@@ -502,6 +504,10 @@ errc stream_channel::impl::close_listener(listener_impl* l) {
   l->closing = true;
   if (l->is_unix) remove_socket_file(l);
   unlink(l);
+  if (listeners.empty() && reserve_fd >= 0) {  // needed only while something listens
+    ::close(reserve_fd);
+    reserve_fd = -1;
+  }
   uv_close(&l->h.handle, [](uv_handle_t* h) {
     auto* ll = static_cast<listener_impl*>(h->data);
     impl* self = ll->ch;

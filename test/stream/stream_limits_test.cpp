@@ -319,6 +319,27 @@ TEST_F(StreamUrlEdges, BadPortsAndLiteralsAreNamedInTheDetail) {
   EXPECT_NE(r.connected[top.value], errc::ok);
 }
 
+// The channel's reserve descriptor is held only while it has a listener.
+TEST_F(StreamUrlEdges, TheReserveDescriptorIsHeldOnlyWhileListening) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const auto lowest_free = [] {
+    const int fd = ::dup(0);
+    ::close(fd);
+    return fd;
+  };
+  listener_id l;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);  // libuv's own reserve opens here
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  const int before = lowest_free();
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  EXPECT_GT(lowest_free(), before + 1);  // the socket and the reserve
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  EXPECT_EQ(lowest_free(), before);
+}
+
 class StreamZeroWindow : public stream_fixture {};
 
 // A peer that never reads while tiny and large sends alternate: the queue stops at its bound
