@@ -1,5 +1,6 @@
 // http_endpoint under operating-system limits: out of descriptors with a client waiting in the
-// backlog (no busy loop, the client is shed and counted, service resumes once descriptors free).
+// backlog (no busy loop, the client is shed and counted, service resumes once descriptors free),
+// start() out of descriptors, pipelined requests.
 // Each case runs in a forked child, so the lowered RLIMIT_NOFILE never touches another test.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -178,6 +179,50 @@ TEST(HttpEndpointLimits, StartOutOfDescriptorsSaysWhy) {
   // 2: no reason when the socket fails, 3: none when libmicrohttpd fails, 4: a descriptor leaked,
   // 20/21: started anyway.
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Pipelined requests in one write: one answer, one render, then the connection closes (one request
+// per connection), so a client cannot queue renders on one connection.
+TEST(HttpEndpointHostile, PipelinedRequestsGetOneAnswerAndOneRender) {
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  {
+    http_endpoint ep;
+    int renders = 0;
+    std::string detail;
+    ASSERT_EQ(ep.start(
+                  &loop, "http://127.0.0.1:0/metrics",
+                  [&](std::string_view, http_response* r) {
+                    ++renders;
+                    r->body = "up 1\n";
+                  },
+                  &detail),
+              errc::ok);
+    const int client = connect_client(ep.port());
+    ASSERT_GE(client, 0);
+    std::string req;
+    for (int i = 0; i < 50; ++i) req += "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::send(client, req.data(), req.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(req.size()));
+    std::string got;
+    const uint64_t until = uv_now(&loop) + kDeadlineMs;
+    bool done = false;
+    while (!(done = answered_or_closed(client, &got)) && uv_now(&loop) < until) {
+      uv_run(&loop, UV_RUN_ONCE);
+    }
+    ::close(client);
+    EXPECT_TRUE(done);
+    EXPECT_EQ(renders, 1);
+    size_t answers = 0;
+    for (size_t at = got.find("HTTP/1.1 200"); at != std::string::npos;
+         at = got.find("HTTP/1.1 200", at + 1)) {
+      ++answers;
+    }
+    EXPECT_EQ(answers, 1u);
+    ep.stop();
+    uv_run(&loop, UV_RUN_DEFAULT);
+  }
+  EXPECT_EQ(uv_loop_close(&loop), 0);
 }
 
 }  // namespace
