@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -126,6 +127,23 @@ TEST(StreamLimits, AListenerOutOfDescriptorsShedsWaitingClientsAndRecovers) {
   EXPECT_EQ(in_child(listener_out_of_descriptors), 0);
 }
 
+// The listener of the reserve tests (a unix one when g_unix_path is set).
+std::string g_listen_url = "ipv4://127.0.0.1:0";
+std::string g_unix_path;
+
+// A blocking unix-socket client of path, or -1.
+int dial_unix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path.c_str());
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // libuv keeps one descriptor (loop->emfile_fd) to shed a backlog it cannot accept from. When that
 // reserve is lost (another thread took the slot while libuv had it closed: emulated here by taking
 // it and clearing the private field), libuv's accept loop calls the channel again at once for as
@@ -140,8 +158,8 @@ int listener_reserve_lost(uv_loop_t* loop) {
   {
     stream_channel ch(loop, stream_config{}, cb);
     listener_id l;
-    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
-    const int client = dial(ch.listener_port(l));
+    if (ch.listen(g_listen_url, &l) != errc::ok) return 10;
+    const int client = g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
     if (client < 0) return 11;
     if (loop->emfile_fd < 0) return 14;
     ::close(loop->emfile_fd);
@@ -165,13 +183,22 @@ int listener_reserve_lost(uv_loop_t* loop) {
       named = named || s.find("1 waiting clients closed") != std::string::npos;
     if (!named && rc == 0) rc = 4;
     ::close(client);
-    const int again = dial(ch.listener_port(l));
+    const int again = g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
     if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
     ::close(again);
     ch.close();
   }
   uv_run(loop, UV_RUN_DEFAULT);
   return rc;
+}
+
+TEST(StreamLimits, AUnixListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
+  g_unix_path = "/tmp/uvbus-limits-" + std::to_string(::getpid()) + ".sock";
+  g_listen_url = "unix://" + g_unix_path;
+  EXPECT_EQ(in_child(listener_reserve_lost), 0);
+  ::unlink(g_unix_path.c_str());
+  g_unix_path.clear();
+  g_listen_url = "ipv4://127.0.0.1:0";
 }
 
 TEST(StreamLimits, AListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
