@@ -3,8 +3,10 @@
 #include "obs/http_endpoint.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -61,7 +63,11 @@ errc listen_socket(const http_url& u, int* fd_out, uint16_t* port, std::string* 
     len = sizeof *in;
   }
   const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errc_from_errno(-errno);
+  if (fd < 0) {
+    const int err = errno;
+    if (detail != nullptr) *detail = std::string("metrics endpoint: socket: ") + std::strerror(err);
+    return errc_from_errno(-err);
+  }
   const int one = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (u.ipv6) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
@@ -141,9 +147,11 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
     on_connection(cls, c, toe == MHD_CONNECTION_NOTIFY_STARTED);
   };
   const unsigned flags = MHD_USE_EPOLL | (u.ipv6 ? MHD_USE_IPv6 : 0);
+
   // CONNECTION_TIMEOUT is an idle timeout (every byte restarts it): the request's own deadline is
   // kept here (deadlines_), and PER_IP_CONNECTION_LIMIT keeps one host from taking every slot.
   loop_ = loop;
+  errno = 0;  // what libmicrohttpd met (its epoll descriptor, say), for the detail
   daemon_ = MHD_start_daemon(flags, 0, nullptr, nullptr, access, this, MHD_OPTION_LISTEN_SOCKET, fd,
                              MHD_OPTION_CONNECTION_LIMIT, limits_.max_connections,
                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, limits_.max_per_address,
@@ -151,10 +159,16 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, limits_.connection_memory,
                              MHD_OPTION_NOTIFY_CONNECTION, notify, this, MHD_OPTION_END);
   if (daemon_ == nullptr) {
+    const int err = errno;
     ::close(fd);
-    if (detail != nullptr) *detail = "metrics endpoint: libmicrohttpd did not start";
-    return errc::io_error;
+    if (detail != nullptr) {
+      *detail = "metrics endpoint: libmicrohttpd did not start";
+      if (err != 0) *detail += std::string(" (") + std::strerror(err) + ")";
+    }
+    return err == ENOMEM ? errc::no_memory : errc::io_error;
   }
+  listen_fd_ = fd;
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   const MHD_DaemonInfo* info = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_EPOLL_FD);
   part_ = new loop_part;
   part_->owner = this;
@@ -162,10 +176,7 @@ errc http_endpoint::start(uv_loop_t* loop, std::string_view url, http_handler ha
   uv_poll_init(loop, &part_->poll, info->epoll_fd);
   uv_timer_init(loop, &part_->timer);
   part_->open = 2;
-  uv_poll_start(&part_->poll, UV_READABLE, [](uv_poll_t* h, int, int) {
-    auto* p = static_cast<loop_part*>(h->data);
-    if (p->owner != nullptr) p->owner->run_daemon();
-  });
+  uv_poll_start(&part_->poll, UV_READABLE, poll_cb);
   handler_ = std::move(handler);
   path_ = u.path;
   url_ = "http://" + (u.ipv6 ? "[" + u.host + "]" : u.host) + ":" + std::to_string(port_) + u.path;
@@ -188,7 +199,16 @@ unsigned http_endpoint::connections() const noexcept {
   return info == nullptr ? 0 : info->num_connections;
 }
 
+void http_endpoint::poll_cb(uv_poll_t* h, int, int) {
+  auto* p = static_cast<loop_part*>(h->data);
+  if (p->owner != nullptr) p->owner->run_daemon();
+}
+
 void http_endpoint::run_daemon() {
+  if (backoff_) {  // the pause after a backlog that could be neither accepted nor shed is over
+    backoff_ = false;
+    uv_poll_start(&part_->poll, UV_READABLE, poll_cb);
+  }
   // At the connection limit libmicrohttpd takes its listening socket out of its epoll set, and puts
   // it back only at the start of a later run. When this run closed connections, that later run
   // must be now: otherwise nothing would wake us again for the clients waiting in the backlog (an
@@ -197,7 +217,9 @@ void http_endpoint::run_daemon() {
   (void)expire_connections();
   MHD_run(daemon_);
   if (connections() < before) MHD_run(daemon_);
+  if (connections() == 0) accept_stuck_backlog();
   uint64_t next = expire_connections();  // what is left pending after this run
+  if (backoff_) next = std::min<uint64_t>(next, kBackoffMs);
   MHD_UNSIGNED_LONG_LONG timeout = 0;
   if (MHD_get_timeout(daemon_, &timeout) == MHD_YES && timeout < next) next = timeout;
   if (next != std::numeric_limits<uint64_t>::max()) {
@@ -210,6 +232,36 @@ void http_endpoint::run_daemon() {
         next, 0);
   } else {
     uv_timer_stop(&part_->timer);
+  }
+}
+
+void http_endpoint::accept_stuck_backlog() {
+  pollfd p{listen_fd_, POLLIN, 0};
+  if (::poll(&p, 1, 0) != 1 || (p.revents & POLLIN) == 0) return;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  const int fd =
+      ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd >= 0) {  // a client after all (one that went before it was refused): libmicrohttpd's
+    (void)MHD_add_connection(daemon_, fd, reinterpret_cast<sockaddr*>(&ss), len);
+    return;
+  }
+  if (errno != EMFILE && errno != ENFILE) return;
+  if (reserve_fd_ >= 0) {
+    ::close(reserve_fd_);
+    reserve_fd_ = -1;
+  }
+  int shed = -1;
+  while ((shed = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
+    if (shed < 0) continue;
+    ::close(shed);
+    ++shed_clients_;
+  }
+  const bool stuck = errno == EMFILE || errno == ENFILE;  // no reserve to make room with
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (stuck) {  // the socket stays ready: stop watching for a while rather than spin on it
+    uv_poll_stop(&part_->poll);
+    backoff_ = true;
   }
 }
 
@@ -290,6 +342,10 @@ void http_endpoint::stop() {
   part_ = nullptr;
   MHD_stop_daemon(daemon_);  // closes the listening socket and every connection
   daemon_ = nullptr;
+  listen_fd_ = -1;
+  backoff_ = false;
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
+  reserve_fd_ = -1;
   deadlines_.clear();
   url_.clear();
   port_ = 0;

@@ -81,6 +81,10 @@ class http_endpoint {
   [[nodiscard]] const http_limits& limits() const noexcept { return limits_; }
   // Connections this endpoint closed because their request (or answer) missed its deadline.
   [[nodiscard]] uint64_t deadline_closes() const noexcept { return deadline_closes_; }
+  // Clients closed unserved because the process (or the system) was out of descriptors when they
+  // were waiting to be accepted: they are taken off the backlog and closed at once (a reserved
+  // descriptor makes room for the accept), so the loop does not spin on a socket it cannot accept.
+  [[nodiscard]] uint64_t shed_clients() const noexcept { return shed_clients_; }
 
   struct loop_part;  // the libuv handles (freed by their close callbacks)
 
@@ -96,6 +100,12 @@ class http_endpoint {
   // Shuts down the sockets of connections past their deadline; the ms until the next deadline
   // (UINT64_MAX: none pending).
   uint64_t expire_connections();
+  // With no connection open and the listening socket still ready after a run, libmicrohttpd could
+  // not accept (EMFILE / ENFILE): it would be woken again at once, for ever. Accepts here instead:
+  // a client is handed to libmicrohttpd; out of descriptors, the waiting ones are shed.
+  void accept_stuck_backlog();
+  static void poll_cb(uv_poll_t* h, int status, int events);
+  static constexpr uint64_t kBackoffMs = 1000;  // no reserve descriptor: wait, then try again
   static void on_connection(void* cls, void* connection, bool started);
   static int on_request(void* cls, void* connection, const char* url, const char* method,
                         size_t* upload_size, void** state);
@@ -111,6 +121,10 @@ class http_endpoint {
   uv_loop_t* loop_ = nullptr;
   std::unordered_map<const void*, deadline> deadlines_;  // by MHD_Connection
   uint64_t deadline_closes_ = 0;
+  int listen_fd_ = -1;   // owned by libmicrohttpd while daemon_ is set
+  int reserve_fd_ = -1;  // /dev/null, closed for a moment to shed clients when out of descriptors
+  uint64_t shed_clients_ = 0;
+  bool backoff_ = false;  // the listening side's poll is stopped until the timer runs
 };
 
 }  // namespace uvbus::obs

@@ -138,7 +138,10 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
         &sweep_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->sweep(); }, every, every);
   }
   uv_unref(reinterpret_cast<uv_handle_t*>(&sweep_timer));  // never keeps the loop alive by itself
-  handles = 3;
+  uv_timer_init(loop, &reserve_timer);
+  reserve_timer.data = this;
+  uv_unref(reinterpret_cast<uv_handle_t*>(&reserve_timer));
+  handles = 4;
 }
 
 // One pass over the connections, not a timer per connection: an idle connection costs nothing.
@@ -211,6 +214,8 @@ void stream_channel::impl::close_all(bool with_callbacks) {
   closed = true;
   if (!with_callbacks) cb = stream_callbacks{};
   while (!listeners.empty()) (void)close_listener(listeners.front());
+  if (reserve_fd >= 0) ::close(reserve_fd);
+  reserve_fd = -1;
   // Reports first (callbacks see the channel closed: every call returns closed), then the
   // handles. The list cannot change meanwhile: connections are only freed from the loop.
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
@@ -229,6 +234,7 @@ void stream_channel::impl::close_all(bool with_callbacks) {
   uv_close(reinterpret_cast<uv_handle_t*>(&check), done);
   uv_close(reinterpret_cast<uv_handle_t*>(&idle), done);
   uv_close(reinterpret_cast<uv_handle_t*>(&sweep_timer), done);
+  uv_close(reinterpret_cast<uv_handle_t*>(&reserve_timer), done);
 }
 
 stream_channel_metrics stream_channel::impl::metrics() const {
@@ -283,7 +289,8 @@ errc stream_channel::impl::check_url(std::string_view url, address* a) {
       return fail(pe, u + ": the path is longer than " + std::to_string(kMaxUnixPathBytes) +
                           " bytes (a socket address holds no more)");
     }
-    return fail(pe, u + ": " + to_string(pe));
+    const std::string why = tcp ? detail::tcp_url_problem(url.substr(0, sep), rest) : std::string();
+    return fail(pe, u + ": " + (why.empty() ? std::string(to_string(pe)) : why));
   }
   if (!a->is_stream()) {
     return fail(errc::unsupported_scheme, u + ": not a stream scheme (ipv4, ipv6, dns or unix)");

@@ -10,6 +10,45 @@
 
 namespace uvbus {
 
+namespace detail {
+
+// Why the host:port part of a tcp URL did not parse (the rules of parse_address), naming the part;
+// empty when it cannot tell.
+std::string tcp_url_problem(std::string_view scheme, std::string_view rest) {
+  std::string_view host;
+  std::string_view port;
+  if (!rest.empty() && rest.front() == '[') {
+    const size_t close = rest.find(']');
+    if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return "\"" + std::string(rest) + "\" is not [IPv6 address]:port";
+    }
+    host = rest.substr(1, close - 1);
+    port = rest.substr(close + 2);
+  } else {
+    const size_t colon = rest.rfind(':');
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  unsigned long p = 0;
+  bool digits = !port.empty() && port.size() <= 5;
+  for (const char ch : port) {
+    digits = digits && ch >= '0' && ch <= '9';
+    if (digits) p = p * 10 + static_cast<unsigned long>(ch - '0');
+  }
+  if (!digits || p > 65535) {
+    return "port \"" + std::string(port) + "\" is not a number from 0 to 65535";
+  }
+  const std::string h = "\"" + std::string(host) + "\"";
+  if (host.empty()) return "no host";
+  if (scheme == "ipv4") return h + " is not an IPv4 address";
+  if (scheme != "ipv6") return {};
+  if (host.find('%') != std::string_view::npos)
+    return h + ": IPv6 scope ids (%zone) are not supported";
+  return h + " is not an IPv6 address";
+}
+
+}  // namespace detail
+
 void stream_channel::impl::on_connected(conn_impl* c) {
   close_timer(c);
   if (c->ai_list != nullptr) {
@@ -75,15 +114,14 @@ void stream_channel::impl::connect_cb(uv_connect_t* req, int status) {
   self->end_conn(c, e);
 }
 
-errc stream_channel::impl::start_tcp_connect(conn_impl* c, const sockaddr* sa) {
+int stream_channel::impl::start_tcp_connect(conn_impl* c, const sockaddr* sa) {
   int r = uv_tcp_init(loop, &c->h.tcp);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return r;
   c->h.handle.data = c;
   c->handle_open = true;
   ++c->pending;
   c->creq.data = c;
-  r = uv_tcp_connect(&c->creq, &c->h.tcp, sa, connect_cb);
-  return r == 0 ? errc::ok : from_uv(r);
+  return uv_tcp_connect(&c->creq, &c->h.tcp, sa, connect_cb);
 }
 
 void stream_channel::impl::try_next_address(conn_impl* c) {
@@ -91,15 +129,16 @@ void stream_channel::impl::try_next_address(conn_impl* c) {
     addrinfo* ai = c->ai_next;
     c->ai_next = ai->ai_next;
     if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
-    const errc e = start_tcp_connect(c, ai->ai_addr);
-    if (e == errc::ok) {
+    const int r = start_tcp_connect(c, ai->ai_addr);
+    if (r == 0) {
       c->state = conn_state::connecting;
       return;
     }
-    c->reason = e;
+    c->reason = from_uv(r);
     if (c->handle_open) {
-      // Failed synchronously on this handle: close it and go on from its close callback.
-      connect_cb(&c->creq, e == errc::connection_refused ? UV_ECONNREFUSED : UV_EINVAL);
+      // Failed synchronously on this handle (out of descriptors, say): close it and go on from
+      // its close callback, with the error as it was.
+      connect_cb(&c->creq, r);
       return;
     }
   }
@@ -155,12 +194,13 @@ errc stream_channel::impl::connect(std::string_view url, connection_id* out, voi
   if (c == nullptr) return fail(errc::no_memory, std::string(url) + ": out of memory");
   c->peer_url = std::string(url);
   errc e = errc::ok;
+  int sys = 0;  // libuv's error, named in the detail
   if (a.kind == scheme::unix_socket) {
     c->is_unix = true;
     c->state = conn_state::connecting;
     int r = uv_pipe_init(loop, &c->h.pipe, 0);
     if (r != 0) {
-      e = from_uv(r);
+      e = from_uv(sys = r);
     } else {
       c->h.handle.data = c;
       c->handle_open = true;
@@ -183,7 +223,7 @@ errc stream_channel::impl::connect(std::string_view url, connection_id* out, voi
       const int r = uv_getaddrinfo(loop, req, resolved_cb, a.host.c_str(), port, &hints);
       if (r != 0) {
         delete req;
-        e = from_uv(r);
+        e = from_uv(sys = r);
       } else {
         c->gai = req;
         ++c->pending;
@@ -194,14 +234,17 @@ errc stream_channel::impl::connect(std::string_view url, connection_id* out, voi
     e = literal_sockaddr(a, &ss);
     if (e == errc::ok) {
       c->state = conn_state::connecting;
-      e = start_tcp_connect(c, reinterpret_cast<sockaddr*>(&ss));
+      sys = start_tcp_connect(c, reinterpret_cast<sockaddr*>(&ss));
+      e = from_uv(sys);
     }
   }
   if (e != errc::ok) {
     // No callback for this connection: drop it silently once libuv lets go of it.
     c->reported = true;
     end_conn(c, e);
-    return fail(e, std::string(url) + ": " + to_string(e));
+    std::string detail = std::string(url) + ": " + to_string(e);
+    if (sys != 0) detail += std::string(" (") + uv_strerror(sys) + ")";
+    return fail(e, detail);
   }
   start_connect_timer(c);
   if (out != nullptr) *out = c->id;

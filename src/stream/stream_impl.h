@@ -223,6 +223,9 @@ inline constexpr size_t kSealBatch = 16;
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
 errc from_uv(int status) noexcept;
+// Why the host:port part (rest) of a tcp URL of scheme did not parse, naming the part ("port
+// \"65536\" is not a number from 0 to 65535"); empty when it cannot tell. (stream_dial.cpp)
+std::string tcp_url_problem(std::string_view scheme, std::string_view rest);
 // A literal address (ipv4/ipv6) into a sockaddr.
 errc literal_sockaddr(const address& a, sockaddr_storage* out);
 // Adds a connection's totals (and with_queue: its current queue figures) to `to`.
@@ -269,6 +272,12 @@ struct stream_channel::impl {
   bool closed = false;
   bool owner_gone = false;
   int handles = 0;  // libuv handles/requests of the channel itself and of its listeners
+  // A descriptor (/dev/null) held while the channel has a listener, closed to take waiting clients
+  // off a backlog libuv cannot accept from (its own reserve lost): shed_backlog(). Its slot is left
+  // free until the loop turn ends, so that libuv's next accept can end its loop; reserve_timer
+  // reopens it.
+  int reserve_fd = -1;
+  uv_timer_t reserve_timer{};
 
   uv_check_t check{};
   uv_idle_t idle{};
@@ -290,6 +299,14 @@ struct stream_channel::impl {
 
   // Records the error (and its detail) as last_error() and returns it.
   errc fail(errc e, std::string detail = {});
+  // A system call of listen() failed with uv_error (libuv's or a negative errno): kept in sys_error
+  // for the detail ("too many open files"), mapped to an errc.
+  errc sys_fail(int uv_error);
+  // Closes the clients waiting on l's backlog with the reserve descriptor; how many.
+  uint64_t shed_backlog(listener_impl* l);
+  // Opens the reserve descriptor if it is not; false if it cannot be (out of descriptors).
+  bool reopen_reserve();
+  int sys_error = 0;
   // A live connection's impl, or nullptr for a gone / unknown id.
   [[nodiscard]] conn_impl* find(connection_id id) const noexcept { return table.find(id); }
   [[nodiscard]] listener_impl* find(listener_id id) const noexcept;
@@ -375,7 +392,8 @@ struct stream_channel::impl {
   void apply_tcp_options(conn_impl* c);
   void apply_unix_options(conn_impl* c);
   static void connect_cb(uv_connect_t* req, int status);
-  errc start_tcp_connect(conn_impl* c, const sockaddr* sa);
+  // 0 or libuv's (negative) error: the caller keeps it for the reason and the detail.
+  int start_tcp_connect(conn_impl* c, const sockaddr* sa);
   void try_next_address(conn_impl* c);
   static void resolved_cb(uv_getaddrinfo_t* req, int status, addrinfo* res);
   void start_connect_timer(conn_impl* c);

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 
 namespace uvbus {
 
@@ -85,6 +86,13 @@ std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bou
 
 namespace detail {
 
+int stream_access::drop_reserve(stream_channel& ch) noexcept {
+  const int fd = ch.impl_->reserve_fd;
+  if (fd >= 0) ::close(fd);
+  ch.impl_->reserve_fd = -1;
+  return fd;
+}
+
 source_key source_of(const sockaddr* sa) noexcept {
   source_key k;
   if (sa->sa_family == AF_INET) {
@@ -151,12 +159,48 @@ void stream_channel::impl::connection_cb(uv_stream_t* server, int status) {
   l->ch->on_incoming(l, status);
 }
 
+uint64_t stream_channel::impl::shed_backlog(listener_impl* l) {
+  uv_os_fd_t fd = -1;
+  if (uv_fileno(&l->h.handle, &fd) != 0) return 0;
+  if (reserve_fd >= 0) ::close(reserve_fd);
+  reserve_fd = -1;
+  uint64_t n = 0;
+  int s = -1;
+  while ((s = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
+    if (s >= 0) ::close(s);
+    n += s >= 0 ? 1 : 0;
+  }
+  // The slot stays free: accept() takes a descriptor before it looks at the backlog, so libuv's
+  // next one ends its loop (EAGAIN) only if there is one. Reopened when this loop turn is over.
+  uv_timer_start(
+      &reserve_timer, [](uv_timer_t* t) { (void)static_cast<impl*>(t->data)->reopen_reserve(); }, 0,
+      0);
+  return n;
+}
+
+bool stream_channel::impl::reopen_reserve() {
+  if (reserve_fd < 0 && !closed && !listeners.empty()) {
+    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  return reserve_fd >= 0;
+}
+
 void stream_channel::impl::on_incoming(listener_impl* l, int status) {
-  if (status < 0 && !closed) {  // e.g. EMFILE: the next accept may succeed
+  if (status < 0 && !closed) {
+    // Out of descriptors libuv takes the waiting clients off the backlog with a reserve descriptor
+    // of its own; an error here means that failed (its reserve lost to another thread or process)
+    // and it calls again at once for as long as the accept fails: shed them with ours, so that
+    // its next accept finds the backlog empty instead of spinning in this loop turn for ever.
+    const bool out_of_fds = status == UV_EMFILE || status == UV_ENFILE;
+    const uint64_t shed = out_of_fds ? shed_backlog(l) : 0;
     log_event(kLogAcceptFailed, log_level::error,
-              l->url + ": accept failed: " + uv_strerror(status));
+              l->url + ": accept failed: " + uv_strerror(status) +
+                  (out_of_fds ? "; " + std::to_string(shed) + " waiting clients closed" : ""));
   }
   if (status < 0 || closed) return;
+  // Without a reserve (just used, or lost) and no descriptor to make one: this client's becomes
+  // it, or libuv's next accept would fail with nothing left to shed the backlog with.
+  const bool starved = reserve_fd < 0 && !reopen_reserve() && (errno == EMFILE || errno == ENFILE);
   conn_impl* c = new_conn(false, nullptr);
   if (c == nullptr) return;
   c->is_unix = l->is_unix;
@@ -188,6 +232,16 @@ void stream_channel::impl::on_incoming(listener_impl* l, int status) {
       c->peer_url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
       c->source = detail::source_of(reinterpret_cast<sockaddr*>(&ss));
     }
+  }
+  if (starved) {
+    ++retired.connections_rejected;
+    log_event(kLogAcceptFailed, log_level::error,
+              l->url + ": connection from " + c->peer_url +
+                  " closed: out of descriptors (its descriptor is kept in reserve)");
+    c->reported = true;
+    end_conn(c, errc::busy);
+    (void)reopen_reserve();
+    return;
   }
   if (cfg.max_connections != 0 && retired.connections_open > cfg.max_connections) {
     // Accepted only to take it off the backlog: over the cap, it is closed unannounced.
@@ -232,7 +286,7 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
     if (!S_ISSOCK(st.st_mode)) return errc::already_exists;
     // A socket file: replace it only if nobody listens on it any more.
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return errc_from_errno(-errno);
+    if (fd < 0) return sys_fail(-errno);
     sockaddr_un sun{};
     sun.sun_family = AF_UNIX;
     std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
@@ -240,13 +294,13 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
     const int err = r == 0 ? 0 : errno;
     ::close(fd);
     if (r == 0 || err == EAGAIN || err == EINPROGRESS) return errc::address_in_use;
-    if (err != ECONNREFUSED) return errc_from_errno(-err);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errc_from_errno(-errno);
+    if (err != ECONNREFUSED) return sys_fail(-err);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return sys_fail(-errno);
     log_event(kLogStaleFile, log_level::info,
               "unix://" + path + ": replaced a stale socket file nobody listened on");
   }
   int r = uv_pipe_init(loop, &l->h.pipe, 0);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->h.handle.data = l;
   ++handles;
   l->is_unix = true;
@@ -254,20 +308,20 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
   // closes, also after detach_listener() gave the socket to another process. The file is ours
   // to remove (remove_socket_file()).
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errc_from_errno(-errno);
+  if (fd < 0) return sys_fail(-errno);
   sockaddr_un sun{};
   sun.sun_family = AF_UNIX;
   std::memcpy(sun.sun_path, path.c_str(), path.size() + 1);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0) {
     const int err = errno;
     ::close(fd);
-    return errc_from_errno(-err);
+    return sys_fail(-err);
   }
   r = uv_pipe_open(&l->h.pipe, fd);
   if (r != 0) {
     ::close(fd);
     ::unlink(path.c_str());
-    return from_uv(r);
+    return sys_fail(r);
   }
   l->unix_path = path;
   if (stat(path.c_str(), &st) == 0) {
@@ -276,27 +330,27 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
   }
   // Before listen(): nobody can connect yet, so there is no window with the default mode.
   if (chmod(path.c_str(), static_cast<mode_t>(cfg.unix_socket_mode)) != 0) {
-    return errc_from_errno(-errno);
+    return sys_fail(-errno);
   }
   r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->url = "unix://" + path;
   return errc::ok;
 }
 
 errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
   int r = uv_tcp_init(loop, &l->h.tcp);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->h.handle.data = l;
   ++handles;
   r = uv_tcp_bind(&l->h.tcp, sa, sa->sa_family == AF_INET6 ? UV_TCP_IPV6ONLY : 0);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   r = uv_listen(&l->h.stream, cfg.backlog, connection_cb);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   sockaddr_storage ss{};
   int len = sizeof ss;
   r = uv_tcp_getsockname(&l->h.tcp, reinterpret_cast<sockaddr*>(&ss), &len);
-  if (r != 0) return from_uv(r);
+  if (r != 0) return sys_fail(r);
   l->url = sockaddr_url(reinterpret_cast<sockaddr*>(&ss));
   l->port = sockaddr_port(reinterpret_cast<sockaddr*>(&ss));
   return errc::ok;
@@ -310,6 +364,7 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
   if (l == nullptr) return fail(errc::no_memory, std::string(url) + ": out of memory");
   l->user_data = user;
   const int handles_before = handles;
+  sys_error = 0;
   errc e = errc::ok;
   if (a.kind == scheme::unix_socket) {
     e = listen_unix(l, a.host);
@@ -347,12 +402,20 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
     } else {
       delete l;
     }
-    return fail(e, std::string(url) + ": " + to_string(e));
+    std::string detail = std::string(url) + ": " + to_string(e);
+    if (sys_error != 0) detail += std::string(" (") + uv_strerror(sys_error) + ")";
+    return fail(e, detail);
   }
   l->id = listener_id{next_listener_id()};
   link(l);
+  (void)reopen_reserve();
   if (out != nullptr) *out = l->id;
   return errc::ok;
+}
+
+errc stream_channel::impl::sys_fail(int uv_error) {
+  sys_error = uv_error;
+  return from_uv(uv_error);
 }
 
 errc stream_channel::impl::listen_fd(std::string_view url, int fd, listener_id* out, void* user) {
@@ -404,6 +467,7 @@ errc stream_channel::impl::listen_fd(std::string_view url, int fd, listener_id* 
   }
   l->id = listener_id{next_listener_id()};
   link(l);
+  (void)reopen_reserve();
   if (out != nullptr) *out = l->id;
   return errc::ok;
 }
@@ -424,7 +488,11 @@ errc stream_channel::impl::detach_listener(listener_impl* l, int* fd) {
   uv_os_fd_t raw = -1;
   if (uv_fileno(&l->h.handle, &raw) != 0) return fail(errc::closed, l->url + ": no socket");
   const int d = fcntl(raw, F_DUPFD_CLOEXEC, 0);
-  if (d < 0) return fail(errc_from_errno(-errno), l->url + ": dup of the listening socket failed");
+  if (d < 0) {
+    const int err = errno;
+    return fail(errc_from_errno(-err),
+                l->url + ": dup of the listening socket failed (" + std::strerror(err) + ")");
+  }
   l->unix_path.clear();  // the socket file stays: it belongs to the socket, which lives on
   (void)close_listener(l);
   *fd = d;
@@ -436,6 +504,10 @@ errc stream_channel::impl::close_listener(listener_impl* l) {
   l->closing = true;
   if (l->is_unix) remove_socket_file(l);
   unlink(l);
+  if (listeners.empty() && reserve_fd >= 0) {  // needed only while something listens
+    ::close(reserve_fd);
+    reserve_fd = -1;
+  }
   uv_close(&l->h.handle, [](uv_handle_t* h) {
     auto* ll = static_cast<listener_impl*>(h->data);
     impl* self = ll->ch;

@@ -1,5 +1,5 @@
 // Test-only access to a stream channel's internals: a TLS session put in the state OpenSSL leaves
-// it in after a fatal error. Not installed; tests include it from src/.
+// it in after a fatal error, a reserve descriptor lost. Not installed; tests include it from src/.
 #pragma once
 
 #include "uvbus/stream.h"
@@ -10,6 +10,9 @@ struct stream_access {
   // Shuts conn's TLS session down without telling the peer: every later SSL_write of it fails
   // ("protocol is shutdown"), as after a fatal TLS error. false: no such TLS connection.
   static bool break_tls_writes(stream_channel& ch, connection_id conn) noexcept;
+  // Closes the channel's reserve descriptor as if it had been lost (another thread took the slot
+  // while it was free); the descriptor number it had, or -1.
+  static int drop_reserve(stream_channel& ch) noexcept;
 };
 
 }  // namespace uvbus::detail

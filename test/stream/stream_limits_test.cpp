@@ -1,0 +1,445 @@
+// The stream channel under operating-system limits: a listener and dials out of descriptors
+// (RLIMIT_NOFILE lowered in a forked child, so no other test is disturbed).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "stream/stream_harness.h"
+#include "stream/test_access.h"
+
+namespace uvbus::test {
+namespace {
+
+constexpr uint64_t kDeadlineMs = 20000;  // generous for ASan: a deadline, never a speed claim
+
+// Lowers the soft RLIMIT_NOFILE to the lowest free descriptor: no new one can be made until
+// restore(). The old limit into *old.
+bool exhaust_descriptors(rlimit* old) {
+  getrlimit(RLIMIT_NOFILE, old);
+  const int lowest_free = ::dup(0);
+  ::close(lowest_free);
+  rlimit low = *old;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free);
+  return setrlimit(RLIMIT_NOFILE, &low) == 0;
+}
+
+// True once the peer closed fd (EOF or reset); what arrived is dropped.
+bool peer_closed(int fd) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) continue;
+    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+}
+
+// Runs the loop one iteration at a time for about ms (a timer ends the window); the iterations.
+uint64_t iterations_in(uv_loop_t* loop, uint64_t ms) {
+  uv_timer_t t;
+  bool fired = false;
+  uv_timer_init(loop, &t);
+  t.data = &fired;
+  uv_timer_start(
+      &t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
+  uint64_t n = 0;
+  while (!fired) {
+    uv_run(loop, UV_RUN_ONCE);
+    ++n;
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&t), nullptr);
+  uv_run(loop, UV_RUN_NOWAIT);
+  return n;
+}
+
+template <class Pred>
+bool run_for(uv_loop_t* loop, Pred pred) {
+  const uint64_t until = uv_now(loop) + kDeadlineMs;
+  while (!pred()) {
+    if (uv_now(loop) > until) return false;
+    uv_run(loop, UV_RUN_ONCE);
+  }
+  return true;
+}
+
+// Runs body(loop) in a forked child; its exit code (0: all well), or -1 if it died.
+int in_child(int (*body)(uv_loop_t*)) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    const int rc = body(&loop);
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+int listener_out_of_descriptors(uv_loop_t* loop) {
+  recorder rec;
+  std::vector<std::string> logs;
+  stream_callbacks cb = rec.callbacks();
+  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
+  int rc = 0;
+  {
+    stream_channel ch(loop, stream_config{}, cb);
+    listener_id l;
+    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
+    const int client = dial(ch.listener_port(l));
+    if (client < 0) return 11;
+    rlimit old{};
+    if (!exhaust_descriptors(&old)) return 12;
+    const uint64_t spins = iterations_in(loop, 500);
+    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    setrlimit(RLIMIT_NOFILE, &old);
+    std::fprintf(stderr, "iterations %llu, waiting client closed %d, accepted %zu, logs %zu\n",
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size(),
+                 logs.size());
+    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
+    if (spins > 200) rc = 2;
+    if (!closed && rc == 0) rc = 3;
+    ::close(client);
+    const int again = dial(ch.listener_port(l));
+    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
+    ::close(again);
+    ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
+}
+
+// libuv (uv__emfile_trick) takes the waiting clients off the backlog and closes them with a
+// descriptor it keeps in reserve; it does not tell the channel, so this is counted nowhere.
+TEST(StreamLimits, AListenerOutOfDescriptorsShedsWaitingClientsAndRecovers) {
+  // 2: the loop spun; 3: the waiting client hung; 5: no recovery.
+  EXPECT_EQ(in_child(listener_out_of_descriptors), 0);
+}
+
+// The listener of the reserve tests (a unix one when g_unix_path is set).
+std::string g_listen_url = "ipv4://127.0.0.1:0";
+std::string g_unix_path;
+
+// A blocking unix-socket client of path, or -1.
+int dial_unix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path.c_str());
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// libuv keeps one descriptor (loop->emfile_fd) to shed a backlog it cannot accept from. When that
+// reserve is lost (another thread took the slot while libuv had it closed: emulated here by taking
+// it and clearing the private field), libuv's accept loop calls the channel again at once for as
+// long as accept() fails: the loop turn never ended (killed by the alarm) before the channel shed
+// the backlog with a reserve of its own.
+int listener_reserve_lost(uv_loop_t* loop) {
+  recorder rec;
+  std::vector<std::string> logs;
+  stream_callbacks cb = rec.callbacks();
+  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
+  int rc = 0;
+  {
+    stream_channel ch(loop, stream_config{}, cb);
+    listener_id l;
+    if (ch.listen(g_listen_url, &l) != errc::ok) return 10;
+    const int client = g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
+    if (client < 0) return 11;
+    if (loop->emfile_fd < 0) return 14;
+    ::close(loop->emfile_fd);
+    const int taken = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // "another thread"
+    loop->emfile_fd = -1;
+    rlimit old{};
+    if (!exhaust_descriptors(&old)) return 12;
+    ::alarm(10);  // a loop turn that never ends is killed: the test fails with a signal
+    const uint64_t spins = iterations_in(loop, 500);
+    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    ::alarm(0);
+    setrlimit(RLIMIT_NOFILE, &old);
+    ::close(taken);
+    std::fprintf(stderr, "iterations %llu, waiting client closed %d\n",
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0);
+    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
+    if (spins > 200) rc = 2;
+    if (!closed && rc == 0) rc = 3;
+    bool named = false;
+    for (const auto& s : logs)
+      named = named || s.find("1 waiting clients closed") != std::string::npos;
+    if (!named && rc == 0) rc = 4;
+    ::close(client);
+    const int again = g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
+    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
+    ::close(again);
+    ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
+}
+
+TEST(StreamLimits, AUnixListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
+  g_unix_path = "/tmp/uvbus-limits-" + std::to_string(::getpid()) + ".sock";
+  g_listen_url = "unix://" + g_unix_path;
+  EXPECT_EQ(in_child(listener_reserve_lost), 0);
+  ::unlink(g_unix_path.c_str());
+  g_unix_path.clear();
+  g_listen_url = "ipv4://127.0.0.1:0";
+}
+
+TEST(StreamLimits, AListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
+  // -1: killed by the alarm (the loop turn never ended); 2: spun; 3: the client hung; 4: not
+  // logged; 5: no recovery.
+  EXPECT_EQ(in_child(listener_reserve_lost), 0);
+}
+
+// Both reserves lost (libuv's and the channel's) and one descriptor free: libuv's accept takes it
+// for a client and its next accept fails with nothing to shed with. The channel keeps that
+// client's descriptor as its reserve (the client is closed) instead of spinning.
+int listener_both_reserves_lost(uv_loop_t* loop) {
+  recorder rec;
+  std::vector<std::string> logs;
+  stream_callbacks cb = rec.callbacks();
+  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
+  int rc = 0;
+  {
+    stream_channel ch(loop, stream_config{}, cb);
+    listener_id l;
+    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
+    const int client = dial(ch.listener_port(l));
+    if (client < 0 || loop->emfile_fd < 0) return 11;
+    ::close(loop->emfile_fd);
+    loop->emfile_fd = -1;
+    if (detail::stream_access::drop_reserve(ch) < 0) return 15;
+    const int taken1 = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // "other threads"
+    const int taken2 = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    rlimit old{};
+    getrlimit(RLIMIT_NOFILE, &old);
+    const int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    rlimit one = old;
+    one.rlim_cur = static_cast<rlim_t>(lowest_free + 1);  // exactly one descriptor left
+    if (setrlimit(RLIMIT_NOFILE, &one) != 0) return 12;
+    ::alarm(10);
+    const uint64_t spins = iterations_in(loop, 500);
+    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    ::alarm(0);
+    setrlimit(RLIMIT_NOFILE, &old);
+    ::close(taken1);
+    ::close(taken2);
+    std::fprintf(stderr, "iterations %llu, client closed %d, accepted %zu\n",
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size());
+    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
+    if (spins > 200) rc = 2;
+    if (!closed && rc == 0) rc = 3;
+    if (!rec.accepted.empty() && rc == 0) rc = 4;
+    ::close(client);
+    const int again = dial(ch.listener_port(l));
+    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
+    ::close(again);
+    ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
+}
+
+TEST(StreamLimits, WithBothReservesLostTheLastDescriptorBecomesTheReserve) {
+  // -1: killed by the alarm (the loop turn never ended); 2: spun; 3: the client hung; 4: the
+  // client announced (its descriptor was needed); 5: no recovery.
+  EXPECT_EQ(in_child(listener_both_reserves_lost), 0);
+}
+
+int dials_out_of_descriptors(uv_loop_t* loop) {
+  recorder rec;
+  int rc = 0;
+  {
+    stream_channel ch(loop, stream_config{}, rec.callbacks());
+    listener_id l;
+    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
+    const std::string port = std::to_string(ch.listener_port(l));
+    rlimit old{};
+    if (!exhaust_descriptors(&old)) return 12;
+    connection_id lit, dns, uds;
+    listener_id l2;
+    const errc e0 = ch.listen("ipv4://127.0.0.1:0", &l2);
+    const std::string d0 = ch.last_error().detail;
+    int fd = -1;
+    const errc ed = ch.detach_listener(l, &fd);
+    const std::string dd = ch.last_error().detail;
+    const errc e1 = ch.connect("ipv4://127.0.0.1:" + port, &lit);
+    const std::string d1 = ch.last_error().detail;
+    const errc e2 = ch.connect("dns://127.0.0.1:" + port, &dns);
+    const errc e3 = ch.connect("unix:///tmp/uvbus-limits-none.sock", &uds);
+    const bool ended = run_for(loop, [&] { return rec.connected.size() == 2; });
+    setrlimit(RLIMIT_NOFILE, &old);
+    std::fprintf(stderr, "listen: %s (%s)\nliteral: %s (%s)\n", to_string(e0), d0.c_str(),
+                 to_string(e1), d1.c_str());
+    for (const auto& [id, st] : rec.connected) {
+      std::fprintf(stderr, "  on_connected %llu: %s\n", static_cast<unsigned long long>(id),
+                   to_string(st));
+    }
+    // Refused at once, the detail naming the system's reason.
+    if (e0 == errc::ok || d0.find("too many open files") == std::string::npos) rc = 2;
+    if (e1 != errc::io_error || d1.find("too many open files") == std::string::npos) rc = 3;
+    std::fprintf(stderr, "detach: %s (%s)\n", to_string(ed), dd.c_str());
+    if (ed != errc::io_error || dd.find("Too many open files") == std::string::npos) rc = 7;
+    if (ch.listener_port(l) == 0) rc = 8;  // a failed hand-over keeps listening
+    // Failing from the loop, with the system error (not a caller error such as invalid_argument).
+    if (e2 != errc::ok || e3 != errc::ok || !ended) return 4;
+    if (rec.connected[dns.value] != errc::io_error) rc = 5;
+    if (rec.connected[uds.value] != errc::io_error) rc = 6;
+    ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
+}
+
+TEST(StreamLimits, ListenAndDialsOutOfDescriptorsFailWithTheReason) {
+  // 2: listen's detail, 3: a literal connect's detail, 5: a dns dial's reason, 6: a unix dial's,
+  // 7: detach_listener's detail, 8: the listener lost by a failed detach.
+  EXPECT_EQ(in_child(dials_out_of_descriptors), 0);
+}
+
+class StreamUrlEdges : public stream_fixture {};
+
+// Ports 0 / 65535 / 65536, IPv6 scope ids and bad literals: refused with a detail naming the part.
+TEST_F(StreamUrlEdges, BadPortsAndLiteralsAreNamedInTheDetail) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const struct {
+    const char* url;
+    const char* says;
+  } cases[] = {
+      {"ipv4://127.0.0.1:65536", "port \"65536\""},
+      {"ipv4://127.0.0.1:-1", "port \"-1\""},
+      {"ipv4://127.0.0.1:8o", "port \"8o\""},
+      {"dns://localhost:99999", "port \"99999\""},
+      {"ipv4://300.1.2.3:80", "\"300.1.2.3\" is not an IPv4 address"},
+      {"ipv6://[fe80::1%lo]:80", "scope"},
+      {"ipv6://[::1:80", "\"[::1:80\""},
+      {"ipv6://[1::2::3]:80", "\"1::2::3\" is not an IPv6 address"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(ch->connect(c.url), errc::bad_url) << c.url;
+    EXPECT_NE(ch->last_error().detail.find(c.says), std::string::npos)
+        << c.url << ": " << ch->last_error().detail;
+    EXPECT_EQ(ch->listen(c.url), errc::bad_url) << c.url;
+  }
+  // The highest port is a port: a connect to it is attempted (refused by nobody listening).
+  connection_id top;
+  ASSERT_EQ(ch->connect("ipv4://127.0.0.1:65535", &top), errc::ok);
+  ASSERT_TRUE(run([&] { return r.connected.count(top.value) == 1; }));
+  EXPECT_NE(r.connected[top.value], errc::ok);
+}
+
+// The channel's reserve descriptor is held only while it has a listener.
+TEST_F(StreamUrlEdges, TheReserveDescriptorIsHeldOnlyWhileListening) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const auto lowest_free = [] {
+    const int fd = ::dup(0);
+    ::close(fd);
+    return fd;
+  };
+  listener_id l;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);  // libuv's own reserve opens here
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  const int before = lowest_free();
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  EXPECT_GT(lowest_free(), before + 1);  // the socket and the reserve
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  EXPECT_EQ(lowest_free(), before);
+}
+
+class StreamZeroWindow : public stream_fixture {};
+
+// A peer that never reads while tiny and large sends alternate: the queue stops at its bound
+// (queue_full, never grows, under twice the ring's memory), another connection of the same channel
+// keeps working, and when the peer then resets every accepted packet is reported exactly once.
+TEST_F(StreamZeroWindow, ANonReadingPeerIsBoundedHurtsNoOneAndItsResetReportsEverything) {
+  recorder ra, rb;
+  stream_config cfg;
+  stream_channel* a = make_channel(&ra, cfg);
+  stream_channel* b = make_channel(&rb, cfg);
+  listener_id l;
+  ASSERT_EQ(a->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  const int peer = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(peer, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(a->listener_port(l));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(peer, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_TRUE(run([&] { return ra.accepted.size() == 1; }));
+  const connection_id c = ra.accepted[0];
+  connection_id other;
+  ASSERT_EQ(b->connect("ipv4://127.0.0.1:" + std::to_string(a->listener_port(l)), &other),
+            errc::ok);
+  ASSERT_TRUE(run([&] { return ra.accepted.size() == 2 && rb.connected.count(other.value); }));
+  const std::string large(40000, 'L');
+  uint64_t accepted = 0;
+  int refused = 0;
+  // Fill until queue_full, letting the loop write what the kernel takes between rounds.
+  for (int round = 0; round < 200 && refused < 1000; ++round) {
+    for (int i = 0; i < 64; ++i) {
+      const bool big = (i % 8) == 7;
+      const errc e = big ? a->send(c, large.data(), large.size()) : a->send(c, "t", 1);
+      if (e == errc::ok) {
+        ++accepted;
+      } else {
+        ASSERT_EQ(e, errc::queue_full);
+        ++refused;
+      }
+    }
+    uv_run(&loop_, UV_RUN_NOWAIT);
+  }
+  ASSERT_GT(refused, 0) << "the queue never filled";
+  const stream_connection_metrics m = cm(a, c);
+  EXPECT_LE(m.queue_bytes, cfg.queue.max_bytes + 64 * 1024);
+  // The ring, plus the rings its growth replaced while the stuck write still reads one of them
+  // (freed when that write completes): less than twice ring_bytes (3.5 MiB of 2 MiB measured).
+  EXPECT_LT(m.queue_memory_bytes, 2 * cfg.queue.ring_bytes);
+  // The other connection is unaffected: 100 messages each way.
+  const connection_id a_other = ra.accepted[1];
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(b->send(other, "ping", 4), errc::ok);
+    ASSERT_EQ(a->send(a_other, "pong", 4), errc::ok);
+  }
+  ASSERT_TRUE(run([&] {
+    return rb.received[other.value].size() == 100 && ra.received[a_other.value].size() == 100;
+  }));
+  // The peer resets: every accepted packet of c reported once, the end named.
+  const linger lg{1, 0};
+  setsockopt(peer, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  ::close(peer);
+  ASSERT_TRUE(run([&] { return ra.disconnected.count(c.value) == 1; }));
+  EXPECT_EQ(ra.disconnected[c.value], errc::connection_reset);
+  ra.expect_exact(c.value, accepted);
+  EXPECT_GT(ra.failed_count(c.value), 0u);
+  std::fprintf(stderr,
+               "accepted %llu, refused %d, written %llu, failed %llu, queue %zu B, %zu B held\n",
+               static_cast<unsigned long long>(accepted), refused,
+               static_cast<unsigned long long>(ra.written[c.value]),
+               static_cast<unsigned long long>(ra.failed_count(c.value)), m.queue_bytes,
+               m.queue_memory_bytes);
+}
+
+}  // namespace
+}  // namespace uvbus::test
