@@ -3,7 +3,8 @@
 // restart) — waits for that child for child_grace_ms instead of being refused with unknown_route.
 // All held messages together, whatever their target, are bounded by pending_max_messages and
 // pending_max_bytes (held_count, held_bytes): beyond that a message is refused as if no grace
-// applied, however many distinct ids the messages name.
+// applied, however many distinct ids the messages name. A relay that stops tells the sources of
+// what it still holds, here or in a next hop's overflow (drop_relayed_for_stop).
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -21,6 +22,10 @@ bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, si
     since = it->second;
   } else {
     return false;
+  }
+  if (state != run_state::running) {  // a relay that is going holds nothing more: try again
+    relay_drop(hd, proto::reason::not_connected);
+    return true;
   }
   if (held_count >= cfg.pending_max_messages || held_bytes + size > cfg.pending_max_bytes) {
     return false;
@@ -75,14 +80,42 @@ void node::impl::grace_tick(uint64_t now) {
   }
 }
 
-void node::impl::drop_held() {
+// stop(), before the goodbyes: what is held for children and what waits in a next hop's overflow
+// can go nowhere now. Each source is told while its link still takes a notice (not_connected: try
+// again, it is the relay that goes, not the target) and one line is logged, from the loop (this
+// runs inside stop()).
+void node::impl::drop_relayed_for_stop() {
+  std::vector<std::vector<uint8_t>> gone;
   for (auto& [id, q] : held) {
-    counters.forward_dropped += q.q.size();
     counters.pending_now -= q.q.size();
+    for (auto& e : q.q) gone.push_back(std::move(e.bytes));
   }
   held.clear();
   held_count = 0;
   held_bytes = 0;
+  for (auto& [id, p] : peers) {
+    for (auto& m : p->overflow) gone.push_back(std::move(m));
+    p->overflow.clear();
+    p->overflow_bytes = 0;
+    resume_paused(p.get());
+  }
+  shm_overflow.clear();
+  if (gone.empty()) return;
+  for (const std::vector<uint8_t>& m : gone) {
+    ++counters.forward_dropped;
+    proto::header hd;
+    if (proto::parse_header(m.data(), m.size(), &hd) != errc::ok) continue;
+    if (hd.type != msg_type::data && hd.type != msg_type::forward) continue;
+    if ((hd.flags & proto::flag_require_response) != 0) {
+      send_ack(hd.source, hd.sequence, proto::reason::not_connected);
+    } else {
+      send_drop_notice(hd, proto::reason::not_connected);
+    }
+  }
+  deferred_logs.emplace_back(log_level::warn,
+                             "stopping: " + std::to_string(gone.size()) +
+                                 " relayed messages held for children or waiting for a next hop "
+                                 "dropped, their sources told (not_connected)");
 }
 
 }  // namespace uvbus

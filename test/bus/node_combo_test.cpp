@@ -1,0 +1,177 @@
+// Features together: a relay's grace hold or overflow meeting its stop(), relaying with link
+// compression near the size limit, and other pairings that single-feature tests do not reach.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
+#include "uvbus/node.h"
+
+namespace uvbus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::bus_node;
+using test::send_str;
+
+struct dropped_event {
+  bus_id target;
+  uint64_t id;
+  errc why;
+};
+
+node_config hop_config() {
+  node_config c = test::fast_config();
+  c.delivery = delivery_mode::next_hop;
+  c.sibling_direct = false;
+  return c;
+}
+
+class NodeCombo : public test::bus_fixture {
+ protected:
+  // A node whose on_dropped events land in drops_[k] (k: the order of creation).
+  bus_node* make_recording(bus_id id, node_config cfg) {
+    auto& list = drops_.emplace_back();
+    return make(id, std::move(cfg), true, [&list](node_callbacks* cb) {
+      cb->on_dropped = [&list](bus_id t, uint64_t m, errc e) { list.push_back({t, m, e}); };
+    });
+  }
+  // Root 0x100 (0x100/8, holding messages for absent children for a minute) and child A 0x101.
+  void make_root_and_sender(node_config rc, node_config ac = hop_config()) {
+    rc.subnets = {{0x100, 8}};
+    rc.child_grace_ms = 60000;  // the whole test runs inside the window
+    root_ = make(0x100, rc);
+    ac.parent_urls = {root_->n->listen_urls().at(0)};
+    a_ = make_recording(0x101, ac);
+    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  }
+
+  std::deque<std::vector<dropped_event>> drops_;
+  bus_node* root_ = nullptr;
+  bus_node* a_ = nullptr;
+};
+
+// A relay that stops while it holds messages for a child that has not come back (child_grace_ms)
+// tells each source, as it does when it drops them for any other reason: a drop notice for a
+// message already reported ok (next hop), the failed report of a require_response message. The
+// reason is not_connected (try again: the relay is going, not the target).
+TEST_F(NodeCombo, RelayStopTellsTheSourcesOfMessagesHeldForAChild) {
+  node_config ac = hop_config();
+  ac.response_timeout_ms = 120000;  // a timeout would be the wrong answer, and a late one
+  make_root_and_sender(hop_config(), ac);
+  std::vector<uint64_t> plain, answered;
+  for (int i = 0; i < 3; ++i) {
+    uint64_t id = 0;
+    ASSERT_EQ(send_str(a_, 0x110, 1, "held", {}, &id), errc::ok);
+    plain.push_back(id);
+    send_options o;
+    o.require_response = true;
+    ASSERT_EQ(send_str(a_, 0x110, 1, "held, answered", o, &id), errc::ok);
+    answered.push_back(id);
+  }
+  ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child == 6; }));
+  root_->n->stop();
+  ASSERT_TRUE(wait([&] {
+    size_t failed = 0;
+    for (const uint64_t id : answered) {
+      const delivery_report* r = a_->report_for(id);
+      failed += r != nullptr && r->status != errc::ok ? 1 : 0;
+    }
+    return drops_.front().size() == plain.size() && failed == answered.size();
+  }, 20s)) << "A was told of " << drops_.front().size() << " of " << plain.size()
+           << " plain messages; reports " << a_->reports.size();
+  for (const auto& d : drops_.front()) {
+    EXPECT_EQ(d.target, 0x110u);
+    EXPECT_EQ(d.why, errc::not_connected) << to_string(d.why);
+  }
+  for (const uint64_t id : answered) {
+    EXPECT_EQ(a_->report_for(id)->status, errc::not_connected)
+        << to_string(a_->report_for(id)->status);
+  }
+  for (const uint64_t id : plain) {
+    ASSERT_NE(a_->report_for(id), nullptr);
+    EXPECT_EQ(a_->report_for(id)->status, errc::ok);  // next hop: the root's channel took it
+  }
+  EXPECT_EQ(root_->n->counters().forward_dropped, 6u);
+  ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
+  EXPECT_TRUE(root_->logged("held for"));
+}
+
+// A relay waiting in stop() for its own end-to-end acknowledgements (stop_flush_ms) still relays;
+// a message for a child in its grace window must not be held then (nothing would release or drop
+// it: the hold was silently lost), but refused with not_connected at once.
+TEST_F(NodeCombo, StoppingRelayDoesNotHoldMessagesForAChild) {
+  node_config rc = test::fast_config();
+  rc.stop_flush_ms = 60000;
+  make_root_and_sender(rc);
+  test::raw_child x(0x1f0, 0x100);  // takes the root's flow data and never acknowledges it
+  x.compress = false;
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return x.registered; }));
+  ASSERT_EQ(send_str(root_, 0x1f0, 1, "never acknowledged"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !x.got.empty(); }));
+  root_->n->stop();  // waits for X's acknowledgement, links open
+  uint64_t id = 0;
+  ASSERT_EQ(send_str(a_, 0x110, 1, "for a child in grace", {}, &id), errc::ok);
+  ASSERT_TRUE(wait([&] { return !drops_.front().empty(); }, 20s))
+      << "held_for_child " << root_->n->counters().held_for_child << ", forward_dropped "
+      << root_->n->counters().forward_dropped;
+  EXPECT_EQ(drops_.front()[0].id, id);
+  EXPECT_EQ(drops_.front()[0].why, errc::not_connected) << to_string(drops_.front()[0].why);
+  EXPECT_EQ(root_->n->counters().held_for_child, 0u);
+  EXPECT_TRUE(root_->downs.empty());  // still flushing: the relay went on relaying meanwhile
+  x.ch->close();
+  ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
+// A relay that stops while relayed messages wait in a slow next hop's overflow tells their sources
+// before it says goodbye: dropped when the hop's link closed, after the sources' links had been
+// closed too, their drop notices had nowhere to go (next hop: reported ok, then lost unseen).
+TEST_F(NodeCombo, RelayStopTellsTheSourcesOfItsOverflow) {
+  node_config rc = hop_config();
+  rc.link_queue_bytes = size_t{256} << 10;
+  rc.forward_overflow_bytes = size_t{512} << 10;
+  node_config ac = hop_config();
+  ac.link_queue_bytes = size_t{256} << 10;
+  make_root_and_sender(rc, ac);
+  test::raw_child y(0x102, 0x100);
+  y.compress = false;  // what it is sent must fill the socket
+  y.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return y.registered; }));
+  y.pause_reading();
+  const std::string payload(60000, 'x');
+  uint64_t sent = 0;
+  int refused = 0;
+  // A sends to Y until its own link stays full: the root stopped reading it (its overflow for Y
+  // holds messages).
+  ASSERT_TRUE(wait([&] {
+    if (send_str(a_, 0x102, 1, payload) == errc::ok) {
+      ++sent;
+      refused = 0;
+    } else {
+      ++refused;
+    }
+    return refused > 200;
+  }));
+  ASSERT_EQ(root_->n->counters().forward_dropped, 0u);
+  root_->n->stop();
+  y.resume_reading();
+  ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
+  const uint64_t dropped = root_->n->counters().forward_dropped;
+  EXPECT_GT(dropped, 0u);
+  ASSERT_TRUE(wait([&] { return drops_.front().size() >= dropped; }, 20s))
+      << "root dropped " << dropped << ", A was told of " << drops_.front().size() << " (sent "
+      << sent << ")";
+  EXPECT_EQ(drops_.front().size(), dropped);
+  for (const auto& d : drops_.front()) EXPECT_EQ(d.why, errc::not_connected) << to_string(d.why);
+  y.ch->close();
+  ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
+}
+
+}  // namespace
+}  // namespace uvbus
