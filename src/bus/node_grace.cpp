@@ -53,8 +53,28 @@ void node::impl::release_held(peer_ep* child) {
   held.erase(it);
   held_count -= q.q.size();
   held_bytes -= q.bytes;
-  counters.forwarded += q.q.size();
-  flush_queue(&q, child);
+  counters.pending_now -= q.q.size();
+  // As forward() sends them: what the child's queue does not take waits in its overflow (they
+  // were lost there unseen), beyond that bound it is refused to its source.
+  for (const pending_msg& m : q.q) {
+    errc e = errc::queue_full;
+    if (child->overflow.empty()) e = transmit_bytes(child, m.bytes, 0, m.target);
+    if (e == errc::ok) {
+      ++counters.forwarded;
+      continue;
+    }
+    const size_t size = m.bytes.size();
+    const const_buffer bufs[2] = {{m.bytes.data(), proto::kHeaderSize},
+                                  {m.bytes.data() + proto::kHeaderSize, size - proto::kHeaderSize}};
+    if (e == errc::queue_full && overflow_push(child, nullptr, bufs, size)) continue;
+    proto::header hd;
+    if (proto::parse_header(m.bytes.data(), size, &hd) != errc::ok) {
+      ++counters.forward_dropped;
+      continue;
+    }
+    hd.ttl = static_cast<uint8_t>(hd.ttl + 1);  // as it arrived (the log names it so)
+    relay_drop(hd, proto::reason_from_errc(e));
+  }
 }
 
 void node::impl::grace_tick(uint64_t now) {
