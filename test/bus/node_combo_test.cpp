@@ -209,5 +209,63 @@ TEST_F(NodeCombo, AReturningChildGetsEverythingHeldForItBeyondItsLinkQueue) {
   EXPECT_EQ(root_->n->counters().pending_now, 0u);
 }
 
+// Largest messages, compressed on both links of a relay, end to end, with a trace context and as
+// calls (flow prefix, trace block and call block all at once): each arrives once, intact, and
+// its report or answer comes (a relay inflates into a buffer of the frame limit and compresses
+// again for the next link).
+TEST_F(NodeCombo, LargestCompressibleMessagesCrossACompressingRelayWithTraceAndCalls) {
+  node_config c = test::fast_config();
+  c.sibling_direct = false;
+  c.compression = compression_codec::lz4;
+  c.subnets = {{0x100, 8}};
+  root_ = make(0x100, c);
+  c.subnets.clear();
+  c.parent_urls = {root_->n->listen_urls().at(0)};
+  a_ = make(0x101, c);
+  bus_node* b = make(0x102, c, true, [&b](node_callbacks* cb) {
+    cb->on_data = [&b](bus_id src, uint32_t type, const uint8_t* p, size_t n) {
+      b->got.push_back({src, type, std::string(reinterpret_cast<const char*>(p), n)});
+      if (const reply_handle* h = b->n->incoming_request(); h != nullptr) {
+        reply_handle r = *h;
+        EXPECT_EQ(b->n->reply(r, p, n), errc::ok);
+      }
+    };
+  });
+  ASSERT_TRUE(wait([&] { return a_->n->up() && b->n->up(); }));
+  trace_context t;
+  t.trace_id.fill(7);
+  t.span_id.fill(9);
+  send_options o;
+  o.trace = &t;
+  const size_t big = c.message_limit;
+  std::string payload(big, 'z');
+  for (size_t i = 0; i < payload.size(); i += 97) payload[i] = static_cast<char>('a' + i % 26);
+  ASSERT_EQ(send_str(a_, 0x102, 1, payload, o), errc::ok);
+  ASSERT_EQ(send_str(a_, 0x102, 2, payload), errc::ok);
+  const std::string request = payload.substr(0, big - 13);  // a call's payload: 13 bytes less
+  std::vector<call_result> answers;
+  std::vector<std::string> answer_bytes;
+  ASSERT_EQ(a_->n->call(
+                0x102, 3, request.data(), request.size(), 20000,
+                [&](const call_result& r) {
+                  answers.push_back(r);
+                  answer_bytes.emplace_back(reinterpret_cast<const char*>(r.data), r.size);
+                },
+                o),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 2 && answers.size() == 1; }))
+      << a_->reports.size() << " reports, " << answers.size() << " answers, B got "
+      << b->got.size();
+  for (const auto& r : a_->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
+  EXPECT_EQ(answers[0].status, errc::ok) << to_string(answers[0].status);
+  EXPECT_EQ(answer_bytes[0], request);
+  ASSERT_EQ(b->got.size(), 3u);
+  EXPECT_EQ(b->got[0].bytes, payload);
+  EXPECT_EQ(b->got[1].bytes, payload);
+  EXPECT_EQ(b->got[2].bytes, request);
+  EXPECT_GE(root_->n->counters().decompressed, 3u);
+  EXPECT_GE(root_->n->counters().compressed_sent, 3u);
+}
+
 }  // namespace
 }  // namespace uvbus
