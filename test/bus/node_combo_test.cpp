@@ -267,5 +267,41 @@ TEST_F(NodeCombo, LargestCompressibleMessagesCrossACompressingRelayWithTraceAndC
   EXPECT_GE(root_->n->counters().compressed_sent, 3u);
 }
 
+// A same-host peer's ring whose reader is gone while its stream link still looks registered: the
+// sender falls back to the stream. That is noticed inside send_data(); the log line it writes
+// must not run on_log there (no callback fires from inside a node member function).
+TEST_F(NodeCombo, ShmFallbackInsideSendDataDoesNotLogFromInsideTheCall) {
+  node_config pc = test::fast_config();
+  pc.enable_shm = true;
+  pc.shm_ring_bytes = 1 << 20;
+  pc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("combo-p")};
+  pc.subnets = {{0x100, 8}};
+  bool inside = false;
+  int logged_inside = 0;
+  root_ = make(0x100, pc, true, [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      if (inside) ++logged_inside;
+      root_->logs.emplace_back(log_level::info, m);
+    };
+  });
+  node_config bc = pc;
+  bc.subnets.clear();
+  bc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("combo-b")};
+  bc.parent_urls = {root_->n->listen_urls().at(0)};
+  bus_node* b = make(0x102, bc);
+  ASSERT_TRUE(wait([&] { return b->n->up(); }));
+  endpoint_info e;
+  ASSERT_TRUE(root_->n->peer(0x102, &e));
+  ASSERT_EQ(e.data_channel, channel_kind::shm);
+  ASSERT_EQ(send_str(root_, 0x102, 1, "through the ring"), errc::ok);
+  ASSERT_TRUE(wait([&] { return b->got.size() == 1; }));
+  destroy(b);  // its ring's reader goes at once; the root has not seen the link go yet
+  inside = true;
+  const errc r = send_str(root_, 0x102, 1, "after the reader");
+  inside = false;
+  EXPECT_EQ(logged_inside, 0) << "send_data returned " << to_string(r);
+  ASSERT_TRUE(wait([&] { return root_->logged("shared memory reader gone"); }));
+}
+
 }  // namespace
 }  // namespace uvbus
