@@ -380,16 +380,18 @@ void node::impl::close_stalled_hop(link* lk, uint64_t now) {
   log(log_level::warn,
       "%s 0x%" PRIx64 " has not read for %" PRIu64 " ms (%zu relayed messages waiting): dropping",
       detail::to_string(p->kind), p->id, now - p->overflow_moved_ms, p->overflow.size());
+  // Each message leaves the overflow before it is refused: the refusal logs, and an on_log that
+  // calls stop() empties the overflow (drop_relayed_for_stop).
   while (!p->overflow.empty()) {
-    const std::vector<uint8_t>& m = p->overflow.front();
+    const std::vector<uint8_t> m = std::move(p->overflow.front());
+    p->overflow_bytes -= m.size();
+    p->overflow.pop_front();
     proto::header hd;
     if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
       relay_drop(hd, proto::reason::queue_full);
     } else {
       ++counters.forward_dropped;
     }
-    p->overflow_bytes -= m.size();
-    p->overflow.pop_front();
   }
   close_link(lk, errc::queue_full);
 }

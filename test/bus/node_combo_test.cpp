@@ -303,5 +303,53 @@ TEST_F(NodeCombo, ShmFallbackInsideSendDataDoesNotLogFromInsideTheCall) {
   ASSERT_TRUE(wait([&] { return root_->logged("shared memory reader gone"); }));
 }
 
+// stop() from on_log while the relay refuses a stalled next hop's overflow one message at a time
+// (each refusal logs): stop() gives the rest of that overflow back to its sources, and the walk
+// that logged must not go on over what stop() took away.
+TEST_F(NodeCombo, StopFromOnLogWhileAStalledHopsOverflowIsRefused) {
+  node_config rc = hop_config();
+  rc.subnets = {{0x100, 8}};
+  rc.heartbeat_timeout_ms = 1500;
+  rc.link_queue_bytes = size_t{256} << 10;
+  rc.forward_overflow_bytes = size_t{512} << 10;
+  root_ = make(0x100, rc, true, [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level lv, const std::string& m) {
+      root_->logs.emplace_back(lv, m);
+      if (m.find("dropping forward message") != std::string::npos) root_->n->stop();
+    };
+  });
+  node_config ac = hop_config();
+  ac.parent_urls = {root_->n->listen_urls().at(0)};
+  ac.link_queue_bytes = size_t{256} << 10;
+  a_ = make_recording(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  test::raw_child y(0x102, 0x100);
+  y.compress = false;
+  y.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return y.registered; }));
+  y.pause_reading();
+  const std::string payload(60000, 'x');
+  auto next_ping = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 16 && send_str(a_, 0x102, 1, payload) == errc::ok; ++i) {
+    }
+    if (std::chrono::steady_clock::now() >= next_ping) {
+      y.ping();
+      next_ping = std::chrono::steady_clock::now() + 100ms;
+    }
+    return !root_->downs.empty() || root_->n->counters().forward_dropped > 1;
+  }));
+  y.resume_reading();
+  ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
+  const uint64_t dropped = root_->n->counters().forward_dropped;
+  EXPECT_GT(dropped, 1u);
+  // Every one told, the one whose log line stopped the node included (told before the line).
+  ASSERT_TRUE(wait([&] { return drops_.front().size() >= dropped; }, 20s))
+      << "root dropped " << dropped << ", A was told of " << drops_.front().size();
+  EXPECT_EQ(drops_.front().size(), dropped);
+  y.ch->close();
+  ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
+}
+
 }  // namespace
 }  // namespace uvbus
