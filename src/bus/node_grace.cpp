@@ -11,6 +11,24 @@ namespace uvbus {
 
 using proto::msg_type;
 
+namespace {
+
+// relay_drop() without its log line: counted, and the source told (a drop notice, or the failed
+// acknowledgement of a require_response message). The callers log once, after telling them all.
+void tell_source(node::impl& n, const std::vector<uint8_t>& m, proto::reason why) {
+  ++n.counters.forward_dropped;
+  proto::header hd;
+  if (proto::parse_header(m.data(), m.size(), &hd) != errc::ok) return;
+  if (hd.type != msg_type::data && hd.type != msg_type::forward) return;  // no notice on notices
+  if ((hd.flags & proto::flag_require_response) != 0) {
+    n.send_ack(hd.source, hd.sequence, why);
+  } else {
+    n.send_drop_notice(hd, why);
+  }
+}
+
+}  // namespace
+
 bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, size_t size) {
   if (cfg.child_grace_ms == 0 || !table.owns(hd.target) || hd.target == self) return false;
   const uint64_t now = now_ms();
@@ -78,26 +96,31 @@ void node::impl::release_held(peer_ep* child) {
 }
 
 void node::impl::grace_tick(uint64_t now) {
+  std::vector<std::vector<uint8_t>> expired;  // allocates only when something expires
   for (auto it = held.begin(); it != held.end();) {
     pending_queue& q = it->second;
     while (!q.q.empty() && now >= q.q.front().deadline_ms) {
-      const std::vector<uint8_t>& m = q.q.front().bytes;
-      proto::header hd;
-      if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
-        hd.ttl = static_cast<uint8_t>(hd.ttl + 1);  // as it arrived (the log names it so)
-        relay_drop(hd, proto::reason::unknown_route);
-      }
+      std::vector<uint8_t>& m = q.q.front().bytes;
       q.bytes -= m.size();
       held_bytes -= m.size();
       --held_count;
-      q.q.pop_front();
       --counters.pending_now;
+      expired.push_back(std::move(m));
+      q.q.pop_front();
     }
     it = q.q.empty() ? held.erase(it) : std::next(it);
   }
   for (auto it = children_lost_ms.begin(); it != children_lost_ms.end();) {
     it = now - it->second >= cfg.child_grace_ms ? children_lost_ms.erase(it) : std::next(it);
   }
+  if (expired.empty()) return;
+  // Every source told first, then one line: on_log may stop() (its links close, `held` empties)
+  // or destroy the node.
+  for (const std::vector<uint8_t>& m : expired) tell_source(*this, m, proto::reason::unknown_route);
+  log(log_level::warn,
+      "%zu relayed messages held for children refused (unknown_route): no child came back "
+      "within child_grace_ms (%" PRIu64 " ms)",
+      expired.size(), static_cast<uint64_t>(cfg.child_grace_ms));
 }
 
 // stop(), before the goodbyes: what is held for children and what waits in a next hop's overflow
@@ -121,17 +144,7 @@ void node::impl::drop_relayed_for_stop() {
   }
   shm_overflow.clear();
   if (gone.empty()) return;
-  for (const std::vector<uint8_t>& m : gone) {
-    ++counters.forward_dropped;
-    proto::header hd;
-    if (proto::parse_header(m.data(), m.size(), &hd) != errc::ok) continue;
-    if (hd.type != msg_type::data && hd.type != msg_type::forward) continue;
-    if ((hd.flags & proto::flag_require_response) != 0) {
-      send_ack(hd.source, hd.sequence, proto::reason::not_connected);
-    } else {
-      send_drop_notice(hd, proto::reason::not_connected);
-    }
-  }
+  for (const std::vector<uint8_t>& m : gone) tell_source(*this, m, proto::reason::not_connected);
   deferred_logs.emplace_back(log_level::warn,
                              "stopping: " + std::to_string(gone.size()) +
                                  " relayed messages held for children or waiting for a next hop "

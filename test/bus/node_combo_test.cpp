@@ -409,5 +409,30 @@ TEST_F(NodeCombo, LargeMessagesOverTlsAndCompressionSurviveATargetDyingMidStream
   EXPECT_GT(root_->n->counters().decompressed, 0u);
 }
 
+// stop() from on_log while the grace hold's deadline refuses held messages one by one (each
+// refusal logs): stop() takes what is still held, and the walk that logged must not go on over
+// the queues it freed.
+TEST_F(NodeCombo, StopFromOnLogWhileHeldMessagesExpire) {
+  node_config rc = hop_config();
+  rc.subnets = {{0x100, 8}};
+  rc.child_grace_ms = 5000;  // from the root's start: A registers and sends well inside it
+  root_ = make(0x100, rc, true, [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level lv, const std::string& m) {
+      root_->logs.emplace_back(lv, m);
+      if (m.find("held for children refused") != std::string::npos) root_->n->stop();
+    };
+  });
+  node_config ac = hop_config();
+  ac.parent_urls = {root_->n->listen_urls().at(0)};
+  a_ = make_recording(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(send_str(a_, 0x110 + i % 2, 1, "held"), errc::ok);
+  ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child == 3; }));
+  ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
+  EXPECT_EQ(root_->n->counters().forward_dropped, 3u);
+  ASSERT_TRUE(wait([&] { return drops_.front().size() == 3; }))
+      << "A was told of " << drops_.front().size();
+}
+
 }  // namespace
 }  // namespace uvbus
