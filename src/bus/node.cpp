@@ -295,7 +295,6 @@ void node::impl::stop() {
   close_mailbox(detail::mailbox::status::stopped);
   fail_queue(&parent_pending, errc::closed);
   for (auto& [id, s] : siblings) fail_queue(&s.pending, errc::closed);
-  drop_held();
   siblings.clear();
   fail_calls_for_stop();
   detail::fan_stop(*this);
@@ -324,6 +323,7 @@ void node::impl::close_links_for_stop() {
   stop_flush_until = 0;
   stop_metrics();
   flows_stop();
+  drop_relayed_for_stop();  // while the sources' links still take a notice
   for (auto& [id, lk] : links) {
     if (lk->state == link_state::registered) {
       std::vector<uint8_t> b;

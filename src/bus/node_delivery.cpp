@@ -103,9 +103,15 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
       return e;
     }
     if (e != errc::not_connected) return e;
-    // The peer's reader is gone (it restarted or is dying): fall back to its stream link.
-    log(log_level::info, "peer 0x%" PRIx64 ": shared memory reader gone, using the stream", p->id);
+    // The peer's reader is gone (it restarted or is dying): fall back to its stream link. Logged
+    // from the loop: this may run inside send_data(), where no callback may fire (an on_log that
+    // sent to this peer came back here, the ring still set, for ever).
     p->shm.reset();
+    char line[96];
+    std::snprintf(line, sizeof line,
+                  "peer 0x%" PRIx64 ": shared memory reader gone, using the stream", p->id);
+    deferred_logs.emplace_back(log_level::info, line);
+    arm_idle();
   }
   if (p->lk == nullptr || p->lk->state != link_state::registered) return errc::not_connected;
   // Without on_report there is nothing to pair the channel's reports with.
@@ -374,16 +380,18 @@ void node::impl::close_stalled_hop(link* lk, uint64_t now) {
   log(log_level::warn,
       "%s 0x%" PRIx64 " has not read for %" PRIu64 " ms (%zu relayed messages waiting): dropping",
       detail::to_string(p->kind), p->id, now - p->overflow_moved_ms, p->overflow.size());
+  // Each message leaves the overflow before it is refused: the refusal logs, and an on_log that
+  // calls stop() empties the overflow (drop_relayed_for_stop).
   while (!p->overflow.empty()) {
-    const std::vector<uint8_t>& m = p->overflow.front();
+    const std::vector<uint8_t> m = std::move(p->overflow.front());
+    p->overflow_bytes -= m.size();
+    p->overflow.pop_front();
     proto::header hd;
     if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
       relay_drop(hd, proto::reason::queue_full);
     } else {
       ++counters.forward_dropped;
     }
-    p->overflow_bytes -= m.size();
-    p->overflow.pop_front();
   }
   close_link(lk, errc::queue_full);
 }

@@ -3,12 +3,31 @@
 // restart) — waits for that child for child_grace_ms instead of being refused with unknown_route.
 // All held messages together, whatever their target, are bounded by pending_max_messages and
 // pending_max_bytes (held_count, held_bytes): beyond that a message is refused as if no grace
-// applied, however many distinct ids the messages name.
+// applied, however many distinct ids the messages name. A relay that stops tells the sources of
+// what it still holds, here or in a next hop's overflow (drop_relayed_for_stop).
 #include "bus/node_impl.h"
 
 namespace uvbus {
 
 using proto::msg_type;
+
+namespace {
+
+// relay_drop() without its log line: counted, and the source told (a drop notice, or the failed
+// acknowledgement of a require_response message). The callers log once, after telling them all.
+void tell_source(node::impl& n, const std::vector<uint8_t>& m, proto::reason why) {
+  ++n.counters.forward_dropped;
+  proto::header hd;
+  if (proto::parse_header(m.data(), m.size(), &hd) != errc::ok) return;
+  if (hd.type != msg_type::data && hd.type != msg_type::forward) return;  // no notice on notices
+  if ((hd.flags & proto::flag_require_response) != 0) {
+    n.send_ack(hd.source, hd.sequence, why);
+  } else {
+    n.send_drop_notice(hd, why);
+  }
+}
+
+}  // namespace
 
 bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, size_t size) {
   if (cfg.child_grace_ms == 0 || !table.owns(hd.target) || hd.target == self) return false;
@@ -21,6 +40,10 @@ bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, si
     since = it->second;
   } else {
     return false;
+  }
+  if (state != run_state::running) {  // a relay that is going holds nothing more: try again
+    relay_drop(hd, proto::reason::not_connected);
+    return true;
   }
   if (held_count >= cfg.pending_max_messages || held_bytes + size > cfg.pending_max_bytes) {
     return false;
@@ -48,41 +71,84 @@ void node::impl::release_held(peer_ep* child) {
   held.erase(it);
   held_count -= q.q.size();
   held_bytes -= q.bytes;
-  counters.forwarded += q.q.size();
-  flush_queue(&q, child);
+  counters.pending_now -= q.q.size();
+  // As forward() sends them: what the child's queue does not take waits in its overflow (they
+  // were lost there unseen), beyond that bound it is refused to its source.
+  for (const pending_msg& m : q.q) {
+    errc e = errc::queue_full;
+    if (child->overflow.empty()) e = transmit_bytes(child, m.bytes, 0, m.target);
+    if (e == errc::ok) {
+      ++counters.forwarded;
+      continue;
+    }
+    const size_t size = m.bytes.size();
+    const const_buffer bufs[2] = {{m.bytes.data(), proto::kHeaderSize},
+                                  {m.bytes.data() + proto::kHeaderSize, size - proto::kHeaderSize}};
+    if (e == errc::queue_full && overflow_push(child, nullptr, bufs, size)) continue;
+    proto::header hd;
+    if (proto::parse_header(m.bytes.data(), size, &hd) != errc::ok) {
+      ++counters.forward_dropped;
+      continue;
+    }
+    hd.ttl = static_cast<uint8_t>(hd.ttl + 1);  // as it arrived (the log names it so)
+    relay_drop(hd, proto::reason_from_errc(e));
+  }
 }
 
 void node::impl::grace_tick(uint64_t now) {
+  std::vector<std::vector<uint8_t>> expired;  // allocates only when something expires
   for (auto it = held.begin(); it != held.end();) {
     pending_queue& q = it->second;
     while (!q.q.empty() && now >= q.q.front().deadline_ms) {
-      const std::vector<uint8_t>& m = q.q.front().bytes;
-      proto::header hd;
-      if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
-        hd.ttl = static_cast<uint8_t>(hd.ttl + 1);  // as it arrived (the log names it so)
-        relay_drop(hd, proto::reason::unknown_route);
-      }
+      std::vector<uint8_t>& m = q.q.front().bytes;
       q.bytes -= m.size();
       held_bytes -= m.size();
       --held_count;
-      q.q.pop_front();
       --counters.pending_now;
+      expired.push_back(std::move(m));
+      q.q.pop_front();
     }
     it = q.q.empty() ? held.erase(it) : std::next(it);
   }
   for (auto it = children_lost_ms.begin(); it != children_lost_ms.end();) {
     it = now - it->second >= cfg.child_grace_ms ? children_lost_ms.erase(it) : std::next(it);
   }
+  if (expired.empty()) return;
+  // Every source told first, then one line: on_log may stop() (its links close, `held` empties)
+  // or destroy the node.
+  for (const std::vector<uint8_t>& m : expired) tell_source(*this, m, proto::reason::unknown_route);
+  log(log_level::warn,
+      "%zu relayed messages held for children refused (unknown_route): no child came back "
+      "within child_grace_ms (%" PRIu64 " ms)",
+      expired.size(), static_cast<uint64_t>(cfg.child_grace_ms));
 }
 
-void node::impl::drop_held() {
+// stop(), before the goodbyes: what is held for children and what waits in a next hop's overflow
+// can go nowhere now. Each source is told while its link still takes a notice (not_connected: try
+// again, it is the relay that goes, not the target) and one line is logged, from the loop (this
+// runs inside stop()).
+void node::impl::drop_relayed_for_stop() {
+  std::vector<std::vector<uint8_t>> gone;
   for (auto& [id, q] : held) {
-    counters.forward_dropped += q.q.size();
     counters.pending_now -= q.q.size();
+    for (auto& e : q.q) gone.push_back(std::move(e.bytes));
   }
   held.clear();
   held_count = 0;
   held_bytes = 0;
+  for (auto& [id, p] : peers) {
+    for (auto& m : p->overflow) gone.push_back(std::move(m));
+    p->overflow.clear();
+    p->overflow_bytes = 0;
+    resume_paused(p.get());
+  }
+  shm_overflow.clear();
+  if (gone.empty()) return;
+  for (const std::vector<uint8_t>& m : gone) tell_source(*this, m, proto::reason::not_connected);
+  deferred_logs.emplace_back(log_level::warn,
+                             "stopping: " + std::to_string(gone.size()) +
+                                 " relayed messages held for children or waiting for a next hop "
+                                 "dropped, their sources told (not_connected)");
 }
 
 }  // namespace uvbus

@@ -151,11 +151,11 @@ struct node::impl {
   std::unordered_map<bus_id, pending_queue> held;         // by child id
   size_t held_count = 0;  // messages in `held`, all ids together (capped: pending_max_messages)
   size_t held_bytes = 0;  // their bytes (capped: pending_max_bytes)
-  // True when the message waits for its child (else the caller refuses it).
+  // True when it waits for its child (stopping: refused, not_connected); else the caller refuses.
   bool hold_for_child(const proto::header& hd, const uint8_t* data, size_t size);
   void release_held(peer_ep* child);
   void grace_tick(uint64_t now);
-  void drop_held();
+  void drop_relayed_for_stop();  // held and overflowing messages, their sources told
   // ---------------------------------------------------------------------------------- flows --
   // node_flow.cpp. incarnation: random, nonzero, per node object: this node's flow epoch as a
   // source and its incarnation as a target.

@@ -540,14 +540,15 @@ void node::impl::link_gone(link* lk, errc reason) {
     cached_hop = nullptr;
     // What waited in its overflow can go nowhere now: dropped as a relay drops (counted, logged,
     // and a drop notice or a failed acknowledgement to each source), never silently.
+    // (Each leaves before it is refused: an on_log that calls stop() empties the overflow.)
     while (!p->overflow.empty()) {
-      const std::vector<uint8_t>& m = p->overflow.front();
+      const std::vector<uint8_t> m = std::move(p->overflow.front());
+      p->overflow.pop_front();
       if (proto::header hd; proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
         relay_drop(hd, proto::reason::not_connected);
       } else {
         ++counters.forward_dropped;
       }
-      p->overflow.pop_front();
     }
     p->overflow_bytes = 0;
     resume_paused(p);

@@ -352,6 +352,14 @@ uint8_t node::impl::version_of(const peer_ep* p) {
 
 void node::impl::relay_drop(const proto::header& hd, proto::reason why) {
   ++counters.forward_dropped;
+  // The source is told first: the log line runs on_log, which may stop() the node (links close).
+  if (hd.type == msg_type::data || hd.type == msg_type::forward) {  // no notice on notices
+    if ((hd.flags & proto::flag_require_response) != 0) {
+      send_ack(hd.source, hd.sequence, why);  // its report (every version knows acks)
+    } else {
+      send_drop_notice(hd, why);
+    }
+  }
   const uint64_t now = now_ms();
   drop_log_flush(now);
   if (drop_log_lines < detail::kDropLogBurst) {
@@ -361,12 +369,6 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why) {
         to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
   } else {
     ++drop_log_suppressed;
-  }
-  if (hd.type != msg_type::data && hd.type != msg_type::forward) return;  // no notice on notices
-  if ((hd.flags & proto::flag_require_response) != 0) {
-    send_ack(hd.source, hd.sequence, why);  // its report (every version knows acks)
-  } else {
-    send_drop_notice(hd, why);
   }
 }
 
@@ -437,17 +439,19 @@ void node::impl::drain_overflow(peer_ep* p) {
     const std::vector<uint8_t>& m = p->overflow.front();
     const errc e = transmit_bytes(p, m, 0, 0);
     if (e == errc::queue_full) return;
+    proto::header hd;
+    const bool refuse = e != errc::ok && proto::parse_header(m.data(), m.size(), &hd) == errc::ok;
     if (e == errc::ok) {
       const auto t = static_cast<msg_type>(m[1]);
       if (t == msg_type::data || t == msg_type::forward) ++counters.forwarded;
-    } else if (proto::header hd; proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
-      relay_drop(hd, proto::reason_from_errc(e));
-    } else {
+    } else if (!refuse) {
       ++counters.forward_dropped;
     }
     p->overflow_bytes -= m.size();
     p->overflow.pop_front();
     p->overflow_moved_ms = now_ms();
+    // After it left: the refusal logs, and an on_log that calls stop() empties the overflow.
+    if (refuse) relay_drop(hd, proto::reason_from_errc(e));
   }
   resume_paused(p);
 }
