@@ -292,6 +292,13 @@ void node::impl::channel_families(prom_text* t) const {
   t->family("uvbus_metrics_scrapes_total", "Requests served by the metrics endpoint.",
             metric_type::counter);
   t->sample(d(metrics_http ? metrics_http->requests() : 0));
+  t->family("uvbus_metrics_deadline_closes_total",
+            "Metrics endpoint connections closed: request or answer past its deadline.",
+            metric_type::counter);
+  t->sample(d(metrics_http ? metrics_http->deadline_closes() : 0));
+  t->family("uvbus_metrics_shed_clients_total",
+            "Metrics endpoint clients closed unserved: out of descriptors.", metric_type::counter);
+  t->sample(d(metrics_http ? metrics_http->shed_clients() : 0));
 }
 
 std::string node::impl::metrics_text() const {

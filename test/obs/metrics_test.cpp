@@ -152,6 +152,9 @@ TEST_F(NodeMetricsTest, ScrapedFiguresMatchTheCountersAndPassPromtool) {
             std::string::npos);
   EXPECT_NE(r.body.find("peer=\"other\""), std::string::npos);
   EXPECT_EQ(r.body.find("peer=\"0x102\""), std::string::npos);  // over the cap: summed
+  // The endpoint's own closes (request deadline, out of descriptors) are series too.
+  EXPECT_EQ(value_of(r.body, "uvbus_metrics_deadline_closes_total"), 0);
+  EXPECT_EQ(value_of(r.body, "uvbus_metrics_shed_clients_total"), 0);
   // The sender's own text (no endpoint): its reports.
   const std::string at = a->n->metrics_text();
   EXPECT_EQ(value_of(at, "uvbus_node_reports_total{status=\"ok\"}"), 100);
