@@ -443,6 +443,9 @@ struct stream_channel::impl {
   errc connect_tls(std::string_view url, const tls_config* tls, connection_id* out, void* user);
   // TCP is up: creates the session, starts reading, the handshake and its deadline.
   void tls_start(conn_impl* c);
+  // The most ciphertext the read side may leave waiting behind a stuck write (KeyUpdate replies):
+  // the send queue's bound (ring_bytes, or max_bytes in dynamic mode).
+  [[nodiscard]] size_t tls_reply_limit() const noexcept;
   void tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
   void tls_handshake(conn_impl* c);
   // flush_queue()'s write: encrypts the batch (all of it) and sends the ciphertext; returns the
