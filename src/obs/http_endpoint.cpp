@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace uvbus::obs {
 
@@ -341,9 +342,13 @@ const http_response& http_endpoint::render(const char* path) {
     return cached_;
   }
   ++renders_;
-  cached_ = http_response{};
-  handler_(path, &cached_);
-  has_cached_ = cached_.status == 200 && limits_.render_interval_ms != 0;
+  other_ = http_response{};
+  handler_(path, &other_);
+  // Only a 200 is kept, and it replaces the one kept: other answers (a 404) are cheap, and must
+  // not evict the render they are not.
+  if (other_.status != 200 || limits_.render_interval_ms == 0) return other_;
+  std::swap(cached_, other_);
+  has_cached_ = true;
   cached_path_ = path;
   rendered_ms_ = now;
   return cached_;
@@ -362,6 +367,7 @@ void http_endpoint::stop() {
   reserve_fd_ = -1;
   deadlines_.clear();
   cached_ = http_response{};
+  other_ = http_response{};
   has_cached_ = false;
   url_.clear();
   port_ = 0;

@@ -135,6 +135,7 @@ class http_endpoint {
   std::string cached_path_;
   uint64_t rendered_ms_ = 0;
   bool has_cached_ = false;
+  http_response other_;  // the last answer that is not kept (not a 200, or no interval)
   uv_loop_t* loop_ = nullptr;
   std::unordered_map<const void*, deadline> deadlines_;  // by MHD_Connection
   uint64_t deadline_closes_ = 0;

@@ -22,8 +22,8 @@ namespace {
 
 constexpr std::chrono::milliseconds kDeadline{60000};
 
-// One GET of /metrics on a fresh connection (blocking, 30 s timeouts); the answer's bytes.
-std::string get_once(uint16_t port) {
+// One GET of path on a fresh connection (blocking, 30 s timeouts); the answer's bytes.
+std::string get_once(uint16_t port, const std::string& path = "/metrics") {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   timeval tv{30, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -34,7 +34,7 @@ std::string get_once(uint16_t port) {
   in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0) {
-    const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
     if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
       char buf[65536];
       ssize_t n = 0;
@@ -120,6 +120,39 @@ TEST_F(EndpointRender, ScrapesWithinTheIntervalShareOneRender) {
   EXPECT_EQ(ep_.renders(), 1u);
 }
 
+// Requests for another path (a 404 here) in between do not evict the kept render.
+TEST_F(EndpointRender, OtherPathsDoNotEvictTheRender) {
+  start(60000, "demo_up 1\n");
+  ep_.stop();
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  std::string why;
+  int metrics_renders = 0;
+  ASSERT_EQ(ep_.start(
+                &loop_, "http://127.0.0.1:0/metrics",
+                [&](std::string_view path, http_response* out) {
+                  if (path != "/metrics") {
+                    out->status = 404;
+                    return;
+                  }
+                  ++metrics_renders;
+                  out->body = "demo_up 1\n";
+                },
+                &why),
+            errc::ok)
+      << why;
+  std::atomic<int> ok{0};
+  std::thread t([&] {
+    for (int i = 0; i < 10; ++i) {
+      ok += get_once(ep_.port()).find("200 OK") != std::string::npos;
+      ok += get_once(ep_.port(), "/other").find("404") != std::string::npos;
+    }
+  });
+  ASSERT_TRUE(run([&] { return ep_.requests() == 20; }));
+  t.join();
+  EXPECT_EQ(ok.load(), 20);
+  EXPECT_EQ(metrics_renders, 1);
+}
+
 // Requests further apart than the interval each get a fresh render.
 TEST_F(EndpointRender, ScrapesFurtherApartAreFresh) {
   start(20, "demo_up 1\n");
@@ -134,7 +167,8 @@ TEST_F(EndpointRender, ScrapesFurtherApartAreFresh) {
     uv_timer_t tm;
     uv_timer_init(&loop_, &tm);
     tm.data = &fired;
-    uv_timer_start(&tm, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, 25, 0);
+    uv_timer_start(
+        &tm, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, 25, 0);
     ASSERT_TRUE(run([&] { return fired; }));
     uv_close(reinterpret_cast<uv_handle_t*>(&tm), nullptr);
     uv_run(&loop_, UV_RUN_NOWAIT);
@@ -177,11 +211,13 @@ TEST_F(EndpointRender, WhatAHostileScraperCosts) {
     const auto t0 = std::chrono::steady_clock::now();
     scrapers s(ep_.port(), 4, 50);
     ASSERT_TRUE(run([&] { return s.done(); }));
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double in_handler = std::chrono::duration<double>(spent).count();
-    std::printf("[ render ] interval %u ms: %d requests in %.2f s, %d renders (%.0f/s), %.1f %% "
-                "of the time in the handler\n",
-                interval, s.ok(), wall, calls, calls / wall, 100 * in_handler / wall);
+    std::printf(
+        "[ render ] interval %u ms: %d requests in %.2f s, %d renders (%.0f/s), %.1f %% "
+        "of the time in the handler\n",
+        interval, s.ok(), wall, calls, calls / wall, 100 * in_handler / wall);
   }
 }
 
