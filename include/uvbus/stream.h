@@ -110,7 +110,11 @@ struct stream_config {
   // Shared by all channels of the thread (the largest request wins); never per connection.
   size_t read_buffer_size = kDefaultReadBufferSize;
   // An outbound connection that has not connected within this time fails with errc::timeout.
-  // 0: no timeout beyond the kernel's.
+  // The time counts from connect(), dns resolution included. A dns:// answer with several
+  // addresses splits it: each attempt gets the time left divided by the addresses left (10 s and
+  // two addresses: 5 s for the first, the rest for the second), so an address that never answers
+  // (packets dropped) cannot use up the time of those after it; one that refuses passes on at
+  // once. The last attempt's error is reported. 0: no timeout beyond the kernel's, per address.
   uint32_t connect_timeout_ms = 10000;
   // A connection that holds part of a frame and receives no byte for this long is closed with
   // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
@@ -355,7 +359,8 @@ class stream_channel {
   [[nodiscard]] void* listener_user_data(listener_id l) const;
 
   // Starts connecting; the result comes through on_connected. dns:// names are resolved with
-  // uv_getaddrinfo and every address returned is tried in order. *out (if given) receives the id
+  // uv_getaddrinfo and every address returned is tried in order, each within its share of
+  // connect_timeout_ms (see there). *out (if given) receives the id
   // at once, e.g. to disconnect() a pending connect. Errors (no callback then; last_error() names
   // the URL and the problem): bad_url, unsupported_scheme, invalid_argument, closed, no_memory,
   // and immediate system errors.

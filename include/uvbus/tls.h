@@ -60,6 +60,9 @@ struct tls_config {
   uint64_t key_update_bytes = kDefaultKeyUpdateBytes;
   // A peer that sends more than max_peer_key_updates KeyUpdate messages within
   // key_update_window_ms is closed with errc::protocol_error (a KeyUpdate storm). 0: no limit.
+  // Our replies wait behind a write the peer does not read: once they hold more than the send
+  // queue's bound (stream_config::queue.ring_bytes, max_bytes in dynamic mode), the connection is
+  // closed with errc::protocol_error too (counted in tls_failed, logged), whatever this limit.
   uint32_t max_peer_key_updates = 32;
   uint32_t key_update_window_ms = 10000;
 };

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace uvbus::obs {
 
@@ -314,17 +315,17 @@ int http_endpoint::on_request(void* cls, void* connection, const char* url, cons
     r.body = "only GET and HEAD\n";
   } else {
     ++self->requests_;
-    self->handler_(url, &r);
   }
-  MHD_Response* resp =
-      MHD_create_response_from_buffer(r.body.size(), r.body.data(), MHD_RESPMEM_MUST_COPY);
+  const http_response& a = r.status == 405 ? r : self->render(url);
+  MHD_Response* resp = MHD_create_response_from_buffer(
+      a.body.size(), const_cast<char*>(a.body.data()), MHD_RESPMEM_MUST_COPY);
   if (resp == nullptr) return MHD_NO;
-  MHD_add_response_header(resp, "Content-Type", r.content_type.c_str());
+  MHD_add_response_header(resp, "Content-Type", a.content_type.c_str());
   if (r.status == 405) MHD_add_response_header(resp, "Allow", "GET, HEAD");
   // One request per connection: an idle keep-alive connection would hold one of the few slots
   // until its timeout (a scraper reconnects every interval anyway).
   MHD_add_response_header(resp, "Connection", "close");
-  const MHD_Result q = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
+  const MHD_Result q = MHD_queue_response(c, static_cast<unsigned>(a.status), resp);
   MHD_destroy_response(resp);
   // The request is complete: the answer gets a deadline of its own (a client that reads it a byte
   // at a time would otherwise hold the slot, its idle timeout restarting at every byte).
@@ -333,6 +334,24 @@ int http_endpoint::on_request(void* cls, void* connection, const char* url, cons
     it->second.at_ms = uv_now(self->loop_) + uint64_t{self->limits_.timeout_seconds} * 1000;
   }
   return q;
+}
+
+const http_response& http_endpoint::render(const char* path) {
+  const uint64_t now = uv_now(loop_);
+  if (has_cached_ && now - rendered_ms_ < limits_.render_interval_ms && cached_path_ == path) {
+    return cached_;
+  }
+  ++renders_;
+  other_ = http_response{};
+  handler_(path, &other_);
+  // Only a 200 is kept, and it replaces the one kept: other answers (a 404) are cheap, and must
+  // not evict the render they are not.
+  if (other_.status != 200 || limits_.render_interval_ms == 0) return other_;
+  std::swap(cached_, other_);
+  has_cached_ = true;
+  cached_path_ = path;
+  rendered_ms_ = now;
+  return cached_;
 }
 
 void http_endpoint::stop() {
@@ -347,6 +366,9 @@ void http_endpoint::stop() {
   if (reserve_fd_ >= 0) ::close(reserve_fd_);
   reserve_fd_ = -1;
   deadlines_.clear();
+  cached_ = http_response{};
+  other_ = http_response{};
+  has_cached_ = false;
   url_.clear();
   port_ = 0;
 }

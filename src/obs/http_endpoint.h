@@ -1,6 +1,6 @@
 // A small HTTP GET endpoint served from a libuv loop by libmicrohttpd (no thread of its own): the
 // node's /metrics. Bounded: a few concurrent connections (a few per client address), a deadline per
-// request, no request bodies.
+// request, no request bodies, at most one render per interval.
 #pragma once
 
 #include <uv.h>
@@ -25,7 +25,9 @@ struct http_response {
 };
 
 // Called on the loop thread for a GET or HEAD of `path` (the served path or any other: the
-// handler decides, e.g. 404). It must not stop or destroy the endpoint.
+// handler decides, e.g. 404), at most once per http_limits::render_interval_ms for one path whose
+// answer was a 200 (requests in between get that answer again). It must not stop or destroy the
+// endpoint.
 using http_handler = std::function<void(std::string_view path, http_response* out)>;
 
 struct http_url {
@@ -50,6 +52,11 @@ struct http_limits {
   // Connections open at once from one client address (an IPv4 or IPv6 address); more from it
   // are accepted and closed at once, so one host cannot take every slot. 0: no such limit.
   unsigned max_per_address = 4;
+  // At most one call of the handler per this many ms for one path: a request within it of the
+  // last 200 answer for its path gets that answer again (concurrent and back-to-back scrapes
+  // share one render, at most this old), so a client sending requests as fast as it can costs
+  // at most 1000 / render_interval_ms renders a second. 0: every request calls the handler.
+  unsigned render_interval_ms = 100;
 };
 
 class http_endpoint {
@@ -76,6 +83,8 @@ class http_endpoint {
   // The bound URL, e.g. http://127.0.0.1:41234/metrics (empty when not started).
   [[nodiscard]] const std::string& url() const noexcept { return url_; }
   [[nodiscard]] uint64_t requests() const noexcept { return requests_; }
+  // Calls of the handler (requests() minus those served an answer already rendered).
+  [[nodiscard]] uint64_t renders() const noexcept { return renders_; }
   // Connections open now (at most limits().max_connections).
   [[nodiscard]] unsigned connections() const noexcept;
   [[nodiscard]] const http_limits& limits() const noexcept { return limits_; }
@@ -109,6 +118,8 @@ class http_endpoint {
   static void on_connection(void* cls, void* connection, bool started);
   static int on_request(void* cls, void* connection, const char* url, const char* method,
                         size_t* upload_size, void** state);
+  // The handler's answer for path, or the one rendered for it less than render_interval_ms ago.
+  const http_response& render(const char* path);
 
   MHD_Daemon* daemon_ = nullptr;
   loop_part* part_ = nullptr;
@@ -118,6 +129,13 @@ class http_endpoint {
   std::string url_;
   std::string path_;
   uint64_t requests_ = 0;
+  uint64_t renders_ = 0;
+  // The last 200 answer, for render_interval_ms from rendered_ms (uv_now) on, for its path.
+  http_response cached_;
+  std::string cached_path_;
+  uint64_t rendered_ms_ = 0;
+  bool has_cached_ = false;
+  http_response other_;  // the last answer that is not kept (not a 200, or no interval)
   uv_loop_t* loop_ = nullptr;
   std::unordered_map<const void*, deadline> deadlines_;  // by MHD_Connection
   uint64_t deadline_closes_ = 0;

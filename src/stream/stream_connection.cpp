@@ -539,8 +539,6 @@ void stream_channel::impl::close_timer(conn_impl* c) {
 void stream_channel::impl::release(conn_impl* c) {
   if (--c->pending > 0) return;
   report_final(c);
-  if (c->ai_list != nullptr) uv_freeaddrinfo(c->ai_list);
-  c->ai_list = c->ai_next = nullptr;
   add_totals(retired.totals, c->metrics, false);
   forget_unregistered(c);
   if (c->dirty) remove_dirty(c);

@@ -1,12 +1,16 @@
-// Stream dialing: connect(), dns resolution with fallback over every address, connect timeout.
+// Stream dialing: connect(), dns resolution with fallback over every address, connect timeout
+// (each address of a dns answer gets its share).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 
 namespace uvbus {
 
@@ -47,14 +51,15 @@ std::string tcp_url_problem(std::string_view scheme, std::string_view rest) {
   return h + " is not an IPv6 address";
 }
 
+void stream_access::set_dns_answer(stream_channel& ch, std::vector<sockaddr_storage> addrs) {
+  ch.impl_->test_dns_answer = std::move(addrs);
+}
+
 }  // namespace detail
 
 void stream_channel::impl::on_connected(conn_impl* c) {
   close_timer(c);
-  if (c->ai_list != nullptr) {
-    uv_freeaddrinfo(c->ai_list);
-    c->ai_list = c->ai_next = nullptr;
-  }
+  std::vector<sockaddr_storage>().swap(c->addrs);
   if (c->is_unix) {
     apply_unix_options(c);
   } else {
@@ -90,28 +95,34 @@ void stream_channel::impl::apply_unix_options(conn_impl* c) {
 void stream_channel::impl::connect_cb(uv_connect_t* req, int status) {
   auto* c = static_cast<conn_impl*>(req->data);
   impl* self = c->ch;
-  if (c->state == conn_state::closing) return;  // cancelled: the close path reports
+  // Cancelled (the close path reports) or abandoned (its handle is closing; the next address
+  // follows from the close callback).
+  if (c->state == conn_state::closing || !c->handle_open) return;
   if (status == 0) {
     self->on_connected(c);
     return;
   }
   const errc e = from_uv(status);
-  if (c->ai_next != nullptr) {
-    // Try the next resolved address on a fresh handle once this one is closed.
-    c->handle_open = false;
-    c->reason = e;
-    uv_close(c->handle(), [](uv_handle_t* h) {
-      auto* cc = static_cast<conn_impl*>(h->data);
-      if (cc->state == conn_state::closing) {
-        cc->ch->release(cc);
-        return;
-      }
-      --cc->pending;
-      cc->ch->try_next_address(cc);
-    });
+  if (c->next_addr < c->addrs.size()) {
+    self->abandon_attempt(c, e);
     return;
   }
   self->end_conn(c, e);
+}
+
+void stream_channel::impl::abandon_attempt(conn_impl* c, errc e) {
+  // Try the next resolved address on a fresh handle once this one is closed.
+  c->handle_open = false;
+  c->reason = e;
+  uv_close(c->handle(), [](uv_handle_t* h) {
+    auto* cc = static_cast<conn_impl*>(h->data);
+    if (cc->state == conn_state::closing) {
+      cc->ch->release(cc);
+      return;
+    }
+    --cc->pending;
+    cc->ch->try_next_address(cc);
+  });
 }
 
 int stream_channel::impl::start_tcp_connect(conn_impl* c, const sockaddr* sa) {
@@ -125,13 +136,19 @@ int stream_channel::impl::start_tcp_connect(conn_impl* c, const sockaddr* sa) {
 }
 
 void stream_channel::impl::try_next_address(conn_impl* c) {
-  while (c->ai_next != nullptr) {
-    addrinfo* ai = c->ai_next;
-    c->ai_next = ai->ai_next;
-    if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
-    const int r = start_tcp_connect(c, ai->ai_addr);
+  while (c->next_addr < c->addrs.size()) {
+    const sockaddr_storage& ss = c->addrs[c->next_addr++];
+    const int r = start_tcp_connect(c, reinterpret_cast<const sockaddr*>(&ss));
     if (r == 0) {
       c->state = conn_state::connecting;
+      if (c->timer != nullptr) {
+        // This attempt's share of the time left: the rest split evenly over the addresses left,
+        // so one that never answers cannot use up the time of those after it.
+        const uint64_t now = uv_now(loop);
+        const uint64_t left = c->dial_deadline_ms > now ? c->dial_deadline_ms - now : 0;
+        const uint64_t tries = c->addrs.size() - c->next_addr + 1;
+        uv_timer_start(c->timer, connect_timer_cb, left / tries, 0);
+      }
       return;
     }
     c->reason = from_uv(r);
@@ -161,9 +178,38 @@ void stream_channel::impl::resolved_cb(uv_getaddrinfo_t* req, int status, addrin
     self->end_conn(c, errc::resolve_failed);
     return;
   }
-  c->ai_list = c->ai_next = res;
-  c->reason = errc::resolve_failed;
+  errc e = errc::resolve_failed;
+  try {
+    if (!self->test_dns_answer.empty()) {
+      c->addrs = self->test_dns_answer;
+    } else {
+      for (const addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+        if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
+        sockaddr_storage ss{};
+        std::memcpy(&ss, ai->ai_addr, std::min<size_t>(ai->ai_addrlen, sizeof ss));
+        c->addrs.push_back(ss);
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    e = errc::no_memory;
+  }
+  uv_freeaddrinfo(res);
+  c->next_addr = 0;
+  c->reason = e;
   self->try_next_address(c);
+}
+
+void stream_channel::impl::connect_timer_cb(uv_timer_t* t) {
+  auto* c = static_cast<conn_impl*>(t->data);
+  c->ch->connect_timed_out(c);
+}
+
+void stream_channel::impl::connect_timed_out(conn_impl* c) {
+  if (c->state == conn_state::connecting && c->handle_open && c->next_addr < c->addrs.size()) {
+    abandon_attempt(c, errc::timeout);  // this address's share is used up; the timer goes on
+    return;
+  }
+  end_conn(c, errc::timeout);
 }
 
 void stream_channel::impl::start_connect_timer(conn_impl* c) {
@@ -174,13 +220,8 @@ void stream_channel::impl::start_connect_timer(conn_impl* c) {
   t->data = c;
   c->timer = t;
   ++c->pending;
-  uv_timer_start(
-      t,
-      [](uv_timer_t* tt) {
-        auto* cc = static_cast<conn_impl*>(tt->data);
-        cc->ch->end_conn(cc, errc::timeout);
-      },
-      cfg.connect_timeout_ms, 0);
+  c->dial_deadline_ms = uv_now(loop) + cfg.connect_timeout_ms;
+  uv_timer_start(t, connect_timer_cb, cfg.connect_timeout_ms, 0);
 }
 
 errc stream_channel::impl::connect(std::string_view url, connection_id* out, void* user) {

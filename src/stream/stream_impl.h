@@ -122,8 +122,11 @@ struct conn_impl {
   uv_connect_t creq{};
   uv_timer_t* timer = nullptr;      // connect timeout, only while connecting
   uv_getaddrinfo_t* gai = nullptr;  // only while resolving
-  addrinfo* ai_list = nullptr;      // dns results still to try
-  addrinfo* ai_next = nullptr;
+  // dns:// dials: the resolved TCP addresses, tried in order (next_addr: the next one to try), and
+  // the uv_now() by which the whole dial must have connected (connect_timeout_ms; 0: none).
+  std::vector<sockaddr_storage> addrs;
+  size_t next_addr = 0;
+  uint64_t dial_deadline_ms = 0;
 
   list_hook<conn_impl> hook;  // the channel's list of live connections
   conn_impl* dirty_next = nullptr;
@@ -292,7 +295,8 @@ struct stream_channel::impl {
   // Accepted connections not yet mark_registered(), per source address (retired.unregistered_open
   // counts them all). An entry lives while its count is not 0: at most max_unregistered of them.
   std::unordered_map<detail::source_key, uint32_t, detail::source_hash> unregistered_by_source;
-  detail::log_limiter log_limit;   // on_log: per kind of event (log_kind)
+  std::vector<sockaddr_storage> test_dns_answer;  // detail::stream_access::set_dns_answer()
+  detail::log_limiter log_limit;                  // on_log: per kind of event (log_kind)
   stream_channel_metrics retired;  // totals of connections already released, and event counts
 
   impl(uv_loop_t* l, const stream_config& c, stream_callbacks cbs);
@@ -395,8 +399,14 @@ struct stream_channel::impl {
   // 0 or libuv's (negative) error: the caller keeps it for the reason and the detail.
   int start_tcp_connect(conn_impl* c, const sockaddr* sa);
   void try_next_address(conn_impl* c);
+  // Gives up the attempt in flight (its error: e) and goes on with the next address once its
+  // handle is closed.
+  void abandon_attempt(conn_impl* c, errc e);
   static void resolved_cb(uv_getaddrinfo_t* req, int status, addrinfo* res);
   void start_connect_timer(conn_impl* c);
+  static void connect_timer_cb(uv_timer_t* t);
+  // The connect timer fired: the attempt's share is used up (next address) or the dial's time.
+  void connect_timed_out(conn_impl* c);
   errc connect(std::string_view url, connection_id* out, void* user);
   static void connection_cb(uv_stream_t* server, int status);
   void on_incoming(listener_impl* l, int status);
@@ -433,6 +443,9 @@ struct stream_channel::impl {
   errc connect_tls(std::string_view url, const tls_config* tls, connection_id* out, void* user);
   // TCP is up: creates the session, starts reading, the handshake and its deadline.
   void tls_start(conn_impl* c);
+  // The most ciphertext the read side may leave waiting behind a stuck write (KeyUpdate replies):
+  // the send queue's bound (ring_bytes, or max_bytes in dynamic mode).
+  [[nodiscard]] size_t tls_reply_limit() const noexcept;
   void tls_on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf);
   void tls_handshake(conn_impl* c);
   // flush_queue()'s write: encrypts the batch (all of it) and sends the ciphertext; returns the

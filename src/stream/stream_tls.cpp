@@ -223,8 +223,24 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
     if (n == 0) break;
     if (!deliver(c, plain, n)) return;
   }
-  const int r = tls_send(c);  // what reading produced (a KeyUpdate reply, an alert)
+  // What reading produced (KeyUpdate replies, an alert) waits in out() behind a write in flight.
+  // A peer that stops reading but keeps asking for replies would grow it without a bound: past
+  // the send queue's own bound, the connection goes (checked once per read, not per record).
+  const size_t waiting = s.out().size();
+  if (c->writing && waiting > tls_reply_limit()) {
+    tls_fail(c, errc::protocol_error,
+             "tls: " + std::to_string(waiting) +
+                 " bytes of TLS replies (KeyUpdate) wait behind a write the peer is not reading, "
+                 "more than the send queue's " +
+                 std::to_string(tls_reply_limit()) + " bytes");
+    return;
+  }
+  const int r = tls_send(c);
   if (r < 0) tls_socket_error(c, r, "sending");
+}
+
+size_t stream_channel::impl::tls_reply_limit() const noexcept {
+  return cfg.queue.mode == queue_mode::dynamic ? cfg.queue.max_bytes : cfg.queue.ring_bytes;
 }
 
 int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs) {

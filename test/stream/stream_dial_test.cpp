@@ -1,0 +1,160 @@
+// dns:// dials over several addresses: a first address that never answers leaves time for the rest.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "stream/stream_harness.h"
+#include "stream/test_access.h"
+
+namespace uvbus::test {
+namespace {
+
+sockaddr_storage loopback(uint16_t port) {
+  sockaddr_storage ss{};
+  auto* sin = reinterpret_cast<sockaddr_in*>(&ss);
+  sin->sin_family = AF_INET;
+  sin->sin_port = htons(port);
+  sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return ss;
+}
+
+// A raw listener with backlog 0 that never accepts, its accept queue filled by one connection:
+// the kernel drops every later SYN to it, so a connect there hangs (a black hole on loopback).
+struct black_hole {
+  int fd = -1;
+  int filler = -1;
+  uint16_t port = 0;
+  black_hole() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_storage ss = loopback(0);
+    socklen_t len = sizeof(sockaddr_in);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, 0) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+      return;
+    }
+    port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    filler = dial(port);
+  }
+  ~black_hole() {
+    if (filler >= 0) ::close(filler);
+    if (fd >= 0) ::close(fd);
+  }
+  black_hole(const black_hole&) = delete;
+  black_hole& operator=(const black_hole&) = delete;
+};
+
+class StreamDial : public stream_fixture {};
+
+// Two addresses, the first a black hole: the dial reaches the second within connect_timeout_ms
+// (the first got its share of the timeout, not all of it).
+TEST_F(StreamDial, ABlackHoledFirstAddressLeavesTimeForTheNext) {
+  black_hole bh;
+  ASSERT_GE(bh.filler, 0);
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  stream_config cfg;
+  cfg.connect_timeout_ms = 1000;
+  stream_channel* c = make_channel(&cli, cfg);
+  detail::stream_access::set_dns_answer(*c, {loopback(bh.port), loopback(s->listener_port(l))});
+  connection_id conn;
+  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
+  ASSERT_EQ(cli.connected[conn.value], errc::ok) << to_string(cli.connected[conn.value]);
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1; }));
+  EXPECT_EQ(c->metrics().connect_failed, 0u);
+}
+
+// Three addresses, two black holes first: each gets its share of what is left, the third connects.
+TEST_F(StreamDial, EveryAddressGetsItsShare) {
+  black_hole bh1, bh2;
+  ASSERT_GE(bh1.filler, 0);
+  ASSERT_GE(bh2.filler, 0);
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  stream_config cfg;
+  cfg.connect_timeout_ms = 1500;
+  stream_channel* c = make_channel(&cli, cfg);
+  detail::stream_access::set_dns_answer(
+      *c, {loopback(bh1.port), loopback(bh2.port), loopback(s->listener_port(l))});
+  connection_id conn;
+  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
+  EXPECT_EQ(cli.connected[conn.value], errc::ok) << to_string(cli.connected[conn.value]);
+}
+
+// Every address a black hole: one timeout, reported once, and the dial ends (not one
+// connect_timeout_ms per address; the deadline stays the overall one).
+TEST_F(StreamDial, AllBlackHolesEndWithOneTimeout) {
+  black_hole bh1, bh2;
+  ASSERT_GE(bh1.filler, 0);
+  ASSERT_GE(bh2.filler, 0);
+  recorder cli;
+  stream_config cfg;
+  cfg.connect_timeout_ms = 400;
+  stream_channel* c = make_channel(&cli, cfg);
+  detail::stream_access::set_dns_answer(*c, {loopback(bh1.port), loopback(bh2.port)});
+  connection_id conn;
+  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
+  EXPECT_EQ(cli.connected[conn.value], errc::timeout);
+  EXPECT_EQ(c->metrics().connect_failed, 1u);
+  EXPECT_TRUE(cli.disconnected.empty());
+}
+
+// A refused first address still falls through at once to the next (no share waited for).
+TEST_F(StreamDial, ARefusedAddressFallsThroughAtOnce) {
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);  // a port nobody listens on
+  sockaddr_storage ss = loopback(0);
+  socklen_t len = sizeof(sockaddr_in);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&ss), len), 0);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&ss), &len), 0);
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  stream_channel* c = make_channel(&cli);
+  detail::stream_access::set_dns_answer(*c, {ss, loopback(s->listener_port(l))});
+  connection_id conn;
+  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
+  EXPECT_EQ(cli.connected[conn.value], errc::ok);
+  ::close(probe);
+}
+
+// A dial cancelled while an attempt is in flight behind a black hole ends cancelled, once.
+TEST_F(StreamDial, CancelledWhileAnAttemptHangs) {
+  black_hole bh;
+  ASSERT_GE(bh.filler, 0);
+  recorder cli;
+  stream_config cfg;
+  cfg.connect_timeout_ms = 10000;
+  stream_channel* c = make_channel(&cli, cfg);
+  detail::stream_access::set_dns_answer(*c, {loopback(bh.port), loopback(bh.port)});
+  connection_id conn;
+  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
+  // Resolved and the first attempt started: a loop turn 50 ms on (a timer, not a sleep).
+  int ticks = 0;
+  uv_timer_t t;
+  uv_timer_init(&loop_, &t);
+  t.data = &ticks;
+  uv_timer_start(
+      &t, [](uv_timer_t* tt) { ++*static_cast<int*>(tt->data); }, 50, 0);
+  ASSERT_TRUE(run([&] { return ticks == 1; }));
+  uv_close(reinterpret_cast<uv_handle_t*>(&t),
+           [](uv_handle_t* h) { ++*static_cast<int*>(h->data); });
+  ASSERT_TRUE(run([&] { return ticks == 2; }));
+  ASSERT_EQ(c->disconnect(conn), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
+  EXPECT_EQ(cli.connected[conn.value], errc::cancelled);
+}
+
+}  // namespace
+}  // namespace uvbus::test
