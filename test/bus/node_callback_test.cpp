@@ -1,0 +1,146 @@
+// The callback contract under a relay's walks and back-pressure: what held messages released to a
+// returning child may pause, what on_log may do in the middle of a release, and what a relay's
+// loop does while a same-host next hop's ring stays full.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
+#include "uvbus/node.h"
+
+namespace uvbus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::bus_node;
+using test::send_str;
+
+node_config relay_config() {
+  node_config c = test::fast_config();
+  c.delivery = delivery_mode::next_hop;
+  c.sibling_direct = false;
+  c.heartbeat_timeout_ms = 60000;  // no stall detector or silence timeout inside a test
+  return c;
+}
+
+// The same with a shared-memory inbox (a same-host peer writes into it).
+node_config shm_config(const char* name) {
+  node_config c = relay_config();
+  c.enable_shm = true;
+  c.shm_ring_bytes = size_t{1} << 20;
+  c.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name(name)};
+  return c;
+}
+
+// The relayed messages a raw child got (not its parent's control messages).
+size_t relayed(const test::raw_child& x) {
+  size_t k = 0;
+  for (const auto& m : x.got) {
+    k += m.hd.type == proto::msg_type::forward || m.hd.type == proto::msg_type::data ? 1 : 0;
+  }
+  return k;
+}
+
+class NodeCallback : public test::bus_fixture {
+ protected:
+  // Root 0x100 (0x100/8, holding messages for absent children for a minute) and child A 0x101,
+  // whose on_dropped notices land in a_drops_.
+  void make_root_and_sender(node_config rc, node_config ac, const tweak_fn& root_tweak = {}) {
+    rc.subnets = {{0x100, 8}};
+    rc.child_grace_ms = 60000;  // the whole test runs inside the window
+    root_ = make(0x100, rc, true, root_tweak);
+    ac.parent_urls = {root_->n->listen_urls().at(0)};
+    a_ = make(0x101, ac, true, [this](node_callbacks* cb) {
+      cb->on_dropped = [this](bus_id, uint64_t, errc) { ++a_drops_; };
+    });
+    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  }
+  // A sends `count` messages of 60 000 bytes to absent child 0x110: the root holds them all.
+  void hold(uint64_t count) {
+    a_->keep_bytes = false;
+    const std::string payload(60000, 'h');
+    uint64_t sent = 0;
+    ASSERT_TRUE(wait([&] {
+      while (sent < count && send_str(a_, 0x110, 1, payload) == errc::ok) ++sent;
+      return root_->n->counters().held_for_child == count;
+    }));
+  }
+
+  bus_node* root_ = nullptr;
+  bus_node* a_ = nullptr;
+  uint64_t a_drops_ = 0;
+};
+
+// Held messages released to a child that registers go to its overflow when its link's queue is
+// full. They did not come from the relay's ring: that must not stop the ring's reader (every
+// same-host peer's traffic to the relay waited until the child's overflow drained).
+TEST_F(NodeCallback, ReleasingHeldMessagesDoesNotPauseTheRelaysRing) {
+  node_config rc = shm_config("cb-root");
+  rc.link_queue_bytes = size_t{256} << 10;
+  rc.pending_max_bytes = size_t{32} << 20;
+  rc.forward_overflow_bytes = size_t{32} << 20;
+  make_root_and_sender(rc, shm_config("cb-a"));
+  endpoint_info e;
+  ASSERT_TRUE(a_->n->peer(0x100, &e));
+  ASSERT_EQ(e.data_channel, channel_kind::shm);  // A writes into the root's ring
+  constexpr uint64_t kCount = 300;               // 18 MB: more than the link queue and socket
+  hold(kCount);
+  test::raw_child x(0x110, 0x100);
+  x.compress = false;
+  x.pause_after_register = true;  // what the root releases to it backs up into its overflow
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return x.registered; }));
+  ASSERT_EQ(send_str(a_, 0x100, 2, "through the ring"), errc::ok);
+  EXPECT_TRUE(wait([&] { return !root_->got.empty(); }, 15s))
+      << "the root's ring reader stayed paused behind the child's overflow";
+  x.resume_reading();
+  ASSERT_TRUE(wait([&] { return relayed(x) + a_drops_ >= kCount; }));
+  EXPECT_EQ(relayed(x), kCount);
+  x.ch->close();
+  ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
+// A release that refuses what the child's overflow does not take logs; an on_log that stops the
+// relay there closes every link. Every held message is still accounted for: delivered to the
+// child, or its source told (what was released after that stop went into a closing link's
+// overflow, its sources never told).
+TEST_F(NodeCallback, StopFromOnLogInsideAReleaseTellsEverySource) {
+  node_config rc = relay_config();
+  rc.link_queue_bytes = size_t{256} << 10;
+  rc.pending_max_bytes = size_t{32} << 20;
+  rc.forward_overflow_bytes = size_t{512} << 10;
+  rc.stop_flush_ms = 20000;
+  bool stopped = false;
+  make_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      root_->logs.emplace_back(log_level::warn, m);
+      if (!stopped && m.find("0x110") != std::string::npos &&
+          (m.find("dropping") != std::string::npos || m.find("refused") != std::string::npos)) {
+        stopped = true;
+        root_->n->stop();
+      }
+    };
+  });
+  constexpr uint64_t kCount = 100;  // 6 MB: more than queue, socket and overflow together
+  hold(kCount);
+  test::raw_child x(0x110, 0x100);
+  x.compress = false;
+  x.pause_after_register = true;
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return x.registered && stopped; }));
+  x.resume_reading();
+  ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
+  EXPECT_TRUE(wait([&] { return relayed(x) + a_drops_ == kCount; }, 15s))
+      << "X got " << relayed(x) << ", A was told of " << a_drops_ << " of " << kCount;
+  x.ch->close();
+  ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
+}  // namespace
+}  // namespace uvbus
