@@ -142,5 +142,62 @@ TEST_F(NodeCallback, StopFromOnLogInsideAReleaseTellsEverySource) {
   ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
 }
 
+// A same-host next hop whose ring stays full (its loop does not run): the relay keeps what it
+// relays in the hop's overflow and retries. There is no wake-up for ring space, but retrying from
+// the idle handle ran the relay's loop flat out (100 % CPU) until the stall detector closed the
+// hop after heartbeat_timeout_ms. Counted: loop iterations while nothing moves; then B reads
+// again and gets everything.
+TEST_F(NodeCallback, AFullRingOfANextHopDoesNotSpinTheRelaysLoop) {
+  node_config rc = shm_config("cb-spin-root");
+  rc.forward_overflow_bytes = size_t{1} << 20;
+  node_config ac = relay_config();
+  ac.link_queue_bytes = size_t{256} << 10;
+  make_root_and_sender(rc, ac);
+  uv_loop_t other;  // B's loop, run only while B registers
+  ASSERT_EQ(uv_loop_init(&other), 0);
+  node_config bc = shm_config("cb-spin-b");
+  bc.parent_urls = {root_->n->listen_urls().at(0)};
+  bool b_up = false;
+  uint64_t b_got = 0;
+  node_callbacks bcb;
+  bcb.on_up = [&](bus_id) { b_up = true; };
+  bcb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { ++b_got; };
+  auto b = std::make_unique<node>(&other, 0x102, bc, std::move(bcb));
+  ASSERT_EQ(b->start(), errc::ok);
+  endpoint_info e;
+  ASSERT_TRUE(wait([&] {
+    uv_run(&other, UV_RUN_NOWAIT);
+    return b_up && root_->n->peer(0x102, &e) && e.data_channel == channel_kind::shm;
+  }));
+  const std::string payload(60000, 's');
+  int refused = 0;
+  uint64_t sent = 0;
+  ASSERT_TRUE(wait([&] {  // until A's link stays full: the root's overflow for B holds messages
+    const bool ok = send_str(a_, 0x102, 1, payload) == errc::ok;
+    sent += ok ? 1 : 0;
+    refused = ok ? 0 : refused + 1;
+    return refused > 200;
+  }));
+  uint64_t turns = 0;
+  uv_check_t count;
+  uv_check_init(&loop_, &count);
+  count.data = &turns;
+  uv_check_start(&count, [](uv_check_t* c) { ++*static_cast<uint64_t*>(c->data); });
+  run_for(500ms);  // timers only: the harness's 10 ms tick and the nodes' heartbeats
+  uv_check_stop(&count);
+  uv_close(reinterpret_cast<uv_handle_t*>(&count), nullptr);
+  uv_run(&loop_, UV_RUN_NOWAIT);  // its close callback, before `count` goes out of scope
+  EXPECT_LT(turns, 5000u) << "the relay's loop spun while the ring stayed full";
+  // B reads again: the relay's retries deliver everything, none dropped.
+  EXPECT_TRUE(wait([&] {
+    uv_run(&other, UV_RUN_NOWAIT);
+    return b_got == sent;
+  })) << "B got "
+      << b_got << " of " << sent;
+  EXPECT_EQ(root_->n->counters().forward_dropped, 0u);
+  b.reset();
+  EXPECT_EQ(test::close_loop(&other), 0);
+}
+
 }  // namespace
 }  // namespace uvbus
