@@ -1,5 +1,7 @@
 // Bus node, routing: routed messages from links and the shared-memory ring, forwarding with
 // back-pressure, sibling lookups, and the built-in commands.
+#include <cstdio>
+
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -43,8 +45,13 @@ void node::impl::sibling_via_parent(bus_id target, const char* why) {
     it->second.pending.q.clear();
     it->second.pending.bytes = 0;
   }
-  // Last: on_log may send, and a send may add a sibling entry (it must not use `it` after that).
-  log(log_level::info, "sibling 0x%" PRIx64 ": %s, routing through the parent", target, why);
+  // From the loop: this runs inside send_data() too (a dial that fails at once), where no
+  // callback may fire (an on_log that sent to the target came back to this entry).
+  char line[160];
+  std::snprintf(line, sizeof line, "sibling 0x%" PRIx64 ": %s, routing through the parent", target,
+                why);
+  deferred_logs.emplace_back(log_level::info, line);
+  arm_idle();
 }
 
 void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
