@@ -442,7 +442,8 @@ bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs,
 }
 
 void node::impl::drain_overflow(peer_ep* p) {
-  while (!p->overflow.empty()) {
+  // A refusal's log line may destroy the node (`dead`): a destroyed node sends nothing more.
+  while (!dead && !p->overflow.empty()) {
     const std::vector<uint8_t>& m = p->overflow.front();
     const errc e = transmit_bytes(p, m, 0, 0);
     if (e == errc::queue_full) return;
@@ -460,7 +461,7 @@ void node::impl::drain_overflow(peer_ep* p) {
     // After it left: the refusal logs, and an on_log that calls stop() empties the overflow.
     if (refuse) relay_drop(hd, proto::reason_from_errc(e));
   }
-  resume_paused(p);
+  if (!dead) resume_paused(p);
 }
 
 void node::impl::resume_paused(peer_ep* p) {

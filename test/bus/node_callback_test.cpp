@@ -1,6 +1,6 @@
 // The callback contract under a relay's walks and back-pressure: what held messages released to a
-// returning child may pause, what on_log may do in the middle of a release, and what a relay's
-// loop does while a same-host next hop's ring stays full.
+// returning child may pause, what on_log may do in the middle of a release or of an overflow's
+// drain, and what a relay's loop does while a same-host next hop's ring stays full.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -197,6 +197,69 @@ TEST_F(NodeCallback, AFullRingOfANextHopDoesNotSpinTheRelaysLoop) {
   EXPECT_EQ(root_->n->counters().forward_dropped, 0u);
   b.reset();
   EXPECT_EQ(test::close_loop(&other), 0);
+}
+
+// Whether a raw child got a relayed message whose payload (the end of its body) is `text`.
+bool got_text(const test::raw_child& x, const std::string& text) {
+  for (const auto& m : x.got) {
+    const std::string body(m.body.begin(), m.body.end());
+    if (body.size() >= text.size() &&
+        body.compare(body.size() - text.size(), text.size(), text) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A relay draining a next hop's overflow refuses a message the hop cannot take (a call to a
+// version-4 link) and logs; an on_log that destroys the relay there ends the drain: nothing more
+// is sent by the destroyed node (the walk went on, and the messages after the refused one still
+// reached the hop, written after the destruction).
+TEST_F(NodeCallback, DestroyFromOnLogWhileDrainingAnOverflowSendsNothingMore) {
+  node_config rc = relay_config();
+  rc.link_queue_bytes = size_t{256} << 10;
+  rc.forward_overflow_bytes = size_t{32} << 20;
+  bool destroyed = false;
+  make_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      if (!destroyed && m.find("dropping") != std::string::npos) {
+        destroyed = true;
+        root_->n.reset();
+      }
+    };
+  });
+  test::raw_child x(0x110, 0x100);
+  x.compress = false;
+  x.max_version = 4;  // takes no call messages (version 5)
+  x.pause_after_register = true;
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  node_config sc = relay_config();
+  sc.parent_urls = {root_->n->listen_urls().at(0)};
+  bus_node* s = make(0x102, sc);
+  ASSERT_TRUE(wait([&] { return x.registered && s->n->up(); }));
+  const std::string payload(60000, 'o');
+  int refused = 0;
+  ASSERT_TRUE(wait([&] {  // S's messages fill the root's overflow for X (S's link paused)
+    refused = send_str(s, 0x110, 1, payload) == errc::ok ? 0 : refused + 1;
+    return refused > 200;
+  }));
+  // In one loop turn, so one write and one read at the root: behind S's in X's overflow, and a
+  // marker for the root itself that shows the read happened.
+  ASSERT_EQ(a_->n->call(0x110, 2, "call", 4, 20000, [](const call_result&) {}), errc::ok);
+  for (const char* t : {"after-1", "after-2", "after-3"}) {
+    ASSERT_EQ(send_str(a_, 0x110, 3, t), errc::ok);
+  }
+  ASSERT_EQ(send_str(a_, 0x100, 4, "marker"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !root_->got.empty(); }));
+  ASSERT_FALSE(destroyed);
+  x.resume_reading();
+  ASSERT_TRUE(wait([&] { return destroyed; }));
+  // X reads all the destroyed node wrote, then sees its connection close.
+  ASSERT_TRUE(wait([&] { return x.closed; }));
+  EXPECT_FALSE(got_text(x, "after-1") || got_text(x, "after-2") || got_text(x, "after-3"))
+      << "the destroyed relay went on draining the overflow";
+  x.ch->close();
+  ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
 }
 
 }  // namespace
