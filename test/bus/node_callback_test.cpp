@@ -1,9 +1,11 @@
 // The callback contract under a relay's walks and back-pressure: what held messages released to a
-// returning child may pause, what on_log may do in the middle of a release or of an overflow's
-// drain, and what a relay's loop does while a same-host next hop's ring stays full.
+// returning child may pause, what on_log may do in the middle of a release, of an overflow's drain
+// or of a directory update, and what a relay's loop does while a same-host next hop's ring stays
+// full.
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -260,6 +262,53 @@ TEST_F(NodeCallback, DestroyFromOnLogWhileDrainingAnOverflowSendsNothingMore) {
       << "the destroyed relay went on draining the overflow";
   x.ch->close();
   ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
+// A child's directory update with an entry outside its subnets: the relay ignores it and logs.
+// An on_log that destroys the relay there ends the update: the destroyed node forwards none of it
+// (the walk went on, and the entries before the refused one still went out to the other peers).
+TEST_F(NodeCallback, DestroyFromOnLogInsideADirectoryUpdateForwardsNothing) {
+  node_config rc = relay_config();
+  rc.subnets = {{0x100, 8}};
+  bool destroyed = false;
+  root_ = make(0x100, rc, true, [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      if (!destroyed && m.find("outside its subnets") != std::string::npos) {
+        destroyed = true;
+        root_->n.reset();
+      }
+    };
+  });
+  std::vector<bus_id> d_added;
+  node_config dc = relay_config();
+  dc.parent_urls = {root_->n->listen_urls().at(0)};
+  bus_node* d = make(0x120, dc, true, [&](node_callbacks* cb) {
+    cb->on_directory = [&](directory_event ev, const directory_entry& e) {
+      if (ev == directory_event::added) d_added.push_back(e.id);
+    };
+  });
+  test::raw_child c(0x110, 0x100);
+  c.subnets = {{0x110, 4}};
+  c.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return c.registered && d->n->up() && d->n->directory().size() == 2; }));
+  proto::directory_body b;
+  directory_entry inside;
+  inside.id = 0x111;  // below C: forwarded to D
+  inside.name = "inside";
+  directory_entry outside;
+  outside.id = 0x1f0;  // not C's: refused, logged
+  outside.name = "outside";
+  b.entries = {inside, outside};
+  std::vector<uint8_t> body;
+  proto::encode_directory(b, &body);
+  c.send(proto::msg_type::directory, body);
+  ASSERT_TRUE(wait([&] { return destroyed; }));
+  // D reads all the destroyed node wrote, then sees its parent's connection close.
+  ASSERT_TRUE(wait([&] { return !d->downs.empty(); }));
+  EXPECT_EQ(std::count(d_added.begin(), d_added.end(), bus_id{0x111}), 0)
+      << "the destroyed relay forwarded the update";
+  c.ch->close();
+  ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
 }
 
 }  // namespace
