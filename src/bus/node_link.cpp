@@ -351,6 +351,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     log(log_level::info, "registered with parent 0x%" PRIx64, p->id);
     registration_result(errc::ok, rr.message);
     fire(cbs.on_up, p->id);
+    if (dead) return;  // destroyed by a callback above: what it queued is not sent
     flush_queue(&parent_pending, p);
   } else {
     settle_sibling(p->id);
@@ -435,6 +436,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
       who.pid, who.hostname.c_str());
+  if (dead) return;  // destroyed from that on_log: nothing held is released to it
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.
   if (kind == peer_kind::sibling) settle_sibling(p->id);

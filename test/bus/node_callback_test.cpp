@@ -1,7 +1,7 @@
 // The callback contract under a relay's walks and back-pressure: what held messages released to a
-// returning child may pause, what on_log may do in the middle of a release, of an overflow's drain
-// or of a directory update, and what a relay's loop does while a same-host next hop's ring stays
-// full.
+// returning child may pause, what a node destroyed or stopped from a callback in the middle of a
+// release, an overflow's drain, a directory update or a registration still sends, and what a
+// relay's loop does while a same-host next hop's ring stays full.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -309,6 +309,53 @@ TEST_F(NodeCallback, DestroyFromOnLogInsideADirectoryUpdateForwardsNothing) {
       << "the destroyed relay forwarded the update";
   c.ch->close();
   ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
+}
+
+// A relay destroyed from the on_log of a child's registration ("accepted child ...") sends that
+// child nothing more: it went on registering it and sent it everything held for it
+// (child_grace_ms), written after the destruction.
+TEST_F(NodeCallback, DestroyFromOnLogWhileAcceptingAChildSendsItNothing) {
+  node_config rc = relay_config();
+  bool destroyed = false;
+  make_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      if (!destroyed && m.find("accepted child 0x110") != std::string::npos) {
+        destroyed = true;
+        root_->n.reset();
+      }
+    };
+  });
+  hold(3);
+  test::raw_child x(0x110, 0x100);
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return destroyed; }));
+  ASSERT_TRUE(wait([&] { return x.closed; }));  // it read all the destroyed node wrote
+  EXPECT_EQ(relayed(x), 0u) << "the destroyed relay released what it held to the child";
+}
+
+// A child destroyed from on_up (the documented place for any callback to destroy the node) sends
+// nothing more: the messages it queued before its parent took it went out after the destruction.
+TEST_F(NodeCallback, DestroyFromOnUpSendsNothingQueuedForTheParent) {
+  root_ = make(0x100, [] {
+    node_config c = relay_config();
+    c.subnets = {{0x100, 8}};
+    return c;
+  }());
+  node_config cc = relay_config();
+  cc.parent_urls = {root_->n->listen_urls().at(0)};
+  bus_node* c = nullptr;
+  bool destroyed = false;
+  c = make(0x101, cc, false, [&](node_callbacks* cb) {
+    cb->on_up = [&](bus_id) {
+      destroyed = true;
+      c->n.reset();
+    };
+  });
+  ASSERT_EQ(c->n->start(), errc::ok);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(send_str(c, 0x100, 1, "queued"), errc::ok);
+  ASSERT_TRUE(wait([&] { return destroyed; }));
+  ASSERT_TRUE(wait([&] { return !root_->removed.empty(); }));  // it read all the child wrote
+  EXPECT_TRUE(root_->got.empty()) << root_->got.size() << " messages from the destroyed child";
 }
 
 }  // namespace
