@@ -358,5 +358,31 @@ TEST_F(NodeCallback, DestroyFromOnUpSendsNothingQueuedForTheParent) {
   EXPECT_TRUE(root_->got.empty()) << root_->got.size() << " messages from the destroyed child";
 }
 
+// A same-host child whose ring cannot be opened is logged ("shared memory ... unusable") while
+// the relay registers it: that line comes from the loop, once the registration is complete (it
+// ran on_log in the middle of it: the child was accepted but not yet a peer).
+TEST_F(NodeCallback, AChildsUnusableRingIsLoggedAfterItsRegistration) {
+  bool logged = false;
+  bool registered_when_logged = false;
+  make_root_and_sender(shm_config("cb-ring-root"), relay_config(), [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      if (logged || m.find("unusable") == std::string::npos) return;
+      logged = true;
+      endpoint_info e;
+      registered_when_logged = root_->n->peer(0x110, &e);
+    };
+  });
+  endpoint_info a;
+  ASSERT_TRUE(root_->n->peer(0x101, &a));
+  test::raw_child x(0x110, 0x100);
+  x.host_id = a.info.host_id;  // the root's host: it tries the child's ring
+  x.listen = {"shm://" + test::unique_name("cb-missing")};
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return logged; }));
+  EXPECT_TRUE(registered_when_logged) << "on_log ran in the middle of the child's registration";
+  x.ch->close();
+  ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
 }  // namespace
 }  // namespace uvbus
