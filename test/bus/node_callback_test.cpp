@@ -1,13 +1,14 @@
 // The callback contract under a relay's walks and back-pressure: what held messages released to a
 // returning child may pause, what a node destroyed or stopped from a callback in the middle of a
-// release, an overflow's drain, a directory update or a registration still sends, and what a
-// relay's loop does while a same-host next hop's ring stays full.
+// release, an overflow's drain, a directory update, a registration or a flow acknowledgement still
+// sends, and what a relay's loop does while a same-host next hop's ring stays full.
 #include <gtest/gtest.h>
 #include <uv.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -380,6 +381,67 @@ TEST_F(NodeCallback, AChildsUnusableRingIsLoggedAfterItsRegistration) {
   x.start(&loop_, root_->n->listen_urls().at(0));
   ASSERT_TRUE(wait([&] { return logged; }));
   EXPECT_TRUE(registered_when_logged) << "on_log ran in the middle of the child's registration";
+  x.ch->close();
+  ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
+// The flow data messages (flag_flow) a raw child got.
+size_t flow_data(const test::raw_child& x) {
+  size_t k = 0;
+  for (const auto& m : x.got) k += (m.hd.flags & proto::flag_flow) != 0 ? 1 : 0;
+  return k;
+}
+
+// An end-to-end source whose retransmit buffer was full gets an acknowledgement that frees half
+// of it, asking for a resend (a gap): on_writable fires, and an on_writable that destroys the node
+// ends the handling there: the destroyed node resends nothing (it resent what was unacknowledged,
+// written after the destruction).
+TEST_F(NodeCallback, DestroyFromOnWritableOnAFlowAckResendsNothing) {
+  node_config rc = relay_config();
+  rc.subnets = {{0x100, 8}};
+  root_ = make(0x100, rc);
+  test::raw_child x(0x110, 0x100);
+  x.start(&loop_, root_->n->listen_urls().at(0));
+  node_config ac = test::fast_config();
+  ac.delivery = delivery_mode::end_to_end;
+  ac.sibling_direct = false;
+  ac.retransmit_max_messages = 8;
+  ac.resend_timeout_ms = 60000;  // no resend of its own within the test
+  ac.delivery_timeout_ms = 60000;
+  ac.parent_urls = {root_->n->listen_urls().at(0)};
+  bool destroyed = false;
+  bus_node* a = nullptr;
+  a = make(0x101, ac, true, [&](node_callbacks* cb) {
+    cb->on_writable = [&](bus_id) {
+      destroyed = true;
+      a->n.reset();
+    };
+  });
+  ASSERT_TRUE(wait([&] { return x.registered && a->n->up(); }));
+  size_t sent = 0;
+  while (send_str(a, 0x110, 1, "flow") == errc::ok) ++sent;
+  ASSERT_EQ(sent, 8u);
+  ASSERT_TRUE(wait([&] { return flow_data(x) == sent; }));
+  uint64_t epoch = 0;
+  std::memcpy(&epoch, x.got.back().body.data() + 4, 8);  // the flow prefix: type, epoch
+  proto::flow_ack_body ack;
+  ack.epoch = epoch;
+  ack.incarnation = 1;
+  ack.through = x.got.back().hd.sequence - 4;  // half acknowledged, a gap after it
+  ack.kind = proto::ack_kind::gap;
+  std::vector<uint8_t> body(proto::kFlowAckSize);
+  proto::encode_flow_ack(ack, body.data());
+  proto::header h;
+  h.type = proto::msg_type::flow_ack;
+  h.source = 0x110;
+  h.target = 0x101;
+  const std::vector<uint8_t> m = proto::build(h, body);
+  ASSERT_EQ(x.ch->send(x.conn, m.data(), m.size()), errc::ok);
+  ASSERT_TRUE(wait([&] { return destroyed; }));
+  ASSERT_TRUE(wait([&] { return !root_->removed.empty(); }));  // it read all A wrote
+  ASSERT_EQ(send_str(root_, 0x110, 9, "marker"), errc::ok);    // behind what it relayed
+  ASSERT_TRUE(wait([&] { return relayed(x) == flow_data(x) + 1; }));
+  EXPECT_EQ(flow_data(x), sent) << "the destroyed source resent what was unacknowledged";
   x.ch->close();
   ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
 }
