@@ -173,18 +173,19 @@ void node::impl::open_handles() {
   if (h != nullptr) return;
   h = new handles;
   h->tick.data = h->reconnect.data = h->idle.data = h->post.data = this;
-  h->acks.data = h->flow.data = h->calls.data = this;
+  h->acks.data = h->flow.data = h->calls.data = h->ring.data = this;
   uv_check_init(loop, &h->acks);
   uv_timer_init(loop, &h->flow);
   uv_timer_init(loop, &h->calls);
   uv_timer_init(loop, &h->tick);
   uv_timer_init(loop, &h->reconnect);
   uv_idle_init(loop, &h->idle);
+  uv_timer_init(loop, &h->ring);
   uv_async_init(loop, &h->post, &impl::on_post_async);
   // The mailbox's wake-up never keeps the loop alive by itself: a running node has its timers, and
   // a stopped node must let uv_run() return (close_mailbox() refs it while reports remain).
   uv_unref(reinterpret_cast<uv_handle_t*>(&h->post));
-  h->open = 7;
+  h->open = 8;
   std::lock_guard<std::mutex> lock(mbox.mu);
   mbox.async = &h->post;
 }
@@ -387,7 +388,7 @@ void node::impl::destroy() {
   close_mailbox(detail::mailbox::status::gone);
   if (h != nullptr) {
     h->tick.data = h->reconnect.data = h->idle.data = h->post.data = h;
-    h->acks.data = h->flow.data = h->calls.data = h;
+    h->acks.data = h->flow.data = h->calls.data = h->ring.data = h;
     uv_close(reinterpret_cast<uv_handle_t*>(&h->calls), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->acks), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->flow), &impl::on_handle_closed);
@@ -395,6 +396,7 @@ void node::impl::destroy() {
     uv_close(reinterpret_cast<uv_handle_t*>(&h->tick), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->reconnect), &impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&h->idle), &impl::on_handle_closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&h->ring), &impl::on_handle_closed);
     h = nullptr;
   }
   if (reader) reader->close(cfg.keep_shm_inbox ? shm_close_mode::keep : shm_close_mode::remove);

@@ -507,19 +507,33 @@ void node::impl::expire_queue(pending_queue* q, uint64_t now) {
   }
 }
 
-void node::impl::run_deferred() {
-  // Retry relays blocked on a full ring (no wake-up exists for ring space).
-  if (!shm_overflow.empty()) {
-    std::vector<peer_ep*> ps = shm_overflow;
-    for (peer_ep* p : ps) {
-      drain_overflow(p);
-      if (p->overflow.empty()) {
-        shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),
-                           shm_overflow.end());
-      }
+namespace {
+
+// Retries relays blocked on a full ring (no wake-up exists for ring space): from the next loop
+// turn while they move, else from a 1 ms timer (the idle handle ran the loop flat out).
+void retry_shm_overflow(node::impl& n) {
+  std::vector<detail::peer_ep*> ps = n.shm_overflow;
+  bool moved = false;
+  for (detail::peer_ep* p : ps) {
+    const size_t before = p->overflow.size();
+    n.drain_overflow(p);
+    moved = moved || p->overflow.size() != before;
+    if (p->overflow.empty()) {
+      n.shm_overflow.erase(std::remove(n.shm_overflow.begin(), n.shm_overflow.end(), p),
+                           n.shm_overflow.end());
     }
-    restart_shm_reader();
   }
+  n.restart_shm_reader();
+  if (!moved && !n.shm_overflow.empty() && n.h != nullptr) {
+    uv_timer_start(
+        &n.h->ring, [](uv_timer_t* t) { static_cast<node::impl*>(t->data)->arm_idle(); }, 1, 0);
+  }
+}
+
+}  // namespace
+
+void node::impl::run_deferred() {
+  if (!shm_overflow.empty()) retry_shm_overflow(*this);
   // Posts accepted before stop() are reported (closed), their tasks run, before on_down(closed).
   if (state == run_state::stopping) drain_posts_for_stop();
   if (!deferred_logs.empty()) {
@@ -582,7 +596,8 @@ void node::impl::run_deferred() {
   }
   if (deferred_reports.empty() && deferred_self.empty() && self_replies.empty() &&
       deferred_call_fail.empty() && fan->finished.empty() && deferred_logs.empty() &&
-      shm_overflow.empty() && !deferred_up && !stop_done_pending && h != nullptr) {
+      !deferred_up && !stop_done_pending && h != nullptr &&
+      (shm_overflow.empty() || uv_is_active(reinterpret_cast<uv_handle_t*>(&h->ring)))) {
     uv_idle_stop(&h->idle);
   }
 }

@@ -276,6 +276,8 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
     fire(cbs.on_directory, ev, it->second.e);
     if (dead) return;
   }
+  // A refusal's log line above may have destroyed the node: it forwards nothing then.
+  if (dead) return;
   dir_broadcast(from_id, fwd);
 }
 

@@ -191,6 +191,7 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
         f.bytes <= cfg.retransmit_max_bytes / 2) {
       f.user_blocked = false;
       fire(cbs.on_writable, f.target);
+      if (dead) return;  // destroyed there: nothing is resent
     }
   }
   if (a.kind == ack_kind::ack && !restarted) return;

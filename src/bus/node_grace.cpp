@@ -5,6 +5,8 @@
 // pending_max_bytes (held_count, held_bytes): beyond that a message is refused as if no grace
 // applied, however many distinct ids the messages name. A relay that stops tells the sources of
 // what it still holds, here or in a next hop's overflow (drop_relayed_for_stop).
+#include <algorithm>
+
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -25,6 +27,22 @@ void tell_source(node::impl& n, const std::vector<uint8_t>& m, proto::reason why
   } else {
     n.send_drop_notice(hd, why);
   }
+}
+
+// A held message released to its child waits in the child's overflow, as a relayed one does, but
+// pauses no reader: it came from `held`, not from a link or the ring (overflow_push() would have
+// stopped the ring's reader until the child's overflow drained).
+bool keep_in_overflow(node::impl& n, detail::peer_ep* child, std::vector<uint8_t>* m) {
+  if (child->overflow_bytes + m->size() > n.cfg.forward_overflow_bytes) return false;
+  if (child->overflow.empty()) child->overflow_moved_ms = n.now_ms();
+  child->overflow_bytes += m->size();
+  child->overflow.push_back(std::move(*m));
+  auto& waiting = n.shm_overflow;
+  if (child->shm && std::find(waiting.begin(), waiting.end(), child) == waiting.end()) {
+    waiting.push_back(child);
+    n.arm_idle();
+  }
+  return true;
 }
 
 }  // namespace
@@ -73,26 +91,28 @@ void node::impl::release_held(peer_ep* child) {
   held_bytes -= q.bytes;
   counters.pending_now -= q.q.size();
   // As forward() sends them: what the child's queue does not take waits in its overflow (they
-  // were lost there unseen), beyond that bound it is refused to its source.
-  for (const pending_msg& m : q.q) {
+  // were lost there unseen), beyond that bound it is refused to its source. No callback runs
+  // during the walk: every source is told first, then one line (on_log may stop() the node, whose
+  // links then take no notice, or destroy it).
+  size_t refused = 0;
+  errc why = errc::ok;
+  for (pending_msg& m : q.q) {
     errc e = errc::queue_full;
     if (child->overflow.empty()) e = transmit_bytes(child, m.bytes, 0, m.target);
     if (e == errc::ok) {
       ++counters.forwarded;
       continue;
     }
-    const size_t size = m.bytes.size();
-    const const_buffer bufs[2] = {{m.bytes.data(), proto::kHeaderSize},
-                                  {m.bytes.data() + proto::kHeaderSize, size - proto::kHeaderSize}};
-    if (e == errc::queue_full && overflow_push(child, nullptr, bufs, size)) continue;
-    proto::header hd;
-    if (proto::parse_header(m.bytes.data(), size, &hd) != errc::ok) {
-      ++counters.forward_dropped;
-      continue;
-    }
-    hd.ttl = static_cast<uint8_t>(hd.ttl + 1);  // as it arrived (the log names it so)
-    relay_drop(hd, proto::reason_from_errc(e));
+    if (e == errc::queue_full && keep_in_overflow(*this, child, &m.bytes)) continue;
+    tell_source(*this, m.bytes, proto::reason_from_errc(e));
+    ++refused;
+    why = e;
   }
+  if (refused == 0) return;
+  log(log_level::warn,
+      "%zu relayed messages held for child 0x%" PRIx64
+      " refused when it registered, their sources told (last: %s)",
+      refused, child->id, to_string(why));
 }
 
 void node::impl::grace_tick(uint64_t now) {

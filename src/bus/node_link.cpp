@@ -351,6 +351,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     log(log_level::info, "registered with parent 0x%" PRIx64, p->id);
     registration_result(errc::ok, rr.message);
     fire(cbs.on_up, p->id);
+    if (dead) return;  // destroyed by a callback above: what it queued is not sent
     flush_queue(&parent_pending, p);
   } else {
     settle_sibling(p->id);
@@ -435,6 +436,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
       who.pid, who.hostname.c_str());
+  if (dead) return;  // destroyed from that on_log: nothing held is released to it
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.
   if (kind == peer_kind::sibling) settle_sibling(p->id);
@@ -501,8 +503,14 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
       if (e == errc::ok) {
         p->shm = std::move(w);
       } else {
-        log(log_level::info, "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream",
-            p->id, u.c_str(), to_string(e));
+        // From the loop: this runs in the middle of the registration (a callback destroying or
+        // stopping the node here left it half registered, releasing what was held for it).
+        char line[384];
+        std::snprintf(line, sizeof line,
+                      "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
+                      u.c_str(), to_string(e));
+        deferred_logs.emplace_back(log_level::info, line);
+        arm_idle();
       }
       break;
     }

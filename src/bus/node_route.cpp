@@ -1,5 +1,7 @@
 // Bus node, routing: routed messages from links and the shared-memory ring, forwarding with
 // back-pressure, sibling lookups, and the built-in commands.
+#include <cstdio>
+
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -43,8 +45,13 @@ void node::impl::sibling_via_parent(bus_id target, const char* why) {
     it->second.pending.q.clear();
     it->second.pending.bytes = 0;
   }
-  // Last: on_log may send, and a send may add a sibling entry (it must not use `it` after that).
-  log(log_level::info, "sibling 0x%" PRIx64 ": %s, routing through the parent", target, why);
+  // From the loop: this runs inside send_data() too (a dial that fails at once), where no
+  // callback may fire (an on_log that sent to the target came back to this entry).
+  char line[160];
+  std::snprintf(line, sizeof line, "sibling 0x%" PRIx64 ": %s, routing through the parent", target,
+                why);
+  deferred_logs.emplace_back(log_level::info, line);
+  arm_idle();
 }
 
 void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
@@ -435,7 +442,8 @@ bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs,
 }
 
 void node::impl::drain_overflow(peer_ep* p) {
-  while (!p->overflow.empty()) {
+  // A refusal's log line may destroy the node (`dead`): a destroyed node sends nothing more.
+  while (!dead && !p->overflow.empty()) {
     const std::vector<uint8_t>& m = p->overflow.front();
     const errc e = transmit_bytes(p, m, 0, 0);
     if (e == errc::queue_full) return;
@@ -453,7 +461,7 @@ void node::impl::drain_overflow(peer_ep* p) {
     // After it left: the refusal logs, and an on_log that calls stop() empties the overflow.
     if (refuse) relay_drop(hd, proto::reason_from_errc(e));
   }
-  resume_paused(p);
+  if (!dead) resume_paused(p);
 }
 
 void node::impl::resume_paused(peer_ep* p) {

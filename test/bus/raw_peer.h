@@ -33,6 +33,9 @@ struct raw_child {
   std::string reply_message;                        // ... and message
   std::function<void(raw_child&)> on_registered;
   bool pause_after_register = false;  // stop reading once registered (a next hop that stalls)
+  uint8_t max_version = proto::kMaxVersion;  // the highest protocol version it offers
+  std::string host_id = "raw";               // the host it claims to run on ...
+  std::vector<std::string> listen;           // ... and its listen URLs (a ring: shm://name)
   struct message {
     proto::header hd;
     std::vector<uint8_t> body;
@@ -93,8 +96,10 @@ struct raw_child {
       ASSERT_EQ(proto::parse_challenge(d + proto::kHeaderSize, hd.body_len, &chb), errc::ok);
       proto::register_body rb;
       rb.role = role;
+      rb.max_version = max_version;
       rb.info.id = id;
-      rb.info.host_id = "raw";
+      rb.info.host_id = host_id;
+      rb.info.listen = listen;
       rb.info.subnets = subnets;
       if (compress) {
         rb.ext.present = true;

@@ -7,6 +7,7 @@
 // without losing what was sent meanwhile, and follows a lower id;
 // nodes in no common tree reach each other over direct links dialled from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge.
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -25,6 +26,7 @@ struct watched_node {
   std::vector<std::pair<directory_event, bus_id>> events;
   std::vector<std::string> data;
   std::vector<errc> reports;
+  std::function<void(const std::string&)> on_log;  // a test's hook, if set
 };
 
 class NodeDiscoveryTest : public test::discovery_fixture {
@@ -58,6 +60,9 @@ class NodeDiscoveryTest : public test::discovery_fixture {
       raw->data.emplace_back(reinterpret_cast<const char*>(d), n);
     };
     cb.on_report = [raw](const delivery_report& r) { raw->reports.push_back(r.status); };
+    cb.on_log = [raw](log_level, const std::string& m) {
+      if (raw->on_log) raw->on_log(m);
+    };
     raw->n = std::make_unique<node>(&loop_, id, std::move(c), std::move(cb));
     EXPECT_EQ(raw->n->start(), errc::ok) << raw->n->last_error().detail;
     return raw;
@@ -297,6 +302,36 @@ TEST_F(NodeDiscoveryTest, EtcdLeaderKilledUnderLoadLosesNothingOnTheBus) {
     }
     return l3->n->up();
   }));
+}
+
+// The first send to a node in no common tree starts the direct link from inside send_data(): its
+// log lines ("... direct link", and "no stream address" for a target without a listen URL) come
+// from the loop, never from inside the call (no callback fires inside a member function; an
+// on_log that sent to the target re-entered the sibling entry being set up).
+TEST_F(NodeDiscoveryTest, StartingADirectLinkLogsFromTheLoopNotInsideSendData) {
+  start_etcd(1);
+  watched_node* a = make_node(0x10, base("a", "logic"));
+  node_config bc = base("b", "chat");
+  bc.listen.clear();  // no address to dial: the direct link fails at once
+  watched_node* b = make_node(0x20, bc);
+  ASSERT_TRUE(wait([&] { return a->n->directory().size() == 2 && b->n->directory().size() == 2; }));
+  bool inside = false;
+  std::vector<std::string> lines;
+  std::vector<std::string> inside_lines;
+  a->on_log = [&](const std::string& m) {
+    lines.push_back(m);
+    if (inside) inside_lines.push_back(m);
+  };
+  inside = true;
+  const errc e = a->n->send_data(0x20, 3, "one", 3);
+  inside = false;
+  EXPECT_EQ(e, errc::unknown_route) << to_string(e);
+  EXPECT_TRUE(inside_lines.empty())
+      << inside_lines.size()
+      << " lines inside send_data, the first: " << (inside_lines.empty() ? "" : inside_lines[0]);
+  ASSERT_TRUE(wait([&] { return lines.size() >= 2; }));
+  EXPECT_NE(lines[0].find("direct link"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("no stream address"), std::string::npos) << lines[1];
 }
 
 }  // namespace
