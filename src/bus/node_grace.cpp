@@ -15,17 +15,14 @@ using proto::msg_type;
 
 namespace {
 
-// relay_drop() without its log line: counted, and the source told (a drop notice, or the failed
-// acknowledgement of a require_response message). The callers log once, after telling them all.
+// relay_drop() without its log line (the callers log once, after telling them all): counted, and
+// the source told.
 void tell_source(node::impl& n, const std::vector<uint8_t>& m, proto::reason why) {
-  ++n.counters.forward_dropped;
   proto::header hd;
-  if (proto::parse_header(m.data(), m.size(), &hd) != errc::ok) return;
-  if (hd.type != msg_type::data && hd.type != msg_type::forward) return;  // no notice on notices
-  if ((hd.flags & proto::flag_require_response) != 0) {
-    n.send_ack(hd.source, hd.sequence, why);
+  if (proto::parse_header(m.data(), m.size(), &hd) == errc::ok) {
+    n.relay_drop(hd, why, false);
   } else {
-    n.send_drop_notice(hd, why);
+    ++n.counters.forward_dropped;
   }
 }
 

@@ -482,9 +482,9 @@ struct node::impl {
     head[3] = static_cast<uint8_t>(hd.ttl - 1);
     if (hd.type == msg_type::data) head[1] = static_cast<uint8_t>(msg_type::forward);
   }
-  // A relayed message (its header) is dropped here: count, log (rate-limited), and tell its
-  // source: an ack with the reason for require_response, else a drop notice (version 2 only).
-  void relay_drop(const proto::header& hd, proto::reason why);
+  // A relayed message (its header) is dropped here: count, log (rate-limited; not if !log_line)
+  // and tell its source: an ack with the reason for require_response, else a drop notice (v2+).
+  void relay_drop(const proto::header& hd, proto::reason why, bool log_line = true);
   void send_drop_notice(const proto::header& hd, proto::reason why);
   // The drop log's "N more" summary when its window has passed.
   void drop_log_flush(uint64_t now);

@@ -357,7 +357,7 @@ uint8_t node::impl::version_of(const peer_ep* p) {
   return p == nullptr || p->lk == nullptr ? 0 : p->lk->version;
 }
 
-void node::impl::relay_drop(const proto::header& hd, proto::reason why) {
+void node::impl::relay_drop(const proto::header& hd, proto::reason why, bool log_line) {
   ++counters.forward_dropped;
   // The source is told first: the log line runs on_log, which may stop() the node (links close).
   if (hd.type == msg_type::data || hd.type == msg_type::forward) {  // no notice on notices
@@ -367,6 +367,7 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why) {
       send_drop_notice(hd, why);
     }
   }
+  if (!log_line) return;  // the caller logs once for many
   const uint64_t now = now_ms();
   drop_log_flush(now);
   if (drop_log_lines < detail::kDropLogBurst) {
