@@ -148,7 +148,7 @@ int start_out_of_descriptors_child() {
     const int lowest_free = ::dup(0);
     ::close(lowest_free);
     rlimit low = old;
-    low.rlim_cur = static_cast<rlim_t>(lowest_free + spare);
+    low.rlim_cur = static_cast<rlim_t>(lowest_free) + static_cast<rlim_t>(spare);
     if (setrlimit(RLIMIT_NOFILE, &low) != 0) return 13;
     std::string detail;
     const errc e = ep.start(

@@ -232,7 +232,7 @@ int listener_both_reserves_lost(uv_loop_t* loop) {
     const int lowest_free = ::dup(0);
     ::close(lowest_free);
     rlimit one = old;
-    one.rlim_cur = static_cast<rlim_t>(lowest_free + 1);  // exactly one descriptor left
+    one.rlim_cur = static_cast<rlim_t>(lowest_free) + 1;  // exactly one descriptor left
     if (setrlimit(RLIMIT_NOFILE, &one) != 0) return 12;
     ::alarm(10);
     const uint64_t spins = iterations_in(loop, 500);
@@ -412,7 +412,7 @@ TEST_F(StreamZeroWindow, ANonReadingPeerIsBoundedHurtsNoOneAndItsResetReportsEve
   }
   ASSERT_GT(refused, 0) << "the queue never filled";
   const stream_connection_metrics m = cm(a, c);
-  EXPECT_LE(m.queue_bytes, cfg.queue.max_bytes + 64 * 1024);
+  EXPECT_LE(m.queue_bytes, cfg.queue.max_bytes + size_t{64} * 1024);
   // The ring, plus the rings its growth replaced while the stuck write still reads one of them
   // (freed when that write completes): less than twice ring_bytes (3.5 MiB of 2 MiB measured).
   EXPECT_LT(m.queue_memory_bytes, 2 * cfg.queue.ring_bytes);

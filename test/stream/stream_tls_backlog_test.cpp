@@ -66,9 +66,9 @@ class key_update_pest {
 // closed, counted once as a TLS failure and logged; the memory it held never grew past the bound.
 TEST_F(StreamTls, RepliesBehindAStuckWriteAreBounded) {
   stream_config cfg;
-  cfg.message_limit = 16 * 1024;
-  cfg.queue.ring_bytes = 64 * 1024;
-  cfg.queue.max_bytes = 64 * 1024;
+  cfg.message_limit = size_t{16} * 1024;
+  cfg.queue.ring_bytes = size_t{64} * 1024;
+  cfg.queue.max_bytes = size_t{64} * 1024;
   cfg.tls = server_config();
   cfg.tls.max_peer_key_updates = 0;  // within the storm limit, whatever it is
   // A listening socket with a small send buffer, which its connections inherit: the kernel holds
