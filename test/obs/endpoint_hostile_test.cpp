@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 
+#include "limits_util.h"
 #include "obs/http_endpoint.h"
 
 namespace uvbus::obs {
@@ -35,47 +36,25 @@ int connect_client(uint16_t port) {
   return fd;
 }
 
-// True once the server answered or closed fd (EOF or reset).
-bool answered_or_closed(int fd, std::string* got) {
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) {
-      got->append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-  }
-}
-
-// Runs the loop one iteration at a time for about ms (a timer ends the window); the iterations.
-uint64_t iterations_in(uv_loop_t* loop, uint64_t ms) {
-  uv_timer_t t;
-  bool fired = false;
-  uv_timer_init(loop, &t);
-  t.data = &fired;
-  uv_timer_start(
-      &t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
-  uint64_t n = 0;
-  while (!fired) {
+// Runs the loop until the server answered or closed fd (what came, into *got); false if it did
+// neither within the deadline.
+bool answered(uv_loop_t* loop, int fd, std::string* got) {
+  const uint64_t until = uv_now(loop) + kDeadlineMs;
+  while (!test::peer_closed(fd, got)) {
+    if (uv_now(loop) >= until) return false;
     uv_run(loop, UV_RUN_ONCE);
-    ++n;
   }
-  uv_close(reinterpret_cast<uv_handle_t*>(&t), nullptr);
-  uv_run(loop, UV_RUN_NOWAIT);
-  return n;
+  return true;
 }
 
 // The child: exit 0 when all is well, else a code naming what went wrong (printed to stderr).
-int out_of_descriptors_child() {
-  uv_loop_t loop;
-  uv_loop_init(&loop);
+int out_of_descriptors_child(uv_loop_t* loop) {
   int rc = 0;
   {
     http_endpoint ep;
     std::string detail;
     if (ep.start(
-            &loop, "http://127.0.0.1:0/metrics",
+            loop, "http://127.0.0.1:0/metrics",
             [](std::string_view, http_response* r) { r->body = "up 1\n"; }, &detail) != errc::ok) {
       return 10;
     }
@@ -86,14 +65,9 @@ int out_of_descriptors_child() {
       return 12;
     }
     rlimit old{};
-    getrlimit(RLIMIT_NOFILE, &old);
-    const int lowest_free = ::dup(0);
-    ::close(lowest_free);
-    rlimit low = old;
-    low.rlim_cur = static_cast<rlim_t>(lowest_free);  // no new descriptor can be made
-    if (setrlimit(RLIMIT_NOFILE, &low) != 0) return 13;
+    if (!test::lower_nofile(&old)) return 13;  // no new descriptor can be made
     // Out of descriptors for half a second: the loop must wait, not spin on the ready backlog.
-    const uint64_t spins = iterations_in(&loop, 500);
+    const uint64_t spins = test::iterations_in(loop, 500);
     std::fprintf(stderr, "loop iterations in 500 ms out of descriptors: %llu\n",
                  static_cast<unsigned long long>(spins));
     const uint64_t shed = ep.shed_clients();  // taken off the backlog and closed, unserved
@@ -102,83 +76,56 @@ int out_of_descriptors_child() {
     if (shed != 1 && rc == 0) rc = 5;
     // Descriptors free again: the waiting client is answered or closed, not left hanging.
     std::string got;
-    const uint64_t until = uv_now(&loop) + kDeadlineMs;
-    bool done = false;
-    while (!(done = answered_or_closed(client, &got)) && uv_now(&loop) < until) {
-      uv_run(&loop, UV_RUN_ONCE);
-    }
-    if (!done && rc == 0) rc = 3;
+    if (!answered(loop, client, &got) && rc == 0) rc = 3;
     ::close(client);
     // And a new client is served.
     const int again = connect_client(ep.port());
     if (again < 0) return 14;
     (void)::send(again, req.data(), req.size(), MSG_NOSIGNAL);
     got.clear();
-    const uint64_t until2 = uv_now(&loop) + kDeadlineMs;
-    while (!answered_or_closed(again, &got) && uv_now(&loop) < until2) uv_run(&loop, UV_RUN_ONCE);
+    (void)answered(loop, again, &got);
     ::close(again);
     if (got.find("up 1") == std::string::npos && rc == 0) rc = 4;
     ep.stop();
-    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_run(loop, UV_RUN_DEFAULT);
   }
-  uv_loop_close(&loop);
   return rc;
 }
 
 TEST(HttpEndpointLimits, OutOfDescriptorsTheLoopWaitsAndServiceResumes) {
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) _exit(out_of_descriptors_child());
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
-  // 2: the loop spun; 3: the waiting client hung; 4: no service afterwards; 5: not counted.
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // -1: the child died; 2: the loop spun; 3: the waiting client hung; 4: no service afterwards;
+  // 5: not counted.
+  EXPECT_EQ(test::in_child(out_of_descriptors_child), 0);
 }
 
 // start() with no descriptor left (the socket fails) and with one (libmicrohttpd's epoll fails).
-int start_out_of_descriptors_child() {
-  uv_loop_t loop;
-  uv_loop_init(&loop);
+int start_out_of_descriptors_child(uv_loop_t* loop) {
   int rc = 0;
   for (int spare = 0; spare < 2; ++spare) {
     http_endpoint ep;
+    const int lowest_free = test::lowest_free_fd();
     rlimit old{};
-    getrlimit(RLIMIT_NOFILE, &old);
-    const int lowest_free = ::dup(0);
-    ::close(lowest_free);
-    rlimit low = old;
-    low.rlim_cur = static_cast<rlim_t>(lowest_free) + static_cast<rlim_t>(spare);
-    if (setrlimit(RLIMIT_NOFILE, &low) != 0) return 13;
+    if (!test::lower_nofile(&old, static_cast<rlim_t>(spare))) return 13;
     std::string detail;
     const errc e = ep.start(
-        &loop, "http://127.0.0.1:0/metrics",
+        loop, "http://127.0.0.1:0/metrics",
         [](std::string_view, http_response* r) { r->body = "up 1\n"; }, &detail);
     setrlimit(RLIMIT_NOFILE, &old);
     std::fprintf(stderr, "%d spare: %s (%s)\n", spare, to_string(e), detail.c_str());
     if (e == errc::ok) rc = 20 + spare;
     if (detail.find("Too many open files") == std::string::npos && rc == 0) rc = 2 + spare;
     ep.stop();
-    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_run(loop, UV_RUN_DEFAULT);
     // No descriptor leaked by the failed start: the lowest free one is the same again.
-    const int again = ::dup(0);
-    ::close(again);
-    if (again != lowest_free && rc == 0) rc = 4;
+    if (test::lowest_free_fd() != lowest_free && rc == 0) rc = 4;
   }
-  uv_loop_close(&loop);
   return rc;
 }
 
 TEST(HttpEndpointLimits, StartOutOfDescriptorsSaysWhy) {
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) _exit(start_out_of_descriptors_child());
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
-  // 2: no reason when the socket fails, 3: none when libmicrohttpd fails, 4: a descriptor leaked,
-  // 20/21: started anyway.
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // -1: the child died; 2: no reason when the socket fails, 3: none when libmicrohttpd fails,
+  // 4: a descriptor leaked, 20/21: started anyway.
+  EXPECT_EQ(test::in_child(start_out_of_descriptors_child), 0);
 }
 
 // Pipelined requests in one write: one answer, one render, then the connection closes (one request
@@ -205,11 +152,7 @@ TEST(HttpEndpointHostile, PipelinedRequestsGetOneAnswerAndOneRender) {
     ASSERT_EQ(::send(client, req.data(), req.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(req.size()));
     std::string got;
-    const uint64_t until = uv_now(&loop) + kDeadlineMs;
-    bool done = false;
-    while (!(done = answered_or_closed(client, &got)) && uv_now(&loop) < until) {
-      uv_run(&loop, UV_RUN_ONCE);
-    }
+    const bool done = answered(&loop, client, &got);
     ::close(client);
     EXPECT_TRUE(done);
     EXPECT_EQ(renders, 1);

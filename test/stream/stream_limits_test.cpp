@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "limits_util.h"
 #include "stream/stream_harness.h"
 #include "stream/test_access.h"
 
@@ -22,45 +23,6 @@ namespace uvbus::test {
 namespace {
 
 constexpr uint64_t kDeadlineMs = 20000;  // generous for ASan: a deadline, never a speed claim
-
-// Lowers the soft RLIMIT_NOFILE to the lowest free descriptor: no new one can be made until
-// restore(). The old limit into *old.
-bool exhaust_descriptors(rlimit* old) {
-  getrlimit(RLIMIT_NOFILE, old);
-  const int lowest_free = ::dup(0);
-  ::close(lowest_free);
-  rlimit low = *old;
-  low.rlim_cur = static_cast<rlim_t>(lowest_free);
-  return setrlimit(RLIMIT_NOFILE, &low) == 0;
-}
-
-// True once the peer closed fd (EOF or reset); what arrived is dropped.
-bool peer_closed(int fd) {
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) continue;
-    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-  }
-}
-
-// Runs the loop one iteration at a time for about ms (a timer ends the window); the iterations.
-uint64_t iterations_in(uv_loop_t* loop, uint64_t ms) {
-  uv_timer_t t;
-  bool fired = false;
-  uv_timer_init(loop, &t);
-  t.data = &fired;
-  uv_timer_start(
-      &t, [](uv_timer_t* h) { *static_cast<bool*>(h->data) = true; }, ms, 0);
-  uint64_t n = 0;
-  while (!fired) {
-    uv_run(loop, UV_RUN_ONCE);
-    ++n;
-  }
-  uv_close(reinterpret_cast<uv_handle_t*>(&t), nullptr);
-  uv_run(loop, UV_RUN_NOWAIT);
-  return n;
-}
 
 template <class Pred>
 bool run_for(uv_loop_t* loop, Pred pred) {
@@ -72,62 +34,7 @@ bool run_for(uv_loop_t* loop, Pred pred) {
   return true;
 }
 
-// Runs body(loop) in a forked child; its exit code (0: all well), or -1 if it died.
-int in_child(int (*body)(uv_loop_t*)) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    const int rc = body(&loop);
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
-}
-
-int listener_out_of_descriptors(uv_loop_t* loop) {
-  recorder rec;
-  std::vector<std::string> logs;
-  stream_callbacks cb = rec.callbacks();
-  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, cb);
-    listener_id l;
-    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
-    const int client = dial(ch.listener_port(l));
-    if (client < 0) return 11;
-    rlimit old{};
-    if (!exhaust_descriptors(&old)) return 12;
-    const uint64_t spins = iterations_in(loop, 500);
-    const bool closed = run_for(loop, [&] { return peer_closed(client); });
-    setrlimit(RLIMIT_NOFILE, &old);
-    std::fprintf(stderr, "iterations %llu, waiting client closed %d, accepted %zu, logs %zu\n",
-                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size(),
-                 logs.size());
-    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
-    if (spins > 200) rc = 2;
-    if (!closed && rc == 0) rc = 3;
-    ::close(client);
-    const int again = dial(ch.listener_port(l));
-    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
-    ::close(again);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
-}
-
-// libuv (uv__emfile_trick) takes the waiting clients off the backlog and closes them with a
-// descriptor it keeps in reserve; it does not tell the channel, so this is counted nowhere.
-TEST(StreamLimits, AListenerOutOfDescriptorsShedsWaitingClientsAndRecovers) {
-  // 2: the loop spun; 3: the waiting client hung; 5: no recovery.
-  EXPECT_EQ(in_child(listener_out_of_descriptors), 0);
-}
-
-// The listener of the reserve tests (a unix one when g_unix_path is set).
+// The listener of the scenarios (a unix one when g_unix_path is set).
 std::string g_listen_url = "ipv4://127.0.0.1:0";
 std::string g_unix_path;
 
@@ -144,12 +51,20 @@ int dial_unix(const std::string& path) {
   return fd;
 }
 
-// libuv keeps one descriptor (loop->emfile_fd) to shed a backlog it cannot accept from. When that
-// reserve is lost (another thread took the slot while libuv had it closed: emulated here by taking
-// it and clearing the private field), libuv's accept loop calls the channel again at once for as
-// long as accept() fails: the loop turn never ended (killed by the alarm) before the channel shed
-// the backlog with a reserve of its own.
-int listener_reserve_lost(uv_loop_t* loop) {
+// What a scenario takes away besides the descriptors themselves.
+enum class starve {
+  plain,               // out of descriptors; libuv sheds with its own reserve
+  libuv_reserve_lost,  // and libuv's reserve taken by "another thread"
+  both_reserves_lost,  // and the channel's reserve too, with one descriptor left
+};
+
+// A client waits in a listener's backlog while the process is out of descriptors as `how` says.
+// 0 when the loop did not spin (at most 200 iterations in 500 ms), the waiting client was closed,
+// the scenario's own check held and a new client is accepted once descriptors are free again.
+// -1 (in_child): killed by the alarm, the loop turn never ended. 2: spun; 3: the client hung;
+// 4: libuv_reserve_lost: the shedding not logged; both_reserves_lost: the client announced (its
+// descriptor was needed for the reserve); 5: no recovery.
+int starved_listener(uv_loop_t* loop, starve how) {
   recorder rec;
   std::vector<std::string> logs;
   stream_callbacks cb = rec.callbacks();
@@ -159,108 +74,85 @@ int listener_reserve_lost(uv_loop_t* loop) {
     stream_channel ch(loop, stream_config{}, cb);
     listener_id l;
     if (ch.listen(g_listen_url, &l) != errc::ok) return 10;
-    const int client = g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
+    const auto connect_client = [&] {
+      return g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
+    };
+    const int client = connect_client();
     if (client < 0) return 11;
-    if (loop->emfile_fd < 0) return 14;
-    ::close(loop->emfile_fd);
-    const int taken = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // "another thread"
-    loop->emfile_fd = -1;
+    int taken[2] = {-1, -1};  // descriptors "other threads" took
+    if (how != starve::plain) {
+      if (loop->emfile_fd < 0) return 14;
+      ::close(loop->emfile_fd);
+      loop->emfile_fd = -1;
+      if (how == starve::both_reserves_lost && detail::stream_access::drop_reserve(ch) < 0) {
+        return 15;
+      }
+      taken[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (how == starve::both_reserves_lost) taken[1] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
     rlimit old{};
-    if (!exhaust_descriptors(&old)) return 12;
+    if (!lower_nofile(&old, how == starve::both_reserves_lost ? 1 : 0)) return 12;
     ::alarm(10);  // a loop turn that never ends is killed: the test fails with a signal
     const uint64_t spins = iterations_in(loop, 500);
     const bool closed = run_for(loop, [&] { return peer_closed(client); });
     ::alarm(0);
     setrlimit(RLIMIT_NOFILE, &old);
-    ::close(taken);
-    std::fprintf(stderr, "iterations %llu, waiting client closed %d\n",
-                 static_cast<unsigned long long>(spins), closed ? 1 : 0);
-    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
+    for (const int fd : taken) {
+      if (fd >= 0) ::close(fd);
+    }
+    std::fprintf(stderr, "iterations %llu, waiting client closed %d, accepted %zu\n",
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size());
+    bool named = false;
+    for (const auto& t : logs) {
+      std::fprintf(stderr, "  log: %s\n", t.c_str());
+      named = named || t.find("1 waiting clients closed") != std::string::npos;
+    }
     if (spins > 200) rc = 2;
     if (!closed && rc == 0) rc = 3;
-    bool named = false;
-    for (const auto& s : logs)
-      named = named || s.find("1 waiting clients closed") != std::string::npos;
-    if (!named && rc == 0) rc = 4;
+    if (how == starve::libuv_reserve_lost && !named && rc == 0) rc = 4;
+    if (how == starve::both_reserves_lost && !rec.accepted.empty() && rc == 0) rc = 4;
     ::close(client);
-    const int again = g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
+    const int again = connect_client();
     if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
     ::close(again);
     ch.close();
   }
   uv_run(loop, UV_RUN_DEFAULT);
   return rc;
+}
+
+// libuv (uv__emfile_trick) takes the waiting clients off the backlog and closes them with a
+// descriptor it keeps in reserve; it does not tell the channel, so this is counted nowhere.
+TEST(StreamLimits, AListenerOutOfDescriptorsShedsWaitingClientsAndRecovers) {
+  EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::plain); }), 0);
+}
+
+// libuv keeps one descriptor (loop->emfile_fd) to shed a backlog it cannot accept from. When that
+// reserve is lost (another thread took the slot while libuv had it closed: emulated here by taking
+// it and clearing the private field), libuv's accept loop calls the channel again at once for as
+// long as accept() fails: the loop turn never ended (killed by the alarm) before the channel shed
+// the backlog with a reserve of its own.
+TEST(StreamLimits, AListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
+  EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::libuv_reserve_lost); }),
+            0);
 }
 
 TEST(StreamLimits, AUnixListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
   g_unix_path = "/tmp/uvbus-limits-" + std::to_string(::getpid()) + ".sock";
   g_listen_url = "unix://" + g_unix_path;
-  EXPECT_EQ(in_child(listener_reserve_lost), 0);
+  EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::libuv_reserve_lost); }),
+            0);
   ::unlink(g_unix_path.c_str());
   g_unix_path.clear();
   g_listen_url = "ipv4://127.0.0.1:0";
 }
 
-TEST(StreamLimits, AListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
-  // -1: killed by the alarm (the loop turn never ended); 2: spun; 3: the client hung; 4: not
-  // logged; 5: no recovery.
-  EXPECT_EQ(in_child(listener_reserve_lost), 0);
-}
-
 // Both reserves lost (libuv's and the channel's) and one descriptor free: libuv's accept takes it
 // for a client and its next accept fails with nothing to shed with. The channel keeps that
 // client's descriptor as its reserve (the client is closed) instead of spinning.
-int listener_both_reserves_lost(uv_loop_t* loop) {
-  recorder rec;
-  std::vector<std::string> logs;
-  stream_callbacks cb = rec.callbacks();
-  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, cb);
-    listener_id l;
-    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
-    const int client = dial(ch.listener_port(l));
-    if (client < 0 || loop->emfile_fd < 0) return 11;
-    ::close(loop->emfile_fd);
-    loop->emfile_fd = -1;
-    if (detail::stream_access::drop_reserve(ch) < 0) return 15;
-    const int taken1 = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // "other threads"
-    const int taken2 = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    rlimit old{};
-    getrlimit(RLIMIT_NOFILE, &old);
-    const int lowest_free = ::dup(0);
-    ::close(lowest_free);
-    rlimit one = old;
-    one.rlim_cur = static_cast<rlim_t>(lowest_free) + 1;  // exactly one descriptor left
-    if (setrlimit(RLIMIT_NOFILE, &one) != 0) return 12;
-    ::alarm(10);
-    const uint64_t spins = iterations_in(loop, 500);
-    const bool closed = run_for(loop, [&] { return peer_closed(client); });
-    ::alarm(0);
-    setrlimit(RLIMIT_NOFILE, &old);
-    ::close(taken1);
-    ::close(taken2);
-    std::fprintf(stderr, "iterations %llu, client closed %d, accepted %zu\n",
-                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size());
-    for (const auto& s : logs) std::fprintf(stderr, "  log: %s\n", s.c_str());
-    if (spins > 200) rc = 2;
-    if (!closed && rc == 0) rc = 3;
-    if (!rec.accepted.empty() && rc == 0) rc = 4;
-    ::close(client);
-    const int again = dial(ch.listener_port(l));
-    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
-    ::close(again);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
-}
-
 TEST(StreamLimits, WithBothReservesLostTheLastDescriptorBecomesTheReserve) {
-  // -1: killed by the alarm (the loop turn never ended); 2: spun; 3: the client hung; 4: the
-  // client announced (its descriptor was needed); 5: no recovery.
-  EXPECT_EQ(in_child(listener_both_reserves_lost), 0);
+  EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::both_reserves_lost); }),
+            0);
 }
 
 int dials_out_of_descriptors(uv_loop_t* loop) {
@@ -272,7 +164,7 @@ int dials_out_of_descriptors(uv_loop_t* loop) {
     if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
     const std::string port = std::to_string(ch.listener_port(l));
     rlimit old{};
-    if (!exhaust_descriptors(&old)) return 12;
+    if (!lower_nofile(&old)) return 12;
     connection_id lit, dns, uds;
     listener_id l2;
     const errc e0 = ch.listen("ipv4://127.0.0.1:0", &l2);
