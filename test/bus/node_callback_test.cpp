@@ -15,6 +15,7 @@
 
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
+#include "bus/relay_harness.h"
 #include "uvbus/node.h"
 
 namespace uvbus {
@@ -25,8 +26,7 @@ using test::bus_node;
 using test::send_str;
 
 node_config relay_config() {
-  node_config c = test::fast_config();
-  c.delivery = delivery_mode::next_hop;
+  node_config c = test::hop_config();
   c.sibling_direct = false;
   c.heartbeat_timeout_ms = 60000;  // no stall detector or silence timeout inside a test
   return c;
@@ -50,19 +50,12 @@ size_t relayed(const test::raw_child& x) {
   return k;
 }
 
-class NodeCallback : public test::bus_fixture {
+class NodeCallback : public test::relay_fixture {
  protected:
-  // Root 0x100 (0x100/8, holding messages for absent children for a minute) and child A 0x101,
-  // whose on_dropped notices land in a_drops_.
+  // Root and child A (relay_fixture), the root holding messages for absent children for a minute.
   void make_root_and_sender(node_config rc, node_config ac, const tweak_fn& root_tweak = {}) {
-    rc.subnets = {{0x100, 8}};
     rc.child_grace_ms = 60000;  // the whole test runs inside the window
-    root_ = make(0x100, rc, true, root_tweak);
-    ac.parent_urls = {root_->n->listen_urls().at(0)};
-    a_ = make(0x101, ac, true, [this](node_callbacks* cb) {
-      cb->on_dropped = [this](bus_id, uint64_t, errc) { ++a_drops_; };
-    });
-    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+    relay_fixture::make_root_and_sender(std::move(rc), std::move(ac), root_tweak);
   }
   // A sends `count` messages of 60 000 bytes to absent child 0x110: the root holds them all.
   void hold(uint64_t count) {
@@ -74,10 +67,6 @@ class NodeCallback : public test::bus_fixture {
       return root_->n->counters().held_for_child == count;
     }));
   }
-
-  bus_node* root_ = nullptr;
-  bus_node* a_ = nullptr;
-  uint64_t a_drops_ = 0;
 };
 
 // Held messages released to a child that registers go to its overflow when its link's queue is
@@ -103,7 +92,7 @@ TEST_F(NodeCallback, ReleasingHeldMessagesDoesNotPauseTheRelaysRing) {
   EXPECT_TRUE(wait([&] { return !root_->got.empty(); }, 15s))
       << "the root's ring reader stayed paused behind the child's overflow";
   x.resume_reading();
-  ASSERT_TRUE(wait([&] { return relayed(x) + a_drops_ >= kCount; }));
+  ASSERT_TRUE(wait([&] { return relayed(x) + a_drops().size() >= kCount; }));
   EXPECT_EQ(relayed(x), kCount);
   x.ch->close();
   ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
@@ -139,8 +128,8 @@ TEST_F(NodeCallback, StopFromOnLogInsideAReleaseTellsEverySource) {
   ASSERT_TRUE(wait([&] { return x.registered && stopped; }));
   x.resume_reading();
   ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
-  EXPECT_TRUE(wait([&] { return relayed(x) + a_drops_ == kCount; }, 15s))
-      << "X got " << relayed(x) << ", A was told of " << a_drops_ << " of " << kCount;
+  EXPECT_TRUE(wait([&] { return relayed(x) + a_drops().size() == kCount; }, 15s))
+      << "X got " << relayed(x) << ", A was told of " << a_drops().size() << " of " << kCount;
   x.ch->close();
   ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
 }

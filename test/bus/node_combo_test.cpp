@@ -11,6 +11,7 @@
 
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
+#include "bus/relay_harness.h"
 #include "uvbus/node.h"
 
 namespace uvbus {
@@ -20,41 +21,20 @@ using namespace std::chrono_literals;
 using test::bus_node;
 using test::send_str;
 
-struct dropped_event {
-  bus_id target;
-  uint64_t id;
-  errc why;
-};
-
-node_config hop_config() {
-  node_config c = test::fast_config();
-  c.delivery = delivery_mode::next_hop;
+// Next-hop delivery, and no direct sibling links: every message between children crosses the root.
+node_config tree_config() {
+  node_config c = test::hop_config();
   c.sibling_direct = false;
   return c;
 }
 
-class NodeCombo : public test::bus_fixture {
+class NodeCombo : public test::relay_fixture {
  protected:
-  // A node whose on_dropped events land in drops_[k] (k: the order of creation).
-  bus_node* make_recording(bus_id id, node_config cfg) {
-    auto& list = drops_.emplace_back();
-    return make(id, std::move(cfg), true, [&list](node_callbacks* cb) {
-      cb->on_dropped = [&list](bus_id t, uint64_t m, errc e) { list.push_back({t, m, e}); };
-    });
-  }
-  // Root 0x100 (0x100/8, holding messages for absent children for a minute) and child A 0x101.
-  void make_root_and_sender(node_config rc, node_config ac = hop_config()) {
-    rc.subnets = {{0x100, 8}};
+  // Root and child A (relay_fixture), the root holding messages for absent children for a minute.
+  void make_root_and_sender(node_config rc, node_config ac = tree_config()) {
     rc.child_grace_ms = 60000;  // the whole test runs inside the window
-    root_ = make(0x100, rc);
-    ac.parent_urls = {root_->n->listen_urls().at(0)};
-    a_ = make_recording(0x101, ac);
-    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+    relay_fixture::make_root_and_sender(std::move(rc), std::move(ac));
   }
-
-  std::deque<std::vector<dropped_event>> drops_;
-  bus_node* root_ = nullptr;
-  bus_node* a_ = nullptr;
 };
 
 // A relay that stops while it holds messages for a child that has not come back (child_grace_ms)
@@ -62,9 +42,9 @@ class NodeCombo : public test::bus_fixture {
 // message already reported ok (next hop), the failed report of a require_response message. The
 // reason is not_connected (try again: the relay is going, not the target).
 TEST_F(NodeCombo, RelayStopTellsTheSourcesOfMessagesHeldForAChild) {
-  node_config ac = hop_config();
+  node_config ac = tree_config();
   ac.response_timeout_ms = 120000;  // a timeout would be the wrong answer, and a late one
-  make_root_and_sender(hop_config(), ac);
+  make_root_and_sender(tree_config(), ac);
   std::vector<uint64_t> plain, answered;
   for (int i = 0; i < 3; ++i) {
     uint64_t id = 0;
@@ -84,12 +64,12 @@ TEST_F(NodeCombo, RelayStopTellsTheSourcesOfMessagesHeldForAChild) {
           const delivery_report* r = a_->report_for(id);
           failed += r != nullptr && r->status != errc::ok ? 1 : 0;
         }
-        return drops_.front().size() == plain.size() && failed == answered.size();
+        return a_drops().size() == plain.size() && failed == answered.size();
       },
       20s))
-      << "A was told of " << drops_.front().size() << " of " << plain.size()
+      << "A was told of " << a_drops().size() << " of " << plain.size()
       << " plain messages; reports " << a_->reports.size();
-  for (const auto& d : drops_.front()) {
+  for (const auto& d : a_drops()) {
     EXPECT_EQ(d.target, 0x110u);
     EXPECT_EQ(d.why, errc::not_connected) << to_string(d.why);
   }
@@ -122,11 +102,11 @@ TEST_F(NodeCombo, StoppingRelayDoesNotHoldMessagesForAChild) {
   root_->n->stop();  // waits for X's acknowledgement, links open
   uint64_t id = 0;
   ASSERT_EQ(send_str(a_, 0x110, 1, "for a child in grace", {}, &id), errc::ok);
-  ASSERT_TRUE(wait([&] { return !drops_.front().empty(); }, 20s))
+  ASSERT_TRUE(wait([&] { return !a_drops().empty(); }, 20s))
       << "held_for_child " << root_->n->counters().held_for_child << ", forward_dropped "
       << root_->n->counters().forward_dropped;
-  EXPECT_EQ(drops_.front()[0].id, id);
-  EXPECT_EQ(drops_.front()[0].why, errc::not_connected) << to_string(drops_.front()[0].why);
+  EXPECT_EQ(a_drops()[0].id, id);
+  EXPECT_EQ(a_drops()[0].why, errc::not_connected) << to_string(a_drops()[0].why);
   EXPECT_EQ(root_->n->counters().held_for_child, 0u);
   EXPECT_TRUE(root_->downs.empty());  // still flushing: the relay went on relaying meanwhile
   x.ch->close();
@@ -137,10 +117,10 @@ TEST_F(NodeCombo, StoppingRelayDoesNotHoldMessagesForAChild) {
 // before it says goodbye: dropped when the hop's link closed, after the sources' links had been
 // closed too, their drop notices had nowhere to go (next hop: reported ok, then lost unseen).
 TEST_F(NodeCombo, RelayStopTellsTheSourcesOfItsOverflow) {
-  node_config rc = hop_config();
+  node_config rc = tree_config();
   rc.link_queue_bytes = size_t{256} << 10;
   rc.forward_overflow_bytes = size_t{512} << 10;
-  node_config ac = hop_config();
+  node_config ac = tree_config();
   ac.link_queue_bytes = size_t{256} << 10;
   make_root_and_sender(rc, ac);
   test::raw_child y(0x102, 0x100);
@@ -168,11 +148,11 @@ TEST_F(NodeCombo, RelayStopTellsTheSourcesOfItsOverflow) {
   ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
   const uint64_t dropped = root_->n->counters().forward_dropped;
   EXPECT_GT(dropped, 0u);
-  ASSERT_TRUE(wait([&] { return drops_.front().size() >= dropped; }, 20s))
-      << "root dropped " << dropped << ", A was told of " << drops_.front().size() << " (sent "
-      << sent << ")";
-  EXPECT_EQ(drops_.front().size(), dropped);
-  for (const auto& d : drops_.front()) EXPECT_EQ(d.why, errc::not_connected) << to_string(d.why);
+  ASSERT_TRUE(wait([&] { return a_drops().size() >= dropped; }, 20s))
+      << "root dropped " << dropped << ", A was told of " << a_drops().size() << " (sent " << sent
+      << ")";
+  EXPECT_EQ(a_drops().size(), dropped);
+  for (const auto& d : a_drops()) EXPECT_EQ(d.why, errc::not_connected) << to_string(d.why);
   y.ch->close();
   ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
 }
@@ -181,7 +161,7 @@ TEST_F(NodeCombo, RelayStopTellsTheSourcesOfItsOverflow) {
 // takes gets all of it: what the queue does not take waits in the child's overflow as any relayed
 // message does (it was thrown away unseen: next hop, reported ok, never delivered, no notice).
 TEST_F(NodeCombo, AReturningChildGetsEverythingHeldForItBeyondItsLinkQueue) {
-  node_config rc = hop_config();
+  node_config rc = tree_config();
   rc.link_queue_bytes = size_t{256} << 10;
   rc.pending_max_bytes = size_t{32} << 20;
   rc.forward_overflow_bytes = size_t{32} << 20;
@@ -194,19 +174,18 @@ TEST_F(NodeCombo, AReturningChildGetsEverythingHeldForItBeyondItsLinkQueue) {
     while (sent < kCount && send_str(a_, 0x110, 1, payload) == errc::ok) ++sent;
     return root_->n->counters().held_for_child == kCount;
   }));
-  node_config bc = hop_config();
+  node_config bc = tree_config();
   bc.parent_urls = {root_->n->listen_urls().at(0)};
   bus_node* b = make(0x110, bc, false);
   b->keep_bytes = false;
   ASSERT_EQ(b->n->start(), errc::ok);
   ASSERT_TRUE(wait([&] {
-    return b->got_count == kCount ||
-           root_->n->counters().forward_dropped + drops_.front().size() != 0;
+    return b->got_count == kCount || root_->n->counters().forward_dropped + a_drops().size() != 0;
   })) << "B got "
       << b->got_count;
   EXPECT_EQ(b->got_count, kCount);
   EXPECT_EQ(root_->n->counters().forward_dropped, 0u);
-  EXPECT_TRUE(drops_.front().empty());
+  EXPECT_TRUE(a_drops().empty());
   EXPECT_EQ(root_->n->counters().pending_now, 0u);
 }
 
@@ -308,22 +287,18 @@ TEST_F(NodeCombo, ShmFallbackInsideSendDataDoesNotLogFromInsideTheCall) {
 // (each refusal logs): stop() gives the rest of that overflow back to its sources, and the walk
 // that logged must not go on over what stop() took away.
 TEST_F(NodeCombo, StopFromOnLogWhileAStalledHopsOverflowIsRefused) {
-  node_config rc = hop_config();
-  rc.subnets = {{0x100, 8}};
+  node_config rc = tree_config();
   rc.heartbeat_timeout_ms = 1500;
   rc.link_queue_bytes = size_t{256} << 10;
   rc.forward_overflow_bytes = size_t{512} << 10;
-  root_ = make(0x100, rc, true, [&](node_callbacks* cb) {
+  node_config ac = tree_config();
+  ac.link_queue_bytes = size_t{256} << 10;
+  relay_fixture::make_root_and_sender(rc, ac, [&](node_callbacks* cb) {
     cb->on_log = [&](log_level lv, const std::string& m) {
       root_->logs.emplace_back(lv, m);
       if (m.find("dropping forward message") != std::string::npos) root_->n->stop();
     };
   });
-  node_config ac = hop_config();
-  ac.parent_urls = {root_->n->listen_urls().at(0)};
-  ac.link_queue_bytes = size_t{256} << 10;
-  a_ = make_recording(0x101, ac);
-  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
   test::raw_child y(0x102, 0x100);
   y.compress = false;
   y.start(&loop_, root_->n->listen_urls().at(0));
@@ -345,9 +320,9 @@ TEST_F(NodeCombo, StopFromOnLogWhileAStalledHopsOverflowIsRefused) {
   const uint64_t dropped = root_->n->counters().forward_dropped;
   EXPECT_GT(dropped, 1u);
   // Every one told, the one whose log line stopped the node included (told before the line).
-  ASSERT_TRUE(wait([&] { return drops_.front().size() >= dropped; }, 20s))
-      << "root dropped " << dropped << ", A was told of " << drops_.front().size();
-  EXPECT_EQ(drops_.front().size(), dropped);
+  ASSERT_TRUE(wait([&] { return a_drops().size() >= dropped; }, 20s))
+      << "root dropped " << dropped << ", A was told of " << a_drops().size();
+  EXPECT_EQ(a_drops().size(), dropped);
   y.ch->close();
   ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
 }
@@ -413,25 +388,19 @@ TEST_F(NodeCombo, LargeMessagesOverTlsAndCompressionSurviveATargetDyingMidStream
 // refusal logs): stop() takes what is still held, and the walk that logged must not go on over
 // the queues it freed.
 TEST_F(NodeCombo, StopFromOnLogWhileHeldMessagesExpire) {
-  node_config rc = hop_config();
-  rc.subnets = {{0x100, 8}};
+  node_config rc = tree_config();
   rc.child_grace_ms = 5000;  // from the root's start: A registers and sends well inside it
-  root_ = make(0x100, rc, true, [&](node_callbacks* cb) {
+  relay_fixture::make_root_and_sender(rc, tree_config(), [&](node_callbacks* cb) {
     cb->on_log = [&](log_level lv, const std::string& m) {
       root_->logs.emplace_back(lv, m);
       if (m.find("held for children refused") != std::string::npos) root_->n->stop();
     };
   });
-  node_config ac = hop_config();
-  ac.parent_urls = {root_->n->listen_urls().at(0)};
-  a_ = make_recording(0x101, ac);
-  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
   for (int i = 0; i < 3; ++i) ASSERT_EQ(send_str(a_, 0x110 + i % 2, 1, "held"), errc::ok);
   ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child == 3; }));
   ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
   EXPECT_EQ(root_->n->counters().forward_dropped, 3u);
-  ASSERT_TRUE(wait([&] { return drops_.front().size() == 3; }))
-      << "A was told of " << drops_.front().size();
+  ASSERT_TRUE(wait([&] { return a_drops().size() == 3; })) << "A was told of " << a_drops().size();
 }
 
 }  // namespace

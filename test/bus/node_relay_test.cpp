@@ -11,6 +11,7 @@
 
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
+#include "bus/relay_harness.h"
 
 namespace uvbus {
 namespace {
@@ -19,44 +20,17 @@ using namespace std::chrono_literals;
 using test::bus_node;
 using test::send_str;
 
+using test::dropped_event;
+using test::hop_config;
+
 // These tests are about next-hop delivery (the drop notices tell a source whose report was
 // already ok); end-to-end delivery turns the same refusals into reports (node_flow_test.cpp).
-node_config hop_config() {
-  node_config c = test::fast_config();
-  c.delivery = delivery_mode::next_hop;
-  return c;
-}
-
-struct dropped_event {
-  bus_id target;
-  uint64_t id;
-  errc why;
-};
-
-class NodeRelayTest : public test::bus_fixture {
+class NodeRelayTest : public test::relay_fixture {
  protected:
-  // A node whose on_dropped events land in drops_[t].
-  bus_node* make_recording(bus_id id, node_config cfg) {
-    auto& list = drops_.emplace_back();
-    return make(id, std::move(cfg), true, [&list](node_callbacks* cb) {
-      cb->on_dropped = [&list](bus_id t, uint64_t m, errc e) { list.push_back({t, m, e}); };
-    });
-  }
-  // Root 0x100 owning 0x100/8, and child A 0x101 that sends everything through it.
+  // Root and child A (relay_fixture), both with next-hop delivery unless child_cfg says otherwise.
   void make_root_and_sender(node_config child_cfg = hop_config()) {
-    node_config rc = hop_config();
-    rc.subnets = {{0x100, 8}};
-    root_ = make(0x100, rc);
-    child_cfg.parent_urls = {root_->n->listen_urls().at(0)};
-    child_cfg.sibling_direct = false;
-    a_ = make_recording(0x101, child_cfg);
-    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+    relay_fixture::make_root_and_sender(hop_config(), std::move(child_cfg));
   }
-  std::vector<dropped_event>& a_drops() { return drops_.front(); }
-
-  std::deque<std::vector<dropped_event>> drops_;
-  bus_node* root_ = nullptr;
-  bus_node* a_ = nullptr;
 };
 
 send_options rr() {
@@ -237,16 +211,12 @@ TEST_F(NodeRelayTest, OverflowForANextHopThatGoesIsDroppedWithNotices) {
 // upstream link for heartbeat timeout and keep the stalled hop for ever.)
 TEST_F(NodeRelayTest, StalledNextHopIsClosedAndTheUpstreamLinkSurvives) {
   node_config rc = hop_config();
-  rc.subnets = {{0x100, 8}};
   rc.heartbeat_timeout_ms = 1500;
   rc.link_queue_bytes = size_t{256} << 10;
   rc.forward_overflow_bytes = size_t{512} << 10;
-  root_ = make(0x100, rc);
   node_config ac = hop_config();
-  ac.parent_urls = {root_->n->listen_urls().at(0)};
   ac.link_queue_bytes = size_t{256} << 10;
-  a_ = make_recording(0x101, ac);
-  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  relay_fixture::make_root_and_sender(rc, ac);
   test::raw_child y(0x102, 0x100);
   y.compress = false;  // what it is sent must fill the socket, not shrink to nothing
   y.start(&loop_, root_->n->listen_urls().at(0));
@@ -293,15 +263,9 @@ TEST_F(NodeRelayTest, StalledNextHopIsClosedAndTheUpstreamLinkSurvives) {
 // refused at once with unknown_route, as if no grace applied. A release makes room again.
 TEST_F(NodeRelayTest, GraceHoldIsBoundedAcrossChildIds) {
   node_config rc = hop_config();
-  rc.subnets = {{0x100, 8}};
   rc.child_grace_ms = 60000;  // the whole test runs inside the window
   rc.pending_max_messages = 8;
-  root_ = make(0x100, rc);
-  node_config ac = hop_config();
-  ac.parent_urls = {root_->n->listen_urls().at(0)};
-  ac.sibling_direct = false;
-  a_ = make_recording(0x101, ac);
-  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  relay_fixture::make_root_and_sender(rc, hop_config());
   constexpr uint64_t kIds = 40;
   for (uint64_t i = 0; i < kIds; ++i) ASSERT_EQ(send_str(a_, 0x110 + i, 1, "held?"), errc::ok);
   ASSERT_TRUE(wait([&] { return root_->n->counters().held_for_child + a_drops().size() == kIds; }));
