@@ -47,27 +47,47 @@ struct black_hole {
   black_hole& operator=(const black_hole&) = delete;
 };
 
-class StreamDial : public stream_fixture {};
+class StreamDial : public stream_fixture {
+ protected:
+  // A listening channel's port (what it accepts lands in srv_).
+  uint16_t listener() {
+    stream_channel* s = make_channel(&srv_);
+    listener_id l;
+    EXPECT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    return s->listener_port(l);
+  }
+  // Starts a dns:// dial from a channel of connect_timeout_ms `timeout_ms` (c_) whose resolver
+  // answers `addrs`; the dial's id.
+  connection_id start_dial(std::vector<sockaddr_storage> addrs, uint32_t timeout_ms) {
+    stream_config cfg;
+    cfg.connect_timeout_ms = timeout_ms;
+    c_ = make_channel(&cli_, cfg);
+    detail::stream_access::set_dns_answer(*c_, std::move(addrs));
+    connection_id conn;
+    EXPECT_EQ(c_->connect("dns://localhost:1", &conn), errc::ok);
+    return conn;
+  }
+  // How the dial `conn` ended (run until it did).
+  errc ended(connection_id conn) {
+    EXPECT_TRUE(run([&] { return cli_.connected.count(conn.value) != 0; }));
+    return cli_.connected.count(conn.value) != 0 ? cli_.connected[conn.value] : errc::ok;
+  }
+
+  recorder srv_, cli_;
+  stream_channel* c_ = nullptr;
+};
 
 // Two addresses, the first a black hole: the dial reaches the second within connect_timeout_ms
 // (the first got its share of the timeout, not all of it).
 TEST_F(StreamDial, ABlackHoledFirstAddressLeavesTimeForTheNext) {
   black_hole bh;
   ASSERT_GE(bh.filler, 0);
-  recorder srv, cli;
-  stream_channel* s = make_channel(&srv);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  stream_config cfg;
-  cfg.connect_timeout_ms = 1000;
-  stream_channel* c = make_channel(&cli, cfg);
-  detail::stream_access::set_dns_answer(*c, {loopback(bh.port), loopback(s->listener_port(l))});
-  connection_id conn;
-  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
-  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
-  ASSERT_EQ(cli.connected[conn.value], errc::ok) << to_string(cli.connected[conn.value]);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1; }));
-  EXPECT_EQ(c->metrics().connect_failed, 0u);
+  const uint16_t port = listener();
+  const connection_id conn = start_dial({loopback(bh.port), loopback(port)}, 1000);
+  const errc e = ended(conn);
+  ASSERT_EQ(e, errc::ok) << to_string(e);
+  ASSERT_TRUE(run([&] { return srv_.accepted.size() == 1; }));
+  EXPECT_EQ(c_->metrics().connect_failed, 0u);
 }
 
 // Three addresses, two black holes first: each gets its share of what is left, the third connects.
@@ -75,19 +95,11 @@ TEST_F(StreamDial, EveryAddressGetsItsShare) {
   black_hole bh1, bh2;
   ASSERT_GE(bh1.filler, 0);
   ASSERT_GE(bh2.filler, 0);
-  recorder srv, cli;
-  stream_channel* s = make_channel(&srv);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  stream_config cfg;
-  cfg.connect_timeout_ms = 1500;
-  stream_channel* c = make_channel(&cli, cfg);
-  detail::stream_access::set_dns_answer(
-      *c, {loopback(bh1.port), loopback(bh2.port), loopback(s->listener_port(l))});
-  connection_id conn;
-  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
-  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
-  EXPECT_EQ(cli.connected[conn.value], errc::ok) << to_string(cli.connected[conn.value]);
+  const uint16_t port = listener();
+  const connection_id conn =
+      start_dial({loopback(bh1.port), loopback(bh2.port), loopback(port)}, 1500);
+  const errc e = ended(conn);
+  EXPECT_EQ(e, errc::ok) << to_string(e);
 }
 
 // Every address a black hole: one timeout, reported once, and the dial ends (not one
@@ -96,17 +108,10 @@ TEST_F(StreamDial, AllBlackHolesEndWithOneTimeout) {
   black_hole bh1, bh2;
   ASSERT_GE(bh1.filler, 0);
   ASSERT_GE(bh2.filler, 0);
-  recorder cli;
-  stream_config cfg;
-  cfg.connect_timeout_ms = 400;
-  stream_channel* c = make_channel(&cli, cfg);
-  detail::stream_access::set_dns_answer(*c, {loopback(bh1.port), loopback(bh2.port)});
-  connection_id conn;
-  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
-  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
-  EXPECT_EQ(cli.connected[conn.value], errc::timeout);
-  EXPECT_EQ(c->metrics().connect_failed, 1u);
-  EXPECT_TRUE(cli.disconnected.empty());
+  const connection_id conn = start_dial({loopback(bh1.port), loopback(bh2.port)}, 400);
+  EXPECT_EQ(ended(conn), errc::timeout);
+  EXPECT_EQ(c_->metrics().connect_failed, 1u);
+  EXPECT_TRUE(cli_.disconnected.empty());
 }
 
 // A refused first address still falls through at once to the next (no share waited for).
@@ -116,16 +121,9 @@ TEST_F(StreamDial, ARefusedAddressFallsThroughAtOnce) {
   socklen_t len = sizeof(sockaddr_in);
   ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&ss), len), 0);
   ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&ss), &len), 0);
-  recorder srv, cli;
-  stream_channel* s = make_channel(&srv);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  stream_channel* c = make_channel(&cli);
-  detail::stream_access::set_dns_answer(*c, {ss, loopback(s->listener_port(l))});
-  connection_id conn;
-  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
-  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
-  EXPECT_EQ(cli.connected[conn.value], errc::ok);
+  const uint16_t port = listener();
+  const connection_id conn = start_dial({ss, loopback(port)}, stream_config{}.connect_timeout_ms);
+  EXPECT_EQ(ended(conn), errc::ok);
   ::close(probe);
 }
 
@@ -133,13 +131,7 @@ TEST_F(StreamDial, ARefusedAddressFallsThroughAtOnce) {
 TEST_F(StreamDial, CancelledWhileAnAttemptHangs) {
   black_hole bh;
   ASSERT_GE(bh.filler, 0);
-  recorder cli;
-  stream_config cfg;
-  cfg.connect_timeout_ms = 10000;
-  stream_channel* c = make_channel(&cli, cfg);
-  detail::stream_access::set_dns_answer(*c, {loopback(bh.port), loopback(bh.port)});
-  connection_id conn;
-  ASSERT_EQ(c->connect("dns://localhost:1", &conn), errc::ok);
+  const connection_id conn = start_dial({loopback(bh.port), loopback(bh.port)}, 10000);
   // Resolved and the first attempt started: a loop turn 50 ms on (a timer, not a sleep).
   int ticks = 0;
   uv_timer_t t;
@@ -151,9 +143,8 @@ TEST_F(StreamDial, CancelledWhileAnAttemptHangs) {
   uv_close(reinterpret_cast<uv_handle_t*>(&t),
            [](uv_handle_t* h) { ++*static_cast<int*>(h->data); });
   ASSERT_TRUE(run([&] { return ticks == 2; }));
-  ASSERT_EQ(c->disconnect(conn), errc::ok);
-  ASSERT_TRUE(run([&] { return cli.connected.count(conn.value) != 0; }));
-  EXPECT_EQ(cli.connected[conn.value], errc::cancelled);
+  ASSERT_EQ(c_->disconnect(conn), errc::ok);
+  EXPECT_EQ(ended(conn), errc::cancelled);
 }
 
 }  // namespace
