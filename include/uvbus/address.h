@@ -50,5 +50,9 @@ struct address {
 // unsupported_scheme (unknown scheme).
 // *out is only written on success.
 [[nodiscard]] errc parse_address(std::string_view url, address* out);
+// The same, and on an error *why (if not null) says what was wrong, naming the part ("missing
+// port", "port \"65536\" is not a number from 0 to 65535", "\"300.1.2.3\" is not an IPv4
+// address"); the URL itself is not repeated.
+[[nodiscard]] errc parse_address(std::string_view url, address* out, std::string* why);
 
 }  // namespace uvbus

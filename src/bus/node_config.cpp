@@ -19,28 +19,6 @@ std::string quoted(const std::string& s) {
   return "\"" + s + "\"";
 }
 
-// Why parse_address refused a URL, in words.
-std::string url_problem(const std::string& url, errc e) {
-  if (e == errc::unsupported_scheme) return "unknown scheme";
-  const size_t sep = url.find("://");
-  if (sep == std::string::npos) return "not a URL (missing \"://\")";
-  const std::string scheme = url.substr(0, sep);
-  const std::string rest = url.substr(sep + 3);
-  if (rest.empty()) return "empty host or path";
-  if (scheme == "unix" && rest.size() > kMaxUnixPathBytes) {
-    return "the path is longer than " + std::to_string(kMaxUnixPathBytes) + " bytes";
-  }
-  if (scheme == "ipv4" || scheme == "dns" || scheme == "ipv6") {
-    const size_t colon = rest.rfind(':');
-    const size_t bracket = rest.rfind(']');
-    if (colon == std::string::npos || (bracket != std::string::npos && colon < bracket)) {
-      return "missing port (use :0 for a port the system picks)";
-    }
-    return "bad host or port";
-  }
-  return "malformed";
-}
-
 // A URL of `field` (the field name with its index) that must parse; *out gets it.
 errc check_url(const std::string& field, const std::string& url, address* out,
                std::string* detail) {
@@ -49,9 +27,9 @@ errc check_url(const std::string& field, const std::string& url, address* out,
                   field + " " + quoted(url) + ": longer than " +
                       std::to_string(proto::kMaxUrlBytes) + " bytes");
   }
-  const errc e = parse_address(url, out);
-  if (e != errc::ok) {
-    return refuse(detail, e, field + " " + quoted(url) + ": " + url_problem(url, e));
+  std::string why;
+  if (const errc e = parse_address(url, out, &why); e != errc::ok) {
+    return refuse(detail, e, field + " " + quoted(url) + ": " + why);
   }
   return errc::ok;
 }

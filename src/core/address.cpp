@@ -5,6 +5,8 @@
 #include <sys/un.h>
 
 #include <cstdio>
+#include <string>
+#include <utility>
 
 namespace uvbus {
 
@@ -82,14 +84,98 @@ const char* to_string(scheme s) noexcept {
   return "?";
 }
 
+namespace {
+
+// *why = text (when asked for); returns e.
+errc refuse(std::string* why, errc e, std::string text) {
+  if (why != nullptr) *why = std::move(text);
+  return e;
+}
+
+std::string quoted(std::string_view s) {
+  return "\"" + std::string(s) + "\"";
+}
+
+// A shm:// or mem:// name (leading slashes dropped), or a SysV key for a numeric shm:// name.
+errc parse_name(std::string_view rest, address* a, std::string* why) {
+  while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
+  if (rest.empty()) return refuse(why, errc::bad_url, "no name");
+  if (rest.find('/') != std::string_view::npos) {
+    return refuse(why, errc::bad_url, quoted(rest) + ": a name holds no '/'");
+  }
+  if (rest.size() > 200) return refuse(why, errc::bad_url, "the name is longer than 200 bytes");
+  const bool hex = rest.size() >= 2 && rest[0] == '0' && (rest[1] == 'x' || rest[1] == 'X');
+  if (a->kind == scheme::shm && (hex || is_all_digits(rest))) {
+    if (!parse_key(rest, &a->shm_key)) {
+      return refuse(why, errc::bad_url,
+                    quoted(rest) + " is not a SysV key from 1 to 0xffffffff (4294967295)");
+    }
+    a->shm_numeric = true;
+  } else {
+    a->host = std::string(rest);
+  }
+  return errc::ok;
+}
+
+// host:port or [IPv6 literal]:port of an ipv4, ipv6 or dns URL.
+errc parse_host_port(std::string_view rest, address* a, std::string* why) {
+  std::string_view host;
+  std::string_view port;
+  if (!rest.empty() && rest.front() == '[') {
+    const size_t close = rest.find(']');
+    if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return refuse(why, errc::bad_url, quoted(rest) + " is not [IPv6 address]:port");
+    }
+    host = rest.substr(1, close - 1);
+    port = rest.substr(close + 2);
+  } else {
+    const size_t colon = rest.rfind(':');
+    if (colon == std::string_view::npos) return refuse(why, errc::bad_url, "missing port");
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  if (host.empty()) return refuse(why, errc::bad_url, "no host");
+  if (!parse_port(port, &a->port)) {
+    return refuse(why, errc::bad_url, "port " + quoted(port) + " is not a number from 0 to 65535");
+  }
+  // No literal, and no host name, contains brackets; allowing "[[x]" would yield a host
+  // whose canonical URL ("dns://[x:1") no longer parses.
+  if (host.find_first_of("[]") != std::string_view::npos) {
+    return refuse(why, errc::bad_url, quoted(host) + ": a host holds no brackets");
+  }
+  a->host = std::string(host);
+  unsigned char buf[16];
+  if (a->kind == scheme::ipv4 && inet_pton(AF_INET, a->host.c_str(), buf) != 1) {
+    return refuse(why, errc::bad_url, quoted(host) + " is not an IPv4 address");
+  }
+  if (a->kind == scheme::ipv6 && inet_pton(AF_INET6, a->host.c_str(), buf) != 1) {
+    return refuse(why, errc::bad_url,
+                  host.find('%') != std::string_view::npos
+                      ? quoted(host) + ": IPv6 scope ids (%zone) are not supported"
+                      : quoted(host) + " is not an IPv6 address");
+  }
+  return errc::ok;
+}
+
+}  // namespace
+
 errc parse_address(std::string_view url, address* out) {
+  return parse_address(url, out, nullptr);
+}
+
+errc parse_address(std::string_view url, address* out, std::string* why) {
   // A NUL would let inet_pton, getaddrinfo, shm_open or bind see a shorter name than the one
   // stored (e.g. "ipv4://127.0.0.1\0junk:80" would validate as 127.0.0.1 and keep the junk).
-  if (url.find('\0') != std::string_view::npos) return errc::bad_url;
+  if (url.find('\0') != std::string_view::npos) {
+    return refuse(why, errc::bad_url, "holds a NUL byte");
+  }
   const size_t sep = url.find("://");
-  if (sep == std::string_view::npos || sep == 0) return errc::bad_url;
+  if (sep == std::string_view::npos || sep == 0) {
+    return refuse(why, errc::bad_url,
+                  "no scheme: not a URL (missing \"://\"; ipv4, ipv6, dns, unix, shm or mem)");
+  }
   const std::string_view name = url.substr(0, sep);
-  std::string_view rest = url.substr(sep + 3);
+  const std::string_view rest = url.substr(sep + 3);
   address a;
   if (name == "ipv4") {
     a.kind = scheme::ipv4;
@@ -104,60 +190,23 @@ errc parse_address(std::string_view url, address* out) {
   } else if (name == "mem") {
     a.kind = scheme::mem;
   } else {
-    return errc::unsupported_scheme;
+    return refuse(why, errc::unsupported_scheme, "unknown scheme " + quoted(name));
   }
-
-  switch (a.kind) {
-    case scheme::unix_socket:
-      if (rest.empty() || rest.size() > kMaxUnixPathBytes) return errc::bad_url;
-      a.host = std::string(rest);
-      break;
-    case scheme::shm:
-    case scheme::mem: {
-      while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
-      if (rest.empty() || rest.find('/') != std::string_view::npos || rest.size() > 200) {
-        return errc::bad_url;
-      }
-      const bool hex = rest.size() >= 2 && rest[0] == '0' && (rest[1] == 'x' || rest[1] == 'X');
-      if (a.kind == scheme::shm && (hex || is_all_digits(rest))) {
-        if (!parse_key(rest, &a.shm_key)) return errc::bad_url;
-        a.shm_numeric = true;
-      } else {
-        a.host = std::string(rest);
-      }
-      break;
+  errc e = errc::ok;
+  if (a.kind == scheme::unix_socket) {
+    if (rest.empty()) return refuse(why, errc::bad_url, "no path");
+    if (rest.size() > kMaxUnixPathBytes) {
+      return refuse(why, errc::bad_url,
+                    "the path is longer than " + std::to_string(kMaxUnixPathBytes) +
+                        " bytes (a socket address holds no more)");
     }
-    default: {
-      std::string_view host;
-      std::string_view port;
-      if (!rest.empty() && rest.front() == '[') {
-        const size_t close = rest.find(']');
-        if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
-          return errc::bad_url;
-        }
-        host = rest.substr(1, close - 1);
-        port = rest.substr(close + 2);
-      } else {
-        const size_t colon = rest.rfind(':');
-        if (colon == std::string_view::npos) return errc::bad_url;
-        host = rest.substr(0, colon);
-        port = rest.substr(colon + 1);
-      }
-      if (host.empty() || !parse_port(port, &a.port)) return errc::bad_url;
-      // No literal, and no host name, contains brackets; allowing "[[x]" would yield a host
-      // whose canonical URL ("dns://[x:1") no longer parses.
-      if (host.find_first_of("[]") != std::string_view::npos) return errc::bad_url;
-      a.host = std::string(host);
-      unsigned char buf[16];
-      if (a.kind == scheme::ipv4 && inet_pton(AF_INET, a.host.c_str(), buf) != 1) {
-        return errc::bad_url;
-      }
-      if (a.kind == scheme::ipv6 && inet_pton(AF_INET6, a.host.c_str(), buf) != 1) {
-        return errc::bad_url;
-      }
-      break;
-    }
+    a.host = std::string(rest);
+  } else if (a.kind == scheme::shm || a.kind == scheme::mem) {
+    e = parse_name(rest, &a, why);
+  } else {
+    e = parse_host_port(rest, &a, why);
   }
+  if (e != errc::ok) return e;
   *out = std::move(a);
   return errc::ok;
 }

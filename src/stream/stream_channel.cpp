@@ -274,24 +274,8 @@ errc stream_channel::impl::check_url(std::string_view url, address* a) {
   const std::string u(url);
   if (closed) return fail(errc::closed, u + ": the channel is closed");
   if (cfg_error != errc::ok) return fail(cfg_error, "stream_config: " + cfg_detail);
-  const errc pe = parse_address(url, a);
-  if (pe != errc::ok) {
-    const size_t sep = url.find("://");
-    if (sep == std::string_view::npos) {
-      return fail(pe, u + ": no scheme (expected ipv4://, ipv6://, dns:// or unix://)");
-    }
-    const std::string_view rest = url.substr(sep + 3);
-    const bool tcp = url.substr(0, sep) != "unix";
-    if (tcp && !rest.empty() && rest.back() != ']' && rest.find(':') == std::string_view::npos) {
-      return fail(pe, u + ": missing port");
-    }
-    if (!tcp && rest.size() > kMaxUnixPathBytes) {
-      return fail(pe, u + ": the path is longer than " + std::to_string(kMaxUnixPathBytes) +
-                          " bytes (a socket address holds no more)");
-    }
-    const std::string why = tcp ? detail::tcp_url_problem(url.substr(0, sep), rest) : std::string();
-    return fail(pe, u + ": " + (why.empty() ? std::string(to_string(pe)) : why));
-  }
+  std::string why;
+  if (const errc pe = parse_address(url, a, &why); pe != errc::ok) return fail(pe, u + ": " + why);
   if (!a->is_stream()) {
     return fail(errc::unsupported_scheme, u + ": not a stream scheme (ipv4, ipv6, dns or unix)");
   }

@@ -16,41 +16,6 @@ namespace uvbus {
 
 namespace detail {
 
-// Why the host:port part of a tcp URL did not parse (the rules of parse_address), naming the part;
-// empty when it cannot tell.
-std::string tcp_url_problem(std::string_view scheme, std::string_view rest) {
-  std::string_view host;
-  std::string_view port;
-  if (!rest.empty() && rest.front() == '[') {
-    const size_t close = rest.find(']');
-    if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
-      return "\"" + std::string(rest) + "\" is not [IPv6 address]:port";
-    }
-    host = rest.substr(1, close - 1);
-    port = rest.substr(close + 2);
-  } else {
-    const size_t colon = rest.rfind(':');
-    host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-  }
-  unsigned long p = 0;
-  bool digits = !port.empty() && port.size() <= 5;
-  for (const char ch : port) {
-    digits = digits && ch >= '0' && ch <= '9';
-    if (digits) p = p * 10 + static_cast<unsigned long>(ch - '0');
-  }
-  if (!digits || p > 65535) {
-    return "port \"" + std::string(port) + "\" is not a number from 0 to 65535";
-  }
-  const std::string h = "\"" + std::string(host) + "\"";
-  if (host.empty()) return "no host";
-  if (scheme == "ipv4") return h + " is not an IPv4 address";
-  if (scheme != "ipv6") return {};
-  if (host.find('%') != std::string_view::npos)
-    return h + ": IPv6 scope ids (%zone) are not supported";
-  return h + " is not an IPv6 address";
-}
-
 void stream_access::set_dns_answer(stream_channel& ch, std::vector<sockaddr_storage> addrs) {
   ch.impl_->test_dns_answer = std::move(addrs);
 }

@@ -226,9 +226,6 @@ inline constexpr size_t kSealBatch = 16;
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
 errc from_uv(int status) noexcept;
-// Why the host:port part (rest) of a tcp URL of scheme did not parse, naming the part ("port
-// \"65536\" is not a number from 0 to 65535"); empty when it cannot tell. (stream_dial.cpp)
-std::string tcp_url_problem(std::string_view scheme, std::string_view rest);
 // A literal address (ipv4/ipv6) into a sockaddr.
 errc literal_sockaddr(const address& a, sockaddr_storage* out);
 // Adds a connection's totals (and with_queue: its current queue figures) to `to`.

@@ -72,6 +72,36 @@ TEST(Address, RejectsMalformedUrls) {
   EXPECT_EQ(parse_address("http://x:1", &a), errc::unsupported_scheme);
 }
 
+// Each refusal says what was wrong, naming the part.
+TEST(Address, SaysWhatWasWrong) {
+  const struct {
+    const char* url;
+    const char* why;
+  } cases[] = {
+      {"nonsense", "no scheme: not a URL (missing \"://\"; ipv4, ipv6, dns, unix, shm or mem)"},
+      {"tcp://x:1", "unknown scheme \"tcp\""},
+      {"ipv4://127.0.0.1", "missing port"},
+      {"ipv4://:80", "no host"},
+      {"ipv4://127.0.0.1:65536", "port \"65536\" is not a number from 0 to 65535"},
+      {"ipv4://300.1.1.1:80", "\"300.1.1.1\" is not an IPv4 address"},
+      {"ipv6://[::1:80", "\"[::1:80\" is not [IPv6 address]:port"},
+      {"ipv6://[fe80::1%lo]:80", "\"fe80::1%lo\": IPv6 scope ids (%zone) are not supported"},
+      {"unix://", "no path"},
+      {"shm://a/b", "\"a/b\": a name holds no '/'"},
+      {"shm://0", "\"0\" is not a SysV key from 1 to 0xffffffff (4294967295)"},
+  };
+  for (const auto& c : cases) {
+    address a;
+    std::string why;
+    EXPECT_NE(parse_address(c.url, &a, &why), errc::ok) << c.url;
+    EXPECT_EQ(why, c.why) << c.url;
+  }
+  address a;
+  std::string why = "untouched";
+  EXPECT_EQ(parse_address("ipv4://127.0.0.1:0", &a, &why), errc::ok);
+  EXPECT_EQ(why, "untouched");
+}
+
 // A socket address holds 107 bytes of path: a longer one would be cut by connect() (libuv's
 // uv_pipe_connect) and reach another socket.
 TEST(Address, UnixPathsLimitedToWhatASocketAddressHolds) {
