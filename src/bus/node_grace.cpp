@@ -5,7 +5,6 @@
 // pending_max_bytes (held_count, held_bytes): beyond that a message is refused as if no grace
 // applied, however many distinct ids the messages name. A relay that stops tells the sources of
 // what it still holds, here or in a next hop's overflow (drop_relayed_for_stop).
-#include <algorithm>
 
 #include "bus/node_impl.h"
 
@@ -24,22 +23,6 @@ void tell_source(node::impl& n, const std::vector<uint8_t>& m, proto::reason why
   } else {
     ++n.counters.forward_dropped;
   }
-}
-
-// A held message released to its child waits in the child's overflow, as a relayed one does, but
-// pauses no reader: it came from `held`, not from a link or the ring (overflow_push() would have
-// stopped the ring's reader until the child's overflow drained).
-bool keep_in_overflow(node::impl& n, detail::peer_ep* child, std::vector<uint8_t>* m) {
-  if (child->overflow_bytes + m->size() > n.cfg.forward_overflow_bytes) return false;
-  if (child->overflow.empty()) child->overflow_moved_ms = n.now_ms();
-  child->overflow_bytes += m->size();
-  child->overflow.push_back(std::move(*m));
-  auto& waiting = n.shm_overflow;
-  if (child->shm && std::find(waiting.begin(), waiting.end(), child) == waiting.end()) {
-    waiting.push_back(child);
-    n.arm_idle();
-  }
-  return true;
 }
 
 }  // namespace
@@ -100,7 +83,7 @@ void node::impl::release_held(peer_ep* child) {
       ++counters.forwarded;
       continue;
     }
-    if (e == errc::queue_full && keep_in_overflow(*this, child, &m.bytes)) continue;
+    if (e == errc::queue_full && overflow_keep(child, &m.bytes)) continue;
     tell_source(*this, m.bytes, proto::reason_from_errc(e));
     ++refused;
     why = e;

@@ -486,14 +486,14 @@ struct node::impl {
   // and tell its source: an ack with the reason for require_response, else a drop notice (v2+).
   void relay_drop(const proto::header& hd, proto::reason why, bool log_line = true);
   void send_drop_notice(const proto::header& hd, proto::reason why);
-  // The drop log's "N more" summary when its window has passed.
-  void drop_log_flush(uint64_t now);
+  void drop_log_flush(uint64_t now);  // the drop log's "N more" line once its window passed
   // A drop notice (or a late negative ack) for one of our messages.
   void on_drop_notice(uint64_t message_id, bus_id target, errc why);
   // The negotiated protocol version of a peer's link (0 if it has none).
   static uint8_t version_of(const peer_ep* p);
-  // False when the overflow is full (the message is not taken).
+  // False when the overflow is full (not taken). push: pauses `from` (or the ring); keep: no one.
   bool overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size);
+  bool overflow_keep(peer_ep* p, std::vector<uint8_t>* m);
   void drain_overflow(peer_ep* p);
   void resume_paused(peer_ep* p);
   void close_stalled_hop(link* lk, uint64_t now);  // node_delivery.cpp

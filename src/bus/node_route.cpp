@@ -416,14 +416,24 @@ void node::impl::on_drop_notice(uint64_t message_id, bus_id target, errc why) {
   fire(cbs.on_dropped, target, message_id, why);
 }
 
+bool node::impl::overflow_keep(peer_ep* p, std::vector<uint8_t>* m) {
+  if (p->overflow_bytes + m->size() > cfg.forward_overflow_bytes) return false;
+  if (p->overflow.empty()) p->overflow_moved_ms = now_ms();
+  p->overflow_bytes += m->size();
+  p->overflow.push_back(std::move(*m));
+  if (p->shm && std::find(shm_overflow.begin(), shm_overflow.end(), p) == shm_overflow.end()) {
+    shm_overflow.push_back(p);
+    arm_idle();
+  }
+  return true;
+}
+
 bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size) {
   if (p->overflow_bytes + size > cfg.forward_overflow_bytes) return false;
   std::vector<uint8_t> m(size);
   std::memcpy(m.data(), bufs[0].data, bufs[0].size);
   std::memcpy(m.data() + bufs[0].size, bufs[1].data, bufs[1].size);
-  if (p->overflow.empty()) p->overflow_moved_ms = now_ms();
-  p->overflow_bytes += size;
-  p->overflow.push_back(std::move(m));
+  (void)overflow_keep(p, &m);
   // Back-pressure: stop reading the link (or the ring) that feeds this hop until it drains.
   if (from != nullptr) {
     if (!from->paused && streams->pause_reading(from->conn) == errc::ok) {
@@ -434,10 +444,6 @@ bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs,
     reader->stop();
     shm_paused = true;
     p->shm_reader_paused = true;
-  }
-  if (p->shm && std::find(shm_overflow.begin(), shm_overflow.end(), p) == shm_overflow.end()) {
-    shm_overflow.push_back(p);
-    arm_idle();
   }
   return true;
 }
