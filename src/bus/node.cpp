@@ -48,6 +48,16 @@ void node::impl::log(log_level lv, const char* fmt, ...) {
   fire(cbs.on_log, lv, std::string(buf));
 }
 
+void node::impl::log_later(log_level lv, const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  deferred_logs.emplace_back(lv, buf);
+  arm_idle();
+}
+
 void node::impl::error(errc e, const std::string& what) {
   log(log_level::warn, "%s: %s", what.c_str(), to_string(e));
   fire(cbs.on_error, e, what);

@@ -107,11 +107,8 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
     // from the loop: this may run inside send_data(), where no callback may fire (an on_log that
     // sent to this peer came back here, the ring still set, for ever).
     p->shm.reset();
-    char line[96];
-    std::snprintf(line, sizeof line,
-                  "peer 0x%" PRIx64 ": shared memory reader gone, using the stream", p->id);
-    deferred_logs.emplace_back(log_level::info, line);
-    arm_idle();
+    log_later(log_level::info, "peer 0x%" PRIx64 ": shared memory reader gone, using the stream",
+              p->id);
   }
   if (p->lk == nullptr || p->lk->state != link_state::registered) return errc::not_connected;
   // Without on_report there is nothing to pair the channel's reports with.

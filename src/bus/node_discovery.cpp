@@ -3,8 +3,6 @@
 // (kept apart from the tree's flooding), dials the nodes no tree of ours knows directly, revokes
 // on stop(), and optionally picks the parent by a rule (discovery_parent_type / _labels) when
 // parent_urls is empty, choosing again when the chosen parent leaves etcd or a lower id appears.
-#include <cstdio>
-
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -159,11 +157,8 @@ detail::sibling_entry* node::impl::disc_sibling(bus_id target) {
   if (fresh || (s.state == sib_state::via_parent && now_ms() >= s.until_ms)) {
     s.state = sib_state::connecting;
     // Logged from the loop: this runs inside send_data().
-    char line[96];
-    std::snprintf(line, sizeof line, "discovery: 0x%" PRIx64 " is in no tree of ours: direct link",
-                  target);
-    deferred_logs.emplace_back(log_level::info, line);
-    arm_idle();
+    log_later(log_level::info, "discovery: 0x%" PRIx64 " is in no tree of ours: direct link",
+              target);
     dial_sibling(target, sibling_url(d->second.e.listen, d->second.e.host_id));
   }
   return &s;

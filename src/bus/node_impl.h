@@ -269,20 +269,20 @@ struct node::impl {
       next_cbs.reset();
     }
   }
-  // Records a failed call's error for node::last_error() and returns its code.
-  errc fail(errc e, std::string detail);
+  errc fail(errc e, std::string detail);  // for node::last_error(); returns e
   // The same for a refused send_data / send_datav / send_command (detail only for caller errors).
   errc send_failed(errc e, bus_id target, size_t size);
   uint64_t now_ms() const { return uv_now(loop); }
   void log(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+  // log() from the loop: for a line inside a member function, where no callback may fire.
+  void log_later(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
   void error(errc e, const std::string& what);
   void arm_idle();
   void defer_report(uint64_t tag, bus_id target, errc status, bool e2e);
   // Reports a message's channel-level fate: with require_response the channel outcome only
   // matters when it is a failure (success waits for the acknowledgement).
   void channel_outcome(uint64_t tag, bus_id target, errc status);
-  // False for a require_response message whose report was already given (withdraw it).
-  bool still_owed(uint64_t tag) const;
+  bool still_owed(uint64_t tag) const;  // false: a require_response report already given
   endpoint_info info_of(const peer_ep& p) const;
   proto::node_info my_info() const;
   proto::header make_header(msg_type t, bus_id target, uint64_t seq) const;

@@ -505,12 +505,9 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
       } else {
         // From the loop: this runs in the middle of the registration (a callback destroying or
         // stopping the node here left it half registered, releasing what was held for it).
-        char line[384];
-        std::snprintf(line, sizeof line,
-                      "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
-                      u.c_str(), to_string(e));
-        deferred_logs.emplace_back(log_level::info, line);
-        arm_idle();
+        log_later(log_level::info,
+                  "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
+                  u.c_str(), to_string(e));
       }
       break;
     }

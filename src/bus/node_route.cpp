@@ -47,11 +47,7 @@ void node::impl::sibling_via_parent(bus_id target, const char* why) {
   }
   // From the loop: this runs inside send_data() too (a dial that fails at once), where no
   // callback may fire (an on_log that sent to the target came back to this entry).
-  char line[160];
-  std::snprintf(line, sizeof line, "sibling 0x%" PRIx64 ": %s, routing through the parent", target,
-                why);
-  deferred_logs.emplace_back(log_level::info, line);
-  arm_idle();
+  log_later(log_level::info, "sibling 0x%" PRIx64 ": %s, routing through the parent", target, why);
 }
 
 void node::impl::on_lookup(bus_id target, errc st, const uint8_t* p, size_t n) {
