@@ -284,6 +284,13 @@ struct stream_callbacks {
   std::function<void(connection_id conn, uint64_t first, uint64_t last, errc reason)>
       on_send_failed;
 
+  // Only when set: each packet of that failed range, oldest first, just before on_send_failed.
+  // [data, data + size) is the packet's payload as it was sent, valid only until this callback
+  // returns (it is still in the connection's queue, so setting this costs nothing per packet).
+  // Lets a relay tell the sources of what it had accepted and will never forward. conn is ending:
+  // every call on it fails (closed); sends on other connections and close() are allowed.
+  std::function<void(connection_id conn, const uint8_t* data, size_t size)> on_unsent;
+
   // Back-pressure release: a send() on conn returned queue_full, and the queue has since drained to
   // at most half of its byte limit and half of its packet limit. Fires once per queue_full episode,
   // never if the connection ends first. Typical use: send until queue_full, resume here.

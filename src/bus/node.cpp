@@ -139,6 +139,7 @@ std::unique_ptr<stream_channel> node::impl::make_channel() {
   scb.on_send_failed = [this](connection_id c, uint64_t first, uint64_t last, errc reason) {
     s_send_failed(c, first, last, reason);
   };
+  scb.on_unsent = [this](connection_id c, const uint8_t* d, size_t n) { s_unsent(c, d, n); };
   scb.on_writable = [this](connection_id c) { s_writable(c); };
   scb.on_log = [this](log_level lv, const std::string& m) { log(lv, "stream: %s", m.c_str()); };
   return std::make_unique<stream_channel>(loop, link_stream_config(), std::move(scb));

@@ -405,8 +405,7 @@ struct node::impl {
   void registration_result(errc e, const std::string& detail);
 
   // ---------------------------------------------------------------------- stream callbacks --
-  // The last link found is kept: a read delivers its frames one after another. forget_link()
-  // before a link leaves links.
+  // Keeps the last link found (a read's frames come one after another); forget_link() first.
   link* link_of(connection_id c) const {
     if (c.value == last_link_id && last_link != nullptr) return last_link;
     auto it = links.find(c.value);
@@ -424,6 +423,7 @@ struct node::impl {
   // Cumulative stream reports: one pass over the link's FIFO of reported messages.
   void s_written(connection_id c, uint64_t written_through);
   void s_send_failed(connection_id c, uint64_t first, uint64_t last, errc reason);
+  void s_unsent(connection_id c, const uint8_t* data, size_t size);
   void s_writable(connection_id c);
   void s_received(connection_id c, const uint8_t* data, size_t size);
   void protocol_violation(link* lk, const char* what);

@@ -126,9 +126,31 @@ void node::impl::s_written(connection_id c, uint64_t written_through) {
   }
 }
 
+// A message the link's queue held when it died (before s_send_failed). One this node relayed had
+// been taken from its source as forwarded: the source is told now, as for any relay drop. The
+// node's own messages have their reports (s_send_failed) or their flows.
+void node::impl::s_unsent(connection_id c, const uint8_t* data, size_t size) {
+  link* lk = link_of(c);
+  proto::header hd;
+  if (lk == nullptr || dead || proto::parse_header(data, size, &hd) != errc::ok ||
+      hd.source == self || (hd.type != msg_type::data && hd.type != msg_type::forward)) {
+    return;
+  }
+  relay_drop(hd, proto::reason::not_connected, false);  // one line for all, in s_send_failed
+  ++lk->unsent_dropped;
+}
+
 void node::impl::s_send_failed(connection_id c, uint64_t /*first*/, uint64_t last, errc reason) {
   link* lk = link_of(c);
   if (lk == nullptr) return;
+  if (lk->unsent_dropped != 0) {
+    log_later(log_level::warn,
+              "%" PRIu64 " relayed messages queued for 0x%" PRIx64
+              " were never written (%s): "
+              "their sources were told",
+              lk->unsent_dropped, lk->peer != nullptr ? lk->peer->id : 0, to_string(reason));
+    lk->unsent_dropped = 0;
+  }
   // Every entry up to `last` is in the failed range: the ones before `first` were reported
   // written already.
   while (!lk->reports.empty() && lk->reports.front().seq <= last) {

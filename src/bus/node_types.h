@@ -172,6 +172,7 @@ struct link {
   errc close_reason = errc::ok;  // set when we close it for a reason of our own
   bool paused = false;    // not read for back-pressure: exempt from the heartbeat timeout meanwhile
   bool reported = false;  // parent link: on_registration already told about this attempt
+  uint64_t unsent_dropped = 0;  // relayed messages its dying queue held (s_unsent), to be logged
   // Messages awaiting their next-hop report, in stream sequence order: on_written(through) pops
   // every entry with seq <= through, on_send_failed(first, last) every entry with seq <= last.
   ring_fifo<in_flight> reports;

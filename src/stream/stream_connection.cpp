@@ -554,6 +554,18 @@ void stream_channel::impl::remove_dirty(conn_impl* c) {
   c->dirty = false;
 }
 
+// on_unsent for every packet still queued, oldest first: a block's tag is its payload size, the
+// payload ends the block. Sends on c fail meanwhile (it is closing or the channel closed), so the
+// queue does not change under the walk.
+void stream_channel::impl::hand_back_unsent(conn_impl* c) {
+  const detail::callback_scope scope(this);
+  const connection_id id = c->id;
+  c->queue->for_each_front(c->queue->size(), [&](const write_queue::block& b) {
+    const auto n = static_cast<size_t>(b.tag);
+    if (cb.on_unsent) cb.on_unsent(id, b.data + (b.size - n), n);
+  });
+}
+
 // Pending on_written, then every queued packet failed (one range), then the final callback. Runs
 // once per connection.
 void stream_channel::impl::report_final(conn_impl* c) {
@@ -569,6 +581,7 @@ void stream_channel::impl::report_final(conn_impl* c) {
       c->prepared = nullptr;
     }
     const uint64_t failed = q.size();
+    if (failed != 0 && cb.on_unsent) hand_back_unsent(c);
     while (!q.empty()) q.pop_front();
     sync_queue_metrics(c);
     if (failed != 0) {

@@ -385,6 +385,7 @@ struct stream_channel::impl {
   void remove_dirty(conn_impl* c);
   // Every queued packet failed, then the final callback. Runs once per connection.
   void report_final(conn_impl* c);
+  void hand_back_unsent(conn_impl* c);
   // on_log, rate limited per kind (kinds: the log_kind enum of stream_channel.cpp).
   void log_event(size_t kind, log_level lv, const std::string& text);
   // Logs why a connection ended if that is worth a line (a corrupt or stalled peer).

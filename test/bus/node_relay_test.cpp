@@ -2,6 +2,7 @@
 // require_response message), rate-limit their log lines, and keep talking to version-1 peers;
 // early messages to a sibling that has not registered yet wait for it instead of being lost.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <deque>
@@ -256,6 +257,49 @@ TEST_F(NodeRelayTest, StalledNextHopIsClosedAndTheUpstreamLinkSurvives) {
   EXPECT_TRUE(a_->n->up());
   y.ch->close();
   ASSERT_TRUE(wait([&] { return y.ch->closed(); }));
+}
+
+// Relayed messages still in a next hop's link queue when that link dies had been taken from their
+// source as forwarded: each source is told. Over a unix socket the kernel holds at most about
+// twice unix_send_buffer (1 MiB) of what the root wrote, so of A's 60 000-byte messages only the
+// few the kernel took may go untold (they count as written under next-hop delivery), never the
+// ~140 of the root's 8 MiB queue.
+TEST_F(NodeRelayTest, ADyingNextHopsQueuedMessagesAreToldToTheirSources) {
+  const std::string sock = "/tmp/uvbus-unsent-" + std::to_string(getpid()) + ".sock";
+  node_config rc = hop_config();
+  rc.listen = {"unix://" + sock};
+  rc.link_queue_bytes = size_t{8} << 20;
+  relay_fixture::make_root_and_sender(rc, hop_config());
+  test::raw_child y(0x102, 0x100);
+  y.compress = false;
+  y.start(&loop_, root_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return y.registered; }));
+  y.pause_reading();
+  const std::string payload(60000, 'q');
+  uint64_t sent = 0;
+  int refused = 0;  // A's link stays full once the root's overflow for Y holds messages
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 16; ++i) {
+      if (send_str(a_, 0x102, 1, payload) != errc::ok) return ++refused > 50;
+      ++sent;
+    }
+    refused = 0;
+    return false;
+  }));
+  ASSERT_GT(sent, 200u);
+  y.ch->close();
+  ASSERT_TRUE(wait([&] { return y.ch->closed() && !root_->removed.empty(); }));
+  // What A's link still held reaches the root (before A's next message to the root), which has
+  // no route for it any more: told too, once the grace for the lost child ends.
+  ASSERT_TRUE(wait([&] { return send_str(a_, 0x100, 2, "after") == errc::ok; }));
+  ASSERT_TRUE(wait([&] {
+    const node_counters c = root_->n->counters();
+    return root_->got.size() == 1 && c.pending_now == 0 && c.forward_dropped == a_drops().size();
+  }));
+  const uint64_t untold = sent - a_drops().size();
+  EXPECT_LE(untold, uint64_t{(2u << 20) / 60000 + 2}) << "sent " << sent;
+  EXPECT_TRUE(root_->logged("were never written"));
+  ::unlink(sock.c_str());
 }
 
 // The grace hold of a relay that just started is bounded in total, not only per child id: messages

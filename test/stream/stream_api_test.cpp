@@ -2,6 +2,8 @@
 // accepted packet exactly once, errors with detail, and the owner-thread check.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +12,12 @@
 
 namespace uvbus::test {
 namespace {
+
+std::string repeat(const std::string& s, int n) {
+  std::string r;
+  for (int i = 0; i < n; ++i) r += s;
+  return r;
+}
 
 class StreamApi : public stream_fixture {
  protected:
@@ -142,6 +150,97 @@ TEST_F(StreamApi, ReportsCoverEveryPacketOnceWhenThePeerResetsMidQueue) {
   EXPECT_EQ(cli.failed[0].last, accepted);
   EXPECT_EQ(cli.failed[0].reason, cli.disconnected[id]);
   EXPECT_GT(cli.failed[0].last - cli.failed[0].first + 1, 0u);
+}
+
+// on_unsent hands back every packet of the failed range, oldest first, byte for byte, before
+// on_send_failed names the range: small merged frames, large gathered ones, the one cut by a
+// partial write and in-place (prepare_send) ones alike.
+TEST_F(StreamApi, UnsentHandsBackEveryFailedPacketInOrder) {
+  recorder srv, cli;
+  stream_config cfg;
+  cfg.queue.ring_bytes = size_t{4} * 1024 * 1024;
+  cfg.queue.max_bytes = cfg.queue.ring_bytes;
+  stream_channel* s = make_channel(&srv);
+  std::vector<std::string> unsent;
+  size_t unsent_at_failure = 0;
+  stream_callbacks cbs = cli.callbacks();
+  cbs.on_unsent = [&](connection_id, const uint8_t* d, size_t n) {
+    EXPECT_TRUE(cli.failed.empty()) << "on_unsent after on_send_failed";
+    unsent.emplace_back(reinterpret_cast<const char*>(d), n);
+  };
+  auto failed = cbs.on_send_failed;
+  cbs.on_send_failed = [&](connection_id c, uint64_t first, uint64_t last, errc why) {
+    unsent_at_failure = unsent.size();
+    failed(c, first, last, why);
+  };
+  channels_.push_back(std::make_unique<stream_channel>(&loop_, cfg, std::move(cbs)));
+  stream_channel* c = channels_.back().get();
+  pair p = connect(s, &srv, c, &cli);
+  ASSERT_EQ(s->pause_reading(p.server), errc::ok);
+  std::vector<std::string> sent;
+  auto send_one = [&] {
+    const size_t i = sent.size();
+    std::string m(i % 5 == 0 ? 9000 + i % 77 : 1 + i % 200, static_cast<char>('a' + i % 26));
+    m.replace(0, std::min<size_t>(m.size(), 8), std::to_string(i).substr(0, 8));
+    errc e = errc::ok;
+    if (i % 3 == 0) {
+      uint8_t* d = c->prepare_send(p.client, m.size(), &e);
+      if (d == nullptr) return e;
+      std::copy(m.begin(), m.end(), d);
+      e = c->commit_send(p.client);
+    } else {
+      e = c->send(p.client, m.data(), m.size());
+    }
+    if (e == errc::ok) sent.push_back(m);
+    return e;
+  };
+  while (send_one() == errc::ok) {
+  }
+  ASSERT_TRUE(run([&] { return cm(c, p.client).write_calls > 2; }));
+  while (send_one() == errc::ok) {
+  }
+  ASSERT_EQ(s->disconnect(p.server, disconnect_mode::force), errc::ok);
+  const uint64_t id = p.client.value;
+  ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0; }));
+  ASSERT_EQ(cli.failed.size(), 1u);
+  const uint64_t first = cli.failed[0].first;
+  ASSERT_EQ(cli.failed[0].last, sent.size());
+  ASSERT_EQ(unsent.size(), sent.size() - first + 1);
+  EXPECT_EQ(unsent_at_failure, unsent.size());
+  for (size_t i = 0; i < unsent.size(); ++i) {
+    ASSERT_EQ(unsent[i], sent[first - 1 + i]) << "packet " << first + i;
+  }
+}
+
+// Inside on_unsent the ending connection takes nothing, another one does, and closing the channel
+// from there stops neither this walk nor the other connection's: every queued packet is handed
+// back once.
+TEST_F(StreamApi, UnsentMaySendElsewhereAndCloseTheChannel) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  std::map<uint64_t, std::string> unsent;
+  stream_channel* c = nullptr;
+  connection_id other;
+  stream_callbacks cbs = cli.callbacks();
+  cbs.on_unsent = [&](connection_id conn, const uint8_t* d, size_t n) {
+    EXPECT_EQ(c->send(conn, "xyz", 3), errc::closed);
+    if (unsent[conn.value].empty() && conn.value != other.value) {
+      for (int i = 0; i < 50; ++i) EXPECT_EQ(c->send(other, "def", 3), errc::ok);
+      c->close();
+      EXPECT_EQ(unsent[other.value], repeat("def", 50));
+    }
+    unsent[conn.value].append(reinterpret_cast<const char*>(d), n);
+  };
+  channels_.push_back(std::make_unique<stream_channel>(&loop_, stream_config{}, std::move(cbs)));
+  c = channels_.back().get();
+  pair p1 = connect(s, &srv, c, &cli);
+  other = connect(s, &srv, c, &cli).client;
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(c->send(p1.client, "abc", 3), errc::ok);
+  ASSERT_EQ(c->disconnect(p1.client, disconnect_mode::force), errc::ok);
+  ASSERT_TRUE(run([&] { return cli.disconnected.size() == 2; }));
+  EXPECT_EQ(unsent[p1.client.value], repeat("abc", 50));
+  cli.expect_exact(p1.client.value, 50);
+  cli.expect_exact(other.value, 50);
 }
 
 TEST_F(StreamApi, ReportsCoverEveryPacketOnceOnChannelClose) {
