@@ -39,7 +39,9 @@ std::string sockaddr_url(const sockaddr* sa) {
   } else if (sa->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
     uv_ip6_name(in6, ip, sizeof ip);
-    std::snprintf(buf, sizeof buf, "ipv6://[%s]:%u", ip, unsigned{ntohs(in6->sin6_port)});
+    char scope[16] = {};  // a link-local peer is only reachable through its interface
+    if (in6->sin6_scope_id != 0) std::snprintf(scope, sizeof scope, "%%%u", in6->sin6_scope_id);
+    std::snprintf(buf, sizeof buf, "ipv6://[%s%s]:%u", ip, scope, unsigned{ntohs(in6->sin6_port)});
   } else {
     return {};
   }
