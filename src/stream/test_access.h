@@ -1,6 +1,6 @@
 // Test-only access to a stream channel's internals: a TLS session put in the state OpenSSL leaves
-// it in after a fatal error, a reserve descriptor lost, a dns answer. Not installed; tests include
-// it from src/.
+// it in after a fatal error, a reserve descriptor lost, the accept failures counted, a dns answer.
+// Not installed; tests include it from src/.
 #pragma once
 
 #include <sys/socket.h>
