@@ -6,6 +6,9 @@
 //   dns://localhost:16389         a host name, resolved when connecting or listening
 //   unix:///tmp/x.sock            a unix socket path (absolute or relative), at most
 //                                 kMaxUnixPathBytes (107) bytes: what a socket address holds
+//   unix://@name                  a Linux abstract unix socket (no file; reachable from any
+//                                 process of the network namespace), name of 1 to 107 bytes;
+//                                 a file whose name starts with '@': unix://./@name
 //   shm://name  or  shm:///name   a POSIX shared-memory region (shm_open name "/name")
 //   shm://0x1234  or  shm://4660  a SysV shared-memory key (hex with 0x, or decimal)
 //   mem://name                    an in-process ring, for threads of one process
@@ -30,7 +33,7 @@ const char* to_string(scheme s) noexcept;
 
 struct address {
   scheme kind = scheme::ipv4;
-  // ipv4/ipv6: the literal (without brackets); dns: the host name; unix: the path;
+  // ipv4/ipv6: the literal (without brackets); dns: the host name; unix: the path, or "@name";
   // shm (named) and mem: the name without leading slashes. Empty for a numeric shm key.
   std::string host;
   uint16_t port = 0;         // ipv4, ipv6, dns
@@ -46,7 +49,8 @@ struct address {
 };
 
 // Parses url into *out. Errors: bad_url (malformed: missing "://", empty host or path, a unix path
-// over kMaxUnixPathBytes, bad or out-of-range port, invalid IP literal, bad shm key),
+// or abstract name over kMaxUnixPathBytes, bad or out-of-range port, invalid IP literal, bad shm
+// key),
 // unsupported_scheme (unknown scheme).
 // *out is only written on success.
 [[nodiscard]] errc parse_address(std::string_view url, address* out);

@@ -187,7 +187,8 @@ struct stream_channel_metrics {
   uint64_t connections_open = 0;       // connecting + connected right now
   uint64_t listeners_open = 0;
   // Accepted then closed at once, over a cap: max_connections, max_unregistered or
-  // max_unregistered_per_address (the last two also counted apart below).
+  // max_unregistered_per_address (the last two also counted apart below); or out of descriptors
+  // (waiting clients shed with the channel's reserve descriptor, docs/stream.md).
   uint64_t connections_rejected = 0;
   uint64_t rejected_unregistered = 0;  // ... because max_unregistered was reached
   uint64_t rejected_per_address = 0;   // ... because max_unregistered_per_address was reached
@@ -327,7 +328,11 @@ class stream_channel {
   // back with listener_url() or listener_port(). Unix: a stale socket file whose listener is dead
   // is replaced; a file with a live listener gives address_in_use; a path that exists but is not a
   // socket gives already_exists. The file gets stream_config::unix_socket_mode and is removed when
-  // the listener closes. Errors (last_error() names the URL and the problem): bad_url,
+  // the listener closes. unix://@name is a Linux abstract socket: no file, no mode (any process of
+  // the network namespace may connect), address_in_use while another listener has the name. The
+  // channel accepts by itself, at most 32 clients per loop turn; an accept that fails for want of
+  // descriptors sheds the waiting clients, or waits 100 ms (docs/stream.md, "The accept loop").
+  // Errors (last_error() names the URL and the problem): bad_url,
   // unsupported_scheme, invalid_argument, closed, address_in_use, permission_denied,
   // resolve_failed, already_exists, io_error.
   [[nodiscard]] errc listen(std::string_view url, listener_id* out = nullptr,
@@ -444,7 +449,9 @@ class stream_channel {
   // closed since.
   [[nodiscard]] listener_id listener(connection_id conn) const;
   // The URL given to connect(), or for accepted TCP connections the peer's address
-  // ("ipv4://1.2.3.4:5678"); for accepted unix connections the listener's URL.
+  // ("ipv4://1.2.3.4:5678"; a link-local IPv6 peer with its interface number as the scope id,
+  // "ipv6://[fe80::1%2]:5678", which listen()/connect() do not take); for accepted unix
+  // connections the listener's URL ("unix://@name" for an abstract socket).
   [[nodiscard]] std::string peer_url(connection_id conn) const;
   errc connection_metrics(connection_id conn, stream_connection_metrics* out) const;
 

@@ -195,7 +195,15 @@ errc parse_address(std::string_view url, address* out, std::string* why) {
   errc e = errc::ok;
   if (a.kind == scheme::unix_socket) {
     if (rest.empty()) return refuse(why, errc::bad_url, "no path");
-    if (rest.size() > kMaxUnixPathBytes) {
+    if (rest.front() == '@') {  // a Linux abstract socket: the name fills sun_path after a NUL
+      if (rest.size() == 1) return refuse(why, errc::bad_url, "no abstract socket name after '@'");
+      if (rest.size() - 1 > kMaxUnixPathBytes) {
+        return refuse(why, errc::bad_url,
+                      "the abstract socket name is longer than " +
+                          std::to_string(kMaxUnixPathBytes) +
+                          " bytes (a socket address holds no more)");
+      }
+    } else if (rest.size() > kMaxUnixPathBytes) {
       return refuse(why, errc::bad_url,
                     "the path is longer than " + std::to_string(kMaxUnixPathBytes) +
                         " bytes (a socket address holds no more)");

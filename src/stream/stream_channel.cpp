@@ -138,9 +138,8 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
         &sweep_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->sweep(); }, every, every);
   }
   uv_unref(reinterpret_cast<uv_handle_t*>(&sweep_timer));  // never keeps the loop alive by itself
-  uv_timer_init(loop, &reserve_timer);
-  reserve_timer.data = this;
-  uv_unref(reinterpret_cast<uv_handle_t*>(&reserve_timer));
+  uv_timer_init(loop, &accept_timer);  // active only while a listener waits to accept again
+  accept_timer.data = this;
   handles = 4;
 }
 
@@ -234,7 +233,7 @@ void stream_channel::impl::close_all(bool with_callbacks) {
   uv_close(reinterpret_cast<uv_handle_t*>(&check), done);
   uv_close(reinterpret_cast<uv_handle_t*>(&idle), done);
   uv_close(reinterpret_cast<uv_handle_t*>(&sweep_timer), done);
-  uv_close(reinterpret_cast<uv_handle_t*>(&reserve_timer), done);
+  uv_close(reinterpret_cast<uv_handle_t*>(&accept_timer), done);
 }
 
 stream_channel_metrics stream_channel::impl::metrics() const {

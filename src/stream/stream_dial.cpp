@@ -1,10 +1,13 @@
 // Stream dialing: connect(), dns resolution with fallback over every address, connect timeout
-// (each address of a dns answer gets its share).
+// (each address of a dns answer gets its share), unix dials to a path or an abstract name.
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -170,6 +173,11 @@ void stream_channel::impl::connect_timer_cb(uv_timer_t* t) {
 }
 
 void stream_channel::impl::connect_timed_out(conn_impl* c) {
+  if (c->abstract_due) {  // not a timeout: an abstract dial's outcome, due now
+    c->abstract_due = false;
+    connect_cb(&c->creq, c->abstract_status);
+    return;
+  }
   if (c->state == conn_state::connecting && c->handle_open && c->next_addr < c->addrs.size()) {
     abandon_attempt(c, errc::timeout);  // this address's share is used up; the timer goes on
     return;
@@ -204,16 +212,8 @@ errc stream_channel::impl::connect(std::string_view url, connection_id* out, voi
   if (a.kind == scheme::unix_socket) {
     c->is_unix = true;
     c->state = conn_state::connecting;
-    int r = uv_pipe_init(loop, &c->h.pipe, 0);
-    if (r != 0) {
-      e = from_uv(sys = r);
-    } else {
-      c->h.handle.data = c;
-      c->handle_open = true;
-      ++c->pending;
-      c->creq.data = c;
-      uv_pipe_connect(&c->creq, &c->h.pipe, a.host.c_str(), connect_cb);
-    }
+    sys = start_unix_connect(c, a.host);
+    e = from_uv(sys);
   } else if (a.kind == scheme::dns) {
     c->state = conn_state::resolving;
     auto* req = new (std::nothrow) uv_getaddrinfo_t;
@@ -253,8 +253,61 @@ errc stream_channel::impl::connect(std::string_view url, connection_id* out, voi
     return fail(e, detail);
   }
   start_connect_timer(c);
+  if (c->abstract_due && !finish_abstract_dial(c)) {
+    c->reported = true;
+    end_conn(c, errc::no_memory);
+    return fail(errc::no_memory, std::string(url) + ": out of memory");
+  }
   if (out != nullptr) *out = c->id;
   return errc::ok;
+}
+
+int stream_channel::impl::start_unix_connect(conn_impl* c, const std::string& host) {
+  const int r = uv_pipe_init(loop, &c->h.pipe, 0);
+  if (r != 0) return r;
+  c->h.handle.data = c;
+  c->handle_open = true;
+  ++c->pending;
+  c->creq.data = c;
+  if (!detail::is_abstract(host)) {
+    uv_pipe_connect(&c->creq, &c->h.pipe, host.c_str(), connect_cb);
+    return 0;
+  }
+  // A unix connect() completes or fails at once (a full backlog: EAGAIN, as libuv reports it for
+  // a path); whichever, the outcome comes from the loop, as for a path. Errors making the socket
+  // too (out of descriptors: io_error from the loop, as uv_pipe_connect does).
+  sockaddr_un sun{};
+  const socklen_t len = detail::unix_sockaddr(host, &sun);
+  c->abstract_due = true;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    c->abstract_status = -errno;
+    return 0;
+  }
+  const int o = uv_pipe_open(&c->h.pipe, fd);
+  if (o != 0) {
+    ::close(fd);
+    c->abstract_status = o;
+    return 0;
+  }
+  int st = 0;
+  do {
+    st = ::connect(fd, reinterpret_cast<const sockaddr*>(&sun), len);
+  } while (st != 0 && errno == EINTR);
+  c->abstract_status = st == 0 ? 0 : -errno;
+  return 0;
+}
+
+bool stream_channel::impl::finish_abstract_dial(conn_impl* c) {
+  if (c->timer == nullptr) {  // connect_timeout_ms 0: a timer for this alone
+    c->timer = new (std::nothrow) uv_timer_t;
+    if (c->timer == nullptr) return false;
+    uv_timer_init(loop, c->timer);
+    c->timer->data = c;
+    ++c->pending;
+  }
+  uv_timer_start(c->timer, connect_timer_cb, 0, 0);
+  return true;
 }
 
 }  // namespace uvbus

@@ -1,6 +1,8 @@
 // Private state of the stream channel (never installed).
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <uv.h>
 
 #include <array>
@@ -30,7 +32,7 @@ struct tls_session_deleter {  // defined in stream_tls.cpp, where tls_session is
   void operator()(tls_session* s) const noexcept;
 };
 
-// libuv handles a connection or listener may own; the first member of each is a uv_handle_t, so a
+// libuv handles a connection may own; the first member of each is a uv_handle_t, so a
 // pointer to the union is a valid uv_handle_t* / uv_stream_t*.
 union stream_handle {
   uv_handle_t handle;
@@ -127,6 +129,10 @@ struct conn_impl {
   std::vector<sockaddr_storage> addrs;
   size_t next_addr = 0;
   uint64_t dial_deadline_ms = 0;
+  // An abstract unix dial (connected by hand, stream_dial.cpp): its outcome, reported by connect_cb
+  // from the timer on the next loop turn.
+  int abstract_status = 0;
+  bool abstract_due = false;
 
   list_hook<conn_impl> hook;  // the channel's list of live connections
   conn_impl* dirty_next = nullptr;
@@ -139,6 +145,8 @@ struct conn_impl {
   }
 };
 
+// A listening socket the channel accepts from by itself (stream_accept.cpp): a uv_poll_t watches
+// it, and accept4() takes at most kAcceptBatch clients per readable event.
 struct listener_impl {
   explicit listener_impl(stream_channel::impl* c) : ch(c) {}
 
@@ -147,7 +155,11 @@ struct listener_impl {
   std::string url;
   uint16_t port = 0;
   void* user_data = nullptr;
-  stream_handle h{};
+  uv_poll_t poll{};
+  int fd = -1;                // the listening socket, owned (closed with the listener)
+  bool poll_open = false;     // poll is initialised and uv_close() has not been called on it
+  bool waiting = false;       // not polled until the channel's accept_timer fires (accept failed)
+  uint32_t failed_tries = 0;  // accept failures in a row (the first is logged, and the recovery)
   bool is_unix = false;
   bool closing = false;
   std::string unix_path;  // removed on close if it is still the file we created
@@ -226,6 +238,27 @@ inline constexpr size_t kSealBatch = 16;
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
 errc from_uv(int status) noexcept;
+// The listener's accept loop: at most this many clients per readable event, so that one busy
+// listener cannot keep the loop from everything else; at most kShedBatch waiting clients closed at
+// once out of descriptors; a listener whose accept failed in a way no shedding mends is polled
+// again after kAcceptRetryMs (stream_accept.cpp).
+inline constexpr int kAcceptBatch = 32;
+inline constexpr int kShedBatch = 256;
+inline constexpr uint64_t kAcceptRetryMs = 100;
+// A unix:// URL's host names a Linux abstract socket when it starts with '@' ("unix://@name": no
+// file, sun_path[0] = '\0' and the name after it).
+inline bool is_abstract(const std::string& host) noexcept {
+  return !host.empty() && host[0] == '@';
+}
+// The socket address of a unix:// host (a path, or "@name") and its length (abstract: the name's
+// bytes only, no NUL after it), or 0 if it does not fit.
+socklen_t unix_sockaddr(const std::string& host, sockaddr_un* out) noexcept;
+// A unix socket address as a unix:// host: the path, or "@name" for an abstract one.
+std::string unix_host(const sockaddr_un* sun, socklen_t len);
+// A TCP socket address as a URL: "ipv4://1.2.3.4:5", "ipv6://[::1]:5", with the scope id of a
+// link-local IPv6 address as its interface number ("ipv6://[fe80::1%2]:5"); empty for another
+// family.
+std::string sockaddr_url(const sockaddr* sa);
 // A literal address (ipv4/ipv6) into a sockaddr.
 errc literal_sockaddr(const address& a, sockaddr_storage* out);
 // Adds a connection's totals (and with_queue: its current queue figures) to `to`.
@@ -246,10 +279,10 @@ enum stream_log_kind : size_t {
 
 }  // namespace detail
 
-// The channel's state and every operation on it. Defined in four files by concern:
+// The channel's state and every operation on it. Defined in several files by concern:
 // stream_channel.cpp (lifecycle, bookkeeping, close, metrics, public API), stream_connection.cpp
 // (write and read paths, endings), stream_dial.cpp (connect, dns, connect timeout) and
-// stream_listen.cpp (listeners, accept, max_connections).
+// stream_listen.cpp (listeners) with stream_accept.cpp (accept, max_connections).
 struct stream_channel::impl {
   using conn_impl = detail::conn_impl;
   using listener_impl = detail::listener_impl;
@@ -273,11 +306,12 @@ struct stream_channel::impl {
   bool owner_gone = false;
   int handles = 0;  // libuv handles/requests of the channel itself and of its listeners
   // A descriptor (/dev/null) held while the channel has a listener, closed to take waiting clients
-  // off a backlog libuv cannot accept from (its own reserve lost): shed_backlog(). Its slot is left
-  // free until the loop turn ends, so that libuv's next accept can end its loop; reserve_timer
-  // reopens it.
+  // off a backlog that accept() fails on for want of a descriptor: shed_backlog().
   int reserve_fd = -1;
-  uv_timer_t reserve_timer{};
+  // Polls again the listeners whose accept failed (listener_impl::waiting) after kAcceptRetryMs;
+  // active only while one waits, and then it keeps the loop alive as the listener did.
+  uv_timer_t accept_timer{};
+  uint64_t accept_errors = 0;  // accept() failures no shedding mended (tests: stream_access)
 
   uv_check_t check{};
   uv_idle_t idle{};
@@ -303,8 +337,9 @@ struct stream_channel::impl {
   // A system call of listen() failed with uv_error (libuv's or a negative errno): kept in sys_error
   // for the detail ("too many open files"), mapped to an errc.
   errc sys_fail(int uv_error);
-  // Closes the clients waiting on l's backlog with the reserve descriptor; how many.
-  uint64_t shed_backlog(listener_impl* l);
+  // Closes the clients waiting on l's backlog with the reserve descriptor (at most kShedBatch);
+  // how many. *end: the errno that stopped it (EAGAIN: the backlog is empty), 0 at the bound.
+  uint64_t shed_backlog(listener_impl* l, int* end);
   // Opens the reserve descriptor if it is not; false if it cannot be (out of descriptors).
   bool reopen_reserve();
   int sys_error = 0;
@@ -405,9 +440,27 @@ struct stream_channel::impl {
   static void connect_timer_cb(uv_timer_t* t);
   // The connect timer fired: the attempt's share is used up (next address) or the dial's time.
   void connect_timed_out(conn_impl* c);
+  // A unix dial: to a path through libuv, to an abstract name connected here (libuv 1.44 cannot
+  // name one) with the outcome due from the loop (c->abstract_due, finish_abstract_dial()).
+  int start_unix_connect(conn_impl* c, const std::string& host);
+  // Reports an abstract dial's outcome on the next loop turn through c's timer; false: no memory.
+  bool finish_abstract_dial(conn_impl* c);
   errc connect(std::string_view url, connection_id* out, void* user);
-  static void connection_cb(uv_stream_t* server, int status);
-  void on_incoming(listener_impl* l, int status);
+  // The accept loop (stream_accept.cpp): l's socket is readable (or polling it failed).
+  static void poll_cb(uv_poll_t* h, int status, int events);
+  void on_readable(listener_impl* l);
+  // fd came from l's accept4() (peer: its address): a connection, or closed over a cap.
+  void take_accepted(listener_impl* l, int fd, const sockaddr_storage& peer);
+  // accept() failed with err (an errno): sheds the backlog out of descriptors if the reserve makes
+  // room, else logs, counts and stops polling l until the accept_timer.
+  void accept_failed(listener_impl* l, int err);
+  void pause_accepting(listener_impl* l);
+  // accept_timer: every waiting listener is polled again.
+  void resume_accepting();
+  // Watches l->fd (bound and listening) with l->poll.
+  errc start_polling(listener_impl* l);
+  // A listener that failed in listen() or listen_fd(): its file removed, socket closed, freed.
+  void discard_listener(listener_impl* l);
   // An accepted connection is ready (after its TLS handshake, if any): on_accepted.
   void accepted(conn_impl* c);
   // Counts c as unregistered, or refuses it over max_unregistered(_per_address): false then
@@ -415,7 +468,8 @@ struct stream_channel::impl {
   bool admit_unregistered(const listener_impl* l, conn_impl* c);
   // c no longer counts as unregistered (marked registered, or released).
   void forget_unregistered(conn_impl* c);
-  static uv_stream_t* server_of(listener_impl* l) { return &l->h.stream; }
+  // A unix socket file at path: ok if there is none (any more), else why it cannot be bound.
+  errc replace_stale_file(const std::string& path);
   errc listen_unix(listener_impl* l, const std::string& path);
   errc listen_tcp(listener_impl* l, const sockaddr* sa);
   errc listen(std::string_view url, listener_id* out, void* user);
@@ -468,6 +522,8 @@ using detail::add_totals;
 using detail::conn_impl;
 using detail::conn_state;
 using detail::from_uv;
+using detail::kAcceptBatch;
+using detail::kAcceptRetryMs;
 using detail::kFlushBudget;
 using detail::kGatherBytes;
 using detail::kLogAcceptFailed;
@@ -483,6 +539,7 @@ using detail::kMaxUnixSendBuffer;
 using detail::kMinMergeBuffer;
 using detail::kMinMergeWindow;
 using detail::kSealBatch;
+using detail::kShedBatch;
 using detail::listener_impl;
 using detail::literal_sockaddr;
 using detail::next_merge_window;

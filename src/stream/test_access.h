@@ -1,9 +1,11 @@
 // Test-only access to a stream channel's internals: a TLS session put in the state OpenSSL leaves
-// it in after a fatal error, a reserve descriptor lost, a dns answer. Not installed; tests include
-// it from src/.
+// it in after a fatal error, a reserve descriptor lost, the accept failures counted, a dns answer.
+// Not installed; tests include it from src/.
 #pragma once
 
 #include <sys/socket.h>
+
+#include <cstdint>
 
 #include <vector>
 
@@ -18,6 +20,8 @@ struct stream_access {
   // Closes the channel's reserve descriptor as if it had been lost (another thread took the slot
   // while it was free); the descriptor number it had, or -1.
   static int drop_reserve(stream_channel& ch) noexcept;
+  // accept() failures of ch's listeners that no shedding mended (each one paused a listener).
+  static uint64_t accept_errors(const stream_channel& ch) noexcept;
   // Every later dns:// dial of ch tries these addresses, in this order, instead of the resolver's
   // answer (the name is still resolved, and must resolve). Empty: the resolver's answer again.
   static void set_dns_answer(stream_channel& ch, std::vector<sockaddr_storage> addrs);

@@ -53,8 +53,8 @@ int dial_unix(const std::string& path) {
 
 // What a scenario takes away besides the descriptors themselves.
 enum class starve {
-  plain,               // out of descriptors; libuv sheds with its own reserve
-  libuv_reserve_lost,  // and libuv's reserve taken by "another thread"
+  plain,               // out of descriptors; the channel sheds with its reserve
+  libuv_reserve_lost,  // and libuv's reserve (if the loop has one) taken by "another thread"
   both_reserves_lost,  // and the channel's reserve too, with one descriptor left
 };
 
@@ -81,8 +81,9 @@ int starved_listener(uv_loop_t* loop, starve how) {
     if (client < 0) return 11;
     int taken[2] = {-1, -1};  // descriptors "other threads" took
     if (how != starve::plain) {
-      if (loop->emfile_fd < 0) return 14;
-      ::close(loop->emfile_fd);
+      // The listener accepts by itself and never needs libuv's reserve; a loop whose streams
+      // made one loses it all the same.
+      if (loop->emfile_fd >= 0) ::close(loop->emfile_fd);
       loop->emfile_fd = -1;
       if (how == starve::both_reserves_lost && detail::stream_access::drop_reserve(ch) < 0) {
         return 15;
@@ -121,17 +122,17 @@ int starved_listener(uv_loop_t* loop, starve how) {
   return rc;
 }
 
-// libuv (uv__emfile_trick) takes the waiting clients off the backlog and closes them with a
-// descriptor it keeps in reserve; it does not tell the channel, so this is counted nowhere.
+// The channel takes the waiting clients off the backlog and closes them with its reserve
+// descriptor (libuv's uv__emfile_trick did, untold, while libuv accepted for the channel).
 TEST(StreamLimits, AListenerOutOfDescriptorsShedsWaitingClientsAndRecovers) {
   EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::plain); }), 0);
 }
 
 // libuv keeps one descriptor (loop->emfile_fd) to shed a backlog it cannot accept from. When that
-// reserve is lost (another thread took the slot while libuv had it closed: emulated here by taking
-// it and clearing the private field), libuv's accept loop calls the channel again at once for as
-// long as accept() fails: the loop turn never ended (killed by the alarm) before the channel shed
-// the backlog with a reserve of its own.
+// reserve was lost (another thread took the slot while libuv had it closed: emulated here by taking
+// it and clearing the private field), libuv's accept loop called the channel again at once for as
+// long as accept() failed: the loop turn never ended (killed by the alarm) before the channel shed
+// the backlog with a reserve of its own. The channel now accepts by itself (stream_accept.cpp).
 TEST(StreamLimits, AListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNotHang) {
   EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::libuv_reserve_lost); }),
             0);
@@ -147,9 +148,9 @@ TEST(StreamLimits, AUnixListenerWhoseLibuvReserveIsLostShedsWithItsOwnAndDoesNot
   g_listen_url = "ipv4://127.0.0.1:0";
 }
 
-// Both reserves lost (libuv's and the channel's) and one descriptor free: libuv's accept takes it
-// for a client and its next accept fails with nothing to shed with. The channel keeps that
-// client's descriptor as its reserve (the client is closed) instead of spinning.
+// Both reserves lost (libuv's and the channel's) and one descriptor free: the accept takes it for a
+// client and the next accept would fail with nothing to shed with. The channel keeps that
+// client's descriptor as its reserve (the client is closed) instead.
 TEST(StreamLimits, WithBothReservesLostTheLastDescriptorBecomesTheReserve) {
   EXPECT_EQ(in_child([](uv_loop_t* l) { return starved_listener(l, starve::both_reserves_lost); }),
             0);
@@ -248,7 +249,7 @@ TEST_F(StreamUrlEdges, TheReserveDescriptorIsHeldOnlyWhileListening) {
     return fd;
   };
   listener_id l;
-  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);  // libuv's own reserve opens here
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);  // anything opened once per loop
   ASSERT_EQ(ch->close_listener(l), errc::ok);
   uv_run(&loop_, UV_RUN_NOWAIT);
   const int before = lowest_free();
