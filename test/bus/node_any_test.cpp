@@ -1,10 +1,11 @@
-// send_any() when the chosen node has just left: a root, a game node sending through it and two
-// lobby nodes. A lobby stops cleanly, is destroyed (its connection closed) or freezes (its link
-// dropped by the root's heartbeat timeout) just before or just after the send. A send_any message
-// still owed its report then fails at once with not_connected, under end-to-end delivery and
-// under next-hop delivery with require_response, never after its timeout (configured at 60 s:
-// a report within the 30 s wait is not the timeout); pick() never returns a departed node; a plain
-// send_data() to a node that restarts is still resent to its next incarnation.
+// send_any() when the chosen node has just left: a root, a game node sending through it (or over
+// direct sibling links) and two lobby nodes. A lobby stops cleanly, is destroyed (its connection
+// closed) or freezes (its link dropped by the root's heartbeat timeout) just before or just after
+// the send, or the game node's own parent goes. A send_any message still owed its report then
+// fails at once with not_connected, under end-to-end delivery and under next-hop delivery with
+// require_response, never after its timeout (configured at 60 s: a report within the 30 s wait
+// is not the timeout); pick() never returns a departed node; a plain send_data() to a node that
+// restarts is still resent to its next incarnation.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -45,8 +46,10 @@ const pick_options kLeast{pick_policy::least_loaded, 0};
 class NodeAny : public test::bus_fixture {
  protected:
   // The root (its child grace: how long it holds messages for a child that left) and the game
-  // node (delivery mode, sending through the root); the lobbies are added by add_lobbies().
-  void build(delivery_mode mode, uint32_t grace_ms = 300, uint32_t root_heartbeat_timeout = 5000) {
+  // node (delivery mode; sending through the root unless sibling_direct); the lobbies are added
+  // by add_lobbies().
+  void build(delivery_mode mode, uint32_t grace_ms = 300, uint32_t root_heartbeat_timeout = 5000,
+             bool sibling_direct = false) {
     node_config rc = fast_config();
     rc.type = "root";
     rc.subnets = {{kRoot, 8}};
@@ -59,7 +62,7 @@ class NodeAny : public test::bus_fixture {
     gc.delivery = mode;
     gc.delivery_timeout_ms = kLongMs;
     gc.response_timeout_ms = kLongMs;
-    gc.sibling_direct = false;
+    gc.sibling_direct = sibling_direct;
     game_ = make(kGame, gc, true, [this](node_callbacks* cb) {
       cb->on_dropped = [this](bus_id, uint64_t m, errc e) { dropped_.emplace_back(m, e); };
     });
@@ -189,6 +192,25 @@ TEST_F(NodeAny, EndToEndChosenNodeKilledJustBeforeTheSendFailsAtOnce) {
   EXPECT_EQ(r->status, errc::not_connected);
 }
 
+// The same with the game node dialling siblings directly (the default): its messages to L1 go
+// over their own link, which closes with L1.
+TEST_F(NodeAny, EndToEndOverADirectSiblingLinkChosenNodeKilledFailsAtOnce) {
+  build(delivery_mode::end_to_end, 300, 5000, true);
+  add_lobbies();
+  warm_up();
+  ASSERT_TRUE(wait([&] {
+    endpoint_info e;
+    return game_->n->peer(kL1, &e) && e.role == peer_role::sibling;
+  }));
+  destroy(l1_);
+  bus_id chosen = 0;
+  const uint64_t id = send_any(&chosen);
+  ASSERT_EQ(chosen, kL1);
+  const delivery_report* r = report_after(id, "end to end, direct sibling link, killed before");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status, errc::not_connected);
+}
+
 // The link dropped without a close: L1 runs on a loop of its own that stops being run (a frozen
 // process) after it acknowledged a first message; the root drops its link at the heartbeat
 // timeout (1 s), and only then is L1 known gone. Returns the report of a send_any to L1 made
@@ -211,6 +233,24 @@ TEST_F(NodeAny, NextHopRequireResponseChosenNodeWhoseLinkDropsFailsWhenTheRootDr
   frozen_lobby(o, "next hop + require_response, link dropped", &st, &came);
   EXPECT_TRUE(came);
   EXPECT_EQ(st, errc::not_connected);
+}
+
+// The sender's own parent goes (destroyed): every entry learned through it leaves the game
+// node's directory, so its send_any message to L1, which L1 may or may not have had, fails at
+// once; nothing is left to pick.
+TEST_F(NodeAny, EndToEndSendersParentLostFailsAtOnce) {
+  build(delivery_mode::end_to_end);
+  add_lobbies();
+  warm_up();
+  bus_id chosen = 0;
+  const uint64_t id = send_any(&chosen);
+  ASSERT_EQ(chosen, kL1);
+  destroy(root_);
+  const delivery_report* r = report_after(id, "end to end, the sender's parent destroyed");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status, errc::not_connected);
+  bus_id got = 0;
+  EXPECT_EQ(game_->n->pick("lobby", {}, kLeast, &got), errc::unknown_route);
 }
 
 // Next hop with require_response, clean stop just after the send: the root either holds the
