@@ -623,18 +623,18 @@ class node {
 
   // ------------------------------------------------------ any node of a type, broadcast --
   // One live node of type `type` ("" = any) with every label of `labels` from the directory (this
-  // node too, tool nodes never), chosen by `how` (uvbus/fanout.h). unknown_route (*out unchanged)
-  // if none matches; invalid_argument: null out, over 16 labels, a type/key/value over 128 bytes.
+  // node too, tool nodes never, nor one that left it), chosen by `how` (uvbus/fanout.h).
+  // unknown_route (*out unchanged) if none; invalid_argument: null out, >16 labels, >128-byte text.
   [[nodiscard]] errc pick(const std::string& type, const std::vector<node_label>& labels,
                           const pick_options& how, bus_id* out);
-  // pick() then send_data() to the node picked (*chosen, if given): one message, one report, as
-  // send_data. unknown_route when no node matches.
+  // pick() then send_data() to the node picked (*chosen, if given): one message, one report. If
+  // that node leaves the directory first, the report is not_connected at once (delivered or not:
+  // never resent, nor to another node); unknown_route when no node matches (docs/bus.md).
   [[nodiscard]] errc send_any(const std::string& type, const std::vector<node_label>& labels,
                               uint32_t msg_type, const void* data, size_t size,
                               const pick_options& how = {}, const send_options& opt = {},
                               bus_id* chosen = nullptr, uint64_t* message_id = nullptr);
-  // This node's load hint (any scale; lower is less loaded) for the least_loaded policy. Carried
-  // to every node by the directory (protocol version 6), at most once per heartbeat interval.
+  // This node's load hint for least_loaded (lower: less loaded), sent at most once a heartbeat.
   void set_load(uint32_t load);
   // One send delivered to every node of `to` (uvbus/fanout.h) except this one: the message goes
   // once over each tree link (parent, children) behind which the directory knows a target, and

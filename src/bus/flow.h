@@ -37,9 +37,11 @@ struct tx_entry {
   size_t offset = 0;        // in the flow's byte_ring
   uint32_t size = 0;
   bool settled = false;  // reported failed while later messages were still unacknowledged
+  bool any = false;      // sent by send_any(): fails at once when its target leaves (fan_departed)
   uint64_t deadline_ms = 0;
   uint64_t sent_ns = 0;  // first send (node_config::latency_histograms; 0 when off)
 };
+static_assert(sizeof(tx_entry) == 48, "docs/bus.md counts 48-byte entries");
 
 struct tx_flow {
   bus_id target = 0;

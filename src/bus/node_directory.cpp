@@ -225,6 +225,7 @@ void node::impl::dir_link_gone(bus_id peer) {
     }
     const directory_entry e = std::move(it->second.e);
     it = dir.erase(it);
+    detail::fan_departed(*this, e.id);  // its send_any messages fail now
     fire(cbs.on_directory, directory_event::removed, e);
     if (dead) return;
   }
@@ -296,6 +297,7 @@ void node::impl::dir_remove(peer_ep* from, const std::vector<bus_id>& ids) {
     }
     const directory_entry e = std::move(it->second.e);
     dir.erase(it);
+    detail::fan_departed(*this, id);  // its send_any messages fail now
     fire(cbs.on_directory, directory_event::removed, e);
     if (dead) return;
   }

@@ -50,6 +50,7 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     if (it != dir.end() && it->second.via == kViaDiscovery) {
       const directory_entry gone = std::move(it->second.e);
       dir.erase(it);
+      detail::fan_departed(*this, gone.id);  // its send_any messages fail now
       fire(cbs.on_directory, directory_event::removed, gone);
     }
     if (!dead && e.id == disc_parent) (void)disc_parent_left();

@@ -348,10 +348,56 @@ errc node::send_any(const std::string& type, const std::vector<node_label>& labe
                     uint32_t msg_type, const void* data, size_t size, const pick_options& how,
                     const send_options& opt, bus_id* chosen, uint64_t* message_id) {
   bus_id target = 0;
-  const errc e = pick(type, labels, how, &target);
+  errc e = pick(type, labels, how, &target);
   if (e != errc::ok) return e;
   if (chosen != nullptr) *chosen = target;
-  return send_data(target, msg_type, data, size, opt, message_id);
+  uint64_t id = 0;
+  e = send_data(target, msg_type, data, size, opt, &id);
+  if (e != errc::ok) return e;
+  if (message_id != nullptr) *message_id = id;
+  // Marked as sent to "any node": it fails at once if that node leaves before its report
+  // (fan_departed). Here, not in send_data: a message to a known target pays nothing for it.
+  impl& n = *impl_;
+  if (target == n.self) return e;
+  if (const auto f = n.tx_flows.find(target); f != n.tx_flows.end() && !f->second.entries.empty() &&
+                                              f->second.entries.back().message_id == id) {
+    f->second.entries.back().any = true;  // end to end: the entry flow_commit() just added
+  } else if (n.replies.count(id) != 0) {
+    n.fan->any_replies.emplace(id, target);  // next hop, require_response
+  }
+  return e;
+}
+
+void detail::fan_departed(node::impl& n, bus_id id) {
+  if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
+    detail::tx_flow& f = it->second;
+    bool failed = false;
+    for (size_t i = 0; i < f.entries.size(); ++i) {
+      detail::tx_entry& e = f.entries[i];
+      if (!e.any || e.settled) continue;
+      // Handed to a link or not, it is not resent to the node's next incarnation nor to
+      // another node (it may have been delivered: at most once).
+      e.settled = true;
+      failed = true;
+      n.defer_report(e.message_id, id, errc::not_connected, true);
+    }
+    if (failed) {
+      f.need_sync = true;  // the target must not wait for what was settled
+      n.flow_settle_front(f, 0, errc::ok);
+    }
+  }
+  auto& owed = n.fan->any_replies;
+  for (auto it = owed.begin(); it != owed.end();) {
+    if (it->second != id) {
+      ++it;
+      continue;
+    }
+    if (const auto r = n.replies.find(it->first); r != n.replies.end() && !r->second.cb) {
+      n.replies.erase(r);
+      n.defer_report(it->first, id, errc::not_connected, false);
+    }
+    it = owed.erase(it);
+  }
 }
 
 void node::set_load(uint32_t load) {
@@ -378,6 +424,9 @@ void detail::fan_tick(node::impl& n, uint64_t now) {
     if (now >= pb.deadline_ms) expired.push_back(id);
   }
   for (const uint64_t id : expired) finish(n, id, errc::timeout);
+  for (auto it = f.any_replies.begin(); it != f.any_replies.end();) {
+    it = n.replies.count(it->first) == 0 ? f.any_replies.erase(it) : std::next(it);
+  }
   if (!f.load_dirty || now - f.load_sent_ms < n.cfg.heartbeat_interval_ms) return;
   f.load_dirty = false;
   f.load_sent_ms = now;

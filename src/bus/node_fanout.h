@@ -45,7 +45,10 @@ struct fanout_state {
   uint32_t my_load = 0;
   bool load_dirty = false;
   uint64_t load_sent_ms = 0;
-  std::unordered_map<bus_id, uint32_t> loads;                       // learned load hints
+  std::unordered_map<bus_id, uint32_t> loads;  // learned load hints
+  // send_any() messages under next_hop with require_response still owed their report: message
+  // id -> target (ids no longer in node::impl::replies are pruned at the tick).
+  std::unordered_map<uint64_t, bus_id> any_replies;
   std::map<uint64_t, pending_broadcast> pending;                    // by broadcast id
   std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
@@ -62,5 +65,9 @@ void fan_run_deferred(node::impl& n);
 // A tree link came up: the load hints we know go to it. A load message arrived from a tree peer.
 void fan_link_up(node::impl& n, peer_ep* p);
 void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id, uint32_t>>& l);
+// Node `id` is gone (it left the directory, or a relay refused a send_any message to it with
+// unknown_route or not_connected): every send_any() message to it still owed its report fails
+// now with not_connected, from the loop (docs/bus.md "Any node of a type"). No callback fires here.
+void fan_departed(node::impl& n, bus_id id);
 
 }  // namespace uvbus::detail

@@ -224,6 +224,11 @@ void node::impl::flow_drop_notice(bus_id target, uint64_t seq, errc why) {
   if (it == tx_flows.end()) return;
   tx_flow& f = it->second;
   if (f.entries.empty() || seq < f.entries.front().seq || seq >= f.next_seq) return;
+  if ((why == errc::unknown_route || why == errc::not_connected) &&
+      f.entries[seq - f.entries.front().seq].any) {
+    detail::fan_departed(*this, target);  // "any node": no waiting for the chosen one to return
+    return;
+  }
   if (!final_refusal(why, f.peer_incarnation != 0)) {
     // A transient drop (a full queue, a link down at the relay): go back to it, once per burst of
     // notices (the ones after it were dropped too, and are resent with it).

@@ -119,7 +119,7 @@ UVBUS_FLOW_INLINE errc node::impl::flow_commit(tx_flow& f, const flow_slot& slot
   }
   if (f.entries.empty()) f.last_progress_ms = now_ms();
   f.entries.push_back(tx_entry{f.next_seq, message_id, off, static_cast<uint32_t>(total), false,
-                               now_ms() + cfg.delivery_timeout_ms,
+                               false, now_ms() + cfg.delivery_timeout_ms,
                                latency_sampled(f.next_seq) ? detail::mono_ns() : 0});
   const bool backlog = f.next_unsent < f.next_seq;
   ++f.next_seq;
