@@ -472,9 +472,10 @@ shm_writer::~shm_writer() {
 
 errc shm_writer::open(std::string_view url, const shm_writer_options& opt) {
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) {
+  std::string why;  // names what is wrong with the URL
+  if (const errc e = parse_address(url, &addr, &why); e != errc::ok) {
     last_error_ =
-        error_info{e, open_error_detail("shm_writer::open", std::string(url), e, nullptr)};
+        error_info{e, open_error_detail("shm_writer::open", std::string(url), e, why.c_str())};
     return e;
   }
   return open(addr, opt);
@@ -509,6 +510,10 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
   if (const errc e = attach_region(addr, &p->map); e != errc::ok) return fail(e, nullptr);
   const char* why = nullptr;
   errc e = validate_header(p->map.base, p->map.size, &p->g, &why);
+  if (e == errc::not_connected && !possible_region_size(p->map.size)) {
+    e = errc::bad_layout;  // a zero header, but no region has its size: someone else's object
+    why = "the header's magic is 0 and its size is no region's: not a uvbus region";
+  }
   if (e == errc::ok) e = check_options(p->g, opt, &why);
   if (e == errc::ok && (p->g.hdr->reader_state.load(std::memory_order_acquire) == kReaderClosed ||
                         shm_detail::region_removed(p->map))) {
