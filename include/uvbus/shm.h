@@ -77,7 +77,8 @@ struct shm_config {
   // Try huge pages (SysV SHM_HUGETLB, or madvise(MADV_HUGEPAGE) for POSIX/mem); silently falls
   // back to normal pages. shm_reader::huge_pages() tells what was obtained.
   bool huge_pages = false;
-  // Permissions of a created POSIX or SysV region.
+  // Permissions of a created POSIX or SysV region (its low 9 bits, exactly: the umask does not
+  // apply).
   uint32_t mode = 0600;
   // open() only reattaches an existing region (its reader dead or closed with keep) and never
   // creates one: not_found when there is nothing to reattach. For operator tools

@@ -339,8 +339,11 @@ errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out, 
       return e;
     }
     if (fd < 0) return errc_from_errno(-errno);
-    // The flock is the liveness proof for a later creator; take it before anything else.
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    // The flock is the liveness proof for a later creator; take it before anything else. Then
+    // the mode as configured: shm_open applied the umask to it (shmget does not).
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+        ::fchmod(fd, static_cast<mode_t>(cfg.mode & 0777)) != 0 ||
+        ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
       const errc e = errc_from_errno(-errno);
       ::shm_unlink(name.c_str());
       ::close(fd);

@@ -295,6 +295,33 @@ TEST(ShmContractSizes, EmptyMessagesTravelEveryWay) {
   EXPECT_EQ(r.metrics().records_read, 4u);
 }
 
+// shm_config::mode is the permission of the created region, whatever the process's umask (a
+// mode of 0660 is for a group of writer processes). Before, shm_open applied the umask: 0666
+// under umask 022 gave 0644, and a writer of the group got permission_denied.
+TEST_F(ShmContract, TheCreatedRegionHasTheConfiguredModeWhateverTheUmask) {
+  const std::string name = test::unique_name("mode");
+  const int key = test::unique_key();
+  shm_cleanup cleanup{name, key};
+  shm_config cfg = tiny();
+  cfg.mode = 0666;
+  const mode_t old = umask(022);
+  shm_reader p, s;
+  const errc ep = p.open("shm://" + name, cfg);
+  const errc es = s.open(sysv_url(key), cfg);
+  umask(old);
+  ASSERT_EQ(ep, errc::ok);
+  ASSERT_EQ(es, errc::ok);
+  const int fd = shm_open(("/" + name).c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  close(fd);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  shmid_ds ds{};
+  ASSERT_EQ(shmctl(shmget(key, 0, 0), IPC_STAT, &ds), 0);
+  EXPECT_EQ(ds.shm_perm.mode & 0777, 0666u);
+}
+
 // A SysV key has one reader, in this process too.
 TEST_F(ShmContract, ASecondReaderOnALiveSysvKeyIsRefused) {
   const int key = test::unique_key();
