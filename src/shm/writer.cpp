@@ -98,16 +98,16 @@ struct shm_writer::impl {
   }
 
   errc full() noexcept {
-    ++local.queue_full;
-    ++pend_full;
     // A removed region never frees space: tell the caller rather than full forever. Checked at
-    // most once a millisecond (an fstat or IPC_STAT).
+    // most once a millisecond (an fstat or IPC_STAT). Counted once, as what is returned.
     const uint64_t now = mono_ns();
     if (now - last_liveness_ns >= 1000000) {
       last_liveness_ns = now;
       if (region_gone()) return gone();
     }
     if (removed) return gone();
+    ++local.queue_full;
+    ++pend_full;
     return errc::queue_full;
   }
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -320,6 +321,37 @@ TEST_F(ShmContract, TheCreatedRegionHasTheConfiguredModeWhateverTheUmask) {
   shmid_ds ds{};
   ASSERT_EQ(shmctl(shmget(key, 0, 0), IPC_STAT, &ds), 0);
   EXPECT_EQ(ds.shm_perm.mode & 0777, 0666u);
+}
+
+// Each refused send counts once, as what it returned. Before, a send on a full ring whose name had
+// been removed returned not_connected and counted in queue_full too.
+TEST_F(ShmContract, ARefusedSendCountsOnceAsWhatItReturned) {
+  const std::string name = test::unique_name("count");
+  shm_cleanup cleanup{name};
+  shm_reader r;
+  ASSERT_EQ(r.open("shm://" + name, tiny()), errc::ok);
+  shm_writer w;
+  ASSERT_EQ(w.open("shm://" + name), errc::ok);
+  const std::string rec(100, 'r');
+  uint64_t full = 0;
+  uint64_t gone = 0;
+  errc e = errc::ok;
+  while ((e = w.send(rec.data(), rec.size())) == errc::ok) {
+  }
+  ASSERT_EQ(e, errc::queue_full);
+  ++full;
+  ASSERT_EQ(shm_unlink(("/" + name).c_str()), 0);  // an operator removes the name under both
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (gone == 0 && std::chrono::steady_clock::now() < end) {
+    e = w.send(rec.data(), rec.size());
+    if (e == errc::queue_full) ++full;
+    if (e == errc::not_connected) ++gone;
+  }
+  ASSERT_EQ(gone, 1u);  // the removal is checked at most once a millisecond
+  EXPECT_EQ(w.send(rec.data(), rec.size()), errc::not_connected);
+  ++gone;
+  EXPECT_EQ(w.metrics().queue_full, full);
+  EXPECT_EQ(w.metrics().not_connected, gone);
 }
 
 // A SysV key has one reader, in this process too.
