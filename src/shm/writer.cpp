@@ -574,9 +574,11 @@ errc shm_writer::send_batch(const const_buffer* msgs, size_t count) noexcept {
 errc shm_writer::coalesce(uv_loop_t* loop, size_t stage_bytes) noexcept {
   if (!impl_) return errc::not_connected;
   if (impl_->stage_cap != 0) return errc::wrong_state;
-  // The stage is one batch body: it must fit the record limit.
-  const size_t cap = std::min<size_t>(stage_bytes, impl_->g.max_record) & ~size_t{7};
-  if (cap < 64) return errc::invalid_argument;
+  if (stage_bytes < 64) return errc::invalid_argument;
+  // The stage is one batch body: it must fit the record limit (below 64 on a region of small
+  // records). At least one empty message's 8 bytes: a stage of one message is a plain record.
+  const size_t cap = std::max<size_t>(
+      std::min<size_t>(stage_bytes, impl_->g.max_record) & ~size_t{7}, kRecordHeaderSize);
   impl_->stage.reset(new (std::nothrow) uint8_t[cap]());
   if (!impl_->stage) return errc::no_memory;
   if (loop != nullptr) {

@@ -354,6 +354,30 @@ TEST_F(ShmContract, ARefusedSendCountsOnceAsWhatItReturned) {
   EXPECT_EQ(w.metrics().not_connected, gone);
 }
 
+// coalesce() refuses a stage_bytes below 64, as documented, and nothing else: on a region whose
+// max_record_size is below 64 the stage is that size. Before, any stage_bytes was refused there.
+TEST(ShmContractSizes, CoalescingWorksOnARegionOfSmallRecords) {
+  shm_config cfg = tiny();
+  cfg.max_record_size = 40;
+  image img(shm_region_size(cfg));
+  shm_reader r;
+  shm_writer w;
+  ASSERT_EQ(test::format_and_attach(img, cfg, w, r), errc::ok);
+  EXPECT_EQ(w.coalesce(nullptr, 63), errc::invalid_argument);
+  ASSERT_EQ(w.coalesce(nullptr, 4096), errc::ok);
+  const std::string big(40, 'b');
+  ASSERT_EQ(w.send("12345678", 8), errc::ok);
+  ASSERT_EQ(w.send("abcdefgh", 8), errc::ok);
+  ASSERT_EQ(w.send(big.data(), big.size()), errc::ok);  // at the limit: alone, after the stage
+  EXPECT_EQ(w.send(big.data(), big.size() + 1), errc::message_too_large);
+  ASSERT_EQ(w.send("", 0), errc::ok);
+  ASSERT_EQ(w.flush(), errc::ok);
+  collected got;
+  EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 4u);
+  EXPECT_EQ(got.recs, (std::vector<std::string>{"12345678", "abcdefgh", big, ""}));
+  EXPECT_EQ(r.metrics().corrupt, 0u);
+}
+
 // A SysV key has one reader, in this process too.
 TEST_F(ShmContract, ASecondReaderOnALiveSysvKeyIsRefused) {
   const int key = test::unique_key();
