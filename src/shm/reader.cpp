@@ -185,6 +185,7 @@ errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
   if (const errc e = validate_header(mem, size, &p->g, &bad); e != errc::ok) {
     return impl_->fail(call, "image", e, bad);
   }
+  impl_->url = "image";
   p->map.kind = region_kind::image;
   p->map.base = mem;
   p->map.size = size;
@@ -196,10 +197,20 @@ errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
 
 errc shm_reader::start(uv_loop_t* loop) {
   UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::start");
-  if (!impl_->open()) return errc::closed;
-  if (!impl_->cbs.on_records) return errc::invalid_argument;
-  impl_->ring->after_pass = &impl::after_pass;  // also says "reattached", from the loop
-  return impl_->ring->start(loop, &impl::deliver, impl_.get());
+  const char* call = "shm_reader::start";
+  impl& im = *impl_;
+  if (!im.open()) return im.fail(call, im.url, errc::closed, "not open: open() it first");
+  const char* why = nullptr;
+  if (!im.cbs.on_records) why = "no on_records callback (set_callbacks first)";
+  if (loop == nullptr) why = "the loop is null";
+  if (why != nullptr) return im.fail(call, im.url, errc::invalid_argument, why);
+  if (im.ring->started) return im.fail(call, im.url, errc::wrong_state, "already started");
+  im.ring->after_pass = &impl::after_pass;  // also says "reattached", from the loop
+  const errc e = im.ring->start(loop, &impl::deliver, &im);
+  if (e != errc::ok) {
+    return im.fail(call, im.url, e, "the helper thread or a libuv handle could not be created");
+  }
+  return errc::ok;
 }
 
 void shm_reader::stop() {

@@ -251,6 +251,33 @@ TEST_F(ShmContract, AStartedReaderCannotLoseItsRecordsCallback) {
   EXPECT_EQ(r.start(&loop), errc::invalid_argument);
 }
 
+// last_error() is "the last failed open()/open_image()/start()": a refused start() is recorded
+// with the URL and the reason. Before, start() left it unchanged.
+TEST_F(ShmContract, AFailedStartIsTheLastErrorNamingTheReason) {
+  const std::string url = "mem://" + test::unique_name("start");
+  shm_reader r;
+  EXPECT_EQ(r.start(&loop), errc::closed);
+  EXPECT_EQ(r.last_error().code, errc::closed);
+  EXPECT_TRUE(contains(r.last_error().detail, "shm_reader::start(")) << r.last_error().detail;
+  EXPECT_TRUE(contains(r.last_error().detail, "not open")) << r.last_error().detail;
+  ASSERT_EQ(r.open(url, tiny()), errc::ok);
+  EXPECT_EQ(r.start(&loop), errc::invalid_argument);
+  EXPECT_TRUE(contains(r.last_error().detail, "shm_reader::start(" + url + ")"))
+      << r.last_error().detail;
+  EXPECT_TRUE(contains(r.last_error().detail, "on_records")) << r.last_error().detail;
+  ASSERT_EQ(r.set_callbacks({[](const shm_record*, size_t) {}}), errc::ok);
+  EXPECT_EQ(r.start(nullptr), errc::invalid_argument);
+  EXPECT_TRUE(contains(r.last_error().detail, "loop")) << r.last_error().detail;
+  ASSERT_EQ(r.start(&loop), errc::ok);
+  EXPECT_EQ(r.last_error().code, errc::invalid_argument);  // ok leaves it unchanged
+  EXPECT_EQ(r.start(&loop), errc::wrong_state);
+  EXPECT_EQ(r.last_error().code, errc::wrong_state);
+  EXPECT_TRUE(contains(r.last_error().detail, "already started")) << r.last_error().detail;
+  uint8_t buf[4];
+  size_t len = 0;
+  EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::wrong_state);  // started
+}
+
 // "start() may be called again" after stop(): records sent meanwhile arrive.
 TEST_F(ShmContract, StopThenStartAgainDelivers) {
   const std::string url = "mem://" + test::unique_name("restart");
