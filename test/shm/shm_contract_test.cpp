@@ -105,6 +105,8 @@ TEST_F(ShmContract, ForeignObjectsThatCannotBeRegionsAreLeftAlone) {
     EXPECT_TRUE(contains(r.last_error().detail, "not a uvbus region")) << r.last_error().detail;
     shm_writer w;
     EXPECT_EQ(w.open("shm://" + o.name), errc::bad_layout) << o.name;
+    std::string why;
+    EXPECT_EQ(shm_remove("shm://" + o.name, false, &why), errc::bad_layout) << why;
     const int again = shm_open(("/" + o.name).c_str(), O_RDONLY, 0);
     ASSERT_GE(again, 0) << o.name << " was removed";
     struct stat st {};
@@ -379,6 +381,22 @@ TEST_F(ShmContract, ARefusedSendCountsOnceAsWhatItReturned) {
   ++gone;
   EXPECT_EQ(w.metrics().queue_full, full);
   EXPECT_EQ(w.metrics().not_connected, gone);
+}
+
+// shm_format_image's invalid_argument cases and shm_region_size's 0.
+TEST(ShmContractSizes, FormatImageRefusesWhatCannotHoldTheRegion) {
+  const size_t need = shm_region_size(tiny());
+  EXPECT_EQ(need, 4096u + 64 * 8 + 4096);
+  image img(need + 64);
+  EXPECT_EQ(shm_format_image(nullptr, need, tiny()), errc::invalid_argument);
+  EXPECT_EQ(shm_format_image(img.p, need - 1, tiny()), errc::invalid_argument);
+  EXPECT_EQ(shm_format_image(img.p + 8, need, tiny()), errc::invalid_argument);  // alignment
+  shm_config bad = tiny();
+  bad.node_size = 100;
+  EXPECT_EQ(shm_region_size(bad), 0u);
+  EXPECT_EQ(shm_format_image(img.p, img.size, bad), errc::invalid_argument);
+  EXPECT_EQ(reinterpret_cast<shm_detail::region_header*>(img.p)->magic.load(), 0u);  // untouched
+  EXPECT_EQ(shm_format_image(img.p + 64, need, tiny()), errc::ok);
 }
 
 // coalesce() refuses a stage_bytes below 64, as documented, and nothing else: on a region whose
