@@ -280,6 +280,36 @@ TEST_F(ShmContract, AFailedStartIsTheLastErrorNamingTheReason) {
   EXPECT_EQ(r.try_receive(buf, sizeof buf, &len), errc::wrong_state);  // started
 }
 
+// close(keep) inside on_records counts that callback batch as consumed and nothing after it: the
+// next reader gets exactly the rest, from the middle of a send_batch too.
+TEST_F(ShmContract, CloseWithKeepInsideTheCallbackHandsTheRestToTheNextReader) {
+  const std::string url = "mem://" + test::unique_name("keepcb");
+  shm_config cfg = tiny();
+  cfg.batch_max = 2;
+  shm_reader r;
+  ASSERT_EQ(r.open(url, cfg), errc::ok);
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  const const_buffer six[] = {{"1", 1}, {"2", 1}, {"3", 1}, {"4", 1}, {"5", 1}, {"6", 1}};
+  ASSERT_EQ(w.send_batch(six, 6), errc::ok);
+  ASSERT_EQ(w.send("7", 1), errc::ok);
+  collected first;
+  ASSERT_EQ(r.set_callbacks({[&](const shm_record* recs, size_t n) {
+    first.cb(&first, recs, n);
+    r.close(shm_close_mode::keep);
+  }}),
+            errc::ok);
+  EXPECT_EQ(r.poll(10), 2u);
+  EXPECT_FALSE(r.is_open());
+  collected rest;
+  shm_reader r2(test::records_to(collected::cb, &rest));
+  ASSERT_EQ(r2.open(url, cfg), errc::ok);
+  EXPECT_TRUE(r2.reattached());
+  EXPECT_EQ(r2.poll(10), 5u);
+  EXPECT_EQ(first.recs, (std::vector<std::string>{"1", "2"}));
+  EXPECT_EQ(rest.recs, (std::vector<std::string>{"3", "4", "5", "6", "7"}));
+}
+
 // "start() may be called again" after stop(): records sent meanwhile arrive.
 TEST_F(ShmContract, StopThenStartAgainDelivers) {
   const std::string url = "mem://" + test::unique_name("restart");
@@ -421,6 +451,32 @@ TEST(ShmContractSizes, CoalescingWorksOnARegionOfSmallRecords) {
   EXPECT_EQ(test::poll_with(r, collected::cb, &got, 10), 4u);
   EXPECT_EQ(got.recs, (std::vector<std::string>{"12345678", "abcdefgh", big, ""}));
   EXPECT_EQ(r.metrics().corrupt, 0u);
+}
+
+// must_exist only reattaches: not_found (and nothing created) for no region, busy for a live
+// reader's, the region for a kept one; over POSIX, SysV and mem://.
+TEST_F(ShmContract, MustExistOnlyReattachesAndNeverCreates) {
+  const std::string name = test::unique_name("mustexist");
+  const int key = test::unique_key();
+  shm_cleanup cleanup{name, key};
+  shm_config only = tiny();
+  only.must_exist = true;
+  for (const std::string& url : {"shm://" + name, sysv_url(key), "mem://" + name}) {
+    shm_reader r;
+    EXPECT_EQ(r.open(url, only), errc::not_found) << url;
+    shm_writer w;
+    EXPECT_EQ(w.open(url), errc::not_found) << url << ": a region was created";
+    shm_reader live;
+    ASSERT_EQ(live.open(url, tiny()), errc::ok) << url;
+    EXPECT_EQ(r.open(url, only), errc::busy) << url;
+    live.close(shm_close_mode::keep);
+    ASSERT_EQ(r.open(url, only), errc::ok) << url;
+    EXPECT_TRUE(r.reattached());
+    r.close();
+    EXPECT_EQ(r.open(url, only), errc::not_found) << url;
+  }
+  EXPECT_FALSE(test::posix_exists(name));
+  EXPECT_FALSE(test::sysv_exists(key));
 }
 
 // A SysV key has one reader, in this process too.
