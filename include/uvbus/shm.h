@@ -204,8 +204,9 @@ struct shm_region_info {
 };
 
 // Reads a region's header without attaching as reader or writer. Errors: bad_url,
-// unsupported_scheme, not_found, permission_denied, bad_layout (not a uvbus region, or the
-// header is inconsistent; *out still holds what could be read).
+// unsupported_scheme, not_found, permission_denied, not_connected (its reader has not finished
+// creating it), bad_layout (not a uvbus region, or the header is inconsistent; *out still holds
+// what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
 
 // Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers

@@ -107,6 +107,8 @@ TEST_F(ShmContract, ForeignObjectsThatCannotBeRegionsAreLeftAlone) {
     EXPECT_EQ(w.open("shm://" + o.name), errc::bad_layout) << o.name;
     std::string why;
     EXPECT_EQ(shm_remove("shm://" + o.name, false, &why), errc::bad_layout) << why;
+    shm_region_info info;
+    EXPECT_EQ(shm_inspect("shm://" + o.name, &info), errc::bad_layout) << o.name;
     const int again = shm_open(("/" + o.name).c_str(), O_RDONLY, 0);
     ASSERT_GE(again, 0) << o.name << " was removed";
     struct stat st {};
