@@ -6,7 +6,8 @@
 //
 // The reader creates the region (shm_reader::open), writers attach to it (shm_writer::open). A
 // writer copies each message into the ring and commits it; the reader delivers committed records
-// in reservation order, verifying a MurmurHash3 checksum on every record. The region is a
+// in reservation order, verifying a checksum on every record (CRC-32C; MurmurHash3 in regions of
+// layout version 3: shm_config::layout_version). The region is a
 // persistent inbox: when its reader dies (or closes with shm_close_mode::keep) the region and its
 // records stay, writers keep committing, and the next reader of the same URL with a compatible
 // shm_config reattaches and resumes from the consumed cursor kept in the region (docs/shm.md,
@@ -76,7 +77,8 @@ struct shm_config {
   // Try huge pages (SysV SHM_HUGETLB, or madvise(MADV_HUGEPAGE) for POSIX/mem); silently falls
   // back to normal pages. shm_reader::huge_pages() tells what was obtained.
   bool huge_pages = false;
-  // Permissions of a created POSIX or SysV region.
+  // Permissions of a created POSIX or SysV region (its low 9 bits, exactly: the umask does not
+  // apply).
   uint32_t mode = 0600;
   // open() only reattaches an existing region (its reader dead or closed with keep) and never
   // creates one: not_found when there is nothing to reattach. For operator tools
@@ -169,8 +171,11 @@ struct shm_reader_callbacks {
   std::function<void(const shm_record* records, size_t count)> on_records;
   // Log lines about records the reader skipped (a writer that did not commit in time: warn; a
   // checksum failure or an impossible record header: error), with the counts since the last
-  // line, and about a reattached region (info). Rate limited (uvbus/log.h). Same thread as
-  // on_records, never inside it; it may call the reader's const functions only.
+  // line, and once after an open() that reattached a region (info: from the first pass of the
+  // loop after start(), or of poll(); never inside start()). Rate limited (uvbus/log.h). Same
+  // thread as on_records, never inside it. Re-entrancy as on_records: it may call close() (takes
+  // effect when the pass ends, no line after it) and the const calls; set_callbacks is
+  // wrong_state; the reader must not be destroyed inside it (that aborts with a message).
   log_fn on_log;
 };
 
@@ -199,8 +204,9 @@ struct shm_region_info {
 };
 
 // Reads a region's header without attaching as reader or writer. Errors: bad_url,
-// unsupported_scheme, not_found, permission_denied, bad_layout (not a uvbus region, or the
-// header is inconsistent; *out still holds what could be read).
+// unsupported_scheme, not_found, permission_denied, not_connected (its reader has not finished
+// creating it), bad_layout (not a uvbus region, or the header is inconsistent; *out still holds
+// what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
 
 // Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers
@@ -230,13 +236,15 @@ class shm_reader {
   shm_reader(const shm_reader&) = delete;
   shm_reader& operator=(const shm_reader&) = delete;
 
-  // Replaces the callbacks. Errors: wrong_state (from inside the records callback).
+  // Replaces the callbacks. Errors: wrong_state (from inside a callback), invalid_argument (no
+  // on_records while started: its records would be consumed unseen; stop() first).
   [[nodiscard]] errc set_callbacks(shm_reader_callbacks cbs);
 
   // Creates the region named by url (shm:// or mem://) and becomes its only reader, or
   // REATTACHES an existing one: a region whose reader is dead (POSIX: its flock is gone; SysV:
   // owner pid + start time no longer alive) or closed with shm_close_mode::keep, and whose layout
-  // is compatible with cfg (same layout version, ring_bytes, node_size, max_record_size): its
+  // is compatible with cfg (a layout version this build reads, which it keeps whatever
+  // cfg.layout_version says; the same ring_bytes, node_size, max_record_size): its
   // records are kept, this reader takes ownership (new owner pid, incarnation + 1) and delivers
   // every record not yet consumed, in order, from the consumed cursor stored in the region (see
   // on_records for what a crash redelivers); every record is still checksum-checked and records

@@ -127,6 +127,8 @@ errc shm_inspect(std::string_view url, shm_region_info* out) {
     }
     geometry g;
     result = validate_header(m.base, m.size, &g);
+    // A zero header on an object no region's size: someone else's, not one being created.
+    if (result == errc::not_connected && !possible_region_size(m.size)) result = errc::bad_layout;
   } else {
     result = errc::bad_layout;
   }

@@ -21,30 +21,45 @@ struct shm_reader::impl {
   shm_reader_callbacks cbs;
   error_info err;
   std::unique_ptr<ring_reader> ring;  // null while closed
-  int in_callback = 0;
-  bool reattached = false;  // the last successful open() reattached an existing region
-  std::string url;          // for log lines
+  int in_callback = 0;                // inside on_records or on_log
+  bool reattached = false;            // the last successful open() reattached an existing region
+  bool reattach_unlogged = false;     // the "reattached" line is still owed (logged by a pass)
+  std::string url;                    // for log lines
   // on_log: the skip counters already logged, and the limiter.
   uint64_t logged_abandoned = 0;
   uint64_t logged_checksum = 0;
   uint64_t logged_corrupt = 0;
   detail::log_limiter log_limit;
 
+  // on_log is a callback like on_records: close() inside it is deferred to the end of the pass
+  // (no line after it), set_callbacks() is wrong_state, destruction aborts.
+  void call_log(log_level lv, const std::string& text) {
+    ++in_callback;
+    cbs.on_log(lv, text);
+    --in_callback;
+  }
   void log(size_t kind, log_level lv, const std::string& text) {
     uint64_t suppressed = 0;
     if (!log_limit.allow(kind, static_cast<uint64_t>(mono_ns() / 1000000), &suppressed)) return;
-    cbs.on_log(lv, suppressed == 0
-                       ? text
-                       : text + " (" + std::to_string(suppressed) + " more like it not logged)");
+    call_log(lv, suppressed == 0
+                     ? text
+                     : text + " (" + std::to_string(suppressed) + " more like it not logged)");
   }
-  // Logs what the last pass skipped (the counters grew since the last line that went out).
+  // After a pass (a loop turn's drain or a poll): says once that the region was reattached, then
+  // what the pass skipped (the counters grew since the last line that went out).
   static void after_pass(void* u) {
     auto* self = static_cast<impl*>(u);
     const ring_reader& r = *self->ring;
     if (!self->cbs.on_log) return;
+    if (self->reattach_unlogged) {
+      self->reattach_unlogged = false;
+      self->call_log(log_level::info, self->url +
+                                          ": reattached an existing region (a previous "
+                                          "reader's records are read first)");
+    }
     const auto line = [&](size_t kind, uint64_t now, uint64_t* logged, log_level lv,
                           const char* what) {
-      if (now == *logged) return;
+      if (now == *logged || r.close_requested) return;
       const uint64_t delta = now - *logged;
       *logged = now;
       self->log(kind, lv,
@@ -82,7 +97,9 @@ shm_reader::shm_reader(shm_reader_callbacks cbs) : impl_(std::make_unique<impl>(
 
 shm_reader::~shm_reader() {
   if (impl_->in_callback > 0) {
-    std::fprintf(stderr, "uvbus: shm_reader destroyed inside its own records callback\n");
+    std::fprintf(stderr,
+                 "uvbus: shm_reader destroyed inside its own callback (on_records or "
+                 "on_log): close() it there, destroy it afterwards\n");
     std::abort();
   }
   close();
@@ -91,6 +108,8 @@ shm_reader::~shm_reader() {
 errc shm_reader::set_callbacks(shm_reader_callbacks cbs) {
   UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::set_callbacks");
   if (impl_->in_callback > 0) return errc::wrong_state;
+  // A started reader drains into on_records: without one its records would be consumed unseen.
+  if (!cbs.on_records && impl_->ring && impl_->ring->started) return errc::invalid_argument;
   impl_->cbs = std::move(cbs);
   return errc::ok;
 }
@@ -98,8 +117,9 @@ errc shm_reader::set_callbacks(shm_reader_callbacks cbs) {
 errc shm_reader::open(std::string_view url, const shm_config& cfg) {
   UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::open");
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) {
-    return impl_->fail("shm_reader::open", std::string(url), e);
+  std::string why;  // names what is wrong with the URL
+  if (const errc e = parse_address(url, &addr, &why); e != errc::ok) {
+    return impl_->fail("shm_reader::open", std::string(url), e, why.c_str());
   }
   return open(addr, cfg);
 }
@@ -151,6 +171,7 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
   p->outer = impl_.get();
   impl_->ring = std::move(p);
   impl_->reattached = how.reattached;
+  impl_->reattach_unlogged = how.reattached;
   return errc::ok;
 }
 
@@ -164,6 +185,7 @@ errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
   if (const errc e = validate_header(mem, size, &p->g, &bad); e != errc::ok) {
     return impl_->fail(call, "image", e, bad);
   }
+  impl_->url = "image";
   p->map.kind = region_kind::image;
   p->map.base = mem;
   p->map.size = size;
@@ -175,16 +197,20 @@ errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
 
 errc shm_reader::start(uv_loop_t* loop) {
   UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::start");
-  if (!impl_->open()) return errc::closed;
-  if (!impl_->cbs.on_records) return errc::invalid_argument;
-  impl_->ring->after_pass = &impl::after_pass;
-  if (impl_->reattached && impl_->cbs.on_log) {
-    impl_->cbs.on_log(log_level::info,
-                      impl_->url +
-                          ": reattached an existing region (a previous reader's records "
-                          "are read first)");
+  const char* call = "shm_reader::start";
+  impl& im = *impl_;
+  if (!im.open()) return im.fail(call, im.url, errc::closed, "not open: open() it first");
+  const char* why = nullptr;
+  if (!im.cbs.on_records) why = "no on_records callback (set_callbacks first)";
+  if (loop == nullptr) why = "the loop is null";
+  if (why != nullptr) return im.fail(call, im.url, errc::invalid_argument, why);
+  if (im.ring->started) return im.fail(call, im.url, errc::wrong_state, "already started");
+  im.ring->after_pass = &impl::after_pass;  // also says "reattached", from the loop
+  const errc e = im.ring->start(loop, &impl::deliver, &im);
+  if (e != errc::ok) {
+    return im.fail(call, im.url, e, "the helper thread or a libuv handle could not be created");
   }
-  return impl_->ring->start(loop, &impl::deliver, impl_.get());
+  return errc::ok;
 }
 
 void shm_reader::stop() {
@@ -244,14 +270,17 @@ void shm_reader::close(shm_close_mode mode) {
 }
 
 bool shm_reader::reattached() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::reattached", false);
   return impl_->reattached;
 }
 
 bool shm_reader::is_open() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::is_open", false);
   return impl_->open();
 }
 
 shm_metrics shm_reader::metrics() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::metrics", {});
   if (!impl_->open()) return {};
   const ring_reader& rr = *impl_->ring;
   const region_header* h = rr.g.hdr;
@@ -275,12 +304,15 @@ shm_metrics shm_reader::metrics() const noexcept {
 }
 
 bool shm_reader::huge_pages() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::huge_pages", false);
   return impl_->open() && impl_->ring->map.huge;
 }
 size_t shm_reader::ring_bytes() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::ring_bytes", 0);
   return impl_->open() ? impl_->ring->g.nodes * impl_->ring->g.node_size : 0;
 }
 size_t shm_reader::max_record_size() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->thread, "shm_reader::max_record_size", 0);
   return impl_->open() ? impl_->ring->g.max_record : 0;
 }
 error_info shm_reader::last_error() const {

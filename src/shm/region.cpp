@@ -141,6 +141,16 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, uint64_t timeout
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tp, nullptr, 0);
 }
 
+bool possible_region_size(uint64_t size) noexcept {
+  if (size <= kHeaderSize) return false;
+  for (uint64_t ns = kMinNodeSize; ns <= kMaxNodeSize; ns *= 2) {
+    const uint64_t rest = size - kHeaderSize;
+    const uint64_t n = rest / (ns + sizeof(head_word));
+    if (rest % (ns + sizeof(head_word)) == 0 && is_pow2(n) && n >= kMinNodes) return true;
+  }
+  return false;
+}
+
 errc validate_header(void* base, size_t mapped, geometry* g, const char** why) noexcept {
   const char* unused = nullptr;
   const char*& w = why != nullptr ? *why : unused;
@@ -241,13 +251,16 @@ enum class verdict : uint8_t { stale, foreign, incompatible, reattach };
 verdict judge_posix(int fd, const shm_config& cfg, open_outcome* how) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || st.st_nlink == 0) return verdict::stale;
-  if (static_cast<size_t>(st.st_size) < kHeaderSize) return verdict::stale;  // died before sizing
+  if (st.st_size == 0) return verdict::stale;  // its creator died before sizing it
+  // A creator sizes its object whole at once: 1..4095 bytes were never a region.
+  if (static_cast<size_t>(st.st_size) < kHeaderSize) return verdict::foreign;
   void* p = ::mmap(nullptr, kHeaderSize, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return verdict::foreign;
   const auto* h = static_cast<const region_header*>(p);
   verdict v = verdict::reattach;
   const uint64_t m = h->magic.load(std::memory_order_acquire);
-  if (m == 0 || (m == kMagic && h->reader_state.load(std::memory_order_acquire) == kReaderClosed)) {
+  if ((m == 0 && possible_region_size(static_cast<uint64_t>(st.st_size))) ||
+      (m == kMagic && h->reader_state.load(std::memory_order_acquire) == kReaderClosed)) {
     v = verdict::stale;  // never published (no record can be in it), or closed for good
   } else if (m != kMagic) {
     v = verdict::foreign;
@@ -326,8 +339,11 @@ errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out, 
       return e;
     }
     if (fd < 0) return errc_from_errno(-errno);
-    // The flock is the liveness proof for a later creator; take it before anything else.
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    // The flock is the liveness proof for a later creator; take it before anything else. Then
+    // the mode as configured: shm_open applied the umask to it (shmget does not).
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+        ::fchmod(fd, static_cast<mode_t>(cfg.mode & 0777)) != 0 ||
+        ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
       const errc e = errc_from_errno(-errno);
       ::shm_unlink(name.c_str());
       ::close(fd);
@@ -350,7 +366,8 @@ bool creator_dead(const shmid_ds& ds) noexcept {
 }
 
 // The key exists: refuse a live reader's, reattach a compatible one (claimed by a CAS on its
-// owner pid, so of two readers racing for it one gets busy), remove a stale one (*again).
+// claim word, so of two readers racing for it one gets busy), remove a stale one (*again), and
+// leave what is not a region alone (bad_layout).
 errc sysv_existing(key_t key, const shm_config& cfg, mapping* out, open_outcome* how, bool* again) {
   *again = false;
   const int old = ::shmget(key, 0, 0);
@@ -360,41 +377,41 @@ errc sysv_existing(key_t key, const shm_config& cfg, mapping* out, open_outcome*
   }
   shmid_ds ds{};
   if (::shmctl(old, IPC_STAT, &ds) != 0) return errc_from_errno(-errno);
-  bool stale = ds.shm_segsz < kHeaderSize && creator_dead(ds);
-  if (ds.shm_segsz >= kHeaderSize) {
-    void* p = ::shmat(old, nullptr, 0);
-    if (p == shmat_failed()) return errc_from_errno(-errno);
-    auto* h = static_cast<region_header*>(p);
-    const uint64_t m = h->magic.load(std::memory_order_acquire);
-    errc e = errc::busy;
-    if (m == 0) {
-      stale = creator_dead(ds);
-    } else if (m != kMagic) {
+  // A segment is created whole: one under a header page, or with a zero header but no region's
+  // size, was never a region (someone else's: left alone, whether its creator lives or not).
+  if (ds.shm_segsz < kHeaderSize) return errc::bad_layout;
+  bool stale = false;
+  void* p = ::shmat(old, nullptr, 0);
+  if (p == shmat_failed()) return errc_from_errno(-errno);
+  auto* h = static_cast<region_header*>(p);
+  const uint64_t m = h->magic.load(std::memory_order_acquire);
+  errc e = errc::busy;
+  if (m == 0 && possible_region_size(ds.shm_segsz)) {
+    stale = creator_dead(ds);  // else busy: its creator is still formatting it
+  } else if (m != kMagic) {
+    e = errc::bad_layout;
+  } else if (h->reader_state.load(std::memory_order_acquire) == kReaderClosed) {
+    stale = true;
+  } else if (!reader_alive(h, region_kind::sysv, true)) {
+    how->detail = layout_mismatch(h, ds.shm_segsz, cfg);
+    if (!how->detail.empty()) {
       e = errc::bad_layout;
-    } else if (h->reader_state.load(std::memory_order_acquire) == kReaderClosed) {
-      stale = true;
-    } else if (!reader_alive(h, region_kind::sysv, true)) {
-      how->detail = layout_mismatch(h, ds.shm_segsz, cfg);
-      if (!how->detail.empty()) {
-        e = errc::bad_layout;
-      } else if (uint64_t w = h->claim.load(std::memory_order_acquire);
-                 !claim_held(w) && h->claim.compare_exchange_strong(w, own_claim())) {
-        // The CAS decides between readers racing here: one that loads the word after it sees a
-        // live claimant, whatever owner_pid and the state (stored by claim_region) still say.
-        if (auto* hook = g_claim_hook.load(std::memory_order_acquire)) hook(g_claim_hook_user);
-        claim_region(h);
-        out->kind = region_kind::sysv;
-        out->base = p;
-        out->size = ds.shm_segsz;
-        out->shmid = old;
-        how->reattached = true;
-        return errc::ok;
-      }
+    } else if (uint64_t w = h->claim.load(std::memory_order_acquire);
+               !claim_held(w) && h->claim.compare_exchange_strong(w, own_claim())) {
+      // The CAS decides between readers racing here: one that loads the word after it sees a
+      // live claimant, whatever owner_pid and the state (stored by claim_region) still say.
+      if (auto* hook = g_claim_hook.load(std::memory_order_acquire)) hook(g_claim_hook_user);
+      claim_region(h);
+      out->kind = region_kind::sysv;
+      out->base = p;
+      out->size = ds.shm_segsz;
+      out->shmid = old;
+      how->reattached = true;
+      return errc::ok;
     }
-    ::shmdt(p);
-    if (!stale) return e;
   }
-  if (!stale) return errc::busy;
+  ::shmdt(p);
+  if (!stale) return e;
   if (cfg.must_exist) return errc::not_found;
   ::shmctl(old, IPC_RMID, nullptr);
   *again = true;
@@ -527,7 +544,7 @@ errc attach_region(const address& addr, mapping* out) {
     return e;
   }
   const auto size = static_cast<size_t>(st.st_size);
-  if (size < kHeaderSize) {
+  if (size == 0) {  // 1..4095 bytes: mapped, and refused by validate_header (not a region)
     ::close(fd);
     return errc::not_connected;  // the reader has not sized it yet
   }

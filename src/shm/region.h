@@ -55,6 +55,11 @@ constexpr uint64_t region_bytes(uint64_t ring_bytes, uint32_t node_size) noexcep
   return kHeaderSize + ring_bytes / node_size * sizeof(head_word) + ring_bytes;
 }
 
+// Whether an object of `size` bytes could be a region some config made (region_bytes of a
+// power-of-two node size in [64, 4096] and a power-of-two count of at least 16 nodes): an object
+// with a zero header is a creator's unpublished region only then, else someone else's.
+bool possible_region_size(uint64_t size) noexcept;
+
 // Checks every field of a header against the mapped size; fills *g on success.
 // Errors: not_connected (magic still 0: the reader is formatting it), bad_layout. On an error
 // *why (if given) points to a static text saying which field was wrong.

@@ -98,16 +98,16 @@ struct shm_writer::impl {
   }
 
   errc full() noexcept {
-    ++local.queue_full;
-    ++pend_full;
     // A removed region never frees space: tell the caller rather than full forever. Checked at
-    // most once a millisecond (an fstat or IPC_STAT).
+    // most once a millisecond (an fstat or IPC_STAT). Counted once, as what is returned.
     const uint64_t now = mono_ns();
     if (now - last_liveness_ns >= 1000000) {
       last_liveness_ns = now;
       if (region_gone()) return gone();
     }
     if (removed) return gone();
+    ++local.queue_full;
+    ++pend_full;
     return errc::queue_full;
   }
 
@@ -472,9 +472,10 @@ shm_writer::~shm_writer() {
 
 errc shm_writer::open(std::string_view url, const shm_writer_options& opt) {
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) {
+  std::string why;  // names what is wrong with the URL
+  if (const errc e = parse_address(url, &addr, &why); e != errc::ok) {
     last_error_ =
-        error_info{e, open_error_detail("shm_writer::open", std::string(url), e, nullptr)};
+        error_info{e, open_error_detail("shm_writer::open", std::string(url), e, why.c_str())};
     return e;
   }
   return open(addr, opt);
@@ -509,6 +510,10 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
   if (const errc e = attach_region(addr, &p->map); e != errc::ok) return fail(e, nullptr);
   const char* why = nullptr;
   errc e = validate_header(p->map.base, p->map.size, &p->g, &why);
+  if (e == errc::not_connected && !possible_region_size(p->map.size)) {
+    e = errc::bad_layout;  // a zero header, but no region has its size: someone else's object
+    why = "the header's magic is 0 and its size is no region's: not a uvbus region";
+  }
   if (e == errc::ok) e = check_options(p->g, opt, &why);
   if (e == errc::ok && (p->g.hdr->reader_state.load(std::memory_order_acquire) == kReaderClosed ||
                         shm_detail::region_removed(p->map))) {
@@ -569,9 +574,11 @@ errc shm_writer::send_batch(const const_buffer* msgs, size_t count) noexcept {
 errc shm_writer::coalesce(uv_loop_t* loop, size_t stage_bytes) noexcept {
   if (!impl_) return errc::not_connected;
   if (impl_->stage_cap != 0) return errc::wrong_state;
-  // The stage is one batch body: it must fit the record limit.
-  const size_t cap = std::min<size_t>(stage_bytes, impl_->g.max_record) & ~size_t{7};
-  if (cap < 64) return errc::invalid_argument;
+  if (stage_bytes < 64) return errc::invalid_argument;
+  // The stage is one batch body: it must fit the record limit (below 64 on a region of small
+  // records). At least one empty message's 8 bytes: a stage of one message is a plain record.
+  const size_t cap = std::max<size_t>(
+      std::min<size_t>(stage_bytes, impl_->g.max_record) & ~size_t{7}, kRecordHeaderSize);
   impl_->stage.reset(new (std::nothrow) uint8_t[cap]());
   if (!impl_->stage) return errc::no_memory;
   if (loop != nullptr) {
