@@ -413,6 +413,13 @@ class shm_writer {
   [[nodiscard]] errc flush() noexcept;
   // Messages staged and not yet in the ring.
   [[nodiscard]] size_t staged() const noexcept;
+  // Hands back each staged message this writer drops (the two cases above: the region removed,
+  // or close() / the destructor unable to publish), oldest first, before they are counted:
+  // [data, data + size) is the message as sent, valid during the call only. It runs inside the
+  // call that drops them (a send, flush(), close(), the destructor, or the loop turn's flush), so
+  // it must not destroy the writer; a send on it from there is staged afresh. Needs an open
+  // writer (a no-op otherwise); a relay uses it to tell the sources of what it had accepted.
+  void on_staged_dropped(std::function<void(const uint8_t* data, size_t size)> f);
   // The classic contract for one message on a coalescing writer: publishes the stage, then this
   // message as its own record; ok means it is committed in the ring (what a caller that reports
   // delivery needs). On a stage that can not be published it sends nothing (queue_full, ...).

@@ -527,10 +527,22 @@ void retry_shm_overflow(node::impl& n) {
   }
 }
 
+// Tells the sources of the relayed messages rings' stages dropped (shm_unstaged), then one line.
+void tell_unstaged(node::impl& n) {
+  const std::vector<proto::header> hs = std::move(n.unstaged);
+  n.unstaged.clear();
+  for (const proto::header& hd : hs) n.relay_drop(hd, proto::reason::not_connected, false);
+  n.log_later(log_level::warn,
+              "%zu relayed messages staged for a shared-memory ring were dropped (its reader "
+              "closed, or the ring stayed full): their sources were told",
+              hs.size());
+}
+
 }  // namespace
 
 void node::impl::run_deferred() {
   if (!shm_overflow.empty()) retry_shm_overflow(*this);
+  if (!unstaged.empty()) tell_unstaged(*this);
   // Posts accepted before stop() are reported (closed), their tasks run, before on_down(closed).
   if (state == run_state::stopping) drain_posts_for_stop();
   if (!deferred_logs.empty()) {

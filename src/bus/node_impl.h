@@ -105,8 +105,7 @@ struct node::impl {
   // on any thread; the loop thread takes a block of kSeqBlock at once and hands them out with
   // plain increments (take_seq): a locked add per message waited for the store buffer to drain
   // the message's copies (perf of a TCP node sender: send_data 10.6 -> 8.2 % of samples without
-  // it). Ids of one thread increase;
-  // across threads they are unique but not in the order they were taken.
+  // it). Ids of one thread increase; across threads they are unique but not in taking order.
   static constexpr uint64_t kSeqBlock = 4096;
   std::atomic<uint64_t> next_seq{1};
   uint64_t seq_next = 0;  // the loop thread's block: [seq_next, seq_end)
@@ -125,12 +124,12 @@ struct node::impl {
   std::vector<std::pair<bus_id, errc>> deferred_down;
   bool deferred_up = false;
   bool stop_done_pending = false;
-  std::vector<peer_ep*> shm_overflow;  // peers whose shm overflow needs retrying
+  std::vector<peer_ep*> shm_overflow;   // peers whose shm overflow needs retrying
+  std::vector<proto::header> unstaged;  // relayed messages a ring's stage dropped: told later
   bool shm_paused = false;
 
   node_counters counters;
-  // The last target's next hop, so a stream of messages to one target skips the routing lookups.
-  // Cleared whenever a peer comes or goes.
+  // The last target's next hop (a stream of messages skips the lookups); cleared as peers change.
   bus_id cached_target = 0;
   peer_ep* cached_hop = nullptr;
   std::vector<const_buffer> gather;
@@ -424,6 +423,7 @@ struct node::impl {
   void s_written(connection_id c, uint64_t written_through);
   void s_send_failed(connection_id c, uint64_t first, uint64_t last, errc reason);
   void s_unsent(connection_id c, const uint8_t* data, size_t size);
+  void shm_unstaged(const uint8_t* data, size_t size);
   void s_writable(connection_id c);
   void s_received(connection_id c, const uint8_t* data, size_t size);
   void protocol_violation(link* lk, const char* what);

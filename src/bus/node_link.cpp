@@ -126,18 +126,40 @@ void node::impl::s_written(connection_id c, uint64_t written_through) {
   }
 }
 
+namespace {
+
+// Whether [data, data + size) is a data message of another node's (one `self` relays).
+bool relayed(bus_id self, const uint8_t* data, size_t size, proto::header* hd) {
+  return proto::parse_header(data, size, hd) == errc::ok && hd->source != self &&
+         (hd->type == msg_type::data || hd->type == msg_type::forward);
+}
+
+}  // namespace
+
 // A message the link's queue held when it died (before s_send_failed). One this node relayed had
 // been taken from its source as forwarded: the source is told now, as for any relay drop. The
 // node's own messages have their reports (s_send_failed) or their flows.
 void node::impl::s_unsent(connection_id c, const uint8_t* data, size_t size) {
   link* lk = link_of(c);
   proto::header hd;
-  if (lk == nullptr || dead || proto::parse_header(data, size, &hd) != errc::ok ||
-      hd.source == self || (hd.type != msg_type::data && hd.type != msg_type::forward)) {
-    return;
+  if (lk != nullptr && !dead && relayed(self, data, size, &hd)) {
+    relay_drop(hd, proto::reason::not_connected, false);  // one line for all, in s_send_failed
+    ++lk->unsent_dropped;
   }
-  relay_drop(hd, proto::reason::not_connected, false);  // one line for all, in s_send_failed
-  ++lk->unsent_dropped;
+}
+
+// A message a peer's coalescing ring writer dropped from its stage (the region removed, or the
+// writer closed with the ring full): one this node relayed is told from the loop (this runs
+// inside the writer's send, flush or destruction). Its tag (access tokens) comes first.
+void node::impl::shm_unstaged(const uint8_t* data, size_t size) {
+  if (size >= proto::kShmEnvelopeSize && data[0] == proto::kShmEnvelopeMarker) {
+    data += proto::kShmEnvelopeSize;
+    size -= proto::kShmEnvelopeSize;
+  }
+  proto::header hd;
+  if (dead || !relayed(self, data, size, &hd)) return;
+  unstaged.push_back(hd);
+  arm_idle();
 }
 
 void node::impl::s_send_failed(connection_id c, uint64_t /*first*/, uint64_t last, errc reason) {
@@ -523,6 +545,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
       auto w = std::make_unique<shm_writer>();
       const errc e = w->open(a);
       if (e == errc::ok) {
+        w->on_staged_dropped([this](const uint8_t* d, size_t n) { shm_unstaged(d, n); });
         p->shm = std::move(w);
       } else {
         // From the loop: this runs in the middle of the registration (a callback destroying or

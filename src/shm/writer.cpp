@@ -3,6 +3,7 @@
 // and the reader skips its record after the abandon timeout.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <new>
 
 #include <uv.h>
@@ -59,6 +60,7 @@ struct shm_writer::impl {
   uint64_t stage_payload = 0;
   bool stuck = false;  // the last flush failed (ring full): the stage waits for room
   writer_glue* glue = nullptr;
+  std::function<void(const uint8_t*, size_t)> on_dropped;  // shm_writer::on_staged_dropped
 
   static constexpr uint32_t kFlushEvery = shm_writer::kCounterFlushEvery;
   static constexpr uint32_t kLivenessEvery = 65536;  // sends between two region_removed checks
@@ -353,7 +355,20 @@ struct shm_writer::impl {
     const size_t n = stage_count;
     local.staged_dropped += n;
     pend_dropped += n;
+    const size_t used = stage_used;
+    // Handed back from a stage of their own: a send the callback makes stages afresh.
+    std::unique_ptr<uint8_t[]> gone;
+    if (on_dropped && n != 0) {
+      gone.reset(new (std::nothrow) uint8_t[stage_cap]);
+      if (gone) gone.swap(stage);
+    }
     clear_stage();
+    for (uint64_t off = 0; gone && off < used;) {
+      record_prefix ip;
+      std::memcpy(&ip, gone.get() + off, sizeof ip);
+      on_dropped(gone.get() + off + kRecordHeaderSize, ip.len);
+      off += batch_item_bytes(ip.len);
+    }
     return n;
   }
 
@@ -598,6 +613,10 @@ bool shm_writer::coalescing() const noexcept {
 errc shm_writer::flush() noexcept {
   if (!impl_) return errc::not_connected;
   return impl_->flush_stage();
+}
+
+void shm_writer::on_staged_dropped(std::function<void(const uint8_t*, size_t)> f) {
+  if (impl_) impl_->on_dropped = std::move(f);
 }
 
 size_t shm_writer::staged() const noexcept {

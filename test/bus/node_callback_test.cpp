@@ -17,6 +17,7 @@
 #include "bus/raw_peer.h"
 #include "bus/relay_harness.h"
 #include "uvbus/node.h"
+#include "uvbus/shm.h"
 
 namespace uvbus {
 namespace {
@@ -433,6 +434,60 @@ TEST_F(NodeCallback, DestroyFromOnWritableOnAFlowAckResendsNothing) {
   EXPECT_EQ(flow_data(x), sent) << "the destroyed source resent what was unacknowledged";
   x.ch->close();
   ASSERT_TRUE(wait([&] { return x.ch->closed(); }));
+}
+
+// Relayed messages that wait in the relay's coalescing stage for a full ring are dropped with the
+// stage when that ring's region goes (here removed by an operator while B lives on): each source
+// is told, and what follows goes over the stream. B reads its ring dry first (the relay's loop
+// does not run meanwhile), so every message A sent is either one B got or one A was told of.
+TEST_F(NodeCallback, RelayedMessagesInAStageForAGoneRingAreToldToTheirSources) {
+  node_config rc = shm_config("cb-stage-root");
+  rc.forward_overflow_bytes = size_t{256} << 10;
+  node_config ac = relay_config();
+  ac.link_queue_bytes = size_t{128} << 10;
+  relay_fixture::make_root_and_sender(rc, ac);
+  uv_loop_t other;  // B's loop, run apart from the relay's while it reads its ring dry
+  ASSERT_EQ(uv_loop_init(&other), 0);
+  node_config bc = shm_config("cb-stage-b");
+  bc.parent_urls = {root_->n->listen_urls().at(0)};
+  const std::string ring = bc.listen.at(1);
+  bool b_up = false;
+  uint64_t b_got = 0;
+  node_callbacks bcb;
+  bcb.on_up = [&](bus_id) { b_up = true; };
+  bcb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { ++b_got; };
+  auto b = std::make_unique<node>(&other, 0x102, bc, std::move(bcb));
+  ASSERT_EQ(b->start(), errc::ok);
+  endpoint_info e;
+  ASSERT_TRUE(wait([&] {
+    uv_run(&other, UV_RUN_NOWAIT);
+    return b_up && root_->n->peer(0x102, &e) && e.data_channel == channel_kind::shm;
+  }));
+  const std::string payload(1000, 's');  // small enough to be staged
+  int refused = 0;
+  uint64_t sent = 0;
+  ASSERT_TRUE(wait([&] {  // until A's link stays full: the ring, the stage, the overflow are
+    const bool ok = send_str(a_, 0x102, 1, payload) == errc::ok;
+    sent += ok ? 1 : 0;
+    refused = ok ? 0 : refused + 1;
+    return refused > 200;
+  }));
+  shm_region_info info;
+  ASSERT_TRUE(test::wait_until(&other, [&] {
+    return shm_inspect(ring, &info) == errc::ok && info.read_pos == info.write_pos;
+  }));
+  ASSERT_GT(b_got, 0u);
+  ASSERT_EQ(shm_remove(ring, true), errc::ok);  // the stage can never be published now
+  ASSERT_TRUE(wait([&] {
+    uv_run(&other, UV_RUN_NOWAIT);
+    return b_got + a_drops().size() == sent;
+  })) << "sent "
+      << sent << ", B got " << b_got << ", A was told of " << a_drops().size();
+  EXPECT_GT(a_drops().size(), 0u);
+  EXPECT_EQ(root_->n->counters().forward_dropped, a_drops().size());
+  EXPECT_TRUE(root_->logged("staged for a shared-memory ring were dropped"));
+  b.reset();
+  EXPECT_EQ(test::close_loop(&other), 0);
 }
 
 }  // namespace

@@ -192,6 +192,52 @@ TEST(ShmCoalesce, CloseThatCannotPublishTheStageReportsWhatItDrops) {
   EXPECT_EQ(g.r.metrics().staged_dropped, staged + 1);
 }
 
+// on_staged_dropped hands back what close() drops, oldest first, byte for byte; a send from
+// inside it is staged afresh (and dropped in turn by this close: handed back too).
+TEST(ShmCoalesce, DroppedStagedMessagesAreHandedBackInOrder) {
+  ring g(small_cfg(4096, 1024), 1024);
+  std::vector<std::string> want;
+  errc e = errc::ok;
+  for (size_t i = 0; i < 1000 && e == errc::ok; ++i) {
+    e = g.w.send(msg(i).data(), msg(i).size());
+    if (e == errc::ok) want.push_back(msg(i));
+  }
+  ASSERT_EQ(e, errc::queue_full);
+  const size_t staged = g.w.staged();
+  ASSERT_GT(staged, 1u);
+  std::vector<std::string> back;
+  g.w.on_staged_dropped([&](const uint8_t* d, size_t n) {
+    back.emplace_back(reinterpret_cast<const char*>(d), n);
+    if (back.size() == 1) {
+      EXPECT_EQ(g.w.send("again", 5), errc::ok);  // staged afresh
+    }
+  });
+  EXPECT_EQ(g.w.close(), staged);
+  const std::vector<std::string> tail(want.end() - static_cast<std::ptrdiff_t>(staged), want.end());
+  ASSERT_EQ(back.size(), staged);
+  EXPECT_EQ(back, tail);
+}
+
+// The same when the region is removed under a stage (its reader closed for good).
+TEST(ShmCoalesce, AStageDroppedForARemovedRegionIsHandedBack) {
+  const std::string url = "mem://" + test::unique_name("coal-back");
+  auto r = std::make_unique<shm_reader>();
+  ASSERT_EQ(r->open(url, small_cfg()), errc::ok);
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(w.coalesce(nullptr), errc::ok);
+  std::vector<std::string> back;
+  w.on_staged_dropped([&](const uint8_t* d, size_t n) { back.emplace_back(d, d + n); });
+  ASSERT_EQ(w.send("a", 1), errc::ok);
+  const std::string empty;
+  ASSERT_EQ(w.send(empty.data(), 0), errc::ok);
+  ASSERT_EQ(w.send("ccc", 3), errc::ok);
+  r->close();
+  EXPECT_EQ(w.flush(), errc::not_connected);
+  EXPECT_EQ(back, (std::vector<std::string>{"a", "", "ccc"}));
+  EXPECT_EQ(w.metrics().staged_dropped, 3u);
+}
+
 TEST(ShmCoalesce, AbandonedFlushIsRetriedWithoutDuplicates) {
   shm_config cfg = small_cfg();
   cfg.abandon_timeout_us = 2000;
