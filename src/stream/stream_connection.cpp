@@ -66,15 +66,22 @@ void stream_channel::impl::mark_dirty(conn_impl* c) {
   c->dirty = true;
   c->dirty_next = dirty_head;
   dirty_head = c;
-  if (!idle_on) {
-    idle_on = true;
-    // An active idle handle makes the loop poll without blocking, so a send() made anywhere
-    // (a timer, another check callback, outside uv_run) is flushed before the loop sleeps.
-    uv_idle_start(&idle, [](uv_idle_t* h) { static_cast<impl*>(h->data)->flush_dirty(); });
-  }
+  start_idle();
+}
+
+void stream_channel::impl::start_idle() {
+  if (idle_on) return;
+  idle_on = true;
+  // An active idle handle makes the loop poll without blocking, so a send() made anywhere
+  // (a timer, another check callback, outside uv_run) is flushed before the loop sleeps.
+  uv_idle_start(&idle, [](uv_idle_t* h) { static_cast<impl*>(h->data)->flush_dirty(); });
 }
 
 void stream_channel::impl::flush_dirty() {
+  if (!deferred_logs.empty()) {
+    log_deferred();
+    if (closed) return;
+  }
   // Connections re-marked during this pass (budget exhausted, or sent to from a callback) go on
   // a fresh list and are handled on the next pass.
   conn_impl* c = dirty_head;
@@ -86,7 +93,7 @@ void stream_channel::impl::flush_dirty() {
     flush(c);
     c = next;
   }
-  if (dirty_head == nullptr && idle_on) {
+  if (dirty_head == nullptr && deferred_logs.empty() && idle_on) {
     idle_on = false;
     uv_idle_stop(&idle);
   }

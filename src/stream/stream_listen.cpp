@@ -106,7 +106,7 @@ errc stream_channel::impl::replace_stale_file(const std::string& path) {
   if (r == 0 || err == EAGAIN || err == EINPROGRESS) return errc::address_in_use;
   if (err != ECONNREFUSED) return sys_fail(-err);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return sys_fail(-errno);
-  log_event(kLogStaleFile, log_level::info,
+  log_later(kLogStaleFile, log_level::info,
             "unix://" + path + ": replaced a stale socket file nobody listened on");
   return errc::ok;
 }

@@ -1,0 +1,253 @@
+// The promises of stream.h checked one by one where no other test did: no callback inside a member
+// call, validate()'s details, the listener's own accept loop against close_listener() from its
+// callbacks and its retry timer.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "stream/stream_harness.h"
+#include "stream/stream_impl.h"
+#include "stream/test_access.h"
+#include "uvbus/address.h"
+
+namespace uvbus::test {
+namespace {
+
+class StreamContract : public stream_fixture {
+ protected:
+  // Runs the loop for `ms` milliseconds of loop time (a timer keeps it awake meanwhile).
+  void run_for_ms(uint64_t ms) {
+    const uint64_t until = uv_now(&loop_) + ms;
+    uv_timer_t t;
+    uv_timer_init(&loop_, &t);
+    uv_timer_start(&t, [](uv_timer_t*) {}, ms, 0);
+    while (uv_now(&loop_) < until) uv_run(&loop_, UV_RUN_ONCE);
+    uv_close(reinterpret_cast<uv_handle_t*>(&t), nullptr);
+    uv_run(&loop_, UV_RUN_NOWAIT);
+  }
+
+  // A listening IPv4 socket on a free port and a duplicate of it, the "other holder": shutting
+  // the duplicate down makes every accept() on the socket fail (EINVAL) until listen() again.
+  static bool listening_pair(int* s, int* other) {
+    *s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (*s < 0 || ::bind(*s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+        ::listen(*s, 16) != 0) {
+      return false;
+    }
+    *other = ::dup(*s);
+    return *other >= 0;
+  }
+
+  static uint16_t port_of(int fd) {
+    sockaddr_in sa{};
+    socklen_t len = sizeof sa;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return 0;
+    return ntohs(sa.sin_port);
+  }
+
+  // True once the peer has closed fd's connection (EOF or reset), within the deadline.
+  bool peer_closed(int fd) {
+    return run([&] {
+      char b = 0;
+      const ssize_t n = ::recv(fd, &b, 1, MSG_DONTWAIT);
+      return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    });
+  }
+};
+
+// stream.h: callbacks run "never from inside a member function call, except close()". listen()
+// replacing a stale unix socket file called on_log from inside listen(): an on_log that listens
+// or closes listeners ran inside the caller's listen(). Now the line comes from the loop.
+TEST_F(StreamContract, ReplacingAStaleSocketFileIsLoggedFromTheLoopNotInsideListen) {
+  const std::string path = "/tmp/" + unique_name("stale");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::strncpy(sun.sun_path, path.c_str(), sizeof sun.sun_path - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
+  ::close(fd);  // bound, never listened on: a stale file
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  bool inside = false;
+  size_t inside_lines = 0;
+  stream_callbacks cb = r.callbacks();
+  cb.on_log = [&](log_level, const std::string& text) {
+    if (inside) ++inside_lines;
+    r.logs.emplace_back(log_level::info, text);
+  };
+  ASSERT_EQ(ch->set_callbacks(cb), errc::ok);
+  inside = true;
+  listener_id l;
+  const errc e = ch->listen("unix://" + path, &l);
+  inside = false;
+  ASSERT_EQ(e, errc::ok) << ch->last_error().detail;
+  EXPECT_EQ(inside_lines, 0u) << "on_log ran inside listen()";
+  ASSERT_TRUE(run([&] { return !r.logs.empty(); }));
+  EXPECT_NE(r.logs[0].second.find("stale socket file"), std::string::npos) << r.logs[0].second;
+  ch->close();
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  ::unlink(path.c_str());
+}
+
+// A line deferred by listen() and close() before the loop ran: close() reports it (close() may
+// call back), nothing comes after close() returns.
+TEST_F(StreamContract, ALineDeferredByListenIsLoggedByAnImmediateClose) {
+  const std::string path = "/tmp/" + unique_name("stale");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::strncpy(sun.sun_path, path.c_str(), sizeof sun.sun_path - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
+  ::close(fd);
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  ASSERT_EQ(ch->listen("unix://" + path), errc::ok) << ch->last_error().detail;
+  ch->close();
+  EXPECT_EQ(r.logs.size(), 1u);
+  run_for_ms(20);
+  EXPECT_EQ(r.logs.size(), 1u);
+  ::unlink(path.c_str());
+}
+
+// validate(): "*detail names the field and the rule". An invalid queue said only "queue: invalid
+// write_queue_config"; a keepalive delay Linux refuses (0, above 32767 s) or a mode above 07777
+// was accepted and silently not applied (the kernel's 2 hours, the mode's low bits).
+TEST_F(StreamContract, ValidateNamesTheQueueKeepaliveAndModeRules) {
+  std::string detail;
+  stream_config cfg;
+  cfg.queue.mode = queue_mode::dynamic;
+  cfg.queue.max_blocks = 0;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("queue.max_blocks"), std::string::npos) << detail;
+  cfg = stream_config{};
+  cfg.message_limit = 16;
+  cfg.queue.ring_bytes = 32;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("queue.ring_bytes"), std::string::npos) << detail;
+  for (const unsigned delay : {0U, 32768U}) {
+    cfg = stream_config{};
+    cfg.tcp_keepalive = true;
+    cfg.keepalive_delay_s = delay;
+    EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument) << delay;
+    EXPECT_NE(detail.find("keepalive_delay_s"), std::string::npos) << detail;
+  }
+  cfg = stream_config{};
+  cfg.tcp_keepalive = true;
+  cfg.keepalive_delay_s = 32767;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::ok) << detail;
+  cfg.tcp_keepalive = false;
+  cfg.keepalive_delay_s = 0;  // unused without tcp_keepalive
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::ok) << detail;
+  cfg.unix_socket_mode = 010600;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("unix_socket_mode"), std::string::npos) << detail;
+}
+
+// close_listener() inside on_accepted: ok once, closed after; the clients still waiting in the
+// backlog are not accepted (the accept batch stops), the one accepted stays open.
+TEST_F(StreamContract, CloseListenerInsideOnAcceptedStopsTheAcceptBatch) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  listener_id l;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  const uint16_t port = ch->listener_port(l);
+  std::vector<int> clients;
+  for (int i = 0; i < 5; ++i) {
+    clients.push_back(dial(port));
+    ASSERT_GE(clients.back(), 0);
+  }
+  std::vector<errc> closes;
+  r.on_accepted_hook = [&](connection_id) {
+    closes.push_back(ch->close_listener(l));
+    closes.push_back(ch->close_listener(l));
+    EXPECT_EQ(ch->listener_url(l), "");
+  };
+  ASSERT_TRUE(run([&] { return !r.accepted.empty(); }));
+  run_for_ms(50);
+  EXPECT_EQ(r.accepted.size(), 1u);
+  EXPECT_EQ(closes, (std::vector<errc>{errc::ok, errc::closed}));
+  EXPECT_TRUE(ch->is_open(r.accepted[0]));
+  EXPECT_EQ(ch->listener(r.accepted[0]), l);  // "it may have been closed since"
+  EXPECT_EQ(ch->metrics().listeners_open, 0u);
+  for (size_t i = 1; i < clients.size(); ++i) EXPECT_TRUE(peer_closed(clients[i])) << i;
+  for (const int fd : clients) ::close(fd);
+}
+
+// A listener whose accept() fails waits for the channel's retry timer; closed meanwhile, the
+// timer's turn touches nothing of it (no accept, no further failure counted or logged), and
+// another listener made afterwards works.
+TEST_F(StreamContract, AListenerClosedWhileItsAcceptRetryTimerIsArmedStaysClosed) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  int s = -1;
+  int other = -1;
+  ASSERT_TRUE(listening_pair(&s, &other));
+  listener_id l;
+  ASSERT_EQ(ch->listen_fd("ipv4://127.0.0.1:0", s, &l), errc::ok);
+  ::shutdown(other, SHUT_RD);  // every accept() on the socket fails now
+  ASSERT_TRUE(run([&] { return detail::stream_access::accept_errors(*ch) == 1; }));
+  const size_t lines = r.logs.size();
+  ASSERT_EQ(ch->close_listener(l), errc::ok);
+  run_for_ms(3 * detail::kAcceptRetryMs);
+  EXPECT_EQ(detail::stream_access::accept_errors(*ch), 1u);
+  EXPECT_EQ(r.logs.size(), lines);
+  EXPECT_TRUE(r.accepted.empty());
+  listener_id l2;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l2), errc::ok);
+  const int client = dial(ch->listener_port(l2));
+  ASSERT_GE(client, 0);
+  EXPECT_TRUE(run([&] { return r.accepted.size() == 1; }));
+  ::close(client);
+  ::close(other);
+}
+
+// "Stops listening": an on_log that closes the listener at its "accepting again" line (the first
+// accept that works after failures) got the client accepted anyway, announced with on_accepted
+// after close_listener() had returned ok.
+TEST_F(StreamContract, ClosingTheListenerFromOnLogWhenItAcceptsAgainAcceptsNothing) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  int s = -1;
+  int other = -1;
+  ASSERT_TRUE(listening_pair(&s, &other));
+  listener_id l;
+  bool closed_it = false;
+  stream_callbacks cb = r.callbacks();
+  cb.on_log = [&](log_level lv, const std::string& text) {
+    r.logs.emplace_back(lv, text);
+    if (text.find("accepting again") != std::string::npos) {
+      EXPECT_EQ(ch->close_listener(l), errc::ok);
+      closed_it = true;
+    }
+  };
+  ASSERT_EQ(ch->set_callbacks(cb), errc::ok);
+  ASSERT_EQ(ch->listen_fd("ipv4://127.0.0.1:0", s, &l), errc::ok);
+  ::shutdown(other, SHUT_RD);
+  ASSERT_TRUE(run([&] { return detail::stream_access::accept_errors(*ch) == 1; }));
+  ASSERT_EQ(::listen(other, 16), 0);  // accept() works again
+  const int client = dial(port_of(other));
+  ASSERT_GE(client, 0);
+  ASSERT_TRUE(run([&] { return closed_it; }));
+  run_for_ms(50);
+  EXPECT_TRUE(r.accepted.empty()) << "accepted after close_listener()";
+  EXPECT_EQ(ch->metrics().connections_open, 0u);
+  EXPECT_TRUE(peer_closed(client));
+  ::close(client);
+  ::close(other);
+}
+
+}  // namespace
+}  // namespace uvbus::test
