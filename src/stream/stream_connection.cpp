@@ -30,6 +30,7 @@
 #include <uv.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -436,6 +437,8 @@ errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     if (bufs[i].data == nullptr && bufs[i].size != 0) return errc::invalid_argument;
+    // A sum that wraps would pass the limit as a small message and copy the parts past it.
+    if (bufs[i].size > SIZE_MAX - total) return errc::message_too_large;
     total += bufs[i].size;
   }
   errc err = errc::ok;

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -54,6 +55,20 @@ class StreamContract : public stream_fixture {
     socklen_t len = sizeof sa;
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return 0;
     return ntohs(sa.sin_port);
+  }
+
+  // A connected pair: the client's id on c, the server's on s.
+  bool connect_pair(stream_channel* s, recorder* rs, stream_channel* c, recorder* rc,
+                    connection_id* client, connection_id* server) {
+    listener_id l;
+    if (s->listen("ipv4://127.0.0.1:0", &l) != errc::ok) return false;
+    const size_t before = rs->accepted.size();
+    if (c->connect(s->listener_url(l), client) != errc::ok) return false;
+    if (!run([&] { return rc->connected.count(client->value) == 1 && rs->accepted.size() > before; })) {
+      return false;
+    }
+    *server = rs->accepted.back();
+    return rc->connected[client->value] == errc::ok;
   }
 
   // True once the peer has closed fd's connection (EOF or reset), within the deadline.
@@ -247,6 +262,27 @@ TEST_F(StreamContract, ClosingTheListenerFromOnLogWhenItAcceptsAgainAcceptsNothi
   EXPECT_TRUE(peer_closed(client));
   ::close(client);
   ::close(other);
+}
+
+// send()/sendv(): "message_too_large: size > message_limit". Parts whose sizes add up past
+// SIZE_MAX wrapped to a small total: the frame was reserved for 1 byte and the first part's copy
+// ran off the end of the queue (ASan: negative-size-param / heap overflow).
+TEST_F(StreamContract, AGatherWhosePartsAddUpPastSizeMaxIsTooLarge) {
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs);
+  stream_channel* c = make_channel(&rc);
+  connection_id client, server;
+  ASSERT_TRUE(connect_pair(s, &rs, c, &rc, &client, &server));
+  const char bytes[4] = {'a', 'b', 'c', 'd'};
+  const const_buffer parts[2] = {{bytes, SIZE_MAX}, {bytes, 2}};
+  uint64_t seq = 0;
+  EXPECT_EQ(c->sendv(client, parts, 2, &seq), errc::message_too_large);
+  EXPECT_EQ(seq, 0u);
+  EXPECT_EQ(cm(c, client).queue_packets, 0u);
+  ASSERT_EQ(c->send(client, bytes, 4, &seq), errc::ok);
+  EXPECT_EQ(seq, 1u);  // the refused one took no sequence number
+  ASSERT_TRUE(run([&] { return rs.received_count == 1; }));
+  EXPECT_EQ(rs.received[server.value][0], "abcd");
 }
 
 }  // namespace
