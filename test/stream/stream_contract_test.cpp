@@ -285,5 +285,36 @@ TEST_F(StreamContract, AGatherWhosePartsAddUpPastSizeMaxIsTooLarge) {
   EXPECT_EQ(rs.received[server.value][0], "abcd");
 }
 
+// close() with a connect still pending: on_connected(closed) before close() returns (stream.h's
+// close(); on_connected's list had said cancelled), and nothing after.
+TEST_F(StreamContract, CloseEndsAPendingConnectWithClosedBeforeItReturns) {
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs);
+  stream_channel* c = make_channel(&rc);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  connection_id id;
+  ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
+  c->close();
+  ASSERT_EQ(rc.connected.count(id.value), 1u);
+  EXPECT_EQ(rc.connected[id.value], errc::closed);
+  EXPECT_EQ(c->metrics().connect_failed, 1u);
+  run_for_ms(20);
+  EXPECT_EQ(rc.connected.size(), 1u);
+  EXPECT_TRUE(rc.disconnected.empty());
+}
+
+// listen() on a unix path whose directory does not exist: not_found, the URL and the reason in
+// the detail (stream.h's list of listen() errors lacked it).
+TEST_F(StreamContract, AUnixListenerInAMissingDirectoryIsNotFound) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const std::string url = "unix:///tmp/" + unique_name("nodir") + "/x.sock";
+  EXPECT_EQ(ch->listen(url), errc::not_found);
+  EXPECT_NE(ch->last_error().detail.find(url), std::string::npos) << ch->last_error().detail;
+  EXPECT_NE(ch->last_error().detail.find("no such file"), std::string::npos)
+      << ch->last_error().detail;
+}
+
 }  // namespace
 }  // namespace uvbus::test
