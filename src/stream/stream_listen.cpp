@@ -165,20 +165,24 @@ errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
 
 void stream_channel::impl::discard_listener(listener_impl* l) {
   if (l->is_unix && !l->unix_path.empty()) remove_socket_file(l);
-  if (l->fd >= 0) ::close(l->fd);  // after uv_close() too: a poll handle never closes its fd
+  const int fd = l->fd;
   l->fd = -1;
-  if (!l->poll_open) {
+  if (l->poll_open) {
+    l->poll_open = false;
+    // The handle exists: libuv needs its close callback before the memory goes. uv_close() takes
+    // the socket out of epoll, which needs the descriptor still open: closed first, a socket that
+    // lives on in a duplicate (detach_listener(), a hand-over) stayed registered, and woke every
+    // loop turn while a client waited in its backlog.
+    uv_close(reinterpret_cast<uv_handle_t*>(&l->poll), [](uv_handle_t* h) {
+      auto* ll = static_cast<listener_impl*>(h->data);
+      impl* self = ll->ch;
+      delete ll;
+      self->handle_released();
+    });
+  } else {
     delete l;
-    return;
   }
-  l->poll_open = false;
-  // The handle exists: libuv needs its close callback before the memory goes.
-  uv_close(reinterpret_cast<uv_handle_t*>(&l->poll), [](uv_handle_t* h) {
-    auto* ll = static_cast<listener_impl*>(h->data);
-    impl* self = ll->ch;
-    delete ll;
-    self->handle_released();
-  });
+  if (fd >= 0) ::close(fd);  // a poll handle never closes its descriptor
 }
 
 errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* user) {

@@ -10,10 +10,14 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "limits_util.h"
 #include "stream/stream_harness.h"
 #include "stream/stream_impl.h"
 #include "stream/test_access.h"
@@ -314,6 +318,131 @@ TEST_F(StreamContract, AUnixListenerInAMissingDirectoryIsNotFound) {
   EXPECT_NE(ch->last_error().detail.find(url), std::string::npos) << ch->last_error().detail;
   EXPECT_NE(ch->last_error().detail.find("no such file"), std::string::npos)
       << ch->last_error().detail;
+}
+
+// Packet fate over TLS (stream.h: "every packet accepted ... covered exactly once, in order", with
+// on_unsent handing back each failed packet, oldest first, before on_send_failed and all before
+// on_disconnected): three links whose peer stopped reading, ended by a force disconnect, a
+// graceful one (its peer reads again) and a close() made inside the first one's on_send_failed.
+TEST_F(StreamContract, OverTlsEveryPacketIsCoveredOnceByForceGracefulAndCloseFromACallback) {
+  tls_config tls;
+  tls.mode = tls_mode::psk;
+  tls.psk_token = "cluster-access-token-0123456789";
+  stream_config cfg;
+  cfg.tls = tls;
+  cfg.message_limit = size_t{64} * 1024;
+  cfg.queue.ring_bytes = size_t{256} * 1024;
+  cfg.queue.max_bytes = size_t{256} * 1024;
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs, cfg);
+  rs.on_accepted_hook = [&](connection_id conn) { EXPECT_EQ(s->pause_reading(conn), errc::ok); };
+  std::map<uint64_t, std::vector<uint64_t>> unsent;  // conn -> packet numbers handed back
+  std::vector<std::string> order;                    // events of the force-closed link
+  stream_channel* c = nullptr;
+  connection_id link[3];
+  stream_callbacks cb = rc.callbacks();
+  const auto failed = cb.on_send_failed;
+  cb.on_unsent = [&](connection_id conn, const uint8_t* d, size_t n) {
+    EXPECT_GE(n, 8u);
+    uint64_t k = 0;
+    std::memcpy(&k, d, sizeof k);
+    unsent[conn.value].push_back(k);
+    if (conn == link[0]) order.emplace_back("unsent");
+  };
+  cb.on_send_failed = [&](connection_id conn, uint64_t first, uint64_t last, errc why) {
+    failed(conn, first, last, why);
+    if (conn != link[0]) return;
+    order.emplace_back("failed");
+    c->close();  // inside a callback: link[2]'s fate is reported inside this close()
+    EXPECT_EQ(rc.disconnected.count(link[2].value), 1u);
+  };
+  const auto disconnected = cb.on_disconnected;
+  cb.on_disconnected = [&](connection_id conn, errc why) {
+    disconnected(conn, why);
+    if (conn == link[0]) order.emplace_back("disconnected");
+  };
+  channels_.push_back(std::make_unique<stream_channel>(&loop_, cfg, std::move(cb)));
+  c = channels_.back().get();
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  for (auto& id : link) {
+    ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
+    ASSERT_TRUE(run([&] { return rc.connected.count(id.value) == 1; }));
+    ASSERT_EQ(rc.connected[id.value], errc::ok);
+  }
+  ASSERT_TRUE(run([&] { return rs.accepted.size() == 3; }));
+  std::string msg(20000, 'x');
+  uint64_t accepted[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    // Until the queue refuses: the socket buffers are full and the rest waits in the queue.
+    for (int round = 0; round < 200; ++round) {
+      errc e = errc::ok;
+      while (true) {
+        const uint64_t k = accepted[i] + 1;
+        std::memcpy(msg.data(), &k, sizeof k);
+        e = c->send(link[i], msg.data(), msg.size());
+        if (e != errc::ok) break;
+        ++accepted[i];
+      }
+      ASSERT_EQ(e, errc::queue_full);
+      run_for_ms(5);
+      if (cm(c, link[i]).queue_packets > 2) break;
+    }
+  }
+  ASSERT_EQ(c->disconnect(link[1], disconnect_mode::graceful), errc::ok);
+  for (const connection_id& srv : rs.accepted) (void)s->resume_reading(srv);
+  ASSERT_EQ(c->disconnect(link[0], disconnect_mode::force), errc::ok);
+  ASSERT_TRUE(run([&] { return rc.disconnected.count(link[1].value) == 1 || c->closed(); }));
+  ASSERT_TRUE(c->closed());
+  for (int i = 0; i < 3; ++i) {
+    rc.expect_exact(link[i].value, accepted[i]);
+    const uint64_t through = rc.written[link[i].value];
+    std::vector<uint64_t> want;
+    for (uint64_t k = through + 1; k <= accepted[i]; ++k) want.push_back(k);
+    EXPECT_EQ(unsent[link[i].value], want) << "link " << i;
+  }
+  EXPECT_GT(rc.failed_count(link[0].value), 0u);
+  EXPECT_EQ(rc.disconnected[link[0].value], errc::cancelled);
+  EXPECT_EQ(rc.disconnected[link[2].value], errc::closed);
+  ASSERT_GE(order.size(), 3u);
+  EXPECT_EQ(order.back(), "disconnected");
+  EXPECT_EQ(order[order.size() - 2], "failed");
+}
+
+// detach_listener() (a planned hand-over): the socket lives on in the duplicate, and clients that
+// connect meanwhile wait in its backlog. The listener closed its descriptor before uv_close()
+// stopped the poll, so epoll's registration of the still-open socket could not be removed: every
+// loop turn woke at once while a client waited (a spinning loop in the process handing over;
+// thousands of turns in 300 ms), until the successor accepted it.
+TEST_F(StreamContract, ADetachedListenersWaitingClientsDoNotSpinTheLoop) {
+  ASSERT_EQ(uv_loop_configure(&loop_, UV_METRICS_IDLE_TIME), 0);
+  recorder r, r2;
+  stream_channel* ch = make_channel(&r);
+  listener_id l;
+  ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  const std::string url = ch->listener_url(l);
+  run_for_ms(20);  // the loop polls the socket (libuv registers it with epoll at its next turn)
+  int fd = -1;
+  ASSERT_EQ(ch->detach_listener(l, &fd), errc::ok);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(ch->close_listener(l), errc::closed);
+  const int client = dial(port_of(fd));
+  ASSERT_GE(client, 0);
+  // Blocked in epoll for most of the window, as an idle loop is (a spinning one never blocks).
+  const uint64_t idle_before = uv_metrics_idle_time(&loop_);
+  const uint64_t turns = iterations_in(&loop_, 300);
+  const uint64_t idle_ms = (uv_metrics_idle_time(&loop_) - idle_before) / 1000000;
+  std::fprintf(stderr, "turns %llu idle %llu ms\n", static_cast<unsigned long long>(turns),
+               static_cast<unsigned long long>(idle_ms));
+  EXPECT_LE(turns, 100u) << "the loop woke for a socket it no longer polls";
+  EXPECT_GE(idle_ms, 100u) << "the loop never slept";
+  EXPECT_TRUE(r.accepted.empty());
+  stream_channel* next = make_channel(&r2);  // the successor adopts the socket and its client
+  listener_id l2;
+  ASSERT_EQ(next->listen_fd(url, fd, &l2), errc::ok) << next->last_error().detail;
+  EXPECT_EQ(next->listener_url(l2), url);
+  EXPECT_TRUE(run([&] { return r2.accepted.size() == 1; }));
+  ::close(client);
 }
 
 }  // namespace
