@@ -334,7 +334,8 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < 64) {
     return bad("queue.ring_bytes must be at least 64");
   }
-  if (cfg.queue.mode == queue_mode::dynamic && (cfg.queue.max_bytes == 0 || cfg.queue.max_blocks == 0)) {
+  if (cfg.queue.mode == queue_mode::dynamic &&
+      (cfg.queue.max_bytes == 0 || cfg.queue.max_blocks == 0)) {
     return bad("queue.max_bytes and queue.max_blocks must both be > 0 in dynamic mode");
   }
   if (write_queue::validate(cfg.queue) != errc::ok) return bad("queue: invalid write_queue_config");

@@ -33,7 +33,8 @@ class StreamContract : public stream_fixture {
     const uint64_t until = uv_now(&loop_) + ms;
     uv_timer_t t;
     uv_timer_init(&loop_, &t);
-    uv_timer_start(&t, [](uv_timer_t*) {}, ms, 0);
+    uv_timer_start(
+        &t, [](uv_timer_t*) {}, ms, 0);
     while (uv_now(&loop_) < until) uv_run(&loop_, UV_RUN_ONCE);
     uv_close(reinterpret_cast<uv_handle_t*>(&t), nullptr);
     uv_run(&loop_, UV_RUN_NOWAIT);
@@ -68,11 +69,32 @@ class StreamContract : public stream_fixture {
     if (s->listen("ipv4://127.0.0.1:0", &l) != errc::ok) return false;
     const size_t before = rs->accepted.size();
     if (c->connect(s->listener_url(l), client) != errc::ok) return false;
-    if (!run([&] { return rc->connected.count(client->value) == 1 && rs->accepted.size() > before; })) {
+    if (!run([&] {
+          return rc->connected.count(client->value) == 1 && rs->accepted.size() > before;
+        })) {
       return false;
     }
     *server = rs->accepted.back();
     return rc->connected[client->value] == errc::ok;
+  }
+
+  // Sends numbered 20 000-byte messages on conn (its peer does not read) until the queue refuses
+  // and holds more than two of them; *accepted counts the sends that succeeded.
+  bool fill_queue(stream_channel* c, connection_id conn, uint64_t* accepted) {
+    std::string msg(20000, 'x');
+    for (int round = 0; round < 200; ++round) {
+      errc e = errc::ok;
+      while (e == errc::ok) {
+        const uint64_t k = *accepted + 1;
+        std::memcpy(msg.data(), &k, sizeof k);
+        e = c->send(conn, msg.data(), msg.size());
+        if (e == errc::ok) ++*accepted;
+      }
+      if (e != errc::queue_full) return false;
+      run_for_ms(5);
+      if (cm(c, conn).queue_packets > 2) return true;
+    }
+    return false;
   }
 
   // True once the peer has closed fd's connection (EOF or reset), within the deadline.
@@ -371,24 +393,8 @@ TEST_F(StreamContract, OverTlsEveryPacketIsCoveredOnceByForceGracefulAndCloseFro
     ASSERT_EQ(rc.connected[id.value], errc::ok);
   }
   ASSERT_TRUE(run([&] { return rs.accepted.size() == 3; }));
-  std::string msg(20000, 'x');
   uint64_t accepted[3] = {0, 0, 0};
-  for (int i = 0; i < 3; ++i) {
-    // Until the queue refuses: the socket buffers are full and the rest waits in the queue.
-    for (int round = 0; round < 200; ++round) {
-      errc e = errc::ok;
-      while (true) {
-        const uint64_t k = accepted[i] + 1;
-        std::memcpy(msg.data(), &k, sizeof k);
-        e = c->send(link[i], msg.data(), msg.size());
-        if (e != errc::ok) break;
-        ++accepted[i];
-      }
-      ASSERT_EQ(e, errc::queue_full);
-      run_for_ms(5);
-      if (cm(c, link[i]).queue_packets > 2) break;
-    }
-  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(fill_queue(c, link[i], &accepted[i]));
   ASSERT_EQ(c->disconnect(link[1], disconnect_mode::graceful), errc::ok);
   for (const connection_id& srv : rs.accepted) (void)s->resume_reading(srv);
   ASSERT_EQ(c->disconnect(link[0], disconnect_mode::force), errc::ok);
