@@ -337,9 +337,9 @@ class stream_channel {
   // socket gives already_exists. The file gets stream_config::unix_socket_mode and is removed when
   // the listener closes. unix://@name is a Linux abstract socket: no file, no mode (any process of
   // the network namespace may connect), address_in_use while another listener has the name. The
-  // channel accepts by itself, at most 32 clients per loop turn; an accept that fails for want of
-  // descriptors sheds the waiting clients, or waits 100 ms (docs/stream.md, "The accept loop").
-  // Errors (last_error() names the URL and the problem): bad_url,
+  // channel accepts by itself, at most 32 clients per listener per loop turn; an accept that
+  // fails for want of descriptors sheds the waiting clients, or waits 100 ms (docs/stream.md,
+  // "The accept loop"). Errors (last_error() names the URL and the problem): bad_url,
   // unsupported_scheme, invalid_argument, closed, address_in_use, permission_denied,
   // resolve_failed, already_exists, not_found (a unix path in a missing directory), io_error.
   [[nodiscard]] errc listen(std::string_view url, listener_id* out = nullptr,

@@ -451,5 +451,44 @@ TEST_F(StreamContract, ADetachedListenersWaitingClientsDoNotSpinTheLoop) {
   ::close(client);
 }
 
+// close() from on_written, in the middle of a flush pass over several connections: every packet of
+// each connection is still covered once (the one flushing and the ones after it in the pass), the
+// reports end inside close(), and nothing fires afterwards.
+TEST_F(StreamContract, CloseFromOnWrittenMidFlushCoversEveryConnectionOnce) {
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs);
+  stream_channel* c = make_channel(&rc);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  connection_id ids[4];
+  for (auto& id : ids) {
+    ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
+    ASSERT_TRUE(run([&] { return rc.connected.count(id.value) == 1; }));
+  }
+  size_t written_after_close = 0;
+  bool closed = false;
+  rc.on_written_hook = [&](connection_id, uint64_t) {
+    if (closed) {
+      ++written_after_close;
+      return;
+    }
+    closed = true;
+    c->close();
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (const connection_id& id : ids) ASSERT_EQ(c->send(id, "abcdef", 6), errc::ok);
+  }
+  ASSERT_TRUE(run([&] { return closed; }));
+  EXPECT_EQ(rc.disconnected.size(), 4u);
+  for (const connection_id& id : ids) {
+    rc.expect_exact(id.value, 3);
+    EXPECT_EQ(rc.disconnected[id.value], errc::closed);
+  }
+  const size_t events = rc.failed.size() + rc.disconnected.size();
+  run_for_ms(20);
+  EXPECT_EQ(rc.failed.size() + rc.disconnected.size(), events);
+  EXPECT_EQ(written_after_close, 0u);
+}
+
 }  // namespace
 }  // namespace uvbus::test
