@@ -92,7 +92,8 @@ struct stream_config {
   // Frames smaller than this many bytes are coalesced: when a write is issued, as many queued small
   // frames as fit are copied into one per-thread merge buffer and written with one system call.
   // Larger frames are written straight from the queue, never copied again. 0 turns coalescing
-  // off: one write per packet (what a bus without coalescing does; for comparison).
+  // off: one write per packet (what a bus without coalescing does; for comparison). At most 1 GiB
+  // (the per-thread merge buffer holds at least one threshold).
   size_t merge_threshold = kDefaultMergeThreshold;
   bool tcp_nodelay = true;
   bool tcp_keepalive = false;
@@ -316,11 +317,11 @@ class stream_channel {
 
   // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid
   // (queue.ring_bytes below 64; in dynamic mode queue.max_bytes or queue.max_blocks 0) or too
-  // small for one frame of message_limit, read_buffer_size is below 4 KiB or above 1 GiB, backlog
-  // <= 0, keepalive_delay_s outside 1..32767 with tcp_keepalive set, unix_socket_mode above
-  // 07777, unix_send_buffer above 1 GiB, max_unregistered_per_address above a non-zero
-  // max_unregistered (it could never apply); with tls.mode set, the TLS settings' errors
-  // (uvbus/tls.h). *detail (if given) names the field and the rule.
+  // small for one frame of message_limit, merge_threshold above 1 GiB, read_buffer_size below
+  // 4 KiB or above 1 GiB, backlog <= 0, keepalive_delay_s outside 1..32767 with tcp_keepalive
+  // set, unix_socket_mode above 07777, unix_send_buffer above 1 GiB, max_unregistered_per_address
+  // above a non-zero max_unregistered (it could never apply); with tls.mode set, the TLS
+  // settings' errors (uvbus/tls.h). *detail (if given) names the field and the rule.
   [[nodiscard]] static errc validate(const stream_config& cfg,
                                      std::string* detail = nullptr) noexcept;
 

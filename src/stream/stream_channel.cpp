@@ -346,6 +346,9 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.queue.max_bytes != 0 && cfg.queue.max_bytes < biggest) {
     return bad("queue.max_bytes must hold one frame of message_limit (payload + 14 bytes)");
   }
+  // The per-thread merge buffer is at least this large (merge_cap): unbounded, one request could
+  // ask for SIZE_MAX bytes at the first merged write.
+  if (cfg.merge_threshold > (size_t{1} << 30)) return bad("merge_threshold must be at most 1 GiB");
   if (cfg.read_buffer_size < 4096 || cfg.read_buffer_size > (size_t{1} << 30)) {
     return bad("read_buffer_size must be between 4 KiB and 1 GiB");
   }

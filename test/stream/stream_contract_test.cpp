@@ -490,5 +490,19 @@ TEST_F(StreamContract, CloseFromOnWrittenMidFlushCoversEveryConnectionOnce) {
   EXPECT_EQ(written_after_close, 0u);
 }
 
+// merge_threshold sizes the per-thread merge buffer (at least one threshold): it was not bounded,
+// and SIZE_MAX passed validate() and asked for SIZE_MAX bytes at the first merged write (ASan:
+// allocation-size-too-big; a release build: every connection that queued two packets ended with
+// no_memory). Now refused, naming the field and the bound; 1 GiB still passes.
+TEST_F(StreamContract, AMergeThresholdAboveOneGibIsRefused) {
+  std::string detail;
+  stream_config cfg;
+  cfg.merge_threshold = SIZE_MAX;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("merge_threshold"), std::string::npos) << detail;
+  cfg.merge_threshold = size_t{1} << 30;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::ok) << detail;
+}
+
 }  // namespace
 }  // namespace uvbus::test
