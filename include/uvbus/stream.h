@@ -466,7 +466,9 @@ class stream_channel {
   // Closes every listener (removing unix socket files) and every connection. Synchronously, before
   // it returns: every packet still queued or in flight is reported failed (errc::closed) exactly
   // once, pending connects get on_connected(closed), established connections get
-  // on_disconnected(closed). No callback fires after close() returns; every later call returns
+  // on_disconnected(closed). No callback fires after close() returns (except, when close() is
+  // called inside a connection's own final reports — on_unsent, on_send_failed — the rest of that
+  // connection's reports, with its own reason, as the callback returns); every later call returns
   // errc::closed. Idempotent. Run the loop afterwards so libuv can release the handles.
   void close();
   [[nodiscard]] bool closed() const;
