@@ -208,6 +208,7 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
     const int r = uv_getaddrinfo(loop, &req, nullptr, a.host.c_str(), port, &hints);
     if (r != 0 || req.addrinfo == nullptr) {
       e = errc::resolve_failed;
+      sys_error = r;  // the resolver's reason, in the detail
     } else {
       e = listen_tcp(l, req.addrinfo->ai_addr);
     }

@@ -504,5 +504,19 @@ TEST_F(StreamContract, AMergeThresholdAboveOneGibIsRefused) {
   EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::ok) << detail;
 }
 
+// listen("dns://..."): "last_error() names the URL and the problem". A name that does not resolve
+// said only "...: resolve_failed: the host name could not be resolved"; now the resolver's reason
+// follows, as for system errors.
+TEST_F(StreamContract, AListenOnANameThatDoesNotResolveSaysWhy) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  const std::string url = "dns://uvbus-no-such-host.invalid:0";
+  EXPECT_EQ(ch->listen(url), errc::resolve_failed);
+  const std::string& d = ch->last_error().detail;
+  EXPECT_EQ(d.rfind(url + ": resolve_failed", 0), 0u) << d;
+  EXPECT_NE(d.find(" ("), std::string::npos) << d;  // "(unknown node or service)", say
+  EXPECT_EQ(d.back(), ')') << d;
+}
+
 }  // namespace
 }  // namespace uvbus::test
