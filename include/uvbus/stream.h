@@ -92,13 +92,15 @@ struct stream_config {
   // Frames smaller than this many bytes are coalesced: when a write is issued, as many queued small
   // frames as fit are copied into one per-thread merge buffer and written with one system call.
   // Larger frames are written straight from the queue, never copied again. 0 turns coalescing
-  // off: one write per packet (what a bus without coalescing does; for comparison).
+  // off: one write per packet (what a bus without coalescing does; for comparison). At most 1 GiB
+  // (the per-thread merge buffer holds at least one threshold).
   size_t merge_threshold = kDefaultMergeThreshold;
   bool tcp_nodelay = true;
   bool tcp_keepalive = false;
-  unsigned keepalive_delay_s = 60;  // first probe after this idle time, when tcp_keepalive is set
+  // First probe after this idle time, when tcp_keepalive is set: 1 to 32767 s (what Linux takes).
+  unsigned keepalive_delay_s = 60;
   int backlog = 128;
-  unsigned unix_socket_mode = 0600;  // permissions of a unix listener's socket file
+  unsigned unix_socket_mode = 0600;  // permissions of a unix listener's socket file (<= 07777)
   // Send buffer (SO_SNDBUF) asked for on every unix socket connection, both ends; 0 keeps the
   // kernel's default (net.core.wmem_default, 208 KiB on most systems), and the kernel caps any
   // request at net.core.wmem_max. Unlike TCP's, a unix socket's buffer never grows by itself, and
@@ -237,8 +239,8 @@ struct stream_callbacks {
   // (bad_hash, bad_varint, oversize: warn) or a stalled one (timeout: warn), an accepted
   // connection rejected over max_connections, max_unregistered or max_unregistered_per_address
   // (warn), a TLS link that failed its handshake or broke its rules, with the reason (warn), a
-  // failed accept (error), a stale unix socket
-  // file replaced (info). Rate limited per kind (uvbus/log.h). Same thread and rules as the other
+  // failed accept (error), a stale unix socket file replaced by listen() (info, from the loop
+  // after the call). Rate limited per kind (uvbus/log.h). Same thread and rules as the other
   // callbacks; it may not close the channel.
   log_fn on_log;
 
@@ -246,8 +248,9 @@ struct stream_callbacks {
   std::function<void(connection_id conn)> on_accepted;
 
   // An outbound connect() finished: status ok, or connection_refused, resolve_failed, timeout,
-  // cancelled (disconnect() or close() before it connected), io_error, ... On failure this is the
-  // connection's final callback (no on_disconnected follows).
+  // cancelled (disconnect() before it connected), closed (close() before it connected, from
+  // inside close()), io_error, ... On failure this is the connection's final callback (no
+  // on_disconnected follows).
   std::function<void(connection_id conn, errc status)> on_connected;
 
   // The connection ended; fires once, after every on_written / on_send_failed of its packets.
@@ -312,15 +315,20 @@ class stream_channel {
   stream_channel(const stream_channel&) = delete;
   stream_channel& operator=(const stream_channel&) = delete;
 
-  // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid or too
-  // small for one frame of message_limit, read_buffer_size is below 4 KiB or above 1 GiB, backlog
-  // <= 0, max_unregistered_per_address above a non-zero max_unregistered (it could never apply).
-  // *detail (if given) names the field and the rule.
+  // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid
+  // (queue.ring_bytes below 64; in dynamic mode queue.max_bytes or queue.max_blocks 0) or too
+  // small for one frame of message_limit, merge_threshold above 1 GiB, read_buffer_size below
+  // 4 KiB or above 1 GiB, backlog <= 0, keepalive_delay_s outside 1..32767 with tcp_keepalive
+  // set, unix_socket_mode above 07777, unix_send_buffer above 1 GiB, max_unregistered_per_address
+  // above a non-zero max_unregistered (it could never apply); with tls.mode set, the TLS
+  // settings' errors (uvbus/tls.h). *detail (if given) names the field and the rule.
   [[nodiscard]] static errc validate(const stream_config& cfg,
                                      std::string* detail = nullptr) noexcept;
 
-  // Replaces the callbacks. Takes effect at once (also inside a callback: the next event uses the
-  // new ones). Ignored after close().
+  // Replaces the callbacks. Outside a callback it takes effect at once; inside one, once the
+  // outermost running callback returns (the running std::function is never destroyed under
+  // itself), so the events of a close() called from that callback still go to the old ones.
+  // Returns closed (and changes nothing) after close().
   errc set_callbacks(stream_callbacks cbs);
 
   // Binds and listens. ipv4://, ipv6:// (both bracketed and libatbus forms), dns:// (resolved
@@ -330,11 +338,11 @@ class stream_channel {
   // socket gives already_exists. The file gets stream_config::unix_socket_mode and is removed when
   // the listener closes. unix://@name is a Linux abstract socket: no file, no mode (any process of
   // the network namespace may connect), address_in_use while another listener has the name. The
-  // channel accepts by itself, at most 32 clients per loop turn; an accept that fails for want of
-  // descriptors sheds the waiting clients, or waits 100 ms (docs/stream.md, "The accept loop").
-  // Errors (last_error() names the URL and the problem): bad_url,
+  // channel accepts by itself, at most 32 clients per listener per loop turn; an accept that
+  // fails for want of descriptors sheds the waiting clients, or waits 100 ms (docs/stream.md,
+  // "The accept loop"). Errors (last_error() names the URL and the problem): bad_url,
   // unsupported_scheme, invalid_argument, closed, address_in_use, permission_denied,
-  // resolve_failed, already_exists, io_error.
+  // resolve_failed, already_exists, not_found (a unix path in a missing directory), io_error.
   [[nodiscard]] errc listen(std::string_view url, listener_id* out = nullptr,
                             void* user_data = nullptr);
   // The same with this listener's own TLS settings (instead of stream_config::tls): with a mode
@@ -397,7 +405,7 @@ class stream_channel {
   // to this connection meanwhile. The caller's bytes are copied before send() returns. On success
   // *seq (if given) receives the packet's sequence number on conn: 1, 2, 3, ... in send order, the
   // numbers on_written and on_send_failed report. Errors (nothing is queued, no callback fires):
-  //   message_too_large  size > message_limit
+  //   message_too_large  size > message_limit (sendv: the parts' total)
   //   queue_full         the queue is full now (retriable; on_writable tells when to retry)
   //   not_connected      still connecting (retriable)
   //   closed             the connection is gone or ending, disconnect() was called, or the channel
@@ -458,7 +466,9 @@ class stream_channel {
   // Closes every listener (removing unix socket files) and every connection. Synchronously, before
   // it returns: every packet still queued or in flight is reported failed (errc::closed) exactly
   // once, pending connects get on_connected(closed), established connections get
-  // on_disconnected(closed). No callback fires after close() returns; every later call returns
+  // on_disconnected(closed). No callback fires after close() returns (except, when close() is
+  // called inside a connection's own final reports — on_unsent, on_send_failed — the rest of that
+  // connection's reports, with its own reason, as the callback returns); every later call returns
   // errc::closed. Idempotent. Run the loop afterwards so libuv can release the handles.
   void close();
   [[nodiscard]] bool closed() const;

@@ -145,6 +145,11 @@ void stream_channel::impl::on_readable(listener_impl* l) {
                   l->url + ": accepting again after " + std::to_string(l->failed_tries) +
                       " failed attempts");
         l->failed_tries = 0;
+        // on_log may have closed the listener (or the channel): the client goes with it.
+        if (closed || l->closing) {
+          if (fd >= 0) ::close(fd);
+          return;
+        }
       }
     }
     if (fd >= 0) {

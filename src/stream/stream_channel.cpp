@@ -210,7 +210,10 @@ conn_impl* stream_channel::impl::new_conn(bool outbound, void* user) {
 
 void stream_channel::impl::close_all(bool with_callbacks) {
   if (closed) return;
+  if (with_callbacks) log_deferred();  // close() calls back: its lines first
+  if (closed) return;
   closed = true;
+  deferred_logs.clear();
   if (!with_callbacks) cb = stream_callbacks{};
   while (!listeners.empty()) (void)close_listener(listeners.front());
   if (reserve_fd >= 0) ::close(reserve_fd);
@@ -328,6 +331,13 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
     return bad("message_limit must be between 1 and 1 GiB");
   }
+  if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < 64) {
+    return bad("queue.ring_bytes must be at least 64");
+  }
+  if (cfg.queue.mode == queue_mode::dynamic &&
+      (cfg.queue.max_bytes == 0 || cfg.queue.max_blocks == 0)) {
+    return bad("queue.max_bytes and queue.max_blocks must both be > 0 in dynamic mode");
+  }
   if (write_queue::validate(cfg.queue) != errc::ok) return bad("queue: invalid write_queue_config");
   const size_t biggest = frame_size(cfg.message_limit);
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < biggest + 16 + 8) {
@@ -336,10 +346,18 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.queue.max_bytes != 0 && cfg.queue.max_bytes < biggest) {
     return bad("queue.max_bytes must hold one frame of message_limit (payload + 14 bytes)");
   }
+  // The per-thread merge buffer is at least this large (merge_cap): unbounded, one request could
+  // ask for SIZE_MAX bytes at the first merged write.
+  if (cfg.merge_threshold > (size_t{1} << 30)) return bad("merge_threshold must be at most 1 GiB");
   if (cfg.read_buffer_size < 4096 || cfg.read_buffer_size > (size_t{1} << 30)) {
     return bad("read_buffer_size must be between 4 KiB and 1 GiB");
   }
   if (cfg.backlog <= 0) return bad("backlog must be > 0");
+  // Linux takes 1 to 32767 s (TCP_KEEPIDLE); outside it the socket kept the kernel's 2 hours.
+  if (cfg.tcp_keepalive && (cfg.keepalive_delay_s == 0 || cfg.keepalive_delay_s > kMaxKeepaliveS)) {
+    return bad("keepalive_delay_s must be between 1 and 32767 when tcp_keepalive is set");
+  }
+  if (cfg.unix_socket_mode > 07777) return bad("unix_socket_mode must be at most 07777");
   if (cfg.unix_send_buffer > kMaxUnixSendBuffer)
     return bad("unix_send_buffer must be at most 1 GiB");
   if (cfg.max_unregistered != 0 && cfg.max_unregistered_per_address > cfg.max_unregistered) {
@@ -377,6 +395,22 @@ void stream_channel::impl::log_event(size_t kind, log_level lv, const std::strin
     cb.on_log(lv, text);
   } else {
     cb.on_log(lv, text + " (" + std::to_string(suppressed) + " more like it not logged)");
+  }
+}
+
+void stream_channel::impl::log_later(size_t kind, log_level lv, std::string text) {
+  if (!cb.on_log || closed) return;
+  deferred_logs.push_back({kind, lv, std::move(text)});
+  start_idle();
+}
+
+// Taken out first: an on_log that calls listen() may defer another line meanwhile.
+void stream_channel::impl::log_deferred() {
+  std::vector<deferred_line> lines;
+  lines.swap(deferred_logs);
+  for (const deferred_line& d : lines) {
+    if (closed) return;
+    log_event(d.kind, d.level, d.text);
   }
 }
 

@@ -30,6 +30,7 @@
 #include <uv.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -66,15 +67,22 @@ void stream_channel::impl::mark_dirty(conn_impl* c) {
   c->dirty = true;
   c->dirty_next = dirty_head;
   dirty_head = c;
-  if (!idle_on) {
-    idle_on = true;
-    // An active idle handle makes the loop poll without blocking, so a send() made anywhere
-    // (a timer, another check callback, outside uv_run) is flushed before the loop sleeps.
-    uv_idle_start(&idle, [](uv_idle_t* h) { static_cast<impl*>(h->data)->flush_dirty(); });
-  }
+  start_idle();
+}
+
+void stream_channel::impl::start_idle() {
+  if (idle_on) return;
+  idle_on = true;
+  // An active idle handle makes the loop poll without blocking, so a send() made anywhere
+  // (a timer, another check callback, outside uv_run) is flushed before the loop sleeps.
+  uv_idle_start(&idle, [](uv_idle_t* h) { static_cast<impl*>(h->data)->flush_dirty(); });
 }
 
 void stream_channel::impl::flush_dirty() {
+  if (!deferred_logs.empty()) {
+    log_deferred();
+    if (closed) return;
+  }
   // Connections re-marked during this pass (budget exhausted, or sent to from a callback) go on
   // a fresh list and are handled on the next pass.
   conn_impl* c = dirty_head;
@@ -86,7 +94,7 @@ void stream_channel::impl::flush_dirty() {
     flush(c);
     c = next;
   }
-  if (dirty_head == nullptr && idle_on) {
+  if (dirty_head == nullptr && deferred_logs.empty() && idle_on) {
     idle_on = false;
     uv_idle_stop(&idle);
   }
@@ -429,6 +437,8 @@ errc stream_channel::impl::send(conn_impl* c, const const_buffer* bufs, size_t n
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     if (bufs[i].data == nullptr && bufs[i].size != 0) return errc::invalid_argument;
+    // A sum that wraps would pass the limit as a small message and copy the parts past it.
+    if (bufs[i].size > SIZE_MAX - total) return errc::message_too_large;
     total += bufs[i].size;
   }
   errc err = errc::ok;

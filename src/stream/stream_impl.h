@@ -209,6 +209,7 @@ struct callback_scope {
 inline constexpr size_t kMinMergeBuffer = size_t{64} * 1024;
 // Largest stream_config::unix_send_buffer (setsockopt takes an int; the kernel caps it far lower).
 inline constexpr size_t kMaxUnixSendBuffer = size_t{1} << 30;
+inline constexpr unsigned kMaxKeepaliveS = 32767;  // Linux's bound on TCP_KEEPIDLE
 // A socket that takes only part of a merge (a unix socket: its send buffer is about 208 KiB, and
 // nothing autotunes it) would have the untaken frames copied into the merge buffer again on the
 // next flush, several times over when the peer reads slower than we send. So a connection merges
@@ -316,6 +317,14 @@ struct stream_channel::impl {
   uv_check_t check{};
   uv_idle_t idle{};
   bool idle_on = false;
+  // Lines about events inside a member call (listen() replacing a stale socket file): logged from
+  // the loop (flush_dirty()), since no callback fires inside a call (stream.h).
+  struct deferred_line {
+    size_t kind;
+    log_level level;
+    std::string text;
+  };
+  std::vector<deferred_line> deferred_logs;
   uv_timer_t sweep_timer{};  // stalled half-frames, idle grown send rings (sweep())
 
   detail::conn_list conns;
@@ -423,6 +432,10 @@ struct stream_channel::impl {
   void hand_back_unsent(conn_impl* c);
   // on_log, rate limited per kind (kinds: the log_kind enum of stream_channel.cpp).
   void log_event(size_t kind, log_level lv, const std::string& text);
+  // The same from inside a member call: kept for the loop (deferred_logs), or close().
+  void log_later(size_t kind, log_level lv, std::string text);
+  void log_deferred();
+  void start_idle();
   // Logs why a connection ended if that is worth a line (a corrupt or stalled peer).
   void log_end(const conn_impl* c, errc reason);
   void on_connected(conn_impl* c);
@@ -535,6 +548,7 @@ using detail::kLogStaleFile;
 using detail::kLogStalled;
 using detail::kLogUnregistered;
 using detail::kMaxGather;
+using detail::kMaxKeepaliveS;
 using detail::kMaxUnixSendBuffer;
 using detail::kMinMergeBuffer;
 using detail::kMinMergeWindow;

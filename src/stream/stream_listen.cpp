@@ -106,7 +106,7 @@ errc stream_channel::impl::replace_stale_file(const std::string& path) {
   if (r == 0 || err == EAGAIN || err == EINPROGRESS) return errc::address_in_use;
   if (err != ECONNREFUSED) return sys_fail(-err);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return sys_fail(-errno);
-  log_event(kLogStaleFile, log_level::info,
+  log_later(kLogStaleFile, log_level::info,
             "unix://" + path + ": replaced a stale socket file nobody listened on");
   return errc::ok;
 }
@@ -165,20 +165,24 @@ errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
 
 void stream_channel::impl::discard_listener(listener_impl* l) {
   if (l->is_unix && !l->unix_path.empty()) remove_socket_file(l);
-  if (l->fd >= 0) ::close(l->fd);  // after uv_close() too: a poll handle never closes its fd
+  const int fd = l->fd;
   l->fd = -1;
-  if (!l->poll_open) {
+  if (l->poll_open) {
+    l->poll_open = false;
+    // The handle exists: libuv needs its close callback before the memory goes. uv_close() takes
+    // the socket out of epoll, which needs the descriptor still open: closed first, a socket that
+    // lives on in a duplicate (detach_listener(), a hand-over) stayed registered, and woke every
+    // loop turn while a client waited in its backlog.
+    uv_close(reinterpret_cast<uv_handle_t*>(&l->poll), [](uv_handle_t* h) {
+      auto* ll = static_cast<listener_impl*>(h->data);
+      impl* self = ll->ch;
+      delete ll;
+      self->handle_released();
+    });
+  } else {
     delete l;
-    return;
   }
-  l->poll_open = false;
-  // The handle exists: libuv needs its close callback before the memory goes.
-  uv_close(reinterpret_cast<uv_handle_t*>(&l->poll), [](uv_handle_t* h) {
-    auto* ll = static_cast<listener_impl*>(h->data);
-    impl* self = ll->ch;
-    delete ll;
-    self->handle_released();
-  });
+  if (fd >= 0) ::close(fd);  // a poll handle never closes its descriptor
 }
 
 errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* user) {
@@ -204,6 +208,7 @@ errc stream_channel::impl::listen(std::string_view url, listener_id* out, void* 
     const int r = uv_getaddrinfo(loop, &req, nullptr, a.host.c_str(), port, &hints);
     if (r != 0 || req.addrinfo == nullptr) {
       e = errc::resolve_failed;
+      sys_error = r;  // the resolver's reason, in the detail
     } else {
       e = listen_tcp(l, req.addrinfo->ai_addr);
     }
