@@ -418,7 +418,7 @@ struct node_callbacks {
   std::function<void(log_level level, const std::string& message)> on_log;
   // A send_data() got queue_full and there is room again: retry now. `id` is the next hop whose
   // stream link's queue was full and has drained, or (end_to_end) the target whose flow's
-  // retransmit buffer was full and is at most half full again.
+  // retransmit buffer was full and is at most half full again (acknowledged or failed).
   std::function<void(bus_id id)> on_writable;
   // A relay dropped message `message_id` (sent to `target`) after its report was already given:
   // a message sent without require_response, reported ok when it reached the next hop, that a
@@ -473,7 +473,7 @@ class node {
   // shm:// listen URL, a URL over 256 bytes, an empty access token, host_id over 128 bytes, a
   // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB,
   // link_queue_bytes below one frame of message_limit, post_queue_bytes below one message
-  // (message_limit + 32), post_queue_messages, link_queue_packets,
+  // (message_limit rounded up to 8, plus 64), post_queue_messages, link_queue_packets,
   // max_outstanding_responses or default_ttl 0, a zero timeout or interval, heartbeat_timeout_ms
   // below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside
   // [0, 1], max_unregistered_per_address above a non-zero max_unregistered, and with a shm://
@@ -510,7 +510,7 @@ class node {
   //   not_connected      the route's link is down and queueing is disabled
   //   queue_full         the link's queue, the shared-memory ring or the pending queue is full,
   //                      or too many require_response messages are awaiting their answer
-  //                      (retriable; on_writable tells when a stream link drained)
+  //                      (retriable; on_writable tells when a stream link or flow drained)
   //   access_denied, out_of_subnet, version_mismatch
   //                      the route goes through the parent, which refused this node for good
   //                      (not retriable: the configuration must change)
