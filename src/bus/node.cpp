@@ -221,9 +221,9 @@ errc node::impl::refuse_call(errc e, std::string detail) {
 
 errc node::impl::start() {
   if (state != run_state::idle) {
-    return fail(errc::wrong_state, state == run_state::running
-                                       ? "node::start: already started"
-                                       : "node::start: a stopped node can not start again");
+    return refuse_call(errc::wrong_state, state == run_state::running
+                                              ? "node::start: already started"
+                                              : "node::start: a stopped node can not start again");
   }
   // The handles first: a refusal is logged from the loop through the idle handle.
   open_handles();

@@ -54,7 +54,8 @@ TEST_F(NodeContract, AnInvalidTraceContextIsNamedInTheDetail) {
   EXPECT_TRUE(says(a_->n->last_error(), "trace")) << a_->n->last_error().detail;
   (void)a_->n->send_data(0x100, 1, nullptr, 3);
   int called = 0;
-  EXPECT_EQ(a_->n->call(0x100, 1, &v, sizeof v, 5000, [&](const call_result&) { ++called; }, bad),
+  EXPECT_EQ(a_->n->call(
+                0x100, 1, &v, sizeof v, 5000, [&](const call_result&) { ++called; }, bad),
             errc::invalid_argument);
   EXPECT_TRUE(says(a_->n->last_error(), "trace")) << a_->n->last_error().detail;
   // The null-buffer case keeps its own detail.
@@ -128,7 +129,6 @@ TEST_F(NodeContract, DataReceivedCountsOnlyWhatOnDataGot) {
   }
 }
 
-
 // on_writable (end_to_end): "the target whose flow's retransmit buffer was full and is at most
 // half full again". Settled messages drain it as acknowledged ones do: a relay's final refusal
 // (a target never heard from) and the delivery deadline (a target that went).
@@ -165,5 +165,26 @@ TEST_F(NodeContract, AFullRetransmitBufferDrainedByFailuresTellsOnWritable) {
   EXPECT_EQ(send_str(a_, 0x102, 1, "again"), errc::ok);
 }
 
+// start(): "Every refusal is recorded in last_error() ... and logged through on_log (error level,
+// from the loop)": the refusals of a second start() too.
+TEST_F(NodeContract, StartAgainIsRecordedAndLoggedFromTheLoop) {
+  bus_node* t = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return t->ups == 1; }));
+  t->logs.clear();
+  EXPECT_EQ(t->n->start(), errc::wrong_state);
+  EXPECT_TRUE(says(t->n->last_error(), "already started")) << t->n->last_error().detail;
+  EXPECT_TRUE(t->logs.empty()) << "on_log ran inside start()";
+  EXPECT_TRUE(wait([&] { return t->logged("already started"); }));
+  t->n->stop();
+  ASSERT_TRUE(wait([&] { return t->downs.size() == 1; }));
+  EXPECT_EQ(t->n->start(), errc::wrong_state);
+  EXPECT_TRUE(says(t->n->last_error(), "can not start again")) << t->n->last_error().detail;
+  EXPECT_TRUE(wait([&] { return t->logged("can not start again"); }));
+  for (const auto& [lv, m] : t->logs) {
+    if (m.find("start") != std::string::npos) {
+      EXPECT_EQ(lv, log_level::error) << m;
+    }
+  }
+}
 }  // namespace
 }  // namespace uvbus
