@@ -567,6 +567,8 @@ errc node::send_command(bus_id target, proto::command_id command, const void* ar
   if (args == nullptr && size != 0) {
     return impl_->fail(errc::invalid_argument, "node::send_command: null args, non-zero size");
   }
+  // A prepare_data() reservation is open: nothing else is sent (send_failed() names it).
+  if (impl_->prep.open) return impl_->send_failed(errc::wrong_state, target, size);
   const errc e = impl_->send_command(target, command, args, size, std::move(cb));
   return e == errc::ok ? e : impl_->send_failed(e, target, size);
 }

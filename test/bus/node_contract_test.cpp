@@ -1,5 +1,6 @@
 // node.h's promises checked one by one where no other test did: the detail of each refusal
 // (last_error() names the input at fault), counters counted once and in the field named.
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -185,6 +186,31 @@ TEST_F(NodeContract, StartAgainIsRecordedAndLoggedFromTheLoop) {
       EXPECT_EQ(lv, log_level::error) << m;
     }
   }
+}
+
+// "Between the two calls this node sends nothing else": a broadcast or a command inside an open
+// prepare_data() reservation is refused like a send (wrong_state, the reservation named).
+TEST_F(NodeContract, AnOpenReservationRefusesBroadcastsAndCommandsToo) {
+  make_pair();
+  errc e = errc::io_error;
+  uint8_t* at = a_->n->prepare_data(0x100, 1, 8, &e);
+  ASSERT_NE(at, nullptr);
+  int called = 0;
+  EXPECT_EQ(a_->n->broadcast(broadcast_target::in_subnet({0x100, 8}), 2, "b", 1, 5000,
+                             [&](const broadcast_report&) { ++called; }),
+            errc::wrong_state);
+  EXPECT_TRUE(says(a_->n->last_error(), "reservation")) << a_->n->last_error().detail;
+  EXPECT_EQ(a_->n->send_command(0x100, proto::command_id::echo, "x", 1,
+                                [&](errc, const uint8_t*, size_t) { ++called; }),
+            errc::wrong_state);
+  EXPECT_TRUE(says(a_->n->last_error(), "reservation")) << a_->n->last_error().detail;
+  std::memset(at, 1, 8);
+  uint64_t id = 0;
+  ASSERT_EQ(a_->n->commit_data(&id), errc::ok);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
+  run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(called, 0);
+  EXPECT_EQ(p_->got.size(), 1U);
 }
 }  // namespace
 }  // namespace uvbus
