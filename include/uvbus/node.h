@@ -535,7 +535,7 @@ class node {
   // a buffer of the node's that commit_data() copies as send_data() would. On failure
   // prepare_data() returns nullptr and sets *err to one of send_data()'s errors (queue_full: the
   // retransmit buffer is full, retry on on_writable), or wrong_state while another reservation is
-  // open; nothing is sent. Between the two calls this node sends nothing else (send_data(), call(),
+  // open, nothing sent. Between the two calls the node sends nothing else (send_data[v](), call(),
   // answers, broadcast(), send_command() return wrong_state); control must not return to the loop;
   // cancel_data() drops the reservation instead (nothing is sent or reported). stop() drops an
   // open reservation: commit_data() then returns closed. commit_data() without a reservation
