@@ -212,5 +212,37 @@ TEST_F(NodeContract, AnOpenReservationRefusesBroadcastsAndCommandsToo) {
   EXPECT_EQ(called, 0);
   EXPECT_EQ(p_->got.size(), 1U);
 }
+// The on_writable owed after failures runs as a callback of the node: destroying the node there
+// (refusal path) or stopping it (deadline path, from the tick) is allowed and ends cleanly.
+TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.retransmit_max_messages = 4;
+  ac.delivery_timeout_ms = 1500;
+  bus_node* a1 = nullptr;
+  bus_node* a2 = nullptr;
+  a1 = make(0x101, ac, true,
+            [&](node_callbacks* cb) { cb->on_writable = [&](bus_id) { a1->n.reset(); }; });
+  a2 = make(0x102, ac, true,
+            [&](node_callbacks* cb) { cb->on_writable = [&](bus_id) { a2->n->stop(); }; });
+  bus_node* b = make_child(0x103, p_);
+  ASSERT_TRUE(wait([&] { return a1->n->up() && a2->n->up() && b->n->up(); }));
+  ASSERT_EQ(send_str(a2, 0x103, 1, "first"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a2->reports.size() == 1; }));
+  destroy(b);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(send_str(a1, 0x1ff, 1, "m"), errc::ok);
+    ASSERT_EQ(send_str(a2, 0x103, 1, "m"), errc::ok);
+  }
+  ASSERT_EQ(send_str(a1, 0x1ff, 1, "m"), errc::queue_full);
+  ASSERT_EQ(send_str(a2, 0x103, 1, "m"), errc::queue_full);
+  ASSERT_TRUE(wait([&] { return a1->n == nullptr; }));
+  ASSERT_TRUE(wait([&] { return a2->downs.size() == 1; }));
+  EXPECT_EQ(a2->downs[0], errc::closed);
+  EXPECT_EQ(a2->reports.size(), 5U);  // each accepted message once
+}
 }  // namespace
 }  // namespace uvbus
