@@ -418,7 +418,7 @@ struct node_callbacks {
   std::function<void(log_level level, const std::string& message)> on_log;
   // A send_data() got queue_full and there is room again: retry now. `id` is the next hop whose
   // stream link's queue was full and has drained, or (end_to_end) the target whose flow's
-  // retransmit buffer was full and is at most half full again.
+  // retransmit buffer was full and is at most half full again (acknowledged or failed).
   std::function<void(bus_id id)> on_writable;
   // A relay dropped message `message_id` (sent to `target`) after its report was already given:
   // a message sent without require_response, reported ok when it reached the next hop, that a
@@ -473,7 +473,7 @@ class node {
   // shm:// listen URL, a URL over 256 bytes, an empty access token, host_id over 128 bytes, a
   // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB,
   // link_queue_bytes below one frame of message_limit, post_queue_bytes below one message
-  // (message_limit + 32), post_queue_messages, link_queue_packets,
+  // (message_limit rounded up to 8, plus 64), post_queue_messages, link_queue_packets,
   // max_outstanding_responses or default_ttl 0, a zero timeout or interval, heartbeat_timeout_ms
   // below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside
   // [0, 1], max_unregistered_per_address above a non-zero max_unregistered, and with a shm://
@@ -510,7 +510,7 @@ class node {
   //   not_connected      the route's link is down and queueing is disabled
   //   queue_full         the link's queue, the shared-memory ring or the pending queue is full,
   //                      or too many require_response messages are awaiting their answer
-  //                      (retriable; on_writable tells when a stream link drained)
+  //                      (retriable; on_writable tells when a stream link or flow drained)
   //   access_denied, out_of_subnet, version_mismatch
   //                      the route goes through the parent, which refused this node for good
   //                      (not retriable: the configuration must change)
@@ -535,8 +535,8 @@ class node {
   // a buffer of the node's that commit_data() copies as send_data() would. On failure
   // prepare_data() returns nullptr and sets *err to one of send_data()'s errors (queue_full: the
   // retransmit buffer is full, retry on on_writable), or wrong_state while another reservation is
-  // open; nothing is sent. Between the two calls this node sends nothing else (send_data(),
-  // send_datav(), call() and answers return wrong_state) and control must not return to the loop;
+  // open, nothing sent. Between the two calls the node sends nothing else (send_data[v](), call(),
+  // answers, broadcast(), send_command() return wrong_state); control must not return to the loop;
   // cancel_data() drops the reservation instead (nothing is sent or reported). stop() drops an
   // open reservation: commit_data() then returns closed. commit_data() without a reservation
   // returns wrong_state; a commit_data() that fails (queue_full from the link, ...) has dropped

@@ -221,9 +221,9 @@ errc node::impl::refuse_call(errc e, std::string detail) {
 
 errc node::impl::start() {
   if (state != run_state::idle) {
-    return fail(errc::wrong_state, state == run_state::running
-                                       ? "node::start: already started"
-                                       : "node::start: a stopped node can not start again");
+    return refuse_call(errc::wrong_state, state == run_state::running
+                                              ? "node::start: already started"
+                                              : "node::start: a stopped node can not start again");
   }
   // The handles first: a refusal is logged from the loop through the idle handle.
   open_handles();
@@ -430,7 +430,7 @@ void node::impl::on_idle(uv_idle_t* t) {
   }
 }
 
-errc node::impl::send_failed(errc e, bus_id target, size_t size) {
+errc node::impl::send_failed(errc e, bus_id target, size_t size, const send_options* opt) {
   char id[24];
   std::snprintf(id, sizeof id, "0x%" PRIx64, target);
   last_err.code = e;
@@ -458,7 +458,9 @@ errc node::impl::send_failed(errc e, bus_id target, size_t size) {
       last_err.detail = std::string("the parent refused this node for good: ") + to_string(e);
       break;
     case errc::invalid_argument:
-      last_err.detail = "a null buffer with a non-zero size, or more than 64 buffers";
+      last_err.detail = opt != nullptr && opt->trace != nullptr && !opt->trace->valid()
+                            ? "send_options::trace: a zero trace id or span id (W3C: invalid)"
+                            : "a null buffer with a non-zero size, or more than 64 buffers";
       break;
     default:
       last_err.detail.clear();  // retriable states: no allocation on a back-pressure path
@@ -530,7 +532,7 @@ errc node::send_data(bus_id target, uint32_t type, const void* data, size_t size
   if (data == nullptr && size != 0) return impl_->send_failed(errc::invalid_argument, target, 0);
   const const_buffer b{data, size};
   const errc e = impl_->send_data(target, type, &b, 1, opt, message_id);
-  return e == errc::ok ? e : impl_->send_failed(e, target, size);
+  return e == errc::ok ? e : impl_->send_failed(e, target, size, &opt);
 }
 
 errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, size_t count,
@@ -542,7 +544,7 @@ errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, si
   for (size_t i = 0; bufs != nullptr && i < count && i < detail::kMaxSpans; ++i) {
     size += bufs[i].size;
   }
-  return impl_->send_failed(e, target, size);
+  return impl_->send_failed(e, target, size, &opt);
 }
 
 errc node::post(bus_id target, uint32_t type, const void* data, size_t size,
@@ -561,7 +563,12 @@ errc node::post(std::function<void()> task) {
 errc node::send_command(bus_id target, proto::command_id command, const void* args, size_t size,
                         command_cb cb) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_command");
-  if (args == nullptr && size != 0) return errc::invalid_argument;
+  if (!cb) return impl_->fail(errc::invalid_argument, "node::send_command: the callback is empty");
+  if (args == nullptr && size != 0) {
+    return impl_->fail(errc::invalid_argument, "node::send_command: null args, non-zero size");
+  }
+  // A prepare_data() reservation is open: nothing else is sent (send_failed() names it).
+  if (impl_->prep.open) return impl_->send_failed(errc::wrong_state, target, size);
   const errc e = impl_->send_command(target, command, args, size, std::move(cb));
   return e == errc::ok ? e : impl_->send_failed(e, target, size);
 }

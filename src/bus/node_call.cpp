@@ -56,7 +56,7 @@ errc node::impl::call(bus_id target, uint32_t type, const void* data, size_t siz
   send_call_flag = proto::flag_call;
   const errc e = send_data(target, type, spans, 2, o, &message_id);
   send_call_flag = 0;
-  if (e != errc::ok) return send_failed(e, target, size);
+  if (e != errc::ok) return send_failed(e, target, size, &opt);
   if (reuse) {
     call_free.pop_back();
   } else {
@@ -113,8 +113,11 @@ void node::impl::deliver(bus_id source, uint8_t flags, uint32_t type, const uint
     fire(cbs.on_data, source, type, p, n);
     return;
   }
+  // The callers counted it in data_received; only a request reaches on_data (an answer goes to
+  // its call, a bad one nowhere).
   proto::call_block c;
   if (proto::parse_call(p, n, &c) != errc::ok) {
+    --counters.data_received;
     ++counters.protocol_errors;
     log(log_level::warn, "a call message from 0x%" PRIx64 " with a bad call block: dropped",
         source);
@@ -131,6 +134,7 @@ void node::impl::deliver(bus_id source, uint8_t flags, uint32_t type, const uint
     incoming_req = outer;
     return;
   }
+  --counters.data_received;
   const detail::call_slot* s = find_call(c.call_id);
   // Late (the call timed out), answered twice, or an answer from a node we did not call.
   if (s == nullptr || s->target != source) {

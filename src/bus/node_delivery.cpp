@@ -469,7 +469,8 @@ void node::impl::tick() {
   }
   expire_queue(&parent_pending, now);
   drop_log_flush(now);
-  flows_tick(now);
+  flows_tick(now);  // may run on_writable
+  if (dead) return;
   grace_tick(now);
   dir_tick(now);
   if (dead) return;

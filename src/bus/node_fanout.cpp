@@ -241,6 +241,11 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
     return n.fail(n.state == impl::run_state::idle ? errc::wrong_state : errc::closed,
                   "node::broadcast: the node is not running");
   }
+  if (n.prep.open) {
+    return n.fail(errc::wrong_state,
+                  "node::broadcast: a prepare_data() reservation is open: commit_data() or "
+                  "cancel_data() first");
+  }
   fanout_state& f = *n.fan;
   f.head.assign(proto::kHeaderSize, 0);
   proto::encode_broadcast_head(to, msg_type, &f.head);

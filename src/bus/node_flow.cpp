@@ -38,6 +38,13 @@ bool final_refusal(errc why, bool target_known) {
   }
 }
 
+// A flow whose full retransmit buffer refused a send_data() (queue_full) and is at most half full
+// again, acknowledged or settled (refused for good, past its deadline): on_writable is owed.
+bool drained_to_half(const node_config& cfg, const tx_flow& f) {
+  return f.user_blocked && f.entries.size() <= cfg.retransmit_max_messages / 2 &&
+         f.bytes <= cfg.retransmit_max_bytes / 2;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------- source side --
@@ -187,8 +194,7 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
       close_links_for_stop();
       return;
     }
-    if (f.user_blocked && f.entries.size() <= cfg.retransmit_max_messages / 2 &&
-        f.bytes <= cfg.retransmit_max_bytes / 2) {
+    if (drained_to_half(cfg, f)) {
       f.user_blocked = false;
       fire(cbs.on_writable, f.target);
       if (dead) return;  // destroyed there: nothing is resent
@@ -248,6 +254,10 @@ void node::impl::flow_drop_notice(bus_id target, uint64_t seq, errc why) {
   defer_report(e.message_id, target, why, true);
   f.need_sync = true;
   flow_settle_front(f, 0, errc::ok);
+  if (drained_to_half(cfg, f)) {
+    f.user_blocked = false;
+    fire(cbs.on_writable, target);
+  }
 }
 
 // A flow with nothing to send or settle, idle for flow_idle_ms, goes (its sequence lives on in
@@ -263,6 +273,7 @@ bool node::impl::forget_idle_flow(const tx_flow& f, uint64_t now) {
 }
 
 void node::impl::flows_tick(uint64_t now) {
+  std::vector<bus_id> writable;  // told after the walk: a send from on_writable may add a flow
   for (auto it = tx_flows.begin(); it != tx_flows.end();) {
     tx_flow& f = it->second;
     if (forget_idle_flow(f, now)) {
@@ -282,6 +293,10 @@ void node::impl::flows_tick(uint64_t now) {
     if (expired) {
       f.need_sync = true;
       flow_settle_front(f, 0, errc::ok);
+      if (drained_to_half(cfg, f)) {
+        f.user_blocked = false;
+        writable.push_back(f.target);
+      }
     }
     if (f.entries.empty()) {
       // Quiet for a second: what a burst grew goes (no reservation is open: that needs the loop).
@@ -309,6 +324,10 @@ void node::impl::flows_tick(uint64_t now) {
     } else {
       ++it;
     }
+  }
+  for (const bus_id id : writable) {
+    if (dead) return;
+    fire(cbs.on_writable, id);
   }
 }
 

@@ -218,7 +218,7 @@ uint8_t* node::prepare_data(bus_id target, uint32_t type, size_t size, errc* err
   }
   errc e = errc::ok;
   uint8_t* p = impl_->prepare_data(target, type, size, opt, &e);
-  if (e != errc::ok) (void)impl_->send_failed(e, target, size);
+  if (e != errc::ok) (void)impl_->send_failed(e, target, size, &opt);
   if (err != nullptr) *err = e;
   return p;
 }

@@ -270,7 +270,7 @@ struct node::impl {
   }
   errc fail(errc e, std::string detail);  // for node::last_error(); returns e
   // The same for a refused send_data / send_datav / send_command (detail only for caller errors).
-  errc send_failed(errc e, bus_id target, size_t size);
+  errc send_failed(errc e, bus_id target, size_t size, const send_options* opt = nullptr);
   uint64_t now_ms() const { return uv_now(loop); }
   void log(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
   // log() from the loop: for a line inside a member function, where no callback may fire.

@@ -1,0 +1,248 @@
+// node.h's promises checked one by one where no other test did: the detail of each refusal
+// (last_error() names the input at fault), counters counted once and in the field named.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_fixture;
+using test::bus_node;
+using test::fast_config;
+
+class NodeContract : public bus_fixture {
+ protected:
+  // Root P (0x100/8) and its child A (0x101).
+  void make_pair(delivery_mode mode = delivery_mode::end_to_end) {
+    node_config pc = fast_config();
+    pc.delivery = mode;
+    p_ = make_root(0x100, {{0x100, 8}}, pc);
+    node_config ac = fast_config();
+    ac.delivery = mode;
+    a_ = make_child(0x101, p_, {}, ac);
+    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  }
+  bus_node* p_ = nullptr;
+  bus_node* a_ = nullptr;
+};
+
+bool says(const error_info& e, const std::string& text) {
+  return e.detail.find(text) != std::string::npos;
+}
+
+// An invalid trace context (zero ids) is refused with invalid_argument by every send; the detail
+// must name the trace context, not a null buffer or the number of buffers.
+TEST_F(NodeContract, AnInvalidTraceContextIsNamedInTheDetail) {
+  make_pair();
+  const trace_context zero;
+  send_options bad;
+  bad.trace = &zero;
+  const uint64_t v = 7;
+  EXPECT_EQ(a_->n->send_data(0x100, 1, &v, sizeof v, bad), errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "trace")) << a_->n->last_error().detail;
+  const const_buffer b{&v, sizeof v};
+  (void)a_->n->send_data(0x100, 1, nullptr, 3);  // another detail first
+  EXPECT_EQ(a_->n->send_datav(0x100, 1, &b, 1, bad), errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "trace")) << a_->n->last_error().detail;
+  (void)a_->n->send_data(0x100, 1, nullptr, 3);
+  errc e = errc::ok;
+  EXPECT_EQ(a_->n->prepare_data(0x100, 1, 8, &e, bad), nullptr);
+  EXPECT_EQ(e, errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "trace")) << a_->n->last_error().detail;
+  (void)a_->n->send_data(0x100, 1, nullptr, 3);
+  int called = 0;
+  EXPECT_EQ(a_->n->call(
+                0x100, 1, &v, sizeof v, 5000, [&](const call_result&) { ++called; }, bad),
+            errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "trace")) << a_->n->last_error().detail;
+  // The null-buffer case keeps its own detail.
+  EXPECT_EQ(a_->n->send_data(0x100, 1, nullptr, 3), errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "null")) << a_->n->last_error().detail;
+  run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(called, 0);
+  EXPECT_TRUE(p_->got.empty());
+  EXPECT_TRUE(a_->reports.empty());
+}
+
+// last_error() is "the last error a call of this node returned": send_command()'s refusals too,
+// each naming what is wrong.
+TEST_F(NodeContract, SendCommandRefusalsAreRecordedWithTheirCause) {
+  make_pair();
+  int called = 0;
+  const auto cb = [&](errc, const uint8_t*, size_t) { ++called; };
+  EXPECT_EQ(a_->n->send_data(0x100, 1, "x", a_->n->config().message_limit + 1),
+            errc::message_too_large);
+  EXPECT_EQ(a_->n->send_command(0x100, proto::command_id::echo, nullptr, 3, cb),
+            errc::invalid_argument);
+  EXPECT_EQ(a_->n->last_error().code, errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "args")) << a_->n->last_error().detail;
+  EXPECT_EQ(a_->n->send_command(0x100, proto::command_id::echo, "x", 1, node::command_cb{}),
+            errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "callback")) << a_->n->last_error().detail;
+  EXPECT_FALSE(says(a_->n->last_error(), "buffers")) << a_->n->last_error().detail;
+  run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(called, 0);
+}
+
+// data_received counts what on_data got: a call's answer goes to the call's callback, not to
+// on_data, and must not be counted there (nor a request twice).
+TEST_F(NodeContract, DataReceivedCountsOnlyWhatOnDataGot) {
+  for (const delivery_mode mode : {delivery_mode::end_to_end, delivery_mode::next_hop}) {
+    SCOPED_TRACE(mode == delivery_mode::end_to_end ? "end_to_end" : "next_hop");
+    nodes_.clear();
+    node_config pc = fast_config();
+    pc.delivery = mode;
+    pc.subnets = {{0x100, 8}};
+    p_ = make(0x100, pc, false, [this](node_callbacks* cb) {
+      cb->on_data = [this](bus_id, uint32_t, const uint8_t*, size_t) {
+        ++p_->got_count;
+        if (const reply_handle* h = p_->n->incoming_request(); h != nullptr) {
+          reply_handle r = *h;
+          EXPECT_EQ(p_->n->reply(r, "pong", 4), errc::ok);
+        }
+      };
+    });
+    ASSERT_EQ(p_->n->start(), errc::ok);
+    node_config ac = fast_config();
+    ac.delivery = mode;
+    a_ = make_child(0x101, p_, {}, ac);
+    ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+    int answers = 0;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(a_->n->call(0x100, 1, "ping", 4, 20000,
+                            [&](const call_result& r) { answers += r.status == errc::ok; }),
+                errc::ok);
+    }
+    // To itself too: the answer comes back through the node's own delivery path.
+    ASSERT_EQ(p_->n->call(0x100, 1, "ping", 4, 20000,
+                          [&](const call_result& r) { answers += r.status == errc::ok; }),
+              errc::ok);
+    ASSERT_TRUE(wait([&] { return answers == 4; }));
+    EXPECT_EQ(a_->got_count, 0U);
+    EXPECT_EQ(a_->n->counters().data_received, a_->got_count);
+    EXPECT_EQ(p_->got_count, 4U);
+    EXPECT_EQ(p_->n->counters().data_received, p_->got_count);
+    EXPECT_EQ(p_->n->counters().requests_received, 4U);
+  }
+}
+
+// on_writable (end_to_end): "the target whose flow's retransmit buffer was full and is at most
+// half full again". Settled messages drain it as acknowledged ones do: a relay's final refusal
+// (a target never heard from) and the delivery deadline (a target that went).
+TEST_F(NodeContract, AFullRetransmitBufferDrainedByFailuresTellsOnWritable) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.retransmit_max_messages = 4;
+  ac.delivery_timeout_ms = 1500;
+  a_ = make(0x101, ac);
+  bus_node* b = make_child(0x102, p_);
+  ASSERT_TRUE(wait([&] { return a_->n->up() && b->n->up(); }));
+  const auto fill = [&](bus_id to) {
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(send_str(a_, to, 1, "m"), errc::ok);
+    ASSERT_EQ(send_str(a_, to, 1, "m"), errc::queue_full);
+  };
+  // 0x1ff never existed: the relay refuses each message for good (unknown_route).
+  fill(0x1ff);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 4; }));
+  for (const auto& r : a_->reports) EXPECT_EQ(r.status, errc::unknown_route);
+  EXPECT_TRUE(wait([&] { return a_->writable == 1; })) << "no on_writable after the refusals";
+  // 0x102 acknowledged us, then went: its messages fail at their deadline (timeout).
+  ASSERT_EQ(send_str(a_, 0x102, 1, "first"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 5; }));
+  ASSERT_EQ(a_->reports.back().status, errc::ok);
+  destroy(b);
+  fill(0x102);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 9; }));
+  for (size_t i = 5; i < 9; ++i) EXPECT_EQ(a_->reports[i].status, errc::timeout);
+  EXPECT_TRUE(wait([&] { return a_->writable == 2; })) << "no on_writable after the deadline";
+  // Told: the buffer takes messages again.
+  EXPECT_EQ(send_str(a_, 0x102, 1, "again"), errc::ok);
+}
+
+// start(): "Every refusal is recorded in last_error() ... and logged through on_log (error level,
+// from the loop)": the refusals of a second start() too.
+TEST_F(NodeContract, StartAgainIsRecordedAndLoggedFromTheLoop) {
+  bus_node* t = make_root(0x100, {{0x100, 8}});
+  ASSERT_TRUE(wait([&] { return t->ups == 1; }));
+  t->logs.clear();
+  EXPECT_EQ(t->n->start(), errc::wrong_state);
+  EXPECT_TRUE(says(t->n->last_error(), "already started")) << t->n->last_error().detail;
+  EXPECT_TRUE(t->logs.empty()) << "on_log ran inside start()";
+  EXPECT_TRUE(wait([&] { return t->logged("already started"); }));
+  t->n->stop();
+  ASSERT_TRUE(wait([&] { return t->downs.size() == 1; }));
+  EXPECT_EQ(t->n->start(), errc::wrong_state);
+  EXPECT_TRUE(says(t->n->last_error(), "can not start again")) << t->n->last_error().detail;
+  EXPECT_TRUE(wait([&] { return t->logged("can not start again"); }));
+  for (const auto& [lv, m] : t->logs) {
+    if (m.find("start") != std::string::npos) {
+      EXPECT_EQ(lv, log_level::error) << m;
+    }
+  }
+}
+
+// "Between the two calls this node sends nothing else": a broadcast or a command inside an open
+// prepare_data() reservation is refused like a send (wrong_state, the reservation named).
+TEST_F(NodeContract, AnOpenReservationRefusesBroadcastsAndCommandsToo) {
+  make_pair();
+  errc e = errc::io_error;
+  uint8_t* at = a_->n->prepare_data(0x100, 1, 8, &e);
+  ASSERT_NE(at, nullptr);
+  int called = 0;
+  EXPECT_EQ(a_->n->broadcast(broadcast_target::in_subnet({0x100, 8}), 2, "b", 1, 5000,
+                             [&](const broadcast_report&) { ++called; }),
+            errc::wrong_state);
+  EXPECT_TRUE(says(a_->n->last_error(), "reservation")) << a_->n->last_error().detail;
+  EXPECT_EQ(a_->n->send_command(0x100, proto::command_id::echo, "x", 1,
+                                [&](errc, const uint8_t*, size_t) { ++called; }),
+            errc::wrong_state);
+  EXPECT_TRUE(says(a_->n->last_error(), "reservation")) << a_->n->last_error().detail;
+  std::memset(at, 1, 8);
+  uint64_t id = 0;
+  ASSERT_EQ(a_->n->commit_data(&id), errc::ok);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
+  run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(called, 0);
+  EXPECT_EQ(p_->got.size(), 1U);
+}
+// The on_writable owed after failures runs as a callback of the node: destroying the node there
+// (refusal path) or stopping it (deadline path, from the tick) is allowed and ends cleanly.
+TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.retransmit_max_messages = 4;
+  ac.delivery_timeout_ms = 1500;
+  bus_node* a1 = nullptr;
+  bus_node* a2 = nullptr;
+  a1 = make(0x101, ac, true,
+            [&](node_callbacks* cb) { cb->on_writable = [&](bus_id) { a1->n.reset(); }; });
+  a2 = make(0x102, ac, true,
+            [&](node_callbacks* cb) { cb->on_writable = [&](bus_id) { a2->n->stop(); }; });
+  bus_node* b = make_child(0x103, p_);
+  ASSERT_TRUE(wait([&] { return a1->n->up() && a2->n->up() && b->n->up(); }));
+  ASSERT_EQ(send_str(a2, 0x103, 1, "first"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a2->reports.size() == 1; }));
+  destroy(b);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(send_str(a1, 0x1ff, 1, "m"), errc::ok);
+    ASSERT_EQ(send_str(a2, 0x103, 1, "m"), errc::ok);
+  }
+  ASSERT_EQ(send_str(a1, 0x1ff, 1, "m"), errc::queue_full);
+  ASSERT_EQ(send_str(a2, 0x103, 1, "m"), errc::queue_full);
+  ASSERT_TRUE(wait([&] { return a1->n == nullptr; }));
+  ASSERT_TRUE(wait([&] { return a2->downs.size() == 1; }));
+  EXPECT_EQ(a2->downs[0], errc::closed);
+  EXPECT_EQ(a2->reports.size(), 5U);  // each accepted message once
+}
+}  // namespace
+}  // namespace uvbus
