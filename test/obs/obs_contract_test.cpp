@@ -1,7 +1,8 @@
 // Promises of the observability layer no other test checks: latency_histogram's nearest rank at
 // the edges of floating point (p99.9 of 1 000 values), and parse_http_url's HOST (a literal or
 // localhost, refused by node::validate() too) and PATH (no query or fragment: never served), and
-// docs/observability.md's family table naming every family a node renders.
+// docs/observability.md's family table naming every family a node renders, and the flow latency
+// series past metrics_max_peers summed under target="other".
 #include <gtest/gtest.h>
 
 #include <uv.h>
@@ -13,12 +14,16 @@
 #include <sstream>
 #include <string>
 
+#include "bus/bus_harness.h"
 #include "obs/http_endpoint.h"
 #include "uvbus/histogram.h"
 #include "uvbus/node.h"
 
 namespace uvbus {
 namespace {
+
+using test::bus_fixture;
+using test::fast_config;
 
 // histogram.h: "the nearest-rank percentile q: the upper bound of the bucket holding the value of
 // rank ceil(q/100 * count)". 99.9 % of 1 000 is rank 999 exactly; 0.999 * 1000 in doubles is a
@@ -134,6 +139,44 @@ TEST(ObsContract, EveryRenderedFamilyIsDocumented) {
     EXPECT_EQ(doc.count(name), 1u) << name << " is not in docs/observability.md's table";
   }
   EXPECT_GT(families, 40u) << text;
+}
+
+// The value of the sample line that begins with `key ` in text (-1: none).
+double value_of(const std::string& text, const std::string& key) {
+  const size_t at = text.find("\n" + key + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size() + 2));
+}
+
+class ObsContractBus : public bus_fixture {};
+
+// "Cardinality": past metrics_max_peers peers are summed under peer="other", "latency series
+// likewise per target". The flow histograms of the targets past the cap were left out: 20 of 30
+// samples were in no uvbus_flow_ack_latency_seconds series (while the type series had all 30).
+TEST_F(ObsContractBus, FlowLatencyPastTheCapIsSummedAsOther) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  test::bus_node* p = make(0x100, pc);
+  node_config ac = fast_config(p->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.latency_histograms = true;
+  ac.latency_sample_every = 1;
+  ac.metrics_max_peers = 1;
+  test::bus_node* a = make(0x101, ac);
+  test::bus_node* b = make(0x102, fast_config(p->n->listen_urls().at(0)));
+  test::bus_node* c = make(0x103, fast_config(p->n->listen_urls().at(0)));
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up() && c->n->up(); }));
+  for (uint64_t v = 0; v < 30; ++v) {
+    ASSERT_EQ(a->n->send_data(v < 10 ? 0x102 : 0x103, 7, &v, sizeof v), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 30; }));
+  const std::string text = a->n->metrics_text();
+  EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_count{target=\"0x102\"}"), 10) << text;
+  EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_count{target=\"other\"}"), 20) << text;
+  EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_bucket{target=\"other\",le=\"+Inf\"}"),
+            20);
+  EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_count{target=\"0x103\"}"), -1);
+  EXPECT_EQ(value_of(text, "uvbus_type_ack_latency_seconds_count{type=\"7\"}"), 30);
 }
 
 }  // namespace

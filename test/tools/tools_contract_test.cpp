@@ -47,8 +47,8 @@ TEST(ToolsContract, PingPercentilesAreNearestRank) {
 TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
   const std::string tool = UVBUS_TOOL_PATH;
   for (const char* cmd : {"send", "call"}) {
-    const std::string out = sh(tool + " " + cmd +
-                               " 0x10000 1 @/ --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+    const std::string out =
+        sh(tool + " " + cmd + " 0x10000 1 @/ --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
     EXPECT_NE(out.find("rc=2"), std::string::npos) << cmd << ": " << out;
     EXPECT_NE(out.find("cannot read payload file '/'"), std::string::npos) << cmd << ": " << out;
   }
