@@ -1,6 +1,6 @@
 // Promises of the uvbus tool no other test checks: ping's p50/p99 are nearest-rank (docs/tools.md),
 // a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
-// `shm inspect` never drains or removes, and `call --help`.
+// `shm inspect` never drains or removes, `--count 0` is refused, and `call --help`.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -87,6 +87,17 @@ TEST(ToolsContract, ShmInspectNeverDrainsOrRemoves) {
   }
   EXPECT_NE(sh(t + " shm inspect " + url).find("rc=0"), std::string::npos);  // still there
   EXPECT_NE(sh(t + " shm remove " + url).find("rc=0"), std::string::npos);
+}
+
+// "--count N": N echoes, N tables. `--count 0` silently meant 4 echoes (ping) and no end (top);
+// refused as `--timeout-ms 0` is (exit 2, before joining: exit 3 here, with no parent, before).
+TEST(ToolsContract, CountZeroIsRefused) {
+  for (const char* cmd : {"ping", "top"}) {
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " " + cmd +
+                               " 0x10000 --count 0 --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << cmd << ": " << out;
+    EXPECT_NE(out.find("bad value '0' for --count"), std::string::npos) << cmd << ": " << out;
+  }
 }
 
 // Every subcommand's --help (tool_test.cpp checks all but call's).

@@ -55,7 +55,8 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   if (s == "--metrics") a->metrics = v;
   if (s == "--id") ok = parse_id(v, &a->join.id);
   if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
-  if (s == "--count") ok = parse_u32(v, &a->count);
+  // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
+  if (s == "--count") ok = parse_u32(v, &a->count) && a->count > 0;
   if (s == "--interval-ms") ok = parse_u32(v, &a->interval_ms);
   if (!ok) std::fprintf(stderr, "uvbus %s: bad value '%s' for %s\n", argv[0], v, s.c_str());
   return ok;
