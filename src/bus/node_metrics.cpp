@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <memory>
 
 #include "bus/node_impl.h"
 #include "obs/prom_text.h"
@@ -379,21 +380,28 @@ void node::impl::latency_families(prom_text* t) const {
   constexpr size_t kBounds = 24;
   std::pair<double, uint64_t> b[kBounds];
   t->family("uvbus_flow_ack_latency_seconds",
-            "Send to end-to-end acknowledgement, per target (the first metrics_max_peers).",
+            "Send to end-to-end acknowledgement, per target (the first metrics_max_peers, the rest "
+            "as other).",
             metric_type::histogram);
   std::vector<bus_id> targets;
   for (const auto& [id, f] : tx_flows) {
     if (f.latency) targets.push_back(id);
   }
   std::sort(targets.begin(), targets.end());
-  if (targets.size() > cfg.metrics_max_peers) targets.resize(cfg.metrics_max_peers);
-  for (const bus_id id : targets) {
-    const latency_histogram& h = *tx_flows.at(id).latency;
-    fixed_buckets(h, b, kBounds);
-    const std::string peer = hex_id(id);
-    const label l[] = {{"target", peer}};
-    t->histogram(l, 1, b, kBounds, static_cast<double>(h.sum()) / 1e9, h.count());
+  // Past metrics_max_peers the targets are summed under target="other", as peers are.
+  std::unique_ptr<latency_histogram> other;
+  for (size_t i = cfg.metrics_max_peers; i < targets.size(); ++i) {
+    if (!other) other = std::make_unique<latency_histogram>();
+    other->merge(*tx_flows.at(targets[i]).latency);
   }
+  if (targets.size() > cfg.metrics_max_peers) targets.resize(cfg.metrics_max_peers);
+  const auto one = [&](const latency_histogram& h, const std::string& target) {
+    fixed_buckets(h, b, kBounds);
+    const label l[] = {{"target", target}};
+    t->histogram(l, 1, b, kBounds, static_cast<double>(h.sum()) / 1e9, h.count());
+  };
+  for (const bus_id id : targets) one(*tx_flows.at(id).latency, hex_id(id));
+  if (other) one(*other, "other");
   t->family("uvbus_type_ack_latency_seconds",
             "Send to end-to-end acknowledgement, per user message type.", metric_type::histogram);
   std::vector<uint32_t> types;

@@ -2,6 +2,7 @@
 #include "uvbus/histogram.h"
 
 #include <cmath>
+#include <limits>
 
 namespace uvbus {
 
@@ -26,7 +27,12 @@ uint64_t latency_histogram::value_at_percentile(double q) const noexcept {
   if (count_ == 0) return 0;
   if (!(q > 0)) q = 0;
   if (q > 100) q = 100;
-  auto rank = static_cast<uint64_t>(std::ceil(q / 100.0 * static_cast<double>(count_)));
+  // q is a decimal the double only approximates (99.9 is a hair above it, 0.999 * 1000 a hair
+  // above 999): a product within a few ulps of an integer is that integer, not the next rank.
+  double x = q * static_cast<double>(count_) / 100.0;
+  const double whole = std::round(x);
+  if (std::fabs(x - whole) <= 4 * std::numeric_limits<double>::epsilon() * x) x = whole;
+  auto rank = static_cast<uint64_t>(std::ceil(x));
   if (rank == 0) rank = 1;
   uint64_t cum = 0;
   for (size_t b = 0; b < kBuckets; ++b) {

@@ -109,6 +109,13 @@ errc parse_http_url(std::string_view url, http_url* out, std::string* detail) {
     rest = rest.substr(colon);
   }
   if (u.host == "localhost") u.host = "127.0.0.1";
+  // The host must be a literal (no name lookup): checked here, so node::validate() refuses what
+  // start() could not bind, not start() alone.
+  in6_addr probe{};
+  if (inet_pton(u.ipv6 ? AF_INET6 : AF_INET, u.host.c_str(), &probe) != 1) {
+    return bad(detail, "metrics URL: host \"" + u.host + "\" is not an " +
+                           (u.ipv6 ? "IPv6" : "IPv4") + " literal (nor localhost)");
+  }
   if (rest.empty() || rest[0] != ':') return bad(detail, "metrics URL: no port");
   rest = rest.substr(1);
   const size_t slash = rest.find('/');
@@ -122,6 +129,10 @@ errc parse_http_url(std::string_view url, http_url* out, std::string* detail) {
   if (p > 65535) return bad(detail, "metrics URL: port above 65535");
   u.port = static_cast<uint16_t>(p);
   u.path = slash == std::string_view::npos ? "/metrics" : std::string(rest.substr(slash));
+  // Requests are matched by their path alone: one with a query or a fragment would never match.
+  if (u.path.find_first_of("?#") != std::string::npos) {
+    return bad(detail, "metrics URL: path \"" + u.path + "\" has a query or fragment");
+  }
   *out = std::move(u);
   return errc::ok;
 }

@@ -2,13 +2,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -56,7 +55,8 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   if (s == "--metrics") a->metrics = v;
   if (s == "--id") ok = parse_id(v, &a->join.id);
   if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
-  if (s == "--count") ok = parse_u32(v, &a->count);
+  // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
+  if (s == "--count") ok = parse_u32(v, &a->count) && a->count > 0;
   if (s == "--interval-ms") ok = parse_u32(v, &a->interval_ms);
   if (!ok) std::fprintf(stderr, "uvbus %s: bad value '%s' for %s\n", argv[0], v, s.c_str());
   return ok;
@@ -131,13 +131,6 @@ int text_command(const bus_args& a, session* s, uint64_t target, uvbus::proto::c
   return kExitOk;
 }
 
-double pct(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  // The nearest rank.
-  const auto i = static_cast<size_t>(std::lround(p / 100.0 * static_cast<double>(v.size() - 1)));
-  return v[std::min(i, v.size() - 1)];
-}
-
 void ping_summary(const bus_args& a, uint64_t target, const std::vector<double>& rtt,
                   uint32_t sent) {
   const double mn = rtt.empty() ? 0 : *std::min_element(rtt.begin(), rtt.end());
@@ -145,7 +138,8 @@ void ping_summary(const bus_args& a, uint64_t target, const std::vector<double>&
   double sum = 0;
   for (const double x : rtt) sum += x;
   const double avg = rtt.empty() ? 0 : sum / static_cast<double>(rtt.size());
-  const double p50 = rtt.empty() ? 0 : pct(rtt, 50), p99 = rtt.empty() ? 0 : pct(rtt, 99);
+  const double p50 = rtt.empty() ? 0 : nearest_rank(rtt, 50),
+               p99 = rtt.empty() ? 0 : nearest_rank(rtt, 99);
   if (a.json) {
     std::string series;
     for (const double x : rtt) series += (series.empty() ? "" : ",") + std::to_string(x);
@@ -191,12 +185,17 @@ bool read_payload(const char* arg, std::string* out) {
     *out = arg;
     return true;
   }
-  std::ifstream f(arg + 1, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
+  // A read error is an error (a directory opens, then fails to read: not an empty payload).
+  FILE* f = std::fopen(arg + 1, "rb");
+  if (f == nullptr) return false;
+  std::string body;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) body.append(buf, n);
+  const bool ok = std::ferror(f) == 0;
+  std::fclose(f);
+  if (ok) *out = std::move(body);
+  return ok;
 }
 
 // The one delivery report of `uvbus send`.

@@ -1,8 +1,11 @@
-// The uvbus tool's shared helpers: JSON string escaping and number parsing.
+// The uvbus tool's shared helpers: JSON string escaping, number parsing, nearest-rank percentiles.
 #include "common.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 
 namespace uvbus_tool {
 
@@ -48,6 +51,19 @@ bool parse_u32(const char* s, uint32_t* out) {
   if (errno != 0 || *end != '\0' || v > 0xffffffffUL) return false;
   *out = static_cast<uint32_t>(v);
   return true;
+}
+
+double nearest_rank(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  // p * size / 100 within a few ulps of an integer is that integer (99 * 100 / 100 is 99, not a
+  // hair above it, which would be the next rank).
+  double x = p * static_cast<double>(v.size()) / 100.0;
+  const double whole = std::round(x);
+  if (std::fabs(x - whole) <= 4 * std::numeric_limits<double>::epsilon() * x) x = whole;
+  const double rank = std::ceil(x);
+  if (!(rank >= 1)) return v.front();
+  return rank >= static_cast<double>(v.size()) ? v.back() : v[static_cast<size_t>(rank) - 1];
 }
 
 }  // namespace uvbus_tool

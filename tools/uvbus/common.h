@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace uvbus_tool {
 
@@ -22,6 +23,10 @@ std::string json_str(const std::string& s);
 bool parse_id(const char* s, uint64_t* out);
 // A non-negative integer option value. False if it is not one.
 bool parse_u32(const char* s, uint32_t* out);
+
+// The nearest-rank percentile p (0..100] of v: the value of rank ceil(p/100 * size) in sorted
+// order (the smallest for p 0); 0 when v is empty. `uvbus ping`'s p50 and p99.
+double nearest_rank(std::vector<double> v, double p);
 
 // GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400), kExitJoin (no
 // connection), kExitUsage (malformed URL) with *error saying what happened.

@@ -306,7 +306,15 @@ int shm_main(int argc, char** argv) {
                  verb.c_str());
     return kExitUsage;
   }
-  for (int a = 2; a < argc; ++a) args.push_back(argv[a]);
+  for (int a = 2; a < argc; ++a) {
+    // The verb says what to do: `inspect --remove URL` removed the region it was to only read.
+    if (std::strcmp(argv[a], "--drain") == 0 || std::strcmp(argv[a], "--remove") == 0) {
+      std::fprintf(stderr, "uvbus shm %s: unknown option '%s' (the action is the verb)\n",
+                   verb.c_str(), argv[a]);
+      return kExitUsage;
+    }
+    args.push_back(argv[a]);
+  }
   return shm_inspect_legacy_main(static_cast<int>(args.size()), args.data());
 }
 

@@ -124,6 +124,13 @@ int top_main(int argc, char** argv) {
     std::fprintf(stderr, "uvbus top: expected one node id (decimal or 0x hex, non-zero)\n");
     return kExitUsage;
   }
+  // docs/tools.md: a bad metrics URL is a usage error (exit 2), as for `uvbus metrics`.
+  if (!a.metrics.empty() && a.metrics.rfind("http://", 0) != 0 &&
+      a.metrics.rfind("https://", 0) != 0) {
+    std::fprintf(stderr, "uvbus top: bad URL '%s' for --metrics (http://HOST:PORT[/PATH])\n",
+                 a.metrics.c_str());
+    return kExitUsage;
+  }
   const uint32_t interval = a.interval_ms == 0 ? 1000 : a.interval_ms;
   const uint32_t refreshes = a.once ? 1 : a.count;  // 0: until interrupted
   const bool tty = isatty(STDOUT_FILENO) != 0 && !a.json;

@@ -1,0 +1,110 @@
+// Promises of the uvbus tool no other test checks: ping's p50/p99 are nearest-rank (docs/tools.md),
+// a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
+// `shm inspect` never drains or removes, `--count 0` is refused, and `call --help`.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "test_util.h"
+#include "uvbus/shm.h"
+
+namespace {
+
+// `sh -c cmd` with stderr folded into stdout; the exit status appended as "rc=N".
+std::string sh(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen(("(" + cmd + ") 2>&1; echo rc=$?").c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
+// docs/tools.md: `uvbus ping` prints min/avg/p50/p99/max "(nearest rank)": the value of rank
+// ceil(p/100 * n). The summary took index round(p/100 * (n - 1)): p50 of 4 echoes was the 3rd.
+TEST(ToolsContract, PingPercentilesAreNearestRank) {
+  using uvbus_tool::nearest_rank;
+  EXPECT_EQ(nearest_rank({4, 1, 3, 2}, 50), 2);  // rank 2 of 4
+  EXPECT_EQ(nearest_rank({2, 1}, 50), 1);
+  EXPECT_EQ(nearest_rank({7}, 50), 7);
+  EXPECT_EQ(nearest_rank({}, 50), 0);
+  std::vector<double> v;
+  for (int i = 1; i <= 200; ++i) v.push_back(i);
+  EXPECT_EQ(nearest_rank(v, 99), 198);  // rank 198 of 200
+  EXPECT_EQ(nearest_rank(v, 50), 100);
+  v.resize(100);
+  EXPECT_EQ(nearest_rank(v, 99), 99);  // 99 * 100 / 100 is rank 99, not a hair above
+  EXPECT_EQ(nearest_rank(v, 100), 100);
+}
+
+// "2 usage: ... missing argument": `@FILE` that cannot be read. A directory opened and read as
+// an empty payload: the tool went on to join (exit 3 here, with no parent) or sent 0 bytes.
+TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
+  const std::string tool = UVBUS_TOOL_PATH;
+  for (const char* cmd : {"send", "call"}) {
+    const std::string out =
+        sh(tool + " " + cmd + " 0x10000 1 @/ --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << cmd << ": " << out;
+    EXPECT_NE(out.find("cannot read payload file '/'"), std::string::npos) << cmd << ": " << out;
+  }
+}
+
+// docs/tools.md, exit 2: "bad metrics URL". `top --metrics` took any text and went on to join
+// (exit 3 here, with no parent; with one, every poll's scrape failed and the exit was 0).
+TEST(ToolsContract, TopRefusesABadMetricsUrl) {
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) +
+                             " top 0x10000 --once --metrics ftp://127.0.0.1:1/metrics"
+                             " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("ftp://127.0.0.1:1/metrics"), std::string::npos) << out;
+}
+
+// docs/tools.md: "`uvbus shm inspect shm://name` prints the header, fill and counters without
+// attaching". The verb was prepended to the rest, so `inspect --remove URL` removed the region and
+// `inspect --drain URL` drained it.
+TEST(ToolsContract, ShmInspectNeverDrainsOrRemoves) {
+  const std::string url = "shm://" + uvbus::test::unique_name("obsrev-shm");
+  uvbus::shm_reader reader;
+  uvbus::shm_config cfg;
+  cfg.ring_bytes = 4096;
+  cfg.node_size = 64;
+  cfg.max_record_size = 1024;
+  ASSERT_EQ(reader.open(url, cfg), uvbus::errc::ok);
+  reader.close(uvbus::shm_close_mode::keep);  // a closed reader: drain and remove would proceed
+  const std::string t = UVBUS_TOOL_PATH;
+  for (const char* flag : {"--remove", "--drain"}) {
+    std::string cmd = t + " shm inspect ";
+    cmd += flag;
+    cmd += " " + url;
+    const std::string out = sh(cmd);
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << flag << ": " << out;
+    EXPECT_NE(out.find(std::string("unknown option '") + flag + "'"), std::string::npos) << out;
+  }
+  EXPECT_NE(sh(t + " shm inspect " + url).find("rc=0"), std::string::npos);  // still there
+  EXPECT_NE(sh(t + " shm remove " + url).find("rc=0"), std::string::npos);
+}
+
+// "--count N": N echoes, N tables. `--count 0` silently meant 4 echoes (ping) and no end (top);
+// refused as `--timeout-ms 0` is (exit 2, before joining: exit 3 here, with no parent, before).
+TEST(ToolsContract, CountZeroIsRefused) {
+  for (const char* cmd : {"ping", "top"}) {
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " " + cmd +
+                               " 0x10000 --count 0 --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << cmd << ": " << out;
+    EXPECT_NE(out.find("bad value '0' for --count"), std::string::npos) << cmd << ": " << out;
+  }
+}
+
+// Every subcommand's --help (tool_test.cpp checks all but call's).
+TEST(ToolsContract, CallHelpIsItsUsage) {
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " call --help");
+  EXPECT_NE(out.find("usage: uvbus call ID TYPE"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+}
+
+}  // namespace
