@@ -108,7 +108,7 @@ size_t write_cb(char* data, size_t size, size_t n, void* userp) {
   const char* const end = data + len;
   while (r->streaming && p < end) {
     const auto* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
-    const size_t seg = static_cast<size_t>((nl != nullptr ? nl : end) - p);
+    const auto seg = static_cast<size_t>((nl != nullptr ? nl : end) - p);
     if (r->line_len + seg > r->max) {
       r->oversize = true;
       return 0;
