@@ -10,7 +10,8 @@
 // must be constructed, called and destroyed there. Every callback runs on that thread from inside
 // uv_run(), never from inside a member function call (no re-entrancy into the caller's frame).
 // on_directory and on_state may call any member function and may destroy the object (nothing of
-// it is touched after the callback returns); on_log may call const members only. Destruction
+// it is touched after the callback returns; after stop() there, no further event of the same range
+// read or watch message is reported); on_log may call const members only. Destruction
 // cancels every request without callbacks; the handles it owns finish closing on the loop's next
 // iteration, so the loop must run once more before uv_loop_close().
 //
@@ -99,7 +100,8 @@ class etcd_discovery {
   // wrong_state if started already.
   [[nodiscard]] errc start(const directory_entry& self);
   // Replaces the registered entry (same id; listen URLs known later, labels changed). Written at
-  // once when registered, else at the next registration.
+  // once when registered, else at the next registration. wrong_state before start() or on a
+  // watch-only instance, invalid_argument for another id, closed after stop().
   [[nodiscard]] errc update_self(const directory_entry& self);
   // Revokes the lease (the entry leaves every directory at once) and stops; `done` runs when the
   // revoke was answered or failed (never inside this call). Destroying the object without stop()

@@ -11,7 +11,9 @@ void node::impl::disc_start() {
   if (cfg.discovery.etcd_endpoints.empty()) return;
   discovery_callbacks cb;
   cb.on_directory = [this](directory_event ev, const directory_entry& e) { disc_event(ev, e); };
-  cb.on_log = [this](log_level lv, const std::string& m) { log(lv, "%s", m.c_str()); };
+  // Deferred to the loop: etcd_discovery's on_log may call only its const members, and the user's
+  // on_log may call stop() (which stops the etcd_discovery) or destroy the node.
+  cb.on_log = [this](log_level lv, const std::string& m) { log_later(lv, "%s", m.c_str()); };
   disc = std::make_unique<etcd_discovery>(loop, cfg.discovery, std::move(cb));
   disc_parent_wanted = cfg.parent_urls.empty() && !cfg.discovery_parent_type.empty();
   disc_rule = disc_parent_wanted;

@@ -3,12 +3,37 @@
 // user, rate-limited logging.
 #include <cinttypes>
 #include <cstdarg>
+#include <cstdio>
 
 #include "discovery/discovery_impl.h"
 
 namespace uvbus {
 
 using detail::etcd::kv;
+
+// What is wrong with an etcd endpoint URL ("" when nothing): the scheme, a missing host, a port
+// that is not 1..65535, a space or control byte. A path is kept (a proxy may serve etcd under one).
+static std::string endpoint_problem(const std::string& u) {
+  const size_t scheme = u.rfind("http://", 0) == 0 ? 7 : u.rfind("https://", 0) == 0 ? 8 : 0;
+  if (scheme == 0 || u.size() > 1024) return "not an http:// or https:// URL";
+  for (const char c : u) {
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return "a space or control byte";
+  }
+  std::string auth = u.substr(scheme, u.find_first_of("/?#", scheme) - scheme);
+  auth = auth.substr(auth.rfind('@') == std::string::npos ? 0 : auth.rfind('@') + 1);
+  const size_t close = auth[0] == '[' ? auth.find(']') : 0;  // an IPv6 literal
+  if (close == std::string::npos) return "an IPv6 host without ']'";
+  const size_t colon = auth.find(':', close);
+  if (auth.substr(0, colon).empty() || auth == "[]") return "no host";
+  if (colon == std::string::npos) return {};
+  const std::string port = auth.substr(colon + 1);
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
+      std::stoul(port) > 65535) {
+    return "port \"" + port + "\" is not a number from 1 to 65535";
+  }
+  return {};
+}
 
 errc validate(const discovery_config& cfg, std::string* detail) {
   const auto bad = [&](const std::string& d) {
@@ -18,9 +43,9 @@ errc validate(const discovery_config& cfg, std::string* detail) {
   if (cfg.etcd_endpoints.empty()) return bad("etcd_endpoints: empty");
   for (size_t i = 0; i < cfg.etcd_endpoints.size(); ++i) {
     const std::string& u = cfg.etcd_endpoints[i];
-    if ((u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) || u.size() > 1024) {
-      return bad("etcd_endpoints[" + std::to_string(i) + "] \"" + u +
-                 "\": not an http:// or https:// URL");
+    const std::string why = endpoint_problem(u);
+    if (!why.empty()) {
+      return bad("etcd_endpoints[" + std::to_string(i) + "] \"" + u.substr(0, 200) + "\": " + why);
     }
   }
   if (cfg.prefix.empty() || cfg.prefix.front() != '/' || cfg.prefix.back() == '/' ||
@@ -73,7 +98,8 @@ bool etcd_discovery::impl::emit(directory_event ev, const directory_entry& e) {
   if (!cbs.on_directory) return true;
   const std::weak_ptr<char> alive = life;
   cbs.on_directory(ev, e);
-  return !alive.expired();
+  // Destroyed, or stop()ped: no further event of this batch (range read, watch message).
+  return !alive.expired() && ph != phase::stopped;
 }
 
 bool etcd_discovery::impl::decode(const kv& item, directory_entry* out) {
@@ -191,8 +217,20 @@ errc etcd_discovery::start(const directory_entry& self) {
 
 errc etcd_discovery::update_self(const directory_entry& self) {
   impl& d = *impl_;
-  if (!d.registering || self.id != d.self.id) {
-    d.err = {errc::invalid_argument, "update_self(): id differs from the registered id"};
+  if (d.ph == impl::phase::idle) {
+    d.err = {errc::wrong_state, "update_self(): not started"};
+    return errc::wrong_state;
+  }
+  if (!d.registering) {
+    d.err = {errc::wrong_state,
+             "update_self(): started with id 0 (watch only): nothing registered"};
+    return errc::wrong_state;
+  }
+  if (self.id != d.self.id) {
+    char ids[64];
+    std::snprintf(ids, sizeof ids, "0x%" PRIx64 " differs from the registered 0x%" PRIx64, self.id,
+                  d.self.id);
+    d.err = {errc::invalid_argument, std::string("update_self(): id ") + ids};
     return errc::invalid_argument;
   }
   if (d.ph == impl::phase::stopped) {

@@ -80,7 +80,7 @@ struct etcd_discovery::impl {
   int64_t rewatch_from(int64_t from);
 
   // ---------------------------------------------------------------------- discovery.cpp --
-  // Each returns false when a callback destroyed the object (stop touching it).
+  // Each returns false when a callback destroyed or stop()ped the object (stop touching it).
   bool apply_snapshot(const std::vector<detail::etcd::kv>& kvs);
   bool apply_put(const detail::etcd::kv& item);
   bool apply_delete(const std::string& key);

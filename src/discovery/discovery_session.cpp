@@ -196,7 +196,7 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
     if (up_ms == 0) up_ms = uv_now(loop);
     const std::weak_ptr<char> alive = life;
     set_connected(true);
-    if (alive.expired()) return;
+    if (alive.expired() || ph == phase::stopped) return;
   }
   for (const etcd::watch_event& ev : w.events) {
     const bool alive = ev.deleted ? apply_delete(ev.item.key) : apply_put(ev.item);

@@ -7,6 +7,7 @@
 #include <curl/curl.h>
 #include <uv.h>
 
+#include <cstring>
 #include <mutex>
 
 namespace uvbus::detail {
@@ -19,6 +20,7 @@ struct etcd_client::request {
   std::string buf;   // the response (unary) or the unconsumed part of a stream
   bool streaming = false;
   bool oversize = false;
+  size_t line_len = 0;                     // a stream's bytes since its last newline
   size_t max = 0;                          // max_body
   std::vector<uint64_t>* dirty = nullptr;  // the client's dirty_ list
   line_fn on_line;
@@ -96,9 +98,23 @@ namespace {
 size_t write_cb(char* data, size_t size, size_t n, void* userp) {
   auto* r = static_cast<etcd_client::request*>(userp);
   const size_t len = size * n;
-  if (r->buf.size() + len > r->max) {
+  if (!r->streaming && r->buf.size() + len > r->max) {
     r->oversize = true;
     return 0;  // curl fails the transfer with CURLE_WRITE_ERROR
+  }
+  // A stream's bound is one message (line): several complete ones may arrive in one socket action
+  // (curl reads on while data is pending) before after_action delivers them.
+  const char* p = data;
+  const char* const end = data + len;
+  while (r->streaming && p < end) {
+    const auto* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+    const auto seg = static_cast<size_t>((nl != nullptr ? nl : end) - p);
+    if (r->line_len + seg > r->max) {
+      r->oversize = true;
+      return 0;
+    }
+    r->line_len = nl != nullptr ? 0 : r->line_len + seg;
+    p = nl != nullptr ? nl + 1 : end;
   }
   r->buf.append(data, len);
   if (r->streaming && (r->dirty->empty() || r->dirty->back() != r->id)) r->dirty->push_back(r->id);

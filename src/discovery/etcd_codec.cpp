@@ -340,8 +340,10 @@ bool decode_entry(std::string_view text, directory_entry* out, std::string* why)
 bool parse_range(std::string_view body, range_reply* out, std::string* why) {
   const json j = parse_json(body);
   if (!check_object(j, why)) return false;
-  if (!get_header_revision(j, &out->revision)) {
-    *why = "bad header.revision";
+  // etcd always sends the store's revision (>= 1); a body without it is no range answer (taking
+  // it for an empty range would remove every entry from the directory).
+  if (!get_header_revision(j, &out->revision) || out->revision <= 0) {
+    *why = "no header.revision of at least 1";
     return false;
   }
   out->kvs.clear();

@@ -1,0 +1,481 @@
+// discovery.h's promises checked one by one against a scripted fake etcd gateway (a libuv HTTP/1.1
+// server on 127.0.0.1, port from the OS): callbacks that stop or destroy the instance, update_self
+// and endpoint refusals naming the cause, bounds (one watch message, a range, max_entries), an
+// etcd answering garbage, late or not at all, a lease found gone, and a node stopped from its
+// on_log while discovery fails.
+#include <uv.h>
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "discovery/discovery_harness.h"
+#include "discovery/etcd_codec.h"
+#include "uvbus/node.h"
+
+namespace uvbus {
+namespace {
+
+using std::chrono::seconds;
+using test::disc_instance;
+using test::test_entry;
+namespace etcd = detail::etcd;
+
+// A POST's scripted answer: a status and body (the connection is closed after it), or nothing.
+struct reply {
+  int status = 200;
+  std::string body;
+  bool silent = false;  // never answered
+};
+
+// Answers each POST with on_post(path, nth) (nth: how many POSTs to that path came before) and
+// /v3/watch with on_watch(nth): the stream's bytes after the headers, and whether the stream then
+// ends (connection closed) or stays open.
+class scripted_etcd {
+ public:
+  std::function<reply(const std::string& path, size_t nth)> on_post;
+  std::function<std::pair<std::string, bool>(size_t nth)> on_watch;
+
+  explicit scripted_etcd(uv_loop_t* loop) : srv_(new uv_tcp_t) {
+    uv_tcp_init(loop, srv_);
+    srv_->data = this;
+    sockaddr_in a{};
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    ok_ = uv_tcp_bind(srv_, reinterpret_cast<const sockaddr*>(&a), 0) == 0 &&
+          uv_listen(reinterpret_cast<uv_stream_t*>(srv_), 16, on_connection) == 0;
+    int len = sizeof a;
+    uv_tcp_getsockname(srv_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~scripted_etcd() {
+    while (!conns_.empty()) close_conn(*conns_.begin());
+    uv_close(reinterpret_cast<uv_handle_t*>(srv_),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
+  }
+  scripted_etcd(const scripted_etcd&) = delete;
+  scripted_etcd& operator=(const scripted_etcd&) = delete;
+
+  [[nodiscard]] bool ok() const { return ok_; }
+  [[nodiscard]] std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  [[nodiscard]] size_t count(const std::string& path) const {
+    size_t n = 0;
+    for (const std::string& p : paths_) n += p == path ? 1 : 0;
+    return n;
+  }
+
+ private:
+  struct conn {
+    uv_tcp_t h{};
+    scripted_etcd* owner = nullptr;
+    std::string in;
+    bool closing = false;
+  };
+  struct write_req {
+    uv_write_t req{};
+    std::string data;
+    conn* c = nullptr;
+    bool close_after = false;
+  };
+
+  static void on_connection(uv_stream_t* s, int status) {
+    auto* self = static_cast<scripted_etcd*>(s->data);
+    if (status < 0) return;
+    auto* c = new conn;
+    c->owner = self;
+    c->h.data = c;
+    uv_tcp_init(s->loop, &c->h);
+    self->conns_.insert(c);
+    if (uv_accept(s, reinterpret_cast<uv_stream_t*>(&c->h)) != 0) return self->close_conn(c);
+    uv_read_start(
+        reinterpret_cast<uv_stream_t*>(&c->h),
+        [](uv_handle_t*, size_t n, uv_buf_t* b) { *b = uv_buf_init(new char[n], n); }, on_read);
+  }
+  static void on_read(uv_stream_t* s, ssize_t n, const uv_buf_t* b) {
+    auto* c = static_cast<conn*>(s->data);
+    if (n > 0) c->in.append(b->base, static_cast<size_t>(n));
+    delete[] b->base;
+    if (n < 0) return c->owner->close_conn(c);
+    c->owner->serve(c);
+  }
+  void serve(conn* c) {
+    const size_t end = c->in.find("\r\n\r\n");
+    if (end == std::string::npos) return;
+    const std::string head = c->in.substr(0, end);
+    size_t len = 0;
+    const size_t cl = head.find("Content-Length: ");
+    if (cl != std::string::npos) len = std::stoul(head.substr(cl + 16));
+    if (c->in.size() < end + 4 + len) return;
+    const size_t sp = head.find(' ');
+    const std::string path = head.substr(sp + 1, head.find(' ', sp + 1) - sp - 1);
+    const size_t nth = count(path);
+    paths_.push_back(path);
+    c->in.clear();
+    if (path == "/v3/watch") {
+      auto [lines, close] = on_watch(nth);
+      send(c,
+           "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + lines,
+           close);
+      return;
+    }
+    const reply r = on_post(path, nth);
+    if (r.silent) return;
+    send(c,
+         "HTTP/1.1 " + std::to_string(r.status) +
+             " X\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+             std::to_string(r.body.size()) + "\r\n\r\n" + r.body,
+         true);
+  }
+  static void send(conn* c, std::string data, bool close_after) {
+    auto* w = new write_req;
+    w->data = std::move(data);
+    w->c = c;
+    w->close_after = close_after;
+    w->req.data = w;
+    uv_buf_t b = uv_buf_init(w->data.data(), w->data.size());
+    uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->h), &b, 1, [](uv_write_t* r, int st) {
+      auto* wr = static_cast<write_req*>(r->data);
+      if (st == 0 && wr->close_after) wr->c->owner->close_conn(wr->c);
+      delete wr;
+    });
+  }
+  void close_conn(conn* c) {
+    if (c->closing) return;
+    c->closing = true;
+    conns_.erase(c);
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->h),
+             [](uv_handle_t* h) { delete static_cast<conn*>(h->data); });
+  }
+
+  uv_tcp_t* srv_;
+  bool ok_ = false;
+  int port_ = 0;
+  std::set<conn*> conns_;
+  std::vector<std::string> paths_;
+};
+
+const std::string kPrefix = "/uvbus-test";
+const std::string kCreated = R"({"result":{"header":{"revision":"5"},"created":true}})"
+                             "\n";
+
+// The gateway's JSON of entry `id` as a kv (keys and values base64).
+std::string kv_of(bus_id id) {
+  return R"({"key":")" + etcd::base64_encode(etcd::node_key(kPrefix, id)) + R"(","value":")" +
+         etcd::base64_encode(etcd::encode_entry(test_entry(id))) + R"("})";
+}
+std::string range_of(const std::vector<bus_id>& ids) {
+  std::string kvs;
+  for (const bus_id id : ids) kvs += (kvs.empty() ? "" : ",") + kv_of(id);
+  return R"({"header":{"revision":"5"},"kvs":[)" + kvs + "]}";
+}
+// One watch message with a PUT of each id.
+std::string puts_of(const std::vector<bus_id>& ids) {
+  std::string evs;
+  for (const bus_id id : ids)
+    evs += std::string(evs.empty() ? "" : ",") + R"({"kv":)" + kv_of(id) + "}";
+  return R"({"result":{"header":{"revision":"6"},"events":[)" + evs + "]}}\n";
+}
+
+class DiscoveryContractTest : public test::discovery_fixture {
+ protected:
+  void SetUp() override {
+    discovery_fixture::SetUp();
+    fake_ = std::make_unique<scripted_etcd>(&loop_);
+    ASSERT_TRUE(fake_->ok());
+    // By default a healthy etcd: lease 7, empty ranges, a watch that says created and stays.
+    fake_->on_post = [](const std::string& path, size_t) {
+      reply r;
+      r.body = R"({"header":{"revision":"5"}})";
+      if (path == "/v3/lease/grant") r.body = R"({"header":{"revision":"5"},"ID":"7","TTL":"2"})";
+      if (path == "/v3/lease/keepalive") r.body = R"({"result":{"ID":"7","TTL":"2"}})";
+      return r;
+    };
+    fake_->on_watch = [](size_t) { return std::make_pair(kCreated, false); };
+  }
+  void TearDown() override {
+    insts_.clear();
+    nodes_.clear();
+    for (int i = 0; i < 5; ++i) uv_run(&loop_, UV_RUN_NOWAIT);
+    fake_.reset();
+    discovery_fixture::TearDown();
+  }
+  discovery_config fake_config() {
+    discovery_config c = config({fake_->url()});
+    c.prefix = kPrefix;
+    return c;
+  }
+  static bool logged(const disc_instance* in, const std::string& a) {
+    for (const std::string& l : in->logs) {
+      if (l.find(a) != std::string::npos) return true;
+    }
+    return false;
+  }
+  std::unique_ptr<scripted_etcd> fake_;
+  std::vector<std::unique_ptr<node>> nodes_;
+};
+
+// max_response_bytes bounds one watch message: several small messages arriving in one read (curl
+// reads on while data is pending) are no message above it. Before, the stream's whole unconsumed
+// buffer was held against the bound: 20 PUTs of ~480 bytes in one write failed the watch
+// (oversize) at every session, and the directory never filled.
+TEST_F(DiscoveryContractTest, ABurstOfSmallWatchMessagesIsNoMessageAboveTheBound) {
+  std::vector<bus_id> ids;
+  std::string lines = kCreated;
+  for (bus_id id = 1; id <= 20; ++id) {
+    ids.push_back(id);
+    lines += puts_of({id});
+  }
+  ASSERT_GT(lines.size(), 2U * 4096);
+  fake_->on_watch = [lines](size_t) { return std::make_pair(lines, false); };
+  discovery_config c = fake_config();
+  c.max_response_bytes = 4096;
+  disc_instance* v = make(directory_entry{}, c);
+  ASSERT_TRUE(wait([&] { return v->d->size() == 20; }, seconds(20)))
+      << v->d->size() << " entries; " << v->d->last_error().detail;
+  EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
+}
+
+// ... and one message above it still fails the session, naming the bound.
+TEST_F(DiscoveryContractTest, OneWatchMessageAboveTheBoundFailsTheSession) {
+  const std::string big = puts_of({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  ASSERT_GT(big.size(), 4096U);
+  fake_->on_watch = [big](size_t) { return std::make_pair(kCreated + big, false); };
+  discovery_config c = fake_config();
+  c.max_response_bytes = 4096;
+  disc_instance* v = make(directory_entry{}, c);
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
+  EXPECT_NE(v->d->last_error().detail.find("max_response_bytes"), std::string::npos)
+      << v->d->last_error().detail;
+  EXPECT_EQ(v->d->size(), 0U);
+}
+
+// A range answer above max_response_bytes fails the request (oversize), nothing is applied.
+TEST_F(DiscoveryContractTest, ARangeAboveTheBoundFailsWithOversize) {
+  fake_->on_post = [](const std::string&, size_t) {
+    reply r;
+    r.body = range_of({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+    return r;
+  };
+  discovery_config c = fake_config();
+  c.max_response_bytes = 4096;
+  disc_instance* v = make(directory_entry{}, c);
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
+  EXPECT_EQ(v->d->last_error().code, errc::not_connected);
+  EXPECT_NE(v->d->last_error().detail.find("range: oversize"), std::string::npos)
+      << v->d->last_error().detail;
+  EXPECT_EQ(v->d->size(), 0U);
+}
+
+// An etcd answering a range with `{}` (no header: no range answer at all) or with garbage fails
+// the session and keeps the directory. Before, `{}` read as an empty range: both entries were
+// removed from the directory (and every node's), and the watch started from revision 1.
+TEST_F(DiscoveryContractTest, ARangeAnswerWithoutAHeaderKeepsTheDirectory) {
+  fake_->on_post = [](const std::string&, size_t nth) {
+    reply r;
+    r.body = nth == 0 ? range_of({1, 2}) : nth % 2 == 1 ? "{}" : "<html>busy</html>";
+    return r;
+  };
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated, true); };  // then ends
+  disc_instance* v = make(directory_entry{}, fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 3; }, seconds(20)));
+  EXPECT_EQ(v->d->size(), 2U);
+  EXPECT_EQ(v->count(directory_event::removed, 1), 0U);
+  EXPECT_EQ(v->count(directory_event::removed, 2), 0U);
+  EXPECT_TRUE(logged(v, "range: bad body: no header.revision"));
+  EXPECT_TRUE(logged(v, "range: bad body: not a JSON object"));
+}
+
+// stop() inside on_directory: no further event of the same watch message. Before, the other two
+// PUTs of that message were still reported after stop().
+TEST_F(DiscoveryContractTest, StopInsideOnDirectoryEndsTheBatch) {
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated + puts_of({1, 2, 3}), false); };
+  auto* in = insts_.emplace_back(std::make_unique<disc_instance>()).get();
+  bool done = false;
+  discovery_callbacks cb;
+  cb.on_directory = [&](directory_event ev, const directory_entry& e) {
+    in->events.emplace_back(ev, e.id);
+    if (in->events.size() == 1) {
+      EXPECT_EQ(in->d->stop([&] { done = true; }), errc::ok);
+    }
+  };
+  in->d = std::make_unique<etcd_discovery>(&loop_, fake_config(), std::move(cb));
+  ASSERT_EQ(in->d->start(directory_entry{}), errc::ok);
+  ASSERT_TRUE(wait([&] { return done; }, seconds(20)));
+  EXPECT_EQ(in->events.size(), 1U);
+  EXPECT_FALSE(in->d->connected());
+}
+
+// Destroying the instance inside on_directory (mid-message) and inside on_state(false) (the
+// watch stream ended): nothing of it is touched afterwards (ASan), no further callback.
+TEST_F(DiscoveryContractTest, DestroyInsideOnDirectoryOrOnStateTouchesNothing) {
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated + puts_of({1, 2, 3}), true); };
+  int events = 0;
+  int downs = 0;
+  std::unique_ptr<etcd_discovery> a;
+  std::unique_ptr<etcd_discovery> b;
+  discovery_callbacks ca;
+  ca.on_directory = [&](directory_event, const directory_entry&) {
+    ++events;
+    a.reset();
+  };
+  discovery_callbacks cb;
+  cb.on_state = [&](bool up) {
+    if (!up) {
+      ++downs;
+      b.reset();
+    }
+  };
+  a = std::make_unique<etcd_discovery>(&loop_, fake_config(), std::move(ca));
+  b = std::make_unique<etcd_discovery>(&loop_, fake_config(), std::move(cb));
+  ASSERT_EQ(a->start(directory_entry{}), errc::ok);
+  ASSERT_EQ(b->start(test_entry(0x42)), errc::ok);
+  ASSERT_TRUE(wait([&] { return a == nullptr && b == nullptr; }, seconds(20)));
+  EXPECT_EQ(events, 1);
+  EXPECT_EQ(downs, 1);
+  ASSERT_TRUE(wait([&] { return fake_->count("/v3/watch") >= 2; }, seconds(5)));
+  const size_t posts = fake_->count("/v3/kv/range") + fake_->count("/v3/lease/grant");
+  run_for(std::chrono::milliseconds(300));  // nothing more is asked of etcd meanwhile
+  EXPECT_EQ(fake_->count("/v3/kv/range") + fake_->count("/v3/lease/grant"), posts);
+}
+
+// update_self()'s refusals name the state or the ids. Before, not started and watch-only both
+// returned invalid_argument "id differs from the registered id".
+TEST_F(DiscoveryContractTest, UpdateSelfRefusalsNameWhatIsWrong) {
+  etcd_discovery idle(&loop_, fake_config(), {});
+  EXPECT_EQ(idle.update_self(test_entry(0x42)), errc::wrong_state);
+  EXPECT_NE(idle.last_error().detail.find("not started"), std::string::npos)
+      << idle.last_error().detail;
+  disc_instance* v = make(directory_entry{}, fake_config());
+  EXPECT_EQ(v->d->update_self(test_entry(0x42)), errc::wrong_state);
+  EXPECT_NE(v->d->last_error().detail.find("watch only"), std::string::npos)
+      << v->d->last_error().detail;
+  disc_instance* r = make(test_entry(0x42), fake_config());
+  EXPECT_EQ(r->d->update_self(test_entry(0x43)), errc::invalid_argument);
+  EXPECT_NE(r->d->last_error().detail.find("0x43 differs from the registered 0x42"),
+            std::string::npos)
+      << r->d->last_error().detail;
+  EXPECT_EQ(r->d->update_self(test_entry(0x42)), errc::ok);
+  ASSERT_EQ(r->d->stop(nullptr), errc::ok);
+  EXPECT_EQ(r->d->update_self(test_entry(0x42)), errc::closed);
+}
+
+// An endpoint that can never work is refused by validate() / start(), naming it and the part.
+// Before, all of these were accepted and every session failed on them for ever.
+TEST_F(DiscoveryContractTest, EndpointsThatCanNeverWorkAreRefusedNamingThePart) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"http://", "no host"},
+      {"http://:2379", "no host"},
+      {"http://127.0.0.1:99999", "port \"99999\""},
+      {"http://127.0.0.1:0", "port \"0\""},
+      {"http://127.0.0.1:", "port \"\""},
+      {"http://127.0.0.1:23x9", "port \"23x9\""},
+      {"http://[::1:2379", "without ']'"},
+      {"http://127.0.0.1 :2379", "space or control"},
+  };
+  for (const auto& [url, part] : bad) {
+    discovery_config c = fake_config();
+    c.etcd_endpoints = {fake_->url(), url};
+    std::string why;
+    EXPECT_EQ(validate(c, &why), errc::invalid_argument) << url;
+    EXPECT_NE(why.find("etcd_endpoints[1] \"" + url + "\""), std::string::npos) << why;
+    EXPECT_NE(why.find(part), std::string::npos) << why;
+  }
+  for (const std::string url : {"http://127.0.0.1:2379", "http://[::1]:2379",
+                                "https://etcd.example:2379/", "http://proxy/etcd", "http://h"}) {
+    discovery_config c = fake_config();
+    c.etcd_endpoints = {url};
+    std::string why;
+    EXPECT_EQ(validate(c, &why), errc::ok) << url << ": " << why;
+  }
+  discovery_config c = fake_config();
+  c.etcd_endpoints = {"http://127.0.0.1:99999"};
+  etcd_discovery d(&loop_, c, {});
+  EXPECT_EQ(d.start(test_entry(1)), errc::invalid_argument);
+  EXPECT_NE(d.last_error().detail.find("99999"), std::string::npos) << d.last_error().detail;
+}
+
+// max_entries: entries beyond it are skipped, counted (skipped_full) and logged, from a range
+// read and from the watch alike.
+TEST_F(DiscoveryContractTest, EntriesBeyondMaxEntriesAreSkippedCountedAndLogged) {
+  fake_->on_post = [](const std::string&, size_t) {
+    reply r;
+    r.body = range_of({1, 2, 3});
+    return r;
+  };
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated + puts_of({4}), false); };
+  discovery_config c = fake_config();
+  c.max_entries = 2;
+  disc_instance* v = make(directory_entry{}, c);
+  ASSERT_TRUE(wait([&] { return v->d->stats().skipped_full >= 2; }, seconds(20)));
+  EXPECT_EQ(v->ids(), (std::set<bus_id>{1, 2}));
+  EXPECT_EQ(v->d->stats().skipped_full, 2U);
+  EXPECT_TRUE(logged(v, "max_entries reached"));
+  EXPECT_TRUE(v->d->connected());
+}
+
+// A lease found gone (a keep-alive answered without a TTL) ends the session: new lease, new put,
+// the directory kept meanwhile.
+TEST_F(DiscoveryContractTest, ALeaseFoundGoneRegistersAgainWithANewLease) {
+  auto base = fake_->on_post;
+  fake_->on_post = [base](const std::string& path, size_t nth) {
+    reply r = base(path, nth);
+    if (path == "/v3/lease/keepalive" && nth == 0) r.body = R"({"result":{"ID":"7"}})";
+    return r;
+  };
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(
+      wait([&] { return v->d->stats().registrations >= 2 && v->d->connected(); }, seconds(20)));
+  EXPECT_EQ(v->d->stats().failures, 1U);
+  EXPECT_TRUE(logged(v, "keep-alive: the lease expired"));
+  EXPECT_GE(fake_->count("/v3/lease/grant"), 2U);
+  EXPECT_EQ(v->ups, 2);
+  EXPECT_EQ(v->downs, 1);
+}
+
+// An etcd that never answers: the request's deadline (request_timeout_ms) fails the session with
+// the request and `timeout` named, and the next one starts after the backoff.
+TEST_F(DiscoveryContractTest, AnEtcdThatNeverAnswersTimesOutNamingTheRequest) {
+  fake_->on_post = [](const std::string&, size_t) {
+    reply r;
+    r.silent = true;
+    return r;
+  };
+  discovery_config c = fake_config();
+  c.request_timeout_ms = 300;
+  disc_instance* v = make(test_entry(0x42), c);
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 2; }, seconds(20)));
+  EXPECT_NE(v->d->last_error().detail.find("lease grant: timeout"), std::string::npos)
+      << v->d->last_error().detail;
+  EXPECT_EQ(v->ups, 0);
+}
+
+// A node whose on_log calls stop() when discovery logs a failure. Before, the line came from
+// inside etcd_discovery's failure path: stop() ran there, the failure path went on and armed the
+// next session over stop()'s completion, so the lease grant was retried for ever and on_down
+// (closed) never came. Now the line comes from the loop, and the node stops.
+TEST_F(DiscoveryContractTest, ANodeStoppedFromOnLogOnADiscoveryFailureStops) {
+  const std::vector<int> ports = test::free_ports(1);
+  node_config c;
+  c.listen = {"ipv4://127.0.0.1:0"};
+  c.enable_shm = false;
+  c.discovery = fake_config();
+  c.discovery.etcd_endpoints = {"http://127.0.0.1:" + std::to_string(ports[0])};
+  node* n = nullptr;
+  int closed = 0;
+  int stops = 0;
+  node_callbacks cb;
+  cb.on_log = [&](log_level, const std::string& m) {
+    if (m.find("lease grant") != std::string::npos && stops++ == 0) n->stop();
+  };
+  cb.on_down = [&](errc e) { closed += e == errc::closed ? 1 : 0; };
+  nodes_.push_back(std::make_unique<node>(&loop_, 0x42, c, cb));
+  n = nodes_.back().get();
+  ASSERT_EQ(n->start(), errc::ok) << n->last_error().detail;
+  ASSERT_TRUE(wait([&] { return closed == 1; }, seconds(20))) << stops << " lease grant lines";
+  EXPECT_FALSE(n->running());
+}
+
+}  // namespace
+}  // namespace uvbus
