@@ -358,9 +358,10 @@ class stream_channel {
   // names what it must be: a unix:// URL, a socket bound to that path; a TCP URL, a socket of that
   // family bound to that port (any port for port 0); the listener's URL is then the bound address.
   // Connections waiting in the socket's backlog are accepted at once. The channel owns fd from the
-  // call on: it is closed with the listener, or at once on an error. Errors: bad_url,
-  // unsupported_scheme, closed, invalid_argument (last_error() says why the socket does not fit:
-  // "not listening", "bound to port 1234", ...), no_memory.
+  // call on: it is closed with the listener, or at once on any error (wrong_thread too, before a
+  // debug build aborts). Errors: bad_url, unsupported_scheme, closed, invalid_argument
+  // (last_error() says why the socket does not fit: "not listening", "bound to port 1234", ...),
+  // no_memory.
   [[nodiscard]] errc listen_fd(std::string_view url, int fd, listener_id* out = nullptr,
                                void* user_data = nullptr);
   // Stops accepting on l and gives its socket away: *fd receives a close-on-exec duplicate that

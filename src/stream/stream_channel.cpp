@@ -450,7 +450,11 @@ errc stream_channel::listen(std::string_view url, const tls_config& tls, listene
 }
 
 errc stream_channel::listen_fd(std::string_view url, int fd, listener_id* out, void* user_data) {
-  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen_fd");
+  if (!impl_->owner.here()) {  // the channel owns fd from the call on, even this one
+    ::close(fd);
+    detail::wrong_thread("stream_channel::listen_fd");  // (debug builds abort here)
+    return errc::wrong_thread;
+  }
   if (impl_->closed) {
     ::close(fd);
     return errc::closed;

@@ -1,6 +1,7 @@
 // The promises of stream.h checked one by one where no other test did: no callback inside a member
 // call, validate()'s details, the listener's own accept loop against close_listener() from its
 // callbacks and its retry timer.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "limits_util.h"
@@ -517,6 +519,27 @@ TEST_F(StreamContract, AListenOnANameThatDoesNotResolveSaysWhy) {
   EXPECT_NE(d.find(" ("), std::string::npos) << d;  // "(unknown node or service)", say
   EXPECT_EQ(d.back(), ')') << d;
 }
+
+#ifdef NDEBUG
+// listen_fd(): "the channel owns fd from the call on ... closed at once on an error". From a
+// foreign thread (release builds: wrong_thread) the socket stayed open, owned by nobody.
+TEST_F(StreamContract, ListenFdFromAForeignThreadClosesTheSocket) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  int s = -1;
+  int other = -1;
+  ASSERT_TRUE(listening_pair(&s, &other));
+  ::close(other);
+  errc got = errc::ok;
+  std::thread t([&] { got = ch->listen_fd("ipv4://127.0.0.1:0", s); });
+  t.join();
+  EXPECT_EQ(got, errc::wrong_thread);
+  const bool still_open = ::fcntl(s, F_GETFD) != -1;
+  EXPECT_FALSE(still_open) << "fd " << s << " left open";
+  if (still_open) ::close(s);
+  EXPECT_EQ(ch->metrics().listeners_open, 0u);
+}
+#endif
 
 }  // namespace
 }  // namespace uvbus::test
