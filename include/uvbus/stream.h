@@ -161,7 +161,7 @@ struct stream_connection_metrics {
   uint64_t write_calls = 0;     // write system calls issued (write/writev/uv_write)
   uint64_t packets_merged = 0;  // packets copied into the merge buffer (coalesced)
   uint64_t read_calls = 0;      // reads that returned data
-  uint64_t send_refused = 0;    // send() calls that returned queue_full
+  uint64_t send_refused = 0;    // send(), sendv(), prepare_send() calls that returned queue_full
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
   // Socket read/write errors other than a clean EOF (on a TLS link: after the handshake; see

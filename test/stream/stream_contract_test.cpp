@@ -520,6 +520,30 @@ TEST_F(StreamContract, AListenOnANameThatDoesNotResolveSaysWhy) {
   EXPECT_EQ(d.back(), ')') << d;
 }
 
+// send_refused counts every queue_full a sender got, prepare_send()'s too (a bus node sends with
+// prepare_send(): its links' "refused" figures come from here), once per refusal.
+TEST_F(StreamContract, SendRefusedCountsPrepareSendRefusals) {
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs);
+  stream_channel* c = make_channel(&rc);
+  connection_id client, server;
+  ASSERT_TRUE(connect_pair(s, &rs, c, &rc, &client, &server));
+  ASSERT_EQ(s->pause_reading(server), errc::ok);
+  uint64_t accepted = 0;
+  ASSERT_TRUE(fill_queue(c, client, &accepted));
+  const std::string msg(20000, 'x');
+  while (c->send(client, msg.data(), msg.size()) == errc::ok) {
+  }
+  const uint64_t before = cm(c, client).send_refused;  // send()'s refusals
+  ASSERT_GE(before, 1U);
+  errc e = errc::ok;
+  uint8_t* p = c->prepare_send(client, msg.size(), &e);
+  EXPECT_EQ(p, nullptr);
+  if (p != nullptr) (void)c->cancel_send(client);
+  EXPECT_EQ(e, errc::queue_full);
+  EXPECT_EQ(cm(c, client).send_refused, before + 1);
+}
+
 #ifdef NDEBUG
 // listen_fd(): "the channel owns fd from the call on ... closed at once on an error". From a
 // foreign thread (release builds: wrong_thread) the socket stayed open, owned by nobody.
