@@ -22,6 +22,7 @@
 #include "limits_util.h"
 #include "stream/stream_harness.h"
 #include "stream/stream_impl.h"
+#include "stream/stream_tls_harness.h"
 #include "stream/test_access.h"
 #include "uvbus/address.h"
 
@@ -112,6 +113,8 @@ class StreamContract : public stream_fixture {
 // stream.h: callbacks run "never from inside a member function call, except close()". listen()
 // replacing a stale unix socket file called on_log from inside listen(): an on_log that listens
 // or closes listeners ran inside the caller's listen(). Now the line comes from the loop.
+class StreamContractTls : public StreamTls {};
+
 TEST_F(StreamContract, ReplacingAStaleSocketFileIsLoggedFromTheLoopNotInsideListen) {
   const std::string path = "/tmp/" + unique_name("stale");
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
@@ -564,6 +567,30 @@ TEST_F(StreamContract, ListenFdFromAForeignThreadClosesTheSocket) {
   EXPECT_EQ(ch->metrics().listeners_open, 0u);
 }
 #endif
+
+// tls_fail(): an on_log that disconnected the failing connection at its TLS failure line turned
+// the connection's reason into cancelled; the reason is the TLS failure's.
+TEST_F(StreamContractTls, DisconnectingFromOnLogAtATlsFailureKeepsItsReason) {
+  serve(psk_config());
+  recorder crec;
+  stream_channel* ch = make_channel(&crec);
+  connection_id c;
+  int disconnects = 0;
+  stream_callbacks cb = crec.callbacks();
+  cb.on_log = [&](log_level lv, const std::string& text) {
+    crec.logs.emplace_back(lv, text);
+    if (ch->metrics().tls_failed == 1 && ch->disconnect(c, disconnect_mode::force) == errc::ok) {
+      ++disconnects;
+    }
+  };
+  ASSERT_EQ(ch->set_callbacks(cb), errc::ok);
+  ASSERT_EQ(ch->connect(url_, psk_config("another-token-0123456789abcdef"), &c), errc::ok);
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0; }));
+  EXPECT_EQ(ch->metrics().tls_failed, 1u);
+  EXPECT_EQ(disconnects, 0) << "the connection was still open inside on_log";
+  EXPECT_NE(crec.connected[c.value], errc::ok);
+  EXPECT_NE(crec.connected[c.value], errc::cancelled);
+}
 
 }  // namespace
 }  // namespace uvbus::test
