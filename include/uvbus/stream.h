@@ -316,12 +316,13 @@ class stream_channel {
   stream_channel& operator=(const stream_channel&) = delete;
 
   // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid
-  // (queue.ring_bytes below 64; in dynamic mode queue.max_bytes or queue.max_blocks 0) or too
-  // small for one frame of message_limit, merge_threshold above 1 GiB, read_buffer_size below
-  // 4 KiB or above 1 GiB, backlog <= 0, keepalive_delay_s outside 1..32767 with tcp_keepalive
-  // set, unix_socket_mode above 07777, unix_send_buffer above 1 GiB, max_unregistered_per_address
-  // above a non-zero max_unregistered (it could never apply); with tls.mode set, the TLS
-  // settings' errors (uvbus/tls.h). *detail (if given) names the field and the rule.
+  // (queue.ring_bytes below 64 or above SIZE_MAX / 2; in dynamic mode queue.max_bytes or
+  // queue.max_blocks 0) or too small for one frame of message_limit, merge_threshold above 1 GiB,
+  // read_buffer_size below 4 KiB or above 1 GiB, backlog <= 0, keepalive_delay_s outside 1..32767
+  // with tcp_keepalive set, unix_socket_mode above 07777, unix_send_buffer above 1 GiB,
+  // max_unregistered_per_address above a non-zero max_unregistered (it could never apply); with
+  // tls.mode set, the TLS settings' errors (uvbus/tls.h). *detail (if given) names the field and
+  // the rule.
   [[nodiscard]] static errc validate(const stream_config& cfg,
                                      std::string* detail = nullptr) noexcept;
 

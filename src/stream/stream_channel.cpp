@@ -334,6 +334,10 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < 64) {
     return bad("queue.ring_bytes must be at least 64");
   }
+  if (cfg.queue.mode == queue_mode::static_ring &&
+      cfg.queue.ring_bytes > write_queue::kMaxRingBytes) {
+    return bad("queue.ring_bytes must be at most SIZE_MAX / 2 (rounded up to 8 it would wrap)");
+  }
   if (cfg.queue.mode == queue_mode::dynamic &&
       (cfg.queue.max_bytes == 0 || cfg.queue.max_blocks == 0)) {
     return bad("queue.max_bytes and queue.max_blocks must both be > 0 in dynamic mode");

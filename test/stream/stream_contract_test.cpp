@@ -523,6 +523,22 @@ TEST_F(StreamContract, AListenOnANameThatDoesNotResolveSaysWhy) {
   EXPECT_EQ(d.back(), ')') << d;
 }
 
+// queue.ring_bytes within 7 of SIZE_MAX passed validate() and wrapped to 0 when the queue rounded
+// it up to 8. Refused now, naming the field; SIZE_MAX / 2 still passes.
+TEST_F(StreamContract, ARingOfNearlySizeMaxBytesIsRefused) {
+  for (const size_t bytes : {SIZE_MAX, SIZE_MAX - 3, SIZE_MAX - 6, SIZE_MAX / 2 + 1}) {
+    std::string detail;
+    stream_config cfg;
+    cfg.queue.ring_bytes = bytes;
+    EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument) << bytes;
+    EXPECT_NE(detail.find("queue.ring_bytes"), std::string::npos) << detail;
+  }
+  std::string detail;
+  stream_config cfg;
+  cfg.queue.ring_bytes = SIZE_MAX / 2;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::ok) << detail;
+}
+
 // send_refused counts every queue_full a sender got, prepare_send()'s too (a bus node sends with
 // prepare_send(): its links' "refused" figures come from here), once per refusal.
 TEST_F(StreamContract, SendRefusedCountsPrepareSendRefusals) {
