@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
 
 namespace uvbus {
 namespace {
@@ -243,6 +244,56 @@ TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
   ASSERT_TRUE(wait([&] { return a2->downs.size() == 1; }));
   EXPECT_EQ(a2->downs[0], errc::closed);
   EXPECT_EQ(a2->reports.size(), 5U);  // each accepted message once
+}
+
+// on_writable(hop) follows a queue_full the application got from its own send. A relay whose
+// link to a next hop that stalled refused relayed messages (held in its overflow) told its own
+// application, which had sent nothing, on_writable(0x102) once that link drained.
+TEST_F(NodeContract, ARelayIsNotToldOnWritableForRelayedTraffic) {
+  node_config pc = fast_config();
+  pc.delivery = delivery_mode::next_hop;
+  pc.subnets = {{0x100, 8}};
+  pc.link_queue_bytes = size_t{256} << 10;
+  pc.forward_overflow_bytes = size_t{512} << 10;
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.delivery = delivery_mode::next_hop;
+  ac.sibling_direct = false;
+  ac.link_queue_bytes = size_t{256} << 10;
+  a_ = make(0x101, ac);
+  test::raw_child sink(0x102, 0x100);
+  sink.compress = false;  // what it is sent must fill the socket
+  sink.pause_after_register = true;
+  sink.start(&loop_, p_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return a_->n->up() && sink.registered; }));
+  // Until the root's link to the sink refused relayed messages (its overflow holds them).
+  const auto refused_to_sink = [&] {
+    const std::string key = "uvbus_peer_queue_refused_total{peer=\"0x102\"";
+    const std::string text = p_->n->metrics_text();
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return false;
+    const size_t end = text.find('\n', at);
+    const size_t sp = text.rfind(' ', end);
+    return sp != std::string::npos && text.compare(sp + 1, end - sp - 1, "0") != 0;
+  };
+  const std::string payload(60000, 'x');
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 8 && send_str(a_, 0x102, 1, payload) == errc::ok; ++i) {
+    }
+    return refused_to_sink();
+  }));
+  sink.resume_reading();
+  // Everything held drains; a last message reaches the sink behind it.
+  ASSERT_TRUE(wait([&] { return send_str(a_, 0x102, 2, "last") == errc::ok; }));
+  ASSERT_TRUE(wait([&] {
+    if (sink.got.empty()) return false;
+    const std::vector<uint8_t>& b = sink.got.back().body;
+    return b.size() >= 4 && std::memcmp(b.data() + b.size() - 4, "last", 4) == 0;
+  }));
+  EXPECT_EQ(p_->writable, 0U) << "on_writable for messages the root's application never sent";
+  EXPECT_GT(p_->n->counters().forwarded, 0U);
+  sink.ch->close();
+  ASSERT_TRUE(wait([&] { return sink.ch->closed(); }));
 }
 }  // namespace
 }  // namespace uvbus
