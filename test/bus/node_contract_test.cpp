@@ -1,5 +1,7 @@
 // node.h's promises checked one by one where no other test did: the detail of each refusal
 // (last_error() names the input at fault), counters counted once and in the field named.
+#include <uv.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -294,6 +296,47 @@ TEST_F(NodeContract, ARelayIsNotToldOnWritableForRelayedTraffic) {
   EXPECT_GT(p_->n->counters().forwarded, 0U);
   sink.ch->close();
   ASSERT_TRUE(wait([&] { return sink.ch->closed(); }));
+}
+
+// on_writable (end_to_end) is owed when a full flow drains, by acknowledgements or failures. A
+// full flow of send_any() messages whose chosen node left was settled (not_connected, at once)
+// without it: the application, told queue_full, never heard it could send again.
+TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.retransmit_max_messages = 4;
+  ac.delivery_timeout_ms = 60000;  // no report within the wait is the deadline's
+  a_ = make(0x101, ac);
+  // The lobby runs on a loop of its own, run only until A knows it: it never acknowledges.
+  uv_loop_t frozen{};
+  ASSERT_EQ(uv_loop_init(&frozen), 0);
+  auto lobby = std::make_unique<bus_node>();
+  node_config lc = fast_config(p_->n->listen_urls().at(0));
+  lc.type = "lobby";
+  lobby->n = std::make_unique<node>(&frozen, 0x102, lc, lobby->callbacks());
+  ASSERT_EQ(lobby->n->start(), errc::ok);
+  directory_entry e;
+  ASSERT_TRUE(wait([&] {
+    uv_run(&frozen, UV_RUN_NOWAIT);
+    return a_->n->up() && a_->n->lookup(0x102, &e);
+  }));
+  const pick_options least{pick_policy::least_loaded, 0};
+  const auto send_any = [&] {
+    bus_id chosen = 0;
+    const errc r = a_->n->send_any("lobby", {}, 1, "m", 1, least, {}, &chosen);
+    EXPECT_TRUE(r != errc::ok || chosen == 0x102);
+    return r;
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(send_any(), errc::ok);
+  ASSERT_EQ(send_any(), errc::queue_full);
+  lobby->n.reset();  // it leaves: its link closes, its directory entry goes
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 4; }));
+  for (const auto& r : a_->reports) EXPECT_EQ(r.status, errc::not_connected);
+  EXPECT_TRUE(wait([&] { return a_->writable == 1; })) << "no on_writable after the settling";
+  EXPECT_EQ(test::close_loop(&frozen), 0);
 }
 }  // namespace
 }  // namespace uvbus
