@@ -248,6 +248,17 @@ TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
   EXPECT_EQ(a2->reports.size(), 5U);  // each accepted message once
 }
 
+// validate() took max_outstanding_calls = 0, after which every call() returned queue_full (no
+// call could ever be open): refused now, naming the field.
+TEST_F(NodeContract, MaxOutstandingCallsZeroIsRefusedNamingTheField) {
+  node_config cfg = fast_config();
+  cfg.max_outstanding_calls = 0;
+  std::string detail;
+  EXPECT_EQ(node::validate(0x100, cfg, &detail), errc::invalid_argument);
+  EXPECT_TRUE(detail.find("max_outstanding_calls") != std::string::npos) << detail;
+  cfg.max_outstanding_calls = 1;
+  EXPECT_EQ(node::validate(0x100, cfg), errc::ok);
+}
 // on_writable(hop) follows a queue_full the application got from its own send. A relay whose
 // link to a next hop that stalled refused relayed messages (held in its overflow) told its own
 // application, which had sent nothing, on_writable(0x102) once that link drained.
