@@ -185,7 +185,7 @@ struct node_config {
   // At most this many require_response messages and commands awaiting their answer; beyond it
   // send_data(require_response) and send_command() return queue_full.
   size_t max_outstanding_responses = 65536;
-  // At most this many node::call()s awaiting their answer; beyond it call() returns queue_full.
+  // At most this many node::call()s awaiting their answer (>= 1); beyond, call() is queue_full.
   size_t max_outstanding_calls = 65536;
   // Siblings: connect directly at the first message (else everything goes through the parent);
   // drop a sibling link with no data either way for this long.

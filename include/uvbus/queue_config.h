@@ -17,7 +17,8 @@ enum class queue_mode : uint8_t { static_ring, dynamic };
 
 struct write_queue_config {
   queue_mode mode = queue_mode::static_ring;
-  // static_ring: the ring's size. Each block costs its size rounded up to 8 plus 16 bytes.
+  // static_ring: the ring's size, 64 to SIZE_MAX / 2. Each block costs its size rounded up to 8
+  // plus 16 bytes.
   size_t ring_bytes = size_t{2} * 1024 * 1024;
   // static_ring: the first allocation (at least one power of two that holds the first frame). A
   // connection that only ever sends small messages (a handshake, heartbeats) holds this much, not

@@ -161,7 +161,7 @@ struct stream_connection_metrics {
   uint64_t write_calls = 0;     // write system calls issued (write/writev/uv_write)
   uint64_t packets_merged = 0;  // packets copied into the merge buffer (coalesced)
   uint64_t read_calls = 0;      // reads that returned data
-  uint64_t send_refused = 0;    // send() calls that returned queue_full
+  uint64_t send_refused = 0;    // send(), sendv(), prepare_send() calls that returned queue_full
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
   // Socket read/write errors other than a clean EOF (on a TLS link: after the handshake; see
@@ -316,12 +316,13 @@ class stream_channel {
   stream_channel& operator=(const stream_channel&) = delete;
 
   // invalid_argument when: message_limit is 0 or above 1 GiB, the queue config is invalid
-  // (queue.ring_bytes below 64; in dynamic mode queue.max_bytes or queue.max_blocks 0) or too
-  // small for one frame of message_limit, merge_threshold above 1 GiB, read_buffer_size below
-  // 4 KiB or above 1 GiB, backlog <= 0, keepalive_delay_s outside 1..32767 with tcp_keepalive
-  // set, unix_socket_mode above 07777, unix_send_buffer above 1 GiB, max_unregistered_per_address
-  // above a non-zero max_unregistered (it could never apply); with tls.mode set, the TLS
-  // settings' errors (uvbus/tls.h). *detail (if given) names the field and the rule.
+  // (queue.ring_bytes below 64 or above SIZE_MAX / 2; in dynamic mode queue.max_bytes or
+  // queue.max_blocks 0) or too small for one frame of message_limit, merge_threshold above 1 GiB,
+  // read_buffer_size below 4 KiB or above 1 GiB, backlog <= 0, keepalive_delay_s outside 1..32767
+  // with tcp_keepalive set, unix_socket_mode above 07777, unix_send_buffer above 1 GiB,
+  // max_unregistered_per_address above a non-zero max_unregistered (it could never apply); with
+  // tls.mode set, the TLS settings' errors (uvbus/tls.h). *detail (if given) names the field and
+  // the rule.
   [[nodiscard]] static errc validate(const stream_config& cfg,
                                      std::string* detail = nullptr) noexcept;
 
@@ -358,9 +359,10 @@ class stream_channel {
   // names what it must be: a unix:// URL, a socket bound to that path; a TCP URL, a socket of that
   // family bound to that port (any port for port 0); the listener's URL is then the bound address.
   // Connections waiting in the socket's backlog are accepted at once. The channel owns fd from the
-  // call on: it is closed with the listener, or at once on an error. Errors: bad_url,
-  // unsupported_scheme, closed, invalid_argument (last_error() says why the socket does not fit:
-  // "not listening", "bound to port 1234", ...), no_memory.
+  // call on: it is closed with the listener, or at once on any error (wrong_thread too, before a
+  // debug build aborts). Errors: bad_url, unsupported_scheme, closed, invalid_argument
+  // (last_error() says why the socket does not fit: "not listening", "bound to port 1234", ...),
+  // no_memory.
   [[nodiscard]] errc listen_fd(std::string_view url, int fd, listener_id* out = nullptr,
                                void* user_data = nullptr);
   // Stops accepting on l and gives its socket away: *fd receives a close-on-exec duplicate that

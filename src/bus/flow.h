@@ -70,6 +70,13 @@ struct tx_flow {
   std::unique_ptr<latency_histogram> latency;  // send-to-acknowledgement (latency_histograms)
 };
 
+// A flow whose full retransmit buffer refused a send (queue_full) and is at most half full again
+// (acknowledged, or settled: refused for good, past its deadline, its send_any target gone):
+// on_writable is owed. max_*: node_config::retransmit_max_messages and retransmit_max_bytes.
+inline bool drained_to_half(const tx_flow& f, size_t max_messages, size_t max_bytes) {
+  return f.user_blocked && f.entries.size() <= max_messages / 2 && f.bytes <= max_bytes / 2;
+}
+
 struct rx_flow {
   uint64_t epoch = 0;         // the source's flow epoch (0: none yet)
   uint64_t resync_epoch = 0;  // the epoch a resync request answers (one we hold no position for)

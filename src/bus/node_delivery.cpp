@@ -117,8 +117,19 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
   uint64_t seq = 0;
   const errc e = streams->sendv(p->lk->conn, bufs, n, &seq);
   if (e == errc::ok && ctag != 0) p->lk->reports.push_back({seq, ctag, target});
-  if (e == errc::queue_full) p->user_blocked = true;
+  if (e == errc::queue_full) full_hop = p;  // the application's sends mark it (user_route_out)
   if (via_shm != nullptr) *via_shm = false;
+  return e;
+}
+
+// A queue_full from a hop's stream link owes the application on_writable(hop) only when its own
+// send got it: relayed, resent and internal messages that meet a full link tell nobody.
+errc node::impl::user_route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total,
+                                uint64_t tag, bool* via_shm) {
+  // Reset first: relayed traffic sets it too, and a full ring or pending queue leaves it alone.
+  full_hop = nullptr;
+  const errc e = route_out(target, bufs, n, total, tag, via_shm);
+  if (e == errc::queue_full && full_hop != nullptr) full_hop->user_blocked = true;
   return e;
 }
 
@@ -307,7 +318,8 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   if (rr) replies[seq] = pending_reply{target, now_ms() + cfg.response_timeout_ms, {}, seq};
   bool via_shm = false;
   // gather may be reused by a nested call (transmit does not re-enter), so pass a copy pointer.
-  const errc e = route_out(target, gather.data(), gather.size(), head_size + size, tag, &via_shm);
+  const errc e =
+      user_route_out(target, gather.data(), gather.size(), head_size + size, tag, &via_shm);
   if (e != errc::ok) {
     if (rr) replies.erase(seq);
     return e;
@@ -347,7 +359,7 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
   const std::vector<uint8_t> m = proto::build(make_header(msg_type::command, target, seq), body);
   replies[seq] = pending_reply{target, now_ms() + cfg.response_timeout_ms, std::move(cb), 0};
   const const_buffer b{m.data(), m.size()};
-  const errc e = route_out(target, &b, 1, m.size(), 0, nullptr);
+  const errc e = user_route_out(target, &b, 1, m.size(), 0, nullptr);
   if (e != errc::ok) replies.erase(seq);
   return e;
 }

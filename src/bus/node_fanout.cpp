@@ -374,6 +374,7 @@ errc node::send_any(const std::string& type, const std::vector<node_label>& labe
 }
 
 void detail::fan_departed(node::impl& n, bus_id id) {
+  bool writable = false;  // settled messages freed a full flow: on_writable(id), as acks do
   if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
     detail::tx_flow& f = it->second;
     bool failed = false;
@@ -389,6 +390,8 @@ void detail::fan_departed(node::impl& n, bus_id id) {
     if (failed) {
       f.need_sync = true;  // the target must not wait for what was settled
       n.flow_settle_front(f, 0, errc::ok);
+      writable = drained_to_half(f, n.cfg.retransmit_max_messages, n.cfg.retransmit_max_bytes);
+      if (writable) f.user_blocked = false;
     }
   }
   auto& owed = n.fan->any_replies;
@@ -403,6 +406,7 @@ void detail::fan_departed(node::impl& n, bus_id id) {
     }
     it = owed.erase(it);
   }
+  if (writable) n.fire(n.cbs.on_writable, id);  // last: it may send, or destroy the node
 }
 
 void node::set_load(uint32_t load) {

@@ -38,11 +38,9 @@ bool final_refusal(errc why, bool target_known) {
   }
 }
 
-// A flow whose full retransmit buffer refused a send_data() (queue_full) and is at most half full
-// again, acknowledged or settled (refused for good, past its deadline): on_writable is owed.
+// detail::drained_to_half() with this node's limits.
 bool drained_to_half(const node_config& cfg, const tx_flow& f) {
-  return f.user_blocked && f.entries.size() <= cfg.retransmit_max_messages / 2 &&
-         f.bytes <= cfg.retransmit_max_bytes / 2;
+  return detail::drained_to_half(f, cfg.retransmit_max_messages, cfg.retransmit_max_bytes);
 }
 
 }  // namespace

@@ -132,6 +132,7 @@ struct node::impl {
   // The last target's next hop (a stream of messages skips the lookups); cleared as peers change.
   bus_id cached_target = 0;
   peer_ep* cached_hop = nullptr;
+  peer_ep* full_hop = nullptr;  // the stream hop of transmit()'s last queue_full (user_route_out)
   std::vector<const_buffer> gather;
   // Rate limit of the relay's drop log lines (kDropLogBurst per kDropLogWindowMs).
   uint64_t drop_log_window_ms = 0;
@@ -211,8 +212,7 @@ struct node::impl {
   static void flow_unreserve(detail::tx_flow& f, const flow_slot& slot) {
     f.store.tail = slot.offset;
   }
-  // Sends what waits in order, from next_unsent.
-  void flow_pump(detail::tx_flow& f);
+  void flow_pump(detail::tx_flow& f);  // sends what waits in order, from next_unsent
   void flow_block(detail::tx_flow& f);
   static void on_flow_timer(uv_timer_t* t);
   void pump_blocked();
@@ -303,8 +303,7 @@ struct node::impl {
   errc enqueue(pending_queue* q, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
                bus_id target);
   void fail_queue(pending_queue* q, errc why);
-  // Sends a queue's messages through peer p, in order.
-  void flush_queue(pending_queue* q, peer_ep* p);
+  void flush_queue(pending_queue* q, peer_ep* p);  // sends q's messages through p, in order
   // Routes a whole message (given as buffers whose first 32 bytes are its header) that this node
   // originates: picks the next hop, queues while the link is coming up. The cached hop of the
   // last target is taken inline; route_lookup() is the rest.
@@ -317,6 +316,9 @@ struct node::impl {
   }
   errc route_lookup(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
                     bool* via_shm);
+  // route_out() for the application's own send: a stream hop that refused it owes on_writable
+  errc user_route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
+                      bool* via_shm);
   // The common case of transmit() without a report, taken inline by a flow's first send and by a
   // relay: p's registered stream link when the message can go to it as it is (version 5 or later
   // takes every flag a routed message carries; no codec, no ring, not a sibling, whose idle clock
@@ -350,7 +352,7 @@ struct node::impl {
       return send_plain(p, lk, m, total);
     }
     const const_buffer b{m, total};
-    return route_out(target, &b, 1, total, 0, via_shm);
+    return user_route_out(target, &b, 1, total, 0, via_shm);
   }
   // p's ring takes a routed message as it is: untagged, not a sibling's, and a link of version 5
   // or later (see plain_stream()).
@@ -456,8 +458,7 @@ struct node::impl {
   // Moves a registered peer onto another (just registered) link and closes its old link quietly.
   void move_peer(peer_ep* p, link* to);
   peer_ep* add_peer(link* lk, peer_kind kind, proto::node_info info);
-  // A stream connection ended (or failed to connect).
-  void link_gone(link* lk, errc reason);
+  void link_gone(link* lk, errc reason);  // a stream connection ended (or failed to connect)
 
   // ----------------------------------------------------------------------- routed messages --
   // Flow data for this node without a trace block: what on_routed()'s checks and switch would
@@ -541,8 +542,7 @@ struct node::impl {
   // -------------------------------------------------------------------------- start / stop --
   errc start();
   stream_config link_stream_config() const;
-  // Metrics (node_metrics.cpp).
-  void node_families(obs::prom_text* t) const;
+  void node_families(obs::prom_text* t) const;  // metrics (node_metrics.cpp)
   void peer_families(obs::prom_text* t) const;
   void channel_families(obs::prom_text* t) const;
   [[nodiscard]] std::string metrics_text() const;

@@ -338,8 +338,7 @@ errc node::impl::forward_out(peer_ep* p, const proto::header& hd, const uint8_t*
       std::memcpy(d + proto::kHeaderSize, data + proto::kHeaderSize, size - proto::kHeaderSize);
       e = streams->commit_send(lk->conn);
     }
-    if (e == errc::queue_full) p->user_blocked = true;
-    return e;
+    return e;  // queue_full: overflow_push(); on_writable is owed only to the application's sends
   }
   if (p->shm && plain_ring(p)) {
     if (!p->shm->coalescing()) (void)p->shm->coalesce(loop);

@@ -111,6 +111,10 @@ errc parse_name(std::string_view rest, address* a, std::string* why) {
                     quoted(rest) + " is not a SysV key from 1 to 0xffffffff (4294967295)");
     }
     a->shm_numeric = true;
+  } else if (a->kind == scheme::shm && (rest == "." || rest == "..")) {
+    // shm_open("/.") or ("/..") would name the shared-memory directory or its parent.
+    return refuse(why, errc::bad_url,
+                  quoted(rest) + R"(: "." and ".." name directories, not shared-memory regions)");
   } else {
     a->host = std::string(rest);
   }

@@ -87,7 +87,8 @@ size_t write_queue::ring_storage_bytes(size_t ring) noexcept {
 
 errc write_queue::validate(const write_queue_config& cfg) noexcept {
   if (cfg.mode == queue_mode::static_ring) {
-    if (cfg.ring_bytes < 64) return errc::invalid_argument;
+    // Rounded up to 8 (and a prefix added for the allocation), a size near SIZE_MAX wrapped.
+    if (cfg.ring_bytes < 64 || cfg.ring_bytes > kMaxRingBytes) return errc::invalid_argument;
   } else if (cfg.max_bytes == 0 || cfg.max_blocks == 0) {
     return errc::invalid_argument;
   }

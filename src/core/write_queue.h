@@ -40,6 +40,8 @@ class write_queue {
   write_queue(const write_queue&) = delete;
   write_queue& operator=(const write_queue&) = delete;
 
+  // The largest ring_bytes validate() takes: rounded up to 8, a size near SIZE_MAX wrapped.
+  static constexpr size_t kMaxRingBytes = SIZE_MAX / 2;
   [[nodiscard]] static errc validate(const write_queue_config& cfg) noexcept;
 
   // Appends a block of n bytes (n may be 0) and returns a pointer to its storage, which the caller

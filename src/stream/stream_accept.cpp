@@ -239,6 +239,9 @@ void stream_channel::impl::pause_accepting(listener_impl* l) {
   }
 }
 
+// Runs no callback, so the walk cannot lose its place: a waiting listener has failed at least
+// once (failed_tries >= 1, reset only by an accept that works), so accept_failed() does not log a
+// failed uv_poll_start() (EEXIST, the only error it has); and it is not EMFILE, so no shedding.
 void stream_channel::impl::resume_accepting() {
   (void)reopen_reserve();
   for (listener_impl* l = listeners.front(); l != nullptr; l = detail::listener_list::next(l)) {

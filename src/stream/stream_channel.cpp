@@ -334,6 +334,10 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < 64) {
     return bad("queue.ring_bytes must be at least 64");
   }
+  if (cfg.queue.mode == queue_mode::static_ring &&
+      cfg.queue.ring_bytes > write_queue::kMaxRingBytes) {
+    return bad("queue.ring_bytes must be at most SIZE_MAX / 2 (rounded up to 8 it would wrap)");
+  }
   if (cfg.queue.mode == queue_mode::dynamic &&
       (cfg.queue.max_bytes == 0 || cfg.queue.max_blocks == 0)) {
     return bad("queue.max_bytes and queue.max_blocks must both be > 0 in dynamic mode");
@@ -450,7 +454,11 @@ errc stream_channel::listen(std::string_view url, const tls_config& tls, listene
 }
 
 errc stream_channel::listen_fd(std::string_view url, int fd, listener_id* out, void* user_data) {
-  UVBUS_ON_OWNER_THREAD(impl_->owner, "stream_channel::listen_fd");
+  if (!impl_->owner.here()) {  // the channel owns fd from the call on, even this one
+    ::close(fd);
+    detail::wrong_thread("stream_channel::listen_fd");  // (debug builds abort here)
+    return errc::wrong_thread;
+  }
   if (impl_->closed) {
     ::close(fd);
     return errc::closed;

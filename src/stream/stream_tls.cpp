@@ -335,7 +335,6 @@ void stream_channel::impl::tls_fail(conn_impl* c, errc e, const std::string& why
   if (c->state == conn_state::closing) return;
   ++retired.tls_failed;
   const std::string who = c->peer_url.empty() ? std::string("a peer") : c->peer_url;
-  log_event(detail::kLogTls, log_level::warn, who + ": " + why);
   if (c->secure && !c->writing && c->handle_open) {
     // Best effort: the alert that tells the peer why.
     detail::byte_buf& o = c->secure->out();
@@ -344,7 +343,9 @@ void stream_channel::impl::tls_fail(conn_impl* c, errc e, const std::string& why
     if (!o.empty()) (void)uv_try_write(c->stream(), &b, 1);
     o.clear();
   }
+  // Ended before the line is logged: an on_log that disconnects it would make its reason cancelled.
   end_conn(c, e);
+  log_event(detail::kLogTls, log_level::warn, who + ": " + why);
 }
 
 }  // namespace uvbus

@@ -1,11 +1,14 @@
 // node.h's promises checked one by one where no other test did: the detail of each refusal
 // (last_error() names the input at fault), counters counted once and in the field named.
+#include <uv.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
 
 namespace uvbus {
 namespace {
@@ -243,6 +246,108 @@ TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
   ASSERT_TRUE(wait([&] { return a2->downs.size() == 1; }));
   EXPECT_EQ(a2->downs[0], errc::closed);
   EXPECT_EQ(a2->reports.size(), 5U);  // each accepted message once
+}
+
+// validate() took max_outstanding_calls = 0, after which every call() returned queue_full (no
+// call could ever be open): refused now, naming the field.
+TEST_F(NodeContract, MaxOutstandingCallsZeroIsRefusedNamingTheField) {
+  node_config cfg = fast_config();
+  cfg.max_outstanding_calls = 0;
+  std::string detail;
+  EXPECT_EQ(node::validate(0x100, cfg, &detail), errc::invalid_argument);
+  EXPECT_TRUE(detail.find("max_outstanding_calls") != std::string::npos) << detail;
+  cfg.max_outstanding_calls = 1;
+  EXPECT_EQ(node::validate(0x100, cfg), errc::ok);
+}
+// on_writable(hop) follows a queue_full the application got from its own send. A relay whose
+// link to a next hop that stalled refused relayed messages (held in its overflow) told its own
+// application, which had sent nothing, on_writable(0x102) once that link drained.
+TEST_F(NodeContract, ARelayIsNotToldOnWritableForRelayedTraffic) {
+  node_config pc = fast_config();
+  pc.delivery = delivery_mode::next_hop;
+  pc.subnets = {{0x100, 8}};
+  pc.link_queue_bytes = size_t{256} << 10;
+  pc.forward_overflow_bytes = size_t{512} << 10;
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.delivery = delivery_mode::next_hop;
+  ac.sibling_direct = false;
+  ac.link_queue_bytes = size_t{256} << 10;
+  a_ = make(0x101, ac);
+  test::raw_child sink(0x102, 0x100);
+  sink.compress = false;  // what it is sent must fill the socket
+  sink.pause_after_register = true;
+  sink.start(&loop_, p_->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return a_->n->up() && sink.registered; }));
+  // Until the root's link to the sink refused relayed messages (its overflow holds them).
+  const auto refused_to_sink = [&] {
+    const std::string key = "uvbus_peer_queue_refused_total{peer=\"0x102\"";
+    const std::string text = p_->n->metrics_text();
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return false;
+    const size_t end = text.find('\n', at);
+    const size_t sp = text.rfind(' ', end);
+    return sp != std::string::npos && text.compare(sp + 1, end - sp - 1, "0") != 0;
+  };
+  const std::string payload(60000, 'x');
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 8 && send_str(a_, 0x102, 1, payload) == errc::ok; ++i) {
+    }
+    return refused_to_sink();
+  }));
+  sink.resume_reading();
+  // Everything held drains; a last message reaches the sink behind it.
+  ASSERT_TRUE(wait([&] { return send_str(a_, 0x102, 2, "last") == errc::ok; }));
+  ASSERT_TRUE(wait([&] {
+    if (sink.got.empty()) return false;
+    const std::vector<uint8_t>& b = sink.got.back().body;
+    return b.size() >= 4 && std::memcmp(b.data() + b.size() - 4, "last", 4) == 0;
+  }));
+  EXPECT_EQ(p_->writable, 0U) << "on_writable for messages the root's application never sent";
+  EXPECT_GT(p_->n->counters().forwarded, 0U);
+  sink.ch->close();
+  ASSERT_TRUE(wait([&] { return sink.ch->closed(); }));
+}
+
+// on_writable (end_to_end) is owed when a full flow drains, by acknowledgements or failures. A
+// full flow of send_any() messages whose chosen node left was settled (not_connected, at once)
+// without it: the application, told queue_full, never heard it could send again.
+TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.sibling_direct = false;
+  ac.retransmit_max_messages = 4;
+  ac.delivery_timeout_ms = 60000;  // no report within the wait is the deadline's
+  a_ = make(0x101, ac);
+  // The lobby runs on a loop of its own, run only until A knows it: it never acknowledges.
+  uv_loop_t frozen{};
+  ASSERT_EQ(uv_loop_init(&frozen), 0);
+  auto lobby = std::make_unique<bus_node>();
+  node_config lc = fast_config(p_->n->listen_urls().at(0));
+  lc.type = "lobby";
+  lobby->n = std::make_unique<node>(&frozen, 0x102, lc, lobby->callbacks());
+  ASSERT_EQ(lobby->n->start(), errc::ok);
+  directory_entry e;
+  ASSERT_TRUE(wait([&] {
+    uv_run(&frozen, UV_RUN_NOWAIT);
+    return a_->n->up() && a_->n->lookup(0x102, &e);
+  }));
+  const pick_options least{pick_policy::least_loaded, 0};
+  const auto send_any = [&] {
+    bus_id chosen = 0;
+    const errc r = a_->n->send_any("lobby", {}, 1, "m", 1, least, {}, &chosen);
+    EXPECT_TRUE(r != errc::ok || chosen == 0x102);
+    return r;
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(send_any(), errc::ok);
+  ASSERT_EQ(send_any(), errc::queue_full);
+  lobby->n.reset();  // it leaves: its link closes, its directory entry goes
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 4; }));
+  for (const auto& r : a_->reports) EXPECT_EQ(r.status, errc::not_connected);
+  EXPECT_TRUE(wait([&] { return a_->writable == 1; })) << "no on_writable after the settling";
+  EXPECT_EQ(test::close_loop(&frozen), 0);
 }
 }  // namespace
 }  // namespace uvbus

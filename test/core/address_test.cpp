@@ -102,6 +102,20 @@ TEST(Address, SaysWhatWasWrong) {
   EXPECT_EQ(why, "untouched");
 }
 
+// "." and ".." passed as shared-memory names and reached shm_open("/.") and shm_open("/.."): the
+// shared-memory directory and its parent. Refused, saying why; names merely containing dots stay.
+TEST(Address, ShmNamesDotAndDotDotAreRefused) {
+  for (const char* url : {"shm://.", "shm://..", "shm:///.."}) {
+    address a;
+    std::string why;
+    EXPECT_EQ(parse_address(url, &a, &why), errc::bad_url) << url;
+    EXPECT_NE(why.find("name directories"), std::string::npos) << url << ": " << why;
+  }
+  EXPECT_EQ(parse_ok("shm://...").host, "...");
+  EXPECT_EQ(parse_ok("shm://.hidden").host, ".hidden");
+  EXPECT_EQ(parse_ok("shm://a..b").host, "a..b");
+}
+
 // A socket address holds 107 bytes of path: a longer one would be cut by connect() (libuv's
 // uv_pipe_connect) and reach another socket.
 TEST(Address, UnixPathsLimitedToWhatASocketAddressHolds) {

@@ -1,6 +1,7 @@
 // The promises of stream.h checked one by one where no other test did: no callback inside a member
 // call, validate()'s details, the listener's own accept loop against close_listener() from its
 // callbacks and its retry timer.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,11 +16,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "limits_util.h"
 #include "stream/stream_harness.h"
 #include "stream/stream_impl.h"
+#include "stream/stream_tls_harness.h"
 #include "stream/test_access.h"
 #include "uvbus/address.h"
 
@@ -110,6 +113,8 @@ class StreamContract : public stream_fixture {
 // stream.h: callbacks run "never from inside a member function call, except close()". listen()
 // replacing a stale unix socket file called on_log from inside listen(): an on_log that listens
 // or closes listeners ran inside the caller's listen(). Now the line comes from the loop.
+class StreamContractTls : public StreamTls {};
+
 TEST_F(StreamContract, ReplacingAStaleSocketFileIsLoggedFromTheLoopNotInsideListen) {
   const std::string path = "/tmp/" + unique_name("stale");
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
@@ -516,6 +521,91 @@ TEST_F(StreamContract, AListenOnANameThatDoesNotResolveSaysWhy) {
   EXPECT_EQ(d.rfind(url + ": resolve_failed", 0), 0u) << d;
   EXPECT_NE(d.find(" ("), std::string::npos) << d;  // "(unknown node or service)", say
   EXPECT_EQ(d.back(), ')') << d;
+}
+
+// queue.ring_bytes within 7 of SIZE_MAX passed validate() and wrapped to 0 when the queue rounded
+// it up to 8. Refused now, naming the field; SIZE_MAX / 2 still passes.
+TEST_F(StreamContract, ARingOfNearlySizeMaxBytesIsRefused) {
+  for (const size_t bytes : {SIZE_MAX, SIZE_MAX - 3, SIZE_MAX - 6, SIZE_MAX / 2 + 1}) {
+    std::string detail;
+    stream_config cfg;
+    cfg.queue.ring_bytes = bytes;
+    EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument) << bytes;
+    EXPECT_NE(detail.find("queue.ring_bytes"), std::string::npos) << detail;
+  }
+  std::string detail;
+  stream_config cfg;
+  cfg.queue.ring_bytes = SIZE_MAX / 2;
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::ok) << detail;
+}
+
+// send_refused counts every queue_full a sender got, prepare_send()'s too (a bus node sends with
+// prepare_send(): its links' "refused" figures come from here), once per refusal.
+TEST_F(StreamContract, SendRefusedCountsPrepareSendRefusals) {
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs);
+  stream_channel* c = make_channel(&rc);
+  connection_id client, server;
+  ASSERT_TRUE(connect_pair(s, &rs, c, &rc, &client, &server));
+  ASSERT_EQ(s->pause_reading(server), errc::ok);
+  uint64_t accepted = 0;
+  ASSERT_TRUE(fill_queue(c, client, &accepted));
+  const std::string msg(20000, 'x');
+  while (c->send(client, msg.data(), msg.size()) == errc::ok) {
+  }
+  const uint64_t before = cm(c, client).send_refused;  // send()'s refusals
+  ASSERT_GE(before, 1U);
+  errc e = errc::ok;
+  uint8_t* p = c->prepare_send(client, msg.size(), &e);
+  EXPECT_EQ(p, nullptr);
+  if (p != nullptr) (void)c->cancel_send(client);
+  EXPECT_EQ(e, errc::queue_full);
+  EXPECT_EQ(cm(c, client).send_refused, before + 1);
+}
+
+#ifdef NDEBUG
+// listen_fd(): "the channel owns fd from the call on ... closed at once on an error". From a
+// foreign thread (release builds: wrong_thread) the socket stayed open, owned by nobody.
+TEST_F(StreamContract, ListenFdFromAForeignThreadClosesTheSocket) {
+  recorder r;
+  stream_channel* ch = make_channel(&r);
+  int s = -1;
+  int other = -1;
+  ASSERT_TRUE(listening_pair(&s, &other));
+  ::close(other);
+  errc got = errc::ok;
+  std::thread t([&] { got = ch->listen_fd("ipv4://127.0.0.1:0", s); });
+  t.join();
+  EXPECT_EQ(got, errc::wrong_thread);
+  const bool still_open = ::fcntl(s, F_GETFD) != -1;
+  EXPECT_FALSE(still_open) << "fd " << s << " left open";
+  if (still_open) ::close(s);
+  EXPECT_EQ(ch->metrics().listeners_open, 0u);
+}
+#endif
+
+// tls_fail(): an on_log that disconnected the failing connection at its TLS failure line turned
+// the connection's reason into cancelled; the reason is the TLS failure's.
+TEST_F(StreamContractTls, DisconnectingFromOnLogAtATlsFailureKeepsItsReason) {
+  serve(psk_config());
+  recorder crec;
+  stream_channel* ch = make_channel(&crec);
+  connection_id c;
+  int disconnects = 0;
+  stream_callbacks cb = crec.callbacks();
+  cb.on_log = [&](log_level lv, const std::string& text) {
+    crec.logs.emplace_back(lv, text);
+    if (ch->metrics().tls_failed == 1 && ch->disconnect(c, disconnect_mode::force) == errc::ok) {
+      ++disconnects;
+    }
+  };
+  ASSERT_EQ(ch->set_callbacks(cb), errc::ok);
+  ASSERT_EQ(ch->connect(url_, psk_config("another-token-0123456789abcdef"), &c), errc::ok);
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0; }));
+  EXPECT_EQ(ch->metrics().tls_failed, 1u);
+  EXPECT_EQ(disconnects, 0) << "the connection was still open inside on_log";
+  EXPECT_NE(crec.connected[c.value], errc::ok);
+  EXPECT_NE(crec.connected[c.value], errc::cancelled);
 }
 
 }  // namespace
