@@ -138,11 +138,12 @@ bool relayed(bus_id self, const uint8_t* data, size_t size, proto::header* hd) {
 
 // A message the link's queue held when it died (before s_send_failed). One this node relayed had
 // been taken from its source as forwarded: the source is told now, as for any relay drop. The
-// node's own messages have their reports (s_send_failed) or their flows.
+// node's own messages have their reports (s_send_failed) or their flows. A stopping relay has
+// told its sources what it held before its goodbyes; their links are closing now, so nothing more.
 void node::impl::s_unsent(connection_id c, const uint8_t* data, size_t size) {
   link* lk = link_of(c);
   proto::header hd;
-  if (lk != nullptr && !dead && relayed(self, data, size, &hd)) {
+  if (lk != nullptr && !dead && state == run_state::running && relayed(self, data, size, &hd)) {
     relay_drop(hd, proto::reason::not_connected, false);  // one line for all, in s_send_failed
     ++lk->unsent_dropped;
   }
