@@ -317,8 +317,10 @@ TEST_F(NodeCombo, StopFromOnLogWhileAStalledHopsOverflowIsRefused) {
   }));
   y.resume_reading();
   ASSERT_TRUE(wait([&] { return !root_->downs.empty(); }));
+  // At least the message whose log line stopped the node; how many more the overflow held then
+  // depends on how much the root had read from A before it paused A's link (timing).
   const uint64_t dropped = root_->n->counters().forward_dropped;
-  EXPECT_GT(dropped, 1u);
+  EXPECT_GE(dropped, 1u);
   // Every one told, the one whose log line stopped the node included (told before the line).
   ASSERT_TRUE(wait([&] { return a_drops().size() >= dropped; }, 20s))
       << "root dropped " << dropped << ", A was told of " << a_drops().size();
