@@ -124,7 +124,9 @@ struct shm_metrics {
   uint64_t bytes_written = 0;    // their payload bytes
   uint64_t records_read = 0;     // delivered to the reader's callback or try_receive
   uint64_t bytes_read = 0;
-  uint64_t queue_full = 0;  // sends rejected because the ring had no room
+  uint64_t queue_full = 0;  // sends rejected because the ring had no room (a coalescing
+                            // writer's flush(), loop-turn and timer retries refuse no send: not
+                            // counted)
   uint64_t abandoned = 0;   // records the reader skipped because they were not committed in time
   uint64_t writer_abandoned = 0;   // sends that reported errc::abandoned (writer learnt the skip)
   uint64_t checksum_failures = 0;  // committed records whose checksum did not match (skipped)

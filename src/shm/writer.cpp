@@ -59,6 +59,9 @@ struct shm_writer::impl {
   size_t stage_count = 0;  // messages staged
   uint64_t stage_payload = 0;
   bool stuck = false;  // the last flush failed (ring full): the stage waits for room
+  // Whether full() counts in queue_full: off while a flush() or a loop turn retries the stage (a
+  // full ring refuses no send then; queue_full counts refused sends only).
+  bool count_full = true;
   writer_glue* glue = nullptr;
   std::function<void(const uint8_t*, size_t)> on_dropped;  // shm_writer::on_staged_dropped
 
@@ -108,8 +111,10 @@ struct shm_writer::impl {
       if (region_gone()) return gone();
     }
     if (removed) return gone();
-    ++local.queue_full;
-    ++pend_full;
+    if (count_full) {
+      ++local.queue_full;
+      ++pend_full;
+    }
     return errc::queue_full;
   }
 
@@ -434,8 +439,16 @@ struct shm_writer::impl {
     return errc::ok;
   }
 
+  // A flush that no send asked for: a full ring refuses nothing, so queue_full stays as it is.
+  errc flush_uncounted() noexcept {
+    count_full = false;
+    const errc e = flush_stage();
+    count_full = true;
+    return e;
+  }
+
   static void on_turn(impl* self) noexcept {
-    if (self != nullptr && self->stage_count != 0) (void)self->flush_stage();
+    if (self != nullptr && self->stage_count != 0) (void)self->flush_uncounted();
   }
   static void on_prepare(uv_prepare_t* h) { on_turn(static_cast<writer_glue*>(h->data)->owner); }
   static void on_check(uv_check_t* h) { on_turn(static_cast<writer_glue*>(h->data)->owner); }
@@ -465,7 +478,7 @@ struct shm_writer::impl {
   size_t stop_coalescing() noexcept {
     if (stage_cap == 0) return 0;
     const size_t before = local.staged_dropped;
-    if (flush_stage() != errc::ok) drop_stage();
+    if (flush_uncounted() != errc::ok) drop_stage();
     clear_stage();
     const auto dropped = static_cast<size_t>(local.staged_dropped - before);
     if (glue != nullptr) {
@@ -612,7 +625,7 @@ bool shm_writer::coalescing() const noexcept {
 
 errc shm_writer::flush() noexcept {
   if (!impl_) return errc::not_connected;
-  return impl_->flush_stage();
+  return impl_->flush_uncounted();
 }
 
 void shm_writer::on_staged_dropped(std::function<void(const uint8_t*, size_t)> f) {

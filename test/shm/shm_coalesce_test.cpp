@@ -314,6 +314,38 @@ TEST_F(ShmCoalesceLoop, LoopTurnPublishesAndTheHandlesNeverKeepTheLoopAlive) {
   uv_run(&loop, UV_RUN_DEFAULT);  // the guard lives on this stack: finish its close here
 }
 
+// queue_full counts refused sends. A stage stuck on a full ring is retried at every loop turn,
+// every millisecond and by flush(); none of those refuses a send, so none counts (each counted
+// one before: a ring full for 50 ms read about 100 instead of 1).
+TEST_F(ShmCoalesceLoop, RetriesOfAStuckStageAreNotCountedAsQueueFull) {
+  const std::string url = "mem://" + test::unique_name("coal-retry");
+  shm_reader r;
+  collected got;
+  ASSERT_EQ(r.open(url, small_cfg(4096, 1024)), errc::ok);  // not started: the ring fills
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(w.coalesce(&loop, 1024), errc::ok);
+  std::vector<std::string> want;
+  errc e = errc::ok;
+  for (size_t i = 0; i < 1000 && e == errc::ok; ++i) {
+    want.push_back(msg(i));
+    e = w.send(want.back().data(), want.back().size());
+  }
+  ASSERT_EQ(e, errc::queue_full);
+  want.pop_back();  // refused
+  ASSERT_GT(w.staged(), 0u);
+  EXPECT_EQ(w.flush(), errc::queue_full);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  (void)run_until(&loop, [&] { return std::chrono::steady_clock::now() >= until; });
+  EXPECT_GT(w.staged(), 0u);  // still waiting for room
+  EXPECT_EQ(w.metrics().queue_full, 1u) << "only the refused send";
+  ASSERT_EQ(test::start_with(r, &loop, collected::cb, &got), errc::ok);
+  EXPECT_TRUE(run_until(&loop, [&] { return got.recs.size() == want.size(); }));
+  EXPECT_EQ(got.recs, want);  // nothing lost
+  EXPECT_EQ(w.metrics().queue_full, 1u);
+  r.close();
+}
+
 TEST_F(ShmCoalesceLoop, ReaderClosedForGoodDropsTheStageAndSaysNotConnected) {
   const std::string url = "mem://" + test::unique_name("coal-gone");
   auto r = std::make_unique<shm_reader>();
