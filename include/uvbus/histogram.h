@@ -20,8 +20,8 @@ struct latency_percentiles {
 };
 
 // Not thread-safe: one writer; read it on the writer's thread (or copy it there). No allocation:
-// about 9.8 KiB inline. Values above kMaxValue (about 73 minutes) count in the last bucket; max()
-// stays exact.
+// about 9.8 KiB inline. Values above kMaxValue (about 73 minutes) count in the last bucket, whose
+// percentiles report max() (exact): that bucket has no upper bound of its own.
 class latency_histogram {
  public:
   static constexpr unsigned kSubBits = 5;  // 32 sub-buckets per power of two
@@ -57,7 +57,7 @@ class latency_histogram {
     return count_ == 0 ? 0.0 : static_cast<double>(sum_) / static_cast<double>(count_);
   }
   // The nearest-rank percentile q in [0, 100]: the upper bound of the bucket holding the value of
-  // rank ceil(q/100 * count), capped at max(); 0 when empty.
+  // rank ceil(q/100 * count), capped at max() (the last bucket: max()); 0 when empty.
   [[nodiscard]] uint64_t value_at_percentile(double q) const noexcept;
   [[nodiscard]] latency_percentiles percentiles() const noexcept;
 

@@ -38,7 +38,8 @@ uint64_t latency_histogram::value_at_percentile(double q) const noexcept {
   for (size_t b = 0; b < kBuckets; ++b) {
     cum += counts_[b];
     if (cum >= rank) {
-      const uint64_t v = bucket_upper(b);
+      // The last bucket also holds every value above kMaxValue: it has no upper bound but max().
+      const uint64_t v = b + 1 == kBuckets ? max_ : bucket_upper(b);
       return v < max_ ? v : max_;
     }
   }

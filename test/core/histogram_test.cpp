@@ -63,8 +63,16 @@ TEST(LatencyHistogram, EdgesZeroSingleAndHugeValues) {
   EXPECT_EQ(h.value_at_percentile(100), 7u);
   h.record(~uint64_t{0});  // beyond kMaxValue: last bucket, max exact
   EXPECT_EQ(h.max(), ~uint64_t{0});
-  EXPECT_EQ(h.value_at_percentile(100),
-            latency_histogram::bucket_upper(latency_histogram::kBuckets - 1));
+  EXPECT_EQ(h.value_at_percentile(100), ~uint64_t{0});  // not kMaxValue: the bucket is unbounded
+  // Values beyond kMaxValue only: every percentile is at least kMaxValue, reported as max().
+  latency_histogram big;
+  big.record(latency_histogram::kMaxValue + 5);
+  big.record(latency_histogram::kMaxValue * 3);
+  EXPECT_EQ(big.value_at_percentile(50), latency_histogram::kMaxValue * 3);
+  EXPECT_EQ(big.percentiles().p999, latency_histogram::kMaxValue * 3);
+  big.record(1000);  // a value of an ordinary bucket keeps its bound
+  EXPECT_EQ(big.value_at_percentile(10),
+            latency_histogram::bucket_upper(latency_histogram::bucket_of(1000)));
   for (uint64_t v = 0; v < 5000; v += 7) {  // every value falls in a bucket that holds it
     const size_t b = latency_histogram::bucket_of(v);
     EXPECT_LE(v, latency_histogram::bucket_upper(b));
