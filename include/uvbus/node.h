@@ -327,7 +327,7 @@ struct delivery_report {
 };
 
 struct node_counters {
-  uint64_t data_sent = 0;         // send_data() calls accepted
+  uint64_t data_sent = 0;         // sends accepted (send_data/any, post, call, reply)
   uint64_t data_sent_stream = 0;  // ... of which went out over a stream link
   uint64_t data_sent_shm = 0;     // ... over shared memory
   uint64_t data_received = 0;     // delivered to on_data
