@@ -82,11 +82,10 @@ void node::impl::node_families(prom_text* t) const {
   t->sample(info, 2, 1);
   t->family("uvbus_node_uptime_seconds", "Seconds since the node started.", metric_type::gauge);
   t->sample(state == run_state::idle ? 0.0 : static_cast<double>(now_ms() - started_ms) / 1000.0);
-  t->family(
-      "uvbus_node_messages_sent_total",
-      "Messages sends accepted (send_data, send_any, post, call requests and replies), by the "
-      "channel of their first hop.",
-      metric_type::counter);
+  t->family("uvbus_node_messages_sent_total",
+            "Sends accepted (send_data, send_any, post, call requests and replies), by the channel "
+            "of their first hop.",
+            metric_type::counter);
   const label stream_l[] = {{"channel", "stream"}};
   const label shm_l[] = {{"channel", "shm"}};
   t->sample(stream_l, 1, static_cast<double>(c.data_sent_stream));
