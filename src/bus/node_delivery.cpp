@@ -129,7 +129,7 @@ errc node::impl::user_route_out(bus_id target, const const_buffer* bufs, size_t 
   // Reset first: relayed traffic sets it too, and a full ring or pending queue leaves it alone.
   full_hop = nullptr;
   const errc e = route_out(target, bufs, n, total, tag, via_shm);
-  if (e == errc::queue_full && full_hop != nullptr) full_hop->user_blocked = true;
+  if (e == errc::queue_full && full_hop != nullptr && !posting) full_hop->user_blocked = true;
   return e;
 }
 

@@ -83,7 +83,7 @@ UVBUS_FLOW_INLINE uint8_t* node::impl::flow_reserve(tx_flow& f, uint32_t type, s
   uint8_t* m =
       f.entries.size() < cfg.retransmit_max_messages ? flow_alloc(f, total, &off) : nullptr;
   if (m == nullptr) {
-    f.user_blocked = true;  // on_writable(target) once acknowledgements have drained it
+    if (!posting) f.user_blocked = true;  // on_writable(target) once acknowledgements drained it
     return nullptr;
   }
   proto::header hd = make_header(msg_type::data, f.target, f.next_seq);

@@ -170,9 +170,8 @@ struct node::impl {
   bus_id cached_flow_target = 0;
   detail::tx_flow* cached_flow = nullptr;
   // The first sequence of a new flow: above every sequence of the flows forgotten so far. It
-  // starts at a random point below 2^40 per incarnation, so a relay's drop notice (which names
-  // a sequence, not an epoch) meant for a dead incarnation of this node practically never names
-  // a message of this one.
+  // starts at a random point below 2^40 per incarnation, so a relay's drop notice (which names a
+  // sequence, not an epoch) meant for a dead incarnation of this node never names one of this.
   static constexpr uint64_t kFlowSeqBaseMask = (uint64_t{1} << 40) - 1;
   uint64_t flow_seq_floor = 1;
   bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
@@ -332,7 +331,7 @@ struct node::impl {
   // channel's copy loop out of the inlined path, 40 instructions a message).
   errc send_plain(peer_ep* p, link* lk, const uint8_t* m, size_t size) {
     const errc e = streams->send(lk->conn, m, size);
-    if (e == errc::queue_full) p->user_blocked = true;
+    if (e == errc::queue_full && !posting) p->user_blocked = true;
     return e;
   }
   // A flow message's first send (without a report): to the cached hop's ring or stream link
@@ -516,6 +515,7 @@ struct node::impl {
   size_t post_batch_items = 0;  // records in post_backlog, and how many of them have run
   size_t post_batch_done = 0;
   bool post_blocked = false;  // a posted message met queue_full: retry on writable / tick
+  bool posting = false;       // in run_posted(): a queue_full owes no on_writable (no call got it)
   errc post_message(bus_id target, uint32_t type, const void* data, size_t size,
                     const send_options& opt, uint64_t* message_id);
   errc post_task(std::function<void()> task);

@@ -120,7 +120,9 @@ errc node::impl::run_posted(const uint8_t* at) {
     proto::parse_trace(r.trace, &t);
     o.trace = &t;
   }
+  posting = true;  // the mailbox retries a queue_full itself: no on_writable is owed for it
   const errc e = send_data(r.target, r.type, &b, 1, o, nullptr, r.seq);
+  posting = false;
   if (e == errc::ok || (e == errc::queue_full && state == run_state::running)) return e;
   // Refused on the loop (no route, stopped, ...): that is this message's one report.
   defer_report(r.require_response != 0 ? (r.seq | kTagE2e) : r.seq, r.target, e, false);

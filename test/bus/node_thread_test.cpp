@@ -201,6 +201,26 @@ TEST_F(NodeThreadTest, PostsQueuedWhileBlockedAreRunOnceThereIsRoom) {
   ::unlink(path.c_str());
 }
 
+// A post that meets a full flow waits in the mailbox, which retries it by itself: the loop's
+// application never got queue_full, so no on_writable is owed to it (one came for each time the
+// flow filled, although no send of the application had been refused).
+TEST_F(NodeThreadTest, APostThatMeetsAFullFlowOwesNoOnWritable) {
+  node_config pc = fast_config();
+  pc.subnets = {{0x100, 8}};
+  bus_node* p = make(0x100, pc);
+  node_config cc = fast_config(p->n->listen_urls().at(0));
+  cc.retransmit_max_messages = 4;  // the fifth post in one loop turn finds the flow full
+  bus_node* c = make(0x101, cc);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  std::thread([&] {
+    for (int i = 0; i < 40; ++i) ASSERT_EQ(c->n->post(0x100, 1, "m", 1), errc::ok);
+  }).join();
+  ASSERT_TRUE(wait([&] { return p->got.size() == 40; }, 10s)) << p->got.size();
+  ASSERT_TRUE(wait([&] { return c->reports.size() == 40; }));
+  for (const auto& r : c->reports) EXPECT_EQ(r.status, errc::ok);
+  EXPECT_EQ(c->writable, 0u);
+}
+
 // Messages the loop cannot send are still reported once, with the reason.
 TEST_F(NodeThreadTest, PostedMessageRefusedOnTheLoopIsItsReport) {
   bus_node* p = make_root(0x100, {{0x100, 8}});
