@@ -21,23 +21,11 @@ using obs::prom_text;
 using test::bus_fixture;
 using test::fast_config;
 
-// Runs a shell command, returns its stdout.
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = ::popen(cmd.c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ::pclose(f);
-  return out;
-}
-
 // `promtool check metrics` on text: its complaints (empty: clean).
 std::string promtool_problems(const std::string& text) {
   const std::string path = "/tmp/" + test::unique_name("metrics") + ".txt";
   std::ofstream(path) << text;
-  const std::string out = run_command("promtool check metrics < " + path + " 2>&1; echo rc=$?");
+  const std::string out = test::command_output("promtool check metrics < " + path + " 2>&1; echo rc=$?");
   ::unlink(path.c_str());
   return out == "rc=0\n" ? std::string() : out;
 }
@@ -53,7 +41,7 @@ http_result fetch(uv_loop_t* loop, const std::string& url, const std::string& ex
   bool done = false;
   std::thread t([&] {
     const std::string out =
-        run_command("curl -s -m 20 " + extra + " -w '\\n%{http_code}' '" + url + "'");
+        test::command_output("curl -s -m 20 " + extra + " -w '\\n%{http_code}' '" + url + "'");
     const size_t nl = out.rfind('\n');
     r.body = nl == std::string::npos ? out : out.substr(0, nl);
     r.status = nl == std::string::npos ? 0 : std::atoi(out.c_str() + nl + 1);

@@ -15,14 +15,7 @@ namespace {
 
 // `sh -c cmd` with stderr folded into stdout; the exit status appended as "rc=N".
 std::string sh(const std::string& cmd) {
-  std::string out;
-  FILE* f = ::popen(("(" + cmd + ") 2>&1; echo rc=$?").c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ::pclose(f);
-  return out;
+  return uvbus::test::command_output("(" + cmd + ") 2>&1; echo rc=$?");
 }
 
 // docs/tools.md: `uvbus ping` prints min/avg/p50/p99/max "(nearest rank)": the value of rank
