@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "shm/shm_test_util.h"
 #include "test_util.h"
 #include "uvbus/shm.h"
 
@@ -63,11 +64,7 @@ TEST(ToolsContract, TopRefusesABadMetricsUrl) {
 TEST(ToolsContract, ShmInspectNeverDrainsOrRemoves) {
   const std::string url = "shm://" + uvbus::test::unique_name("obsrev-shm");
   uvbus::shm_reader reader;
-  uvbus::shm_config cfg;
-  cfg.ring_bytes = 4096;
-  cfg.node_size = 64;
-  cfg.max_record_size = 1024;
-  ASSERT_EQ(reader.open(url, cfg), uvbus::errc::ok);
+  ASSERT_EQ(reader.open(url, uvbus::test::small_ring_config()), uvbus::errc::ok);
   reader.close(uvbus::shm_close_mode::keep);  // a closed reader: drain and remove would proceed
   const std::string t = UVBUS_TOOL_PATH;
   for (const char* flag : {"--remove", "--drain"}) {
