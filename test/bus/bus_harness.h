@@ -228,6 +228,15 @@ class bus_fixture : public ::testing::Test {
     return make(id, std::move(cfg));
   }
 
+  // Root 0x100 owning 0x100/8 (*root), and the config of a child of it that sends everything
+  // through it (no direct sibling links), for the caller to adjust and make.
+  node_config make_root_for_sender(bus_node** root) {
+    *root = make_root(0x100, {{0x100, 8}});
+    node_config c = fast_config((*root)->n->listen_urls().at(0));
+    c.sibling_direct = false;
+    return c;
+  }
+
   // Runs the loop until pred() holds (true) or the deadline passes (false).
   bool wait(const std::function<bool()>& pred, std::chrono::milliseconds d = kWait) {
     return run_until(&loop_, pred, d);

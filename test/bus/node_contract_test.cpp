@@ -32,9 +32,7 @@ class NodeContract : public bus_fixture {
   // Root P (0x100/8), and the config of a child of P for the on_writable tests: sending only
   // through P, its retransmit buffer full at 4 messages, its delivery deadline `deadline_ms`.
   node_config make_root_and_small_buffer_config(uint32_t deadline_ms) {
-    p_ = make_root(0x100, {{0x100, 8}});
-    node_config ac = fast_config(p_->n->listen_urls().at(0));
-    ac.sibling_direct = false;
+    node_config ac = make_root_for_sender(&p_);
     ac.retransmit_max_messages = 4;
     ac.delivery_timeout_ms = deadline_ms;
     return ac;

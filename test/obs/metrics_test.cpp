@@ -25,7 +25,8 @@ using test::fast_config;
 std::string promtool_problems(const std::string& text) {
   const std::string path = "/tmp/" + test::unique_name("metrics") + ".txt";
   std::ofstream(path) << text;
-  const std::string out = test::command_output("promtool check metrics < " + path + " 2>&1; echo rc=$?");
+  const std::string out =
+      test::command_output("promtool check metrics < " + path + " 2>&1; echo rc=$?");
   ::unlink(path.c_str());
   return out == "rc=0\n" ? std::string() : out;
 }
@@ -189,15 +190,12 @@ TEST_F(NodeMetricsTest, StalledAndGarbageClientsDoNotStopTheScrape) {
 }
 
 TEST_F(NodeMetricsTest, LatencyHistogramsPerTargetAndTypeWhenAskedFor) {
-  node_config pc = fast_config();
-  pc.subnets = {{0x100, 8}};
-  test::bus_node* p = make(0x100, pc);
-  node_config ac = fast_config(p->n->listen_urls().at(0));
-  ac.sibling_direct = false;
+  test::bus_node* p = nullptr;
+  node_config ac = make_root_for_sender(&p);
   ac.latency_histograms = true;
   ac.latency_sample_every = 1;  // every message: exact counts below
   test::bus_node* a = make(0x101, ac);
-  test::bus_node* b = make(0x102, fast_config(p->n->listen_urls().at(0)));
+  test::bus_node* b = make_child(0x102, p);
   ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
   for (uint64_t v = 0; v < 200; ++v) {
     ASSERT_EQ(a->n->send_data(0x102, v < 150 ? 7 : 8, &v, sizeof v), errc::ok);
