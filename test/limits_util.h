@@ -1,6 +1,7 @@
 // Helpers of the tests that run out of descriptors: a soft RLIMIT_NOFILE lowered to what is free,
-// a forked child to do it in, the loop's iterations in a window (a busy loop shows as thousands),
-// and a client socket read until the server answers or closes it.
+// a forked child to do it in, the loop run until a condition or a deadline, the loop's iterations
+// in a window (a busy loop shows as thousands), and a client socket read until the server answers
+// or closes it.
 #pragma once
 
 #include <netinet/in.h>
@@ -47,6 +48,20 @@ inline int in_child(int (*body)(uv_loop_t*)) {
   int status = 0;
   if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
   return WEXITSTATUS(status);
+}
+
+// Runs the loop one turn at a time until pred() holds or 20 s of loop time pass (generous for
+// ASan: a deadline, never a speed claim); pred(). It adds no timer: each turn waits for the next
+// event (the scenario's alarm ends a turn that never does).
+template <class Pred>
+bool run_loop_until(uv_loop_t* loop, Pred pred) {
+  constexpr uint64_t kDeadlineMs = 20000;
+  const uint64_t until = uv_now(loop) + kDeadlineMs;
+  while (!pred()) {
+    if (uv_now(loop) > until) return false;
+    uv_run(loop, UV_RUN_ONCE);
+  }
+  return true;
 }
 
 // Runs the loop one iteration at a time for about ms (a timer ends the window); the iterations.

@@ -32,6 +32,18 @@ bool run_until(uv_loop_t* loop, Pred&& pred,
   return ok;
 }
 
+// Runs cmd with popen() (sh -c) and returns what it wrote to stdout.
+inline std::string command_output(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
 // A name unique to this process and test, for unix socket paths and shared-memory names.
 inline std::string unique_name(const char* what) {
   static int counter = 0;

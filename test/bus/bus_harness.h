@@ -52,6 +52,13 @@ inline node_config fast_config(const std::string& parent_url) {
   return c;
 }
 
+// The same for a node of type `type` (what pick(), send_any() and broadcasts by type select).
+inline node_config typed_config(const std::string& type, const std::string& parent_url = {}) {
+  node_config c = fast_config(parent_url);
+  c.type = type;
+  return c;
+}
+
 // test::run_until with the harness's deadline: for tests that run a loop of their own.
 template <class Pred>
 bool wait_until(uv_loop_t* loop, Pred&& pred, std::chrono::milliseconds deadline = kWait) {
@@ -154,6 +161,36 @@ inline errc send_str(bus_node* t, bus_id to, uint32_t type, const std::string& s
   return t->n->send_data(to, type, s.data(), s.size(), o, id);
 }
 
+// A node on a loop of its own that runs only when a test turns it (a frozen process, or a peer
+// whose loop a test holds still while the fixture's runs). Its callbacks record as bus_node's do;
+// finish() destroys the node and expects the loop to close with no handle left open (the
+// destructor does it for a test that ended early).
+struct own_loop_node : bus_node {
+  own_loop_node() = default;
+  own_loop_node(const own_loop_node&) = delete;
+  own_loop_node& operator=(const own_loop_node&) = delete;
+  ~own_loop_node() { finish(); }
+
+  // Inits the loop and starts node `id` on it (fatal failures: wrap in ASSERT_NO_FATAL_FAILURE).
+  void start(bus_id id, node_config cfg) {
+    ASSERT_EQ(uv_loop_init(&loop), 0);
+    open = true;
+    n = std::make_unique<node>(&loop, id, std::move(cfg), callbacks());
+    ASSERT_EQ(n->start(), errc::ok);
+  }
+  // Runs the loop once without blocking: from a wait's predicate, to let this node move too.
+  void turn() { uv_run(&loop, UV_RUN_NOWAIT); }
+  void finish() {
+    if (!open) return;
+    open = false;
+    n.reset();
+    EXPECT_EQ(close_loop(&loop), 0) << "handles left open on the node's own loop";
+  }
+
+  uv_loop_t loop{};
+  bool open = false;
+};
+
 // A fixture owning one loop and the nodes on it. TearDown destroys the nodes and expects the
 // loop to close with no handle left open.
 class bus_fixture : public ::testing::Test {
@@ -189,6 +226,15 @@ class bus_fixture : public ::testing::Test {
     cfg.subnets = std::move(nets);
     cfg.parent_urls = {parent->n->listen_urls().at(0)};
     return make(id, std::move(cfg));
+  }
+
+  // Root 0x100 owning 0x100/8 (*root), and the config of a child of it that sends everything
+  // through it (no direct sibling links), for the caller to adjust and make.
+  node_config make_root_for_sender(bus_node** root) {
+    *root = make_root(0x100, {{0x100, 8}});
+    node_config c = fast_config((*root)->n->listen_urls().at(0));
+    c.sibling_direct = false;
+    return c;
   }
 
   // Runs the loop until pred() holds (true) or the deadline passes (false).

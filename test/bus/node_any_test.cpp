@@ -23,19 +23,19 @@ namespace uvbus {
 namespace {
 
 using test::bus_node;
-using test::fast_config;
+using test::typed_config;
 
+// The root owns kRoot/8; the game node and the two lobbies take the ids after it.
 constexpr bus_id kRoot = 0x3000;
-constexpr bus_id kGame = 0x3001;
-constexpr bus_id kL1 = 0x3002;
-constexpr bus_id kL2 = 0x3003;
+constexpr bus_id kGame = kRoot + 1;
+constexpr bus_id kL1 = kRoot + 2;
+constexpr bus_id kL2 = kRoot + 3;
 // delivery_timeout_ms and response_timeout_ms: twice the harness's wait, so a report within the
 // wait cannot be the timeout.
 constexpr uint32_t kLongMs = 60000;
 
 node_config lobby_config() {
-  node_config c = fast_config();
-  c.type = "lobby";
+  node_config c = typed_config("lobby");
   c.delivery_timeout_ms = kLongMs;
   return c;
 }
@@ -50,15 +50,13 @@ class NodeAny : public test::bus_fixture {
   // by add_lobbies().
   void build(delivery_mode mode, uint32_t grace_ms = 300, uint32_t root_heartbeat_timeout = 5000,
              bool sibling_direct = false) {
-    node_config rc = fast_config();
-    rc.type = "root";
+    node_config rc = typed_config("root");
     rc.subnets = {{kRoot, 8}};
     rc.child_grace_ms = grace_ms;
     rc.heartbeat_timeout_ms = root_heartbeat_timeout;
     rc.delivery_timeout_ms = kLongMs;
     root_ = make(kRoot, rc);
-    node_config gc = fast_config(root_->n->listen_urls().at(0));
-    gc.type = "game";
+    node_config gc = typed_config("game", root_->n->listen_urls().at(0));
     gc.delivery = mode;
     gc.delivery_timeout_ms = kLongMs;
     gc.response_timeout_ms = kLongMs;
@@ -109,20 +107,30 @@ class NodeAny : public test::bus_fixture {
     return r;
   }
 
+  // send_any to the least loaded lobby, which must be L1 (fatal otherwise); *id gets the message.
+  void send_any_to_l1(uint64_t* id, const send_options& o = {}) {
+    bus_id chosen = 0;
+    *id = send_any(&chosen, o);
+    ASSERT_EQ(chosen, kL1);
+  }
+  // report_after(id, what), which must come (fatal otherwise) with status `want`.
+  void expect_report(uint64_t id, const char* what, errc want) {
+    const delivery_report* r = report_after(id, what);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->status, want);
+  }
+
   // L1 on a loop of its own (the caller's comment says why), L2 on the fixture's.
   void frozen_lobby(const send_options& o, const char* what, errc* status, bool* came) {
-    uv_loop_t frozen{};
-    ASSERT_EQ(uv_loop_init(&frozen), 0);
-    auto l1 = std::make_unique<bus_node>();
+    test::own_loop_node l1;
     node_config lc = lobby_config();
     lc.parent_urls = {root_->n->listen_urls().at(0)};
-    l1->n = std::make_unique<node>(&frozen, kL1, lc, l1->callbacks());
-    ASSERT_EQ(l1->n->start(), errc::ok);
+    ASSERT_NO_FATAL_FAILURE(l1.start(kL1, lc));
     l2_ = make_child(kL2, root_, {}, lobby_config());
     // Both loops run until L1 has acknowledged a first message.
     const auto both = [&](const std::function<bool()>& p) {
       return wait([&] {
-        uv_run(&frozen, UV_RUN_NOWAIT);
+        l1.turn();
         return p();
       });
     };
@@ -141,8 +149,7 @@ class NodeAny : public test::bus_fixture {
       *came = r != nullptr;
       if (r != nullptr) *status = r->status;
     }
-    l1->n.reset();
-    EXPECT_EQ(test::close_loop(&frozen), 0);
+    l1.finish();
   }
 
   bus_node* root_ = nullptr;
@@ -158,19 +165,18 @@ TEST_F(NodeAny, EndToEndChosenNodeStopsJustAfterTheSendFailsAtOnce) {
   build(delivery_mode::end_to_end);
   add_lobbies();
   warm_up();
-  bus_id chosen = 0;
-  const uint64_t id = send_any(&chosen);
-  ASSERT_EQ(chosen, kL1);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id));
   l1_->n->stop();
-  const delivery_report* r = report_after(id, "end to end, clean stop after the send");
-  ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->status, errc::not_connected);
-  EXPECT_EQ(r->target, kL1);
+  ASSERT_NO_FATAL_FAILURE(
+      expect_report(id, "end to end, clean stop after the send", errc::not_connected));
+  EXPECT_EQ(game_->report_for(id)->target, kL1);
   // Exactly one report, and the next send_any goes to the lobby that is left.
   run_for(std::chrono::milliseconds(500));
   size_t reports = 0;
   for (const auto& x : game_->reports) reports += x.message_id == id ? 1 : 0;
   EXPECT_EQ(reports, 1U);
+  bus_id chosen = 0;
   const uint64_t next = send_any(&chosen);
   EXPECT_EQ(chosen, kL2);
   ASSERT_TRUE(wait([&] { return game_->report_for(next) != nullptr; }));
@@ -184,12 +190,9 @@ TEST_F(NodeAny, EndToEndChosenNodeKilledJustBeforeTheSendFailsAtOnce) {
   add_lobbies();
   warm_up();
   destroy(l1_);
-  bus_id chosen = 0;
-  const uint64_t id = send_any(&chosen);
-  ASSERT_EQ(chosen, kL1);
-  const delivery_report* r = report_after(id, "end to end, killed before the send");
-  ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->status, errc::not_connected);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id));
+  expect_report(id, "end to end, killed before the send", errc::not_connected);
 }
 
 // The same with the game node dialling siblings directly (the default): its messages to L1 go
@@ -203,12 +206,9 @@ TEST_F(NodeAny, EndToEndOverADirectSiblingLinkChosenNodeKilledFailsAtOnce) {
     return game_->n->peer(kL1, &e) && e.role == peer_role::sibling;
   }));
   destroy(l1_);
-  bus_id chosen = 0;
-  const uint64_t id = send_any(&chosen);
-  ASSERT_EQ(chosen, kL1);
-  const delivery_report* r = report_after(id, "end to end, direct sibling link, killed before");
-  ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->status, errc::not_connected);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id));
+  expect_report(id, "end to end, direct sibling link, killed before", errc::not_connected);
 }
 
 // The link dropped without a close: L1 runs on a loop of its own that stops being run (a frozen
@@ -242,13 +242,11 @@ TEST_F(NodeAny, EndToEndSendersParentLostFailsAtOnce) {
   build(delivery_mode::end_to_end);
   add_lobbies();
   warm_up();
-  bus_id chosen = 0;
-  const uint64_t id = send_any(&chosen);
-  ASSERT_EQ(chosen, kL1);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id));
   destroy(root_);
-  const delivery_report* r = report_after(id, "end to end, the sender's parent destroyed");
-  ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->status, errc::not_connected);
+  ASSERT_NO_FATAL_FAILURE(
+      expect_report(id, "end to end, the sender's parent destroyed", errc::not_connected));
   bus_id got = 0;
   EXPECT_EQ(game_->n->pick("lobby", {}, kLeast, &got), errc::unknown_route);
 }
@@ -261,13 +259,10 @@ TEST_F(NodeAny, NextHopRequireResponseChosenNodeStopsJustAfterTheSendFailsAtOnce
   add_lobbies();
   send_options o;
   o.require_response = true;
-  bus_id chosen = 0;
-  const uint64_t id = send_any(&chosen, o);
-  ASSERT_EQ(chosen, kL1);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id, o));
   l1_->n->stop();
-  const delivery_report* r = report_after(id, "next hop + require_response, clean stop after");
-  ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->status, errc::not_connected);
+  expect_report(id, "next hop + require_response, clean stop after", errc::not_connected);
 }
 
 // Next hop without require_response: ok means the root's channel took it, at once; the root's
@@ -276,12 +271,9 @@ TEST_F(NodeAny, NextHopWithoutResponseIsOkAtOnceAndTheDropIsTold) {
   build(delivery_mode::next_hop);
   add_lobbies();
   destroy(l1_);
-  bus_id chosen = 0;
-  const uint64_t id = send_any(&chosen);
-  ASSERT_EQ(chosen, kL1);
-  const delivery_report* r = report_after(id, "next hop, killed before the send");
-  ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->status, errc::ok);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id));
+  ASSERT_NO_FATAL_FAILURE(expect_report(id, "next hop, killed before the send", errc::ok));
   ASSERT_TRUE(wait([&] { return !dropped_.empty(); }));
   EXPECT_EQ(dropped_.front().first, id);
   EXPECT_NE(dropped_.front().second, errc::ok);  // unknown_route, or closed if it met L1's close

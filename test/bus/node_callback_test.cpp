@@ -68,6 +68,30 @@ class NodeCallback : public test::relay_fixture {
       return root_->n->counters().held_for_child == count;
     }));
   }
+  // B 0x102, a child of the root with a ring of its own (shm_config(ring_name)), on a loop of its
+  // own that runs only while the test turns it; returns once the root writes to B over the ring.
+  void start_b_on_own_loop(test::own_loop_node* b, const char* ring_name) {
+    node_config bc = shm_config(ring_name);
+    bc.parent_urls = {root_->n->listen_urls().at(0)};
+    b->keep_bytes = false;
+    ASSERT_NO_FATAL_FAILURE(b->start(0x102, std::move(bc)));
+    endpoint_info e;
+    ASSERT_TRUE(wait([&] {
+      b->turn();
+      return b->ups > 0 && root_->n->peer(0x102, &e) && e.data_channel == channel_kind::shm;
+    }));
+  }
+  // A sends `payload` to B until A's link stays full (200 refusals in a row); *sent counts the
+  // messages A's sends took.
+  void send_to_b_until_full(const std::string& payload, uint64_t* sent) {
+    int refused = 0;
+    ASSERT_TRUE(wait([&] {
+      const bool ok = send_str(a_, 0x102, 1, payload) == errc::ok;
+      *sent += ok ? 1 : 0;
+      refused = ok ? 0 : refused + 1;
+      return refused > 200;
+    }));
+  }
 };
 
 // Held messages released to a child that registers go to its overflow when its link's queue is
@@ -146,31 +170,11 @@ TEST_F(NodeCallback, AFullRingOfANextHopDoesNotSpinTheRelaysLoop) {
   node_config ac = relay_config();
   ac.link_queue_bytes = size_t{256} << 10;
   make_root_and_sender(rc, ac);
-  uv_loop_t other;  // B's loop, run only while B registers
-  ASSERT_EQ(uv_loop_init(&other), 0);
-  node_config bc = shm_config("cb-spin-b");
-  bc.parent_urls = {root_->n->listen_urls().at(0)};
-  bool b_up = false;
-  uint64_t b_got = 0;
-  node_callbacks bcb;
-  bcb.on_up = [&](bus_id) { b_up = true; };
-  bcb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { ++b_got; };
-  auto b = std::make_unique<node>(&other, 0x102, bc, std::move(bcb));
-  ASSERT_EQ(b->start(), errc::ok);
-  endpoint_info e;
-  ASSERT_TRUE(wait([&] {
-    uv_run(&other, UV_RUN_NOWAIT);
-    return b_up && root_->n->peer(0x102, &e) && e.data_channel == channel_kind::shm;
-  }));
-  const std::string payload(60000, 's');
-  int refused = 0;
+  test::own_loop_node b;  // B's loop, run only while B registers
+  ASSERT_NO_FATAL_FAILURE(start_b_on_own_loop(&b, "cb-spin-b"));
   uint64_t sent = 0;
-  ASSERT_TRUE(wait([&] {  // until A's link stays full: the root's overflow for B holds messages
-    const bool ok = send_str(a_, 0x102, 1, payload) == errc::ok;
-    sent += ok ? 1 : 0;
-    refused = ok ? 0 : refused + 1;
-    return refused > 200;
-  }));
+  // Until A's link stays full: the root's overflow for B holds messages.
+  ASSERT_NO_FATAL_FAILURE(send_to_b_until_full(std::string(60000, 's'), &sent));
   uint64_t turns = 0;
   uv_check_t count;
   uv_check_init(&loop_, &count);
@@ -183,13 +187,12 @@ TEST_F(NodeCallback, AFullRingOfANextHopDoesNotSpinTheRelaysLoop) {
   EXPECT_LT(turns, 5000u) << "the relay's loop spun while the ring stayed full";
   // B reads again: the relay's retries deliver everything, none dropped.
   EXPECT_TRUE(wait([&] {
-    uv_run(&other, UV_RUN_NOWAIT);
-    return b_got == sent;
+    b.turn();
+    return b.got_count == sent;
   })) << "B got "
-      << b_got << " of " << sent;
+      << b.got_count << " of " << sent;
   EXPECT_EQ(root_->n->counters().forward_dropped, 0u);
-  b.reset();
-  EXPECT_EQ(test::close_loop(&other), 0);
+  b.finish();
 }
 
 // Whether a raw child got a relayed message whose payload (the end of its body) is `text`.
@@ -446,48 +449,28 @@ TEST_F(NodeCallback, RelayedMessagesInAStageForAGoneRingAreToldToTheirSources) {
   node_config ac = relay_config();
   ac.link_queue_bytes = size_t{128} << 10;
   relay_fixture::make_root_and_sender(rc, ac);
-  uv_loop_t other;  // B's loop, run apart from the relay's while it reads its ring dry
-  ASSERT_EQ(uv_loop_init(&other), 0);
-  node_config bc = shm_config("cb-stage-b");
-  bc.parent_urls = {root_->n->listen_urls().at(0)};
-  const std::string ring = bc.listen.at(1);
-  bool b_up = false;
-  uint64_t b_got = 0;
-  node_callbacks bcb;
-  bcb.on_up = [&](bus_id) { b_up = true; };
-  bcb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { ++b_got; };
-  auto b = std::make_unique<node>(&other, 0x102, bc, std::move(bcb));
-  ASSERT_EQ(b->start(), errc::ok);
-  endpoint_info e;
-  ASSERT_TRUE(wait([&] {
-    uv_run(&other, UV_RUN_NOWAIT);
-    return b_up && root_->n->peer(0x102, &e) && e.data_channel == channel_kind::shm;
-  }));
-  const std::string payload(1000, 's');  // small enough to be staged
-  int refused = 0;
+  test::own_loop_node b;  // B's loop, run apart from the relay's while it reads its ring dry
+  ASSERT_NO_FATAL_FAILURE(start_b_on_own_loop(&b, "cb-stage-b"));
+  const std::string ring = b.n->config().listen.at(1);
   uint64_t sent = 0;
-  ASSERT_TRUE(wait([&] {  // until A's link stays full: the ring, the stage, the overflow are
-    const bool ok = send_str(a_, 0x102, 1, payload) == errc::ok;
-    sent += ok ? 1 : 0;
-    refused = ok ? 0 : refused + 1;
-    return refused > 200;
-  }));
+  // Until A's link stays full: the ring, the stage, the overflow are. 1000 bytes: small enough
+  // to be staged.
+  ASSERT_NO_FATAL_FAILURE(send_to_b_until_full(std::string(1000, 's'), &sent));
   shm_region_info info;
-  ASSERT_TRUE(test::wait_until(&other, [&] {
+  ASSERT_TRUE(test::wait_until(&b.loop, [&] {
     return shm_inspect(ring, &info) == errc::ok && info.read_pos == info.write_pos;
   }));
-  ASSERT_GT(b_got, 0u);
+  ASSERT_GT(b.got_count, 0u);
   ASSERT_EQ(shm_remove(ring, true), errc::ok);  // the stage can never be published now
   ASSERT_TRUE(wait([&] {
-    uv_run(&other, UV_RUN_NOWAIT);
-    return b_got + a_drops().size() == sent;
+    b.turn();
+    return b.got_count + a_drops().size() == sent;
   })) << "sent "
-      << sent << ", B got " << b_got << ", A was told of " << a_drops().size();
+      << sent << ", B got " << b.got_count << ", A was told of " << a_drops().size();
   EXPECT_GT(a_drops().size(), 0u);
   EXPECT_EQ(root_->n->counters().forward_dropped, a_drops().size());
   EXPECT_TRUE(root_->logged("staged for a shared-memory ring were dropped"));
-  b.reset();
-  EXPECT_EQ(test::close_loop(&other), 0);
+  b.finish();
 }
 
 }  // namespace

@@ -29,6 +29,14 @@ class NodeContract : public bus_fixture {
     a_ = make_child(0x101, p_, {}, ac);
     ASSERT_TRUE(wait([&] { return a_->n->up(); }));
   }
+  // Root P (0x100/8), and the config of a child of P for the on_writable tests: sending only
+  // through P, its retransmit buffer full at 4 messages, its delivery deadline `deadline_ms`.
+  node_config make_root_and_small_buffer_config(uint32_t deadline_ms) {
+    node_config ac = make_root_for_sender(&p_);
+    ac.retransmit_max_messages = 4;
+    ac.delivery_timeout_ms = deadline_ms;
+    return ac;
+  }
   bus_node* p_ = nullptr;
   bus_node* a_ = nullptr;
 };
@@ -137,14 +145,7 @@ TEST_F(NodeContract, DataReceivedCountsOnlyWhatOnDataGot) {
 // half full again". Settled messages drain it as acknowledged ones do: a relay's final refusal
 // (a target never heard from) and the delivery deadline (a target that went).
 TEST_F(NodeContract, AFullRetransmitBufferDrainedByFailuresTellsOnWritable) {
-  node_config pc = fast_config();
-  pc.subnets = {{0x100, 8}};
-  p_ = make(0x100, pc);
-  node_config ac = fast_config(p_->n->listen_urls().at(0));
-  ac.sibling_direct = false;
-  ac.retransmit_max_messages = 4;
-  ac.delivery_timeout_ms = 1500;
-  a_ = make(0x101, ac);
+  a_ = make(0x101, make_root_and_small_buffer_config(1500));
   bus_node* b = make_child(0x102, p_);
   ASSERT_TRUE(wait([&] { return a_->n->up() && b->n->up(); }));
   const auto fill = [&](bus_id to) {
@@ -218,13 +219,7 @@ TEST_F(NodeContract, AnOpenReservationRefusesBroadcastsAndCommandsToo) {
 // The on_writable owed after failures runs as a callback of the node: destroying the node there
 // (refusal path) or stopping it (deadline path, from the tick) is allowed and ends cleanly.
 TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
-  node_config pc = fast_config();
-  pc.subnets = {{0x100, 8}};
-  p_ = make(0x100, pc);
-  node_config ac = fast_config(p_->n->listen_urls().at(0));
-  ac.sibling_direct = false;
-  ac.retransmit_max_messages = 4;
-  ac.delivery_timeout_ms = 1500;
+  const node_config ac = make_root_and_small_buffer_config(1500);
   bus_node* a1 = nullptr;
   bus_node* a2 = nullptr;
   a1 = make(0x101, ac, true,
@@ -313,25 +308,15 @@ TEST_F(NodeContract, ARelayIsNotToldOnWritableForRelayedTraffic) {
 // full flow of send_any() messages whose chosen node left was settled (not_connected, at once)
 // without it: the application, told queue_full, never heard it could send again.
 TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
-  node_config pc = fast_config();
-  pc.subnets = {{0x100, 8}};
-  p_ = make(0x100, pc);
-  node_config ac = fast_config(p_->n->listen_urls().at(0));
-  ac.sibling_direct = false;
-  ac.retransmit_max_messages = 4;
-  ac.delivery_timeout_ms = 60000;  // no report within the wait is the deadline's
-  a_ = make(0x101, ac);
+  // 60 s: no report within the wait is the deadline's.
+  a_ = make(0x101, make_root_and_small_buffer_config(60000));
   // The lobby runs on a loop of its own, run only until A knows it: it never acknowledges.
-  uv_loop_t frozen{};
-  ASSERT_EQ(uv_loop_init(&frozen), 0);
-  auto lobby = std::make_unique<bus_node>();
-  node_config lc = fast_config(p_->n->listen_urls().at(0));
-  lc.type = "lobby";
-  lobby->n = std::make_unique<node>(&frozen, 0x102, lc, lobby->callbacks());
-  ASSERT_EQ(lobby->n->start(), errc::ok);
+  test::own_loop_node lobby;
+  ASSERT_NO_FATAL_FAILURE(
+      lobby.start(0x102, test::typed_config("lobby", p_->n->listen_urls().at(0))));
   directory_entry e;
   ASSERT_TRUE(wait([&] {
-    uv_run(&frozen, UV_RUN_NOWAIT);
+    lobby.turn();
     return a_->n->up() && a_->n->lookup(0x102, &e);
   }));
   const pick_options least{pick_policy::least_loaded, 0};
@@ -343,11 +328,11 @@ TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
   };
   for (int i = 0; i < 4; ++i) ASSERT_EQ(send_any(), errc::ok);
   ASSERT_EQ(send_any(), errc::queue_full);
-  lobby->n.reset();  // it leaves: its link closes, its directory entry goes
+  lobby.n.reset();  // it leaves: its link closes, its directory entry goes
   ASSERT_TRUE(wait([&] { return a_->reports.size() == 4; }));
   for (const auto& r : a_->reports) EXPECT_EQ(r.status, errc::not_connected);
   EXPECT_TRUE(wait([&] { return a_->writable == 1; })) << "no on_writable after the settling";
-  EXPECT_EQ(test::close_loop(&frozen), 0);
+  lobby.finish();
 }
 }  // namespace
 }  // namespace uvbus

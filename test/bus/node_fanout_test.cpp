@@ -19,7 +19,6 @@ namespace uvbus {
 namespace {
 
 using test::bus_node;
-using test::fast_config;
 
 constexpr bus_id kRoot = 0x1000;
 constexpr bus_id kG1 = 0x1100;
@@ -33,8 +32,7 @@ constexpr bus_id kChat = 0x1202;
 bool g_shm = false;
 
 node_config typed(const std::string& type, uint8_t protocol_max = proto::kMaxVersion) {
-  node_config c = fast_config();
-  c.type = type;
+  node_config c = test::typed_config(type);
   c.protocol_max = protocol_max;
   if (g_shm) {
     c.enable_shm = true;

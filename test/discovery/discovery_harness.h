@@ -38,6 +38,14 @@ struct disc_instance {
   }
 };
 
+// True when one of in's log lines contains both a and b.
+inline bool logged(const disc_instance* in, const std::string& a, const std::string& b = "") {
+  for (const std::string& l : in->logs) {
+    if (l.find(a) != std::string::npos && l.find(b) != std::string::npos) return true;
+  }
+  return false;
+}
+
 inline directory_entry test_entry(bus_id id, const std::string& type = "logic") {
   directory_entry e;
   e.id = id;

@@ -27,18 +27,6 @@ namespace {
 constexpr std::chrono::milliseconds kDeadline{90000};
 constexpr const char* kBody = "# TYPE demo_up gauge\ndemo_up 1\n";
 
-// Runs a shell command, returns its stdout.
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = ::popen(cmd.c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ::pclose(f);
-  return out;
-}
-
 // A raw TCP client of the endpoint, for what curl will not do (say nothing, send garbage).
 class raw_client {
  public:
@@ -121,7 +109,7 @@ class HttpEndpointTest : public ::testing::Test {
     std::string out;
     std::atomic<bool> finished{false};
     std::thread t([&] {
-      out = run_command(cmd);
+      out = test::command_output(cmd);
       finished = true;
     });
     const bool ok = test::run_until(
@@ -323,7 +311,7 @@ TEST_F(HttpEndpointTest, SlowByteClientsAreClosedAtTheRequestDeadline) {
   std::string out;
   std::atomic<bool> finished{false};
   std::thread scrape([&] {
-    out = run_command("curl -s -m 60 -w '\\n%{http_code}' '" + ep_->url() + "'");
+    out = test::command_output("curl -s -m 60 -w '\\n%{http_code}' '" + ep_->url() + "'");
     finished = true;
   });
   const bool ok = serve_until([&] {

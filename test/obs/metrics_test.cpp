@@ -21,23 +21,12 @@ using obs::prom_text;
 using test::bus_fixture;
 using test::fast_config;
 
-// Runs a shell command, returns its stdout.
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* f = ::popen(cmd.c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ::pclose(f);
-  return out;
-}
-
 // `promtool check metrics` on text: its complaints (empty: clean).
 std::string promtool_problems(const std::string& text) {
   const std::string path = "/tmp/" + test::unique_name("metrics") + ".txt";
   std::ofstream(path) << text;
-  const std::string out = run_command("promtool check metrics < " + path + " 2>&1; echo rc=$?");
+  const std::string out =
+      test::command_output("promtool check metrics < " + path + " 2>&1; echo rc=$?");
   ::unlink(path.c_str());
   return out == "rc=0\n" ? std::string() : out;
 }
@@ -53,7 +42,7 @@ http_result fetch(uv_loop_t* loop, const std::string& url, const std::string& ex
   bool done = false;
   std::thread t([&] {
     const std::string out =
-        run_command("curl -s -m 20 " + extra + " -w '\\n%{http_code}' '" + url + "'");
+        test::command_output("curl -s -m 20 " + extra + " -w '\\n%{http_code}' '" + url + "'");
     const size_t nl = out.rfind('\n');
     r.body = nl == std::string::npos ? out : out.substr(0, nl);
     r.status = nl == std::string::npos ? 0 : std::atoi(out.c_str() + nl + 1);
@@ -201,15 +190,12 @@ TEST_F(NodeMetricsTest, StalledAndGarbageClientsDoNotStopTheScrape) {
 }
 
 TEST_F(NodeMetricsTest, LatencyHistogramsPerTargetAndTypeWhenAskedFor) {
-  node_config pc = fast_config();
-  pc.subnets = {{0x100, 8}};
-  test::bus_node* p = make(0x100, pc);
-  node_config ac = fast_config(p->n->listen_urls().at(0));
-  ac.sibling_direct = false;
+  test::bus_node* p = nullptr;
+  node_config ac = make_root_for_sender(&p);
   ac.latency_histograms = true;
   ac.latency_sample_every = 1;  // every message: exact counts below
   test::bus_node* a = make(0x101, ac);
-  test::bus_node* b = make(0x102, fast_config(p->n->listen_urls().at(0)));
+  test::bus_node* b = make_child(0x102, p);
   ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
   for (uint64_t v = 0; v < 200; ++v) {
     ASSERT_EQ(a->n->send_data(0x102, v < 150 ? 7 : 8, &v, sizeof v), errc::ok);

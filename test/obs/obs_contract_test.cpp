@@ -154,17 +154,14 @@ class ObsContractBus : public bus_fixture {};
 // likewise per target". The flow histograms of the targets past the cap were left out: 20 of 30
 // samples were in no uvbus_flow_ack_latency_seconds series (while the type series had all 30).
 TEST_F(ObsContractBus, FlowLatencyPastTheCapIsSummedAsOther) {
-  node_config pc = fast_config();
-  pc.subnets = {{0x100, 8}};
-  test::bus_node* p = make(0x100, pc);
-  node_config ac = fast_config(p->n->listen_urls().at(0));
-  ac.sibling_direct = false;
+  test::bus_node* p = nullptr;
+  node_config ac = make_root_for_sender(&p);
   ac.latency_histograms = true;
   ac.latency_sample_every = 1;
   ac.metrics_max_peers = 1;
   test::bus_node* a = make(0x101, ac);
-  test::bus_node* b = make(0x102, fast_config(p->n->listen_urls().at(0)));
-  test::bus_node* c = make(0x103, fast_config(p->n->listen_urls().at(0)));
+  test::bus_node* b = make_child(0x102, p);
+  test::bus_node* c = make_child(0x103, p);
   ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up() && c->n->up(); }));
   for (uint64_t v = 0; v < 30; ++v) {
     ASSERT_EQ(a->n->send_data(v < 10 ? 0x102 : 0x103, 7, &v, sizeof v), errc::ok);

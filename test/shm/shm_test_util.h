@@ -1,4 +1,5 @@
-// Helpers for the shm tests: deterministic payloads, RAII removal of shm objects, aligned images.
+// Helpers for the shm tests (and the tools tests' rings): deterministic payloads, RAII removal of
+// shm objects, aligned images, a small ring's config.
 #pragma once
 
 #include <fcntl.h>
@@ -20,6 +21,15 @@
 #include "uvbus/shm.h"
 
 namespace uvbus::test {
+
+// A small ring: 4 KiB of 64-byte nodes, records up to 1 KiB.
+inline shm_config small_ring_config() {
+  shm_config c;
+  c.ring_bytes = 4096;
+  c.node_size = 64;
+  c.max_record_size = 1024;
+  return c;
+}
 
 inline uint64_t mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;

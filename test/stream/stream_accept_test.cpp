@@ -33,24 +33,6 @@
 namespace uvbus::test {
 namespace {
 
-constexpr uint64_t kDeadlineMs = 20000;  // generous for ASan: a deadline, never a speed claim
-
-template <class Pred>
-bool run_for(uv_loop_t* loop, Pred pred) {
-  const uint64_t until = uv_now(loop) + kDeadlineMs;
-  while (!pred()) {
-    if (uv_now(loop) > until) return false;
-    uv_run(loop, UV_RUN_ONCE);
-  }
-  return true;
-}
-
-size_t lines_with(const std::vector<std::string>& logs, const char* what) {
-  size_t n = 0;
-  for (const auto& t : logs) n += t.find(what) != std::string::npos ? 1 : 0;
-  return n;
-}
-
 // A soft RLIMIT_NOFILE of 3, below every descriptor the process holds, the channel's reserve
 // included: closing the reserve makes no room, so neither shedding nor accepting can work. libuv's
 // accept loop called the channel again at once for as long as accept() failed, and the loop turn
@@ -59,16 +41,9 @@ size_t lines_with(const std::vector<std::string>& logs, const char* what) {
 // accepted once the limit was raised. 2: spun, 3: not logged once, 4: not counted, 5: never
 // accepted, 6: the client was closed although nothing could be accepted.
 int soft_limit_below_held(uv_loop_t* loop) {
-  recorder rec;
-  std::vector<std::string> logs;
-  stream_callbacks cb = rec.callbacks();
-  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, cb);
-    listener_id l;
-    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
-    const int client = dial(ch.listener_port(l));
+  return with_child_channel(loop, [loop](child_channel& c) {
+    if (c.listen() != 0) return 10;
+    const int client = c.dial_listener();
     if (client < 0) return 11;
     rlimit old{};
     getrlimit(RLIMIT_NOFILE, &old);
@@ -79,24 +54,23 @@ int soft_limit_below_held(uv_loop_t* loop) {
     const uint64_t spins = iterations_in(loop, 500);
     ::alarm(0);
     const bool client_closed = peer_closed(client);
-    const uint64_t errors = detail::stream_access::accept_errors(ch);
+    const uint64_t errors = detail::stream_access::accept_errors(c.ch);
     setrlimit(RLIMIT_NOFILE, &old);
-    const bool accepted = run_for(loop, [&] { return rec.accepted.size() == 1; });
+    const bool accepted = run_loop_until(loop, [&] { return c.rec.accepted.size() == 1; });
     std::fprintf(stderr, "iterations %llu, accept errors %llu, accepted %zu\n",
                  static_cast<unsigned long long>(spins), static_cast<unsigned long long>(errors),
-                 rec.accepted.size());
-    for (const auto& t : logs) std::fprintf(stderr, "  log: %s\n", t.c_str());
+                 c.rec.accepted.size());
+    c.print_logs();
+    int rc = 0;
     if (spins > 200) rc = 2;
-    if (lines_with(logs, "trying again every 100 ms") != 1 && rc == 0) rc = 3;
+    if (c.lines_with("trying again every 100 ms") != 1 && rc == 0) rc = 3;
     if (errors == 0 && rc == 0) rc = 4;
     if (!accepted && rc == 0) rc = 5;
     if (client_closed && rc == 0) rc = 6;
-    if (lines_with(logs, "accepting again") != 1 && rc == 0) rc = 3;
+    if (c.lines_with("accepting again") != 1 && rc == 0) rc = 3;
     ::close(client);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
+    return rc;
+  });
 }
 
 TEST(StreamAccept, ASoftLimitBelowTheDescriptorsHeldWaitsForATimerInsteadOfHanging) {
@@ -107,36 +81,28 @@ TEST(StreamAccept, ASoftLimitBelowTheDescriptorsHeldWaitsForATimerInsteadOfHangi
 // connections_rejected (libuv's shedding, while libuv accepted for the channel, was neither).
 // 0: all that; 2: not closed, 3: not logged, 4: not counted, 5: no accept once descriptors free.
 int shed_is_counted(uv_loop_t* loop) {
-  recorder rec;
-  std::vector<std::string> logs;
-  stream_callbacks cb = rec.callbacks();
-  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, cb);
-    listener_id l;
-    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
-    const int client = dial(ch.listener_port(l));
+  return with_child_channel(loop, [loop](child_channel& c) {
+    if (c.listen() != 0) return 10;
+    const int client = c.dial_listener();
     if (client < 0) return 11;
     rlimit old{};
     if (!lower_nofile(&old)) return 12;
     ::alarm(10);
-    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    const bool closed = run_loop_until(loop, [&] { return peer_closed(client); });
     ::alarm(0);
     setrlimit(RLIMIT_NOFILE, &old);
-    const uint64_t rejected = ch.metrics().connections_rejected;
-    for (const auto& t : logs) std::fprintf(stderr, "  log: %s\n", t.c_str());
+    const uint64_t rejected = c.ch.metrics().connections_rejected;
+    c.print_logs();
+    int rc = 0;
     if (!closed) rc = 2;
-    if (lines_with(logs, "1 waiting clients closed") != 1 && rc == 0) rc = 3;
+    if (c.lines_with("1 waiting clients closed") != 1 && rc == 0) rc = 3;
     if (rejected != 1 && rc == 0) rc = 4;
     ::close(client);
-    const int again = dial(ch.listener_port(l));
-    if (!run_for(loop, [&] { return rec.accepted.size() == 1; }) && rc == 0) rc = 5;
+    const int again = c.dial_listener();
+    if (!run_loop_until(loop, [&] { return c.rec.accepted.size() == 1; }) && rc == 0) rc = 5;
     ::close(again);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
+    return rc;
+  });
 }
 
 TEST(StreamAccept, ShedWaitingClientsAreCountedAndLogged) {
@@ -149,46 +115,32 @@ TEST(StreamAccept, ShedWaitingClientsAreCountedAndLogged) {
 // every 100 ms; listening again on it resumes accepting. 2: spun, 3: not logged once, 4: not
 // counted, 5: no accept after listen() again.
 int accept_fails_for_good(uv_loop_t* loop) {
-  recorder rec;
-  std::vector<std::string> logs;
-  stream_callbacks cb = rec.callbacks();
-  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, cb);
-    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(s, 16) != 0) {
-      return 10;
-    }
-    const int other = ::dup(s);  // the other holder
-    listener_id l;
-    if (ch.listen_fd("ipv4://127.0.0.1:0", s, &l) != errc::ok) return 11;
+  return with_child_channel(loop, [loop](child_channel& c) {
+    int s = -1;
+    int other = -1;  // the other holder
+    if (!listening_pair(&s, &other)) return 10;
+    if (c.ch.listen_fd("ipv4://127.0.0.1:0", s, &c.l) != errc::ok) return 11;
     ::shutdown(other, SHUT_RD);
     ::alarm(10);
     const uint64_t spins = iterations_in(loop, 500);
     ::alarm(0);
-    const uint64_t errors = detail::stream_access::accept_errors(ch);
-    for (const auto& t : logs) std::fprintf(stderr, "  log: %s\n", t.c_str());
+    const uint64_t errors = detail::stream_access::accept_errors(c.ch);
+    c.print_logs();
     std::fprintf(stderr, "iterations %llu, accept errors %llu\n",
                  static_cast<unsigned long long>(spins), static_cast<unsigned long long>(errors));
+    int rc = 0;
     if (spins > 200) rc = 2;
-    if (lines_with(logs, "accept failed") != 1 && rc == 0) rc = 3;
+    if (c.lines_with("accept failed") != 1 && rc == 0) rc = 3;
     if (errors == 0 && rc == 0) rc = 4;
-    socklen_t len = sizeof sa;
-    if (::listen(other, 16) != 0 || getsockname(other, reinterpret_cast<sockaddr*>(&sa), &len)) {
-      return 12;
-    }
-    const int client = dial(ntohs(sa.sin_port));
-    if (!run_for(loop, [&] { return rec.accepted.size() == 1; }) && rc == 0) rc = 5;
+    if (::listen(other, 16) != 0) return 12;
+    const uint16_t port = port_of(other);
+    if (port == 0) return 12;
+    const int client = dial(port);
+    if (!run_loop_until(loop, [&] { return c.rec.accepted.size() == 1; }) && rc == 0) rc = 5;
     ::close(client);
     ::close(other);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
+    return rc;
+  });
 }
 
 TEST(StreamAccept, AnAcceptThatFailsForGoodIsRetriedOnATimerNotInALoop) {
@@ -389,16 +341,12 @@ int link_local_peer(uv_loop_t* loop) {
   req.ifindex = static_cast<int>(lo);
   if (::ioctl(s, SIOCSIFADDR, &req) != 0) return 22;
   ::close(s);
-  recorder rec;
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, rec.callbacks());
-    listener_id l;
-    if (ch.listen("ipv6://[::]:0", &l) != errc::ok) return 10;
+  return with_child_channel(loop, [loop, lo, nl](child_channel& c) {
+    if (c.listen("ipv6://[::]:0") != 0) return 10;
     const int client = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in6 to{};
     to.sin6_family = AF_INET6;
-    to.sin6_port = htons(ch.listener_port(l));
+    to.sin6_port = htons(c.ch.listener_port(c.l));
     to.sin6_scope_id = lo;
     inet_pton(AF_INET6, "fe80::1", &to.sin6_addr);
     sockaddr_in6 from = to;  // from fe80::1 too, not whatever source the kernel would pick
@@ -415,17 +363,14 @@ int link_local_peer(uv_loop_t* loop) {
     sockaddr_in6 me{};
     socklen_t len = sizeof me;
     getsockname(client, reinterpret_cast<sockaddr*>(&me), &len);
-    if (!run_for(loop, [&] { return rec.accepted.size() == 1; })) return 12;
+    if (!run_loop_until(loop, [&] { return c.rec.accepted.size() == 1; })) return 12;
     const std::string want =
         "ipv6://[fe80::1%" + std::to_string(lo) + "]:" + std::to_string(ntohs(me.sin6_port));
-    const std::string got = ch.peer_url(rec.accepted[0]);
+    const std::string got = c.ch.peer_url(c.rec.accepted[0]);
     std::fprintf(stderr, "peer url %s (want %s)\n", got.c_str(), want.c_str());
-    if (got != want) rc = 2;
     ::close(client);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
+    return got != want ? 2 : 0;
+  });
 }
 
 TEST(StreamAcceptUrls, AnAcceptedLinkLocalPeerKeepsItsScopeId) {

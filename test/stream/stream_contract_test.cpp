@@ -43,42 +43,53 @@ class StreamContract : public stream_fixture {
     uv_run(&loop_, UV_RUN_NOWAIT);
   }
 
-  // A listening IPv4 socket on a free port and a duplicate of it, the "other holder": shutting
-  // the duplicate down makes every accept() on the socket fail (EINVAL) until listen() again.
-  static bool listening_pair(int* s, int* other) {
-    *s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (*s < 0 || ::bind(*s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-        ::listen(*s, 16) != 0) {
-      return false;
-    }
-    *other = ::dup(*s);
-    return *other >= 0;
+  // Makes a unix socket file at *path (a fresh /tmp path), bound and never listened on: a stale
+  // file (fatal failures: wrap in ASSERT_NO_FATAL_FAILURE).
+  static void make_stale_socket_file(std::string* path) {
+    *path = "/tmp/" + unique_name("stale");
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un sun{};
+    sun.sun_family = AF_UNIX;
+    std::strncpy(sun.sun_path, path->c_str(), sizeof sun.sun_path - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
+    ::close(fd);
+  }
+  // ch listens on a listening_pair() socket (*other: its duplicate), whose accept() then fails
+  // (the duplicate shut down); returns once ch counted the failure (fatal failures).
+  void listen_where_accept_fails(stream_channel* ch, int* other, listener_id* l) {
+    int s = -1;
+    ASSERT_TRUE(listening_pair(&s, other));
+    ASSERT_EQ(ch->listen_fd("ipv4://127.0.0.1:0", s, l), errc::ok);
+    ::shutdown(*other, SHUT_RD);  // every accept() on the socket fails now
+    ASSERT_TRUE(run([&] { return detail::stream_access::accept_errors(*ch) == 1; }));
   }
 
-  static uint16_t port_of(int fd) {
-    sockaddr_in sa{};
-    socklen_t len = sizeof sa;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return 0;
-    return ntohs(sa.sin_port);
-  }
-
-  // A connected pair: the client's id on c, the server's on s.
-  bool connect_pair(stream_channel* s, recorder* rs, stream_channel* c, recorder* rc,
-                    connection_id* client, connection_id* server) {
+  // A server channel and a client channel, each recording into its recorder, and a connection.
+  struct channel_pair {
+    recorder rs, rc;
+    stream_channel* s = nullptr;
+    stream_channel* c = nullptr;
+    std::string url;       // where s listens
+    connection_id client;  // the connection's id on c (connect_pair)
+    connection_id server;  // its id on s
+  };
+  // Makes p's channels, s listening on an IPv4 port (fatal failures).
+  void make_pair(channel_pair* p) {
+    p->s = make_channel(&p->rs);
+    p->c = make_channel(&p->rc);
     listener_id l;
-    if (s->listen("ipv4://127.0.0.1:0", &l) != errc::ok) return false;
-    const size_t before = rs->accepted.size();
-    if (c->connect(s->listener_url(l), client) != errc::ok) return false;
-    if (!run([&] {
-          return rc->connected.count(client->value) == 1 && rs->accepted.size() > before;
-        })) {
-      return false;
-    }
-    *server = rs->accepted.back();
-    return rc->connected[client->value] == errc::ok;
+    ASSERT_EQ(p->s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    p->url = p->s->listener_url(l);
+  }
+  // make_pair(), and c connected to s (fatal failures).
+  void connect_pair(channel_pair* p) {
+    ASSERT_NO_FATAL_FAILURE(make_pair(p));
+    ASSERT_EQ(p->c->connect(p->url, &p->client), errc::ok);
+    ASSERT_TRUE(run(
+        [&] { return p->rc.connected.count(p->client.value) == 1 && !p->rs.accepted.empty(); }));
+    p->server = p->rs.accepted.back();
+    ASSERT_EQ(p->rc.connected[p->client.value], errc::ok);
   }
 
   // Sends numbered 20 000-byte messages on conn (its peer does not read) until the queue refuses
@@ -116,14 +127,8 @@ class StreamContract : public stream_fixture {
 class StreamContractTls : public StreamTls {};
 
 TEST_F(StreamContract, ReplacingAStaleSocketFileIsLoggedFromTheLoopNotInsideListen) {
-  const std::string path = "/tmp/" + unique_name("stale");
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_un sun{};
-  sun.sun_family = AF_UNIX;
-  std::strncpy(sun.sun_path, path.c_str(), sizeof sun.sun_path - 1);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
-  ::close(fd);  // bound, never listened on: a stale file
+  std::string path;
+  ASSERT_NO_FATAL_FAILURE(make_stale_socket_file(&path));
   recorder r;
   stream_channel* ch = make_channel(&r);
   bool inside = false;
@@ -150,14 +155,8 @@ TEST_F(StreamContract, ReplacingAStaleSocketFileIsLoggedFromTheLoopNotInsideList
 // A line deferred by listen() and close() before the loop ran: close() reports it (close() may
 // call back), nothing comes after close() returns.
 TEST_F(StreamContract, ALineDeferredByListenIsLoggedByAnImmediateClose) {
-  const std::string path = "/tmp/" + unique_name("stale");
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_un sun{};
-  sun.sun_family = AF_UNIX;
-  std::strncpy(sun.sun_path, path.c_str(), sizeof sun.sun_path - 1);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
-  ::close(fd);
+  std::string path;
+  ASSERT_NO_FATAL_FAILURE(make_stale_socket_file(&path));
   recorder r;
   stream_channel* ch = make_channel(&r);
   ASSERT_EQ(ch->listen("unix://" + path), errc::ok) << ch->last_error().detail;
@@ -238,13 +237,9 @@ TEST_F(StreamContract, CloseListenerInsideOnAcceptedStopsTheAcceptBatch) {
 TEST_F(StreamContract, AListenerClosedWhileItsAcceptRetryTimerIsArmedStaysClosed) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  int s = -1;
   int other = -1;
-  ASSERT_TRUE(listening_pair(&s, &other));
   listener_id l;
-  ASSERT_EQ(ch->listen_fd("ipv4://127.0.0.1:0", s, &l), errc::ok);
-  ::shutdown(other, SHUT_RD);  // every accept() on the socket fails now
-  ASSERT_TRUE(run([&] { return detail::stream_access::accept_errors(*ch) == 1; }));
+  ASSERT_NO_FATAL_FAILURE(listen_where_accept_fails(ch, &other, &l));
   const size_t lines = r.logs.size();
   ASSERT_EQ(ch->close_listener(l), errc::ok);
   run_for_ms(3 * detail::kAcceptRetryMs);
@@ -266,9 +261,6 @@ TEST_F(StreamContract, AListenerClosedWhileItsAcceptRetryTimerIsArmedStaysClosed
 TEST_F(StreamContract, ClosingTheListenerFromOnLogWhenItAcceptsAgainAcceptsNothing) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  int s = -1;
-  int other = -1;
-  ASSERT_TRUE(listening_pair(&s, &other));
   listener_id l;
   bool closed_it = false;
   stream_callbacks cb = r.callbacks();
@@ -280,9 +272,8 @@ TEST_F(StreamContract, ClosingTheListenerFromOnLogWhenItAcceptsAgainAcceptsNothi
     }
   };
   ASSERT_EQ(ch->set_callbacks(cb), errc::ok);
-  ASSERT_EQ(ch->listen_fd("ipv4://127.0.0.1:0", s, &l), errc::ok);
-  ::shutdown(other, SHUT_RD);
-  ASSERT_TRUE(run([&] { return detail::stream_access::accept_errors(*ch) == 1; }));
+  int other = -1;
+  ASSERT_NO_FATAL_FAILURE(listen_where_accept_fails(ch, &other, &l));
   ASSERT_EQ(::listen(other, 16), 0);  // accept() works again
   const int client = dial(port_of(other));
   ASSERT_GE(client, 0);
@@ -299,33 +290,29 @@ TEST_F(StreamContract, ClosingTheListenerFromOnLogWhenItAcceptsAgainAcceptsNothi
 // SIZE_MAX wrapped to a small total: the frame was reserved for 1 byte and the first part's copy
 // ran off the end of the queue (ASan: negative-size-param / heap overflow).
 TEST_F(StreamContract, AGatherWhosePartsAddUpPastSizeMaxIsTooLarge) {
-  recorder rs, rc;
-  stream_channel* s = make_channel(&rs);
-  stream_channel* c = make_channel(&rc);
-  connection_id client, server;
-  ASSERT_TRUE(connect_pair(s, &rs, c, &rc, &client, &server));
+  channel_pair p;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(&p));
   const char bytes[4] = {'a', 'b', 'c', 'd'};
   const const_buffer parts[2] = {{bytes, SIZE_MAX}, {bytes, 2}};
   uint64_t seq = 0;
-  EXPECT_EQ(c->sendv(client, parts, 2, &seq), errc::message_too_large);
+  EXPECT_EQ(p.c->sendv(p.client, parts, 2, &seq), errc::message_too_large);
   EXPECT_EQ(seq, 0u);
-  EXPECT_EQ(cm(c, client).queue_packets, 0u);
-  ASSERT_EQ(c->send(client, bytes, 4, &seq), errc::ok);
+  EXPECT_EQ(cm(p.c, p.client).queue_packets, 0u);
+  ASSERT_EQ(p.c->send(p.client, bytes, 4, &seq), errc::ok);
   EXPECT_EQ(seq, 1u);  // the refused one took no sequence number
-  ASSERT_TRUE(run([&] { return rs.received_count == 1; }));
-  EXPECT_EQ(rs.received[server.value][0], "abcd");
+  ASSERT_TRUE(run([&] { return p.rs.received_count == 1; }));
+  EXPECT_EQ(p.rs.received[p.server.value][0], "abcd");
 }
 
 // close() with a connect still pending: on_connected(closed) before close() returns (stream.h's
 // close(); on_connected's list had said cancelled), and nothing after.
 TEST_F(StreamContract, CloseEndsAPendingConnectWithClosedBeforeItReturns) {
-  recorder rs, rc;
-  stream_channel* s = make_channel(&rs);
-  stream_channel* c = make_channel(&rc);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  channel_pair p;
+  ASSERT_NO_FATAL_FAILURE(make_pair(&p));
+  stream_channel* c = p.c;
+  recorder& rc = p.rc;
   connection_id id;
-  ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
+  ASSERT_EQ(c->connect(p.url, &id), errc::ok);
   c->close();
   ASSERT_EQ(rc.connected.count(id.value), 1u);
   EXPECT_EQ(rc.connected[id.value], errc::closed);
@@ -460,14 +447,13 @@ TEST_F(StreamContract, ADetachedListenersWaitingClientsDoNotSpinTheLoop) {
 // each connection is still covered once (the one flushing and the ones after it in the pass), the
 // reports end inside close(), and nothing fires afterwards.
 TEST_F(StreamContract, CloseFromOnWrittenMidFlushCoversEveryConnectionOnce) {
-  recorder rs, rc;
-  stream_channel* s = make_channel(&rs);
-  stream_channel* c = make_channel(&rc);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  channel_pair p;
+  ASSERT_NO_FATAL_FAILURE(make_pair(&p));
+  stream_channel* c = p.c;
+  recorder& rc = p.rc;
   connection_id ids[4];
   for (auto& id : ids) {
-    ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
+    ASSERT_EQ(c->connect(p.url, &id), errc::ok);
     ASSERT_TRUE(run([&] { return rc.connected.count(id.value) == 1; }));
   }
   size_t written_after_close = 0;
@@ -542,12 +528,11 @@ TEST_F(StreamContract, ARingOfNearlySizeMaxBytesIsRefused) {
 // send_refused counts every queue_full a sender got, prepare_send()'s too (a bus node sends with
 // prepare_send(): its links' "refused" figures come from here), once per refusal.
 TEST_F(StreamContract, SendRefusedCountsPrepareSendRefusals) {
-  recorder rs, rc;
-  stream_channel* s = make_channel(&rs);
-  stream_channel* c = make_channel(&rc);
-  connection_id client, server;
-  ASSERT_TRUE(connect_pair(s, &rs, c, &rc, &client, &server));
-  ASSERT_EQ(s->pause_reading(server), errc::ok);
+  channel_pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(&pair));
+  stream_channel* c = pair.c;
+  const connection_id client = pair.client;
+  ASSERT_EQ(pair.s->pause_reading(pair.server), errc::ok);
   uint64_t accepted = 0;
   ASSERT_TRUE(fill_queue(c, client, &accepted));
   const std::string msg(20000, 'x');

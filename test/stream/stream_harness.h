@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -140,6 +141,70 @@ inline stream_connection_metrics cm(const stream_channel* ch, connection_id c) {
   stream_connection_metrics m;
   (void)ch->connection_metrics(c, &m);
   return m;
+}
+
+// A listening IPv4 socket on a free port and a duplicate of it, the "other holder": shutting the
+// duplicate down makes every accept() on the socket fail (EINVAL) until listen() again.
+inline bool listening_pair(int* s, int* other) {
+  *s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (*s < 0 || ::bind(*s, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(*s, 16) != 0) {
+    return false;
+  }
+  *other = ::dup(*s);
+  return *other >= 0;
+}
+
+// The local port of socket fd (0 if it has none).
+inline uint16_t port_of(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return 0;
+  return ntohs(sa.sin_port);
+}
+
+// A channel (default config) and its recorder for a scenario run in a forked child on the child's
+// loop (limits_util.h's in_child): scenarios report by exit code, not by gtest assertions.
+struct child_channel {
+  explicit child_channel(uv_loop_t* loop) : ch(loop, stream_config{}, rec.callbacks()) {}
+
+  // Listens on url: 0, or 10 if refused.
+  int listen(const std::string& url = "ipv4://127.0.0.1:0") {
+    return ch.listen(url, &l) == errc::ok ? 0 : 10;
+  }
+  // A blocking client of the listener (dial()), or -1.
+  [[nodiscard]] int dial_listener() const { return dial(ch.listener_port(l)); }
+  // How many log lines contain `what`.
+  [[nodiscard]] size_t lines_with(const char* what) const {
+    size_t n = 0;
+    for (const auto& [lv, t] : rec.logs) n += t.find(what) != std::string::npos ? 1 : 0;
+    return n;
+  }
+  // Prints the log lines to stderr (the child's output, shown when its test fails).
+  void print_logs() const {
+    for (const auto& [lv, t] : rec.logs) std::fprintf(stderr, "  log: %s\n", t.c_str());
+  }
+
+  recorder rec;  // before ch: the channel's callbacks point into it
+  stream_channel ch;
+  listener_id l;
+};
+
+// Runs scenario(c) (c: a child_channel on loop), then closes the channel and runs the loop until
+// every handle is closed; the scenario's code (0: all well).
+template <class Scenario>
+int with_child_channel(uv_loop_t* loop, Scenario&& scenario) {
+  int rc = 0;
+  {
+    child_channel c(loop);
+    rc = scenario(c);
+    c.ch.close();
+  }
+  uv_run(loop, UV_RUN_DEFAULT);
+  return rc;
 }
 
 // A loop plus helpers; the loop is checked to be empty (every handle closed) at the end.

@@ -22,18 +22,6 @@
 namespace uvbus::test {
 namespace {
 
-constexpr uint64_t kDeadlineMs = 20000;  // generous for ASan: a deadline, never a speed claim
-
-template <class Pred>
-bool run_for(uv_loop_t* loop, Pred pred) {
-  const uint64_t until = uv_now(loop) + kDeadlineMs;
-  while (!pred()) {
-    if (uv_now(loop) > until) return false;
-    uv_run(loop, UV_RUN_ONCE);
-  }
-  return true;
-}
-
 // The listener of the scenarios (a unix one when g_unix_path is set).
 std::string g_listen_url = "ipv4://127.0.0.1:0";
 std::string g_unix_path;
@@ -65,17 +53,10 @@ enum class starve {
 // 4: libuv_reserve_lost: the shedding not logged; both_reserves_lost: the client announced (its
 // descriptor was needed for the reserve); 5: no recovery.
 int starved_listener(uv_loop_t* loop, starve how) {
-  recorder rec;
-  std::vector<std::string> logs;
-  stream_callbacks cb = rec.callbacks();
-  cb.on_log = [&](log_level, const std::string& text) { logs.push_back(text); };
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, cb);
-    listener_id l;
-    if (ch.listen(g_listen_url, &l) != errc::ok) return 10;
+  return with_child_channel(loop, [loop, how](child_channel& c) {
+    if (c.listen(g_listen_url) != 0) return 10;
     const auto connect_client = [&] {
-      return g_unix_path.empty() ? dial(ch.listener_port(l)) : dial_unix(g_unix_path);
+      return g_unix_path.empty() ? c.dial_listener() : dial_unix(g_unix_path);
     };
     const int client = connect_client();
     if (client < 0) return 11;
@@ -85,7 +66,7 @@ int starved_listener(uv_loop_t* loop, starve how) {
       // made one loses it all the same.
       if (loop->emfile_fd >= 0) ::close(loop->emfile_fd);
       loop->emfile_fd = -1;
-      if (how == starve::both_reserves_lost && detail::stream_access::drop_reserve(ch) < 0) {
+      if (how == starve::both_reserves_lost && detail::stream_access::drop_reserve(c.ch) < 0) {
         return 15;
       }
       taken[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -95,31 +76,27 @@ int starved_listener(uv_loop_t* loop, starve how) {
     if (!lower_nofile(&old, how == starve::both_reserves_lost ? 1 : 0)) return 12;
     ::alarm(10);  // a loop turn that never ends is killed: the test fails with a signal
     const uint64_t spins = iterations_in(loop, 500);
-    const bool closed = run_for(loop, [&] { return peer_closed(client); });
+    const bool closed = run_loop_until(loop, [&] { return peer_closed(client); });
     ::alarm(0);
     setrlimit(RLIMIT_NOFILE, &old);
     for (const int fd : taken) {
       if (fd >= 0) ::close(fd);
     }
     std::fprintf(stderr, "iterations %llu, waiting client closed %d, accepted %zu\n",
-                 static_cast<unsigned long long>(spins), closed ? 1 : 0, rec.accepted.size());
-    bool named = false;
-    for (const auto& t : logs) {
-      std::fprintf(stderr, "  log: %s\n", t.c_str());
-      named = named || t.find("1 waiting clients closed") != std::string::npos;
-    }
+                 static_cast<unsigned long long>(spins), closed ? 1 : 0, c.rec.accepted.size());
+    c.print_logs();
+    const bool named = c.lines_with("1 waiting clients closed") != 0;
+    int rc = 0;
     if (spins > 200) rc = 2;
     if (!closed && rc == 0) rc = 3;
     if (how == starve::libuv_reserve_lost && !named && rc == 0) rc = 4;
-    if (how == starve::both_reserves_lost && !rec.accepted.empty() && rc == 0) rc = 4;
+    if (how == starve::both_reserves_lost && !c.rec.accepted.empty() && rc == 0) rc = 4;
     ::close(client);
     const int again = connect_client();
-    if (!run_for(loop, [&] { return !rec.accepted.empty(); }) && rc == 0) rc = 5;
+    if (!run_loop_until(loop, [&] { return !c.rec.accepted.empty(); }) && rc == 0) rc = 5;
     ::close(again);
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
+    return rc;
+  });
 }
 
 // The channel takes the waiting clients off the backlog and closes them with its reserve
@@ -157,13 +134,10 @@ TEST(StreamLimits, WithBothReservesLostTheLastDescriptorBecomesTheReserve) {
 }
 
 int dials_out_of_descriptors(uv_loop_t* loop) {
-  recorder rec;
-  int rc = 0;
-  {
-    stream_channel ch(loop, stream_config{}, rec.callbacks());
-    listener_id l;
-    if (ch.listen("ipv4://127.0.0.1:0", &l) != errc::ok) return 10;
-    const std::string port = std::to_string(ch.listener_port(l));
+  return with_child_channel(loop, [loop](child_channel& c) {
+    stream_channel& ch = c.ch;
+    if (c.listen() != 0) return 10;
+    const std::string port = std::to_string(ch.listener_port(c.l));
     rlimit old{};
     if (!lower_nofile(&old)) return 12;
     connection_id lit, dns, uds;
@@ -171,34 +145,33 @@ int dials_out_of_descriptors(uv_loop_t* loop) {
     const errc e0 = ch.listen("ipv4://127.0.0.1:0", &l2);
     const std::string d0 = ch.last_error().detail;
     int fd = -1;
-    const errc ed = ch.detach_listener(l, &fd);
+    const errc ed = ch.detach_listener(c.l, &fd);
     const std::string dd = ch.last_error().detail;
     const errc e1 = ch.connect("ipv4://127.0.0.1:" + port, &lit);
     const std::string d1 = ch.last_error().detail;
     const errc e2 = ch.connect("dns://127.0.0.1:" + port, &dns);
     const errc e3 = ch.connect("unix:///tmp/uvbus-limits-none.sock", &uds);
-    const bool ended = run_for(loop, [&] { return rec.connected.size() == 2; });
+    const bool ended = run_loop_until(loop, [&] { return c.rec.connected.size() == 2; });
     setrlimit(RLIMIT_NOFILE, &old);
     std::fprintf(stderr, "listen: %s (%s)\nliteral: %s (%s)\n", to_string(e0), d0.c_str(),
                  to_string(e1), d1.c_str());
-    for (const auto& [id, st] : rec.connected) {
+    for (const auto& [id, st] : c.rec.connected) {
       std::fprintf(stderr, "  on_connected %llu: %s\n", static_cast<unsigned long long>(id),
                    to_string(st));
     }
+    int rc = 0;
     // Refused at once, the detail naming the system's reason.
     if (e0 == errc::ok || d0.find("too many open files") == std::string::npos) rc = 2;
     if (e1 != errc::io_error || d1.find("too many open files") == std::string::npos) rc = 3;
     std::fprintf(stderr, "detach: %s (%s)\n", to_string(ed), dd.c_str());
     if (ed != errc::io_error || dd.find("Too many open files") == std::string::npos) rc = 7;
-    if (ch.listener_port(l) == 0) rc = 8;  // a failed hand-over keeps listening
+    if (ch.listener_port(c.l) == 0) rc = 8;  // a failed hand-over keeps listening
     // Failing from the loop, with the system error (not a caller error such as invalid_argument).
     if (e2 != errc::ok || e3 != errc::ok || !ended) return 4;
-    if (rec.connected[dns.value] != errc::io_error) rc = 5;
-    if (rec.connected[uds.value] != errc::io_error) rc = 6;
-    ch.close();
-  }
-  uv_run(loop, UV_RUN_DEFAULT);
-  return rc;
+    if (c.rec.connected[dns.value] != errc::io_error) rc = 5;
+    if (c.rec.connected[uds.value] != errc::io_error) rc = 6;
+    return rc;
+  });
 }
 
 TEST(StreamLimits, ListenAndDialsOutOfDescriptorsFailWithTheReason) {
@@ -243,21 +216,16 @@ TEST_F(StreamUrlEdges, BadPortsAndLiteralsAreNamedInTheDetail) {
 TEST_F(StreamUrlEdges, TheReserveDescriptorIsHeldOnlyWhileListening) {
   recorder r;
   stream_channel* ch = make_channel(&r);
-  const auto lowest_free = [] {
-    const int fd = ::dup(0);
-    ::close(fd);
-    return fd;
-  };
   listener_id l;
   ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);  // anything opened once per loop
   ASSERT_EQ(ch->close_listener(l), errc::ok);
   uv_run(&loop_, UV_RUN_NOWAIT);
-  const int before = lowest_free();
+  const int before = lowest_free_fd();
   ASSERT_EQ(ch->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  EXPECT_GT(lowest_free(), before + 1);  // the socket and the reserve
+  EXPECT_GT(lowest_free_fd(), before + 1);  // the socket and the reserve
   ASSERT_EQ(ch->close_listener(l), errc::ok);
   uv_run(&loop_, UV_RUN_NOWAIT);
-  EXPECT_EQ(lowest_free(), before);
+  EXPECT_EQ(lowest_free_fd(), before);
 }
 
 class StreamZeroWindow : public stream_fixture {};

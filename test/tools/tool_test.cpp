@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "shm/shm_test_util.h"
 #include "test_util.h"
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
@@ -301,11 +302,7 @@ TEST(Tool, UsageErrorsExitTwo) {
 TEST(Tool, ShmInspectAndRemove) {
   const std::string url = "shm://" + uvbus::test::unique_name("tool-shm");
   uvbus::shm_reader reader;
-  uvbus::shm_config cfg;
-  cfg.ring_bytes = 4096;
-  cfg.node_size = 64;
-  cfg.max_record_size = 1024;
-  ASSERT_EQ(reader.open(url, cfg), uvbus::errc::ok);
+  ASSERT_EQ(reader.open(url, uvbus::test::small_ring_config()), uvbus::errc::ok);
   const std::string t = UVBUS_TOOL_PATH;
   run_result r = sh(t + " shm inspect " + url);
   EXPECT_EQ(r.rc, 0) << r.err;

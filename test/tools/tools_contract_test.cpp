@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "shm/shm_test_util.h"
 #include "test_util.h"
 #include "uvbus/shm.h"
 
@@ -15,14 +16,7 @@ namespace {
 
 // `sh -c cmd` with stderr folded into stdout; the exit status appended as "rc=N".
 std::string sh(const std::string& cmd) {
-  std::string out;
-  FILE* f = ::popen(("(" + cmd + ") 2>&1; echo rc=$?").c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ::pclose(f);
-  return out;
+  return uvbus::test::command_output("(" + cmd + ") 2>&1; echo rc=$?");
 }
 
 // docs/tools.md: `uvbus ping` prints min/avg/p50/p99/max "(nearest rank)": the value of rank
@@ -70,11 +64,7 @@ TEST(ToolsContract, TopRefusesABadMetricsUrl) {
 TEST(ToolsContract, ShmInspectNeverDrainsOrRemoves) {
   const std::string url = "shm://" + uvbus::test::unique_name("obsrev-shm");
   uvbus::shm_reader reader;
-  uvbus::shm_config cfg;
-  cfg.ring_bytes = 4096;
-  cfg.node_size = 64;
-  cfg.max_record_size = 1024;
-  ASSERT_EQ(reader.open(url, cfg), uvbus::errc::ok);
+  ASSERT_EQ(reader.open(url, uvbus::test::small_ring_config()), uvbus::errc::ok);
   reader.close(uvbus::shm_close_mode::keep);  // a closed reader: drain and remove would proceed
   const std::string t = UVBUS_TOOL_PATH;
   for (const char* flag : {"--remove", "--drain"}) {
