@@ -1,6 +1,7 @@
 // Promises of the uvbus tool no other test checks: ping's p50/p99 are nearest-rank (docs/tools.md),
 // a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
-// `shm inspect` never drains or removes, `--count 0` is refused, and `call --help`.
+// `shm inspect` never drains or removes, `--count 0`, `top --interval-ms 0` and signed numbers are
+// refused, and `call --help`.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -88,6 +89,37 @@ TEST(ToolsContract, CountZeroIsRefused) {
     EXPECT_NE(out.find("rc=2"), std::string::npos) << cmd << ": " << out;
     EXPECT_NE(out.find("bad value '0' for --count"), std::string::npos) << cmd << ": " << out;
   }
+}
+
+// Numbers are digits: strtoul also took a leading '+' or blank (`--count +3`, `--count ' 3'`,
+// `--timeout-ms +5`, ids like `+0x10`), which the docs never promised.
+TEST(ToolsContract, NumbersWithASignOrLeadingBlankAreRefused) {
+  uint32_t v = 0;
+  uint64_t id = 0;
+  EXPECT_FALSE(uvbus_tool::parse_u32("+3", &v));
+  EXPECT_FALSE(uvbus_tool::parse_u32(" 3", &v));
+  EXPECT_FALSE(uvbus_tool::parse_u32("-3", &v));
+  EXPECT_TRUE(uvbus_tool::parse_u32("3", &v));
+  EXPECT_EQ(v, 3u);
+  EXPECT_FALSE(uvbus_tool::parse_id("+0x10", &id));
+  EXPECT_FALSE(uvbus_tool::parse_id(" 16", &id));
+  EXPECT_TRUE(uvbus_tool::parse_id("0x10", &id));
+  EXPECT_EQ(id, 16u);
+  const std::string out =
+      sh(std::string(UVBUS_TOOL_PATH) +
+         " ping 0x10000 --count +3 --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad value '+3' for --count"), std::string::npos) << out;
+}
+
+// `top --interval-ms 0` silently meant the default 1000 ms: refused as `--count 0` is (exit 2,
+// before joining). ping keeps 0 (its default: echoes back to back).
+TEST(ToolsContract, TopIntervalZeroIsRefused) {
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) +
+                             " top 0x10000 --interval-ms 0 --parent ipv4://127.0.0.1:1 "
+                             "--timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad value '0' for --interval-ms"), std::string::npos) << out;
 }
 
 // Every subcommand's --help (tool_test.cpp checks all but call's).

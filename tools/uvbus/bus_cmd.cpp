@@ -57,7 +57,7 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
   // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
   if (s == "--count") ok = parse_u32(v, &a->count) && a->count > 0;
-  if (s == "--interval-ms") ok = parse_u32(v, &a->interval_ms);
+  if (s == "--interval-ms") ok = a->interval_given = parse_u32(v, &a->interval_ms);
   if (!ok) std::fprintf(stderr, "uvbus %s: bad value '%s' for %s\n", argv[0], v, s.c_str());
   return ok;
 }

@@ -33,8 +33,17 @@ std::string json_str(const std::string& s) {
   return o + "\"";
 }
 
+namespace {
+
+// Digits only from the first character: strtoul would also take leading blanks, '+' and '-'.
+bool starts_with_digit(const char* s) {
+  return s != nullptr && *s >= '0' && *s <= '9';
+}
+
+}  // namespace
+
 bool parse_id(const char* s, uint64_t* out) {
-  if (s == nullptr || *s == '\0' || *s == '-') return false;
+  if (!starts_with_digit(s)) return false;
   errno = 0;
   char* end = nullptr;
   const unsigned long long v = std::strtoull(s, &end, 0);
@@ -44,7 +53,7 @@ bool parse_id(const char* s, uint64_t* out) {
 }
 
 bool parse_u32(const char* s, uint32_t* out) {
-  if (s == nullptr || *s == '\0' || *s == '-') return false;
+  if (!starts_with_digit(s)) return false;
   errno = 0;
   char* end = nullptr;
   const unsigned long v = std::strtoul(s, &end, 10);

@@ -131,7 +131,12 @@ int top_main(int argc, char** argv) {
                  a.metrics.c_str());
     return kExitUsage;
   }
-  const uint32_t interval = a.interval_ms == 0 ? 1000 : a.interval_ms;
+  // 0 would poll without pause (it silently meant the default before): refused, as --count 0.
+  if (a.interval_given && a.interval_ms == 0) {
+    std::fprintf(stderr, "uvbus top: bad value '0' for --interval-ms (at least 1; default 1000)\n");
+    return kExitUsage;
+  }
+  const uint32_t interval = a.interval_given ? a.interval_ms : 1000;
   const uint32_t refreshes = a.once ? 1 : a.count;  // 0: until interrupted
   const bool tty = isatty(STDOUT_FILENO) != 0 && !a.json;
   // A terminal gets each frame in one flush: line buffering would show a half-drawn screen.
