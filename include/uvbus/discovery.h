@@ -78,8 +78,11 @@ struct discovery_stats {
   // The backoff the last failure waited before the next session: it doubles with every failure
   // until a session has stayed connected for retry_max_ms.
   uint64_t last_retry_delay_ms = 0;
-  uint64_t malformed = 0;     // entries skipped because they did not decode
-  uint64_t skipped_full = 0;  // entries skipped because max_entries was reached
+  // Entries skipped because they did not decode / because max_entries was reached: counted and
+  // logged once per key and mod_revision, not at every range read (up to 4096 keys, and at most
+  // max_entries skipped for room, are remembered; others count at every read).
+  uint64_t malformed = 0;
+  uint64_t skipped_full = 0;
 };
 
 class etcd_discovery;
