@@ -51,8 +51,9 @@ struct discovery_config {
   // failing every session after its registration, meets a growing wait).
   uint32_t retry_min_ms = 100;
   uint32_t retry_max_ms = 3000;
-  // Bounds: entries kept (others are skipped and logged), bytes of one response (a range read,
-  // one watch message) and of one entry's value.
+  // Bounds: entries kept (others are skipped and logged; up to min(max_entries, 4096) of them
+  // are kept aside, taken in as room frees), bytes of one response (a range read, one watch
+  // message) and of one entry's value.
   size_t max_entries = 100000;
   size_t max_response_bytes = size_t{64} << 20;
   size_t max_entry_bytes = size_t{16} << 10;

@@ -220,7 +220,19 @@ bool etcd_discovery::impl::remove_key(const std::string& key) {
   if (it == dir.end()) return true;
   const directory_entry e = std::move(it->second);
   dir.erase(it);
-  return emit(directory_event::removed, e);
+  return emit(directory_event::removed, e) && fill_room();
+}
+
+// Room freed: entries left out for want of it come in (lowest id first, as a range read takes
+// them) without waiting for the next range read. full_seen is empty while there is room.
+bool etcd_discovery::impl::fill_room() {
+  while (dir.size() < cfg.max_entries && !full_seen.empty()) {
+    auto first = full_seen.begin();
+    auto it = dir.emplace(first->first, std::move(first->second.second)).first;
+    full_seen.erase(first);
+    if (!emit(directory_event::added, it->second)) return false;
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------- public wrappers --

@@ -54,7 +54,7 @@ struct etcd_discovery::impl {
   // Entries skipped as of the last range read and the watch since, remembered so that each is
   // counted and logged once per (key, mod_revision): malformed ones by a hash of their key (at
   // most kSkipMemory), those left out for want of room whole (at most min(max_entries,
-  // kSkipMemory), each at most max_entry_bytes).
+  // kSkipMemory), each at most max_entry_bytes), taken in as room frees (fill_room()).
   using bad_map = std::unordered_map<size_t, int64_t>;  // key hash -> mod_revision
   using full_map = std::map<bus_id, std::pair<int64_t, directory_entry>>;
   static constexpr size_t kSkipMemory = 4096;
@@ -95,8 +95,9 @@ struct etcd_discovery::impl {
   bool apply_snapshot(const std::vector<detail::etcd::kv>& kvs);
   bool apply_put(const detail::etcd::kv& item);
   bool apply_delete(const std::string& key);
-  // Takes `key`'s entry out of the directory and of full_seen.
+  // Takes `key`'s entry out of the directory and of full_seen, then fills the room it left.
   bool remove_key(const std::string& key);
+  bool fill_room();
   // false with *why when `item` is no valid entry (counted by note_malformed()).
   bool decode(const detail::etcd::kv& item, directory_entry* out, std::string* why);
   // Count and log a skipped item unless `was` holds its (key, mod_revision); remember it in *now.

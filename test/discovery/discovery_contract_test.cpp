@@ -55,6 +55,19 @@ std::string puts_of(const std::vector<bus_id>& ids) {
   return R"({"result":{"header":{"revision":"6"},"events":[)" + evs + "]}}\n";
 }
 
+// One watch message of the given events ({"kv":...} objects); del_of(): a DELETE of entry `id`.
+std::string watch_message(const std::vector<std::string>& events) {
+  std::string evs;
+  for (const std::string& e : events) evs += (evs.empty() ? "" : ",") + e;
+  return R"({"result":{"header":{"revision":"7"},"events":[)" + evs + "]}}\n";
+}
+std::string put_of(const std::string& kv_json) {
+  return R"({"kv":)" + kv_json + "}";
+}
+std::string del_of(bus_id id) {
+  return R"({"type":"DELETE","kv":)" + raw_kv(etcd::node_key(kPrefix, id), "", 7) + "}";
+}
+
 class DiscoveryContractTest : public test::discovery_fixture {
  protected:
   void SetUp() override {
@@ -310,6 +323,36 @@ TEST_F(DiscoveryContractTest, ABadEntryCountsOncePerModRevisionNotAtEveryRangeRe
   EXPECT_EQ(v->d->stats().skipped_full, 1U);
   EXPECT_EQ(lines("malformed entry"), 2);
   EXPECT_EQ(v->ids(), (std::set<bus_id>{1, 2}));
+}
+
+// Entries left out at max_entries come in as soon as room frees (a watch DELETE, a PUT that makes
+// an entry invalid), without a range read; one deleted while left out is forgotten. Before, they
+// waited for the next range read: the directory went empty, 3 and 4 never came.
+TEST_F(DiscoveryContractTest, EntriesLeftOutForWantOfRoomComeInWhenRoomFrees) {
+  fake_->on_post = [](const std::string&, size_t) {
+    reply r;
+    r.body = range_of({1, 2, 3, 4, 5});  // room for 1 and 2
+    return r;
+  };
+  const std::string events = watch_message({del_of(1),  // 3 comes in
+                                            put_of(raw_kv(etcd::node_key(kPrefix, 2), "[1]", 7)),
+                                            del_of(5),    // left out: forgotten
+                                            del_of(3)});  // room, nobody left out
+  fake_->on_watch = [events](size_t) { return std::make_pair(kCreated + events, false); };
+  discovery_config c = fake_config();
+  c.max_entries = 2;
+  disc_instance* v = make(directory_entry{}, c);
+  ASSERT_TRUE(wait([&] { return v->count(directory_event::removed, 2) == 1; }, seconds(20)));
+  EXPECT_EQ(v->ids(), std::set<bus_id>{4});
+  EXPECT_EQ(v->count(directory_event::added, 3), 1U);
+  EXPECT_EQ(v->count(directory_event::removed, 3), 1U);
+  EXPECT_EQ(v->count(directory_event::added, 4), 1U);
+  EXPECT_EQ(v->count(directory_event::added, 5), 0U);
+  const discovery_stats st = v->d->stats();
+  EXPECT_EQ(st.skipped_full, 3U);
+  EXPECT_EQ(st.malformed, 1U);
+  EXPECT_EQ(st.resyncs, 1U);
+  EXPECT_EQ(st.failures, 0U);
 }
 
 // A lease found gone (a keep-alive answered without a TTL) ends the session: new lease, new put,
