@@ -51,8 +51,9 @@ struct discovery_config {
   // failing every session after its registration, meets a growing wait).
   uint32_t retry_min_ms = 100;
   uint32_t retry_max_ms = 3000;
-  // Bounds: entries kept (others are skipped and logged), bytes of one response (a range read,
-  // one watch message) and of one entry's value.
+  // Bounds: entries kept (others are skipped and logged; up to min(max_entries, 4096) of them
+  // are kept aside, taken in as room frees), bytes of one response (a range read, one watch
+  // message) and of one entry's value.
   size_t max_entries = 100000;
   size_t max_response_bytes = size_t{64} << 20;
   size_t max_entry_bytes = size_t{16} << 10;
@@ -78,8 +79,11 @@ struct discovery_stats {
   // The backoff the last failure waited before the next session: it doubles with every failure
   // until a session has stayed connected for retry_max_ms.
   uint64_t last_retry_delay_ms = 0;
-  uint64_t malformed = 0;     // entries skipped because they did not decode
-  uint64_t skipped_full = 0;  // entries skipped because max_entries was reached
+  // Entries skipped because they did not decode / because max_entries was reached: counted and
+  // logged once per key and mod_revision, not at every range read (up to 4096 keys, and at most
+  // max_entries skipped for room, are remembered; others count at every read).
+  uint64_t malformed = 0;
+  uint64_t skipped_full = 0;
 };
 
 class etcd_discovery;

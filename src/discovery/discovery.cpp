@@ -1,9 +1,11 @@
 // etcd_discovery's public surface and its directory: configuration checks, applying range
-// snapshots and watch events (malformed entries skipped and logged, capped size), events to the
-// user, rate-limited logging.
+// snapshots and watch events (malformed entries skipped and logged, capped size, skipped entries
+// remembered), events to the user, rate-limited logging.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <functional>
 
 #include "discovery/discovery_impl.h"
 
@@ -102,38 +104,66 @@ bool etcd_discovery::impl::emit(directory_event ev, const directory_entry& e) {
   return !alive.expired() && ph != phase::stopped;
 }
 
-bool etcd_discovery::impl::decode(const kv& item, directory_entry* out) {
+bool etcd_discovery::impl::decode(const kv& item, directory_entry* out, std::string* why) {
   bus_id id = 0;
-  std::string why;
   if (!detail::etcd::id_from_key(cfg.prefix, item.key, &id) || id == 0) {
-    why = "key is not <prefix>/nodes/<16 lowercase hex digits>";
+    *why = "key is not <prefix>/nodes/<16 lowercase hex digits>";
   } else if (item.value.size() > cfg.max_entry_bytes) {
-    why = "value of " + std::to_string(item.value.size()) + " bytes above max_entry_bytes";
-  } else if (detail::etcd::decode_entry(item.value, out, &why)) {
+    *why = "value of " + std::to_string(item.value.size()) + " bytes above max_entry_bytes";
+  } else if (detail::etcd::decode_entry(item.value, out, why)) {
     if (out->id == id) return true;
-    why = "\"id\" differs from the key's id";
+    *why = "\"id\" differs from the key's id";
   }
+  return false;
+}
+
+// A mod_revision of 0 (absent) is no version: such an item counts every time it is seen.
+void etcd_discovery::impl::note_malformed(const kv& item, const std::string& why,
+                                          const bad_map& was, bad_map* now) {
+  const size_t h = std::hash<std::string>{}(item.key);
+  const auto it = was.find(h);
+  const bool known = item.mod_revision != 0 && it != was.end() && it->second == item.mod_revision;
+  if (now->size() < kSkipMemory || now->count(h) != 0) (*now)[h] = item.mod_revision;
+  if (known) return;
   ++st.malformed;
   std::string shown = item.key.substr(0, 120);
   for (char& c : shown) {
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
   }
   log(log_level::warn, kMalformed, "malformed entry \"" + shown + "\" skipped: " + why);
-  return false;
+}
+
+void etcd_discovery::impl::note_full(const kv& item, directory_entry e, const full_map& was,
+                                     full_map* now) {
+  const auto it = was.find(e.id);
+  const bool known =
+      item.mod_revision != 0 && it != was.end() && it->second.first == item.mod_revision;
+  if (now->size() < std::min(cfg.max_entries, kSkipMemory) || now->count(e.id) != 0) {
+    const bus_id id = e.id;
+    (*now)[id] = {item.mod_revision, std::move(e)};
+  }
+  if (known) return;
+  ++st.skipped_full;
+  log(log_level::warn, kFull, "max_entries reached: entry skipped");
 }
 
 bool etcd_discovery::impl::apply_snapshot(const std::vector<kv>& kvs) {
   std::map<bus_id, directory_entry> next;
+  bad_map bad;  // what this read skips: anything skipped before and gone now is forgotten
+  full_map full;
   for (const kv& item : kvs) {
     directory_entry e;
-    if (!decode(item, &e)) continue;
-    if (next.size() >= cfg.max_entries) {
-      ++st.skipped_full;
-      log(log_level::warn, kFull, "max_entries reached: entry skipped");
-      continue;
+    std::string why;
+    if (!decode(item, &e, &why)) {
+      note_malformed(item, why, bad_seen, &bad);
+    } else if (next.size() >= cfg.max_entries) {
+      note_full(item, std::move(e), full_seen, &full);
+    } else {
+      next.emplace(e.id, std::move(e));
     }
-    next.emplace(e.id, std::move(e));
   }
+  bad_seen.swap(bad);
+  full_seen.swap(full);
   std::vector<std::pair<directory_event, directory_entry>> events;
   for (auto& [id, e] : dir) {
     if (next.find(id) == next.end()) events.emplace_back(directory_event::removed, std::move(e));
@@ -156,15 +186,17 @@ bool etcd_discovery::impl::apply_snapshot(const std::vector<kv>& kvs) {
 
 bool etcd_discovery::impl::apply_put(const kv& item) {
   directory_entry e;
-  if (!decode(item, &e)) {
+  std::string why;
+  if (!decode(item, &e, &why)) {
+    note_malformed(item, why, bad_seen, &bad_seen);
     // The key's current value is not a valid entry: whatever was there before is gone.
-    return apply_delete(item.key);
+    return remove_key(item.key);
   }
+  bad_seen.erase(std::hash<std::string>{}(item.key));
   auto it = dir.find(e.id);
   if (it == dir.end()) {
     if (dir.size() >= cfg.max_entries) {
-      ++st.skipped_full;
-      log(log_level::warn, kFull, "max_entries reached: entry skipped");
+      note_full(item, std::move(e), full_seen, &full_seen);
       return true;
     }
     it = dir.emplace(e.id, std::move(e)).first;
@@ -176,13 +208,31 @@ bool etcd_discovery::impl::apply_put(const kv& item) {
 }
 
 bool etcd_discovery::impl::apply_delete(const std::string& key) {
+  bad_seen.erase(std::hash<std::string>{}(key));
+  return remove_key(key);
+}
+
+bool etcd_discovery::impl::remove_key(const std::string& key) {
   bus_id id = 0;
   if (!detail::etcd::id_from_key(cfg.prefix, key, &id)) return true;
+  full_seen.erase(id);
   auto it = dir.find(id);
   if (it == dir.end()) return true;
   const directory_entry e = std::move(it->second);
   dir.erase(it);
-  return emit(directory_event::removed, e);
+  return emit(directory_event::removed, e) && fill_room();
+}
+
+// Room freed: entries left out for want of it come in (lowest id first, as a range read takes
+// them) without waiting for the next range read. full_seen is empty while there is room.
+bool etcd_discovery::impl::fill_room() {
+  while (dir.size() < cfg.max_entries && !full_seen.empty()) {
+    auto first = full_seen.begin();
+    auto it = dir.emplace(first->first, std::move(first->second.second)).first;
+    full_seen.erase(first);
+    if (!emit(directory_event::added, it->second)) return false;
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------- public wrappers --

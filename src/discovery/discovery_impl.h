@@ -9,6 +9,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "core/log_limiter.h"
 #include "discovery/etcd_client.h"
@@ -49,6 +51,15 @@ struct etcd_discovery::impl {
   bool is_connected = false;
   std::function<void()> stop_done;
   std::map<bus_id, directory_entry> dir;
+  // Entries skipped as of the last range read and the watch since, remembered so that each is
+  // counted and logged once per (key, mod_revision): malformed ones by a hash of their key (at
+  // most kSkipMemory), those left out for want of room whole (at most min(max_entries,
+  // kSkipMemory), each at most max_entry_bytes), taken in as room frees (fill_room()).
+  using bad_map = std::unordered_map<size_t, int64_t>;  // key hash -> mod_revision
+  using full_map = std::map<bus_id, std::pair<int64_t, directory_entry>>;
+  static constexpr size_t kSkipMemory = 4096;
+  bad_map bad_seen;
+  full_map full_seen;
   discovery_stats st;
   error_info err;
   detail::log_limiter limiter;
@@ -84,7 +95,16 @@ struct etcd_discovery::impl {
   bool apply_snapshot(const std::vector<detail::etcd::kv>& kvs);
   bool apply_put(const detail::etcd::kv& item);
   bool apply_delete(const std::string& key);
-  bool decode(const detail::etcd::kv& item, directory_entry* out);
+  // Takes `key`'s entry out of the directory and of full_seen, then fills the room it left.
+  bool remove_key(const std::string& key);
+  bool fill_room();
+  // false with *why when `item` is no valid entry (counted by note_malformed()).
+  bool decode(const detail::etcd::kv& item, directory_entry* out, std::string* why);
+  // Count and log a skipped item unless `was` holds its (key, mod_revision); remember it in *now.
+  void note_malformed(const detail::etcd::kv& item, const std::string& why, const bad_map& was,
+                      bad_map* now);
+  void note_full(const detail::etcd::kv& item, directory_entry e, const full_map& was,
+                 full_map* now);
   bool emit(directory_event ev, const directory_entry& e);
   void log(log_level lv, size_t kind, const std::string& msg);
 };

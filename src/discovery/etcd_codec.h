@@ -39,6 +39,7 @@ bool decode_entry(std::string_view json, directory_entry* out, std::string* why)
 struct kv {
   std::string key;  // decoded
   std::string value;
+  int64_t mod_revision = 0;  // the revision of its last change (0 when absent)
 };
 struct range_reply {
   int64_t revision = 0;

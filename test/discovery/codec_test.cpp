@@ -115,16 +115,19 @@ TEST(DiscoveryCodec, GatewayResponses) {
   etcd::range_reply rr;
   std::string why;
   ASSERT_TRUE(etcd::parse_range(
-      R"({"header":{"revision":"9"},"kvs":[{"key":"L2EvYg==","value":"eA==","version":"1"}],"count":"1"})",
+      R"({"header":{"revision":"9"},"kvs":[{"key":"L2EvYg==","value":"eA==","mod_revision":"8"}]})",
       &rr, &why))
       << why;
   EXPECT_EQ(rr.revision, 9);
   ASSERT_EQ(rr.kvs.size(), 1U);
   EXPECT_EQ(rr.kvs[0].key, "/a/b");
   EXPECT_EQ(rr.kvs[0].value, "x");
+  EXPECT_EQ(rr.kvs[0].mod_revision, 8);
   EXPECT_FALSE(etcd::parse_range(R"({"error":"boom","code":14})", &rr, &why));
   EXPECT_NE(why.find("boom"), std::string::npos);
   EXPECT_FALSE(etcd::parse_range(R"({"kvs":[{"key":"%%%"}]})", &rr, &why));
+  EXPECT_FALSE(
+      etcd::parse_range(R"({"header":{"revision":"9"},"kvs":[{"mod_revision":"x"}]})", &rr, &why));
 
   etcd::watch_reply w;
   ASSERT_TRUE(etcd::parse_watch(

@@ -5,6 +5,7 @@
 // on_log while discovery fails.
 #include <uv.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <set>
@@ -30,14 +31,20 @@ namespace etcd = detail::etcd;
 
 const std::string kPrefix = "/uvbus-test";
 
-// The gateway's JSON of entry `id` as a kv (keys and values base64).
-std::string kv_of(bus_id id) {
-  return R"({"key":")" + etcd::base64_encode(etcd::node_key(kPrefix, id)) + R"(","value":")" +
-         etcd::base64_encode(etcd::encode_entry(test_entry(id))) + R"("})";
+// The gateway's JSON of a kv (keys and values base64; mod_revision 0: none given).
+std::string raw_kv(const std::string& key, const std::string& value, int64_t mod_revision = 0) {
+  return R"({"key":")" + etcd::base64_encode(key) + R"(","value":")" + etcd::base64_encode(value) +
+         (mod_revision == 0 ? "" : R"(","mod_revision":")" + std::to_string(mod_revision)) +
+         R"("})";
 }
-std::string range_of(const std::vector<bus_id>& ids) {
-  std::string kvs;
-  for (const bus_id id : ids) kvs += (kvs.empty() ? "" : ",") + kv_of(id);
+// ... of entry `id`.
+std::string kv_of(bus_id id, int64_t mod_revision = 0) {
+  return raw_kv(etcd::node_key(kPrefix, id), etcd::encode_entry(test_entry(id)), mod_revision);
+}
+// A range answer of `more_kvs` and the entries `ids` (mod_revision 3).
+std::string range_of(const std::vector<bus_id>& ids, const std::string& more_kvs = "") {
+  std::string kvs = more_kvs;
+  for (const bus_id id : ids) kvs += (kvs.empty() ? "" : ",") + kv_of(id, 3);
   return R"({"header":{"revision":"5"},"kvs":[)" + kvs + "]}";
 }
 // One watch message with a PUT of each id.
@@ -46,6 +53,19 @@ std::string puts_of(const std::vector<bus_id>& ids) {
   for (const bus_id id : ids)
     evs += std::string(evs.empty() ? "" : ",") + R"({"kv":)" + kv_of(id) + "}";
   return R"({"result":{"header":{"revision":"6"},"events":[)" + evs + "]}}\n";
+}
+
+// One watch message of the given events ({"kv":...} objects); del_of(): a DELETE of entry `id`.
+std::string watch_message(const std::vector<std::string>& events) {
+  std::string evs;
+  for (const std::string& e : events) evs += (evs.empty() ? "" : ",") + e;
+  return R"({"result":{"header":{"revision":"7"},"events":[)" + evs + "]}}\n";
+}
+std::string put_of(const std::string& kv_json) {
+  return R"({"kv":)" + kv_json + "}";
+}
+std::string del_of(bus_id id) {
+  return R"({"type":"DELETE","kv":)" + raw_kv(etcd::node_key(kPrefix, id), "", 7) + "}";
 }
 
 class DiscoveryContractTest : public test::discovery_fixture {
@@ -270,6 +290,69 @@ TEST_F(DiscoveryContractTest, EntriesBeyondMaxEntriesAreSkippedCountedAndLogged)
   EXPECT_EQ(v->d->stats().skipped_full, 2U);
   EXPECT_TRUE(logged(v, "max_entries reached"));
   EXPECT_TRUE(v->d->connected());
+}
+
+// malformed and skipped_full count an entry once per (key, mod_revision): the same bad entries
+// read again at every range read (each session's watch ends at once) are not counted or logged
+// again; a new value of the malformed key (a new mod_revision) is. Before, every read counted
+// both again (4 reads: 4 and 4).
+TEST_F(DiscoveryContractTest, ABadEntryCountsOncePerModRevisionNotAtEveryRangeRead) {
+  auto bad_rev = std::make_shared<int64_t>(3);  // the fake may answer after the test's frame
+  fake_->on_post = [bad_rev](const std::string&, size_t) {
+    reply r;
+    r.body = range_of({1, 2, 3}, raw_kv(kPrefix + "/nodes/00000000000000aa", "{no", *bad_rev));
+    return r;
+  };
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated, true); };  // then ends
+  discovery_config c = fake_config();
+  c.max_entries = 2;
+  disc_instance* v = make(directory_entry{}, c);
+  const auto lines = [v](const std::string& what) {
+    return std::count_if(v->logs.begin(), v->logs.end(),
+                         [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  };
+  ASSERT_TRUE(wait([&] { return v->d->stats().resyncs >= 4; }, seconds(20)));
+  EXPECT_EQ(v->d->stats().malformed, 1U);
+  EXPECT_EQ(v->d->stats().skipped_full, 1U);
+  EXPECT_EQ(lines("malformed entry"), 1);
+  EXPECT_EQ(lines("max_entries reached"), 1);
+  *bad_rev = 9;  // the key written again (still malformed)
+  const uint64_t resyncs = v->d->stats().resyncs;
+  ASSERT_TRUE(wait([&] { return v->d->stats().resyncs >= resyncs + 2; }, seconds(20)));
+  EXPECT_EQ(v->d->stats().malformed, 2U);
+  EXPECT_EQ(v->d->stats().skipped_full, 1U);
+  EXPECT_EQ(lines("malformed entry"), 2);
+  EXPECT_EQ(v->ids(), (std::set<bus_id>{1, 2}));
+}
+
+// Entries left out at max_entries come in as soon as room frees (a watch DELETE, a PUT that makes
+// an entry invalid), without a range read; one deleted while left out is forgotten. Before, they
+// waited for the next range read: the directory went empty, 3 and 4 never came.
+TEST_F(DiscoveryContractTest, EntriesLeftOutForWantOfRoomComeInWhenRoomFrees) {
+  fake_->on_post = [](const std::string&, size_t) {
+    reply r;
+    r.body = range_of({1, 2, 3, 4, 5});  // room for 1 and 2
+    return r;
+  };
+  const std::string events = watch_message({del_of(1),  // 3 comes in
+                                            put_of(raw_kv(etcd::node_key(kPrefix, 2), "[1]", 7)),
+                                            del_of(5),    // left out: forgotten
+                                            del_of(3)});  // room, nobody left out
+  fake_->on_watch = [events](size_t) { return std::make_pair(kCreated + events, false); };
+  discovery_config c = fake_config();
+  c.max_entries = 2;
+  disc_instance* v = make(directory_entry{}, c);
+  ASSERT_TRUE(wait([&] { return v->count(directory_event::removed, 2) == 1; }, seconds(20)));
+  EXPECT_EQ(v->ids(), std::set<bus_id>{4});
+  EXPECT_EQ(v->count(directory_event::added, 3), 1U);
+  EXPECT_EQ(v->count(directory_event::removed, 3), 1U);
+  EXPECT_EQ(v->count(directory_event::added, 4), 1U);
+  EXPECT_EQ(v->count(directory_event::added, 5), 0U);
+  const discovery_stats st = v->d->stats();
+  EXPECT_EQ(st.skipped_full, 3U);
+  EXPECT_EQ(st.malformed, 1U);
+  EXPECT_EQ(st.resyncs, 1U);
+  EXPECT_EQ(st.failures, 0U);
 }
 
 // A lease found gone (a keep-alive answered without a TTL) ends the session: new lease, new put,
