@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mapfile -t files < <(git ls-files -- 'include/*.h' 'src/*.h' 'src/*.cpp' 'test/*.h' 'test/*.cpp' \
-  'benchmark/*.h' 'benchmark/*.cpp' 'tools/*.cpp' 'examples/*.cpp' 'examples/*.h')
+  'benchmark/*.h' 'benchmark/*.cpp' 'tools/*.h' 'tools/*.cpp' 'examples/*.cpp' 'examples/*.h')
 if [ "${1:-}" = --check ]; then
   clang-format --dry-run -Werror "${files[@]}"
   echo "clang-format: ${#files[@]} files clean"

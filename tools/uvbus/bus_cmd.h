@@ -17,7 +17,7 @@ struct bus_args {
   uint32_t count = 0;
   uint32_t interval_ms = 0;
   bool interval_given = false;  // --interval-ms was on the command line (top refuses 0)
-  std::string metrics;  // top --metrics URL
+  std::string metrics;          // top --metrics URL
   std::vector<std::string> pos;
 };
 
