@@ -35,9 +35,17 @@ typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches lib
 namespace uvbus {
 
 struct discovery_config {
-  // etcd client URLs, "http://HOST:PORT" (the JSON gateway listens on the client port), tried in
-  // order; after a failure the next one is used. Empty: discovery is off (node_config).
+  // etcd client URLs, "http://HOST:PORT" or "https://HOST:PORT" (the JSON gateway listens on the
+  // client port), tried in order; after a failure the next one is used. Empty: discovery is off
+  // (node_config).
   std::vector<std::string> etcd_endpoints;
+  // TLS to etcd (docs/cluster.md, "etcd over TLS"), for https:// endpoints; with any of these set,
+  // every endpoint must be https://. etcd's certificate is always verified, host name included.
+  // PEM files, read when a connection is made (start() checks they can be read and parsed, and
+  // that the key belongs to the certificate):
+  std::string tls_ca_file;    // CA bundle etcd's certificate must chain to; empty: the system's
+  std::string tls_cert_file;  // this client's certificate, for etcd's --client-cert-auth
+  std::string tls_key_file;   // its private key, unencrypted; set with tls_cert_file or not at all
   // Key prefix, without a trailing '/'. Entries live under <prefix>/nodes/<16 hex digits>.
   std::string prefix = "/uvbus";
   // Lease TTL in seconds (2..3600); keep-alive every ttl_s/3. A node that dies leaves every

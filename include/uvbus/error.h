@@ -59,7 +59,7 @@ enum class errc : int {
   out_of_subnet,     // registration refused: the id is outside the parent's subnets
   remote_error,      // a call's handler answered with an error (node::reply_error: its own code)
 
-  // Encrypted links (uvbus/tls.h): the connection is closed.
+  // Encrypted links (uvbus/tls.h) and etcd over https: the connection is closed.
   tls_handshake_failed,    // the TLS handshake failed (no common version or suite, wrong PSK, ...)
   peer_not_authenticated,  // a certificate was refused: by us (CA, expiry, name) or by the peer
 };

@@ -65,6 +65,7 @@ errc validate(const discovery_config& cfg, std::string* detail) {
   if (cfg.max_entries == 0) return bad("max_entries must be > 0");
   if (cfg.max_response_bytes < 4096) return bad("max_response_bytes must be at least 4096");
   if (cfg.max_entry_bytes < 256) return bad("max_entry_bytes must be at least 256");
+  if (std::string why = detail::tls_problem(cfg); !why.empty()) return bad(why);
   return errc::ok;
 }
 
@@ -260,7 +261,9 @@ errc etcd_discovery::start(const directory_entry& self) {
   d.self.parent = 0;
   d.registering = self.id != 0;
   d.nodes_prefix = d.cfg.prefix + "/nodes/";
-  d.http = std::make_unique<detail::etcd_client>(d.loop, d.cfg.max_response_bytes);
+  d.http = std::make_unique<detail::etcd_client>(
+      d.loop, d.cfg.max_response_bytes,
+      detail::etcd_tls{d.cfg.tls_ca_file, d.cfg.tls_cert_file, d.cfg.tls_key_file});
   d.begin_session();
   return errc::ok;
 }

@@ -19,6 +19,13 @@
 
 namespace uvbus {
 
+namespace detail {
+// What is wrong with cfg's TLS settings ("" when nothing): a plain http:// endpoint beside them, a
+// certificate without its key, a file that cannot be read or parsed, a key of another certificate
+// (etcd_tls.cpp).
+std::string tls_problem(const discovery_config& cfg);
+}  // namespace detail
+
 struct etcd_discovery::impl {
   enum class phase : uint8_t { idle, granting, putting, ranging, watching, backoff, stopped };
   enum log_kind : size_t { kMalformed, kFailure, kFull, kInfo };

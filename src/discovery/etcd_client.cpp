@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 namespace uvbus::detail {
 
@@ -86,6 +87,13 @@ errc errc_of(CURLcode c) {
       return errc::connection_reset;
     case CURLE_OUT_OF_MEMORY:
       return errc::no_memory;
+    case CURLE_PEER_FAILED_VERIFICATION:  // etcd's certificate: unknown CA, expired, another name
+      return errc::peer_not_authenticated;
+    case CURLE_SSL_CONNECT_ERROR:
+      return errc::tls_handshake_failed;
+    case CURLE_SSL_CERTPROBLEM:  // our certificate or key could not be used
+    case CURLE_SSL_CACERT_BADFILE:
+      return errc::invalid_argument;
     default:
       return errc::io_error;
   }
@@ -122,8 +130,8 @@ size_t write_cb(char* data, size_t size, size_t n, void* userp) {
 }
 }  // namespace
 
-etcd_client::etcd_client(uv_loop_t* loop, size_t max_body)
-    : loop_(loop), max_body_(max_body), life_(std::make_shared<char>(0)) {
+etcd_client::etcd_client(uv_loop_t* loop, size_t max_body, etcd_tls tls)
+    : loop_(loop), max_body_(max_body), tls_(std::move(tls)), life_(std::make_shared<char>(0)) {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   CURLM* m = curl_multi_init();
@@ -194,6 +202,17 @@ uint64_t etcd_client::add(const std::string& url, std::string body, uint32_t tim
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(connect_timeout_ms));
   if (timeout_ms > 0) curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
   if (r->streaming) curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+  // etcd's certificate and host name are verified (curl's defaults, stated); the files are read
+  // at each new connection.
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!tls_.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, tls_.ca_file.c_str());
+  if (!tls_.cert_file.empty()) {
+    curl_easy_setopt(e, CURLOPT_SSLCERT, tls_.cert_file.c_str());
+    curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
+    curl_easy_setopt(e, CURLOPT_SSLKEY, tls_.key_file.c_str());
+    curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
+  }
   if (curl_multi_add_handle(multi_of(multi_), e) != CURLM_OK) return 0;
   const uint64_t id = r->id;
   reqs_.emplace(id, std::move(r));

@@ -25,6 +25,13 @@ struct http_result {
   std::string detail;    // curl's error text when code != ok
 };
 
+// TLS settings for https:// URLs (discovery_config's tls_* files; empty: curl's defaults).
+struct etcd_tls {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+};
+
 class etcd_client {
  public:
   using done_fn = std::function<void(http_result& r)>;
@@ -32,7 +39,7 @@ class etcd_client {
   using line_fn = std::function<void(std::string_view line)>;
 
   // max_body: a unary body or one stream line above it fails the request (errc::oversize).
-  etcd_client(uv_loop_t* loop, size_t max_body);
+  etcd_client(uv_loop_t* loop, size_t max_body, etcd_tls tls = {});
   // Cancels every request without callbacks; the poll/timer handles close on the next loop turn.
   ~etcd_client();
   etcd_client(const etcd_client&) = delete;
@@ -65,6 +72,7 @@ class etcd_client {
 
   uv_loop_t* loop_;
   size_t max_body_;
+  etcd_tls tls_;
   void* multi_ = nullptr;  // CURLM*
   void* timer_ = nullptr;  // uv_timer_t*, freed by its close callback
   uint64_t next_id_ = 1;

@@ -71,9 +71,9 @@ class discovery_fixture : public ::testing::Test {
     uv_run(&loop_, UV_RUN_NOWAIT);
     EXPECT_EQ(uv_loop_close(&loop_), 0);
   }
-  // Starts an etcd of n members and waits until each is healthy.
-  void start_etcd(size_t n) {
-    etcd_ = std::make_unique<etcd_cluster>(n);
+  // Starts an etcd of n members (serving TLS with tls) and waits until each is healthy.
+  void start_etcd(size_t n, const etcd_tls_files* tls = nullptr) {
+    etcd_ = std::make_unique<etcd_cluster>(n, tls);
     ASSERT_TRUE(etcd_->ok());
     ASSERT_TRUE(etcd_->start());
     ASSERT_TRUE(etcd_->wait_healthy(&loop_, std::chrono::seconds(30))) << "etcd: " << etcd_->dir();

@@ -48,8 +48,19 @@ inline std::vector<int> free_ports(size_t n) {
   return ports;
 }
 
+// TLS for an etcd_cluster's client port: etcd's certificate and key, the CA it trusts for client
+// certificates (which it then requires), and the client pair the fixture's own requests use.
+struct etcd_tls_files {
+  std::string ca;
+  std::string server_cert;
+  std::string server_key;
+  std::string client_cert;
+  std::string client_key;
+};
+
 // One blocking HTTP request (test set-up only): the body, or "" on any failure.
-inline std::string http_post(const std::string& url, const std::string& body, long* status) {
+inline std::string http_post(const std::string& url, const std::string& body, long* status,
+                             const etcd_tls_files* tls = nullptr) {
   std::string out;
   CURL* e = curl_easy_init();
   if (e == nullptr) return out;
@@ -59,6 +70,13 @@ inline std::string http_post(const std::string& url, const std::string& body, lo
   if (!body.empty()) curl_easy_setopt(e, CURLOPT_POSTFIELDS, body.c_str());
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 1000L);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  if (tls != nullptr) {
+    curl_easy_setopt(e, CURLOPT_CAINFO, tls->ca.c_str());
+    curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);  // set-up only: a test's etcd may use a
+                                                      // certificate for another host on purpose
+    curl_easy_setopt(e, CURLOPT_SSLCERT, tls->client_cert.c_str());
+    curl_easy_setopt(e, CURLOPT_SSLKEY, tls->client_key.c_str());
+  }
   curl_easy_setopt(
       e, CURLOPT_WRITEFUNCTION, +[](char* d, size_t s, size_t n, void* u) {
         static_cast<std::string*>(u)->append(d, s * n);
@@ -82,7 +100,9 @@ class etcd_cluster {
     pid_t pid = -1;
   };
 
-  explicit etcd_cluster(size_t n) {
+  // tls: the members serve their client port over TLS and require client certificates.
+  explicit etcd_cluster(size_t n, const etcd_tls_files* tls = nullptr)
+      : tls_(tls != nullptr ? *tls : etcd_tls_files{}), has_tls_(tls != nullptr) {
     char tmpl[] = "/tmp/uvbus-etcd-XXXXXX";
     const char* d = mkdtemp(tmpl);
     dir_ = d != nullptr ? d : "";
@@ -112,7 +132,8 @@ class etcd_cluster {
   }
   [[nodiscard]] size_t size() const { return members_.size(); }
   [[nodiscard]] std::string endpoint(size_t i) const {
-    return "http://127.0.0.1:" + std::to_string(members_[i].client_port);
+    return (has_tls_ ? "https" : "http") + std::string("://127.0.0.1:") +
+           std::to_string(members_[i].client_port);
   }
   [[nodiscard]] std::vector<std::string> endpoints() const {
     std::vector<std::string> out;
@@ -131,19 +152,25 @@ class etcd_cluster {
       cluster += m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
     }
     const member& m = members_[i];
-    const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
+    const std::string client = endpoint(i);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    const std::vector<std::string> args = {"/usr/bin/etcd",
-                                           "--name=" + m.name,
-                                           "--data-dir=" + dir_ + "/" + m.name,
-                                           "--listen-client-urls=" + client,
-                                           "--advertise-client-urls=" + client,
-                                           "--listen-peer-urls=" + peer,
-                                           "--initial-advertise-peer-urls=" + peer,
-                                           "--initial-cluster=" + cluster,
-                                           "--initial-cluster-token=uvbus-test",
-                                           "--initial-cluster-state=new",
-                                           "--log-level=error"};
+    std::vector<std::string> args = {"/usr/bin/etcd",
+                                     "--name=" + m.name,
+                                     "--data-dir=" + dir_ + "/" + m.name,
+                                     "--listen-client-urls=" + client,
+                                     "--advertise-client-urls=" + client,
+                                     "--listen-peer-urls=" + peer,
+                                     "--initial-advertise-peer-urls=" + peer,
+                                     "--initial-cluster=" + cluster,
+                                     "--initial-cluster-token=uvbus-test",
+                                     "--initial-cluster-state=new",
+                                     "--log-level=error"};
+    if (has_tls_) {
+      args.push_back("--cert-file=" + tls_.server_cert);
+      args.push_back("--key-file=" + tls_.server_key);
+      args.push_back("--trusted-ca-file=" + tls_.ca);
+      args.push_back("--client-cert-auth");
+    }
     const std::string log = dir_ + "/" + m.name + ".log";
     const pid_t pid = fork();
     if (pid < 0) return false;
@@ -179,7 +206,7 @@ class etcd_cluster {
 
   [[nodiscard]] bool healthy(size_t i) const {
     if (members_[i].pid <= 0) return false;
-    const std::string b = http_post(endpoint(i) + "/health", "", nullptr);
+    const std::string b = http_post(endpoint(i) + "/health", "", nullptr, tls());
     return b.find("\"health\":\"true\"") != std::string::npos;
   }
   // Runs the loop until every running member is healthy (checked every 50 ms) or the deadline.
@@ -202,7 +229,7 @@ class etcd_cluster {
   [[nodiscard]] size_t leader() const {
     for (size_t i = 0; i < members_.size(); ++i) {
       if (!running(i)) continue;
-      const std::string b = http_post(endpoint(i) + "/v3/maintenance/status", "{}", nullptr);
+      const std::string b = http_post(endpoint(i) + "/v3/maintenance/status", "{}", nullptr, tls());
       const auto id_at = b.find("\"member_id\":\"");
       const auto lead_at = b.find("\"leader\":\"");
       if (id_at == std::string::npos || lead_at == std::string::npos) continue;
@@ -213,8 +240,11 @@ class etcd_cluster {
     return members_.size();
   }
   [[nodiscard]] const std::string& dir() const { return dir_; }
+  [[nodiscard]] const etcd_tls_files* tls() const { return has_tls_ ? &tls_ : nullptr; }
 
  private:
+  etcd_tls_files tls_;
+  bool has_tls_ = false;
   std::string dir_;
   std::vector<member> members_;
 };

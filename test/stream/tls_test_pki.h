@@ -1,6 +1,6 @@
 // Test certificates made at runtime with OpenSSL (no committed keys): a CA, server and client
-// certificates, an expired one, one for the wrong name and one from a rogue CA, as PEM files in a
-// temporary directory that is removed afterwards.
+// certificates (one server's for 127.0.0.1), an expired one, one for the wrong name and one from a
+// rogue CA, as PEM files in a temporary directory that is removed afterwards.
 #pragma once
 
 #include <openssl/evp.h>
@@ -32,6 +32,7 @@ class test_pki {
     ca_file = save(ca, ca_key, "ca").cert;
     server = issue("server.test", "server.test", ca, ca_key, -3600, 86400, "server");
     client = issue("node-42", "client.test", ca, ca_key, -3600, 86400, "client");
+    loopback = issue("localhost", "IP:127.0.0.1", ca, ca_key, -3600, 86400, "loopback");
     expired = issue("node-42", "client.test", ca, ca_key, -172800, -86400, "expired");
     wrong_name = issue("mallory", "mallory.test", ca, ca_key, -3600, 86400, "wrong-name");
     EVP_PKEY* rogue_key = EVP_EC_gen("P-256");
@@ -50,7 +51,8 @@ class test_pki {
   test_pki& operator=(const test_pki&) = delete;
 
   std::string ca_file;
-  pair server, client, expired, wrong_name, rogue_client;
+  // loopback: a server certificate for 127.0.0.1 (an IP subjectAltName), as etcd's in the tests.
+  pair server, client, expired, wrong_name, rogue_client, loopback;
 
  private:
   static X509* make(const char* cn, const char* dns, EVP_PKEY* key, X509* issuer,
@@ -72,7 +74,11 @@ class test_pki {
     add_ext(x, &v3, NID_basic_constraints, ca ? "critical,CA:TRUE" : "CA:FALSE");
     if (ca) add_ext(x, &v3, NID_key_usage, "critical,keyCertSign,cRLSign");
     add_ext(x, &v3, NID_subject_key_identifier, "hash");
-    if (dns[0] != '\0') add_ext(x, &v3, NID_subject_alt_name, (std::string("DNS:") + dns).c_str());
+    if (dns[0] != '\0') {  // a host name, or "IP:<address>" as given
+      const std::string san =
+          std::string(dns).rfind("IP:", 0) == 0 ? dns : std::string("DNS:") + dns;
+      add_ext(x, &v3, NID_subject_alt_name, san.c_str());
+    }
     X509_sign(x, issuer_key != nullptr ? issuer_key : key, EVP_sha256());
     return x;
   }
