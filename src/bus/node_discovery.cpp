@@ -7,6 +7,25 @@
 
 namespace uvbus {
 
+namespace {
+
+// Whether c may be the parent by cfg's rule: of discovery_parent_type, with every
+// discovery_parent_label and a stream listen URL (its stream URLs are then in *urls).
+bool parent_candidate(const node_config& cfg, bus_id self, const directory_entry& c,
+                      std::vector<std::string>* urls) {
+  if (c.id == self || c.type != cfg.discovery_parent_type ||
+      !c.has_labels(cfg.discovery_parent_labels)) {
+    return false;
+  }
+  urls->clear();
+  for (const std::string& u : c.listen) {
+    if (u.rfind("shm://", 0) != 0 && urls->size() < proto::kMaxListen) urls->push_back(u);
+  }
+  return !urls->empty();
+}
+
+}  // namespace
+
 void node::impl::disc_start() {
   if (cfg.discovery.etcd_endpoints.empty()) return;
   discovery_callbacks cb;
@@ -69,7 +88,14 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     it->second.e = e;
     fire(cbs.on_directory, directory_event::changed, it->second.e);
   }
-  if (!dead && disc_rule) disc_pick_parent();
+  if (dead || !disc_rule) return;
+  disc_pick_parent();
+  std::vector<std::string> urls;
+  if (!dead && e.id == disc_parent && !parent_candidate(cfg, self, e, &urls)) {
+    log(log_level::info,
+        "discovery: parent 0x%" PRIx64 " no longer matches the rule, and no other node does: kept",
+        e.id);
+  }
 }
 
 bool node::impl::disc_keep(dir_item& item) {
@@ -87,29 +113,35 @@ bool node::impl::disc_keep(dir_item& item) {
 // listen URL is the parent: its stream URLs are parent_urls from then on. Every node applying the
 // rule to the same directory chooses the same parent, so a lower-id candidate appearing later
 // (a gateway that started late, or came back) takes the children over: otherwise nodes that chose
-// while the directory was still filling would split the bus into two trees. The current parent
-// link is closed (its flows resume through the new parent; nothing is lost).
+// while the directory was still filling would split the bus into two trees. A parent whose entry
+// no longer matches the rule (it came back with other labels or another type) gives way to the
+// lowest-id candidate that does, if any. The current parent link is closed (its flows resume
+// through the new parent; nothing is lost).
 void node::impl::disc_pick_parent() {
+  std::vector<std::string> urls;
+  directory_entry cur;
+  const bool found = disc_parent != 0 && disc->lookup(disc_parent, &cur);
+  const bool stale = found && !parent_candidate(cfg, self, cur, &urls);
+  if (found && !stale && urls != cfg.parent_urls) {  // it came back at other URLs
+    cfg.parent_urls = urls;
+    parent_index = 0;
+    log(log_level::info, "discovery: parent 0x%" PRIx64 " now listens at %s", disc_parent,
+        cfg.parent_urls.front().c_str());
+  }
   for (const directory_entry& c : disc->directory()) {
-    if (disc_parent != 0 && c.id >= disc_parent) return;  // the current one is still the best
-    if (c.id == self || c.type != cfg.discovery_parent_type ||
-        !c.has_labels(cfg.discovery_parent_labels)) {
-      continue;
-    }
-    std::vector<std::string> urls;
-    for (const std::string& u : c.listen) {
-      if (u.rfind("shm://", 0) != 0 && urls.size() < proto::kMaxListen) urls.push_back(u);
-    }
-    if (urls.empty()) continue;
+    if (disc_parent != 0 && !stale && c.id >= disc_parent) return;  // still the best
+    if (c.id == disc_parent || !parent_candidate(cfg, self, c, &urls)) continue;
     const bus_id before = disc_parent;
     disc_parent_wanted = false;
     disc_parent = c.id;
     cfg.parent_urls = std::move(urls);
     parent_index = 0;
     reconnect_attempt = 0;
+    const char* why = before == 0 ? ""
+                      : stale     ? " (the current parent no longer matches the rule)"
+                                  : " (a lower id than the current parent)";
     log(log_level::info, "discovery: parent 0x%" PRIx64 " (%s, type %s) chosen at %s%s", c.id,
-        c.name.c_str(), c.type.c_str(), cfg.parent_urls.front().c_str(),
-        before != 0 ? " (a lower id than the current parent)" : "");
+        c.name.c_str(), c.type.c_str(), cfg.parent_urls.front().c_str(), why);
     if (reconnect_armed) {
       uv_timer_stop(&h->reconnect);
       reconnect_armed = false;

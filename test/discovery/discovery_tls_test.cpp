@@ -121,8 +121,7 @@ TEST_F(DiscoveryTls, BadSettingsAreRefusedNamingTheField) {
   EXPECT_NE(refusal(bad).find("not the key of tls_cert_file"), std::string::npos) << refusal(bad);
   bad = c;
   bad.tls_key_file = pki_.client.cert;  // a certificate, no key
-  EXPECT_NE(refusal(bad).find("no unencrypted PEM private key"), std::string::npos)
-      << refusal(bad);
+  EXPECT_NE(refusal(bad).find("no unencrypted PEM private key"), std::string::npos) << refusal(bad);
   bad = c;
   bad.etcd_endpoints = {"https://127.0.0.1:2379", "http://127.0.0.1:2380"};
   EXPECT_NE(refusal(bad).find("etcd_endpoints[1] \"http://127.0.0.1:2380\": not https://"),

@@ -4,7 +4,8 @@
 // entry left out of a full directory is taken in once room frees, a bad discovery config is
 // refused naming the field, and a node picks its parent by type and labels from the directory,
 // registers to it and exchanges data, chooses again when that parent crashes (its lease expires)
-// without losing what was sent meanwhile, and follows a lower id;
+// without losing what was sent meanwhile, follows a lower id, and leaves a parent whose entry no
+// longer matches for one that does;
 // nodes in no common tree reach each other over direct links dialled from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge.
 #include <functional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "discovery/discovery_harness.h"
+#include "discovery/etcd_codec.h"
 #include "uvbus/node.h"
 
 namespace uvbus {
@@ -256,6 +258,80 @@ TEST_F(NodeDiscoveryTest, ACrashedParentIsReplacedByTheNextLiveOne) {
   EXPECT_EQ(again->data[0], "back");
   EXPECT_EQ(lg->reports[1], errc::ok);
   EXPECT_EQ(gw2->data.size(), 1U);
+}
+
+// The chosen parent's entry changes so that it no longer matches the rule (written over in etcd,
+// as a gateway restarted with other labels would be): with no other candidate the child keeps it
+// and says so; once a matching gateway appears the child moves there, and data flows through it.
+TEST_F(NodeDiscoveryTest, AParentThatNoLongerMatchesGivesWayToOneThatDoes) {
+  start_etcd(1);
+  node_config g = base("gw-1", "gateway", {{"zone", "a"}});
+  g.subnets = {{0x1000, 8}};
+  make_node(0x100, g);
+  node_config lc = base("logic-1", "logic");
+  lc.discovery_parent_type = "gateway";
+  lc.discovery_parent_labels = {{"zone", "a"}};
+  watched_node* lg = make_node(0x1001, lc);
+  std::vector<std::string> logs;
+  lg->on_log = [&logs](const std::string& m) { logs.push_back(m); };
+  endpoint_info p;
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+
+  directory_entry moved;
+  ASSERT_TRUE(lg->n->lookup(0x100, &moved));
+  moved.labels = {{"zone", "b"}};
+  long status = 0;
+  (void)test::http_post(etcd_->endpoint(0) + "/v3/kv/put",
+                        detail::etcd::put_request("/uvbus-test/nodes/0000000000000100",
+                                                  detail::etcd::encode_entry(moved), 0),
+                        &status);
+  ASSERT_EQ(status, 200);
+  const auto said = [&](const std::string& what) {
+    for (const std::string& l : logs) {
+      if (l.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait([&] { return said("parent 0x100 no longer matches the rule"); }));
+  EXPECT_TRUE(lg->n->up());
+  EXPECT_TRUE(lg->n->peer(0x100, &p));
+
+  g.name = "gw-2";
+  watched_node* gw2 = make_node(0x200, g);
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x200, &p); }));
+  EXPECT_EQ(p.role, peer_role::parent);
+  EXPECT_FALSE(lg->n->peer(0x100, &p));
+  EXPECT_TRUE(said("(the current parent no longer matches the rule)"));
+  ASSERT_EQ(lg->n->send_data(0x200, 7, "moved", 5), errc::ok);
+  ASSERT_TRUE(wait([&] { return gw2->data.size() == 1 && lg->reports.size() == 1; }));
+  EXPECT_EQ(gw2->data[0], "moved");
+  EXPECT_EQ(lg->reports[0], errc::ok);
+}
+
+// The parent crashes and comes back at once on another port (its new registration replaces the
+// entry before the old lease expires, so the entry never leaves): the child dials the new URLs
+// instead of the dead ones, and the message sent meanwhile arrives.
+TEST_F(NodeDiscoveryTest, AParentBackAtOtherUrlsIsDialledThere) {
+  start_etcd(1);
+  node_config g = base("gw-1", "gateway");
+  g.subnets = {{0x1000, 8}};
+  watched_node* gw = make_node(0x100, g);
+  node_config lc = base("logic-1", "logic");
+  lc.discovery_parent_type = "gateway";
+  watched_node* lg = make_node(0x1001, lc);
+  endpoint_info p;
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+  const std::vector<std::string> old_urls = gw->n->listen_urls();
+
+  gw->n.reset();  // a crash: no revoke
+  ASSERT_TRUE(wait([&] { return !lg->n->up(); }));
+  ASSERT_EQ(lg->n->send_data(0x100, 7, "meanwhile", 9), errc::ok);
+  watched_node* back = make_node(0x100, g);  // port 0: another port
+  ASSERT_NE(back->n->listen_urls(), old_urls);
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+  ASSERT_TRUE(wait([&] { return back->data.size() == 1 && lg->reports.size() == 1; }));
+  EXPECT_EQ(back->data[0], "meanwhile");
+  EXPECT_EQ(lg->reports[0], errc::ok);
 }
 
 // A 3-member etcd loses its leader while two logic nodes exchange 2000 end-to-end messages through
