@@ -46,6 +46,12 @@ struct discovery_config {
   std::string tls_ca_file;    // CA bundle etcd's certificate must chain to; empty: the system's
   std::string tls_cert_file;  // this client's certificate, for etcd's --client-cert-auth
   std::string tls_key_file;   // its private key, unencrypted; set with tls_cert_file or not at all
+  // etcd's own authentication (`etcdctl auth enable`): each session first authenticates as this
+  // user and every request carries the token etcd gives; a token etcd no longer accepts fails the
+  // session, and the next one authenticates again. Empty: no authentication. Over http:// the
+  // password travels in clear: use https:// endpoints.
+  std::string etcd_username;
+  std::string etcd_password;
   // Key prefix, without a trailing '/'. Entries live under <prefix>/nodes/<16 hex digits>.
   std::string prefix = "/uvbus";
   // Lease TTL in seconds (2..3600); keep-alive every ttl_s/3. A node that dies leaves every

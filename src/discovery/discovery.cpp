@@ -66,6 +66,12 @@ errc validate(const discovery_config& cfg, std::string* detail) {
   if (cfg.max_response_bytes < 4096) return bad("max_response_bytes must be at least 4096");
   if (cfg.max_entry_bytes < 256) return bad("max_entry_bytes must be at least 256");
   if (std::string why = detail::tls_problem(cfg); !why.empty()) return bad(why);
+  if (cfg.etcd_username.empty() && !cfg.etcd_password.empty()) {
+    return bad("etcd_password is set without etcd_username");
+  }
+  if (cfg.etcd_username.size() > 256 || cfg.etcd_password.size() > 1024) {
+    return bad("etcd_username (at most 256 bytes) or etcd_password (at most 1024) is too long");
+  }
   return errc::ok;
 }
 

@@ -27,7 +27,16 @@ std::string tls_problem(const discovery_config& cfg);
 }  // namespace detail
 
 struct etcd_discovery::impl {
-  enum class phase : uint8_t { idle, granting, putting, ranging, watching, backoff, stopped };
+  enum class phase : uint8_t {
+    idle,
+    authenticating,
+    granting,
+    putting,
+    ranging,
+    watching,
+    backoff,
+    stopped
+  };
   enum log_kind : size_t { kMalformed, kFailure, kFull, kInfo };
 
   uv_loop_t* loop;
@@ -79,6 +88,8 @@ struct etcd_discovery::impl {
   // ------------------------------------------------------------ discovery_session.cpp --
   [[nodiscard]] std::string url(const char* path) const;
   void begin_session();
+  void authenticate();  // etcd_username set: the session's first request
+  void after_auth();    // grant (registering) or range (watch only)
   void grant();
   void put_self();
   void range();

@@ -66,11 +66,38 @@ void etcd_discovery::impl::fail(const std::string& why) {
 }
 
 void etcd_discovery::impl::begin_session() {
+  if (!cfg.etcd_username.empty()) return authenticate();
+  after_auth();
+}
+
+void etcd_discovery::impl::after_auth() {
   if (registering) {
     grant();
   } else {
     range();
   }
+}
+
+// A new token for every session: one etcd stopped accepting (expired, or auth re-enabled) failed
+// the session that used it.
+void etcd_discovery::impl::authenticate() {
+  ph = phase::authenticating;
+  http->set_token({});
+  const std::string what = "authenticate as \"" + cfg.etcd_username + "\": ";
+  req = http->post(url("/v3/auth/authenticate"),
+                   etcd::authenticate_request(cfg.etcd_username, cfg.etcd_password),
+                   cfg.request_timeout_ms, [this, what](http_result& r) {
+                     req = 0;
+                     std::string why = failure_of(r);
+                     std::string token;
+                     if (why.empty() && !etcd::parse_authenticate(r.body, &token, &why)) {
+                       why = "bad body: " + why;
+                     }
+                     if (!why.empty()) return fail(what + why);
+                     http->set_token(std::move(token));
+                     after_auth();
+                   });
+  if (req == 0) fail(what + "the HTTP client refused the request");
 }
 
 void etcd_discovery::impl::grant() {

@@ -188,6 +188,8 @@ uint64_t etcd_client::add(const std::string& url, std::string body, uint32_t tim
   CURL* e = r->easy;
   r->headers = curl_slist_append(nullptr, "Content-Type: application/json");
   r->headers = curl_slist_append(r->headers, "Expect:");
+  if (!token_.empty())
+    r->headers = curl_slist_append(r->headers, ("Authorization: " + token_).c_str());
   curl_easy_setopt(e, CURLOPT_URL, url.c_str());
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "uvbus/error.h"
@@ -55,6 +56,9 @@ class etcd_client {
   // Drops a request: no callback runs for it afterwards. Unknown ids are ignored.
   void cancel(uint64_t id);
   [[nodiscard]] size_t active() const { return reqs_.size(); }
+  // etcd's auth token, sent as the Authorization header of every request added from now on
+  // (empty: none).
+  void set_token(std::string token) { token_ = std::move(token); }
 
   // Internals, public for the C callbacks of etcd_client.cpp.
   struct request;
@@ -73,6 +77,7 @@ class etcd_client {
   uv_loop_t* loop_;
   size_t max_body_;
   etcd_tls tls_;
+  std::string token_;
   void* multi_ = nullptr;  // CURLM*
   void* timer_ = nullptr;  // uv_timer_t*, freed by its close callback
   uint64_t next_id_ = 1;

@@ -440,6 +440,29 @@ bool parse_ok(std::string_view body, std::string* why) {
   return true;
 }
 
+bool parse_authenticate(std::string_view body, std::string* token, std::string* why) {
+  const json j = parse_json(body);
+  if (!check_object(j, why)) return false;
+  const auto t = j.find("token");
+  if (t == j.end() || !t->is_string() || t->get_ref<const std::string&>().empty()) {
+    *why = "no token in the answer";
+    return false;
+  }
+  const auto& v = t->get_ref<const std::string&>();
+  if (v.size() > 4096) {
+    *why = "a token of " + std::to_string(v.size()) + " bytes (at most 4096)";
+    return false;
+  }
+  for (const char c : v) {
+    if (c <= 0x20 || c >= 0x7f) {
+      *why = "a token with a byte that cannot go into a header";
+      return false;
+    }
+  }
+  *token = v;
+  return true;
+}
+
 std::string range_request(std::string_view prefix_key) {
   json j;
   j["key"] = base64_encode(prefix_key);
@@ -483,6 +506,13 @@ std::string lease_id_request(int64_t id) {
   json j;
   j["ID"] = std::to_string(id);
   return j.dump();
+}
+
+std::string authenticate_request(std::string_view name, std::string_view password) {
+  json j;
+  j["name"] = std::string(name);
+  j["password"] = std::string(password);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace uvbus::detail::etcd

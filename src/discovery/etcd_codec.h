@@ -70,6 +70,9 @@ bool parse_lease_grant(std::string_view body, lease_reply* out, std::string* why
 bool parse_keepalive(std::string_view body, lease_reply* out, std::string* why);
 // A put/deleterange/revoke answer: true when it carries a header (success).
 bool parse_ok(std::string_view body, std::string* why);
+// An /v3/auth/authenticate answer: its non-empty token (at most 4096 bytes, printable ASCII: it
+// goes into a header line).
+bool parse_authenticate(std::string_view body, std::string* token, std::string* why);
 
 // Request bodies.
 std::string range_request(std::string_view prefix_key);
@@ -79,5 +82,6 @@ std::string watch_request(std::string_view prefix_key, int64_t start_revision);
 std::string put_request(std::string_view key, std::string_view value, int64_t lease);
 std::string grant_request(int64_t ttl_s);
 std::string lease_id_request(int64_t id);  // keep-alive, revoke
+std::string authenticate_request(std::string_view name, std::string_view password);
 
 }  // namespace uvbus::detail::etcd

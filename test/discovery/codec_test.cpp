@@ -1,5 +1,6 @@
 // The discovery codec: base64 vectors, keys, the entry's JSON value (round trip, every malformed
-// shape refused with the field named), and the gateway's responses (range, watch, lease).
+// shape refused with the field named), and the gateway's responses (range, watch, lease,
+// authenticate).
 #include <gtest/gtest.h>
 
 #include "discovery/discovery_harness.h"
@@ -155,6 +156,32 @@ TEST(DiscoveryCodec, GatewayResponses) {
   ASSERT_TRUE(etcd::parse_keepalive(R"({"result":{"header":{},"ID":"123"}})", &lr, &why));
   EXPECT_EQ(lr.ttl, 0);  // the lease is gone
   EXPECT_FALSE(etcd::parse_keepalive(R"({"result":{"ID":"12x"}})", &lr, &why));
+}
+
+TEST(DiscoveryCodec, AuthenticateRequestAndAnswer) {
+  EXPECT_EQ(etcd::authenticate_request("uvbus", "p\"w"), R"({"name":"uvbus","password":"p\"w"})");
+  std::string token;
+  std::string why;
+  ASSERT_TRUE(etcd::parse_authenticate(R"({"header":{},"token":"abc.42"})", &token, &why)) << why;
+  EXPECT_EQ(token, "abc.42");
+  const auto refused = [](const std::string& body) {
+    std::string t = "kept";
+    std::string w;
+    const bool ok = etcd::parse_authenticate(body, &t, &w);
+    EXPECT_EQ(t, "kept") << body;  // untouched on failure
+    return ok ? std::string("accepted") : w;
+  };
+  EXPECT_EQ(refused(R"({"header":{}})"), "no token in the answer");
+  EXPECT_EQ(refused(R"({"token":""})"), "no token in the answer");
+  EXPECT_EQ(refused(R"({"token":7})"), "no token in the answer");
+  EXPECT_EQ(refused(R"({"token":"a b"})"), "a token with a byte that cannot go into a header");
+  EXPECT_EQ(refused(R"({"token":"a\r\nX-Evil: 1"})"),
+            "a token with a byte that cannot go into a header");
+  EXPECT_EQ(refused(R"({"token":")" + std::string(4097, 'a') + R"("})"),
+            "a token of 4097 bytes (at most 4096)");
+  EXPECT_EQ(refused(R"({"error":"etcdserver: authentication failed","code":3})"),
+            "etcd: etcdserver: authentication failed");
+  EXPECT_EQ(refused("[1]"), "not a JSON object");
 }
 
 }  // namespace

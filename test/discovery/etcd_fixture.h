@@ -59,12 +59,14 @@ struct etcd_tls_files {
 };
 
 // One blocking HTTP request (test set-up only): the body, or "" on any failure.
+// token: etcd's auth token, sent as the Authorization header.
 inline std::string http_post(const std::string& url, const std::string& body, long* status,
-                             const etcd_tls_files* tls = nullptr) {
+                             const etcd_tls_files* tls = nullptr, const std::string& token = "") {
   std::string out;
   CURL* e = curl_easy_init();
   if (e == nullptr) return out;
   curl_slist* h = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (!token.empty()) h = curl_slist_append(h, ("Authorization: " + token).c_str());
   curl_easy_setopt(e, CURLOPT_URL, url.c_str());
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
   if (!body.empty()) curl_easy_setopt(e, CURLOPT_POSTFIELDS, body.c_str());

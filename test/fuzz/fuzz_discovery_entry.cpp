@@ -1,10 +1,12 @@
 // Fuzzes discovery's decoders (src/discovery/etcd_codec.h): a directory entry's JSON value as
-// another writer of the etcd prefix may leave it, the gateway's range / watch / lease bodies,
-// base64 and node keys; the first input byte chooses which. None of them may throw or crash.
+// another writer of the etcd prefix may leave it, the gateway's range / watch / lease /
+// authenticate bodies, base64 and node keys; the first input byte chooses which. None of them may
+// throw or crash.
 //
 // Invariants: a decoded entry keeps the documented limits (texts <= kMaxText, <= kMaxLabels
 // labels with non-empty keys, <= kMaxUrls URLs, a non-zero id) and survives encode -> decode
-// unchanged; base64 that decodes re-encodes to the same text; a parsed key re-forms to itself.
+// unchanged; base64 that decodes re-encodes to the same text; a parsed key re-forms to itself; an
+// accepted auth token holds no byte that could break its header line.
 #include <string>
 #include <string_view>
 
@@ -74,6 +76,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)etcd::parse_lease_grant(in, &l, &why);
       (void)etcd::parse_keepalive(in, &l, &why);
       (void)etcd::parse_ok(in, &why);
+      std::string token;
+      if (etcd::parse_authenticate(in, &token, &why)) {
+        // It goes into a header line: never a control byte, a space or a line break.
+        for (const char c : token) {
+          if (c <= 0x20 || c >= 0x7f) __builtin_trap();
+        }
+      }
       break;
     }
     case 4:
