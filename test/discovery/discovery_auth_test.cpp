@@ -57,12 +57,8 @@ class DiscoveryAuth : public test::discovery_fixture {
 
 TEST_F(DiscoveryAuth, RegistersAndWatchesAsAUserWithAPassword) {
   start_with_auth();
-  disc_instance* a = make(test_entry(0x10), auth_config());
-  disc_instance* b = make(test_entry(0x20), auth_config());
-  const std::set<bus_id> both = {0x10, 0x20};
-  ASSERT_TRUE(wait([&] { return a->ids() == both && b->ids() == both && a->d->connected(); }))
-      << a->d->last_error().detail;
-  EXPECT_EQ(a->d->stats().failures, 0U);
+  const auto [a, b] = make_two(auth_config());
+  ASSERT_FALSE(HasFailure());
   // The watch and the keep-alives go on with the token: nothing leaves over 1.5 TTL.
   run_for(std::chrono::milliseconds(3000));
   EXPECT_EQ(b->count(directory_event::removed, 0x10), 0U);
@@ -73,9 +69,8 @@ TEST_F(DiscoveryAuth, AWrongPasswordOrNoneNeverGetsASession) {
   start_with_auth();
   disc_instance* wrong = make(test_entry(0x10), auth_config("guess"));
   disc_instance* none = make(test_entry(0x20), config());
-  ASSERT_TRUE(wait([&] {
-    return wrong->d->stats().failures >= 2 && none->d->stats().failures >= 2;
-  }));
+  ASSERT_TRUE(
+      wait([&] { return wrong->d->stats().failures >= 2 && none->d->stats().failures >= 2; }));
   for (disc_instance* in : {wrong, none}) {
     EXPECT_EQ(in->ups, 0);
     EXPECT_EQ(in->d->stats().registrations, 0U);

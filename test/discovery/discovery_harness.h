@@ -102,6 +102,17 @@ class discovery_fixture : public ::testing::Test {
     EXPECT_EQ(in->d->start(self), errc::ok) << in->d->last_error().detail;
     return in;
   }
+  // Two instances, 0x10 and 0x20, registered with c: runs until both see both and the first is
+  // connected, which it must be without a failure.
+  std::pair<disc_instance*, disc_instance*> make_two(const discovery_config& c) {
+    disc_instance* a = make(test_entry(0x10), c);
+    disc_instance* b = make(test_entry(0x20), c);
+    const std::set<bus_id> both = {0x10, 0x20};
+    EXPECT_TRUE(wait([&] { return a->ids() == both && b->ids() == both && a->d->connected(); }))
+        << a->d->last_error().detail;
+    EXPECT_EQ(a->d->stats().failures, 0U);
+    return {a, b};
+  }
   template <class Pred>
   bool wait(Pred&& p, std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
     return run_until(&loop_, std::forward<Pred>(p), deadline);

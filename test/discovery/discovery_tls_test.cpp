@@ -48,12 +48,8 @@ TEST_F(DiscoveryTls, RegistersAndWatchesOverHttpsWithAClientCertificate) {
   const test::etcd_tls_files files = etcd_files(pki_.loopback);
   start_etcd(1, &files);
   ASSERT_EQ(etcd_->endpoint(0).rfind("https://", 0), 0U);
-  disc_instance* a = make(test_entry(0x10), tls_config());
-  disc_instance* b = make(test_entry(0x20), tls_config());
-  const std::set<bus_id> both = {0x10, 0x20};
-  ASSERT_TRUE(wait([&] { return a->ids() == both && b->ids() == both && a->d->connected(); }))
-      << a->d->last_error().detail;
-  EXPECT_EQ(a->d->stats().failures, 0U);
+  const auto [a, b] = make_two(tls_config());
+  ASSERT_FALSE(HasFailure());
   // A change travels over the TLS watch stream too.
   directory_entry moved = test_entry(0x10);
   moved.labels = {{"zone", "c"}};
