@@ -57,7 +57,10 @@ class DiscoveryAuth : public test::discovery_fixture {
 
 TEST_F(DiscoveryAuth, RegistersAndWatchesAsAUserWithAPassword) {
   start_with_auth();
-  const auto [a, b] = make_two(auth_config());
+  const auto two =
+      make_two(auth_config());  // a lambda cannot capture a structured binding in C++17
+  disc_instance* a = two.first;
+  disc_instance* b = two.second;
   ASSERT_FALSE(HasFailure());
   // The watch and the keep-alives go on with the token: nothing leaves over 1.5 TTL.
   run_for(std::chrono::milliseconds(3000));

@@ -48,7 +48,9 @@ TEST_F(DiscoveryTls, RegistersAndWatchesOverHttpsWithAClientCertificate) {
   const test::etcd_tls_files files = etcd_files(pki_.loopback);
   start_etcd(1, &files);
   ASSERT_EQ(etcd_->endpoint(0).rfind("https://", 0), 0U);
-  const auto [a, b] = make_two(tls_config());
+  const auto two = make_two(tls_config());  // a lambda cannot capture a structured binding in C++17
+  disc_instance* a = two.first;
+  disc_instance* b = two.second;
   ASSERT_FALSE(HasFailure());
   // A change travels over the TLS watch stream too.
   directory_entry moved = test_entry(0x10);
