@@ -242,7 +242,7 @@ void stream_channel::impl::close_all(bool with_callbacks) {
 stream_channel_metrics stream_channel::impl::metrics() const {
   stream_channel_metrics m = retired;
   for (const conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
-    add_totals(m.totals, c->metrics, true);
+    add_totals(m.totals, live_metrics(c), true);
     m.totals.queue_memory_bytes += send_memory(c);
     m.totals.receive_memory_bytes += c->decoder.buffer_capacity();
   }
@@ -650,7 +650,7 @@ errc stream_channel::connection_metrics(connection_id conn, stream_connection_me
   const conn_impl* c = impl_->find(conn);
   if (c == nullptr) return errc::closed;
   if (out != nullptr) {
-    *out = c->metrics;
+    *out = impl::live_metrics(c);
     out->queue_memory_bytes = impl::send_memory(c);
     out->receive_memory_bytes = c->decoder.buffer_capacity();
   }

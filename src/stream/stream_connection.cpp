@@ -107,16 +107,33 @@ void stream_channel::impl::count_sent(conn_impl* c, const write_queue::block& b)
   m.bytes_sent += b.tag;  // the payload size (reserve_frame)
 }
 
+// Before the queue shrinks: it only grows in between, so its peak is seen here or when read.
+void stream_channel::impl::note_queue_peak(conn_impl* c) {
+  auto& m = c->m();
+  m.queue_peak_bytes = std::max(m.queue_peak_bytes, c->queue->bytes());
+}
+
 void stream_channel::impl::sync_queue_metrics(conn_impl* c) {
   auto& m = c->m();
   m.queue_bytes = c->queue->bytes();
   m.queue_packets = c->queue->size();
 }
 
+stream_connection_metrics stream_channel::impl::live_metrics(const conn_impl* c) {
+  stream_connection_metrics m = c->metrics;
+  if (c->queue) {
+    m.queue_bytes = c->queue->bytes();
+    m.queue_packets = c->queue->size();
+    m.queue_peak_bytes = std::max(m.queue_peak_bytes, m.queue_bytes);
+  }
+  return m;
+}
+
 // Pops the blocks wholly covered by `written` bytes (advancing written_seq) and returns the bytes
 // of the next block already written.
 size_t stream_channel::impl::consume(conn_impl* c, size_t written) {
   write_queue& q = *c->queue;
+  note_queue_peak(c);
   while (!q.empty()) {
     const write_queue::block b = q.front();
     if (written < b.size) break;
@@ -138,6 +155,7 @@ void stream_channel::impl::report_written(conn_impl* c) {
 
 void stream_channel::impl::pop_merged(conn_impl* c, size_t len, size_t count, size_t span,
                                       uint64_t payload) {
+  note_queue_peak(c);
   c->queue->pop_front_n(count, len, span);
   c->written_seq += count;
   auto& m = c->m();
@@ -418,10 +436,8 @@ void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t h
   } else {
     (void)frame_write_header(0, total, frame);
   }
-  auto& m = c->m();
-  m.queue_bytes = q.bytes();
-  m.queue_packets = q.size();
-  if (m.queue_bytes > m.queue_peak_bytes) m.queue_peak_bytes = m.queue_bytes;
+  // The queue gauges are not touched here: a frame's read of the queue's two counters, just
+  // written by the reservation, stalled every send (live_metrics reads them when asked).
   if (!c->writing && !c->dirty) mark_dirty(c);
   if (q.unsealed() >= kSealBatch) seal_frames(q);
 }
@@ -592,6 +608,7 @@ void stream_channel::impl::report_final(conn_impl* c) {
     }
     const uint64_t failed = q.size();
     if (failed != 0 && cb.on_unsent) hand_back_unsent(c);
+    note_queue_peak(c);
     while (!q.empty()) q.pop_front();
     sync_queue_metrics(c);
     if (failed != 0) {

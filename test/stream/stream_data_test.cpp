@@ -147,12 +147,19 @@ TEST_F(StreamData, CoalescesSmallPacketsIntoFewWrites) {
     std::memset(buf, i & 0xff, sizeof buf);
     ASSERT_EQ(c->send(p.client, buf, sizeof buf), errc::ok);
   }
+  // The queue gauges are the queue as it is when read (no frame updates them on the send path).
+  const stream_connection_metrics queued = cm(c, p.client);
+  EXPECT_EQ(queued.queue_packets, static_cast<size_t>(kCount));
+  EXPECT_EQ(queued.queue_bytes, 69u * kCount);
+  EXPECT_EQ(queued.queue_peak_bytes, 69u * kCount);
+  EXPECT_EQ(c->metrics().totals.queue_bytes, 69u * kCount);
   ASSERT_TRUE(run([&] { return srv.received_count == kCount; }));
   const auto& m = cm(c, p.client);
   EXPECT_EQ(m.packets_sent, static_cast<uint64_t>(kCount));
   EXPECT_EQ(m.bytes_sent, 64u * kCount);
   EXPECT_EQ(m.queue_packets, 0u);
   EXPECT_EQ(m.queue_bytes, 0u);
+  EXPECT_EQ(m.queue_peak_bytes, 69u * kCount);  // kept once the queue drained
   // 20000 frames of 69 bytes: about 22 merge buffers of 64 KiB.
   EXPECT_LT(m.write_calls, 100u);
   EXPECT_GT(m.packets_merged, kCount / 2u);
