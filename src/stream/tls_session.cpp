@@ -326,6 +326,10 @@ void tls_session::release_buffers() noexcept {
   if (safe) (void)SSL_free_buffers(ssl_);
 }
 
+bool tls_session::holds_partial_record() const noexcept {
+  return SSL_has_pending(ssl_) == 1;
+}
+
 void tls_session::break_writes() noexcept {
   ERR_clear_error();
   (void)SSL_shutdown(ssl_);

@@ -94,6 +94,10 @@ class tls_session {
   // used only with an OpenSSL of 3.0.14 or later, whose SSL_free_buffers is safe: CVE-2024-4741).
   void release_buffers() noexcept;
 
+  // True while OpenSSL holds ciphertext it has not decrypted (after read() has used up the input:
+  // the start of a record whose rest has not come). Its record buffers stay pinned meanwhile.
+  [[nodiscard]] bool holds_partial_record() const noexcept;
+
   // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
   // that every later write() fails.
   void break_writes() noexcept;

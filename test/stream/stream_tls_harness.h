@@ -24,7 +24,8 @@ namespace uvbus::test {
 inline constexpr char kToken[] = "cluster-access-token-0123456789";
 
 // A TLS client of our own, made with OpenSSL directly and run on its own thread (blocking socket),
-// for the peers a tls_config cannot describe: no certificate, TLS 1.2, a KeyUpdate storm.
+// for the peers a tls_config cannot describe: no certificate, TLS 1.2, a KeyUpdate storm, a
+// partial record.
 class raw_tls_client {
  public:
   struct options {
@@ -32,7 +33,10 @@ class raw_tls_client {
     std::string cert, key, ca;
     int key_updates = 0;  // sent after the handshake, as fast as possible
   };
-  raw_tls_client(uint16_t port, options o) : opt_(std::move(o)) {
+  // raw_after: written to the socket as it is after the handshake (and the KeyUpdates), outside
+  // TLS: the start of a record, say.
+  raw_tls_client(uint16_t port, options o, std::string raw_after = {})
+      : opt_(std::move(o)), raw_after_(std::move(raw_after)) {
     thread_ = std::thread([this, port] { run(port); });
   }
   ~raw_tls_client() { thread_.join(); }
@@ -61,6 +65,7 @@ class raw_tls_client {
           break;
         }
       }
+      if (!raw_after_.empty()) (void)::write(fd, raw_after_.data(), raw_after_.size());
       char b[256];
       while (SSL_read(ssl, b, sizeof b) > 0) {
       }
@@ -72,6 +77,7 @@ class raw_tls_client {
   }
 
   options opt_;
+  std::string raw_after_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshake_ok_{false};
   std::thread thread_;
