@@ -122,6 +122,33 @@ TEST_F(StreamTls, AStalledPartialRecordIsClosedWithTimeoutLikeAHalfFrame) {
   EXPECT_EQ(crec.received[idle.value][0], "pong");
 }
 
+TEST_F(StreamTls, AStalledPartialHandshakeMessageIsClosedWithTimeout) {
+  // After the handshake, an authenticated server sends the first records of a NewSessionTicket of
+  // about 50 KB (every record whole), and never the rest. OpenSSL keeps the part of the message
+  // in a buffer it grew to the message's announced size, which SSL_free_buffers does not free
+  // (about 120 KiB): partial_frame_timeout_ms must close the client's link, as for a half frame.
+  raw_tls_server server(pki_->server, "", 40000);
+  url_ = "ipv4://127.0.0.1:" + std::to_string(server.port());
+  stream_config cfg;
+  cfg.partial_frame_timeout_ms = 100;
+  cfg.send_ring_idle_ms = 50;
+  recorder crec;
+  const connection_id c = dial_with(&crec, client_config(), cfg);
+  stream_channel* ch = channels_.back().get();
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0; }));
+  ASSERT_EQ(crec.connected[c.value], errc::ok);
+  ASSERT_TRUE(
+      run([&] { return ch->metrics().totals.read_calls != 0 && server.ticket_sent() != 0; }));
+  const bool closed =
+      run([&] { return crec.disconnected.count(c.value) != 0; }, std::chrono::milliseconds(3000));
+  if (!closed) (void)ch->disconnect(c, disconnect_mode::force);  // ends the server's thread
+  ASSERT_TRUE(run([&] { return server.finished(); }));
+  ASSERT_TRUE(closed) << "still open 3 s after " << server.ticket_sent()
+                      << " bytes of a ticket message (partial_frame_timeout_ms 100)";
+  EXPECT_EQ(crec.disconnected[c.value], errc::timeout);
+  EXPECT_EQ(ch->metrics().totals.partial_frame_timeouts, 1u);
+}
+
 TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
   // The receiver's KeyUpdate limit makes the sender's renewals visible: without a limit the data
   // arrives intact across them; with a limit of 5 per window the sixth closes the link.
