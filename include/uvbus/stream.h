@@ -120,10 +120,12 @@ struct stream_config {
   uint32_t connect_timeout_ms = 10000;
   // A connection that holds part of a frame and receives no byte for this long is closed with
   // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
-  // bytes, forever). Checked by one timer per channel every timeout/4 (at least every 10 ms), so a
-  // stalled half-frame is closed within 1.25 x the timeout. A connection paused with
-  // pause_reading() is not checked (the wait is the owner's, not the peer's): its clock starts
-  // again at resume_reading(). 0: never.
+  // bytes, forever). On a TLS link part of a TLS record counts too (it pins OpenSSL's record
+  // buffers, about 17 KiB each way), and part of a post-handshake message (up to about 128 KiB).
+  // Checked by one timer per channel every timeout/4 (at least every 10 ms), so a stalled
+  // half-frame is closed within 1.25 x the timeout. A connection paused with pause_reading() is not
+  // checked (the wait is the owner's, not the peer's): its clock starts again at resume_reading().
+  // 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
   // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
   // been empty, with nothing written, for this long (the same timer checks, at least every half

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <new>
 
+#include "core/endian.h"
+
 namespace uvbus {
 
 namespace {
@@ -255,6 +257,14 @@ decompress_result compressor::decompress(codec expected, const void* in, size_t 
 
 errc compressor::decompress_zstd(const uint8_t* in, size_t n, uint8_t* out,
                                  size_t raw_size) noexcept {
+  // The current frame format only: libzstd may also decode the legacy formats v0.5 to v0.7 (Debian
+  // builds it so), through old decoders that allocate a context of about 150 KB per call. No
+  // encoder of ours writes them.
+  const uint32_t magic = n < 4 ? 0 : load_le<uint32_t>(in);
+  if (magic != ZSTD_MAGICNUMBER) {
+    return fail(errc::protocol_error, "zstd block of %zu bytes: not a zstd frame (magic 0x%08x)", n,
+                magic);
+  }
   // The frame's own content size, when present, must agree with raw_size: a frame claiming more
   // is refused before decoding. One frame only (ZSTD_findFrameCompressedSize covers it all).
   const unsigned long long fcs = ZSTD_getFrameContentSize(in, n);

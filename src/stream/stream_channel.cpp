@@ -144,12 +144,13 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
 }
 
 // One pass over the connections, not a timer per connection: an idle connection costs nothing.
-// A half-frame stalled for partial_frame_timeout_ms is closed with errc::timeout. Only a
-// connection that is reading counts: one the owner paused (a bus node holding an upstream link
-// back for a slow next hop) waits by the owner's choice, and its clock restarts at
-// resume_reading(); a draining one reads no more. A send ring that grew and has been empty, with
-// no write in flight and no reservation open, since a flush send_ring_idle_ms ago is freed, and so
-// are a TLS link's ciphertext buffers (a batch's ciphertext each, kept while traffic flows).
+// A half-frame (over TLS, or part of a TLS record or message) stalled for partial_frame_timeout_ms
+// is closed with errc::timeout. Only a connection that is reading counts: one the owner paused (a
+// bus node holding an upstream link back for a slow next hop) waits by the owner's choice, and its
+// clock restarts at resume_reading(); a draining one reads no more. A send ring that grew and has
+// been empty, with no write in flight and no reservation open, since a flush send_ring_idle_ms ago
+// is freed, and so are a TLS link's ciphertext buffers (a batch's ciphertext each, kept while
+// traffic flows).
 void stream_channel::impl::sweep() {
   const uint64_t now = uv_now(loop);
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
@@ -161,7 +162,8 @@ void stream_channel::impl::sweep() {
     // end_conn() only marks the connection and closes its handle; it stays linked until the
     // close callback, so the next pointer is still valid after it.
     if (cfg.partial_frame_timeout_ms != 0 && c->state == conn_state::connected && !c->paused &&
-        c->decoder.buffered() != 0 && now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
+        (c->decoder.buffered() != 0 || (c->secure && c->secure->holds_partial_input())) &&
+        now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
       ++c->m().partial_frame_timeouts;
       end_conn(c, errc::timeout);
     }

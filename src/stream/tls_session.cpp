@@ -326,6 +326,12 @@ void tls_session::release_buffers() noexcept {
   if (safe) (void)SSL_free_buffers(ssl_);
 }
 
+bool tls_session::holds_partial_input() const noexcept {
+  // In init after the handshake: a post-handshake message has begun and not ended (our own
+  // KeyUpdate leaves it at once: write() sends it in the same call).
+  return SSL_has_pending(ssl_) == 1 || (done_ && SSL_in_init(ssl_) == 1);
+}
+
 void tls_session::break_writes() noexcept {
   ERR_clear_error();
   (void)SSL_shutdown(ssl_);

@@ -94,6 +94,12 @@ class tls_session {
   // used only with an OpenSSL of 3.0.14 or later, whose SSL_free_buffers is safe: CVE-2024-4741).
   void release_buffers() noexcept;
 
+  // True while OpenSSL holds part of what the peer sends (after read() has used up the input):
+  // the start of a record whose rest has not come (its record buffers stay pinned), or, once the
+  // handshake is done, part of a post-handshake message such as a NewSessionTicket (kept in a
+  // buffer grown to the size the message announces, up to about 128 KiB).
+  [[nodiscard]] bool holds_partial_input() const noexcept;
+
   // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
   // that every later write() fails.
   void break_writes() noexcept;

@@ -331,6 +331,34 @@ TEST(Compress, MalformedBlocksAreRefused) {
   EXPECT_EQ(code(codec::zstd, block), errc::ok);
 }
 
+// libzstd also decodes the legacy frame formats v0.5 to v0.7 (Debian builds it with legacy
+// support), each through an old decoder that allocates a context of about 150 KB per call (and
+// frees it): a peer's 100-byte block would cost an allocation per message. None of our encoders
+// writes them, so a zstd block must hold a frame of the current format (magic FD2FB528).
+TEST(Compress, LegacyZstdFramesAreRefused) {
+  compressor z;
+  bytes out(kLimit);
+  const std::string text(200, 'L');
+  for (const uint8_t v : {5, 6, 7}) {
+    SCOPED_TRACE("zstd v0." + std::to_string(v));
+    bytes f = {static_cast<uint8_t>(0x20 + v), 0xB5, 0x2F, 0xFD, 0x00};    // magic, descriptor
+    if (v == 7) f.push_back(0x00);                                         // window descriptor
+    f.insert(f.end(), {1 << 6, 0x00, static_cast<uint8_t>(text.size())});  // one raw block
+    f.insert(f.end(), text.begin(), text.end());
+    f.insert(f.end(), {0xC0, 0x00, 0x00});  // end of frame
+    const bytes b = block_with_header(codec::zstd, text.size(), f);
+    const decompress_result r =
+        z.decompress(codec::zstd, b.data(), b.size(), out.data(), out.size());
+    EXPECT_EQ(r.code, errc::protocol_error) << r.size << " bytes decoded";
+    EXPECT_NE(z.last_error().detail.find("not a zstd frame"), std::string::npos)
+        << z.last_error().detail;
+  }
+  // The current format still decodes.
+  const bytes b = block_with_header(codec::zstd, kLimit, zstd_rle_frame(4, kLimit, 16 * 1024));
+  EXPECT_EQ(z.decompress(codec::zstd, b.data(), b.size(), out.data(), out.size()).code, errc::ok)
+      << z.last_error().detail;
+}
+
 // Every strict prefix of a block fails; corrupting any byte never crashes and never yields a size
 // other than raw_size; garbage after a valid header never crashes.
 TEST(Compress, TruncatedCorruptAndGarbageInputs) {

@@ -24,7 +24,8 @@ namespace uvbus::test {
 inline constexpr char kToken[] = "cluster-access-token-0123456789";
 
 // A TLS client of our own, made with OpenSSL directly and run on its own thread (blocking socket),
-// for the peers a tls_config cannot describe: no certificate, TLS 1.2, a KeyUpdate storm.
+// for the peers a tls_config cannot describe: no certificate, TLS 1.2, a KeyUpdate storm, a
+// partial record.
 class raw_tls_client {
  public:
   struct options {
@@ -32,7 +33,10 @@ class raw_tls_client {
     std::string cert, key, ca;
     int key_updates = 0;  // sent after the handshake, as fast as possible
   };
-  raw_tls_client(uint16_t port, options o) : opt_(std::move(o)) {
+  // raw_after: written to the socket as it is after the handshake (and the KeyUpdates), outside
+  // TLS: the start of a record, say.
+  raw_tls_client(uint16_t port, options o, std::string raw_after = {})
+      : opt_(std::move(o)), raw_after_(std::move(raw_after)) {
     thread_ = std::thread([this, port] { run(port); });
   }
   ~raw_tls_client() { thread_.join(); }
@@ -61,6 +65,7 @@ class raw_tls_client {
           break;
         }
       }
+      if (!raw_after_.empty()) (void)::write(fd, raw_after_.data(), raw_after_.size());
       char b[256];
       while (SSL_read(ssl, b, sizeof b) > 0) {
       }
@@ -72,6 +77,7 @@ class raw_tls_client {
   }
 
   options opt_;
+  std::string raw_after_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshake_ok_{false};
   std::thread thread_;
@@ -79,10 +85,13 @@ class raw_tls_client {
 
 // A TLS 1.3 server of our own (OpenSSL directly, its own thread, blocking sockets) that accepts one
 // connection with a certificate and no PSK: an impostor for a PSK client. It reads until the
-// connection ends or `wanted` arrived, then closes.
+// connection ends or `wanted` arrived, then closes. With ticket_cut, it instead sends a
+// NewSessionTicket of about 50 KB after the handshake, only its whole records within the first
+// ticket_cut bytes (the rest of the message never comes), and waits for the client to close.
 class raw_tls_server {
  public:
-  raw_tls_server(const test_pki::pair& id, std::string wanted) : wanted_(std::move(wanted)) {
+  raw_tls_server(const test_pki::pair& id, std::string wanted, size_t ticket_cut = 0)
+      : wanted_(std::move(wanted)), ticket_cut_(ticket_cut) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
@@ -110,6 +119,8 @@ class raw_tls_server {
   [[nodiscard]] bool handshake_ok() const { return handshake_ok_.load(); }
   // The plaintext read (valid once finished()).
   [[nodiscard]] const std::string& received() const { return received_; }
+  // With ticket_cut: the ciphertext of the ticket that was sent.
+  [[nodiscard]] size_t ticket_sent() const { return ticket_sent_.load(); }
 
  private:
   void run(const test_pki::pair& id) {
@@ -120,9 +131,22 @@ class raw_tls_server {
     SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
     SSL_CTX_use_certificate_chain_file(ctx, id.cert.c_str());
     SSL_CTX_use_PrivateKey_file(ctx, id.key.c_str(), SSL_FILETYPE_PEM);
+    if (ticket_cut_ != 0) {
+      SSL_CTX_set_num_tickets(ctx, 0);  // only the one sent below
+      SSL_CTX_set_session_ticket_cb(
+          ctx,
+          [](SSL* s, void*) {
+            const std::string big(50000, 't');  // carried inside the ticket
+            return SSL_SESSION_set1_ticket_appdata(SSL_get0_session(s), big.data(), big.size());
+          },
+          nullptr, nullptr);
+    }
     SSL* ssl = SSL_new(ctx);
     SSL_set_fd(ssl, c);
-    if (c >= 0 && SSL_accept(ssl) == 1) {
+    if (c >= 0 && SSL_accept(ssl) == 1 && ticket_cut_ != 0) {
+      handshake_ok_ = true;
+      send_partial_ticket(ssl, c);
+    } else if (c >= 0 && SSL_is_init_finished(ssl) == 1) {
       handshake_ok_ = true;
       char b[256];
       int n = 0;
@@ -136,9 +160,32 @@ class raw_tls_server {
     finished_ = true;
   }
 
+  // The ticket is encrypted into a memory BIO; its first whole records go to the socket.
+  void send_partial_ticket(SSL* ssl, int c) {
+    BIO* mem = BIO_new(BIO_s_mem());
+    SSL_set0_wbio(ssl, mem);  // the socket stays the read side
+    if (SSL_new_session_ticket(ssl) == 1) (void)SSL_do_handshake(ssl);
+    char* p = nullptr;
+    const long n = BIO_get_mem_data(mem, &p);  // NOLINT(google-runtime-int): OpenSSL's type
+    const auto* u = reinterpret_cast<const uint8_t*>(p);
+    size_t off = 0;
+    while (off + 5 <= static_cast<size_t>(n)) {
+      const size_t rec = 5 + (size_t{u[off + 3]} << 8 | u[off + 4]);
+      if (off + rec > ticket_cut_) break;
+      off += rec;
+    }
+    ticket_sent_ = off;
+    if (off != 0) (void)::write(c, p, off);
+    char b[256];
+    while (::recv(c, b, sizeof b, 0) > 0) {
+    }
+  }
+
   int fd_ = -1;
   uint16_t port_ = 0;
   std::string wanted_;
+  size_t ticket_cut_ = 0;
+  std::atomic<size_t> ticket_sent_{0};
   std::string received_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshake_ok_{false};

@@ -80,6 +80,75 @@ TEST_F(StreamTls, AKeyUpdateStormClosesThatPeer) {
   expect_honest_peer_works(client_config());
 }
 
+TEST_F(StreamTls, AStalledPartialRecordIsClosedWithTimeoutLikeAHalfFrame) {
+  // An authenticated peer sends the start of a TLS record (a header announcing 16 640 bytes and
+  // 100 of them), then nothing. OpenSSL keeps the part in its read buffer, and SSL_free_buffers
+  // refuses while it holds data, so the link pins OpenSSL's record buffers (about 17 KiB each way)
+  // for as long as the peer likes: partial_frame_timeout_ms must close it, as it closes a half
+  // frame in clear text (the frame decoder itself holds nothing). An idle link stays up.
+  stream_config cfg;
+  cfg.partial_frame_timeout_ms = 100;
+  cfg.send_ring_idle_ms = 50;
+  serve(server_config(), cfg);
+  recorder crec;
+  const connection_id idle = dial_with(&crec, client_config());
+  stream_channel* ch = channels_.back().get();
+  ASSERT_TRUE(
+      run([&] { return crec.connected.count(idle.value) != 0 && srec_.accepted.size() == 1; }));
+  std::string partial = {0x17, 0x03, 0x03, 0x41, 0x00};
+  partial.append(100, 'x');
+  raw_tls_client loris(server_->listener_port(listener_),
+                       {TLS1_3_VERSION, pki_->client.cert, pki_->client.key, pki_->ca_file, 0},
+                       partial);
+  ASSERT_TRUE(run([&] { return srec_.accepted.size() == 2; }));
+  const connection_id s = srec_.accepted[1];
+  const bool closed =
+      run([&] { return srec_.disconnected.count(s.value) != 0; }, std::chrono::milliseconds(3000));
+  if (!closed) (void)server_->disconnect(s, disconnect_mode::force);  // ends the peer's thread
+  ASSERT_TRUE(run([&] { return loris.finished(); }));
+  ASSERT_TRUE(closed) << "still open 3 s after its partial record (partial_frame_timeout_ms 100)";
+  EXPECT_EQ(srec_.disconnected[s.value], errc::timeout);
+  EXPECT_EQ(server_->metrics().totals.partial_frame_timeouts, 1u);
+  EXPECT_TRUE(srec_.received[s.value].empty());
+  // The idle link (between records for far longer than the timeout) is up and works.
+  const connection_id is = srec_.accepted[0];
+  EXPECT_EQ(srec_.disconnected.count(is.value), 0u);
+  ASSERT_EQ(ch->send(idle, "ping", 4), errc::ok);
+  ASSERT_EQ(server_->send(is, "pong", 4), errc::ok);
+  ASSERT_TRUE(run([&] {
+    return srec_.received[is.value].size() == 1 && crec.received[idle.value].size() == 1;
+  }));
+  EXPECT_EQ(srec_.received[is.value][0], "ping");
+  EXPECT_EQ(crec.received[idle.value][0], "pong");
+}
+
+TEST_F(StreamTls, AStalledPartialHandshakeMessageIsClosedWithTimeout) {
+  // After the handshake, an authenticated server sends the first records of a NewSessionTicket of
+  // about 50 KB (every record whole), and never the rest. OpenSSL keeps the part of the message
+  // in a buffer it grew to the message's announced size, which SSL_free_buffers does not free
+  // (about 120 KiB): partial_frame_timeout_ms must close the client's link, as for a half frame.
+  raw_tls_server server(pki_->server, "", 40000);
+  url_ = "ipv4://127.0.0.1:" + std::to_string(server.port());
+  stream_config cfg;
+  cfg.partial_frame_timeout_ms = 100;
+  cfg.send_ring_idle_ms = 50;
+  recorder crec;
+  const connection_id c = dial_with(&crec, client_config(), cfg);
+  stream_channel* ch = channels_.back().get();
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0; }));
+  ASSERT_EQ(crec.connected[c.value], errc::ok);
+  ASSERT_TRUE(
+      run([&] { return ch->metrics().totals.read_calls != 0 && server.ticket_sent() != 0; }));
+  const bool closed =
+      run([&] { return crec.disconnected.count(c.value) != 0; }, std::chrono::milliseconds(3000));
+  if (!closed) (void)ch->disconnect(c, disconnect_mode::force);  // ends the server's thread
+  ASSERT_TRUE(run([&] { return server.finished(); }));
+  ASSERT_TRUE(closed) << "still open 3 s after " << server.ticket_sent()
+                      << " bytes of a ticket message (partial_frame_timeout_ms 100)";
+  EXPECT_EQ(crec.disconnected[c.value], errc::timeout);
+  EXPECT_EQ(ch->metrics().totals.partial_frame_timeouts, 1u);
+}
+
 TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
   // The receiver's KeyUpdate limit makes the sender's renewals visible: without a limit the data
   // arrives intact across them; with a limit of 5 per window the sixth closes the link.
