@@ -162,7 +162,13 @@ uint8_t* node::impl::prepare_data(bus_id target, uint32_t type, size_t size,
     prep.target = target;
     prep.type = type;
     prep.size = size;
-    prep.opt = opt;
+    // Field by field: the caller has just written opt (often a temporary) with 1- and 8-byte
+    // stores, and a 16-byte load of it would wait for them (store-to-load forwarding fails: the
+    // node's sender over shm 80.8 -> 76.6 ns a message).
+    static_assert(sizeof(send_options) == 16, "a new field of send_options is copied here too");
+    prep.opt.require_response = opt.require_response;
+    prep.opt.ttl = opt.ttl;
+    prep.opt.trace = opt.trace;
     if (opt.trace != nullptr) {
       prep.trace = *opt.trace;
       prep.opt.trace = &prep.trace;
