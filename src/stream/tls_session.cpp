@@ -78,11 +78,17 @@ bool about_certificates(const std::string& why) {
 }
 
 std::string cert_names(X509* cert, const std::string& expected, bool* match) {
+  // The first common name, whole (a fixed buffer once cut it at 255 bytes, so a name that only
+  // started with the expected one matched).
   std::string cn;
-  char buf[256];
-  const int n =
-      X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, buf, sizeof buf);
-  if (n > 0) cn.assign(buf, static_cast<size_t>(n));
+  const X509_NAME* subject = X509_get_subject_name(cert);
+  const int at = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
+  const ASN1_STRING* d =
+      at < 0 ? nullptr : X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
+  if (d != nullptr && ASN1_STRING_length(d) > 0) {
+    cn.assign(reinterpret_cast<const char*>(ASN1_STRING_get0_data(d)),
+              static_cast<size_t>(ASN1_STRING_length(d)));
+  }
   *match = cn == expected;
   auto* sans =
       static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));

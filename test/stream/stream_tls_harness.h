@@ -244,6 +244,17 @@ class StreamTls : public stream_fixture {
     return c;
   }
 
+  // Dials with tls (its events into crec) and runs until the server has counted one TLS failure
+  // and the client's connection failed or closed.
+  void expect_refused_dial(recorder* crec, const tls_config& tls) {
+    const connection_id c = dial_with(crec, tls);
+    ASSERT_TRUE(run([&] { return server_->metrics().tls_failed == 1; }));
+    ASSERT_TRUE(run([&] {
+      return crec->disconnected.count(c.value) != 0 ||
+             (crec->connected.count(c.value) != 0 && crec->connected[c.value] != errc::ok);
+    }));
+  }
+
   // An honest client on the same listener: connects, a message each way, both arrive.
   void expect_honest_peer_works(const tls_config& tls) {
     recorder rec;

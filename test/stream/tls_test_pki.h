@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ class test_pki {
     server = issue("server.test", "server.test", ca, ca_key, -3600, 86400, "server");
     client = issue("node-42", "client.test", ca, ca_key, -3600, 86400, "client");
     loopback = issue("localhost", "IP:127.0.0.1", ca, ca_key, -3600, 86400, "loopback");
+    long_cn = issue(kLongName.c_str(), "", ca, ca_key, -3600, 86400, "long-cn");
     expired = issue("node-42", "client.test", ca, ca_key, -172800, -86400, "expired");
     wrong_name = issue("mallory", "mallory.test", ca, ca_key, -3600, 86400, "wrong-name");
     EVP_PKEY* rogue_key = EVP_EC_gen("P-256");
@@ -52,7 +54,9 @@ class test_pki {
 
   std::string ca_file;
   // loopback: a server certificate for 127.0.0.1 (an IP subjectAltName), as etcd's in the tests.
-  pair server, client, expired, wrong_name, rogue_client, loopback;
+  // long_cn: a client certificate whose common name is kLongName, 255 'n' and then "-evil".
+  inline static const std::string kLongName = std::string(255, 'n') + "-evil";
+  pair server, client, expired, wrong_name, rogue_client, loopback, long_cn;
 
  private:
   static X509* make(const char* cn, const char* dns, EVP_PKEY* key, X509* issuer,
@@ -65,8 +69,11 @@ class test_pki {
     X509_gmtime_adj(X509_getm_notAfter(x), not_after_s);
     X509_set_pubkey(x, key);
     X509_NAME* name = X509_get_subject_name(x);
-    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(cn),
-                               -1, -1, 0);
+    // Above 64 characters (the limit OpenSSL applies to a converted common name) as a raw
+    // UTF8String, as a careless CA might sign it.
+    const int type = std::strlen(cn) > 64 ? V_ASN1_UTF8STRING : MBSTRING_ASC;
+    X509_NAME_add_entry_by_txt(name, "CN", type, reinterpret_cast<const unsigned char*>(cn), -1, -1,
+                               0);
     X509_set_issuer_name(x, issuer != nullptr ? X509_get_subject_name(issuer) : name);
     X509V3_CTX v3;
     X509V3_set_ctx_nodb(&v3);
