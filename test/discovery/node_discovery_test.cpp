@@ -69,6 +69,20 @@ class NodeDiscoveryTest : public test::discovery_fixture {
     EXPECT_EQ(raw->n->start(), errc::ok) << raw->n->last_error().detail;
     return raw;
   }
+  // A gateway that owns the children's subnet 0x1000/8.
+  watched_node* make_gateway(bus_id id, const std::string& name,
+                             std::vector<node_label> labels = {}) {
+    node_config g = base(name, "gateway", std::move(labels));
+    g.subnets = {{0x1000, 8}};
+    return make_node(id, g);
+  }
+  // Node 0x1001, which chooses its parent among the gateways carrying `labels`.
+  watched_node* make_child(std::vector<node_label> labels = {}) {
+    node_config lc = base("logic-1", "logic");
+    lc.discovery_parent_type = "gateway";
+    lc.discovery_parent_labels = std::move(labels);
+    return make_node(0x1001, lc);
+  }
   std::vector<std::unique_ptr<watched_node>> nodes_;
 };
 
@@ -225,14 +239,9 @@ TEST_F(NodeDiscoveryTest, ParentChosenByTypeAndLabels) {
 // moves back to it (the lowest id wins, so nodes choosing at different times never split).
 TEST_F(NodeDiscoveryTest, ACrashedParentIsReplacedByTheNextLiveOne) {
   start_etcd(1);
-  node_config g = base("gw-1", "gateway");
-  g.subnets = {{0x1000, 8}};
-  watched_node* gw1 = make_node(0x100, g);
-  g.name = "gw-2";
-  watched_node* gw2 = make_node(0x200, g);
-  node_config lc = base("logic-1", "logic");
-  lc.discovery_parent_type = "gateway";
-  watched_node* lg = make_node(0x1001, lc);
+  watched_node* gw1 = make_gateway(0x100, "gw-1");
+  watched_node* gw2 = make_gateway(0x200, "gw-2");
+  watched_node* lg = make_child();
   endpoint_info p;
   ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
   EXPECT_EQ(p.role, peer_role::parent);
@@ -247,9 +256,7 @@ TEST_F(NodeDiscoveryTest, ACrashedParentIsReplacedByTheNextLiveOne) {
   EXPECT_EQ(gw2->data[0], "meanwhile");
   EXPECT_EQ(lg->reports[0], errc::ok);
 
-  node_config back = base("gw-1", "gateway");
-  back.subnets = {{0x1000, 8}};
-  watched_node* again = make_node(0x100, back);
+  watched_node* again = make_gateway(0x100, "gw-1");
   ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
   EXPECT_EQ(p.role, peer_role::parent);
   EXPECT_FALSE(lg->n->peer(0x200, &p));
@@ -265,13 +272,8 @@ TEST_F(NodeDiscoveryTest, ACrashedParentIsReplacedByTheNextLiveOne) {
 // and says so; once a matching gateway appears the child moves there, and data flows through it.
 TEST_F(NodeDiscoveryTest, AParentThatNoLongerMatchesGivesWayToOneThatDoes) {
   start_etcd(1);
-  node_config g = base("gw-1", "gateway", {{"zone", "a"}});
-  g.subnets = {{0x1000, 8}};
-  make_node(0x100, g);
-  node_config lc = base("logic-1", "logic");
-  lc.discovery_parent_type = "gateway";
-  lc.discovery_parent_labels = {{"zone", "a"}};
-  watched_node* lg = make_node(0x1001, lc);
+  make_gateway(0x100, "gw-1", {{"zone", "a"}});
+  watched_node* lg = make_child({{"zone", "a"}});
   std::vector<std::string> logs;
   lg->on_log = [&logs](const std::string& m) { logs.push_back(m); };
   endpoint_info p;
@@ -296,8 +298,7 @@ TEST_F(NodeDiscoveryTest, AParentThatNoLongerMatchesGivesWayToOneThatDoes) {
   EXPECT_TRUE(lg->n->up());
   EXPECT_TRUE(lg->n->peer(0x100, &p));
 
-  g.name = "gw-2";
-  watched_node* gw2 = make_node(0x200, g);
+  watched_node* gw2 = make_gateway(0x200, "gw-2", {{"zone", "a"}});
   ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x200, &p); }));
   EXPECT_EQ(p.role, peer_role::parent);
   EXPECT_FALSE(lg->n->peer(0x100, &p));
@@ -313,12 +314,8 @@ TEST_F(NodeDiscoveryTest, AParentThatNoLongerMatchesGivesWayToOneThatDoes) {
 // instead of the dead ones, and the message sent meanwhile arrives.
 TEST_F(NodeDiscoveryTest, AParentBackAtOtherUrlsIsDialledThere) {
   start_etcd(1);
-  node_config g = base("gw-1", "gateway");
-  g.subnets = {{0x1000, 8}};
-  watched_node* gw = make_node(0x100, g);
-  node_config lc = base("logic-1", "logic");
-  lc.discovery_parent_type = "gateway";
-  watched_node* lg = make_node(0x1001, lc);
+  watched_node* gw = make_gateway(0x100, "gw-1");
+  watched_node* lg = make_child();
   endpoint_info p;
   ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
   const std::vector<std::string> old_urls = gw->n->listen_urls();
@@ -326,7 +323,7 @@ TEST_F(NodeDiscoveryTest, AParentBackAtOtherUrlsIsDialledThere) {
   gw->n.reset();  // a crash: no revoke
   ASSERT_TRUE(wait([&] { return !lg->n->up(); }));
   ASSERT_EQ(lg->n->send_data(0x100, 7, "meanwhile", 9), errc::ok);
-  watched_node* back = make_node(0x100, g);  // port 0: another port
+  watched_node* back = make_gateway(0x100, "gw-1");  // port 0: another port
   ASSERT_NE(back->n->listen_urls(), old_urls);
   ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
   ASSERT_TRUE(wait([&] { return back->data.size() == 1 && lg->reports.size() == 1; }));
