@@ -113,12 +113,8 @@ void stream_channel::impl::note_queue_peak(conn_impl* c) {
   m.queue_peak_bytes = std::max(m.queue_peak_bytes, c->queue->bytes());
 }
 
-void stream_channel::impl::sync_queue_metrics(conn_impl* c) {
-  auto& m = c->m();
-  m.queue_bytes = c->queue->bytes();
-  m.queue_packets = c->queue->size();
-}
-
+// The stored metrics hold no queue gauges (only the peak, from note_queue_peak): they are read from
+// the queue here.
 stream_connection_metrics stream_channel::impl::live_metrics(const conn_impl* c) {
   stream_connection_metrics m = c->metrics;
   if (c->queue) {
@@ -142,7 +138,6 @@ size_t stream_channel::impl::consume(conn_impl* c, size_t written) {
     q.pop_front();
     ++c->written_seq;
   }
-  sync_queue_metrics(c);
   return written;
 }
 
@@ -162,7 +157,6 @@ void stream_channel::impl::pop_merged(conn_impl* c, size_t len, size_t count, si
   m.packets_sent += count;
   m.packets_merged += count;
   m.bytes_sent += payload;
-  sync_queue_metrics(c);
 }
 
 void stream_channel::impl::maybe_writable(conn_impl* c) {
@@ -501,10 +495,7 @@ errc stream_channel::impl::commit_send(conn_impl* c, uint64_t* seq) {
 void stream_channel::impl::cancel_send(conn_impl* c) {
   if (c == nullptr || c->prepared == nullptr) return;
   c->prepared = nullptr;
-  if (c->queue) {
-    c->queue->unreserve_back();
-    sync_queue_metrics(c);
-  }
+  if (c->queue) c->queue->unreserve_back();
   // The frames queued before the reservation waited for it (flush_queue), as does a drain.
   if (c->active()) mark_dirty(c);
 }
@@ -610,7 +601,6 @@ void stream_channel::impl::report_final(conn_impl* c) {
     if (failed != 0 && cb.on_unsent) hand_back_unsent(c);
     note_queue_peak(c);
     while (!q.empty()) q.pop_front();
-    sync_queue_metrics(c);
     if (failed != 0) {
       c->m().send_failed += failed;
       const uint64_t first = c->written_seq + 1;

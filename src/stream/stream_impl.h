@@ -376,8 +376,7 @@ struct stream_channel::impl {
   void flush_dirty();
   // Called with the block still queued (in dynamic mode popping frees it).
   void count_sent(conn_impl* c, const write_queue::block& b);
-  void sync_queue_metrics(conn_impl* c);  // after the queue shrank
-  void note_queue_peak(conn_impl* c);     // before it shrinks
+  void note_queue_peak(conn_impl* c);  // before the queue shrinks
   // c's metrics with the queue gauges as they are now (complete_frame leaves them alone).
   static stream_connection_metrics live_metrics(const conn_impl* c);
   // Pops the blocks wholly covered by `written` bytes (reporting each delivered) and returns the
