@@ -6,7 +6,7 @@
 //
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
-// (until queue_full; then it waits for on_writable over a stream link, or polls a full ring).
+// (until queue_full; then it waits for on_writable, which a stream link, a ring or a flow sends).
 // The node picks the channel: shared memory when the parent is on this host and offers a ring,
 // unless --no-shm. Then the end message, a graceful stop, and a summary line. --reports (or
 // UVBUS_BENCH_REPORTS=1 in the environment) sets on_report, so every message gets its next-hop
@@ -44,7 +44,6 @@ struct sender {
   bool copy = false;  // --copy: send_data() from a buffer instead of prepare_data/commit_data
   bool down = false;
   bool writable = true;
-  bool stream_link = false;
   int exit_code = 0;
   uint64_t seq = 0;
   uint64_t bytes = 0;
@@ -76,9 +75,9 @@ struct sender {
     return cb;
   }
 
-  // Sends numbered payloads until t_end, as fast as send_data() takes them. A full stream link
-  // says when it has drained (on_writable): wait for that rather than retrying; a full ring has no
-  // such signal: poll it.
+  // Sends numbered payloads until t_end, as fast as send_data() takes them. After a queue_full it
+  // waits for on_writable (a stream link or flow that drained, a ring the node polled and found at
+  // most half full) rather than retrying.
   bool metrics = false;
   double next_scrape = 0;
   uint64_t scrapes = 0;
@@ -103,7 +102,7 @@ struct sender {
         }
         if (e == errc::queue_full) {
           ++refused;
-          if (stream_link) writable = false;
+          writable = false;
           break;
         }
         if (e != errc::ok) {
@@ -204,7 +203,6 @@ int main(int argc, char** argv) {
   }
   const auto peers = n.peers();
   const char* channel = peers.empty() ? "?" : to_string(peers[0].data_channel);
-  s.stream_link = !peers.empty() && peers[0].data_channel == channel_kind::stream;
   const double t0 = mono_now();
   const double c0 = cpu_now();
   const cpu_counter ru;

@@ -417,8 +417,8 @@ struct node_callbacks {
   // Optional log hook (registration, refusals, reconnects, drops). Without it nothing is logged.
   std::function<void(log_level level, const std::string& message)> on_log;
   // A send_data() got queue_full and there is room again: retry now. `id` is the next hop whose
-  // stream link's queue was full and has drained, or (end_to_end) the target whose flow's
-  // retransmit buffer was full and is at most half full again (acknowledged or failed).
+  // stream link drained or whose ring is at most half full again (polled every ms), or (end_to_end)
+  // the target whose full flow's retransmit buffer is at most half full (acknowledged or failed).
   std::function<void(bus_id id)> on_writable;
   // A relay dropped message `message_id` (sent to `target`) after its report was already given:
   // a message sent without require_response, reported ok when it reached the next hop, that a
@@ -510,7 +510,7 @@ class node {
   //   not_connected      the route's link is down and queueing is disabled
   //   queue_full         the link's queue, the shared-memory ring or the pending queue is full,
   //                      or too many require_response messages are awaiting their answer
-  //                      (retriable; on_writable tells when a stream link or flow drained)
+  //                      (retriable; on_writable tells when the link, ring or flow drained)
   //   access_denied, out_of_subnet, version_mismatch
   //                      the route goes through the parent, which refused this node for good
   //                      (not retriable: the configuration must change)

@@ -102,6 +102,7 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
       if (tag != 0) channel_outcome(tag, target, errc::ok);
       return e;
     }
+    if (e == errc::queue_full) full_hop = p;
     if (e != errc::not_connected) return e;
     // The peer's reader is gone (it restarted or is dying): fall back to its stream link. Logged
     // from the loop: this may run inside send_data(), where no callback may fire (an on_log that
@@ -122,15 +123,27 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
   return e;
 }
 
-// A queue_full from a hop's stream link owes the application on_writable(hop) only when its own
-// send got it: relayed, resent and internal messages that meet a full link tell nobody.
+// A queue_full from a hop's stream link or ring owes the application on_writable(hop) only when its
+// own send got it: relayed, resent and internal messages that meet a full queue tell nobody.
 errc node::impl::user_route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total,
                                 uint64_t tag, bool* via_shm) {
   // Reset first: relayed traffic sets it too, and a full ring or pending queue leaves it alone.
   full_hop = nullptr;
   const errc e = route_out(target, bufs, n, total, tag, via_shm);
-  if (e == errc::queue_full && full_hop != nullptr && !posting) full_hop->user_blocked = true;
-  return e;
+  return e == errc::queue_full && full_hop != nullptr ? blocked_by(full_hop) : e;
+}
+
+// A stream link tells when it drains (s_writable). A ring has no wake-up for room: the peer joins
+// the relays' retry list, whose poll (retry_shm_overflow) owes it on_writable once the ring has
+// room again. Posted tasks' sends are the node's own: nobody waits for them.
+errc node::impl::blocked_by(peer_ep* p) {
+  if (posting) return errc::queue_full;
+  p->user_blocked = true;
+  if (p->shm && std::find(shm_overflow.begin(), shm_overflow.end(), p) == shm_overflow.end()) {
+    shm_overflow.push_back(p);
+    arm_idle();
+  }
+  return errc::queue_full;
 }
 
 errc node::impl::transmit_bytes(peer_ep* p, const std::vector<uint8_t>& m, uint64_t tag,
@@ -519,25 +532,42 @@ void node::impl::expire_queue(pending_queue* q, uint64_t now) {
 
 namespace {
 
-// Retries relays blocked on a full ring (no wake-up exists for ring space): from the next loop
-// turn while they move, else from a 1 ms timer (the idle handle ran the loop flat out).
+// Whether the application, refused by p's full ring, may send again: nothing left in the writer's
+// stage and the ring at most half full (so that on_writable is not followed by the next refusal at
+// once). A ring that was replaced by the stream link (its reader gone) has room too.
+bool ring_has_room(const detail::peer_ep& p) {
+  if (!p.shm) return true;
+  if (p.shm->staged() != 0) return false;
+  const shm_metrics m = p.shm->metrics();
+  return m.fill_bytes <= m.capacity_bytes / 2;
+}
+
+// Retries relays blocked on a full ring (no wake-up exists for ring space), and tells the
+// application whose sends a full ring refused when it has room: from the next loop turn while
+// they move, else from a 1 ms timer (the idle handle ran the loop flat out).
 void retry_shm_overflow(node::impl& n) {
   std::vector<detail::peer_ep*> ps = n.shm_overflow;
+  std::vector<bus_id> writable;  // told after the walk: a send from on_writable may block again
   bool moved = false;
   for (detail::peer_ep* p : ps) {
     const size_t before = p->overflow.size();
     n.drain_overflow(p);
     moved = moved || p->overflow.size() != before;
-    if (p->overflow.empty()) {
+    if (p->overflow.empty() && p->user_blocked && ring_has_room(*p)) {
+      p->user_blocked = false;
+      writable.push_back(p->id);
+    }
+    if (p->overflow.empty() && !p->user_blocked) {
       n.shm_overflow.erase(std::remove(n.shm_overflow.begin(), n.shm_overflow.end(), p),
                            n.shm_overflow.end());
     }
   }
   n.restart_shm_reader();
-  if (!moved && !n.shm_overflow.empty() && n.h != nullptr) {
+  if (!moved && writable.empty() && !n.shm_overflow.empty() && n.h != nullptr) {
     uv_timer_start(
         &n.h->ring, [](uv_timer_t* t) { static_cast<node::impl*>(t->data)->arm_idle(); }, 1, 0);
   }
+  for (const bus_id id : writable) n.fire(n.cbs.on_writable, id);  // fire(): nothing once dead
 }
 
 // Tells the sources of the relayed messages rings' stages dropped (shm_unstaged), then one line.

@@ -132,7 +132,7 @@ struct node::impl {
   // The last target's next hop (a stream of messages skips the lookups); cleared as peers change.
   bus_id cached_target = 0;
   peer_ep* cached_hop = nullptr;
-  peer_ep* full_hop = nullptr;  // the stream hop of transmit()'s last queue_full (user_route_out)
+  peer_ep* full_hop = nullptr;  // the hop (link or ring) of transmit()'s last queue_full
   std::vector<const_buffer> gather;
   // Rate limit of the relay's drop log lines (kDropLogBurst per kDropLogWindowMs).
   uint64_t drop_log_window_ms = 0;
@@ -318,6 +318,7 @@ struct node::impl {
   // route_out() for the application's own send: a stream hop that refused it owes on_writable
   errc user_route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
                       bool* via_shm);
+  errc blocked_by(peer_ep* p);  // the application's send met p's full queue: owes on_writable(p)
   // The common case of transmit() without a report, taken inline by a flow's first send and by a
   // relay: p's registered stream link when the message can go to it as it is (version 5 or later
   // takes every flag a routed message carries; no codec, no ring, not a sibling, whose idle clock
@@ -331,8 +332,7 @@ struct node::impl {
   // channel's copy loop out of the inlined path, 40 instructions a message).
   errc send_plain(peer_ep* p, link* lk, const uint8_t* m, size_t size) {
     const errc e = streams->send(lk->conn, m, size);
-    if (e == errc::queue_full && !posting) p->user_blocked = true;
-    return e;
+    return e == errc::queue_full ? blocked_by(p) : e;
   }
   // A flow message's first send (without a report): to the cached hop's ring or stream link
   // when that takes it as it is, else through route_out().
@@ -344,7 +344,7 @@ struct node::impl {
       // abandoned (retried) and not_connected (the stream instead): transmit() below.
       if (e != errc::abandoned && e != errc::not_connected) {
         *via_shm = e == errc::ok;
-        return e;
+        return e == errc::queue_full ? blocked_by(p) : e;
       }
     } else if (link* lk = p != nullptr ? plain_stream(p) : nullptr; lk != nullptr) {
       *via_shm = false;

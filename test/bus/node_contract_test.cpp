@@ -334,5 +334,44 @@ TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
   EXPECT_TRUE(wait([&] { return a_->writable == 1; })) << "no on_writable after the settling";
   lobby.finish();
 }
+// on_writable for a next hop whose shared-memory ring was full (docs/bus.md, "Back-pressure"): a
+// ring has no wake-up for room, so the node polls it and tells the application once the ring is at
+// most half full. Before, nothing was told, and an application waiting for on_writable waited for
+// ever. Both delivery modes: end_to_end sends through the flow (flow_out), next_hop through
+// route_out().
+TEST_F(NodeContract, AFullRingTellsOnWritable) {
+  for (const delivery_mode mode : {delivery_mode::end_to_end, delivery_mode::next_hop}) {
+    SCOPED_TRACE(mode == delivery_mode::end_to_end ? "end_to_end" : "next_hop");
+    node_config pc = fast_config();
+    pc.delivery = mode;
+    pc.enable_shm = true;
+    pc.shm_ring_bytes = size_t{1} << 20;
+    pc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("ring-full")};
+    bus_node* p = make_root(0x100, {{0x100, 8}}, pc);
+    node_config ac = fast_config();
+    ac.delivery = mode;
+    ac.enable_shm = true;
+    bus_node* a = make_child(0x101, p, {}, ac);
+    ASSERT_TRUE(wait([&] { return a->n->up(); }));
+    endpoint_info e;
+    ASSERT_TRUE(a->n->peer(0x100, &e));
+    ASSERT_EQ(e.data_channel, channel_kind::shm);
+    p->keep_bytes = false;
+    const std::string m(4000, 'x');
+    uint64_t sent = 0;
+    errc r = errc::ok;
+    // The loop does not run, so P reads nothing and its 1 MiB ring fills (about 260 messages).
+    while (sent < 1000 && (r = send_str(a, 0x100, 1, m)) == errc::ok) ++sent;
+    ASSERT_EQ(r, errc::queue_full) << "the ring never filled";
+    EXPECT_EQ(a->writable, 0U);
+    ASSERT_TRUE(wait([&] { return a->writable >= 1; })) << "no on_writable once the ring drained";
+    EXPECT_EQ(send_str(a, 0x100, 1, m), errc::ok);
+    ++sent;
+    ASSERT_TRUE(wait([&] { return p->got_count == sent; }));
+    destroy(a);
+    destroy(p);
+  }
+}
+
 }  // namespace
 }  // namespace uvbus
