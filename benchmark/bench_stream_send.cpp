@@ -68,10 +68,7 @@ struct sender {
         return;
       }
       if (!copy) {
-        uint8_t head[16];
-        put_le64(head, seq);
-        put_le64(head + 8, 0);
-        std::memcpy(p, head, std::min<size_t>(n, 16));
+        put_head(p, n, seq, 0);
         fill_body(p, n, seq);
         (void)ch->commit_send(conn);
       }
