@@ -8,6 +8,34 @@ namespace uvbus {
 
 using proto::msg_type;
 
+namespace {
+
+// Buffers of relayed messages that left an overflow, kept for the next ones: a relay whose next
+// hop reads slower than its sources send overflows in steady state, and would otherwise allocate
+// and free one buffer a message. Per thread (a node runs on its loop's thread), at most
+// kSpareBuffers of at most kSpareBytes each (the small messages a game server relays).
+constexpr size_t kSpareBuffers = 1024;
+constexpr size_t kSpareBytes = 1024;
+thread_local std::vector<std::vector<uint8_t>> t_spare;
+
+std::vector<uint8_t> take_buffer(size_t size) {
+  std::vector<uint8_t> m;
+  if (!t_spare.empty() && size <= kSpareBytes) {
+    m = std::move(t_spare.back());
+    t_spare.pop_back();
+  }
+  m.resize(size);
+  return m;
+}
+
+void give_buffer(std::vector<uint8_t>* m) {
+  if (m->capacity() > kSpareBytes || t_spare.size() >= kSpareBuffers) return;
+  m->clear();
+  t_spare.push_back(std::move(*m));
+}
+
+}  // namespace
+
 // -------------------------------------------------------------------------------- siblings --
 errc node::impl::start_lookup(bus_id target) {
   peer_ep* pp = parent_peer();
@@ -425,7 +453,7 @@ bool node::impl::overflow_keep(peer_ep* p, std::vector<uint8_t>* m) {
 
 bool node::impl::overflow_push(peer_ep* p, link* from, const const_buffer* bufs, size_t size) {
   if (p->overflow_bytes + size > cfg.forward_overflow_bytes) return false;
-  std::vector<uint8_t> m(size);
+  std::vector<uint8_t> m = take_buffer(size);
   std::memcpy(m.data(), bufs[0].data, bufs[0].size);
   std::memcpy(m.data() + bufs[0].size, bufs[1].data, bufs[1].size);
   (void)overflow_keep(p, &m);
@@ -458,6 +486,7 @@ void node::impl::drain_overflow(peer_ep* p) {
       ++counters.forward_dropped;
     }
     p->overflow_bytes -= m.size();
+    give_buffer(&p->overflow.front());  // m is empty from here
     p->overflow.pop_front();
     p->overflow_moved_ms = now_ms();
     // After it left: the refusal logs, and an on_log that calls stop() empties the overflow.
