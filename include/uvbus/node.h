@@ -43,6 +43,7 @@
 #include "uvbus/fanout.h"
 #include "uvbus/histogram.h"
 #include "uvbus/log.h"
+#include "uvbus/node_config.h"
 #include "uvbus/protocol.h"
 #include "uvbus/subnet.h"
 #include "uvbus/tls.h"
@@ -51,248 +52,6 @@
 typedef struct uv_loop_s uv_loop_t;  // NOLINT(modernize-use-using): matches libuv's declaration
 
 namespace uvbus {
-
-// What an ok delivery report means (node_config::delivery).
-enum class delivery_mode : uint8_t {
-  // The target's on_data was called (it returned, or is running). Messages travel in flows
-  // (docs/bus.md "Flows"): per source and target a sequence number, cumulative acknowledgements
-  // from the target, a bounded retransmit buffer at the source, resend after a link, a relay or
-  // the target restarted, duplicates dropped by the target. A message fails only when its
-  // delivery deadline passes, the route refuses it for good, or the node stops.
-  end_to_end,
-  // The next hop's channel took the message (the kernel socket buffer or the shared-memory
-  // ring); a relay that drops it later tells on_dropped. Cheaper, and nothing is sent again.
-  next_hop,
-};
-
-// A stream link's compression codec (node_config::compression).
-enum class compression_codec : uint8_t { none = 0, lz4 = 1, zstd = 2 };
-const char* to_string(compression_codec c) noexcept;
-
-// A listening socket handed from one process of a node to the next (node::detach_listeners(),
-// node_config::inherit_listeners, uvbus/handover.h): its bound URL (port 0 resolved), the socket.
-struct inherited_listener {
-  std::string url;
-  int fd = -1;
-};
-
-struct node_config {
-  // URLs to accept peers on: ipv4://, ipv6://, dns://, unix:// (port 0 picks a free port; read the
-  // real URLs back with node::listen_urls()) and at most one shm:// (the ring this node reads its
-  // data from; peers on the same host write into it).
-  std::vector<std::string> listen;
-  // The parent to register to (stream URLs), in order of preference; empty for a root node. The
-  // node connects to the first; when a connect or registration attempt fails or the registered
-  // parent's link is lost, it moves on to the next (wrapping around), so a gateway replica can
-  // take over. Attempts within one round over the list wait reconnect_min_ms; each further round
-  // doubles the wait up to reconnect_max_ms. All the parents must accept this node's id.
-  std::vector<std::string> parent_urls;
-  // Child ids this node accepts. A child must have its id and all its subnets inside these.
-  std::vector<subnet> subnets;
-  // Register to the parent as a tool (an operator's process such as the `uvbus` command-line
-  // tool) instead of as a child: the id must lie *outside* the parent's subnets (and be unused),
-  // so a tool never takes an id a real node could need, and the parent does not announce it to
-  // the rest of the bus. The tool reaches every node through the parent; replies reach it from the
-  // parent and from the nodes below the parent. Needs parent_urls and no subnets.
-  bool join_as_tool = false;
-
-  // Largest user payload of send_data() (message_too_large above it); the stream frame limit is
-  // this plus 85 bytes (bus header 32, flow prefix 12, trace block 25,
-  // shared-memory writer tag 16). Every node of a bus should agree.
-  size_t message_limit = size_t{64} * 1024;
-  // Per-connection stream send queue, bytes and packets (back-pressure: queue_full above them).
-  size_t link_queue_bytes = size_t{2} << 20;
-  size_t link_queue_packets = 65536;
-
-  // Messages sent while their link is not up yet (parent reconnecting, sibling being looked up or
-  // connected) wait in a bounded queue: at most this many messages and bytes per link, each at most
-  // pending_timeout_ms, then they fail with errc::timeout. pending_max_messages = 0 disables
-  // queueing: such sends return not_connected at once. Default: 4096 messages / 4 MiB / 10 s.
-  size_t pending_max_messages = 4096;
-  size_t pending_max_bytes = size_t{4} << 20;
-  uint32_t pending_timeout_ms = 10000;
-  // A relay that just started (a parent restart), or that just lost a child's link, holds
-  // messages for that child's id (an id of its subnets with no child registered) this long,
-  // waiting for the child to register (again), instead of refusing them with unknown_route.
-  // Bounded like the pending queues, per child and in total: all messages held, for every child
-  // id together, are at most pending_max_messages / pending_max_bytes; beyond that a message is
-  // refused as if no grace applied (unknown_route). 0: refuse at once.
-  uint32_t child_grace_ms = 2000;
-  // Forwarding back-pressure: when a relayed message meets a full next-hop queue it waits in that
-  // hop's overflow queue (this many bytes at most) and the link it came from stops being read until
-  // the overflow drains; beyond it, relayed messages are dropped and counted (forward_dropped).
-  // A link paused so is not timed out for silence; a next hop whose overflow has not moved for
-  // heartbeat_timeout_ms is closed (queue_full) and its overflow refused (queue_full).
-  size_t forward_overflow_bytes = size_t{4} << 20;
-
-  // A connection must finish the registration handshake within this time or is closed.
-  uint32_t handshake_timeout_ms = 5000;
-  // Caps on accepted connections that have not finished registration (each holds a socket and a
-  // little memory until handshake_timeout_ms): beyond max_unregistered of them on this node, or
-  // beyond max_unregistered_per_address of them from one source address (an IP address, whatever
-  // the port; every unix-socket peer counts as one address), a new connection is closed at once,
-  // counted (uvbus_stream_rejected_total) and logged (warn, rate limited). Registered peers do not
-  // count and are never affected; a refused connector simply retries later. 0: no cap.
-  uint32_t max_unregistered = 1024;
-  uint32_t max_unregistered_per_address = 64;
-  // Encrypted links (uvbus/tls.h, docs/security.md): TLS 1.3 on every stream listener and every
-  // link this node dials, in certificate or psk mode; peers must use the same mode. Off by default.
-  tls_config tls;
-  // Every registered peer is pinged this often; the pong gives the round-trip time. A peer from
-  // which nothing at all arrived for heartbeat_timeout_ms is dropped (its pending messages fail).
-  uint32_t heartbeat_interval_ms = 2000;
-  uint32_t heartbeat_timeout_ms = 6000;
-  // Parent reconnect: exponential backoff from min to max, each delay with +-jitter (a fraction).
-  uint32_t reconnect_min_ms = 100;
-  uint32_t reconnect_max_ms = 5000;
-  double reconnect_jitter = 0.2;
-  // node::post()'s mailbox (shared by every posting thread): at most this many messages and tasks
-  // and this many bytes (each message: its payload rounded up to 8, plus 64; each task: 64)
-  // waiting for the loop, those of a batch the loop stopped on a full link included; beyond
-  // either, post() returns queue_full. It must hold one message of message_limit.
-  size_t post_queue_messages = 65536;
-  size_t post_queue_bytes = size_t{8} << 20;
-  // What an ok report means; see delivery_mode. Every node of a bus speaks flows (protocol
-  // version 3) whatever its own mode; end_to_end needs version 3 on every link of the path.
-  delivery_mode delivery = delivery_mode::end_to_end;
-  // end_to_end: a message the target has not acknowledged after this time fails (timeout).
-  // A target keeps a silent flow's position for max(flow_idle_ms, twice its own
-  // delivery_timeout_ms), and a source may resend a message until this deadline: give the nodes of
-  // a bus the same value (a source whose deadline is longer than that may see a message whose
-  // acknowledgement was lost delivered a second time, after a silence longer than the target keeps
-  // the position).
-  uint32_t delivery_timeout_ms = 10000;
-  // end_to_end: a flow idle this long is forgotten: the source's state (~200 bytes and latency
-  // histogram per target), the target's position (kept at least 2 x its delivery_timeout_ms). A
-  // later message starts a new flow above every sequence sent before (docs/bus.md "Flows").
-  uint32_t flow_idle_ms = 120000;
-  // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
-  // to be sent again) holds at most this many messages and bytes (each message takes its payload
-  // plus 44 bytes); beyond either, send_data() returns queue_full until acknowledgements drain it.
-  size_t retransmit_max_messages = 65536;
-  size_t retransmit_max_bytes = size_t{8} << 20;
-  // end_to_end: when a flow's acknowledgements stop advancing for this long, its unacknowledged
-  // messages are sent again (the wait doubles, up to 8x, while nothing advances).
-  uint32_t resend_timeout_ms = 200;
-  // end_to_end: stop() keeps the links open this long at most for the acknowledgements of
-  // messages sent and not acknowledged yet, while a registered link is left (0: closed at once).
-  uint32_t stop_flush_ms = 2000;
-  // Target side: a flow is acknowledged once per loop iteration that delivered something, and
-  // inside a long run of deliveries every ack_every messages.
-  uint32_t ack_every = 256;
-  // A require_response message without an acknowledgement after this time fails with timeout.
-  uint32_t response_timeout_ms = 10000;
-  // At most this many require_response messages and commands awaiting their answer; beyond it
-  // send_data(require_response) and send_command() return queue_full.
-  size_t max_outstanding_responses = 65536;
-  // At most this many node::call()s awaiting their answer (>= 1); beyond, call() is queue_full.
-  size_t max_outstanding_calls = 65536;
-  // Siblings: connect directly at the first message (else everything goes through the parent);
-  // drop a sibling link with no data either way for this long.
-  bool sibling_direct = true;
-  uint32_t sibling_idle_ms = 60000;
-
-  // Access tokens. Peers registering here must prove one of them (any: rotation is adding the new
-  // token everywhere, then removing the old). Empty: no proof required. When connecting, the first
-  // token is used. Tokens never cross the wire: only HMAC-SHA256(token, nonce || id || role).
-  // Authentication is two-way (protocol version 6): a node with tokens also requires the node it
-  // connects to (parent or sibling) to prove one, over a nonce of its own, and closes the link
-  // (access_denied, retried with backoff) if it does not; a peer that negotiates version 5 or
-  // less cannot prove itself and is refused. With tokens, every message written into this node's
-  // shared-memory ring must carry its writer's tag, derived from the token and the writer's id
-  // (docs/security.md): records without a valid one, or whose source id that writer may not
-  // speak for, are dropped and counted (node_counters::shm_rejected).
-  std::vector<std::string> access_tokens;
-  // Protocol versions offered; the highest common one is used.
-  uint8_t protocol_min = proto::kMinVersion;
-  uint8_t protocol_max = proto::kMaxVersion;
-  uint8_t default_ttl = proto::kDefaultTtl;
-
-  // Use shared memory for data to peers on the same host that offer a shm:// URL.
-  bool enable_shm = true;
-  size_t shm_ring_bytes = size_t{8} << 20;
-  // How long our ring's reader waits for a writer that reserved a record but has not committed it
-  // before skipping the record (a crashed writer must not wedge the ring). Larger than the shm
-  // channel's 4 ms default because a writer preempted on a busy host stalls that long routinely;
-  // a skipped sender learns it (errc::abandoned) and the node sends the message again.
-  uint32_t shm_abandon_timeout_us = 50000;
-  // Planned restart (docs/bus.md "Planned restart"): stop() and destruction leave this node's
-  // shm ring in place (closed with shm_close_mode::keep) instead of removing it; the next process
-  // with the same id and shm:// URL reattaches it and reads what was written meanwhile.
-  bool keep_shm_inbox = false;
-  // Planned restart: node::flow_positions() of the previous process of this id, taken after its
-  // stop(): this node starts with them, so messages its sources send again (those the previous
-  // process delivered but had not acknowledged) are recognised as duplicates. Each position
-  // counts as heard from at start() (then kept like any silent flow's). Empty: none.
-  std::vector<uint8_t> inherit_flow_positions;
-  // Planned hand-over: listening sockets of the previous process of this id (its
-  // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an
-  // entry's url fits (the same URL; or the same scheme and host with the listen URL's port 0 or
-  // equal; a dns:// URL by its port) adopts that socket instead of binding, so peers that
-  // connected meanwhile wait in its backlog instead of being refused. Each socket serves one URL;
-  // exact fits (the same URL, a fixed port) are matched first, port-0 URLs take what is left, in
-  // `listen` order. start() owns every fd from its call on: it is closed with its listener, or by
-  // start() if it is not adopted (start() failed, or the socket did not fit: then start() fails
-  // with invalid_argument naming inherit_listeners[i] and why).
-  std::vector<inherited_listener> inherit_listeners;
-  // Metrics endpoint: "http://HOST:PORT[/PATH]" (HOST an IPv4 literal, [IPv6] or localhost; port
-  // 0 picks one; PATH default /metrics) serves node::metrics_text() in the Prometheus text format
-  // from the node's loop (no thread). Empty (the default): off. docs/observability.md.
-  std::string metrics_url;
-  // Latency tracking (delivery_mode::end_to_end only): each message's time from send_data() to
-  // its end-to-end acknowledgement (an upper bound of send-to-deliver: it adds the way back and
-  // the acknowledgement's batching within one loop iteration), per target and per user type (64
-  // types, the rest as "other"), in latency_histograms (~10 KiB each). Read with latency_to() /
-  // latency_of_type() and in the metrics. Off by default: one clock read per message and per
-  // acknowledged message (cost in docs/benchmark.md).
-  bool latency_histograms = false;
-  // ... measuring one message in this many (a power of two; 1: every message). Sampling keeps the
-  // cost small at millions of messages a second; percentiles of a sample are as good for all but
-  // the rarest outliers.
-  uint32_t latency_sample_every = 16;
-  // Peers shown one by one in the per-peer metric families; the rest are summed as peer="other".
-  size_t metrics_max_peers = 64;
-  // Host identity override (empty: boot_id + hostname, see docs/bus.md). Equal host ids are what
-  // makes two nodes try shared memory.
-  std::string host_id;
-  // Stream TCP_NODELAY.
-  bool tcp_nodelay = true;
-  // Link compression (docs/compression.md "On the bus"), negotiated at registration (protocol
-  // version 6): a stream link compresses only when both of its nodes ask for a codec; it then
-  // uses the accepting node's codec in both directions, each side at its own level. Data messages
-  // of at least compression_threshold bytes are compressed one by one and sent compressed only
-  // when that saves bytes (a message never grows); the receiving node restores each one before
-  // anything else sees it, bounded by the message limit. Shared memory is never compressed.
-  // Levels: lz4 0 (default), -N faster, 1..12 LZ4HC; zstd 0 (default 3), negative fast, up to 22.
-  compression_codec compression = compression_codec::none;
-  int compression_level = 0;
-  size_t compression_threshold = 512;
-  // How this node describes itself in the bus directory (node::directory(), on_directory;
-  // docs/bus.md "Directory"): a name, a type ("gateway", "logic", ...) and labels (region, zone,
-  // version, ...). Each text at most 128 bytes, at most 16 labels with distinct non-empty keys.
-  std::string name;
-  std::string type;
-  std::vector<node_label> labels;
-  // At most this many directory entries (at least 1): a new one beyond it is left out, counted
-  // (directory_skipped), logged, and asked for again once room frees (docs/bus.md "Directory").
-  size_t directory_max_entries = 65536;
-  // Discovery on etcd (uvbus/discovery.h, docs/cluster.md). With discovery.etcd_endpoints set,
-  // start() registers this node's directory entry under discovery.prefix with a lease and merges
-  // every node found there into directory(), lookup(), find() and on_directory, exactly as the
-  // tree's own entries (parent = 0 for a node known only from etcd). stop() revokes the lease.
-  // etcd being unreachable never stops the node: the last directory is kept. Default: off.
-  discovery_config discovery;
-  // With discovery on and parent_urls empty: register to the lowest-id discovered node of this
-  // type ("" = none: the node is a root) carrying every label of discovery_parent_labels, at its
-  // stream listen URLs; until one is found the node is not up and messages for the rest of the
-  // bus wait in the parent queue (within their deadlines). A lost link is first retried at the
-  // same parent's URLs, as with parent_urls; once that parent's entry has left etcd (stopped, or
-  // its lease expired after a crash) the rule chooses again among the live ones. A lower-id
-  // candidate that appears later takes the node over (every node applying the rule to the same
-  // directory has the same parent: no split trees); the old link is closed, flows resume.
-  std::string discovery_parent_type;
-  std::vector<node_label> discovery_parent_labels;
-};
 
 enum class channel_kind : uint8_t { none, stream, shm };
 const char* to_string(channel_kind k) noexcept;
@@ -597,6 +356,16 @@ class node {
   [[nodiscard]] errc call(bus_id target, uint32_t type, const void* data, size_t size,
                           uint32_t timeout_ms, call_fn cb, const send_options& opt = {},
                           uint64_t* call_id = nullptr);
+  // pick() (uvbus/fanout.h) then call() to the node picked (*chosen, if given). If that node leaves
+  // the directory before its answer came, cb gets not_connected at once: the request is not sent
+  // again, to its next incarnation or to another node (it may have been handled), so the caller
+  // can choose another node. Errors at once (cb never called): pick()'s (unknown_route when no
+  // node matches) and call()'s.
+  [[nodiscard]] errc call_any(const std::string& type, const std::vector<node_label>& labels,
+                              uint32_t msg_type, const void* data, size_t size, uint32_t timeout_ms,
+                              call_fn cb, const pick_options& how = {},
+                              const send_options& opt = {}, bus_id* chosen = nullptr,
+                              uint64_t* call_id = nullptr);
   // Inside on_data: the request being delivered (a call() from another node), or nullptr for a
   // plain message. Valid until on_data returns: copy the handle to answer later.
   [[nodiscard]] const reply_handle* incoming_request() const noexcept;

@@ -373,6 +373,54 @@ errc node::send_any(const std::string& type, const std::vector<node_label>& labe
   return e;
 }
 
+namespace {
+
+// fan_departed(): the call_any() calls to `id` still open end with not_connected, from the loop
+// (the ones whose request was still in a flow already ended with its settled report).
+void fail_any_calls(node::impl& n, bus_id id) {
+  auto& calls = n.fan->any_calls;
+  for (auto it = calls.begin(); it != calls.end();) {
+    if (it->second != id) {
+      ++it;
+      continue;
+    }
+    if (n.find_call(it->first) != nullptr) {
+      n.deferred_call_fail.emplace_back(n.take_call(it->first, errc::not_connected),
+                                        errc::not_connected);
+      n.arm_idle();
+    }
+    it = calls.erase(it);
+  }
+}
+
+}  // namespace
+
+errc node::call_any(const std::string& type, const std::vector<node_label>& labels,
+                    uint32_t msg_type, const void* data, size_t size, uint32_t timeout_ms,
+                    call_fn cb, const pick_options& how, const send_options& opt, bus_id* chosen,
+                    uint64_t* call_id) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::call_any");
+  bus_id target = 0;
+  errc e = pick(type, labels, how, &target);
+  if (e != errc::ok) return e;
+  if (chosen != nullptr) *chosen = target;
+  uint64_t id = 0;
+  e = call(target, msg_type, data, size, timeout_ms, std::move(cb), opt, &id);
+  if (e != errc::ok) return e;
+  if (call_id != nullptr) *call_id = id;
+  impl& n = *impl_;
+  if (target == n.self) return e;
+  // End to end, the request's flow entry (the one call() just added) is settled, not resent, when
+  // the node leaves (fan_departed): the call then ends with its report.
+  if (const auto f = n.tx_flows.find(target); f != n.tx_flows.end() && !f->second.entries.empty()) {
+    detail::tx_entry& last = f->second.entries.back();
+    const auto m = n.call_by_message.find(last.message_id);
+    if (m != n.call_by_message.end() && m->second == id) last.any = true;
+  }
+  n.fan->any_calls.emplace(id, target);
+  return e;
+}
+
 void detail::fan_departed(node::impl& n, bus_id id) {
   bool writable = false;  // settled messages freed a full flow: on_writable(id), as acks do
   if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
@@ -406,6 +454,7 @@ void detail::fan_departed(node::impl& n, bus_id id) {
     }
     it = owed.erase(it);
   }
+  fail_any_calls(n, id);
   if (writable) n.fire(n.cbs.on_writable, id);  // last: it may send, or destroy the node
 }
 
@@ -435,6 +484,9 @@ void detail::fan_tick(node::impl& n, uint64_t now) {
   for (const uint64_t id : expired) finish(n, id, errc::timeout);
   for (auto it = f.any_replies.begin(); it != f.any_replies.end();) {
     it = n.replies.count(it->first) == 0 ? f.any_replies.erase(it) : std::next(it);
+  }
+  for (auto it = f.any_calls.begin(); it != f.any_calls.end();) {
+    it = n.find_call(it->first) == nullptr ? f.any_calls.erase(it) : std::next(it);
   }
   if (!f.load_dirty || now - f.load_sent_ms < n.cfg.heartbeat_interval_ms) return;
   f.load_dirty = false;

@@ -49,6 +49,8 @@ struct fanout_state {
   // send_any() messages under next_hop with require_response still owed their report: message
   // id -> target (ids no longer in node::impl::replies are pruned at the tick).
   std::unordered_map<uint64_t, bus_id> any_replies;
+  // call_any() calls not answered yet: call id -> target (ended calls are pruned at the tick).
+  std::unordered_map<uint64_t, bus_id> any_calls;
   std::map<uint64_t, pending_broadcast> pending;                    // by broadcast id
   std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
@@ -66,8 +68,9 @@ void fan_run_deferred(node::impl& n);
 void fan_link_up(node::impl& n, peer_ep* p);
 void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id, uint32_t>>& l);
 // Node `id` is gone (it left the directory, or a relay refused a send_any message to it with
-// unknown_route or not_connected): every send_any() message to it still owed its report fails
-// now with not_connected, from the loop (docs/bus.md "Any node of a type"). No callback fires here.
+// unknown_route or not_connected): every send_any() message to it still owed its report and every
+// call_any() call to it not yet answered fail now with not_connected, from the loop (docs/bus.md
+// "Any node of a type"). The only callback here is the on_writable a freed flow is owed, last.
 void fan_departed(node::impl& n, bus_id id);
 
 }  // namespace uvbus::detail

@@ -5,7 +5,8 @@
 // fails at once with not_connected, under end-to-end delivery and under next-hop delivery with
 // require_response, never after its timeout (configured at 60 s: a report within the 30 s wait
 // is not the timeout); pick() never returns a departed node; a plain send_data() to a node that
-// restarts is still resent to its next incarnation.
+// restarts is still resent to its next incarnation. call_any(): a call to the node picked ends at
+// once with not_connected when that node leaves before answering.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -150,6 +151,42 @@ class NodeAny : public test::bus_fixture {
       if (r != nullptr) *status = r->status;
     }
     l1.finish();
+  }
+
+  // call_any() from the game node (through the root) and from the root itself (the lobbies'
+  // relay) both pick L1, which takes the requests and never answers; then L1 goes. Both calls end
+  // at once with not_connected, not after their 60 s timeout (a plain call() waits for it: the
+  // request was delivered, and only the caller knows it picked a node that may go). With no lobby
+  // left, call_any() is unknown_route at once and its callback is never called.
+  void call_any_to_a_node_that_leaves(delivery_mode mode) {
+    build(mode);
+    add_lobbies();
+    auto got = std::make_shared<std::vector<errc>>();
+    const auto record = [got](const call_result& r) { got->push_back(r.status); };
+    for (bus_node* from : {game_, root_}) {
+      bus_id chosen = 0;
+      uint64_t call = 0;
+      ASSERT_EQ(
+          from->n->call_any("lobby", {}, 1, "q", 1, kLongMs, record, kLeast, {}, &chosen, &call),
+          errc::ok);
+      EXPECT_EQ(chosen, kL1);
+      EXPECT_NE(call, 0U);
+    }
+    ASSERT_TRUE(wait([&] { return l1_->got.size() == 2; }));
+    destroy(l1_);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(wait([&] { return got->size() == 2; })) << "a call waited for its timeout";
+    std::printf("[ call_any ] both calls ended after %lld ms\n",
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count()));
+    for (const errc e : *got) EXPECT_EQ(e, errc::not_connected) << to_string(e);
+    destroy(l2_);
+    ASSERT_TRUE(wait([&] { return !knows(kL1) && !knows(kL2); }));
+    EXPECT_EQ(game_->n->call_any("lobby", {}, 1, "q", 1, kLongMs, record, kLeast),
+              errc::unknown_route);
+    run_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(got->size(), 2U);
   }
 
   bus_node* root_ = nullptr;
@@ -321,6 +358,14 @@ TEST_F(NodeAny, SendDataToANodeThatRestartsIsStillResent) {
   EXPECT_EQ(game_->report_for(id)->status, errc::ok);
   ASSERT_FALSE(again->got.empty());
   EXPECT_EQ(again->got.back().bytes, "to L1 itself");
+}
+
+TEST_F(NodeAny, EndToEndCallAnyToANodeThatLeavesEndsAtOnce) {
+  call_any_to_a_node_that_leaves(delivery_mode::end_to_end);
+}
+
+TEST_F(NodeAny, NextHopCallAnyToANodeThatLeavesEndsAtOnce) {
+  call_any_to_a_node_that_leaves(delivery_mode::next_hop);
 }
 
 }  // namespace
