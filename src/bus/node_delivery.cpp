@@ -585,6 +585,7 @@ void tell_unstaged(node::impl& n) {
 
 void node::impl::run_deferred() {
   if (!shm_overflow.empty()) retry_shm_overflow(*this);
+  if (dead) return;  // destroyed in on_writable (retry_shm_overflow): on_idle releases it
   if (!unstaged.empty()) tell_unstaged(*this);
   // Posts accepted before stop() are reported (closed), their tasks run, before on_down(closed).
   if (state == run_state::stopping) drain_posts_for_stop();

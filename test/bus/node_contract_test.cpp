@@ -37,6 +37,10 @@ class NodeContract : public bus_fixture {
     ac.delivery_timeout_ms = deadline_ms;
     return ac;
   }
+  // Root P with a 1 MiB shared-memory ring and its child A writing into it (tweak: A's callbacks).
+  // A sends 4000-byte messages without running the loop, so P reads nothing, until P's ring is
+  // full (about 260 messages); returns how many A sent.
+  uint64_t fill_ring(delivery_mode mode, bus_node** p, bus_node** a, const tweak_fn& tweak = {});
   bus_node* p_ = nullptr;
   bus_node* a_ = nullptr;
 };
@@ -334,6 +338,32 @@ TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
   EXPECT_TRUE(wait([&] { return a_->writable == 1; })) << "no on_writable after the settling";
   lobby.finish();
 }
+uint64_t NodeContract::fill_ring(delivery_mode mode, bus_node** p, bus_node** a,
+                                 const tweak_fn& tweak) {
+  node_config pc = fast_config();
+  pc.delivery = mode;
+  pc.subnets = {{0x100, 8}};
+  pc.enable_shm = true;
+  pc.shm_ring_bytes = size_t{1} << 20;
+  pc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("ring-full")};
+  *p = make(0x100, pc);
+  node_config ac = fast_config((*p)->n->listen_urls().at(0));
+  ac.delivery = mode;
+  ac.enable_shm = true;
+  *a = make(0x101, ac, true, tweak);
+  EXPECT_TRUE(wait([&] { return (*a)->n->up(); }));
+  endpoint_info e;
+  EXPECT_TRUE((*a)->n->peer(0x100, &e));
+  EXPECT_EQ(e.data_channel, channel_kind::shm);
+  (*p)->keep_bytes = false;
+  const std::string m(4000, 'x');
+  uint64_t sent = 0;
+  errc r = errc::ok;
+  while (sent < 1000 && (r = send_str(*a, 0x100, 1, m)) == errc::ok) ++sent;
+  EXPECT_EQ(r, errc::queue_full) << "the ring never filled";
+  return sent;
+}
+
 // on_writable for a next hop whose shared-memory ring was full (docs/bus.md, "Back-pressure"): a
 // ring has no wake-up for room, so the node polls it and tells the application once the ring is at
 // most half full. Before, nothing was told, and an application waiting for on_writable waited for
@@ -342,35 +372,35 @@ TEST_F(NodeContract, AFullSendAnyFlowSettledByItsNodeLeavingTellsOnWritable) {
 TEST_F(NodeContract, AFullRingTellsOnWritable) {
   for (const delivery_mode mode : {delivery_mode::end_to_end, delivery_mode::next_hop}) {
     SCOPED_TRACE(mode == delivery_mode::end_to_end ? "end_to_end" : "next_hop");
-    node_config pc = fast_config();
-    pc.delivery = mode;
-    pc.enable_shm = true;
-    pc.shm_ring_bytes = size_t{1} << 20;
-    pc.listen = {"ipv4://127.0.0.1:0", "shm://" + test::unique_name("ring-full")};
-    bus_node* p = make_root(0x100, {{0x100, 8}}, pc);
-    node_config ac = fast_config();
-    ac.delivery = mode;
-    ac.enable_shm = true;
-    bus_node* a = make_child(0x101, p, {}, ac);
-    ASSERT_TRUE(wait([&] { return a->n->up(); }));
-    endpoint_info e;
-    ASSERT_TRUE(a->n->peer(0x100, &e));
-    ASSERT_EQ(e.data_channel, channel_kind::shm);
-    p->keep_bytes = false;
-    const std::string m(4000, 'x');
-    uint64_t sent = 0;
-    errc r = errc::ok;
-    // The loop does not run, so P reads nothing and its 1 MiB ring fills (about 260 messages).
-    while (sent < 1000 && (r = send_str(a, 0x100, 1, m)) == errc::ok) ++sent;
-    ASSERT_EQ(r, errc::queue_full) << "the ring never filled";
+    bus_node* p = nullptr;
+    bus_node* a = nullptr;
+    uint64_t sent = fill_ring(mode, &p, &a);
     EXPECT_EQ(a->writable, 0U);
     ASSERT_TRUE(wait([&] { return a->writable >= 1; })) << "no on_writable once the ring drained";
-    EXPECT_EQ(send_str(a, 0x100, 1, m), errc::ok);
+    EXPECT_EQ(send_str(a, 0x100, 1, std::string(4000, 'y')), errc::ok);
     ++sent;
     ASSERT_TRUE(wait([&] { return p->got_count == sent; }));
     destroy(a);
     destroy(p);
   }
+}
+
+// The same on_writable runs as a callback of the node, from its poll of the ring: destroying the
+// node there is allowed, and nothing of it runs afterwards (ASan: no use after free; the loop
+// closes with no handle open).
+TEST_F(NodeContract, DestroyInsideOnWritableAfterAFullRing) {
+  bus_node* p = nullptr;
+  bus_node* a = nullptr;
+  int called = 0;
+  (void)fill_ring(delivery_mode::end_to_end, &p, &a, [&](node_callbacks* cb) {
+    cb->on_writable = [&](bus_id) {
+      ++called;
+      a->n.reset();
+    };
+  });
+  ASSERT_TRUE(wait([&] { return a->n == nullptr; })) << "no on_writable once the ring drained";
+  run_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(called, 1);
 }
 
 }  // namespace
