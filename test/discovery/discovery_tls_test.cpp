@@ -67,7 +67,13 @@ TEST_F(DiscoveryTls, WithoutAClientCertificateEtcdRefusesEverySession) {
   c.tls_key_file.clear();
   disc_instance* a = make(test_entry(0x10), c);
   expect_refused(a);
-  EXPECT_TRUE(test::logged(a, "SSL", "alert")) << a->d->last_error().detail;  // etcd's refusal
+  // etcd's refusal. Under TLS 1.3 the client's handshake ends before the server has checked for a
+  // certificate, so the refusal reaches the client either as the server's alert or, when the
+  // server has closed before the client's first request went out, as a reset on that send
+  // (seen under ThreadSanitizer's timing).
+  EXPECT_TRUE(test::logged(a, "SSL", "alert") ||
+              test::logged(a, "connection_reset", "Failed sending data"))
+      << a->d->last_error().detail;
 }
 
 TEST_F(DiscoveryTls, WithoutTheCaEtcdsCertificateIsNotTrusted) {
