@@ -90,9 +90,11 @@ errc write_all(int fd, const uint8_t* p, size_t n, int64_t deadline, std::string
   return errc::ok;
 }
 
-// Reads exactly n bytes into p before the deadline, collecting any fds that come with them.
+// Reads exactly n bytes into p before the deadline, collecting any fds that come with them. The
+// detail of a failure names `who` sent them ("the sender", "the receiver at PATH") and what was
+// awaited ("mid-message", "before acknowledging").
 errc read_all(int fd, uint8_t* p, size_t n, int64_t deadline, std::vector<int>* fds,
-              std::string* detail) {
+              const std::string& who, const char* during, std::string* detail) {
   while (n > 0) {
     alignas(cmsghdr) char control[CMSG_SPACE(kMaxSockets * sizeof(int))];
     iovec iov{p, n};
@@ -120,11 +122,11 @@ errc read_all(int fd, uint8_t* p, size_t n, int64_t deadline, std::vector<int>* 
       p += r;
       n -= static_cast<size_t>(r);
     } else if (r == 0) {
-      return say(detail, errc::timeout, "handover: the sender closed mid-message");
+      return say(detail, errc::timeout, "handover: " + who + " closed " + during);
     } else if (errno != EAGAIN && errno != EINTR) {
-      return say(detail, errc::io_error, sys("handover: recvmsg"));
+      return say(detail, errc::io_error, sys(("handover: recvmsg from " + who).c_str()));
     } else if (!wait_for(fd, POLLIN, deadline)) {
-      return say(detail, errc::timeout, "handover: the sender stopped mid-message");
+      return say(detail, errc::timeout, "handover: " + who + " stopped " + during);
     }
   }
   return errc::ok;
@@ -255,7 +257,9 @@ errc handover_send(const std::string& path, const handover_state& st, int timeou
   }
   ssize_t w = -1;
   while ((w = ::sendmsg(s.fd, &m, MSG_NOSIGNAL)) < 0 && (errno == EAGAIN || errno == EINTR)) {
-    if (!wait_for(s.fd, POLLOUT, deadline)) return say(detail, errc::timeout, "handover: stalled");
+    if (!wait_for(s.fd, POLLOUT, deadline)) {
+      return say(detail, errc::timeout, "handover: the receiver at " + path + " stopped reading");
+    }
   }
   if (w < 0) return say(detail, errc::io_error, sys("handover: sendmsg"));
   const auto sent = static_cast<size_t>(w);
@@ -263,10 +267,13 @@ errc handover_send(const std::string& path, const handover_state& st, int timeou
   if (e != errc::ok) return e;
   uint8_t ack = 1;
   std::vector<int> none;
-  e = read_all(s.fd, &ack, 1, deadline, &none, detail);
+  e = read_all(s.fd, &ack, 1, deadline, &none, "the receiver at " + path, "before acknowledging",
+               detail);
   for (const int f : none) ::close(f);
   if (e != errc::ok) return e;
-  if (ack != 0) return say(detail, errc::protocol_error, "handover: the receiver refused it");
+  if (ack != 0) {
+    return say(detail, errc::protocol_error, "handover: the receiver at " + path + " refused it");
+  }
   return errc::ok;
 }
 
@@ -304,7 +311,7 @@ errc listen_at(const sockaddr_un& sun, int* out, std::string* detail) {
 errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
   std::vector<int> fds;
   uint8_t head[kHeader] = {};
-  errc e = read_all(c, head, kHeader, deadline, &fds, detail);
+  errc e = read_all(c, head, kHeader, deadline, &fds, "the sender", "mid-message", detail);
   const size_t count = e == errc::ok ? head[5] : 0;
   const size_t body_len = e == errc::ok ? load_le32(head + 8) : 0;
   if (e == errc::ok && (std::memcmp(head, kMagic, 4) != 0 || head[4] != kVersion ||
@@ -314,7 +321,7 @@ errc receive_from(int c, int64_t deadline, handover_state* out, std::string* det
   std::vector<uint8_t> body;
   if (e == errc::ok) {
     body.resize(body_len);
-    e = read_all(c, body.data(), body.size(), deadline, &fds, detail);
+    e = read_all(c, body.data(), body.size(), deadline, &fds, "the sender", "mid-message", detail);
   }
   handover_state st;
   if (e == errc::ok && (!decode_body(body, count, &st) || fds.size() != count)) {

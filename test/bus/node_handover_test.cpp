@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "bus/bus_harness.h"
@@ -448,6 +449,36 @@ TEST(Handover, ASenderGoneMidHeaderIsAClearError) {
   EXPECT_EQ(e, errc::timeout);
   EXPECT_NE(why.find("closed mid-message"), std::string::npos) << why;
   EXPECT_TRUE(st.listeners.empty());
+}
+
+// A receiver that goes without acknowledging (it crashed, or the path is some other program's
+// socket): the sender's detail names the receiver and its path, not "the sender".
+TEST(Handover, AReceiverGoneBeforeItsAcknowledgementIsNamedAsTheReceiver) {
+  const std::string path = temp_path("handover-noack.ctl");
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::snprintf(un.sun_path, sizeof un.sun_path, "%s", path.c_str());
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&un), sizeof un), 0);
+  ASSERT_EQ(::listen(s, 4), 0);
+  std::thread fake([&] {
+    const int c = ::accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
+    uint8_t buf[64];
+    size_t got = 0;  // the whole message (12 + 4 + 3 bytes), so the sender is waiting for its ack
+    for (ssize_t r; got < 19 && (r = ::recv(c, buf, sizeof buf, 0)) > 0;)
+      got += static_cast<size_t>(r);
+    ::close(c);
+  });
+  handover_state st;
+  st.flow_positions = {1, 2, 3};
+  std::string why;
+  EXPECT_EQ(handover_send(path, st, 10000, &why), errc::timeout) << why;
+  fake.join();
+  EXPECT_NE(why.find("receiver"), std::string::npos) << why;
+  EXPECT_NE(why.find(path), std::string::npos) << why;
+  EXPECT_EQ(why.find("sender"), std::string::npos) << why;
+  ::close(s);
+  ::unlink(path.c_str());
 }
 
 TEST(Handover, StreamListenerMovesBetweenChannelsWithItsBacklog) {
