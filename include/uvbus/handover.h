@@ -33,12 +33,13 @@ struct handover_state {
 // The new process: creates a unix socket at `path` (mode 0600; a stale file is replaced, a path
 // another live receiver listens on gives address_in_use), waits up to timeout_ms for one sender
 // of its own user (SO_PEERCRED; a sender of another user is ignored, and named in the timeout's
-// detail), receives its state (the fds become this process's and *out owns them) and
-// acknowledges; the socket file is removed before returning. Errors (detail, if given, says what
-// was wrong): invalid_argument (path too long, out null), timeout (no sender in time, or it
-// stopped mid-way), protocol_error (not a hand-over message, more sockets than announced,
-// oversize), io_error (accepting failed other than transiently, e.g. out of fds: at once, not at
-// the deadline), and the system's errors.
+// detail; a connection that ends before sending a byte, as another receiver's check whether this
+// one is live does, is no sender either: the wait goes on), receives its state (the fds become
+// this process's and *out owns them) and acknowledges; the socket file is removed before
+// returning. Errors (detail, if given, says what was wrong): invalid_argument (path too long, out
+// null), timeout (no sender in time, or it sent nothing or stopped mid-way), protocol_error (not
+// a hand-over message, more sockets than announced, oversize), io_error (accepting failed other
+// than transiently, e.g. out of fds: at once, not at the deadline), and the system's errors.
 [[nodiscard]] errc handover_receive(const std::string& path, int timeout_ms, handover_state* out,
                                     std::string* detail = nullptr);
 

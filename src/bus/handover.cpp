@@ -307,6 +307,20 @@ errc listen_at(const sockaddr_un& sun, int* out, std::string* detail) {
   return errc::ok;
 }
 
+// Waits for the first byte from the connected peer c, leaving it unread: ok once it is there;
+// closed if the peer went without sending any (another receiver's liveness probe in listen_at(),
+// or a sender that gave up before starting); timeout at the deadline; io_error (errno set).
+errc first_byte(int c, int64_t deadline) {
+  for (;;) {
+    uint8_t b = 0;
+    const ssize_t r = ::recv(c, &b, 1, MSG_PEEK);
+    if (r > 0) return errc::ok;
+    if (r == 0 || errno == ECONNRESET) return errc::closed;
+    if (errno != EAGAIN && errno != EINTR) return errc::io_error;
+    if (!wait_for(c, POLLIN, deadline)) return errc::timeout;
+  }
+}
+
 // Reads one hand-over message from the connected sender c into *out (fds owned by *out).
 errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
   std::vector<int> fds;
@@ -381,6 +395,17 @@ errc handover_receive(const std::string& path, int timeout_ms, handover_state* o
       // Not ours to trust: ignore it and keep waiting for the real sender.
       refused = " (refused: " + why + ")";
       continue;
+    }
+    // A connection that ends before its first byte carried no state: keep waiting. It is what
+    // a second receiver started at this path does to tell a live receiver from a stale file.
+    const errc first = first_byte(c.fd, deadline);
+    if (first == errc::closed) continue;
+    if (first == errc::io_error) {
+      return say(detail, errc::io_error, sys(("handover: reading a sender at " + path).c_str()));
+    }
+    if (first == errc::timeout) {
+      return say(detail, errc::timeout,
+                 "handover: a sender connected at " + path + " and sent nothing in time");
     }
     return receive_from(c.fd, deadline, out, detail);
   }

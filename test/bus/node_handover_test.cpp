@@ -451,6 +451,53 @@ TEST(Handover, ASenderGoneMidHeaderIsAClearError) {
   EXPECT_TRUE(st.listeners.empty());
 }
 
+// Whether a unix socket listens at path, read from /proc/net/unix (without connecting to it: a
+// connection would be a peer of whoever listens there).
+bool unix_listening_at(const std::string& path) {
+  FILE* f = std::fopen("/proc/net/unix", "r");
+  if (f == nullptr) return false;
+  char line[512];
+  bool found = false;
+  unsigned flags = 0;
+  char p[256];
+  while (!found && std::fgets(line, sizeof line, f) != nullptr) {
+    found = std::sscanf(line, "%*s %*s %*s %x %*s %*s %*s %255s", &flags, p) == 2 &&
+            (flags & 0x10000U) != 0 && path == p;  // __SO_ACCEPTCON
+  }
+  std::fclose(f);
+  return found;
+}
+
+// A second receiver started at the path of a live one gets address_in_use; its check whether the
+// first is alive must not end the first's wait (nor remove its socket file): the real sender that
+// comes next still hands over to it.
+TEST(Handover, ASecondReceiverAtTheSamePathLeavesTheFirstWaiting) {
+  const std::string path = temp_path("handover-second.ctl");
+  handover_state got;
+  std::string why;
+  errc e = errc::ok;
+  std::thread receiver([&] { e = handover_receive(path, 30000, &got, &why); });
+  while (!unix_listening_at(path)) std::this_thread::yield();
+  handover_state other;
+  std::string why2;
+  EXPECT_EQ(handover_receive(path, 1000, &other, &why2), errc::address_in_use) << why2;
+  EXPECT_NE(why2.find("another receiver"), std::string::npos) << why2;
+  handover_state st;
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  st.listeners = {{"ipv4://127.0.0.1:1", lfd}};
+  st.flow_positions = {1, 2, 3};
+  std::string why3;
+  EXPECT_EQ(handover_send(path, st, 10000, &why3), errc::ok) << why3;
+  receiver.join();
+  EXPECT_EQ(e, errc::ok) << why;
+  ASSERT_EQ(got.listeners.size(), 1u);
+  EXPECT_EQ(got.listeners[0].url, "ipv4://127.0.0.1:1");
+  EXPECT_EQ(got.flow_positions, st.flow_positions);
+  for (const inherited_listener& l : got.listeners) ::close(l.fd);
+  ::close(lfd);
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
 // A receiver that goes without acknowledging (it crashed, or the path is some other program's
 // socket): the sender's detail names the receiver and its path, not "the sender".
 TEST(Handover, AReceiverGoneBeforeItsAcknowledgementIsNamedAsTheReceiver) {
