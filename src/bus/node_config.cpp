@@ -76,6 +76,13 @@ errc check_inherited(const node_config& cfg, std::string* detail) {
         return refuse(detail, errc::invalid_argument,
                       field + ": the same URL as inherit_listeners[" + std::to_string(j) + "]");
       }
+      // Two listeners on one socket: each would close it (the second time perhaps another
+      // thread's descriptor by then).
+      if (cfg.inherit_listeners[j].fd == in.fd) {
+        return refuse(detail, errc::invalid_argument,
+                      field + ": the same fd as inherit_listeners[" + std::to_string(j) + "] (" +
+                          std::to_string(in.fd) + ")");
+      }
     }
   }
   return errc::ok;

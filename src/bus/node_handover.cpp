@@ -75,8 +75,13 @@ errc node::impl::open_stream_listener(stream_channel* ch, const std::string& u, 
 
 void node::impl::close_inherited() noexcept {
   for (inherited_listener& in : cfg.inherit_listeners) {
-    if (in.fd >= 0) ::close(in.fd);
-    in.fd = -1;
+    const int fd = in.fd;
+    if (fd < 0) continue;
+    ::close(fd);
+    // Once: a config listing one fd twice (refused by validate()) must not close it again.
+    for (inherited_listener& other : cfg.inherit_listeners) {
+      if (other.fd == fd) other.fd = -1;
+    }
   }
 }
 

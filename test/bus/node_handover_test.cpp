@@ -188,6 +188,32 @@ TEST_F(NodeHandoverTest, AnInheritedSocketThatDoesNotFitIsRefusedAndClosed) {
   EXPECT_FALSE(fd_is_open(out[0].fd));
 }
 
+// One socket listed twice (under two URLs) was adopted by two listeners of the node, each of
+// which closes it: closed twice, the second time perhaps another thread's descriptor by then.
+// Refused, naming both entries, and closed once.
+TEST_F(NodeHandoverTest, OneSocketInheritedTwiceIsRefused) {
+  bus_node* old = make(0x43, fast_config());
+  std::vector<inherited_listener> out;
+  ASSERT_EQ(old->n->detach_listeners(&out), errc::ok);
+  ASSERT_EQ(out.size(), 1u);
+  const int fd = out[0].fd;
+  node_config c = fast_config();
+  c.listen = {"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:0"};
+  c.inherit_listeners = {{out[0].url, fd}, {"ipv4://127.0.0.1:1", fd}};
+  std::string why;
+  EXPECT_EQ(node::validate(0x44, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("inherit_listeners[1]"), std::string::npos) << why;
+  EXPECT_NE(why.find("the same fd as inherit_listeners[0]"), std::string::npos) << why;
+  bus_node* t = make(0x44, c, false);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  EXPECT_NE(t->n->last_error().detail.find("the same fd"), std::string::npos)
+      << t->n->last_error().detail;
+  const std::vector<std::string> urls = t->n->listen_urls();
+  EXPECT_TRUE(urls.empty()) << urls.size() << " listeners: " << (urls.empty() ? "" : urls[0])
+                            << (urls.size() < 2 ? "" : " and " + urls[1]);
+  EXPECT_FALSE(fd_is_open(fd));
+}
+
 // A port the OS had free a moment ago (bound and closed; nothing connected, so no TIME_WAIT).
 uint16_t free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
