@@ -190,14 +190,14 @@ struct node_config {
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
   // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an
-  // entry's url fits (the same URL; or the same scheme and host with the listen URL's port 0 or
-  // equal; a dns:// URL by its port) adopts that socket instead of binding, so peers that
-  // connected meanwhile wait in its backlog instead of being refused. Each socket serves one URL
-  // (two entries of one URL or one fd are refused); exact fits (the same URL, a fixed port) are
-  // matched first, port-0 URLs take what is left, in `listen` order. start() owns every fd from its
-  // call on: it is closed with its listener, or by start() if it is not adopted (start() failed, or
-  // the socket did not fit: then start() fails with invalid_argument naming inherit_listeners[i]
-  // and why).
+  // entry's url fits (the same URL; or the same scheme and address, an IP literal however
+  // written, with the listen URL's port 0 or equal; a dns:// URL by its port) adopts that socket
+  // instead of binding, so peers that connected meanwhile wait in its backlog instead of being
+  // refused. Each socket serves one URL (two entries of one URL or one fd are refused); exact fits
+  // (the same URL, a fixed port) are matched first, port-0 URLs take what is left, in `listen`
+  // order. start() owns every fd from its call on: it is closed with its listener, or by start() if
+  // it is not adopted (start() failed, or the socket did not fit: then start() fails with
+  // invalid_argument naming inherit_listeners[i] and why).
   std::vector<inherited_listener> inherit_listeners;
   // Metrics endpoint: "http://HOST:PORT[/PATH]" (HOST an IPv4 literal, [IPv6] or localhost; port
   // 0 picks one; PATH default /metrics) serves node::metrics_text() in the Prometheus text format

@@ -1,10 +1,28 @@
 // Bus node, planned hand-over: adopting the listening sockets a previous process of this id gave
 // away (node_config::inherit_listeners) and giving ours away (node::detach_listeners()).
+#include <arpa/inet.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "bus/node_impl.h"
 
 namespace uvbus {
+
+namespace {
+
+// Whether two IP literals of one family name the same address, however each is written
+// ("::1", "0:0:0:0:0:0:0:1", "FE80::A" and "fe80::a": the bound URL is the system's spelling).
+bool same_ip(scheme kind, const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const int family = kind == scheme::ipv6 ? AF_INET6 : AF_INET;
+  unsigned char x[16] = {};
+  unsigned char y[16] = {};
+  return inet_pton(family, a.c_str(), x) == 1 && inet_pton(family, b.c_str(), y) == 1 &&
+         std::memcmp(x, y, sizeof x) == 0;
+}
+
+}  // namespace
 
 bool detail::inherited_fits(const std::string& listen_url, const std::string& inherited_url) {
   if (listen_url == inherited_url) return true;
@@ -16,7 +34,7 @@ bool detail::inherited_fits(const std::string& listen_url, const std::string& in
   }
   const auto tcp = [](scheme k) { return k == scheme::ipv4 || k == scheme::ipv6; };
   if (!tcp(have.kind) || (want.kind != scheme::dns && want.kind != have.kind)) return false;
-  if (want.kind != scheme::dns && want.host != have.host) return false;
+  if (want.kind != scheme::dns && !same_ip(want.kind, want.host, have.host)) return false;
   return want.port == 0 || want.port == have.port;
 }
 

@@ -56,8 +56,9 @@ constexpr uint64_t kDropLogWindowMs = 1000;
 constexpr uint64_t kTagE2e = uint64_t{1} << 63;
 
 // Whether a listening socket inherited as inherited_url serves the listen URL listen_url: the
-// same URL, or the same scheme and host with listen_url's port 0 (any) or equal; a dns:// listen
-// URL takes a TCP socket of its port (listen_fd() checks the socket itself).
+// same URL, or the same scheme and address (IP literals compared as addresses, however written)
+// with listen_url's port 0 (any) or equal; a dns:// listen URL takes a TCP socket of its port
+// (listen_fd() checks the socket itself).
 bool inherited_fits(const std::string& listen_url, const std::string& inherited_url);
 // Which inherited socket each listen URL adopts (its index in `inherited`, or -1: bind afresh).
 // Each socket serves one URL; exact fits (the same URL, or a fixed port) are matched before the

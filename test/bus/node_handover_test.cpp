@@ -214,6 +214,33 @@ TEST_F(NodeHandoverTest, OneSocketInheritedTwiceIsRefused) {
   EXPECT_FALSE(fd_is_open(fd));
 }
 
+// The same config on both sides, with an IPv6 literal written otherwise than the system prints
+// it: the old process gives its socket away under its bound URL ("[::1]"), and the new one, whose
+// listen URL says "[0:0:0:0:0:0:0:1]", must still take it (the same address) instead of refusing
+// to start.
+TEST_F(NodeHandoverTest, AnIpv6LiteralWrittenAnotherWayTakesItsSocketBack) {
+  node_config c = fast_config();
+  c.listen = {"ipv6://[0:0:0:0:0:0:0:1]:0"};
+  bus_node* old = make(0x43, c);
+  std::vector<inherited_listener> out;
+  ASSERT_EQ(old->n->detach_listeners(&out), errc::ok);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].url.rfind("ipv6://[::1]:", 0), 0u) << out[0].url;
+  c.inherit_listeners = out;
+  std::string why;
+  EXPECT_EQ(node::validate(0x44, c, &why), errc::ok) << why;
+  bus_node* t = make(0x44, c, false);
+  ASSERT_EQ(t->n->start(), errc::ok) << t->n->last_error().detail;
+  EXPECT_EQ(t->n->listen_urls(), std::vector<std::string>{out[0].url});
+  // With a fixed port, and hex digits in upper case, the same.
+  const std::string port = out[0].url.substr(out[0].url.rfind(':') + 1);
+  EXPECT_EQ(detail::match_inherited({"ipv6://[0::1]:" + port}, out), std::vector<int>{0});
+  EXPECT_EQ(detail::match_inherited({"ipv6://[FE80::A]:7"}, {{"ipv6://[fe80::a]:7", 3}}),
+            std::vector<int>{0});
+  EXPECT_EQ(detail::match_inherited({"ipv6://[::2]:7"}, {{"ipv6://[::1]:7", 3}}),
+            std::vector<int>{-1});
+}
+
 // A port the OS had free a moment ago (bound and closed; nothing connected, so no TIME_WAIT).
 uint16_t free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
