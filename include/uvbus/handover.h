@@ -38,8 +38,9 @@ struct handover_state {
 // this process's and *out owns them) and acknowledges; the socket file is removed before
 // returning. Errors (detail, if given, says what was wrong): invalid_argument (path too long, out
 // null), timeout (no sender in time, or it sent nothing or stopped mid-way), protocol_error (not
-// a hand-over message, more sockets than announced, oversize), io_error (accepting failed other
-// than transiently, e.g. out of fds: at once, not at the deadline), and the system's errors.
+// a hand-over message, another version's, more or fewer sockets than announced, oversize: the
+// detail names the field), io_error (accepting failed other than transiently, e.g. out of fds: at
+// once, not at the deadline), and the system's errors.
 [[nodiscard]] errc handover_receive(const std::string& path, int timeout_ms, handover_state* out,
                                     std::string* detail = nullptr);
 

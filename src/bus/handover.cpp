@@ -321,6 +321,27 @@ errc first_byte(int c, int64_t deadline) {
   }
 }
 
+// Whether a received header is one this library reads; the refusal names the field.
+errc check_header(const uint8_t* head, std::string* detail) {
+  const auto no = [detail](const std::string& why) {
+    return say(detail, errc::protocol_error, "handover: " + why);
+  };
+  if (std::memcmp(head, kMagic, 4) != 0) return no("not a hand-over message (no \"UVBH\" magic)");
+  if (head[4] != kVersion) {
+    return no("a message of hand-over version " + std::to_string(head[4]) +
+              " (another uvbus release); this one reads version " + std::to_string(kVersion));
+  }
+  if (head[5] > kMaxSockets) {
+    return no("the header announces " + std::to_string(head[5]) + " sockets, at most " +
+              std::to_string(kMaxSockets));
+  }
+  if (load_le32(head + 8) > kMaxBody) {
+    return no("the header announces a body of " + std::to_string(load_le32(head + 8)) +
+              " bytes, at most " + std::to_string(kMaxBody));
+  }
+  return errc::ok;
+}
+
 // Reads one hand-over message from the connected sender c into *out (fds owned by *out).
 errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
   std::vector<int> fds;
@@ -328,20 +349,22 @@ errc receive_from(int c, int64_t deadline, handover_state* out, std::string* det
   errc e = read_all(c, head, kHeader, deadline, &fds, "the sender", "mid-message", detail);
   const size_t count = e == errc::ok ? head[5] : 0;
   const size_t body_len = e == errc::ok ? load_le32(head + 8) : 0;
-  if (e == errc::ok && (std::memcmp(head, kMagic, 4) != 0 || head[4] != kVersion ||
-                        count > kMaxSockets || body_len > kMaxBody)) {
-    e = say(detail, errc::protocol_error, "handover: not a version-1 hand-over message");
-  }
+  if (e == errc::ok) e = check_header(head, detail);
   std::vector<uint8_t> body;
   if (e == errc::ok) {
     body.resize(body_len);
     e = read_all(c, body.data(), body.size(), deadline, &fds, "the sender", "mid-message", detail);
   }
   handover_state st;
-  if (e == errc::ok && (!decode_body(body, count, &st) || fds.size() != count)) {
+  if (e == errc::ok && fds.size() != count) {
     e = say(detail, errc::protocol_error,
-            "handover: malformed message (" + std::to_string(fds.size()) + " sockets for " +
-                std::to_string(count) + " announced)");
+            "handover: " + std::to_string(fds.size()) + " sockets came for " +
+                std::to_string(count) + " announced");
+  } else if (e == errc::ok && !decode_body(body, count, &st)) {
+    e = say(detail, errc::protocol_error,
+            "handover: a malformed body: " + std::to_string(count) +
+                " URLs and the flow positions do not fill its " + std::to_string(body.size()) +
+                " bytes exactly");
   }
   if (e != errc::ok) {
     for (const int f : fds) ::close(f);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "bus/bus_harness.h"
@@ -365,7 +366,7 @@ TEST(Handover, GarbageIsRefusedAndItsSocketsClosed) {
   ASSERT_EQ(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
   receiver.join();
   EXPECT_EQ(e, errc::protocol_error);
-  EXPECT_NE(why.find("not a version-1"), std::string::npos) << why;
+  EXPECT_NE(why.find("not a hand-over message"), std::string::npos) << why;
   char ack = 0;
   EXPECT_EQ(::recv(fd, &ack, 1, 0), 1);
   EXPECT_EQ(ack, 1);  // refused
@@ -486,6 +487,51 @@ TEST(Handover, AReceiverOutOfFdsFailsWithTheReason) {
   EXPECT_NE(msg.find("accept"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::strerror(EMFILE)), std::string::npos) << msg;
   EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
+// A header from another version of the library, or announcing more than it may: the refusal
+// names the field and its value (it said "not a version-1 hand-over message" for all of them).
+TEST(Handover, ABadHeaderIsRefusedNamingTheField) {
+  struct bad {
+    uint8_t version;
+    uint8_t count;
+    uint32_t body_len;
+    const char* named;
+  };
+  for (const bad& b : {bad{2, 0, 4, "version 2"}, bad{1, 9, 4, "9 sockets"},
+                       bad{1, 0, 0xffffffffU, "4294967295 bytes"}}) {
+    const std::string path = temp_path("handover-header.ctl");
+    handover_state st;
+    std::string why;
+    errc e = errc::ok;
+    std::thread receiver([&] { e = handover_receive(path, 30000, &st, &why); });
+    const int fd = connect_when_listening(path);
+    uint8_t head[12] = {'U', 'V', 'B', 'H', b.version, b.count, 0, 0};
+    std::memcpy(head + 8, &b.body_len, 4);  // little-endian host
+    ASSERT_EQ(::send(fd, head, sizeof head, MSG_NOSIGNAL), 12);
+    receiver.join();
+    ::close(fd);
+    EXPECT_EQ(e, errc::protocol_error) << why;
+    EXPECT_NE(why.find(b.named), std::string::npos) << why;
+  }
+  const std::string path = temp_path("handover-header.ctl");
+  handover_state st;
+  std::string why;
+  std::thread receiver([&] { (void)handover_receive(path, 30000, &st, &why); });
+  const int fd = connect_when_listening(path);
+  ASSERT_EQ(::send(fd, "HTTP/1.1 200", 12, MSG_NOSIGNAL), 12);
+  receiver.join();
+  ::close(fd);
+  EXPECT_NE(why.find("not a hand-over message"), std::string::npos) << why;
+  // A whole version-1 message announcing one socket, sent without it.
+  std::thread again([&] { (void)handover_receive(path, 30000, &st, &why); });
+  const int fd2 = connect_when_listening(path);
+  const uint8_t msg[19] = {'U', 'V', 'B', 'H', 1, 1, 0, 0, 7, 0, 0, 0, 1, 0, 'x', 0, 0, 0, 0};
+  ASSERT_EQ(::send(fd2, msg, sizeof msg, MSG_NOSIGNAL), 19);
+  again.join();
+  ::close(fd2);
+  EXPECT_NE(why.find("0 sockets came for 1 announced"), std::string::npos) << why;
+  EXPECT_TRUE(st.listeners.empty());
 }
 
 // A sender that connects and goes before a whole header: a clear timeout, nothing adopted.
