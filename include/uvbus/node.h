@@ -434,8 +434,9 @@ class node {
   // (empty detail: nothing more to say than the code). A call that returns ok leaves it unchanged.
   [[nodiscard]] error_info last_error() const;
   // Where each source's flow stands here: for each source, the epoch and the highest sequence
-  // delivered in order (an opaque blob; docs/protocol.md "Flow positions"). Pass it to the next
-  // process of this id as node_config::inherit_flow_positions (after stop(), nothing changes).
+  // delivered in order (an opaque blob naming this node's id; docs/protocol.md "Flow positions").
+  // Pass it to the next process of this id as node_config::inherit_flow_positions (after stop(),
+  // nothing changes); a node of another id refuses it.
   [[nodiscard]] std::vector<uint8_t> flow_positions() const;
   // The metrics of this node in the Prometheus text exposition format (what metrics_url serves;
   // names and units in docs/observability.md). Usable without the endpoint.

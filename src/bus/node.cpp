@@ -235,12 +235,11 @@ errc node::impl::start() {
   const errc v = node::validate(self, cfg, &why);
   if (v != errc::ok) return refuse_call(v, "node::start: " + why);
   if (!cfg.inherit_flow_positions.empty() &&
-      flow_positions_import(cfg.inherit_flow_positions.data(), cfg.inherit_flow_positions.size()) !=
-          errc::ok) {
+      flow_positions_import(cfg.inherit_flow_positions.data(), cfg.inherit_flow_positions.size(),
+                            &why) != errc::ok) {
     return refuse_call(errc::invalid_argument,
-                       "node::start: node_config.inherit_flow_positions is not a "
-                       "node::flow_positions() blob (" +
-                           std::to_string(cfg.inherit_flow_positions.size()) + " bytes)");
+                       "node::start: node_config.inherit_flow_positions (" +
+                           std::to_string(cfg.inherit_flow_positions.size()) + " bytes) " + why);
   }
   if (const errc me = start_metrics(); me != errc::ok) return me;
   host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;

@@ -1,6 +1,10 @@
 // Bus node, flows (end-to-end delivery): the source's retransmit buffers, resend and the
 // reports they settle; the target's in-order positions, duplicate removal and cumulative
 // acknowledgements. docs/bus.md "Flows" states the guarantees; docs/protocol.md the bytes.
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -475,10 +479,27 @@ void node::impl::flush_acks() {
 }
 
 // ------------------------------------------------------------------------------- handover --
+namespace {
+
+// "UVFP", then the id of the node the positions are of: a blob handed to another id would make it
+// drop its sources' first messages as duplicates (each flow's sequence starts at 1 per target).
+constexpr uint8_t kPositionsMagic[4] = {'U', 'V', 'F', 'P'};
+constexpr size_t kPositionsHead = 16;  // magic, u64 node id, u32 count
+
+std::string id_hex(bus_id id) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, id);
+  return buf;
+}
+
+}  // namespace
+
 std::vector<uint8_t> node::impl::flow_positions_export() const {
-  std::vector<uint8_t> out(4 + rx_flows.size() * 24);
-  store_le<uint32_t>(out.data(), static_cast<uint32_t>(rx_flows.size()));
-  size_t off = 4;
+  std::vector<uint8_t> out(kPositionsHead + rx_flows.size() * 24);
+  std::memcpy(out.data(), kPositionsMagic, 4);
+  store_le<uint64_t>(out.data() + 4, self);
+  store_le<uint32_t>(out.data() + 12, static_cast<uint32_t>(rx_flows.size()));
+  size_t off = kPositionsHead;
   for (const auto& [source, r] : rx_flows) {
     store_le<uint64_t>(out.data() + off, source);
     store_le<uint64_t>(out.data() + off + 8, r.epoch);
@@ -488,16 +509,30 @@ std::vector<uint8_t> node::impl::flow_positions_export() const {
   return out;
 }
 
-errc node::impl::flow_positions_import(const uint8_t* p, size_t n) {
-  if (p == nullptr || n < 4) return errc::protocol_error;
+errc node::impl::flow_positions_import(const uint8_t* p, size_t n, std::string* why) {
+  // This release's blob names its node; the previous releases' (u32 count and the entries) is
+  // still taken, so a rolling upgrade hands its positions over.
+  constexpr size_t head = 4;
+  if (p != nullptr && n >= kPositionsHead && std::memcmp(p, kPositionsMagic, 4) == 0) {
+    const auto of = load_le<uint64_t>(p + 4);
+    if (of != self) {
+      *why = "are node " + id_hex(of) + "'s flow positions, not this node's (" + id_hex(self) + ")";
+      return errc::invalid_argument;
+    }
+    p += 12;
+    n -= 12;
+  }
+  if (p == nullptr || n < head || n != head + size_t{load_le<uint32_t>(p)} * 24) {
+    *why = "is not a node::flow_positions() blob";
+    return errc::protocol_error;
+  }
   const auto count = load_le<uint32_t>(p);
-  if (n != 4 + size_t{count} * 24) return errc::protocol_error;
   // start() may come long after the loop last ran (the new process blocked in
   // handover_receive()): stamped with the stale cached time, every position would look idle
   // for that long and be forgotten at the first tick.
   uv_update_time(loop);
   for (uint32_t i = 0; i < count; ++i) {
-    const uint8_t* e = p + 4 + size_t{i} * 24;
+    const uint8_t* e = p + head + size_t{i} * 24;
     rx_flow& r = rx_flows[load_le<uint64_t>(e)];
     r.epoch = load_le<uint64_t>(e + 8);
     r.through = load_le<uint64_t>(e + 16);

@@ -317,7 +317,40 @@ TEST_F(NodeHandoverTest, InheritedFlowPositionsSurviveAStaleLoopClock) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   bus_node* b = make(0x100, c);
   run_for(std::chrono::milliseconds(300));
-  EXPECT_EQ(b->n->flow_positions(), blob);
+  // Given in the previous releases' form (no node id), given back in this one's: "UVFP", the id.
+  std::vector<uint8_t> now = {'U', 'V', 'F', 'P', 0, 1, 0, 0, 0, 0, 0, 0};
+  now.insert(now.end(), blob.begin(), blob.end());
+  EXPECT_EQ(b->n->flow_positions(), now);
+  // In this release's form it is taken too.
+  c.inherit_flow_positions = now;
+  bus_node* again = make(0x100, c);
+  EXPECT_EQ(again->n->flow_positions(), now);
+}
+
+// Flow positions handed to a node of another id (a deployment that mixed up two nodes' state
+// files): its sources' sequences to it started at 1 like those to the node the positions were
+// taken from, so the first messages were dropped as duplicates and acknowledged, their senders
+// told ok. Refused at start(), naming both ids.
+TEST_F(NodeHandoverTest, FlowPositionsOfAnotherNodeAreRefused) {
+  make_tree();
+  send_some(50);
+  ASSERT_TRUE(wait([&] { return b_->got.size() == 50 && a_->reports.size() == 50; }));
+  node_config cc = fast_config(p_->n->listen_urls().at(0));
+  cc.inherit_flow_positions = b_->n->flow_positions();  // 0x102's, given to 0x103
+  bus_node* c = make(0x103, cc, false);
+  const errc started = c->n->start();
+  EXPECT_EQ(started, errc::invalid_argument);
+  EXPECT_NE(c->n->last_error().detail.find("0x102"), std::string::npos)
+      << c->n->last_error().detail;
+  if (started != errc::ok) return;
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  for (uint64_t i = 0; i < 50; ++i) {
+    ASSERT_EQ(a_->n->send_data(0x103, 1, &i, sizeof i), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 100; }));
+  size_t ok = 0;
+  for (size_t i = 50; i < 100; ++i) ok += a_->reports[i].status == errc::ok ? 1 : 0;
+  EXPECT_EQ(c->got.size(), ok) << ok << " reported ok, " << c->got.size() << " delivered";
 }
 
 TEST(NodeHandoverConfig, InheritedSocketsMustNameAListenUrl) {
