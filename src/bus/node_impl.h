@@ -238,10 +238,9 @@ struct node::impl {
   void send_flow_ack(bus_id to, detail::rx_flow& r);
   static void on_ack_check(uv_check_t* c);
   void flush_acks();
-  // A planned handover (docs/bus.md "Planned upgrade"): the target-side positions of every flow
-  // (source, epoch, through), so the new process drops what the old one delivered. Format:
-  // "UVFP", u64 this node's id, u32 count, then per flow u64 source, u64 epoch, u64 through
-  // (little-endian).
+  // A planned handover (docs/bus.md "Planned upgrade"): the target-side positions of every flow,
+  // so the new process drops what the old one delivered. Format: "UVFP", u64 this node's id, u32
+  // count, then per flow u64 source, u64 epoch, u64 through (little-endian).
   [[nodiscard]] std::vector<uint8_t> flow_positions_export() const;
   // An acknowledged entry's send-to-acknowledgement time, into its target's and type's histograms.
   void record_latency(detail::tx_flow& f, const detail::tx_entry& e);
@@ -254,9 +253,7 @@ struct node::impl {
   bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   static constexpr size_t kMaxTypeHistograms = 64;
   static constexpr uint32_t kOtherType = 0xffffffffU;
-  // Takes this release's blob, and the previous releases' (u32 count and the entries, naming no
-  // node). protocol_error for a malformed blob, invalid_argument for another node's; *why (not
-  // null) says which, nothing is imported. Existing positions are replaced.
+  // Old blobs (no id) too. protocol_error or invalid_argument (another id's): *why says which.
   errc flow_positions_import(const uint8_t* p, size_t n, std::string* why);
   // ------------------------------------------------------------------------------- helpers --
   // Calls a user callback (or a command callback) unless it is empty or the node was destroyed.
