@@ -51,7 +51,9 @@ struct handover_state {
 // them after a success). Errors: invalid_argument (path too long, more than 8 sockets, a negative
 // fd), timeout (no receiver, or no acknowledgement in time), permission_denied (the receiver
 // runs as another user: the detail names its uid and the path), protocol_error (the receiver
-// refused the message), and the system's errors.
+// refused the message), and the system's errors. A timeout or io_error after the message went
+// out (no acknowledgement came) leaves it open whether the receiver took the sockets: it may own
+// copies of them, so the caller must not go on accepting on its own.
 [[nodiscard]] errc handover_send(const std::string& path, const handover_state& state,
                                  int timeout_ms, std::string* detail = nullptr);
 
