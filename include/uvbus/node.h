@@ -405,12 +405,12 @@ class node {
                               bus_id* chosen = nullptr, uint64_t* message_id = nullptr);
   // This node's load hint for least_loaded (lower: less loaded), sent at most once a heartbeat.
   void set_load(uint32_t load);
-  // One send delivered to every node of `to` (uvbus/fanout.h) except this one: the message goes
-  // once over each tree link (parent, children) behind which the directory knows a target, and
-  // each relay fans it out the same way (one copy per link, not per target). Every target's
-  // on_data gets it (source: this node, type msg_type) and acknowledges it; cb gets one summary
-  // when every node that matched here has acknowledged, or after timeout_ms with the rest as
-  // failed, or closed at stop(). Not resent (a failed target may be sent to with send_data).
+  // One send delivered to every node of `to` (uvbus/fanout.h) except this one: once over each tree
+  // link (parent, children) behind which the directory knows a target, each relay fanning it out
+  // the same way (one copy per link). Every target's on_data gets it (source: this node, type
+  // msg_type) and acknowledges it; cb gets one summary: ok when every node that matched here has
+  // acknowledged, not_connected once each of the others left this node's directory instead, else
+  // timeout after timeout_ms (the rest failed), closed at stop(). Not resent (send_data may).
   // Links below protocol version 6 are skipped. Errors at once (cb never called): unknown_route
   // (no node matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits, a
   // type, label key or value over 128 bytes or more than 16 labels: the wire carries no more),

@@ -1,6 +1,7 @@
 // Any node of a type (pick, send_any, load hints) and broadcast (fan-out along the tree links,
 // acknowledgements, the summary report): docs/bus.md "Any node of a type" and "Broadcast".
 #include <algorithm>
+#include <cstdint>
 
 #include "bus/node_impl.h"
 
@@ -107,11 +108,11 @@ void finish(node::impl& n, uint64_t id, errc status) {
   broadcast_report r;
   r.broadcast_id = id;
   r.expected = pb.expected.size();
-  r.reached = std::move(pb.reached);
-  std::sort(r.reached.begin(), r.reached.end());
-  for (const bus_id e : pb.expected) {
-    if (!std::binary_search(r.reached.begin(), r.reached.end(), e)) r.failed.push_back(e);
+  r.reached = std::move(pb.extra);
+  for (size_t i = 0; i < pb.expected.size(); ++i) {
+    (pb.state[i] == pending_broadcast::acked ? r.reached : r.failed).push_back(pb.expected[i]);
   }
+  std::sort(r.reached.begin(), r.reached.end());
   r.status = r.failed.empty() ? errc::ok : status;
   f.finished.emplace_back(std::move(pb.cb), std::move(r));
   n.arm_idle();
@@ -174,14 +175,54 @@ void forget_cursor(fanout_state& f, const std::string& key) {
   f.cursors.erase(it);
 }
 
+// Every expected node of pb acknowledged or left the directory: nothing more can come in time.
+bool settled(const pending_broadcast& pb) {
+  return pb.acked_count + pb.left_count == pb.expected.size();
+}
+
+constexpr size_t kNotExpected = SIZE_MAX;
+
+// The place of `id` among pb's expected nodes (kNotExpected: none).
+size_t expected_at(const pending_broadcast& pb, bus_id id) {
+  const auto it = std::lower_bound(pb.expected.begin(), pb.expected.end(), id);
+  if (it == pb.expected.end() || *it != id) return kNotExpected;
+  return static_cast<size_t>(it - pb.expected.begin());
+}
+
 void on_ack(node::impl& n, const proto::header& hd) {
   auto it = n.fan->pending.find(hd.sequence);
   if (it == n.fan->pending.end()) return;  // late: already reported
   pending_broadcast& pb = it->second;
-  if (std::find(pb.reached.begin(), pb.reached.end(), hd.source) != pb.reached.end()) return;
-  pb.reached.push_back(hd.source);
-  if (std::binary_search(pb.expected.begin(), pb.expected.end(), hd.source)) ++pb.acked_expected;
-  if (pb.acked_expected == pb.expected.size()) finish(n, hd.sequence, errc::ok);
+  const size_t at = expected_at(pb, hd.source);
+  if (at == kNotExpected) {  // a node that joined since
+    if (std::find(pb.extra.begin(), pb.extra.end(), hd.source) == pb.extra.end()) {
+      pb.extra.push_back(hd.source);
+    }
+    return;
+  }
+  if (pb.state[at] == pending_broadcast::acked) return;
+  // One that left counts as reached after all (it came back, or its acknowledgement overtook
+  // its departure).
+  if (pb.state[at] == pending_broadcast::left) --pb.left_count;
+  pb.state[at] = pending_broadcast::acked;
+  ++pb.acked_count;
+  // failed is empty unless some expected node left: finish() reports ok then.
+  if (settled(pb)) finish(n, hd.sequence, errc::not_connected);
+}
+
+// Node `id` left this node's directory: an expected target of a broadcast of ours that has not
+// acknowledged it never will in time (nothing is resent). A broadcast whose every expected node
+// has acknowledged or left ends now, not_connected, rather than at its timeout.
+void target_left(node::impl& n, bus_id id) {
+  std::vector<uint64_t> done;
+  for (auto& [bid, pb] : n.fan->pending) {
+    const size_t at = expected_at(pb, id);
+    if (at == kNotExpected || pb.state[at] != pending_broadcast::waiting) continue;
+    pb.state[at] = pending_broadcast::left;
+    ++pb.left_count;
+    if (settled(pb)) done.push_back(bid);
+  }
+  for (const uint64_t bid : done) finish(n, bid, errc::not_connected);
 }
 }  // namespace
 
@@ -266,6 +307,7 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   if (pb.expected.empty()) {
     return n.fail(errc::unknown_route, "node::broadcast: no node of the directory matches");
   }
+  pb.state.assign(pb.expected.size(), pending_broadcast::waiting);
   proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.take_seq());
   hd.ttl = opt.ttl != 0 ? opt.ttl : n.cfg.default_ttl;
   hd.body_len = static_cast<uint32_t>(selector + size);
@@ -422,6 +464,8 @@ errc node::call_any(const std::string& type, const std::vector<node_label>& labe
 }
 
 void detail::fan_departed(node::impl& n, bus_id id) {
+  // A relay's refusal of a send_any message leaves the directory as it is: only a departure counts.
+  if (!n.fan->pending.empty() && n.dir.count(id) == 0) target_left(n, id);
   bool writable = false;  // settled messages freed a full flow: on_writable(id), as acks do
   if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
     detail::tx_flow& f = it->second;

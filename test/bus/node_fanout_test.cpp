@@ -2,10 +2,12 @@
 // chat node. pick() round robin (a bounded set of cursors), least loaded (load hints through the
 // directory, those of departed nodes pruned) and consistent hashing (stable keys, only a dead
 // node's keys move, every node picks alike); broadcast by type and by subnet with one copy per
-// link, its summary report, targets that cannot be reached, stop.
+// link, its summary report, targets that cannot be reached or leave (the summary comes then), stop.
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -348,6 +350,38 @@ TEST_F(NodeFanout, ATargetThatCannotBeReachedIsReportedFailed) {
   EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
   EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
   EXPECT_TRUE(l3_->got.empty());
+}
+
+// A target that will never acknowledge (L3 speaks version 5: no copy reaches it) leaves the
+// sender's directory when its relay dies: nothing more can come, yet the summary waited for
+// timeout_ms (20 s here) and said timeout. It comes at once: not_connected, L3 in failed.
+TEST_F(NodeFanout, ABroadcastEndsAtOnceWhenItsSilentTargetsRelayDies) {
+  ASSERT_NO_FATAL_FAILURE(build(5));
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 20000,
+                              [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return l2_->got.size() == 1; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  destroy(g2_);  // L3 and the chat node leave every directory with it
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }, std::chrono::seconds(60)));
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  std::printf("[ summary  ] %s %lld ms after the relay died (timeout_ms 20000)\n",
+              to_string(rep->status), static_cast<long long>(ms));
+  EXPECT_EQ(rep->status, errc::not_connected);
+  EXPECT_EQ(rep->expected, 2u);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
+  // The next broadcast expects L2 alone (L3 left the directory).
+  rep.reset();
+  ASSERT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic"), 1, "y", 1, 20000,
+                              [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::ok);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
 }
 
 TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {
