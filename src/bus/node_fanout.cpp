@@ -81,9 +81,10 @@ std::string selector_fault(const broadcast_target& to) {
 }
 
 // Sends one copy of the broadcast [bufs] to every tree link except `except` behind which the
-// directory knows a target. Returns the copies sent.
+// directory knows a target (bufs null: sends nothing, counts those links). Returns the copies sent;
+// *refused (if given) is the first refusal of a copy (ok: none).
 size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
-               size_t count) {
+               size_t count, errc* refused = nullptr) {
   size_t sent = 0;
   for (auto& [id, p] : n.peers) {
     if (id == except || !tree_v6(n, p.get(), false)) continue;
@@ -94,7 +95,13 @@ size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const c
         break;
       }
     }
-    if (behind && n.transmit(p.get(), bufs, count, 0, 0) == errc::ok) ++sent;
+    if (!behind) continue;
+    const errc e = bufs == nullptr ? errc::ok : n.transmit(p.get(), bufs, count, 0, 0);
+    if (e == errc::ok) {
+      ++sent;
+    } else if (refused != nullptr && *refused == errc::ok) {
+      *refused = e;
+    }
   }
   return sent;
 }
@@ -243,13 +250,21 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   const bus_id from_id = from == nullptr         ? tree_hop_towards(n, hd.source)
                          : from->peer != nullptr ? from->peer->id
                                                  : 0;
+  // A copy that cannot go on towards a target (its TTL spent, or the link refused it) is dropped
+  // as a relayed message is: counted, and logged at warn (last: on_log may stop or destroy us).
+  proto::reason dropped = proto::reason::ok;
   if (hd.ttl > 0) {
     uint8_t head[proto::kHeaderSize];
     std::memcpy(head, data, proto::kHeaderSize);
     head[3] = static_cast<uint8_t>(hd.ttl - 1);
     const const_buffer bufs[2] = {{head, sizeof head},
                                   {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-    n.counters.broadcasts_forwarded += fan_out(n, from_id, b.to, bufs, 2);
+    errc refused = errc::ok;
+    n.counters.broadcasts_forwarded += fan_out(n, from_id, b.to, bufs, 2, &refused);
+    if (refused != errc::ok) dropped = proto::reason_from_errc(refused);
+  } else if (fan_out(n, from_id, b.to, nullptr, 0) != 0) {
+    ++n.counters.ttl_expired;
+    dropped = proto::reason::ttl_expired;
   }
   if (hd.source != n.self && self_matches(n, b.to)) {
     ++n.counters.broadcasts_received;
@@ -260,6 +275,7 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
     (void)n.route_reply(hd.source, &cb, sizeof m);
     n.deliver(hd.source, 0, b.user_type, b.payload, b.size);
   }
+  if (dropped != proto::reason::ok && !n.dead) n.relay_drop(hd, dropped);
   return true;
 }
 

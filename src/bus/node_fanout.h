@@ -59,7 +59,7 @@ struct fanout_state {
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
 };
 
-// Broadcasts (any target) and broadcast acknowledgements for us: true when handled.
+// Broadcasts, and acknowledgements for us (true: handled); copies that cannot go on count as drops.
 bool fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_t* data,
                 size_t size);
 // Deadlines, and our load hint when it changed (at most once per heartbeat interval).

@@ -384,6 +384,38 @@ TEST_F(NodeFanout, ABroadcastEndsAtOnceWhenItsSilentTargetsRelayDies) {
   EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
 }
 
+// A relay that could not pass a broadcast on (its TTL spent, as here, or the next link refusing
+// the copy) dropped it without a trace: the targets behind it were reported failed at the
+// sender's timeout, while the relay counted nothing and logged nothing, where a relayed message
+// dropped the same way counts ttl_expired and forward_dropped and is logged at warn. TTL 1 from
+// L1: G1 passes it on with 0, so the root cannot send it on towards L3.
+TEST_F(NodeFanout, ARelayThatCannotPassABroadcastOnCountsAndLogsTheDrop) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::optional<broadcast_report> rep;
+  send_options one_hop;
+  one_hop.ttl = 1;
+  ASSERT_EQ(l1_->n->broadcast(
+                broadcast_target::of_type("logic"), 1, "x", 1, 300,
+                [&](const broadcast_report& r) { rep = r; }, one_hop),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::timeout);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
+  EXPECT_EQ(g1_->n->counters().ttl_expired, 0u);  // it passed it on
+  EXPECT_EQ(root_->n->counters().ttl_expired, 1u);
+  EXPECT_EQ(root_->n->counters().forward_dropped, 1u);
+  EXPECT_EQ(root_->n->counters().broadcasts_forwarded, 0u);
+  bool logged = false;
+  for (const auto& [lv, m] : root_->logs) {
+    logged = logged || (lv == log_level::warn && m.find("broadcast") != std::string::npos &&
+                        m.find("ttl") != std::string::npos);
+  }
+  EXPECT_TRUE(logged) << "no warning at the root naming the broadcast and its TTL";
+  // A copy whose TTL runs out where no target lies further on is no drop: L2 (TTL 0) counts none.
+  EXPECT_EQ(l2_->n->counters().ttl_expired, 0u);
+}
+
 TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {
   ASSERT_NO_FATAL_FAILURE(build(5));
   std::optional<broadcast_report> rep;
