@@ -231,6 +231,41 @@ void target_left(node::impl& n, bus_id id) {
   }
   for (const uint64_t bid : done) finish(n, bid, errc::not_connected);
 }
+
+// A node known only from etcd lies behind no tree link: from a root (a node it does not own is
+// then in no tree of ours, so no copy reaches it twice) it gets a copy of its own, with a selector
+// naming it alone (so its tree does not fan it out again: its other nodes get theirs the same
+// way), over the route a send to it takes (the direct link dialled from its etcd entry). One that
+// cannot be sent to is marked left (failed at once). [hd]: the broadcast's header.
+void send_direct(node::impl& n, pending_broadcast* pb, proto::header hd, uint32_t msg_type,
+                 const void* data, size_t size) {
+  if (n.has_parent()) return;
+  std::vector<uint8_t> head;
+  for (size_t i = 0; i < pb->expected.size(); ++i) {
+    const bus_id id = pb->expected[i];
+    const auto d = n.dir.find(id);
+    if (d == n.dir.end() || d->second.via != node::impl::kViaDiscovery || n.table.owns(id)) {
+      continue;
+    }
+    head.assign(proto::kHeaderSize, 0);
+    proto::encode_broadcast_head(broadcast_target::in_subnet(subnet{id, 0}), msg_type, &head);
+    const size_t body = head.size() - proto::kHeaderSize + size;
+    hd.target = id;
+    hd.body_len = static_cast<uint32_t>(body);
+    proto::encode_header(hd, head.data());
+    const const_buffer bufs[2] = {{head.data(), head.size()}, {data, size}};
+    // A link below version 6 would take the unknown message for a protocol error.
+    const bool v6 = d->second.e.protocol_version >= kV6 && n.cfg.protocol_max >= kV6;
+    const errc e = !v6 ? errc::version_mismatch
+                   : body > n.cfg.message_limit
+                       ? errc::message_too_large
+                       : n.route_lookup(id, bufs, 2, head.size() + size, 0, nullptr);
+    if (e != errc::ok) {
+      pb->state[i] = pending_broadcast::left;
+      ++pb->left_count;
+    }
+  }
+}
 }  // namespace
 
 // ------------------------------------------------------------------------------ broadcast --
@@ -330,9 +365,12 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   proto::encode_header(hd, f.head.data());
   const const_buffer bufs[2] = {{f.head.data(), f.head.size()}, {data, size}};
   fan_out(n, 0, to, bufs, 2);
+  send_direct(n, &pb, hd, msg_type, data, size);
   pb.cb = std::move(cb);
   pb.deadline_ms = n.now_ms() + timeout_ms;
+  const bool none_left = settled(pb);  // every target refused at once: reported from the loop
   f.pending.emplace(hd.sequence, std::move(pb));
+  if (none_left) finish(n, hd.sequence, errc::not_connected);
   ++n.counters.broadcasts_sent;
   if (broadcast_id != nullptr) *broadcast_id = hd.sequence;
   return errc::ok;
