@@ -62,8 +62,11 @@ struct broadcast_target {
 struct broadcast_report {
   uint64_t broadcast_id = 0;
   // ok: every node that matched in this node's directory when broadcast() was called acknowledged
-  // delivery. timeout: some did not within the timeout (they are in `failed`; each may or may not
-  // have got it). closed: the node stopped first.
+  // delivery. not_connected: every other one left this node's directory (stopped, killed, its
+  // relay's link gone) or could not be sent a copy (one in no common tree) without acknowledging:
+  // they are in `failed`, reported once the last one is accounted for, not at the timeout.
+  // timeout: some did not acknowledge in time (in `failed`, with any that left). Each one in
+  // `failed` may or may not have got it. closed: the node stopped first.
   errc status = errc::ok;
   size_t expected = 0;          // matching nodes known when broadcast() was called
   std::vector<bus_id> reached;  // nodes whose on_data got it (a node that joined since included)

@@ -405,17 +405,17 @@ class node {
                               bus_id* chosen = nullptr, uint64_t* message_id = nullptr);
   // This node's load hint for least_loaded (lower: less loaded), sent at most once a heartbeat.
   void set_load(uint32_t load);
-  // One send delivered to every node of `to` (uvbus/fanout.h) except this one: the message goes
-  // once over each tree link (parent, children) behind which the directory knows a target, and
-  // each relay fans it out the same way (one copy per link, not per target). Every target's
-  // on_data gets it (source: this node, type msg_type) and acknowledges it; cb gets one summary
-  // when every node that matched here has acknowledged, or after timeout_ms with the rest as
-  // failed, or closed at stop(). Not resent (a failed target may be sent to with send_data).
-  // Links below protocol version 6 are skipped. Errors at once (cb never called): unknown_route
-  // (no node matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits, a
-  // type, label key or value over 128 bytes or more than 16 labels: the wire carries no more),
-  // message_too_large (size plus the selector's bytes above message_limit), wrong_state, closed.
-  // *broadcast_id (if given) is the report's id.
+  // One send to every node of `to` (uvbus/fanout.h) but this one: once over each tree link behind
+  // which the directory knows a target, each relay fanning it out alike (one copy per link); from
+  // a root, a node known only from etcd (no common tree) gets its own over the direct link a send
+  // takes. Each target's on_data gets it (source: this node, type msg_type) and acknowledges it;
+  // cb gets one summary: ok when all that matched here acknowledged, not_connected once each of
+  // the others left the directory (or could not be sent to) instead, else timeout at timeout_ms
+  // (the rest failed), closed at stop(). Not resent. Links below protocol version 6 are skipped.
+  // Errors at once (cb never called): unknown_route (no node matches), invalid_argument (empty
+  // cb, timeout_ms 0, a subnet wider than 64 bits, a type, label key or value over 128 bytes or
+  // over 16 labels: the wire carries no more), message_too_large (size plus the selector's bytes
+  // above message_limit), wrong_state, closed. *broadcast_id (if given) is the report's id.
   [[nodiscard]] errc broadcast(const broadcast_target& to, uint32_t msg_type, const void* data,
                                size_t size, uint32_t timeout_ms, broadcast_fn cb,
                                const send_options& opt = {}, uint64_t* broadcast_id = nullptr);

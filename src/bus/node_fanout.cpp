@@ -1,6 +1,7 @@
 // Any node of a type (pick, send_any, load hints) and broadcast (fan-out along the tree links,
 // acknowledgements, the summary report): docs/bus.md "Any node of a type" and "Broadcast".
 #include <algorithm>
+#include <cstdint>
 
 #include "bus/node_impl.h"
 
@@ -80,9 +81,10 @@ std::string selector_fault(const broadcast_target& to) {
 }
 
 // Sends one copy of the broadcast [bufs] to every tree link except `except` behind which the
-// directory knows a target. Returns the copies sent.
+// directory knows a target (bufs null: sends nothing, counts those links). Returns the copies sent;
+// *refused (if given) is the first refusal of a copy (ok: none).
 size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
-               size_t count) {
+               size_t count, errc* refused = nullptr) {
   size_t sent = 0;
   for (auto& [id, p] : n.peers) {
     if (id == except || !tree_v6(n, p.get(), false)) continue;
@@ -93,7 +95,13 @@ size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const c
         break;
       }
     }
-    if (behind && n.transmit(p.get(), bufs, count, 0, 0) == errc::ok) ++sent;
+    if (!behind) continue;
+    const errc e = bufs == nullptr ? errc::ok : n.transmit(p.get(), bufs, count, 0, 0);
+    if (e == errc::ok) {
+      ++sent;
+    } else if (refused != nullptr && *refused == errc::ok) {
+      *refused = e;
+    }
   }
   return sent;
 }
@@ -107,11 +115,11 @@ void finish(node::impl& n, uint64_t id, errc status) {
   broadcast_report r;
   r.broadcast_id = id;
   r.expected = pb.expected.size();
-  r.reached = std::move(pb.reached);
-  std::sort(r.reached.begin(), r.reached.end());
-  for (const bus_id e : pb.expected) {
-    if (!std::binary_search(r.reached.begin(), r.reached.end(), e)) r.failed.push_back(e);
+  r.reached = std::move(pb.extra);
+  for (size_t i = 0; i < pb.expected.size(); ++i) {
+    (pb.state[i] == pending_broadcast::acked ? r.reached : r.failed).push_back(pb.expected[i]);
   }
+  std::sort(r.reached.begin(), r.reached.end());
   r.status = r.failed.empty() ? errc::ok : status;
   f.finished.emplace_back(std::move(pb.cb), std::move(r));
   n.arm_idle();
@@ -174,14 +182,89 @@ void forget_cursor(fanout_state& f, const std::string& key) {
   f.cursors.erase(it);
 }
 
+// Every expected node of pb acknowledged or left the directory: nothing more can come in time.
+bool settled(const pending_broadcast& pb) {
+  return pb.acked_count + pb.left_count == pb.expected.size();
+}
+
+constexpr size_t kNotExpected = SIZE_MAX;
+
+// The place of `id` among pb's expected nodes (kNotExpected: none).
+size_t expected_at(const pending_broadcast& pb, bus_id id) {
+  const auto it = std::lower_bound(pb.expected.begin(), pb.expected.end(), id);
+  if (it == pb.expected.end() || *it != id) return kNotExpected;
+  return static_cast<size_t>(it - pb.expected.begin());
+}
+
 void on_ack(node::impl& n, const proto::header& hd) {
   auto it = n.fan->pending.find(hd.sequence);
   if (it == n.fan->pending.end()) return;  // late: already reported
   pending_broadcast& pb = it->second;
-  if (std::find(pb.reached.begin(), pb.reached.end(), hd.source) != pb.reached.end()) return;
-  pb.reached.push_back(hd.source);
-  if (std::binary_search(pb.expected.begin(), pb.expected.end(), hd.source)) ++pb.acked_expected;
-  if (pb.acked_expected == pb.expected.size()) finish(n, hd.sequence, errc::ok);
+  const size_t at = expected_at(pb, hd.source);
+  if (at == kNotExpected) {  // a node that joined since
+    if (std::find(pb.extra.begin(), pb.extra.end(), hd.source) == pb.extra.end()) {
+      pb.extra.push_back(hd.source);
+    }
+    return;
+  }
+  if (pb.state[at] == pending_broadcast::acked) return;
+  // One that left counts as reached after all (it came back, or its acknowledgement overtook
+  // its departure).
+  if (pb.state[at] == pending_broadcast::left) --pb.left_count;
+  pb.state[at] = pending_broadcast::acked;
+  ++pb.acked_count;
+  // failed is empty unless some expected node left: finish() reports ok then.
+  if (settled(pb)) finish(n, hd.sequence, errc::not_connected);
+}
+
+// Node `id` left this node's directory: an expected target of a broadcast of ours that has not
+// acknowledged it never will in time (nothing is resent). A broadcast whose every expected node
+// has acknowledged or left ends now, not_connected, rather than at its timeout.
+void target_left(node::impl& n, bus_id id) {
+  std::vector<uint64_t> done;
+  for (auto& [bid, pb] : n.fan->pending) {
+    const size_t at = expected_at(pb, id);
+    if (at == kNotExpected || pb.state[at] != pending_broadcast::waiting) continue;
+    pb.state[at] = pending_broadcast::left;
+    ++pb.left_count;
+    if (settled(pb)) done.push_back(bid);
+  }
+  for (const uint64_t bid : done) finish(n, bid, errc::not_connected);
+}
+
+// A node known only from etcd lies behind no tree link: from a root (a node it does not own is
+// then in no tree of ours, so no copy reaches it twice) it gets a copy of its own, with a selector
+// naming it alone (so its tree does not fan it out again: its other nodes get theirs the same
+// way), over the route a send to it takes (the direct link dialled from its etcd entry). One that
+// cannot be sent to is marked left (failed at once). [hd]: the broadcast's header.
+void send_direct(node::impl& n, pending_broadcast* pb, proto::header hd, uint32_t msg_type,
+                 const void* data, size_t size) {
+  if (n.has_parent()) return;
+  std::vector<uint8_t> head;
+  for (size_t i = 0; i < pb->expected.size(); ++i) {
+    const bus_id id = pb->expected[i];
+    const auto d = n.dir.find(id);
+    if (d == n.dir.end() || d->second.via != node::impl::kViaDiscovery || n.table.owns(id)) {
+      continue;
+    }
+    head.assign(proto::kHeaderSize, 0);
+    proto::encode_broadcast_head(broadcast_target::in_subnet(subnet{id, 0}), msg_type, &head);
+    const size_t body = head.size() - proto::kHeaderSize + size;
+    hd.target = id;
+    hd.body_len = static_cast<uint32_t>(body);
+    proto::encode_header(hd, head.data());
+    const const_buffer bufs[2] = {{head.data(), head.size()}, {data, size}};
+    // A link below version 6 would take the unknown message for a protocol error.
+    const bool v6 = d->second.e.protocol_version >= kV6 && n.cfg.protocol_max >= kV6;
+    const errc e = !v6 ? errc::version_mismatch
+                   : body > n.cfg.message_limit
+                       ? errc::message_too_large
+                       : n.route_lookup(id, bufs, 2, head.size() + size, 0, nullptr);
+    if (e != errc::ok) {
+      pb->state[i] = pending_broadcast::left;
+      ++pb->left_count;
+    }
+  }
 }
 }  // namespace
 
@@ -202,13 +285,21 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   const bus_id from_id = from == nullptr         ? tree_hop_towards(n, hd.source)
                          : from->peer != nullptr ? from->peer->id
                                                  : 0;
+  // A copy that cannot go on towards a target (its TTL spent, or the link refused it) is dropped
+  // as a relayed message is: counted, and logged at warn (last: on_log may stop or destroy us).
+  proto::reason dropped = proto::reason::ok;
   if (hd.ttl > 0) {
     uint8_t head[proto::kHeaderSize];
     std::memcpy(head, data, proto::kHeaderSize);
     head[3] = static_cast<uint8_t>(hd.ttl - 1);
     const const_buffer bufs[2] = {{head, sizeof head},
                                   {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-    n.counters.broadcasts_forwarded += fan_out(n, from_id, b.to, bufs, 2);
+    errc refused = errc::ok;
+    n.counters.broadcasts_forwarded += fan_out(n, from_id, b.to, bufs, 2, &refused);
+    if (refused != errc::ok) dropped = proto::reason_from_errc(refused);
+  } else if (fan_out(n, from_id, b.to, nullptr, 0) != 0) {
+    ++n.counters.ttl_expired;
+    dropped = proto::reason::ttl_expired;
   }
   if (hd.source != n.self && self_matches(n, b.to)) {
     ++n.counters.broadcasts_received;
@@ -219,6 +310,7 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
     (void)n.route_reply(hd.source, &cb, sizeof m);
     n.deliver(hd.source, 0, b.user_type, b.payload, b.size);
   }
+  if (dropped != proto::reason::ok && !n.dead) n.relay_drop(hd, dropped);
   return true;
 }
 
@@ -266,15 +358,19 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   if (pb.expected.empty()) {
     return n.fail(errc::unknown_route, "node::broadcast: no node of the directory matches");
   }
+  pb.state.assign(pb.expected.size(), pending_broadcast::waiting);
   proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.take_seq());
   hd.ttl = opt.ttl != 0 ? opt.ttl : n.cfg.default_ttl;
   hd.body_len = static_cast<uint32_t>(selector + size);
   proto::encode_header(hd, f.head.data());
   const const_buffer bufs[2] = {{f.head.data(), f.head.size()}, {data, size}};
   fan_out(n, 0, to, bufs, 2);
+  send_direct(n, &pb, hd, msg_type, data, size);
   pb.cb = std::move(cb);
   pb.deadline_ms = n.now_ms() + timeout_ms;
+  const bool none_left = settled(pb);  // every target refused at once: reported from the loop
   f.pending.emplace(hd.sequence, std::move(pb));
+  if (none_left) finish(n, hd.sequence, errc::not_connected);
   ++n.counters.broadcasts_sent;
   if (broadcast_id != nullptr) *broadcast_id = hd.sequence;
   return errc::ok;
@@ -422,6 +518,8 @@ errc node::call_any(const std::string& type, const std::vector<node_label>& labe
 }
 
 void detail::fan_departed(node::impl& n, bus_id id) {
+  // A relay's refusal of a send_any message leaves the directory as it is: only a departure counts.
+  if (!n.fan->pending.empty() && n.dir.count(id) == 0) target_left(n, id);
   bool writable = false;  // settled messages freed a full flow: on_writable(id), as acks do
   if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
     detail::tx_flow& f = it->second;

@@ -21,9 +21,12 @@ struct peer_ep;
 // A broadcast of ours waiting for its acknowledgements.
 struct pending_broadcast {
   broadcast_fn cb;
-  std::vector<bus_id> expected;  // sorted
-  std::vector<bus_id> reached;
-  size_t acked_expected = 0;
+  enum : uint8_t { waiting, acked, left };  // an expected node's state
+  std::vector<bus_id> expected;             // sorted
+  std::vector<uint8_t> state;               // per expected node
+  std::vector<bus_id> extra;                // nodes not expected that acknowledged
+  size_t acked_count = 0;
+  size_t left_count = 0;  // expected nodes that left the directory without acknowledging
   uint64_t deadline_ms = 0;
 };
 
@@ -56,7 +59,7 @@ struct fanout_state {
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
 };
 
-// Broadcasts (any target) and broadcast acknowledgements for us: true when handled.
+// Broadcasts, and acknowledgements for us (true: handled); copies that cannot go on count as drops.
 bool fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_t* data,
                 size_t size);
 // Deadlines, and our load hint when it changed (at most once per heartbeat interval).
@@ -70,7 +73,10 @@ void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id,
 // Node `id` is gone (it left the directory, or a relay refused a send_any message to it with
 // unknown_route or not_connected): every send_any() message to it still owed its report and every
 // call_any() call to it not yet answered fail now with not_connected, from the loop (docs/bus.md
-// "Any node of a type"). The only callback here is the on_writable a freed flow is owed, last.
+// "Any node of a type"). When it left the directory, each broadcast of ours still waiting for its
+// acknowledgement counts it gone: one whose every expected node acknowledged or left is reported
+// now (not_connected), from the loop. The only callback here is the on_writable a freed flow is
+// owed, last.
 void fan_departed(node::impl& n, bus_id id);
 
 }  // namespace uvbus::detail

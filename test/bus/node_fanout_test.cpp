@@ -2,10 +2,12 @@
 // chat node. pick() round robin (a bounded set of cursors), least loaded (load hints through the
 // directory, those of departed nodes pruned) and consistent hashing (stable keys, only a dead
 // node's keys move, every node picks alike); broadcast by type and by subnet with one copy per
-// link, its summary report, targets that cannot be reached, stop.
+// link, its summary report, targets that cannot be reached or leave (the summary comes then), stop.
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -348,6 +350,70 @@ TEST_F(NodeFanout, ATargetThatCannotBeReachedIsReportedFailed) {
   EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
   EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
   EXPECT_TRUE(l3_->got.empty());
+}
+
+// A target that will never acknowledge (L3 speaks version 5: no copy reaches it) leaves the
+// sender's directory when its relay dies: nothing more can come, yet the summary waited for
+// timeout_ms (20 s here) and said timeout. It comes at once: not_connected, L3 in failed.
+TEST_F(NodeFanout, ABroadcastEndsAtOnceWhenItsSilentTargetsRelayDies) {
+  ASSERT_NO_FATAL_FAILURE(build(5));
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 20000,
+                              [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return l2_->got.size() == 1; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  destroy(g2_);  // L3 and the chat node leave every directory with it
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }, std::chrono::seconds(60)));
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  std::printf("[ summary  ] %s %lld ms after the relay died (timeout_ms 20000)\n",
+              to_string(rep->status), static_cast<long long>(ms));
+  EXPECT_EQ(rep->status, errc::not_connected);
+  EXPECT_EQ(rep->expected, 2u);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
+  // The next broadcast expects L2 alone (L3 left the directory).
+  rep.reset();
+  ASSERT_EQ(l1_->n->broadcast(broadcast_target::of_type("logic"), 1, "y", 1, 20000,
+                              [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::ok);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
+}
+
+// A relay that could not pass a broadcast on (its TTL spent, as here, or the next link refusing
+// the copy) dropped it without a trace: the targets behind it were reported failed at the
+// sender's timeout, while the relay counted nothing and logged nothing, where a relayed message
+// dropped the same way counts ttl_expired and forward_dropped and is logged at warn. TTL 1 from
+// L1: G1 passes it on with 0, so the root cannot send it on towards L3.
+TEST_F(NodeFanout, ARelayThatCannotPassABroadcastOnCountsAndLogsTheDrop) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::optional<broadcast_report> rep;
+  send_options one_hop;
+  one_hop.ttl = 1;
+  ASSERT_EQ(l1_->n->broadcast(
+                broadcast_target::of_type("logic"), 1, "x", 1, 300,
+                [&](const broadcast_report& r) { rep = r; }, one_hop),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::timeout);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL2}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kL3}));
+  EXPECT_EQ(g1_->n->counters().ttl_expired, 0u);  // it passed it on
+  EXPECT_EQ(root_->n->counters().ttl_expired, 1u);
+  EXPECT_EQ(root_->n->counters().forward_dropped, 1u);
+  EXPECT_EQ(root_->n->counters().broadcasts_forwarded, 0u);
+  bool logged = false;
+  for (const auto& [lv, m] : root_->logs) {
+    logged = logged || (lv == log_level::warn && m.find("broadcast") != std::string::npos &&
+                        m.find("ttl") != std::string::npos);
+  }
+  EXPECT_TRUE(logged) << "no warning at the root naming the broadcast and its TTL";
+  // A copy whose TTL runs out where no target lies further on is no drop: L2 (TTL 0) counts none.
+  EXPECT_EQ(l2_->n->counters().ttl_expired, 0u);
 }
 
 TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {

@@ -6,10 +6,14 @@
 // registers to it and exchanges data, chooses again when that parent crashes (its lease expires)
 // without losing what was sent meanwhile, follows a lower id, and leaves a parent whose entry no
 // longer matches for one that does;
-// nodes in no common tree reach each other over direct links dialled from their etcd entries;
+// nodes in no common tree reach each other (data, calls, broadcasts) over direct links dialled
+// from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge.
+#include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -176,6 +180,55 @@ TEST_F(NodeDiscoveryTest, NodesInNoCommonTreeTalkOverADirectLink) {
   EXPECT_EQ(a->reports[2], errc::timeout);
   directory_entry e;
   EXPECT_TRUE(a->n->lookup(0x30, &e));  // still listed: the failure came from the dial
+}
+
+// A broadcast goes along the tree links, and a node known only from etcd (in no tree of ours)
+// lies behind none: it never got the broadcast, and every summary naming it waited for timeout_ms
+// and said timeout. From a root it now gets a copy of its own over the direct link a send to it
+// takes (dialled at the first), once, and acknowledges it.
+TEST_F(NodeDiscoveryTest, ABroadcastReachesNodesInNoCommonTreeOverADirectLink) {
+  start_etcd(1);
+  watched_node* a = make_node(0x10, base("a", "logic"));
+  watched_node* b = make_node(0x20, base("b", "logic"));
+  watched_node* c = make_node(0x30, base("c", "chat"));
+  ASSERT_TRUE(wait([&] {
+    return a->n->directory().size() == 3 && b->n->directory().size() == 3 &&
+           c->n->directory().size() == 3;
+  }));
+  for (int round = 0; round < 2; ++round) {  // the link dialled by the first, then up
+    std::optional<broadcast_report> rep;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(a->n->broadcast(broadcast_target::of_type("logic"), 1, "bc", 2, 10000,
+                              [&](const broadcast_report& r) { rep = r; }),
+              errc::ok)
+        << a->n->last_error().detail;
+    ASSERT_TRUE(wait([&] { return rep.has_value(); }, seconds(30)));
+    std::printf("[ summary  ] %s after %lld ms, b got %zu\n", to_string(rep->status),
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count()),
+                b->data.size());
+    EXPECT_EQ(rep->status, errc::ok);
+    EXPECT_EQ(rep->expected, 1u);
+    EXPECT_EQ(rep->reached, (std::vector<bus_id>{0x20}));
+    ASSERT_EQ(b->data.size(), static_cast<size_t>(round + 1));  // once each
+    EXPECT_EQ(b->data.back(), "bc");
+  }
+  EXPECT_TRUE(c->data.empty());
+  // Without direct links nothing can carry it to them: the summary says so at once.
+  node_config dc = base("d", "chat");
+  dc.sibling_direct = false;
+  watched_node* d = make_node(0x40, dc);
+  ASSERT_TRUE(wait([&] { return d->n->directory().size() == 4; }));
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(d->n->broadcast(broadcast_target::of_type("logic"), 1, "bc", 2, 60000,
+                            [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  EXPECT_FALSE(rep.has_value()) << "never from inside broadcast()";
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }, seconds(30)));
+  EXPECT_EQ(rep->status, errc::not_connected);
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{0x10, 0x20}));
+  EXPECT_EQ(b->data.size(), 2u);
 }
 
 // An etcd entry left out because the directory was full (directory_max_entries) is taken in once
