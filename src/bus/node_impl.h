@@ -544,6 +544,7 @@ struct node::impl {
   stream_config link_stream_config() const;
   void node_families(obs::prom_text* t) const;  // metrics (node_metrics.cpp)
   void peer_families(obs::prom_text* t) const;
+  mutable detail::peer_metrics_memory peer_seen;  // what peer_families() read last
   void channel_families(obs::prom_text* t) const;
   [[nodiscard]] std::string metrics_text() const;
   errc start_metrics();
@@ -695,5 +696,4 @@ using detail::role_of;
 using detail::self_msg;
 using detail::sib_state;
 using detail::sibling_entry;
-
 }  // namespace uvbus

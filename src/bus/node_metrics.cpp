@@ -166,16 +166,32 @@ struct peer_row {
   uint64_t peers = 1;
 };
 
-void sum_link(stream_connection_metrics* to, const stream_connection_metrics& m) {
+// The counters of a link's figures (not its queue gauges), summed.
+void sum_counters(stream_connection_metrics* to, const stream_connection_metrics& m) {
   to->bytes_sent += m.bytes_sent;
   to->bytes_received += m.bytes_received;
   to->packets_sent += m.packets_sent;
   to->packets_received += m.packets_received;
   to->write_calls += m.write_calls;
   to->packets_merged += m.packets_merged;
-  to->queue_bytes += m.queue_bytes;
-  to->queue_packets += m.queue_packets;
   to->send_refused += m.send_refused;
+}
+
+// How much a counter grew since `before` (the whole of `now` on another link, or after a reset).
+uint64_t grown(uint64_t now, uint64_t before, bool same) {
+  return same && now >= before ? now - before : now;
+}
+
+// Adds what the link's counters grew since `before` to *to.
+void add_growth(stream_connection_metrics* to, const stream_connection_metrics& now,
+                const stream_connection_metrics& before, bool same) {
+  to->bytes_sent += grown(now.bytes_sent, before.bytes_sent, same);
+  to->bytes_received += grown(now.bytes_received, before.bytes_received, same);
+  to->packets_sent += grown(now.packets_sent, before.packets_sent, same);
+  to->packets_received += grown(now.packets_received, before.packets_received, same);
+  to->write_calls += grown(now.write_calls, before.write_calls, same);
+  to->packets_merged += grown(now.packets_merged, before.packets_merged, same);
+  to->send_refused += grown(now.send_refused, before.send_refused, same);
 }
 
 // family + one sample per row from get(row); the rows' labels are peer, role, channel.
@@ -191,33 +207,53 @@ void per_peer(prom_text* t, const std::vector<peer_row>& rows, const char* name,
 
 }  // namespace
 
+// The peers past metrics_max_peers are summed under peer="other" from what their counters grew
+// since the last render (peer_seen), so that series only grows: a peer that leaves, or moves to a
+// series of its own, takes nothing out of it (what it did since the last render is not counted).
 void node::impl::peer_families(prom_text* t) const {
   std::vector<const peer_ep*> sorted;
   sorted.reserve(peers.size());
   for (const auto& [id, p] : peers) sorted.push_back(p.get());
   std::sort(sorted.begin(), sorted.end(),
             [](const peer_ep* a, const peer_ep* b) { return a->id < b->id; });
+  detail::peer_metrics_memory& mem = peer_seen;
   std::vector<peer_row> rows;
+  peer_row other{"other", "any", "any", 0, {}, 0, 0};
   for (const peer_ep* p : sorted) {
     const bool own = rows.size() < cfg.metrics_max_peers;
-    if (!own && (rows.empty() || rows.back().peer != "other")) {
-      rows.push_back(peer_row{"other", "any", "any", 0, {}, 0, 0});
+    stream_connection_metrics m;
+    const uint64_t conn = p->lk != nullptr ? p->lk->conn_id : 0;
+    if (p->lk == nullptr || !streams || streams->connection_metrics(p->lk->conn, &m) != errc::ok) {
+      m = {};
     }
-    peer_row& r = own ? rows.emplace_back() : rows.back();
-    const endpoint_info e = info_of(*p);
+    const uint64_t shm_full = p->shm ? p->shm->metrics().queue_full : 0;
+    detail::peer_metrics_memory::seen& was = mem.last[p->id];
     if (own) {
+      peer_row& r = rows.emplace_back();
+      const endpoint_info e = info_of(*p);
       r.peer = hex_id(p->id);
       r.role = to_string(e.role);
       r.channel = to_string(e.data_channel);
       r.rtt_s = static_cast<double>(p->rtt_ns) / 1e9;
+      r.link = m;
+      r.shm_queue_full = shm_full;
     } else {
-      ++r.peers;
+      mem.other_shown = true;
+      ++other.peers;
+      add_growth(&mem.other, m, was.link, was.conn == conn);
+      mem.other_shm_full += grown(shm_full, was.shm_full, was.shm == p->shm.get());
+      other.link.queue_bytes += m.queue_bytes;
+      other.link.queue_packets += m.queue_packets;
     }
-    stream_connection_metrics m;
-    if (p->lk != nullptr && streams && streams->connection_metrics(p->lk->conn, &m) == errc::ok) {
-      sum_link(&r.link, m);
-    }
-    if (p->shm) r.shm_queue_full += p->shm->metrics().queue_full;
+    was = {conn, p->shm.get(), m, shm_full};
+  }
+  for (auto it = mem.last.begin(); it != mem.last.end();) {
+    it = peers.count(it->first) != 0 ? std::next(it) : mem.last.erase(it);
+  }
+  if (mem.other_shown) {
+    sum_counters(&other.link, mem.other);
+    other.shm_queue_full = mem.other_shm_full;
+    rows.push_back(std::move(other));
   }
   const auto d = [](uint64_t v) { return static_cast<double>(v); };
   per_peer(t, rows, "uvbus_peer_rtt_seconds", "Last heartbeat round trip (0: none yet).",

@@ -146,6 +146,21 @@ struct peer_ep {
   bus_id dir_cursor = 0;
 };
 
+// Metrics: what each peer's link counters read at the last render, and the increments summed for
+// the peers past metrics_max_peers (peer="other"): that series only grows, whoever leaves it.
+struct peer_metrics_memory {
+  struct seen {
+    uint64_t conn = 0;          // the link the figures are of (0: none)
+    const void* shm = nullptr;  // the ring writer shm_full is of
+    stream_connection_metrics link;
+    uint64_t shm_full = 0;
+  };
+  std::unordered_map<bus_id, seen> last;
+  stream_connection_metrics other;  // counters only (the queue gauges are summed at each render)
+  uint64_t other_shm_full = 0;
+  bool other_shown = false;  // once shown, "other" stays
+};
+
 enum class link_state : uint8_t {
   connecting,
   await_challenge,  // connector

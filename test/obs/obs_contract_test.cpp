@@ -1,8 +1,9 @@
 // Promises of the observability layer no other test checks: latency_histogram's nearest rank at
 // the edges of floating point (p99.9 of 1 000 values), and parse_http_url's HOST (a literal or
 // localhost, refused by node::validate() too) and PATH (no query or fragment: never served), and
-// docs/observability.md's family table naming every family a node renders, and the flow latency
-// series past metrics_max_peers summed under target="other".
+// docs/observability.md's family table naming every family a node renders, the flow latency
+// series past metrics_max_peers summed under target="other", and peer="other"'s counters, which
+// only grow.
 #include <gtest/gtest.h>
 
 #include <uv.h>
@@ -174,6 +175,46 @@ TEST_F(ObsContractBus, FlowLatencyPastTheCapIsSummedAsOther) {
             20);
   EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_count{target=\"0x103\"}"), -1);
   EXPECT_EQ(value_of(text, "uvbus_type_ack_latency_seconds_count{type=\"7\"}"), 30);
+}
+
+// "Cardinality": the peers past metrics_max_peers are summed under peer="other", whose counters
+// must only grow (Prometheus reads a drop as a reset and rate() as a burst). They were the sum of
+// the links open now: a peer that left (or moved to a series of its own) took its bytes out of
+// "other": 6 748 bytes received from two children fell to 3 374 when one of them left, and the
+// series went away when the other moved to a series of its own.
+TEST_F(ObsContractBus, PeerOtherCountersOnlyGrowWhenPeersLeaveOrMoveOut) {
+  node_config rc = fast_config();
+  rc.subnets = {{0x100, 8}};
+  rc.metrics_max_peers = 1;
+  test::bus_node* p = make(0x100, rc);
+  test::bus_node* a = make_child(0x101, p);
+  test::bus_node* b = make_child(0x102, p);
+  test::bus_node* c = make_child(0x103, p);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up() && c->n->up(); }));
+  const std::string key =
+      "uvbus_peer_received_bytes_total{peer=\"other\",role=\"any\",channel=\"any\"}";
+  for (test::bus_node* from : {b, c}) {
+    for (uint64_t v = 0; v < 40; ++v) {
+      const uint64_t body[4] = {v, v, v, v};
+      ASSERT_EQ(from->n->send_data(0x100, 1, body, sizeof body), errc::ok);
+    }
+  }
+  ASSERT_TRUE(wait([&] { return p->got.size() == 80; }));
+  const double both = value_of(p->n->metrics_text(), key);
+  ASSERT_GT(both, 0);
+  destroy(c);  // leaves: "other" keeps what it had
+  ASSERT_TRUE(wait([&] { return p->removed.size() == 1; }));
+  const double after_leave = value_of(p->n->metrics_text(), key);
+  EXPECT_GE(after_leave, both);
+  destroy(a);  // b moves to a series of its own: "other" still keeps what it had
+  ASSERT_TRUE(wait([&] { return p->removed.size() == 2; }));
+  const std::string text = p->n->metrics_text();
+  EXPECT_GE(value_of(text, key), after_leave) << text;
+  EXPECT_GT(
+      value_of(text,
+               "uvbus_peer_received_bytes_total{peer=\"0x102\",role=\"child\",channel=\"stream\"}"),
+      0)
+      << text;
 }
 
 }  // namespace
