@@ -188,7 +188,10 @@ bool node::impl::call_report(uint64_t message_id, errc status) {
   if (it == call_by_message.end()) return false;
   const uint64_t id = it->second;  // 0: an answer's report
   call_by_message.erase(it);
-  if (id != 0 && status != errc::ok && find_call(id) != nullptr) {
+  // A request's own wait running out (timeout: response_timeout_ms next hop, delivery_timeout_ms
+  // end to end) does not end its call: the call has its own deadline, and a handler that was held
+  // up may still answer before it.
+  if (id != 0 && status != errc::ok && status != errc::timeout && find_call(id) != nullptr) {
     // Reports are made inside the node's own loops and member functions (stop(), the flow timer's
     // walk over every flow, a pending queue being failed): the call ends now, its callback runs
     // from the loop, as on_report's do.

@@ -365,6 +365,55 @@ TEST_P(NodeCallTest, TheCallbackMayDestroyTheNode) {
   run_for(std::chrono::milliseconds(30));
 }
 
+// A call's deadline is its own timeout_ms. The request's own wait (next hop: response_timeout_ms
+// for the target's acknowledgement; end to end: delivery_timeout_ms) running out first ended the
+// call with timeout, although the handler, held up past it, still answered in the call's time.
+TEST_P(NodeCallTest, ACallOutlivesItsRequestsShorterAcknowledgementTimeout) {
+  node_config pc = cfg();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = cfg();
+  ac.parent_urls = {p_->n->listen_urls().at(0)};
+  ac.sibling_direct = false;
+  ac.response_timeout_ms = 300;
+  ac.delivery_timeout_ms = 300;
+  a_ = make(0x101, ac);
+  // B, the handler, runs on a loop of its own, held still while A's request waits.
+  test::own_loop_node b;
+  ASSERT_EQ(uv_loop_init(&b.loop), 0);
+  b.open = true;
+  node_callbacks cb = b.callbacks();
+  cb.on_data = [&b](bus_id, uint32_t, const uint8_t* p, size_t n) {
+    reply_handle h = *b.n->incoming_request();
+    std::string s(reinterpret_cast<const char*>(p), n);
+    for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    EXPECT_EQ(b.n->reply(h, s.data(), s.size()), errc::ok);
+  };
+  node_config bc = cfg();
+  bc.parent_urls = ac.parent_urls;
+  b.n = std::make_unique<node>(&b.loop, 0x102, bc, cb);
+  ASSERT_EQ(b.n->start(), errc::ok);
+  ASSERT_TRUE(wait([&] {
+    b.turn();
+    return a_->n->up() && b.n->up();
+  }));
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x102, 5, "late", 4, 20000, record(out)), errc::ok);
+  run_for(std::chrono::milliseconds(900));  // B is held up three times A's 300 ms
+  const size_t early = out->size();
+  ASSERT_TRUE(wait([&] {
+    b.turn();
+    return !out->empty();
+  }));
+  EXPECT_EQ(early, 0u) << "the call ended while B was held up: " << to_string(out->at(0).status);
+  EXPECT_EQ(out->at(0).status, errc::ok) << to_string(out->at(0).status);
+  EXPECT_EQ(out->at(0).bytes, "LATE");
+  EXPECT_EQ(a_->n->counters().answers_ignored, 0u);
+  run_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(out->size(), 1u);
+  b.finish();
+}
+
 // An answered call leaves nothing behind. Its deadline stayed in the deadline heap until every
 // earlier deadline had gone: behind one call still open (a handler that keeps its request), a
 // node grew with every call it made and had answered, not with the calls open.
