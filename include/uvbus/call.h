@@ -16,9 +16,11 @@ struct call_result {
   // ok: the handler replied, [data, data + size) is the reply. remote_error: the handler answered
   // with node::reply_error(): `code` is its code and [data, data + size) its detail text. Anything
   // else says why no answer came: timeout (the call's own deadline passed: the request may or may
-  // not have been handled), unknown_route / ttl_expired / message_too_large (a relay or the
-  // target refused the request: it was not handled), version_mismatch (a link of the path speaks
-  // a protocol below version 5), closed (the calling node stopped first).
+  // not have been handled; never before it, even when the request's acknowledgement takes longer
+  // than response_timeout_ms or delivery_timeout_ms), unknown_route / ttl_expired /
+  // message_too_large (a relay or the target refused the request: it was not handled),
+  // version_mismatch (a link of the path speaks a protocol below version 5), closed (the calling
+  // node stopped first).
   errc status = errc::ok;
   uint32_t code = 0;
   const uint8_t* data = nullptr;  // valid only during the callback: copy what you keep

@@ -10,6 +10,18 @@ constexpr uint32_t kCallIndexBits = 32;
 uint64_t make_call_id(uint32_t index, uint32_t gen) {
   return (uint64_t{gen} << kCallIndexBits) | index;
 }
+
+// The deadlines of calls that ended leave the heap only when they reach its front: behind a call
+// still open (a long timeout, a handler that keeps its request) they piled up, one per call made.
+// Once they outnumber the open calls the heap is rebuilt from the open ones (amortized O(1)).
+void prune_call_deadlines(node::impl& n) {
+  auto& d = n.call_deadlines;
+  if (d.size() < 2 * n.calls_open + 64) return;
+  d.erase(std::remove_if(d.begin(), d.end(),
+                         [&n](const auto& e) { return n.find_call(e.second) == nullptr; }),
+          d.end());
+  std::make_heap(d.begin(), d.end(), std::greater<>());
+}
 }  // namespace
 
 detail::call_slot* node::impl::find_call(uint64_t call_id) {
@@ -71,6 +83,7 @@ errc node::impl::call(bus_id target, uint32_t type, const void* data, size_t siz
   ++calls_open;
   ++counters.calls_started;
   call_by_message[message_id] = id;
+  prune_call_deadlines(*this);
   call_deadlines.emplace_back(s.deadline_ms, id);
   std::push_heap(call_deadlines.begin(), call_deadlines.end(), std::greater<>());
   arm_call_timer();
@@ -175,7 +188,10 @@ bool node::impl::call_report(uint64_t message_id, errc status) {
   if (it == call_by_message.end()) return false;
   const uint64_t id = it->second;  // 0: an answer's report
   call_by_message.erase(it);
-  if (id != 0 && status != errc::ok && find_call(id) != nullptr) {
+  // A request's own wait running out (timeout: response_timeout_ms next hop, delivery_timeout_ms
+  // end to end) does not end its call: the call has its own deadline, and a handler that was held
+  // up may still answer before it.
+  if (id != 0 && status != errc::ok && status != errc::timeout && find_call(id) != nullptr) {
     // Reports are made inside the node's own loops and member functions (stop(), the flow timer's
     // walk over every flow, a pending queue being failed): the call ends now, its callback runs
     // from the loop, as on_report's do.

@@ -249,13 +249,13 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
   const bus_id from_id = from->id;
   const bool from_child = from->kind == peer_kind::child;
   proto::directory_body fwd;
+  size_t outside = 0;  // ids outside a child's subnets: one line for the message, not one each
+  bus_id first_outside = 0;
   for (directory_entry& e : entries) {
     if (e.id == self) continue;
     // A child speaks only for its own part of the tree.
     if (from_child && !table.source_allowed(from_id, e.id)) {
-      log(log_level::warn,
-          "directory: child 0x%" PRIx64 " announced 0x%" PRIx64 " outside its subnets: ignored",
-          from_id, e.id);
+      if (outside++ == 0) first_outside = e.id;
       continue;
     }
     auto it = dir.find(e.id);
@@ -277,7 +277,13 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
     fire(cbs.on_directory, ev, it->second.e);
     if (dead) return;
   }
-  // A refusal's log line above may have destroyed the node: it forwards nothing then.
+  if (outside != 0) {
+    log(log_level::warn,
+        "directory: child 0x%" PRIx64 " announced %zu ids outside its subnets (the first 0x%" PRIx64
+        "): ignored",
+        from_id, outside, first_outside);
+  }
+  // A log line above may have destroyed the node: it forwards nothing then.
   if (dead) return;
   dir_broadcast(from_id, fwd);
 }

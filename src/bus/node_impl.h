@@ -584,7 +584,7 @@ struct node::impl {
   std::vector<detail::call_slot> call_slots;
   std::vector<uint32_t> call_free;
   size_t calls_open = 0;
-  // (deadline_ms, call id), a min-heap; entries of calls already answered are skipped.
+  // (deadline_ms, call id), a min-heap; entries of ended calls are skipped (and pruned: call()).
   std::vector<std::pair<uint64_t, uint64_t>> call_deadlines;
   uint64_t call_timer_at = 0;  // when h->calls fires (0: stopped)
   // The message id of each request still owed a report -> its call id: the report is the call's

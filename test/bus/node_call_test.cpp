@@ -8,12 +8,28 @@
 
 #include "bus/bus_harness.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" size_t __sanitizer_get_current_allocated_bytes();
+#else
+#include <malloc.h>
+#endif
+
 namespace uvbus {
 namespace {
 
 using test::bus_fixture;
 using test::bus_node;
 using test::fast_config;
+
+// Heap bytes in use (mallinfo2 does not see ASan's allocator, which has its own counter).
+size_t heap_in_use() {
+#if defined(__SANITIZE_ADDRESS__)
+  return __sanitizer_get_current_allocated_bytes();
+#else
+  const struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+#endif
+}
 
 struct outcome {
   errc status = errc::io_error;
@@ -347,6 +363,92 @@ TEST_P(NodeCallTest, TheCallbackMayDestroyTheNode) {
             errc::ok);
   ASSERT_TRUE(wait([&] { return called; }));
   run_for(std::chrono::milliseconds(30));
+}
+
+// A call's deadline is its own timeout_ms. The request's own wait (next hop: response_timeout_ms
+// for the target's acknowledgement; end to end: delivery_timeout_ms) running out first ended the
+// call with timeout, although the handler, held up past it, still answered in the call's time.
+TEST_P(NodeCallTest, ACallOutlivesItsRequestsShorterAcknowledgementTimeout) {
+  node_config pc = cfg();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  node_config ac = cfg();
+  ac.parent_urls = {p_->n->listen_urls().at(0)};
+  ac.sibling_direct = false;
+  ac.response_timeout_ms = 300;
+  ac.delivery_timeout_ms = 300;
+  a_ = make(0x101, ac);
+  // B, the handler, runs on a loop of its own, held still while A's request waits.
+  test::own_loop_node b;
+  ASSERT_EQ(uv_loop_init(&b.loop), 0);
+  b.open = true;
+  node_callbacks cb = b.callbacks();
+  cb.on_data = [&b](bus_id, uint32_t, const uint8_t* p, size_t n) {
+    reply_handle h = *b.n->incoming_request();
+    std::string s(reinterpret_cast<const char*>(p), n);
+    for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    EXPECT_EQ(b.n->reply(h, s.data(), s.size()), errc::ok);
+  };
+  node_config bc = cfg();
+  bc.parent_urls = ac.parent_urls;
+  b.n = std::make_unique<node>(&b.loop, 0x102, bc, cb);
+  ASSERT_EQ(b.n->start(), errc::ok);
+  ASSERT_TRUE(wait([&] {
+    b.turn();
+    return a_->n->up() && b.n->up();
+  }));
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x102, 5, "late", 4, 20000, record(out)), errc::ok);
+  run_for(std::chrono::milliseconds(900));  // B is held up three times A's 300 ms
+  const size_t early = out->size();
+  ASSERT_TRUE(wait([&] {
+    b.turn();
+    return !out->empty();
+  }));
+  EXPECT_EQ(early, 0u) << "the call ended while B was held up: " << to_string(out->at(0).status);
+  EXPECT_EQ(out->at(0).status, errc::ok) << to_string(out->at(0).status);
+  EXPECT_EQ(out->at(0).bytes, "LATE");
+  EXPECT_EQ(a_->n->counters().answers_ignored, 0u);
+  run_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(out->size(), 1u);
+  b.finish();
+}
+
+// An answered call leaves nothing behind. Its deadline stayed in the deadline heap until every
+// earlier deadline had gone: behind one call still open (a handler that keeps its request), a
+// node grew with every call it made and had answered, not with the calls open.
+TEST_P(NodeCallTest, AnsweredCallsLeaveNoDeadlinesBehind) {
+  node_config c = cfg();
+  c.subnets = {{0x100, 8}};
+  bus_node* t = make_handler(0x100, c);
+  mode_ = behaviour::later;  // the first call stays open (its handler keeps the request)
+  auto first = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(t->n->call(0x100, 5, "kept", 4, 3600 * 1000, record(first)), errc::ok);
+  ASSERT_TRUE(wait([&] { return saved_.size() == 1; }));
+  mode_ = behaviour::echo_upper;
+  size_t done = 0;
+  size_t want = 0;
+  const auto calls = [&](int rounds) {
+    for (int r = 0; r < rounds; ++r) {
+      for (int i = 0; i < 100; ++i) {
+        ASSERT_EQ(t->n->call(0x100, 5, "x", 1, 3600 * 1000,
+                             [&done](const call_result& res) {
+                               EXPECT_EQ(res.status, errc::ok);
+                               ++done;
+                             }),
+                  errc::ok);
+      }
+      want += 100;
+      ASSERT_TRUE(wait([&] { return done == want; }));
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(calls(10));  // warm-up: every container at its steady size
+  const size_t before = heap_in_use();
+  ASSERT_NO_FATAL_FAILURE(calls(300));  // 30 000 calls, at most 100 open at a time
+  const size_t after = heap_in_use();
+  EXPECT_EQ(t->n->counters().calls_ok, want);
+  EXPECT_LT(after, before + 64 * 1024) << "heap grew by " << (after - before) << " bytes";
+  EXPECT_TRUE(first->empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, NodeCallTest,

@@ -398,6 +398,34 @@ TEST_F(NodeDirectoryTest, ARequestForTheDirectoryIsAnsweredAtMostOncePerHeartbea
   EXPECT_FALSE(c.closed);
 }
 
+// A child may announce only ids inside its subnets: the rest is ignored and logged. Each one was
+// logged on its own: one message of a hostile (or misconfigured) child made 1 000 warnings, each
+// formatted and handed to on_log inside the read, with nothing to bound how often it sends one.
+TEST_F(NodeDirectoryTest, IdsOutsideAChildsSubnetsAreLoggedOnceAMessage) {
+  test::raw_child src(kSource, 0x10000);
+  ASSERT_NO_FATAL_FAILURE(large_bus(&src, size_t{256} * 1024, size_t{1} << 20));
+  proto::directory_body b;
+  for (bus_id id = 0x10001; id <= 0x10000 + 1000; ++id) {  // the root's, not the child's
+    directory_entry e;
+    e.id = id;
+    b.entries.push_back(std::move(e));
+  }
+  directory_entry inside;
+  inside.id = kSource + 1;
+  b.entries.push_back(inside);
+  send_dir(src, b);
+  directory_entry e;
+  ASSERT_TRUE(wait([&] { return r_->n->lookup(kSource + 1, &e); }));
+  size_t lines = 0;
+  for (const auto& [lv, m] : r_->logs) lines += m.find("outside its subnets") != std::string::npos;
+  EXPECT_EQ(lines, 1u);
+  EXPECT_TRUE(r_->logged("1000 ids outside its subnets (the first 0x10001)"));
+  EXPECT_FALSE(r_->n->lookup(0x10001, &e));
+  EXPECT_FALSE(r_->n->lookup(0x10000 + 1000, &e));
+  src.ch->close();
+  ASSERT_TRUE(wait([&] { return src.ch->closed(); }));
+}
+
 TEST_F(NodeDirectoryTest, TheDirectoryIsEmptyBeforeStart) {
   bus_node* t = make(0x100, fast_config(), false);
   EXPECT_TRUE(t->n->directory().empty());
