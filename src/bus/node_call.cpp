@@ -10,6 +10,15 @@ constexpr uint32_t kCallIndexBits = 32;
 uint64_t make_call_id(uint32_t index, uint32_t gen) {
   return (uint64_t{gen} << kCallIndexBits) | index;
 }
+// The largest payload of a request or an answer: message_limit less the call block.
+size_t payload_limit(const node_config& c) {
+  return c.message_limit - std::min(c.message_limit, proto::kCallSize);
+}
+// message_too_large's detail: what `fn` was given, and the limit.
+std::string too_large(const char* fn, size_t size, const node_config& c) {
+  return std::string(fn) + ": " + std::to_string(size) + " bytes, at most message_limit - 13 (" +
+         std::to_string(payload_limit(c)) + ")";
+}
 
 // The deadlines of calls that ended leave the heap only when they reach its front: behind a call
 // still open (a long timeout, a handler that keeps its request) they piled up, one per call made.
@@ -39,12 +48,8 @@ errc node::impl::call(bus_id target, uint32_t type, const void* data, size_t siz
                                         : timeout_ms == 0 ? "node::call: timeout_ms is 0"
                                                           : "node::call: null data, non-zero size");
   }
-  if (size > cfg.message_limit - std::min(cfg.message_limit, proto::kCallSize)) {
-    return fail(
-        errc::message_too_large,
-        "node::call: " + std::to_string(size) + " bytes, at most message_limit - 13 (" +
-            std::to_string(cfg.message_limit - std::min(cfg.message_limit, proto::kCallSize)) +
-            ")");
+  if (size > payload_limit(cfg)) {
+    return fail(errc::message_too_large, too_large("node::call", size, cfg));
   }
   if (state == run_state::running && calls_open >= cfg.max_outstanding_calls) {
     return fail(errc::queue_full, "node::call: max_outstanding_calls (" +
@@ -100,9 +105,8 @@ errc node::impl::answer(reply_handle& h, proto::call_kind kind, uint32_t code, c
   if (data == nullptr && size != 0) {
     return fail(errc::invalid_argument, "node::reply: null data, non-zero size");
   }
-  if (size > cfg.message_limit - std::min(cfg.message_limit, proto::kCallSize)) {
-    return fail(errc::message_too_large,
-                "node::reply: " + std::to_string(size) + " bytes, at most message_limit - 13");
+  if (size > payload_limit(cfg)) {
+    return fail(errc::message_too_large, too_large("node::reply", size, cfg));
   }
   uint8_t block[proto::kCallSize];
   proto::encode_call({kind, h.call_id, code}, block);

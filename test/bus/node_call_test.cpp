@@ -351,6 +351,25 @@ TEST_P(NodeCallTest, MisuseIsRefusedWithAClearError) {
   EXPECT_TRUE(out->empty());
 }
 
+// An answer over the limit is refused naming the limit, as call() does (it named none).
+TEST_P(NodeCallTest, ATooLargeAnswerIsRefusedNamingTheLimit) {
+  make_tree();
+  mode_ = behaviour::later;
+  auto out = std::make_shared<std::vector<outcome>>();
+  ASSERT_EQ(a_->n->call(0x102, 5, "x", 1, 30000, record(out)), errc::ok);
+  ASSERT_TRUE(wait([&] { return saved_.size() == 1; }));
+  const size_t limit = b_->n->config().message_limit - 13;
+  const std::string big(limit + 1, 'x');
+  EXPECT_EQ(b_->n->reply(saved_[0], big.data(), big.size()), errc::message_too_large);
+  EXPECT_NE(
+      b_->n->last_error().detail.find("at most message_limit - 13 (" + std::to_string(limit) + ")"),
+      std::string::npos)
+      << b_->n->last_error().detail;
+  ASSERT_EQ(b_->n->reply(saved_[0], big.data(), limit), errc::ok);  // the handle is still good
+  ASSERT_TRUE(wait([&] { return out->size() == 1; }));
+  EXPECT_EQ(out->at(0).status, errc::ok);
+}
+
 TEST_P(NodeCallTest, TheCallbackMayDestroyTheNode) {
   make_tree();
   bool called = false;
