@@ -466,7 +466,7 @@ TEST_P(NodeCallTest, AnsweredCallsLeaveNoDeadlinesBehind) {
   ASSERT_NO_FATAL_FAILURE(calls(300));  // 30 000 calls, at most 100 open at a time
   const size_t after = heap_in_use();
   EXPECT_EQ(t->n->counters().calls_ok, want);
-  EXPECT_LT(after, before + 64 * 1024) << "heap grew by " << (after - before) << " bytes";
+  EXPECT_LT(after, before + size_t{64} * 1024) << "heap grew by " << (after - before) << " bytes";
   EXPECT_TRUE(first->empty());
 }
 

@@ -192,7 +192,7 @@ TEST_F(ObsContractBus, PeerOtherCountersOnlyGrowWhenPeersLeaveOrMoveOut) {
   test::bus_node* c = make_child(0x103, p);
   ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up() && c->n->up(); }));
   const std::string key =
-      "uvbus_peer_received_bytes_total{peer=\"other\",role=\"any\",channel=\"any\"}";
+      R"(uvbus_peer_received_bytes_total{peer="other",role="any",channel="any"})";
   for (test::bus_node* from : {b, c}) {
     for (uint64_t v = 0; v < 40; ++v) {
       const uint64_t body[4] = {v, v, v, v};
@@ -212,7 +212,7 @@ TEST_F(ObsContractBus, PeerOtherCountersOnlyGrowWhenPeersLeaveOrMoveOut) {
   EXPECT_GE(value_of(text, key), after_leave) << text;
   EXPECT_GT(
       value_of(text,
-               "uvbus_peer_received_bytes_total{peer=\"0x102\",role=\"child\",channel=\"stream\"}"),
+               R"(uvbus_peer_received_bytes_total{peer="0x102",role="child",channel="stream"})"),
       0)
       << text;
 }
