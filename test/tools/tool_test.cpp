@@ -54,7 +54,12 @@ bool json_ok(const std::string& text) {
   const std::string path = "/tmp/" + uvbus::test::unique_name("tool-json");
   std::ofstream(path) << text;
   const run_result r =
-      sh("python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin if l.strip()]' <" + path);
+      // The file as an argument: sh() sends </dev/null after the command, which replaced a
+      // `<path` here, so every document read as valid. Strict UTF-8 (JSON text is UTF-8): text
+      // from sys.stdin in a C locale would take any byte.
+      sh("python3 -c 'import json,sys; [json.loads(l) for l in "
+         "open(sys.argv[1], \"rb\").read().decode(\"utf-8\").splitlines() if l.strip()]' " +
+         path);
   std::remove(path.c_str());
   return r.rc == 0;
 }
