@@ -217,6 +217,18 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
   EXPECT_TRUE(json_ok(j.out)) << j.out;
 }
 
+// `--json` documents are UTF-8 (RFC 8259): a reply that is not (here bytes 0xff 0xfe and a cut
+// sequence) passed through as raw bytes, and python3's json refused the whole document.
+TEST_F(Bus, CallJsonWithABinaryReplyIsValidJson) {
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-binary");
+  std::ofstream(path, std::ios::binary) << "ab\xff\xfe\xc3";
+  const run_result r = sh(tool("call 0x10000 7 @" + path + " --json"));
+  std::remove(path.c_str());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find(R"("reply":"AB\ufffd\ufffd\ufffd")"), std::string::npos) << r.out;
+}
+
 // top in a terminal: tmux runs it; the pane is captured until the second refresh shows.
 TEST_F(Bus, TopRefreshesInATerminal) {
   const std::string sock = uvbus::test::unique_name("tmux");

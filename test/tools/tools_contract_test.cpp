@@ -61,6 +61,21 @@ TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
   }
 }
 
+// JSON text is UTF-8: bytes that are not well-formed UTF-8 (a stray 0xff, a cut sequence, an
+// overlong form, an encoded surrogate, a code point above U+10FFFF) went through as they were and
+// made every --json document holding them invalid. Each such byte is U+FFFD; UTF-8 passes.
+TEST(ToolsContract, JsonStringsAreValidUtf8) {
+  using uvbus_tool::json_str;
+  EXPECT_EQ(json_str("a\xff"), "\"a\\ufffd\"");
+  EXPECT_EQ(json_str("\xc3"), "\"\\ufffd\"");                                   // cut
+  EXPECT_EQ(json_str("\xc0\xaf"), "\"\\ufffd\\ufffd\"");                        // overlong '/'
+  EXPECT_EQ(json_str("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");             // U+D800
+  EXPECT_EQ(json_str("\xf4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");  // > U+10FFFF
+  EXPECT_EQ(json_str("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"),
+            "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"");
+  EXPECT_EQ(json_str("q\"\\\n\x01"), "\"q\\\"\\\\\\n\\u0001\"");
+}
+
 // docs/tools.md, exit 2: "bad metrics URL". `top --metrics` took any text and went on to join
 // (exit 3 here, with no parent; with one, every poll's scrape failed and the exit was 0).
 TEST(ToolsContract, TopRefusesABadMetricsUrl) {

@@ -16,7 +16,7 @@ constexpr int kExitJoin = 3;    // could not join the bus / connect
 // A tool's default id: this plus its pid (node_config::join_as_tool: outside the parent's subnets).
 constexpr uint64_t kDefaultToolIdBase = 0xfffe000000000000ULL;
 
-// `s` as a JSON string literal, quotes included.
+// `s` as a JSON string literal, quotes included; a byte that is not well-formed UTF-8 is U+FFFD.
 std::string json_str(const std::string& s);
 
 // A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
