@@ -173,7 +173,7 @@ int ping(const bus_args& a, session* s, uint64_t target) {
       std::printf("echo from %#" PRIx64 ": seq=%u %s\n", target, seq,
                   r.status == uvbus::errc::ok ? "wrong answer" : uvbus::to_string(r.status));
     }
-    std::fflush(stdout);
+    if (stdout_failed("ping")) return kExitFailed;  // the reader went: stop, not ping on
     if (seq < count && a.interval_ms > 0) s->run_until([] { return false; }, a.interval_ms);
   }
   ping_summary(a, target, rtt, count);

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace uvbus_tool {
@@ -79,6 +80,15 @@ bool starts_with_digit(const char* s) {
 }
 
 }  // namespace
+
+bool stdout_failed(const char* what) {
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return false;
+  const int e = errno;
+  // The reader went (`uvbus top | head`): nothing to say, it is gone. Anything else is named.
+  if (e != EPIPE)
+    std::fprintf(stderr, "uvbus %s: cannot write the output: %s\n", what, std::strerror(e));
+  return true;
+}
 
 bool parse_id(const char* s, uint64_t* out) {
   if (!starts_with_digit(s)) return false;

@@ -19,6 +19,11 @@ constexpr uint64_t kDefaultToolIdBase = 0xfffe000000000000ULL;
 // `s` as a JSON string literal, quotes included; a byte that is not well-formed UTF-8 is U+FFFD.
 std::string json_str(const std::string& s);
 
+// True (the error named on stderr, unless the reader merely went: EPIPE) when stdout cannot be
+// written: a loop stops instead of writing into a closed pipe for ever (SIGPIPE is ignored, see
+// stream.h), and a command does not exit 0 with its output lost (a full disk).
+bool stdout_failed(const char* what);
+
 // A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
 bool parse_id(const char* s, uint64_t* out);
 // A non-negative integer option value. False if it is not one.
