@@ -61,6 +61,28 @@ TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
   }
 }
 
+// `@FILE` was read whole whatever its size: `@/dev/zero` read for ever (memory without bound), a
+// 256 MiB file was read into memory and only then refused (message_too_large, after joining; exit 3
+// here, with no parent). A payload over the tool node's message limit (64 KiB) can never be sent:
+// at most that much + 1 is read, and the refusal names the file and the limit, before joining.
+TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-huge");
+  ASSERT_EQ(sh("truncate -s 256M " + path), "rc=0\n");  // sparse: no disk taken
+  for (const char* cmd : {"send", "call"}) {
+    EXPECT_TRUE(usage_error(std::string(cmd) + " 0x10000 1 @" + path,
+                            "payload file '" + path + "' is larger than 65536 bytes"));
+  }
+  std::remove(path.c_str());
+  EXPECT_TRUE(usage_error("send 0x10000 1 @/dev/zero",
+                          "payload file '/dev/zero' is larger than 65536 bytes"));
+  // 64 KiB exactly is not refused here (it goes on to join: exit 3, no parent).
+  ASSERT_EQ(sh("head -c 65536 /dev/zero >" + path), "rc=0\n");
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " send 0x10000 1 @" + path +
+                             " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+  std::remove(path.c_str());
+  EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
+}
+
 // JSON text is UTF-8: bytes that are not well-formed UTF-8 (a stray 0xff, a cut sequence, an
 // overlong form, an encoded surrogate, a code point above U+10FFFF) went through as they were and
 // made every --json document holding them invalid. Each such byte is U+FFFD; UTF-8 passes.
