@@ -1,6 +1,7 @@
 // The uvbus tool's shared pieces: exit codes, a JSON string escaper, id and option parsing.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -33,8 +34,13 @@ bool parse_u32(const char* s, uint32_t* out);
 // order (the smallest for p 0); 0 when v is empty. `uvbus ping`'s p50 and p99.
 double nearest_rank(std::vector<double> v, double p);
 
-// GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400), kExitJoin (no
-// connection), kExitUsage (malformed URL) with *error saying what happened.
+// The most of a metrics page `uvbus metrics` and `top --metrics` read: an answer that never
+// ended was held whole until the timeout (--timeout-ms 2000: 834 MB received, 1.15 GB resident).
+constexpr size_t kMaxMetricsBytes = size_t{64} << 20;
+
+// GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400, a body over
+// kMaxMetricsBytes), kExitJoin (no connection), kExitUsage (malformed URL) with *error saying
+// what happened.
 int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error);
 
 // Subcommand entry points: argv[0] is the subcommand's name.

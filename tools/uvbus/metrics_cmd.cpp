@@ -1,6 +1,7 @@
 // uvbus metrics: fetches a node's metrics endpoint with libcurl; prints it or converts it to JSON.
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -22,8 +23,19 @@ void usage(FILE* f) {
                "exit status: 0 ok, 1 HTTP error status, 2 usage, 3 could not connect\n");
 }
 
+// The body so far; too_large once it would pass kMaxMetricsBytes (libcurl then stops the transfer).
+struct collected {
+  std::string* body;
+  bool too_large = false;
+};
+
 size_t collect(char* p, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(p, size * n);
+  auto* c = static_cast<collected*>(out);
+  if (size * n > kMaxMetricsBytes - std::min(c->body->size(), kMaxMetricsBytes)) {
+    c->too_large = true;
+    return 0;  // less than given: CURLE_WRITE_ERROR
+  }
+  c->body->append(p, size * n);
   return size * n;
 }
 
@@ -96,7 +108,8 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   char err[CURL_ERROR_SIZE] = "";
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, body);
+  collected into{body};
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &into);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -105,6 +118,11 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
   curl_easy_cleanup(c);
   curl_global_cleanup();
+  if (into.too_large) {
+    *error = url + " answered more than " + std::to_string(kMaxMetricsBytes) + " bytes";
+    body->clear();
+    return kExitFailed;
+  }
   if (r != CURLE_OK) {
     *error = "cannot fetch " + url + ": " + (err[0] != '\0' ? err : curl_easy_strerror(r));
     return r == CURLE_URL_MALFORMAT ? kExitUsage : kExitJoin;
