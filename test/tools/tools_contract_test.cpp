@@ -1,7 +1,8 @@
 // Promises of the uvbus tool no other test checks: ping's p50/p99 are nearest-rank (docs/tools.md),
 // a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
 // `shm inspect` never drains or removes, `--count 0`, `top --interval-ms 0` and signed numbers are
-// refused, and `call --help`.
+// refused, and `call --help`; a payload file over the message limit and a metrics page over 64 MiB
+// are refused, a malformed metrics page converts to JSON, JSON strings are UTF-8.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -90,11 +91,11 @@ TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
   EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
 }
 
-// A one-connection HTTP server on 127.0.0.1 (port from the OS): answers 200 with `bytes` bytes of
-// sample lines and no Content-Length, then closes. A thread; stops early when the client goes.
-class big_page_server {
+// A one-connection HTTP server on 127.0.0.1 (port from the OS): answers 200 with `body`, then
+// `filler` bytes of 'x', no Content-Length, and closes. A thread; stops early when the client goes.
+class page_server {
  public:
-  explicit big_page_server(size_t bytes) {
+  explicit page_server(std::string body, size_t filler = 0) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -105,9 +106,9 @@ class big_page_server {
       return;
     }
     port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this, bytes] { serve(bytes); });
+    thread_ = std::thread([this, body, filler] { serve(body, filler); });
   }
-  ~big_page_server() {
+  ~page_server() {
     ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() that never got its client
     if (thread_.joinable()) thread_.join();
     ::close(fd_);
@@ -116,7 +117,7 @@ class big_page_server {
   int port() const { return port_; }
 
  private:
-  void serve(size_t bytes) {
+  void serve(const std::string& body, size_t bytes) {
     const int c = ::accept(fd_, nullptr, nullptr);
     if (c < 0) return;
     std::string req;
@@ -125,7 +126,8 @@ class big_page_server {
     while (req.find("\r\n\r\n") == std::string::npos && (n = ::recv(c, buf, sizeof buf, 0)) > 0) {
       req.append(buf, static_cast<size_t>(n));
     }
-    std::string chunk = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n";
+    const std::string chunk =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + body;
     size_t sent = 0;
     const std::string lines(std::string(65536 / 16 * 16, 'x'));
     bool ok = ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
@@ -147,7 +149,7 @@ class big_page_server {
 // uvbus_tool::kMaxMetricsBytes (64 MiB) the transfer stops: exit 1, the URL and the limit named,
 // nothing on stdout.
 TEST(ToolsContract, MetricsPageOverTheLimitIsRefused) {
-  big_page_server server(uvbus_tool::kMaxMetricsBytes + 1024);
+  page_server server("", uvbus_tool::kMaxMetricsBytes + 1024);
   ASSERT_NE(server.port(), 0);
   const std::string path = "/tmp/" + uvbus::test::unique_name("tool-page");
   const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() +
@@ -157,6 +159,20 @@ TEST(ToolsContract, MetricsPageOverTheLimitIsRefused) {
       << out;
   EXPECT_EQ(sh("wc -c <" + path), "0\nrc=0\n");  // nothing printed
   std::remove(path.c_str());
+}
+
+// `uvbus metrics --json` of a page whose labels do not close (`x{a="b`, a cut line) threw
+// std::out_of_range from substr past the line's end: terminate, exit 134. A malformed sample line
+// is left out; the rest of the page is converted.
+TEST(ToolsContract, MetricsJsonOfAMalformedPageDoesNotCrash) {
+  for (const char* bad : {"x{a=\"b", "x{a=\"b\\", "x{a=\"b\",", "x{", "x{a", "{"}) {
+    page_server server(std::string(bad) + "\ngood{k=\"v\"} 1\n");
+    ASSERT_NE(server.port(), 0);
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() +
+                               " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
+                               "print(json.load(sys.stdin)[\"good\"])'");
+    EXPECT_EQ(out, "[{'labels': {'k': 'v'}, 'value': 1}]\nrc=0\n") << bad;
+  }
 }
 
 // JSON text is UTF-8: bytes that are not well-formed UTF-8 (a stray 0xff, a cut sequence, an

@@ -39,7 +39,9 @@ size_t collect(char* p, size_t size, size_t n, void* out) {
   return size * n;
 }
 
-// One sample line's labels ("{a=\"x\",b=\"y\"}") as a JSON object; *end past the '}'.
+// One sample line's labels ("{a=\"x\",b=\"y\"}") as a JSON object; *pos past the '}', or npos
+// when they do not close (the line is malformed: `x{a="b` took *pos past the line's end, and the
+// caller's substr threw std::out_of_range).
 std::string labels_json(const std::string& l, size_t* pos) {
   std::string o = "{";
   size_t i = *pos + 1;
@@ -62,7 +64,7 @@ std::string labels_json(const std::string& l, size_t* pos) {
     i = j + 1;
     if (i < l.size() && l[i] == ',') ++i;
   }
-  *pos = i + 1;
+  *pos = i < l.size() && l[i] == '}' ? i + 1 : std::string::npos;
   return o + "}";
 }
 
@@ -84,6 +86,7 @@ std::string to_json(const std::string& text) {
     const std::string name = line.substr(0, i);
     std::string labels = "{}";
     if (line[i] == '{') labels = labels_json(line, &i);
+    if (i == std::string::npos) continue;  // labels that do not close: not a sample
     std::istringstream rest(line.substr(i));
     std::string value;
     rest >> value;
