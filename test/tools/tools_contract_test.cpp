@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -172,6 +173,33 @@ TEST(ToolsContract, MetricsJsonOfAMalformedPageDoesNotCrash) {
                                " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
                                "print(json.load(sys.stdin)[\"good\"])'");
     EXPECT_EQ(out, "[{'labels': {'k': 'v'}, 'value': 1}]\nrc=0\n") << bad;
+  }
+}
+
+// "errors name what was wrong": `uvbus metrics` and `uvbus shm` refused a bad command line with
+// their usage text alone (an unknown option, a second URL, a flag without its value, a flag the
+// verb does not take), naming nothing. Each refusal now names the argument (exit 2 as before).
+TEST(ToolsContract, MetricsAndShmRefusalsNameTheArgument) {
+  const std::string tool = UVBUS_TOOL_PATH;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"metrics http://127.0.0.1:1/m --bogus", "unknown option '--bogus'"},
+      {"metrics http://127.0.0.1:1/m http://127.0.0.1:2/m",
+       "unexpected argument 'http://127.0.0.1:2/m'"},
+      {"metrics http://127.0.0.1:1/m --timeout-ms", "--timeout-ms needs a value"},
+      {"metrics", "no URL"},
+      {"shm inspect shm://x --bogus", "unknown option '--bogus'"},
+      {"shm inspect shm://x shm://y", "unexpected argument 'shm://y'"},
+      {"shm drain shm://x --out", "--out needs a value"},
+      {"shm inspect shm://x --quiet", "--quiet only with drain"},
+      {"shm inspect shm://x --out f", "--out only with drain"},
+      {"shm inspect shm://x --force", "--force only with remove"},
+      {"shm drain shm://x --json", "--json only with inspect"},
+      {"shm inspect", "no region URL"},
+      {"shm drain", "no region URL"}};
+  for (const auto& [args, want] : cases) {
+    const std::string out = sh(tool + " " + args);
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << args << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out.substr(0, 200);
   }
 }
 

@@ -137,34 +137,67 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   return kExitOk;
 }
 
-int metrics_main(int argc, char** argv) {
+namespace {
+
+struct metrics_args {
   const char* url = nullptr;
   bool json = false;
   uint32_t timeout_ms = 5000;
+};
+
+// The command line; -1 to go on, else the exit status (the refusal names the argument: each was
+// refused with the usage text alone).
+int parse_metrics_args(int argc, char** argv, metrics_args* m) {
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--help" || s == "-h") {
       usage(stdout);
       return kExitOk;
     }
+    const char* why = nullptr;  // a format naming argv[i]
     if (s == "--json") {
-      json = true;
-    } else if (s == "--timeout-ms" && i + 1 < argc) {
+      m->json = true;
+    } else if (s == "--timeout-ms" && i + 1 >= argc) {
+      why = "%s needs a value";
+    } else if (s == "--timeout-ms") {
       // 0 is no timeout at all to libcurl: refused, as the bus subcommands refuse it.
-      if (!parse_u32(argv[++i], &timeout_ms) || timeout_ms == 0) {
+      if (!parse_u32(argv[++i], &m->timeout_ms) || m->timeout_ms == 0) {
         std::fprintf(stderr,
                      "uvbus metrics: bad value '%s' for --timeout-ms (milliseconds, >= 1)\n",
                      argv[i]);
         return kExitUsage;
       }
-    } else if (s.rfind("--", 0) != 0 && url == nullptr) {
-      url = argv[i];
+    } else if (s.rfind("--", 0) == 0) {
+      why = "unknown option '%s'";
+    } else if (m->url != nullptr) {
+      why = "unexpected argument '%s' (one URL)";
     } else {
+      m->url = argv[i];
+    }
+    if (why != nullptr) {
+      std::fputs("uvbus metrics: ", stderr);
+      std::fprintf(stderr, why, argv[i]);
+      std::fputc('\n', stderr);
       usage(stderr);
       return kExitUsage;
     }
   }
-  const std::string u = url == nullptr ? "" : url;
+  return -1;
+}
+
+}  // namespace
+
+int metrics_main(int argc, char** argv) {
+  metrics_args m;
+  const int parsed = parse_metrics_args(argc, argv, &m);
+  if (parsed >= 0) return parsed;
+  if (m.url == nullptr) {
+    std::fprintf(stderr, "uvbus metrics: no URL (see uvbus metrics --help)\n");
+    return kExitUsage;
+  }
+  const std::string u = m.url;
+  const bool json = m.json;
+  const uint32_t timeout_ms = m.timeout_ms;
   if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) {
     std::fprintf(stderr, "uvbus metrics: bad URL '%s' (http://HOST:PORT[/PATH])\n", u.c_str());
     return kExitUsage;
