@@ -1,6 +1,8 @@
 // End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <atomic>
@@ -13,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "shm/shm_test_util.h"
 #include "test_util.h"
@@ -54,7 +57,12 @@ bool json_ok(const std::string& text) {
   const std::string path = "/tmp/" + uvbus::test::unique_name("tool-json");
   std::ofstream(path) << text;
   const run_result r =
-      sh("python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin if l.strip()]' <" + path);
+      // The file as an argument: sh() sends </dev/null after the command, which replaced a
+      // `<path` here, so every document read as valid. Strict UTF-8 (JSON text is UTF-8): text
+      // from sys.stdin in a C locale would take any byte.
+      sh("python3 -c 'import json,sys; [json.loads(l) for l in "
+         "open(sys.argv[1], \"rb\").read().decode(\"utf-8\").splitlines() if l.strip()]' " +
+         path);
   std::remove(path.c_str());
   return r.rc == 0;
 }
@@ -210,6 +218,82 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
   const run_result j = sh(tool("top 0x10000 --count 2 --interval-ms 20 --json"));
   EXPECT_EQ(j.rc, 0) << j.err;
   EXPECT_TRUE(json_ok(j.out)) << j.out;
+}
+
+// `uvbus top ID | head -n 1`, `uvbus ping ... | head -n 1`: the tool's first line is read, then its
+// reader goes. SIGPIPE is ignored (the stream channel sets it so), so the tool must notice the
+// failed write itself: it polled (pinged) on for ever, writing into the closed pipe. It must end by
+// itself (exit 1, no signal) well before the deadline.
+TEST_F(Bus, TopAndPingStopWhenTheirReaderGoes) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"top", "0x10000", "--interval-ms", "20"},
+      {"top", "0x10000", "--interval-ms", "20", "--json"},
+      {"ping", "0x10000", "--count", "100000", "--interval-ms", "20"}};
+  for (std::vector<std::string> args : runs) {
+    const std::string what = args[0] + (args.back() == "--json" ? " --json" : "");
+    for (const char* extra : {"--parent", url_.c_str(), "--token", "secret"}) args.push_back(extra);
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      std::vector<char*> argv{const_cast<char*>(UVBUS_TOOL_PATH)};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(UVBUS_TOOL_PATH, argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    char c = 0;
+    while (::read(fds[0], &c, 1) == 1 && c != '\n') {
+    }
+    ::close(fds[0]);  // head -n 1 has its line and leaves
+    int st = 0;
+    pid_t done = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while ((done = ::waitpid(pid, &st, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the exit, no event
+    }
+    if (done == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      ADD_FAILURE() << what << ": still running 60 s after its reader went";
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(st)) << what << ": ended by signal " << WTERMSIG(st);
+    EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1) << what;
+  }
+}
+
+// Output that cannot be written (stdout on a full disk) is not a success: `counters`, `routes`,
+// `call` and `nodes` exited 0 with their answer lost. Exit 1, the error named on stderr.
+TEST_F(Bus, OutputThatCannotBeWrittenIsNotASuccess) {
+  const std::string err = "/tmp/" + uvbus::test::unique_name("tool-full") + ".err";
+  for (const char* args : {"counters 0x10000", "routes 0x10000 --json", "call 0x10000 7 hello",
+                           "nodes", "ping 0x10000 --count 1"}) {
+    const int st = std::system((tool(args) + " >/dev/full 2>" + err).c_str());
+    const std::string text = slurp(err);
+    EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1) << args << ": " << text;
+    EXPECT_NE(text.find("cannot write the output: No space left on device"), std::string::npos)
+        << args << ": " << text;
+  }
+  std::remove(err.c_str());
+}
+
+// `--json` documents are UTF-8 (RFC 8259): a reply that is not (here bytes 0xff 0xfe and a cut
+// sequence) passed through as raw bytes, and python3's json refused the whole document.
+TEST_F(Bus, CallJsonWithABinaryReplyIsValidJson) {
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-binary");
+  std::ofstream(path, std::ios::binary) << "ab\xff\xfe\xc3";
+  const run_result r = sh(tool("call 0x10000 7 @" + path + " --json"));
+  std::remove(path.c_str());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(json_ok(r.out)) << r.out;
+  EXPECT_NE(r.out.find(R"("reply":"AB\ufffd\ufffd\ufffd")"), std::string::npos) << r.out;
 }
 
 // top in a terminal: tmux runs it; the pane is captured until the second refresh shows.

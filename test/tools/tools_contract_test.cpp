@@ -1,11 +1,20 @@
 // Promises of the uvbus tool no other test checks: ping's p50/p99 are nearest-rank (docs/tools.md),
 // a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
 // `shm inspect` never drains or removes, `--count 0`, `top --interval-ms 0` and signed numbers are
-// refused, and `call --help`.
+// refused, and `call --help`; a payload file over the message limit and a metrics page over 64 MiB
+// are refused, a malformed metrics page converts to JSON, JSON strings are UTF-8.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -59,6 +68,154 @@ TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
     EXPECT_NE(out.find("rc=2"), std::string::npos) << cmd << ": " << out;
     EXPECT_NE(out.find("cannot read payload file '/'"), std::string::npos) << cmd << ": " << out;
   }
+}
+
+// `@FILE` was read whole whatever its size: `@/dev/zero` read for ever (memory without bound), a
+// 256 MiB file was read into memory and only then refused (message_too_large, after joining; exit 3
+// here, with no parent). A payload over the tool node's message limit (64 KiB) can never be sent:
+// at most that much + 1 is read, and the refusal names the file and the limit, before joining.
+TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-huge");
+  ASSERT_EQ(sh("truncate -s 256M " + path), "rc=0\n");  // sparse: no disk taken
+  for (const char* cmd : {"send", "call"}) {
+    EXPECT_TRUE(usage_error(std::string(cmd) + " 0x10000 1 @" + path,
+                            "payload file '" + path + "' is larger than 65536 bytes"));
+  }
+  std::remove(path.c_str());
+  EXPECT_TRUE(usage_error("send 0x10000 1 @/dev/zero",
+                          "payload file '/dev/zero' is larger than 65536 bytes"));
+  // 64 KiB exactly is not refused here (it goes on to join: exit 3, no parent).
+  ASSERT_EQ(sh("head -c 65536 /dev/zero >" + path), "rc=0\n");
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " send 0x10000 1 @" + path +
+                             " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+  std::remove(path.c_str());
+  EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
+}
+
+// A one-connection HTTP server on 127.0.0.1 (port from the OS): answers 200 with `body`, then
+// `filler` bytes of 'x', no Content-Length, and closes. A thread; stops early when the client goes.
+class page_server {
+ public:
+  explicit page_server(std::string body, size_t filler = 0) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 1) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this, body, filler] { serve(body, filler); });
+  }
+  ~page_server() {
+    ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() that never got its client
+    if (thread_.joinable()) thread_.join();
+    ::close(fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/metrics"; }
+  int port() const { return port_; }
+
+ private:
+  void serve(const std::string& body, size_t bytes) {
+    const int c = ::accept(fd_, nullptr, nullptr);
+    if (c < 0) return;
+    std::string req;
+    char buf[4096];
+    ssize_t n = 0;
+    while (req.find("\r\n\r\n") == std::string::npos && (n = ::recv(c, buf, sizeof buf, 0)) > 0) {
+      req.append(buf, static_cast<size_t>(n));
+    }
+    const std::string chunk =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + body;
+    size_t sent = 0;
+    const std::string lines(std::string(65536 / 16 * 16, 'x'));
+    bool ok = ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
+    while (ok && sent < bytes) {
+      const size_t k = std::min(lines.size(), bytes - sent);
+      ok = ::send(c, lines.data(), k, MSG_NOSIGNAL) == static_cast<ssize_t>(k);
+      sent += k;
+    }
+    ::close(c);
+  }
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// A metrics page was held whole however long it was: an endpoint (or whatever answers at the URL)
+// that never ends its answer filled memory until --timeout-ms (834 MB held, 1.15 GB resident with
+// --timeout-ms 2000); one of 64 MiB + 1 KiB was printed whole, exit 0. Past
+// uvbus_tool::kMaxMetricsBytes (64 MiB) the transfer stops: exit 1, the URL and the limit named,
+// nothing on stdout.
+TEST(ToolsContract, MetricsPageOverTheLimitIsRefused) {
+  page_server server("", uvbus_tool::kMaxMetricsBytes + 1024);
+  ASSERT_NE(server.port(), 0);
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-page");
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() +
+                             " --timeout-ms 60000 >" + path);
+  EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
+  EXPECT_NE(out.find(server.url() + " answered more than 67108864 bytes"), std::string::npos)
+      << out;
+  EXPECT_EQ(sh("wc -c <" + path), "0\nrc=0\n");  // nothing printed
+  std::remove(path.c_str());
+}
+
+// `uvbus metrics --json` of a page whose labels do not close (`x{a="b`, a cut line) threw
+// std::out_of_range from substr past the line's end: terminate, exit 134. A malformed sample line
+// is left out; the rest of the page is converted.
+TEST(ToolsContract, MetricsJsonOfAMalformedPageDoesNotCrash) {
+  for (const char* bad : {"x{a=\"b", "x{a=\"b\\", "x{a=\"b\",", "x{", "x{a", "{"}) {
+    page_server server(std::string(bad) + "\ngood{k=\"v\"} 1\n");
+    ASSERT_NE(server.port(), 0);
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() +
+                               " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
+                               "print(json.load(sys.stdin)[\"good\"])'");
+    EXPECT_EQ(out, "[{'labels': {'k': 'v'}, 'value': 1}]\nrc=0\n") << bad;
+  }
+}
+
+// "errors name what was wrong": `uvbus metrics` and `uvbus shm` refused a bad command line with
+// their usage text alone (an unknown option, a second URL, a flag without its value, a flag the
+// verb does not take), naming nothing. Each refusal now names the argument (exit 2 as before).
+TEST(ToolsContract, MetricsAndShmRefusalsNameTheArgument) {
+  const std::string tool = UVBUS_TOOL_PATH;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"metrics http://127.0.0.1:1/m --bogus", "unknown option '--bogus'"},
+      {"metrics http://127.0.0.1:1/m http://127.0.0.1:2/m",
+       "unexpected argument 'http://127.0.0.1:2/m'"},
+      {"metrics http://127.0.0.1:1/m --timeout-ms", "--timeout-ms needs a value"},
+      {"metrics", "no URL"},
+      {"shm inspect shm://x --bogus", "unknown option '--bogus'"},
+      {"shm inspect shm://x shm://y", "unexpected argument 'shm://y'"},
+      {"shm drain shm://x --out", "--out needs a value"},
+      {"shm inspect shm://x --quiet", "--quiet only with drain"},
+      {"shm inspect shm://x --out f", "--out only with drain"},
+      {"shm inspect shm://x --force", "--force only with remove"},
+      {"shm drain shm://x --json", "--json only with inspect"},
+      {"shm inspect", "no region URL"},
+      {"shm drain", "no region URL"}};
+  for (const auto& [args, want] : cases) {
+    const std::string out = sh(tool + " " + args);
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << args << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out.substr(0, 200);
+  }
+}
+
+// JSON text is UTF-8: bytes that are not well-formed UTF-8 (a stray 0xff, a cut sequence, an
+// overlong form, an encoded surrogate, a code point above U+10FFFF) went through as they were and
+// made every --json document holding them invalid. Each such byte is U+FFFD; UTF-8 passes.
+TEST(ToolsContract, JsonStringsAreValidUtf8) {
+  using uvbus_tool::json_str;
+  EXPECT_EQ(json_str("a\xff"), "\"a\\ufffd\"");
+  EXPECT_EQ(json_str("\xc3"), "\"\\ufffd\"");                                   // cut
+  EXPECT_EQ(json_str("\xc0\xaf"), "\"\\ufffd\\ufffd\"");                        // overlong '/'
+  EXPECT_EQ(json_str("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");             // U+D800
+  EXPECT_EQ(json_str("\xf4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\"");  // > U+10FFFF
+  EXPECT_EQ(json_str("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"),
+            "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"");
+  EXPECT_EQ(json_str("q\"\\\n\x01"), "\"q\\\"\\\\\\n\\u0001\"");
 }
 
 // docs/tools.md, exit 2: "bad metrics URL". `top --metrics` took any text and went on to join

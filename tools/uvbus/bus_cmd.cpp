@@ -1,5 +1,6 @@
 // The uvbus tool's bus subcommands: routes, counters, ping, send, call, nodes (top: top_cmd.cpp).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -173,29 +174,48 @@ int ping(const bus_args& a, session* s, uint64_t target) {
       std::printf("echo from %#" PRIx64 ": seq=%u %s\n", target, seq,
                   r.status == uvbus::errc::ok ? "wrong answer" : uvbus::to_string(r.status));
     }
-    std::fflush(stdout);
+    if (stdout_failed("ping")) return kExitFailed;  // the reader went: stop, not ping on
     if (seq < count && a.interval_ms > 0) s->run_until([] { return false; }, a.interval_ms);
   }
   ping_summary(a, target, rtt, count);
   return rtt.size() == count ? kExitOk : kExitFailed;
 }
 
-bool read_payload(const char* arg, std::string* out) {
+// PAYLOAD, or FILE's bytes for @FILE: false with *why (the file and what was wrong) when FILE
+// cannot be read or holds more than `limit` bytes. At most limit + 1 bytes are read: `@/dev/zero`
+// read for ever, and a 256 MiB file was read whole (575 MB resident) only to be refused later.
+bool read_payload(const char* arg, size_t limit, std::string* out, std::string* why) {
   if (arg[0] != '@') {
     *out = arg;
     return true;
   }
+  const std::string file = arg + 1;
   // A read error is an error (a directory opens, then fails to read: not an empty payload).
-  FILE* f = std::fopen(arg + 1, "rb");
-  if (f == nullptr) return false;
+  FILE* f = std::fopen(file.c_str(), "rb");
+  if (f == nullptr) {
+    *why = "cannot read payload file '" + file + "': " + std::strerror(errno);
+    return false;
+  }
   std::string body;
   char buf[65536];
   size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) body.append(buf, n);
-  const bool ok = std::ferror(f) == 0;
+  while (body.size() <= limit &&
+         (n = std::fread(buf, 1, std::min(sizeof buf, limit + 1 - body.size()), f)) > 0) {
+    body.append(buf, n);
+  }
+  const int err = std::ferror(f) != 0 ? errno : 0;
   std::fclose(f);
-  if (ok) *out = std::move(body);
-  return ok;
+  if (err != 0) {
+    *why = "cannot read payload file '" + file + "': " + std::strerror(err);
+    return false;
+  }
+  if (body.size() > limit) {
+    *why = "payload file '" + file + "' is larger than " + std::to_string(limit) +
+           " bytes (the tool node's message_limit)";
+    return false;
+  }
+  *out = std::move(body);
+  return true;
 }
 
 // The one delivery report of `uvbus send`.
@@ -305,9 +325,10 @@ int bus_main(int argc, char** argv) {
     std::fprintf(stderr, "uvbus %s: bad type '%s' (0..4294967295)\n", argv[0], a.pos[1].c_str());
     return kExitUsage;
   }
-  if (with_body && !read_payload(a.pos[2].c_str(), &body)) {
-    std::fprintf(stderr, "uvbus %s: cannot read payload file '%s'\n", argv[0],
-                 a.pos[2].c_str() + 1);
+  std::string why;
+  if (with_body &&
+      !read_payload(a.pos[2].c_str(), uvbus::node_config{}.message_limit, &body, &why)) {
+    std::fprintf(stderr, "uvbus %s: %s\n", argv[0], why.c_str());
     return kExitUsage;
   }
   report_state rs;  // outlives the session: a report may still come while it stops

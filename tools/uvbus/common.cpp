@@ -5,17 +5,49 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace uvbus_tool {
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence at p[0..n) (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 when it is not one.
+size_t utf8_sequence(const unsigned char* p, size_t n) {
+  const unsigned char c = p[0];
+  size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (n < len || p[1] < lo || p[1] > hi) return 0;
+  for (size_t k = 2; k < len; ++k) {
+    if (p[k] < 0x80 || p[k] > 0xbf) return 0;
+  }
+  return len;
+}
+
+}  // namespace
+
 std::string json_str(const std::string& s) {
   std::string o = "\"";
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = p[i];
     if (c == '"' || c == '\\') {
       o += '\\';
-      o += ch;
+      o += static_cast<char>(c);
     } else if (c == '\n') {
       o += "\\n";
     } else if (c == '\t') {
@@ -26,8 +58,15 @@ std::string json_str(const std::string& s) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
       o += buf;
+    } else if (c < 0x80) {
+      o += static_cast<char>(c);
+    } else if (const size_t len = utf8_sequence(p + i, s.size() - i)) {
+      o.append(s, i, len);  // well-formed UTF-8 passes through
+      i += len - 1;
     } else {
-      o += ch;  // UTF-8 passes through; other bytes >= 0x80 too (the caller's text)
+      // A byte that is not UTF-8 (a binary reply, a peer's name): JSON text must be UTF-8, and
+      // python's json refused the whole document. It reads as U+FFFD, one per byte.
+      o += "\\ufffd";
     }
   }
   return o + "\"";
@@ -41,6 +80,15 @@ bool starts_with_digit(const char* s) {
 }
 
 }  // namespace
+
+bool stdout_failed(const char* what) {
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return false;
+  const int e = errno;
+  // The reader went (`uvbus top | head`): nothing to say, it is gone. Anything else is named.
+  if (e != EPIPE)
+    std::fprintf(stderr, "uvbus %s: cannot write the output: %s\n", what, std::strerror(e));
+  return true;
+}
 
 bool parse_id(const char* s, uint64_t* out) {
   if (!starts_with_digit(s)) return false;

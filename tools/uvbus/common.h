@@ -1,6 +1,7 @@
 // The uvbus tool's shared pieces: exit codes, a JSON string escaper, id and option parsing.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -16,8 +17,13 @@ constexpr int kExitJoin = 3;    // could not join the bus / connect
 // A tool's default id: this plus its pid (node_config::join_as_tool: outside the parent's subnets).
 constexpr uint64_t kDefaultToolIdBase = 0xfffe000000000000ULL;
 
-// `s` as a JSON string literal, quotes included.
+// `s` as a JSON string literal, quotes included; a byte that is not well-formed UTF-8 is U+FFFD.
 std::string json_str(const std::string& s);
+
+// True (the error named on stderr, unless the reader merely went: EPIPE) when stdout cannot be
+// written: a loop stops instead of writing into a closed pipe for ever (SIGPIPE is ignored, see
+// stream.h), and a command does not exit 0 with its output lost (a full disk).
+bool stdout_failed(const char* what);
 
 // A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
 bool parse_id(const char* s, uint64_t* out);
@@ -28,8 +34,13 @@ bool parse_u32(const char* s, uint32_t* out);
 // order (the smallest for p 0); 0 when v is empty. `uvbus ping`'s p50 and p99.
 double nearest_rank(std::vector<double> v, double p);
 
-// GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400), kExitJoin (no
-// connection), kExitUsage (malformed URL) with *error saying what happened.
+// The most of a metrics page `uvbus metrics` and `top --metrics` read: an answer that never
+// ended was held whole until the timeout (--timeout-ms 2000: 834 MB received, 1.15 GB resident).
+constexpr size_t kMaxMetricsBytes = size_t{64} << 20;
+
+// GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400, a body over
+// kMaxMetricsBytes), kExitJoin (no connection), kExitUsage (malformed URL) with *error saying
+// what happened.
 int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error);
 
 // Subcommand entry points: argv[0] is the subcommand's name.

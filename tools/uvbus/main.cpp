@@ -92,6 +92,22 @@ bool wants_help(int argc, char** argv) {
   return false;
 }
 
+// A subcommand other than shm (argv[0] its name): its exit status.
+int run(const std::string& cmd, int argc, char** argv) {
+  if (cmd == "metrics") return uvbus_tool::metrics_main(argc, argv);
+  if (wants_help(argc, argv)) {
+    const int rc = help_for(cmd.c_str());
+    if (rc >= 0) return rc;
+  }
+  if (cmd == "top") return uvbus_tool::top_main(argc, argv);
+  if (cmd == "routes" || cmd == "counters" || cmd == "ping" || cmd == "send" || cmd == "call" ||
+      cmd == "nodes") {
+    return uvbus_tool::bus_main(argc, argv);
+  }
+  std::fprintf(stderr, "uvbus: unknown subcommand '%s' (see uvbus --help)\n", cmd.c_str());
+  return uvbus_tool::kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,16 +121,11 @@ int main(int argc, char** argv) {
     return uvbus_tool::kExitOk;
   }
   if (cmd == "shm") return uvbus_tool::shm_main(argc - 1, argv + 1);
-  if (cmd == "metrics") return uvbus_tool::metrics_main(argc - 1, argv + 1);
-  if (wants_help(argc - 1, argv + 1)) {
-    const int rc = help_for(cmd.c_str());
-    if (rc >= 0) return rc;
+  int rc = run(cmd, argc - 1, argv + 1);
+  // An answer that could not be written (stdout on a full disk, a closed pipe) is not a success:
+  // it exited 0 with the output lost.
+  if (rc == uvbus_tool::kExitOk && uvbus_tool::stdout_failed(cmd.c_str())) {
+    rc = uvbus_tool::kExitFailed;
   }
-  if (cmd == "top") return uvbus_tool::top_main(argc - 1, argv + 1);
-  if (cmd == "routes" || cmd == "counters" || cmd == "ping" || cmd == "send" || cmd == "call" ||
-      cmd == "nodes") {
-    return uvbus_tool::bus_main(argc - 1, argv + 1);
-  }
-  std::fprintf(stderr, "uvbus: unknown subcommand '%s' (see uvbus --help)\n", cmd.c_str());
-  return uvbus_tool::kExitUsage;
+  return rc;
 }

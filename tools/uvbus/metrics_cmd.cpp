@@ -1,6 +1,7 @@
 // uvbus metrics: fetches a node's metrics endpoint with libcurl; prints it or converts it to JSON.
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -22,12 +23,25 @@ void usage(FILE* f) {
                "exit status: 0 ok, 1 HTTP error status, 2 usage, 3 could not connect\n");
 }
 
+// The body so far; too_large once it would pass kMaxMetricsBytes (libcurl then stops the transfer).
+struct collected {
+  std::string* body;
+  bool too_large = false;
+};
+
 size_t collect(char* p, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(p, size * n);
+  auto* c = static_cast<collected*>(out);
+  if (size * n > kMaxMetricsBytes - std::min(c->body->size(), kMaxMetricsBytes)) {
+    c->too_large = true;
+    return 0;  // less than given: CURLE_WRITE_ERROR
+  }
+  c->body->append(p, size * n);
   return size * n;
 }
 
-// One sample line's labels ("{a=\"x\",b=\"y\"}") as a JSON object; *end past the '}'.
+// One sample line's labels ("{a=\"x\",b=\"y\"}") as a JSON object; *pos past the '}', or npos
+// when they do not close (the line is malformed: `x{a="b` took *pos past the line's end, and the
+// caller's substr threw std::out_of_range).
 std::string labels_json(const std::string& l, size_t* pos) {
   std::string o = "{";
   size_t i = *pos + 1;
@@ -50,7 +64,7 @@ std::string labels_json(const std::string& l, size_t* pos) {
     i = j + 1;
     if (i < l.size() && l[i] == ',') ++i;
   }
-  *pos = i + 1;
+  *pos = i < l.size() && l[i] == '}' ? i + 1 : std::string::npos;
   return o + "}";
 }
 
@@ -72,6 +86,7 @@ std::string to_json(const std::string& text) {
     const std::string name = line.substr(0, i);
     std::string labels = "{}";
     if (line[i] == '{') labels = labels_json(line, &i);
+    if (i == std::string::npos) continue;  // labels that do not close: not a sample
     std::istringstream rest(line.substr(i));
     std::string value;
     rest >> value;
@@ -96,7 +111,8 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   char err[CURL_ERROR_SIZE] = "";
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, body);
+  collected into{body};
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &into);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -105,6 +121,11 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
   curl_easy_cleanup(c);
   curl_global_cleanup();
+  if (into.too_large) {
+    *error = url + " answered more than " + std::to_string(kMaxMetricsBytes) + " bytes";
+    body->clear();
+    return kExitFailed;
+  }
   if (r != CURLE_OK) {
     *error = "cannot fetch " + url + ": " + (err[0] != '\0' ? err : curl_easy_strerror(r));
     return r == CURLE_URL_MALFORMAT ? kExitUsage : kExitJoin;
@@ -116,34 +137,67 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   return kExitOk;
 }
 
-int metrics_main(int argc, char** argv) {
+namespace {
+
+struct metrics_args {
   const char* url = nullptr;
   bool json = false;
   uint32_t timeout_ms = 5000;
+};
+
+// The command line; -1 to go on, else the exit status (the refusal names the argument: each was
+// refused with the usage text alone).
+int parse_metrics_args(int argc, char** argv, metrics_args* m) {
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--help" || s == "-h") {
       usage(stdout);
       return kExitOk;
     }
+    const char* why = nullptr;  // a format naming argv[i]
     if (s == "--json") {
-      json = true;
-    } else if (s == "--timeout-ms" && i + 1 < argc) {
+      m->json = true;
+    } else if (s == "--timeout-ms" && i + 1 >= argc) {
+      why = "%s needs a value";
+    } else if (s == "--timeout-ms") {
       // 0 is no timeout at all to libcurl: refused, as the bus subcommands refuse it.
-      if (!parse_u32(argv[++i], &timeout_ms) || timeout_ms == 0) {
+      if (!parse_u32(argv[++i], &m->timeout_ms) || m->timeout_ms == 0) {
         std::fprintf(stderr,
                      "uvbus metrics: bad value '%s' for --timeout-ms (milliseconds, >= 1)\n",
                      argv[i]);
         return kExitUsage;
       }
-    } else if (s.rfind("--", 0) != 0 && url == nullptr) {
-      url = argv[i];
+    } else if (s.rfind("--", 0) == 0) {
+      why = "unknown option '%s'";
+    } else if (m->url != nullptr) {
+      why = "unexpected argument '%s' (one URL)";
     } else {
+      m->url = argv[i];
+    }
+    if (why != nullptr) {
+      std::fputs("uvbus metrics: ", stderr);
+      std::fprintf(stderr, why, argv[i]);
+      std::fputc('\n', stderr);
       usage(stderr);
       return kExitUsage;
     }
   }
-  const std::string u = url == nullptr ? "" : url;
+  return -1;
+}
+
+}  // namespace
+
+int metrics_main(int argc, char** argv) {
+  metrics_args m;
+  const int parsed = parse_metrics_args(argc, argv, &m);
+  if (parsed >= 0) return parsed;
+  if (m.url == nullptr) {
+    std::fprintf(stderr, "uvbus metrics: no URL (see uvbus metrics --help)\n");
+    return kExitUsage;
+  }
+  const std::string u = m.url;
+  const bool json = m.json;
+  const uint32_t timeout_ms = m.timeout_ms;
   if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0) {
     std::fprintf(stderr, "uvbus metrics: bad URL '%s' (http://HOST:PORT[/PATH])\n", u.c_str());
     return kExitUsage;

@@ -257,12 +257,25 @@ int shm_inspect_legacy_main(int argc, char** argv) {
     } else if (s.rfind("--", 0) != 0 && url == nullptr) {
       url = argv[a];
     } else {
-      url = nullptr;
-      break;
+      // Each refusal names the argument (the usage text alone said nothing of what was wrong).
+      std::fprintf(stderr,
+                   s == "--out"            ? "uvbus shm: %s needs a value\n"
+                   : s.rfind("--", 0) == 0 ? "uvbus shm: unknown option '%s'\n"
+                                           : "uvbus shm: unexpected argument '%s'\n",
+                   argv[a]);
+      usage(stderr);
+      return kExitUsage;
     }
   }
-  if (url == nullptr || (drain && remove) || (force && !remove) ||
-      ((quiet || out != nullptr) && !drain) || (json && (drain || remove))) {
+  const char* why = url == nullptr              ? "no region URL"
+                    : drain && remove           ? "--drain and --remove together"
+                    : force && !remove          ? "--force only with remove"
+                    : quiet && !drain           ? "--quiet only with drain"
+                    : out != nullptr && !drain  ? "--out only with drain"
+                    : json && (drain || remove) ? "--json only with inspect"
+                                                : nullptr;
+  if (why != nullptr) {
+    std::fprintf(stderr, "uvbus shm: %s\n", why);
     usage(stderr);
     return kExitUsage;
   }

@@ -159,6 +159,8 @@ int top_main(int argc, char** argv) {
     } else {
       print_table(target, prev, cur, n, tty);
     }
+    // `uvbus top | head`: SIGPIPE is ignored, so the writes failed and top polled on for ever.
+    if (stdout_failed("top")) return kExitFailed;
     prev = cur;
   }
   if (prev.status != uvbus::errc::ok) {
