@@ -348,13 +348,12 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   if (result == errc::ok && !lk->is_parent) {
     result = table.check_sibling(rr.info.id, rr.info.subnets, &rr.message);
   }
-  // Two-way authentication: the acceptor must prove a token of ours too. Not proving it is not
-  // a configuration refusal (an impostor must not stop us retrying the real parent).
-  bool unproven = false;
-  if (result == errc::ok && !check_reply_ext(lk, rr, &rr.message)) {
-    result = errc::access_denied;
-    unproven = true;
-  }
+  // Two-way authentication: the acceptor must prove a token of ours too, for an acceptance and
+  // for a refusal. An unproven one is not a configuration refusal (an impostor must not stop us
+  // retrying the real parent).
+  const bool refused = rr.status != proto::reason::ok;  // the acceptor's verdict, not ours
+  const bool unproven = (refused || result == errc::ok) && !check_reply_ext(lk, rr, &rr.message);
+  if (unproven && !refused) result = errc::access_denied;
   if (result != errc::ok) {
     log(log_level::warn, "registration to %s refused: %s (%s)", streams->peer_url(lk->conn).c_str(),
         to_string(result), rr.message.c_str());
@@ -405,7 +404,9 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
 }
 
 // --------------------------------------------------------------------- handshake: acceptor --
-void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto::node_info& who) {
+void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto::register_body& rb,
+                        size_t token) {
+  const proto::node_info& who = rb.info;
   ++counters.registrations_refused;
   char buf[256];
   std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " (pid %u, %s) from %s: %s",
@@ -417,6 +418,7 @@ void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto:
   rr.version = cfg.protocol_max;
   rr.info.id = self;
   rr.message = msg;
+  reply_ext(lk, rb, token, rr.version, &rr);  // the proof of a refusal, when we can give one
   std::vector<uint8_t> b;
   proto::encode_register_reply(rr, &b);
   (void)send_control(lk, make_header(msg_type::register_reply, who.id, 0), b);
@@ -433,17 +435,22 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   const proto::node_info& who = rb.info;
   const uint8_t version =
       detail::negotiate_version(cfg.protocol_min, cfg.protocol_max, rb.min_version, rb.max_version);
-  if (version == 0) {
-    refuse(lk, errc::version_mismatch, "no common protocol version", who);
-    return;
-  }
-  size_t token = 0;  // the token the connector proved: we prove the same one back
+  // The token the connector proved, if any: we prove the same one back, in a refusal too.
+  size_t token = SIZE_MAX;
   if (!cfg.access_tokens.empty()) {
     const std::vector<uint8_t> in = proto::auth_input(lk->nonce, who.id, rb.role);
-    if (!detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof, &token)) {
-      refuse(lk, errc::access_denied, "no matching access token", who);
-      return;
+    size_t which = 0;
+    if (detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof, &which)) {
+      token = which;
     }
+  }
+  if (version == 0) {
+    refuse(lk, errc::version_mismatch, "no common protocol version", rb, token);
+    return;
+  }
+  if (!cfg.access_tokens.empty() && token == SIZE_MAX) {
+    refuse(lk, errc::access_denied, "no matching access token", rb, SIZE_MAX);
+    return;
   }
   peer_kind kind = peer_kind::child;
   errc ok = errc::ok;
@@ -475,7 +482,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     } else {
       std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " is already registered", who.id);
     }
-    refuse(lk, ok, msg, who);
+    refuse(lk, ok, msg, rb, token);
     return;
   }
   if (!accept_reply(lk, who.id, version, &rb, token)) return;

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -107,6 +108,95 @@ TEST_F(NodeSecure, AVersion5AcceptorCannotProveItselfAndIsRefused) {
   EXPECT_NE(child->registration_details[0].find("version 5"), std::string::npos)
       << child->registration_details[0];
   EXPECT_EQ(child->ups, 0);
+}
+
+// Whatever answers at the parent's URL without the token (a process that took the port, a
+// spoofed address) refuses every registration with a configuration error and no proof. With
+// tokens the child cannot tell that from its real parent's verdict, so it must not give up:
+// it reports the refusal, says it is unproven, and keeps retrying (its sends wait, as for an
+// acceptor that cannot prove a token).
+class refusing_acceptor {
+ public:
+  refusing_acceptor(uv_loop_t* loop, proto::reason why, std::string message = "go away")
+      : why_(why), message_(std::move(message)) {
+    stream_callbacks cb;
+    cb.on_accepted = [this](connection_id c) { challenge(c); };
+    cb.on_received = [this](connection_id c, const uint8_t* d, size_t n) { answer(c, d, n); };
+    ch_ = std::make_unique<stream_channel>(loop, stream_config{}, std::move(cb));
+    listener_id l;
+    EXPECT_EQ(ch_->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    url = ch_->listener_url(l);
+  }
+  void close() { ch_->close(); }
+  bool closed() const { return ch_->closed(); }
+  std::string url;
+  int refused = 0;
+
+ private:
+  void send(connection_id c, proto::msg_type t, const std::vector<uint8_t>& body) {
+    proto::header h;
+    h.type = t;
+    h.source = kRoot;
+    const std::vector<uint8_t> m = proto::build(h, body);
+    (void)ch_->send(c, m.data(), m.size());
+  }
+  void challenge(connection_id c) {
+    proto::challenge_body ch;
+    ch.acceptor_id = kRoot;
+    std::vector<uint8_t> b;
+    proto::encode_challenge(ch, &b);
+    send(c, proto::msg_type::challenge, b);
+  }
+  void answer(connection_id c, const uint8_t* d, size_t n) {
+    proto::header hd;
+    if (proto::parse_header(d, n, &hd) != errc::ok || hd.type != proto::msg_type::register_req) {
+      return;
+    }
+    proto::register_reply_body rr;
+    rr.status = why_;
+    rr.info.id = kRoot;
+    rr.message = message_;
+    std::vector<uint8_t> b;
+    proto::encode_register_reply(rr, &b);
+    send(c, proto::msg_type::register_reply, b);
+    ++refused;
+    (void)ch_->disconnect(c);
+  }
+  proto::reason why_;
+  std::string message_;
+  std::unique_ptr<stream_channel> ch_;
+};
+
+TEST_F(NodeSecure, AnUnprovenRefusalDoesNotStopAChildWithTokens) {
+  const proto::reason kinds[] = {proto::reason::access_denied, proto::reason::out_of_subnet,
+                                 proto::reason::version_mismatch};
+  for (const proto::reason why : kinds) {
+    refusing_acceptor fake(&loop_, why);
+    node_config cc = with_tokens({"secret"});
+    cc.parent_urls = {fake.url};
+    bus_node* child = make(kChild, cc);
+    ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+    EXPECT_NE(child->registration_details[0].find("not proven"), std::string::npos)
+        << child->registration_details[0];
+    EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::ok) << "not a refusal for good";
+    EXPECT_TRUE(wait([&] { return fake.refused >= 3; }))
+        << "refused " << fake.refused << " time(s) for " << static_cast<int>(why);
+    destroy(child);
+    fake.close();
+    ASSERT_TRUE(wait([&] { return fake.closed(); }));
+  }
+}
+
+// The real parent proves its refusal (it verified our token): a configuration error stays final.
+TEST_F(NodeSecure, AProvenRefusalIsFinal) {
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"old", "secret"}));
+  bus_node* child = make_child(0x10000000000001ULL, root, {}, with_tokens({"secret"}));  // outside
+  ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+  EXPECT_EQ(child->registrations[0], errc::out_of_subnet);
+  run_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(child->registrations.size(), 1u);
+  EXPECT_EQ(root->n->counters().registrations_refused, 1u);
+  EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::out_of_subnet);
 }
 
 TEST_F(NodeSecure, CompressionIsNegotiatedAndRestoresEveryMessage) {
