@@ -128,6 +128,24 @@ void node::impl::s_written(connection_id c, uint64_t written_through) {
 
 namespace {
 
+// Text a peer sent (a host name, a refusal's message) for our log lines and error details, with
+// its control bytes escaped (\xNN): a peer cannot write lines of its own into our log.
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", static_cast<unsigned>(u));
+    out += esc;
+  }
+  return out;
+}
+
 // Whether [data, data + size) is a data message of another node's (one `self` relays).
 bool relayed(bus_id self, const uint8_t* data, size_t size, proto::header* hd) {
   return proto::parse_header(data, size, hd) == errc::ok && hd->source != self &&
@@ -331,6 +349,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     protocol_violation(lk, "expected a registration reply");
     return;
   }
+  rr.message = printable(rr.message);  // the acceptor's words, for our log and on_registration
   errc result = proto::errc_from_reason(static_cast<uint16_t>(rr.status));
   if (result == errc::ok && lk->expect_id != 0 && rr.info.id != lk->expect_id) {
     result = errc::protocol_error;
@@ -408,11 +427,12 @@ void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto:
                         size_t token) {
   const proto::node_info& who = rb.info;
   ++counters.registrations_refused;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " (pid %u, %s) from %s: %s",
-                who.id, who.pid, who.hostname.c_str(), streams->peer_url(lk->conn).c_str(),
-                msg.c_str());
-  error(why, buf);
+  // The reason first: the host name (up to 255 bytes, 1020 escaped) comes last, whole.
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " from %s: ", who.id,
+                streams->peer_url(lk->conn).c_str());
+  error(why,
+        buf + msg + " (pid " + std::to_string(who.pid) + ", host " + printable(who.hostname) + ")");
   proto::register_reply_body rr;
   rr.status = proto::reason_from_errc(why);
   rr.version = cfg.protocol_max;
@@ -487,7 +507,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   }
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
-      who.pid, who.hostname.c_str());
+      who.pid, printable(who.hostname).c_str());
   if (dead) return;  // destroyed from that on_log: nothing held is released to it
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.

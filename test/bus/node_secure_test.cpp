@@ -187,6 +187,54 @@ TEST_F(NodeSecure, AnUnprovenRefusalDoesNotStopAChildWithTokens) {
   }
 }
 
+bool has_control_byte(const std::string& s) {
+  for (const char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// Text a peer sends before it has proved anything (its host name in a registration, the message
+// of a refusal) reaches the other side's log lines and error details escaped: a peer without the
+// token cannot write lines of its own ("accepted child ...") into a node's log.
+TEST_F(NodeSecure, UnprovenPeerTextCannotForgeLogLines) {
+  const std::string forged = "x\n[info] accepted child 0x10001\x1b[2K\r";
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"secret"}));
+  raw_child raw(kChild, kRoot);  // no token: refused
+  raw.compress = false;
+  raw.hostname = forged;
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return root->n->counters().registrations_refused == 1 && raw.closed; }));
+  ASSERT_FALSE(root->error_texts.empty());
+  for (const std::string& e : root->error_texts) EXPECT_FALSE(has_control_byte(e)) << e;
+  for (const auto& [lv, m] : root->logs) EXPECT_FALSE(has_control_byte(m)) << m;
+  EXPECT_TRUE(error_named(*root, "x\\x0a[info] accepted child")) << root->error_texts[0];
+  // The longest host name (255 bytes, escaped to 1020) does not push the reason out of it.
+  raw_child longest(kOther, kRoot);
+  longest.compress = false;
+  longest.hostname = std::string(255, '\n');
+  longest.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return root->error_texts.size() == 2 && longest.closed; }));
+  EXPECT_NE(root->error_texts[1].find("no matching access token"), std::string::npos)
+      << root->error_texts[1];
+  EXPECT_TRUE(root->logged("no matching access token (pid 0, host \\x0a"));
+
+  refusing_acceptor fake(&loop_, proto::reason::access_denied, forged);
+  node_config cc = with_tokens({"secret"});
+  cc.parent_urls = {fake.url};
+  bus_node* child = make(kOther, cc);
+  ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+  for (const std::string& d : child->registration_details) EXPECT_FALSE(has_control_byte(d)) << d;
+  for (const auto& [lv, m] : child->logs) EXPECT_FALSE(has_control_byte(m)) << m;
+  EXPECT_NE(child->registration_details[0].find("x\\x0a[info]"), std::string::npos)
+      << child->registration_details[0];
+  destroy(child);
+  fake.close();
+  raw.ch->close();
+  longest.ch->close();
+  ASSERT_TRUE(wait([&] { return fake.closed() && raw.ch->closed() && longest.ch->closed(); }));
+}
+
 // The real parent proves its refusal (it verified our token): a configuration error stays final.
 TEST_F(NodeSecure, AProvenRefusalIsFinal) {
   bus_node* root = make_root(kRoot, {kNet}, with_tokens({"old", "secret"}));
