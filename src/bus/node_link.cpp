@@ -472,6 +472,11 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     refuse(lk, errc::access_denied, "no matching access token", rb, SIZE_MAX);
     return;
   }
+  if (who.id == 0) {  // node::validate's rule, for a peer that did not go through it
+    refuse(lk, errc::invalid_argument, "bus id 0 is reserved (it means \"no node\" on the wire)",
+           rb, token);
+    return;
+  }
   peer_kind kind = peer_kind::child;
   errc ok = errc::ok;
   std::string why;  // a child's or sibling's subnet that cannot be theirs, named

@@ -247,6 +247,23 @@ TEST_F(NodeSecure, AProvenRefusalIsFinal) {
   EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::out_of_subnet);
 }
 
+// Bus id 0 means "no node" on the wire (node::validate refuses it for a node): a hand-made peer
+// registering as 0 (a child of a root whose subnet holds it: kNet) is refused with the reason.
+// It registered before: the root listed a peer 0.
+TEST_F(NodeSecure, APeerCannotRegisterAsIdZero) {
+  bus_node* root = make_root(kRoot, {kNet});
+  raw_child raw(0, kRoot);
+  raw.compress = false;
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.registered || raw.closed; }));
+  EXPECT_FALSE(raw.registered);
+  EXPECT_EQ(raw.reply_status, proto::reason::invalid_argument);
+  EXPECT_NE(raw.reply_message.find("bus id 0 is reserved"), std::string::npos) << raw.reply_message;
+  EXPECT_EQ(root->n->peers().size(), 0u);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
 TEST_F(NodeSecure, CompressionIsNegotiatedAndRestoresEveryMessage) {
   node_config rc = fast_config();
   rc.compression = compression_codec::zstd;
