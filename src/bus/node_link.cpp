@@ -128,22 +128,18 @@ void node::impl::s_written(connection_id c, uint64_t written_through) {
 
 namespace {
 
-// Text a peer sent (a host name, a refusal's message) for our log lines and error details, with
-// its control bytes escaped (\xNN): a peer cannot write lines of its own into our log.
-std::string printable(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u != 0x7f) {
-      out += c;
-      continue;
-    }
-    char esc[8];
-    std::snprintf(esc, sizeof esc, "\\x%02x", static_cast<unsigned>(u));
-    out += esc;
+// A handshake step's refusal of what came instead of `want` (of type `expect`), named: another
+// message type (a peer sending data before registering), or a body that does not parse.
+std::string unexpected(const char* want, msg_type expect, const proto::header& hd) {
+  char buf[112];
+  if (hd.type == expect) {
+    std::snprintf(buf, sizeof buf, "expected %s: its %u-byte body does not parse", want,
+                  static_cast<unsigned>(hd.body_len));
+  } else {
+    std::snprintf(buf, sizeof buf, "expected %s, got a %s message (type %u)", want,
+                  proto::to_string(hd.type), static_cast<unsigned>(hd.type));
   }
-  return out;
+  return buf;
 }
 
 // Whether [data, data + size) is a data message of another node's (one `self` relays).
@@ -312,7 +308,7 @@ void node::impl::on_challenge(link* lk, const proto::header& hd, const uint8_t* 
   proto::challenge_body ch;
   if (hd.type != msg_type::challenge ||
       proto::parse_challenge(body, hd.body_len, &ch) != errc::ok) {
-    protocol_violation(lk, "expected a challenge");
+    protocol_violation(lk, unexpected("a challenge", msg_type::challenge, hd).c_str());
     return;
   }
   if (detail::negotiate_version(cfg.protocol_min, cfg.protocol_max, ch.min_version,
@@ -346,10 +342,12 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   proto::register_reply_body rr;
   if (hd.type != msg_type::register_reply ||
       proto::parse_register_reply(body, hd.body_len, &rr) != errc::ok) {
-    protocol_violation(lk, "expected a registration reply");
+    protocol_violation(lk,
+                       unexpected("a registration reply", msg_type::register_reply, hd).c_str());
     return;
   }
-  rr.message = printable(rr.message);  // the acceptor's words, for our log and on_registration
+  rr.message =
+      detail::printable(rr.message);  // the acceptor's words, for our log and on_registration
   errc result = proto::errc_from_reason(static_cast<uint16_t>(rr.status));
   if (result == errc::ok && lk->expect_id != 0 && rr.info.id != lk->expect_id) {
     result = errc::protocol_error;
@@ -431,8 +429,8 @@ void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto:
   char buf[160];
   std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " from %s: ", who.id,
                 streams->peer_url(lk->conn).c_str());
-  error(why,
-        buf + msg + " (pid " + std::to_string(who.pid) + ", host " + printable(who.hostname) + ")");
+  error(why, buf + msg + " (pid " + std::to_string(who.pid) + ", host " +
+                 detail::printable(who.hostname) + ")");
   proto::register_reply_body rr;
   rr.status = proto::reason_from_errc(why);
   rr.version = cfg.protocol_max;
@@ -449,7 +447,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   proto::register_body rb;
   if (hd.type != msg_type::register_req ||
       proto::parse_register(body, hd.body_len, &rb) != errc::ok) {
-    protocol_violation(lk, "expected a registration");
+    protocol_violation(lk, unexpected("a registration", msg_type::register_req, hd).c_str());
     return;
   }
   const proto::node_info& who = rb.info;
@@ -512,7 +510,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   }
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
-      who.pid, printable(who.hostname).c_str());
+      who.pid, detail::printable(who.hostname).c_str());
   if (dead) return;  // destroyed from that on_log: nothing held is released to it
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.

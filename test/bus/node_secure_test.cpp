@@ -264,6 +264,46 @@ TEST_F(NodeSecure, APeerCannotRegisterAsIdZero) {
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
 }
 
+// A peer that answers the challenge with something other than a registration is closed as a
+// protocol error whose detail names what came: data before registering (the message type), or a
+// registration whose body does not parse (its size). Both read "expected a registration" before.
+TEST_F(NodeSecure, WhatCameInsteadOfARegistrationIsNamed) {
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"secret"}));
+  struct answer {
+    proto::msg_type type;
+    std::vector<uint8_t> body;
+    const char* named;
+  };
+  const answer answers[] = {
+      {proto::msg_type::data, data_body("early"), "expected a registration, got a data message"},
+      {proto::msg_type::register_req,
+       {1, 2, 3},
+       "expected a registration: its 3-byte body does not parse"}};
+  for (const answer& a : answers) {
+    connection_id conn{};
+    bool closed = false;
+    stream_callbacks cb;
+    std::unique_ptr<stream_channel> ch;
+    cb.on_received = [&](connection_id c, const uint8_t*, size_t) {
+      proto::header h;
+      h.type = a.type;
+      h.source = kChild;
+      h.target = kRoot;
+      const std::vector<uint8_t> m = proto::build(h, a.body);
+      (void)ch->send(c, m.data(), m.size());
+    };
+    cb.on_disconnected = [&](connection_id, errc) { closed = true; };
+    ch = std::make_unique<stream_channel>(&loop_, stream_config{}, std::move(cb));
+    ASSERT_EQ(ch->connect(root->n->listen_urls().at(0), &conn), errc::ok);
+    ASSERT_TRUE(wait([&] { return closed; }));
+    EXPECT_TRUE(error_named(*root, a.named)) << root->error_texts.back();
+    ch->close();
+    ASSERT_TRUE(wait([&] { return ch->closed(); }));
+  }
+  EXPECT_EQ(root->n->counters().protocol_errors, 2u);
+  EXPECT_EQ(root->n->counters().registrations_accepted, 0u);
+}
+
 TEST_F(NodeSecure, CompressionIsNegotiatedAndRestoresEveryMessage) {
   node_config rc = fast_config();
   rc.compression = compression_codec::zstd;
