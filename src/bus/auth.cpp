@@ -1,4 +1,5 @@
-// Registration authentication: HMAC-SHA256 proofs, random nonces and the host identity.
+// Registration authentication: HMAC-SHA256 proofs, random nonces, the host identity, and peer
+// text made safe for logs.
 #include "bus/auth.h"
 
 #include <openssl/crypto.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <fstream>
 
 namespace uvbus::detail {
@@ -64,6 +66,22 @@ std::string host_identity() {
   if (id.empty()) id = first_line("/etc/machine-id");
   std::string out = id + "/" + host_name();
   if (out.size() > 128) out.resize(128);
+  return out;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", static_cast<unsigned>(u));
+    out += esc;
+  }
   return out;
 }
 

@@ -39,6 +39,9 @@ inline constexpr size_t kMacSize = 32;
 // joined with the hostname (containers in separate UTS namespaces, which usually also have separate
 // /dev/shm, differ there). Falls back to /etc/machine-id, then the hostname alone.
 [[nodiscard]] std::string host_identity();
+// Text a peer sent (a host name, a refusal's message) for our log lines and error details, its
+// control bytes (< 0x20, 0x7f) escaped as \xNN: a peer cannot write lines of its own into a log.
+[[nodiscard]] std::string printable(const std::string& s);
 [[nodiscard]] std::string host_name();
 
 }  // namespace uvbus::detail

@@ -434,7 +434,7 @@ struct node::impl {
   void on_register_reply(link* lk, const proto::header& hd, const uint8_t* body);
 
   // ------------------------------------------------------------------- handshake: acceptor --
-  void refuse(link* lk, errc why, const std::string& msg, const proto::node_info& who);
+  void refuse(link* lk, errc why, const std::string& msg, const proto::register_body& rb, size_t t);
   void on_register(link* lk, const proto::header& hd, const uint8_t* body);
   // Once a sibling is registered (on whichever link), its waiting messages go to it.
   void settle_sibling(bus_id id);

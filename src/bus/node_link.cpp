@@ -128,6 +128,20 @@ void node::impl::s_written(connection_id c, uint64_t written_through) {
 
 namespace {
 
+// A handshake step's refusal of what came instead of `want` (of type `expect`), named: another
+// message type (a peer sending data before registering), or a body that does not parse.
+std::string unexpected(const char* want, msg_type expect, const proto::header& hd) {
+  char buf[112];
+  if (hd.type == expect) {
+    std::snprintf(buf, sizeof buf, "expected %s: its %u-byte body does not parse", want,
+                  static_cast<unsigned>(hd.body_len));
+  } else {
+    std::snprintf(buf, sizeof buf, "expected %s, got a %s message (type %u)", want,
+                  proto::to_string(hd.type), static_cast<unsigned>(hd.type));
+  }
+  return buf;
+}
+
 // Whether [data, data + size) is a data message of another node's (one `self` relays).
 bool relayed(bus_id self, const uint8_t* data, size_t size, proto::header* hd) {
   return proto::parse_header(data, size, hd) == errc::ok && hd->source != self &&
@@ -294,7 +308,7 @@ void node::impl::on_challenge(link* lk, const proto::header& hd, const uint8_t* 
   proto::challenge_body ch;
   if (hd.type != msg_type::challenge ||
       proto::parse_challenge(body, hd.body_len, &ch) != errc::ok) {
-    protocol_violation(lk, "expected a challenge");
+    protocol_violation(lk, unexpected("a challenge", msg_type::challenge, hd).c_str());
     return;
   }
   if (detail::negotiate_version(cfg.protocol_min, cfg.protocol_max, ch.min_version,
@@ -328,9 +342,12 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   proto::register_reply_body rr;
   if (hd.type != msg_type::register_reply ||
       proto::parse_register_reply(body, hd.body_len, &rr) != errc::ok) {
-    protocol_violation(lk, "expected a registration reply");
+    protocol_violation(lk,
+                       unexpected("a registration reply", msg_type::register_reply, hd).c_str());
     return;
   }
+  rr.message =
+      detail::printable(rr.message);  // the acceptor's words, for our log and on_registration
   errc result = proto::errc_from_reason(static_cast<uint16_t>(rr.status));
   if (result == errc::ok && lk->expect_id != 0 && rr.info.id != lk->expect_id) {
     result = errc::protocol_error;
@@ -348,13 +365,12 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   if (result == errc::ok && !lk->is_parent) {
     result = table.check_sibling(rr.info.id, rr.info.subnets, &rr.message);
   }
-  // Two-way authentication: the acceptor must prove a token of ours too. Not proving it is not
-  // a configuration refusal (an impostor must not stop us retrying the real parent).
-  bool unproven = false;
-  if (result == errc::ok && !check_reply_ext(lk, rr, &rr.message)) {
-    result = errc::access_denied;
-    unproven = true;
-  }
+  // Two-way authentication: the acceptor must prove a token of ours too, for an acceptance and
+  // for a refusal. An unproven one is not a configuration refusal (an impostor must not stop us
+  // retrying the real parent).
+  const bool refused = rr.status != proto::reason::ok;  // the acceptor's verdict, not ours
+  const bool unproven = (refused || result == errc::ok) && !check_reply_ext(lk, rr, &rr.message);
+  if (unproven && !refused) result = errc::access_denied;
   if (result != errc::ok) {
     log(log_level::warn, "registration to %s refused: %s (%s)", streams->peer_url(lk->conn).c_str(),
         to_string(result), rr.message.c_str());
@@ -405,18 +421,22 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
 }
 
 // --------------------------------------------------------------------- handshake: acceptor --
-void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto::node_info& who) {
+void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto::register_body& rb,
+                        size_t token) {
+  const proto::node_info& who = rb.info;
   ++counters.registrations_refused;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " (pid %u, %s) from %s: %s",
-                who.id, who.pid, who.hostname.c_str(), streams->peer_url(lk->conn).c_str(),
-                msg.c_str());
-  error(why, buf);
+  // The reason first: the host name (up to 255 bytes, 1020 escaped) comes last, whole.
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " from %s: ", who.id,
+                streams->peer_url(lk->conn).c_str());
+  error(why, buf + msg + " (pid " + std::to_string(who.pid) + ", host " +
+                 detail::printable(who.hostname) + ")");
   proto::register_reply_body rr;
   rr.status = proto::reason_from_errc(why);
   rr.version = cfg.protocol_max;
   rr.info.id = self;
   rr.message = msg;
+  reply_ext(lk, rb, token, rr.version, &rr);  // the proof of a refusal, when we can give one
   std::vector<uint8_t> b;
   proto::encode_register_reply(rr, &b);
   (void)send_control(lk, make_header(msg_type::register_reply, who.id, 0), b);
@@ -427,23 +447,33 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   proto::register_body rb;
   if (hd.type != msg_type::register_req ||
       proto::parse_register(body, hd.body_len, &rb) != errc::ok) {
-    protocol_violation(lk, "expected a registration");
+    protocol_violation(lk, unexpected("a registration", msg_type::register_req, hd).c_str());
     return;
   }
   const proto::node_info& who = rb.info;
   const uint8_t version =
       detail::negotiate_version(cfg.protocol_min, cfg.protocol_max, rb.min_version, rb.max_version);
-  if (version == 0) {
-    refuse(lk, errc::version_mismatch, "no common protocol version", who);
-    return;
-  }
-  size_t token = 0;  // the token the connector proved: we prove the same one back
+  // The token the connector proved, if any: we prove the same one back, in a refusal too.
+  size_t token = SIZE_MAX;
   if (!cfg.access_tokens.empty()) {
     const std::vector<uint8_t> in = proto::auth_input(lk->nonce, who.id, rb.role);
-    if (!detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof, &token)) {
-      refuse(lk, errc::access_denied, "no matching access token", who);
-      return;
+    size_t which = 0;
+    if (detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rb.proof, &which)) {
+      token = which;
     }
+  }
+  if (version == 0) {
+    refuse(lk, errc::version_mismatch, "no common protocol version", rb, token);
+    return;
+  }
+  if (!cfg.access_tokens.empty() && token == SIZE_MAX) {
+    refuse(lk, errc::access_denied, "no matching access token", rb, SIZE_MAX);
+    return;
+  }
+  if (who.id == 0) {  // node::validate's rule, for a peer that did not go through it
+    refuse(lk, errc::invalid_argument, "bus id 0 is reserved (it means \"no node\" on the wire)",
+           rb, token);
+    return;
   }
   peer_kind kind = peer_kind::child;
   errc ok = errc::ok;
@@ -475,12 +505,12 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     } else {
       std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " is already registered", who.id);
     }
-    refuse(lk, ok, msg, who);
+    refuse(lk, ok, msg, rb, token);
     return;
   }
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
-      who.pid, who.hostname.c_str());
+      who.pid, detail::printable(who.hostname).c_str());
   if (dead) return;  // destroyed from that on_log: nothing held is released to it
   peer_ep* p = add_peer(lk, kind, who);
   // A sibling we were about to connect to connected to us first.

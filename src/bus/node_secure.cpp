@@ -38,6 +38,18 @@ void node::impl::register_ext(link* lk, const proto::challenge_body& ch, proto::
 
 void node::impl::reply_ext(link* lk, const proto::register_body& rb, size_t token, uint8_t version,
                            proto::register_reply_body* rr) {
+  if (rr->status != proto::reason::ok) {
+    // A refusal is proven when the connector proved a token (`token` indexes it) and sent a nonce
+    // (so it reads extensions): it then takes a configuration error as final, and an unproven
+    // one (from whatever answers at its parent's URL) as retriable.
+    if (cfg.access_tokens.empty() || !rb.ext.has_nonce || token >= cfg.access_tokens.size()) return;
+    const std::vector<uint8_t> in =
+        proto::refuse_auth_input(rb.ext.nonce, self, rb.role, rr->status);
+    rr->ext.present = true;
+    rr->ext.has_proof =
+        detail::hmac_sha256(cfg.access_tokens[token], in.data(), in.size(), rr->ext.proof);
+    return;
+  }
   if (version < kV6) return;
   rr->ext.present = true;
   if (!cfg.access_tokens.empty() && rb.ext.has_nonce && token < cfg.access_tokens.size()) {
@@ -54,6 +66,17 @@ void node::impl::reply_ext(link* lk, const proto::register_body& rb, size_t toke
 }
 
 bool node::impl::check_reply_ext(link* lk, const proto::register_reply_body& rr, std::string* why) {
+  if (rr.status != proto::reason::ok) {  // a refusal: proven, or not to be taken as final
+    if (cfg.access_tokens.empty()) return true;
+    const std::vector<uint8_t> in =
+        proto::refuse_auth_input(lk->my_nonce, rr.info.id, lk->role, rr.status);
+    if (lk->sent_nonce && rr.ext.has_proof &&
+        detail::verify_proof(cfg.access_tokens, in.data(), in.size(), rr.ext.proof)) {
+      return true;
+    }
+    *why += "; not proven by the acceptor (no access token of ours): retrying";
+    return false;
+  }
   if (!cfg.access_tokens.empty()) {
     if (rr.version < kV6 || !lk->sent_nonce) {
       *why = "the acceptor negotiated protocol version " + std::to_string(rr.version) +

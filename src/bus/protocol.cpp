@@ -377,12 +377,9 @@ bool parse_ext(reader& r, reg_extensions* x) {
     } else {
       continue;  // a later version's field
     }
-    bool* seen = f.seen;
-    const size_t want = f.size;
-    uint8_t* dst = f.dst;
-    if (*seen || len != want) return false;
-    *seen = true;
-    std::memcpy(dst, v, want);
+    if (*f.seen || len != f.size) return false;
+    *f.seen = true;
+    std::memcpy(f.dst, v, f.size);
   }
   return r.done() && x->compression <= 2;
 }
@@ -677,6 +674,13 @@ std::vector<uint8_t> auth_input(const uint8_t nonce[kNonceSize], bus_id id, link
 std::vector<uint8_t> accept_auth_input(const uint8_t nonce[kNonceSize], bus_id acceptor,
                                        link_role role) {
   return labelled_input("uvbus-accept-v1", nonce, acceptor, role);
+}
+
+std::vector<uint8_t> refuse_auth_input(const uint8_t nonce[kNonceSize], bus_id acceptor,
+                                       link_role role, reason status) {
+  std::vector<uint8_t> v = labelled_input("uvbus-refuse-v1", nonce, acceptor, role);
+  writer(&v).u16(static_cast<uint16_t>(status));
+  return v;
 }
 
 std::vector<uint8_t> shm_tag_input(bus_id reader_id, bus_id writer_id) {

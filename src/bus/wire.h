@@ -188,7 +188,8 @@ enum class link_role : uint8_t {
 // a tag twice.
 enum class ext_tag : uint8_t {
   nonce = 1,        // register: the connector's nonce (kNonceSize) for the acceptor's proof
-  proof = 2,        // register_reply: HMAC-SHA256(token, accept_auth_input(nonce, acceptor, role))
+  proof = 2,        // register_reply: HMAC-SHA256(token, accept_auth_input(nonce, acceptor, role)),
+                    // or of refuse_auth_input(...) in a refusal (the connector's token matched)
   compression = 3,  // register: the codec the connector wants; reply: the link's codec (1 byte)
 };
 inline constexpr size_t kMaxExtensions = 8;
@@ -422,6 +423,12 @@ void encode_command_reply(uint32_t command, reason status, const void* result, s
 // id || role. Its own label, so that neither proof can stand in for the other.
 [[nodiscard]] std::vector<uint8_t> accept_auth_input(const uint8_t nonce[kNonceSize],
                                                      bus_id acceptor, link_role role);
+// The acceptor's proof in a refusal (a configuration error the connector then takes as final):
+// "uvbus-refuse-v1" || the connector's nonce || the acceptor's id || role || status (u16 LE). The
+// status is bound, so a proven refusal cannot be turned into another verdict.
+[[nodiscard]] std::vector<uint8_t> refuse_auth_input(const uint8_t nonce[kNonceSize],
+                                                     bus_id acceptor, link_role role,
+                                                     reason status);
 // What a writer puts before each message it writes into a peer's shared-memory ring when the
 // bus has access tokens (docs/protocol.md "Shared-memory writer tags"): the marker byte, 7 bytes
 // of HMAC-SHA256(token, shm_tag_input(reader, writer)), and the writer's id (u64 LE).

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -107,6 +108,200 @@ TEST_F(NodeSecure, AVersion5AcceptorCannotProveItselfAndIsRefused) {
   EXPECT_NE(child->registration_details[0].find("version 5"), std::string::npos)
       << child->registration_details[0];
   EXPECT_EQ(child->ups, 0);
+}
+
+// Whatever answers at the parent's URL without the token (a process that took the port, a
+// spoofed address) refuses every registration with a configuration error and no proof. With
+// tokens the child cannot tell that from its real parent's verdict, so it must not give up:
+// it reports the refusal, says it is unproven, and keeps retrying (its sends wait, as for an
+// acceptor that cannot prove a token).
+class refusing_acceptor {
+ public:
+  refusing_acceptor(uv_loop_t* loop, proto::reason why, std::string message = "go away")
+      : why_(why), message_(std::move(message)) {
+    stream_callbacks cb;
+    cb.on_accepted = [this](connection_id c) { challenge(c); };
+    cb.on_received = [this](connection_id c, const uint8_t* d, size_t n) { answer(c, d, n); };
+    ch_ = std::make_unique<stream_channel>(loop, stream_config{}, std::move(cb));
+    listener_id l;
+    EXPECT_EQ(ch_->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    url = ch_->listener_url(l);
+  }
+  void close() { ch_->close(); }
+  bool closed() const { return ch_->closed(); }
+  std::string url;
+  int refused = 0;
+
+ private:
+  void send(connection_id c, proto::msg_type t, const std::vector<uint8_t>& body) {
+    proto::header h;
+    h.type = t;
+    h.source = kRoot;
+    const std::vector<uint8_t> m = proto::build(h, body);
+    (void)ch_->send(c, m.data(), m.size());
+  }
+  void challenge(connection_id c) {
+    proto::challenge_body ch;
+    ch.acceptor_id = kRoot;
+    std::vector<uint8_t> b;
+    proto::encode_challenge(ch, &b);
+    send(c, proto::msg_type::challenge, b);
+  }
+  void answer(connection_id c, const uint8_t* d, size_t n) {
+    proto::header hd;
+    if (proto::parse_header(d, n, &hd) != errc::ok || hd.type != proto::msg_type::register_req) {
+      return;
+    }
+    proto::register_reply_body rr;
+    rr.status = why_;
+    rr.info.id = kRoot;
+    rr.message = message_;
+    std::vector<uint8_t> b;
+    proto::encode_register_reply(rr, &b);
+    send(c, proto::msg_type::register_reply, b);
+    ++refused;
+    (void)ch_->disconnect(c);
+  }
+  proto::reason why_;
+  std::string message_;
+  std::unique_ptr<stream_channel> ch_;
+};
+
+TEST_F(NodeSecure, AnUnprovenRefusalDoesNotStopAChildWithTokens) {
+  const proto::reason kinds[] = {proto::reason::access_denied, proto::reason::out_of_subnet,
+                                 proto::reason::version_mismatch};
+  for (const proto::reason why : kinds) {
+    refusing_acceptor fake(&loop_, why);
+    node_config cc = with_tokens({"secret"});
+    cc.parent_urls = {fake.url};
+    bus_node* child = make(kChild, cc);
+    ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+    EXPECT_NE(child->registration_details[0].find("not proven"), std::string::npos)
+        << child->registration_details[0];
+    EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::ok) << "not a refusal for good";
+    EXPECT_TRUE(wait([&] { return fake.refused >= 3; }))
+        << "refused " << fake.refused << " time(s) for " << static_cast<int>(why);
+    destroy(child);
+    fake.close();
+    ASSERT_TRUE(wait([&] { return fake.closed(); }));
+  }
+}
+
+bool has_control_byte(const std::string& s) {
+  for (const char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// Text a peer sends before it has proved anything (its host name in a registration, the message
+// of a refusal) reaches the other side's log lines and error details escaped: a peer without the
+// token cannot write lines of its own ("accepted child ...") into a node's log.
+TEST_F(NodeSecure, UnprovenPeerTextCannotForgeLogLines) {
+  const std::string forged = "x\n[info] accepted child 0x10001\x1b[2K\r";
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"secret"}));
+  raw_child raw(kChild, kRoot);  // no token: refused
+  raw.compress = false;
+  raw.hostname = forged;
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return root->n->counters().registrations_refused == 1 && raw.closed; }));
+  ASSERT_FALSE(root->error_texts.empty());
+  for (const std::string& e : root->error_texts) EXPECT_FALSE(has_control_byte(e)) << e;
+  for (const auto& [lv, m] : root->logs) EXPECT_FALSE(has_control_byte(m)) << m;
+  EXPECT_TRUE(error_named(*root, "x\\x0a[info] accepted child")) << root->error_texts[0];
+  // The longest host name (255 bytes, escaped to 1020) does not push the reason out of it.
+  raw_child longest(kOther, kRoot);
+  longest.compress = false;
+  longest.hostname = std::string(255, '\n');
+  longest.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return root->error_texts.size() == 2 && longest.closed; }));
+  EXPECT_NE(root->error_texts[1].find("no matching access token"), std::string::npos)
+      << root->error_texts[1];
+  EXPECT_TRUE(root->logged("no matching access token (pid 0, host \\x0a"));
+
+  refusing_acceptor fake(&loop_, proto::reason::access_denied, forged);
+  node_config cc = with_tokens({"secret"});
+  cc.parent_urls = {fake.url};
+  bus_node* child = make(kOther, cc);
+  ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+  for (const std::string& d : child->registration_details) EXPECT_FALSE(has_control_byte(d)) << d;
+  for (const auto& [lv, m] : child->logs) EXPECT_FALSE(has_control_byte(m)) << m;
+  EXPECT_NE(child->registration_details[0].find("x\\x0a[info]"), std::string::npos)
+      << child->registration_details[0];
+  destroy(child);
+  fake.close();
+  raw.ch->close();
+  longest.ch->close();
+  ASSERT_TRUE(wait([&] { return fake.closed() && raw.ch->closed() && longest.ch->closed(); }));
+}
+
+// The real parent proves its refusal (it verified our token): a configuration error stays final.
+TEST_F(NodeSecure, AProvenRefusalIsFinal) {
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"old", "secret"}));
+  bus_node* child = make_child(0x10000000000001ULL, root, {}, with_tokens({"secret"}));  // outside
+  ASSERT_TRUE(wait([&] { return !child->registrations.empty(); }));
+  EXPECT_EQ(child->registrations[0], errc::out_of_subnet);
+  run_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(child->registrations.size(), 1u);
+  EXPECT_EQ(root->n->counters().registrations_refused, 1u);
+  EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::out_of_subnet);
+}
+
+// Bus id 0 means "no node" on the wire (node::validate refuses it for a node): a hand-made peer
+// registering as 0 (a child of a root whose subnet holds it: kNet) is refused with the reason.
+// It registered before: the root listed a peer 0.
+TEST_F(NodeSecure, APeerCannotRegisterAsIdZero) {
+  bus_node* root = make_root(kRoot, {kNet});
+  raw_child raw(0, kRoot);
+  raw.compress = false;
+  raw.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return raw.registered || raw.closed; }));
+  EXPECT_FALSE(raw.registered);
+  EXPECT_EQ(raw.reply_status, proto::reason::invalid_argument);
+  EXPECT_NE(raw.reply_message.find("bus id 0 is reserved"), std::string::npos) << raw.reply_message;
+  EXPECT_EQ(root->n->peers().size(), 0u);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// A peer that answers the challenge with something other than a registration is closed as a
+// protocol error whose detail names what came: data before registering (the message type), or a
+// registration whose body does not parse (its size). Both read "expected a registration" before.
+TEST_F(NodeSecure, WhatCameInsteadOfARegistrationIsNamed) {
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"secret"}));
+  struct answer {
+    proto::msg_type type;
+    std::vector<uint8_t> body;
+    const char* named;
+  };
+  const answer answers[] = {
+      {proto::msg_type::data, data_body("early"), "expected a registration, got a data message"},
+      {proto::msg_type::register_req,
+       {1, 2, 3},
+       "expected a registration: its 3-byte body does not parse"}};
+  for (const answer& a : answers) {
+    connection_id conn{};
+    bool closed = false;
+    stream_callbacks cb;
+    std::unique_ptr<stream_channel> ch;
+    cb.on_received = [&](connection_id c, const uint8_t*, size_t) {
+      proto::header h;
+      h.type = a.type;
+      h.source = kChild;
+      h.target = kRoot;
+      const std::vector<uint8_t> m = proto::build(h, a.body);
+      (void)ch->send(c, m.data(), m.size());
+    };
+    cb.on_disconnected = [&](connection_id, errc) { closed = true; };
+    ch = std::make_unique<stream_channel>(&loop_, stream_config{}, std::move(cb));
+    ASSERT_EQ(ch->connect(root->n->listen_urls().at(0), &conn), errc::ok);
+    ASSERT_TRUE(wait([&] { return closed; }));
+    EXPECT_TRUE(error_named(*root, a.named)) << root->error_texts.back();
+    ch->close();
+    ASSERT_TRUE(wait([&] { return ch->closed(); }));
+  }
+  EXPECT_EQ(root->n->counters().protocol_errors, 2u);
+  EXPECT_EQ(root->n->counters().registrations_accepted, 0u);
 }
 
 TEST_F(NodeSecure, CompressionIsNegotiatedAndRestoresEveryMessage) {

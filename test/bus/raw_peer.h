@@ -35,6 +35,7 @@ struct raw_child {
   bool pause_after_register = false;  // stop reading once registered (a next hop that stalls)
   uint8_t max_version = proto::kMaxVersion;  // the highest protocol version it offers
   std::string host_id = "raw";               // the host it claims to run on ...
+  std::string hostname;                      // ... its host name ...
   std::vector<std::string> listen;           // ... and its listen URLs (a ring: shm://name)
   struct message {
     proto::header hd;
@@ -99,6 +100,7 @@ struct raw_child {
       rb.max_version = max_version;
       rb.info.id = id;
       rb.info.host_id = host_id;
+      rb.info.hostname = hostname;
       rb.info.listen = listen;
       rb.info.subnets = subnets;
       if (compress) {
