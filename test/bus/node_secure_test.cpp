@@ -128,7 +128,7 @@ class refusing_acceptor {
     url = ch_->listener_url(l);
   }
   void close() { ch_->close(); }
-  bool closed() const { return ch_->closed(); }
+  [[nodiscard]] bool closed() const { return ch_->closed(); }
   std::string url;
   int refused = 0;
 

@@ -1,9 +1,9 @@
 // End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess.
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
+#include <csignal>
 
 #include <atomic>
 #include <cctype>
@@ -231,7 +231,8 @@ TEST_F(Bus, TopAndPingStopWhenTheirReaderGoes) {
       {"ping", "0x10000", "--count", "100000", "--interval-ms", "20"}};
   for (std::vector<std::string> args : runs) {
     const std::string what = args[0] + (args.back() == "--json" ? " --json" : "");
-    for (const char* extra : {"--parent", url_.c_str(), "--token", "secret"}) args.push_back(extra);
+    for (const char* extra : {"--parent", url_.c_str(), "--token", "secret"})
+      args.emplace_back(extra);
     int fds[2];
     ASSERT_EQ(::pipe(fds), 0);
     const pid_t pid = ::fork();

@@ -96,7 +96,7 @@ TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
 // `filler` bytes of 'x', no Content-Length, and closes. A thread; stops early when the client goes.
 class page_server {
  public:
-  explicit page_server(std::string body, size_t filler = 0) {
+  explicit page_server(const std::string& body, size_t filler = 0) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -114,8 +114,10 @@ class page_server {
     if (thread_.joinable()) thread_.join();
     ::close(fd_);
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/metrics"; }
-  int port() const { return port_; }
+  [[nodiscard]] std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/metrics";
+  }
+  [[nodiscard]] int port() const { return port_; }
 
  private:
   void serve(const std::string& body, size_t bytes) {
@@ -130,7 +132,7 @@ class page_server {
     const std::string chunk =
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + body;
     size_t sent = 0;
-    const std::string lines(std::string(65536 / 16 * 16, 'x'));
+    const std::string lines(std::string(size_t{65536} / 16 * 16, 'x'));
     bool ok = ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
     while (ok && sent < bytes) {
       const size_t k = std::min(lines.size(), bytes - sent);
@@ -197,7 +199,7 @@ TEST(ToolsContract, MetricsAndShmRefusalsNameTheArgument) {
       {"shm inspect", "no region URL"},
       {"shm drain", "no region URL"}};
   for (const auto& [args, want] : cases) {
-    const std::string out = sh(tool + " " + args);
+    const std::string out = sh(std::string(tool).append(" ").append(args));
     EXPECT_NE(out.find("rc=2"), std::string::npos) << args << ": " << out;
     EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out.substr(0, 200);
   }
