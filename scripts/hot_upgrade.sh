@@ -20,10 +20,27 @@ BIN=$BUILD/uvbus_example_hot_upgrade
 DIR=$(mktemp -d)
 SHM=uvbus-hot-upgrade-$$
 pids=()
+# Every failing command names itself and its line (functions too: errtrace); on a failure the
+# files the run left are shown before they go, so a failed CI run says what it saw.
+set -o errtrace
+trap 'echo "hot_upgrade.sh: line $LINENO: \"$BASH_COMMAND\" failed (exit $?)" >&2' ERR
 cleanup() {
+  local rc=$?
+  trap - ERR
+  # Only this script's own processes, each waited for by its pid (a bare `wait` also waits for
+  # the prober's subshell and warns about pids bash has already reaped).
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ "$rc" -ne 0 ]; then
+    echo "hot_upgrade.sh: failed (exit $rc); files in $DIR:" >&2
+    ls -l "$DIR" >&2 2>/dev/null || echo "  (the directory is gone)" >&2
+    for f in sender.out probe.out root.err; do
+      [ -f "$DIR/$f" ] && { echo "--- $f" >&2; tail -n 20 "$DIR/$f" >&2; }
+    done
+    [ -f "$DIR/log" ] && echo "--- log: $(wc -l < "$DIR/log") lines" >&2
+  fi
   rm -rf "$DIR" "/dev/shm/$SHM"
+  exit "$rc"
 }
 trap cleanup EXIT
 if [ "${HANDOVER:-0}" = 1 ]; then export HOT_UPGRADE_HANDOVER=$DIR/handover.ctl; fi
@@ -49,7 +66,7 @@ start_root() {  # the same address again (the old socket may take a moment to cl
   cat "$DIR/root.err" >&2; return 1
 }
 start_logic
-"$BIN" sender "$URL" "$COUNT" > "$DIR/sender.out" & sender=$!
+"$BIN" sender "$URL" "$COUNT" > "$DIR/sender.out" & sender=$!; pids+=($sender)
 # A prober connects to the root's TCP address every few milliseconds while the sender runs and
 # counts the attempts refused (the gap a hand-over closes).
 hostport=${URL#ipv4://}
@@ -59,7 +76,7 @@ hostport=${URL#ipv4://}
     else refused=$((refused + 1)); fi
     sleep 0.002
   done
-  echo "probe connects ok=$ok refused=$refused" > "$DIR/probe.out" ) & prober=$!
+  echo "probe connects ok=$ok refused=$refused" > "$DIR/probe.out" ) & prober=$!; pids+=($prober)
 for i in $(seq "$CYCLES"); do
   sleep "$PERIOD"
   if [ "${HANDOVER:-0}" = 1 ] && [ "${UPGRADE:-logic}" = root ]; then
@@ -79,11 +96,19 @@ done
 wait "$sender" || true
 wait "$prober" || true
 cat "$DIR/sender.out" "$DIR/probe.out"
-kill -INT "$logic"; wait "$logic" || true
+# SIGINT until the last logic process is gone: a process started moments ago may not have its
+# handler yet, and a background job of a script starts with SIGINT ignored, so one signal in that
+# window is lost (the process would then run for ever). stop() is idempotent.
+for _ in $(seq 300); do
+  kill -INT "$logic" 2>/dev/null || break
+  sleep 0.1
+done
+wait "$logic" || true
 delivered=$(wc -l < "$DIR/log")
 unique=$(sort -n -u "$DIR/log" | wc -l)
 echo "upgrades (${UPGRADE:-logic})=$CYCLES sent=$COUNT delivered=$delivered unique=$unique duplicates=$((delivered - unique))"
-grep -q "reports ok=$COUNT failed=0" "$DIR/sender.out" && [ "$unique" = "$COUNT" ] && [ "$delivered" = "$COUNT" ]
+grep -q "reports ok=$COUNT failed=0" "$DIR/sender.out" || { echo "not every report was ok" >&2; exit 1; }
+[ "$unique" = "$COUNT" ] && [ "$delivered" = "$COUNT" ] || { echo "not delivered exactly once" >&2; exit 1; }
 if [ "${HANDOVER:-0}" = 1 ]; then
   grep -q "refused=0\$" "$DIR/probe.out" || { echo "a connection was refused" >&2; exit 1; }
 fi
