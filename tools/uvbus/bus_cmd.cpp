@@ -287,11 +287,23 @@ int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
 // Parses the options and the positional arguments of a bus subcommand.
 int parse_bus_args(int argc, char** argv, bus_args* a) {
   a->name = argv[0];
+  bool options = true;  // until "--": what follows it is positional, a payload "-x" too
   for (int i = 1; i < argc; ++i) {
-    if (argv[i][0] == '-' && argv[i][1] == '-' && argv[i][2] != '\0') {
+    const char* s = argv[i];
+    if (options && std::strcmp(s, "--") == 0) {
+      options = false;
+    } else if (options && s[0] == '-' && s[1] == '-') {
       if (!take_option(a, argc, argv, &i)) return kExitUsage;
+    } else if (options && s[0] == '-' && s[1] != '\0') {
+      // `-json`, `-x`: no option has one dash (no argument is a negative number). It was taken
+      // as a positional argument: `send ID TYPE -json` sent the text "-json".
+      std::fprintf(stderr,
+                   "uvbus %s: unknown option '%s' (options have two dashes; an argument that "
+                   "starts with '-' goes after \"--\")\n",
+                   argv[0], s);
+      return kExitUsage;
     } else {
-      a->pos.emplace_back(argv[i]);
+      a->pos.emplace_back(s);
     }
   }
   return check_env(a);

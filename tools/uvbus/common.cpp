@@ -112,6 +112,17 @@ bool stdout_failed(const char* what) {
   return true;
 }
 
+void hold_std_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int n = open("/dev/null", O_RDONLY);  // the lowest free number: fd itself
+    if (n >= 0 && n != fd) {
+      dup2(n, fd);
+      close(n);
+    }
+  }
+}
+
 bool parse_id(const char* s, uint64_t* out) {
   if (!starts_with_digit(s)) return false;
   errno = 0;

@@ -53,8 +53,10 @@ double nearest_rank(std::vector<double> v, double p);
 constexpr size_t kMaxMetricsBytes = size_t{64} << 20;
 
 // GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400, a body over
-// kMaxMetricsBytes), kExitJoin (no connection), kExitUsage (malformed URL) with *error saying
-// what happened.
+// kMaxMetricsBytes, and after the connection was made: no complete answer within timeout_ms, an
+// answer that is not HTTP), kExitJoin (no connection: refused, no such host, connect timeout),
+// kExitUsage (malformed URL) with *error saying what happened (a timeout: "timeout: ..." naming
+// the URL and timeout_ms; a failed transfer leaves *body empty).
 int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error);
 
 // Subcommand entry points: argv[0] is the subcommand's name.
