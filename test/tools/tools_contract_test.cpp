@@ -299,14 +299,16 @@ TEST(ToolsContract, SingleDashArgumentsAreRefused) {
   }
 }
 
-// A region with three records of "record", its reader closed with keep (drain proceeds).
-std::string region_with_records() {
+// A region with n records of "record" (64 KiB ring), its reader closed with keep (drain proceeds).
+std::string region_with_records(int n) {
   std::string url = "shm://" + uvbus::test::unique_name("tool-rec");
+  uvbus::shm_config cfg = uvbus::test::small_ring_config();
+  cfg.ring_bytes = 65536;
   uvbus::shm_reader r;
-  if (r.open(url, uvbus::test::small_ring_config()) != uvbus::errc::ok) return "";
+  if (r.open(url, cfg) != uvbus::errc::ok) return "";
   uvbus::shm_writer w;
   if (w.open(url) != uvbus::errc::ok) return "";
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < n; ++i) {
     if (w.send("record", 6) != uvbus::errc::ok) return "";
   }
   r.close(uvbus::shm_close_mode::keep);
@@ -316,7 +318,7 @@ std::string region_with_records() {
 // `uvbus shm` kept uvbus_shm_inspect's exit codes and never checked stdout: `shm inspect URL
 // >/dev/full` exited 0 with the header lost. A write error is 2 ("open or write error"), named.
 TEST(ToolsContract, ShmOutputThatCannotBeWrittenIsAWriteError) {
-  const std::string url = region_with_records();
+  const std::string url = region_with_records(3);
   ASSERT_FALSE(url.empty());
   const std::string t = UVBUS_TOOL_PATH;
   const std::vector<std::string> runs = {"shm inspect " + url, "shm inspect " + url + " --json",
@@ -331,17 +333,18 @@ TEST(ToolsContract, ShmOutputThatCannotBeWrittenIsAWriteError) {
 }
 
 // With stdout closed (`>&-`) the first file the tool opened took fd 1: `shm drain URL --out FILE`
-// wrote its "record N" lines and its summary into FILE among the records (228 bytes, not 30).
-// FILE holds the records alone; the lost output is exit 2, as /dev/full.
+// wrote its "record N" lines into FILE among the records each time stdout's buffer filled (300
+// records: FILE held 11192 bytes, not 3000), and exited 0. FILE holds the records alone; the lost
+// output is exit 2, as on /dev/full.
 TEST(ToolsContract, AClosedStdoutIsNotTheFirstFileOpened) {
-  const std::string url = region_with_records();
+  const std::string url = region_with_records(300);
   ASSERT_FALSE(url.empty());
   const std::string path = "/tmp/" + uvbus::test::unique_name("tool-drain");
   const std::string t = UVBUS_TOOL_PATH;
   const std::string out = sh(t + " shm drain " + url + " --out " + path + " >&-");
   EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
   EXPECT_NE(out.find("cannot write the output: Bad file descriptor"), std::string::npos) << out;
-  EXPECT_EQ(sh("wc -c <" + path), "30\nrc=0\n");  // 3 x (4-byte length + "record")
+  EXPECT_EQ(sh("wc -c <" + path), "3000\nrc=0\n");  // 300 x (4-byte length + "record")
   std::remove(path.c_str());
   EXPECT_NE(sh(t + " shm remove " + url).find("rc=0"), std::string::npos);
 }
