@@ -2,5 +2,6 @@
 #include "uvbus/common.h"  // tools/uvbus/common.h
 
 int main(int argc, char** argv) {
+  uvbus_tool::hold_std_fds();
   return uvbus_tool::shm_inspect_legacy_main(argc, argv);
 }

@@ -1,5 +1,6 @@
 // The uvbus tool's session (tools/uvbus/session.cpp) in-process: what its node's callbacks touch
-// after join() returned, when the parent goes away later (ASan: detect_stack_use_after_return).
+// after join() returned, when the parent goes away later (ASan: detect_stack_use_after_return);
+// peer_text, the escaping of a remote node's text.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -113,6 +114,15 @@ TEST(ToolSession, JoinThatTimedOutTouchesNoReturnedFrame) {
   ::close(fd);  // the connection in the backlog is reset: the registration attempt fails now
   s.run_until([] { return false; }, 2000);
   EXPECT_TRUE(s.node().running());
+}
+
+// A remote node's text for the terminal (routes, counters: `uvbus routes`, `top`): fputs wrote it
+// as it came, escape sequences included, cut at a NUL. Each line escaped, the newlines kept.
+TEST(ToolSession, PeerTextEscapesEachLine) {
+  using uvbus_tool::peer_text;
+  EXPECT_EQ(peer_text("a=1\nb=2\n"), "a=1\nb=2\n");
+  EXPECT_EQ(peer_text(std::string("\x1b[2Jx\0y\r\n\x9b", 10)), "\\x1b[2Jx\\x00y\\x0d\n\x9b");
+  EXPECT_EQ(peer_text(""), "");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "page_server.h"
 #include "shm/shm_test_util.h"
 #include "test_util.h"
 #include "uvbus/node.h"
@@ -95,8 +96,10 @@ class Bus : public ::testing::Test {
     cfg.metrics_url = "http://127.0.0.1:0/metrics";
     cfg.name = "root-1";
     cfg.type = "root";
-    cfg.labels = {{"zone", "a"}};
-    // Requests (uvbus call) are answered in upper case, or with error 7 for "fail".
+    // A label with a terminal's escape sequence (OSC: set the window title): text a node chose.
+    cfg.labels = {{"zone", "a"}, {"evil", "\x1b]0;pwn\x07"}};
+    // Requests (uvbus call) are answered in upper case, or with error 7 for "fail", error 9 with
+    // an escape sequence and a NUL in its detail for "fail-raw", not at all for "silent".
     std::unique_ptr<uvbus::node> n;
     uvbus::node_callbacks cb;
     cb.on_data = [&n](uvbus::bus_id, uint32_t, const uint8_t* p, size_t size) {
@@ -108,6 +111,12 @@ class Bus : public ::testing::Test {
         (void)n->reply_error(h, 7, "asked to fail", 13);
         return;
       }
+      if (s == "fail-raw") {
+        const char detail[] = "\x1b[2Jred\0tail";
+        (void)n->reply_error(h, 9, detail, sizeof detail - 1);
+        return;
+      }
+      if (s == "silent") return;  // the caller's timeout decides
       for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       (void)n->reply(h, s.data(), s.size());
     };
@@ -158,7 +167,7 @@ TEST_F(Bus, RoutesAndCounters) {
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(json_ok(r.out)) << r.out;
   EXPECT_NE(r.out.find("\"name\":\"root-1\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"labels\":{\"zone\":\"a\"}"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"labels\":{\"zone\":\"a\","), std::string::npos) << r.out;
 }
 
 TEST_F(Bus, PingSeriesAndSummary) {
@@ -352,6 +361,46 @@ TEST_F(Bus, MetricsTextJsonAndHttpErrors) {
   r = sh(t + " metrics " + wrong);
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("answered HTTP 404"), std::string::npos) << r.err;
+}
+
+// "escapes peer text": `call` printed an error answer's detail with %s: cut at its NUL ("red"),
+// and the remote node's escape sequence (ESC [2J: clear the screen) reached the terminal. The
+// detail is escaped as the join's refusal details are (uvbus::detail::printable), whole.
+TEST_F(Bus, CallEscapesTheErrorDetail) {
+  const run_result r = sh(tool("call 0x10000 7 fail-raw"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("answered error 9: \\x1b[2Jred\\x00tail\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+}
+
+// `nodes` printed each node's name, type, host and labels as the node chose them: a label's OSC
+// sequence (set the window title) reached the terminal. Each is escaped.
+TEST_F(Bus, NodesEscapeWhatANodeChose) {
+  const run_result r = sh(tool("nodes"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("zone=a,evil=\\x1b]0;pwn\\x07"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+}
+
+// `top --metrics`: the link labels come from whatever answers at the URL; an escape sequence in
+// one reached the terminal. Escaped (the test's page: one link, its peer label ESC [2J).
+TEST_F(Bus, TopEscapesTheLinkLabels) {
+  uvbus::test::page_server page(
+      "uvbus_peer_rtt_seconds{peer=\"\x1b[2J\",role=\"child\",channel=\"stream\"} 0.001\n");
+  ASSERT_NE(page.port(), 0);
+  const run_result r = sh(tool("top 0x10000 --once --interval-ms 20 --metrics " + page.url()));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\\x1b[2J child stream"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+}
+
+// The tool waited timeout + 1000 ms for an answer in 32 bits: `--timeout-ms 4294967000` wrapped
+// to 704 ms, and `call` reported "timeout" long before the node's own deadline. It now waits on
+// (here until `timeout 3` ends it: exit 124).
+TEST_F(Bus, ALargeTimeoutDoesNotWrap) {
+  const run_result r = sh("timeout 3 " + tool("call 0x10000 7 silent --timeout-ms 4294967000"));
+  EXPECT_EQ(r.rc, 124) << r.err;
+  EXPECT_EQ(r.err.find("timeout"), std::string::npos) << r.err;
 }
 
 TEST(Tool, UsageErrorsExitTwo) {

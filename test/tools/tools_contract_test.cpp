@@ -2,12 +2,11 @@
 // a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
 // `shm inspect` never drains or removes, `--count 0`, `top --interval-ms 0` and signed numbers are
 // refused, and `call --help`; a payload file over the message limit and a metrics page over 64 MiB
-// are refused, a malformed metrics page converts to JSON, JSON strings are UTF-8.
+// are refused, a malformed metrics page converts to JSON, JSON strings are UTF-8; a metrics timeout
+// or garbage answer is not "could not connect", a page with a NUL prints whole, single-dash
+// arguments are refused, `shm` output that cannot be written fails, a closed stdout stays closed.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "common.h"
+#include "page_server.h"
 #include "shm/shm_test_util.h"
 #include "test_util.h"
 #include "uvbus/shm.h"
@@ -92,59 +92,7 @@ TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
   EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
 }
 
-// A one-connection HTTP server on 127.0.0.1 (port from the OS): answers 200 with `body`, then
-// `filler` bytes of 'x', no Content-Length, and closes. A thread; stops early when the client goes.
-class page_server {
- public:
-  explicit page_server(const std::string& body, size_t filler = 0) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, 1) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      return;
-    }
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this, body, filler] { serve(body, filler); });
-  }
-  ~page_server() {
-    ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() that never got its client
-    if (thread_.joinable()) thread_.join();
-    ::close(fd_);
-  }
-  [[nodiscard]] std::string url() const {
-    return "http://127.0.0.1:" + std::to_string(port_) + "/metrics";
-  }
-  [[nodiscard]] int port() const { return port_; }
-
- private:
-  void serve(const std::string& body, size_t bytes) {
-    const int c = ::accept(fd_, nullptr, nullptr);
-    if (c < 0) return;
-    std::string req;
-    char buf[4096];
-    ssize_t n = 0;
-    while (req.find("\r\n\r\n") == std::string::npos && (n = ::recv(c, buf, sizeof buf, 0)) > 0) {
-      req.append(buf, static_cast<size_t>(n));
-    }
-    const std::string chunk =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + body;
-    size_t sent = 0;
-    const std::string lines(std::string(size_t{65536} / 16 * 16, 'x'));
-    bool ok = ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
-    while (ok && sent < bytes) {
-      const size_t k = std::min(lines.size(), bytes - sent);
-      ok = ::send(c, lines.data(), k, MSG_NOSIGNAL) == static_cast<ssize_t>(k);
-      sent += k;
-    }
-    ::close(c);
-  }
-  int fd_ = -1;
-  int port_ = 0;
-  std::thread thread_;
-};
+using uvbus::test::page_server;
 
 // A metrics page was held whole however long it was: an endpoint (or whatever answers at the URL)
 // that never ends its answer filled memory until --timeout-ms (834 MB held, 1.15 GB resident with
@@ -284,6 +232,127 @@ TEST(ToolsContract, CallHelpIsItsUsage) {
   const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " call --help");
   EXPECT_NE(out.find("usage: uvbus call ID TYPE"), std::string::npos) << out;
   EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+}
+
+// `uvbus metrics` told libcurl's errors apart only as "malformed URL" (2) or not (3, "could not
+// connect"): a page that stalls after the connection is made, and an answer that is not HTTP (or
+// none: the server closes), exited 3 as if nothing listened. Now: a timeout after connecting is
+// exit 1 naming the timeout and the URL, garbage is exit 1; refused stays 3, "could not connect".
+TEST(ToolsContract, MetricsTimeoutAndGarbageAreNotCouldNotConnect) {
+  const std::string tool = UVBUS_TOOL_PATH;
+  uvbus::test::stall_server stall;
+  ASSERT_NE(stall.port(), 0);
+  std::string out = sh(tool + " metrics " + stall.url() + " --timeout-ms 500");
+  EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
+  EXPECT_NE(out.find("timeout: no complete answer from " + stall.url() + " within 500 ms"),
+            std::string::npos)
+      << out;
+  for (const char* garbage : {"garbage\r\n\r\n", ""}) {
+    page_server server(garbage, 0, true);
+    ASSERT_NE(server.port(), 0);
+    out = sh(tool + " metrics " + server.url() + " --timeout-ms 30000");
+    EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
+    EXPECT_EQ(out.find("could not connect"), std::string::npos) << out;
+  }
+  int port = 0;
+  {
+    const uvbus::test::listener gone;  // a port nothing listens on once it is closed
+    port = gone.port();
+  }
+  const std::string refused = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
+  out = sh(tool + " metrics " + refused + " --timeout-ms 30000");
+  EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
+  EXPECT_NE(out.find("cannot fetch " + refused + ": could not connect"), std::string::npos) << out;
+}
+
+// "prints the Prometheus text": fputs stopped at the page's first NUL (4 of 9 bytes printed).
+TEST(ToolsContract, MetricsPrintsThePageWhole) {
+  const std::string page("a 1\n\0b 2\n", 9);
+  page_server server(page);
+  ASSERT_NE(server.port(), 0);
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-nul");
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() +
+                             " --timeout-ms 30000 >" + path);
+  EXPECT_EQ(out, "rc=0\n");
+  EXPECT_EQ(sh("wc -c <" + path), "9\nrc=0\n");
+  std::remove(path.c_str());
+}
+
+// An argument with one dash (`-json`, `-x`) counted as a positional one: `send ID TYPE -json` sent
+// the text "-json", `metrics URL -json` and `shm inspect -json` read it as a URL. Refused (exit 2,
+// named); after "--" every argument is positional (a payload "-x"), `-h` there is no help.
+TEST(ToolsContract, SingleDashArgumentsAreRefused) {
+  for (const char* args : {"routes 0x10000 -json", "nodes -json", "top 0x10000 -json",
+                           "metrics http://127.0.0.1:1/m -json", "metrics -json"}) {
+    EXPECT_TRUE(usage_error(args, "unknown option '-json'"));
+  }
+  EXPECT_TRUE(usage_error("send 0x10000 1 -x", "unknown option '-x'"));
+  EXPECT_TRUE(usage_error("call 0x10000 1 -x", "unknown option '-x'"));
+  EXPECT_TRUE(usage_error("shm inspect -json shm://x", "unknown option '-json'"));
+  EXPECT_TRUE(usage_error("shm inspect shm://x -j", "unknown option '-j'"));
+  // After "--": a payload "-x", "-h" or "--json" goes on to join (exit 3 here, with no parent).
+  for (const char* payload : {"-x", "-h", "--json"}) {
+    const std::string out =
+        sh(std::string(UVBUS_TOOL_PATH) +
+           " send --parent ipv4://127.0.0.1:1 --timeout-ms 3000 0x10000 1 -- " + payload);
+    EXPECT_NE(out.find("rc=3"), std::string::npos) << payload << ": " << out;
+  }
+}
+
+// A region with n records of "record" (64 KiB ring), its reader closed with keep (drain proceeds).
+std::string region_with_records(int n) {
+  std::string url = "shm://" + uvbus::test::unique_name("tool-rec");
+  uvbus::shm_config cfg = uvbus::test::small_ring_config();
+  cfg.ring_bytes = 65536;
+  uvbus::shm_reader r;
+  if (r.open(url, cfg) != uvbus::errc::ok) return "";
+  uvbus::shm_writer w;
+  if (w.open(url) != uvbus::errc::ok) return "";
+  for (int i = 0; i < n; ++i) {
+    if (w.send("record", 6) != uvbus::errc::ok) return "";
+  }
+  r.close(uvbus::shm_close_mode::keep);
+  return url;
+}
+
+// `uvbus shm` kept uvbus_shm_inspect's exit codes and never checked stdout: `shm inspect URL
+// >/dev/full` exited 0 with the header lost. A write error is 2 ("open or write error"), named.
+TEST(ToolsContract, ShmOutputThatCannotBeWrittenIsAWriteError) {
+  const std::string url = region_with_records(3);
+  ASSERT_FALSE(url.empty());
+  const std::string t = UVBUS_TOOL_PATH;
+  const std::vector<std::string> runs = {"shm inspect " + url, "shm inspect " + url + " --json",
+                                         "shm drain " + url, "shm --help", "shm inspect --help"};
+  for (const std::string& args : runs) {
+    const std::string out = sh(std::string(t).append(" ").append(args).append(" >/dev/full"));
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << args << ": " << out;
+    EXPECT_NE(out.find("cannot write the output: No space left on device"), std::string::npos)
+        << args << ": " << out;
+  }
+  EXPECT_NE(sh(t + " shm remove " + url).find("rc=0"), std::string::npos);
+}
+
+// With stdout closed (`>&-`) the first file the tool opened took fd 1: `shm drain URL --out FILE`
+// wrote its "record N" lines into FILE among the records each time stdout's buffer filled (300
+// records: FILE held 11192 bytes, not 3000), and exited 0. FILE holds the records alone; the lost
+// output is exit 2, as on /dev/full.
+TEST(ToolsContract, AClosedStdoutIsNotTheFirstFileOpened) {
+  const std::string url = region_with_records(300);
+  ASSERT_FALSE(url.empty());
+  const std::string path = "/tmp/" + uvbus::test::unique_name("tool-drain");
+  const std::string t = UVBUS_TOOL_PATH;
+  const std::string out = sh(t + " shm drain " + url + " --out " + path + " >&-");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("cannot write the output: Bad file descriptor"), std::string::npos) << out;
+  EXPECT_EQ(sh("wc -c <" + path), "3000\nrc=0\n");  // 300 x (4-byte length + "record")
+  std::remove(path.c_str());
+  EXPECT_NE(sh(t + " shm remove " + url).find("rc=0"), std::string::npos);
+}
+
+// A counters answer is a remote node's text: "n=007" went out as the number 007, which is no JSON.
+TEST(ToolsContract, CountersJsonIsJson) {
+  EXPECT_EQ(uvbus_tool::counters_json("a=007\nb=0\nc=12\nd=\ne=1x\n"),
+            R"({"a":"007","b":0,"c":12,"d":"","e":"1x"})");
 }
 
 }  // namespace

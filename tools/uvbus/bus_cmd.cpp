@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "bus/auth.h"  // uvbus::detail::printable: an error answer's detail
 #include "bus_cmd.h"
 #include "common.h"
 #include "session.h"
@@ -83,22 +85,6 @@ int check_env(bus_args* a) {
   return kExitOk;
 }
 
-// "a=b\n..." as a JSON object of numbers (or strings for what is not a number).
-std::string counters_json(const std::string& text) {
-  std::istringstream in(text);
-  std::string line, o = "{";
-  bool first = true;
-  while (std::getline(in, line)) {
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-    const bool num = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-    o += (first ? "" : ",") + json_str(k) + ":" + (num ? v : json_str(v));
-    first = false;
-  }
-  return o + "}";
-}
-
 std::string lines_json(const std::string& text) {
   std::istringstream in(text);
   std::string line, o = "[";
@@ -122,8 +108,9 @@ int text_command(const bus_args& a, session* s, uint64_t target, uvbus::proto::c
   const command_result r = run_command(s, target, c, "", a.join.timeout_ms);
   if (r.status != uvbus::errc::ok) return command_failed(a.name.c_str(), target, r.status);
   if (!a.json) {
-    std::fputs(r.text.c_str(), stdout);
-    if (!r.text.empty() && r.text.back() != '\n') std::fputc('\n', stdout);
+    const std::string text = peer_text(r.text);  // the remote node's text: no escapes, no NUL cut
+    std::fputs(text.c_str(), stdout);
+    if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
     return kExitOk;
   }
   const bool counters = c == uvbus::proto::command_id::counters;
@@ -233,7 +220,7 @@ int send(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
     done = true;
     status = e;
   }
-  if (!s->run_until([&done] { return done; }, a.join.timeout_ms + 1000)) {
+  if (!s->run_until([&done] { return done; }, answer_wait_ms(a.join.timeout_ms))) {
     status = uvbus::errc::timeout;
   }
   if (a.json) {
@@ -248,26 +235,36 @@ int send(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
   return status == uvbus::errc::ok ? kExitOk : kExitFailed;
 }
 
-// `uvbus call`: one request, its one outcome. The reply goes to stdout as it is (text mode).
-int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const std::string& body) {
+// `uvbus call`'s one outcome.
+struct call_state {
   bool done = false;
   uvbus::errc status = uvbus::errc::ok;
   uint32_t code = 0;
   std::string reply;
+};
+
+// `uvbus call`: one request, its one outcome. The reply goes to stdout as it is (text mode).
+int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const std::string& body) {
+  // On the heap, held by the callback: if the wait below ends first, the node still calls back
+  // when the session stops it, and wrote into this returned frame (ASan: stack-use-after-scope).
+  const auto st = std::make_shared<call_state>();
   const uvbus::errc e = s->node().call(
-      target, type, body.data(), body.size(), a.join.timeout_ms, [&](const uvbus::call_result& r) {
-        done = true;
-        status = r.status;
-        code = r.code;
-        reply.assign(reinterpret_cast<const char*>(r.data), r.size);
+      target, type, body.data(), body.size(), a.join.timeout_ms, [st](const uvbus::call_result& r) {
+        st->done = true;
+        st->status = r.status;
+        st->code = r.code;
+        st->reply.assign(reinterpret_cast<const char*>(r.data), r.size);
       });
   if (e != uvbus::errc::ok) {
-    done = true;
-    status = e;
+    st->done = true;
+    st->status = e;
   }
-  if (!s->run_until([&done] { return done; }, a.join.timeout_ms + 1000)) {
-    status = uvbus::errc::timeout;
+  if (!s->run_until([&st] { return st->done; }, answer_wait_ms(a.join.timeout_ms))) {
+    st->status = uvbus::errc::timeout;
   }
+  const uvbus::errc status = st->status;
+  const uint32_t code = st->code;
+  const std::string& reply = st->reply;
   if (a.json) {
     std::printf("{\"node\":\"%#" PRIx64 "\",\"type\":%u,\"status\":%s,\"code\":%u,\"reply\":%s}\n",
                 target, type, json_str(uvbus::to_string(status)).c_str(), code,
@@ -277,7 +274,7 @@ int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
     if (!reply.empty() && reply.back() != '\n') std::fputc('\n', stdout);
   } else if (status == uvbus::errc::remote_error) {
     std::fprintf(stderr, "uvbus call: %#" PRIx64 " answered error %u: %s\n", target, code,
-                 reply.c_str());
+                 uvbus::detail::printable(reply).c_str());
   } else {
     std::fprintf(stderr, "uvbus call: no answer from %#" PRIx64 ": %s\n", target,
                  uvbus::to_string(status));
@@ -290,11 +287,23 @@ int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
 // Parses the options and the positional arguments of a bus subcommand.
 int parse_bus_args(int argc, char** argv, bus_args* a) {
   a->name = argv[0];
+  bool options = true;  // until "--": what follows it is positional, a payload "-x" too
   for (int i = 1; i < argc; ++i) {
-    if (argv[i][0] == '-' && argv[i][1] == '-' && argv[i][2] != '\0') {
+    const char* s = argv[i];
+    if (options && std::strcmp(s, "--") == 0) {
+      options = false;
+    } else if (options && s[0] == '-' && s[1] == '-') {
       if (!take_option(a, argc, argv, &i)) return kExitUsage;
+    } else if (options && s[0] == '-' && s[1] != '\0') {
+      // `-json`, `-x`: no option has one dash (no argument is a negative number). It was taken
+      // as a positional argument: `send ID TYPE -json` sent the text "-json".
+      std::fprintf(stderr,
+                   "uvbus %s: unknown option '%s' (options have two dashes; an argument that "
+                   "starts with '-' goes after \"--\")\n",
+                   argv[0], s);
+      return kExitUsage;
     } else {
-      a->pos.emplace_back(argv[i]);
+      a->pos.emplace_back(s);
     }
   }
   return check_env(a);

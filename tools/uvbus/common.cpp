@@ -7,6 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace uvbus_tool {
 
@@ -72,6 +76,24 @@ std::string json_str(const std::string& s) {
   return o + "\"";
 }
 
+// "a=b\n..." as a JSON object of numbers (or strings for what is not a JSON number).
+std::string counters_json(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, o = "{";
+  bool first = true;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    // Digits, no leading zero (JSON has none: a node's "007" made the document invalid).
+    const bool num = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
+                     (v[0] != '0' || v.size() == 1);
+    o += (first ? "" : ",") + json_str(k) + ":" + (num ? v : json_str(v));
+    first = false;
+  }
+  return o + "}";
+}
+
 namespace {
 
 // Digits only from the first character: strtoul would also take leading blanks, '+' and '-'.
@@ -88,6 +110,17 @@ bool stdout_failed(const char* what) {
   if (e != EPIPE)
     std::fprintf(stderr, "uvbus %s: cannot write the output: %s\n", what, std::strerror(e));
   return true;
+}
+
+void hold_std_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int n = open("/dev/null", O_RDONLY);  // the lowest free number: fd itself
+    if (n >= 0 && n != fd) {
+      dup2(n, fd);
+      close(n);
+    }
+  }
 }
 
 bool parse_id(const char* s, uint64_t* out) {

@@ -19,11 +19,25 @@ constexpr uint64_t kDefaultToolIdBase = 0xfffe000000000000ULL;
 
 // `s` as a JSON string literal, quotes included; a byte that is not well-formed UTF-8 is U+FFFD.
 std::string json_str(const std::string& s);
+// A counters answer ("name=value" lines, a remote node's text) as a JSON object: a value that is a
+// JSON integer as a number, anything else as a string.
+std::string counters_json(const std::string& text);
 
 // True (the error named on stderr, unless the reader merely went: EPIPE) when stdout cannot be
 // written: a loop stops instead of writing into a closed pipe for ever (SIGPIPE is ignored, see
 // stream.h), and a command does not exit 0 with its output lost (a full disk).
 bool stdout_failed(const char* what);
+
+// How long the tool waits for an answer the node times out after timeout_ms: a second more,
+// saturated (`--timeout-ms 4294967000` plus 1000 wrapped to 704 ms: "timeout" before the node's).
+constexpr uint32_t answer_wait_ms(uint32_t timeout_ms) {
+  return timeout_ms > UINT32_MAX - 1000 ? UINT32_MAX : timeout_ms + 1000;
+}
+
+// Puts /dev/null, read-only, on each of fds 0..2 that is closed at start (`uvbus ... >&-`): the
+// tool's first file or socket took the number, and stdout's text went into it (`shm drain --out
+// FILE` wrote its record lines into FILE). A write to it fails (EBADF) as to a closed stdout.
+void hold_std_fds();
 
 // A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
 bool parse_id(const char* s, uint64_t* out);
@@ -39,8 +53,10 @@ double nearest_rank(std::vector<double> v, double p);
 constexpr size_t kMaxMetricsBytes = size_t{64} << 20;
 
 // GET url (libcurl): kExitOk with the body, or kExitFailed (HTTP status >= 400, a body over
-// kMaxMetricsBytes), kExitJoin (no connection), kExitUsage (malformed URL) with *error saying
-// what happened.
+// kMaxMetricsBytes, and after the connection was made: no complete answer within timeout_ms, an
+// answer that is not HTTP), kExitJoin (no connection: refused, no such host, connect timeout),
+// kExitUsage (malformed URL) with *error saying what happened (a timeout: "timeout: ..." naming
+// the URL and timeout_ms; a failed transfer leaves *body empty).
 int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error);
 
 // Subcommand entry points: argv[0] is the subcommand's name.

@@ -26,6 +26,8 @@ const char kMain[] =
     "                                   (default 0xfffe000000000000 + pid; it joins as a tool)\n"
     "  --timeout-ms MS                  join and per-answer deadline (default 5000)\n"
     "  --json                           one JSON document on stdout, for scripts\n"
+    "  --                               the end of the options: a PAYLOAD that starts with '-'\n"
+    "                                   goes after it (options have two dashes)\n"
     "exit status: 0 ok, 1 the operation failed (timeout, unknown route, failed report),\n"
     "2 usage (bad option, URL or id), 3 could not join the bus / connect.\n"
     "uvbus shm keeps uvbus_shm_inspect's exit status (see uvbus shm --help).\n";
@@ -86,7 +88,7 @@ int help_for(const char* cmd) {
 }
 
 bool wants_help(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {  // "--": a payload follows
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
   }
   return false;
@@ -111,6 +113,7 @@ int run(const std::string& cmd, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  uvbus_tool::hold_std_fds();
   if (argc < 2) {
     std::fputs(kMain, stderr);
     return uvbus_tool::kExitUsage;
@@ -118,7 +121,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(kMain, stdout);
-    return uvbus_tool::kExitOk;
+    return uvbus_tool::stdout_failed("--help") ? uvbus_tool::kExitFailed : uvbus_tool::kExitOk;
   }
   if (cmd == "shm") return uvbus_tool::shm_main(argc - 1, argv + 1);
   int rc = run(cmd, argc - 1, argv + 1);

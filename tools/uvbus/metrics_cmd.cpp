@@ -14,13 +14,15 @@ namespace uvbus_tool {
 namespace {
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: uvbus metrics URL [--json] [--timeout-ms MS]\n"
-               "  GET a node's metrics endpoint (node_config::metrics_url, e.g.\n"
-               "  http://127.0.0.1:9100/metrics) and print the Prometheus text, or with --json\n"
-               "  one object {\"family\": [{\"labels\": {...}, \"value\": number}]} (a sample's\n"
-               "  name is its family: histogram _bucket/_sum/_count samples stay apart).\n"
-               "exit status: 0 ok, 1 HTTP error status, 2 usage, 3 could not connect\n");
+  std::fprintf(
+      f,
+      "usage: uvbus metrics URL [--json] [--timeout-ms MS]\n"
+      "  GET a node's metrics endpoint (node_config::metrics_url, e.g.\n"
+      "  http://127.0.0.1:9100/metrics) and print the Prometheus text, or with --json\n"
+      "  one object {\"family\": [{\"labels\": {...}, \"value\": number}]} (a sample's\n"
+      "  name is its family: histogram _bucket/_sum/_count samples stay apart).\n"
+      "exit status: 0 ok, 1 HTTP error status, timeout or no HTTP answer after connecting,\n"
+      "2 usage, 3 could not connect\n");
 }
 
 // The body so far; too_large once it would pass kMaxMetricsBytes (libcurl then stops the transfer).
@@ -103,6 +105,25 @@ std::string to_json(const std::string& text) {
   return o + "}";
 }
 
+// What a failed transfer means (docs/tools.md): the URL malformed (2); no connection made: refused,
+// no such host, no TLS session, a connect timeout (3); after the connection, a timeout or an
+// answer that is not HTTP (1: the operation failed, as a bus command whose answer did not come).
+// Every failure was 3 ("could not connect"), a page that stalled after connecting too.
+int fetch_failure(CURLcode r, bool connected) {
+  switch (r) {
+    case CURLE_URL_MALFORMAT:
+      return kExitUsage;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+      return kExitJoin;
+    default:  // after connecting, "unsupported protocol" is an answer in HTTP/0.9: garbage
+      return connected ? kExitFailed : r == CURLE_UNSUPPORTED_PROTOCOL ? kExitUsage : kExitJoin;
+  }
+}
+
 }  // namespace
 
 int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error) {
@@ -119,6 +140,8 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
   const CURLcode r = curl_easy_perform(c);
   long code = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  long sent = 0;  // the request's bytes: none when no connection was made
+  curl_easy_getinfo(c, CURLINFO_REQUEST_SIZE, &sent);
   curl_easy_cleanup(c);
   curl_global_cleanup();
   if (into.too_large) {
@@ -127,8 +150,20 @@ int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std
     return kExitFailed;
   }
   if (r != CURLE_OK) {
-    *error = "cannot fetch " + url + ": " + (err[0] != '\0' ? err : curl_easy_strerror(r));
-    return r == CURLE_URL_MALFORMAT ? kExitUsage : kExitJoin;
+    body->clear();  // a page cut short is no page
+    const std::string what = err[0] != '\0' ? err : curl_easy_strerror(r);
+    const int rc = fetch_failure(r, sent > 0);
+    if (r == CURLE_OPERATION_TIMEDOUT) {
+      // A page that stalls after the connection was made is not "could not connect": named apart.
+      *error = (rc == kExitFailed ? "timeout: no complete answer from " + url + " within "
+                                  : "timeout: could not connect to " + url + " within ") +
+               std::to_string(timeout_ms) + " ms (--timeout-ms): " + what;
+    } else if (rc == kExitJoin) {
+      *error = "cannot fetch " + url + ": could not connect: " + what;
+    } else {
+      *error = "cannot fetch " + url + ": " + what;
+    }
+    return rc;
   }
   if (code >= 400) {
     *error = url + " answered HTTP " + std::to_string(code);
@@ -167,7 +202,7 @@ int parse_metrics_args(int argc, char** argv, metrics_args* m) {
                      argv[i]);
         return kExitUsage;
       }
-    } else if (s.rfind("--", 0) == 0) {
+    } else if (s.size() > 1 && s[0] == '-') {  // `-json` too: it was taken for the URL
       why = "unknown option '%s'";
     } else if (m->url != nullptr) {
       why = "unexpected argument '%s' (one URL)";
@@ -208,7 +243,9 @@ int metrics_main(int argc, char** argv) {
     std::fprintf(stderr, "uvbus metrics: %s\n", err.c_str());
     return rc;
   }
-  std::fputs(json ? (to_json(body) + "\n").c_str() : body.c_str(), stdout);
+  // The page whole: fputs stopped at its first NUL.
+  const std::string out = json ? to_json(body) + "\n" : body;
+  std::fwrite(out.data(), 1, out.size(), stdout);
   return kExitOk;
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "bus/auth.h"  // uvbus::detail::printable: a peer's words, one line each
 #include "bus_cmd.h"
 #include "common.h"
 
@@ -15,9 +16,9 @@ std::string labels_text(const uvbus::directory_entry& e) {
   std::string s;
   for (const auto& [k, v] : e.labels) {
     if (!s.empty()) s += ',';
-    s += k;
+    s += uvbus::detail::printable(k);
     s += '=';
-    s += v;
+    s += uvbus::detail::printable(v);
   }
   return s.empty() ? "-" : s;
 }
@@ -74,9 +75,12 @@ int nodes(const bus_args& a, session* s) {
     char par[24];
     std::snprintf(id, sizeof id, "%#" PRIx64, e.id);
     std::snprintf(par, sizeof par, e.parent ? "%#" PRIx64 : "-", e.parent);
-    std::printf("%-20s %-16s %-10s %-20s %-12s %-8u %s\n", id,
-                e.name.empty() ? "-" : e.name.c_str(), e.type.empty() ? "-" : e.type.c_str(), par,
-                e.hostname.c_str(), e.pid, labels_text(e).c_str());
+    // Each node's own words (name, type, host, labels): escaped, as every peer's text on stdout.
+    const std::string name = uvbus::detail::printable(e.name),
+                      type = uvbus::detail::printable(e.type);
+    std::printf("%-20s %-16s %-10s %-20s %-12s %-8u %s\n", id, name.empty() ? "-" : name.c_str(),
+                type.empty() ? "-" : type.c_str(), par,
+                uvbus::detail::printable(e.hostname).c_str(), e.pid, labels_text(e).c_str());
   }
   return kExitOk;
 }

@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "bus/auth.h"  // uvbus::detail::printable
 #include "common.h"
 
 namespace uvbus_tool {
@@ -92,6 +93,17 @@ int session::join(const join_options& o, uvbus::node_callbacks cb) {
   return kExitJoin;
 }
 
+std::string peer_text(const std::string& s) {
+  std::string out;
+  size_t from = 0;
+  for (size_t nl = s.find('\n'); nl != std::string::npos; nl = s.find('\n', from)) {
+    out += uvbus::detail::printable(s.substr(from, nl - from));
+    out += '\n';
+    from = nl + 1;
+  }
+  return out + uvbus::detail::printable(s.substr(from));
+}
+
 command_result run_command(session* s, uint64_t target, uvbus::proto::command_id c,
                            const std::string& args, uint32_t timeout_ms) {
   auto r = std::make_shared<command_result>();
@@ -106,7 +118,7 @@ command_result run_command(session* s, uint64_t target, uvbus::proto::command_id
     r->status = e;
     return *r;
   }
-  if (!s->run_until([r] { return r->done; }, timeout_ms + 1000)) {
+  if (!s->run_until([r] { return r->done; }, answer_wait_ms(timeout_ms))) {
     r->done = true;
     r->status = uvbus::errc::timeout;
   }

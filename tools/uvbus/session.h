@@ -1,4 +1,5 @@
-// The uvbus tool's bus session: joins a bus as a node under a parent, runs its loop until done.
+// The uvbus tool's bus session: joins a bus as a node under a parent, runs its loop until done;
+// a remote node's text made safe for the terminal (peer_text).
 #pragma once
 
 #include <uv.h>
@@ -55,6 +56,12 @@ struct command_result {
   uvbus::errc status = uvbus::errc::ok;
   std::string text;
 };
+
+// A remote node's text in lines (a command's answer: routes, counters) for the terminal: each
+// line through uvbus::detail::printable (control bytes, ESC and NUL among them, as \xNN, as the
+// join's refusal details already are), the newlines between lines kept. A node's escape
+// sequences reached the terminal, and fputs cut the text at its first NUL.
+std::string peer_text(const std::string& s);
 
 // Sends a command and waits for its answer (or the deadline: status timeout).
 command_result run_command(session* s, uint64_t target, uvbus::proto::command_id c,

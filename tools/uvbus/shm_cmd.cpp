@@ -9,7 +9,8 @@
 // Exit status (also in --help, docs/shm.md and docs/tools.md): 0 done (inspect: region valid),
 // 1 not a usable uvbus region (inspect still prints what could be read; drain/remove: foreign
 // object or another layout version), 2 usage, open or write error (no such region, permission,
-// --out FILE full), 3 refused: a live reader owns the region (drain; remove without --force).
+// --out FILE full, stdout full or closed), 3 refused: a live reader owns the region (drain; remove
+// without --force).
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -46,8 +47,8 @@ void usage(FILE* f) {
       "           name; --force: even when a live reader owns it (or it is not a uvbus region)\n"
       "URL: shm://name | shm://0xKEY | shm://KEY\n"
       "exit status: 0 done (inspect: region valid), 1 not a usable uvbus region, 2 usage, open or\n"
-      "write error (e.g. no such region, --out FILE full), 3 refused: a live reader owns the "
-      "region\n");
+      "write error (e.g. no such region, --out FILE or stdout full), 3 refused: a live reader\n"
+      "owns the region\n");
 }
 
 void print_counters(const uvbus::shm_metrics& m) {
@@ -229,10 +230,13 @@ int remove_main(const char* url, bool force) {
   return kExitOk;
 }
 
-}  // namespace
+// `--x` or `-x`: `-json` was taken for the region's URL (or refused as a second one, unnamed).
+bool is_option(const std::string& s) {
+  return s.size() > 1 && s[0] == '-';
+}
 
-// uvbus_shm_inspect [--drain|--remove] URL [...]: argv[0] is the program name.
-int shm_inspect_legacy_main(int argc, char** argv) {
+// uvbus_shm_inspect [--drain|--remove] URL [...] (argv[0] the program name), stdout unchecked.
+int shm_run(int argc, char** argv) {
   const char* url = nullptr;
   const char* out = nullptr;
   bool drain = false, remove = false, force = false, quiet = false, json = false;
@@ -254,14 +258,14 @@ int shm_inspect_legacy_main(int argc, char** argv) {
       json = true;
     } else if (s == "--out" && a + 1 < argc) {
       out = argv[++a];
-    } else if (s.rfind("--", 0) != 0 && url == nullptr) {
+    } else if (!is_option(s) && url == nullptr) {
       url = argv[a];
     } else {
       // Each refusal names the argument (the usage text alone said nothing of what was wrong).
       std::fprintf(stderr,
-                   s == "--out"            ? "uvbus shm: %s needs a value\n"
-                   : s.rfind("--", 0) == 0 ? "uvbus shm: unknown option '%s'\n"
-                                           : "uvbus shm: unexpected argument '%s'\n",
+                   s == "--out"   ? "uvbus shm: %s needs a value\n"
+                   : is_option(s) ? "uvbus shm: unknown option '%s'\n"
+                                  : "uvbus shm: unexpected argument '%s'\n",
                    argv[a]);
       usage(stderr);
       return kExitUsage;
@@ -296,6 +300,17 @@ int shm_inspect_legacy_main(int argc, char** argv) {
   return rc;
 }
 
+}  // namespace
+
+// uvbus_shm_inspect [--drain|--remove] URL [...]: argv[0] is the program name.
+int shm_inspect_legacy_main(int argc, char** argv) {
+  const int rc = shm_run(argc, argv);
+  // Output that could not be written (stdout on a full disk, closed) is a write error (2), named:
+  // `uvbus shm inspect URL >/dev/full` exited 0 with the header lost.
+  if (rc != kExitLiveReader && rc != kExitUsage && stdout_failed("shm")) return kExitUsage;
+  return rc;
+}
+
 // uvbus shm inspect|drain|remove URL [...]: the same options and exit status as
 // uvbus_shm_inspect (argv[0] is "shm").
 int shm_main(int argc, char** argv) {
@@ -306,7 +321,7 @@ int shm_main(int argc, char** argv) {
                  "(the same as uvbus_shm_inspect URL | --drain URL ... | --remove URL ...;"
                  " details below)\n\n");
     usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? kExitUsage : kExitOk;
+    return argc < 2 || stdout_failed("shm") ? kExitUsage : kExitOk;
   }
   const std::string verb = argv[1];
   std::vector<char*> args;

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "bus/auth.h"  // uvbus::detail::printable
 #include "bus_cmd.h"
 #include "common.h"
 #include "session.h"
@@ -75,18 +76,20 @@ void print_table(uint64_t target, const poll_result& a, const poll_result& b, ui
   for (const auto& kv : b.counters) {
     const auto it = a.counters.find(kv.first);
     const uint64_t before = it == a.counters.end() ? 0 : it->second;
+    const std::string name = uvbus::detail::printable(kv.first);  // the node's text
     if (is_gauge(kv.first)) {
-      std::printf("%-24s %20" PRIu64 " %14s\n", kv.first.c_str(), kv.second, "(level)");
+      std::printf("%-24s %20" PRIu64 " %14s\n", name.c_str(), kv.second, "(level)");
     } else {
       const double rate =
           secs > 0 && kv.second >= before ? static_cast<double>(kv.second - before) / secs : 0;
-      std::printf("%-24s %20" PRIu64 " %14.1f\n", kv.first.c_str(), kv.second, rate);
+      std::printf("%-24s %20" PRIu64 " %14.1f\n", name.c_str(), kv.second, rate);
     }
   }
   if (!b.metrics_error.empty()) std::printf("links: %s\n", b.metrics_error.c_str());
   if (!b.links.empty()) print_links(a.links, b.links, secs);
-  std::printf("routes:\n%s", b.routes.c_str());
-  if (!b.routes.empty() && b.routes.back() != '\n') std::fputc('\n', stdout);
+  const std::string routes = peer_text(b.routes);
+  std::printf("routes:\n%s", routes.c_str());
+  if (!routes.empty() && routes.back() != '\n') std::fputc('\n', stdout);
   if (!tty) std::fputc('\n', stdout);
   std::fflush(stdout);
 }

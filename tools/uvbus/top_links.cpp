@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "bus/auth.h"  // uvbus::detail::printable
+
 namespace uvbus_tool {
 namespace {
 
@@ -59,7 +61,8 @@ void print_links(const links_map& a, const links_map& b, double secs) {
               "out B/s", "in B/s", "out f/s", "in f/s", "queue B", "refused/s");
   for (const auto& kv : b) {
     const std::string& l = kv.first;
-    std::printf("%-28s %9.3f %11.1f %11.1f %9.1f %9.1f %11.0f %9.1f\n", l.c_str(),
+    std::printf("%-28s %9.3f %11.1f %11.1f %9.1f %9.1f %11.0f %9.1f\n",
+                uvbus::detail::printable(l).c_str(),  // label values: the endpoint's text
                 level(kv.second, "rtt_seconds") * 1000.0, rate(a, b, l, "sent_bytes_total", secs),
                 rate(a, b, l, "received_bytes_total", secs),
                 rate(a, b, l, "sent_frames_total", secs),
