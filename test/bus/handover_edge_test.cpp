@@ -1,5 +1,5 @@
 // Hand-over edge cases: receivers racing for one path, a stale socket file, long paths, an
-// announced body that never comes, fds on every error path.
+// announced body that never comes, fds on every error path, and start() from a wrong thread.
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -15,14 +15,15 @@
 #include <cstring>
 #include <thread>
 
-#include <gtest/gtest.h>
-
+#include "bus/bus_harness.h"
 #include "bus/handover_check.h"
-#include "test_util.h"
 #include "uvbus/handover.h"
 
 namespace uvbus {
 namespace {
+
+using test::bus_fixture;
+using test::fast_config;
 
 // A private directory for one test's receiver paths: what is left in it tells what leaked.
 struct temp_dir {
@@ -348,6 +349,33 @@ TEST(HandoverEdge, NoErrorPathLeaksAnFd) {
   ::close(st.listeners[0].fd);
   EXPECT_EQ(open_fds(), before);
   EXPECT_EQ(dir.entries(), "");
+}
+
+// Item 3: start() from a thread other than the node's is refused with wrong_thread (release
+// builds) and takes nothing: the inherited socket stays open and in the config, the caller's,
+// and a start() from the node's own thread adopts it.
+class HandoverEdgeNode : public bus_fixture {};
+
+TEST_F(HandoverEdgeNode, AStartFromAnotherThreadLeavesTheInheritedSocketsToTheCaller) {
+#ifndef NDEBUG
+  GTEST_SKIP() << "debug builds abort on a wrong-thread call";
+#endif
+  test::bus_node* old = make(0x43, fast_config());
+  std::vector<inherited_listener> out;
+  ASSERT_EQ(old->n->detach_listeners(&out), errc::ok);
+  ASSERT_EQ(out.size(), 1u);
+  node_config c = fast_config();
+  c.inherit_listeners = out;
+  test::bus_node* t = make(0x43, c, false);
+  errc e = errc::ok;
+  std::thread other([&] { e = t->n->start(); });
+  other.join();
+  EXPECT_EQ(e, errc::wrong_thread);
+  EXPECT_TRUE(fd_is_open(out[0].fd));
+  ASSERT_EQ(t->n->config().inherit_listeners.size(), 1u);
+  EXPECT_EQ(t->n->config().inherit_listeners[0].fd, out[0].fd);
+  ASSERT_EQ(t->n->start(), errc::ok) << t->n->last_error().detail;
+  EXPECT_EQ(t->n->listen_urls().at(0), out[0].url);  // adopted, not bound afresh
 }
 
 }  // namespace
