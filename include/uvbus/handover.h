@@ -30,17 +30,21 @@ struct handover_state {
   std::vector<uint8_t> flow_positions;        // node::flow_positions() after stop()
 };
 
-// The new process: creates a unix socket at `path` (mode 0600; a stale file is replaced, a path
-// another live receiver listens on gives address_in_use), waits up to timeout_ms for one sender
-// of its own user (SO_PEERCRED; a sender of another user is ignored, and named in the timeout's
-// detail; a connection that ends before sending a byte, as another receiver's check whether this
-// one is live does, is no sender either: the wait goes on), receives its state (the fds become
-// this process's and *out owns them) and acknowledges; the socket file is removed before
-// returning. Errors (detail, if given, says what was wrong): invalid_argument (path too long, out
-// null), timeout (no sender in time, or it sent nothing or stopped mid-way), protocol_error (not
-// a hand-over message, another version's, more or fewer sockets than announced, oversize: the
-// detail names the field), io_error (accepting failed other than transiently, e.g. out of fds: at
-// once, not at the deadline), and the system's errors.
+// The new process: creates a unix socket at `path` (mode 0600; bound and listening under a
+// temporary name in path's directory, ".uvbh-PID-N", then hard-linked into place, so a file at
+// `path` always has a listening receiver behind it: the directory must allow hard links, and
+// /proc/net/unix and ss show the temporary name; a stale file is replaced, a path another live
+// receiver listens on gives address_in_use, a file that is no socket already_exists), waits up to
+// timeout_ms for one sender of its own user (SO_PEERCRED; a sender of another user is ignored,
+// and named in the timeout's detail; a connection that ends before sending a byte, as another
+// receiver's check whether this one is live does, is no sender either: the wait goes on),
+// receives its state (the fds become this process's and *out owns them; memory for the body
+// grows as its bytes come, not as announced) and acknowledges; the socket file is removed before
+// returning (if it is still this receiver's). Errors (detail, if given, says what was wrong):
+// invalid_argument (path too long, out null), timeout (no sender in time, or it sent nothing or
+// stopped mid-way), protocol_error (not a hand-over message, another version's, more or fewer
+// sockets than announced, oversize: the detail names the field), io_error (accepting failed
+// other than transiently, e.g. out of fds: at once, not at the deadline), and the system's errors.
 [[nodiscard]] errc handover_receive(const std::string& path, int timeout_ms, handover_state* out,
                                     std::string* detail = nullptr);
 

@@ -200,7 +200,9 @@ struct node_config {
   // (the same URL, a fixed port) are matched first, port-0 URLs take what is left, in `listen`
   // order. start() owns every fd from its call on: it is closed with its listener, or by start() if
   // it is not adopted (start() failed, or the socket did not fit: then start() fails with
-  // invalid_argument naming inherit_listeners[i] and why).
+  // invalid_argument naming inherit_listeners[i] and why). A start() refused with wrong_thread (a
+  // release build, called off the node's thread) takes nothing, as a node never started: the fds
+  // stay the caller's, in config().inherit_listeners, to start() on the node's thread or close.
   std::vector<inherited_listener> inherit_listeners;
   // Metrics endpoint: "http://HOST:PORT[/PATH]" (HOST an IPv4 literal, [IPv6] or localhost; port
   // 0 picks one; PATH default /metrics) serves node::metrics_text() in the Prometheus text format

@@ -14,6 +14,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -197,6 +199,8 @@ errc connect_until(const sockaddr_un& sun, int64_t deadline, int* out, std::stri
 
 }  // namespace
 
+void (*detail::handover_hook)(const char* where) = nullptr;
+
 errc detail::check_peer_owner(int fd, uid_t expect, const std::string& path, std::string* why) {
   ucred cred{};
   socklen_t len = sizeof cred;
@@ -279,31 +283,126 @@ errc handover_send(const std::string& path, const handover_state& st, int timeou
 
 namespace {
 
-// Binds and listens at path (0600), replacing a stale socket file.
-errc listen_at(const sockaddr_un& sun, int* out, std::string* detail) {
+// Where a receiver's socket file stands: the file's identity, to remove only our own at the end.
+struct placed {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+// Whether a receiver listens on the socket file at sun: ok (live; a full backlog counts), closed
+// (nobody: its receiver died and left the file), or the error that kept us from asking.
+errc probe_live(const sockaddr_un& sun) {
+  const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (probe < 0) return errc::io_error;
+  const int r = ::connect(probe, reinterpret_cast<const sockaddr*>(&sun), sizeof sun);
+  const int err = r == 0 ? 0 : errno;
+  ::close(probe);
+  if (r == 0 || err == EAGAIN) return errc::ok;
+  if (err == ECONNREFUSED) return errc::closed;
+  errno = err;
+  return err == EACCES || err == EPERM ? errc::permission_denied : errc::io_error;
+}
+
+// Names for a receiver's own files in path's directory: the file's name, and a socket address
+// for it (through /proc/self/fd/DIRFD when the whole name is too long for one).
+struct beside {
+  std::string dir;  // with its trailing '/', or empty
+  int dirfd = -1;
+  explicit beside(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos) dir = path.substr(0, slash + 1);
+  }
+  beside(const beside&) = delete;
+  beside& operator=(const beside&) = delete;
+  ~beside() {
+    if (dirfd >= 0) ::close(dirfd);
+  }
+  bool address(const std::string& name, sockaddr_un* sun) {
+    if (make_sockaddr(dir + name, sun)) return true;
+    if (dirfd < 0) dirfd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    return dirfd >= 0 && make_sockaddr("/proc/self/fd/" + std::to_string(dirfd) + "/" + name, sun);
+  }
+};
+
+// Puts the listening socket file dir+name in place at path. link() fails if anything is at path,
+// so a live receiver's file is never replaced. A stale one (nobody listens: its receiver died) is
+// moved aside and asked again there, where no other receiver can replace it: still nobody's, it
+// is removed; live (another receiver replaced the stale file meanwhile), it is linked back and we
+// yield. (Not by inode number: a removed file's number is reused at once on ext4.)
+errc link_into_place(const sockaddr_un& sun, beside* near, const std::string& name,
+                     std::string* detail) {
   const std::string path = sun.sun_path;
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
+  const std::string tmp = near->dir + name;
+  const std::string aside = tmp + "-stale";
+  sockaddr_un aside_at{};
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (::link(tmp.c_str(), path.c_str()) == 0) return errc::ok;
+    if (errno != EEXIST) {
+      const errc e = errno == EACCES || errno == EPERM ? errc::permission_denied : errc::io_error;
+      return say(detail, e, sys(("handover: linking the socket to " + path).c_str()));
+    }
+    struct stat found {};
+    if (::lstat(path.c_str(), &found) != 0) continue;  // removed meanwhile
+    if (!S_ISSOCK(found.st_mode)) {
       return say(detail, errc::already_exists, "handover: " + path + " exists and is no socket");
     }
-    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    const bool live =
-        probe >= 0 && ::connect(probe, reinterpret_cast<const sockaddr*>(&sun), sizeof sun) == 0;
-    if (probe >= 0) ::close(probe);
-    if (live) return say(detail, errc::address_in_use, "handover: another receiver at " + path);
-    ::unlink(path.c_str());
+    const errc live = probe_live(sun);
+    if (live == errc::ok) {
+      return say(detail, errc::address_in_use, "handover: another receiver at " + path);
+    }
+    if (live != errc::closed) {
+      return say(detail, live, sys(("handover: asking the socket at " + path).c_str()));
+    }
+    if (detail::handover_hook != nullptr) detail::handover_hook("stale");
+    if (!near->address(name + "-stale", &aside_at)) {
+      return say(detail, errc::io_error, sys(("handover: the directory of " + path).c_str()));
+    }
+    if (::rename(path.c_str(), aside.c_str()) != 0) continue;  // another receiver removed it
+    const bool stale = probe_live(aside_at) == errc::closed;
+    if (!stale) (void)::link(aside.c_str(), path.c_str());  // a live one: give it back
+    ::unlink(aside.c_str());
+    if (!stale) return say(detail, errc::address_in_use, "handover: another receiver at " + path);
   }
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return say(detail, errc::io_error, sys("handover: socket"));
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&sun), sizeof sun) != 0 ||
-      ::chmod(path.c_str(), 0600) != 0 || ::listen(fd, 4) != 0) {
+  return say(detail, errc::io_error, "handover: " + path + " kept changing while replacing it");
+}
+
+// Listens at path (mode 0600 from its first instant). The socket is bound and listening under a
+// temporary name before it is linked into place, so a receiver that checks path never finds a
+// bound socket not yet listening there (it took that for stale and replaced it).
+errc listen_at(const sockaddr_un& sun, int* out, placed* where, std::string* detail) {
+  static std::atomic<unsigned> counter{0};
+  const std::string path = sun.sun_path;
+  beside near(path);
+  const std::string name = ".uvbh-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+  const std::string tmp = near.dir + name;
+  sockaddr_un bind_as{};
+  if (!near.address(name, &bind_as)) {
+    return say(detail, errc::io_error, sys(("handover: the directory of " + path).c_str()));
+  }
+  fd_guard s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (s.fd < 0) return say(detail, errc::io_error, sys("handover: socket"));
+  const auto bind_tmp = [&] {
+    return ::bind(s.fd, reinterpret_cast<const sockaddr*>(&bind_as), sizeof bind_as) == 0;
+  };
+  // A file of this name is a crashed process's of our pid: no live one names its files so.
+  if (!bind_tmp() && (errno != EADDRINUSE || ::unlink(tmp.c_str()) != 0 || !bind_tmp())) {
     const errc e = errno == EACCES ? errc::permission_denied : errc::io_error;
-    const std::string why = sys(("handover: listening at " + path).c_str());
-    ::close(fd);
-    return say(detail, e, why);
+    return say(detail, e, sys(("handover: binding a socket beside " + path).c_str()));
   }
-  *out = fd;
+  struct unlink_tmp {
+    const std::string& p;
+    ~unlink_tmp() { ::unlink(p.c_str()); }
+  } remove_tmp{tmp};
+  if (detail::handover_hook != nullptr) detail::handover_hook("bound");
+  struct stat st {};
+  if (::chmod(tmp.c_str(), 0600) != 0 || ::listen(s.fd, 4) != 0 || ::lstat(tmp.c_str(), &st) != 0) {
+    return say(detail, errc::io_error, sys(("handover: listening beside " + path).c_str()));
+  }
+  const errc e = link_into_place(sun, &near, name, detail);
+  if (e != errc::ok) return e;
+  *where = placed{st.st_dev, st.st_ino};
+  *out = s.fd;
+  s.fd = -1;
   return errc::ok;
 }
 
@@ -342,6 +441,21 @@ errc check_header(const uint8_t* head, std::string* detail) {
   return errc::ok;
 }
 
+// Reads n body bytes from the sender c into *body, growing it as they come (by what came, at
+// least 64 KiB a step): a sender that announces 64 MiB and sends 10 bytes costs 64 KiB.
+errc read_growing(int c, size_t n, int64_t deadline, std::vector<uint8_t>* body,
+                  std::vector<int>* fds, std::string* detail) {
+  constexpr size_t kStep = size_t{64} << 10;
+  while (body->size() < n) {
+    const size_t have = body->size();
+    body->resize(std::min(n, have + std::max(kStep, have)));
+    const errc e = read_all(c, body->data() + have, body->size() - have, deadline, fds,
+                            "the sender", "mid-message", detail);
+    if (e != errc::ok) return e;
+  }
+  return errc::ok;
+}
+
 // Reads one hand-over message from the connected sender c into *out (fds owned by *out).
 errc receive_from(int c, int64_t deadline, handover_state* out, std::string* detail) {
   std::vector<int> fds;
@@ -351,10 +465,7 @@ errc receive_from(int c, int64_t deadline, handover_state* out, std::string* det
   const size_t body_len = e == errc::ok ? load_le32(head + 8) : 0;
   if (e == errc::ok) e = check_header(head, detail);
   std::vector<uint8_t> body;
-  if (e == errc::ok) {
-    body.resize(body_len);
-    e = read_all(c, body.data(), body.size(), deadline, &fds, "the sender", "mid-message", detail);
-  }
+  if (e == errc::ok) e = read_growing(c, body_len, deadline, &body, &fds, detail);
   handover_state st;
   if (e == errc::ok && fds.size() != count) {
     e = say(detail, errc::protocol_error,
@@ -389,13 +500,20 @@ errc handover_receive(const std::string& path, int timeout_ms, handover_state* o
   }
   const int64_t deadline = now_ms() + timeout_ms;
   int raw = -1;
-  const errc e = listen_at(sun, &raw, detail);
+  placed ours;
+  const errc e = listen_at(sun, &raw, &ours, detail);
   if (e != errc::ok) return e;
   const fd_guard s(raw);
-  struct unlink_guard {
-    std::string p;
-    ~unlink_guard() { ::unlink(p.c_str()); }
-  } remove_file{path};
+  struct unlink_guard {  // our file only (while we listen, no other receiver replaces it)
+    const std::string& p;
+    placed ours;
+    ~unlink_guard() {
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) == 0 && st.st_dev == ours.dev && st.st_ino == ours.ino) {
+        ::unlink(p.c_str());
+      }
+    }
+  } remove_file{path, ours};
   std::string refused;
   for (;;) {
     if (!wait_for(s.fd, POLLIN, deadline)) {

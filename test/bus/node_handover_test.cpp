@@ -583,21 +583,11 @@ TEST(Handover, ASenderGoneMidHeaderIsAClearError) {
   EXPECT_TRUE(st.listeners.empty());
 }
 
-// Whether a unix socket listens at path, read from /proc/net/unix (without connecting to it: a
-// connection would be a peer of whoever listens there).
+// Whether a receiver listens at path: its socket file is there (a receiver links it there only
+// once listening). Without connecting: a connection would be a peer of whoever listens there.
 bool unix_listening_at(const std::string& path) {
-  FILE* f = std::fopen("/proc/net/unix", "r");
-  if (f == nullptr) return false;
-  char line[512];
-  bool found = false;
-  unsigned flags = 0;
-  char p[256];
-  while (!found && std::fgets(line, sizeof line, f) != nullptr) {
-    found = std::sscanf(line, "%*s %*s %*s %x %*s %*s %*s %255s", &flags, p) == 2 &&
-            (flags & 0x10000U) != 0 && path == p;  // __SO_ACCEPTCON
-  }
-  std::fclose(f);
-  return found;
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 // A second receiver started at the path of a live one gets address_in_use; its check whether the
