@@ -63,14 +63,20 @@ struct broadcast_report {
   uint64_t broadcast_id = 0;
   // ok: every node that matched in this node's directory when broadcast() was called acknowledged
   // delivery. not_connected: every other one left this node's directory (stopped, killed, its
-  // relay's link gone) or could not be sent a copy (one in no common tree) without acknowledging:
+  // relay's link gone) or no copy went towards it from here (see `detail`) without acknowledging:
   // they are in `failed`, reported once the last one is accounted for, not at the timeout.
   // timeout: some did not acknowledge in time (in `failed`, with any that left). Each one in
   // `failed` may or may not have got it. closed: the node stopped first.
   errc status = errc::ok;
-  size_t expected = 0;          // matching nodes known when broadcast() was called
-  std::vector<bus_id> reached;  // nodes whose on_data got it (a node that joined since included)
-  std::vector<bus_id> failed;   // expected nodes that did not acknowledge, by id
+  size_t expected = 0;  // matching nodes known when broadcast() was called
+  // Nodes whose on_data got it: a node that joined since is included if this node's directory
+  // lists it when its acknowledgement comes (and room is left under broadcast_max_targets).
+  std::vector<bus_id> reached;
+  std::vector<bus_id> failed;  // expected nodes that did not acknowledge, by id
+  // Why targets failed at once, inside broadcast() (empty if none did): how many got no copy, the
+  // first of them, and why ("the link to 0x1100 refused it: queue_full", "below protocol version
+  // 6", "known only from etcd and this node has a parent", ...).
+  std::string detail;
 };
 
 // Called once per accepted broadcast, on the loop thread, as a callback of the node (it may call

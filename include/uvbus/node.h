@@ -233,11 +233,11 @@ class node {
   // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB,
   // link_queue_bytes below one frame of message_limit, post_queue_bytes below one message
   // (message_limit rounded up to 8, plus 64), post_queue_messages, link_queue_packets,
-  // max_outstanding_responses or default_ttl 0, a zero timeout or interval, heartbeat_timeout_ms
-  // below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside
-  // [0, 1], max_unregistered_per_address above a non-zero max_unregistered, and with a shm://
-  // listen URL: shm_ring_bytes not a power of two or too small for two records of message_limit,
-  // shm_abandon_timeout_us 0.
+  // max_outstanding_responses, broadcast_max_targets or default_ttl 0, a zero timeout or interval,
+  // heartbeat_timeout_ms below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms,
+  // jitter outside [0, 1], max_unregistered_per_address above a non-zero max_unregistered, and with
+  // a shm:// listen URL: shm_ring_bytes not a power of two or too small for two records of
+  // message_limit, shm_abandon_timeout_us 0.
   [[nodiscard]] static errc validate(bus_id id, const node_config& cfg,
                                      std::string* detail = nullptr);
 
@@ -409,13 +409,19 @@ class node {
   // which the directory knows a target, each relay fanning it out alike (one copy per link); from
   // a root, a node known only from etcd (no common tree) gets its own over the direct link a send
   // takes. Each target's on_data gets it (source: this node, type msg_type) and acknowledges it;
-  // cb gets one summary: ok when all that matched here acknowledged, not_connected once each of
-  // the others left the directory (or could not be sent to) instead, else timeout at timeout_ms
-  // (the rest failed), closed at stop(). Not resent. Links below protocol version 6 are skipped.
-  // Errors at once (cb never called): unknown_route (no node matches), invalid_argument (empty
-  // cb, timeout_ms 0, a subnet wider than 64 bits, a type, label key or value over 128 bytes or
-  // over 16 labels: the wire carries no more), message_too_large (size plus the selector's bytes
-  // above message_limit), wrong_state, closed. *broadcast_id (if given) is the report's id.
+  // cb gets exactly one summary per accepted broadcast: ok when all that matched here
+  // acknowledged, not_connected once each of the others left the directory or got no copy from
+  // here, else timeout at timeout_ms (the rest failed), closed at stop(). Not resent. A target
+  // towards which no copy leaves this node (its next hop's queue full, a link below protocol
+  // version 6, one known only from etcd while this node has a parent, a direct copy refused) is
+  // failed at once, broadcast_report::detail saying why. Errors at once (cb never called, nothing
+  // sent): queue_full when a full queue refused a copy and none went out (on_writable(hop) follows
+  // once that hop drains, as for send_data), or 4096 broadcasts, or broadcast_max_targets expected
+  // targets in all, await their summary (the detail names the limit); unknown_route (no node
+  // matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits, a type, label
+  // key or value over 128 bytes or over 16 labels: the wire carries no more), message_too_large
+  // (size plus the selector's bytes above message_limit), wrong_state, closed. *broadcast_id (if
+  // given) is the report's id.
   [[nodiscard]] errc broadcast(const broadcast_target& to, uint32_t msg_type, const void* data,
                                size_t size, uint32_t timeout_ms, broadcast_fn cb,
                                const send_options& opt = {}, uint64_t* broadcast_id = nullptr);

@@ -245,6 +245,13 @@ struct node_config {
   // At most this many directory entries (at least 1): a new one beyond it is left out, counted
   // (directory_skipped), logged, and asked for again once room frees (docs/bus.md "Directory").
   size_t directory_max_entries = 65536;
+  // At most this many expected targets (at least 1), summed over the broadcasts awaiting their
+  // summary (node::broadcast()), nodes that joined since and acknowledged included: beyond it
+  // broadcast() returns queue_full naming this field. A target costs 9 bytes (its id and state)
+  // while its broadcast waits: the default bounds them to 9 MiB (with 4096 broadcasts of 10 000
+  // targets each, 330 MB before the bound), besides each waiting broadcast's own (its selector:
+  // at most 4.2 KB).
+  size_t broadcast_max_targets = size_t{1} << 20;
   // Discovery on etcd (uvbus/discovery.h, docs/cluster.md). With discovery.etcd_endpoints set,
   // start() registers this node's directory entry under discovery.prefix with a lease and merges
   // every node found there into directory(), lookup(), find() and on_directory, exactly as the

@@ -254,6 +254,9 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
   if (cfg.directory_max_entries == 0) {
     return refuse(detail, errc::invalid_argument, "directory_max_entries must be at least 1");
   }
+  if (cfg.broadcast_max_targets == 0) {  // every broadcast() would be refused with queue_full
+    return refuse(detail, errc::invalid_argument, "broadcast_max_targets must be at least 1");
+  }
   if (cfg.retransmit_max_messages == 0 || cfg.ack_every == 0) {
     return refuse(detail, errc::invalid_argument,
                   cfg.ack_every == 0 ? "ack_every must be at least 1"

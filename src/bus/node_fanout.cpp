@@ -58,9 +58,11 @@ bus_id tree_hop_towards(const node::impl& n, bus_id source) {
   return n.table.has_parent() ? n.table.parent() : 0;
 }
 
+}  // namespace
+
 // Why a type-and-labels selector cannot go on the wire whole (empty: it can). Cut silently, the
 // relays would match a selector other than the one the sender counted its targets by.
-std::string selector_fault(const broadcast_target& to) {
+std::string detail::fan_selector_fault(const broadcast_target& to) {
   if (to.by_subnet) return {};
   const auto too_long = [](const std::string& s) { return s.size() > proto::kMaxDirText; };
   if (too_long(to.type)) {
@@ -80,41 +82,50 @@ std::string selector_fault(const broadcast_target& to) {
   return {};
 }
 
-// Sends one copy of the broadcast [bufs] to every tree link except `except` behind which the
-// directory knows a target (bufs null: sends nothing, counts those links). Returns the copies sent;
-// *refused (if given) is the first refusal of a copy (ok: none).
-size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
-               size_t count, errc* refused = nullptr) {
+// Offers one copy of the broadcast [bufs] to every next hop except `except` of a directory entry
+// it matches (bufs null: sends nothing), and records each hop with its outcome in f.hops: sent
+// (ok), refused (transmit()'s error), or unknown_route (no copy: not a version 6 tree link, or
+// none at all). One pass over the directory, then one per hop. Returns the copies sent (bufs
+// null: that would be).
+size_t detail::fan_out(node::impl& n, bus_id except, const broadcast_target& to,
+                       const const_buffer* bufs, size_t count) {
+  auto& hops = n.fan->hops;
+  hops.clear();
+  bus_id last = except;  // entries of one subtree lie together: most skip the search
+  for (const auto& [eid, item] : n.dir) {
+    if (item.via == except || item.via == last) continue;
+    const auto known = [v = item.via](const std::pair<bus_id, errc>& h) { return h.first == v; };
+    if (std::find_if(hops.begin(), hops.end(), known) != hops.end()) {
+      last = item.via;
+    } else if (to.matches(item.e)) {
+      hops.emplace_back(item.via, errc::ok);
+      last = item.via;
+    }
+  }
   size_t sent = 0;
-  for (auto& [id, p] : n.peers) {
-    if (id == except || !tree_v6(n, p.get(), false)) continue;
-    bool behind = false;
-    for (const auto& [eid, item] : n.dir) {
-      if (item.via == id && to.matches(item.e)) {
-        behind = true;
-        break;
-      }
+  for (auto& [id, e] : hops) {
+    detail::peer_ep* p = n.find_peer(id);
+    if (!tree_v6(n, p, false)) {
+      e = errc::unknown_route;
+      continue;
     }
-    if (!behind) continue;
-    const errc e = bufs == nullptr ? errc::ok : n.transmit(p.get(), bufs, count, 0, 0);
-    if (e == errc::ok) {
-      ++sent;
-    } else if (refused != nullptr && *refused == errc::ok) {
-      *refused = e;
-    }
+    e = bufs == nullptr ? errc::ok : n.transmit(p, bufs, count, 0, 0);
+    if (e == errc::ok) ++sent;
   }
   return sent;
 }
 
-void finish(node::impl& n, uint64_t id, errc status) {
+void detail::fan_finish(node::impl& n, uint64_t id, errc status) {
   fanout_state& f = *n.fan;
   auto it = f.pending.find(id);
   if (it == f.pending.end()) return;
   pending_broadcast pb = std::move(it->second);
   f.pending.erase(it);
+  f.targets -= pb.expected.size() + pb.extra.size();
   broadcast_report r;
   r.broadcast_id = id;
   r.expected = pb.expected.size();
+  r.detail = std::move(pb.detail);
   r.reached = std::move(pb.extra);
   for (size_t i = 0; i < pb.expected.size(); ++i) {
     (pb.state[i] == pending_broadcast::acked ? r.reached : r.failed).push_back(pb.expected[i]);
@@ -124,6 +135,8 @@ void finish(node::impl& n, uint64_t id, errc status) {
   f.finished.emplace_back(std::move(pb.cb), std::move(r));
   n.arm_idle();
 }
+
+namespace {
 
 // The round_robin cursor key of a type and labels: the labels sorted and each once, so one
 // selector written in another order takes the same turns, and a key is never longer than the
@@ -182,11 +195,6 @@ void forget_cursor(fanout_state& f, const std::string& key) {
   f.cursors.erase(it);
 }
 
-// Every expected node of pb acknowledged or left the directory: nothing more can come in time.
-bool settled(const pending_broadcast& pb) {
-  return pb.acked_count + pb.left_count == pb.expected.size();
-}
-
 constexpr size_t kNotExpected = SIZE_MAX;
 
 // The place of `id` among pb's expected nodes (kNotExpected: none).
@@ -202,9 +210,18 @@ void on_ack(node::impl& n, const proto::header& hd) {
   pending_broadcast& pb = it->second;
   const size_t at = expected_at(pb, hd.source);
   if (at == kNotExpected) {  // a node that joined since
-    if (std::find(pb.extra.begin(), pb.extra.end(), hd.source) == pb.extra.end()) {
-      pb.extra.push_back(hd.source);
+    // Only one the directory lists as matching the selector, each once, within
+    // broadcast_max_targets: acknowledgements claiming ever-new sources (a child may claim any id
+    // of its subnets) or from nodes not targeted grew `extra` without bound.
+    fanout_state& f = *n.fan;
+    const auto x = std::lower_bound(pb.extra.begin(), pb.extra.end(), hd.source);
+    const auto d = n.dir.find(hd.source);
+    if ((x != pb.extra.end() && *x == hd.source) || d == n.dir.end() ||
+        !pb.to.matches(d->second.e) || f.targets >= n.cfg.broadcast_max_targets) {
+      return;
     }
+    pb.extra.insert(x, hd.source);
+    ++f.targets;
     return;
   }
   if (pb.state[at] == pending_broadcast::acked) return;
@@ -214,7 +231,7 @@ void on_ack(node::impl& n, const proto::header& hd) {
   pb.state[at] = pending_broadcast::acked;
   ++pb.acked_count;
   // failed is empty unless some expected node left: finish() reports ok then.
-  if (settled(pb)) finish(n, hd.sequence, errc::not_connected);
+  if (pb.settled()) detail::fan_finish(n, hd.sequence, errc::not_connected);
 }
 
 // Node `id` left this node's directory: an expected target of a broadcast of ours that has not
@@ -227,45 +244,11 @@ void target_left(node::impl& n, bus_id id) {
     if (at == kNotExpected || pb.state[at] != pending_broadcast::waiting) continue;
     pb.state[at] = pending_broadcast::left;
     ++pb.left_count;
-    if (settled(pb)) done.push_back(bid);
+    if (pb.settled()) done.push_back(bid);
   }
-  for (const uint64_t bid : done) finish(n, bid, errc::not_connected);
+  for (const uint64_t bid : done) detail::fan_finish(n, bid, errc::not_connected);
 }
 
-// A node known only from etcd lies behind no tree link: from a root (a node it does not own is
-// then in no tree of ours, so no copy reaches it twice) it gets a copy of its own, with a selector
-// naming it alone (so its tree does not fan it out again: its other nodes get theirs the same
-// way), over the route a send to it takes (the direct link dialled from its etcd entry). One that
-// cannot be sent to is marked left (failed at once). [hd]: the broadcast's header.
-void send_direct(node::impl& n, pending_broadcast* pb, proto::header hd, uint32_t msg_type,
-                 const void* data, size_t size) {
-  if (n.has_parent()) return;
-  std::vector<uint8_t> head;
-  for (size_t i = 0; i < pb->expected.size(); ++i) {
-    const bus_id id = pb->expected[i];
-    const auto d = n.dir.find(id);
-    if (d == n.dir.end() || d->second.via != node::impl::kViaDiscovery || n.table.owns(id)) {
-      continue;
-    }
-    head.assign(proto::kHeaderSize, 0);
-    proto::encode_broadcast_head(broadcast_target::in_subnet(subnet{id, 0}), msg_type, &head);
-    const size_t body = head.size() - proto::kHeaderSize + size;
-    hd.target = id;
-    hd.body_len = static_cast<uint32_t>(body);
-    proto::encode_header(hd, head.data());
-    const const_buffer bufs[2] = {{head.data(), head.size()}, {data, size}};
-    // A link below version 6 would take the unknown message for a protocol error.
-    const bool v6 = d->second.e.protocol_version >= kV6 && n.cfg.protocol_max >= kV6;
-    const errc e = !v6 ? errc::version_mismatch
-                   : body > n.cfg.message_limit
-                       ? errc::message_too_large
-                       : n.route_lookup(id, bufs, 2, head.size() + size, 0, nullptr);
-    if (e != errc::ok) {
-      pb->state[i] = pending_broadcast::left;
-      ++pb->left_count;
-    }
-  }
-}
 }  // namespace
 
 // ------------------------------------------------------------------------------ broadcast --
@@ -288,16 +271,25 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   // A copy that cannot go on towards a target (its TTL spent, or the link refused it) is dropped
   // as a relayed message is: counted, and logged at warn (last: on_log may stop or destroy us).
   proto::reason dropped = proto::reason::ok;
-  if (hd.ttl > 0) {
+  // A copy over a sibling link is one a root sent to us alone (send_direct): it goes no further,
+  // whatever its selector says (a wider one would reach our whole tree on a sibling's word).
+  const bool from_sibling =
+      from != nullptr && from->peer != nullptr && from->peer->kind == detail::peer_kind::sibling;
+  if (from_sibling) {
+    // delivered below if it matches us, acknowledged, not sent on
+  } else if (hd.ttl > 0) {
     uint8_t head[proto::kHeaderSize];
     std::memcpy(head, data, proto::kHeaderSize);
     head[3] = static_cast<uint8_t>(hd.ttl - 1);
     const const_buffer bufs[2] = {{head, sizeof head},
                                   {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-    errc refused = errc::ok;
-    n.counters.broadcasts_forwarded += fan_out(n, from_id, b.to, bufs, 2, &refused);
-    if (refused != errc::ok) dropped = proto::reason_from_errc(refused);
-  } else if (fan_out(n, from_id, b.to, nullptr, 0) != 0) {
+    n.counters.broadcasts_forwarded += detail::fan_out(n, from_id, b.to, bufs, 2);
+    for (const auto& [id, e] : n.fan->hops) {
+      if (e == errc::ok || e == errc::unknown_route) continue;  // sent, or no link to send on
+      dropped = proto::reason_from_errc(e);
+      break;
+    }
+  } else if (detail::fan_out(n, from_id, b.to, nullptr, 0) != 0) {
     ++n.counters.ttl_expired;
     dropped = proto::reason::ttl_expired;
   }
@@ -314,72 +306,10 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   return true;
 }
 
-errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* data, size_t size,
-                     uint32_t timeout_ms, broadcast_fn cb, const send_options& opt,
-                     uint64_t* broadcast_id) {
-  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::broadcast");
-  impl& n = *impl_;
-  if (!cb || timeout_ms == 0 || (data == nullptr && size != 0) || to.net.mask_bits > 64) {
-    return n.fail(errc::invalid_argument, !cb ? "node::broadcast: the callback is empty"
-                                          : timeout_ms == 0 ? "node::broadcast: timeout_ms is 0"
-                                          : to.net.mask_bits > 64
-                                              ? "node::broadcast: a subnet wider than 64 bits"
-                                              : "node::broadcast: null data, non-zero size");
-  }
-  if (const std::string why = selector_fault(to); !why.empty()) {
-    return n.fail(errc::invalid_argument, "node::broadcast: " + why);
-  }
-  if (n.state != impl::run_state::running) {
-    return n.fail(n.state == impl::run_state::idle ? errc::wrong_state : errc::closed,
-                  "node::broadcast: the node is not running");
-  }
-  if (n.prep.open) {
-    return n.fail(errc::wrong_state,
-                  "node::broadcast: a prepare_data() reservation is open: commit_data() or "
-                  "cancel_data() first");
-  }
-  fanout_state& f = *n.fan;
-  f.head.assign(proto::kHeaderSize, 0);
-  proto::encode_broadcast_head(to, msg_type, &f.head);
-  const size_t selector = f.head.size() - proto::kHeaderSize;
-  if (size + selector > n.cfg.message_limit) {
-    return n.fail(errc::message_too_large, "node::broadcast: " + std::to_string(size) +
-                                               " bytes + " + std::to_string(selector) +
-                                               " of selector, above message_limit (" +
-                                               std::to_string(n.cfg.message_limit) + ")");
-  }
-  if (f.pending.size() >= fanout_state::kMaxPending) {
-    return n.fail(errc::queue_full, "node::broadcast: 4096 broadcasts await their summary");
-  }
-  pending_broadcast pb;
-  for (const auto& [id, item] : n.dir) {
-    if (to.matches(item.e)) pb.expected.push_back(id);
-  }
-  if (pb.expected.empty()) {
-    return n.fail(errc::unknown_route, "node::broadcast: no node of the directory matches");
-  }
-  pb.state.assign(pb.expected.size(), pending_broadcast::waiting);
-  proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.take_seq());
-  hd.ttl = opt.ttl != 0 ? opt.ttl : n.cfg.default_ttl;
-  hd.body_len = static_cast<uint32_t>(selector + size);
-  proto::encode_header(hd, f.head.data());
-  const const_buffer bufs[2] = {{f.head.data(), f.head.size()}, {data, size}};
-  fan_out(n, 0, to, bufs, 2);
-  send_direct(n, &pb, hd, msg_type, data, size);
-  pb.cb = std::move(cb);
-  pb.deadline_ms = n.now_ms() + timeout_ms;
-  const bool none_left = settled(pb);  // every target refused at once: reported from the loop
-  f.pending.emplace(hd.sequence, std::move(pb));
-  if (none_left) finish(n, hd.sequence, errc::not_connected);
-  ++n.counters.broadcasts_sent;
-  if (broadcast_id != nullptr) *broadcast_id = hd.sequence;
-  return errc::ok;
-}
-
 void detail::fan_stop(node::impl& n) {
   std::vector<uint64_t> ids;
   for (const auto& [id, pb] : n.fan->pending) ids.push_back(id);
-  for (const uint64_t id : ids) finish(n, id, errc::closed);
+  for (const uint64_t id : ids) detail::fan_finish(n, id, errc::closed);
 }
 
 void detail::fan_run_deferred(node::impl& n) {
@@ -401,7 +331,7 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   const broadcast_target want = broadcast_target::of_type(type, labels);
   // No directory entry holds a longer type or label, or more labels: say so instead of keeping
   // a cursor for a key no entry could have.
-  if (const std::string why = selector_fault(want); !why.empty()) {
+  if (const std::string why = detail::fan_selector_fault(want); !why.empty()) {
     return n.fail(errc::invalid_argument, "node::pick: " + why);
   }
   std::vector<bus_id> ids;  // by id (dir is ordered)
@@ -579,7 +509,7 @@ void detail::fan_tick(node::impl& n, uint64_t now) {
   for (const auto& [id, pb] : f.pending) {
     if (now >= pb.deadline_ms) expired.push_back(id);
   }
-  for (const uint64_t id : expired) finish(n, id, errc::timeout);
+  for (const uint64_t id : expired) detail::fan_finish(n, id, errc::timeout);
   for (auto it = f.any_replies.begin(); it != f.any_replies.end();) {
     it = n.replies.count(it->first) == 0 ? f.any_replies.erase(it) : std::next(it);
   }

@@ -1,5 +1,5 @@
-// Any node of a type and broadcast (node_fanout.cpp): the per-node state, and the hooks the rest of
-// the node calls (routing, the tick, stop, the directory). Loop thread only.
+// Any node of a type and broadcast (node_fanout.cpp, node_broadcast.cpp): the per-node state, and
+// the hooks the rest of the node calls (routing, the tick, stop, the directory). Loop thread only.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bus/wire.h"
+#include "uvbus/buffer.h"
 #include "uvbus/fanout.h"
 #include "uvbus/node.h"
 
@@ -24,10 +25,14 @@ struct pending_broadcast {
   enum : uint8_t { waiting, acked, left };  // an expected node's state
   std::vector<bus_id> expected;             // sorted
   std::vector<uint8_t> state;               // per expected node
-  std::vector<bus_id> extra;                // nodes not expected that acknowledged
+  std::vector<bus_id> extra;                // nodes not expected that acknowledged, sorted
+  std::string detail;                       // broadcast_report::detail
+  broadcast_target to;                      // the selector: a node not expected must match it
   size_t acked_count = 0;
   size_t left_count = 0;  // expected nodes that left the directory without acknowledging
   uint64_t deadline_ms = 0;
+  // Every expected node acknowledged or left the directory: nothing more can come in time.
+  [[nodiscard]] bool settled() const { return acked_count + left_count == expected.size(); }
 };
 
 // round_robin's place for one type and labels: the next turn, and when it was last asked for.
@@ -54,10 +59,26 @@ struct fanout_state {
   std::unordered_map<uint64_t, bus_id> any_replies;
   // call_any() calls not answered yet: call id -> target (ended calls are pruned at the tick).
   std::unordered_map<uint64_t, bus_id> any_calls;
-  std::map<uint64_t, pending_broadcast> pending;                    // by broadcast id
+  std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
+  size_t targets =
+      0;  // expected and extra entries of `pending` (node_config::broadcast_max_targets)
+  // The tree links fan_out() offered the broadcast being sent: each next hop's id, and what it did
+  // with its copy (ok; transmit()'s refusal; version_mismatch: no copy, not a version 6 tree link).
+  std::vector<std::pair<bus_id, errc>> hops;
+  std::vector<bus_id> blocked;  // next hops whose full queue refused a copy of ours (on_writable)
   std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
 };
+
+// node_fanout.cpp for node::broadcast() (node_broadcast.cpp). Offers one copy of the broadcast
+// [bufs] to every next hop except `except` of a directory entry it matches (bufs null: sends
+// nothing), each hop and its outcome recorded in fanout_state::hops; returns the copies sent.
+size_t fan_out(node::impl& n, bus_id except, const broadcast_target& to, const const_buffer* bufs,
+               size_t count);
+// Ends broadcast `id` (if pending): its report goes to fanout_state::finished, run from the loop.
+void fan_finish(node::impl& n, uint64_t id, errc status);
+// Why a type-and-labels selector cannot go on the wire whole (empty: it can).
+std::string fan_selector_fault(const broadcast_target& to);
 
 // Broadcasts, and acknowledgements for us (true: handled); copies that cannot go on count as drops.
 bool fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_t* data,

@@ -93,19 +93,28 @@ TEST_F(NodeStopOrder, StopFromOnReportRunsAnOpenCallsCallbackBeforeOnDown) {
   EXPECT_EQ(events_, (std::vector<std::string>{"report", "call:closed", "down:closed"}));
 }
 
-// The same for a broadcast summary: the broadcast waits for a target that speaks protocol version
-// 5 (no copy was sent), and on_report stops the node. A node left alone has no broadcast open any
+// The same for a broadcast summary: the broadcast waits for a target that never acknowledges it,
+// and on_report stops the node. A node left alone has no broadcast open any
 // more (each ends, not_connected, once its last silent target leaves the directory:
 // NodeFanout.ABroadcastEndsAtOnceWhenItsSilentTargetsRelayDies), so the target stays.
 TEST_F(NodeStopOrder, StopFromOnReportRunsABroadcastSummaryBeforeOnDown) {
   node_config rc = fast_config();
   rc.type = "root";
   bus_node* r = make_root(0x1000, {{0x1000, 8}}, rc);
-  node_config lc = fast_config();
-  lc.type = "logic";
-  lc.protocol_max = 5;
-  bus_node* l = make_child(0x1001, r, {}, lc);
-  ASSERT_TRUE(wait([&] { return l->ups == 1 && r->n->directory().size() == 2; }));
+  // A hand-made child gets its copy and never acknowledges it: the broadcast stays open until
+  // stop(). (A version 5 child served until a target no copy goes to began to fail at once.)
+  test::raw_child l(0x1001, 0x1000);
+  l.start(&loop_, r->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return l.registered; }));
+  proto::directory_body up;
+  directory_entry e;
+  e.id = 0x1001;
+  e.type = "logic";
+  up.entries.push_back(e);
+  std::vector<uint8_t> body;
+  proto::encode_directory(up, &body);
+  l.send(proto::msg_type::directory, body);
+  ASSERT_TRUE(wait([&] { return r->n->directory().size() == 2; }));
   ASSERT_EQ(r->n->broadcast(broadcast_target::of_type("logic"), 1, "b", 1, 60000,
                             [this](const broadcast_report& rep) {
                               events_.emplace_back(event("broadcast", rep.status));
@@ -116,6 +125,8 @@ TEST_F(NodeStopOrder, StopFromOnReportRunsABroadcastSummaryBeforeOnDown) {
   ASSERT_TRUE(wait([&] { return r->n == nullptr; }));
   run_for(100ms);
   EXPECT_EQ(events_, (std::vector<std::string>{"report", "broadcast:closed", "down:closed"}));
+  l.ch->close();
+  ASSERT_TRUE(wait([&] { return l.ch->closed(); }));
 }
 
 // stop() closes every link gracefully: its queue reaches the kernel first. A peer that stopped

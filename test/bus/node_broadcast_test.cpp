@@ -1,0 +1,326 @@
+// Broadcast from a node whose own next hops cannot take a copy (a full queue: the call returns
+// queue_full and on_writable follows, or the targets behind that hop fail at once; a link below
+// version 6), the bound on the targets awaiting acknowledgement (broadcast_max_targets), and
+// acknowledgements a hand-made child forges (duplicates, nodes not targeted or not known): one
+// report per accepted broadcast, each target counted once.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
+
+// The sanitizers' allocator (ASan, TSan): the bytes the program holds.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UVBUS_ALLOCATED_BYTES 1
+extern "C" size_t
+__sanitizer_get_current_allocated_bytes();  // NOLINT(bugprone-reserved-identifier)
+#endif
+
+namespace uvbus {
+namespace {
+
+using test::bus_node;
+
+constexpr bus_id kRoot = 0x1000;
+constexpr bus_id kSink = 0x1800;  // the hand-made child (subnet 0x1800/11: 2048 ids)
+constexpr bus_id kL1 = 0x1200;
+
+class NodeBroadcast : public test::bus_fixture {
+ protected:
+  // The root (type "root", next-hop delivery so that a send meets a full link at once) and a
+  // hand-made child kSink announcing, for each of `logic`, a node of type "logic" in its subnet.
+  void build(const std::vector<bus_id>& logic, bool pause, node_config rc = {}) {
+    if (rc.listen.empty()) rc = test::typed_config("root");
+    rc.delivery = delivery_mode::next_hop;
+    rc.link_queue_bytes = size_t{256} << 10;
+    root_ = make_root(kRoot, {subnet{kRoot, 12}}, rc);
+    sink_.subnets = {subnet{kSink, 11}};
+    sink_.compress = false;  // what it is sent must fill the socket
+    sink_.pause_after_register = pause;
+    sink_.start(&loop_, root_->n->listen_urls().at(0));
+    ASSERT_TRUE(wait([&] { return sink_.registered; }));
+    announce(logic, "logic");
+    ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == logic.size(); }));
+  }
+  void announce(const std::vector<bus_id>& ids, const std::string& type) {
+    proto::directory_body up;
+    for (const bus_id id : ids) {
+      directory_entry e;
+      e.id = id;
+      e.type = type;
+      e.protocol_version = proto::kMaxVersion;
+      up.entries.push_back(e);
+    }
+    std::vector<uint8_t> body;
+    proto::encode_directory(up, &body);
+    sink_.send(proto::msg_type::directory, body);
+  }
+  // An acknowledgement of broadcast `id` claiming to come from `source`.
+  void ack(uint64_t id, bus_id source) {
+    sink_.send(proto::msg_type::broadcast_ack, {}, 0, source, id);
+  }
+  // Copies of broadcasts the sink has read.
+  [[nodiscard]] size_t copies() const {
+    size_t k = 0;
+    for (const auto& m : sink_.got) k += m.hd.type == proto::msg_type::broadcast ? 1 : 0;
+    return k;
+  }
+  // Messages the root's link to the sink refused (its queue full).
+  [[nodiscard]] bool refused_to_sink() const {
+    const std::string key = "uvbus_peer_queue_refused_total{peer=\"0x1800\"";
+    const std::string text = root_->n->metrics_text();
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return false;
+    const size_t end = text.find('\n', at);
+    const size_t sp = text.rfind(' ', end);
+    return sp != std::string::npos && text.compare(sp + 1, end - sp - 1, "0") != 0;
+  }
+  void TearDown() override {
+    if (sink_.ch) {
+      sink_.ch->close();
+      EXPECT_TRUE(wait([&] { return sink_.ch->closed(); }));
+    }
+    test::bus_fixture::TearDown();
+  }
+  bus_node* root_ = nullptr;
+  test::raw_child sink_{kSink, kRoot};
+};
+
+// The root's only link with a target behind it (a child that stopped reading) is full: the
+// broadcast was accepted all the same, its copy refused, and its target failed only at the
+// broadcast's timeout, as timeout; the application, never told queue_full, got no on_writable.
+// Now the call returns queue_full (nothing accepted, never reported) naming the hop, and
+// on_writable(hop) follows once the child reads again; every accepted broadcast has one report.
+TEST_F(NodeBroadcast, AFullFirstHopRefusesTheBroadcastAndOnWritableFollows) {
+  ASSERT_NO_FATAL_FAILURE(build({kSink}, true));
+  std::map<uint64_t, int> reports;
+  const auto cb = [&](const broadcast_report& r) { ++reports[r.broadcast_id]; };
+  const std::string big(60000, 'b');
+  size_t accepted = 0;
+  errc last = errc::ok;
+  ASSERT_TRUE(wait([&] {
+    sink_.ping();
+    for (int i = 0; i < 8 && last == errc::ok; ++i) {
+      last = root_->n->broadcast(broadcast_target::of_type("logic"), 1, big.data(), big.size(),
+                                 3000, cb);
+      accepted += last == errc::ok ? 1 : 0;
+    }
+    return last != errc::ok || refused_to_sink();
+  }));
+  std::printf("[ refused  ] broadcast() returned %s after %zu accepted; on_writable %llu\n",
+              to_string(last), accepted, static_cast<unsigned long long>(root_->writable));
+  ASSERT_EQ(last, errc::queue_full) << "a broadcast whose only copy was refused was accepted";
+  const std::string detail = root_->n->last_error().detail;
+  EXPECT_NE(detail.find("0x1800"), std::string::npos) << detail;
+  sink_.resume_reading();
+  ASSERT_TRUE(wait([&] {
+    sink_.ping();
+    return root_->writable >= 1;
+  })) << "on_writable did not follow the queue_full";
+  // The sink acknowledges none: each accepted one is reported once, at its timeout.
+  ASSERT_TRUE(wait([&] {
+    sink_.ping();
+    return reports.size() == accepted && copies() >= accepted;
+  }));
+  EXPECT_EQ(copies(), accepted);  // the refused one never went out
+  for (const auto& [id, k] : reports) EXPECT_EQ(k, 1) << id;
+  EXPECT_EQ(root_->n->counters().broadcasts_sent, accepted);
+}
+
+// A root with two links behind which targets lie, one of them full: the broadcast goes out over
+// the other, and the targets behind the full one were failed only at timeout_ms (120 s here). They
+// fail at once now: not_connected, with a detail naming the hop and queue_full.
+TEST_F(NodeBroadcast, ACopyAFullLinkRefusesFailsItsTargetsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(build({kSink}, true));
+  node_config lc = test::typed_config("logic");
+  bus_node* l1 = make_child(kL1, root_, {subnet{kL1, 8}}, lc);
+  ASSERT_TRUE(wait([&] { return root_->n->find("logic").size() == 2; }));
+  const std::string big(60000, 'b');
+  std::optional<broadcast_report> rep;
+  errc sent = errc::ok;
+  auto t0 = std::chrono::steady_clock::now();
+  // Until a send to the sink meets its full link, then the broadcast at once (the loop would let
+  // the link drain into the socket).
+  ASSERT_TRUE(wait([&] {
+    sink_.ping();
+    for (int i = 0; i < 8; ++i) {
+      if (test::send_str(root_, kSink, 1, big) != errc::queue_full) continue;
+      t0 = std::chrono::steady_clock::now();
+      sent = root_->n->broadcast(broadcast_target::of_type("logic"), 1, big.data(), big.size(),
+                                 120000, [&](const broadcast_report& r) { rep = r; });
+      return true;
+    }
+    return false;
+  }));
+  ASSERT_EQ(sent, errc::ok) << root_->n->last_error().detail;
+  EXPECT_FALSE(rep.has_value()) << "never from inside broadcast()";
+  const bool came = wait(
+      [&] {
+        sink_.ping();
+        return rep.has_value();
+      },
+      std::chrono::seconds(20));
+  std::printf("[ summary  ] %s after %lld ms\n", came ? to_string(rep->status) : "none",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count()));
+  ASSERT_TRUE(came) << "the target behind the full link waits for timeout_ms";
+  EXPECT_EQ(rep->status, errc::not_connected);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL1}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kSink}));
+  EXPECT_NE(rep->detail.find("1 of 2 targets got no copy"), std::string::npos) << rep->detail;
+  EXPECT_NE(rep->detail.find("0x1800"), std::string::npos) << rep->detail;
+  EXPECT_NE(rep->detail.find("queue_full"), std::string::npos) << rep->detail;
+  ASSERT_EQ(l1->got.size(), 1U);
+}
+
+// A target behind the sender's own link to a node of protocol version 5 (which takes no
+// broadcast) got no copy and was failed only at timeout_ms; it fails at once now.
+TEST_F(NodeBroadcast, ATargetBehindAVersion5LinkFailsAtOnce) {
+  bus_node* root = make_root(kRoot, {subnet{kRoot, 12}}, test::typed_config("root"));
+  node_config old = test::typed_config("logic");
+  old.protocol_max = 5;
+  make_child(kSink, root, {}, old);
+  bus_node* l1 = make_child(kL1, root, {}, test::typed_config("logic"));
+  ASSERT_TRUE(wait([&] { return root->n->find("logic").size() == 2; }));
+  std::optional<broadcast_report> rep;
+  ASSERT_EQ(root->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 120000,
+                               [&](const broadcast_report& r) { rep = r; }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }, std::chrono::seconds(20)))
+      << "the target behind the version 5 link waits for timeout_ms";
+  EXPECT_EQ(rep->status, errc::not_connected);
+  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL1}));
+  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kSink}));
+  EXPECT_NE(rep->detail.find("below protocol version 6"), std::string::npos) << rep->detail;
+  EXPECT_EQ(l1->got.size(), 1U);
+}
+
+// Every broadcast awaiting its summary kept a state per expected node, up to 4096 of them (330 MB
+// with 10 000 matching nodes). broadcast_max_targets bounds their sum: 200 targets each, a cap of
+// 500 takes two; the third is refused with queue_full naming the field, and taken once the first
+// two are reported. A cap of 0 is refused by validate().
+TEST_F(NodeBroadcast, BroadcastMaxTargetsBoundsTheTargetsAwaitingAcknowledgement) {
+  node_config rc = test::typed_config("root");
+  rc.broadcast_max_targets = 0;
+  std::string why;
+  EXPECT_EQ(node::validate(kRoot, rc, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("broadcast_max_targets"), std::string::npos) << why;
+  rc.broadcast_max_targets = 500;
+  std::vector<bus_id> logic;
+  for (bus_id id = kSink + 1; id <= kSink + 200; ++id) logic.push_back(id);
+  ASSERT_NO_FATAL_FAILURE(build(logic, false, rc));
+  size_t reported = 0;
+  const auto cb = [&](const broadcast_report& r) {
+    ++reported;
+    EXPECT_EQ(r.status, errc::timeout);
+    EXPECT_EQ(r.failed.size(), 200U);
+  };
+  const broadcast_target to = broadcast_target::of_type("logic");
+  ASSERT_EQ(root_->n->broadcast(to, 1, "a", 1, 1000, cb), errc::ok);
+  ASSERT_EQ(root_->n->broadcast(to, 1, "b", 1, 1000, cb), errc::ok);
+  const errc third = root_->n->broadcast(to, 1, "c", 1, 1000, cb);
+  std::printf("[ bound    ] third broadcast of 200 targets under a cap of 500: %s\n",
+              to_string(third));
+  EXPECT_EQ(third, errc::queue_full);
+  const std::string detail = root_->n->last_error().detail;
+  EXPECT_NE(detail.find("broadcast_max_targets (500)"), std::string::npos) << detail;
+  ASSERT_TRUE(wait([&] { return reported == (third == errc::ok ? 3U : 2U); }));
+  EXPECT_EQ(root_->n->broadcast(to, 1, "d", 1, 60000, cb), errc::ok);
+}
+
+// What a target awaiting acknowledgement costs (the bound broadcast_max_targets states: 9 bytes,
+// its id and state): 1100 targets, 40 broadcasts, the bytes the sanitizer's allocator holds more.
+// The id list grew by doubling: 2048 places for 1100 targets, 16 bytes a target.
+TEST_F(NodeBroadcast, ATargetAwaitingAcknowledgementCostsNineBytes) {
+#ifndef UVBUS_ALLOCATED_BYTES
+  GTEST_SKIP() << "no sanitizer allocator to ask";
+#else
+  std::vector<bus_id> logic;
+  for (bus_id id = kSink + 1; id <= kSink + 1100; ++id) logic.push_back(id);
+  ASSERT_NO_FATAL_FAILURE(build(logic, false));
+  const broadcast_target to = broadcast_target::of_type("logic");
+  const auto cb = [](const broadcast_report&) {};
+  ASSERT_EQ(root_->n->broadcast(to, 1, "w", 1, 600000, cb), errc::ok);  // warm the buffers
+  ASSERT_TRUE(wait([&] { return copies() == 1; }));
+  const size_t before = __sanitizer_get_current_allocated_bytes();
+  for (int i = 0; i < 40; ++i) ASSERT_EQ(root_->n->broadcast(to, 1, "x", 1, 600000, cb), errc::ok);
+  const size_t after = __sanitizer_get_current_allocated_bytes();
+  const double per = static_cast<double>(after - before) / (40.0 * 1100.0);
+  std::printf("[ memory   ] %.2f bytes per target awaiting acknowledgement\n", per);
+  EXPECT_LT(per, 10.5);
+#endif
+}
+
+// A child may claim any source of its subnets: acknowledgements of one broadcast from the 245
+// ids of its subnet that no directory lists, from a listed node the selector does not match, and
+// twice from each target, each put a node in `reached` (256 there for 10 targets). Now only a
+// node the directory lists as matching counts (a target once; one that joined since, once).
+TEST_F(NodeBroadcast, ForgedAndDuplicateAcknowledgementsCountOnlyMatchingListedNodes) {
+  std::vector<bus_id> logic;
+  for (bus_id id = kSink + 1; id <= kSink + 10; ++id) logic.push_back(id);
+  ASSERT_NO_FATAL_FAILURE(build(logic, false));
+  announce({kSink}, "gateway");
+  ASSERT_TRUE(wait([&] { return root_->n->find("gateway").size() == 1; }));
+  std::optional<broadcast_report> rep;
+  uint64_t id = 0;
+  ASSERT_EQ(root_->n->broadcast(
+                broadcast_target::of_type("logic"), 1, "x", 1, 60000,
+                [&](const broadcast_report& r) { rep = r; }, {}, &id),
+            errc::ok);
+  for (bus_id s = kSink; s <= kSink + 255; ++s) {
+    if (s < kSink + 1 || s > kSink + 10) ack(id, s);  // not a target
+  }
+  announce({kSink + 20}, "logic");  // joins since: its acknowledgement counts
+  ack(id, kSink + 20);
+  ack(id, kSink + 20);
+  for (int twice = 0; twice < 2; ++twice) {
+    for (bus_id s = kSink + 1; s <= kSink + 9; ++s) ack(id, s);
+  }
+  ack(id, kSink + 10);  // the last target: the summary comes
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  std::printf("[ reached  ] %zu nodes for 10 targets\n", rep->reached.size());
+  EXPECT_EQ(rep->status, errc::ok);
+  std::vector<bus_id> want = logic;
+  want.push_back(kSink + 20);
+  EXPECT_EQ(rep->reached, want);
+  EXPECT_TRUE(rep->failed.empty());
+}
+
+// A copy over a sibling link is one a root sends a node in no common tree, addressed to it alone.
+// One with a wider selector (a hand-made sibling's) was fanned out into the receiver's whole tree
+// on the sibling's word: L1 got it. It goes no further now; the root, which matches, still gets it.
+TEST_F(NodeBroadcast, ACopyFromASiblingGoesNoFurther) {
+  bus_node* root = make_root(kRoot, {subnet{kRoot, 12}}, test::typed_config("logic"));
+  bus_node* l1 = make_child(kL1, root, {}, test::typed_config("logic"));
+  ASSERT_TRUE(wait([&] { return root->n->find("logic").size() == 1; }));
+  test::raw_child sib(0x9000, kRoot);
+  sib.role = proto::link_role::sibling;
+  sib.start(&loop_, root->n->listen_urls().at(0));
+  ASSERT_TRUE(wait([&] { return sib.registered || sib.closed; }));
+  ASSERT_TRUE(sib.registered) << sib.reply_message;
+  std::vector<uint8_t> body;
+  proto::encode_broadcast_head(broadcast_target::of_type("logic"), 7, &body);
+  body.push_back('s');
+  sib.send(proto::msg_type::broadcast, body, 0, 0, 77);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
+  EXPECT_EQ(root->got[0].bytes, "s");
+  // A message after it on the same link: once it is in, a copy sent on would have been too.
+  ASSERT_EQ(test::send_str(root, kL1, 2, "after"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !l1->got.empty() && l1->got.back().bytes == "after"; }));
+  std::printf("[ sibling  ] L1 got %zu message(s)\n", l1->got.size());
+  EXPECT_EQ(l1->got.size(), 1U) << "the sibling's copy went on into the tree";
+  EXPECT_EQ(root->n->counters().broadcasts_forwarded, 0U);
+  sib.ch->close();
+  ASSERT_TRUE(wait([&] { return sib.ch->closed(); }));
+}
+
+}  // namespace
+}  // namespace uvbus
