@@ -68,14 +68,14 @@ TEST_F(StreamTls, APeerThatResetsMidHandshakeCountsOnceAsAFailedHandshake) {
   expect_honest_peer_works(client_config());
 }
 
-// The first 9 bytes of a ClientHello: a handshake record header and a handshake header announcing
-// `announced` body bytes (the rest never comes).
+// The first 9 bytes of a ClientHello: a whole handshake record of 4 bytes, a handshake header
+// announcing `announced` body bytes (the rest never comes).
 std::string hello_head(uint32_t announced) {
   const uint8_t b[] = {0x16,
                        0x03,
                        0x01,
-                       0x40,
                        0x00,
+                       0x04,
                        0x01,
                        static_cast<uint8_t>(announced >> 16),
                        static_cast<uint8_t>(announced >> 8),
