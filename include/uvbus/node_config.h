@@ -230,6 +230,9 @@ struct node_config {
   // of at least compression_threshold bytes are compressed one by one and sent compressed only
   // when that saves bytes (a message never grows); the receiving node restores each one before
   // anything else sees it, bounded by the message limit. Shared memory is never compressed.
+  // A block the peer got wrong closes the link with protocol_error; a block our node cannot
+  // restore for want of memory (its decompression context) closes it with no_memory (on_error),
+  // the message neither delivered nor acknowledged (end-to-end delivery resends it).
   // Levels: lz4 0 (default), -N faster, 1..12 LZ4HC; zstd 0 (default 3), negative fast, up to 22.
   compression_codec compression = compression_codec::none;
   int compression_level = 0;
