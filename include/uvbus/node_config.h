@@ -227,11 +227,11 @@ struct node_config {
   // Stream TCP_NODELAY.
   bool tcp_nodelay = true;
   // Link compression (docs/compression.md "On the bus"), negotiated at registration (protocol
-  // version 6): a stream link compresses only when both of its nodes ask for a codec; it then
-  // uses the accepting node's codec in both directions, each side at its own level. Data messages
-  // of at least compression_threshold bytes are compressed one by one and sent compressed only
-  // when that saves bytes (a message never grows); the receiving node restores each one before
-  // anything else sees it, bounded by the message limit. Shared memory is never compressed.
+  // version 6): used when both nodes ask for a codec, the acceptor's both ways, each side at its
+  // level. Data messages of >= compression_threshold bytes are compressed one by one, sent so only
+  // if that saves bytes; the receiver restores each first, within the message limit (a bad block:
+  // protocol_error; one our node cannot restore for want of memory: no_memory, the link closes,
+  // the message unacknowledged: end-to-end delivery resends it). Shared memory: never compressed.
   // Levels: lz4 0 (default), -N faster, 1..12 LZ4HC; zstd 0 (default 3), negative fast, up to 22.
   compression_codec compression = compression_codec::none;
   int compression_level = 0;

@@ -151,6 +151,18 @@ bool node::impl::inflate_in(link* lk, const uint8_t** data, size_t* size) {
   const decompress_result r = s.comp.decompress(
       static_cast<codec>(lk->codec), m + proto::kHeaderSize, *size - proto::kHeaderSize,
       s.restored.data() + proto::kHeaderSize, s.body_limit);
+  if (r.code == errc::no_memory) {
+    // Our own allocation failed, not the peer: the message cannot be restored, so it is neither
+    // delivered nor acknowledged. The link closes with no_memory (not counted as the peer's
+    // protocol error); end-to-end delivery resends the message over the next link.
+    char buf[240];
+    std::snprintf(buf, sizeof buf,
+                  "connection %" PRIu64 " (%s): compressed message not restored: %s", lk->conn_id,
+                  streams->peer_url(lk->conn).c_str(), s.comp.last_error().detail.c_str());
+    error(errc::no_memory, buf);
+    close_link(lk, errc::no_memory);
+    return false;
+  }
   if (r.code != errc::ok) {
     const std::string why = "compressed message refused: " + s.comp.last_error().detail;
     protocol_violation(lk, why.c_str());

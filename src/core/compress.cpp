@@ -5,6 +5,7 @@
 #include <lz4hc.h>
 #include <zstd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
@@ -36,7 +37,24 @@ std::unique_ptr<uint64_t[]> make_state(int bytes) noexcept {
   return std::unique_ptr<uint64_t[]>(new (std::nothrow) uint64_t[words]());
 }
 
+// detail::fail_next_zstd_dctx (tests only): failures still to inject.
+std::atomic<int> g_fail_dctx{0};
+
+ZSTD_DCtx* create_dctx() noexcept {
+  int left = g_fail_dctx.load(std::memory_order_relaxed);
+  while (left > 0) {
+    if (g_fail_dctx.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+      return nullptr;
+    }
+  }
+  return ZSTD_createDCtx();
+}
+
 }  // namespace
+
+void detail::fail_next_zstd_dctx(int n) noexcept {
+  g_fail_dctx.store(n, std::memory_order_relaxed);
+}
 
 const char* to_string(codec c) noexcept {
   switch (c) {
@@ -281,8 +299,11 @@ errc compressor::decompress_zstd(const uint8_t* in, size_t n, uint8_t* out,
                 ZSTD_isError(frame) ? ZSTD_getErrorName(frame) : "followed by trailing bytes");
   }
   if (zd_ == nullptr) {
-    zd_ = ZSTD_createDCtx();
-    if (zd_ == nullptr) return fail(errc::no_memory, "ZSTD_createDCtx");
+    zd_ = create_dctx();
+    if (zd_ == nullptr) {
+      return fail(errc::no_memory, "zstd block (raw_size %zu): no memory for a ZSTD_DCtx",
+                  raw_size);
+    }
   }
   // Single-pass into the caller's buffer: zstd decodes straight into [out, out + raw_size) and
   // fails with dstSize_tooSmall rather than write past it; it needs no window buffer.

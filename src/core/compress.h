@@ -104,7 +104,8 @@ class compressor {
   //                     more or fewer bytes than raw_size
   //   bad_varint        malformed raw_size
   //   oversize          raw_size above limit (refused before any data is decoded)
-  //   no_memory         the codec context could not be created
+  //   no_memory         the codec context could not be created (our own failure, not the
+  //                     block's: the bus closes the link with no_memory, not protocol_error)
   // Nothing is written past out + min(raw_size, limit); nothing is allocated but the context.
   [[nodiscard]] decompress_result decompress(codec expected, const void* in, size_t n, void* out,
                                              size_t limit) noexcept;
@@ -133,5 +134,11 @@ class compressor {
   errc last_code_ = errc::ok;
   char detail_[160] = {};
 };
+
+namespace detail {
+// Tests only: the next n zstd decompression contexts that any compressor creates fail as if memory
+// had run out (decompress() then returns no_memory). Process-wide.
+void fail_next_zstd_dctx(int n) noexcept;
+}  // namespace detail
 
 }  // namespace uvbus

@@ -562,6 +562,17 @@ errc attach_region(const address& addr, mapping* out) {
   return errc::ok;
 }
 
+std::string object_size_mismatch(const mapping& m) {
+  if (m.kind != region_kind::posix || m.size < kHeaderSize) return {};
+  const auto* h = static_cast<const region_header*>(m.base);
+  if (h->magic.load(std::memory_order_acquire) != kMagic) return {};
+  const uint64_t announced = h->region_size;
+  if (m.size >= announced) return {};  // grown: the region is still whole (its reader reattaches)
+  return "the object is " + std::to_string(m.size) + " bytes, its header announces region_size " +
+         std::to_string(announced) +
+         ": cut short by another process (a writer would fault past its end)";
+}
+
 bool mem_entry_removed(const mapping& m) noexcept {
   std::lock_guard<std::mutex> lock(mem_mutex());
   auto it = mem_registry().find(m.name);

@@ -80,6 +80,11 @@ struct open_outcome {
 errc create_region(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how);
 // Attaches to an existing region (writer, inspector). The POSIX fd stays open (region_removed).
 errc attach_region(const address& addr, mapping* out);
+// A writer's check of an attached POSIX object (m.size: its size when attached) against the size
+// its published header announces: "" if the object holds it (or it is no POSIX object, or no
+// published header), else a detail naming both: another process cut the object short, and the
+// first touch past its end would be a SIGBUS. A grown object is accepted (as a reader does).
+std::string object_size_mismatch(const mapping& m);
 // "" if the region header h (mapped bytes) can be reattached by a reader asking for cfg; else
 // "its <field> is <region's>, this reader asks for <cfg's>".
 std::string layout_mismatch(const region_header* h, uint64_t mapped, const shm_config& cfg);

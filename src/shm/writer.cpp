@@ -542,6 +542,11 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
     e = errc::bad_layout;  // a zero header, but no region has its size: someone else's object
     why = "the header's magic is 0 and its size is no region's: not a uvbus region";
   }
+  const std::string sized = shm_detail::object_size_mismatch(p->map);
+  if ((e == errc::ok || e == errc::bad_layout) && !sized.empty()) {
+    e = errc::bad_layout;
+    why = sized.c_str();
+  }
   if (e == errc::ok) e = check_options(p->g, opt, &why);
   if (e == errc::ok && (p->g.hdr->reader_state.load(std::memory_order_acquire) == kReaderClosed ||
                         shm_detail::region_removed(p->map))) {

@@ -53,6 +53,44 @@ void byte_buf::swap(byte_buf& o) noexcept {
   std::swap(end_, o.end_);
 }
 
+bool hello_guard::scan(const uint8_t* p, size_t n, std::string* detail) {
+  constexpr uint8_t kHandshake = 22;  // the record content type of a plaintext handshake
+  size_t i = 0;
+  while (i < n) {
+    if (rec_got_ < sizeof rec_) {
+      rec_[rec_got_++] = p[i++];
+      if (rec_got_ < sizeof rec_) continue;
+      rec_handshake_ = rec_[0] == kHandshake;
+      rec_left_ = size_t{rec_[3]} << 8 | rec_[4];
+      if (rec_left_ == 0) rec_got_ = 0;
+      continue;
+    }
+    const size_t take = std::min(rec_left_, n - i);
+    for (size_t j = 0; rec_handshake_ && j < take;) {
+      if (hs_left_ != 0) {
+        const size_t k = std::min(hs_left_, take - j);
+        hs_left_ -= k;
+        j += k;
+        continue;
+      }
+      hs_[hs_got_++] = p[i + j++];
+      if (hs_got_ < sizeof hs_) continue;
+      hs_got_ = 0;
+      hs_left_ = size_t{hs_[1]} << 16 | size_t{hs_[2]} << 8 | hs_[3];
+      if (hs_left_ > kMaxPeerHello) {
+        *detail = "tls: the peer's handshake message (type " + std::to_string(hs_[0]) +
+                  ", a ClientHello is 1) announces " + std::to_string(hs_left_) +
+                  " bytes, more than the " + std::to_string(kMaxPeerHello) + " accepted";
+        return false;
+      }
+    }
+    i += take;
+    rec_left_ -= take;
+    if (rec_left_ == 0) rec_got_ = 0;
+  }
+  return true;
+}
+
 namespace {
 
 // The BIO type shared by every session: its data pointer is the session.
@@ -135,6 +173,7 @@ errc tls_session::create(std::shared_ptr<const tls_context> ctx, bool server,
     // so a client without the PSK cannot finish; handshake() checks both sides again at the end.
     SSL_set_verify(s->ssl_, SSL_VERIFY_PEER, refuse_certificate);
   }
+  s->server_ = server;
   if (server) {
     SSL_set_accept_state(s->ssl_);
   } else {
@@ -168,6 +207,9 @@ int tls_session::bio_read(BIO* b, char* data, size_t len, size_t* read) {
     return 0;
   }
   const size_t n = std::min(len, s->in_len_);
+  // A server in its handshake: the headers of what OpenSSL is about to read are checked first
+  // (refused: a read error without retry, which failure() reports with hello_detail_).
+  if (s->server_ && !s->done_ && !s->hello_.scan(s->in_, n, &s->hello_detail_)) return 0;
   std::memcpy(data, s->in_, n);
   s->in_ += n;
   s->in_len_ -= n;
@@ -239,6 +281,10 @@ errc tls_session::failure(int ret, const char* what, std::string* detail) {
   if (oom_) {
     *detail = std::string("tls: ") + what + ": out of memory";
     return errc::no_memory;
+  }
+  if (!hello_detail_.empty()) {
+    *detail = hello_detail_;
+    return errc::tls_handshake_failed;
   }
   if (!verify_detail_.empty()) {
     *detail = verify_detail_;

@@ -43,6 +43,31 @@ class byte_buf {
   size_t end_ = 0;
 };
 
+// A server's look at the peer's plaintext handshake messages before OpenSSL sees them (its
+// ClientHello, and a second one after a HelloRetryRequest): OpenSSL grows its handshake buffer to
+// the length a ClientHello announces, up to 131 396 bytes (about 175 KB allocated), for 9 bytes
+// of input. A message announcing more than kMaxPeerHello is refused before OpenSSL gets it.
+// Records are followed across reads of any size; encrypted records are skipped (OpenSSL bounds
+// the messages inside them: a certificate chain by max_cert_list).
+class hello_guard {
+ public:
+  // One full record (16 KiB) plus 4 KiB: a ClientHello with a post-quantum key share is about
+  // 1.2 to 2 KB today.
+  static constexpr size_t kMaxPeerHello = size_t{20} * 1024;
+  // Looks at [p, p + n), the next bytes of the peer's stream. False (and *detail says why) when a
+  // plaintext handshake message announces more than kMaxPeerHello.
+  bool scan(const uint8_t* p, size_t n, std::string* detail);
+
+ private:
+  uint8_t rec_[5] = {};
+  uint8_t rec_got_ = 0;
+  size_t rec_left_ = 0;  // payload bytes of the current record still to come
+  bool rec_handshake_ = false;
+  uint8_t hs_[4] = {};
+  uint8_t hs_got_ = 0;
+  size_t hs_left_ = 0;  // body bytes of the current handshake message still to come
+};
+
 class tls_session {
  public:
   // server: the accepting side (it requires the client's certificate in certificate mode).
@@ -62,7 +87,10 @@ class tls_session {
   void set_now(uint64_t now_ms) noexcept { now_ms_ = now_ms; }
 
   // Advances the handshake with the input given. ok: finished (done() is true) or waiting for more
-  // input; otherwise tls_handshake_failed or peer_not_authenticated (*detail says why). In psk
+  // input; otherwise tls_handshake_failed or peer_not_authenticated (*detail says why). A server
+  // refuses a plaintext handshake message (a ClientHello) announcing more than
+  // hello_guard::kMaxPeerHello bytes with tls_handshake_failed, naming the announced length,
+  // before OpenSSL sees it (it would hold a buffer of that size until the handshake ends). In psk
   // mode a handshake that did not use the PSK (the peer authenticated with a certificate) is
   // peer_not_authenticated.
   errc handshake(std::string* detail);
@@ -122,8 +150,11 @@ class tls_session {
 
   std::shared_ptr<const tls_context> ctx_;
   SSL* ssl_ = nullptr;
+  bool server_ = false;
   bool done_ = false;
-  bool oom_ = false;  // appending ciphertext ran out of memory
+  hello_guard hello_;         // server, until the handshake is done
+  std::string hello_detail_;  // why hello_ refused the peer's bytes
+  bool oom_ = false;          // appending ciphertext ran out of memory
   bool closed_notify_ = false;
   const uint8_t* in_ = nullptr;
   size_t in_len_ = 0;

@@ -402,6 +402,28 @@ TEST(Compress, TruncatedCorruptAndGarbageInputs) {
 }
 
 // Once warm, the contexts keep their size whatever the message sizes: no per-message allocation.
+TEST(Compress, AContextThatCannotBeCreatedIsNoMemoryAndTheNextCallRecovers) {
+  // Our own allocation failing is no_memory, named, not the block's fault (protocol_error): the
+  // bus closes the link with it instead of blaming the peer (NodeCompress.*).
+  compressor z;
+  const auto m = bench::make_snapshot(1, 4096, corpus_format::json);
+  bytes block(4096);
+  bytes out(4096);
+  const size_t n = z.compress(codec::zstd, 3, m.data(), m.size(), block.data(), block.size());
+  ASSERT_GT(n, 0u);
+  detail::fail_next_zstd_dctx(1);
+  const decompress_result r = z.decompress(codec::zstd, block.data(), n, out.data(), out.size());
+  EXPECT_EQ(r.code, errc::no_memory);
+  EXPECT_EQ(z.last_error().code, errc::no_memory);
+  EXPECT_NE(z.last_error().detail.find("no memory for a ZSTD_DCtx"), std::string::npos)
+      << z.last_error().detail;
+  const decompress_result again =
+      z.decompress(codec::zstd, block.data(), n, out.data(), out.size());
+  ASSERT_EQ(again.code, errc::ok);
+  EXPECT_EQ(bytes(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(again.size)),
+            bytes(m.begin(), m.end()));
+}
+
 TEST(Compress, ContextsAreReused) {
   zpool zs;
   EXPECT_EQ(zs.memory_bytes(), 0u);

@@ -77,6 +77,38 @@ TEST(ShmApi, OpenErrorsRecordTheUrlAndTheReason) {
   EXPECT_EQ(w.last_error().code, errc::bad_layout);  // ok leaves it unchanged
 }
 
+TEST(ShmApi, AWriterRefusesAnObjectCutShorterThanItsHeaderAnnouncesNamingBoth) {
+  // Another process of the uid cut the reader's object short: a writer touching a page past the
+  // end gets SIGBUS. It was refused with "header region_size does not match its ring or exceeds
+  // the mapped size", naming neither size; now the detail names both. However short the cut (to
+  // the header page, or by one node), the same; restored, the object attaches.
+  const std::string name = test::unique_name("cut");
+  test::shm_cleanup clean{name};
+  shm_reader r;
+  ASSERT_EQ(r.open("shm://" + name, small_ring()), errc::ok);
+  const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  const auto full = static_cast<size_t>(st.st_size);
+  for (const size_t size : {full - 64, size_t{shm_detail::kHeaderSize}}) {
+    SCOPED_TRACE(size);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+    shm_writer w;
+    EXPECT_EQ(w.open("shm://" + name), errc::bad_layout);
+    const std::string& d = w.last_error().detail;
+    EXPECT_NE(
+        d.find("the object is " + std::to_string(size) +
+               " bytes, its header announces region_size " + std::to_string(full) + ": cut short"),
+        std::string::npos)
+        << d;
+  }
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(full)), 0);
+  close(fd);
+  shm_writer w;
+  EXPECT_EQ(w.open("shm://" + name), errc::ok) << w.last_error().detail;
+}
+
 TEST(ShmApi, TryReceiveOnADryRingIsWouldBlock) {
   const std::string name = test::unique_name("api");
   shm_reader r;

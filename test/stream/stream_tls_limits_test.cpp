@@ -4,11 +4,13 @@
 #include <openssl/bio.h>
 #include <openssl/ssl.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "hardening/hardening_util.h"
 #include "stream/test_access.h"
+#include "stream/tls_session.h"
 #include "stream_tls_harness.h"
 
 namespace uvbus::test {
@@ -64,6 +66,116 @@ TEST_F(StreamTls, APeerThatResetsMidHandshakeCountsOnceAsAFailedHandshake) {
     EXPECT_TRUE(srec_.accepted.empty());
   }
   expect_honest_peer_works(client_config());
+}
+
+// The first 9 bytes of a ClientHello: a whole handshake record of 4 bytes, a handshake header
+// announcing `announced` body bytes (the rest never comes).
+std::string hello_head(uint32_t announced) {
+  const uint8_t b[] = {0x16,
+                       0x03,
+                       0x01,
+                       0x00,
+                       0x04,
+                       0x01,
+                       static_cast<uint8_t>(announced >> 16),
+                       static_cast<uint8_t>(announced >> 8),
+                       static_cast<uint8_t>(announced)};
+  return {reinterpret_cast<const char*>(b), sizeof b};
+}
+
+TEST_F(StreamTls, AClientHelloAnnouncingMoreThanTheBoundIsRefusedBeforeOpenSslHoldsIt) {
+  // 9 bytes announcing a ClientHello of 131 396 bytes (OpenSSL's own limit) made OpenSSL grow its
+  // handshake buffer to that size and hold it for handshake_timeout_ms: each such peer cost the
+  // server about 239 KB. Now refused at once, naming the length, however the bytes are cut.
+  constexpr int kPeers = 8;
+  serve(server_config());
+  expect_honest_peer_works(client_config());  // warms up OpenSSL and the per-thread buffers
+  const size_t before = hardening::heap_bytes();
+  const uint64_t reads_before = server_->metrics().totals.read_calls;
+  std::vector<int> fds;
+  const std::string head = hello_head(131396);
+  for (int i = 0; i < kPeers; ++i) {
+    const int fd = dial(server_->listener_port(listener_));
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    if (i % 2 == 0) {
+      ASSERT_EQ(::write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+      continue;
+    }
+    for (size_t k = 0; k < head.size(); ++k) {  // a byte a read: the guard follows the cut
+      const uint64_t reads = server_->metrics().totals.read_calls;
+      ASSERT_EQ(::write(fd, head.data() + k, 1), 1);
+      ASSERT_TRUE(run([&] { return server_->metrics().totals.read_calls > reads; }));
+    }
+  }
+  ASSERT_TRUE(run([&] {  // a read of 9 bytes, or 9 reads of one, each
+    return server_->metrics().totals.read_calls >= reads_before + uint64_t{kPeers} / 2 * 10;
+  }));
+  // What the peers make us hold once their bytes were read (their connections, if still open).
+  const size_t held = hardening::heap_bytes();
+  const double per_peer =
+      held > before ? static_cast<double>(held - before) / static_cast<double>(kPeers) : 0.0;
+  std::printf("[ memory ] a peer announcing a 131396-byte ClientHello holds %.0f bytes\n",
+              per_peer);
+  const bool refused =
+      run([&] { return server_->metrics().tls_failed == kPeers; }, std::chrono::milliseconds(3000));
+  for (const int fd : fds) ::close(fd);
+  ASSERT_TRUE(refused) << server_->metrics().tls_failed << " of " << kPeers << " refused";
+  EXPECT_TRUE(logged("announces 131396 bytes, more than the 20480 accepted"));
+  EXPECT_LT(per_peer, 32.0 * 1024);
+  expect_honest_peer_works(client_config());
+}
+
+TEST(HelloGuard, EveryPlaintextHandshakeMessageIsCheckedAcrossAnyCut) {
+  // The shape after a HelloRetryRequest: a first ClientHello, a ChangeCipherSpec record (middlebox
+  // compatibility) and a second ClientHello, here announcing 131 396 bytes. However the bytes are
+  // cut into reads, the guard refuses the second hello's header, and only it; encrypted records
+  // (application_data) are skipped whatever they hold.
+  const std::string first = client_hello();
+  const std::string ccs = {0x14, 0x03, 0x03, 0x00, 0x01, 0x01};
+  std::string encrypted = {0x17, 0x03, 0x03, 0x00, 0x04};
+  encrypted += hello_head(131396).substr(5);  // looks like a header, but inside ciphertext
+  const std::string ok_stream = first + ccs + encrypted + first;
+  const std::string bad_stream = first + ccs + hello_head(131396);
+  for (const size_t cut : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{100}, size_t{4096}}) {
+    SCOPED_TRACE("reads of " + std::to_string(cut));
+    for (const std::string* stream : {&ok_stream, &bad_stream}) {
+      detail::hello_guard g;
+      std::string why;
+      bool ok = true;
+      size_t refused_at = 0;
+      for (size_t at = 0; ok && at < stream->size(); at += cut) {
+        const size_t n = std::min(cut, stream->size() - at);
+        ok = g.scan(reinterpret_cast<const uint8_t*>(stream->data()) + at, n, &why);
+        refused_at = at + n;
+      }
+      if (stream == &ok_stream) {
+        EXPECT_TRUE(ok) << why;
+        continue;
+      }
+      EXPECT_FALSE(ok);
+      EXPECT_GE(refused_at, bad_stream.size());  // at the read that completes the header
+      EXPECT_NE(why.find("announces 131396 bytes, more than the 20480 accepted"), std::string::npos)
+          << why;
+    }
+  }
+}
+
+TEST_F(StreamTls, AClientHelloAtTheBoundIsLeftToOpenSsl) {
+  // 20 480 announced bytes pass the guard: the connection waits for the rest (and goes at the
+  // handshake deadline), as any slow ClientHello does.
+  tls_config t = server_config();
+  t.handshake_timeout_ms = 200;
+  serve(t);
+  const int fd = dial(server_->listener_port(listener_));
+  ASSERT_GE(fd, 0);
+  const std::string head = hello_head(20480);
+  ASSERT_EQ(::write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+  ASSERT_TRUE(run([&] { return server_->metrics().tls_failed == 1; }));
+  ::close(fd);
+  EXPECT_TRUE(logged("handshake not finished within 200 ms"));
+  EXPECT_FALSE(logged("more than the 20480 accepted"));
+  EXPECT_TRUE(srec_.accepted.empty());
 }
 
 TEST_F(StreamTls, AKeyUpdateStormClosesThatPeer) {

@@ -1,0 +1,69 @@
+// Link compression on live nodes when our own memory fails: a decompression context that cannot be
+// created is not the peer's protocol error, and the message it could not restore is not lost.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "bus/bus_harness.h"
+#include "core/compress.h"
+
+namespace uvbus {
+namespace {
+
+using test::bus_node;
+using test::fast_config;
+
+constexpr bus_id kRoot = 0x20000;
+constexpr bus_id kChild = 0x20001;
+const subnet kNet{0x20000, 48};
+
+// A compressible message: a game-like record repeated with small changes.
+std::string snapshot(size_t n) {
+  std::string s;
+  for (uint32_t i = 0; s.size() < n; ++i) {
+    s += R"({"entity":)" + std::to_string(i % 97) + R"(,"x":1.25,"y":-3.5,"hp":100})";
+  }
+  s.resize(n);
+  return s;
+}
+
+class NodeCompress : public test::bus_fixture {
+ protected:
+  void TearDown() override {
+    detail::fail_next_zstd_dctx(0);
+    test::bus_fixture::TearDown();
+  }
+};
+
+TEST_F(NodeCompress, OurOwnNoMemoryIsNotThePeersProtocolErrorAndTheMessageIsResent) {
+  // The receiver cannot create its zstd context for the first compressed message. That used to
+  // close the link as a protocol_error of the peer's (counted in protocol_errors, logged as the
+  // peer's fault). Now the link closes with no_memory, the message is neither delivered nor
+  // acknowledged, and end-to-end delivery resends it over the next link: it arrives once.
+  node_config rc = fast_config();
+  rc.compression = compression_codec::zstd;
+  node_config cc = fast_config();
+  cc.compression = compression_codec::zstd;
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* child = make_child(kChild, root, {}, cc);
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  detail::fail_next_zstd_dctx(1);
+  const std::string big = snapshot(8000);
+  ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);
+  ASSERT_TRUE(wait([&] { return !root->errors.empty(); }));
+  EXPECT_EQ(root->errors[0], errc::no_memory) << root->error_texts[0];
+  EXPECT_NE(root->error_texts[0].find("no memory for a ZSTD_DCtx"), std::string::npos)
+      << root->error_texts[0];
+  EXPECT_EQ(root->n->counters().protocol_errors, 0u);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1 && child->ok_reports() == 1; }));
+  EXPECT_EQ(root->got[0].bytes, big);
+  EXPECT_EQ(child->ups, 2) << "the link came back";
+  EXPECT_EQ(root->n->counters().decompressed, 1u);
+  ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);  // and the link works on
+  ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
+  EXPECT_EQ(root->got[1].bytes, big);
+  EXPECT_EQ(root->n->counters().protocol_errors, 0u);
+}
+
+}  // namespace
+}  // namespace uvbus
