@@ -433,7 +433,8 @@ class node {
   // The registered direct peer with this id; false if none.
   [[nodiscard]] bool peer(bus_id id, endpoint_info* out) const;
   [[nodiscard]] node_counters counters() const noexcept;
-  // The same text the routes command returns.
+  // The same text the routes command returns (a peer's host name with its control bytes escaped
+  // as \xNN, as in log lines: a peer cannot add lines of its own).
   [[nodiscard]] std::string routes_text() const;
   [[nodiscard]] const node_config& config() const noexcept;
   // The last error a call of this node returned, with the detail naming the field, URL or rule

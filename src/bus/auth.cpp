@@ -1,5 +1,5 @@
-// Registration authentication: HMAC-SHA256 proofs, random nonces, the host identity, and peer
-// text made safe for logs.
+// Registration authentication: HMAC-SHA256 proofs, random nonces, the host identity, peer text
+// made safe for logs, and the fields of a registration reply a connector checks.
 #include "bus/auth.h"
 
 #include <openssl/crypto.h>
@@ -83,6 +83,20 @@ std::string printable(const std::string& s) {
     out += esc;
   }
   return out;
+}
+
+std::string reply_fault(uint8_t version, uint64_t acceptor_id, uint8_t min_version,
+                        uint8_t max_version) {
+  char buf[128];
+  if (version < min_version || version > max_version) {
+    std::snprintf(buf, sizeof buf,
+                  "the acceptor negotiated protocol version %u, outside ours (%u..%u)",
+                  static_cast<unsigned>(version), static_cast<unsigned>(min_version),
+                  static_cast<unsigned>(max_version));
+    return buf;
+  }
+  if (acceptor_id == 0) return "the acceptor answered with bus id 0 (reserved: \"no node\")";
+  return {};
 }
 
 }  // namespace uvbus::detail

@@ -44,4 +44,11 @@ inline constexpr size_t kMacSize = 32;
 [[nodiscard]] std::string printable(const std::string& s);
 [[nodiscard]] std::string host_name();
 
+// What is wrong with an acceptance a connector got (empty: nothing): the protocol version the
+// acceptor chose must lie in the connector's [min_version, max_version] and its bus id must not be
+// 0 ("no node"). With access tokens the acceptor's proof binds its id; without them this is all
+// that keeps a broken or hostile acceptor from registering us under a version we never offered.
+[[nodiscard]] std::string reply_fault(uint8_t version, uint64_t acceptor_id, uint8_t min_version,
+                                      uint8_t max_version);
+
 }  // namespace uvbus::detail

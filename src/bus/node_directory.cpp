@@ -12,6 +12,75 @@ namespace uvbus {
 namespace {
 // A directory body is flushed once it passes this size (an entry is at most ~7 KiB).
 constexpr size_t kDirChunkBytes = size_t{24} * 1024;
+
+// A child's directory events (added, changed, removed: each one an on_directory event here and a
+// message on every other tree link): kDirChangesPerSecond, in bursts of up to kDirChangeBurst,
+// plus directory_max_entries once for the snapshot of its subtree it sends at registration. Past
+// that each id's latest state waits in peer_ep::dir_held and is taken in (one event, forwarded
+// once) at the tick as the budget refills: a child re-announcing its ids over and over costs the
+// bus that rate at most, and an honest child's changes still arrive, late and coalesced.
+constexpr size_t kDirChangeBurst = 1024;
+constexpr uint64_t kDirChangesPerSecond = 1024;
+
+void dir_refill(peer_ep* p, uint64_t now, size_t snapshot) {
+  if (!p->dir_paced) {
+    p->dir_paced = true;
+    p->dir_tokens = kDirChangeBurst + snapshot;
+    p->dir_refill_ms = now;
+    return;
+  }
+  const uint64_t add = (now - p->dir_refill_ms) * kDirChangesPerSecond / 1000;
+  if (add == 0) return;
+  p->dir_refill_ms = now;
+  if (p->dir_tokens < kDirChangeBurst) {
+    p->dir_tokens = static_cast<size_t>(std::min<uint64_t>(kDirChangeBurst, p->dir_tokens + add));
+  }
+}
+
+// Whether a child's event for `id` waits (e: its new entry; nullptr: its removal): it does while
+// an earlier one for the id waits (this one replaces it) or the child's budget is spent. The
+// first one held is logged, then every 1024th (the log callback may destroy the node: n.dead).
+bool dir_hold(node::impl& n, peer_ep* p, bus_id id, const directory_entry* e) {
+  dir_refill(p, n.now_ms(), n.cfg.directory_max_entries);
+  auto it = p->dir_held.find(id);
+  if (it == p->dir_held.end() && p->dir_tokens > 0) {
+    --p->dir_tokens;
+    return false;
+  }
+  p->dir_held[id] = e != nullptr ? std::optional<directory_entry>(*e) : std::nullopt;
+  if (p->dir_coalesced++ % 1024 == 0) {
+    n.log(log_level::warn,
+          "directory: child 0x%" PRIx64 " changes its entries faster than %" PRIu64
+          " a second: the latest state of each is taken in as the budget refills (%" PRIu64
+          " held so far)",
+          p->id, kDirChangesPerSecond, p->dir_coalesced);
+  }
+  return true;
+}
+
+// Takes in what child `child` has waiting (dir_hold), as far as its budget refilled: removals,
+// then entries, each as the child's own message would have been.
+void dir_release(node::impl& n, bus_id child) {
+  peer_ep* p = n.find_peer(child);
+  if (p == nullptr || p->dir_held.empty()) return;
+  dir_refill(p, n.now_ms(), 0);
+  std::vector<directory_entry> up;
+  std::vector<bus_id> gone;
+  while (p->dir_tokens > 0 && !p->dir_held.empty()) {
+    auto it = p->dir_held.begin();
+    if (it->second.has_value()) {
+      up.push_back(std::move(*it->second));
+    } else {
+      gone.push_back(it->first);
+    }
+    p->dir_held.erase(it);
+    --p->dir_tokens;
+  }
+  if (!gone.empty()) n.dir_remove(p, gone, false);
+  if (n.dead || up.empty() || (p = n.find_peer(child)) == nullptr) return;
+  n.dir_upsert(p, up, false);
+}
+
 }  // namespace
 
 const char* to_string(directory_event e) noexcept {
@@ -244,7 +313,7 @@ bool node::impl::dir_has_room(bus_id id) {
   return false;
 }
 
-void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries) {
+void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries, bool paced) {
   // A callback below may close links: only the peer's id is used after the first one.
   const bus_id from_id = from->id;
   const bool from_child = from->kind == peer_kind::child;
@@ -253,12 +322,22 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
   bus_id first_outside = 0;
   for (directory_entry& e : entries) {
     if (e.id == self) continue;
-    // A child speaks only for its own part of the tree.
-    if (from_child && !table.source_allowed(from_id, e.id)) {
+    // A child speaks only for its own part of the tree, a parent for all but ours (what lies in
+    // our subnets is told us by our children: a parent's word would outlast the node).
+    if (from_child ? !table.source_allowed(from_id, e.id) : table.owns(e.id)) {
       if (outside++ == 0) first_outside = e.id;
       continue;
     }
     auto it = dir.find(e.id);
+    // A child's event over its budget waits (dir_hold); an entry that changes nothing is free.
+    if (paced && from_child) {
+      peer_ep* p = find_peer(from_id);
+      const bool same = it != dir.end() && it->second.e == e;
+      if (p != nullptr && (!same || p->dir_held.count(e.id) != 0) && dir_hold(*this, p, e.id, &e)) {
+        if (dead) return;
+        continue;
+      }
+    }
     directory_event ev = directory_event::added;
     if (it == dir.end() && !dir_has_room(e.id)) {
       if (peer_ep* p = find_peer(from_id); p != nullptr) ++p->dir_skipped;  // dir_tick asks again
@@ -279,21 +358,31 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
   }
   if (outside != 0) {
     log(log_level::warn,
-        "directory: child 0x%" PRIx64 " announced %zu ids outside its subnets (the first 0x%" PRIx64
+        "directory: %s 0x%" PRIx64 " announced %zu ids %s subnets (the first 0x%" PRIx64
         "): ignored",
-        from_id, outside, first_outside);
+        from_child ? "child" : "parent", from_id, outside,
+        from_child ? "outside its" : "inside our", first_outside);
   }
   // A log line above may have destroyed the node: it forwards nothing then.
   if (dead) return;
   dir_broadcast(from_id, fwd);
 }
 
-void node::impl::dir_remove(peer_ep* from, const std::vector<bus_id>& ids) {
+void node::impl::dir_remove(peer_ep* from, const std::vector<bus_id>& ids, bool paced) {
   const bus_id from_id = from->id;
+  const bool from_child = from->kind == peer_kind::child;
   proto::directory_body fwd;
   fwd.op = proto::dir_op::remove;
   for (bus_id id : ids) {
     auto it = dir.find(id);
+    if (paced && from_child) {  // as in dir_upsert: a removal of an entry of its own is an event
+      peer_ep* p = find_peer(from_id);
+      const bool mine = it != dir.end() && it->second.via == from_id;
+      if (p != nullptr && (mine || p->dir_held.count(id) != 0) && dir_hold(*this, p, id, nullptr)) {
+        if (dead) return;
+        continue;
+      }
+    }
     // Only the link an entry came through may take it away (it may have moved since).
     if (it == dir.end() || it->second.via != from_id) continue;
     fwd.ids.push_back(id);
@@ -370,6 +459,15 @@ void node::impl::dir_tick(uint64_t now) {
       dir_owe_pass(p.get());
       dir_drain(p.get());
     }
+  }
+  // Children's events held over their budget, as much as it refilled (by id: callbacks run).
+  std::vector<bus_id> holding;
+  for (auto& [id, p] : peers) {
+    if (!p->dir_held.empty()) holding.push_back(id);
+  }
+  for (bus_id id : holding) {
+    dir_release(*this, id);
+    if (dead) return;
   }
 }
 

@@ -630,10 +630,10 @@ struct node::impl {
   void dir_tick(uint64_t now);
   void dir_link_gone(bus_id peer);
   void on_directory_msg(link* lk, const proto::header& hd, const uint8_t* body);
-  void dir_upsert(peer_ep* from, std::vector<directory_entry>& entries);
+  void dir_upsert(peer_ep* from, std::vector<directory_entry>& entries, bool paced = true);
   // Whether a new entry (node `id`) fits under directory_max_entries; counts and logs it if not.
   bool dir_has_room(bus_id id);
-  void dir_remove(peer_ep* from, const std::vector<bus_id>& ids);
+  void dir_remove(peer_ep* from, const std::vector<bus_id>& ids, bool paced = true);
   // Sends b to every tree peer but `except` / to p (chunked); what meets a full queue waits in p
   // for dir_drain() (on_writable, tick): removals to send, a pass over the directory owed.
   void dir_broadcast(bus_id except, const proto::directory_body& b);

@@ -148,6 +148,32 @@ bool relayed(bus_id self, const uint8_t* data, size_t size, proto::header* hd) {
          (hd->type == msg_type::data || hd->type == msg_type::forward);
 }
 
+// The connector's checks of an acceptance before its proof (check_reply_ext); *msg: the fault.
+errc acceptance_fault(node::impl& n, const link* lk, const proto::register_reply_body& rr,
+                      std::string* msg) {
+  if (lk->expect_id != 0 && rr.info.id != lk->expect_id) {
+    *msg = "the sibling answered with another id";
+    return errc::protocol_error;
+  }
+  // The version it chose must be one we offered, its id a node's: checked with tokens or without.
+  if (std::string f =
+          detail::reply_fault(rr.version, rr.info.id, n.cfg.protocol_min, n.cfg.protocol_max);
+      !f.empty()) {
+    *msg = std::move(f);
+    return errc::protocol_error;
+  }
+  // A parent with our id or a registered peer's would replace that peer's entry under its link.
+  if (lk->is_parent && (rr.info.id == n.self || n.find_peer(rr.info.id) != nullptr)) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "the parent answered with id 0x%" PRIx64 ", %s", rr.info.id,
+                  rr.info.id == n.self ? "ours" : "a registered peer's");
+    *msg = buf;
+    return errc::duplicate_id;
+  }
+  // A sibling relays only for subnets it could plausibly own (as on the acceptor's side).
+  return lk->is_parent ? errc::ok : n.table.check_sibling(rr.info.id, rr.info.subnets, msg);
+}
+
 }  // namespace
 
 // A message the link's queue held when it died (before s_send_failed). One this node relayed had
@@ -349,22 +375,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
   rr.message =
       detail::printable(rr.message);  // the acceptor's words, for our log and on_registration
   errc result = proto::errc_from_reason(static_cast<uint16_t>(rr.status));
-  if (result == errc::ok && lk->expect_id != 0 && rr.info.id != lk->expect_id) {
-    result = errc::protocol_error;
-    rr.message = "the sibling answered with another id";
-  }
-  // A parent with our id or a registered peer's would replace that peer's entry under its link.
-  if (result == errc::ok && lk->is_parent && (rr.info.id == self || find_peer(rr.info.id))) {
-    result = errc::duplicate_id;
-    char msg[96];
-    std::snprintf(msg, sizeof msg, "the parent answered with id 0x%" PRIx64 ", %s", rr.info.id,
-                  rr.info.id == self ? "ours" : "a registered peer's");
-    rr.message = msg;
-  }
-  // A sibling relays only for subnets it could plausibly own (as on the acceptor's side).
-  if (result == errc::ok && !lk->is_parent) {
-    result = table.check_sibling(rr.info.id, rr.info.subnets, &rr.message);
-  }
+  if (result == errc::ok) result = acceptance_fault(*this, lk, rr, &rr.message);
   // Two-way authentication: the acceptor must prove a token of ours too, for an acceptance and
   // for a refusal. An unproven one is not a configuration refusal (an impostor must not stop us
   // retrying the real parent).
@@ -579,11 +590,11 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
         w->on_staged_dropped([this](const uint8_t* d, size_t n) { shm_unstaged(d, n); });
         p->shm = std::move(w);
       } else {
-        // From the loop: this runs in the middle of the registration (a callback destroying or
-        // stopping the node here left it half registered, releasing what was held for it).
+        // From the loop: this runs amid the registration (a callback destroying or stopping the
+        // node here left it half registered). The URL is the peer's text: escaped.
         log_later(log_level::info,
                   "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
-                  u.c_str(), to_string(e));
+                  detail::printable(u).c_str(), to_string(e));
       }
       break;
     }

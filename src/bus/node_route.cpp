@@ -600,10 +600,12 @@ std::string node::impl::routes() const {
   s += buf;
   for (const subnet& net : cfg.subnets) s += "subnet " + net.to_string() + "\n";
   for (const auto& [id, p] : peers) {
-    std::snprintf(buf, sizeof buf, "%s 0x%" PRIx64 " via %s rtt_us=%" PRIu64 " host=%s",
-                  detail::to_string(p->kind), id, p->shm ? "shm" : "stream", p->rtt_ns / 1000,
-                  p->info.hostname.c_str());
+    // The host name is the peer's text (up to 255 bytes): escaped as in log lines, never cut.
+    std::snprintf(buf, sizeof buf,
+                  "%s 0x%" PRIx64 " via %s rtt_us=%" PRIu64 " host=", detail::to_string(p->kind),
+                  id, p->shm ? "shm" : "stream", p->rtt_ns / 1000);
     s += buf;
+    s += detail::printable(p->info.hostname);
     for (const subnet& net : p->info.subnets) s += " subnet=" + net.to_string();
     s += "\n";
   }

@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <unordered_map>
 
@@ -144,6 +145,14 @@ struct peer_ep {
   uint8_t dir_pass = 0;
   bool dir_again = false;
   bus_id dir_cursor = 0;
+  // A child's directory events (node_directory.cpp: kDirChangeBurst, kDirChangesPerSecond): the
+  // tokens left, when they were last refilled, and each id's latest state over the budget (no
+  // value: removed), taken in at the tick as the budget refills; how many were held so far.
+  bool dir_paced = false;  // tokens set up (at its first directory message)
+  size_t dir_tokens = 0;
+  uint64_t dir_refill_ms = 0;
+  std::map<bus_id, std::optional<directory_entry>> dir_held;
+  uint64_t dir_coalesced = 0;
 };
 
 // Metrics: what each peer's link counters read at the last render, and the increments summed for
