@@ -13,7 +13,7 @@ pkgs=(git ca-certificates g++ cmake ninja-build pkg-config libuv1-dev libgtest-d
       libmicrohttpd-dev libcurl4-openssl-dev curl prometheus tmux python3 liblz4-dev libzstd-dev
       etcd-server nlohmann-json3-dev)
 if [ "${1:-}" = ci ]; then
-  pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind iproute2)
+  pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind iproute2 ccache)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
