@@ -1,6 +1,7 @@
 // Batch MurmurHash3_x86_32: hashes several independent buffers at once in SIMD lanes (AVX2: 8,
-// AVX-512: 16), chosen at run time by CPU, with a scalar fallback. Output is bit-identical to
-// murmur3_x86_32 (core/murmur3.h) for every input. Algorithm and figures: docs/core.md.
+// AVX-512: 16), chosen at run time by CPU (and, for AVX2, a measurement), with a scalar fallback.
+// Output is bit-identical to murmur3_x86_32 (core/murmur3.h) for every input. Algorithm and
+// figures: docs/core.md.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +14,9 @@ namespace uvbus {
 void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
                           uint32_t* out) noexcept;
 
-// The kernels. auto_ picks the widest one this CPU (and OS) supports.
+// The kernels. auto_ picks AVX-512 where the CPU (and OS) has it; else AVX2 where the CPU has it
+// and a measurement at the first use (about 0.1 ms, once per process) finds it at least a tenth
+// faster than the scalar hash on 16 frames of 8-128 B; else scalar.
 enum class murmur3_impl { auto_, scalar, avx2, avx512 };
 
 const char* to_string(murmur3_impl impl) noexcept;

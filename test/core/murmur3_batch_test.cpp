@@ -14,6 +14,7 @@
 
 #include "core/frame.h"
 #include "core/murmur3.h"
+#include "core/murmur3_batch_impl.h"
 
 namespace uvbus {
 namespace {
@@ -280,6 +281,25 @@ TEST(Murmur3BatchSwitch, AutoPicksASupportedKernelAndScalarIsAlwaysThere) {
   EXPECT_EQ(murmur3_batch_active(), murmur3_impl::scalar);
   ASSERT_TRUE(murmur3_batch_use(murmur3_impl::auto_));
   EXPECT_EQ(murmur3_batch_active(), a);
+}
+
+// Where the CPU has AVX2 but not AVX-512, auto_ times both kernels once on mixed-size frames: AVX2
+// is taken only when it needs at most nine tenths of the scalar time (closer is noise).
+TEST(Murmur3BatchSwitch, AutoTakesAvx2OnlyWhereItMeasuresATenthFaster) {
+  EXPECT_EQ(murmur3_batch_detail::pick_avx2_or_scalar(1000, 900), murmur3_impl::avx2);
+  EXPECT_EQ(murmur3_batch_detail::pick_avx2_or_scalar(1000, 400), murmur3_impl::avx2);
+  EXPECT_EQ(murmur3_batch_detail::pick_avx2_or_scalar(1000, 901), murmur3_impl::scalar);
+  EXPECT_EQ(murmur3_batch_detail::pick_avx2_or_scalar(1000, 1000), murmur3_impl::scalar);
+  EXPECT_EQ(murmur3_batch_detail::pick_avx2_or_scalar(1000, 1700), murmur3_impl::scalar);
+  ASSERT_TRUE(murmur3_batch_use(murmur3_impl::auto_));
+  const murmur3_impl a = murmur3_batch_active();
+  if (murmur3_batch_supported(murmur3_impl::avx512)) {
+    EXPECT_EQ(a, murmur3_impl::avx512);
+  } else if (murmur3_batch_supported(murmur3_impl::avx2)) {
+    EXPECT_TRUE(a == murmur3_impl::avx2 || a == murmur3_impl::scalar) << to_string(a);
+  } else {
+    EXPECT_EQ(a, murmur3_impl::scalar);
+  }
 }
 
 }  // namespace
