@@ -12,7 +12,9 @@
 # the sender's run; a side under callgrind runs about 50 times slower), MIN / MAX (payload sizes,
 # default 8 / 128), OUT (a directory to keep the callgrind files in, for callgrind_annotate; a -g
 # build gives line-level figures). Valgrind does not emulate AVX-512: the batch hash runs its AVX2
-# kernel under callgrind, whatever the host has.
+# kernel under callgrind, whatever the host has. UVBUS_MURMUR3 defaults to avx2 here: the automatic
+# choice times the kernels (docs/core.md, "Dispatch"), and under callgrind's emulation that timing
+# would pick either, moving the counts between runs.
 #
 # Exits 1 if a case gave no result.
 #
@@ -22,6 +24,7 @@
 set -euo pipefail
 
 BUILD=${1:?usage: instr.sh BUILD_DIR}
+export UVBUS_MURMUR3=${UVBUS_MURMUR3:-avx2}
 command -v valgrind >/dev/null || { echo "instr.sh needs valgrind" >&2; exit 2; }
 MIN=${MIN:-8}
 MAX=${MAX:-128}
