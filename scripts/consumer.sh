@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/deps.sh
-work=$(mktemp -d /tmp/uvbus-consumer.XXXXXX)
+# Inside the clone (and removed afterwards): a compile cache whose base directory is the clone
+# (.ci/run) finds this build's objects again on the next run.
+work=$PWD/build-consumer
+rm -rf "$work"
+mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 cmake -S . -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUVBUS_WERROR=ON \
   -DUVBUS_BUILD_TESTS=OFF -DUVBUS_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX="$work/prefix" >/dev/null
