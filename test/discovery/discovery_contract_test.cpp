@@ -102,7 +102,7 @@ TEST_F(DiscoveryContractTest, ABurstOfSmallWatchMessagesIsNoMessageAboveTheBound
   // digits of the test's pid (a pid of 3 digits left 20 of them at 8 158 bytes).
   std::vector<bus_id> ids;
   std::string lines = kCreated;
-  for (bus_id id = 1; id <= 20 || lines.size() <= 2U * 4096; ++id) {
+  for (bus_id id = 1; id <= 20 || lines.size() <= size_t{2} * 4096; ++id) {
     ids.push_back(id);
     lines += puts_of({id});
   }
