@@ -59,6 +59,32 @@ void BM_Crc32c(benchmark::State& state) {
 }
 BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 71, 128, 256, 4096, 8192, 65536}, {0, 1}});
 
+// CRC-32C of independent records of uniform random 8..128 B (each started afresh, as the shm
+// ring's record checksums are): arg kernel (0 = table, 1 = sse42). The lengths come from a
+// sequence of 2^16 that the iterations walk through, so the branch predictor cannot learn them.
+void BM_Crc32cMixed(benchmark::State& state) {
+  const auto impl = state.range(0) == 0 ? uvbus::crc32c_impl::table : uvbus::crc32c_impl::sse42;
+  if (!uvbus::crc32c_use(impl)) {
+    state.SkipWithError("kernel not supported on this CPU");
+    return;
+  }
+  constexpr size_t kLengths = size_t{1} << 16;
+  std::mt19937 rng(1);
+  std::vector<uint32_t> lens(kLengths);
+  for (auto& l : lens) l = 8 + rng() % 121;
+  std::vector<uint8_t> buf(129, 0x5a);
+  size_t i = 0;
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    const uint32_t len = lens[i++ & (kLengths - 1)];
+    benchmark::DoNotOptimize(uvbus::crc32c(buf.data() + 1, len));
+    bytes += len;
+  }
+  (void)uvbus::crc32c_use(uvbus::crc32c_impl::auto_);
+  state.SetBytesProcessed(bytes);
+}
+BENCHMARK(BM_Crc32cMixed)->Arg(0)->Arg(1);
+
 // Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
 // at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The
 // payloads lie in one buffer, 5 bytes apart (frame headers) as in a read buffer. Random lengths

@@ -5,7 +5,8 @@
 // one round of three shorter lanes, and the three lane CRCs are joined by shifting each over the
 // bytes that follow it: a carry-less multiply by x^(8n-33) mod P, reduced by one more crc32 (the
 // identity behind zlib's crc32_combine, in two instructions). The same multiply, by a negative
-// power of x, lets the last len % 8 bytes take one 8-byte step without a branch on len % 8.
+// power of x, lets the first len % 8 bytes take one 8-byte step without a branch on len % 8; for
+// a CRC started afresh (the register ~0, every record checksum) that multiply is a table entry.
 #include <nmmintrin.h>
 #include <wmmintrin.h>
 
@@ -73,25 +74,30 @@ constexpr uint32_t inv_x_pow(uint64_t n) noexcept {
   return r;
 }
 
-// The last t = len % 8 bytes of an input without a branch on t. Zero bytes in front of the data
-// do not change a CRC whose register is zero, so for any register r,
-//   update(r, tail) == update(r * x^(-8 (8 - t)), (8 - t) zero bytes, tail),
-// which is one 8-byte step on the input's last 8 bytes with their first 8 - t masked to zero
-// (t == 0: r * x^-64 and a zero word, which is r again). kTail.shift[t] multiplies by
-// x^(-8 (8 - t)) in shift_words()'s convention (a constant for x^n is x^(n - 33)).
-struct tail_table {
+// The first t = len % 8 bytes of an input of 8 bytes or more without a branch on t. Zero bytes in
+// front of the data do not change a CRC whose register is zero, so for any register r,
+//   update(r, head) == update(r * x^(-8 (8 - t)), (8 - t) zero bytes, head),
+// which is one 8-byte step on the input's first 8 bytes moved up by 8 - t bytes (the first 8 - t
+// zero, the bytes past the head shifted out; t == 0: r * x^-64 and a zero word, which is r
+// again); the rest of the input is then whole words. kHead.shift[t] multiplies by x^(-8 (8 - t))
+// in shift_words()'s convention (a constant for x^n is x^(n - 33)); kHead.fresh[t] is that
+// product for the register ~0 of a CRC started afresh, so that the common case has no multiply on
+// its dependency chain: the table entry is ready before the input is.
+struct head_table {
   uint32_t shift[8];
+  uint32_t fresh[8];
   uint64_t mask[8];
 };
-constexpr tail_table make_tail() noexcept {
-  tail_table t{};
+constexpr head_table make_head() noexcept {
+  head_table t{};
   for (size_t k = 0; k < 8; ++k) {
     t.shift[k] = inv_x_pow(8 * (8 - k) + 33);
+    t.fresh[k] = gf2_mul(0xFFFFFFFFU, inv_x_pow(8 * (8 - k)));
     t.mask[k] = k == 0 ? 0 : ~uint64_t{0} << (8 * (8 - k));
   }
   return t;
 }
-constexpr tail_table kTail = make_tail();
+constexpr head_table kHead = make_head();
 
 inline uint32_t mul_const(uint32_t reg, uint32_t k) noexcept {
   const __m128i prod = _mm_clmulepi64_si128(_mm_cvtsi32_si128(static_cast<int>(reg)),
@@ -129,22 +135,28 @@ inline uint32_t three_lanes(uint32_t reg, const uint8_t* p, size_t words) noexce
 }  // namespace
 
 uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
-  for (; len >= 3 * kLane; len -= 3 * kLane, p += 3 * kLane) reg = three_lanes(reg, p, kLane / 8);
-  // A shorter input of kMinLanes or more: three lanes as long as it allows (the join costs about
-  // as much as three steps of one chain).
-  if (len >= kMinLanes) {
-    const size_t words = len / 24;
-    reg = three_lanes(reg, p, words);
-    p += 24 * words;
-    len -= 24 * words;
-  }
   uint64_t r = reg;
   if (len >= 8) {
-    // Whole words, then the last len % 8 bytes in one more step (kTail): no branch on len % 8.
-    const uint8_t* end = p + len;
-    for (; len >= 8; len -= 8, p += 8) r = _mm_crc32_u64(r, load64(p));
-    const uint32_t shifted = mul_const(static_cast<uint32_t>(r), kTail.shift[len]);
-    return static_cast<uint32_t>(_mm_crc32_u64(shifted, load64(end - 8) & kTail.mask[len]));
+    // The head (kHead), then whole words: no branch on len % 8. The one branch on the register is
+    // the same at every call from one place (record checksums always start afresh).
+    const size_t t = len & 7;
+    const uint32_t moved = reg == 0xFFFFFFFFU ? kHead.fresh[t] : mul_const(reg, kHead.shift[t]);
+    r = _mm_crc32_u64(moved, (load64(p) << ((8 * (8 - t)) & 63)) & kHead.mask[t]);
+    p += t;
+    len -= t;
+    for (; len >= 3 * kLane; len -= 3 * kLane, p += 3 * kLane) {
+      r = three_lanes(static_cast<uint32_t>(r), p, kLane / 8);
+    }
+    // A shorter input of kMinLanes or more: three lanes as long as it allows (the join costs about
+    // as much as three steps of one chain).
+    if (len >= kMinLanes) {
+      const size_t words = len / 24;
+      r = three_lanes(static_cast<uint32_t>(r), p, words);
+      p += 24 * words;
+      len -= 24 * words;
+    }
+    for (; len != 0; len -= 8, p += 8) r = _mm_crc32_u64(r, load64(p));
+    return static_cast<uint32_t>(r);
   }
   // Below 8 bytes: at most three steps (each step is a 3-cycle link of the one chain).
   auto r32 = static_cast<uint32_t>(r);
