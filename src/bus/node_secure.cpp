@@ -1,6 +1,7 @@
 // Protocol version 6's link protection: the two-way registration proof, the negotiation and use
 // of link compression, and the shared-memory writer tags (docs/security.md, docs/protocol.md).
 #include "bus/node_impl.h"
+#include "core/try_alloc.h"
 
 namespace uvbus {
 
@@ -12,6 +13,17 @@ const char* to_string(compression_codec c) noexcept {
 
 namespace {
 constexpr uint8_t kV6 = 6;
+
+// Our own allocation failed, not the peer: the message cannot be restored, so it is neither
+// delivered nor acknowledged. The link closes with no_memory (not counted as the peer's protocol
+// error); end-to-end delivery resends the message over the next link.
+void restore_failed(node::impl* n, detail::link* lk, const char* why) {
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "connection %" PRIu64 " (%s): compressed message not restored: %s",
+                lk->conn_id, n->streams->peer_url(lk->conn).c_str(), why);
+  n->error(errc::no_memory, buf);
+  n->close_link(lk, errc::no_memory);
+}
 
 uint64_t tag56(const std::string& token, bus_id reader, bus_id writer) {
   const std::vector<uint8_t> in = proto::shm_tag_input(reader, writer);
@@ -107,7 +119,8 @@ void node::impl::compress_out(link* lk, const const_buffer** bufs, size_t* n) {
   const size_t body_len = load_le<uint32_t>(hb + 4);
   if (body_len < cfg.compression_threshold || body_len < kCompressMinInput) return;
   link_security& s = *sec;
-  s.body.resize(body_len);
+  // No memory for the gathered body or the block: the message goes out uncompressed.
+  if (!detail::try_resize(&s.body, body_len) || !detail::try_resize(&s.block, body_len)) return;
   size_t off = 0;
   size_t skip = proto::kHeaderSize;
   for (size_t i = 0; i < *n; ++i) {
@@ -118,7 +131,6 @@ void node::impl::compress_out(link* lk, const const_buffer** bufs, size_t* n) {
     skip = skip > b[i].size ? skip - b[i].size : 0;
   }
   if (off != body_len) return;  // not a well-formed message: send it as it is
-  s.block.resize(body_len);
   const size_t z = s.comp.compress(static_cast<codec>(lk->codec), cfg.compression_level,
                                    s.body.data(), body_len, s.block.data(), body_len);
   if (z == 0) return;
@@ -147,20 +159,20 @@ bool node::impl::inflate_in(link* lk, const uint8_t** data, size_t* size) {
   }
   link_security& s = *sec;
   if (s.body_limit == 0) s.body_limit = link_stream_config().message_limit - proto::kHeaderSize;
-  s.restored.resize(proto::kHeaderSize + s.body_limit);
+  // The restore buffer holds the largest body the link may carry (up to message_limit, 1 GiB at
+  // most): allocated at the first compressed message, so it may not be there.
+  if (!detail::try_resize(&s.restored, proto::kHeaderSize + s.body_limit)) {
+    char why[96];
+    std::snprintf(why, sizeof why, "no memory for a restore buffer of %zu bytes",
+                  proto::kHeaderSize + s.body_limit);
+    restore_failed(this, lk, why);
+    return false;
+  }
   const decompress_result r = s.comp.decompress(
       static_cast<codec>(lk->codec), m + proto::kHeaderSize, *size - proto::kHeaderSize,
       s.restored.data() + proto::kHeaderSize, s.body_limit);
   if (r.code == errc::no_memory) {
-    // Our own allocation failed, not the peer: the message cannot be restored, so it is neither
-    // delivered nor acknowledged. The link closes with no_memory (not counted as the peer's
-    // protocol error); end-to-end delivery resends the message over the next link.
-    char buf[240];
-    std::snprintf(buf, sizeof buf,
-                  "connection %" PRIu64 " (%s): compressed message not restored: %s", lk->conn_id,
-                  streams->peer_url(lk->conn).c_str(), s.comp.last_error().detail.c_str());
-    error(errc::no_memory, buf);
-    close_link(lk, errc::no_memory);
+    restore_failed(this, lk, s.comp.last_error().detail.c_str());
     return false;
   }
   if (r.code != errc::ok) {

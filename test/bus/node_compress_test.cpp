@@ -1,11 +1,13 @@
-// Link compression on live nodes when our own memory fails: a decompression context that cannot be
-// created is not the peer's protocol error, and the message it could not restore is not lost.
+// Link compression on live nodes when our own memory fails: a decompression context or a restore
+// buffer that cannot be allocated is not the peer's protocol error, and the message it could not
+// restore is not lost; a message that cannot be compressed goes out uncompressed.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "bus/bus_harness.h"
 #include "core/compress.h"
+#include "core/try_alloc.h"
 
 namespace uvbus {
 namespace {
@@ -31,6 +33,7 @@ class NodeCompress : public test::bus_fixture {
  protected:
   void TearDown() override {
     detail::fail_next_zstd_dctx(0);
+    detail::fail_next_try_resize(0);
     test::bus_fixture::TearDown();
   }
 };
@@ -63,6 +66,53 @@ TEST_F(NodeCompress, OurOwnNoMemoryIsNotThePeersProtocolErrorAndTheMessageIsRese
   ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
   EXPECT_EQ(root->got[1].bytes, big);
   EXPECT_EQ(root->n->counters().protocol_errors, 0u);
+}
+
+TEST_F(NodeCompress, NoMemoryForTheRestoreBufferClosesTheLinkAndTheMessageIsResent) {
+  // The restore buffer (the link's largest body, up to message_limit) is allocated at the first
+  // compressed message. Its std::bad_alloc used to escape from the read callback (the process
+  // terminated); now it is the same no_memory as a missing zstd context: the link closes, the
+  // message is resent over the next link and arrives once.
+  node_config rc = fast_config();
+  rc.compression = compression_codec::zstd;
+  node_config cc = fast_config();
+  cc.compression = compression_codec::zstd;
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* child = make_child(kChild, root, {}, cc);
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  const std::string big = snapshot(8000);
+  ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);  // compressed in this call
+  detail::fail_next_try_resize(1);  // so the next buffer to grow is the root's restore buffer
+  ASSERT_TRUE(wait([&] { return !root->errors.empty(); }));
+  EXPECT_EQ(root->errors[0], errc::no_memory) << root->error_texts[0];
+  EXPECT_NE(root->error_texts[0].find("no memory for a restore buffer of"), std::string::npos)
+      << root->error_texts[0];
+  EXPECT_EQ(root->n->counters().protocol_errors, 0u);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1 && child->ok_reports() == 1; }));
+  EXPECT_EQ(root->got[0].bytes, big);
+  EXPECT_EQ(child->ups, 2) << "the link came back";
+  EXPECT_EQ(root->n->counters().decompressed, 1u);
+}
+
+TEST_F(NodeCompress, NoMemoryToCompressSendsTheMessageUncompressed) {
+  node_config rc = fast_config();
+  rc.compression = compression_codec::zstd;
+  node_config cc = fast_config();
+  cc.compression = compression_codec::zstd;
+  bus_node* root = make_root(kRoot, {kNet}, rc);
+  bus_node* child = make_child(kChild, root, {}, cc);
+  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  const std::string big = snapshot(8000);
+  detail::fail_next_try_resize(1);  // the child's gathered body
+  ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 1 && child->ok_reports() == 1; }));
+  EXPECT_EQ(root->got[0].bytes, big);
+  EXPECT_EQ(child->n->counters().compressed_sent, 0u);
+  EXPECT_TRUE(root->errors.empty());
+  ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);  // the next one is compressed
+  ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
+  EXPECT_EQ(root->got[1].bytes, big);
+  EXPECT_EQ(child->n->counters().compressed_sent, 1u);
 }
 
 }  // namespace
