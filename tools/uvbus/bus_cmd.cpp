@@ -27,6 +27,15 @@ const char* env_or(const char* name, const char* dflt) {
   return v != nullptr && *v != '\0' ? v : dflt;
 }
 
+// What a numeric option takes, for its refusal ("bad value 'x' for --count (1..4294967295)").
+const char* value_range(const std::string& option) {
+  if (option == "--count") return " (1..4294967295)";
+  if (option == "--timeout-ms") return " (milliseconds, 1..4294967295)";
+  if (option == "--interval-ms") return " (milliseconds, 0..4294967295)";
+  if (option == "--id") return " (a non-zero node id, decimal or 0x hex)";
+  return "";
+}
+
 // One option of a bus subcommand's command line; false (message printed) on a usage error.
 bool take_option(bus_args* a, int argc, char** argv, int* i) {
   const std::string s = argv[*i];
@@ -61,7 +70,10 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
   if (s == "--count") ok = parse_u32(v, &a->count) && a->count > 0;
   if (s == "--interval-ms") ok = a->interval_given = parse_u32(v, &a->interval_ms);
-  if (!ok) std::fprintf(stderr, "uvbus %s: bad value '%s' for %s\n", argv[0], v, s.c_str());
+  if (!ok) {
+    std::fprintf(stderr, "uvbus %s: bad value '%s' for %s%s\n", argv[0], v, s.c_str(),
+                 value_range(s));
+  }
   return ok;
 }
 
@@ -147,7 +159,9 @@ void ping_summary(const bus_args& a, uint64_t target, const std::vector<double>&
 int ping(const bus_args& a, session* s, uint64_t target) {
   std::vector<double> rtt;
   const uint32_t count = a.count == 0 ? 4 : a.count;
-  for (uint32_t seq = 1; seq <= count; ++seq) {
+  // Counted in 64 bits (round_counter): a 32-bit counter wrapped after 4294967295 and never ended.
+  for (round_counter round(count); round.next();) {
+    const auto seq = static_cast<uint32_t>(round.number());  // 1..count: the echo's 4 bytes
     const std::string args(reinterpret_cast<const char*>(&seq), sizeof seq);
     const auto t0 = std::chrono::steady_clock::now();
     const command_result r =

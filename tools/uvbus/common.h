@@ -39,6 +39,26 @@ constexpr uint32_t answer_wait_ms(uint32_t timeout_ms) {
 // FILE` wrote its record lines into FILE). A write to it fails (EBADF) as to a closed stdout.
 void hold_std_fds();
 
+// The rounds of a loop asked to run `count` times (`ping --count N`, `top --count N`; 0: without
+// end), numbered from 1: next() starts the next round, false once `count` have run (number()
+// stays the last). Counted in 64 bits: ping and top counted in 32, so after round 4294967295 the
+// number wrapped to 0 and `--count 4294967295` never ended. `done` resumes after that many rounds
+// (a test starts near the end of the range).
+class round_counter {
+ public:
+  explicit round_counter(uint32_t count, uint32_t done = 0) : count_(count), n_(done) {}
+  bool next() {
+    if (count_ != 0 && n_ >= count_) return false;
+    ++n_;
+    return true;
+  }
+  [[nodiscard]] uint64_t number() const { return n_; }
+
+ private:
+  uint32_t count_;
+  uint64_t n_;
+};
+
 // A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
 bool parse_id(const char* s, uint64_t* out);
 // A non-negative integer option value. False if it is not one.
