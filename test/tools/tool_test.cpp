@@ -1,4 +1,5 @@
-// End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess.
+// End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess;
+// and the escaping of a peer's text that its output relies on (uvbus::detail::printable).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "bus/auth.h"  // uvbus::detail::printable
 #include "page_server.h"
 #include "shm/shm_test_util.h"
 #include "test_util.h"
@@ -99,7 +101,8 @@ class Bus : public ::testing::Test {
     // A label with a terminal's escape sequence (OSC: set the window title): text a node chose.
     cfg.labels = {{"zone", "a"}, {"evil", "\x1b]0;pwn\x07"}};
     // Requests (uvbus call) are answered in upper case, or with error 7 for "fail", error 9 with
-    // an escape sequence and a NUL in its detail for "fail-raw", not at all for "silent".
+    // an escape sequence and a NUL in its detail for "fail-raw", error 10 with C1 controls (CSI
+    // raw and as UTF-8) for "fail-c1", not at all for "silent".
     std::unique_ptr<uvbus::node> n;
     uvbus::node_callbacks cb;
     cb.on_data = [&n](uvbus::bus_id, uint32_t, const uint8_t* p, size_t size) {
@@ -114,6 +117,11 @@ class Bus : public ::testing::Test {
       if (s == "fail-raw") {
         const char detail[] = "\x1b[2Jred\0tail";
         (void)n->reply_error(h, 9, detail, sizeof detail - 1);
+        return;
+      }
+      if (s == "fail-c1") {
+        const char detail[] = "\x9bH \xc2\x9bH caf\xc3\xa9";  // CSI H: the cursor home
+        (void)n->reply_error(h, 10, detail, sizeof detail - 1);
         return;
       }
       if (s == "silent") return;  // the caller's timeout decides
@@ -373,6 +381,17 @@ TEST_F(Bus, CallEscapesTheErrorDetail) {
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
 }
 
+// A C1 control is a control too: a raw 0x9b (CSI to a terminal that takes 8-bit controls) and its
+// UTF-8 form (0xc2 0x9b) in an error answer's detail reached the terminal as they were. Each of
+// their bytes is escaped; the detail's "café" stays.
+TEST_F(Bus, CallEscapesC1Controls) {
+  const run_result r = sh(tool("call 0x10000 7 fail-c1"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("answered error 10: \\x9bH \\xc2\\x9bH caf\xc3\xa9\n"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find('\x9b'), std::string::npos) << r.err;
+}
+
 // `nodes` printed each node's name, type, host and labels as the node chose them: a label's OSC
 // sequence (set the window title) reached the terminal. Each is escaped.
 TEST_F(Bus, NodesEscapeWhatANodeChose) {
@@ -401,6 +420,49 @@ TEST_F(Bus, ALargeTimeoutDoesNotWrap) {
   const run_result r = sh("timeout 3 " + tool("call 0x10000 7 silent --timeout-ms 4294967000"));
   EXPECT_EQ(r.rc, 124) << r.err;
   EXPECT_EQ(r.err.find("timeout"), std::string::npos) << r.err;
+}
+
+// printable escaped the C0 controls and DEL only: a C1 control, raw (0x9b: CSI) or as UTF-8
+// (U+009B: 0xc2 0x9b), passed to the terminal. Each of its bytes is \xNN; U+00A0 on is kept.
+TEST(Printable, C1ControlsAreEscapedRawOrAsUtf8) {
+  using uvbus::detail::printable;
+  EXPECT_EQ(printable("\x9bH"), "\\x9bH");  // CSI H: the cursor home
+  EXPECT_EQ(printable("\x85"), "\\x85");
+  EXPECT_EQ(printable("\xc2\x9bH"), "\\xc2\\x9bH");
+  EXPECT_EQ(printable("\xc2\x80"), "\\xc2\\x80");  // U+0080, the first
+  EXPECT_EQ(printable("\xc2\x85"), "\\xc2\\x85");  // NEL: a line break to some terminals
+  EXPECT_EQ(printable("\xc2\x9f"), "\\xc2\\x9f");  // U+009F, the last
+  EXPECT_EQ(printable("\xc2\xa0"), "\xc2\xa0");    // U+00A0, the first after them
+}
+
+// Bytes that are not part of well-formed UTF-8 (RFC 3629) are escaped one by one: a terminal may
+// take them for controls (0x80..0x9f alone are C1 to one that reads 8-bit controls).
+TEST(Printable, BytesThatAreNotWellFormedUtf8AreEscaped) {
+  using uvbus::detail::printable;
+  EXPECT_EQ(printable("a\xff"), "a\\xff");
+  EXPECT_EQ(printable("\x80"), "\\x80");                                      // a lone continuation
+  EXPECT_EQ(printable("\xc3"), "\\xc3");                                      // cut
+  EXPECT_EQ(printable("\xe6\x97x"), "\\xe6\\x97x");                           // cut, then ASCII
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");                             // overlong '/'
+  EXPECT_EQ(printable("\xe0\x82\x9b"), "\\xe0\\x82\\x9b");                    // overlong U+009B
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");                    // U+D800
+  EXPECT_EQ(printable("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");           // > U+10FFFF
+  EXPECT_EQ(printable("\xf8\x88\x80\x80\x80"), "\\xf8\\x88\\x80\\x80\\x80");  // 5 bytes
+  EXPECT_EQ(printable("\xc3\xc3\xa9"), "\\xc3\xc3\xa9");  // a cut sequence, then "é"
+}
+
+// Well-formed UTF-8 of code points from U+00A0 on is text, kept as it is; C0 controls and DEL are
+// escaped as before.
+TEST(Printable, PrintableUtf8IsKeptAndC0ControlsEscaped) {
+  using uvbus::detail::printable;
+  EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");                            // é
+  EXPECT_EQ(printable("\xe6\x97\xa5\xe6\x9c\xac"), "\xe6\x97\xa5\xe6\x9c\xac");  // 日本
+  EXPECT_EQ(printable("\xe2\x82\xac \xf0\x9f\x98\x80"), "\xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable("\xf4\x8f\xbf\xbf"), "\xf4\x8f\xbf\xbf");  // U+10FFFF, the last
+  EXPECT_EQ(printable(" ~"), " ~");
+  EXPECT_EQ(printable("\x1b[2J\x7f\t\n"), "\\x1b[2J\\x7f\\x09\\x0a");
+  EXPECT_EQ(printable(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(printable(""), "");
 }
 
 TEST(Tool, UsageErrorsExitTwo) {
