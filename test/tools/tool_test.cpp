@@ -1,5 +1,6 @@
 // End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess;
 // and the escaping of a peer's text that its output relies on (uvbus::detail::printable).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -238,9 +239,9 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
 }
 
 // `uvbus top ID | head -n 1`, `uvbus ping ... | head -n 1`: the tool's first line is read, then its
-// reader goes. SIGPIPE is ignored (the stream channel sets it so), so the tool must notice the
-// failed write itself: it polled (pinged) on for ever, writing into the closed pipe. It must end by
-// itself (exit 1, no signal) well before the deadline.
+// reader goes. SIGPIPE is ignored (main sets it so), so the tool must notice the failed write
+// itself: it polled (pinged) on for ever, writing into the closed pipe. It must end by itself
+// (exit 1, no signal) well before the deadline.
 TEST_F(Bus, TopAndPingStopWhenTheirReaderGoes) {
   const std::vector<std::vector<std::string>> runs = {
       {"top", "0x10000", "--interval-ms", "20"},
@@ -300,6 +301,90 @@ TEST_F(Bus, OutputThatCannotBeWrittenIsNotASuccess) {
         << args << ": " << text;
   }
   std::remove(err.c_str());
+}
+
+// What the tool's run into a closed pipe left: its wait status and its stderr.
+struct pipe_run {
+  int status = -1;
+  std::string err;
+};
+
+// Runs `program args` with stdout a pipe whose read end is already closed (`uvbus ... | true`
+// once true has gone: the first write fails) and stderr into a file. SIGPIPE is put back to its
+// default first: this process ignores it (its node's stream channel set it so) and an ignored
+// signal stays ignored across exec, whereas a shell starts a pipeline's commands with the default.
+pipe_run run_into_closed_pipe(const std::string& program, const std::vector<std::string>& args) {
+  pipe_run r;
+  const std::string err = "/tmp/" + uvbus::test::unique_name("tool-pipe") + ".err";
+  std::vector<std::string> words{program};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  argv.reserve(words.size() + 1);
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (::pipe(fds) != 0) return r;
+  ::close(fds[0]);             // no reader
+  const pid_t pid = ::fork();  // the child calls async-signal-safe functions only
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::close(fds[1]);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (e >= 0) ::dup2(e, STDERR_FILENO);
+    ::execv(program.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  if (pid > 0) ::waitpid(pid, &r.status, 0);
+  r.err = slurp(err);
+  std::remove(err.c_str());
+  return r;
+}
+
+// `uvbus metrics URL | head -c1`, `uvbus shm inspect URL | true`: metrics and shm died by SIGPIPE
+// (status 141 in a shell) where the bus subcommands exited 1, and those said nothing. SIGPIPE is
+// ignored in main for every subcommand: a failed write is one line on stderr and the
+// subcommand's write-error status, 1 (shm keeps uvbus_shm_inspect's 2 for a write error).
+TEST_F(Bus, AClosedPipeIsAWriteErrorNotASignal) {
+  ASSERT_FALSE(metrics_.empty());
+  const std::string region = "shm://" + uvbus::test::unique_name("tool-pipe");
+  uvbus::shm_reader reader;
+  ASSERT_EQ(reader.open(region, uvbus::test::small_ring_config()), uvbus::errc::ok);
+  const std::vector<std::string> bus = {"--parent", url_, "--token", "secret"};
+  struct run_case {
+    std::string program;
+    std::vector<std::string> args;
+    int status;
+    std::string what;  // the subcommand's name in its message
+  };
+  const std::string t = UVBUS_TOOL_PATH;
+  std::vector<run_case> runs = {{t, {"metrics", metrics_}, 1, "metrics"},
+                                {t, {"metrics", metrics_, "--json"}, 1, "metrics"},
+                                {t, {"metrics", "--help"}, 1, "metrics"},
+                                {t, {"shm", "inspect", region}, 2, "shm"},
+                                {t, {"shm", "inspect", region, "--json"}, 2, "shm"},
+                                {t, {"shm", "--help"}, 2, "shm"},
+                                {UVBUS_SHM_INSPECT_PATH, {region}, 2, "shm"},
+                                {t, {"--help"}, 1, "--help"},
+                                {t, {"counters", "0x10000"}, 1, "counters"},
+                                {t, {"nodes", "--json"}, 1, "nodes"},
+                                {t, {"ping", "0x10000", "--count", "2"}, 1, "ping"},
+                                {t, {"top", "0x10000", "--once", "--interval-ms", "20"}, 1, "top"}};
+  for (auto& c : runs) {
+    if (c.program == t && c.args[0] != "metrics" && c.args[0] != "shm" && c.args[0] != "--help")
+      c.args.insert(c.args.end(), bus.begin(), bus.end());
+    const std::string name = (c.program == t ? "uvbus " : "uvbus_shm_inspect ") + c.args[0] +
+                             (c.args.size() > 1 ? " " + c.args[1] : "");
+    const pipe_run r = run_into_closed_pipe(c.program, c.args);
+    EXPECT_TRUE(WIFEXITED(r.status)) << name << ": ended by signal " << WTERMSIG(r.status);
+    EXPECT_EQ(WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1, c.status) << name << ": " << r.err;
+    const std::string line = "uvbus " + c.what + ": cannot write the output: Broken pipe\n";
+    const size_t at = r.err.find(line);
+    EXPECT_NE(at, std::string::npos) << name << ": " << r.err;
+    EXPECT_EQ(r.err.find(line, at + 1), std::string::npos) << name << ": said twice: " << r.err;
+  }
+  reader.close(uvbus::shm_close_mode::remove);
 }
 
 // `--json` documents are UTF-8 (RFC 8259): a reply that is not (here bytes 0xff 0xfe and a cut

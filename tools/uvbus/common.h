@@ -23,10 +23,16 @@ std::string json_str(const std::string& s);
 // JSON integer as a number, anything else as a string.
 std::string counters_json(const std::string& text);
 
-// True (the error named on stderr, unless the reader merely went: EPIPE) when stdout cannot be
-// written: a loop stops instead of writing into a closed pipe for ever (SIGPIPE is ignored, see
-// stream.h), and a command does not exit 0 with its output lost (a full disk).
+// True, the error named once on stderr ("uvbus WHAT: cannot write the output: Broken pipe"), when
+// stdout cannot be written: a loop stops instead of writing into a closed pipe for ever, and a
+// command does not exit 0 with its output lost (a full disk, a reader that went).
 bool stdout_failed(const char* what);
+
+// Sets SIGPIPE to SIG_IGN, first thing in main, for every subcommand: a write to a closed pipe
+// (`uvbus metrics URL | head -c1`) is then an EPIPE that stdout_failed reports, not death by the
+// signal. Only the bus subcommands had it ignored (a stream channel sets it, uvbus/stream.h):
+// metrics and shm died by SIGPIPE (status 141 in a shell) where the bus subcommands exited 1.
+void ignore_sigpipe();
 
 // How long the tool waits for an answer the node times out after timeout_ms: a second more,
 // saturated (`--timeout-ms 4294967000` plus 1000 wrapped to 704 ms: "timeout" before the node's).

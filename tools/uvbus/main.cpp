@@ -113,6 +113,7 @@ int run(const std::string& cmd, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  uvbus_tool::ignore_sigpipe();  // a closed pipe is a write error for every subcommand
   uvbus_tool::hold_std_fds();
   if (argc < 2) {
     std::fputs(kMain, stderr);
