@@ -4,8 +4,8 @@
 // refused, every `--count` up to 4294967295 ends, and `call --help`; a payload file over the
 // message limit and a metrics page over 64 MiB are refused, a malformed metrics page converts to
 // JSON, JSON strings are UTF-8; a metrics timeout or garbage answer is not "could not connect", a
-// page with a NUL prints whole, single-dash arguments are refused, `shm` output that cannot be
-// written fails, a closed stdout stays closed.
+// page with a NUL prints whole, single-dash arguments and an option given twice are refused, `shm`
+// output that cannot be written fails, a closed stdout stays closed.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -258,6 +258,35 @@ TEST(ToolsContract, NumbersWithASignOrLeadingBlankAreRefused) {
 // before joining). ping keeps 0 (its default: echoes back to back).
 TEST(ToolsContract, TopIntervalZeroIsRefused) {
   EXPECT_TRUE(usage_error("top 0x10000 --interval-ms 0", "bad value '0' for --interval-ms"));
+}
+
+// An option given twice silently took the last value (`ping --count 3 --count 5` sent 5 echoes,
+// `--parent A ... --parent B` joined B). It is a usage error naming the option, exit 2, for every
+// subcommand, flags too (`--json --json`), the same value twice too.
+TEST(ToolsContract, AnOptionGivenTwiceIsRefused) {
+  // {subcommand and arguments, the option given twice}; usage_error passes --parent and
+  // --timeout-ms after them.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ping 0x10000 --count 3 --count 5", "--count"},
+      {"top 0x10000 --interval-ms 5 --interval-ms 6", "--interval-ms"},
+      {"routes 0x10000 --json --json", "--json"},
+      {"top 0x10000 --once --once", "--once"},
+      {"send 0x10000 1 x --id 0x5 --id 0x6", "--id"},
+      {"counters 0x10000 --token a --token a", "--token"},
+      {"top 0x10000 --metrics http://127.0.0.1:1/a --metrics http://127.0.0.1:1/b", "--metrics"},
+      {"nodes --parent ipv4://127.0.0.1:2", "--parent"},
+      {"call 0x10000 1 x --timeout-ms 10", "--timeout-ms"},
+      {"metrics http://127.0.0.1:1/m --json --json", "--json"},
+      {"metrics http://127.0.0.1:1/m --timeout-ms 5 --timeout-ms 5", "--timeout-ms"},
+      {"shm inspect shm://x --json --json", "--json"},
+      {"shm drain shm://x --quiet --quiet", "--quiet"},
+      {"shm drain shm://x --out /tmp/a --out /tmp/b", "--out"},
+      {"shm remove shm://x --force --force", "--force"}};
+  for (const auto& [args, option] : cases) {
+    std::string want = "uvbus " + args.substr(0, args.find(' '));
+    want.append(": option ").append(option).append(" given twice");
+    EXPECT_TRUE(usage_error(args, want));
+  }
 }
 
 // Every subcommand's --help (tool_test.cpp checks all but call's).

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -302,11 +303,17 @@ int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
 int parse_bus_args(int argc, char** argv, bus_args* a) {
   a->name = argv[0];
   bool options = true;  // until "--": what follows it is positional, a payload "-x" too
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     const char* s = argv[i];
     if (options && std::strcmp(s, "--") == 0) {
       options = false;
     } else if (options && s[0] == '-' && s[1] == '-') {
+      // `--count 3 --count 5` took the last value without a word: which one was meant is unknown.
+      if (!given.insert(s).second) {
+        std::fprintf(stderr, "uvbus %s: option %s given twice\n", argv[0], s);
+        return kExitUsage;
+      }
       if (!take_option(a, argc, argv, &i)) return kExitUsage;
     } else if (options && s[0] == '-' && s[1] != '\0') {
       // `-json`, `-x`: no option has one dash (no argument is a negative number). It was taken

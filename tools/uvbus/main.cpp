@@ -29,7 +29,8 @@ const char kMain[] =
     "  --                               the end of the options: a PAYLOAD that starts with '-'\n"
     "                                   goes after it (options have two dashes)\n"
     "exit status: 0 ok, 1 the operation failed (timeout, unknown route, failed report),\n"
-    "2 usage (bad option, URL or id), 3 could not join the bus / connect.\n"
+    "2 usage (bad option, URL or id, an option given twice), 3 could not join the bus /\n"
+    "connect.\n"
     "uvbus shm keeps uvbus_shm_inspect's exit status (see uvbus shm --help).\n";
 
 const char kCommon[] =
