@@ -2,6 +2,7 @@
 #include "uvbus/common.h"  // tools/uvbus/common.h
 
 int main(int argc, char** argv) {
+  uvbus_tool::ignore_sigpipe();  // a closed pipe is a write error (exit 2), as for `uvbus shm`
   uvbus_tool::hold_std_fds();
   return uvbus_tool::shm_inspect_legacy_main(argc, argv);
 }

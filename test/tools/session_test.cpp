@@ -117,11 +117,12 @@ TEST(ToolSession, JoinThatTimedOutTouchesNoReturnedFrame) {
 }
 
 // A remote node's text for the terminal (routes, counters: `uvbus routes`, `top`): fputs wrote it
-// as it came, escape sequences included, cut at a NUL. Each line escaped, the newlines kept.
+// as it came, escape sequences included, cut at a NUL. Each line escaped, the newlines kept; a
+// lone 0x9b (CSI to a terminal reading 8-bit controls) too (it was kept raw).
 TEST(ToolSession, PeerTextEscapesEachLine) {
   using uvbus_tool::peer_text;
   EXPECT_EQ(peer_text("a=1\nb=2\n"), "a=1\nb=2\n");
-  EXPECT_EQ(peer_text(std::string("\x1b[2Jx\0y\r\n\x9b", 10)), "\\x1b[2Jx\\x00y\\x0d\n\x9b");
+  EXPECT_EQ(peer_text(std::string("\x1b[2Jx\0y\r\n\x9b", 10)), "\\x1b[2Jx\\x00y\\x0d\n\\x9b");
   EXPECT_EQ(peer_text(""), "");
 }
 

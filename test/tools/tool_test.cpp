@@ -1,4 +1,6 @@
-// End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess.
+// End-to-end tests of the uvbus tool: a root node on a thread, the binary run as a subprocess;
+// and the escaping of a peer's text that its output relies on (uvbus::detail::printable).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "bus/auth.h"  // uvbus::detail::printable
 #include "page_server.h"
 #include "shm/shm_test_util.h"
 #include "test_util.h"
@@ -99,7 +102,8 @@ class Bus : public ::testing::Test {
     // A label with a terminal's escape sequence (OSC: set the window title): text a node chose.
     cfg.labels = {{"zone", "a"}, {"evil", "\x1b]0;pwn\x07"}};
     // Requests (uvbus call) are answered in upper case, or with error 7 for "fail", error 9 with
-    // an escape sequence and a NUL in its detail for "fail-raw", not at all for "silent".
+    // an escape sequence and a NUL in its detail for "fail-raw", error 10 with C1 controls (CSI
+    // raw and as UTF-8) for "fail-c1", not at all for "silent".
     std::unique_ptr<uvbus::node> n;
     uvbus::node_callbacks cb;
     cb.on_data = [&n](uvbus::bus_id, uint32_t, const uint8_t* p, size_t size) {
@@ -114,6 +118,11 @@ class Bus : public ::testing::Test {
       if (s == "fail-raw") {
         const char detail[] = "\x1b[2Jred\0tail";
         (void)n->reply_error(h, 9, detail, sizeof detail - 1);
+        return;
+      }
+      if (s == "fail-c1") {
+        const char detail[] = "\x9bH \xc2\x9bH caf\xc3\xa9";  // CSI H: the cursor home
+        (void)n->reply_error(h, 10, detail, sizeof detail - 1);
         return;
       }
       if (s == "silent") return;  // the caller's timeout decides
@@ -230,9 +239,9 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
 }
 
 // `uvbus top ID | head -n 1`, `uvbus ping ... | head -n 1`: the tool's first line is read, then its
-// reader goes. SIGPIPE is ignored (the stream channel sets it so), so the tool must notice the
-// failed write itself: it polled (pinged) on for ever, writing into the closed pipe. It must end by
-// itself (exit 1, no signal) well before the deadline.
+// reader goes. SIGPIPE is ignored (main sets it so), so the tool must notice the failed write
+// itself: it polled (pinged) on for ever, writing into the closed pipe. It must end by itself
+// (exit 1, no signal) well before the deadline.
 TEST_F(Bus, TopAndPingStopWhenTheirReaderGoes) {
   const std::vector<std::vector<std::string>> runs = {
       {"top", "0x10000", "--interval-ms", "20"},
@@ -292,6 +301,90 @@ TEST_F(Bus, OutputThatCannotBeWrittenIsNotASuccess) {
         << args << ": " << text;
   }
   std::remove(err.c_str());
+}
+
+// What the tool's run into a closed pipe left: its wait status and its stderr.
+struct pipe_run {
+  int status = -1;
+  std::string err;
+};
+
+// Runs `program args` with stdout a pipe whose read end is already closed (`uvbus ... | true`
+// once true has gone: the first write fails) and stderr into a file. SIGPIPE is put back to its
+// default first: this process ignores it (its node's stream channel set it so) and an ignored
+// signal stays ignored across exec, whereas a shell starts a pipeline's commands with the default.
+pipe_run run_into_closed_pipe(const std::string& program, const std::vector<std::string>& args) {
+  pipe_run r;
+  const std::string err = "/tmp/" + uvbus::test::unique_name("tool-pipe") + ".err";
+  std::vector<std::string> words{program};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  argv.reserve(words.size() + 1);
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (::pipe(fds) != 0) return r;
+  ::close(fds[0]);             // no reader
+  const pid_t pid = ::fork();  // the child calls async-signal-safe functions only
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::close(fds[1]);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (e >= 0) ::dup2(e, STDERR_FILENO);
+    ::execv(program.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  if (pid > 0) ::waitpid(pid, &r.status, 0);
+  r.err = slurp(err);
+  std::remove(err.c_str());
+  return r;
+}
+
+// `uvbus metrics URL | head -c1`, `uvbus shm inspect URL | true`: metrics and shm died by SIGPIPE
+// (status 141 in a shell) where the bus subcommands exited 1, and those said nothing. SIGPIPE is
+// ignored in main for every subcommand: a failed write is one line on stderr and the
+// subcommand's write-error status, 1 (shm keeps uvbus_shm_inspect's 2 for a write error).
+TEST_F(Bus, AClosedPipeIsAWriteErrorNotASignal) {
+  ASSERT_FALSE(metrics_.empty());
+  const std::string region = "shm://" + uvbus::test::unique_name("tool-pipe");
+  uvbus::shm_reader reader;
+  ASSERT_EQ(reader.open(region, uvbus::test::small_ring_config()), uvbus::errc::ok);
+  const std::vector<std::string> bus = {"--parent", url_, "--token", "secret"};
+  struct run_case {
+    std::string program;
+    std::vector<std::string> args;
+    int status;
+    std::string what;  // the subcommand's name in its message
+  };
+  const std::string t = UVBUS_TOOL_PATH;
+  std::vector<run_case> runs = {{t, {"metrics", metrics_}, 1, "metrics"},
+                                {t, {"metrics", metrics_, "--json"}, 1, "metrics"},
+                                {t, {"metrics", "--help"}, 1, "metrics"},
+                                {t, {"shm", "inspect", region}, 2, "shm"},
+                                {t, {"shm", "inspect", region, "--json"}, 2, "shm"},
+                                {t, {"shm", "--help"}, 2, "shm"},
+                                {UVBUS_SHM_INSPECT_PATH, {region}, 2, "shm"},
+                                {t, {"--help"}, 1, "--help"},
+                                {t, {"counters", "0x10000"}, 1, "counters"},
+                                {t, {"nodes", "--json"}, 1, "nodes"},
+                                {t, {"ping", "0x10000", "--count", "2"}, 1, "ping"},
+                                {t, {"top", "0x10000", "--once", "--interval-ms", "20"}, 1, "top"}};
+  for (auto& c : runs) {
+    if (c.program == t && c.args[0] != "metrics" && c.args[0] != "shm" && c.args[0] != "--help")
+      c.args.insert(c.args.end(), bus.begin(), bus.end());
+    const std::string name = (c.program == t ? "uvbus " : "uvbus_shm_inspect ") + c.args[0] +
+                             (c.args.size() > 1 ? " " + c.args[1] : "");
+    const pipe_run r = run_into_closed_pipe(c.program, c.args);
+    EXPECT_TRUE(WIFEXITED(r.status)) << name << ": ended by signal " << WTERMSIG(r.status);
+    EXPECT_EQ(WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1, c.status) << name << ": " << r.err;
+    const std::string line = "uvbus " + c.what + ": cannot write the output: Broken pipe\n";
+    const size_t at = r.err.find(line);
+    EXPECT_NE(at, std::string::npos) << name << ": " << r.err;
+    EXPECT_EQ(r.err.find(line, at + 1), std::string::npos) << name << ": said twice: " << r.err;
+  }
+  reader.close(uvbus::shm_close_mode::remove);
 }
 
 // `--json` documents are UTF-8 (RFC 8259): a reply that is not (here bytes 0xff 0xfe and a cut
@@ -373,6 +466,17 @@ TEST_F(Bus, CallEscapesTheErrorDetail) {
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
 }
 
+// A C1 control is a control too: a raw 0x9b (CSI to a terminal that takes 8-bit controls) and its
+// UTF-8 form (0xc2 0x9b) in an error answer's detail reached the terminal as they were. Each of
+// their bytes is escaped; the detail's "café" stays.
+TEST_F(Bus, CallEscapesC1Controls) {
+  const run_result r = sh(tool("call 0x10000 7 fail-c1"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("answered error 10: \\x9bH \\xc2\\x9bH caf\xc3\xa9\n"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find('\x9b'), std::string::npos) << r.err;
+}
+
 // `nodes` printed each node's name, type, host and labels as the node chose them: a label's OSC
 // sequence (set the window title) reached the terminal. Each is escaped.
 TEST_F(Bus, NodesEscapeWhatANodeChose) {
@@ -401,6 +505,49 @@ TEST_F(Bus, ALargeTimeoutDoesNotWrap) {
   const run_result r = sh("timeout 3 " + tool("call 0x10000 7 silent --timeout-ms 4294967000"));
   EXPECT_EQ(r.rc, 124) << r.err;
   EXPECT_EQ(r.err.find("timeout"), std::string::npos) << r.err;
+}
+
+// printable escaped the C0 controls and DEL only: a C1 control, raw (0x9b: CSI) or as UTF-8
+// (U+009B: 0xc2 0x9b), passed to the terminal. Each of its bytes is \xNN; U+00A0 on is kept.
+TEST(Printable, C1ControlsAreEscapedRawOrAsUtf8) {
+  using uvbus::detail::printable;
+  EXPECT_EQ(printable("\x9bH"), "\\x9bH");  // CSI H: the cursor home
+  EXPECT_EQ(printable("\x85"), "\\x85");
+  EXPECT_EQ(printable("\xc2\x9bH"), "\\xc2\\x9bH");
+  EXPECT_EQ(printable("\xc2\x80"), "\\xc2\\x80");  // U+0080, the first
+  EXPECT_EQ(printable("\xc2\x85"), "\\xc2\\x85");  // NEL: a line break to some terminals
+  EXPECT_EQ(printable("\xc2\x9f"), "\\xc2\\x9f");  // U+009F, the last
+  EXPECT_EQ(printable("\xc2\xa0"), "\xc2\xa0");    // U+00A0, the first after them
+}
+
+// Bytes that are not part of well-formed UTF-8 (RFC 3629) are escaped one by one: a terminal may
+// take them for controls (0x80..0x9f alone are C1 to one that reads 8-bit controls).
+TEST(Printable, BytesThatAreNotWellFormedUtf8AreEscaped) {
+  using uvbus::detail::printable;
+  EXPECT_EQ(printable("a\xff"), "a\\xff");
+  EXPECT_EQ(printable("\x80"), "\\x80");                                      // a lone continuation
+  EXPECT_EQ(printable("\xc3"), "\\xc3");                                      // cut
+  EXPECT_EQ(printable("\xe6\x97x"), "\\xe6\\x97x");                           // cut, then ASCII
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");                             // overlong '/'
+  EXPECT_EQ(printable("\xe0\x82\x9b"), "\\xe0\\x82\\x9b");                    // overlong U+009B
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");                    // U+D800
+  EXPECT_EQ(printable("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");           // > U+10FFFF
+  EXPECT_EQ(printable("\xf8\x88\x80\x80\x80"), "\\xf8\\x88\\x80\\x80\\x80");  // 5 bytes
+  EXPECT_EQ(printable("\xc3\xc3\xa9"), "\\xc3\xc3\xa9");  // a cut sequence, then "é"
+}
+
+// Well-formed UTF-8 of code points from U+00A0 on is text, kept as it is; C0 controls and DEL are
+// escaped as before.
+TEST(Printable, PrintableUtf8IsKeptAndC0ControlsEscaped) {
+  using uvbus::detail::printable;
+  EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");                            // é
+  EXPECT_EQ(printable("\xe6\x97\xa5\xe6\x9c\xac"), "\xe6\x97\xa5\xe6\x9c\xac");  // 日本
+  EXPECT_EQ(printable("\xe2\x82\xac \xf0\x9f\x98\x80"), "\xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable("\xf4\x8f\xbf\xbf"), "\xf4\x8f\xbf\xbf");  // U+10FFFF, the last
+  EXPECT_EQ(printable(" ~"), " ~");
+  EXPECT_EQ(printable("\x1b[2J\x7f\t\n"), "\\x1b[2J\\x7f\\x09\\x0a");
+  EXPECT_EQ(printable(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(printable(""), "");
 }
 
 TEST(Tool, UsageErrorsExitTwo) {

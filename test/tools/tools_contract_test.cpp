@@ -1,10 +1,11 @@
 // Promises of the uvbus tool no other test checks: ping's p50/p99 are nearest-rank (docs/tools.md),
 // a payload file that cannot be read (a directory) and a bad `top --metrics` URL are usage errors,
 // `shm inspect` never drains or removes, `--count 0`, `top --interval-ms 0` and signed numbers are
-// refused, and `call --help`; a payload file over the message limit and a metrics page over 64 MiB
-// are refused, a malformed metrics page converts to JSON, JSON strings are UTF-8; a metrics timeout
-// or garbage answer is not "could not connect", a page with a NUL prints whole, single-dash
-// arguments are refused, `shm` output that cannot be written fails, a closed stdout stays closed.
+// refused, every `--count` up to 4294967295 ends, and `call --help`; a payload file over the
+// message limit and a metrics page over 64 MiB are refused, a malformed metrics page converts to
+// JSON, JSON strings are UTF-8; a metrics timeout or garbage answer is not "could not connect", a
+// page with a NUL prints whole, single-dash arguments and an option given twice are refused, `shm`
+// output that cannot be written fails, a closed stdout stays closed.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -204,6 +205,38 @@ TEST(ToolsContract, CountZeroIsRefused) {
   }
 }
 
+// `ping --count 4294967295` and `top --count 4294967295` never ended: both loops counted in 32
+// bits, so after round 4294967295 the number wrapped to 0, which is <= the count. Every count in
+// the accepted range (1..4294967295) ends after exactly that many rounds; 0 (top's default) has
+// no end, past 4294967295 too.
+TEST(ToolsContract, EveryCountEndsAfterExactlyThatManyRounds) {
+  using uvbus_tool::round_counter;
+  for (const uint32_t count : {1u, 2u, 3u, 4294967294u, 4294967295u}) {
+    const uint32_t skip = count > 3 ? count - 3 : 0;  // resume 3 rounds before the end
+    round_counter r(count, skip);
+    uint64_t ran = 0;
+    while (r.next() && ran < 10) ++ran;
+    EXPECT_EQ(ran, count - skip) << count;
+    EXPECT_EQ(r.number(), count) << count;
+    EXPECT_FALSE(r.next()) << count;  // and stays ended
+  }
+  round_counter forever(0, 4294967295u);
+  EXPECT_TRUE(forever.next());
+  EXPECT_EQ(forever.number(), 4294967296u);
+  // The range, named: past it, or not a number, is a usage error naming the option and value.
+  for (const char* cmd : {"ping", "top"}) {
+    for (const char* v : {"4294967296", "99999999999999999999", "x", "0"}) {
+      EXPECT_TRUE(usage_error(std::string(cmd) + " 0x10000 --count " + v,
+                              std::string("bad value '") + v + "' for --count (1..4294967295)"));
+    }
+    // The top of the range is taken (the tool goes on to join: exit 3 here, with no parent).
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " " + cmd +
+                               " 0x10000 --count 4294967295 --parent ipv4://127.0.0.1:1 "
+                               "--timeout-ms 3000");
+    EXPECT_NE(out.find("rc=3"), std::string::npos) << cmd << ": " << out;
+  }
+}
+
 // Numbers are digits: strtoul also took a leading '+' or blank (`--count +3`, `--count ' 3'`,
 // `--timeout-ms +5`, ids like `+0x10`), which the docs never promised.
 TEST(ToolsContract, NumbersWithASignOrLeadingBlankAreRefused) {
@@ -225,6 +258,35 @@ TEST(ToolsContract, NumbersWithASignOrLeadingBlankAreRefused) {
 // before joining). ping keeps 0 (its default: echoes back to back).
 TEST(ToolsContract, TopIntervalZeroIsRefused) {
   EXPECT_TRUE(usage_error("top 0x10000 --interval-ms 0", "bad value '0' for --interval-ms"));
+}
+
+// An option given twice silently took the last value (`ping --count 3 --count 5` sent 5 echoes,
+// `--parent A ... --parent B` joined B). It is a usage error naming the option, exit 2, for every
+// subcommand, flags too (`--json --json`), the same value twice too.
+TEST(ToolsContract, AnOptionGivenTwiceIsRefused) {
+  // {subcommand and arguments, the option given twice}; usage_error passes --parent and
+  // --timeout-ms after them.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ping 0x10000 --count 3 --count 5", "--count"},
+      {"top 0x10000 --interval-ms 5 --interval-ms 6", "--interval-ms"},
+      {"routes 0x10000 --json --json", "--json"},
+      {"top 0x10000 --once --once", "--once"},
+      {"send 0x10000 1 x --id 0x5 --id 0x6", "--id"},
+      {"counters 0x10000 --token a --token a", "--token"},
+      {"top 0x10000 --metrics http://127.0.0.1:1/a --metrics http://127.0.0.1:1/b", "--metrics"},
+      {"nodes --parent ipv4://127.0.0.1:2", "--parent"},
+      {"call 0x10000 1 x --timeout-ms 10", "--timeout-ms"},
+      {"metrics http://127.0.0.1:1/m --json --json", "--json"},
+      {"metrics http://127.0.0.1:1/m --timeout-ms 5 --timeout-ms 5", "--timeout-ms"},
+      {"shm inspect shm://x --json --json", "--json"},
+      {"shm drain shm://x --quiet --quiet", "--quiet"},
+      {"shm drain shm://x --out /tmp/a --out /tmp/b", "--out"},
+      {"shm remove shm://x --force --force", "--force"}};
+  for (const auto& [args, option] : cases) {
+    std::string want = "uvbus " + args.substr(0, args.find(' '));
+    want.append(": option ").append(option).append(" given twice");
+    EXPECT_TRUE(usage_error(args, want));
+  }
 }
 
 // Every subcommand's --help (tool_test.cpp checks all but call's).

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -25,6 +26,15 @@ namespace {
 const char* env_or(const char* name, const char* dflt) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : dflt;
+}
+
+// What a numeric option takes, for its refusal ("bad value 'x' for --count (1..4294967295)").
+const char* value_range(const std::string& option) {
+  if (option == "--count") return " (1..4294967295)";
+  if (option == "--timeout-ms") return " (milliseconds, 1..4294967295)";
+  if (option == "--interval-ms") return " (milliseconds, 0..4294967295)";
+  if (option == "--id") return " (a non-zero node id, decimal or 0x hex)";
+  return "";
 }
 
 // One option of a bus subcommand's command line; false (message printed) on a usage error.
@@ -61,7 +71,10 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
   if (s == "--count") ok = parse_u32(v, &a->count) && a->count > 0;
   if (s == "--interval-ms") ok = a->interval_given = parse_u32(v, &a->interval_ms);
-  if (!ok) std::fprintf(stderr, "uvbus %s: bad value '%s' for %s\n", argv[0], v, s.c_str());
+  if (!ok) {
+    std::fprintf(stderr, "uvbus %s: bad value '%s' for %s%s\n", argv[0], v, s.c_str(),
+                 value_range(s));
+  }
   return ok;
 }
 
@@ -147,7 +160,9 @@ void ping_summary(const bus_args& a, uint64_t target, const std::vector<double>&
 int ping(const bus_args& a, session* s, uint64_t target) {
   std::vector<double> rtt;
   const uint32_t count = a.count == 0 ? 4 : a.count;
-  for (uint32_t seq = 1; seq <= count; ++seq) {
+  // Counted in 64 bits (round_counter): a 32-bit counter wrapped after 4294967295 and never ended.
+  for (round_counter round(count); round.next();) {
+    const auto seq = static_cast<uint32_t>(round.number());  // 1..count: the echo's 4 bytes
     const std::string args(reinterpret_cast<const char*>(&seq), sizeof seq);
     const auto t0 = std::chrono::steady_clock::now();
     const command_result r =
@@ -288,11 +303,17 @@ int call(const bus_args& a, session* s, uint64_t target, uint32_t type, const st
 int parse_bus_args(int argc, char** argv, bus_args* a) {
   a->name = argv[0];
   bool options = true;  // until "--": what follows it is positional, a payload "-x" too
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     const char* s = argv[i];
     if (options && std::strcmp(s, "--") == 0) {
       options = false;
     } else if (options && s[0] == '-' && s[1] == '-') {
+      // `--count 3 --count 5` took the last value without a word: which one was meant is unknown.
+      if (!given.insert(s).second) {
+        std::fprintf(stderr, "uvbus %s: option %s given twice\n", argv[0], s);
+        return kExitUsage;
+      }
       if (!take_option(a, argc, argv, &i)) return kExitUsage;
     } else if (options && s[0] == '-' && s[1] != '\0') {
       // `-json`, `-x`: no option has one dash (no argument is a negative number). It was taken

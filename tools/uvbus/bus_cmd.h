@@ -23,7 +23,7 @@ struct bus_args {
 
 // Options (--parent --token --id --timeout-ms --json --once --count --interval-ms --metrics) and
 // positional arguments, with UVBUS_PARENT / UVBUS_TOKEN / UVBUS_TOOL_ID filled in. kExitOk or
-// kExitUsage (message printed).
+// kExitUsage (message printed; an option given twice is one).
 int parse_bus_args(int argc, char** argv, bus_args* a);
 
 int top_main(int argc, char** argv);

@@ -1,9 +1,11 @@
-// The uvbus tool's shared helpers: JSON string escaping, number parsing, nearest-rank percentiles.
+// The uvbus tool's shared helpers: JSON string escaping, number parsing, nearest-rank percentiles,
+// stdout's write errors and SIGPIPE.
 #include "common.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -106,10 +108,17 @@ bool starts_with_digit(const char* s) {
 bool stdout_failed(const char* what) {
   if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return false;
   const int e = errno;
-  // The reader went (`uvbus top | head`): nothing to say, it is gone. Anything else is named.
-  if (e != EPIPE)
-    std::fprintf(stderr, "uvbus %s: cannot write the output: %s\n", what, std::strerror(e));
+  // A reader that went (`uvbus top | head`) too: EPIPE, said as any other failed write.
+  std::fprintf(stderr, "uvbus %s: cannot write the output: %s\n", what,
+               e != 0 ? std::strerror(e) : "write error");
   return true;
+}
+
+void ignore_sigpipe() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  (void)sigaction(SIGPIPE, &ignore, nullptr);
 }
 
 void hold_std_fds() {

@@ -23,10 +23,16 @@ std::string json_str(const std::string& s);
 // JSON integer as a number, anything else as a string.
 std::string counters_json(const std::string& text);
 
-// True (the error named on stderr, unless the reader merely went: EPIPE) when stdout cannot be
-// written: a loop stops instead of writing into a closed pipe for ever (SIGPIPE is ignored, see
-// stream.h), and a command does not exit 0 with its output lost (a full disk).
+// True, the error named once on stderr ("uvbus WHAT: cannot write the output: Broken pipe"), when
+// stdout cannot be written: a loop stops instead of writing into a closed pipe for ever, and a
+// command does not exit 0 with its output lost (a full disk, a reader that went).
 bool stdout_failed(const char* what);
+
+// Sets SIGPIPE to SIG_IGN, first thing in main, for every subcommand: a write to a closed pipe
+// (`uvbus metrics URL | head -c1`) is then an EPIPE that stdout_failed reports, not death by the
+// signal. Only the bus subcommands had it ignored (a stream channel sets it, uvbus/stream.h):
+// metrics and shm died by SIGPIPE (status 141 in a shell) where the bus subcommands exited 1.
+void ignore_sigpipe();
 
 // How long the tool waits for an answer the node times out after timeout_ms: a second more,
 // saturated (`--timeout-ms 4294967000` plus 1000 wrapped to 704 ms: "timeout" before the node's).
@@ -38,6 +44,26 @@ constexpr uint32_t answer_wait_ms(uint32_t timeout_ms) {
 // tool's first file or socket took the number, and stdout's text went into it (`shm drain --out
 // FILE` wrote its record lines into FILE). A write to it fails (EBADF) as to a closed stdout.
 void hold_std_fds();
+
+// The rounds of a loop asked to run `count` times (`ping --count N`, `top --count N`; 0: without
+// end), numbered from 1: next() starts the next round, false once `count` have run (number()
+// stays the last). Counted in 64 bits: ping and top counted in 32, so after round 4294967295 the
+// number wrapped to 0 and `--count 4294967295` never ended. `done` resumes after that many rounds
+// (a test starts near the end of the range).
+class round_counter {
+ public:
+  explicit round_counter(uint32_t count, uint32_t done = 0) : count_(count), n_(done) {}
+  bool next() {
+    if (count_ != 0 && n_ >= count_) return false;
+    ++n_;
+    return true;
+  }
+  [[nodiscard]] uint64_t number() const { return n_; }
+
+ private:
+  uint32_t count_;
+  uint64_t n_;
+};
 
 // A node id: decimal or 0x hex, non-zero. False (and *out untouched) otherwise.
 bool parse_id(const char* s, uint64_t* out);

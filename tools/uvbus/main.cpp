@@ -29,7 +29,8 @@ const char kMain[] =
     "  --                               the end of the options: a PAYLOAD that starts with '-'\n"
     "                                   goes after it (options have two dashes)\n"
     "exit status: 0 ok, 1 the operation failed (timeout, unknown route, failed report),\n"
-    "2 usage (bad option, URL or id), 3 could not join the bus / connect.\n"
+    "2 usage (bad option, URL or id, an option given twice), 3 could not join the bus /\n"
+    "connect.\n"
     "uvbus shm keeps uvbus_shm_inspect's exit status (see uvbus shm --help).\n";
 
 const char kCommon[] =
@@ -113,6 +114,7 @@ int run(const std::string& cmd, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  uvbus_tool::ignore_sigpipe();  // a closed pipe is a write error for every subcommand
   uvbus_tool::hold_std_fds();
   if (argc < 2) {
     std::fputs(kMain, stderr);

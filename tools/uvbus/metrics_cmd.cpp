@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -183,6 +184,7 @@ struct metrics_args {
 // The command line; -1 to go on, else the exit status (the refusal names the argument: each was
 // refused with the usage text alone).
 int parse_metrics_args(int argc, char** argv, metrics_args* m) {
+  std::set<std::string> given;  // an option given twice took its last value silently: refused
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--help" || s == "-h") {
@@ -190,7 +192,9 @@ int parse_metrics_args(int argc, char** argv, metrics_args* m) {
       return kExitOk;
     }
     const char* why = nullptr;  // a format naming argv[i]
-    if (s == "--json") {
+    if ((s == "--json" || s == "--timeout-ms") && !given.insert(s).second) {
+      why = "option %s given twice";
+    } else if (s == "--json") {
       m->json = true;
     } else if (s == "--timeout-ms" && i + 1 >= argc) {
       why = "%s needs a value";

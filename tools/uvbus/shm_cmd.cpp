@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -240,11 +241,17 @@ int shm_run(int argc, char** argv) {
   const char* url = nullptr;
   const char* out = nullptr;
   bool drain = false, remove = false, force = false, quiet = false, json = false;
+  std::set<std::string> given;  // an option given twice (`--out A --out B` took B): refused
   for (int a = 1; a < argc; ++a) {
     const std::string s = argv[a];
     if (s == "--help" || s == "-h") {
       usage(stdout);
       return kExitOk;
+    }
+    if (is_option(s) && !given.insert(s).second) {
+      std::fprintf(stderr, "uvbus shm: option %s given twice\n", argv[a]);
+      usage(stderr);
+      return kExitUsage;
     }
     if (s == "--drain") {
       drain = true;

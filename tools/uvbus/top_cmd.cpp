@@ -66,12 +66,12 @@ poll_result poll(session* s, uint64_t target, uint32_t timeout_ms, const std::st
   return p;
 }
 
-void print_table(uint64_t target, const poll_result& a, const poll_result& b, uint32_t refresh,
+void print_table(uint64_t target, const poll_result& a, const poll_result& b, uint64_t refresh,
                  bool tty) {
   const double secs = std::chrono::duration<double>(b.at - a.at).count();
   if (tty) std::fputs("\x1b[H\x1b[2J", stdout);
-  std::printf("uvbus top: node %#" PRIx64 "  refresh %u  (rates over %.2f s)\n", target, refresh,
-              secs);
+  std::printf("uvbus top: node %#" PRIx64 "  refresh %" PRIu64 "  (rates over %.2f s)\n", target,
+              refresh, secs);
   std::printf("%-24s %20s %14s\n", "counter", "value", "per second");
   for (const auto& kv : b.counters) {
     const auto it = a.counters.find(kv.first);
@@ -140,7 +140,6 @@ int top_main(int argc, char** argv) {
     return kExitUsage;
   }
   const uint32_t interval = a.interval_given ? a.interval_ms : 1000;
-  const uint32_t refreshes = a.once ? 1 : a.count;  // 0: until interrupted
   const bool tty = isatty(STDOUT_FILENO) != 0 && !a.json;
   // A terminal gets each frame in one flush: line buffering would show a half-drawn screen.
   static char frame_buffer[1 << 16];
@@ -149,7 +148,9 @@ int top_main(int argc, char** argv) {
   rc = s.join(a.join, {});
   if (rc != kExitOk) return rc;
   poll_result prev = poll(&s, target, a.join.timeout_ms, a.metrics);
-  for (uint32_t n = 1; refreshes == 0 || n <= refreshes; ++n) {
+  // --count N: N tables, counted in 64 bits (a 32-bit counter never ended at 4294967295); none:
+  // until interrupted.
+  for (round_counter round(a.once ? 1 : a.count); round.next();) {
     if (prev.status != uvbus::errc::ok) break;
     s.run_until([] { return false; }, interval);
     poll_result cur = poll(&s, target, a.join.timeout_ms, a.metrics);
@@ -160,7 +161,7 @@ int top_main(int argc, char** argv) {
     if (a.json) {
       print_json(target, prev, cur);
     } else {
-      print_table(target, prev, cur, n, tty);
+      print_table(target, prev, cur, round.number(), tty);
     }
     // `uvbus top | head`: SIGPIPE is ignored, so the writes failed and top polled on for ever.
     if (stdout_failed("top")) return kExitFailed;
