@@ -3,6 +3,7 @@
 // (kept apart from the tree's flooding), dials the nodes no tree of ours knows directly, revokes
 // on stop(), and optionally picks the parent by a rule (discovery_parent_type / _labels) when
 // parent_urls is empty, choosing again when the chosen parent leaves etcd or a lower id appears.
+#include "bus/auth.h"  // detail::printable: the words of etcd entries in log lines
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -126,7 +127,7 @@ void node::impl::disc_pick_parent() {
     cfg.parent_urls = urls;
     parent_index = 0;
     log(log_level::info, "discovery: parent 0x%" PRIx64 " now listens at %s", disc_parent,
-        cfg.parent_urls.front().c_str());
+        detail::printable(cfg.parent_urls.front()).c_str());
   }
   for (const directory_entry& c : disc->directory()) {
     if (disc_parent != 0 && !stale && c.id >= disc_parent) return;  // still the best
@@ -140,8 +141,10 @@ void node::impl::disc_pick_parent() {
     const char* why = before == 0 ? ""
                       : stale     ? " (the current parent no longer matches the rule)"
                                   : " (a lower id than the current parent)";
+    // The entry's words are whatever its writer put in etcd: escaped, as every peer's text.
     log(log_level::info, "discovery: parent 0x%" PRIx64 " (%s, type %s) chosen at %s%s", c.id,
-        c.name.c_str(), c.type.c_str(), cfg.parent_urls.front().c_str(), why);
+        detail::printable(c.name).c_str(), detail::printable(c.type).c_str(),
+        detail::printable(cfg.parent_urls.front()).c_str(), why);
     if (reconnect_armed) {
       uv_timer_stop(&h->reconnect);
       reconnect_armed = false;

@@ -5,7 +5,7 @@
 // refused naming the field, and a node picks its parent by type and labels from the directory,
 // registers to it and exchanges data, chooses again when that parent crashes (its lease expires)
 // without losing what was sent meanwhile, follows a lower id, and leaves a parent whose entry no
-// longer matches for one that does;
+// longer matches for one that does (logging its name escaped);
 // nodes in no common tree reach each other (data, calls, broadcasts) over direct links dialled
 // from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge.
@@ -283,6 +283,29 @@ TEST_F(NodeDiscoveryTest, ParentChosenByTypeAndLabels) {
   ASSERT_EQ(lg->n->send_data(0x200, 1, "hi", 2), errc::ok);
   ASSERT_TRUE(wait([&] { return gw->data.size() == 1; }));
   EXPECT_EQ(gw->data[0], "hi");
+}
+
+// An entry's name and type are whatever its writer put in etcd: the line that logs the chosen
+// parent escapes them (they used to reach on_log raw, a terminal's escape sequences included).
+TEST_F(NodeDiscoveryTest, TheChosenParentsNameIsEscapedInTheLog) {
+  start_etcd(1);
+  node_config g = base("gw\x1b[2J\xc2\x9bx", "gateway");
+  g.subnets = {{0x200, 8}};
+  make_node(0x200, g);
+  node_config lc = base("logic-1", "logic");
+  lc.discovery_parent_type = "gateway";
+  watched_node* lg = make_node(0x201, lc);  // it chooses once etcd answers, from the loop
+  std::vector<std::string> lines;
+  lg->on_log = [&lines](const std::string& m) { lines.push_back(m); };
+  ASSERT_TRUE(wait([&] { return lg->n->up(); }));
+  bool chosen = false;
+  for (const std::string& l : lines) {
+    EXPECT_EQ(l.find('\x1b'), std::string::npos) << l;
+    EXPECT_EQ(l.find("\xc2\x9b"), std::string::npos) << l;
+    chosen =
+        chosen || l.find(R"((gw\x1b[2J\xc2\x9bx, type gateway) chosen at)") != std::string::npos;
+  }
+  EXPECT_TRUE(chosen) << "no line named the parent";
 }
 
 // Gateway failover: two gateways own the same child subnet; the child registers to the lower id.
