@@ -417,4 +417,9 @@ TEST(ToolsContract, CountersJsonIsJson) {
             R"({"a":"007","b":0,"c":12,"d":"","e":"1x"})");
 }
 
+// A hostile node can repeat a counter's name: the object keeps each key once, the first value.
+TEST(ToolsContract, CountersJsonHasEachKeyOnce) {
+  EXPECT_EQ(uvbus_tool::counters_json("a=1\nb=2\na=3\nb=x\nc=4\n"), R"({"a":1,"b":2,"c":4})");
+}
+
 }  // namespace

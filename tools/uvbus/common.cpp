@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <unordered_set>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -83,10 +84,12 @@ std::string counters_json(const std::string& text) {
   std::istringstream in(text);
   std::string line, o = "{";
   bool first = true;
+  std::unordered_set<std::string> seen;  // a name given again: its first value is kept
   while (std::getline(in, line)) {
     const size_t eq = line.find('=');
     if (eq == std::string::npos) continue;
     const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    if (!seen.insert(k).second) continue;
     // Digits, no leading zero (JSON has none: a node's "007" made the document invalid).
     const bool num = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
                      (v[0] != '0' || v.size() == 1);

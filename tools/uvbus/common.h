@@ -20,7 +20,9 @@ constexpr uint64_t kDefaultToolIdBase = 0xfffe000000000000ULL;
 // `s` as a JSON string literal, quotes included; a byte that is not well-formed UTF-8 is U+FFFD.
 std::string json_str(const std::string& s);
 // A counters answer ("name=value" lines, a remote node's text) as a JSON object: a value that is a
-// JSON integer as a number, anything else as a string.
+// JSON integer as a number, anything else as a string. A name the text gives again keeps its first
+// value (a node that repeats names would otherwise give an object with duplicate keys, which JSON
+// readers resolve differently).
 std::string counters_json(const std::string& text);
 
 // True, the error named once on stderr ("uvbus WHAT: cannot write the output: Broken pipe"), when
