@@ -116,6 +116,16 @@ write("fuzz_murmur3_batch", "sixteen_64", struct.pack("<I", 0x9747B28C) + batch_
 write("fuzz_murmur3_batch", "long_lanes",
       struct.pack("<I", 1) + batch_buf(3000, 1, True) + batch_buf(1000, 2, True) + batch_buf(9) * 6)
 
+# fuzz_crc32c: u32 CRC to continue from (0: fresh), a cut byte, an alignment byte, the data.
+def crc_input(start, cut, align, n):
+    return struct.pack("<IBB", start, cut, align) + bytes((i * 13 + n) & 0xFF for i in range(n))
+
+
+write("fuzz_crc32c", "fresh_71", crc_input(0, 30, 3, 71))
+write("fuzz_crc32c", "continued_300", crc_input(0xDEADBEEF, 200, 1, 300))
+write("fuzz_crc32c", "lanes_1000", crc_input(0, 255, 7, 1000))
+write("fuzz_crc32c", "short_5", crc_input(0x12345678, 2, 0, 5))
+
 # fuzz_varint: bytes to decode; the first 8 are also a value to encode.
 for v in (0, 1, 127, 128, 300, 16383, 16384, (1 << 32) - 1, (1 << 63), (1 << 64) - 1):
     write("fuzz_varint", "enc_%x" % v, varint(v))
