@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "core/utf8.h"
+
 namespace uvbus::detail {
 
 bool random_bytes(uint8_t* out, size_t n) noexcept {
@@ -69,38 +71,6 @@ std::string host_identity() {
   return out;
 }
 
-namespace {
-
-// The length of the well-formed UTF-8 sequence at p[0..n) (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF) that is not a C1 control (U+0080..U+009F: 0xc2 0x80..0x9f),
-// or 0.
-size_t printable_utf8(const unsigned char* p, size_t n) {
-  const unsigned char c = p[0];
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-    if (c == 0xc2) lo = 0xa0;  // 0xc2 0x80..0x9f: the C1 controls
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (n < len || p[1] < lo || p[1] > hi) return 0;
-  for (size_t k = 2; k < len; ++k) {
-    if (p[k] < 0x80 || p[k] > 0xbf) return 0;
-  }
-  return len;
-}
-
-}  // namespace
-
 std::string printable(const std::string& s) {
   std::string out;
   out.reserve(s.size());
@@ -109,7 +79,8 @@ std::string printable(const std::string& s) {
     const unsigned char u = p[i];
     size_t keep = 0;  // the bytes kept as they are from p[i]
     if (u >= 0x80) {
-      keep = printable_utf8(p + i, s.size() - i);
+      keep = utf8_sequence(p + i, s.size() - i);
+      if (u == 0xc2 && keep == 2 && p[i + 1] < 0xa0) keep = 0;  // U+0080..U+009F: the C1 controls
     } else if (u >= 0x20 && u != 0x7f) {
       keep = 1;
     }

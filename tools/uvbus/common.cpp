@@ -15,37 +15,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "core/utf8.h"  // uvbus::detail::utf8_sequence
+
 namespace uvbus_tool {
-
-namespace {
-
-// The length of the well-formed UTF-8 sequence at p[0..n) (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), or 0 when it is not one.
-size_t utf8_sequence(const unsigned char* p, size_t n) {
-  const unsigned char c = p[0];
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (n < len || p[1] < lo || p[1] > hi) return 0;
-  for (size_t k = 2; k < len; ++k) {
-    if (p[k] < 0x80 || p[k] > 0xbf) return 0;
-  }
-  return len;
-}
-
-}  // namespace
 
 std::string json_str(const std::string& s) {
   std::string o = "\"";
@@ -67,7 +39,7 @@ std::string json_str(const std::string& s) {
       o += buf;
     } else if (c < 0x80) {
       o += static_cast<char>(c);
-    } else if (const size_t len = utf8_sequence(p + i, s.size() - i)) {
+    } else if (const size_t len = uvbus::detail::utf8_sequence(p + i, s.size() - i)) {
       o.append(s, i, len);  // well-formed UTF-8 passes through
       i += len - 1;
     } else {
