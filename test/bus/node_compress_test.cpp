@@ -36,6 +36,30 @@ class NodeCompress : public test::bus_fixture {
     detail::fail_next_try_resize(0);
     test::bus_fixture::TearDown();
   }
+  // A root and a child that compress with zstd, their link up.
+  void start_pair() {
+    node_config rc = fast_config();
+    rc.compression = compression_codec::zstd;
+    node_config cc = fast_config();
+    cc.compression = compression_codec::zstd;
+    root = make_root(kRoot, {kNet}, rc);
+    child = make_child(kChild, root, {}, cc);
+    ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  }
+  // The root could not restore `big` for want of its own memory (the error names `why`): not the
+  // peer's protocol error; the link came back and the message arrived once, acknowledged.
+  void expect_no_memory_then_resent(const std::string& big, const char* why) {
+    ASSERT_TRUE(wait([&] { return !root->errors.empty(); }));
+    EXPECT_EQ(root->errors[0], errc::no_memory) << root->error_texts[0];
+    EXPECT_NE(root->error_texts[0].find(why), std::string::npos) << root->error_texts[0];
+    EXPECT_EQ(root->n->counters().protocol_errors, 0u);
+    ASSERT_TRUE(wait([&] { return root->got.size() == 1 && child->ok_reports() == 1; }));
+    EXPECT_EQ(root->got[0].bytes, big);
+    EXPECT_EQ(child->ups, 2) << "the link came back";
+    EXPECT_EQ(root->n->counters().decompressed, 1u);
+  }
+  bus_node* root = nullptr;
+  bus_node* child = nullptr;
 };
 
 TEST_F(NodeCompress, OurOwnNoMemoryIsNotThePeersProtocolErrorAndTheMessageIsResent) {
@@ -43,25 +67,11 @@ TEST_F(NodeCompress, OurOwnNoMemoryIsNotThePeersProtocolErrorAndTheMessageIsRese
   // close the link as a protocol_error of the peer's (counted in protocol_errors, logged as the
   // peer's fault). Now the link closes with no_memory, the message is neither delivered nor
   // acknowledged, and end-to-end delivery resends it over the next link: it arrives once.
-  node_config rc = fast_config();
-  rc.compression = compression_codec::zstd;
-  node_config cc = fast_config();
-  cc.compression = compression_codec::zstd;
-  bus_node* root = make_root(kRoot, {kNet}, rc);
-  bus_node* child = make_child(kChild, root, {}, cc);
-  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(start_pair());
   detail::fail_next_zstd_dctx(1);
   const std::string big = snapshot(8000);
   ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);
-  ASSERT_TRUE(wait([&] { return !root->errors.empty(); }));
-  EXPECT_EQ(root->errors[0], errc::no_memory) << root->error_texts[0];
-  EXPECT_NE(root->error_texts[0].find("no memory for a ZSTD_DCtx"), std::string::npos)
-      << root->error_texts[0];
-  EXPECT_EQ(root->n->counters().protocol_errors, 0u);
-  ASSERT_TRUE(wait([&] { return root->got.size() == 1 && child->ok_reports() == 1; }));
-  EXPECT_EQ(root->got[0].bytes, big);
-  EXPECT_EQ(child->ups, 2) << "the link came back";
-  EXPECT_EQ(root->n->counters().decompressed, 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_no_memory_then_resent(big, "no memory for a ZSTD_DCtx"));
   ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);  // and the link works on
   ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
   EXPECT_EQ(root->got[1].bytes, big);
@@ -73,35 +83,15 @@ TEST_F(NodeCompress, NoMemoryForTheRestoreBufferClosesTheLinkAndTheMessageIsRese
   // compressed message. Its std::bad_alloc used to escape from the read callback (the process
   // terminated); now it is the same no_memory as a missing zstd context: the link closes, the
   // message is resent over the next link and arrives once.
-  node_config rc = fast_config();
-  rc.compression = compression_codec::zstd;
-  node_config cc = fast_config();
-  cc.compression = compression_codec::zstd;
-  bus_node* root = make_root(kRoot, {kNet}, rc);
-  bus_node* child = make_child(kChild, root, {}, cc);
-  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(start_pair());
   const std::string big = snapshot(8000);
   ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);  // compressed in this call
   detail::fail_next_try_resize(1);  // so the next buffer to grow is the root's restore buffer
-  ASSERT_TRUE(wait([&] { return !root->errors.empty(); }));
-  EXPECT_EQ(root->errors[0], errc::no_memory) << root->error_texts[0];
-  EXPECT_NE(root->error_texts[0].find("no memory for a restore buffer of"), std::string::npos)
-      << root->error_texts[0];
-  EXPECT_EQ(root->n->counters().protocol_errors, 0u);
-  ASSERT_TRUE(wait([&] { return root->got.size() == 1 && child->ok_reports() == 1; }));
-  EXPECT_EQ(root->got[0].bytes, big);
-  EXPECT_EQ(child->ups, 2) << "the link came back";
-  EXPECT_EQ(root->n->counters().decompressed, 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_no_memory_then_resent(big, "no memory for a restore buffer of"));
 }
 
 TEST_F(NodeCompress, NoMemoryToCompressSendsTheMessageUncompressed) {
-  node_config rc = fast_config();
-  rc.compression = compression_codec::zstd;
-  node_config cc = fast_config();
-  cc.compression = compression_codec::zstd;
-  bus_node* root = make_root(kRoot, {kNet}, rc);
-  bus_node* child = make_child(kChild, root, {}, cc);
-  ASSERT_TRUE(wait([&] { return child->ups == 1; }));
+  ASSERT_NO_FATAL_FAILURE(start_pair());
   const std::string big = snapshot(8000);
   detail::fail_next_try_resize(1);  // the child's gathered body
   ASSERT_EQ(test::send_str(child, kRoot, 1, big), errc::ok);
