@@ -59,20 +59,24 @@ void BM_Crc32c(benchmark::State& state) {
 }
 BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 71, 128, 256, 4096, 8192, 65536}, {0, 1}});
 
-// CRC-32C of independent records of uniform random 8..128 B (each started afresh, as the shm
-// ring's record checksums are): arg kernel (0 = table, 1 = sse42). The lengths come from a
-// sequence of 2^16 that the iterations walk through, so the branch predictor cannot learn them.
+// CRC-32C of independent records of uniform random lengths (each started afresh, as the shm
+// ring's record checksums are): args kernel (0 = table, 1 = sse42), shortest and longest length
+// (8..128 B: small messages; 52..172 B: the same with a bus node's header; 8..1024 B). The
+// lengths come from a sequence of 2^16 that the iterations walk through, so the branch predictor
+// cannot learn them.
 void BM_Crc32cMixed(benchmark::State& state) {
   const auto impl = state.range(0) == 0 ? uvbus::crc32c_impl::table : uvbus::crc32c_impl::sse42;
   if (!uvbus::crc32c_use(impl)) {
     state.SkipWithError("kernel not supported on this CPU");
     return;
   }
+  const auto lo = static_cast<uint32_t>(state.range(1));
+  const auto hi = static_cast<uint32_t>(state.range(2));
   constexpr size_t kLengths = size_t{1} << 16;
   std::mt19937 rng(1);
   std::vector<uint32_t> lens(kLengths);
-  for (auto& l : lens) l = 8 + rng() % 121;
-  std::vector<uint8_t> buf(129, 0x5a);
+  for (auto& l : lens) l = lo + rng() % (hi - lo + 1);
+  std::vector<uint8_t> buf(hi + 1, 0x5a);
   size_t i = 0;
   int64_t bytes = 0;
   for (auto _ : state) {
@@ -83,7 +87,11 @@ void BM_Crc32cMixed(benchmark::State& state) {
   (void)uvbus::crc32c_use(uvbus::crc32c_impl::auto_);
   state.SetBytesProcessed(bytes);
 }
-BENCHMARK(BM_Crc32cMixed)->Arg(0)->Arg(1);
+BENCHMARK(BM_Crc32cMixed)
+    ->Args({0, 8, 128})
+    ->Args({1, 8, 128})
+    ->Args({1, 52, 172})
+    ->Args({1, 8, 1024});
 
 // Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
 // at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The

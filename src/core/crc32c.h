@@ -1,8 +1,9 @@
 // CRC-32C (Castagnoli: polynomial 0x1EDC6F41, reflected, initial value and final xor ~0: the CRC
 // of iSCSI, ext4 and SCTP), the shared-memory ring's record checksum from layout version 4 on.
-// Two kernels, chosen at run time by CPU: the SSE4.2 crc32 instruction in three interleaved
-// streams joined with a carry-less multiply (about 20 GB/s here), and a portable slicing-by-8
-// table. Both give the same value for every input. Figures and the reasons: docs/core.md.
+// Two kernels, chosen at run time by CPU: the SSE4.2 crc32 instruction beside carry-less multiply
+// folding (PCLMULQDQ), the two units working on separate parts of a long input at once, and a
+// portable slicing-by-8 table. Both give the same value for every input. Figures and the
+// reasons: docs/core.md.
 #pragma once
 
 #include <cstddef>

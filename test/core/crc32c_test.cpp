@@ -87,8 +87,9 @@ TEST_P(Crc32c, RandomLengthsUpTo64KiBMatchTheDefinition) {
 TEST_P(Crc32c, ContinuingFromAPrefixGivesTheCrcOfTheWhole) {
   const std::vector<uint8_t> v = random_bytes(5000, 3);
   const uint32_t whole = crc32c(v.data(), v.size());
-  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{767}, size_t{768}, size_t{2500},
-                     size_t{4999}, size_t{5000}}) {
+  for (size_t cut :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{127}, size_t{128}, size_t{767}, size_t{768},
+        size_t{1791}, size_t{1792}, size_t{2500}, size_t{3584}, size_t{4999}, size_t{5000}}) {
     const uint32_t head = crc32c(v.data(), cut);
     EXPECT_EQ(crc32c(v.data() + cut, v.size() - cut, head), whole) << "cut at " << cut;
     EXPECT_EQ(reference(v.data() + cut, v.size() - cut, head), whole) << "cut at " << cut;
@@ -96,10 +97,11 @@ TEST_P(Crc32c, ContinuingFromAPrefixGivesTheCrcOfTheWhole) {
 }
 
 // A CRC continued from any register takes another path than one started afresh (whose first
-// step is a table entry): every length 0..1100 (each len % 8, short inputs, the three-lane cut
-// from 256 B) from registers that are neither 0 nor ~0.
+// step is a table entry): every length 0..3800 (each len % 8, short inputs, the fold from 128 B,
+// one and two rounds of the fold beside three crc32 chains from 1792 B, and every remainder after
+// them) from registers that are neither 0 nor ~0.
 TEST_P(Crc32c, ContinuingFromAnyCrcMatchesTheDefinitionAtEveryLength) {
-  const std::vector<uint8_t> data = random_bytes(1100, 11);
+  const std::vector<uint8_t> data = random_bytes(3800, 11);
   std::mt19937 rng(13);
   for (size_t len = 0; len <= data.size(); ++len) {
     const uint32_t from = rng() | 1U;  // never 0: the fresh start is the other tests' case
