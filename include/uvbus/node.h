@@ -172,8 +172,11 @@ struct node_callbacks {
   // configuration error); after anything else it retries with backoff.
   std::function<void(errc result, const std::string& detail)> on_registration;
   // Errors that are not tied to one send: refused peers, protocol errors, listener failures.
+  // Called for every one, also when its log line is rate-limited (refused registrations).
   std::function<void(errc e, const std::string& what)> on_error;
   // Optional log hook (registration, refusals, reconnects, drops). Without it nothing is logged.
+  // Lines a peer can repeat at will (relayed drops, refused registrations) are rate-limited: the
+  // first 5 a second of each kind, then one "N more ..." line.
   std::function<void(log_level level, const std::string& message)> on_log;
   // A send_data() got queue_full and there is room again: retry now. `id` is the next hop whose
   // stream link drained or whose ring is at most half full again (polled every ms), or (end_to_end)

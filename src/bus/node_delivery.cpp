@@ -493,7 +493,7 @@ void node::impl::tick() {
     close_link(lk, errc::timeout);
   }
   expire_queue(&parent_pending, now);
-  drop_log_flush(now);
+  flush_logs(now);
   flows_tick(now);  // may run on_writable
   if (dead) return;
   grace_tick(now);

@@ -214,8 +214,7 @@ void node::impl::s_send_failed(connection_id c, uint64_t /*first*/, uint64_t las
               lk->unsent_dropped, lk->peer != nullptr ? lk->peer->id : 0, to_string(reason));
     lk->unsent_dropped = 0;
   }
-  // Every entry up to `last` is in the failed range: the ones before `first` were reported
-  // written already.
+  // Every entry up to `last` failed: the ones before `first` were reported written already.
   while (!lk->reports.empty() && lk->reports.front().seq <= last) {
     const in_flight f = lk->reports.front();
     lk->reports.pop_front();
@@ -440,8 +439,9 @@ void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto:
   char buf[160];
   std::snprintf(buf, sizeof buf, "refused registration of 0x%" PRIx64 " from %s: ", who.id,
                 streams->peer_url(lk->conn).c_str());
-  error(why, buf + msg + " (pid " + std::to_string(who.pid) + ", host " +
-                 detail::printable(who.hostname) + ")");
+  const std::string what = buf + msg + " (pid " + std::to_string(who.pid) + ", host " +
+                           detail::printable(who.hostname) + ")";
+  error(why, what, &refuse_log);  // a peer can repeat it at will: the log line is rate-limited
   proto::register_reply_body rr;
   rr.status = proto::reason_from_errc(why);
   rr.version = cfg.protocol_max;

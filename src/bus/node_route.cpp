@@ -390,28 +390,33 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why, bool log
       send_drop_notice(hd, why);
     }
   }
-  if (!log_line) return;  // the caller logs once for many
-  const uint64_t now = now_ms();
-  drop_log_flush(now);
-  if (drop_log_lines < detail::kDropLogBurst) {
-    ++drop_log_lines;
-    log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
-        proto::to_string(hd.type), hd.sequence, hd.source, hd.target,
-        to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
-  } else {
-    ++drop_log_suppressed;
-  }
+  if (!log_line || !log_allowed(&drop_log)) return;  // the caller logs once for many
+  log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
+      proto::to_string(hd.type), hd.sequence, hd.source, hd.target,
+      to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
 }
 
-void node::impl::drop_log_flush(uint64_t now) {
-  if (now - drop_log_window_ms < detail::kDropLogWindowMs) return;
-  if (drop_log_suppressed != 0) {
-    log(log_level::warn, "%" PRIu64 " more relayed messages dropped (log rate-limited)",
-        drop_log_suppressed);
+bool node::impl::log_allowed(detail::windowed_log* w) {
+  flush_logs(now_ms());
+  if (w->lines < detail::kDropLogBurst) {
+    ++w->lines;
+    return true;
   }
-  drop_log_window_ms = now;
-  drop_log_lines = 0;
-  drop_log_suppressed = 0;
+  ++w->suppressed;
+  return false;
+}
+
+void node::impl::flush_logs(uint64_t now) {
+  for (detail::windowed_log* w : {&drop_log, &refuse_log}) {
+    if (now - w->window_ms < detail::kDropLogWindowMs) continue;
+    const uint64_t left_out = w->suppressed;
+    w->window_ms = now;
+    w->lines = 0;
+    w->suppressed = 0;
+    // Last: on_log may stop the node.
+    if (left_out != 0)
+      log(log_level::warn, "%" PRIu64 " more %s (log rate-limited)", left_out, w->summary);
+  }
 }
 
 void node::impl::send_drop_notice(const proto::header& hd, proto::reason why) {

@@ -48,9 +48,16 @@ constexpr size_t kMaxSpans = 64;
 // A sibling the parent does not know yet (not registered): ask again this often while messages
 // wait for it (they expire on the pending queue's deadline).
 constexpr uint32_t kSiblingWaitRetryMs = 100;
-// Relay drop log lines: the first kDropLogBurst per kDropLogWindowMs, then one summary.
+// Log lines a peer can repeat at will (a relayed message dropped, a registration refused): the
+// first kDropLogBurst per kDropLogWindowMs of each kind, then one summary line per window.
 constexpr uint32_t kDropLogBurst = 5;
 constexpr uint64_t kDropLogWindowMs = 1000;
+struct windowed_log {
+  const char* summary;  // "N more <summary> (log rate-limited)"
+  uint64_t window_ms = 0;
+  uint32_t lines = 0;
+  uint64_t suppressed = 0;
+};
 // A report tag is the message id; this bit marks a require_response message, whose one report is
 // owned by its entry in node::impl::replies (the ack, the response timeout or the first channel
 // failure, whichever comes first) and never by the channel's success. Message ids stay below it.

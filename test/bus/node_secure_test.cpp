@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -245,6 +246,48 @@ TEST_F(NodeSecure, AProvenRefusalIsFinal) {
   EXPECT_EQ(child->registrations.size(), 1u);
   EXPECT_EQ(root->n->counters().registrations_refused, 1u);
   EXPECT_EQ(test::send_str(child, kRoot, 1, "x"), errc::out_of_subnet);
+}
+
+// A peer may register again and again without the token. Every refusal reaches on_error and the
+// counter, but the log is rate-limited: at most 5 lines a second, the rest counted in one "N more"
+// line once the second has passed. (Refusals that straddle a window are logged in both.)
+TEST_F(NodeSecure, RefusedRegistrationsAreLoggedAtABoundedRate) {
+  bus_node* root = make_root(kRoot, {kNet}, with_tokens({"secret"}));
+  constexpr size_t kTries = 20;
+  std::vector<std::unique_ptr<raw_child>> raws;
+  for (size_t i = 0; i < kTries; ++i) {
+    raws.push_back(std::make_unique<raw_child>(kChild + i, kRoot));
+    raws.back()->compress = false;
+    raws.back()->start(&loop_, root->n->listen_urls().at(0));
+  }
+  ASSERT_TRUE(wait([&] { return root->n->counters().registrations_refused == kTries; }));
+  EXPECT_EQ(root->error_texts.size(), kTries);
+  // Every refusal is in a line of its own or in a summary, and some are only in a summary.
+  auto accounted = [&](size_t* lines, uint64_t* summed) {
+    *lines = 0;
+    *summed = 0;
+    for (const auto& [lv, m] : root->logs) {
+      unsigned long long more = 0;
+      if (m.find("refused registration of") != std::string::npos) ++*lines;
+      if (std::sscanf(m.c_str(), "%llu more registrations refused (log rate-limited)", &more) ==
+          1) {
+        *summed += more;
+      }
+    }
+    return *lines + *summed == kTries;
+  };
+  size_t lines = 0;
+  uint64_t summed = 0;
+  ASSERT_TRUE(wait([&] { return accounted(&lines, &summed); })) << lines << " + " << summed;
+  EXPECT_LT(lines, kTries);
+  EXPECT_GT(summed, 0u);
+  for (auto& r : raws) r->ch->close();
+  ASSERT_TRUE(wait([&] {
+    for (auto& r : raws) {
+      if (!r->ch->closed()) return false;
+    }
+    return true;
+  }));
 }
 
 // Bus id 0 means "no node" on the wire (node::validate refuses it for a node): a hand-made peer
