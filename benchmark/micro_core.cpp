@@ -38,13 +38,20 @@ void BM_Murmur3_x64_128(benchmark::State& state) {
 }
 BENCHMARK(BM_Murmur3_x64_128)->Arg(16)->Arg(128)->Arg(4096)->Arg(65536);
 
-// CRC-32C of one buffer: args size, kernel (0 = table, 1 = sse42; skipped where the CPU lacks it).
+// Forces CRC-32C kernel k: 0 = table, 1 = sse42 folding inputs of 256..1791 B, 2 = sse42 taking
+// them in three crc32 lanes (the variant the dispatch times: docs/core.md). False: not on this CPU.
+bool use_crc32c_kernel(int64_t k) {
+  if (k == 0) return uvbus::crc32c_use(uvbus::crc32c_impl::table);
+  return uvbus::crc32c_use(uvbus::crc32c_impl::sse42) &&
+         uvbus::crc32c_detail::sse42_medium_use(k == 1 ? 0 : 1);
+}
+
+// CRC-32C of one buffer: args size, kernel (use_crc32c_kernel; skipped where the CPU lacks it).
 // Each call depends on the one before (its result seeds the next), so this is the latency of one
 // record's checksum, not the throughput of independent ones.
 void BM_Crc32c(benchmark::State& state) {
   const auto n = static_cast<size_t>(state.range(0));
-  const auto impl = state.range(1) == 0 ? uvbus::crc32c_impl::table : uvbus::crc32c_impl::sse42;
-  if (!uvbus::crc32c_use(impl)) {
+  if (!use_crc32c_kernel(state.range(1))) {
     state.SkipWithError("kernel not supported on this CPU");
     return;
   }
@@ -54,19 +61,19 @@ void BM_Crc32c(benchmark::State& state) {
     crc = uvbus::crc32c(buf.data() + 1, n, crc);  // unaligned input
     benchmark::DoNotOptimize(crc);
   }
+  (void)uvbus::crc32c_detail::sse42_medium_use(-1);
   (void)uvbus::crc32c_use(uvbus::crc32c_impl::auto_);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
 }
-BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 71, 128, 256, 4096, 8192, 65536}, {0, 1}});
+BENCHMARK(BM_Crc32c)->ArgsProduct({{16, 71, 128, 256, 512, 1024, 4096, 8192, 65536}, {0, 1, 2}});
 
 // CRC-32C of independent records of uniform random lengths (each started afresh, as the shm
-// ring's record checksums are): args kernel (0 = table, 1 = sse42), shortest and longest length
+// ring's record checksums are): args kernel (use_crc32c_kernel), shortest and longest length
 // (8..128 B: small messages; 52..172 B: the same with a bus node's header; 8..1024 B). The
 // lengths come from a sequence of 2^16 that the iterations walk through, so the branch predictor
 // cannot learn them.
 void BM_Crc32cMixed(benchmark::State& state) {
-  const auto impl = state.range(0) == 0 ? uvbus::crc32c_impl::table : uvbus::crc32c_impl::sse42;
-  if (!uvbus::crc32c_use(impl)) {
+  if (!use_crc32c_kernel(state.range(0))) {
     state.SkipWithError("kernel not supported on this CPU");
     return;
   }
@@ -84,6 +91,7 @@ void BM_Crc32cMixed(benchmark::State& state) {
     benchmark::DoNotOptimize(uvbus::crc32c(buf.data() + 1, len));
     bytes += len;
   }
+  (void)uvbus::crc32c_detail::sse42_medium_use(-1);
   (void)uvbus::crc32c_use(uvbus::crc32c_impl::auto_);
   state.SetBytesProcessed(bytes);
 }
@@ -91,7 +99,8 @@ BENCHMARK(BM_Crc32cMixed)
     ->Args({0, 8, 128})
     ->Args({1, 8, 128})
     ->Args({1, 52, 172})
-    ->Args({1, 8, 1024});
+    ->Args({1, 8, 1024})
+    ->Args({2, 8, 1024});
 
 // Frames' payloads hashed: args size (0 = uniform random 8..128 B), kernel (0 = murmur3_x86_32 one
 // at a time, 1 = batch scalar, 2 = batch AVX2, 3 = batch AVX-512), batch (frames per call). The

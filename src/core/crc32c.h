@@ -33,4 +33,14 @@ bool crc32c_use(crc32c_impl impl) noexcept;
 // The kernel crc32c runs now (never auto_).
 [[nodiscard]] crc32c_impl crc32c_active() noexcept;
 
+namespace crc32c_detail {
+// The sse42 kernel takes inputs of 256..1791 B in one of two ways: folded with carry-less
+// multiplies (0) or in three crc32 lanes (1), whichever its first use timed faster on this CPU
+// (docs/core.md). Tests and benchmarks force one; -1 times them again. Returns false, changing
+// nothing, without the sse42 kernel or for another value. Not meant to race with hashing threads.
+bool sse42_medium_use(int variant) noexcept;
+// The variant in use (0 or 1; -1 without the sse42 kernel).
+[[nodiscard]] int sse42_medium_active() noexcept;
+}  // namespace crc32c_detail
+
 }  // namespace uvbus

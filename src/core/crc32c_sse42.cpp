@@ -3,13 +3,15 @@
 // instruction (8 bytes a step, 3 cycles of latency; one step a cycle on Intel, one every 3 cycles
 // on AMD Zen 1) and the carry-less multiplier, which folds 16-byte blocks forward over the input as
 // zlib's and Linux's PCLMULQDQ CRCs do. From kMinFold bytes on, the whole 64-byte strides are
-// folded; from kRound bytes on, each round folds its first 1 KiB while three crc32 chains take the
-// other 768 bytes, and the four partial CRCs are joined by shifting each over the bytes that
-// follow it: a carry-less multiply by x^(n-33) mod P, reduced by one more crc32 (the identity
-// behind zlib's crc32_combine, in two instructions). The same multiply, by a negative power of x,
-// lets the first len % 8 bytes take one 8-byte step without a branch on len % 8; for a CRC started
-// afresh (the register ~0, every record checksum) that multiply is a table entry. Shorter inputs
-// and the last words run as one chain. Figures and the algebra: docs/core.md.
+// folded (or, in the lanes variant, from kMinLanes bytes on three crc32 lanes side by side: where
+// crc32 starts a step every cycle they beat the fold's longer reduction; crc32c.cpp times the two
+// once and takes the faster); from kRound bytes on, each round folds its first 1 KiB while three
+// crc32 chains take the other 768 bytes, and the four partial CRCs are joined by shifting each over
+// the bytes that follow it: a carry-less multiply by x^(n-33) mod P, reduced by one more crc32 (the
+// identity behind zlib's crc32_combine, in two instructions). The same multiply, by a negative
+// power of x, lets the first len % 8 bytes take one 8-byte step without a branch on len % 8; for a
+// CRC started afresh (the register ~0, every record checksum) that multiply is a table entry.
+// Shorter inputs and the last words run as one chain. Figures and the algebra: docs/core.md.
 #include <nmmintrin.h>
 #include <smmintrin.h>
 #include <wmmintrin.h>
@@ -24,6 +26,8 @@ namespace {
 // Inputs this long or longer are folded (below: one chain of crc32 steps, which is also what a
 // threshold crossed at random by records of mixed sizes costs least; docs/core.md).
 constexpr size_t kMinFold = 128;
+// The lanes variant takes inputs from this long on (below kRound) in three crc32 lanes instead.
+constexpr size_t kMinLanes = 256;
 // A round of the two units: kFoldBytes folded in 64-byte strides while three crc32 chains take
 // kLaneBytes each (48 bytes a stride against the fold's 64: the two finish together on Zen 1).
 constexpr size_t kStrides = 16;
@@ -59,6 +63,19 @@ constexpr uint32_t x_pow(uint64_t n) noexcept {
 constexpr uint32_t shift_bits(uint64_t n) noexcept {
   return x_pow(n - 33);
 }
+
+// kShift[w]: shift_bits(64 w), the register over w 8-byte words, for the three lanes' joins (the
+// first lane moves over two lanes of up to kRound / 24 words).
+constexpr size_t kMaxShiftWords = 2 * (kRound / 24);
+struct shift_table {
+  uint32_t k[kMaxShiftWords + 1];
+};
+constexpr shift_table make_shifts() noexcept {
+  shift_table t{};
+  for (size_t w = 1; w <= kMaxShiftWords; ++w) t.k[w] = shift_bits(64 * w);
+  return t;
+}
+constexpr shift_table kShift = make_shifts();
 
 // x^-1 modulo the polynomial (P(x) + 1) / x, in the same bit order: P's constant term is 1, so
 // dropping it and dividing by x leaves the inverse of x.
@@ -211,9 +228,25 @@ inline uint32_t round_of_both(uint32_t reg, const uint8_t* p) noexcept {
          mul_const(static_cast<uint32_t>(l.b), kOverOne) ^ static_cast<uint32_t>(l.c);
 }
 
-}  // namespace
+// Three lanes of `words` 8-byte words side by side from p, joined into the CRC register of the
+// 24 * words bytes continued from reg: the first lane's register is shifted over the other two
+// lanes and the second's over the third, both products at once.
+inline uint32_t three_lanes(uint32_t reg, const uint8_t* p, size_t words) noexcept {
+  const size_t lane = words * 8;
+  uint64_t a = reg;
+  uint64_t b = 0;
+  uint64_t c = 0;
+  for (size_t i = 0; i < lane; i += 8) {
+    a = _mm_crc32_u64(a, load64(p + i));
+    b = _mm_crc32_u64(b, load64(p + lane + i));
+    c = _mm_crc32_u64(c, load64(p + 2 * lane + i));
+  }
+  return mul_const(static_cast<uint32_t>(a), kShift.k[2 * words]) ^
+         mul_const(static_cast<uint32_t>(b), kShift.k[words]) ^ static_cast<uint32_t>(c);
+}
 
-uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
+template <bool kLanes>
+uint32_t update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
   uint64_t r = reg;
   if (len >= 8) {
     // The head (kHead), then whole words: no branch on len % 8. The one branch on the register is
@@ -226,8 +259,14 @@ uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
     for (; len >= kRound; len -= kRound, p += kRound) {
       r = round_of_both(static_cast<uint32_t>(r), p);
     }
-    // What is left, from kMinFold bytes on: its whole 64-byte strides folded.
-    if (len >= kMinFold) {
+    // What is left: from kMinLanes bytes on three lanes as long as it allows (lanes variant), or
+    // from kMinFold bytes on its whole 64-byte strides folded.
+    if (kLanes && len >= kMinLanes) {
+      const size_t words = len / 24;
+      r = three_lanes(static_cast<uint32_t>(r), p, words);
+      p += 24 * words;
+      len -= 24 * words;
+    } else if (len >= kMinFold) {
       const size_t folded = len & ~size_t{63};
       r = fold_strides(static_cast<uint32_t>(r), p, folded);
       p += folded;
@@ -252,6 +291,16 @@ uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
   }
   if ((len & 1) != 0) r32 = _mm_crc32_u8(r32, *p);
   return r32;
+}
+
+}  // namespace
+
+uint32_t sse42_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
+  return update<false>(reg, p, len);
+}
+
+uint32_t sse42_lanes_update(uint32_t reg, const uint8_t* p, size_t len) noexcept {
+  return update<true>(reg, p, len);
 }
 
 }  // namespace uvbus::crc32c_detail

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -29,21 +30,41 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   return v;
 }
 
-std::vector<crc32c_impl> kernels() {
-  std::vector<crc32c_impl> v;
-  for (const crc32c_impl i : {crc32c_impl::table, crc32c_impl::sse42}) {
-    if (crc32c_supported(i)) v.push_back(i);
+// A kernel, and for sse42 the variant for inputs of 256..1791 B (0 fold, 1 lanes; both run here,
+// whichever the dispatch would time faster).
+struct kernel {
+  crc32c_impl impl;
+  int medium;
+  const char* name;
+};
+
+void PrintTo(const kernel& k, std::ostream* os) {
+  *os << k.name;
+}
+
+std::vector<kernel> kernels() {
+  std::vector<kernel> v{{crc32c_impl::table, -1, "table"}};
+  if (crc32c_supported(crc32c_impl::sse42)) {
+    v.push_back({crc32c_impl::sse42, 0, "sse42_fold"});
+    v.push_back({crc32c_impl::sse42, 1, "sse42_lanes"});
   }
   return v;
 }
 
-class Crc32c : public ::testing::TestWithParam<crc32c_impl> {
+class Crc32c : public ::testing::TestWithParam<kernel> {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(crc32c_use(GetParam()));
-    ASSERT_EQ(crc32c_active(), GetParam());
+    ASSERT_TRUE(crc32c_use(GetParam().impl));
+    ASSERT_EQ(crc32c_active(), GetParam().impl);
+    if (GetParam().medium >= 0) {
+      ASSERT_TRUE(crc32c_detail::sse42_medium_use(GetParam().medium));
+      ASSERT_EQ(crc32c_detail::sse42_medium_active(), GetParam().medium);
+    }
   }
-  void TearDown() override { (void)crc32c_use(crc32c_impl::auto_); }
+  void TearDown() override {
+    (void)crc32c_detail::sse42_medium_use(-1);
+    (void)crc32c_use(crc32c_impl::auto_);
+  }
 };
 
 TEST_P(Crc32c, MatchesThePublishedCheckValues) {
@@ -69,7 +90,7 @@ TEST_P(Crc32c, EveryLengthUpTo4096AtEveryAlignmentMatchesTheDefinition) {
       const std::vector<uint8_t> exact(data.begin() + static_cast<long>(align),
                                        data.begin() + static_cast<long>(align + len));
       ASSERT_EQ(crc32c(exact.data(), len), want)
-          << to_string(GetParam()) << " len " << len << " align " << align;
+          << GetParam().name << " len " << len << " align " << align;
       want = reference(&data[align + len], 1, want);
     }
   }
@@ -116,8 +137,8 @@ TEST_P(Crc32c, ContinuingFromAnyCrcMatchesTheDefinitionAtEveryLength) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Crc32c, ::testing::ValuesIn(kernels()),
-                         [](const ::testing::TestParamInfo<crc32c_impl>& i) {
-                           return std::string(to_string(i.param));
+                         [](const ::testing::TestParamInfo<kernel>& i) {
+                           return std::string(i.param.name);
                          });
 
 TEST(Crc32cDispatch, AutoPicksTheFastestKernelTheCpuHasAndUnsupportedOnesAreRefused) {
@@ -131,6 +152,28 @@ TEST(Crc32cDispatch, AutoPicksTheFastestKernelTheCpuHasAndUnsupportedOnesAreRefu
     EXPECT_EQ(crc32c_active(), before);
   }
   EXPECT_STREQ(to_string(crc32c_impl::auto_), "auto");
+}
+
+// The sse42 kernel's variant for inputs of 256..1791 B is timed at its first use and can be
+// forced; a value out of range, or a CPU without the kernel, changes nothing.
+TEST(Crc32cDispatch, TheSse42VariantIsTimedOnceAndCanBeForced) {
+  if (!crc32c_supported(crc32c_impl::sse42)) {
+    EXPECT_FALSE(crc32c_detail::sse42_medium_use(0));
+    EXPECT_EQ(crc32c_detail::sse42_medium_active(), -1);
+    return;
+  }
+  const int timed = crc32c_detail::sse42_medium_active();
+  EXPECT_TRUE(timed == 0 || timed == 1) << timed;
+  EXPECT_FALSE(crc32c_detail::sse42_medium_use(2));
+  EXPECT_FALSE(crc32c_detail::sse42_medium_use(-2));
+  EXPECT_EQ(crc32c_detail::sse42_medium_active(), timed);
+  for (const int v : {1, 0}) {
+    ASSERT_TRUE(crc32c_detail::sse42_medium_use(v));
+    EXPECT_EQ(crc32c_detail::sse42_medium_active(), v);
+  }
+  ASSERT_TRUE(crc32c_detail::sse42_medium_use(-1));
+  const int again = crc32c_detail::sse42_medium_active();
+  EXPECT_TRUE(again == 0 || again == 1) << again;
 }
 
 }  // namespace
