@@ -2,7 +2,8 @@
 //
 // Input: bytes 0-3 the CRC to continue from (0: a CRC started afresh, the path record checksums
 // take), byte 4 a cut point, byte 5 an alignment, the rest the data.
-// Invariants, for every kernel (forced in turn with crc32c_use):
+// Invariants, for every kernel (forced in turn with crc32c_use; the sse42 kernel in both of its
+// variants for inputs of 256..1791 B, crc32c_detail::sse42_medium_use):
 //   * crc32c(data, len, from) equals the definition's;
 //   * cut anywhere, the CRC of the tail continued from the CRC of the head is the CRC of the whole;
 //   * nothing is read outside the data: it lives in an exactly-sized allocation after its
@@ -34,13 +35,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t align = in.u8() & 63;
   const uint8_t* src = nullptr;
   const size_t n = in.take(size, &src);
-  std::unique_ptr<uint8_t[]> storage(new uint8_t[align + n + 1]);
+  std::unique_ptr<uint8_t[]> storage(new uint8_t[align + n]);
   uint8_t* buf = storage.get() + align;
   if (n != 0) std::memcpy(buf, src, n);
   const size_t cut = n == 0 ? 0 : cut_byte % (n + 1);
   const uint32_t want = reference(buf, n, from);
-  for (const uvbus::crc32c_impl k : {uvbus::crc32c_impl::table, uvbus::crc32c_impl::sse42}) {
-    if (!uvbus::crc32c_use(k)) continue;
+  for (const int k : {0, 1, 2}) {  // table, sse42 folding, sse42 in lanes
+    if (!uvbus::crc32c_use(k == 0 ? uvbus::crc32c_impl::table : uvbus::crc32c_impl::sse42) ||
+        (k != 0 && !uvbus::crc32c_detail::sse42_medium_use(k - 1))) {
+      continue;
+    }
     FUZZ_CHECK(uvbus::crc32c(buf, n, from) == want);
     const uint32_t head = uvbus::crc32c(buf, cut, from);
     FUZZ_CHECK(uvbus::crc32c(buf + cut, n - cut, head) == want);
