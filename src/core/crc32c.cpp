@@ -117,7 +117,7 @@ int64_t fastest_ns(kernel_fn k, const uint8_t* data) noexcept {
 
 // Fold where the CPU's crc32 is slow (AMD Zen 1 starts one step every 3 cycles: the fold was 1.8x
 // faster at 256 B there), lanes where it starts one a cycle and the fold's reduction is the longer
-// path. The lanes must win by a twentieth: closer than that either is fine. About 0.2 ms, once.
+// path. The lanes must win by a twentieth: closer than that either is fine. About 0.25 ms, once.
 int time_medium() noexcept {
   alignas(64) uint8_t data[1024];
   for (size_t i = 0; i < sizeof data; ++i) data[i] = static_cast<uint8_t>(i * 131U + 7U);
