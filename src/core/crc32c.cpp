@@ -4,12 +4,12 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/endian.h"
+#include "core/kernel_timing.h"
 
 namespace uvbus {
 
@@ -96,23 +96,14 @@ std::atomic<int> g_medium{-1};
 // side by side).
 std::atomic<uint32_t> g_timing_sink{0};
 
-// The fastest of 5 timings of 32 CRCs each of inputs of 300, 520 and 1000 B with one variant, each
-// continuing the last (one dependent chain: the latency a record's checksum waits for).
-int64_t fastest_ns(kernel_fn k, const uint8_t* data) noexcept {
-  int64_t best = INT64_MAX;
-  for (int t = 0; t < 5; ++t) {
-    const auto t0 = std::chrono::steady_clock::now();
-    uint32_t r = 0;
-    for (int i = 0; i < 32; ++i) {
-      for (const size_t n : {300, 520, 1000}) r = k(r, data, n);
-    }
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    g_timing_sink.store(r, std::memory_order_relaxed);
-    best = ns < best ? ns : best;
+// 32 CRCs each of inputs of 300, 520 and 1000 B with one variant, each continuing the last (one
+// dependent chain: the latency a record's checksum waits for).
+void chained_crcs(kernel_fn k, const uint8_t* data) noexcept {
+  uint32_t r = 0;
+  for (int i = 0; i < 32; ++i) {
+    for (const size_t n : {300, 520, 1000}) r = k(r, data, n);
   }
-  return best;
+  g_timing_sink.store(r, std::memory_order_relaxed);
 }
 
 // Fold where the CPU's crc32 is slow (AMD Zen 1 starts one step every 3 cycles: the fold was 1.8x
@@ -121,15 +112,10 @@ int64_t fastest_ns(kernel_fn k, const uint8_t* data) noexcept {
 int time_medium() noexcept {
   alignas(64) uint8_t data[1024];
   for (size_t i = 0; i < sizeof data; ++i) data[i] = static_cast<uint8_t>(i * 131U + 7U);
-  int64_t fold = INT64_MAX;
-  int64_t lanes = INT64_MAX;
-  for (int round = 0; round < 2; ++round) {  // alternated: a frequency step cannot favour one
-    const int64_t f = fastest_ns(crc32c_detail::sse42_update, data);
-    const int64_t l = fastest_ns(crc32c_detail::sse42_lanes_update, data);
-    fold = f < fold ? f : fold;
-    lanes = l < lanes ? l : lanes;
-  }
-  return lanes * 20 <= fold * 19 ? 1 : 0;
+  const detail::kernel_times t =
+      detail::time_alternately([&] { chained_crcs(crc32c_detail::sse42_update, data); },
+                               [&] { chained_crcs(crc32c_detail::sse42_lanes_update, data); });
+  return t.b * 20 <= t.a * 19 ? 1 : 0;
 }
 #endif
 

@@ -4,12 +4,12 @@
 #include "core/murmur3_batch.h"
 
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 
 #include "core/endian.h"
+#include "core/kernel_timing.h"
 #include "core/murmur3.h"
 #include "core/murmur3_batch_impl.h"
 
@@ -81,24 +81,6 @@ void scalar_range(const uint8_t* const* data, const size_t* len, size_t n, uint3
 }
 
 #if defined(UVBUS_MURMUR3_SIMD)
-// The fastest of `trials` timings of `reps` hashes of the calibration batch with one kernel.
-template <typename Kernel>
-int64_t fastest_ns(Kernel kernel, const uint8_t* const* data, const size_t* len, size_t n,
-                   uint32_t* out) noexcept {
-  constexpr int trials = 5;
-  constexpr int reps = 16;
-  int64_t best = INT64_MAX;
-  for (int t = 0; t < trials; ++t) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r) kernel(data, len, n, static_cast<uint32_t>(r), out);
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    best = ns < best ? ns : best;
-  }
-  return best;
-}
-
 // AVX2 against the scalar hash on 16 frames of mixed sizes (8-128 B, as small messages come): on
 // some CPUs (measured: a 2-vCPU AMD EPYC VM) the AVX2 kernel's masked loads make it slower than
 // one frame at a time. About 0.1 ms, once per process.
@@ -114,15 +96,13 @@ murmur3_impl measure_avx2() noexcept {
     len[i] = sizes[i];
   }
   uint32_t out[n];
-  int64_t scalar = INT64_MAX;
-  int64_t avx2 = INT64_MAX;
-  for (int round = 0; round < 2; ++round) {  // alternated: a frequency step cannot favour one
-    const int64_t s = fastest_ns(scalar_range, data, len, n, out);
-    const int64_t v = fastest_ns(murmur3_batch_detail::batch_avx2, data, len, n, out);
-    scalar = s < scalar ? s : scalar;
-    avx2 = v < avx2 ? v : avx2;
-  }
-  return murmur3_batch_detail::pick_avx2_or_scalar(scalar, avx2);
+  // 16 hashes of the batch with one kernel (seeds 0..15).
+  const auto reps = [&](auto kernel) {
+    for (uint32_t r = 0; r < 16; ++r) kernel(data, len, n, r, out);
+  };
+  const detail::kernel_times t = detail::time_alternately(
+      [&] { reps(scalar_range); }, [&] { reps(murmur3_batch_detail::batch_avx2); });
+  return murmur3_batch_detail::pick_avx2_or_scalar(t.a, t.b);
 }
 #endif
 
