@@ -58,8 +58,8 @@ void node::impl::log_later(log_level lv, const char* fmt, ...) {
   arm_idle();
 }
 
-void node::impl::error(errc e, const std::string& what, detail::windowed_log* limit) {
-  if (limit == nullptr || log_allowed(limit))
+void node::impl::error(errc e, const std::string& what, detail::peer_log limit) {
+  if (limit == detail::peer_log::none || log_allowed(limit))
     log(log_level::warn, "%s: %s", what.c_str(), to_string(e));
   fire(cbs.on_error, e, what);
 }

@@ -134,9 +134,7 @@ struct node::impl {
   peer_ep* cached_hop = nullptr;
   peer_ep* full_hop = nullptr;  // the hop (link or ring) of transmit()'s last queue_full
   std::vector<const_buffer> gather;
-  // The log lines a peer can repeat at will, rate-limited (windowed_log).
-  detail::windowed_log drop_log{"relayed messages dropped"};
-  detail::windowed_log refuse_log{"registrations refused"};
+  detail::log_limiter peer_logs;  // the log lines a peer can repeat at will (peer_log)
 
   impl(uv_loop_t* l, bus_id id, node_config c, node_callbacks cb)
       : loop(l), self(id), cfg(std::move(c)), cbs(std::move(cb)), table(id, cfg.subnets) {
@@ -273,7 +271,7 @@ struct node::impl {
   void log(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
   // log() from the loop: for a line inside a member function, where no callback may fire.
   void log_later(log_level lv, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-  void error(errc e, const std::string& what, detail::windowed_log* limit = nullptr);
+  void error(errc e, const std::string& what, detail::peer_log limit = detail::peer_log::none);
   void arm_idle();
   void defer_report(uint64_t tag, bus_id target, errc status, bool e2e);
   // Reports a message's channel-level fate: with require_response the channel outcome only
@@ -485,8 +483,8 @@ struct node::impl {
   // and tell its source: an ack with the reason for require_response, else a drop notice (v2+).
   void relay_drop(const proto::header& hd, proto::reason why, bool log_line = true);
   void send_drop_notice(const proto::header& hd, proto::reason why);
-  bool log_allowed(detail::windowed_log* w);  // whether w's burst has room; counts the line if not
-  void flush_logs(uint64_t now);  // each windowed_log's "N more" line once its window passed
+  bool log_allowed(detail::peer_log kind);  // whether kind's burst has room (peer_logs)
+  void flush_logs(uint64_t now);            // each kind's "N more" line once its window passed
   // A drop notice (or a late negative ack) for one of our messages.
   void on_drop_notice(uint64_t message_id, bus_id target, errc why);
   // The negotiated protocol version of a peer's link (0 if it has none).

@@ -441,7 +441,7 @@ void node::impl::refuse(link* lk, errc why, const std::string& msg, const proto:
                 streams->peer_url(lk->conn).c_str());
   const std::string what = buf + msg + " (pid " + std::to_string(who.pid) + ", host " +
                            detail::printable(who.hostname) + ")";
-  error(why, what, &refuse_log);  // a peer can repeat it at will: the log line is rate-limited
+  error(why, what, detail::peer_log::refused_registration);  // its log line rate-limited
   proto::register_reply_body rr;
   rr.status = proto::reason_from_errc(why);
   rr.version = cfg.protocol_max;

@@ -390,32 +390,30 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why, bool log
       send_drop_notice(hd, why);
     }
   }
-  if (!log_line || !log_allowed(&drop_log)) return;  // the caller logs once for many
+  if (!log_line || !log_allowed(detail::peer_log::relay_drop))
+    return;  // the caller logs once for many
   log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
       proto::to_string(hd.type), hd.sequence, hd.source, hd.target,
       to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
 }
 
-bool node::impl::log_allowed(detail::windowed_log* w) {
-  flush_logs(now_ms());
-  if (w->lines < detail::kDropLogBurst) {
-    ++w->lines;
-    return true;
-  }
-  ++w->suppressed;
-  return false;
+bool node::impl::log_allowed(detail::peer_log kind) {
+  const uint64_t now = now_ms();
+  flush_logs(now);  // the last window's count first, in its own line
+  uint64_t suppressed = 0;
+  return peer_logs.allow(static_cast<size_t>(kind), now, &suppressed);
 }
 
 void node::impl::flush_logs(uint64_t now) {
-  for (detail::windowed_log* w : {&drop_log, &refuse_log}) {
-    if (now - w->window_ms < detail::kDropLogWindowMs) continue;
-    const uint64_t left_out = w->suppressed;
-    w->window_ms = now;
-    w->lines = 0;
-    w->suppressed = 0;
-    // Last: on_log may stop the node.
-    if (left_out != 0)
-      log(log_level::warn, "%" PRIu64 " more %s (log rate-limited)", left_out, w->summary);
+  for (const detail::peer_log k :
+       {detail::peer_log::relay_drop, detail::peer_log::refused_registration}) {
+    const auto i = static_cast<size_t>(k);
+    const uint64_t left_out = peer_logs.take_expired(i, now);
+    // on_log may stop the node: the count was taken first.
+    if (left_out != 0) {
+      log(log_level::warn, "%" PRIu64 " more %s (log rate-limited)", left_out,
+          detail::kPeerLogSummary[i]);
+    }
   }
 }
 

@@ -25,6 +25,7 @@
 #include "bus/node_secure.h"
 #include "bus/routing.h"
 #include "bus/wire.h"
+#include "core/log_limiter.h"
 #include "core/ring_fifo.h"
 #include "core/thread_check.h"
 #include "obs/http_endpoint.h"
@@ -48,16 +49,10 @@ constexpr size_t kMaxSpans = 64;
 // A sibling the parent does not know yet (not registered): ask again this often while messages
 // wait for it (they expire on the pending queue's deadline).
 constexpr uint32_t kSiblingWaitRetryMs = 100;
-// Log lines a peer can repeat at will (a relayed message dropped, a registration refused): the
-// first kDropLogBurst per kDropLogWindowMs of each kind, then one summary line per window.
-constexpr uint32_t kDropLogBurst = 5;
-constexpr uint64_t kDropLogWindowMs = 1000;
-struct windowed_log {
-  const char* summary;  // "N more <summary> (log rate-limited)"
-  uint64_t window_ms = 0;
-  uint32_t lines = 0;
-  uint64_t suppressed = 0;
-};
+// Log lines a peer can repeat at will, rate-limited per kind (node::impl::peer_logs: 5 a second,
+// then one "N more <kPeerLogSummary> (log rate-limited)" line once the second has passed).
+enum class peer_log : size_t { relay_drop, refused_registration, none };
+constexpr const char* kPeerLogSummary[] = {"relayed messages dropped", "registrations refused"};
 // A report tag is the message id; this bit marks a require_response message, whose one report is
 // owned by its entry in node::impl::replies (the ack, the response timeout or the first channel
 // failure, whichever comes first) and never by the channel's success. Message ids stay below it.
