@@ -125,9 +125,9 @@ bool parse(int argc, char** argv, options* o) {
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (v == nullptr) return false;
     if (std::strcmp(a, "--runs") == 0) {
-      o->runs = std::max(1, std::atoi(v));
+      o->runs = std::max(1, static_cast<int>(std::strtol(v, nullptr, 10)));
     } else if (std::strcmp(a, "--mib") == 0) {
-      o->mib = static_cast<size_t>(std::max(1, std::atoi(v)));
+      o->mib = static_cast<size_t>(std::max(1, static_cast<int>(std::strtol(v, nullptr, 10))));
     } else if (std::strcmp(a, "--sizes") == 0) {
       o->sizes.clear();
       for (const char* p = v; *p != 0;) {

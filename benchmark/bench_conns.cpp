@@ -120,7 +120,8 @@ int connect_one(client* cl, cconn* c) {
   sockaddr_in to{};
   uv_ip4_addr(src.c_str(), 0, &from);
   const size_t colon = cl->url.rfind(':');
-  uv_ip4_addr("127.0.0.1", std::atoi(cl->url.c_str() + colon + 1), &to);
+  uv_ip4_addr("127.0.0.1", static_cast<int>(std::strtol(cl->url.c_str() + colon + 1, nullptr, 10)),
+              &to);
   r = uv_tcp_bind(&c->u.tcp, reinterpret_cast<const sockaddr*>(&from), 0);
   if (r == 0) {
     r = uv_tcp_connect(&c->creq, &c->u.tcp, reinterpret_cast<const sockaddr*>(&to),
@@ -294,11 +295,12 @@ size_t heap_in_use() {
 long meminfo_kib(const char* key) {
   FILE* f = std::fopen("/proc/meminfo", "r");
   if (f == nullptr) return 0;
-  char name[64];
-  long v = 0;
+  char row[256];
   long out = 0;
-  while (std::fscanf(f, "%63s %ld kB\n", name, &v) == 2) {
-    if (std::strncmp(name, key, std::strlen(key)) == 0 && name[std::strlen(key)] == ':') out = v;
+  const size_t n = std::strlen(key);
+  while (std::fgets(row, sizeof row, f) != nullptr) {
+    if (std::strncmp(row, key, n) == 0 && row[n] == ':')
+      out = std::strtol(row + n + 1, nullptr, 10);
   }
   std::fclose(f);
   return out;
@@ -312,7 +314,7 @@ long tcp_buffer_kib() {
   long mem = 0;
   while (std::fgets(row, sizeof row, f) != nullptr) {
     const char* m = std::strstr(row, " mem ");
-    if (std::strncmp(row, "TCP:", 4) == 0 && m != nullptr) mem = std::atol(m + 5);
+    if (std::strncmp(row, "TCP:", 4) == 0 && m != nullptr) mem = std::strtol(m + 5, nullptr, 10);
   }
   std::fclose(f);
   return mem * 4;

@@ -29,7 +29,7 @@ long rss_kib(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
   }
   return 0;
 }
@@ -45,8 +45,8 @@ long cpu_ms(pid_t pid) {
   long ut = 0;
   long st = 0;
   for (int i = 3; i <= 15 && in >> field; ++i) {
-    if (i == 14) ut = std::atol(field.c_str());
-    if (i == 15) st = std::atol(field.c_str());
+    if (i == 14) ut = std::strtol(field.c_str(), nullptr, 10);
+    if (i == 15) st = std::strtol(field.c_str(), nullptr, 10);
   }
   return (ut + st) * 1000 / sysconf(_SC_CLK_TCK);
 }
@@ -69,7 +69,7 @@ uvbus::directory_entry entry(uvbus::bus_id id) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t n = argc > 1 ? static_cast<size_t>(std::atol(argv[1])) : 200;
+  const size_t n = argc > 1 ? static_cast<size_t>(std::strtol(argv[1], nullptr, 10)) : 200;
   uv_loop_t loop;
   uv_loop_init(&loop);
   uvbus::test::etcd_cluster etcd(1);
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   uvbus::discovery_config c;
   c.etcd_endpoints = etcd.endpoints();
   c.prefix = "/scale";
-  c.ttl_s = argc > 2 ? static_cast<uint32_t>(std::atol(argv[2])) : 5;
+  c.ttl_s = argc > 2 ? static_cast<uint32_t>(std::strtol(argv[2], nullptr, 10)) : 5;
   std::vector<std::unique_ptr<uvbus::etcd_discovery>> ds;
   std::map<std::string, size_t> reasons;  // log lines by their first 90 bytes
   const auto t0 = clk::now();

@@ -53,6 +53,7 @@ BENCHMARK(BM_RouteLookupChildSubnet)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000);
 void BM_RouteLookupScan(benchmark::State& state) {
   const auto children = static_cast<uint64_t>(state.range(0));
   std::vector<std::pair<subnet, bus_id>> nets;
+  nets.reserve(children);
   for (uint64_t i = 0; i < children; ++i) nets.emplace_back(subnet{child_base(i), 8}, i);
   const std::vector<bus_id> t = targets(children);
   size_t k = 0;
@@ -94,6 +95,7 @@ BENCHMARK(BM_RegisterChild)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000)->Arg(10000
 void BM_RegisterCheckScan(benchmark::State& state) {
   const auto children = static_cast<uint64_t>(state.range(0));
   std::vector<std::pair<subnet, bus_id>> nets;
+  nets.reserve(children);
   for (uint64_t i = 0; i < children; ++i) nets.emplace_back(subnet{child_base(i), 8}, i);
   const bus_id id = child_base(children) | 1;
   const std::vector<subnet> mine = {{child_base(children), 8}};

@@ -76,7 +76,8 @@ std::unique_ptr<uvbus::node> make_logic(uv_loop_t* loop, int which) {
     }
     const std::string answer = "done: " + text;
     (void)(*holder)->send_data(from, kAnswer, answer.data(), answer.size());
-    const int player = std::atoi(text.c_str() + text.find('#') + 1);
+    const int player =
+        static_cast<int>(std::strtol(text.c_str() + text.find('#') + 1, nullptr, 10));
     if (player % 10 == 0) {
       const std::string gossip = "I served player #" + std::to_string(player);
       (void)(*holder)->send_data(other, kGossip, gossip.data(), gossip.size());
@@ -141,7 +142,8 @@ int main(int argc, char** argv) {
     a.logic.push_back(make_logic(loop, 2));
     a.limit = 12;
   } else if (role == "logic") {
-    a.logic.push_back(make_logic(loop, argc > 2 && std::atoi(argv[2]) == 2 ? 2 : 1));
+    a.logic.push_back(make_logic(
+        loop, argc > 2 && static_cast<int>(std::strtol(argv[2], nullptr, 10)) == 2 ? 2 : 1));
   } else if (role != "gateway") {
     std::fprintf(stderr, "usage: %s [gateway | logic 1|2]\n", argv[0]);
     return 2;

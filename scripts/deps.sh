@@ -19,10 +19,24 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "deps: installing ${missing[*]}" >&2
+# CI's clang-tidy: clang-tidy-22 from Debian 12's security archive when it is there. From LLVM 21
+# on, clang-tidy skips the declarations of system headers, which makes it about four times faster
+# on this project (a test file: 24 s with clang-tidy 14, 5.7 s with 22). Without it the packaged
+# clang-tidy (14) runs; scripts/tidy.py takes the newest installed.
+newer_tidy=()
+if [ "${1:-}" = ci ] && ! dpkg-query -W -f='${Status}' clang-tidy-22 2>/dev/null | grep -q "install ok installed"; then
+  newer_tidy=(clang-tidy-22)
+fi
+[ ${#missing[@]} -eq 0 ] && [ ${#newer_tidy[@]} -eq 0 ] && exit 0
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q >/dev/null
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "deps: installing ${missing[*]}" >&2
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ ${#newer_tidy[@]} -ne 0 ]; then
+  $SUDO apt-get install -y -q --no-install-recommends "${newer_tidy[@]}" >/dev/null ||
+    echo "deps: ${newer_tidy[*]} is not in this machine's archive; clang-tidy $(clang-tidy --version | sed -n 's/.*version \([0-9]*\).*/\1/p') will run (slower)" >&2
+fi

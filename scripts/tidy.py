@@ -13,9 +13,11 @@ marker exists is not run again; findings are never cached, so a failing file run
 Prints each finding, then one summary line; exits 1 on any finding.
 """
 import concurrent.futures
+import glob
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,6 +26,23 @@ import time
 
 TIDY_ARGS = ["--quiet", "--extra-arg=-std=c++17"]
 MAX_AGE_S = 30 * 24 * 3600
+
+
+def tidy_binary():
+    """$CLANG_TIDY, else the newest versioned clang-tidy-N on PATH, else clang-tidy."""
+    env = os.environ.get("CLANG_TIDY")
+    if env:
+        return env
+    found = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        for p in glob.glob(os.path.join(d, "clang-tidy-[0-9]*")):
+            m = re.fullmatch(r"clang-tidy-(\d+)", os.path.basename(p))
+            if m and os.access(p, os.X_OK):
+                found.append((int(m.group(1)), p))
+    return max(found)[1] if found else "clang-tidy"
+
+
+TIDY = tidy_binary()
 
 
 def cache_dir():
@@ -109,7 +128,7 @@ def check(db_dir, cache, common, path, entry):
     if marker and os.path.exists(marker):
         os.utime(marker)
         return path, [], True
-    run = subprocess.run(["clang-tidy", "-p", db_dir, *TIDY_ARGS, path], capture_output=True,
+    run = subprocess.run([TIDY, "-p", db_dir, *TIDY_ARGS, path], capture_output=True,
                          text=True, check=False)
     findings = [line for line in run.stdout.splitlines() if "warning:" in line or "error:" in line]
     if run.returncode != 0 and not findings:
@@ -135,9 +154,14 @@ def main():
     if cache:
         os.makedirs(cache, exist_ok=True)
         prune(cache)
-    version = subprocess.run(["clang-tidy", "--version"], capture_output=True, check=True).stdout
-    with open(".clang-tidy", "rb") as f:
-        common = version + b"\0" + f.read() + b"\0" + " ".join(TIDY_ARGS).encode() + b"\0"
+    version = subprocess.run([TIDY, "--version"], capture_output=True, check=True).stdout
+    # Every configuration file: the top one and the directories' own (test/, benchmark/).
+    configs = subprocess.run(["git", "ls-files", "--", ".clang-tidy", "*/.clang-tidy"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    common = version + b"\0" + " ".join(TIDY_ARGS).encode() + b"\0"
+    for name in sorted(configs):
+        with open(name, "rb") as f:
+            common += name.encode() + b"\0" + f.read() + b"\0"
     findings, reused = [], 0
     with tempfile.TemporaryDirectory() as db_dir:
         entries = compile_args(build, db_dir)

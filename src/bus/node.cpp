@@ -198,7 +198,7 @@ void node::impl::open_handles() {
   // a stopped node must let uv_run() return (close_mailbox() refs it while reports remain).
   uv_unref(reinterpret_cast<uv_handle_t*>(&h->post));
   h->open = 8;
-  std::lock_guard<std::mutex> lock(mbox.mu);
+  std::scoped_lock lock(mbox.mu);
   mbox.async = &h->post;
 }
 
@@ -273,7 +273,7 @@ errc node::impl::start() {
                                             std::chrono::system_clock::now().time_since_epoch())
                                             .count());
   {
-    std::lock_guard<std::mutex> lock(mbox.mu);
+    std::scoped_lock lock(mbox.mu);
     mbox.st = detail::mailbox::status::open;
   }
   disc_start();  // node_discovery.cpp: may choose parent_urls
@@ -588,6 +588,7 @@ std::vector<std::string> node::listen_urls() const {
 std::vector<endpoint_info> node::peers() const {
   UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::peers", {});
   std::vector<endpoint_info> v;
+  v.reserve(impl_->peers.size());
   for (const auto& [id, p] : impl_->peers) v.push_back(impl_->info_of(*p));
   return v;
 }

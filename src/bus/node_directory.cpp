@@ -77,8 +77,9 @@ void dir_release(node::impl& n, bus_id child) {
     --p->dir_tokens;
   }
   if (!gone.empty()) n.dir_remove(p, gone, false);
-  if (n.dead || up.empty() || (p = n.find_peer(child)) == nullptr) return;
-  n.dir_upsert(p, up, false);
+  if (n.dead || up.empty()) return;
+  p = n.find_peer(child);
+  if (p != nullptr) n.dir_upsert(p, up, false);
 }
 
 }  // namespace

@@ -442,6 +442,7 @@ void node::impl::latency_families(prom_text* t) const {
   t->family("uvbus_type_ack_latency_seconds",
             "Send to end-to-end acknowledgement, per user message type.", metric_type::histogram);
   std::vector<uint32_t> types;
+  types.reserve(type_latency.size());
   for (const auto& [type, h] : type_latency) types.push_back(type);
   std::sort(types.begin(), types.end());
   for (const uint32_t type : types) {

@@ -51,7 +51,7 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
   // cfg never changes after construction: reading it here is safe from any thread.
   if (size > cfg.message_limit) return errc::message_too_large;
   const size_t need = detail::post_item_bytes(size);
-  std::lock_guard<std::mutex> lock(mbox.mu);
+  std::scoped_lock lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
   if (mailbox_full(need)) return errc::queue_full;
   post_record r;
@@ -71,7 +71,7 @@ errc node::impl::post_message(bus_id target, uint32_t type, const void* data, si
 }
 
 errc node::impl::post_task(std::function<void()> task) {
-  std::lock_guard<std::mutex> lock(mbox.mu);
+  std::scoped_lock lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
   if (mailbox_full(detail::kPostRecordBytes)) return errc::queue_full;
   mbox.tasks.push_back(std::move(task));
@@ -86,7 +86,7 @@ void node::impl::on_post_async(uv_async_t* a) {
   n->drain_posts();
   // Stopped and drained: the loop reference close_mailbox() took for the last reports goes.
   if (n->post_offset < n->post_backlog.size()) return;
-  std::lock_guard<std::mutex> lock(n->mbox.mu);
+  std::scoped_lock lock(n->mbox.mu);
   if (n->mbox.st != detail::mailbox::status::open && n->mbox.items == 0) {
     uv_unref(reinterpret_cast<uv_handle_t*>(a));
   }
@@ -95,7 +95,7 @@ void node::impl::on_post_async(uv_async_t* a) {
 void node::impl::close_mailbox(detail::mailbox::status st) {
   bool pending = false;
   {
-    std::lock_guard<std::mutex> lock(mbox.mu);
+    std::scoped_lock lock(mbox.mu);
     if (mbox.st == detail::mailbox::status::gone) return;
     mbox.st = st;
     pending = mbox.items != 0;
@@ -135,7 +135,7 @@ void node::impl::drain_posts() {
     post_offset = 0;
     post_tasks.clear();
     post_task_next = 0;
-    std::lock_guard<std::mutex> lock(mbox.mu);
+    std::scoped_lock lock(mbox.mu);
     if (mbox.items == 0) return;
     post_backlog.swap(mbox.bytes);  // both keep their capacity: no allocation in steady state
     post_tasks.swap(mbox.tasks);
@@ -158,7 +158,7 @@ void node::impl::drain_posts() {
     }
     if (run_posted(at) == errc::queue_full) {
       post_blocked = true;  // retried when a link drains (s_writable) or at the next tick
-      std::lock_guard<std::mutex> lock(mbox.mu);
+      std::scoped_lock lock(mbox.mu);
       mbox.held_items = post_batch_items - post_batch_done;
       mbox.held_bytes = post_backlog.size() - post_offset;
       return;
@@ -168,7 +168,7 @@ void node::impl::drain_posts() {
   }
   // Posts that arrived while this batch ran (or while it waited for a full link) did not wake the
   // loop (the mailbox was not empty): come back for them after the loop's next round of I/O.
-  std::lock_guard<std::mutex> lock(mbox.mu);
+  std::scoped_lock lock(mbox.mu);
   mbox.held_items = 0;
   mbox.held_bytes = 0;
   if (mbox.items != 0 && mbox.st != detail::mailbox::status::gone) uv_async_send(mbox.async);
@@ -176,7 +176,7 @@ void node::impl::drain_posts() {
 
 bool node::impl::posts_drained() {
   if (post_offset < post_backlog.size()) return false;
-  std::lock_guard<std::mutex> lock(mbox.mu);
+  std::scoped_lock lock(mbox.mu);
   return mbox.items == 0;
 }
 

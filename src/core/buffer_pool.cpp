@@ -13,7 +13,7 @@ buffer_pool::buffer_pool(size_t buffer_size, size_t max_free) noexcept
 buffer_pool::~buffer_pool() {
   while (head_ != nullptr) {
     void* next = nullptr;
-    std::memcpy(&next, head_, sizeof next);
+    std::memcpy(static_cast<void*>(&next), head_, sizeof next);
     std::free(head_);
     head_ = next;
   }
@@ -23,7 +23,7 @@ uint8_t* buffer_pool::acquire() noexcept {
   ++outstanding_;
   if (head_ != nullptr) {
     void* p = head_;
-    std::memcpy(&head_, p, sizeof head_);
+    std::memcpy(static_cast<void*>(&head_), p, sizeof head_);
     --free_;
     ++reused_;
     return static_cast<uint8_t*>(p);
@@ -40,7 +40,7 @@ void buffer_pool::release(uint8_t* p) noexcept {
     std::free(p);
     return;
   }
-  std::memcpy(p, &head_, sizeof head_);
+  std::memcpy(p, static_cast<const void*>(&head_), sizeof head_);
   head_ = p;
   ++free_;
 }

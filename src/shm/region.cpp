@@ -460,7 +460,7 @@ errc map_sysv_create(const address& addr, const shm_config& cfg, mapping* out, o
 
 errc map_mem_create(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how) {
   const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
-  std::lock_guard<std::mutex> lock(mem_mutex());
+  std::scoped_lock lock(mem_mutex());
   auto& reg = mem_registry();
   auto it = reg.find(addr.host);
   if (it != reg.end()) {  // close(remove) erases the entry; close(keep) leaves it detached
@@ -510,7 +510,7 @@ errc create_region(const address& addr, const shm_config& cfg, mapping* out, ope
 
 errc attach_region(const address& addr, mapping* out) {
   if (addr.kind == scheme::mem) {
-    std::lock_guard<std::mutex> lock(mem_mutex());
+    std::scoped_lock lock(mem_mutex());
     auto it = mem_registry().find(addr.host);
     if (it == mem_registry().end()) return errc::not_found;
     out->kind = region_kind::mem;
@@ -574,7 +574,7 @@ std::string object_size_mismatch(const mapping& m) {
 }
 
 bool mem_entry_removed(const mapping& m) noexcept {
-  std::lock_guard<std::mutex> lock(mem_mutex());
+  std::scoped_lock lock(mem_mutex());
   auto it = mem_registry().find(m.name);
   return it == mem_registry().end() || it->second != m.mem;
 }
@@ -594,7 +594,7 @@ void release_region(mapping* m, bool remove) noexcept {
       break;
     case region_kind::mem:
       if (remove) {
-        std::lock_guard<std::mutex> lock(mem_mutex());
+        std::scoped_lock lock(mem_mutex());
         auto it = mem_registry().find(m->name);
         if (it != mem_registry().end() && it->second == m->mem) mem_registry().erase(it);
       }

@@ -124,11 +124,13 @@ struct shm_writer::impl {
     // A hint, not a guarantee (the reader may close right after): relaxed is enough. Open (live
     // or dead reader) and detached both accept records.
     if (h->reader_state.load(std::memory_order_relaxed) == kReaderClosed || removed) return gone();
-    if ((sends_since_liveness += sends) >= kLivenessEvery) {
+    sends_since_liveness += sends;
+    if (sends_since_liveness >= kLivenessEvery) {
       sends_since_liveness = 0;
       if (region_gone()) return gone();
     }
-    if ((sends_since_flush += sends) >= kFlushEvery) flush();
+    sends_since_flush += sends;
+    if (sends_since_flush >= kFlushEvery) flush();
     // Start pulling the head and first data line of the likely position into our cache (for
     // writing) now, so the cross-core transfers overlap the hashing that follows instead of
     // stalling the claim.

@@ -227,7 +227,8 @@ long status_kib(const char* field) {
   char line[256];
   const size_t n = std::strlen(field);
   while (f != nullptr && std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kib = std::atol(line + n + 1);
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':')
+      kib = std::strtol(line + n + 1, nullptr, 10);
   }
   if (f != nullptr) std::fclose(f);
   return kib;
@@ -330,8 +331,8 @@ TEST(HandoverEdge, NoErrorPathLeaksAnFd) {
     sockaddr_un un{};
     un.sun_family = AF_UNIX;
     std::snprintf(un.sun_path, sizeof un.sun_path, "%s", path.c_str());
-    (void)::bind(s, reinterpret_cast<sockaddr*>(&un), sizeof un);
-    (void)::listen(s, 1);
+    EXPECT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&un), sizeof un), 0) << std::strerror(errno);
+    EXPECT_EQ(::listen(s, 1), 0) << std::strerror(errno);
     const int c = ::accept4(s, nullptr, nullptr, SOCK_CLOEXEC);
     uint8_t buf[64];
     size_t n = 0;  // the whole message (12 + 2 + 18 + 4 + 3 bytes), then refuse

@@ -54,7 +54,7 @@ size_t relayed(const test::raw_child& x) {
 class NodeCallback : public test::relay_fixture {
  protected:
   // Root and child A (relay_fixture), the root holding messages for absent children for a minute.
-  void make_root_and_sender(node_config rc, node_config ac, const tweak_fn& root_tweak = {}) {
+  void make_held_root_and_sender(node_config rc, node_config ac, const tweak_fn& root_tweak = {}) {
     rc.child_grace_ms = 60000;  // the whole test runs inside the window
     relay_fixture::make_root_and_sender(std::move(rc), std::move(ac), root_tweak);
   }
@@ -102,7 +102,7 @@ TEST_F(NodeCallback, ReleasingHeldMessagesDoesNotPauseTheRelaysRing) {
   rc.link_queue_bytes = size_t{256} << 10;
   rc.pending_max_bytes = size_t{32} << 20;
   rc.forward_overflow_bytes = size_t{32} << 20;
-  make_root_and_sender(rc, shm_config("cb-a"));
+  make_held_root_and_sender(rc, shm_config("cb-a"));
   endpoint_info e;
   ASSERT_TRUE(a_->n->peer(0x100, &e));
   ASSERT_EQ(e.data_channel, channel_kind::shm);  // A writes into the root's ring
@@ -134,7 +134,7 @@ TEST_F(NodeCallback, StopFromOnLogInsideAReleaseTellsEverySource) {
   rc.forward_overflow_bytes = size_t{512} << 10;
   rc.stop_flush_ms = 20000;
   bool stopped = false;
-  make_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
+  make_held_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
     cb->on_log = [&](log_level, const std::string& m) {
       root_->logs.emplace_back(log_level::warn, m);
       if (!stopped && m.find("0x110") != std::string::npos &&
@@ -169,7 +169,7 @@ TEST_F(NodeCallback, AFullRingOfANextHopDoesNotSpinTheRelaysLoop) {
   rc.forward_overflow_bytes = size_t{1} << 20;
   node_config ac = relay_config();
   ac.link_queue_bytes = size_t{256} << 10;
-  make_root_and_sender(rc, ac);
+  make_held_root_and_sender(rc, ac);
   test::own_loop_node b;  // B's loop, run only while B registers
   ASSERT_NO_FATAL_FAILURE(start_b_on_own_loop(&b, "cb-spin-b"));
   uint64_t sent = 0;
@@ -216,7 +216,7 @@ TEST_F(NodeCallback, DestroyFromOnLogWhileDrainingAnOverflowSendsNothingMore) {
   rc.link_queue_bytes = size_t{256} << 10;
   rc.forward_overflow_bytes = size_t{32} << 20;
   bool destroyed = false;
-  make_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
+  make_held_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
     cb->on_log = [&](log_level, const std::string& m) {
       if (!destroyed && m.find("dropping") != std::string::npos) {
         destroyed = true;
@@ -311,7 +311,7 @@ TEST_F(NodeCallback, DestroyFromOnLogInsideADirectoryUpdateForwardsNothing) {
 TEST_F(NodeCallback, DestroyFromOnLogWhileAcceptingAChildSendsItNothing) {
   node_config rc = relay_config();
   bool destroyed = false;
-  make_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
+  make_held_root_and_sender(rc, relay_config(), [&](node_callbacks* cb) {
     cb->on_log = [&](log_level, const std::string& m) {
       if (!destroyed && m.find("accepted child 0x110") != std::string::npos) {
         destroyed = true;
@@ -358,7 +358,7 @@ TEST_F(NodeCallback, DestroyFromOnUpSendsNothingQueuedForTheParent) {
 TEST_F(NodeCallback, AChildsUnusableRingIsLoggedAfterItsRegistration) {
   bool logged = false;
   bool registered_when_logged = false;
-  make_root_and_sender(shm_config("cb-ring-root"), relay_config(), [&](node_callbacks* cb) {
+  make_held_root_and_sender(shm_config("cb-ring-root"), relay_config(), [&](node_callbacks* cb) {
     cb->on_log = [&](log_level, const std::string& m) {
       if (logged || m.find("unusable") == std::string::npos) return;
       logged = true;

@@ -459,6 +459,7 @@ TEST_F(NodeFlowTest, ALateSyncOfADeadIncarnationDoesNotTakeTheFlowBack) {
   raw.send_flow(0x101, 502, "last", kNew, false);
   ASSERT_TRUE(wait([&] { return root->got.size() >= 4; }));
   std::vector<std::string> got;
+  got.reserve(root->got.size());
   for (const auto& g : root->got) got.push_back(g.bytes);
   EXPECT_EQ(got, (std::vector<std::string>{"old", "new", "next", "last"}));
   EXPECT_EQ(root->n->counters().flow_stale, 2u);

@@ -149,6 +149,7 @@ TEST_F(DiscoveryTest, LeaderKilledWhileNodesRegisterConverges) {
   for (bus_id id = 1; id <= 8; ++id) {
     // Each instance starts on another member (the leader's included).
     std::vector<std::string> mine;
+    mine.reserve(eps.size());
     for (size_t k = 0; k < eps.size(); ++k) mine.push_back(eps[(id + k) % eps.size()]);
     insts.push_back(make(test_entry(0x100 + id), config(mine)));
     want.insert(0x100 + id);

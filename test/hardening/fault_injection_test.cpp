@@ -67,7 +67,7 @@ template <class Setup, class Started>
   if (DIR* d = opendir("/proc/self/fd")) {
     std::vector<int> fds;
     while (dirent* e = readdir(d)) {
-      const int fd = std::atoi(e->d_name);
+      const int fd = static_cast<int>(std::strtol(e->d_name, nullptr, 10));
       if (fd > 2 && fd != keep_fd && fd != dirfd(d)) fds.push_back(fd);
     }
     closedir(d);
@@ -161,7 +161,7 @@ node_config receiver_config(const std::string& parent_url, const std::string& sh
 
 int iterations() {
   const char* it_env = std::getenv("UVBUS_FAULT_ITERATIONS");
-  return it_env != nullptr ? std::max(1, std::atoi(it_env)) : 3;
+  return it_env != nullptr ? std::max(1, static_cast<int>(std::strtol(it_env, nullptr, 10))) : 3;
 }
 
 class FaultInjection : public ::testing::Test {

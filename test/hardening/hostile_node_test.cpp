@@ -235,7 +235,7 @@ TEST_F(HostileNodeFlood, ARegistrationFloodRegistersNobodyAndClosesEveryone) {
         bytes = forged_register(0x9000 + i);
         ++forged;
         break;
-      case 4:  // data before any registration
+      default:  // 4: data before any registration
         bytes = data_before_registration();
         break;
     }

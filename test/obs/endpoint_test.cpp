@@ -131,7 +131,9 @@ class HttpEndpointTest : public ::testing::Test {
     http_result r;
     const size_t nl = out.rfind('\n');
     r.out = nl == std::string::npos ? out : out.substr(0, nl);
-    r.status = nl == std::string::npos ? 0 : std::atoi(out.c_str() + nl + 1);
+    r.status = nl == std::string::npos
+                   ? 0
+                   : static_cast<int>(std::strtol(out.c_str() + nl + 1, nullptr, 10));
     return r;
   }
 

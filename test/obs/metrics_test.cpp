@@ -45,7 +45,9 @@ http_result fetch(uv_loop_t* loop, const std::string& url, const std::string& ex
         test::command_output("curl -s -m 20 " + extra + " -w '\\n%{http_code}' '" + url + "'");
     const size_t nl = out.rfind('\n');
     r.body = nl == std::string::npos ? out : out.substr(0, nl);
-    r.status = nl == std::string::npos ? 0 : std::atoi(out.c_str() + nl + 1);
+    r.status = nl == std::string::npos
+                   ? 0
+                   : static_cast<int>(std::strtol(out.c_str() + nl + 1, nullptr, 10));
   });
   std::atomic<bool> finished{false};
   std::thread watcher([&] {

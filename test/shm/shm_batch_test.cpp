@@ -289,6 +289,7 @@ TEST(ShmBatch, ThreeBatchingWriterThreadsOverMemKeepPerWriterOrder) {
   ASSERT_EQ(test::start_with(r, &loop, chk_t::cb, &chk), errc::ok);
   std::atomic<int> failures{0};
   std::vector<std::thread> ts;
+  ts.reserve(kWriters);
   for (uint32_t id = 0; id < kWriters; ++id) {
     ts.emplace_back([&, id] {
       shm_writer w;

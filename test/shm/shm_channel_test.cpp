@@ -425,6 +425,7 @@ TEST_F(ShmChannel, FourWriterThreadsOverMemKeepPerWriterOrderAndExactTotals) {
   constexpr uint64_t kEach = 30000;
   std::atomic<int> ready{0};
   std::vector<std::thread> ts;
+  ts.reserve(4);
   std::atomic<int> failures{0};
   for (uint32_t i = 0; i < 4; ++i) {
     ts.emplace_back([&, i] {

@@ -476,6 +476,7 @@ TEST_F(ShmCoalesceLoop, CoalescingWriterThreadsOverMemKeepPerWriterOrder) {
                 &sk),
             errc::ok);
   std::vector<std::thread> ts;
+  ts.reserve(kWriters);
   for (uint32_t id = 0; id < kWriters; ++id) {
     ts.emplace_back([&url, id] {
       shm_writer w;

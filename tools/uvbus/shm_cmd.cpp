@@ -294,9 +294,12 @@ int shm_run(int argc, char** argv) {
   if (!drain) return inspect_main(url, json);
   drain_sink sink;
   sink.quiet = quiet;
-  if (out != nullptr && (sink.out = std::fopen(out, "ab")) == nullptr) {
-    std::fprintf(stderr, "%s: cannot open %s\n", url, out);
-    return kExitUsage;
+  if (out != nullptr) {
+    sink.out = std::fopen(out, "ab");
+    if (sink.out == nullptr) {
+      std::fprintf(stderr, "%s: cannot open %s\n", url, out);
+      return kExitUsage;
+    }
   }
   sink.out_name = out;
   const int rc = drain_main(url, &sink);
