@@ -27,6 +27,7 @@ enum class tls_mode : uint8_t {
 
 inline constexpr uint64_t kDefaultKeyUpdateBytes = uint64_t{1} << 30;
 inline constexpr uint32_t kDefaultKeyUpdateIntervalMs = 3600U * 1000U;
+inline constexpr uint32_t kDefaultMaxPeerCertChainBytes = 100U * 1024U;
 
 struct tls_config {
   tls_mode mode = tls_mode::off;
@@ -65,6 +66,13 @@ struct tls_config {
   // closed with errc::protocol_error too (counted in tls_failed, logged), whatever this limit.
   uint32_t max_peer_key_updates = 32;
   uint32_t key_update_window_ms = 10000;
+  // Certificate mode: the largest certificate chain (the TLS Certificate message, in bytes) taken
+  // from the peer, on either side. A longer one fails the handshake with
+  // errc::tls_handshake_failed, the detail naming this setting. Until its handshake ends or
+  // handshake_timeout_ms passes, a peer can make us hold about this much: lower it where chains
+  // are known to be short (one P-256 certificate is about 0.5 KB; post-quantum chains reach tens
+  // of KB). At least 1024 (errc::invalid_argument below). The default is OpenSSL's own.
+  uint32_t max_peer_cert_chain_bytes = kDefaultMaxPeerCertChainBytes;
 };
 
 }  // namespace uvbus

@@ -18,6 +18,7 @@ namespace {
 
 constexpr const char kPskSalt[] = "uvbus tls 1.3 psk";
 constexpr size_t kMinTokenBytes = 16;
+constexpr uint32_t kMinCertChainBytes = 1024;
 // TLS_AES_128_GCM_SHA256: the PSK's cipher suite (its hash, SHA-256, is the PSK's hash).
 constexpr unsigned char kPskCipher[2] = {0x13, 0x01};
 constexpr const char kPskSuites[] = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256";
@@ -96,7 +97,7 @@ std::string openssl_errors() {
 }
 
 errc tls_context::check(const tls_config& cfg, std::string* detail) {
-  auto bad = [detail](const char* why) {
+  auto bad = [detail](const std::string& why) {
     if (detail != nullptr) *detail = why;
     return errc::invalid_argument;
   };
@@ -106,6 +107,11 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
     case tls_mode::certificate:
       if (cfg.cert_file.empty() || cfg.key_file.empty() || cfg.ca_file.empty()) {
         return bad("tls: certificate mode needs cert_file, key_file and ca_file");
+      }
+      if (cfg.max_peer_cert_chain_bytes < kMinCertChainBytes) {
+        return bad("tls: max_peer_cert_chain_bytes " +
+                   std::to_string(cfg.max_peer_cert_chain_bytes) +
+                   " is below 1024 (no certificate chain is that short)");
       }
       break;
     case tls_mode::psk:
@@ -144,6 +150,8 @@ errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_contex
   SSL_CTX_set_num_tickets(c, 0);
   SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
   SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
+  // The peer's Certificate message: OpenSSL refuses a longer one ("excessive message size").
+  SSL_CTX_set_max_cert_list(c, static_cast<long>(cfg.max_peer_cert_chain_bytes));
   // A PSK is bound to one hash (SHA-256 here): only the suites using it can select the PSK.
   const std::string suites = !cfg.ciphersuites.empty()   ? cfg.ciphersuites
                              : cfg.mode == tls_mode::psk ? kPskSuites

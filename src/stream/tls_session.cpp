@@ -293,6 +293,13 @@ errc tls_session::failure(int ret, const char* what, std::string* detail) {
   if (why.empty())
     why = e == SSL_ERROR_SYSCALL ? "unexpected end of data" : "SSL error " + std::to_string(e);
   *detail = std::string("tls: ") + what + " failed: " + why;
+  if (why.find("excessive message size") != std::string::npos) {
+    // OpenSSL's only bound of that kind we set: the peer's certificate chain (tls_context).
+    *detail +=
+        " (the peer's certificate chain is longer than tls_config::max_peer_cert_chain_bytes, " +
+        std::to_string(ctx_->config().max_peer_cert_chain_bytes) + ")";
+    return errc::tls_handshake_failed;
+  }
   if (about_certificates(why)) return errc::peer_not_authenticated;
   return done_ ? errc::protocol_error : errc::tls_handshake_failed;
 }

@@ -117,6 +117,48 @@ TEST_F(StreamTls, ACertificateFromAnotherCaIsRefused) {
   expect_honest_peer_works(client_config());
 }
 
+// max_peer_cert_chain_bytes bounds the chain each side takes from its peer (OpenSSL's
+// max_cert_list): a client chain of about 3 KB is refused by a server set to 1 KiB, naming the
+// setting, while one certificate fits; the default takes the long chain; a client set to 1 KiB
+// refuses a server's long chain the same way.
+TEST_F(StreamTls, APeerCertificateChainOverTheBoundIsRefusedNamingTheSetting) {
+  tls_config longer = client_config();
+  longer.cert_file = pki_->chain_file(pki_->client, 4, "client-chain");
+  tls_config bounded = server_config();
+  bounded.max_peer_cert_chain_bytes = 1024;
+  serve(bounded);
+  recorder crec;
+  expect_refused_dial(&crec, longer);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_TRUE(logged("longer than tls_config::max_peer_cert_chain_bytes, 1024"));
+  EXPECT_TRUE(srec_.accepted.empty());
+  expect_honest_peer_works(client_config());
+  ASSERT_FALSE(HasFatalFailure());
+
+  srec_ = recorder{};
+  accepted_before_ = 0;
+  serve(server_config());
+  expect_honest_peer_works(longer);
+  ASSERT_FALSE(HasFatalFailure());
+
+  srec_ = recorder{};
+  tls_config long_server = server_config();
+  long_server.cert_file = pki_->chain_file(pki_->server, 4, "server-chain");
+  serve(long_server);
+  tls_config client = client_config();
+  client.max_peer_cert_chain_bytes = 1024;
+  recorder crec2;
+  const connection_id c = dial_with(&crec2, client);
+  ASSERT_TRUE(run([&] { return crec2.connected.count(c.value) != 0; }));
+  EXPECT_EQ(crec2.connected[c.value], errc::tls_handshake_failed);
+  bool named = false;
+  for (const auto& l : crec2.logs) {
+    named = named || l.second.find("max_peer_cert_chain_bytes, 1024") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << "the client's log names the setting";
+  EXPECT_TRUE(srec_.accepted.empty());
+}
+
 TEST_F(StreamTls, AnExpiredCertificateIsRefused) {
   serve(server_config());
   recorder crec;
@@ -205,6 +247,12 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   t.key_file = pki_->server.key;  // not the certificate's key
   EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::tls_handshake_failed);
   EXPECT_NE(ch->last_error().detail.find("cannot load key file " + pki_->server.key),
+            std::string::npos)
+      << ch->last_error().detail;
+  t = client_config();
+  t.max_peer_cert_chain_bytes = 1000;
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", t), errc::invalid_argument);
+  EXPECT_NE(ch->last_error().detail.find("max_peer_cert_chain_bytes 1000 is below 1024"),
             std::string::npos)
       << ch->last_error().detail;
   EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", psk_config("short")), errc::invalid_argument);

@@ -53,6 +53,21 @@ class test_pki {
   test_pki& operator=(const test_pki&) = delete;
 
   std::string ca_file;
+  // A file with p's certificate followed by `copies` copies of the CA's: a chain about 0.6 KB
+  // longer for each copy (p's key goes with it).
+  std::string chain_file(const pair& p, int copies, const char* name) {
+    std::string text = read(p.cert);
+    const std::string ca = read(ca_file);
+    for (int i = 0; i < copies; ++i) text += ca;
+    const std::string path = dir_ + "/" + name + ".crt";
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f != nullptr) {
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    }
+    files_.push_back(path);
+    return path;
+  }
   // loopback: a server certificate for 127.0.0.1 (an IP subjectAltName), as etcd's in the tests.
   // long_cn: a client certificate whose common name is kLongName, 255 'n' and then "-evil".
   inline static const std::string kLongName = std::string(255, 'n') + "-evil";
@@ -88,6 +103,15 @@ class test_pki {
     }
     X509_sign(x, issuer_key != nullptr ? issuer_key : key, EVP_sha256());
     return x;
+  }
+  static std::string read(const std::string& path) {
+    std::string text;
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) return text;
+    char b[4096];
+    for (size_t n = 0; (n = std::fread(b, 1, sizeof b, f)) != 0;) text.append(b, n);
+    std::fclose(f);
+    return text;
   }
   static void add_ext(X509* x, X509V3_CTX* v3, int nid, const char* value) {
     X509_EXTENSION* e = X509V3_EXT_conf_nid(nullptr, v3, nid, value);
