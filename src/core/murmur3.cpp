@@ -37,26 +37,21 @@ uint32_t murmur3_x86_32(const void* data, size_t len, uint32_t seed) noexcept {
     h1 = h1 * 5 + 0xe6546b64U;
   }
 
-  const uint8_t* tail = p + nblocks * 4;
+  // The tail (len % 4 bytes): from 4 bytes on, the input's last word shifted down to them, so
+  // no branch depends on len % 4 (a switch on it mispredicted on mixed lengths: random 8-128 B
+  // frames 45.5 -> 40.1 ns here); mix(0) == 0 leaves h1 alone when there is no tail. Shorter
+  // inputs take the reference's byte steps.
+  const auto t = static_cast<unsigned>(len & 3);
   uint32_t k1 = 0;
-  switch (len & 3) {
-    case 3:
-      k1 ^= static_cast<uint32_t>(tail[2]) << 16;
-      [[fallthrough]];
-    case 2:
-      k1 ^= static_cast<uint32_t>(tail[1]) << 8;
-      [[fallthrough]];
-    case 1:
-      k1 ^= tail[0];
-      k1 *= c1;
-      k1 = rotl32(k1, 15);
-      k1 *= c2;
-      h1 ^= k1;
-      break;
-    default:
-      break;
+  if (len >= 4) {
+    k1 = t == 0 ? 0 : load_le32(p + len - 4) >> (32 - 8 * t);
+  } else {
+    for (unsigned j = 0; j < t; ++j) k1 |= static_cast<uint32_t>(p[j]) << (8 * j);
   }
-
+  k1 *= c1;
+  k1 = rotl32(k1, 15);
+  k1 *= c2;
+  h1 ^= k1;
   // The reference mixes in the length as a 32-bit int.
   h1 ^= static_cast<uint32_t>(len);
   return fmix32(h1);
