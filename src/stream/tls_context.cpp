@@ -110,8 +110,8 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
       }
       if (cfg.max_peer_cert_chain_bytes < kMinCertChainBytes) {
         return bad("tls: max_peer_cert_chain_bytes " +
-                   std::to_string(cfg.max_peer_cert_chain_bytes) +
-                   " is below 1024 (no certificate chain is that short)");
+                   std::to_string(cfg.max_peer_cert_chain_bytes) + " is below " +
+                   std::to_string(kMinCertChainBytes) + " (no certificate chain is that short)");
       }
       break;
     case tls_mode::psk:
