@@ -8,9 +8,9 @@ bash scripts/deps.sh
 BUILD=${BUILD:-build-test}
 rm -rf "$BUILD"
 # Benchmarks are not tests: CI's Release build compiles them (with -Werror); skipping them here
-# keeps the sanitizer build short.
+# keeps the sanitizer build short, as does compiling the test sources in batches (unity build).
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUVBUS_WERROR=ON \
-  -DUVBUS_SANITIZE=address,undefined -DUVBUS_BUILD_BENCHMARKS=OFF
+  -DUVBUS_SANITIZE=address,undefined -DUVBUS_BUILD_BENCHMARKS=OFF -DUVBUS_UNITY_TESTS=ON
 cmake --build "$BUILD" -j"$(nproc)"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -165,6 +165,15 @@ def main():
     findings, reused = [], 0
     with tempfile.TemporaryDirectory() as db_dir:
         entries = compile_args(build, db_dir)
+        missing = [f for f in files if os.path.realpath(f) not in entries]
+        if missing:
+            # Without its own entry clang-tidy would guess a neighbour's flags and check the file
+            # against them: refuse instead.
+            print(f"clang-tidy: {len(missing)} files are not in {build}/compile_commands.json, "
+                  f"first {missing[0]} (a build configured with UVBUS_UNITY_TESTS=ON lists its "
+                  "batches instead of the test files: use a directory configured without it, as "
+                  "scripts/tidy.sh does)", file=sys.stderr)
+            return 2
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             jobs = [pool.submit(check, db_dir, cache, common, os.path.realpath(f),
                                 entries.get(os.path.realpath(f))) for f in files]

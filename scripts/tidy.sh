@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${1:-build-tidy}
 if [ ! -f "$BUILD/compile_commands.json" ]; then
-  # Without the tests' precompiled header: every file is parsed with its own includes only.
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON >/dev/null
+  # Without the tests' precompiled header: every file is parsed with its own includes only,
+  # and each test file on its own (no unity build: compile_commands.json must name every file).
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON \
+    -DUVBUS_UNITY_TESTS=OFF >/dev/null
 fi
 mapfile -t files < <(git ls-files -- 'src/*.cpp' 'test/*.cpp' 'benchmark/*.cpp' 'tools/*.cpp' 'examples/*.cpp' |
   grep -v '^test/consumer/' | grep -v '^test/fuzz/')

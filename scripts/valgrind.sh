@@ -23,7 +23,7 @@ jobs=$(nproc)
 # -O1 keeps the run fast while leaving stack traces readable; no sanitizer (valgrind cannot run
 # ASan binaries) and no benchmarks.
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
-  -DUVBUS_SANITIZE= -DUVBUS_BUILD_BENCHMARKS=OFF -DUVBUS_BUILD_TESTS=ON >/dev/null
+  -DUVBUS_SANITIZE= -DUVBUS_BUILD_BENCHMARKS=OFF -DUVBUS_BUILD_TESTS=ON -DUVBUS_UNITY_TESTS=ON >/dev/null
 targets=()
 for c in $comps; do targets+=("uvbus_${c}_test"); done
 cmake --build "$BUILD" -j"$jobs" --target "${targets[@]}"

@@ -23,7 +23,7 @@ extern "C" size_t
 __sanitizer_get_current_allocated_bytes();  // NOLINT(bugprone-reserved-identifier)
 #endif
 
-namespace uvbus {
+namespace uvbus::node_broadcast_test {
 namespace {
 
 using test::bus_node;
@@ -325,4 +325,4 @@ TEST_F(NodeBroadcast, ACopyFromASiblingGoesNoFurther) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_broadcast_test

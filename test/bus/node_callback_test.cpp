@@ -19,7 +19,7 @@
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::node_callback_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -474,4 +474,4 @@ TEST_F(NodeCallback, RelayedMessagesInAStageForAGoneRingAreToldToTheirSources) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_callback_test

@@ -9,7 +9,7 @@
 #include "core/compress.h"
 #include "core/try_alloc.h"
 
-namespace uvbus {
+namespace uvbus::node_compress_test {
 namespace {
 
 using test::bus_node;
@@ -106,4 +106,4 @@ TEST_F(NodeCompress, NoMemoryToCompressSendsTheMessageUncompressed) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_compress_test

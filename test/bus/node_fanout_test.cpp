@@ -17,7 +17,7 @@
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
 
-namespace uvbus {
+namespace uvbus::node_fanout_test {
 namespace {
 
 using test::bus_node;
@@ -451,4 +451,4 @@ TEST_F(NodeFanout, StopReportsAnOpenBroadcastClosedAndBadCallsAreRefused) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_fanout_test

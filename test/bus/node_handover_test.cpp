@@ -22,7 +22,7 @@
 #include "uvbus/handover.h"
 #include "uvbus/stream.h"
 
-namespace uvbus {
+namespace uvbus::node_handover_test {
 namespace {
 
 using test::bus_fixture;
@@ -680,4 +680,4 @@ TEST(Handover, StreamListenerMovesBetweenChannelsWithItsBacklog) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_handover_test

@@ -23,7 +23,7 @@
 #include "uvbus/shm.h"
 #include "uvbus/stream.h"
 
-namespace uvbus {
+namespace uvbus::node_secure_test {
 namespace {
 
 using test::bus_node;
@@ -679,4 +679,4 @@ TEST_F(NodeShmTags, ARecordFlaggedCompressedIsRefusedAndHurtsNoLink) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_secure_test

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-namespace uvbus {
+namespace uvbus::crc32c_test {
 namespace {
 
 // The definition, one bit at a time: what every kernel must match.
@@ -177,4 +177,4 @@ TEST(Crc32cDispatch, TheSse42VariantIsTimedOnceAndCanBeForced) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::crc32c_test

@@ -20,7 +20,7 @@
 #include "uvbus/node.h"
 #include "uvbus/queue_config.h"
 
-namespace uvbus::hardening {
+namespace uvbus::hardening::hostile_node_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -283,4 +283,4 @@ TEST_F(HostileNode, ConnectionsDroppedMidHandshakeLeaveNothingBehind) {
 }
 
 }  // namespace
-}  // namespace uvbus::hardening
+}  // namespace uvbus::hardening::hostile_node_test

@@ -17,7 +17,7 @@
 #include "obs/prom_text.h"
 #include "test_util.h"
 
-namespace uvbus::obs {
+namespace uvbus::obs::endpoint_render_test {
 namespace {
 
 constexpr std::chrono::milliseconds kDeadline{60000};
@@ -222,4 +222,4 @@ TEST_F(EndpointRender, WhatAHostileScraperCosts) {
 }
 
 }  // namespace
-}  // namespace uvbus::obs
+}  // namespace uvbus::obs::endpoint_render_test

@@ -15,7 +15,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_coalesce_test {
 namespace {
 
 using test::image;
@@ -502,4 +502,4 @@ TEST_F(ShmCoalesceLoop, CoalescingWriterThreadsOverMemKeepPerWriterOrder) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_coalesce_test

@@ -19,7 +19,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_persist_test {
 namespace {
 
 using test::raw_region;
@@ -535,4 +535,4 @@ TEST_F(ShmPersist, CursorsPastADeadWritersUnadvancedClaimAreReattached) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_persist_test

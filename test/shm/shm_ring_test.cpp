@@ -11,7 +11,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_ring_test {
 namespace {
 
 using test::image;
@@ -363,4 +363,4 @@ TEST(ShmRing, SkippedNodesStayHeldUntilReclaimTimeoutWhenWriterNeverReturns) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_ring_test

@@ -19,7 +19,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_wrap_test {
 namespace {
 
 using shm_detail::head_word;
@@ -297,4 +297,4 @@ TEST(ShmStampWrap, ReaderPastTheNeverClaimedHeadIsReattached) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_wrap_test

@@ -13,7 +13,7 @@
 #include "core/frame.h"
 #include "stream/stream_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_hostile_test {
 namespace {
 
 // A plain blocking TCP client writing raw bytes: the kernel completes the handshake from the
@@ -197,9 +197,9 @@ TEST_F(StreamHostile, AFrameCutByAReadLeavesNoReceiveMemoryOnceComplete) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_hostile_test
 
-namespace uvbus::test {
+namespace uvbus::test::stream_hostile_test {
 namespace {
 
 // A slow-loris peer: a header and part of a payload, then silence. Its connection is closed with
@@ -290,4 +290,4 @@ TEST_F(StreamHostile, AFloodOfCorruptPeersIsLoggedAtAFewLinesPerSecond) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_hostile_test
