@@ -63,7 +63,7 @@ for t in "${targets[@]}"; do
     if [ "$rc" -ne 0 ]; then
       echo "valgrind: $t shard $((i + 1))/$shards FAILED (exit $rc): $summary $tests"
       tail -40 "$log" 2>/dev/null || true
-      tail -20 "$out"
+      tail -20 "$out" 2>/dev/null || true
       failed=1
     else
       echo "valgrind: $t shard $((i + 1))/$shards ok: $summary $tests"
