@@ -132,11 +132,12 @@ frame_decoder::result frame_decoder::next() {
     header_len_ = 0;
     frame_len_ = 0;
   }
-  // Batches pay only with a SIMD kernel; on the scalar one, frames are checked one at a time.
+  // Whole frames are parsed ahead and verified together (next_batch) unless a recent batch's
+  // payloads averaged under batch_min_mean_.
   if (ready_pos_ == ready_n_ && !ready_error_ && partial_.empty() && chunk_left_ != 0) {
     if (unbatched_left_ != 0) {
       --unbatched_left_;
-    } else if (murmur3_batch_active() != murmur3_impl::scalar) {
+    } else {
       (void)next_batch();
     }
   }

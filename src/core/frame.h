@@ -66,11 +66,11 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // them at once, verifies their checksums together (murmur3_x86_32_batch: SIMD lanes), keeps the
 // verified views in a fixed array and yields them one per call, in order. A bad checksum is
 // reported where it was in the stream: after every frame before it, and nothing after it is
-// yielded. The results are exactly those of checking one frame at a time. With the scalar kernel
-// (no AVX2, or UVBUS_MURMUR3=scalar) frames are checked one at a time: batching would not pay.
-// Nor when the batch's payloads average under batch_min_mean bytes: those frames are checked one
-// at a time as they are yielded. The default is what pays with the active kernel,
-// murmur3_batch_min_mean_bytes(): 0 (batch every run of whole frames) with AVX-512, 24 B with AVX2.
+// yielded. The results are exactly those of checking one frame at a time. When the batch's
+// payloads average under batch_min_mean bytes, those frames and the next ones are checked one at
+// a time as they are yielded. The default is what pays with the active kernel,
+// murmur3_batch_min_mean_bytes(): 0 (batch every run of whole frames) with AVX-512, 24 B with AVX2,
+// 256 B with the scalar kernel (two frames' chains at a time).
 enum class frame_status {
   payload,     // r.data / r.size is one whole, checksum-verified payload
   need_more,   // every byte fed so far has been consumed; feed the next chunk
@@ -138,8 +138,9 @@ class frame_decoder {
   size_t batch_min_mean_;
   // Frames still to be checked one at a time after a batch of small frames was declined: that
   // batch and kSmallRunBatches - 1 more, so that a stream of small frames is parsed ahead only
-  // once per kSmallRunBatches * kBatchFrames frames.
-  static constexpr size_t kSmallRunBatches = 4;
+  // once per kSmallRunBatches * kBatchFrames frames (16: with the scalar kernel's 256 B threshold
+  // every 8-128 B batch is declined, and at 4 the receiver paid 4 instructions a message for it).
+  static constexpr size_t kSmallRunBatches = 16;
   size_t unbatched_left_ = 0;
   const uint8_t* chunk_ = nullptr;
   size_t chunk_left_ = 0;

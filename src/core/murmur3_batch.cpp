@@ -1,6 +1,6 @@
 // murmur3_x86_32_batch: kernel dispatch (CPU features, a measurement where AVX2 may not pay,
-// UVBUS_MURMUR3, murmur3_batch_use), the scalar path and the scalar continuation the SIMD kernels
-// finish long buffers with.
+// UVBUS_MURMUR3, murmur3_batch_use), the scalar path (two frames' chains interleaved) and the
+// scalar continuation the SIMD kernels finish long buffers with.
 #include "core/murmur3_batch.h"
 
 #include <atomic>
@@ -17,19 +17,27 @@ namespace uvbus {
 
 namespace murmur3_batch_detail {
 
+namespace {
+
+constexpr uint32_t c1 = 0xcc9e2d51U;
+constexpr uint32_t c2 = 0x1b873593U;
+
+// The reference's block step: the 4-byte block at p mixed into h.
+inline uint32_t block(uint32_t h, const uint8_t* p) noexcept {
+  uint32_t k = load_le32(p);
+  k *= c1;
+  k = (k << 15) | (k >> 17);
+  k *= c2;
+  h ^= k;
+  h = (h << 13) | (h >> 19);
+  return h * 5 + 0xe6546b64U;
+}
+
+}  // namespace
+
 uint32_t finish_scalar(uint32_t h, const uint8_t* p, size_t len, size_t done) noexcept {
-  constexpr uint32_t c1 = 0xcc9e2d51U;
-  constexpr uint32_t c2 = 0x1b873593U;
   const size_t nblocks = len / 4;
-  for (size_t i = done / 4; i < nblocks; ++i) {
-    uint32_t k = load_le32(p + i * 4);
-    k *= c1;
-    k = (k << 15) | (k >> 17);
-    k *= c2;
-    h ^= k;
-    h = (h << 13) | (h >> 19);
-    h = h * 5 + 0xe6546b64U;
-  }
+  for (size_t i = done / 4; i < nblocks; ++i) h = block(h, p + i * 4);
   const size_t t = len & 3;
   if (t != 0) {
     const uint8_t* tail = p + nblocks * 4;
@@ -48,6 +56,57 @@ uint32_t finish_scalar(uint32_t h, const uint8_t* p, size_t len, size_t done) no
   h *= 0xc2b2ae35U;
   h ^= h >> 16;
   return h;
+}
+
+void two_chains(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
+                uint32_t* out) noexcept {
+  struct chain {
+    size_t i;  // the frame
+    const uint8_t* p;
+    size_t blocks;  // whole blocks left
+    uint32_t h;
+  };
+  size_t next = 0;
+  // The next frame long enough for a chain into c; shorter ones are hashed on the way.
+  const auto take = [&](chain& c) noexcept {
+    for (; next < n; ++next) {
+      if (len[next] >= kTwoChainMinLen) {
+        c = chain{next, data[next], len[next] / 4, seed};
+        ++next;
+        return true;
+      }
+      out[next] = murmur3_x86_32(data[next], len[next], seed);
+    }
+    return false;
+  };
+  const auto finish = [&](const chain& c) noexcept {
+    out[c.i] = finish_scalar(c.h, data[c.i], len[c.i], (len[c.i] / 4 - c.blocks) * 4);
+  };
+  chain a{};
+  chain b{};
+  bool has_a = take(a);
+  bool has_b = has_a && take(b);
+  while (has_a && has_b) {
+    const size_t m = a.blocks < b.blocks ? a.blocks : b.blocks;
+    uint32_t ha = a.h;
+    uint32_t hb = b.h;
+    for (size_t j = 0; j < m; ++j) {
+      ha = block(ha, a.p + j * 4);
+      hb = block(hb, b.p + j * 4);
+    }
+    a = chain{a.i, a.p + m * 4, a.blocks - m, ha};
+    b = chain{b.i, b.p + m * 4, b.blocks - m, hb};
+    if (a.blocks == 0) {
+      finish(a);
+      has_a = take(a);
+    }
+    if (b.blocks == 0) {
+      finish(b);
+      has_b = take(b);
+    }
+  }
+  if (has_a) finish(a);
+  if (has_b) finish(b);
 }
 
 murmur3_impl pick_avx2_or_scalar(int64_t scalar_ns, int64_t avx2_ns) noexcept {
@@ -75,11 +134,6 @@ bool cpu_has(murmur3_impl impl) noexcept {
 #endif
 }
 
-void scalar_range(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
-                  uint32_t* out) noexcept {
-  for (size_t i = 0; i < n; ++i) out[i] = murmur3_x86_32(data[i], len[i], seed);
-}
-
 #if defined(UVBUS_MURMUR3_SIMD)
 // AVX2 against the scalar hash on 16 frames of mixed sizes (8-128 B, as small messages come): on
 // some CPUs (measured: a 2-vCPU AMD EPYC VM) the AVX2 kernel's masked loads make it slower than
@@ -100,8 +154,9 @@ murmur3_impl measure_avx2() noexcept {
   const auto reps = [&](auto kernel) {
     for (uint32_t r = 0; r < 16; ++r) kernel(data, len, n, r, out);
   };
-  const detail::kernel_times t = detail::time_alternately(
-      [&] { reps(scalar_range); }, [&] { reps(murmur3_batch_detail::batch_avx2); });
+  const detail::kernel_times t =
+      detail::time_alternately([&] { reps(murmur3_batch_detail::two_chains); },
+                               [&] { reps(murmur3_batch_detail::batch_avx2); });
   return murmur3_batch_detail::pick_avx2_or_scalar(t.a, t.b);
 }
 #endif
@@ -183,7 +238,7 @@ size_t murmur3_batch_min_mean_bytes() noexcept {
     case murmur3_impl::avx2:
       return kBatchMinMeanAvx2;
     default:
-      return ~size_t{0};
+      return kBatchMinMeanScalar;
   }
 }
 
@@ -191,7 +246,7 @@ void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t 
                           uint32_t* out) noexcept {
   const murmur3_impl impl = murmur3_batch_active();
   if (impl == murmur3_impl::scalar) {
-    scalar_range(data, len, n, seed, out);
+    murmur3_batch_detail::two_chains(data, len, n, seed, out);
     return;
   }
 #if defined(UVBUS_MURMUR3_SIMD)
@@ -199,7 +254,7 @@ void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t 
   for (size_t i = 0; i < n;) {
     const size_t m = n - i < lanes ? n - i : lanes;
     if (m == 1 || !all_short(len + i, m)) {
-      scalar_range(data + i, len + i, m, seed, out + i);
+      murmur3_batch_detail::two_chains(data + i, len + i, m, seed, out + i);
     } else if (impl == murmur3_impl::avx2) {
       murmur3_batch_detail::batch_avx2(data + i, len + i, m, seed, out + i);
     } else if (m <= 8) {
@@ -211,7 +266,7 @@ void murmur3_x86_32_batch(const uint8_t* const* data, const size_t* len, size_t 
     i += m;
   }
 #else
-  scalar_range(data, len, n, seed, out);
+  murmur3_batch_detail::two_chains(data, len, n, seed, out);
 #endif
 }
 

@@ -1,5 +1,6 @@
 // Batch MurmurHash3_x86_32: hashes several independent buffers at once in SIMD lanes (AVX2: 8,
-// AVX-512: 16), chosen at run time by CPU (and, for AVX2, a measurement), with a scalar fallback.
+// AVX-512: 16), chosen at run time by CPU (and, for AVX2, a measurement), with a scalar fallback
+// (two frames' dependency chains interleaved).
 // Output is bit-identical to murmur3_x86_32 (core/murmur3.h) for every input. Algorithm and
 // figures: docs/core.md.
 #pragma once
@@ -36,9 +37,12 @@ bool murmur3_batch_use(murmur3_impl impl) noexcept;
 // The mean payload size below which hashing frames one at a time, as they come, costs a stream
 // sender or receiver less than gathering them into batches, for the kernel active now: with
 // AVX-512 batches pay for every size (0); with AVX2 from a mean of 24 B on (kBatchMinMeanAvx2: the
-// scalar hash of 8 or 16 B is faster than AVX2's transposes); with the scalar kernel never
-// (SIZE_MAX). Measured in docs/core.md, "Frame checksums in batches".
+// scalar hash of 8 or 16 B is faster than AVX2's transposes); with the scalar kernel, which hashes
+// two long frames at a time, from 256 B on (kBatchMinMeanScalar: below that, frames of random
+// lengths cost it a mispredicted branch or two each, more than the second chain saves). Measured
+// in docs/core.md, "Frame checksums in batches".
 inline constexpr size_t kBatchMinMeanAvx2 = 24;
+inline constexpr size_t kBatchMinMeanScalar = 256;
 [[nodiscard]] size_t murmur3_batch_min_mean_bytes() noexcept;
 
 }  // namespace uvbus

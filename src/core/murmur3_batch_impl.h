@@ -17,6 +17,14 @@ inline constexpr size_t kMaxSimdLen = size_t{1} << 30;
 // compiled without SIMD flags so that the kernels may call it on any CPU.
 uint32_t finish_scalar(uint32_t h, const uint8_t* p, size_t len, size_t done) noexcept;
 
+// The scalar kernel, for any n: frames of kTwoChainMinLen bytes or more are hashed two at a time,
+// their block loops interleaved (the reference's block step is one dependency chain of about four
+// cycles, which leaves the multiplier half idle), a frame's chain taken over by the next long frame
+// as soon as it ends; shorter frames, and a last long one left alone, take the single-chain code.
+inline constexpr size_t kTwoChainMinLen = 128;
+void two_chains(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,
+                uint32_t* out) noexcept;
+
 // Kernels: n <= 16 buffers (AVX2 on two ymm, AVX-512 on zmm) or n <= 8 (AVX-512VL on ymm), every
 // len below kMaxSimdLen.
 void batch_avx2(const uint8_t* const* data, const size_t* len, size_t n, uint32_t seed,

@@ -3,9 +3,9 @@
 //
 // Write path. send() copies the payload into a frame in the connection's write_queue, writes its
 // length and puts the connection on the channel's flush list. Checksums are written in batches
-// (seal_frames: murmur3_x86_32_batch, SIMD lanes) once 16 frames wait, while they are still in the
-// cache, and for the rest before a flush reads the queue; with the scalar kernel (and AVX2's for
-// frames under 24 B) a frame sent when none waits is hashed at once. The list is flushed before the
+// (seal_frames: murmur3_x86_32_batch) once 16 frames wait, while they are still in the cache, and
+// for the rest before a flush reads the queue; a frame under the active kernel's batch threshold
+// (256 B scalar, 24 B AVX2) sent when none waits is hashed at once. The list is flushed before the
 // loop next blocks (uv_check right after the I/O phase, and an idle handle that keeps the poll from
 // blocking while the list is non-empty), so every packet sent during one loop iteration leaves in
 // as few system calls as possible.
@@ -419,7 +419,7 @@ void stream_channel::impl::refused(conn_impl* c, errc err) {
 }
 
 // The payload is in place after the header room: write the header and schedule. Below
-// seal_min_bytes (every frame with the scalar kernel, under 24 B with AVX2) a frame with no other
+// seal_min_bytes (under 256 B with the scalar kernel, under 24 B with AVX2) a frame with no other
 // frame waiting for its checksum is hashed at once; otherwise the checksum follows in a batch
 // (seal_frames, called last so that the common path needs no stack frame of its own).
 void stream_channel::impl::complete_frame(conn_impl* c, uint8_t* frame, size_t hdr, size_t total) {

@@ -234,7 +234,7 @@ inline constexpr size_t kGatherBytes = size_t{256} * 1024;
 // this many are waiting, and before any flush writes the queue.
 inline constexpr size_t kSealBatch = 16;
 // Payloads below the channel's seal_min_bytes (murmur3_batch_min_mean_bytes(): 0 with AVX-512,
-// 24 B with AVX2, every size with the scalar kernel) are hashed one at a time as they are queued
+// 24 B with AVX2, 256 B with the scalar kernel) are hashed one at a time as they are queued
 // unless a batch is already waiting.
 
 // A libuv status as an errc (UV_EOF: connection_reset; resolver errors: resolve_failed).
