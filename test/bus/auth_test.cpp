@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-namespace uvbus::detail {
+namespace uvbus::detail::auth_test {
 namespace {
 
 TEST(Auth, HmacSha256MatchesRfc4231TestCase2) {
@@ -49,4 +49,4 @@ TEST(Auth, HostIdentityIsStableAndNonEmpty) {
 }
 
 }  // namespace
-}  // namespace uvbus::detail
+}  // namespace uvbus::detail::auth_test

@@ -19,7 +19,7 @@
 #include "bus/handover_check.h"
 #include "uvbus/handover.h"
 
-namespace uvbus {
+namespace uvbus::handover_edge_test {
 namespace {
 
 using test::bus_fixture;
@@ -380,4 +380,4 @@ TEST_F(HandoverEdgeNode, AStartFromAnotherThreadLeavesTheInheritedSocketsToTheCa
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::handover_edge_test

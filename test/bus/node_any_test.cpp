@@ -20,7 +20,7 @@
 
 #include "bus/bus_harness.h"
 
-namespace uvbus {
+namespace uvbus::node_any_test {
 namespace {
 
 using test::bus_node;
@@ -369,4 +369,4 @@ TEST_F(NodeAny, NextHopCallAnyToANodeThatLeavesEndsAtOnce) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_any_test

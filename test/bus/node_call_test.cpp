@@ -14,7 +14,7 @@ extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #include <malloc.h>
 #endif
 
-namespace uvbus {
+namespace uvbus::node_call_test {
 namespace {
 
 using test::bus_fixture;
@@ -477,4 +477,4 @@ INSTANTIATE_TEST_SUITE_P(Modes, NodeCallTest,
                          });
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_call_test

@@ -16,7 +16,7 @@
 #include "uvbus/handover.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_combo_handover_test {
 namespace {
 
 using test::bus_node;
@@ -132,4 +132,4 @@ TEST_F(NodeComboHandover, CallsFlowsAndABroadcastCrossARelayHandOver) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_combo_handover_test

@@ -14,7 +14,7 @@
 #include "bus/relay_harness.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_combo_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -406,4 +406,4 @@ TEST_F(NodeCombo, StopFromOnLogWhileHeldMessagesExpire) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_combo_test

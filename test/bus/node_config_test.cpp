@@ -11,7 +11,7 @@
 #include "bus/bus_harness.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_config_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -327,4 +327,4 @@ TEST_F(NodeErrorTest, RefusedForGoodSendsFailWithTheRefusal) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_config_test

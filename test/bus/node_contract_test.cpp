@@ -10,7 +10,7 @@
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
 
-namespace uvbus {
+namespace uvbus::node_contract_test {
 namespace {
 
 using test::bus_fixture;
@@ -404,4 +404,4 @@ TEST_F(NodeContract, DestroyInsideOnWritableAfterAFullRing) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_contract_test

@@ -15,7 +15,7 @@
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
 
-namespace uvbus {
+namespace uvbus::node_directory_test {
 namespace {
 
 using test::bus_fixture;
@@ -434,4 +434,4 @@ TEST_F(NodeDirectoryTest, TheDirectoryIsEmptyBeforeStart) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_directory_test

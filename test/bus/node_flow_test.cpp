@@ -13,7 +13,7 @@
 #include "bus/wire.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_flow_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -605,4 +605,4 @@ TEST(NodeFlowConfig, RetransmitLimitsAreValidated) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_flow_test

@@ -13,7 +13,7 @@
 #include "bus/bus_harness.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_lifecycle_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -463,4 +463,4 @@ TEST_F(NodeLifecycleTest, AStoppedNodeLetsTheLoopEnd) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_lifecycle_test

@@ -21,7 +21,7 @@
 
 #include "bus/bus_harness.h"
 
-namespace uvbus {
+namespace uvbus::node_model_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -305,4 +305,4 @@ TEST(NodeModel, EveryAcceptedMessageGetsExactlyOneTruthfulReport) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_model_test

@@ -11,7 +11,7 @@
 #include "bus/bus_harness.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_prepare_test {
 namespace {
 
 using test::bus_node;
@@ -226,4 +226,4 @@ TEST_F(NodePrepareTest, CommittedMessagesCrossSharedMemoryThroughARelay) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_prepare_test

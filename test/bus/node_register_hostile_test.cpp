@@ -13,7 +13,7 @@
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
 
-namespace uvbus {
+namespace uvbus::node_register_hostile_test {
 namespace {
 
 using test::bus_fixture;
@@ -280,4 +280,4 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_register_hostile_test

@@ -14,7 +14,7 @@
 #include "bus/raw_peer.h"
 #include "bus/relay_harness.h"
 
-namespace uvbus {
+namespace uvbus::node_relay_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -333,4 +333,4 @@ TEST_F(NodeRelayTest, GraceHoldIsBoundedAcrossChildIds) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_relay_test

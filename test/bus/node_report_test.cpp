@@ -15,7 +15,7 @@
 #include "test_util.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_report_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -142,4 +142,4 @@ TEST_F(NodeReportTest, RequireResponseToSelfIsDeliveredAndReportedOnce) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_report_test

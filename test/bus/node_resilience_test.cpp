@@ -13,7 +13,7 @@
 #include "bus/bus_harness.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_resilience_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -308,4 +308,4 @@ TEST_F(NodeResilienceTest, AMillionMessagesCrossAThreeLevelTreeIntact) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_resilience_test

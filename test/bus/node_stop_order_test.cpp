@@ -12,7 +12,7 @@
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
 
-namespace uvbus {
+namespace uvbus::node_stop_order_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -165,4 +165,4 @@ TEST_F(NodeStopOrder, StopEndsWhenAPeerDoesNotReadWhatIsQueuedForIt) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_stop_order_test

@@ -17,7 +17,7 @@
 #include "bus/wire.h"
 #include "uvbus/stream.h"
 
-namespace uvbus {
+namespace uvbus::node_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -675,4 +675,4 @@ TEST_F(NodeTest, LinksRunOverTlsAndAWrongTokenNeverRegisters) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_test

@@ -17,7 +17,7 @@
 #include "bus/bus_harness.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_thread_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -357,4 +357,4 @@ TEST_F(NodeThreadTest, PostedTaskRunsOnTheLoopThread) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_thread_test

@@ -7,7 +7,7 @@
 #include "bus/bus_harness.h"
 #include "uvbus/trace.h"
 
-namespace uvbus {
+namespace uvbus::node_trace_test {
 namespace {
 
 using test::bus_fixture;
@@ -162,4 +162,4 @@ INSTANTIATE_TEST_SUITE_P(Modes, NodeTraceTest,
                          });
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_trace_test

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-namespace uvbus::proto {
+namespace uvbus::proto::protocol_test {
 namespace {
 
 std::vector<uint8_t> hex(const char* s) {
@@ -552,4 +552,4 @@ TEST(Protocol, AuthInputBindsNonceIdAndRole) {
 }
 
 }  // namespace
-}  // namespace uvbus::proto
+}  // namespace uvbus::proto::protocol_test

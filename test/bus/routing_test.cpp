@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace uvbus::detail {
+namespace uvbus::detail::routing_test {
 namespace {
 
 TEST(Routing, PicksSelfDirectChildSubnetParentOrNothing) {
@@ -266,4 +266,4 @@ TEST(Routing, EqualSubnetsOfTwoChildrenHandOverOnRemoval) {
 }
 
 }  // namespace
-}  // namespace uvbus::detail
+}  // namespace uvbus::detail::routing_test

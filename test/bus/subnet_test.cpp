@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-namespace uvbus {
+namespace uvbus::subnet_test {
 namespace {
 
 TEST(Subnet, LowMaskIsCorrectForEveryWidth) {
@@ -61,4 +61,4 @@ TEST(Subnet, NestingAndOverlap) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::subnet_test

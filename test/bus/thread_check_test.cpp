@@ -9,7 +9,7 @@
 
 #include <thread>
 
-namespace uvbus {
+namespace uvbus::thread_check_test {
 namespace {
 
 struct guarded {
@@ -37,4 +37,4 @@ TEST(ThreadCheck, DebugBuildsAbortNamingTheFunction) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::thread_check_test

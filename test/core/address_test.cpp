@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace uvbus {
+namespace uvbus::address_test {
 namespace {
 
 address parse_ok(const char* url) {
@@ -149,4 +149,4 @@ TEST(Address, CanonicalForm) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::address_test

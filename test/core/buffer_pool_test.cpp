@@ -10,7 +10,7 @@
 
 #include "core/write_queue.h"
 
-namespace uvbus {
+namespace uvbus::buffer_pool_test {
 namespace {
 
 TEST(BufferPool, AReleasedBufferIsHandedOutAgain) {
@@ -137,4 +137,4 @@ TEST(WriteQueueStorage, AGrownRingGoesOnlyWhenAskedAndAWholeRingStays) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::buffer_pool_test

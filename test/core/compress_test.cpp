@@ -12,7 +12,7 @@
 
 #include "corpus.h"
 
-namespace uvbus {
+namespace uvbus::compress_test {
 namespace {
 
 using bytes = std::vector<uint8_t>;
@@ -464,4 +464,4 @@ TEST(Compress, MemoryIsBoundedAtEveryLevel) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::compress_test

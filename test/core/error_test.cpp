@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-namespace uvbus {
+namespace uvbus::error_test {
 namespace {
 
 TEST(Errc, EveryCodeHasADistinctName) {
@@ -40,4 +40,4 @@ TEST(Errc, MapsErrno) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::error_test

@@ -9,7 +9,7 @@
 
 #include "core/murmur3.h"
 
-namespace uvbus {
+namespace uvbus::frame_test {
 namespace {
 
 std::vector<uint8_t> encode(const std::vector<uint8_t>& payload) {
@@ -239,9 +239,9 @@ TEST(Frame, StatusNames) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::frame_test
 
-namespace uvbus {
+namespace uvbus::frame_test {
 namespace {
 
 TEST(FrameMemory, AnnouncedLengthDoesNotReserveMemoryBeforeTheBytesArrive) {
@@ -261,4 +261,4 @@ TEST(FrameMemory, AnnouncedLengthDoesNotReserveMemoryBeforeTheBytesArrive) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::frame_test

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-namespace uvbus {
+namespace uvbus::histogram_test {
 namespace {
 
 uint64_t exact(std::vector<uint64_t> v, double q) {
@@ -119,4 +119,4 @@ TEST(LatencyHistogram, MergeEqualsRecordingBothAndBucketsAreCumulative) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::histogram_test

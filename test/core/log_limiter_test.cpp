@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace uvbus::detail {
+namespace uvbus::detail::log_limiter_test {
 namespace {
 
 TEST(LogLimiter, ABurstPerWindowThenTheCountOnTheNextLine) {
@@ -33,4 +33,4 @@ TEST(LogLimiter, TheCountOfAPassedWindowIsTakenOnce) {
 }
 
 }  // namespace
-}  // namespace uvbus::detail
+}  // namespace uvbus::detail::log_limiter_test

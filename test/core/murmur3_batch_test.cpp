@@ -16,7 +16,7 @@
 #include "core/murmur3.h"
 #include "core/murmur3_batch_impl.h"
 
-namespace uvbus {
+namespace uvbus::murmur3_batch_test {
 namespace {
 
 // Each buffer in its own exactly-sized allocation (after `align` leading bytes), so that a kernel
@@ -303,4 +303,4 @@ TEST(Murmur3BatchSwitch, AutoTakesAvx2OnlyWhereItMeasuresATenthFaster) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::murmur3_batch_test

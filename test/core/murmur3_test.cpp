@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-namespace uvbus {
+namespace uvbus::murmur3_test {
 namespace {
 
 // smhasher's VerificationTest: hash key[0..i) (key[i] = i) with seed 256 - i for i = 0..255,
@@ -99,4 +99,4 @@ TEST(Murmur3, EveryInputBitChangesTheHash) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::murmur3_test

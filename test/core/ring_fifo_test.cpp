@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-namespace uvbus::detail {
+namespace uvbus::detail::ring_fifo_test {
 namespace {
 
 TEST(RingFifo, KeepsOrderAcrossWrapAroundAndGrowth) {
@@ -42,4 +42,4 @@ TEST(RingFifo, HoldsNonTrivialValues) {
 }
 
 }  // namespace
-}  // namespace uvbus::detail
+}  // namespace uvbus::detail::ring_fifo_test

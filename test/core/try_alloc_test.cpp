@@ -6,7 +6,7 @@
 
 #include <vector>
 
-namespace uvbus::detail {
+namespace uvbus::detail::try_alloc_test {
 namespace {
 
 TEST(TryResize, GrowsAndShrinksLikeResize) {
@@ -36,4 +36,4 @@ TEST(TryResize, AnInjectedFailureHitsOnlyCallsThatNeedNewStorage) {
 }
 
 }  // namespace
-}  // namespace uvbus::detail
+}  // namespace uvbus::detail::try_alloc_test

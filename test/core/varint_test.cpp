@@ -7,7 +7,7 @@
 #include <iterator>
 #include <vector>
 
-namespace uvbus {
+namespace uvbus::varint_test {
 namespace {
 
 std::vector<uint8_t> enc(uint64_t v) {
@@ -130,4 +130,4 @@ TEST(Varint, RejectsValuesAbove64Bits) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::varint_test

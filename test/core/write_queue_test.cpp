@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-namespace uvbus {
+namespace uvbus::write_queue_test {
 namespace {
 
 write_queue_config ring(size_t bytes) {
@@ -426,4 +426,4 @@ TEST(WriteQueue, DynamicModeMatchesDequeModel) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::write_queue_test

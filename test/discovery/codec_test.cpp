@@ -6,7 +6,7 @@
 #include "discovery/discovery_harness.h"
 #include "discovery/etcd_codec.h"
 
-namespace uvbus {
+namespace uvbus::codec_test {
 namespace {
 
 namespace etcd = detail::etcd;
@@ -185,4 +185,4 @@ TEST(DiscoveryCodec, AuthenticateRequestAndAnswer) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::codec_test

@@ -7,7 +7,7 @@
 #include "discovery/discovery_harness.h"
 #include "discovery/etcd_codec.h"
 
-namespace uvbus {
+namespace uvbus::discovery_auth_test {
 namespace {
 
 using test::disc_instance;
@@ -117,4 +117,4 @@ TEST_F(DiscoveryAuth, APasswordWithoutAUserIsRefused) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::discovery_auth_test

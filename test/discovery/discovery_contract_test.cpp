@@ -18,7 +18,7 @@
 #include "discovery/scripted_etcd.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::discovery_contract_test {
 namespace {
 
 using std::chrono::seconds;
@@ -420,4 +420,4 @@ TEST_F(DiscoveryContractTest, ANodeStoppedFromOnLogOnADiscoveryFailureStops) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::discovery_contract_test

@@ -12,7 +12,7 @@
 #include "discovery/discovery_harness.h"
 #include "discovery/scripted_etcd.h"
 
-namespace uvbus {
+namespace uvbus::discovery_fake_test {
 namespace {
 
 using std::chrono::seconds;
@@ -114,4 +114,4 @@ TEST_F(DiscoveryFakeTest, WatchNeverCreatedFailsAfterTheRequestTimeout) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::discovery_fake_test

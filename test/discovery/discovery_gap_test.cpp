@@ -9,7 +9,7 @@
 #include "discovery/discovery_impl.h"
 #include "discovery/etcd_codec.h"
 
-namespace uvbus {
+namespace uvbus::discovery_gap_test {
 namespace {
 
 using test::disc_instance;
@@ -160,4 +160,4 @@ TEST_F(DiscoveryGapTest, CompactedWatchRevisionResyncsTheDirectory) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::discovery_gap_test

@@ -7,7 +7,7 @@
 #include "discovery/discovery_harness.h"
 #include "discovery/etcd_codec.h"
 
-namespace uvbus {
+namespace uvbus::discovery_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -200,4 +200,4 @@ TEST_F(DiscoveryTest, UnreachableEtcdIsRetriedAndConfigIsChecked) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::discovery_test

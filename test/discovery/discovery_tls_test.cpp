@@ -7,7 +7,7 @@
 #include "discovery/discovery_harness.h"
 #include "stream/tls_test_pki.h"
 
-namespace uvbus {
+namespace uvbus::discovery_tls_test {
 namespace {
 
 using test::disc_instance;
@@ -142,4 +142,4 @@ TEST_F(DiscoveryTls, BadSettingsAreRefusedNamingTheField) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::discovery_tls_test

@@ -22,7 +22,7 @@
 #include "discovery/etcd_codec.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::node_discovery_test {
 namespace {
 
 using std::chrono::seconds;
@@ -484,4 +484,4 @@ TEST_F(NodeDiscoveryTest, StartingADirectLinkLogsFromTheLoopNotInsideSendData) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::node_discovery_test

@@ -41,7 +41,7 @@
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
 
-namespace uvbus::hardening {
+namespace uvbus::hardening::fault_injection_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -581,4 +581,4 @@ TEST_F(FaultInjection, KilledShmWriterNeverWedgesTheReader) {
 }
 
 }  // namespace
-}  // namespace uvbus::hardening
+}  // namespace uvbus::hardening::fault_injection_test

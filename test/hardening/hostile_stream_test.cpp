@@ -23,7 +23,7 @@
 #include "test_util.h"
 #include "uvbus/stream.h"
 
-namespace uvbus::hardening {
+namespace uvbus::hardening::hostile_stream_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -402,4 +402,4 @@ TEST(HostileStreamDeathTest, APeerThatClosedDoesNotKillTheWriterWithSigpipe) {
 }
 
 }  // namespace
-}  // namespace uvbus::hardening
+}  // namespace uvbus::hardening::hostile_stream_test

@@ -34,7 +34,7 @@
 #include "hardening_util.h"
 #include "uvbus/node.h"
 
-namespace uvbus::hardening {
+namespace uvbus::hardening::soak_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -417,4 +417,4 @@ TEST_F(Soak, FiveNodeTreeUnderSteadyLoadHasNoGrowthAndExactAccounting) {
 }
 
 }  // namespace
-}  // namespace uvbus::hardening
+}  // namespace uvbus::hardening::soak_test

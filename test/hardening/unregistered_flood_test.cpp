@@ -22,7 +22,7 @@
 #include "uvbus/node.h"
 #include "uvbus/queue_config.h"
 
-namespace uvbus::hardening {
+namespace uvbus::hardening::unregistered_flood_test {
 namespace {
 
 using test::wait_until;
@@ -248,4 +248,4 @@ TEST_F(UnregisteredFlood, TenThousandSilentConnectionsAreCappedAndTheHonestPeerU
 }
 
 }  // namespace
-}  // namespace uvbus::hardening
+}  // namespace uvbus::hardening::unregistered_flood_test

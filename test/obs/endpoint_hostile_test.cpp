@@ -17,7 +17,7 @@
 #include "limits_util.h"
 #include "obs/http_endpoint.h"
 
-namespace uvbus::obs {
+namespace uvbus::obs::endpoint_hostile_test {
 namespace {
 
 constexpr uint64_t kDeadlineMs = 20000;  // generous for ASan: a deadline, never a speed claim
@@ -169,4 +169,4 @@ TEST(HttpEndpointHostile, PipelinedRequestsGetOneAnswerAndOneRender) {
 }
 
 }  // namespace
-}  // namespace uvbus::obs
+}  // namespace uvbus::obs::endpoint_hostile_test

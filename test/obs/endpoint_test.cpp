@@ -20,7 +20,7 @@
 #include "obs/http_endpoint.h"
 #include "test_util.h"
 
-namespace uvbus::obs {
+namespace uvbus::obs::endpoint_test {
 namespace {
 
 // Generous for ASan and a shared machine: a deadline only, never a claim about speed.
@@ -408,4 +408,4 @@ TEST_F(HttpEndpointTest, StopWithAClientConnectedClosesItAndRestarts) {
 }
 
 }  // namespace
-}  // namespace uvbus::obs
+}  // namespace uvbus::obs::endpoint_test

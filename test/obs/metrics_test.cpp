@@ -12,7 +12,7 @@
 #include "obs/http_endpoint.h"
 #include "obs/prom_text.h"
 
-namespace uvbus {
+namespace uvbus::metrics_test {
 namespace {
 
 using obs::label;
@@ -224,4 +224,4 @@ TEST_F(NodeMetricsTest, LatencyHistogramsPerTargetAndTypeWhenAskedFor) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::metrics_test

@@ -20,7 +20,7 @@
 #include "uvbus/histogram.h"
 #include "uvbus/node.h"
 
-namespace uvbus {
+namespace uvbus::obs_contract_test {
 namespace {
 
 using test::bus_fixture;
@@ -218,4 +218,4 @@ TEST_F(ObsContractBus, PeerOtherCountersOnlyGrowWhenPeersLeaveOrMoveOut) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::obs_contract_test

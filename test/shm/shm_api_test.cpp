@@ -13,7 +13,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_api_test {
 namespace {
 
 shm_config small_ring() {
@@ -286,4 +286,4 @@ TEST(ShmApiDeathTest, ReaderCallsFromAForeignThreadAbortNamingTheFunction) {
 #endif
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_api_test

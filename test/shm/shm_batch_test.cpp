@@ -14,7 +14,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_batch_test {
 namespace {
 
 using test::image;
@@ -351,4 +351,4 @@ TEST(ShmBatch, SkippedRecordsAreLogged) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_batch_test

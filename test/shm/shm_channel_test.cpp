@@ -12,7 +12,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_channel_test {
 namespace {
 
 using test::run_until;
@@ -499,4 +499,4 @@ TEST_F(ShmChannel, SlowMemWriterSkippedByLoopReaderReportsAbandoned) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_channel_test

@@ -20,7 +20,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_contract_test {
 namespace {
 
 using test::collected;
@@ -618,4 +618,4 @@ TEST(ShmContractThreads, GettersFromAForeignThreadSeeNothing) {
 #endif
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_contract_test

@@ -9,7 +9,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_tool_test {
 namespace {
 
 using test::shm_cleanup;
@@ -116,4 +116,4 @@ TEST(ShmTool, DrainStopsAtTheFirstRecordItCannotWrite) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_tool_test

@@ -12,7 +12,7 @@
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
-namespace uvbus {
+namespace uvbus::shm_version_test {
 namespace {
 
 using test::image;
@@ -141,4 +141,4 @@ TEST(ShmVersion, LayoutVersionOutsideTheSupportedRangeIsRefusedNamingIt) {
 }
 
 }  // namespace
-}  // namespace uvbus
+}  // namespace uvbus::shm_version_test

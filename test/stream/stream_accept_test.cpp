@@ -30,7 +30,7 @@
 #include "stream/test_access.h"
 #include "uvbus/address.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_accept_test {
 namespace {
 
 // A soft RLIMIT_NOFILE of 3, below every descriptor the process holds, the channel's reserve
@@ -380,4 +380,4 @@ TEST(StreamAcceptUrls, AnAcceptedLinkLocalPeerKeepsItsScopeId) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_accept_test

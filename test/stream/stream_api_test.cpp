@@ -10,7 +10,7 @@
 
 #include "stream/stream_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_api_test {
 namespace {
 
 std::string repeat(const std::string& s, int n) {
@@ -366,4 +366,4 @@ TEST_F(StreamApi, ForeignThreadCallsAbortNamingTheFunction) {
 #endif
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_api_test

@@ -16,7 +16,7 @@
 #include "core/write_queue.h"
 #include "stream/stream_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_caps_test {
 namespace {
 
 // A blocking client from a chosen loopback source address (127.0.0.x), or a unix-socket client.
@@ -313,4 +313,4 @@ TEST_F(StreamCaps, TheRingGrowsWhileAWriteIsInFlightAndKeepsItsBytesUntilItCompl
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_caps_test

@@ -20,7 +20,7 @@
 extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #endif
 
-namespace uvbus::test {
+namespace uvbus::test::stream_connect_test {
 namespace {
 
 class StreamConnect : public stream_fixture {
@@ -407,4 +407,4 @@ TEST_F(StreamConnect, AnIdleConnectionCostsLittleMemory) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_connect_test

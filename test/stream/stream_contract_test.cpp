@@ -26,7 +26,7 @@
 #include "stream/test_access.h"
 #include "uvbus/address.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_contract_test {
 namespace {
 
 class StreamContract : public stream_fixture {
@@ -594,4 +594,4 @@ TEST_F(StreamContractTls, DisconnectingFromOnLogAtATlsFailureKeepsItsReason) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_contract_test

@@ -14,7 +14,7 @@
 #include "core/frame.h"
 #include "stream/stream_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_control_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -322,4 +322,4 @@ TEST_F(StreamControl, CommitAfterGracefulDisconnectIsClosedAndTheQueueDrains) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_control_test

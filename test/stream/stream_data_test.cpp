@@ -9,7 +9,7 @@
 #include "stream/stream_harness.h"
 #include "stream/stream_impl.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_data_test {
 namespace {
 
 uint64_t splitmix(uint64_t& x) {
@@ -670,4 +670,4 @@ TEST_F(StreamData, DestroyingTheChannelFiresNoCallbacks) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_data_test

@@ -10,7 +10,7 @@
 #include "stream/stream_harness.h"
 #include "stream/test_access.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_dial_test {
 namespace {
 
 sockaddr_storage loopback(uint16_t port) {
@@ -148,4 +148,4 @@ TEST_F(StreamDial, CancelledWhileAnAttemptHangs) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_dial_test

@@ -19,7 +19,7 @@
 #include "stream/stream_harness.h"
 #include "stream/test_access.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_limits_test {
 namespace {
 
 // The listener of the scenarios (a unix one when g_unix_path is set).
@@ -303,4 +303,4 @@ TEST_F(StreamZeroWindow, ANonReadingPeerIsBoundedHurtsNoOneAndItsResetReportsEve
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_limits_test

@@ -7,7 +7,7 @@
 
 #include "stream/stream_tls_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_tls_backlog_test {
 namespace {
 
 // A TLS client of our own (OpenSSL directly, its own thread, blocking socket) with a small receive
@@ -114,4 +114,4 @@ TEST_F(StreamTls, RepliesBehindAStuckWriteAreBounded) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_tls_backlog_test

@@ -13,7 +13,7 @@
 #include "stream/tls_session.h"
 #include "stream_tls_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_tls_limits_test {
 namespace {
 
 // The first flight of a TLS 1.3 client (a ClientHello), made with OpenSSL over memory BIOs.
@@ -442,4 +442,4 @@ TEST_F(StreamTls, AGracefulEndIntoAResetConnectionCountsTheWriteError) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_tls_limits_test

@@ -9,7 +9,7 @@
 
 #include "stream_tls_harness.h"
 
-namespace uvbus::test {
+namespace uvbus::test::stream_tls_test {
 namespace {
 
 // Sends n messages of sizes 8.. cycling up to max and one large one, each way, and checks them.
@@ -360,4 +360,4 @@ TEST_F(StreamTls, UnixSocketsCarryTlsToo) {
 }
 
 }  // namespace
-}  // namespace uvbus::test
+}  // namespace uvbus::test::stream_tls_test

@@ -25,6 +25,7 @@ extern "C" const char* __asan_default_options() {
 }
 #endif
 
+namespace uvbus::session_test {
 namespace {
 
 constexpr uint64_t kRoot = 0x10000;
@@ -127,3 +128,4 @@ TEST(ToolSession, PeerTextEscapesEachLine) {
 }
 
 }  // namespace
+}  // namespace uvbus::session_test

@@ -26,6 +26,7 @@
 #include "uvbus/node.h"
 #include "uvbus/shm.h"
 
+namespace uvbus::tool_test {
 namespace {
 
 constexpr uint64_t kRoot = 0x10000;
@@ -613,3 +614,4 @@ TEST(Tool, MetricsUnreachableExitsThree) {
 }
 
 }  // namespace
+}  // namespace uvbus::tool_test

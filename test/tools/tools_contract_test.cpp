@@ -23,6 +23,7 @@
 #include "test_util.h"
 #include "uvbus/shm.h"
 
+namespace uvbus::tools_contract_test {
 namespace {
 
 // `sh -c cmd` with stderr folded into stdout; the exit status appended as "rc=N".
@@ -423,3 +424,4 @@ TEST(ToolsContract, CountersJsonHasEachKeyOnce) {
 }
 
 }  // namespace
+}  // namespace uvbus::tools_contract_test
