@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets (clang, ASan+UBSan, coverage on the library objects too) and runs
 # each for a bounded time; fails on any finding (crash, sanitizer report, leak, timeout, OOM).
 #
-#   scripts/fuzz.sh [SECONDS_TOTAL]      default 60, split evenly across the targets
+#   scripts/fuzz.sh [SECONDS_TOTAL]      default 60, split evenly across the targets, which run
+#                                        two at a time on two or more cores (so about half that
+#                                        long in wall-clock time)
 #
 # Environment:
 #   BUILD=dir           build directory (default build-fuzz; configured here if needed)
@@ -43,10 +45,9 @@ trap 'rm -rf "$scratch"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-failed=0
-printf '%-22s %8s %12s %10s %8s %8s %s\n' target seconds execs exec/s cov ft result
-for t in "${targets[@]}"; do
-  seeds=test/fuzz/corpus/$t
+# run_target T: one target for $per seconds; its log and exit code go to $scratch/T.log / T.rc.
+run_target() {
+  local t=$1 seeds=test/fuzz/corpus/$1 work rc=0
   if [ -n "${FUZZ_CORPUS_DIR:-}" ]; then
     work=$FUZZ_CORPUS_DIR/$t
   else
@@ -56,19 +57,38 @@ for t in "${targets[@]}"; do
   # so that a stale crash file cannot fail a clean run.
   rm -rf "${artifacts:?}/$t"
   mkdir -p "$work" "$artifacts/$t"
-  dirs=("$work")
+  local dirs=("$work")
   [ -d "$seeds" ] && dirs+=("$seeds")
-  log=$scratch/$t.log
-  rc=0
   "$BUILD/$t" -max_total_time="$per" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="$artifacts/$t/" "${dirs[@]}" >"$log" 2>&1 || rc=$?
+    -artifact_prefix="$artifacts/$t/" "${dirs[@]}" >"$scratch/$t.log" 2>&1 || rc=$?
+  echo "$rc" >"$scratch/$t.rc"
+}
+
+# The targets run $jobs at a time (one a core, at most two), each for $per seconds; the summary
+# lists them in order once all have ended.
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_target "$t" &
+  running=$((running + 1))
+done
+wait
+
+failed=0
+printf '%-22s %8s %12s %10s %8s %8s %s\n' target seconds execs exec/s cov ft result
+for t in "${targets[@]}"; do
+  log=$scratch/$t.log
+  rc=$(cat "$scratch/$t.rc" 2>/dev/null || echo "no exit code")
   done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$done_line")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$done_line")
   found=$(find "$artifacts/$t" -type f | wc -l)
-  if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then
+  if [ "$rc" != 0 ] || [ "$found" -ne 0 ]; then
     result="FINDING (exit $rc, $found artifact(s) in $artifacts/$t)"
     failed=1
   else
