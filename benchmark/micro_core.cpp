@@ -127,9 +127,13 @@ void BM_Murmur3Batch(benchmark::State& state) {
   constexpr size_t kLargeWindow = size_t{256} * 1024;
   std::mt19937 rng(1);
   std::vector<size_t> lens(kLengths);
-  for (auto& l : lens) {
-    l = size > 1 ? size : size == 0 ? 8 + rng() % 121 : 8 + rng() % (kLarge - 7);
-  }
+  // size 0: random 8-128 B; size 1: random 8-16384 B; otherwise every frame `size` bytes.
+  const auto next_length = [&]() -> size_t {
+    if (size == 0) return 8 + rng() % 121;
+    if (size == 1) return 8 + rng() % (kLarge - 7);
+    return size;
+  };
+  for (auto& l : lens) l = next_length();
   const size_t slot = std::max(kSlot, size + 5);
   std::vector<uint8_t> wire(size == 1 ? kLargeWindow + kLarge : kFrames * slot);
   for (auto& b : wire) b = static_cast<uint8_t>(rng());
