@@ -87,7 +87,7 @@ errc node::impl::call(bus_id target, uint32_t type, const void* data, size_t siz
   s.cb = std::move(cb);
   ++calls_open;
   ++counters.calls_started;
-  call_by_message[message_id] = id;
+  call_by_message.set(message_id, id);
   prune_call_deadlines(*this);
   call_deadlines.emplace_back(s.deadline_ms, id);
   std::push_heap(call_deadlines.begin(), call_deadlines.end(), std::greater<>());
@@ -119,7 +119,7 @@ errc node::impl::answer(reply_handle& h, proto::call_kind kind, uint32_t code, c
   send_call_flag = 0;
   if (e != errc::ok) return send_failed(e, h.caller, size);
   // The answer has no report of its own: call_report() drops it (call id 0).
-  call_by_message[message_id] = 0;
+  call_by_message.set(message_id, 0);
   ++counters.answers_sent;
   h.call_id = 0;
   return e;
@@ -188,10 +188,10 @@ void node::impl::finish_call(uint64_t call_id, const call_result& r) {
 
 bool node::impl::call_report(uint64_t message_id, errc status) {
   if (call_by_message.empty()) return false;
-  auto it = call_by_message.find(message_id);
-  if (it == call_by_message.end()) return false;
-  const uint64_t id = it->second;  // 0: an answer's report
-  call_by_message.erase(it);
+  const uint64_t* found = call_by_message.find(message_id);
+  if (found == nullptr) return false;
+  const uint64_t id = *found;  // 0: an answer's report
+  call_by_message.erase(message_id);
   // A request's own wait running out (timeout: response_timeout_ms next hop, delivery_timeout_ms
   // end to end) does not end its call: the call has its own deadline, and a handler that was held
   // up may still answer before it.

@@ -496,6 +496,7 @@ void node::impl::tick() {
   flush_logs(now);
   flows_tick(now);  // may run on_writable
   if (dead) return;
+  call_by_message.trim(now);
   grace_tick(now);
   dir_tick(now);
   if (dead) return;

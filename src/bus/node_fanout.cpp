@@ -440,8 +440,8 @@ errc node::call_any(const std::string& type, const std::vector<node_label>& labe
   // the node leaves (fan_departed): the call then ends with its report.
   if (const auto f = n.tx_flows.find(target); f != n.tx_flows.end() && !f->second.entries.empty()) {
     detail::tx_entry& last = f->second.entries.back();
-    const auto m = n.call_by_message.find(last.message_id);
-    if (m != n.call_by_message.end() && m->second == id) last.any = true;
+    const uint64_t* m = n.call_by_message.find(last.message_id);
+    if (m != nullptr && *m == id) last.any = true;
   }
   n.fan->any_calls.emplace(id, target);
   return e;

@@ -30,6 +30,7 @@
 #include "bus/wire.h"
 #include "core/ring_fifo.h"
 #include "core/thread_check.h"
+#include "core/u64_map.h"
 #include "obs/http_endpoint.h"
 #include "obs/prom_text.h"
 #include "uvbus/address.h"
@@ -586,8 +587,9 @@ struct node::impl {
   std::vector<std::pair<uint64_t, uint64_t>> call_deadlines;
   uint64_t call_timer_at = 0;  // when h->calls fires (0: stopped)
   // The message id of each request still owed a report -> its call id: the report is the call's
-  // (a failure ends it), never on_report's.
-  std::unordered_map<uint64_t, uint64_t> call_by_message;
+  // (a failure ends it), never on_report's. A flat table: an entry per call, no allocation per call
+  // (tick() trims it after a burst).
+  detail::u64_map call_by_message;
   // Calls ended without an answer from inside the node (stop(), a failed request's report from the
   // flow timer or a pending queue): their callbacks run from the loop, never from there.
   std::vector<std::pair<call_fn, errc>> deferred_call_fail;
