@@ -295,6 +295,7 @@ void node::impl::dir_link_gone(bus_id peer) {
     }
     const directory_entry e = std::move(it->second.e);
     it = dir.erase(it);
+    ++fan->dir_gen;
     detail::fan_departed(*this, e.id);  // its send_any messages fail now
     fire(cbs.on_directory, directory_event::removed, e);
     if (dead) return;
@@ -353,6 +354,7 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
       it->second.e = e;
       ev = directory_event::changed;
     }
+    ++fan->dir_gen;
     fwd.entries.push_back(e);
     fire(cbs.on_directory, ev, it->second.e);
     if (dead) return;
@@ -393,6 +395,7 @@ void node::impl::dir_remove(peer_ep* from, const std::vector<bus_id>& ids, bool 
     }
     const directory_entry e = std::move(it->second.e);
     dir.erase(it);
+    ++fan->dir_gen;
     detail::fan_departed(*this, id);  // its send_any messages fail now
     fire(cbs.on_directory, directory_event::removed, e);
     if (dead) return;

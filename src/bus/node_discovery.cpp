@@ -72,6 +72,7 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     if (it != dir.end() && it->second.via == kViaDiscovery) {
       const directory_entry gone = std::move(it->second.e);
       dir.erase(it);
+      ++fan->dir_gen;
       detail::fan_departed(*this, gone.id);  // its send_any messages fail now
       fire(cbs.on_directory, directory_event::removed, gone);
     }
@@ -84,9 +85,11 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
   }
   if (it == dir.end()) {
     it = dir.emplace(e.id, dir_item{e, kViaDiscovery}).first;
+    ++fan->dir_gen;
     fire(cbs.on_directory, directory_event::added, it->second.e);
   } else if (it->second.via == kViaDiscovery && it->second.e != e) {
     it->second.e = e;
+    ++fan->dir_gen;
     fire(cbs.on_directory, directory_event::changed, it->second.e);
   }
   if (dead || !disc_rule) return;

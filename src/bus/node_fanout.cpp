@@ -152,8 +152,14 @@ std::string cursor_key(const std::string& type, std::vector<node_label> labels) 
   return key;
 }
 
+// What a cursor counts in fanout_state::cursor_bytes: its key and its ids.
+size_t cursor_cost(const std::string& key, const detail::rr_cursor& c) {
+  return key.size() + c.ids.capacity() * sizeof(bus_id);
+}
+
 // Forgets the less recently used half of the cursors (each starts again at the lowest id when
-// asked for); a key in steady use keeps its place (its last use is recent).
+// asked for); a key in steady use keeps its place (its last use is recent). With one cursor left,
+// nothing.
 void forget_older_half(fanout_state& f) {
   std::vector<uint64_t> used;
   used.reserve(f.cursors.size());
@@ -163,7 +169,7 @@ void forget_older_half(fanout_state& f) {
   const uint64_t keep_from = *mid;  // every `used` differs: exactly half goes
   for (auto c = f.cursors.begin(); c != f.cursors.end();) {
     if (c->second.used < keep_from) {
-      f.cursor_bytes -= c->first.size();
+      f.cursor_bytes -= cursor_cost(c->first, c->second);
       c = f.cursors.erase(c);
     } else {
       ++c;
@@ -171,28 +177,73 @@ void forget_older_half(fanout_state& f) {
   }
 }
 
+// Forgets the less recently used halves until `extra` more bytes and one more cursor fit (or one
+// cursor is left: a selector matching more nodes than the bound holds stays alone).
+void make_room(fanout_state& f, size_t extra) {
+  while (f.cursors.size() > 1 && (f.cursors.size() >= fanout_state::kMaxCursors ||
+                                  f.cursor_bytes + extra > fanout_state::kMaxCursorBytes)) {
+    forget_older_half(f);
+  }
+}
+
 // The cursor of `key`, created at the first turn. At most kMaxCursors are kept, with at most
-// kMaxCursorBytes of keys, so a caller asking with ever-new label sets costs bounded memory.
-size_t& cursor_for(fanout_state& f, std::string key) {
+// kMaxCursorBytes of keys and ids, so a caller asking with ever-new label sets costs bounded
+// memory.
+detail::rr_cursor& cursor_for(fanout_state& f, const std::string& key) {
   auto it = f.cursors.find(key);
   if (it == f.cursors.end()) {
-    while (!f.cursors.empty() && (f.cursors.size() >= fanout_state::kMaxCursors ||
-                                  f.cursor_bytes + key.size() > fanout_state::kMaxCursorBytes)) {
-      forget_older_half(f);
-    }
+    make_room(f, key.size());
     f.cursor_bytes += key.size();
-    it = f.cursors.emplace(std::move(key), detail::rr_cursor{}).first;
+    it = f.cursors.emplace(key, detail::rr_cursor{}).first;
   }
   it->second.used = ++f.cursor_clock;
-  return it->second.next;
+  return it->second;
 }
 
 // The cursor of a selector nothing matches any more goes (it starts afresh if nodes come).
 void forget_cursor(fanout_state& f, const std::string& key) {
   const auto it = f.cursors.find(key);
   if (it == f.cursors.end()) return;
-  f.cursor_bytes -= it->first.size();
+  f.cursor_bytes -= cursor_cost(it->first, it->second);
   f.cursors.erase(it);
+}
+
+// The cursor key of a selector given lately (compared as given: no key is built), or nullptr.
+const std::string* recent_key(const fanout_state& f, const std::string& type,
+                              const std::vector<node_label>& labels) {
+  for (const auto& r : f.recent) {
+    if (r.set && r.type == type && r.labels == labels) return &r.key;
+  }
+  return nullptr;
+}
+
+// Remembers a selector (replacing the oldest of the recent ones) and returns its cursor key.
+const std::string& remember_selector(fanout_state& f, const std::string& type,
+                                     const std::vector<node_label>& labels) {
+  auto& r = f.recent[f.recent_next++ % f.recent.size()];
+  r.set = true;
+  r.type = type;
+  r.labels = labels;
+  r.key = cursor_key(type, labels);
+  return r.key;
+}
+
+// Takes c's ids from the directory again (it changed, or this node started since).
+void take_matches(node::impl& n, detail::rr_cursor& c, const std::string& type,
+                  const std::vector<node_label>& labels, bool started) {
+  fanout_state& f = *n.fan;
+  const broadcast_target want = broadcast_target::of_type(type, labels);
+  f.cursor_bytes -= c.ids.capacity() * sizeof(bus_id);
+  c.ids.clear();
+  if (started && self_matches(n, want)) c.ids.push_back(n.self);
+  for (const auto& [id, item] : n.dir) {
+    if (want.matches(item.e)) c.ids.push_back(id);
+  }
+  std::sort(c.ids.begin(), c.ids.end());  // dir is ordered; self goes to its place
+  f.cursor_bytes += c.ids.capacity() * sizeof(bus_id);
+  c.gen = f.dir_gen;
+  c.started = started;
+  make_room(f, 0);  // c was used last: it stays
 }
 
 constexpr size_t kNotExpected = SIZE_MAX;
@@ -328,29 +379,31 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::pick");
   impl& n = *impl_;
   if (out == nullptr) return n.fail(errc::invalid_argument, "node::pick: out is null");
-  const broadcast_target want = broadcast_target::of_type(type, labels);
-  // No directory entry holds a longer type or label, or more labels: say so instead of keeping
-  // a cursor for a key no entry could have.
-  if (const std::string why = detail::fan_selector_fault(want); !why.empty()) {
-    return n.fail(errc::invalid_argument, "node::pick: " + why);
-  }
-  std::vector<bus_id> ids;  // by id (dir is ordered)
-  if (n.start_unix_ms != 0 && self_matches(n, want)) ids.push_back(n.self);
-  for (const auto& [id, item] : n.dir) {
-    if (want.matches(item.e)) ids.push_back(id);
-  }
   fanout_state& f = *n.fan;
+  const std::string* key = recent_key(f, type, labels);
+  if (key == nullptr) {
+    // No directory entry holds a longer type or label, or more labels: say so instead of keeping
+    // a cursor for a key no entry could have.
+    const broadcast_target want = broadcast_target::of_type(type, labels);
+    if (const std::string why = detail::fan_selector_fault(want); !why.empty()) {
+      return n.fail(errc::invalid_argument, "node::pick: " + why);
+    }
+    key = &remember_selector(f, type, labels);
+  }
+  detail::rr_cursor& c = cursor_for(f, *key);
+  const bool started = n.start_unix_ms != 0;
+  if (c.gen != f.dir_gen || c.started != started) take_matches(n, c, type, labels, started);
+  const std::vector<bus_id>& ids = c.ids;  // sorted
   if (ids.empty()) {
-    // Nothing to take turns among: its cursor (if any) goes; it starts afresh if nodes come.
-    if (how.policy == pick_policy::round_robin) forget_cursor(f, cursor_key(type, labels));
+    // Nothing to take turns among: its cursor goes; it starts afresh if nodes come.
+    forget_cursor(f, *key);
     return n.fail(errc::unknown_route, "node::pick: no node of type \"" + type + "\"" +
                                            (labels.empty() ? "" : " with those labels") +
                                            " in the directory");
   }
-  std::sort(ids.begin(), ids.end());
   bus_id best = ids.front();
   if (how.policy == pick_policy::round_robin) {
-    best = ids[cursor_for(f, cursor_key(type, labels))++ % ids.size()];
+    best = ids[c.next++ % ids.size()];
   } else if (how.policy == pick_policy::least_loaded) {
     uint32_t least = UINT32_MAX;
     for (const bus_id id : ids) {

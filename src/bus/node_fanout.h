@@ -2,6 +2,7 @@
 // the hooks the rest of the node calls (routing, the tick, stop, the directory). Loop thread only.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -35,21 +36,39 @@ struct pending_broadcast {
   [[nodiscard]] bool settled() const { return acked_count + left_count == expected.size(); }
 };
 
-// round_robin's place for one type and labels: the next turn, and when it was last asked for.
+// pick()'s state for one type and labels: round_robin's next turn, when it was last asked for,
+// and the ids of the nodes that match it (sorted), taken from the directory after it changed: a
+// repeated pick() or send_any() neither scans the directory nor allocates.
 struct rr_cursor {
   size_t next = 0;
-  uint64_t used = 0;  // fanout_state::cursor_clock at the last pick
+  uint64_t used = 0;     // fanout_state::cursor_clock at the last pick
+  uint64_t gen = 0;      // fanout_state::dir_gen when `ids` were taken (0: never)
+  bool started = false;  // whether this node was running then (only then it matches itself)
+  std::vector<bus_id> ids;
 };
 
 struct fanout_state {
   static constexpr size_t kMaxPending = 4096;  // broadcasts awaiting their summary
-  // round_robin cursors kept at most, and the bytes of their keys (the less recently used half
-  // goes when a new one would pass either).
+  // pick()'s cursors kept at most (one per type and labels asked for, whatever the policy), and
+  // the bytes of their keys and ids (the less recently used half goes when a new one would pass
+  // either).
   static constexpr size_t kMaxCursors = 4096;
   static constexpr size_t kMaxCursorBytes = size_t{1} << 20;
-  std::unordered_map<std::string, rr_cursor> cursors;  // round_robin, per type and labels
-  size_t cursor_bytes = 0;                             // the keys' bytes
+  std::unordered_map<std::string, rr_cursor> cursors;
+  size_t cursor_bytes = 0;  // the keys' bytes and the ids' (capacity)
   uint64_t cursor_clock = 0;
+  // Bumped at every change of node::impl::dir (an entry added, changed or removed): a cursor takes
+  // its ids again after one.
+  uint64_t dir_gen = 1;
+  // The selectors pick() was given last, with their cursor keys: a repeated one builds no key.
+  struct recent_selector {
+    bool set = false;
+    std::string type;
+    std::vector<node_label> labels;
+    std::string key;
+  };
+  std::array<recent_selector, 4> recent;
+  size_t recent_next = 0;
   uint32_t my_load = 0;
   bool load_dirty = false;
   uint64_t load_sent_ms = 0;

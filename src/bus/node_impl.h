@@ -587,8 +587,7 @@ struct node::impl {
   std::vector<std::pair<uint64_t, uint64_t>> call_deadlines;
   uint64_t call_timer_at = 0;  // when h->calls fires (0: stopped)
   // The message id of each request still owed a report -> its call id: the report is the call's
-  // (a failure ends it), never on_report's. A flat table: an entry per call, no allocation per call
-  // (tick() trims it after a burst).
+  // (a failure ends it), never on_report's. A flat table (no allocation per call; tick() trims it).
   detail::u64_map call_by_message;
   // Calls ended without an answer from inside the node (stop(), a failed request's report from the
   // flow timer or a pending queue): their callbacks run from the loop, never from there.
@@ -615,6 +614,7 @@ struct node::impl {
 
   // ----------------------------------------------------------------------------- directory --
   // node_directory.cpp. Every other node known, by id, with the tree peer it was learned from.
+  // Every change of an entry bumps fan->dir_gen (pick()'s cached matches).
   struct dir_item {
     directory_entry e;
     bus_id via = 0;

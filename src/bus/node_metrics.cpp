@@ -55,10 +55,10 @@ void v6_families(prom_text* t, const node_counters& c, const detail::fanout_stat
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
   const counter_row gauges[] = {
-      {"uvbus_node_pick_cursors", "Round-robin cursors pick() keeps now (per type and labels).",
+      {"uvbus_node_pick_cursors", "Cursors pick() keeps now (per type and labels asked for).",
        f.cursors.size()},
-      {"uvbus_node_pick_cursor_bytes", "Bytes of the keys of those cursors (at most 1 MiB).",
-       f.cursor_bytes},
+      {"uvbus_node_pick_cursor_bytes",
+       "Bytes of those cursors' keys and matching ids (at most 1 MiB).", f.cursor_bytes},
       {"uvbus_node_load_hints", "Load hints of other nodes kept now (pick() least_loaded).",
        f.loads.size()},
   };

@@ -104,6 +104,37 @@ TEST_F(NodeFanout, RoundRobinVisitsEveryLogicNodeAndSendAnyDelivers) {
   EXPECT_EQ(chat_->n->send_any("logic", {{"zone", "eu"}}, 5, "x", 1), errc::unknown_route);
 }
 
+// pick() keeps each selector's matching nodes between calls (no directory scan, no allocation per
+// send_any): they are taken again whenever the directory changed, so a node that joins is picked
+// from the next call on and one that leaves never again, whatever the policy.
+TEST_F(NodeFanout, ThePickedNodesFollowTheDirectoryAsNodesComeAndGo) {
+  ASSERT_NO_FATAL_FAILURE(build());
+  std::map<bus_id, int> seen;
+  for (int i = 0; i < 6; ++i) ++seen[pick(chat_, {})];
+  EXPECT_EQ(seen.size(), 3U);
+  constexpr bus_id kL4 = 0x1203;
+  bus_node* l4 = make_child(kL4, g2_, {}, typed("logic"));
+  ASSERT_TRUE(wait([&] { return l4->ups == 1 && chat_->n->find("logic").size() == 4; }));
+  seen.clear();
+  for (int i = 0; i < 8; ++i) ++seen[pick(chat_, {})];
+  EXPECT_EQ(seen, (std::map<bus_id, int>{{kL1, 2}, {kL2, 2}, {kL3, 2}, {kL4, 2}}));
+  pick_options hash;
+  hash.policy = pick_policy::consistent_hash;
+  bool l4_holds_a_key = false;
+  for (uint64_t k = 1; k <= 64; ++k) {
+    hash.key = k;
+    l4_holds_a_key = l4_holds_a_key || pick(chat_, hash) == kL4;
+  }
+  EXPECT_TRUE(l4_holds_a_key) << "the joined node takes its share of the keys";
+  destroy(l4);
+  ASSERT_TRUE(wait([&] { return chat_->n->find("logic").size() == 3; }));
+  for (int i = 0; i < 6; ++i) EXPECT_NE(pick(chat_, {}), kL4);
+  for (uint64_t k = 1; k <= 64; ++k) {
+    hash.key = k;
+    EXPECT_NE(pick(chat_, hash), kL4);
+  }
+}
+
 TEST_F(NodeFanout, ConsistentHashKeepsKeysAndMovesOnlyTheDeadNodes) {
   ASSERT_NO_FATAL_FAILURE(build());
   pick_options how;
