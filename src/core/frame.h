@@ -57,10 +57,12 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 //
 // Memory: between chunks the decoder keeps only the bytes of one partial frame. Its buffer grows
 // with the bytes actually received (never reserved from the announced length, so a peer sending a
-// header and then nothing pins only what it sent) and is released again once a frame larger than
-// kDecoderKeepBytes completes, so a decoder between frames of a burst holds at most
-// kDecoderKeepBytes; release_buffer() at a frame boundary frees even that (the stream channel
-// calls it after every read that ends at one, so a quiet connection holds no receive memory).
+// header and then nothing allocates only what it sent) and is released again once a frame larger
+// than kDecoderKeepBytes completes. Up to that size it is kept for the next frame a chunk cuts (a
+// busy connection's frames cut by reads or TLS records reuse it instead of allocating each time),
+// so a decoder between frames of a burst holds at most kDecoderKeepBytes; release_buffer() at a
+// frame boundary frees even that (the stream channel calls it after every read that ends at one,
+// so a quiet connection holds no receive memory).
 //
 // Batches: when next() finds frames lying wholly inside the chunk, it parses up to kBatchFrames of
 // them at once, verifies their checksums together (murmur3_x86_32_batch: SIMD lanes), keeps the
@@ -83,7 +85,7 @@ const char* to_string(frame_status s) noexcept;
 
 class frame_decoder {
  public:
-  static constexpr size_t kDecoderKeepBytes = 4096;
+  static constexpr size_t kDecoderKeepBytes = size_t{64} * 1024;
   // Whole frames of one chunk verified together (the batch hash kernels' lane count).
   static constexpr size_t kBatchFrames = 16;
 

@@ -186,6 +186,45 @@ TEST(Frame, LargePartialBufferIsReleasedAfterTheFrame) {
   EXPECT_LE(d.buffer_capacity(), frame_decoder::kDecoderKeepBytes);
 }
 
+// Frames cut one after another (a busy connection's reads or TLS records) reuse the buffer the
+// first one grew: no allocation per cut frame up to kDecoderKeepBytes. A larger one frees it once
+// it completes.
+TEST(Frame, CutFramesReuseTheBufferUpToTheKeepBound) {
+  const auto a = encode(pattern(12000, 7));
+  const auto b = encode(pattern(9000, 8));
+  const auto big = encode(pattern(frame_decoder::kDecoderKeepBytes + 1000, 9));
+  frame_decoder d;
+  d.feed(a.data(), 5000);
+  ASSERT_EQ(d.next().status, frame_status::need_more);
+  // The rest of a, then the start of b in the same chunk: a completes, b is cut.
+  std::vector<uint8_t> chunk(a.begin() + 5000, a.end());
+  chunk.insert(chunk.end(), b.begin(), b.begin() + 3000);
+  d.feed(chunk.data(), chunk.size());
+  auto r = d.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  EXPECT_EQ(r.size, 12000u);
+  const size_t grown = d.buffer_capacity();
+  EXPECT_GE(grown, a.size());
+  ASSERT_EQ(d.next().status, frame_status::need_more);
+  EXPECT_EQ(d.buffered(), 3000u);
+  EXPECT_EQ(d.buffer_capacity(), grown) << "b's part went into a's buffer";
+  chunk.assign(b.begin() + 3000, b.end());
+  chunk.insert(chunk.end(), big.begin(), big.begin() + 100);
+  d.feed(chunk.data(), chunk.size());
+  r = d.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  EXPECT_EQ(r.size, 9000u);
+  EXPECT_EQ(r.data[8999], pattern(9000, 8)[8999]);
+  ASSERT_EQ(d.next().status, frame_status::need_more);
+  EXPECT_EQ(d.buffer_capacity(), grown) << "no allocation for b";
+  d.feed(big.data() + 100, big.size() - 100);
+  r = d.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  EXPECT_EQ(r.size, frame_decoder::kDecoderKeepBytes + 1000);
+  EXPECT_EQ(d.next().status, frame_status::need_more);
+  EXPECT_EQ(d.buffer_capacity(), 0u) << "a buffer above the bound goes once its frame completes";
+}
+
 // A frame that straddled two chunks leaves a small buffer behind (kept for the next straddle of a
 // burst); release_buffer() at the boundary frees it, and does nothing while a frame is partial.
 TEST(Frame, ReleaseBufferFreesOnlyAtAFrameBoundary) {

@@ -69,7 +69,7 @@ def write(target, name, data):
 # Limit indices into kLimits {0,1,2,5,16,100,127,128,300,4095,4096,4097,65536}.
 L64K, L16, L300, L4096 = 12, 4, 8, 10
 seq = b"".join(frame(bytes([i]) * i) for i in range(0, 40, 7))
-big = frame(bytes(range(256)) * 20)  # 5120 bytes: straddles kDecoderKeepBytes
+big = frame(bytes(range(256)) * 20)  # 5120 bytes: a cut frame above the 4 KiB keep bound of old
 for name, head, stream in [
     ("hello_one_chunk", (L64K, 0, 0, 0), frame(b"hello")),
     ("hello_bytewise", (L64K, 1, 0, 0), frame(b"hello")),
