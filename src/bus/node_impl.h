@@ -101,7 +101,7 @@ struct node::impl {
   std::unordered_map<bus_id, std::unique_ptr<peer_ep>> peers;
   std::unordered_map<bus_id, sibling_entry> siblings;
   pending_queue parent_pending;
-  std::map<uint64_t, pending_reply> replies;  // by sequence (deadlines grow with it)
+  detail::reply_map replies;  // by sequence (deadlines grow with it): node_types.h
   // Message ids and sequences, unique per node. node::post() takes one at a time from next_seq
   // on any thread; the loop thread takes a block of kSeqBlock at once and hands them out with
   // plain increments (take_seq): a locked add per message waited for the store buffer to drain

@@ -298,12 +298,15 @@ errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t tot
   return transmit(p, bufs, 1, 0, target);
 }
 
+// Built on the stack: under next_hop delivery with require_response every message gets one.
 void node::impl::send_ack(bus_id to, uint64_t seq, proto::reason st) {
-  std::vector<uint8_t> b;
-  proto::encode_ack({seq, st}, &b);
-  const std::vector<uint8_t> m = proto::build(make_header(msg_type::ack, to, take_seq()), b);
-  const const_buffer cb{m.data(), m.size()};
-  (void)route_reply(to, &cb, m.size());
+  uint8_t m[proto::kHeaderSize + proto::kAckSize];
+  proto::header h = make_header(msg_type::ack, to, take_seq());
+  h.body_len = proto::kAckSize;
+  proto::encode_header(h, m);
+  proto::encode_ack({seq, st}, m + proto::kHeaderSize);
+  const const_buffer cb{m, sizeof m};
+  (void)route_reply(to, &cb, sizeof m);
 }
 
 void node::impl::forward(link* from, const proto::header& hd, const uint8_t* data, size_t size) {

@@ -26,6 +26,7 @@
 #include "bus/routing.h"
 #include "bus/wire.h"
 #include "core/log_limiter.h"
+#include "core/pool_allocator.h"
 #include "core/ring_fifo.h"
 #include "core/thread_check.h"
 #include "obs/http_endpoint.h"
@@ -220,6 +221,10 @@ struct pending_reply {
   node::command_cb cb;  // commands; empty for acks
   uint64_t report_tag = 0;
 };
+// By sequence (deadlines grow with it). An entry per message sent with require_response under
+// next_hop delivery: its nodes come from a pool, so a steady flow of them allocates nothing.
+using reply_map = std::map<uint64_t, pending_reply, std::less<>,
+                           pool_allocator<std::pair<const uint64_t, pending_reply>>>;
 
 struct self_msg {
   bus_id source;

@@ -460,14 +460,13 @@ errc parse_data(const uint8_t* p, size_t n, data_body* out) noexcept {
   return errc::ok;
 }
 
-void encode_ack(const ack_body& b, std::vector<uint8_t>* out) {
-  writer w(out);
-  w.u64(b.acked_sequence);
-  w.u16(static_cast<uint16_t>(b.status));
+void encode_ack(const ack_body& b, uint8_t out[kAckSize]) noexcept {
+  put64(out, b.acked_sequence);
+  put16(out + 8, static_cast<uint16_t>(b.status));
 }
 
 errc parse_ack(const uint8_t* p, size_t n, ack_body* out) noexcept {
-  if (n != 10) return errc::protocol_error;
+  if (n != kAckSize) return errc::protocol_error;
   const uint16_t status = get16(p + 8);
   if (status > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
   out->acked_sequence = get64(p);

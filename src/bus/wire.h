@@ -321,6 +321,7 @@ struct ack_body {
   uint64_t acked_sequence = 0;  // the header.sequence of the data message
   reason status = reason::ok;   // ok: the target received it; else why it could not be delivered
 };
+inline constexpr size_t kAckSize = 10;  // an ack body: u64 sequence, u16 status
 
 struct command_body {
   uint32_t command = 0;
@@ -385,7 +386,7 @@ void encode_register(const register_body& b, std::vector<uint8_t>* out);
 void encode_register_reply(const register_reply_body& b, std::vector<uint8_t>* out);
 void encode_node_info(const node_info& n, std::vector<uint8_t>* out);
 void encode_ping(const ping_body& b, std::vector<uint8_t>* out);
-void encode_ack(const ack_body& b, std::vector<uint8_t>* out);
+void encode_ack(const ack_body& b, uint8_t out[kAckSize]) noexcept;  // no allocation
 void encode_bye(const bye_body& b, std::vector<uint8_t>* out);
 void encode_dropped(const dropped_body& b, std::vector<uint8_t>* out);
 // Data prefix (user type) into out[0..4).

@@ -415,8 +415,8 @@ TEST(Protocol, ChallengeReplyAckPingByeCommandRoundTrip) {
     EXPECT_EQ(parse_register_reply(v.data(), n, &rr2), errc::protocol_error);
   }
 
-  v.clear();
-  encode_ack({0x0102030405060708ull, reason::ttl_expired}, &v);
+  v.assign(kAckSize, 0);
+  encode_ack({0x0102030405060708ull, reason::ttl_expired}, v.data());
   EXPECT_EQ(v, hex("0807060504030201 0800"));
   ack_body a;
   ASSERT_EQ(parse_ack(v.data(), v.size(), &a), errc::ok);

@@ -142,7 +142,8 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
     case proto::msg_type::ack: {
       proto::ack_body b;
       if (proto::parse_ack(p, n, &b) != errc::ok) return;
-      proto::encode_ack(b, &enc);
+      enc.resize(proto::kAckSize);
+      proto::encode_ack(b, enc.data());
       FUZZ_CHECK(proto::errc_from_reason(static_cast<uint16_t>(b.status)) != errc::ok ||
                  b.status == proto::reason::ok);
       return check_same(enc, p, n);
