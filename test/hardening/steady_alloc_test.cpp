@@ -365,6 +365,7 @@ struct bus {
   std::unique_ptr<node> sender;
   std::unique_ptr<node> other;
   std::function<void(bus_id, node_config*)> tweak;  // applied to every node's config
+  send_options opt;                                 // for send_data()
 
   node_config config(bus_id id, bool shm, const char* name) const {
     node_config c;
@@ -463,7 +464,7 @@ uint64_t measure_sends(bus* b, way how) {
     const uint8_t* p = pl.make(i, &n);
     switch (how) {
       case way::send_data:
-        return b->sender->send_data(b->target, 1, p, n) == errc::ok;
+        return b->sender->send_data(b->target, 1, p, n, b->opt) == errc::ok;
       case way::prepare_data: {
         uint8_t* room = b->sender->prepare_data(b->target, 1, n);
         if (room == nullptr) return false;
@@ -479,12 +480,14 @@ uint64_t measure_sends(bus* b, way how) {
 
 void measure_nodes(bool shm, bool relay, const char* what,
                    const std::function<void(bus_id, node_config*)>& tweak = {},
-                   way how = way::send_data, uint64_t allowed = kAllowed) {
+                   way how = way::send_data, uint64_t allowed = kAllowed,
+                   const send_options& opt = {}) {
   uv_loop_t loop;
   ASSERT_EQ(uv_loop_init(&loop), 0);
   {
     bus b(&loop);
     b.tweak = tweak;
+    b.opt = opt;
     ASSERT_NO_FATAL_FAILURE(b.start(shm, relay));
     const uint64_t counted = measure_sends(&b, how);
     EXPECT_LE(counted, allowed) << counted << " allocations for " << kBatch * kCountedRounds
@@ -529,6 +532,29 @@ TEST(SteadyAlloc, EncryptedLinksAllocateNothingPerMessage) {
   };
   measure_nodes(false, false, "over TLS 1.3 (psk)", psk, way::send_data,
                 kBatch * kCountedRounds / 10);
+}
+// Next-hop delivery with require_response: each report comes from the target's acknowledgement.
+TEST(SteadyAlloc, NextHopWithResponsesAllocatesNothingPerMessage) {
+  send_options opt;
+  opt.require_response = true;
+  for (const bool relay : {false, true}) {
+    SCOPED_TRACE(relay ? "through a relay" : "direct");
+    measure_nodes(
+        false, relay, "next hop, require_response",
+        [](bus_id, node_config* c) { c->delivery = delivery_mode::next_hop; }, way::send_data,
+        kAllowed, opt);
+  }
+}
+// A W3C trace context on every message (passed on by the relay), latency histograms on.
+TEST(SteadyAlloc, TracedMessagesWithHistogramsAllocateNothingPerMessage) {
+  trace_context t;
+  t.trace_id[0] = 1;
+  t.span_id[0] = 2;
+  send_options opt;
+  opt.trace = &t;
+  measure_nodes(
+      false, true, "traced, latency histograms",
+      [](bus_id, node_config* c) { c->latency_histograms = true; }, way::send_data, kAllowed, opt);
 }
 TEST(SteadyAlloc, CompressedLinksAllocateNothingPerMessage) {
   for (const compression_codec codec : {compression_codec::lz4, compression_codec::zstd}) {
