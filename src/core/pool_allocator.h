@@ -61,6 +61,10 @@ class pool_allocator {
   static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "over-aligned nodes");
 
   pool_allocator() : pool_(std::make_shared<node_pool>()) {}
+  // Copies only, no moves: a moved-from container keeps a pool and stays usable.
+  pool_allocator(const pool_allocator&) noexcept = default;
+  pool_allocator& operator=(const pool_allocator&) noexcept = default;
+  ~pool_allocator() = default;
   template <class U>
   pool_allocator(const pool_allocator<U>& o) noexcept  // NOLINT(google-explicit-constructor)
       : pool_(o.pool_) {}

@@ -52,6 +52,9 @@ TEST(PoolAllocator, CopiesAndMovesBehaveAsWithTheStandardAllocator) {
   EXPECT_FALSE(b.get_allocator() == a.get_allocator());
   pooled_map c = std::move(a);
   EXPECT_EQ(c.size(), 10U);
+  a.clear();  // NOLINT(bugprone-use-after-move): a moved-from map stays usable
+  a.emplace(1, "again");
+  EXPECT_EQ(a.at(1), "again");
   b.erase(3);
   c = b;
   EXPECT_EQ(c.size(), 9U);
