@@ -1,8 +1,7 @@
-// Nothing is allocated per message in steady state: every heap allocation of this thread is
-// counted (the global operator new replaced here; under ASan or TSan also every malloc, through
-// the sanitizer's allocator hooks) while a warmed-up stream channel, shm ring and pair of bus nodes
-// carry tens of thousands of messages. Its own binary: the replacement applies to the whole
-// program.
+// Nothing is allocated per message in steady state: every heap allocation of the counting threads
+// is counted (the global operator new replaced here; under ASan or TSan also every malloc, through
+// the sanitizer's allocator hooks) while warmed-up stream channels, shm rings and bus nodes carry
+// thousands of messages. Its own binary: the replacement applies to the whole program.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -34,8 +33,8 @@ extern "C" int __sanitizer_install_malloc_and_free_hooks(  // NOLINT(bugprone-re
 
 namespace uvbus::steady_alloc_test {
 
-// Set only on the test's thread, only while a measured stretch runs: allocations of other threads
-// (gtest's, the sanitizer runtime's) and of the setup are not counted.
+// Set only on the threads that send or run the loop, only while a measured stretch runs:
+// allocations of other threads (gtest's, the sanitizer runtime's) and of the setup are not counted.
 thread_local bool counting = false;
 std::atomic<uint64_t> allocations{0};  // every counting thread's
 
@@ -111,8 +110,8 @@ namespace uvbus::steady_alloc_test {
 using namespace std::chrono_literals;
 
 #ifdef UVBUS_TEST_MALLOC_HOOKS
-// C allocations too (libuv's, the library's malloc calls). operator new above goes through
-// malloc, so a C++ allocation counts twice here: the tests only ask for none.
+// C allocations too (libuv's, OpenSSL's, the library's malloc calls). operator new above goes
+// through malloc, so a C++ allocation counts twice under a sanitizer (the bounds allow for it).
 void malloc_hook(const volatile void* /*p*/, size_t /*n*/) {
   note_allocation();
 }
@@ -156,7 +155,7 @@ int close_loop(uv_loop_t* loop) {
   return uv_loop_close(loop);
 }
 
-// Sends kWarmRounds and then kCountedRounds batches of kBatch messages, message i through
+// Sends kWarmRounds and then kCountedRounds batches of `batch` messages, message i through
 // send_one(i) (false: refused, the batch ends there), and after each batch runs the loop until
 // done(messages accepted so far) holds. Returns the allocations made during the counted rounds;
 // *sent gets the messages accepted. A deadline fails the test.
@@ -166,8 +165,7 @@ uint64_t measure(uv_loop_t* loop, SendOne&& send_one, Done&& done, uint64_t* sen
   uint64_t counted = 0;
   *sent = 0;
   for (int r = 0; r < kWarmRounds + kCountedRounds; ++r) {
-    const bool counting_round = r >= kWarmRounds;
-    if (counting_round && r == kWarmRounds) {
+    if (r == kWarmRounds) {
       allocations = 0;
       counting = true;
     }
