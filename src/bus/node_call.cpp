@@ -183,7 +183,8 @@ call_fn node::impl::take_call(uint64_t call_id, errc status) {
 }
 
 void node::impl::finish_call(uint64_t call_id, const call_result& r) {
-  fire(take_call(call_id, r.status), r);  // nothing for a call already ended
+  if (!fan->any_calls.empty()) fan->any_calls.erase(call_id);  // a call_any()'s, ended here
+  fire(take_call(call_id, r.status), r);                       // nothing for a call already ended
 }
 
 bool node::impl::call_report(uint64_t message_id, errc status) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bus/wire.h"
+#include "core/pool_allocator.h"
 #include "uvbus/buffer.h"
 #include "uvbus/fanout.h"
 #include "uvbus/node.h"
@@ -73,11 +74,14 @@ struct fanout_state {
   bool load_dirty = false;
   uint64_t load_sent_ms = 0;
   std::unordered_map<bus_id, uint32_t> loads;  // learned load hints
+  // An entry per send_any() or call_any() message: nodes from a pool, none allocated per message.
+  using any_map = std::unordered_map<uint64_t, bus_id, std::hash<uint64_t>, std::equal_to<>,
+                                     pool_allocator<std::pair<const uint64_t, bus_id>>>;
   // send_any() messages under next_hop with require_response still owed their report: message
   // id -> target (ids no longer in node::impl::replies are pruned at the tick).
-  std::unordered_map<uint64_t, bus_id> any_replies;
+  any_map any_replies;
   // call_any() calls not answered yet: call id -> target (ended calls are pruned at the tick).
-  std::unordered_map<uint64_t, bus_id> any_calls;
+  any_map any_calls;
   std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
   size_t targets =
       0;  // expected and extra entries of `pending` (node_config::broadcast_max_targets)

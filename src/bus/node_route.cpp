@@ -229,6 +229,7 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
       if (it == replies.end() || it->second.cb) return;  // late (already timed out)
       const bus_id target = it->second.target;
       replies.erase(it);
+      if (!fan->any_replies.empty()) fan->any_replies.erase(a.acked_sequence);  // send_any's
       defer_report(a.acked_sequence, target,
                    proto::errc_from_reason(static_cast<uint16_t>(a.status)), true);
       return;

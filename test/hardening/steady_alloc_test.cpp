@@ -470,7 +470,7 @@ uint64_t measure_sends(bus* b, way how) {
         return b->sender->commit_data() == errc::ok;
       }
       case way::send_any:
-        return b->sender->send_any(type, any_labels, 1, p, n) == errc::ok;
+        return b->sender->send_any(type, any_labels, 1, p, n, {}, b->opt) == errc::ok;
     }
     return false;
   });
@@ -518,6 +518,15 @@ TEST(SteadyAlloc, SendAnyAllocatesNothingPerMessage) {
     if (id == 0x100) c->type = "game";
   };
   measure_nodes(false, false, "send_any() to the parent's type", parent_is_a_game, way::send_any);
+  // Next hop with require_response: each message also waits for its target's acknowledgement.
+  const auto next_hop_game = [](bus_id id, node_config* c) {
+    if (id == 0x100) c->type = "game";
+    c->delivery = delivery_mode::next_hop;
+  };
+  send_options opt;
+  opt.require_response = true;
+  measure_nodes(false, false, "send_any(), next hop, require_response", next_hop_game,
+                way::send_any, kAllowed, opt);
 }
 // TLS: OpenSSL 3.0 itself allocates inside SSL_write_ex() and SSL_read_ex() (CRYPTO_zalloc, from
 // libssl): about one allocation per 30 messages of this test, per TLS record rather than per
@@ -564,30 +573,46 @@ TEST(SteadyAlloc, CompressedLinksAllocateNothingPerMessage) {
   }
 }
 
-// Request/reply: each message is a call() that the parent answers at once.
-TEST(SteadyAlloc, CallsAndRepliesAllocateNothingPerCall) {
+// Request/reply: each message is a call() (or call_any() to the parent's type) that the parent
+// answers at once.
+void measure_calls(bool any) {
   uv_loop_t loop;
   ASSERT_EQ(uv_loop_init(&loop), 0);
   {
     bus b(&loop);
+    b.tweak = [](bus_id id, node_config* c) {
+      if (id == 0x100) c->type = "game";
+    };
     ASSERT_NO_FATAL_FAILURE(b.start(false, false));
     payloads pl;
     bus* const bp = &b;
+    const std::string type = "game";
+    const std::vector<node_label> labels;
     const uint64_t counted = b.measure_sends(
         [&](uint64_t i) {
           size_t n = 0;
           const uint8_t* p = pl.make(i, &n);
           // One pointer captured: std::function keeps it without an allocation of its own.
-          return b.sender->call(0x100, 1, p, n, 60000, [bp](const call_result& r) {
+          auto done = [bp](const call_result& r) {
             ++(r.status == errc::ok ? bp->answers : bp->reports_failed);
-          }) == errc::ok;
+          };
+          const errc e = any ? b.sender->call_any(type, labels, 1, p, n, 60000, done)
+                             : b.sender->call(0x100, 1, p, n, 60000, done);
+          return e == errc::ok;
         },
         true);
     EXPECT_LE(counted, kAllowed) << counted << " allocations for " << kBatch * kCountedRounds
-                                 << " calls";
+                                 << (any ? " call_any()s" : " calls");
     b.stop();
   }
   EXPECT_EQ(close_loop(&loop), 0);
+}
+
+TEST(SteadyAlloc, CallsAndRepliesAllocateNothingPerCall) {
+  measure_calls(false);
+}
+TEST(SteadyAlloc, CallAnyAllocatesNothingPerCall) {
+  measure_calls(true);
 }
 
 // Messages posted from another thread (node::post(), the logic-thread path), kBatch a round: the
