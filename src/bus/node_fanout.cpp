@@ -138,9 +138,9 @@ void detail::fan_finish(node::impl& n, uint64_t id, errc status) {
 
 namespace {
 
-// The round_robin cursor key of a type and labels: the labels sorted and each once, so one
-// selector written in another order takes the same turns, and a key is never longer than the
-// directory entry it matched.
+// The cursor key of a type and labels: the labels sorted and each once, so one selector written
+// in another order takes the same turns, and a key is never longer than the directory entry it
+// matched.
 std::string cursor_key(const std::string& type, std::vector<node_label> labels) {
   std::sort(labels.begin(), labels.end());
   labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
