@@ -1,15 +1,22 @@
 // Microbenchmarks of the bus's per-message decisions: the routing table's next hop for a
 // grandchild (a child subnet lookup, what a relay does for every message its hop cache misses),
 // against the plain scan of every child subnet that the index replaced; and a child's
-// registration (check_child, add, remove) among N children, against the scan check_child did.
+// registration (check_child, add, remove) among N children, against the scan check_child did;
+// and node::pick() (what send_any() does per message) among N registered nodes, half of the
+// type asked for.
 // Run: build/uvbus_micro_bus [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
+#include <uv.h>
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "bus/routing.h"
+#include "uvbus/node.h"
 
 namespace {
 
@@ -112,5 +119,54 @@ void BM_RegisterCheckScan(benchmark::State& state) {
 BENCHMARK(BM_RegisterCheckScan)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000)->Arg(100000);
 
 }  // namespace
+
+// A root 0x10000 and n children registered to it on one loop, every other one of type "logic":
+// pick("logic") round robin at the root, whose directory holds all n. Each size runs once (its
+// nodes take a moment to register).
+void BM_PickAmongNodesOfAType(benchmark::State& state) {
+  const auto n = static_cast<uint64_t>(state.range(0));
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  uv_timer_t tick;  // wakes the loop while the children register
+  uv_timer_init(&loop, &tick);
+  uv_timer_start(
+      &tick, [](uv_timer_t*) {}, 10, 10);
+  {
+    uvbus::node_config rc;
+    rc.listen = {"ipv4://127.0.0.1:0"};
+    rc.enable_shm = false;
+    rc.subnets = {{0x10000, 16}};
+    rc.max_unregistered = static_cast<uint32_t>(n + 1);  // all register at once, from one address
+    rc.max_unregistered_per_address = static_cast<uint32_t>(n + 1);
+    uvbus::node root(&loop, 0x10000, rc);
+    (void)root.start();
+    std::vector<std::unique_ptr<uvbus::node>> kids;
+    for (uint64_t i = 1; i <= n; ++i) {
+      uvbus::node_config c;
+      c.enable_shm = false;
+      c.parent_urls = {root.listen_urls().at(0)};
+      c.type = i % 2 == 0 ? "logic" : "chat";
+      kids.push_back(std::make_unique<uvbus::node>(&loop, 0x10000 + i, c));
+      (void)kids.back()->start();
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (root.directory().size() < n && std::chrono::steady_clock::now() < until) {
+      uv_run(&loop, UV_RUN_ONCE);
+    }
+    if (root.directory().size() < n) state.SkipWithError("the children did not all register");
+    const std::string type = "logic";
+    const std::vector<uvbus::node_label> labels;
+    bus_id id = 0;
+    for (auto _ : state) {
+      benchmark::DoNotOptimize(root.pick(type, labels, {}, &id));
+      benchmark::DoNotOptimize(id);
+    }
+    kids.clear();
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
+  while (uv_loop_alive(&loop) != 0) uv_run(&loop, UV_RUN_NOWAIT);
+  uv_loop_close(&loop);
+}
+BENCHMARK(BM_PickAmongNodesOfAType)->Arg(10)->Arg(100)->Arg(1000)->Iterations(100000);
 
 BENCHMARK_MAIN();
