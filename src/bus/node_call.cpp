@@ -189,10 +189,8 @@ void node::impl::finish_call(uint64_t call_id, const call_result& r) {
 
 bool node::impl::call_report(uint64_t message_id, errc status) {
   if (call_by_message.empty()) return false;
-  const uint64_t* found = call_by_message.find(message_id);
-  if (found == nullptr) return false;
-  const uint64_t id = *found;  // 0: an answer's report
-  call_by_message.erase(message_id);
+  uint64_t id = 0;  // 0: an answer's report
+  if (!call_by_message.erase(message_id, &id)) return false;
   // A request's own wait running out (timeout: response_timeout_ms next hop, delivery_timeout_ms
   // end to end) does not end its call: the call has its own deadline, and a handler that was held
   // up may still answer before it.

@@ -78,9 +78,10 @@ struct fanout_state {
   using any_map = std::unordered_map<uint64_t, bus_id, std::hash<uint64_t>, std::equal_to<>,
                                      pool_allocator<std::pair<const uint64_t, bus_id>>>;
   // send_any() messages under next_hop with require_response still owed their report: message
-  // id -> target (ids no longer in node::impl::replies are pruned at the tick).
+  // id -> target (an entry goes when its acknowledgement arrives; the tick prunes the others).
   any_map any_replies;
-  // call_any() calls not answered yet: call id -> target (ended calls are pruned at the tick).
+  // call_any() calls not answered yet: call id -> target (an entry goes when its answer arrives;
+  // the tick prunes calls that ended otherwise).
   any_map any_calls;
   std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
   size_t targets =

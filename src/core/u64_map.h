@@ -54,14 +54,16 @@ class u64_map {
     }
   }
 
-  // Removes key; false when it was not there. Never allocates.
-  bool erase(uint64_t key) noexcept {
+  // Removes key; false when it was not there. *value (if given) gets what key held. Never
+  // allocates.
+  bool erase(uint64_t key, uint64_t* value = nullptr) noexcept {
     if (size_ == 0) return false;
     size_t i = home(key);
     while (table_[i].key != key || !table_[i].used) {
       if (!table_[i].used) return false;
       i = next(i);
     }
+    if (value != nullptr) *value = table_[i].value;
     // Backward shift: move up every entry after the hole that may not stay behind it (its home
     // is not cyclically in (hole, j]), so lookups never meet a gap before their key.
     for (size_t j = next(i);; j = next(j)) {

@@ -85,6 +85,11 @@ TEST(U64Map, SequentialIdsAndEdgeKeys) {
   EXPECT_EQ(*m.find(UINT64_MAX), 20U);
   m.set(0, 11);
   EXPECT_EQ(*m.find(0), 11U) << "set replaces";
+  uint64_t was = 0;
+  EXPECT_TRUE(m.erase(UINT64_MAX, &was));
+  EXPECT_EQ(was, 20U) << "erase hands back the value";
+  EXPECT_FALSE(m.erase(UINT64_MAX, &was));
+  m.set(UINT64_MAX, 20);
   EXPECT_EQ(m.size(), 502U);
   m.clear();
   EXPECT_TRUE(m.empty());
