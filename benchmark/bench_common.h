@@ -328,6 +328,7 @@ class histogram {
   uint64_t max() const { return h_.max(); }
   // The q-quantile (0 < q <= 1), in ns.
   uint64_t quantile(double q) const { return h_.value_at_percentile(q * 100.0); }
+  void merge(const histogram& other) { h_.merge(other.h_); }
 
  private:
   uvbus::latency_histogram h_;

@@ -4,7 +4,10 @@
 //
 //   uvbus_bench_conns [--connections N] [--rate PER_CONN_PER_S | --total-rate PER_S]
 //                     [--seconds S] [--procs P] [--unix] [--echo] [--min 64] [--max 320]
+//                     [--loops L]
 //
+// --loops L: the receiver runs L loop threads, each with its own stream channel listening on the
+// same TCP port (stream_config::tcp_reuse_port); the kernel spreads the connections over them.
 // --echo: the receiver sends every message back on its connection (what a server replying to each
 // request does; the clients read and discard the echoes), so each connection's send queue is used.
 //
@@ -23,266 +26,25 @@
 #include <sys/wait.h>
 #include <uv.h>
 
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.h"
-#include "core/frame.h"
-#include "core/murmur3.h"
+#include "conns_common.h"
 #include "uvbus/stream.h"
 
 namespace {
 
 using namespace uvbus;
 using namespace uvbus::bench;
-
-struct plan {
-  size_t conns = 1000;
-  double rate = 1;  // messages per second per connection
-  double seconds = 10;
-  int procs = 4;
-  bool unix_sock = false;
-  bool echo = false;
-  size_t min = 64;
-  size_t max = 320;
-};
-
-// ---------------------------------------------------------------- client side
-
-struct client;
-
-struct cconn {
-  union {
-    uv_handle_t h;
-    uv_stream_t s;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-  } u{};
-  uv_connect_t creq{};
-  client* owner = nullptr;
-  uint32_t index = 0;
-  bool up = false;
-};
-
-// A write that did not go out at once: its own request and a copy of the bytes left.
-struct pending_write {
-  uv_write_t req{};
-  std::vector<uint8_t> bytes;
-};
-
-struct client {
-  plan p;
-  uv_loop_t loop{};
-  uv_pipe_t ctl{};
-  uv_timer_t tick{};
-  std::string url;
-  std::string line;  // control bytes read so far (the URL line first)
-  std::vector<std::unique_ptr<cconn>> conns;
-  std::vector<cconn*> live;
-  size_t next_connect = 0;
-  size_t connecting = 0;
-  size_t first = 0;  // global index of conns[0]
-  bool sending = false;
-  double t_go = 0;
-  uint64_t sent = 0, slow_writes = 0, errors = 0;
-  size_t cursor = 0;
-  std::vector<uint8_t> frame;
-
-  void connect_more();
-  void on_connect(cconn* c, int status);
-  void send_one(cconn* c);
-  void on_tick();
-  void on_control(const char* p, size_t n);
-  void close_all();
-};
-
-int connect_one(client* cl, cconn* c) {
-  int r = 0;
-  if (cl->p.unix_sock) {
-    r = uv_pipe_init(&cl->loop, &c->u.pipe, 0);
-    if (r == 0) {
-      uv_pipe_connect(&c->creq, &c->u.pipe, cl->url.c_str() + 7, [](uv_connect_t* q, int st) {
-        auto* cc = static_cast<cconn*>(q->data);
-        cc->owner->on_connect(cc, st);
-      });
-    }
-    return r;
-  }
-  r = uv_tcp_init(&cl->loop, &c->u.tcp);
-  if (r != 0) return r;
-  const uint32_t g = static_cast<uint32_t>(cl->first) + c->index;
-  const std::string src =
-      "127.1." + std::to_string(g / 250 % 256) + "." + std::to_string(g % 250 + 1);
-  sockaddr_in from{};
-  sockaddr_in to{};
-  uv_ip4_addr(src.c_str(), 0, &from);
-  const size_t colon = cl->url.rfind(':');
-  uv_ip4_addr("127.0.0.1", static_cast<int>(std::strtol(cl->url.c_str() + colon + 1, nullptr, 10)),
-              &to);
-  r = uv_tcp_bind(&c->u.tcp, reinterpret_cast<const sockaddr*>(&from), 0);
-  if (r == 0) {
-    r = uv_tcp_connect(&c->creq, &c->u.tcp, reinterpret_cast<const sockaddr*>(&to),
-                       [](uv_connect_t* q, int st) {
-                         auto* cc = static_cast<cconn*>(q->data);
-                         cc->owner->on_connect(cc, st);
-                       });
-  }
-  if (r != 0) uv_close(&c->u.h, nullptr);
-  return r;
-}
-
-// Keeps at most 256 connects in flight, so the listener's backlog never overflows.
-void client::connect_more() {
-  while (connecting < 256 && next_connect < conns.size()) {
-    cconn* c = conns[next_connect++].get();
-    c->creq.data = c;
-    c->u.h.data = c;
-    const int r = connect_one(this, c);
-    if (r != 0) {
-      std::fprintf(stderr, "conns client: connect %u: %s\n", c->index, uv_strerror(r));
-      ++errors;
-      continue;
-    }
-    ++connecting;
-  }
-}
-
-void client::on_connect(cconn* c, int status) {
-  --connecting;
-  if (status == 0) {
-    c->up = true;
-    live.push_back(c);
-    if (p.echo) {  // echoes are read and dropped
-      uv_read_start(
-          &c->u.s,
-          [](uv_handle_t*, size_t, uv_buf_t* b) {
-            static char sink[65536];
-            *b = uv_buf_init(sink, sizeof sink);
-          },
-          [](uv_stream_t*, ssize_t, const uv_buf_t*) {});
-    }
-  } else {
-    if (errors++ < 5) std::fprintf(stderr, "conns client: connect: %s\n", uv_strerror(status));
-    uv_close(&c->u.h, nullptr);
-  }
-  connect_more();
-}
-
-void client::send_one(cconn* c) {
-  const uint64_t seq = sent;
-  const size_t n =
-      p.min + static_cast<size_t>((mix64(seq ^ c->index) >> 32) * (p.max - p.min + 1) >> 32);
-  uint8_t* pl = frame.data() + kFrameMaxHeaderBytes;
-  put_le64(pl, mono_ns());
-  put_le64(pl + 8, first + c->index);
-  fill_body(pl, n, seq);
-  uint8_t head[kFrameMaxHeaderBytes];
-  const size_t hn = frame_write_header(murmur3_x86_32(pl, n, 0), n, head);
-  uint8_t* f = pl - hn;
-  std::memcpy(f, head, hn);
-  const size_t total = hn + n;
-  uv_buf_t b = uv_buf_init(reinterpret_cast<char*>(f), static_cast<unsigned>(total));
-  const int r = uv_try_write(&c->u.s, &b, 1);
-  if (r == static_cast<int>(total)) return;
-  if (r < 0 && r != UV_EAGAIN) {
-    ++errors;
-    return;
-  }
-  // Not all of it went out now: the rest goes through a queued write, in order.
-  const size_t done = r > 0 ? static_cast<size_t>(r) : 0;
-  ++slow_writes;
-  auto* w = new pending_write;
-  w->bytes.assign(f + done, f + total);
-  w->req.data = w;
-  uv_buf_t rest =
-      uv_buf_init(reinterpret_cast<char*>(w->bytes.data()), static_cast<unsigned>(w->bytes.size()));
-  if (uv_write(&w->req, &c->u.s, &rest, 1,
-               [](uv_write_t* q, int) { delete static_cast<pending_write*>(q->data); }) != 0) {
-    delete w;
-    ++errors;
-  }
-}
-
-// Every connection sends `rate` messages a second, phases spread evenly: the messages due by now
-// go out round-robin.
-void client::on_tick() {
-  if (!sending || live.empty()) return;
-  const double due_f = (mono_now() - t_go) * p.rate * static_cast<double>(live.size());
-  const auto due = static_cast<uint64_t>(due_f);
-  while (sent < due) {
-    send_one(live[cursor]);
-    cursor = cursor + 1 == live.size() ? 0 : cursor + 1;
-    ++sent;
-  }
-}
-
-void client::close_all() {
-  uv_timer_stop(&tick);
-  uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
-  uv_close(reinterpret_cast<uv_handle_t*>(&ctl), nullptr);
-  for (cconn* c : live) uv_close(&c->u.h, nullptr);
-  live.clear();
-}
-
-// Control: the URL line, then 'g' (start sending), 'q' (stop sending); EOF: disconnect and exit.
-void client::on_control(const char* p_, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const char ch = p_[i];
-    if (url.empty()) {
-      if (ch == '\n') {
-        url = line;
-        connect_more();
-      } else {
-        line += ch;
-      }
-    } else if (ch == 'g') {
-      sending = true;
-      t_go = mono_now();
-    } else if (ch == 'q') {
-      sending = false;
-    }
-  }
-}
-
-int run_client(const plan& p, size_t first, size_t count, int ctl_fd) {
-  client cl;
-  cl.p = p;
-  cl.first = first;
-  cl.frame.resize(p.max + 2 * kFrameMaxHeaderBytes);
-  for (size_t i = 0; i < count; ++i) {
-    cl.conns.push_back(std::make_unique<cconn>());
-    cl.conns.back()->owner = &cl;
-    cl.conns.back()->index = static_cast<uint32_t>(i);
-  }
-  uv_loop_init(&cl.loop);
-  uv_pipe_init(&cl.loop, &cl.ctl, 0);
-  uv_pipe_open(&cl.ctl, ctl_fd);
-  cl.ctl.data = &cl;
-  uv_read_start(
-      reinterpret_cast<uv_stream_t*>(&cl.ctl),
-      [](uv_handle_t*, size_t, uv_buf_t* b) {
-        static char buf[256];
-        *b = uv_buf_init(buf, sizeof buf);
-      },
-      [](uv_stream_t* s, ssize_t nr, const uv_buf_t* b) {
-        auto* self = static_cast<client*>(s->data);
-        if (nr > 0) self->on_control(b->base, static_cast<size_t>(nr));
-        if (nr < 0) self->close_all();
-      });
-  uv_timer_init(&cl.loop, &cl.tick);
-  cl.tick.data = &cl;
-  uv_timer_start(
-      &cl.tick, [](uv_timer_t* t) { static_cast<client*>(t->data)->on_tick(); }, 1, 1);
-  uv_run(&cl.loop, UV_RUN_DEFAULT);
-  std::fprintf(stderr,
-               "conns client: %zu connections, sent %" PRIu64 ", queued writes %" PRIu64
-               ", errors %" PRIu64 "\n",
-               count, cl.sent, cl.slow_writes, cl.errors);
-  return cl.errors == 0 ? 0 : 1;
-}
+using conns::plan;
+using conns::run_client;
 
 // ---------------------------------------------------------------- receiver side
 
@@ -332,60 +94,95 @@ struct snapshot {
 
 enum class phase { connecting, warmup, measuring, quiet, draining, done };
 
+struct receiver;
+
+// One receiving loop and its channel: the main thread's (which also runs the phases), or a loop
+// thread of its own (--loops). Its counters are read by the main thread while it runs.
+struct alignas(64) worker {
+  receiver* r = nullptr;
+  uv_loop_t* loop = nullptr;
+  std::unique_ptr<stream_channel> ch;
+  std::atomic<uint64_t> accepted{0}, disconnected{0}, msgs{0}, bad{0};
+  histogram lat;  // written by the worker's thread; read once it has ended
+  stream_channel_metrics m;
+  // Loop threads only: their own loop, stopped through `stop`.
+  uv_loop_t own{};
+  uv_async_t stop{};
+  std::thread thread;
+
+  void on_message(const uint8_t* d, size_t n);
+  void close_channel() {
+    m = ch->metrics();
+    ch->close();
+  }
+};
+
 struct receiver {
   plan p;
-  uv_loop_t* loop = nullptr;
-  stream_channel* ch = nullptr;
+  std::vector<std::unique_ptr<worker>> workers;  // [0] runs on the main thread
   std::vector<int> ctl;  // write ends of the clients' control pipes
-  phase ph = phase::connecting;
+  std::atomic<phase> ph{phase::connecting};
   double t_phase = 0;
   double deadline = 0;
-  uint64_t accepted = 0, disconnected = 0, msgs = 0, bytes = 0, bad = 0;
-  histogram lat;
   cpu_counter cpu;
   double t0 = 0, wall = 0, cpu_s = 0;
-  uint64_t measured = 0;
+  uint64_t measured = 0, msgs_at_start = 0;
   snapshot base, idle, active, quiet;
   std::string load;
 
+  template <class F>
+  uint64_t sum(F&& field) const {
+    uint64_t n = 0;
+    for (const auto& w : workers) n += field(*w).load(std::memory_order_relaxed);
+    return n;
+  }
+  uint64_t accepted() const {
+    return sum([](const worker& w) -> const std::atomic<uint64_t>& { return w.accepted; });
+  }
+  uint64_t disconnected() const {
+    return sum([](const worker& w) -> const std::atomic<uint64_t>& { return w.disconnected; });
+  }
+  uint64_t msgs() const {
+    return sum([](const worker& w) -> const std::atomic<uint64_t>& { return w.msgs; });
+  }
   void tell(char c) {
     for (const int fd : ctl) {
       if (write(fd, &c, 1) != 1) std::perror("conns: control");
     }
   }
-  void on_message(const uint8_t* d, size_t n) {
-    if (n < 16) {
-      ++bad;
-      return;
-    }
-    const uint64_t now = mono_ns();
-    const uint64_t ts = get_le64(d);
-    if (ph == phase::measuring) lat.add(now > ts ? now - ts : 0);
-    ++msgs;
-    bytes += n;
-  }
   void step();
 };
 
+void worker::on_message(const uint8_t* d, size_t n) {
+  if (n < 16) {
+    bad.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint64_t now = mono_ns();
+  const uint64_t ts = get_le64(d);
+  if (r->ph.load(std::memory_order_relaxed) == phase::measuring) lat.add(now > ts ? now - ts : 0);
+  msgs.fetch_add(1, std::memory_order_relaxed);
+}
+
 void receiver::step() {
   const double now = mono_now();
-  switch (ph) {
+  switch (ph.load()) {
     case phase::connecting:
-      if (accepted >= p.conns) {
+      if (accepted() >= p.conns) {
         idle = snapshot::take();
-        std::fprintf(stderr, "conns: %" PRIu64 " connected, rss %ld KiB\n", accepted, idle.rss);
+        std::fprintf(stderr, "conns: %" PRIu64 " connected, rss %ld KiB\n", accepted(), idle.rss);
         tell('g');
         ph = phase::warmup;
         t_phase = now;
       } else if (now > deadline) {
-        std::fprintf(stderr, "conns: only %" PRIu64 " of %zu connected\n", accepted, p.conns);
+        std::fprintf(stderr, "conns: only %" PRIu64 " of %zu connected\n", accepted(), p.conns);
         ph = phase::quiet;
         t_phase = now;
       }
       break;
     case phase::warmup:
       if (now - t_phase < 1) break;
-      msgs = 0;
+      msgs_at_start = msgs();
       cpu.start();
       t0 = now;
       ph = phase::measuring;
@@ -394,7 +191,7 @@ void receiver::step() {
       if (now - t0 < p.seconds) break;
       wall = now - t0;
       cpu_s = cpu.seconds();
-      measured = msgs;
+      measured = msgs() - msgs_at_start;
       active = snapshot::take();
       tell('q');
       ph = phase::quiet;
@@ -409,8 +206,9 @@ void receiver::step() {
       t_phase = now;
       break;
     case phase::draining:
-      if (disconnected < accepted && now - t_phase < 20) break;
-      ch->close();
+      if (disconnected() < accepted() && now - t_phase < 20) break;
+      workers[0]->close_channel();
+      for (size_t i = 1; i < workers.size(); ++i) uv_async_send(&workers[i]->stop);
       ph = phase::done;
       break;
     case phase::done:
@@ -422,13 +220,23 @@ double kib_delta(long now, long before) {
   return static_cast<double>(now - before) * 1024.0;
 }
 
-void print_result(const plan& p, const receiver& r, const stream_channel_metrics& m, int rc) {
+void print_result(const plan& p, const receiver& r, int rc) {
   const auto n = static_cast<double>(p.conns);
   auto per = [&](double kib_or_bytes) { return kib_or_bytes / n; };
   const double target = p.rate * n;
+  histogram lat;
+  uint64_t rejected = 0;
+  uint64_t bad = 0;
+  for (const auto& w : r.workers) {
+    std::fprintf(stderr, "conns: loop %zu: %" PRIu64 " connections, %" PRIu64 " messages\n",
+                 static_cast<size_t>(&w - r.workers.data()), w->accepted.load(), w->msgs.load());
+    lat.merge(w->lat);
+    rejected += w->m.connections_rejected;
+    bad += w->bad.load();
+  }
   std::printf(
-      "{\"bench\":\"conns\",\"transport\":\"%s\",\"echo\":%d,\"connections\":%zu,\"rate_per_conn\":"
-      "%.3f,"
+      "{\"bench\":\"conns\",\"transport\":\"%s\",\"echo\":%d,\"loops\":%d,\"connections\":%zu,"
+      "\"rate_per_conn\":%.3f,"
       "\"target_msgs_per_s\":%.0f,\"msgs_per_s\":%.0f,\"held\":%.3f,\"cpu_pct\":%.1f,"
       "\"cpu_ns_per_msg\":%.0f,\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,"
       "\"rss_idle_b_per_conn\":%.0f,\"rss_active_b_per_conn\":%.0f,\"rss_quiet_b_per_conn\":%.0f,"
@@ -437,31 +245,32 @@ void print_result(const plan& p, const receiver& r, const stream_channel_metrics
       "\"kernel_tcp_buf_kib\":%ld,\"rejected\":%" PRIu64 ",\"bad\":%" PRIu64
       ",\"rc\":%d,"
       "\"load\":\"%s\"}\n",
-      p.unix_sock ? "unix" : "tcp", p.echo ? 1 : 0, p.conns, p.rate, target,
+      p.unix_sock ? "unix" : "tcp", p.echo ? 1 : 0, p.loops, p.conns, p.rate, target,
       static_cast<double>(r.measured) / std::max(r.wall, 1e-9),
       target > 0 ? static_cast<double>(r.measured) / std::max(r.wall, 1e-9) / target : 0,
       r.cpu_s / std::max(r.wall, 1e-9) * 100,
       r.measured ? r.cpu_s * 1e9 / static_cast<double>(r.measured) : 0,
-      static_cast<double>(r.lat.quantile(0.5)) / 1e3,
-      static_cast<double>(r.lat.quantile(0.99)) / 1e3,
-      static_cast<double>(r.lat.quantile(0.999)) / 1e3, per(kib_delta(r.idle.rss, r.base.rss)),
+      static_cast<double>(lat.quantile(0.5)) / 1e3, static_cast<double>(lat.quantile(0.99)) / 1e3,
+      static_cast<double>(lat.quantile(0.999)) / 1e3, per(kib_delta(r.idle.rss, r.base.rss)),
       per(kib_delta(r.active.rss, r.base.rss)), per(kib_delta(r.quiet.rss, r.base.rss)),
       per(static_cast<double>(r.idle.heap) - static_cast<double>(r.base.heap)),
       per(static_cast<double>(r.active.heap) - static_cast<double>(r.base.heap)),
       per(static_cast<double>(r.quiet.heap) - static_cast<double>(r.base.heap)),
-      per(kib_delta(r.idle.slab, r.base.slab)), r.active.tcp_buf, m.connections_rejected, r.bad, rc,
+      per(kib_delta(r.idle.slab, r.base.slab)), r.active.tcp_buf, rejected, bad, rc,
       r.load.c_str());
   std::fflush(stdout);
 }
 
-stream_callbacks receiver_callbacks(receiver* r) {
+stream_callbacks receiver_callbacks(worker* w) {
   stream_callbacks cb;
-  cb.on_accepted = [r](connection_id) { ++r->accepted; };
-  cb.on_received = [r](connection_id c, const uint8_t* d, size_t n) {
-    r->on_message(d, n);
-    if (r->p.echo && r->ch->send(c, d, n) != errc::ok) ++r->bad;
+  cb.on_accepted = [w](connection_id) { w->accepted.fetch_add(1, std::memory_order_relaxed); };
+  cb.on_received = [w](connection_id c, const uint8_t* d, size_t n) {
+    w->on_message(d, n);
+    if (w->r->p.echo && w->ch->send(c, d, n) != errc::ok) w->bad.fetch_add(1);
   };
-  cb.on_disconnected = [r](connection_id, errc) { ++r->disconnected; };
+  cb.on_disconnected = [w](connection_id, errc) {
+    w->disconnected.fetch_add(1, std::memory_order_relaxed);
+  };
   cb.on_log = [](log_level, const std::string& text) {
     std::fprintf(stderr, "conns: channel: %s\n", text.c_str());
   };
@@ -492,6 +301,71 @@ std::vector<pid_t> fork_clients(const plan& p, receiver* r) {
   return kids;
 }
 
+stream_config receiver_config(const plan& p) {
+  stream_config cfg;
+  cfg.max_connections = static_cast<uint32_t>(p.conns + 64);
+  cfg.backlog = 4096;
+  cfg.tcp_reuse_port = p.loops > 1;
+  return cfg;
+}
+
+// Starts worker w's loop thread: its channel listens on url (the port worker 0 got) and runs until
+// w->stop. False if its listen() failed (the thread has then ended).
+bool start_loop_thread(worker* w, const std::string& url) {
+  std::promise<bool> listening;
+  std::future<bool> ok = listening.get_future();
+  w->thread = std::thread([w, url, &listening] {
+    uv_loop_init(&w->own);
+    w->loop = &w->own;
+    w->ch = std::make_unique<stream_channel>(w->loop, receiver_config(w->r->p),
+                                             receiver_callbacks(w));
+    const bool up = w->ch->listen(url) == errc::ok;
+    if (!up) std::fprintf(stderr, "conns: loop thread: listen %s failed\n", url.c_str());
+    w->stop.data = w;
+    uv_async_init(w->loop, &w->stop, [](uv_async_t* h) {
+      static_cast<worker*>(h->data)->close_channel();
+      uv_close(reinterpret_cast<uv_handle_t*>(h), nullptr);
+    });
+    listening.set_value(up);
+    if (!up) w->close_channel();
+    uv_run(w->loop, UV_RUN_DEFAULT);
+    w->ch.reset();
+    uv_run(w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(w->loop);
+  });
+  const bool up = ok.get();
+  if (!up) {
+    uv_async_send(&w->stop);
+    w->thread.join();
+  }
+  return up;
+}
+
+// Worker 0 on the main loop, listening on `url`; the others (TCP only) on its port.
+bool start_workers(receiver* r, uv_loop_t* loop, const std::string& url, std::string* bound) {
+  for (int i = 0; i < r->p.loops; ++i) {
+    r->workers.push_back(std::make_unique<worker>());
+    r->workers.back()->r = r;
+  }
+  worker& w0 = *r->workers[0];
+  w0.loop = loop;
+  w0.ch = std::make_unique<stream_channel>(loop, receiver_config(r->p), receiver_callbacks(&w0));
+  listener_id l;
+  if (w0.ch->listen(url, &l) != errc::ok) {
+    std::fprintf(stderr, "conns: listen %s failed\n", url.c_str());
+    r->workers.resize(1);
+    return false;
+  }
+  *bound = w0.ch->listener_url(l);
+  for (size_t i = 1; i < r->workers.size(); ++i) {
+    if (!start_loop_thread(r->workers[i].get(), *bound)) {
+      r->workers.resize(i);
+      return false;
+    }
+  }
+  return true;
+}
+
 int run_receiver(const plan& p, const std::string& unix_path) {
   receiver r;
   r.p = p;
@@ -499,22 +373,16 @@ int run_receiver(const plan& p, const std::string& unix_path) {
   const std::vector<pid_t> kids = fork_clients(p, &r);
   uv_loop_t loop;
   uv_loop_init(&loop);
-  r.loop = &loop;
-  stream_config cfg;
-  cfg.max_connections = static_cast<uint32_t>(p.conns + 64);
-  cfg.backlog = 4096;
-  stream_channel ch(&loop, cfg, receiver_callbacks(&r));
-  r.ch = &ch;
-  listener_id l;
   const std::string url = p.unix_sock ? "unix://" + unix_path : "ipv4://127.0.0.1:0";
-  if (ch.listen(url, &l) != errc::ok) {
-    std::fprintf(stderr, "conns: listen %s failed\n", url.c_str());
-    return 1;
-  }
-  const std::string bound = ch.listener_url(l) + "\n";
+  std::string bound;
+  int rc = start_workers(&r, &loop, url, &bound) ? 0 : 1;
+  bound += "\n";
   for (const int fd : r.ctl) {
-    if (write(fd, bound.data(), bound.size()) != static_cast<ssize_t>(bound.size())) return 1;
+    // A failed start tells the clients nothing they can use: they end on the closed pipe.
+    if (rc == 0 && write(fd, bound.data(), bound.size()) != static_cast<ssize_t>(bound.size()))
+      rc = 1;
   }
+  if (rc != 0) r.ph = phase::draining;
   r.deadline = mono_now() + 120;
   uv_timer_t t;
   uv_timer_init(&loop, &t);
@@ -522,10 +390,13 @@ int run_receiver(const plan& p, const std::string& unix_path) {
   uv_timer_start(
       &t, [](uv_timer_t* h) { static_cast<receiver*>(h->data)->step(); }, 50, 50);
   while (r.ph != phase::done) uv_run(&loop, UV_RUN_ONCE);
-  const stream_channel_metrics m = ch.metrics();
   uv_close(reinterpret_cast<uv_handle_t*>(&t), nullptr);
   uv_run(&loop, UV_RUN_DEFAULT);
-  int rc = r.measured == 0 ? 1 : 0;
+  for (size_t i = 1; i < r.workers.size(); ++i) r.workers[i]->thread.join();
+  r.workers[0]->ch.reset();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  if (r.measured == 0) rc = 1;
+  for (const int fd : r.ctl) close(fd);
   for (const pid_t k : kids) {
     int st = 0;
     waitpid(k, &st, 0);
@@ -539,7 +410,7 @@ int run_receiver(const plan& p, const std::string& unix_path) {
   }
   r.load = load;
   while (!r.load.empty() && (r.load.back() == '\n' || r.load.back() == ' ')) r.load.pop_back();
-  print_result(p, r, m, rc);
+  print_result(p, r, rc);
   return rc;
 }
 
@@ -572,6 +443,11 @@ int main(int argc, char** argv) {
   p.procs = static_cast<int>(std::max(1L, o.get_int("procs", 4)));
   p.unix_sock = o.flag("unix");
   p.echo = o.flag("echo");
+  p.loops = static_cast<int>(std::max(1L, o.get_int("loops", 1)));
+  if (p.loops > 1 && p.unix_sock) {
+    std::fprintf(stderr, "conns: --loops needs TCP (unix listeners cannot share a path)\n");
+    return 2;
+  }
   // 64-320 B unless --min / --max say otherwise (the shared parser's defaults are 8-128 B).
   p.min = given(argc, argv, "--min") ? std::max<size_t>(o.min, 16) : 64;
   p.max = given(argc, argv, "--max") ? std::max(o.max, p.min) : std::max<size_t>(320, p.min);

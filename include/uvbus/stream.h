@@ -99,6 +99,16 @@ struct stream_config {
   bool tcp_keepalive = false;
   // First probe after this idle time, when tcp_keepalive is set: 1 to 32767 s (what Linux takes).
   unsigned keepalive_delay_s = 60;
+  // TCP listeners bind with SO_REUSEPORT: several channels (one per loop thread, or several
+  // processes of the same user) may listen on the same address and port, and the kernel spreads
+  // new connections over them by a hash of each connection's addresses and ports. This is how a
+  // server uses more than one loop (and core) for many connections (docs/stream.md, "Several
+  // loops on one port"). Every socket on the port must set it (else address_in_use), and Linux
+  // lets only sockets of the same effective user share a port. Port 0 picks a new port for each
+  // listen(): the first channel listens on port 0, the others on the port it got. A listener
+  // that closes loses the connections still waiting in its own backlog (the kernel resets
+  // them); those already accepted are not affected. Unix listeners ignore it.
+  bool tcp_reuse_port = false;
   int backlog = 128;
   unsigned unix_socket_mode = 0600;  // permissions of a unix listener's socket file (<= 07777)
   // Send buffer (SO_SNDBUF) asked for on every unix socket connection, both ends; 0 keeps the

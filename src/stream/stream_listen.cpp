@@ -142,14 +142,15 @@ errc stream_channel::impl::listen_unix(listener_impl* l, const std::string& path
 }
 
 // As libuv binds: SO_REUSEADDR (a restarted listener does not wait for TIME_WAIT), IPv6 only on
-// an IPv6 socket (an IPv4 listener may take the same port).
+// an IPv6 socket (an IPv4 listener may take the same port); SO_REUSEPORT with tcp_reuse_port.
 errc stream_channel::impl::listen_tcp(listener_impl* l, const sockaddr* sa) {
   const bool v6 = sa->sa_family == AF_INET6;
   l->fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (l->fd < 0) return sys_fail(-errno);
   const int on = 1;
   if (setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
-      (v6 && setsockopt(l->fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on) != 0)) {
+      (v6 && setsockopt(l->fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on) != 0) ||
+      (cfg.tcp_reuse_port && setsockopt(l->fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) != 0)) {
     return sys_fail(-errno);
   }
   const socklen_t len = v6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
