@@ -120,7 +120,7 @@ struct alignas(64) worker {
 struct receiver {
   plan p;
   std::vector<std::unique_ptr<worker>> workers;  // [0] runs on the main thread
-  std::vector<int> ctl;  // write ends of the clients' control pipes
+  std::vector<int> ctl;                          // write ends of the clients' control pipes
   std::atomic<phase> ph{phase::connecting};
   double t_phase = 0;
   double deadline = 0;
@@ -136,13 +136,13 @@ struct receiver {
     for (const auto& w : workers) n += field(*w).load(std::memory_order_relaxed);
     return n;
   }
-  uint64_t accepted() const {
+  [[nodiscard]] uint64_t accepted() const {
     return sum([](const worker& w) -> const std::atomic<uint64_t>& { return w.accepted; });
   }
-  uint64_t disconnected() const {
+  [[nodiscard]] uint64_t disconnected() const {
     return sum([](const worker& w) -> const std::atomic<uint64_t>& { return w.disconnected; });
   }
-  uint64_t msgs() const {
+  [[nodiscard]] uint64_t msgs() const {
     return sum([](const worker& w) -> const std::atomic<uint64_t>& { return w.msgs; });
   }
   void tell(char c) {
@@ -317,8 +317,8 @@ bool start_loop_thread(worker* w, const std::string& url) {
   w->thread = std::thread([w, url, &listening] {
     uv_loop_init(&w->own);
     w->loop = &w->own;
-    w->ch = std::make_unique<stream_channel>(w->loop, receiver_config(w->r->p),
-                                             receiver_callbacks(w));
+    w->ch =
+        std::make_unique<stream_channel>(w->loop, receiver_config(w->r->p), receiver_callbacks(w));
     const bool up = w->ch->listen(url) == errc::ok;
     if (!up) std::fprintf(stderr, "conns: loop thread: listen %s failed\n", url.c_str());
     w->stop.data = w;
