@@ -17,7 +17,9 @@
 // payload carries its send time (CLOCK_MONOTONIC, the same host clock at both ends) in bytes
 // [0, 8); the receiver records now - that per message.
 //
-// Phases: all connections up (idle memory recorded), then every client sends; after one second of
+// Phases: all connections up (idle memory recorded; connect_s is the time from telling the clients
+// where to connect to the last accept, each client process keeping at most 256 connects in
+// flight), then every client sends; after one second of
 // warm-up the receiver measures for S seconds (CPU from getrusage, latency, messages), tells the
 // clients to stop sending, waits 1.5 s of quiet (memory recorded again: what a quiet connection
 // keeps), and ends. RLIMIT_NOFILE's soft limit is raised to the hard one; N must stay below it.
@@ -103,6 +105,7 @@ struct alignas(64) worker {
   uv_loop_t* loop = nullptr;
   std::unique_ptr<stream_channel> ch;
   std::atomic<uint64_t> accepted{0}, disconnected{0}, msgs{0}, bad{0};
+  std::atomic<uint64_t> last_accept_ns{0};  // mono_ns() of its latest accept
   histogram lat;  // written by the worker's thread; read once it has ended
   stream_channel_metrics m;
   // Loop threads only: their own loop, stopped through `stop`.
@@ -127,6 +130,8 @@ struct receiver {
   cpu_counter cpu;
   double t0 = 0, wall = 0, cpu_s = 0;
   uint64_t measured = 0, msgs_at_start = 0;
+  uint64_t url_sent_ns = 0;  // when the clients were told where to connect
+  double connect_s = 0;      // from then until the last connection was accepted
   snapshot base, idle, active, quiet;
   std::string load;
 
@@ -169,6 +174,9 @@ void receiver::step() {
   switch (ph.load()) {
     case phase::connecting:
       if (accepted() >= p.conns) {
+        uint64_t last = 0;
+        for (const auto& w : workers) last = std::max(last, w->last_accept_ns.load());
+        connect_s = static_cast<double>(last - std::min(last, url_sent_ns)) * 1e-9;
         idle = snapshot::take();
         std::fprintf(stderr, "conns: %" PRIu64 " connected, rss %ld KiB\n", accepted(), idle.rss);
         tell('g');
@@ -242,7 +250,8 @@ void print_result(const plan& p, const receiver& r, int rc) {
       "\"rss_idle_b_per_conn\":%.0f,\"rss_active_b_per_conn\":%.0f,\"rss_quiet_b_per_conn\":%.0f,"
       "\"heap_idle_b_per_conn\":%.0f,\"heap_active_b_per_conn\":%.0f,"
       "\"heap_quiet_b_per_conn\":%.0f,\"kernel_slab_b_per_conn\":%.0f,"
-      "\"kernel_tcp_buf_kib\":%ld,\"rejected\":%" PRIu64 ",\"bad\":%" PRIu64
+      "\"kernel_tcp_buf_kib\":%ld,\"connect_s\":%.3f,\"connects_per_s\":%.0f,"
+      "\"rejected\":%" PRIu64 ",\"bad\":%" PRIu64
       ",\"rc\":%d,"
       "\"load\":\"%s\"}\n",
       p.unix_sock ? "unix" : "tcp", p.echo ? 1 : 0, p.loops, p.conns, p.rate, target,
@@ -256,14 +265,17 @@ void print_result(const plan& p, const receiver& r, int rc) {
       per(static_cast<double>(r.idle.heap) - static_cast<double>(r.base.heap)),
       per(static_cast<double>(r.active.heap) - static_cast<double>(r.base.heap)),
       per(static_cast<double>(r.quiet.heap) - static_cast<double>(r.base.heap)),
-      per(kib_delta(r.idle.slab, r.base.slab)), r.active.tcp_buf, rejected, bad, rc,
-      r.load.c_str());
+      per(kib_delta(r.idle.slab, r.base.slab)), r.active.tcp_buf, r.connect_s,
+      r.connect_s > 0 ? n / r.connect_s : 0, rejected, bad, rc, r.load.c_str());
   std::fflush(stdout);
 }
 
 stream_callbacks receiver_callbacks(worker* w) {
   stream_callbacks cb;
-  cb.on_accepted = [w](connection_id) { w->accepted.fetch_add(1, std::memory_order_relaxed); };
+  cb.on_accepted = [w](connection_id) {
+    w->accepted.fetch_add(1, std::memory_order_relaxed);
+    w->last_accept_ns.store(mono_ns(), std::memory_order_relaxed);
+  };
   cb.on_received = [w](connection_id c, const uint8_t* d, size_t n) {
     w->on_message(d, n);
     if (w->r->p.echo && w->ch->send(c, d, n) != errc::ok) w->bad.fetch_add(1);
@@ -377,6 +389,7 @@ int run_receiver(const plan& p, const std::string& unix_path) {
   std::string bound;
   int rc = start_workers(&r, &loop, url, &bound) ? 0 : 1;
   bound += "\n";
+  r.url_sent_ns = mono_ns();
   for (const int fd : r.ctl) {
     // A failed start tells the clients nothing they can use: they end on the closed pipe.
     if (rc == 0 && write(fd, bound.data(), bound.size()) != static_cast<ssize_t>(bound.size()))

@@ -7,7 +7,8 @@
 # first connection: RSS and malloc's heap in use, when all are connected and idle, at the end of
 # the measured interval, and after 1.5 s of quiet; slab is the kernel's slab growth per connection
 # (system-wide, both ends of the connection on this host, socket structures included); the kernel's
-# TCP buffer memory is in the JSON (kernel_tcp_buf_kib, system-wide).
+# TCP buffer memory is in the JSON (kernel_tcp_buf_kib, system-wide); conn/s is how many
+# connections a second the receiver accepted while the clients set them up (connect_s in the JSON).
 #
 #   benchmark/run_conns.sh BUILD_DIR
 #
@@ -39,12 +40,12 @@ one() {  # one NAME FLAGS...
   JSON+=("${j%\}},\"case\":\"$name\"}")
   local f
   f() { json_field "$j" "$1"; }
-  ROWS+=("$(printf '%-22s %6s %7s %8s %5s %5s %7s %8s %8s %6s %6s %6s %6s %6s %6s %6s %5s' "$name" \
+  ROWS+=("$(printf '%-22s %6s %7s %8s %5s %5s %7s %8s %8s %6s %6s %6s %6s %6s %6s %6s %7s %5s' "$name" \
     "$(f connections)" "$(f target_msgs_per_s)" "$(f msgs_per_s)" "$(f held)" "$(f cpu_pct)" \
     "$(f cpu_ns_per_msg)" "$(f p50_us)" "$(f p99_us)" "$(f rss_idle_b_per_conn)" \
     "$(f rss_active_b_per_conn)" "$(f rss_quiet_b_per_conn)" "$(f heap_idle_b_per_conn)" \
     "$(f heap_active_b_per_conn)" "$(f heap_quiet_b_per_conn)" "$(f kernel_slab_b_per_conn)" \
-    "$(f rc)")")
+    "$(f connects_per_s)" "$(f rc)")")
 }
 
 for n in 1000 5000 10000 19000; do
@@ -63,7 +64,8 @@ one "study/tcp" --connections 1000 --rate 25 --min 320 --max 320
 
 echo "# uvbus_bench_conns, ${SECS}s measured per case, $PROCS client processes, echo ${ECHO:-0}," \
   "load average: $(cut -d' ' -f1-3 /proc/loadavg); memory in bytes per connection (receiver)"
-printf '%-22s %6s %7s %8s %5s %5s %7s %8s %8s %6s %6s %6s %6s %6s %6s %6s %5s\n' case conns \
-  target msg/s held cpu% ns/msg p50_us p99_us rss-i rss-a rss-q heap-i heap-a heap-q slab rc
+printf '%-22s %6s %7s %8s %5s %5s %7s %8s %8s %6s %6s %6s %6s %6s %6s %6s %7s %5s\n' case \
+  conns target msg/s held cpu% ns/msg p50_us p99_us rss-i rss-a rss-q heap-i heap-a heap-q slab \
+  conn/s rc
 for r in "${ROWS[@]}"; do echo "$r"; done
 for j in "${JSON[@]}"; do echo "$j"; done
