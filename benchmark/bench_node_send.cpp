@@ -2,8 +2,10 @@
 //
 //   uvbus_bench_node_send PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID]
 //                                    [--target ID] [--reports] [--next-hop] [--metrics]
-//                                    [--latency] [--copy]
+//                                    [--latency] [--copy] [--window MSGS] [--link-queue BYTES]
 //
+// --window / --link-queue: node_config::retransmit_max_messages and link_queue_bytes (sizing
+// experiments; docs/benchmark.md "What bounds the four missed targets").
 // Registers node --id (default 0x1001; 0x1101 under the receiver's relay) to PARENT_URL and sends
 // numbered payloads to --target (default 0x1000) for S seconds, as fast as send_data() takes them
 // (until queue_full; then it waits for on_writable, which a stream link, a ring or a flow sends).
@@ -162,7 +164,8 @@ int main(int argc, char** argv) {
   if (s.o.url.empty()) {
     std::fprintf(stderr,
                  "usage: %s PARENT_URL [--min B] [--max B] [--seconds S] [--no-shm] [--id ID] "
-                 "[--target ID] [--reports] [--next-hop] [--metrics] [--latency] [--copy]\n",
+                 "[--target ID] [--reports] [--next-hop] [--metrics] [--latency] [--copy] "
+                 "[--window MSGS] [--link-queue BYTES]\n",
                  argv[0]);
     return 2;
   }
@@ -190,6 +193,11 @@ int main(int argc, char** argv) {
   s.copy = s.o.flag("copy") || env_on("UVBUS_BENCH_COPY");
   if (s.metrics) c.metrics_url = "http://127.0.0.1:0/metrics";
   c.latency_histograms = s.o.flag("latency") || env_on("UVBUS_BENCH_LATENCY");
+  // Sizing experiments: the flow's retransmit window (messages) and the link's send queue (bytes).
+  c.retransmit_max_messages =
+      static_cast<size_t>(s.o.get_int("window", static_cast<long>(c.retransmit_max_messages)));
+  c.link_queue_bytes =
+      static_cast<size_t>(s.o.get_int("link-queue", static_cast<long>(c.link_queue_bytes)));
   node n(&loop, s.id, c, s.callbacks());
   if (const errc e = n.start(); e != errc::ok) {
     std::fprintf(stderr, "send: start: %s\n", to_string(e));
