@@ -106,8 +106,9 @@ struct stream_config {
   // loops on one port"). Every socket on the port must set it (else address_in_use), and Linux
   // lets only sockets of the same effective user share a port. Port 0 picks a new port for each
   // listen(): the first channel listens on port 0, the others on the port it got. A listener
-  // that closes loses the connections still waiting in its own backlog (the kernel resets
-  // them); those already accepted are not affected. Unix listeners ignore it.
+  // that closes loses the connections still waiting in its own backlog (the kernel resets them
+  // unless net.ipv4.tcp_migrate_req is set); those already accepted are not affected. Unix
+  // listeners ignore it.
   bool tcp_reuse_port = false;
   int backlog = 128;
   unsigned unix_socket_mode = 0600;  // permissions of a unix listener's socket file (<= 07777)
