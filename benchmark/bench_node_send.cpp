@@ -156,6 +156,34 @@ void print_latency(const node& n, bus_id target) {
       us(lp.max));
 }
 
+// The sender node's configuration from the command line and the environment; sets s's options.
+node_config make_config(sender* s, bool* next_hop) {
+  node_config c;
+  c.parent_urls = {s->o.url};
+  c.enable_shm = !s->o.flag("no-shm");
+  c.heartbeat_interval_ms = 1000;
+  c.heartbeat_timeout_ms = 10000;
+  c.sibling_direct = false;
+  const char* env_delivery = std::getenv("UVBUS_BENCH_DELIVERY");
+  *next_hop =
+      s->o.flag("next-hop") || (env_delivery != nullptr && std::string(env_delivery) == "next_hop");
+  c.delivery = *next_hop ? delivery_mode::next_hop : delivery_mode::end_to_end;
+  const auto env_on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && v[0] == '1';
+  };
+  s->metrics = s->o.flag("metrics") || env_on("UVBUS_BENCH_METRICS");
+  s->copy = s->o.flag("copy") || env_on("UVBUS_BENCH_COPY");
+  if (s->metrics) c.metrics_url = "http://127.0.0.1:0/metrics";
+  c.latency_histograms = s->o.flag("latency") || env_on("UVBUS_BENCH_LATENCY");
+  // Sizing experiments: the flow's retransmit window (messages) and the link's send queue (bytes).
+  c.retransmit_max_messages =
+      static_cast<size_t>(s->o.get_int("window", static_cast<long>(c.retransmit_max_messages)));
+  c.link_queue_bytes =
+      static_cast<size_t>(s->o.get_int("link-queue", static_cast<long>(c.link_queue_bytes)));
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,29 +203,8 @@ int main(int argc, char** argv) {
   s.reports = s.o.flag("reports") || (env_reports != nullptr && env_reports[0] == '1');
   uv_loop_t loop;
   uv_loop_init(&loop);
-  node_config c;
-  c.parent_urls = {s.o.url};
-  c.enable_shm = !s.o.flag("no-shm");
-  c.heartbeat_interval_ms = 1000;
-  c.heartbeat_timeout_ms = 10000;
-  c.sibling_direct = false;
-  const char* env_delivery = std::getenv("UVBUS_BENCH_DELIVERY");
-  const bool next_hop =
-      s.o.flag("next-hop") || (env_delivery != nullptr && std::string(env_delivery) == "next_hop");
-  c.delivery = next_hop ? delivery_mode::next_hop : delivery_mode::end_to_end;
-  const auto env_on = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && v[0] == '1';
-  };
-  s.metrics = s.o.flag("metrics") || env_on("UVBUS_BENCH_METRICS");
-  s.copy = s.o.flag("copy") || env_on("UVBUS_BENCH_COPY");
-  if (s.metrics) c.metrics_url = "http://127.0.0.1:0/metrics";
-  c.latency_histograms = s.o.flag("latency") || env_on("UVBUS_BENCH_LATENCY");
-  // Sizing experiments: the flow's retransmit window (messages) and the link's send queue (bytes).
-  c.retransmit_max_messages =
-      static_cast<size_t>(s.o.get_int("window", static_cast<long>(c.retransmit_max_messages)));
-  c.link_queue_bytes =
-      static_cast<size_t>(s.o.get_int("link-queue", static_cast<long>(c.link_queue_bytes)));
+  bool next_hop = false;
+  const node_config c = make_config(&s, &next_hop);
   node n(&loop, s.id, c, s.callbacks());
   if (const errc e = n.start(); e != errc::ok) {
     std::fprintf(stderr, "send: start: %s\n", to_string(e));
