@@ -46,8 +46,49 @@ const char* to_string(frame_status s) noexcept {
   return "unknown";
 }
 
-void frame_decoder::reset() noexcept {
+namespace {
+
+// One partial-frame buffer per thread, parked between bursts: release_buffer() leaves a decoder's
+// buffer here (capacity up to kDecoderKeepBytes, the largest one seen), and the next frame any
+// decoder of the thread must keep in part takes it instead of a trip to malloc. So a connection at
+// a frame boundary holds no receive memory, and a burst of cut frames still allocates nothing.
+// `spare_gone` (trivially destructible, so readable during and after thread exit) stops use once
+// the slot is destroyed.
+thread_local bool spare_gone = false;
+
+struct spare_slot {
+  std::vector<uint8_t> buffer;
+  spare_slot() = default;
+  spare_slot(const spare_slot&) = delete;
+  spare_slot& operator=(const spare_slot&) = delete;
+  ~spare_slot() { spare_gone = true; }
+};
+
+std::vector<uint8_t>* thread_spare() noexcept {
+  if (spare_gone) return nullptr;
+  thread_local spare_slot slot;
+  return &slot.buffer;
+}
+
+}  // namespace
+
+void frame_decoder::park_buffer() noexcept {
+  std::vector<uint8_t>* spare = thread_spare();
+  if (spare != nullptr && partial_.capacity() <= kDecoderKeepBytes &&
+      partial_.capacity() > spare->capacity()) {
+    partial_.clear();
+    partial_.swap(*spare);  // the smaller one, if any, is freed below
+  }
   std::vector<uint8_t>().swap(partial_);
+}
+
+void frame_decoder::take_spare() noexcept {
+  std::vector<uint8_t>* spare = thread_spare();
+  if (partial_.capacity() == 0 && spare != nullptr) partial_.swap(*spare);
+}
+
+void frame_decoder::reset() noexcept {
+  park_buffer();
   header_len_ = 0;
   frame_len_ = 0;
   release_partial_ = false;
@@ -116,7 +157,7 @@ bool frame_decoder::next_batch() noexcept {
 
 void frame_decoder::release_buffer() noexcept {
   if (release_partial_ || !partial_.empty()) return;
-  std::vector<uint8_t>().swap(partial_);
+  park_buffer();
 }
 
 frame_decoder::result frame_decoder::next() {
@@ -175,6 +216,7 @@ frame_decoder::result frame_decoder::next() {
     }
   }
   // Either the header is incomplete (fewer than kFrameMaxHeader bytes left) or the payload is.
+  take_spare();
   partial_.insert(partial_.end(), p, p + n);
   chunk_ += n;
   chunk_left_ = 0;

@@ -61,8 +61,10 @@ size_t frame_write_header(uint32_t hash, size_t payload_len, uint8_t* out) noexc
 // than kDecoderKeepBytes completes. Up to that size it is kept for the next frame a chunk cuts (a
 // busy connection's frames cut by reads or TLS records reuse it instead of allocating each time),
 // so a decoder between frames of a burst holds at most kDecoderKeepBytes; release_buffer() at a
-// frame boundary frees even that (the stream channel calls it after every read that ends at one,
-// so a quiet connection holds no receive memory).
+// frame boundary gives even that up (the stream channel calls it after every read that ends at
+// one, so a quiet connection holds no receive memory): the buffer is parked as the thread's one
+// spare (the largest, up to kDecoderKeepBytes; the other is freed), and the next decoder of the
+// thread that must keep part of a frame takes it, so a new burst does not allocate either.
 //
 // Batches: when next() finds frames lying wholly inside the chunk, it parses up to kBatchFrames of
 // them at once, verifies their checksums together (murmur3_x86_32_batch: SIMD lanes), keeps the
@@ -121,7 +123,8 @@ class frame_decoder {
   // Forgets any partial frame and error: the decoder is as new.
   void reset() noexcept;
   // At a frame boundary (buffered() == 0, the last payload consumed: next() returned need_more),
-  // frees the partial-frame buffer; otherwise does nothing.
+  // gives the partial-frame buffer up (parked as the thread's spare, or freed); otherwise does
+  // nothing.
   void release_buffer() noexcept;
 
  private:
@@ -131,6 +134,9 @@ class frame_decoder {
     return {s, nullptr, 0};
   }
   result next_partial();
+  // partial_ (empty) to the thread's spare, or freed; the spare (if any) into an empty partial_.
+  void park_buffer() noexcept;
+  void take_spare() noexcept;
   // Parses up to kBatchFrames whole frames from the chunk and verifies them together into ready_.
   // Returns false (consuming nothing) when the chunk does not start with a whole, well-formed
   // frame; the one-frame path then handles it (partial frame, header error).

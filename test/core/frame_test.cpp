@@ -5,6 +5,7 @@
 
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/murmur3.h"
@@ -245,6 +246,40 @@ TEST(Frame, ReleaseBufferFreesOnlyAtAFrameBoundary) {
   EXPECT_EQ(d.buffer_capacity(), 0u);
   d.feed(f.data(), f.size());  // and the decoder goes on as new
   EXPECT_EQ(d.next().size, 1000u);
+}
+
+// release_buffer() parks the buffer as the thread's spare: the next decoder of the thread that
+// cuts a frame takes it (its 100 bytes sit in a buffer of at least the 12 000 the first one grew),
+// while a decoder on another thread starts from nothing. Both frames arrive intact.
+TEST(Frame, AReleasedBufferIsTheThreadsSpareForTheNextCutFrame) {
+  const auto a = encode(pattern(12000, 3));
+  const auto b = encode(pattern(5000, 4));
+  frame_decoder first;
+  first.feed(a.data(), 6000);
+  ASSERT_EQ(first.next().status, frame_status::need_more);
+  first.feed(a.data() + 6000, a.size() - 6000);
+  auto r = first.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  EXPECT_EQ(std::vector<uint8_t>(r.data, r.data + r.size), pattern(12000, 3));
+  ASSERT_EQ(first.next().status, frame_status::need_more);
+  first.release_buffer();
+  EXPECT_EQ(first.buffer_capacity(), 0u);
+  frame_decoder second;
+  second.feed(b.data(), 100);
+  ASSERT_EQ(second.next().status, frame_status::need_more);
+  EXPECT_GE(second.buffer_capacity(), a.size()) << "the spare, not a new 100-byte buffer";
+  second.feed(b.data() + 100, b.size() - 100);
+  r = second.next();
+  ASSERT_EQ(r.status, frame_status::payload);
+  EXPECT_EQ(std::vector<uint8_t>(r.data, r.data + r.size), pattern(5000, 4));
+  size_t elsewhere = 0;
+  std::thread([&] {
+    frame_decoder other;
+    other.feed(b.data(), 100);
+    (void)other.next();
+    elsewhere = other.buffer_capacity();
+  }).join();
+  EXPECT_LT(elsewhere, a.size()) << "another thread has a spare of its own";
 }
 
 TEST(Frame, ThousandRandomFramesSplitAtRandomPoints) {

@@ -172,11 +172,12 @@ TEST(SteadyAlloc, StreamChannelOverTcpAllocatesNothingPerMessage) {
 }
 
 // Frames of 8-16384 bytes, 100 a round (20 counted rounds: 2 000 messages, 16 MB): reads cut
-// frames, and the decoder's buffer for a cut frame is reused, not allocated again for each. What
-// is left is per round: its last read ends at a frame boundary, so the buffer goes (a quiet
-// connection holds no receive memory) and grows again, doubling, for the next round's first cut
-// frame. Allowed: 8 a round (4 allocations, counted twice under a sanitizer); one per message
-// would count 2 000 or more.
+// frames, and the decoder's buffer for a cut frame is reused, not allocated again for each. A
+// round's last read ends at a frame boundary, so the connection gives the buffer up (a quiet
+// connection holds no receive memory), parked as the thread's spare, and the next round's first
+// cut frame takes it back. Allowed: 10 in the 20 rounds (2 counted under ASan on 2026-12-07; 102
+// when the buffer was freed at each boundary and grew again, doubling, every round; one per
+// message would count 2 000 or more).
 TEST(SteadyAlloc, LargeFramesOverTcpAllocateNothingPerMessage) {
   uv_loop_t loop;
   ASSERT_EQ(uv_loop_init(&loop), 0);
@@ -186,7 +187,7 @@ TEST(SteadyAlloc, LargeFramesOverTcpAllocateNothingPerMessage) {
     s.batch = 100;
     ASSERT_NO_FATAL_FAILURE(s.connect());
     const uint64_t counted = s.measure_sends();
-    EXPECT_LE(counted, uint64_t{8} * kCountedRounds)
+    EXPECT_LE(counted, static_cast<uint64_t>(kCountedRounds) / 2)
         << counted << " allocations for " << s.batch * kCountedRounds << " frames of 8-16384 B";
     s.ch->close();
   }
