@@ -102,8 +102,17 @@ proto::header node::impl::make_header(msg_type t, bus_id target, uint64_t seq) c
 }
 
 errc node::impl::send_control(link* lk, proto::header hd, const std::vector<uint8_t>& body) {
-  const std::vector<uint8_t> m = proto::build(hd, body);
-  return streams->send(lk->conn, m.data(), m.size());
+  return send_control(lk, hd, body.data(), body.size());
+}
+
+// The header on the stack, the body a second part of the same frame: nothing allocated (a
+// heartbeat goes out on every link every heartbeat_interval_ms).
+errc node::impl::send_control(link* lk, proto::header hd, const uint8_t* body, size_t size) {
+  uint8_t head[proto::kHeaderSize];
+  hd.body_len = static_cast<uint32_t>(size);
+  proto::encode_header(hd, head);
+  const const_buffer parts[2] = {{head, sizeof head}, {body, size}};
+  return streams->sendv(lk->conn, parts, size == 0 ? 1 : 2);
 }
 
 void node::impl::close_link(link* lk, errc why, disconnect_mode mode) {

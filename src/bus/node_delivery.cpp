@@ -449,8 +449,10 @@ void node::impl::tick() {
   if (post_blocked) drain_posts();  // a full ring or pending queue has no wake-up of its own
   // A walk over a copy: a log line below runs on_log, which may send, and a send may dial a
   // sibling (a link added to `links`). Links leave `links` only from the channel's callbacks.
-  std::vector<link*> all;
-  all.reserve(links.size());
+  // The copy's vector is kept between ticks (taken here, given back at the end of the walk), so
+  // a tick allocates nothing once it has held every link.
+  std::vector<link*> all = std::move(tick_links);
+  all.clear();
   for (auto& [id, lk] : links) all.push_back(lk.get());
   std::vector<link*> expired;
   for (link* lk : all) {
@@ -482,11 +484,12 @@ void node::impl::tick() {
     }
     if (now - p->last_ping_ms >= cfg.heartbeat_interval_ms) {
       p->last_ping_ms = now;
-      std::vector<uint8_t> b;
-      proto::encode_ping({mono_ns()}, &b);
-      (void)send_control(lk, make_header(msg_type::ping, p->id, take_seq()), b);
+      uint8_t b[proto::kPingSize];
+      proto::encode_ping({mono_ns()}, b);
+      (void)send_control(lk, make_header(msg_type::ping, p->id, take_seq()), b, sizeof b);
     }
   }
+  tick_links = std::move(all);
   for (link* lk : expired) {
     if (dead) return;
     log(log_level::warn, "connection %s: handshake timed out", streams->peer_url(lk->conn).c_str());

@@ -1,9 +1,7 @@
-// The bus node's private state (node::impl) and the types it is built from. The member
-// functions live in node.cpp (lifecycle, helpers, public wrappers), node_delivery.cpp (sending,
-// pending queues, reports, timers), node_link.cpp (links, stream callbacks, registration
-// handshake), node_route.cpp (routed messages, forwarding, siblings, shared-memory input, commands)
-// and node_call.cpp (request/reply), plus node_flow, node_grace, node_post, node_metrics and
-// node_handover (each file says what it owns). Its building blocks are in node_types.h.
+// The bus node's private state (node::impl). Member functions: node.cpp (lifecycle, helpers,
+// public wrappers), node_delivery.cpp (sending, pending queues, reports, timers), node_link.cpp
+// (links, registration), node_route.cpp (routed messages, forwarding, siblings, shm input,
+// commands), node_call.cpp (request/reply), the other node_*.cpp (each says what it owns).
 #pragma once
 
 #include <uv.h>
@@ -98,6 +96,7 @@ struct node::impl {
   std::mt19937_64 rng{detail::mono_ns()};
 
   std::unordered_map<uint64_t, std::unique_ptr<link>> links;  // by stream connection id
+  std::vector<link*> tick_links;  // tick()'s copy of `links`, its capacity kept between ticks
   std::unordered_map<bus_id, std::unique_ptr<peer_ep>> peers;
   std::unordered_map<bus_id, sibling_entry> siblings;
   pending_queue parent_pending;
@@ -284,6 +283,7 @@ struct node::impl {
   proto::header make_header(msg_type t, bus_id target, uint64_t seq) const;
   // Sends one link-local control message over a link's stream connection.
   errc send_control(link* lk, proto::header hd, const std::vector<uint8_t>& body);
+  errc send_control(link* lk, proto::header hd, const uint8_t* body, size_t size);
   void close_link(link* lk, errc why, disconnect_mode mode = disconnect_mode::force);
   // ------------------------------------------------------------------------------ transmit --
   // Sends a routed message (data, forward, ack, command, reply) to a registered peer over shared

@@ -272,13 +272,13 @@ void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
   p->last_rx_ms = n->now_ms();
   switch (hd.type) {
     case msg_type::ping: {
-      std::vector<uint8_t> b(body, body + hd.body_len);
-      proto::ping_body pb;
+      proto::ping_body pb;  // the pong echoes the body (the pinger's clock) from the read buffer
       if (proto::parse_ping(body, hd.body_len, &pb) != errc::ok) {
         n->protocol_violation(lk, "bad ping");
         return;
       }
-      (void)n->send_control(lk, n->make_header(msg_type::pong, p->id, hd.sequence), b);
+      (void)n->send_control(lk, n->make_header(msg_type::pong, p->id, hd.sequence), body,
+                            hd.body_len);
       return;
     }
     case msg_type::pong: {

@@ -442,12 +442,12 @@ errc parse_register_reply(const uint8_t* p, size_t n, register_reply_body* out) 
   return errc::ok;
 }
 
-void encode_ping(const ping_body& b, std::vector<uint8_t>* out) {
-  writer(out).u64(b.send_time_ns);
+void encode_ping(const ping_body& b, uint8_t out[kPingSize]) noexcept {
+  put64(out, b.send_time_ns);
 }
 
 errc parse_ping(const uint8_t* p, size_t n, ping_body* out) noexcept {
-  if (n != 8) return errc::protocol_error;
+  if (n != kPingSize) return errc::protocol_error;
   out->send_time_ns = get64(p);
   return errc::ok;
 }

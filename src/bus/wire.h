@@ -322,6 +322,7 @@ struct ack_body {
   reason status = reason::ok;   // ok: the target received it; else why it could not be delivered
 };
 inline constexpr size_t kAckSize = 10;  // an ack body: u64 sequence, u16 status
+inline constexpr size_t kPingSize = 8;  // a ping or pong body: u64 send time
 
 struct command_body {
   uint32_t command = 0;
@@ -385,8 +386,8 @@ void encode_challenge(const challenge_body& b, std::vector<uint8_t>* out);
 void encode_register(const register_body& b, std::vector<uint8_t>* out);
 void encode_register_reply(const register_reply_body& b, std::vector<uint8_t>* out);
 void encode_node_info(const node_info& n, std::vector<uint8_t>* out);
-void encode_ping(const ping_body& b, std::vector<uint8_t>* out);
-void encode_ack(const ack_body& b, uint8_t out[kAckSize]) noexcept;  // no allocation
+void encode_ping(const ping_body& b, uint8_t out[kPingSize]) noexcept;  // no allocation
+void encode_ack(const ack_body& b, uint8_t out[kAckSize]) noexcept;     // no allocation
 void encode_bye(const bye_body& b, std::vector<uint8_t>* out);
 void encode_dropped(const dropped_body& b, std::vector<uint8_t>* out);
 // Data prefix (user type) into out[0..4).

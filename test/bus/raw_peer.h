@@ -85,8 +85,8 @@ struct raw_child {
   void resume_reading() { ASSERT_EQ(ch->resume_reading(conn), errc::ok); }
   // A heartbeat to the parent, so that it is not dropped as silent while it does not read.
   void ping() {
-    std::vector<uint8_t> body;
-    proto::encode_ping({1}, &body);
+    std::vector<uint8_t> body(proto::kPingSize);
+    proto::encode_ping({1}, body.data());
     send(proto::msg_type::ping, body);
   }
   void on_msg(connection_id, const uint8_t* d, size_t n) {

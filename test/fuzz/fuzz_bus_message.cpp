@@ -124,7 +124,8 @@ void check_body(proto::msg_type type, const uint8_t* p, size_t n) {
     case proto::msg_type::pong: {
       proto::ping_body b;
       if (proto::parse_ping(p, n, &b) != errc::ok) return;
-      proto::encode_ping(b, &enc);
+      enc.resize(proto::kPingSize);
+      proto::encode_ping(b, enc.data());
       return check_same(enc, p, n);
     }
     case proto::msg_type::data:
