@@ -1,5 +1,5 @@
-// The stream channel: construction and destruction, connection/listener bookkeeping, the
-// partial-frame sweep, close(), metrics, and the public API forwarding to the impl.
+// The stream channel: construction and destruction, connection/listener bookkeeping, close(),
+// metrics, and the public API forwarding to the impl (the sweep: stream_sweep.cpp).
 #include <unistd.h>
 #include <uv.h>
 #include <csignal>
@@ -133,41 +133,13 @@ stream_channel::impl::impl(uv_loop_t* l, const stream_config& c, stream_callback
   if (cfg.partial_frame_timeout_ms != 0) every = cfg.partial_frame_timeout_ms / 4;
   if (cfg.send_ring_idle_ms != 0) every = std::min<uint64_t>(every, cfg.send_ring_idle_ms / 2);
   if (every != UINT64_MAX) {
-    every = std::max<uint64_t>(10, every);
-    uv_timer_start(
-        &sweep_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->sweep(); }, every, every);
+    sweep_period_ms = std::max<uint64_t>(detail::kSweepMinMs, every);
+    uv_timer_start(&sweep_timer, on_sweep, sweep_period_ms, 0);
   }
   uv_unref(reinterpret_cast<uv_handle_t*>(&sweep_timer));  // never keeps the loop alive by itself
   uv_timer_init(loop, &accept_timer);  // active only while a listener waits to accept again
   accept_timer.data = this;
   handles = 4;
-}
-
-// One pass over the connections, not a timer per connection: an idle connection costs nothing.
-// A half-frame (over TLS, or part of a TLS record or message) stalled for partial_frame_timeout_ms
-// is closed with errc::timeout. Only a connection that is reading counts: one the owner paused (a
-// bus node holding an upstream link back for a slow next hop) waits by the owner's choice, and its
-// clock restarts at resume_reading(); a draining one reads no more. A send ring that grew and has
-// been empty, with no write in flight and no reservation open, since a flush send_ring_idle_ms ago
-// is freed, and so are a TLS link's ciphertext buffers (a batch's ciphertext each, kept while
-// traffic flows).
-void stream_channel::impl::sweep() {
-  const uint64_t now = uv_now(loop);
-  for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
-    if (cfg.send_ring_idle_ms != 0 && !c->writing && c->prepared == nullptr &&
-        now - c->last_flush_ms >= cfg.send_ring_idle_ms) {
-      if (c->queue) (void)c->queue->release_storage(true);
-      if (c->secure) c->secure->release_buffers();  // only the empty ones
-    }
-    // end_conn() only marks the connection and closes its handle; it stays linked until the
-    // close callback, so the next pointer is still valid after it.
-    if (cfg.partial_frame_timeout_ms != 0 && c->state == conn_state::connected && !c->paused &&
-        (c->decoder.buffered() != 0 || (c->secure && c->secure->holds_partial_input())) &&
-        now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
-      ++c->m().partial_frame_timeouts;
-      end_conn(c, errc::timeout);
-    }
-  }
 }
 
 void stream_channel::impl::link(conn_impl* c) {
@@ -181,6 +153,7 @@ void stream_channel::impl::link(listener_impl* l) {
 }
 
 void stream_channel::impl::unlink(conn_impl* c) {
+  if (sweep_next == c) sweep_next = detail::conn_list::next(c);
   conns.remove(c);
   table.remove(c->id);
   --retired.connections_open;

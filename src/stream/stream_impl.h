@@ -233,6 +233,10 @@ inline constexpr size_t kGatherBytes = size_t{256} * 1024;
 // Queued frames get their checksums in batches of this many (murmur3_x86_32_batch's lanes): when
 // this many are waiting, and before any flush writes the queue.
 inline constexpr size_t kSealBatch = 16;
+// The sweep (stalled half-frames, idle grown rings) looks at about this many connections a firing
+// once there are more, and fires at most every kSweepMinMs (stream_channel::impl::sweep()).
+inline constexpr size_t kSweepSlice = 256;
+inline constexpr uint64_t kSweepMinMs = 10;
 // Payloads below the channel's seal_min_bytes (murmur3_batch_min_mean_bytes(): 0 with AVX-512,
 // 24 B with AVX2, 256 B with the scalar kernel) are hashed one at a time as they are queued
 // unless a batch is already waiting.
@@ -325,7 +329,12 @@ struct stream_channel::impl {
     std::string text;
   };
   std::vector<deferred_line> deferred_logs;
-  uv_timer_t sweep_timer{};  // stalled half-frames, idle grown send rings (sweep())
+  uv_timer_t sweep_timer{};                  // stalled half-frames, idle grown send rings (sweep())
+  uint64_t sweep_period_ms = 0;              // every connection is looked at once in this time
+  conn_impl* sweep_next = nullptr;           // where the next slice starts (nullptr: at the front)
+  size_t sweep_slice = detail::kSweepSlice;  // tests set it lower (stream_access)
+  size_t sweep_largest_slice = 0;            // the most connections one firing looked at (tests)
+  uint64_t sweep_firings = 0;                // (tests)
 
   detail::conn_list conns;
   detail::listener_list listeners;
@@ -361,9 +370,12 @@ struct stream_channel::impl {
   // Reports written_seq to on_written if it moved since the last report.
   void report_written(conn_impl* c);
 
-  // One pass, one timer: closes connections stalled mid-frame for partial_frame_timeout_ms and
-  // frees the grown send rings of connections quiet for send_ring_idle_ms.
+  // One timer: closes connections stalled mid-frame for partial_frame_timeout_ms and frees the
+  // grown send rings of connections quiet for send_ring_idle_ms, looking at every connection once
+  // per sweep_period_ms, at most about kSweepSlice of them a firing.
   void sweep();
+  void sweep_one(conn_impl* c, uint64_t now);
+  static void on_sweep(uv_timer_t* t) { static_cast<impl*>(t->data)->sweep(); }
   void link(conn_impl* c);
   void unlink(conn_impl* c);
   void link(listener_impl* l);

@@ -1,10 +1,12 @@
 // Test-only access to a stream channel's internals: a TLS session put in the state OpenSSL leaves
-// it in after a fatal error, a reserve descriptor lost, the accept failures counted, a dns answer.
+// it in after a fatal error, a reserve descriptor lost, the accept failures counted, a dns answer,
+// the sweep's largest slice.
 // Not installed; tests include it from src/.
 #pragma once
 
 #include <sys/socket.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include <vector>
@@ -25,6 +27,13 @@ struct stream_access {
   // Every later dns:// dial of ch tries these addresses, in this order, instead of the resolver's
   // answer (the name is still resolved, and must resolve). Empty: the resolver's answer again.
   static void set_dns_answer(stream_channel& ch, std::vector<sockaddr_storage> addrs);
+  // The most connections one firing of ch's sweep has looked at so far.
+  static size_t sweep_largest_slice(const stream_channel& ch) noexcept;
+  // How often the sweep has fired; the connection its next slice starts at (none: a new pass);
+  // how many connections a slice looks at (kSweepSlice unless set).
+  static uint64_t sweep_firings(const stream_channel& ch) noexcept;
+  static connection_id sweep_cursor(const stream_channel& ch) noexcept;
+  static void set_sweep_slice(stream_channel& ch, size_t n) noexcept;
 };
 
 }  // namespace uvbus::detail

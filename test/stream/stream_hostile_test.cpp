@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/frame.h"
 #include "stream/stream_harness.h"
+#include "stream/stream_impl.h"
+#include "stream/test_access.h"
 
 namespace uvbus::test::stream_hostile_test {
 namespace {
@@ -235,6 +238,53 @@ TEST_F(StreamHostile, AStalledHalfFrameIsClosedWithTimeoutAndAnIdleConnectionIsN
   ASSERT_EQ(c->send(idle, "still here", 10), errc::ok);
   ASSERT_TRUE(run([&] { return srv.received[idle_srv_id].size() == 1; }));
   EXPECT_EQ(srv.received[idle_srv_id][0], "still here");
+}
+
+// Many slow-loris peers: more connections than one firing of the sweep looks at (its slice, set
+// to 16 here: detail::kSweepSlice otherwise), so the pass is cut into slices; every stalled
+// connection is still closed with timeout, and no firing looked at more than a slice.
+TEST_F(StreamHostile, ManyStalledHalfFramesAreSweptInSlicesAndEveryOneIsClosed) {
+  constexpr size_t kSlice = 16;
+  constexpr size_t kPeers = 80;
+  recorder srv;
+  stream_config cfg;
+  cfg.partial_frame_timeout_ms = 400;  // a pass every 100 ms
+  stream_channel* s = make_channel(&srv, cfg);
+  detail::stream_access::set_sweep_slice(*s, kSlice);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  std::vector<uint8_t> half = frame_of(std::string(100, 'z'));
+  half.resize(half.size() / 2);
+  std::vector<std::unique_ptr<raw_peer>> peers;
+  for (size_t i = 0; i < kPeers; ++i) {
+    peers.push_back(std::make_unique<raw_peer>(s->listener_port(l)));
+    ASSERT_TRUE(peers.back()->ok() && peers.back()->write_all(half));
+  }
+  ASSERT_TRUE(run([&] { return srv.disconnected.size() == kPeers; }));
+  for (const auto& [id, why] : srv.disconnected) EXPECT_EQ(why, errc::timeout) << id;
+  EXPECT_EQ(s->metrics().totals.partial_frame_timeouts, kPeers);
+  const size_t slice = detail::stream_access::sweep_largest_slice(*s);
+  EXPECT_GT(slice, 0U);
+  EXPECT_LE(slice, kSlice);
+
+  // Idle peers this time; the connection where the next slice starts is closed between two
+  // firings, and the sweep carries on from the one after it.
+  peers.clear();
+  for (size_t i = 0; i < kPeers; ++i) {
+    peers.push_back(std::make_unique<raw_peer>(s->listener_port(l)));
+    ASSERT_TRUE(peers.back()->ok());
+  }
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 2 * kPeers; }));
+  const auto firings = [&] { return detail::stream_access::sweep_firings(*s); };
+  const uint64_t before = firings();
+  ASSERT_TRUE(run([&] { return firings() > before && detail::stream_access::sweep_cursor(*s); }));
+  const connection_id at = detail::stream_access::sweep_cursor(*s);
+  ASSERT_EQ(s->disconnect(at), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.disconnected.count(at.value) != 0; }));
+  EXPECT_NE(detail::stream_access::sweep_cursor(*s), at);
+  const uint64_t after = firings();
+  ASSERT_TRUE(run([&] { return firings() >= after + 10; }));  // past the end, and round again
+  EXPECT_EQ(s->metrics().connections_open, kPeers - 1);
 }
 
 TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
