@@ -4,10 +4,14 @@
 #include <uv.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <string>
 
+#include <sys/prctl.h>
 #include <unistd.h>
+
+#include <csignal>
 
 namespace uvbus::test {
 
@@ -30,6 +34,15 @@ bool run_until(uv_loop_t* loop, Pred&& pred,
   uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
   uv_run(loop, UV_RUN_NOWAIT);  // let the close callback run so `tick` can go out of scope
   return ok;
+}
+
+// First thing in a forked child that waits to be killed: it gets SIGKILL when the test process
+// ends, however it ends. Otherwise a failed assertion before the test's kill() leaves the child
+// alive, holding ctest's output pipe, and ctest waits for it until its timeout. `parent`: getpid()
+// taken before the fork (a parent already gone by then ends the child at once).
+inline void die_with_parent(pid_t parent) {
+  (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);
 }
 
 // Runs cmd with popen() (sh -c) and returns what it wrote to stdout.

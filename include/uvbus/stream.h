@@ -108,7 +108,9 @@ struct stream_config {
   // listen(): the first channel listens on port 0, the others on the port it got. A listener
   // that closes loses the connections still waiting in its own backlog (the kernel resets them
   // unless net.ipv4.tcp_migrate_req is set); those already accepted are not affected. Unix
-  // listeners ignore it.
+  // listeners ignore it, and so does listen_fd() (an adopted socket keeps the options its binder
+  // set). Each channel applies its own max_connections and max_unregistered(_per_address): N
+  // channels sharing a port admit up to N times each cap.
   bool tcp_reuse_port = false;
   int backlog = 128;
   unsigned unix_socket_mode = 0600;  // permissions of a unix listener's socket file (<= 07777)
@@ -131,12 +133,12 @@ struct stream_config {
   uint32_t connect_timeout_ms = 10000;
   // A connection that holds part of a frame and receives no byte for this long is closed with
   // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
-  // bytes, forever). On a TLS link part of a TLS record counts too (it pins OpenSSL's record
-  // buffers, about 17 KiB each way), and part of a post-handshake message (up to about 128 KiB).
-  // Checked by one timer per channel every timeout/4 (at least every 10 ms), so a stalled
-  // half-frame is closed within 1.25 x the timeout. A connection paused with pause_reading() is not
-  // checked (the wait is the owner's, not the peer's): its clock starts again at resume_reading().
-  // 0: never.
+  // bytes, its capacity up to about twice that while it grows, forever). On a TLS link part of a
+  // TLS record counts too (it pins OpenSSL's record buffers, about 17 KiB each way), and part of a
+  // post-handshake message (up to about 128 KiB). Checked by one timer per channel every timeout/4
+  // (at least every 10 ms), so a stalled half-frame is closed within 1.25 x the timeout. A
+  // connection paused with pause_reading() is not checked (the wait is the owner's, not the
+  // peer's): its clock starts again at resume_reading(). 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
   // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
   // been empty, with nothing written, for this long (the same timer checks, at least every half

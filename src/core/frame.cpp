@@ -7,6 +7,7 @@
 #include "core/endian.h"
 #include "core/murmur3.h"
 #include "core/murmur3_batch.h"
+#include "core/try_alloc.h"
 
 namespace uvbus {
 namespace {
@@ -42,6 +43,8 @@ const char* to_string(frame_status s) noexcept {
       return "oversize: frame length above the message limit";
     case frame_status::bad_varint:
       return "bad_varint: malformed frame length";
+    case frame_status::no_memory:
+      return "no_memory: the partial-frame buffer could not grow";
   }
   return "unknown";
 }
@@ -88,7 +91,11 @@ void frame_decoder::take_spare() noexcept {
 }
 
 void frame_decoder::reset() noexcept {
-  park_buffer();
+  if (release_partial_) {
+    std::vector<uint8_t>().swap(partial_);  // the last payload points into it: not a spare
+  } else {
+    park_buffer();
+  }
   header_len_ = 0;
   frame_len_ = 0;
   release_partial_ = false;
@@ -217,7 +224,7 @@ frame_decoder::result frame_decoder::next() {
   }
   // Either the header is incomplete (fewer than kFrameMaxHeader bytes left) or the payload is.
   take_spare();
-  partial_.insert(partial_.end(), p, p + n);
+  if (!append(p, n)) return fail(frame_status::no_memory);
   chunk_ += n;
   chunk_left_ = 0;
   return {frame_status::need_more, nullptr, 0};
@@ -228,7 +235,8 @@ frame_decoder::result frame_decoder::next_partial() {
   // the start of the following frame.
   while (header_len_ == 0) {
     if (chunk_left_ == 0) return {frame_status::need_more, nullptr, 0};
-    partial_.push_back(*chunk_++);
+    if (!append(chunk_, 1)) return fail(frame_status::no_memory);
+    ++chunk_;
     --chunk_left_;
     if (partial_.size() <= kFrameHashBytes) continue;
     uint64_t len = 0;
@@ -243,7 +251,7 @@ frame_decoder::result frame_decoder::next_partial() {
     }
   }
   const size_t take = std::min(frame_len_ - partial_.size(), chunk_left_);
-  partial_.insert(partial_.end(), chunk_, chunk_ + take);
+  if (!append(chunk_, take)) return fail(frame_status::no_memory);
   chunk_ += take;
   chunk_left_ -= take;
   if (partial_.size() < frame_len_) return {frame_status::need_more, nullptr, 0};
@@ -251,6 +259,13 @@ frame_decoder::result frame_decoder::next_partial() {
   if (!hash_ok(partial_.data(), header_len_, payload_len)) return fail(frame_status::bad_hash);
   release_partial_ = true;
   return {frame_status::payload, partial_.data() + header_len_, payload_len};
+}
+
+bool frame_decoder::append(const uint8_t* p, size_t n) noexcept {
+  const size_t at = partial_.size();
+  if (!detail::try_resize(&partial_, at + n)) return false;
+  if (n != 0) std::memcpy(partial_.data() + at, p, n);
+  return true;
 }
 
 }  // namespace uvbus

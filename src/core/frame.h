@@ -10,6 +10,7 @@
 // wholly inside it (zero copy) and copying only the frames that straddle chunks.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -81,6 +82,7 @@ enum class frame_status {
   bad_hash,    // a frame's checksum did not match its payload
   oversize,    // a frame announced a length above the limit
   bad_varint,  // a frame's length prefix is malformed (over 10 bytes or above 2^64)
+  no_memory,   // the partial-frame buffer could not grow: memory ran out (not the peer's fault)
 };
 
 const char* to_string(frame_status s) noexcept;
@@ -91,9 +93,11 @@ class frame_decoder {
   // Whole frames of one chunk verified together (the batch hash kernels' lane count).
   static constexpr size_t kBatchFrames = 16;
 
+  // max_payload is capped at SIZE_MAX - kFrameMaxHeaderBytes (a frame's length must fit a size_t).
   explicit frame_decoder(size_t max_payload = size_t{256} * 1024,
                          size_t batch_min_mean = murmur3_batch_min_mean_bytes()) noexcept
-      : max_payload_(max_payload), batch_min_mean_(batch_min_mean) {}
+      : max_payload_(std::min(max_payload, SIZE_MAX - kFrameMaxHeaderBytes)),
+        batch_min_mean_(batch_min_mean) {}
 
   struct result {
     frame_status status;
@@ -120,7 +124,8 @@ class frame_decoder {
   [[nodiscard]] size_t buffer_capacity() const noexcept { return partial_.capacity(); }
   [[nodiscard]] bool failed() const noexcept { return error_ != frame_status::payload; }
   [[nodiscard]] size_t max_payload() const noexcept { return max_payload_; }
-  // Forgets any partial frame and error: the decoder is as new.
+  // Forgets any partial frame and error: the decoder is as new. A payload next() returned last is
+  // invalid afterwards (its buffer is freed, never parked for another decoder).
   void reset() noexcept;
   // At a frame boundary (buffered() == 0, the last payload consumed: next() returned need_more),
   // gives the partial-frame buffer up (parked as the thread's spare, or freed); otherwise does
@@ -134,6 +139,9 @@ class frame_decoder {
     return {s, nullptr, 0};
   }
   result next_partial();
+  // Appends [p, p + n) to partial_ without letting std::bad_alloc out: false when memory ran out
+  // (the buffer grows to what the peer sent, up to the message limit).
+  [[nodiscard]] bool append(const uint8_t* p, size_t n) noexcept;
   // partial_ (empty) to the thread's spare, or freed; the spare (if any) into an empty partial_.
   void park_buffer() noexcept;
   void take_spare() noexcept;

@@ -237,6 +237,18 @@ inline constexpr size_t kSealBatch = 16;
 // once there are more, and fires at most every kSweepMinMs (stream_channel::impl::sweep()).
 inline constexpr size_t kSweepSlice = 256;
 inline constexpr uint64_t kSweepMinMs = 10;
+// How a pass over n connections is cut: ceil(n / slice) firings (fewer if they would come closer
+// than kSweepMinMs), delay_ms apart, each looking at up to `share` connections, the connections
+// spread evenly; so a pass from the front takes at most period_ms (one firing when n <= slice).
+struct sweep_plan {
+  uint64_t delay_ms;
+  size_t share;
+};
+inline sweep_plan plan_sweep(size_t n, size_t slice, uint64_t period_ms) noexcept {
+  uint64_t k = slice == 0 ? n : (n + slice - 1) / slice;
+  k = std::clamp<uint64_t>(k, 1, std::max<uint64_t>(1, period_ms / kSweepMinMs));
+  return {period_ms / k, static_cast<size_t>((n + k - 1) / k)};
+}
 // Payloads below the channel's seal_min_bytes (murmur3_batch_min_mean_bytes(): 0 with AVX-512,
 // 24 B with AVX2, 256 B with the scalar kernel) are hashed one at a time as they are queued
 // unless a batch is already waiting.

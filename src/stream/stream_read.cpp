@@ -33,6 +33,8 @@ errc from_decoder(frame_status s) noexcept {
       return errc::oversize;
     case frame_status::bad_varint:
       return errc::bad_varint;
+    case frame_status::no_memory:
+      return errc::no_memory;
     default:
       return errc::protocol_error;
   }
@@ -116,7 +118,8 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
       c->decoder.release_buffer();
       return true;
     }
-    ++m.decode_errors;
+    // Out of memory for a cut frame's buffer is ours, not a malformed stream from the peer.
+    if (r.status != frame_status::no_memory) ++m.decode_errors;
     end_conn(c, from_decoder(r.status));
     return false;
   }

@@ -16,23 +16,18 @@ namespace uvbus {
 // once stalled the loop for 1.3 ms every 2.5 s with 19 000 connections, which is 70 ms or more
 // with a million. Beyond sweep_slice (kSweepSlice) connections a firing looks at a share of them,
 // from where the last one stopped, and the next firing comes sooner (never sooner than
-// kSweepMinMs), so that every connection still has its turn once per sweep_period_ms.
+// kSweepMinMs), so that every connection still has its turn once per sweep_period_ms
+// (plan_sweep()).
 void stream_channel::impl::sweep() {
   const uint64_t now = uv_now(loop);
   const size_t n = conns.size();
-  uint64_t delay = sweep_period_ms;
-  size_t share = n;
-  if (n > sweep_slice) {
-    delay = std::max<uint64_t>(detail::kSweepMinMs, sweep_period_ms * sweep_slice / n);
-    share = static_cast<size_t>((n * delay + sweep_period_ms - 1) / sweep_period_ms);
-  } else {
-    sweep_next = nullptr;  // few enough for one firing: all of them, from the front
-  }
+  const detail::sweep_plan plan = detail::plan_sweep(n, sweep_slice, sweep_period_ms);
+  if (plan.share >= n) sweep_next = nullptr;  // one firing for all of them, from the front
   conn_impl* c = sweep_next != nullptr ? sweep_next : conns.front();
   size_t looked = 0;
   // end_conn() only marks the connection and closes its handle; it stays linked until the close
   // callback (which moves sweep_next past it, unlink()), so its next pointer is still valid.
-  for (; c != nullptr && looked < share; ++looked) {
+  for (; c != nullptr && looked < plan.share; ++looked) {
     conn_impl* next = detail::conn_list::next(c);
     sweep_one(c, now);
     c = next;
@@ -40,7 +35,7 @@ void stream_channel::impl::sweep() {
   sweep_next = c;  // nullptr at the end: the next firing starts a new pass
   sweep_largest_slice = std::max(sweep_largest_slice, looked);
   ++sweep_firings;
-  uv_timer_start(&sweep_timer, on_sweep, delay, 0);
+  if (!closed) uv_timer_start(&sweep_timer, on_sweep, plan.delay_ms, 0);
 }
 
 // A connection's turn: its idle grown ring (and TLS buffers) freed, its stalled half-frame closed.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/murmur3.h"
+#include "core/try_alloc.h"
 
 namespace uvbus::frame_test {
 namespace {
@@ -317,6 +318,68 @@ TEST(Frame, StatusNames) {
 
 namespace uvbus::frame_test {
 namespace {
+
+// Memory that runs out while a cut frame's buffer grows (the buffer is sized by what the peer
+// sent, up to the message limit) ends the stream with no_memory instead of std::bad_alloc through
+// the read callback. On a thread of its own: no parked spare to grow into.
+TEST(FrameMemory, ABufferThatCannotGrowEndsTheStreamWithNoMemory) {
+  std::thread([] {
+    const auto f = encode(pattern(200000, 6));
+    frame_decoder d(size_t{1} << 20);
+    detail::fail_next_try_resize(1);
+    d.feed(f.data(), 100000);
+    EXPECT_EQ(d.next().status, frame_status::no_memory);
+    EXPECT_TRUE(d.failed());
+    d.feed(f.data() + 100000, f.size() - 100000);
+    EXPECT_EQ(d.next().status, frame_status::no_memory);  // sticky, as every error
+    // The header's own bytes (a header cut after 5 bytes) take the same way.
+    frame_decoder h(size_t{1} << 20);
+    h.feed(f.data(), 5);
+    ASSERT_EQ(h.next().status, frame_status::need_more);
+    detail::fail_next_try_resize(1);
+    h.feed(f.data() + 5, f.size() - 5);
+    EXPECT_EQ(h.next().status, frame_status::no_memory);
+    detail::fail_next_try_resize(0);
+  }).join();
+}
+
+// A payload that reset() left behind is freed with its buffer, never parked as the thread's spare
+// for another decoder to fill while it may still be read. (The payload is invalid after reset();
+// what is checked is that a second decoder's cut frame does not land in that buffer.)
+TEST(FrameMemory, ResetDoesNotParkTheBufferOfTheLastPayload) {
+  std::thread([] {
+    const auto a = encode(pattern(1000, 7));
+    frame_decoder d;
+    d.feed(a.data(), 500);
+    ASSERT_EQ(d.next().status, frame_status::need_more);
+    d.feed(a.data() + 500, a.size() - 500);
+    const auto r = d.next();
+    ASSERT_EQ(r.status, frame_status::payload);
+    const size_t cap = d.buffer_capacity();
+    d.reset();
+    EXPECT_EQ(d.buffer_capacity(), 0u);
+    frame_decoder other;
+    other.feed(a.data(), 100);
+    ASSERT_EQ(other.next().status, frame_status::need_more);
+    EXPECT_LT(other.buffer_capacity(), cap) << "the reset decoder's buffer became the spare";
+  }).join();
+}
+
+// A limit near SIZE_MAX: the header plus the announced length must not wrap around to a small
+// frame (a 14-byte header announcing 2^64 - 1 bytes once passed as a 13-byte frame and the
+// checksum read past the end).
+TEST(FrameMemory, ALengthNearSizeMaxIsOversizeNotAWrappedFrame) {
+  // A 4-byte checksum, then 2^64 - 1 as the 10-byte varint (7 bits a byte, the highest first).
+  const uint8_t bytes[] = {0, 0, 0, 0, 0x81, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
+  frame_decoder d(SIZE_MAX);
+  d.feed(bytes, sizeof bytes);
+  EXPECT_EQ(d.next().status, frame_status::oversize);
+  frame_decoder cut(SIZE_MAX);  // the same header arriving in two reads
+  cut.feed(bytes, 6);
+  ASSERT_EQ(cut.next().status, frame_status::need_more);
+  cut.feed(bytes + 6, sizeof bytes - 6);
+  EXPECT_EQ(cut.next().status, frame_status::oversize);
+}
 
 TEST(FrameMemory, AnnouncedLengthDoesNotReserveMemoryBeforeTheBytesArrive) {
   // A header announcing a 60 000-byte payload, then 10 bytes of it: the decoder holds about what

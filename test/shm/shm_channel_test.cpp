@@ -276,9 +276,11 @@ TEST_F(ShmChannel, ReaderThatDiesLeavesWritersCommittingUntilFullThenRemovalIsNo
   shm_cleanup cleanup{name};
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    test::die_with_parent(parent);
     shm_config cfg;
     cfg.ring_bytes = 4096;
     cfg.max_record_size = 1024;
@@ -318,9 +320,11 @@ TEST_F(ShmChannel, WriterKilledBetweenReserveAndCommitIsSkippedAndOthersKeepFlow
   ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
   int held[2];
   ASSERT_EQ(pipe(held), 0);
+  const pid_t parent = getpid();
   const pid_t pid = fork();  // before any thread exists in this process
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    test::die_with_parent(parent);
     auto* w = new shm_writer();
     if (w->open("shm://" + name) != errc::ok) _exit(1);
     shm_detail::writer_access::set_test_hook(

@@ -396,9 +396,11 @@ TEST_F(ShmCoalesceLoop, WriterKilledMidFlushIsSkippedAndTheNextWritersFlow) {
   ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
   int held[2];
   ASSERT_EQ(pipe(held), 0);
+  const pid_t parent = getpid();
   const pid_t pid = fork();  // before any thread exists in this process
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    test::die_with_parent(parent);
     auto* w = new shm_writer();
     if (w->open("shm://" + name) != errc::ok || w->coalesce() != errc::ok) _exit(1);
     for (int i = 0; i < 3; ++i) (void)w->send("staged, never committed", 23);

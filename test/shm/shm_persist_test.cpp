@@ -46,6 +46,16 @@ shm_config small_cfg() {
   return c;
 }
 
+// For the tests not about abandonment: a writer preempted for milliseconds on a loaded machine
+// (sanitizers, two cores) must not have its records skipped (3 ms in small_cfg() once made a
+// killed reader's writer see abandoned under TSan), so the timeouts here are generous.
+shm_config patient_cfg() {
+  shm_config c = small_cfg();
+  c.abandon_timeout_us = 500000;
+  c.reclaim_timeout_us = 2000000;
+  return c;
+}
+
 // Checks test::make_record records: per writer in order from first[w], intact.
 struct seq_sink {
   std::vector<uint64_t> next;
@@ -106,7 +116,7 @@ bool poll_until(shm_reader& r, const seq_sink& sink, uint64_t want) {
 [[noreturn]] void reader_child(const std::string& url, uint64_t half, int fd) {
   auto* sink = new seq_sink({0});
   auto* r = new shm_reader(sink->callbacks());
-  char c = r->open(url, small_cfg()) == errc::ok ? 'y' : 'n';
+  char c = r->open(url, patient_cfg()) == errc::ok ? 'y' : 'n';
   (void)!write(fd, &c, 1);
   c = poll_until(*r, *sink, half) && sink->bad == 0 ? 'h' : 'b';
   (void)!write(fd, &c, 1);
@@ -120,9 +130,13 @@ TEST_F(ShmPersist, SigkilledReaderIsFollowedByOneThatResumesExactly) {
   constexpr uint64_t kFirst = 3000, kTotal = 5000, kHalf = 1503;  // 1503: inside a batch of 10
   int p[2];
   ASSERT_EQ(pipe(p), 0);
+  const pid_t parent = getpid();
   const pid_t pid = fork();  // before any thread exists in this process
   ASSERT_GE(pid, 0);
-  if (pid == 0) reader_child(url, kHalf, p[1]);
+  if (pid == 0) {
+    test::die_with_parent(parent);
+    reader_child(url, kHalf, p[1]);
+  }
   char c = 0;
   ASSERT_EQ(read(p[0], &c, 1), 1);
   ASSERT_EQ(c, 'y');
@@ -142,7 +156,7 @@ TEST_F(ShmPersist, SigkilledReaderIsFollowedByOneThatResumesExactly) {
   ASSERT_EQ(send_range(w, 0, kTotal - 100, kTotal, 7), errc::ok);
 
   seq_sink sink({kHalf});  // the child's records must not come again
-  shm_config cfg = small_cfg();
+  shm_config cfg = patient_cfg();
   cfg.spin_us = 0;
   shm_reader r(sink.callbacks());
   ASSERT_EQ(r.open(url, cfg), errc::ok) << r.last_error().detail;
@@ -170,15 +184,6 @@ TEST_F(ShmPersist, SigkilledReaderIsFollowedByOneThatResumesExactly) {
 // The child of ReaderKilledInsideItsCallbackGetsThatBatchAgain: polls in callback batches of 10
 // and, inside the batch that holds record 500, writes the batch's first sequence to fd and waits
 // for its SIGKILL there.
-// Not about abandonment: a writer preempted for milliseconds on a loaded machine (sanitizers, two
-// cores) must not have its batch skipped, so the timeouts here are generous.
-shm_config patient_cfg() {
-  shm_config c = small_cfg();
-  c.abandon_timeout_us = 500000;
-  c.reclaim_timeout_us = 2000000;
-  return c;
-}
-
 [[noreturn]] void dying_in_callback_child(const std::string& url, int fd) {
   shm_config cfg = patient_cfg();
   cfg.batch_max = 10;
@@ -207,9 +212,13 @@ TEST_F(ShmPersist, ReaderKilledInsideItsCallbackGetsThatBatchAgain) {
   shm_cleanup cleanup{name};
   int p[2];
   ASSERT_EQ(pipe(p), 0);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
-  if (pid == 0) dying_in_callback_child(url, p[1]);
+  if (pid == 0) {
+    test::die_with_parent(parent);
+    dying_in_callback_child(url, p[1]);
+  }
   struct reap {  // a failed assertion below must not leave the child polling forever
     pid_t pid;
     ~reap() {
@@ -412,9 +421,13 @@ TEST_F(ShmPersist, WriterKilledMidWriteWhileTheReaderIsDownIsSkippedAfterReattac
   }
   int p[2];
   ASSERT_EQ(pipe(p), 0);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
-  if (pid == 0) torn_writer_child(url, p[1]);
+  if (pid == 0) {
+    test::die_with_parent(parent);
+    torn_writer_child(url, p[1]);
+  }
   char c = 0;
   ASSERT_EQ(read(p[0], &c, 1), 1);  // record 5 is reserved and will never be committed
   kill(pid, SIGKILL);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/frame.h"
+#include "core/try_alloc.h"
 #include "stream/stream_harness.h"
 #include "stream/stream_impl.h"
 #include "stream/test_access.h"
@@ -240,6 +241,30 @@ TEST_F(StreamHostile, AStalledHalfFrameIsClosedWithTimeoutAndAnIdleConnectionIsN
   EXPECT_EQ(srv.received[idle_srv_id][0], "still here");
 }
 
+// However many connections, a pass from the front ends within the sweep's period, its firings
+// at least kSweepMinMs apart, each looking at no more than a slice unless the period has room for
+// no more firings. (Rounding each firing's share down once made a pass over 257 connections take
+// two periods.)
+TEST(StreamSweepPlan, EveryPassEndsWithinItsPeriod) {
+  for (const uint64_t period : {10U, 25U, 100U, 2500U, 7500U}) {
+    for (const size_t slice : {size_t{16}, detail::kSweepSlice}) {
+      for (size_t n = 0; n <= 20000; n += (n < 3000 ? 1 : 997)) {
+        const detail::sweep_plan p = detail::plan_sweep(n, slice, period);
+        SCOPED_TRACE(testing::Message()
+                     << "n " << n << ", slice " << slice << ", period " << period);
+        ASSERT_GE(p.delay_ms, detail::kSweepMinMs);
+        if (n == 0) continue;
+        ASSERT_GE(p.share, 1U);
+        const size_t firings = (n + p.share - 1) / p.share;
+        ASSERT_LE(firings * p.delay_ms, period);
+        if ((n + slice - 1) / slice <= period / detail::kSweepMinMs) {  // room for the firings
+          ASSERT_LE(p.share, slice);
+        }
+      }
+    }
+  }
+}
+
 // Many slow-loris peers: more connections than one firing of the sweep looks at (its slice, set
 // to 16 here: detail::kSweepSlice otherwise), so the pass is cut into slices; every stalled
 // connection is still closed with timeout, and no firing looked at more than a slice.
@@ -285,6 +310,36 @@ TEST_F(StreamHostile, ManyStalledHalfFramesAreSweptInSlicesAndEveryOneIsClosed) 
   const uint64_t after = firings();
   ASSERT_TRUE(run([&] { return firings() >= after + 10; }));  // past the end, and round again
   EXPECT_EQ(s->metrics().connections_open, kPeers - 1);
+}
+
+// Memory that runs out while a cut frame's buffer grows ends that connection with no_memory (not
+// std::bad_alloc through libuv's read callback, which ended the process), is not counted as the
+// peer's decode error, and leaves the other connections alone.
+TEST_F(StreamHostile, ACutFrameThatFindsNoMemoryEndsOnlyItsConnection) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  connection_id good;
+  ASSERT_EQ(c->connect(s->listener_url(l), &good), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
+  const uint64_t good_srv = srv.accepted_ids[0];
+
+  raw_peer big(s->listener_port(l));
+  ASSERT_TRUE(big.ok());
+  std::vector<uint8_t> part = frame_of(std::string(200000, 'm'));  // beyond the 64 KiB spare
+  part.resize(part.size() / 2);
+  detail::fail_next_try_resize(1);
+  ASSERT_TRUE(big.write_all(part));
+  ASSERT_TRUE(run([&] { return srv.disconnected.size() == 1; }));
+  detail::fail_next_try_resize(0);
+  const uint64_t big_id = srv.accepted_ids.at(1);
+  EXPECT_EQ(srv.disconnected[big_id], errc::no_memory) << to_string(srv.disconnected[big_id]);
+  EXPECT_EQ(s->metrics().totals.decode_errors, 0U);
+  ASSERT_EQ(c->send(good, "after", 5), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[good_srv].size() == 1; }));
+  EXPECT_EQ(srv.disconnected.count(good_srv), 0U);
 }
 
 TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
