@@ -107,9 +107,13 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
         const detail::callback_scope scope(this);
         cb.on_received(c->id, r.data, r.size);
         // The callback may have disconnected the connection (a graceful one drains its queue but
-        // reads no more) or closed the channel. A pause takes effect after this chunk: its bytes
-        // live in the shared read buffer and cannot wait.
-        if (c->state != conn_state::connected) return false;
+        // reads no more) or closed the channel: the buffer of a cut frame just delivered goes at
+        // once, not after a drain that lasts as long as the peer takes to read. A pause takes
+        // effect after this chunk: its bytes live in the shared read buffer and cannot wait.
+        if (c->state != conn_state::connected) {
+          c->decoder.reset();
+          return false;
+        }
       }
       continue;
     }

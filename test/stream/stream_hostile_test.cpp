@@ -342,6 +342,36 @@ TEST_F(StreamHostile, ACutFrameThatFindsNoMemoryEndsOnlyItsConnection) {
   EXPECT_EQ(srv.disconnected.count(good_srv), 0U);
 }
 
+// A connection its owner ends from on_received drains its queue first (graceful), for as long as
+// the peer takes to read: the buffer of the cut frame just delivered goes at once, not after the
+// drain. Here the peer never reads, so the drain lasts.
+TEST_F(StreamHostile, AConnectionEndedFromOnReceivedGivesItsReceiveBufferBackAtOnce) {
+  recorder srv;
+  stream_config cfg;
+  cfg.queue.ring_bytes = cfg.queue.max_bytes = size_t{32} << 20;
+  stream_channel* s = make_channel(&srv, cfg);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  const std::vector<uint8_t> filler(60000, 'f');
+  srv.on_received_hook = [&](connection_id c, const uint8_t*, size_t) {
+    // 24 MB: more than the kernel's socket buffers take for a peer that does not read.
+    for (int i = 0; i < 400; ++i) ASSERT_EQ(s->send(c, filler.data(), filler.size()), errc::ok);
+    ASSERT_EQ(s->disconnect(c, disconnect_mode::graceful), errc::ok);
+  };
+  raw_peer big(s->listener_port(l));
+  ASSERT_TRUE(big.ok());
+  const std::vector<uint8_t> f = frame_of(std::string(200000, 'r'));
+  ASSERT_TRUE(big.write_all(std::vector<uint8_t>(f.begin(), f.begin() + 100000)));
+  ASSERT_TRUE(
+      run([&] { return srv.accepted.size() == 1 && cm(s, srv.accepted[0]).read_calls > 0; }));
+  const connection_id id = srv.accepted[0];
+  ASSERT_TRUE(run([&] { return cm(s, id).receive_memory_bytes >= 100000; }));  // the cut frame
+  ASSERT_TRUE(big.write_all(std::vector<uint8_t>(f.begin() + 100000, f.end())));
+  ASSERT_TRUE(run([&] { return srv.received[id.value].size() == 1; }));
+  EXPECT_EQ(srv.disconnected.count(id.value), 0U) << "still draining: the peer reads nothing";
+  EXPECT_EQ(cm(s, id).receive_memory_bytes, 0U);
+}
+
 TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {
   recorder srv;
   stream_config cfg;
