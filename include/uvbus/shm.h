@@ -419,7 +419,8 @@ class shm_writer {
   // or close() / the destructor unable to publish), oldest first, before they are counted:
   // [data, data + size) is the message as sent, valid during the call only. It runs inside the
   // call that drops them (a send, flush(), close(), the destructor, or the loop turn's flush), so
-  // it must not destroy the writer; a send on it from there is staged afresh. Needs an open
+  // it must not destroy the writer; a send on it from there is staged afresh, except inside
+  // close() or the destructor, where a send that would be staged returns closed. Needs an open
   // writer (a no-op otherwise); a relay uses it to tell the sources of what it had accepted.
   void on_staged_dropped(std::function<void(const uint8_t* data, size_t size)> f);
   // The classic contract for one message on a coalescing writer: publishes the stage, then this

@@ -274,8 +274,9 @@ struct ring_reader {
         return take_batch(n, s);
       case kWriting:
         return unblock(c, n, now);
-      case kAbandoned:  // skipped by an earlier reader instance
-      case kAbandonedAck:
+      case kAbandoned:  // skipped by an earlier reader instance that died before storing past it
+        return pass_abandoned(n, now);
+      case kAbandonedAck:  // its writer no longer touches the nodes
         rd += n;
         return step::go_on;
       default:
@@ -369,17 +370,31 @@ struct ring_reader {
     return step::stop;
   }
 
+  // A record an earlier instance abandoned and, dead before storing its cursor past it, left for
+  // us: its writer may still be copying into its nodes, so they are held as unblock() holds the
+  // ones it abandons itself (resume() holds only those before the stored cursor).
+  step pass_abandoned(uint64_t n, uint64_t* now) noexcept {
+    if (nholds == kMaxHolds) return step::stop;
+    if (*now == 0) *now = mono_ns();
+    holds[nholds++] = hold{rd, *now};
+    rd += n;
+    return step::go_on;
+  }
+
   // The stuck-writer handling: the record at rd (head c, n nodes) is still being written. Waits
   // abandon_timeout from when it was first seen so; then marks it abandoned so the records behind
   // it flow, and holds its nodes until the writer acknowledges or reclaim_timeout passes.
   step unblock(uint64_t c, uint64_t n, uint64_t* now) noexcept {
     if (*now == 0) *now = mono_ns();
     if (stuck_pos != rd) {
+      // The clock now, not the drain's: a callback earlier in this drain may have run for longer
+      // than abandon_timeout, and this writer only began meanwhile.
       stuck_pos = rd;
-      stuck_since = *now;
+      stuck_since = mono_ns();
       return step::stop;
     }
-    if (*now - stuck_since < uint64_t{cfg.abandon_timeout_us} * 1000 || nholds == kMaxHolds) {
+    const uint64_t waited = *now > stuck_since ? *now - stuck_since : 0;  // *now may be older
+    if (waited < uint64_t{cfg.abandon_timeout_us} * 1000 || nholds == kMaxHolds) {
       return step::stop;
     }
     uint64_t expect = c;

@@ -55,6 +55,7 @@ struct shm_writer::impl {
   // with its position mix and commits the body as one kBatch record.
   std::unique_ptr<uint8_t[]> stage;
   size_t stage_cap = 0;    // 0: not coalescing
+  bool closing = false;    // inside close(): a send from on_staged_dropped stages nothing
   size_t stage_used = 0;   // body bytes staged
   size_t stage_count = 0;  // messages staged
   uint64_t stage_payload = 0;
@@ -479,6 +480,7 @@ struct shm_writer::impl {
   // flushes the counters into the region). Returns how many were dropped.
   size_t stop_coalescing() noexcept {
     if (stage_cap == 0) return 0;
+    closing = true;  // what on_dropped sends now could only be staged and cleared unseen below
     const size_t before = local.staged_dropped;
     if (flush_uncounted() != errc::ok) drop_stage();
     clear_stage();
@@ -590,7 +592,9 @@ errc shm_writer::send(const void* data, size_t len) noexcept {
 
 errc shm_writer::sendv(const const_buffer* parts, size_t count) noexcept {
   if (!impl_) return errc::not_connected;
-  if (impl_->stage_cap != 0) return impl_->stage_send(parts, count);
+  if (impl_->stage_cap != 0) {
+    return impl_->closing ? errc::closed : impl_->stage_send(parts, count);
+  }
   return impl_->send(parts, count);
 }
 
