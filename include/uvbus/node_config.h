@@ -131,7 +131,8 @@ struct node_config {
   uint32_t flow_idle_ms = 120000;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload
-  // plus 44 bytes); beyond either, send_data() returns queue_full until acknowledgements drain it.
+  // plus 44 bytes, 69 with a trace context; the bytes must hold one such message of
+  // message_limit); beyond either, send_data() returns queue_full until acknowledgements drain it.
   size_t retransmit_max_messages = 65536;
   size_t retransmit_max_bytes = size_t{8} << 20;
   // end_to_end: when a flow's acknowledgements stop advancing for this long, its unacknowledged

@@ -342,6 +342,10 @@ void node::impl::stop() {
 
 void node::impl::close_links_for_stop() {
   stop_flush_until = 0;
+  // What was delivered here is acknowledged before the links close (stop() from on_data: the
+  // acknowledgements wait for the end of the loop turn): its sources would resend it, and report
+  // timeout for messages this node got.
+  flush_acks();
   stop_metrics();
   flows_stop();
   drop_relayed_for_stop();  // while the sources' links still take a notice

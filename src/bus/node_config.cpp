@@ -262,11 +262,13 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
                   cfg.ack_every == 0 ? "ack_every must be at least 1"
                                      : "retransmit_max_messages must be at least 1");
   }
-  if (cfg.retransmit_max_bytes < cfg.message_limit + 44) {
+  // One message of message_limit with a trace context: its header, flow prefix and trace block.
+  const size_t one = cfg.message_limit + 44 + proto::kTraceSize;
+  if (cfg.retransmit_max_bytes < one) {
     return refuse(detail, errc::invalid_argument,
                   "retransmit_max_bytes (" + std::to_string(cfg.retransmit_max_bytes) +
-                      ") must hold one message of message_limit (" +
-                      std::to_string(cfg.message_limit + 44) + " bytes)");
+                      ") must hold one message of message_limit with a trace context (" +
+                      std::to_string(one) + " bytes)");
   }
   return errc::ok;
 }

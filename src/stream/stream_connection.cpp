@@ -588,6 +588,8 @@ void stream_channel::impl::hand_back_unsent(conn_impl* c) {
 void stream_channel::impl::report_final(conn_impl* c) {
   if (c->reported) return;
   report_written(c);
+  // on_written may have called close(), which reported this connection in full (close_all).
+  if (c->reported) return;
   c->reported = true;
   const errc reason = c->reason;
   log_end(c, reason);

@@ -297,6 +297,65 @@ TEST_F(NodeFlowTest, SharedMemoryTargetRestartGetsEverything) {
   (void)in_order(b_);
 }
 
+// A target that stops from on_data (a consumer done with its work) acknowledges what it was
+// handed: the acknowledgements wait for the end of the loop turn, and stop() closed the links
+// before that, so the source resent and reported timeout for a message that was delivered.
+TEST_F(NodeFlowTest, ATargetStoppingFromOnDataAcknowledgesWhatItGot) {
+  node_config pc = flow_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  url_ = p_->n->listen_urls().at(0);
+  node_config ac = flow_config();
+  ac.parent_urls = {url_};
+  ac.delivery_timeout_ms = 3000;  // the report without the acknowledgement: timeout
+  a_ = make(0x101, ac);
+  node_config bc = flow_config();
+  bc.parent_urls = {url_};
+  bus_node* b = nullptr;
+  b = make(0x102, bc, true, [&](node_callbacks* cb) {
+    auto record = cb->on_data;
+    cb->on_data = [&b, record](bus_id src, uint32_t type, const uint8_t* d, size_t n) {
+      record(src, type, d, n);
+      b->n->stop();
+    };
+  });
+  b_ = b;
+  ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
+  send_some(1);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
+  EXPECT_EQ(b_->got.size(), 1U);
+  EXPECT_EQ(a_->reports[0].status, errc::ok) << to_string(a_->reports[0].status);
+}
+
+// A message of message_limit with a trace context fits the smallest retransmit buffer validate()
+// allows.
+TEST_F(NodeFlowTest, ATracedMessageOfTheLimitFitsTheSmallestRetransmitBuffer) {
+  node_config pc = flow_config();
+  pc.subnets = {{0x100, 8}};
+  p_ = make(0x100, pc);
+  url_ = p_->n->listen_urls().at(0);
+  node_config bc = flow_config();
+  bc.parent_urls = {url_};
+  b_ = make(0x102, bc);
+  node_config ac = flow_config();
+  ac.parent_urls = {url_};
+  ac.message_limit = 1000;
+  ac.retransmit_max_bytes = 1000 + 44 + 25;
+  a_ = make(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
+  trace_context t;
+  t.trace_id[0] = 1;
+  t.span_id[0] = 2;
+  send_options opt;
+  opt.trace = &t;
+  const std::string big(1000, 't');
+  ASSERT_EQ(a_->n->send_data(0x102, 1, big.data(), big.size(), opt), errc::ok);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
+  EXPECT_EQ(a_->reports[0].status, errc::ok);
+  ASSERT_EQ(b_->got.size(), 1U);
+  EXPECT_EQ(b_->got[0].bytes, big);
+}
+
 TEST_F(NodeFlowTest, UnknownTargetIsReportedUnknownRoute) {
   make_tree();
   uint64_t id = 0;
@@ -595,6 +654,14 @@ TEST(NodeFlowConfig, RetransmitLimitsAreValidated) {
   std::string why;
   EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
   EXPECT_NE(why.find("retransmit_max_bytes"), std::string::npos) << why;
+  // One message of message_limit with a trace context must fit: its 44 bytes of header and flow
+  // prefix and 25 of trace (at + 44 a traced message of the limit was queue_full for good).
+  c.message_limit = 1000;
+  c.retransmit_max_bytes = 1000 + 44;
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("1069 bytes"), std::string::npos) << why;
+  c.retransmit_max_bytes = 1000 + 44 + 25;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
   c = node_config{};
   c.delivery_timeout_ms = 0;
   EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);

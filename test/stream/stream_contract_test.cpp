@@ -481,6 +481,52 @@ TEST_F(StreamContract, CloseFromOnWrittenMidFlushCoversEveryConnectionOnce) {
   EXPECT_EQ(written_after_close, 0u);
 }
 
+// on_writable (the queue drained to half) disconnects with force and on_written then calls
+// close(): every packet is covered once, on_disconnected comes once (the recorder checks), and
+// the connection is counted closed once. When the written report is still owed at that point, it
+// comes from the connection's final reports, and close() inside it reports the connection in
+// full: the final reports that were running must stop there (report_final re-checks). Which of
+// the two paths a run takes depends on how much of the queue the last write carried.
+TEST_F(StreamContract, CloseFromTheLastOnWrittenEndsTheConnectionOnce) {
+  recorder rs, rc;
+  stream_channel* s = make_channel(&rs);
+  stream_config cfg;
+  cfg.message_limit = 16 * 1024;
+  cfg.queue.ring_bytes = cfg.queue.max_bytes = 64 * 1024;
+  stream_channel* c = make_channel(&rc, cfg);
+  listener_id l;
+  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+  rs.on_accepted_hook = [&](connection_id id) { ASSERT_EQ(s->pause_reading(id), errc::ok); };
+  connection_id id;
+  ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
+  ASSERT_TRUE(run([&] { return rc.connected.count(id.value) == 1 && rs.accepted.size() == 1; }));
+  const std::vector<uint8_t> frame(16 * 1024, 'w');
+  uint64_t accepted = 0;
+  errc e = errc::ok;
+  // Until the kernel's buffers and then the queue are full (the server reads nothing).
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (e != errc::queue_full && std::chrono::steady_clock::now() < end) {
+    e = c->send(id, frame.data(), frame.size());
+    if (e == errc::ok) ++accepted;
+    uv_run(&loop_, UV_RUN_NOWAIT);
+  }
+  ASSERT_EQ(e, errc::queue_full);
+  bool forced = false;
+  rc.on_writable_hook = [&](connection_id w) {
+    forced = true;
+    ASSERT_EQ(c->disconnect(w, disconnect_mode::force), errc::ok);
+  };
+  rc.on_written_hook = [&](connection_id, uint64_t) {
+    if (forced) c->close();
+  };
+  ASSERT_EQ(s->resume_reading(rs.accepted[0]), errc::ok);
+  ASSERT_TRUE(run([&] { return rc.disconnected.count(id.value) == 1; }));
+  run_for_ms(20);
+  EXPECT_TRUE(forced);
+  rc.expect_exact(id.value, accepted);  // and the recorder checks on_disconnected came once
+  EXPECT_EQ(c->metrics().connections_closed, 1U);
+}
+
 // merge_threshold sizes the per-thread merge buffer (at least one threshold): it was not bounded,
 // and SIZE_MAX passed validate() and asked for SIZE_MAX bytes at the first merged write (ASan:
 // allocation-size-too-big; a release build: every connection that queued two packets ended with
