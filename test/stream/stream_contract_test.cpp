@@ -491,8 +491,8 @@ TEST_F(StreamContract, CloseFromTheLastOnWrittenEndsTheConnectionOnce) {
   recorder rs, rc;
   stream_channel* s = make_channel(&rs);
   stream_config cfg;
-  cfg.message_limit = 16 * 1024;
-  cfg.queue.ring_bytes = cfg.queue.max_bytes = 64 * 1024;
+  cfg.message_limit = size_t{16} * 1024;
+  cfg.queue.ring_bytes = cfg.queue.max_bytes = size_t{64} * 1024;
   stream_channel* c = make_channel(&rc, cfg);
   listener_id l;
   ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
@@ -500,7 +500,7 @@ TEST_F(StreamContract, CloseFromTheLastOnWrittenEndsTheConnectionOnce) {
   connection_id id;
   ASSERT_EQ(c->connect(s->listener_url(l), &id), errc::ok);
   ASSERT_TRUE(run([&] { return rc.connected.count(id.value) == 1 && rs.accepted.size() == 1; }));
-  const std::vector<uint8_t> frame(16 * 1024, 'w');
+  const std::vector<uint8_t> frame(size_t{16} * 1024, 'w');
   uint64_t accepted = 0;
   errc e = errc::ok;
   // Until the kernel's buffers and then the queue are full (the server reads nothing).
