@@ -241,6 +241,7 @@ void stream_channel::impl::flush_queue(conn_impl* c) {
     for (unsigned i = 0; i < nbufs; ++i) len += bufs[i].len;
     if (!c->secure) ++c->m().write_calls;  // TLS counts its socket writes in tls_send()
     int w = c->secure ? tls_write(c, bufs, nbufs) : uv_try_write(c->stream(), bufs, nbufs);
+    if (c->secure && w == 0) return;  // TLS writes all or nothing: these wait for input
     if (w == UV_EAGAIN) {
       w = 0;
     } else if (w < 0) {

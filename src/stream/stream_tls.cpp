@@ -236,7 +236,11 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
     return;
   }
   const int r = tls_send(c);
-  if (r < 0) tls_socket_error(c, r, "sending");
+  if (r < 0) {
+    tls_socket_error(c, r, "sending");
+    return;
+  }
+  if (s.input_freed_writes()) mark_dirty(c);  // the writes that waited for this input
 }
 
 size_t stream_channel::impl::tls_reply_limit() const noexcept {
@@ -245,6 +249,9 @@ size_t stream_channel::impl::tls_reply_limit() const noexcept {
 
 int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned nbufs) {
   detail::tls_session& s = *c->secure;
+  // Part of a peer's post-handshake message is in: nothing is written until its rest arrives
+  // (tls_on_read flushes again), or partial_frame_timeout_ms closes the link.
+  if (s.writes_wait()) return 0;
   s.set_now(uv_now(loop));
   size_t total = 0;
   for (unsigned i = 0; i < nbufs; ++i) {

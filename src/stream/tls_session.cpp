@@ -352,8 +352,11 @@ void tls_session::maybe_key_update() {
   const bool by_time =
       cfg.key_update_interval_ms != 0 && now_ms_ - last_update_ms_ >= cfg.key_update_interval_ms;
   if (!by_bytes && !by_time) return;
-  // Sent ahead of the next record SSL_write produces.
-  if (SSL_key_update(ssl_, SSL_KEY_UPDATE_NOT_REQUESTED) == 1) ++updates_sent_;
+  // Sent ahead of the next record SSL_write produces. Refused while a peer's post-handshake
+  // message is incomplete (writes wait then, writes_wait()): the budget stays used up, so the
+  // renewal comes with the next write.
+  if (SSL_key_update(ssl_, SSL_KEY_UPDATE_NOT_REQUESTED) != 1) return;
+  ++updates_sent_;
   bytes_since_update_ = 0;
   last_update_ms_ = now_ms_;
 }
@@ -383,6 +386,18 @@ void tls_session::release_buffers() noexcept {
   // OpenSSL allocates them again at the next read or write; it refuses while they hold data.
   static const bool safe = OpenSSL_version_num() >= 0x300000e0UL;  // 3.0.14
   if (safe) (void)SSL_free_buffers(ssl_);
+}
+
+bool tls_session::writes_wait() noexcept {
+  const bool wait = done_ && SSL_in_init(ssl_) == 1;
+  writes_waited_ = writes_waited_ || wait;
+  return wait;
+}
+
+bool tls_session::input_freed_writes() noexcept {
+  if (!writes_waited_ || SSL_in_init(ssl_) == 1) return false;
+  writes_waited_ = false;
+  return true;
 }
 
 bool tls_session::holds_partial_input() const noexcept {

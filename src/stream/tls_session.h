@@ -127,6 +127,11 @@ class tls_session {
   // handshake is done, part of a post-handshake message such as a NewSessionTicket (kept in a
   // buffer grown to the size the message announces, up to about 128 KiB).
   [[nodiscard]] bool holds_partial_input() const noexcept;
+  // Writes wait for the peer while OpenSSL holds part of a post-handshake message: until its rest
+  // arrives, SSL_write only asks for input (SSL_ERROR_WANT_READ). writes_wait() says so and
+  // remembers it; input_freed_writes(), after a read, says whether writes may go on again.
+  [[nodiscard]] bool writes_wait() noexcept;
+  [[nodiscard]] bool input_freed_writes() noexcept;
 
   // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
   // that every later write() fails.
@@ -156,6 +161,7 @@ class tls_session {
   std::string hello_detail_;  // why hello_ refused the peer's bytes
   bool oom_ = false;          // appending ciphertext ran out of memory
   bool closed_notify_ = false;
+  bool writes_waited_ = false;  // writes_wait() said yes since the last input_freed_writes()
   const uint8_t* in_ = nullptr;
   size_t in_len_ = 0;
   byte_buf out_;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <memory>
 #include <string>
 #include <thread>
@@ -121,6 +122,9 @@ class raw_tls_server {
   [[nodiscard]] const std::string& received() const { return received_; }
   // With ticket_cut: the ciphertext of the ticket that was sent.
   [[nodiscard]] size_t ticket_sent() const { return ticket_sent_.load(); }
+  // With ticket_cut: sends the rest of the ticket, then reads until `wanted` (otherwise the rest
+  // never comes).
+  void send_rest() { send_rest_ = true; }
 
  private:
   void run(const test_pki::pair& id) {
@@ -177,7 +181,19 @@ class raw_tls_server {
     ticket_sent_ = off;
     if (off != 0) (void)::write(c, p, off);
     char b[256];
-    while (::recv(c, b, sizeof b, 0) > 0) {
+    timeval tv{0, 10000};  // 10 ms: send_rest() is looked at between reads
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (;;) {
+      const ssize_t got = ::recv(c, b, sizeof b, 0);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return;
+      if (send_rest_) break;
+    }
+    (void)::write(c, p + off, static_cast<size_t>(n) - off);
+    tv = timeval{30, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int k = 0;
+    while (received_.find(wanted_) == std::string::npos && (k = SSL_read(ssl, b, sizeof b)) > 0) {
+      received_.append(b, static_cast<size_t>(k));
     }
   }
 
@@ -186,6 +202,7 @@ class raw_tls_server {
   std::string wanted_;
   size_t ticket_cut_ = 0;
   std::atomic<size_t> ticket_sent_{0};
+  std::atomic<bool> send_rest_{false};
   std::string received_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshake_ok_{false};

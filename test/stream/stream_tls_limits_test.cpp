@@ -261,6 +261,32 @@ TEST_F(StreamTls, AStalledPartialHandshakeMessageIsClosedWithTimeout) {
   EXPECT_EQ(ch->metrics().totals.partial_frame_timeouts, 1u);
 }
 
+// A send while the peer holds back the rest of a post-handshake message (a NewSessionTicket cut
+// after its first records): SSL_write only asks for input then, and that was taken for a TLS
+// failure (protocol_error, "write failed: SSL error 2") that ended the link at once. The write
+// now waits for the message's rest and goes out when it arrives.
+TEST_F(StreamTls, ASendWhileThePeerHoldsPartOfATicketWaitsForItsRest) {
+  raw_tls_server server(pki_->server, "ping", 40000);
+  url_ = "ipv4://127.0.0.1:" + std::to_string(server.port());
+  recorder crec;
+  const connection_id c = dial_with(&crec, client_config());
+  stream_channel* ch = channels_.back().get();
+  ASSERT_TRUE(run([&] {
+    return crec.connected.count(c.value) != 0 && server.ticket_sent() != 0 &&
+           ch->metrics().totals.read_calls != 0;
+  }));
+  ASSERT_EQ(ch->send(c, "ping", 4), errc::ok);
+  // The flush waits (it ended the link at once before).
+  EXPECT_FALSE(
+      run([&] { return crec.disconnected.count(c.value) != 0; }, std::chrono::milliseconds(100)));
+  EXPECT_EQ(ch->metrics().tls_failed, 0U);
+  server.send_rest();
+  ASSERT_TRUE(run([&] { return server.finished(); }));
+  EXPECT_NE(server.received().find("ping"), std::string::npos) << server.received();
+  EXPECT_EQ(ch->metrics().tls_failed, 0U);
+  (void)ch->disconnect(c, disconnect_mode::force);
+}
+
 TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
   // The receiver's KeyUpdate limit makes the sender's renewals visible: without a limit the data
   // arrives intact across them; with a limit of 5 per window the sixth closes the link.
