@@ -42,8 +42,9 @@ struct tls_config {
   // certificate. Empty: any certificate the CA signed is accepted.
   std::string expected_peer;
 
-  // PSK mode: the shared access token (at least 16 bytes) and the PSK identity both sides use. The
-  // key is HKDF-SHA256(token, salt "uvbus tls 1.3 psk", info identity), 32 bytes.
+  // PSK mode: the shared access token (at least 16 bytes) and the PSK identity both sides use
+  // (1 to 1024 bytes: it travels in every ClientHello). The key is HKDF-SHA256(token, salt
+  // "uvbus tls 1.3 psk", info identity), 32 bytes.
   std::string psk_token;
   std::string psk_identity = "uvbus";
 

@@ -18,6 +18,9 @@ namespace {
 
 constexpr const char kPskSalt[] = "uvbus tls 1.3 psk";
 constexpr size_t kMinTokenBytes = 16;
+// The identity travels in every ClientHello, whose handshake message a server refuses above
+// 20 480 bytes (hello_guard): far below that, and far above any real identity.
+constexpr size_t kMaxPskIdentity = 1024;
 constexpr uint32_t kMinCertChainBytes = 1024;
 // TLS_AES_128_GCM_SHA256: the PSK's cipher suite (its hash, SHA-256, is the PSK's hash).
 constexpr unsigned char kPskCipher[2] = {0x13, 0x01};
@@ -119,6 +122,11 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
         return bad("tls: psk mode needs psk_token of at least 16 bytes");
       }
       if (cfg.psk_identity.empty()) return bad("tls: psk_identity must not be empty");
+      if (cfg.psk_identity.size() > kMaxPskIdentity) {
+        return bad("tls: psk_identity is " + std::to_string(cfg.psk_identity.size()) +
+                   " bytes, more than " + std::to_string(kMaxPskIdentity) +
+                   " (it travels in every ClientHello)");
+      }
       break;
     default:
       return bad("tls: unknown mode");
