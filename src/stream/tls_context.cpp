@@ -145,6 +145,9 @@ errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_contex
   std::shared_ptr<tls_context> tc(new (std::nothrow) tls_context);
   if (!tc) return errc::no_memory;
   tc->cfg_ = cfg;
+  // ssl_error() reports the whole error queue: only what these calls leave in it (another
+  // library on this thread, libcurl's for one, may have left its own).
+  ERR_clear_error();
   tc->ctx_ = SSL_CTX_new(TLS_method());
   if (tc->ctx_ == nullptr) return ssl_error("SSL_CTX_new", detail);
   SSL_CTX* c = tc->ctx_;

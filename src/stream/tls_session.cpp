@@ -333,6 +333,7 @@ errc tls_session::read(uint8_t* buf, size_t cap, size_t* n, std::string* detail)
   ERR_clear_error();
   const int r = SSL_read_ex(ssl_, buf, cap, n);
   if (storm_) {
+    ERR_clear_error();  // what the refused read queued is not for the next caller to report
     *detail = "tls: peer sent more than " + std::to_string(ctx_->config().max_peer_key_updates) +
               " KeyUpdate messages within " + std::to_string(ctx_->config().key_update_window_ms) +
               " ms";

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <openssl/err.h>
+
 #include "stream_tls_harness.h"
 
 namespace uvbus::test::stream_tls_test {
@@ -237,7 +239,15 @@ TEST_F(StreamTls, AStalledHandshakeIsClosedByItsDeadline) {
 TEST_F(StreamTls, BadSettingsAreNamed) {
   recorder rec;
   stream_channel* ch = make_channel(&rec);
-  tls_config t = client_config();
+  // An error another library left in this thread's OpenSSL queue is not reported as ours.
+  ERR_raise(ERR_LIB_USER, ERR_R_PASSED_NULL_PARAMETER);
+  tls_config t = psk_config();
+  t.ciphersuites = "TLS_NO_SUCH_SUITE";
+  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::tls_handshake_failed);
+  EXPECT_NE(ch->last_error().detail.find("TLS_NO_SUCH_SUITE"), std::string::npos);
+  EXPECT_EQ(ch->last_error().detail.find("passed a null parameter"), std::string::npos)
+      << ch->last_error().detail;
+  t = client_config();
   t.key_file = "/nonexistent/key.pem";
   EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::not_found);
   EXPECT_NE(ch->last_error().detail.find("cannot read key file /nonexistent/key.pem"),
