@@ -1,5 +1,5 @@
-// Registration authentication: HMAC-SHA256 proofs, random nonces, the host identity, peer text
-// made safe for logs, and the fields of a registration reply a connector checks.
+// Registration authentication: HMAC-SHA256 proofs, random nonces, the host identity and the
+// fields of a registration reply a connector checks (peer text made safe for logs: core/utf8.h).
 #include "bus/auth.h"
 
 #include <openssl/crypto.h>
@@ -68,33 +68,6 @@ std::string host_identity() {
   if (id.empty()) id = first_line("/etc/machine-id");
   std::string out = id + "/" + host_name();
   if (out.size() > 128) out.resize(128);
-  return out;
-}
-
-std::string printable(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char u = p[i];
-    size_t keep = 0;  // the bytes kept as they are from p[i]
-    if (u >= 0x80) {
-      keep = utf8_sequence(p + i, s.size() - i);
-      if (u == 0xc2 && keep == 2 && p[i + 1] < 0xa0) keep = 0;  // U+0080..U+009F: the C1 controls
-    } else if (u >= 0x20 && u != 0x7f) {
-      keep = 1;
-    }
-    if (keep > 0) {
-      out.append(s, i, keep);
-      i += keep;
-      continue;
-    }
-    // One byte at a time: the bytes after one that starts no sequence are looked at on their own.
-    char esc[8];
-    std::snprintf(esc, sizeof esc, "\\x%02x", static_cast<unsigned>(u));
-    out += esc;
-    ++i;
-  }
   return out;
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/utf8.h"  // printable(), which the users of this header take from it
+
 namespace uvbus::detail {
 
 inline constexpr size_t kMacSize = 32;
@@ -39,17 +41,7 @@ inline constexpr size_t kMacSize = 32;
 // joined with the hostname (containers in separate UTS namespaces, which usually also have separate
 // /dev/shm, differ there). Falls back to /etc/machine-id, then the hostname alone.
 [[nodiscard]] std::string host_identity();
-// Text a peer sent (a host name, a refusal's message, a node's labels) for our log lines, error
-// details and the uvbus tool's terminal output. Kept as they are: printable ASCII (0x20..0x7e) and
-// each well-formed UTF-8 sequence (RFC 3629) of a code point from U+00A0 on ("é", "日本").
-// Escaped as \xNN, one per byte: the C0 controls (< 0x20) and DEL (0x7f); the C1 controls
-// U+0080..U+009F (both bytes of their UTF-8 form, 0xc2 0x80..0x9f); and every byte that is not
-// part of a well-formed sequence (a lone 0x9b, which a terminal reading 8-bit controls takes for
-// CSI; a cut sequence, an overlong form, a surrogate, a code point above U+10FFFF, 0xf5..0xff).
-// So a peer can neither write lines of its own into a log nor send a terminal a control sequence,
-// and the result is valid UTF-8. Other code points pass, format characters (U+200B..U+200F,
-// U+202A..U+202E) among them.
-[[nodiscard]] std::string printable(const std::string& s);
+// gethostname(), or "unknown".
 [[nodiscard]] std::string host_name();
 
 // What is wrong with an acceptance a connector got (empty: nothing): the protocol version the

@@ -1,5 +1,7 @@
-// utf8_sequence: the length of a well-formed UTF-8 sequence.
+// utf8_sequence (the length of a well-formed UTF-8 sequence) and printable (a peer's text escaped).
 #include "core/utf8.h"
+
+#include <cstdio>
 
 namespace uvbus::detail {
 
@@ -25,6 +27,33 @@ size_t utf8_sequence(const unsigned char* p, size_t n) noexcept {
     if (p[k] < 0x80 || p[k] > 0xbf) return 0;
   }
   return len;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char u = p[i];
+    size_t keep = 0;  // the bytes kept as they are from p[i]
+    if (u >= 0x80) {
+      keep = utf8_sequence(p + i, s.size() - i);
+      if (u == 0xc2 && keep == 2 && p[i + 1] < 0xa0) keep = 0;  // U+0080..U+009F: the C1 controls
+    } else if (u >= 0x20 && u != 0x7f) {
+      keep = 1;
+    }
+    if (keep > 0) {
+      out.append(s, i, keep);
+      i += keep;
+      continue;
+    }
+    // One byte at a time: the bytes after one that starts no sequence are looked at on their own.
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", static_cast<unsigned>(u));
+    out += esc;
+    ++i;
+  }
+  return out;
 }
 
 }  // namespace uvbus::detail

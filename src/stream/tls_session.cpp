@@ -11,6 +11,8 @@
 #include <cstring>
 #include <new>
 
+#include "core/utf8.h"
+
 namespace uvbus::detail {
 
 bool byte_buf::append(const uint8_t* p, size_t n) noexcept {
@@ -123,10 +125,11 @@ std::string cert_names(X509* cert, const std::string& expected, bool* match) {
   const int at = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
   const ASN1_STRING* d =
       at < 0 ? nullptr : X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
-  if (d != nullptr && ASN1_STRING_length(d) > 0) {
-    cn.assign(reinterpret_cast<const char*>(ASN1_STRING_get0_data(d)),
-              static_cast<size_t>(ASN1_STRING_length(d)));
-  }
+  // As UTF-8 whatever its string type: a BMPString's bytes compared raw made U+4142 match "AB".
+  unsigned char* u = nullptr;
+  const int n = d == nullptr ? -1 : ASN1_STRING_to_UTF8(&u, d);
+  if (n > 0) cn.assign(reinterpret_cast<const char*>(u), static_cast<size_t>(n));
+  OPENSSL_free(u);
   *match = cn == expected;
   auto* sans =
       static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
@@ -236,8 +239,9 @@ int tls_session::verify(int ok, x509_store_ctx_st* store) {
   bool match = false;
   const std::string cn = cert_names(cert, expected, &match);
   if (match) return 1;
-  s->verify_detail_ = "tls: peer certificate CN '" + cn + "' (nor any subjectAltName) does not " +
-                      "match expected '" + expected + "'";
+  // The name is the peer's text: escaped, so that it cannot add lines of its own to a log.
+  s->verify_detail_ = "tls: peer certificate CN '" + detail::printable(cn) +
+                      "' (nor any subjectAltName) does not match expected '" + expected + "'";
   X509_STORE_CTX_set_error(store, X509_V_ERR_HOSTNAME_MISMATCH);
   return 0;
 }

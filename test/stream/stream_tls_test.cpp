@@ -109,6 +109,25 @@ TEST_F(StreamTls, ACommonNameThatOnlyStartsWithTheExpectedNameIsRefused) {
   EXPECT_TRUE(srec_.accepted.empty());
 }
 
+// A common name is the peer's text: a line break in it is escaped in the refusal and the log line
+// (it wrote a line of its own before), and it is compared as UTF-8 whatever its string type (a
+// BMPString whose two raw bytes are "AB" is U+4142, not "AB": it matched before).
+TEST_F(StreamTls, ACommonNameIsComparedAsTextAndLoggedEscaped) {
+  // A server expecting `expected` refuses the client certificate `id` (a server of its own).
+  const auto refuses = [&](const std::string& expected, const test_pki::pair& id) {
+    srec_ = recorder{};
+    accepted_before_ = 0;
+    serve(cert_config(pki_->server, expected));
+    recorder rec;
+    expect_refused_dial(&rec, cert_config(id, "server.test"));
+    return !HasFatalFailure() && srec_.accepted.empty();
+  };
+  EXPECT_TRUE(refuses("node-42", pki_->newline_cn));
+  EXPECT_TRUE(logged("CN 'node-42\\x0aforged line' (nor any subjectAltName) does not match"));
+  EXPECT_FALSE(logged("node-42\nforged"));
+  EXPECT_TRUE(refuses("AB", pki_->bmp_cn));
+}
+
 TEST_F(StreamTls, ACertificateFromAnotherCaIsRefused) {
   serve(server_config());
   recorder crec;

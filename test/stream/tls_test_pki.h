@@ -37,6 +37,11 @@ class test_pki {
     long_cn = issue(kLongName.c_str(), "", ca, ca_key, -3600, 86400, "long-cn");
     expired = issue("node-42", "client.test", ca, ca_key, -172800, -86400, "expired");
     wrong_name = issue("mallory", "mallory.test", ca, ca_key, -3600, 86400, "wrong-name");
+    // A common name with a line break (a careless CA), and one whose raw bytes are "AB" as a
+    // BMPString (two bytes a character: U+4142), which a raw compare took for "AB".
+    newline_cn = issue("node-42\nforged line", "", ca, ca_key, -3600, 86400, "newline-cn",
+                       V_ASN1_UTF8STRING);
+    bmp_cn = issue("AB", "", ca, ca_key, -3600, 86400, "bmp-cn", V_ASN1_BMPSTRING);
     EVP_PKEY* rogue_key = EVP_EC_gen("P-256");
     X509* rogue = make("rogue CA", "", rogue_key, nullptr, nullptr, true, -3600, 86400);
     rogue_client = issue("node-42", "client.test", rogue, rogue_key, -3600, 86400, "rogue");
@@ -71,11 +76,12 @@ class test_pki {
   // loopback: a server certificate for 127.0.0.1 (an IP subjectAltName), as etcd's in the tests.
   // long_cn: a client certificate whose common name is kLongName, 255 'n' and then "-evil".
   inline static const std::string kLongName = std::string(255, 'n') + "-evil";
-  pair server, client, expired, wrong_name, rogue_client, loopback, long_cn;
+  pair server, client, expired, wrong_name, rogue_client, loopback, long_cn, newline_cn, bmp_cn;
 
  private:
   static X509* make(const char* cn, const char* dns, EVP_PKEY* key, X509* issuer,
-                    EVP_PKEY* issuer_key, bool ca, long not_before_s, long not_after_s) {
+                    EVP_PKEY* issuer_key, bool ca, long not_before_s, long not_after_s,
+                    int cn_type = 0) {
     X509* x = X509_new();
     X509_set_version(x, 2);
     static long serial = 1;
@@ -86,7 +92,9 @@ class test_pki {
     X509_NAME* name = X509_get_subject_name(x);
     // Above 64 characters (the limit OpenSSL applies to a converted common name) as a raw
     // UTF8String, as a careless CA might sign it.
-    const int type = std::strlen(cn) > 64 ? V_ASN1_UTF8STRING : MBSTRING_ASC;
+    const int type = cn_type != 0           ? cn_type
+                     : std::strlen(cn) > 64 ? V_ASN1_UTF8STRING
+                                            : MBSTRING_ASC;
     X509_NAME_add_entry_by_txt(name, "CN", type, reinterpret_cast<const unsigned char*>(cn), -1, -1,
                                0);
     X509_set_issuer_name(x, issuer != nullptr ? X509_get_subject_name(issuer) : name);
@@ -120,9 +128,9 @@ class test_pki {
     X509_EXTENSION_free(e);
   }
   pair issue(const char* cn, const char* dns, X509* ca, EVP_PKEY* ca_key, long nb, long na,
-             const char* file) {
+             const char* file, int cn_type = 0) {
     EVP_PKEY* key = EVP_EC_gen("P-256");
-    X509* x = make(cn, dns, key, ca, ca_key, false, nb, na);
+    X509* x = make(cn, dns, key, ca, ca_key, false, nb, na, cn_type);
     pair p = save(x, key, file);
     X509_free(x);
     EVP_PKEY_free(key);
