@@ -38,6 +38,7 @@
 #include "core/murmur3.h"
 #include "core/murmur3_batch.h"
 #include "stream/stream_impl.h"
+#include "stream/tls_session.h"
 
 namespace uvbus {
 
@@ -355,6 +356,9 @@ void stream_channel::impl::on_write_done(conn_impl* c, int status) {
 
 void stream_channel::impl::maybe_shutdown(conn_impl* c) {
   if (c->shutting_down || c->writing || (c->queue && !c->queue->empty())) return;
+  // TLS: close_notify waits, as writes do, for the rest of a peer's post-handshake message
+  // (OpenSSL refuses SSL_shutdown until then); the read that brings it flushes again.
+  if (c->secure && c->secure->writes_wait()) return;
   c->shutting_down = true;
   if (c->secure && !tls_close_notify(c)) return;  // uv_shutdown() waits for its write
   c->sreq.data = c;

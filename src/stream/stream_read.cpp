@@ -61,7 +61,10 @@ void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t
 
 void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;  // EAGAIN: a normal event, never an error
-  if (c->state == conn_state::draining) {
+  // TLS: a draining link's records still go through the session (their plaintext is dropped
+  // there): the rest of a post-handshake message may be what our close_notify waits for, and a
+  // record skipped would break the ones after it.
+  if (c->state == conn_state::draining && (!c->secure || nread < 0)) {
     // A graceful disconnect delivers nothing more; what still arrives is read and dropped, so
     // that the peer's writes (and its own drain) never stall on us. Its end of stream only ends
     // the reading: the queue still drains, then the write side shuts down.

@@ -212,7 +212,12 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
     size_t n = 0;
     std::string why;
     const errc e = s.read(plain, kPlainBuffer, &n, &why);
-    if (e == errc::closed) {  // close_notify: graceful at a frame boundary
+    if (e == errc::closed) {                   // close_notify: graceful at a frame boundary
+      if (c->state == conn_state::draining) {  // as an end of stream while draining: reading ends,
+        uv_read_stop(c->stream());             // the queue still drains
+        c->reading = false;
+        return;
+      }
       end_conn(c, c->decoder.buffered() == 0 ? errc::ok : errc::connection_reset);
       return;
     }
@@ -221,7 +226,12 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
       return;
     }
     if (n == 0) break;
-    if (!deliver(c, plain, n)) return;
+    // Draining (a graceful disconnect, maybe from on_received just now): nothing more is
+    // delivered, but the records are still read, so that the session stays whole.
+    if (c->state != conn_state::draining && !deliver(c, plain, n) &&
+        c->state != conn_state::draining) {
+      return;
+    }
   }
   // What reading produced (KeyUpdate replies, an alert) waits in out() behind a write in flight.
   // A peer that stops reading but keeps asking for replies would grow it without a bound: past

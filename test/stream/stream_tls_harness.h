@@ -125,6 +125,8 @@ class raw_tls_server {
   // With ticket_cut: sends the rest of the ticket, then reads until `wanted` (otherwise the rest
   // never comes).
   void send_rest() { send_rest_ = true; }
+  // With send_rest(): whether the client's end came as a close_notify (valid once finished()).
+  [[nodiscard]] bool close_notified() const { return close_notified_.load(); }
 
  private:
   void run(const test_pki::pair& id) {
@@ -195,6 +197,7 @@ class raw_tls_server {
     while (received_.find(wanted_) == std::string::npos && (k = SSL_read(ssl, b, sizeof b)) > 0) {
       received_.append(b, static_cast<size_t>(k));
     }
+    close_notified_ = k <= 0 && SSL_get_error(ssl, k) == SSL_ERROR_ZERO_RETURN;
   }
 
   int fd_ = -1;
@@ -203,6 +206,7 @@ class raw_tls_server {
   size_t ticket_cut_ = 0;
   std::atomic<size_t> ticket_sent_{0};
   std::atomic<bool> send_rest_{false};
+  std::atomic<bool> close_notified_{false};
   std::string received_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshake_ok_{false};
@@ -289,6 +293,19 @@ class StreamTls : public stream_fixture {
     EXPECT_EQ(srec_.received[s.value].back(), "ping");
     EXPECT_EQ(rec.received[c.value].back(), "pong");
     ch->close();
+  }
+
+  // Dials `server` (a raw_tls_server sending part of a ticket) with the client certificate and
+  // runs until the client has read that part (fatal failures); the client's channel.
+  stream_channel* dial_cut_ticket(raw_tls_server* server, recorder* crec, connection_id* c) {
+    url_ = "ipv4://127.0.0.1:" + std::to_string(server->port());
+    *c = dial_with(crec, client_config());
+    stream_channel* ch = channels_.back().get();
+    EXPECT_TRUE(run([&] {
+      return crec->connected.count(c->value) != 0 && server->ticket_sent() != 0 &&
+             ch->metrics().totals.read_calls != 0;
+    }));
+    return ch;
   }
 
   [[nodiscard]] bool logged(const std::string& what) const {
