@@ -30,17 +30,18 @@ node_config flow_config() {
 class NodeFlowTest : public test::bus_fixture {
  protected:
   // Root 0x100 and children A 0x101 (sender), B 0x102 (receiver).
-  void make_tree(node_config pc = flow_config(), node_config bc = flow_config()) {
+  // ac: A's config; b_tweak: B's callbacks.
+  void make_tree(node_config pc = flow_config(), node_config bc = flow_config(),
+                 node_config ac = flow_config(), const tweak_fn& b_tweak = {}) {
     pc.subnets = {{0x100, 8}};
     p_ = make(0x100, pc);
     url_ = p_->n->listen_urls().at(0);
     pc_ = pc;
-    node_config ac = flow_config();
     ac.parent_urls = {url_};
     a_ = make(0x101, ac);
     bc.parent_urls = {url_};
     bc_ = bc;
-    b_ = make(0x102, bc);
+    b_ = make(0x102, bc, true, b_tweak);
     ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
   }
   // Root 0x100 with the hand-made child `raw` (0x101, no compression) registered to it.
@@ -301,26 +302,15 @@ TEST_F(NodeFlowTest, SharedMemoryTargetRestartGetsEverything) {
 // handed: the acknowledgements wait for the end of the loop turn, and stop() closed the links
 // before that, so the source resent and reported timeout for a message that was delivered.
 TEST_F(NodeFlowTest, ATargetStoppingFromOnDataAcknowledgesWhatItGot) {
-  node_config pc = flow_config();
-  pc.subnets = {{0x100, 8}};
-  p_ = make(0x100, pc);
-  url_ = p_->n->listen_urls().at(0);
   node_config ac = flow_config();
-  ac.parent_urls = {url_};
   ac.delivery_timeout_ms = 3000;  // the report without the acknowledgement: timeout
-  a_ = make(0x101, ac);
-  node_config bc = flow_config();
-  bc.parent_urls = {url_};
-  bus_node* b = nullptr;
-  b = make(0x102, bc, true, [&](node_callbacks* cb) {
+  make_tree(flow_config(), flow_config(), ac, [this](node_callbacks* cb) {
     auto record = cb->on_data;
-    cb->on_data = [&b, record](bus_id src, uint32_t type, const uint8_t* d, size_t n) {
+    cb->on_data = [this, record](bus_id src, uint32_t type, const uint8_t* d, size_t n) {
       record(src, type, d, n);
-      b->n->stop();
+      b_->n->stop();
     };
   });
-  b_ = b;
-  ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
   send_some(1);
   ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
   EXPECT_EQ(b_->got.size(), 1U);
@@ -330,19 +320,10 @@ TEST_F(NodeFlowTest, ATargetStoppingFromOnDataAcknowledgesWhatItGot) {
 // A message of message_limit with a trace context fits the smallest retransmit buffer validate()
 // allows.
 TEST_F(NodeFlowTest, ATracedMessageOfTheLimitFitsTheSmallestRetransmitBuffer) {
-  node_config pc = flow_config();
-  pc.subnets = {{0x100, 8}};
-  p_ = make(0x100, pc);
-  url_ = p_->n->listen_urls().at(0);
-  node_config bc = flow_config();
-  bc.parent_urls = {url_};
-  b_ = make(0x102, bc);
   node_config ac = flow_config();
-  ac.parent_urls = {url_};
   ac.message_limit = 1000;
   ac.retransmit_max_bytes = 1000 + 44 + 25;
-  a_ = make(0x101, ac);
-  ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
+  make_tree(flow_config(), flow_config(), ac);
   trace_context t;
   t.trace_id[0] = 1;
   t.span_id[0] = 2;

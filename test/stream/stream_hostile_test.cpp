@@ -70,6 +70,24 @@ class StreamHostile : public stream_fixture {
     return (*out)->listener_port(l);
   }
 
+  // A server channel (cfg) listening on a port from the OS, and a client channel with one
+  // connection to it (fatal failures).
+  struct good_pair {
+    stream_channel* s = nullptr;
+    stream_channel* c = nullptr;
+    listener_id l;
+    connection_id good;     // on c
+    uint64_t good_srv = 0;  // its id on s
+  };
+  void connect_good(recorder* srv, recorder* cli, const stream_config& cfg, good_pair* p) {
+    p->s = make_channel(srv, cfg);
+    p->c = make_channel(cli);
+    ASSERT_EQ(p->s->listen("ipv4://127.0.0.1:0", &p->l), errc::ok);
+    ASSERT_EQ(p->c->connect(p->s->listener_url(p->l), &p->good), errc::ok);
+    ASSERT_TRUE(run([&] { return srv->accepted.size() == 1 && !cli->live.empty(); }));
+    p->good_srv = srv->accepted_ids[0];
+  }
+
   // Sends `bytes` from a raw peer after one good frame, and checks that the raw connection ends
   // with `reason` after delivering only the good frame, while a well-behaved connection on the
   // same listener keeps working.
@@ -213,16 +231,14 @@ TEST_F(StreamHostile, AStalledHalfFrameIsClosedWithTimeoutAndAnIdleConnectionIsN
   recorder srv, cli;
   stream_config cfg;
   cfg.partial_frame_timeout_ms = 100;
-  stream_channel* s = make_channel(&srv, cfg);
-  stream_channel* c = make_channel(&cli);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  connection_id idle;
-  ASSERT_EQ(c->connect(s->listener_url(l), &idle), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
-  const uint64_t idle_srv_id = srv.accepted_ids[0];
+  good_pair p;
+  ASSERT_NO_FATAL_FAILURE(connect_good(&srv, &cli, cfg, &p));
+  stream_channel* s = p.s;
+  stream_channel* c = p.c;
+  const connection_id idle = p.good;
+  const uint64_t idle_srv_id = p.good_srv;
 
-  raw_peer loris(s->listener_port(l));
+  raw_peer loris(s->listener_port(p.l));
   ASSERT_TRUE(loris.ok());
   std::vector<uint8_t> half = frame_of(std::string(1000, 'z'));
   half.resize(half.size() / 2);
@@ -317,16 +333,10 @@ TEST_F(StreamHostile, ManyStalledHalfFramesAreSweptInSlicesAndEveryOneIsClosed) 
 // peer's decode error, and leaves the other connections alone.
 TEST_F(StreamHostile, ACutFrameThatFindsNoMemoryEndsOnlyItsConnection) {
   recorder srv, cli;
-  stream_channel* s = make_channel(&srv);
-  stream_channel* c = make_channel(&cli);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  connection_id good;
-  ASSERT_EQ(c->connect(s->listener_url(l), &good), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.accepted.size() == 1 && !cli.live.empty(); }));
-  const uint64_t good_srv = srv.accepted_ids[0];
-
-  raw_peer big(s->listener_port(l));
+  good_pair p;
+  ASSERT_NO_FATAL_FAILURE(connect_good(&srv, &cli, {}, &p));
+  stream_channel* s = p.s;
+  raw_peer big(s->listener_port(p.l));
   ASSERT_TRUE(big.ok());
   std::vector<uint8_t> part = frame_of(std::string(200000, 'm'));  // beyond the 64 KiB spare
   part.resize(part.size() / 2);
@@ -337,9 +347,9 @@ TEST_F(StreamHostile, ACutFrameThatFindsNoMemoryEndsOnlyItsConnection) {
   const uint64_t big_id = srv.accepted_ids.at(1);
   EXPECT_EQ(srv.disconnected[big_id], errc::no_memory) << to_string(srv.disconnected[big_id]);
   EXPECT_EQ(s->metrics().totals.decode_errors, 0U);
-  ASSERT_EQ(c->send(good, "after", 5), errc::ok);
-  ASSERT_TRUE(run([&] { return srv.received[good_srv].size() == 1; }));
-  EXPECT_EQ(srv.disconnected.count(good_srv), 0U);
+  ASSERT_EQ(p.c->send(p.good, "after", 5), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[p.good_srv].size() == 1; }));
+  EXPECT_EQ(srv.disconnected.count(p.good_srv), 0U);
 }
 
 // A connection its owner ends from on_received drains its queue first (graceful), for as long as
