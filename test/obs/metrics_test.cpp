@@ -1,10 +1,13 @@
-// Metrics: prom_text's format (checked by promtool), the HTTP endpoint (curl from a helper thread
-// while the loop serves; 404, 405, stalled and garbage clients), and a node's scraped figures
-// against its own counters after known traffic.
+// Metrics: prom_text's format (checked by promtool; numbers exact in any locale), the HTTP endpoint
+// (curl from a helper thread while the loop serves; 404, 405, stalled and garbage clients), and a
+// node's scraped figures against its own counters after known traffic.
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <clocale>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -92,25 +95,122 @@ TEST(PromText, EscapesAndValidatesAndPassesPromtool) {
   EXPECT_EQ(promtool_problems(s), "");
 }
 
-TEST(HttpEndpoint, BadUrlsAreRefusedWithTheReason) {
-  obs::http_url u;
-  std::string why;
-  EXPECT_EQ(obs::parse_http_url("ftp://x:1", &u, &why), errc::bad_url);
-  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1", &u, &why), errc::bad_url);
-  EXPECT_NE(why.find("port"), std::string::npos);
-  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1:70000/", &u, &why), errc::bad_url);
-  EXPECT_EQ(obs::parse_http_url("http://[::1:9", &u, &why), errc::bad_url);
-  ASSERT_EQ(obs::parse_http_url("http://[::1]:9464", &u, &why), errc::ok);
-  EXPECT_TRUE(u.ipv6);
-  EXPECT_EQ(u.path, "/metrics");
-  node_config c;
-  c.metrics_url = "http://nowhere";
-  EXPECT_EQ(node::validate(1, c, &why), errc::bad_url);
-  EXPECT_NE(why.find("metrics_url"), std::string::npos) << why;
-  c = node_config{};
-  c.latency_sample_every = 12;
-  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
-  EXPECT_NE(why.find("latency_sample_every"), std::string::npos) << why;
+// The one sample of a one-family text: a gauge demo_value holding v.
+std::string one_sample(double v) {
+  prom_text t;
+  t.family("demo_value", "A value.", metric_type::gauge);
+  t.sample(v);
+  return t.text();
+}
+
+// Every value is written with as many digits as read back exactly (at least %.9g's nine): %.9g
+// cut a counter of 1e16 + 2 to 1e+16 and a _sum of 1234567.891 to 1234567.89. Integers stay
+// integers, up to 2^64.
+TEST(PromText, NumbersReadBackExactly) {
+  const double values[] = {1e16 + 2,
+                           1234567.891,
+                           0.1 + 0.2,
+                           18446744073709549568.0,
+                           -9007199254740993e3,
+                           1e300,
+                           5e-324,
+                           -2.5e-300,
+                           42,
+                           -1.5,
+                           0.000128,
+                           1e25};
+  for (const double v : values) {
+    const std::string s = one_sample(v);
+    const std::string key = "\ndemo_value ";
+    const size_t at = s.find(key);
+    ASSERT_NE(at, std::string::npos) << s;
+    char* end = nullptr;
+    EXPECT_EQ(std::strtod(s.c_str() + at + key.size(), &end), v) << s;
+    EXPECT_EQ(*end, '\n') << s;
+  }
+  EXPECT_NE(one_sample(1e16 + 2).find(" 10000000000000002\n"), std::string::npos);
+  EXPECT_NE(one_sample(18446744073709549568.0).find(" 18446744073709549568\n"), std::string::npos);
+  EXPECT_NE(one_sample(1234567.891).find(" 1234567.891\n"), std::string::npos);
+  EXPECT_NE(one_sample(-0.0).find(" 0\n"), std::string::npos);
+  EXPECT_NE(one_sample(std::nan("")).find(" NaN\n"), std::string::npos);
+  EXPECT_NE(one_sample(-HUGE_VAL).find(" -Inf\n"), std::string::npos);
+}
+
+// The le labels of a node's latency buckets (1 us to 8.388608 s, doubling) are what %.9g wrote:
+// a label's value names the series, a changed spelling would start new ones.
+TEST(PromText, DefaultBucketLabelsKeepTheirSpelling) {
+  std::pair<double, uint64_t> b[24];
+  uint64_t ns = 1000;
+  for (auto& x : b) {
+    x = {static_cast<double>(ns) / 1e9, 0};
+    ns *= 2;
+  }
+  prom_text t;
+  t.family("demo_latency_seconds", "A histogram.", metric_type::histogram);
+  t.histogram(nullptr, 0, b, 24, 0, 0);
+  for (const auto& x : b) {
+    char le[32];
+    std::snprintf(le, sizeof le, "%.9g", x.first);  // this test runs in the "C" locale
+    EXPECT_NE(t.text().find("{le=\"" + std::string(le) + "\"} 0\n"), std::string::npos) << le;
+  }
+  EXPECT_NE(t.text().find("{le=\"1.6e-05\"}"), std::string::npos);
+  EXPECT_NE(t.text().find("{le=\"0.000128\"}"), std::string::npos);
+  EXPECT_NE(t.text().find("{le=\"8.388608\"}"), std::string::npos);
+}
+
+// The process's locale set to one whose decimal point is a comma (de_DE.UTF-8) while this lives,
+// as a Qt application sets it: the installed one, else one compiled by localedef from the sources
+// of Debian's `locales` package into a directory removed at the end. ok(): false when neither is
+// there.
+class comma_locale {
+ public:
+  comma_locale() : old_(std::setlocale(LC_ALL, nullptr)) {
+    ok_ = std::setlocale(LC_ALL, "de_DE.UTF-8") != nullptr;
+    if (ok_) return;
+    dir_ = "/tmp/" + test::unique_name("locale");
+    (void)test::command_output("mkdir -p '" + dir_ + "' && localedef -i de_DE -f UTF-8 '" + dir_ +
+                               "/de_DE.UTF-8' 2>&1");
+    ::setenv("LOCPATH", dir_.c_str(), 1);
+    ok_ = std::setlocale(LC_ALL, "de_DE.UTF-8") != nullptr;
+    ::unsetenv("LOCPATH");
+  }
+  ~comma_locale() {
+    std::setlocale(LC_ALL, old_.c_str());
+    if (!dir_.empty()) test::command_output("rm -rf '" + dir_ + "'");
+  }
+  comma_locale(const comma_locale&) = delete;
+  comma_locale& operator=(const comma_locale&) = delete;
+  [[nodiscard]] bool ok() const { return ok_; }
+
+ private:
+  std::string old_;
+  std::string dir_;
+  bool ok_ = false;
+};
+
+// Numbers are written the same in every locale: after setlocale(LC_ALL, "de_DE.UTF-8") (a Qt
+// application does it) printf wrote `12,345` and le="1,6e-05", and every scrape failed.
+TEST(PromText, NumbersIgnoreTheLocale) {
+  const comma_locale de;
+  if (!de.ok()) {
+    GTEST_SKIP() << "no de_DE.UTF-8 locale, and localedef could not build one (the Debian "
+                    "package `locales` holds its sources)";
+  }
+  char probe[8];
+  std::snprintf(probe, sizeof probe, "%.1f", 0.5);
+  ASSERT_STREQ(probe, "0,5");  // the locale is in effect
+  prom_text t;
+  t.family("demo_uptime_seconds", "A gauge.", metric_type::gauge);
+  t.sample(12.345);
+  t.family("demo_latency_seconds", "A histogram.", metric_type::histogram);
+  const std::pair<double, uint64_t> b[] = {{1.6e-5, 1}, {0.25, 2}};
+  t.histogram(nullptr, 0, b, 2, 0.5, 3);
+  const std::string s = t.text();
+  EXPECT_NE(s.find("demo_uptime_seconds 12.345\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("{le=\"1.6e-05\"} 1\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("demo_latency_seconds_sum 0.5\n"), std::string::npos) << s;
+  EXPECT_EQ(s.find(','), std::string::npos) << s;
+  EXPECT_EQ(promtool_problems(s), "");
 }
 
 class NodeMetricsTest : public bus_fixture {};
