@@ -5,13 +5,27 @@
 #include <charconv>
 #include <cmath>
 
+#include "core/utf8.h"
+
 namespace uvbus::obs {
 namespace {
 
-// HELP text: backslash and newline escaped; label values also double quotes.
+// HELP text: backslash and newline escaped; label values also double quotes. Both are UTF-8 on
+// the wire (Prometheus refuses a scrape with a label value that is not): each byte of no
+// well-formed sequence (a Latin-1 "caf\xe9" in a shm ring's name) becomes U+FFFD.
 void append_escaped(std::string* out, std::string_view s, bool quotes) {
-  for (const char c : s) {
-    if (c == '\\') {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (p[i] >= 0x80) {
+      const size_t n = detail::utf8_sequence(p + i, s.size() - i);
+      if (n == 0) {
+        *out += "\xef\xbf\xbd";
+      } else {
+        out->append(s.data() + i, n);
+        i += n - 1;
+      }
+    } else if (c == '\\') {
       *out += "\\\\";
     } else if (c == '\n') {
       *out += "\\n";

@@ -1,6 +1,6 @@
-// Metrics: prom_text's format (checked by promtool; numbers exact in any locale), the HTTP endpoint
-// (curl from a helper thread while the loop serves; 404, 405, stalled and garbage clients), and a
-// node's scraped figures against its own counters after known traffic.
+// Metrics: prom_text's format (checked by promtool; numbers exact in any locale, labels made
+// UTF-8), the HTTP endpoint (curl from a helper thread while the loop serves; 404, 405, stalled and
+// garbage clients), and a node's scraped figures against its own counters after known traffic.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "bus/bus_harness.h"
+#include "core/utf8.h"
 #include "obs/http_endpoint.h"
 #include "obs/prom_text.h"
 
@@ -211,6 +212,57 @@ TEST(PromText, NumbersIgnoreTheLocale) {
   EXPECT_NE(s.find("demo_latency_seconds_sum 0.5\n"), std::string::npos) << s;
   EXPECT_EQ(s.find(','), std::string::npos) << s;
   EXPECT_EQ(promtool_problems(s), "");
+}
+
+// Whether s is well-formed UTF-8 throughout.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = p[i] < 0x80 ? 1 : detail::utf8_sequence(p + i, s.size() - i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+// Label values and HELP text go out as UTF-8 whatever bytes they came from: a shm ring named
+// "shm://caf\xe9" (Latin-1) went into ring="..." as it was, and Prometheus refuses a scrape with a
+// label value that is not UTF-8. Each byte of no well-formed sequence becomes U+FFFD.
+TEST(PromText, LabelValuesAreMadeUtf8) {
+  prom_text t;
+  t.family("demo_ring_bytes", "Bytes of caf\xe9.", metric_type::gauge);
+  const label l[] = {{"ring", "shm://caf\xe9"}, {"name", "\xe6\x97\xa5 \xed\xa0\x80|\xc3"}};
+  t.sample(l, 2, 1);
+  const std::string s = t.text();
+  EXPECT_TRUE(valid_utf8(s)) << s;
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_NE(s.find("ring=\"shm://caf" + fffd + "\""), std::string::npos) << s;
+  EXPECT_NE(s.find("name=\"\xe6\x97\xa5 " + fffd + fffd + fffd + "|" + fffd + "\""),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("Bytes of caf" + fffd + ".\n"), std::string::npos) << s;
+  EXPECT_EQ(promtool_problems(s), "");
+}
+
+TEST(HttpEndpoint, BadUrlsAreRefusedWithTheReason) {
+  obs::http_url u;
+  std::string why;
+  EXPECT_EQ(obs::parse_http_url("ftp://x:1", &u, &why), errc::bad_url);
+  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1", &u, &why), errc::bad_url);
+  EXPECT_NE(why.find("port"), std::string::npos);
+  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1:70000/", &u, &why), errc::bad_url);
+  EXPECT_EQ(obs::parse_http_url("http://[::1:9", &u, &why), errc::bad_url);
+  ASSERT_EQ(obs::parse_http_url("http://[::1]:9464", &u, &why), errc::ok);
+  EXPECT_TRUE(u.ipv6);
+  EXPECT_EQ(u.path, "/metrics");
+  node_config c;
+  c.metrics_url = "http://nowhere";
+  EXPECT_EQ(node::validate(1, c, &why), errc::bad_url);
+  EXPECT_NE(why.find("metrics_url"), std::string::npos) << why;
+  c = node_config{};
+  c.latency_sample_every = 12;
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("latency_sample_every"), std::string::npos) << why;
 }
 
 class NodeMetricsTest : public bus_fixture {};
