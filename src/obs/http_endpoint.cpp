@@ -133,6 +133,10 @@ errc parse_http_url(std::string_view url, http_url* out, std::string* detail) {
   if (u.path.find_first_of("?#") != std::string::npos) {
     return bad(detail, "metrics URL: path \"" + u.path + "\" has a query or fragment");
   }
+  // libmicrohttpd decodes %XX in a request's path before we compare it: "/a%20b" would never match.
+  if (u.path.find('%') != std::string::npos) {
+    return bad(detail, "metrics URL: path \"" + u.path + "\" has a '%' (write it unescaped)");
+  }
   *out = std::move(u);
   return errc::ok;
 }

@@ -38,7 +38,8 @@ struct http_url {
 };
 
 // Parses http://HOST:PORT[/PATH] (HOST an IPv4 literal, a bracketed IPv6 literal or localhost;
-// PATH defaults to /metrics). Errors: bad_url with *detail naming the wrong part.
+// PATH defaults to /metrics and holds no '?', '#' or '%': requests are matched by their decoded
+// path alone). Errors: bad_url with *detail naming the wrong part.
 errc parse_http_url(std::string_view url, http_url* out, std::string* detail);
 
 // What one endpoint may hold at once (the defaults are what a node uses).

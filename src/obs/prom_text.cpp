@@ -1,16 +1,31 @@
 // Prometheus text exposition format 0.0.4: escaping, number formatting, histogram samples.
 #include "obs/prom_text.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <cstdio>
+
+#include "core/utf8.h"
 
 namespace uvbus::obs {
 namespace {
 
-// HELP text: backslash and newline escaped; label values also double quotes.
+// HELP text: backslash and newline escaped; label values also double quotes. Both are UTF-8 on
+// the wire (Prometheus refuses a scrape with a label value that is not): each byte of no
+// well-formed sequence (a Latin-1 "caf\xe9" in a shm ring's name) becomes U+FFFD.
 void append_escaped(std::string* out, std::string_view s, bool quotes) {
-  for (const char c : s) {
-    if (c == '\\') {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (p[i] >= 0x80) {
+      const size_t n = detail::utf8_sequence(p + i, s.size() - i);
+      if (n == 0) {
+        *out += "\xef\xbf\xbd";
+      } else {
+        out->append(s.data() + i, n);
+        i += n - 1;
+      }
+    } else if (c == '\\') {
       *out += "\\\\";
     } else if (c == '\n') {
       *out += "\\n";
@@ -32,6 +47,20 @@ const char* type_name(metric_type t) {
       return "histogram";
   }
   return "untyped";
+}
+
+// v spelled as the "C" locale's printf("%.Ng") would, whatever the process's locale (std::to_chars:
+// a Qt application's de_DE made printf write 12,345, which no scraper reads), N the digits of the
+// shortest form that reads back as v, at least 9: %.9g's spelling where that was exact (a le label
+// names its series), and every digit needed where it was not (1e16 + 2, 1234567.891). Returns the
+// end of the text; [first, last) holds 32 chars.
+char* format_double(char* first, char* last, double v) {
+  char sci[32];
+  const std::to_chars_result shortest =
+      std::to_chars(sci, sci + sizeof sci, v, std::chars_format::scientific);
+  int digits = 0;
+  for (const char* p = sci; p != shortest.ptr && *p != 'e'; ++p) digits += *p >= '0' && *p <= '9';
+  return std::to_chars(first, last, v, std::chars_format::general, std::max(digits, 9)).ptr;
 }
 
 bool label_name_ok(std::string_view n) {
@@ -75,19 +104,24 @@ void prom_text::family(std::string_view name, std::string_view help, metric_type
 }
 
 void prom_text::append_value(double v) {
+  char buf[32];
+  char* end = buf;
   if (std::isnan(v)) {
     out_ += "NaN";
-  } else if (std::isinf(v)) {
-    out_ += v > 0 ? "+Inf" : "-Inf";
-  } else if (v == std::floor(v) && std::fabs(v) < 9.007199254740992e15) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
-    out_ += buf;
-  } else {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", v);
-    out_ += buf;
+    return;
   }
+  if (std::isinf(v)) {
+    out_ += v > 0 ? "+Inf" : "-Inf";
+    return;
+  }
+  // Integers as integers, up to 2^64 (a uint64_t counter); -0 as 0.
+  if (v == std::floor(v) && v >= -0x1p63 && v < 0x1p64) {
+    end = v < 0 ? std::to_chars(buf, buf + sizeof buf, static_cast<long long>(v)).ptr
+                : std::to_chars(buf, buf + sizeof buf, static_cast<unsigned long long>(v)).ptr;
+  } else {
+    end = format_double(buf, buf + sizeof buf, v);
+  }
+  out_.append(buf, end);
 }
 
 void prom_text::append_labels(const label* labels, size_t n, const label* extra) {
@@ -124,12 +158,12 @@ void prom_text::histogram(const label* labels, size_t nlabels,
   if (skip_) return;
   char le[32];
   for (size_t i = 0; i <= count; ++i) {
+    std::string_view bound = "+Inf";
     if (i < count) {
-      std::snprintf(le, sizeof le, "%.9g", buckets[i].first);
-    } else {
-      std::snprintf(le, sizeof le, "+Inf");
+      const char* end = format_double(le, le + sizeof le, buckets[i].first);
+      bound = std::string_view(le, static_cast<size_t>(end - le));
     }
-    const label extra{"le", le};
+    const label extra{"le", bound};
     out_ += name_;
     out_ += "_bucket";
     append_labels(labels, nlabels, &extra);

@@ -24,7 +24,9 @@ class prom_text {
   // [a-zA-Z_:][a-zA-Z0-9_:]* (checked: a bad one is skipped with its samples and counted in
   // bad_names()); counters end in _total by convention (not enforced here).
   void family(std::string_view name, std::string_view help, metric_type type);
-  // One sample of the current family: name + suffix (e.g. "_bucket"), labels, value.
+  // One sample of the current family: name + suffix (e.g. "_bucket"), labels, value. Values are
+  // spelled alike in every locale and read back exactly (integers up to 2^64 as integers); label
+  // values and HELP texts go out as UTF-8 (a byte of no well-formed sequence becomes U+FFFD).
   void sample(std::string_view suffix, const label* labels, size_t nlabels, double value);
   void sample(double value) { sample({}, nullptr, 0, value); }
   void sample(const label* labels, size_t nlabels, double value) {

@@ -1,14 +1,18 @@
-// Metrics: prom_text's format (checked by promtool), the HTTP endpoint (curl from a helper thread
-// while the loop serves; 404, 405, stalled and garbage clients), and a node's scraped figures
-// against its own counters after known traffic.
+// Metrics: prom_text's format (checked by promtool; numbers exact in any locale, labels made
+// UTF-8), the HTTP endpoint (curl from a helper thread while the loop serves; 404, 405, stalled and
+// garbage clients), and a node's scraped figures against its own counters after known traffic.
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <clocale>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
 #include "bus/bus_harness.h"
+#include "core/utf8.h"
 #include "obs/http_endpoint.h"
 #include "obs/prom_text.h"
 
@@ -89,6 +93,154 @@ TEST(PromText, EscapesAndValidatesAndPassesPromtool) {
       << s;
   EXPECT_NE(s.find("demo_latency_seconds_bucket{le=\"+Inf\"} 10"), std::string::npos) << s;
   EXPECT_EQ(s.find("9bad"), std::string::npos);
+  EXPECT_EQ(promtool_problems(s), "");
+}
+
+// The one sample of a one-family text: a gauge demo_value holding v.
+std::string one_sample(double v) {
+  prom_text t;
+  t.family("demo_value", "A value.", metric_type::gauge);
+  t.sample(v);
+  return t.text();
+}
+
+// Every value is written with as many digits as read back exactly (at least %.9g's nine): %.9g
+// cut a counter of 1e16 + 2 to 1e+16 and a _sum of 1234567.891 to 1234567.89. Integers stay
+// integers, up to 2^64.
+TEST(PromText, NumbersReadBackExactly) {
+  const double values[] = {1e16 + 2,
+                           1234567.891,
+                           0.1 + 0.2,
+                           18446744073709549568.0,
+                           -9007199254740993e3,
+                           1e300,
+                           5e-324,
+                           -2.5e-300,
+                           42,
+                           -1.5,
+                           0.000128,
+                           1e25};
+  for (const double v : values) {
+    const std::string s = one_sample(v);
+    const std::string key = "\ndemo_value ";
+    const size_t at = s.find(key);
+    ASSERT_NE(at, std::string::npos) << s;
+    char* end = nullptr;
+    EXPECT_EQ(std::strtod(s.c_str() + at + key.size(), &end), v) << s;
+    EXPECT_EQ(*end, '\n') << s;
+  }
+  EXPECT_NE(one_sample(1e16 + 2).find(" 10000000000000002\n"), std::string::npos);
+  EXPECT_NE(one_sample(18446744073709549568.0).find(" 18446744073709549568\n"), std::string::npos);
+  EXPECT_NE(one_sample(1234567.891).find(" 1234567.891\n"), std::string::npos);
+  EXPECT_NE(one_sample(-0.0).find(" 0\n"), std::string::npos);
+  EXPECT_NE(one_sample(std::nan("")).find(" NaN\n"), std::string::npos);
+  EXPECT_NE(one_sample(-HUGE_VAL).find(" -Inf\n"), std::string::npos);
+}
+
+// The le labels of a node's latency buckets (1 us to 8.388608 s, doubling) are what %.9g wrote:
+// a label's value names the series, a changed spelling would start new ones.
+TEST(PromText, DefaultBucketLabelsKeepTheirSpelling) {
+  std::pair<double, uint64_t> b[24];
+  uint64_t ns = 1000;
+  for (auto& x : b) {
+    x = {static_cast<double>(ns) / 1e9, 0};
+    ns *= 2;
+  }
+  prom_text t;
+  t.family("demo_latency_seconds", "A histogram.", metric_type::histogram);
+  t.histogram(nullptr, 0, b, 24, 0, 0);
+  for (const auto& x : b) {
+    char le[32];
+    std::snprintf(le, sizeof le, "%.9g", x.first);  // this test runs in the "C" locale
+    EXPECT_NE(t.text().find("{le=\"" + std::string(le) + "\"} 0\n"), std::string::npos) << le;
+  }
+  EXPECT_NE(t.text().find("{le=\"1.6e-05\"}"), std::string::npos);
+  EXPECT_NE(t.text().find("{le=\"0.000128\"}"), std::string::npos);
+  EXPECT_NE(t.text().find("{le=\"8.388608\"}"), std::string::npos);
+}
+
+// The process's locale set to one whose decimal point is a comma (de_DE.UTF-8) while this lives,
+// as a Qt application sets it: the installed one, else one compiled by localedef from the sources
+// of Debian's `locales` package into a directory removed at the end. ok(): false when neither is
+// there.
+class comma_locale {
+ public:
+  comma_locale() : old_(std::setlocale(LC_ALL, nullptr)) {
+    ok_ = std::setlocale(LC_ALL, "de_DE.UTF-8") != nullptr;
+    if (ok_) return;
+    dir_ = "/tmp/" + test::unique_name("locale");
+    (void)test::command_output("mkdir -p '" + dir_ + "' && localedef -i de_DE -f UTF-8 '" + dir_ +
+                               "/de_DE.UTF-8' 2>&1");
+    ::setenv("LOCPATH", dir_.c_str(), 1);
+    ok_ = std::setlocale(LC_ALL, "de_DE.UTF-8") != nullptr;
+    ::unsetenv("LOCPATH");
+  }
+  ~comma_locale() {
+    std::setlocale(LC_ALL, old_.c_str());
+    if (!dir_.empty()) test::command_output("rm -rf '" + dir_ + "'");
+  }
+  comma_locale(const comma_locale&) = delete;
+  comma_locale& operator=(const comma_locale&) = delete;
+  [[nodiscard]] bool ok() const { return ok_; }
+
+ private:
+  std::string old_;
+  std::string dir_;
+  bool ok_ = false;
+};
+
+// Numbers are written the same in every locale: after setlocale(LC_ALL, "de_DE.UTF-8") (a Qt
+// application does it) printf wrote `12,345` and le="1,6e-05", and every scrape failed.
+TEST(PromText, NumbersIgnoreTheLocale) {
+  const comma_locale de;
+  if (!de.ok()) {
+    GTEST_SKIP() << "no de_DE.UTF-8 locale, and localedef could not build one (the Debian "
+                    "package `locales` holds its sources)";
+  }
+  char probe[8];
+  std::snprintf(probe, sizeof probe, "%.1f", 0.5);
+  ASSERT_STREQ(probe, "0,5");  // the locale is in effect
+  prom_text t;
+  t.family("demo_uptime_seconds", "A gauge.", metric_type::gauge);
+  t.sample(12.345);
+  t.family("demo_latency_seconds", "A histogram.", metric_type::histogram);
+  const std::pair<double, uint64_t> b[] = {{1.6e-5, 1}, {0.25, 2}};
+  t.histogram(nullptr, 0, b, 2, 0.5, 3);
+  const std::string s = t.text();
+  EXPECT_NE(s.find("demo_uptime_seconds 12.345\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("{le=\"1.6e-05\"} 1\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("demo_latency_seconds_sum 0.5\n"), std::string::npos) << s;
+  EXPECT_EQ(s.find(','), std::string::npos) << s;
+  EXPECT_EQ(promtool_problems(s), "");
+}
+
+// Whether s is well-formed UTF-8 throughout.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = p[i] < 0x80 ? 1 : detail::utf8_sequence(p + i, s.size() - i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+// Label values and HELP text go out as UTF-8 whatever bytes they came from: a shm ring named
+// "shm://caf\xe9" (Latin-1) went into ring="..." as it was, and Prometheus refuses a scrape with a
+// label value that is not UTF-8. Each byte of no well-formed sequence becomes U+FFFD.
+TEST(PromText, LabelValuesAreMadeUtf8) {
+  prom_text t;
+  t.family("demo_ring_bytes", "Bytes of caf\xe9.", metric_type::gauge);
+  const label l[] = {{"ring", "shm://caf\xe9"}, {"name", "\xe6\x97\xa5 \xed\xa0\x80|\xc3"}};
+  t.sample(l, 2, 1);
+  const std::string s = t.text();
+  EXPECT_TRUE(valid_utf8(s)) << s;
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_NE(s.find("ring=\"shm://caf" + fffd + "\""), std::string::npos) << s;
+  EXPECT_NE(s.find("name=\"\xe6\x97\xa5 " + fffd + fffd + fffd + "|" + fffd + "\""),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("Bytes of caf" + fffd + ".\n"), std::string::npos) << s;
   EXPECT_EQ(promtool_problems(s), "");
 }
 

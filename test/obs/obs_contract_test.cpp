@@ -1,6 +1,6 @@
 // Promises of the observability layer no other test checks: latency_histogram's nearest rank at
 // the edges of floating point (p99.9 of 1 000 values), and parse_http_url's HOST (a literal or
-// localhost, refused by node::validate() too) and PATH (no query or fragment: never served), and
+// localhost, refused by node::validate() too) and PATH (no query, fragment or %: never served), and
 // docs/observability.md's family table naming every family a node renders, the flow latency
 // series past metrics_max_peers summed under target="other", and peer="other"'s counters, which
 // only grow.
@@ -89,6 +89,20 @@ TEST(ObsContract, MetricsUrlPathWithQueryIsRefused) {
   EXPECT_EQ(obs::parse_http_url("http://127.0.0.1:0/metrics#top", &u, &why), errc::bad_url);
   EXPECT_EQ(obs::parse_http_url("http://127.0.0.1:0/a/b", &u, &why), errc::ok);
   EXPECT_EQ(u.path, "/a/b");
+}
+
+// libmicrohttpd decodes %XX in a request's path before the endpoint compares it, while the URL's
+// path was kept as written: http://127.0.0.1:9464/a%20b passed validate() and every scrape of
+// /a%20b (seen as "/a b") was answered 404.
+TEST(ObsContract, MetricsUrlPathWithPercentIsRefused) {
+  obs::http_url u;
+  std::string why;
+  EXPECT_EQ(obs::parse_http_url("http://127.0.0.1:0/a%20b", &u, &why), errc::bad_url);
+  EXPECT_NE(why.find("\"/a%20b\""), std::string::npos) << why;
+  node_config c;
+  c.metrics_url = "http://127.0.0.1:9464/metrics%2f";
+  EXPECT_EQ(node::validate(1, c, &why), errc::bad_url);
+  EXPECT_NE(why.find("metrics_url"), std::string::npos) << why;
 }
 
 // The families of docs/observability.md's table: `uvbus_x_y` names and `_z` abbreviations that
