@@ -5,13 +5,14 @@
 #                            scrape with curl, validate with promtool (prometheus) and drive
 #                            `uvbus top` in tmux; python3 parses the tools' --json output;
 #                            liblz4 and libzstd are the link compression codecs; etcd-server
-#                            and nlohmann-json3-dev are discovery's store and JSON parser)
+#                            and nlohmann-json3-dev are discovery's store and JSON parser;
+#                            locales gives the metrics test a comma-decimal locale to build)
 #   scripts/deps.sh ci       plus what CI's extra jobs use (clang, clang-format, valgrind, ...)
 set -euo pipefail
 pkgs=(git ca-certificates g++ cmake ninja-build pkg-config libuv1-dev libgtest-dev libgmock-dev
       libbenchmark-dev libssl-dev util-linux procps gnuplot-nox
       libmicrohttpd-dev libcurl4-openssl-dev curl prometheus tmux python3 liblz4-dev libzstd-dev
-      etcd-server nlohmann-json3-dev)
+      etcd-server nlohmann-json3-dev locales)
 if [ "${1:-}" = ci ]; then
   pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind iproute2 ccache)
 fi
