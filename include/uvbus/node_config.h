@@ -184,13 +184,15 @@ struct node_config {
   // shm ring in place (closed with shm_close_mode::keep) instead of removing it; the next process
   // with the same id and shm:// URL reattaches it and reads what was written meanwhile.
   bool keep_shm_inbox = false;
-  // Planned restart: node::flow_positions() of the previous process of this id, taken after its
-  // stop(): this node starts with them, so messages its sources send again (those the previous
-  // process delivered but had not acknowledged) are recognised as duplicates. Each position
-  // counts as heard from at start() (then kept like any silent flow's). A blob of another id is
-  // refused (start() fails with invalid_argument naming both ids: taken, it would drop that
-  // node's sources' first messages to this one as duplicates, reported ok); a previous release's
-  // blob, which names no id, is taken as it is. Empty: none.
+  // Planned restart: node::flow_positions() of the previous process of this id, taken in its
+  // on_down(closed) after stop() (not right after the call: its flush still delivers): this node
+  // starts with them, so messages its sources send again (those the previous process delivered
+  // but had not acknowledged) are recognised as duplicates, and late messages of the epochs its
+  // flows left as stale. Each position counts as heard from at start() (then kept like any
+  // silent flow's). A blob of another id is refused (start() fails with invalid_argument naming
+  // both ids: taken, it would drop that node's sources' first messages to this one as
+  // duplicates, reported ok); a previous release's blob (without the left epochs, or naming no
+  // id) is taken as it is. Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
   // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an

@@ -236,8 +236,7 @@ struct node::impl {
   static void on_ack_check(uv_check_t* c);
   void flush_acks();
   // A planned handover (docs/bus.md "Planned upgrade"): the target-side positions of every flow,
-  // so the new process drops what the old one delivered. Format: "UVFP", u64 this node's id, u32
-  // count, then per flow u64 source, u64 epoch, u64 through (little-endian).
+  // so the new process drops what the old one delivered (docs/protocol.md "Flow positions").
   [[nodiscard]] std::vector<uint8_t> flow_positions_export() const;
   // An acknowledged entry's send-to-acknowledgement time, into its target's and type's histograms.
   void record_latency(detail::tx_flow& f, const detail::tx_entry& e);
