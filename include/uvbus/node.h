@@ -118,6 +118,8 @@ struct node_counters {
   uint64_t flow_out_of_order = 0;   // target: messages after a gap dropped (the source resends)
   uint64_t flow_resyncs = 0;        // target: messages of a flow it held no position for
   uint64_t flow_stale = 0;          // target: messages of an epoch the flow had left
+  uint64_t flow_sources_refused = 0;  // target: sync messages of a new source beyond
+                                      // max_flow_sources (the source is told: access_denied)
   // Request/reply (node::call).
   uint64_t calls_started = 0;      // call()s accepted
   uint64_t calls_ok = 0;           // ... answered with a reply

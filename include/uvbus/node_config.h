@@ -129,6 +129,12 @@ struct node_config {
   // histogram per target), the target's position (kept at least 2 x its delivery_timeout_ms). A
   // later message starts a new flow above every sequence sent before (docs/bus.md "Flows").
   uint32_t flow_idle_ms = 120000;
+  // end_to_end, target side: at most this many sources' positions are kept (>= 1). A new
+  // source's first (sync) message beyond it is refused: its source gets a drop notice and reports
+  // the message access_denied; counted in node_counters::flow_sources_refused and logged. A
+  // message that is not sync from a source without a position makes no state (it is answered
+  // with a resync request), so forged source ids cannot fill the table with messages alone.
+  size_t max_flow_sources = 65536;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload
   // plus 44 bytes, 69 with a trace context; the bytes must hold one such message of

@@ -122,4 +122,28 @@ struct rx_flow {
   }
 };
 
+// Target side: when a resync request last went to a source this node holds no position for (a
+// resync needs no state: the source answers with a sync message, which makes it). A fixed table
+// indexed by a hash of the source id, allocated at first use: sources that collide only cost an
+// extra request, and memory does not grow with the number of (possibly forged) sources.
+struct resync_limiter {
+  struct slot {
+    uint64_t source = 0;
+    uint64_t epoch = 0;
+    uint64_t at_ms = 0;
+  };
+  static constexpr size_t kSlots = 1024;
+  std::unique_ptr<slot[]> slots;
+  // Whether a request for (source, epoch) may go now (then noted as sent): not if one went less
+  // than interval_ms ago.
+  bool allow(uint64_t source, uint64_t epoch, uint64_t now_ms, uint64_t interval_ms) {
+    if (!slots) slots = std::make_unique<slot[]>(kSlots);
+    slot& s = slots[(source * 0x9E3779B97F4A7C15ULL) >> 54];  // the top 10 bits: kSlots
+    if (s.source == source && s.epoch == epoch && now_ms - s.at_ms < interval_ms) return false;
+    s = {source, epoch, now_ms};
+    return true;
+  }
+};
+static_assert(resync_limiter::kSlots == size_t{1} << 10, "allow() indexes with 10 bits");
+
 }  // namespace uvbus::detail

@@ -371,11 +371,43 @@ void node::impl::flows_stop() {
 // ------------------------------------------------------------------------------- target side --
 namespace {
 
-// The position kept for hd.source (made at its first message).
-rx_flow* rx_flow_of(node::impl& n, const proto::header& hd) {
+// The refusal of a sync message of a new source beyond max_flow_sources: the source is told.
+void refuse_flow_source(node::impl& n, const proto::header& hd) {
+  const uint64_t refused = ++n.counters.flow_sources_refused;
+  n.send_drop_notice(hd, proto::reason::access_denied);
+  if ((refused & (refused - 1)) != 0) return;  // logged at the 1st, 2nd, 4th, 8th ... refusal
+  n.log(log_level::warn,
+        "refusing flow data from 0x%" PRIx64 ": max_flow_sources (%zu) sources kept here (%" PRIu64
+        " refused so far)",
+        hd.source, n.cfg.max_flow_sources, refused);
+}
+
+// The position kept for hd.source, made for a sync message. nullptr: there is none, and the
+// message was answered without one. A message that is not sync is asked to resync, and no state
+// is made for it (the answer is a sync message, which makes it): forged source ids cannot grow
+// the table, a resync per source and epoch goes at most every kNackIntervalMs. A sync message
+// while max_flow_sources positions are kept is refused: its source is told (access_denied, final:
+// reported), the refusal counted and logged.
+rx_flow* rx_flow_of(node::impl& n, const proto::header& hd, uint64_t epoch, bool sync) {
   if (n.cached_rx != nullptr && n.cached_rx_source == hd.source) return n.cached_rx;
   auto it = n.rx_flows.find(hd.source);
   if (it == n.rx_flows.end()) {
+    if (!sync) {
+      ++n.counters.flow_resyncs;
+      if (n.resync_limit.allow(hd.source, epoch, n.now_ms(), kNackIntervalMs) &&
+          (n.state == node::impl::run_state::running ||
+           n.state == node::impl::run_state::stopping)) {
+        rx_flow none;
+        none.resync_epoch = epoch;
+        none.kind = static_cast<uint8_t>(ack_kind::resync);
+        n.send_flow_ack(hd.source, none);
+      }
+      return nullptr;
+    }
+    if (n.rx_flows.size() >= n.cfg.max_flow_sources) {
+      refuse_flow_source(n, hd);
+      return nullptr;
+    }
     it = n.rx_flows.emplace(hd.source, rx_flow{}).first;
   }
   n.cached_rx = &it->second;  // unordered_map: stays valid until erased
@@ -431,7 +463,7 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
     return;
   }
   const bool sync = (hd.flags & proto::flag_sync) != 0;
-  rx_flow* rp = rx_flow_of(*this, hd);
+  rx_flow* rp = rx_flow_of(*this, hd, epoch, sync);
   if (rp == nullptr || !rx_epoch(*this, *rp, hd, epoch, sync)) return;
   rx_flow& r = *rp;
   if (hd.sequence <= r.through) {

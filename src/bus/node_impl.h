@@ -173,6 +173,7 @@ struct node::impl {
   uint64_t flow_seq_floor = 1;
   bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
   detail::rx_flow* cached_rx = nullptr;
+  detail::resync_limiter resync_limit;  // resyncs to sources without a position (node_flow.cpp)
   detail::tx_flow& tx_flow_for(bus_id target) {
     if (cached_flow != nullptr && cached_flow_target == target) return *cached_flow;
     return tx_flow_lookup(target);

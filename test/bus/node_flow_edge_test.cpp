@@ -37,6 +37,61 @@ class NodeFlowEdgeTest : public test::flow_fixture {
   }
 };
 
+// A child owning 64 ids sends flow data from each of them. Messages that are not sync make no
+// state (each is answered with a resync request); sync ones make positions up to
+// max_flow_sources, and the rest are refused: counted, their sources told (a drop notice,
+// access_denied), so a real node refused reports its message failed instead of losing it. A flow
+// that had its position goes on. Before: a position per forged id, however many.
+TEST_F(NodeFlowEdgeTest, ForgedSourcesCannotGrowTheTargetsPositionsBeyondItsLimit) {
+  test::raw_child raw(0x180, 0x100);
+  raw.subnets = {{0x180, 6}};  // 0x180 .. 0x1bf
+  node_config rc = flow_config();
+  rc.max_flow_sources = 8;
+  bus_node* root = root_with(&raw, rc);
+  ASSERT_TRUE(raw.registered);
+  node_config ac = flow_config();
+  ac.parent_urls = {root->n->listen_urls().at(0)};
+  bus_node* a = make(0x101, ac);  // a real source with a position before the flood
+  ASSERT_TRUE(wait([&] { return a->n->up(); }));
+  ASSERT_EQ(test::send_str(a, 0x100, 1, "a1"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 1; }));
+
+  constexpr uint64_t kForged = 63;
+  for (bus_id s = 0x181; s < 0x181 + kForged; ++s) raw.send_flow(s, 7, "no sync", 0x77, false);
+  ASSERT_TRUE(wait([&] { return count(raw, proto::msg_type::flow_ack) == kForged; }))
+      << count(raw, proto::msg_type::flow_ack) << " resync requests";
+  EXPECT_EQ(root->n->counters().flow_resyncs, kForged);
+  EXPECT_EQ(root->n->counters().flow_sources, 1u) << "state made for a message that is not sync";
+
+  for (bus_id s = 0x181; s < 0x181 + kForged; ++s) raw.send_flow(s, 7, "sync", 0x77);
+  const uint64_t taken = rc.max_flow_sources - 1;  // A holds one
+  ASSERT_TRUE(wait([&] { return count(raw, proto::msg_type::dropped) == kForged - taken; }));
+  const node_counters k = root->n->counters();
+  EXPECT_EQ(k.flow_sources, rc.max_flow_sources);
+  EXPECT_EQ(k.flow_sources_refused, kForged - taken);
+  for (const auto& m : raw.got) {
+    if (m.hd.type != proto::msg_type::dropped) continue;
+    proto::dropped_body d;
+    ASSERT_EQ(proto::parse_dropped(m.body.data(), m.body.size(), &d), errc::ok);
+    EXPECT_EQ(d.why, proto::reason::access_denied);
+  }
+
+  // A keeps its flow; a new real source is refused, and reports it.
+  ASSERT_EQ(test::send_str(a, 0x100, 1, "a2"), errc::ok);
+  bus_node* c = make(0x102, ac);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  uint64_t id = 0;
+  ASSERT_EQ(test::send_str(c, 0x100, 1, "c1", {}, &id), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 2 && c->report_for(id) != nullptr; }));
+  EXPECT_EQ(a->reports[1].status, errc::ok);
+  EXPECT_EQ(c->report_for(id)->status, errc::access_denied);
+  EXPECT_EQ(texts(root).front(), "a1");
+  EXPECT_EQ(texts(root).back(), "a2");
+  EXPECT_EQ(root->n->counters().flow_sources, rc.max_flow_sources);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
 // A target handed over with its positions keeps the epochs its flows left: a late sync message of
 // a source's dead incarnation, arriving at the new process after the new incarnation's, is stale
 // there too. Before: the blob carried no left epochs, the late message took the flow, and every
@@ -102,6 +157,16 @@ TEST_F(NodeFlowEdgeTest, ALiveIncarnationTakesItsFlowBackFromALateForgottenOne) 
             (std::vector<std::string>{"e0", "e1", "e2", "e3", "late", "next", "after"}));
   raw.ch->close();
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+TEST(NodeFlowEdgeConfig, MaxFlowSourcesIsAtLeastOne) {
+  node_config c;
+  c.max_flow_sources = 0;
+  std::string why;
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("max_flow_sources"), std::string::npos) << why;
+  c.max_flow_sources = 1;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
 }
 
 }  // namespace
