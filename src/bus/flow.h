@@ -92,7 +92,7 @@ struct rx_flow {
   // The epochs this flow switched away from, newest first, with the position each had. A
   // source's epochs are random, so only this tells a late message of a dead incarnation from a
   // new one's: it is stale, not taken — unless the current epoch falls silent while a left one
-  // keeps sending sync messages (node_flow.cpp, on_flow_data: that one is live; it is taken back
+  // keeps sending sync messages (node_flow.cpp, rx_epoch: that one is live; it is taken back
   // at its position).
   struct left_epoch {
     uint64_t epoch = 0;
