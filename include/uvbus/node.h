@@ -117,7 +117,9 @@ struct node_counters {
   uint64_t flow_duplicates = 0;     // target: duplicates dropped
   uint64_t flow_out_of_order = 0;   // target: messages after a gap dropped (the source resends)
   uint64_t flow_resyncs = 0;        // target: messages of a flow it held no position for
-  uint64_t flow_stale = 0;          // target: sync messages of an epoch the flow had left
+  uint64_t flow_stale = 0;          // target: messages of an epoch the flow had left
+  uint64_t flow_sources_refused = 0;  // target: sync messages of a new source beyond
+                                      // max_flow_sources (the source is told: access_denied)
   // Request/reply (node::call).
   uint64_t calls_started = 0;      // call()s accepted
   uint64_t calls_ok = 0;           // ... answered with a reply
@@ -444,9 +446,12 @@ class node {
   // (empty detail: nothing more to say than the code). A call that returns ok leaves it unchanged.
   [[nodiscard]] error_info last_error() const;
   // Where each source's flow stands here: for each source, the epoch and the highest sequence
-  // delivered in order (an opaque blob naming this node's id; docs/protocol.md "Flow positions").
-  // Pass it to the next process of this id as node_config::inherit_flow_positions (after stop(),
-  // nothing changes); a node of another id refuses it.
+  // delivered in order, and the epochs the flow left (an opaque blob naming this node's id;
+  // docs/protocol.md "Flow positions"). Pass it to the next process of this id as
+  // node_config::inherit_flow_positions, taken in on_down(closed) after stop(): only then does
+  // nothing change (during stop()'s flush, up to stop_flush_ms, links stay open and messages are
+  // still delivered; positions taken earlier miss them, and the next process delivers them
+  // again). A node of another id refuses it.
   [[nodiscard]] std::vector<uint8_t> flow_positions() const;
   // The metrics of this node in the Prometheus text exposition format (what metrics_url serves;
   // names and units in docs/observability.md). Usable without the endpoint.

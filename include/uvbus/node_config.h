@@ -129,6 +129,12 @@ struct node_config {
   // histogram per target), the target's position (kept at least 2 x its delivery_timeout_ms). A
   // later message starts a new flow above every sequence sent before (docs/bus.md "Flows").
   uint32_t flow_idle_ms = 120000;
+  // end_to_end, target side: at most this many sources' positions are kept (>= 1). A new
+  // source's first (sync) message beyond it is refused: its source gets a drop notice and reports
+  // the message access_denied; counted in node_counters::flow_sources_refused and logged. A
+  // message that is not sync from a source without a position makes no state (it is answered
+  // with a resync request), so forged source ids cannot fill the table with messages alone.
+  size_t max_flow_sources = 65536;
   // end_to_end: each flow's retransmit buffer (messages sent and not acknowledged yet, or waiting
   // to be sent again) holds at most this many messages and bytes (each message takes its payload
   // plus 44 bytes, 69 with a trace context; the bytes must hold one such message of
@@ -184,13 +190,15 @@ struct node_config {
   // shm ring in place (closed with shm_close_mode::keep) instead of removing it; the next process
   // with the same id and shm:// URL reattaches it and reads what was written meanwhile.
   bool keep_shm_inbox = false;
-  // Planned restart: node::flow_positions() of the previous process of this id, taken after its
-  // stop(): this node starts with them, so messages its sources send again (those the previous
-  // process delivered but had not acknowledged) are recognised as duplicates. Each position
-  // counts as heard from at start() (then kept like any silent flow's). A blob of another id is
-  // refused (start() fails with invalid_argument naming both ids: taken, it would drop that
-  // node's sources' first messages to this one as duplicates, reported ok); a previous release's
-  // blob, which names no id, is taken as it is. Empty: none.
+  // Planned restart: node::flow_positions() of the previous process of this id, taken in its
+  // on_down(closed) after stop() (not right after the call: its flush still delivers): this node
+  // starts with them, so messages its sources send again (those the previous process delivered
+  // but had not acknowledged) are recognised as duplicates, and late messages of the epochs its
+  // flows left as stale. Each position counts as heard from at start() (then kept like any
+  // silent flow's). A blob of another id is refused (start() fails with invalid_argument naming
+  // both ids: taken, it would drop that node's sources' first messages to this one as
+  // duplicates, reported ok); a previous release's blob (without the left epochs, or naming no
+  // id) is taken as it is. Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
   // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an

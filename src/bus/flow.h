@@ -84,17 +84,66 @@ struct rx_flow {
   uint32_t unacked = 0;       // delivered since the last acknowledgement
   uint8_t kind = 0;           // proto::ack_kind owed with the next acknowledgement
   bool queued = false;        // in node::impl::ack_queue
+  // A sync message of a left epoch came since the current epoch's last message, at stale_since_ms.
+  bool stale_seen = false;
   uint64_t last_nack_ms = 0;
-  uint64_t last_rx_ms = 0;
-  // The epochs this flow switched away from, newest first. A source's epochs are random, so only
-  // this tells a late message of a dead incarnation from a new one's: it is stale, never taken.
-  std::array<uint64_t, 2> left{};
-  [[nodiscard]] bool has_left(uint64_t e) const { return e != 0 && (e == left[0] || e == left[1]); }
-  void leave(uint64_t e) {
-    if (e == 0) return;
-    left[1] = left[0];
-    left[0] = e;
+  uint64_t last_rx_ms = 0;  // the current epoch's last message (a stale one does not count)
+  uint64_t stale_since_ms = 0;
+  // The epochs this flow switched away from, newest first, with the position each had. A
+  // source's epochs are random, so only this tells a late message of a dead incarnation from a
+  // new one's: it is stale, not taken — unless the current epoch falls silent while a left one
+  // keeps sending sync messages (node_flow.cpp, rx_epoch: that one is live; it is taken back
+  // at its position).
+  struct left_epoch {
+    uint64_t epoch = 0;
+    uint64_t through = 0;
+  };
+  std::array<left_epoch, 2> left{};
+  // The index in left of epoch e, or -1.
+  [[nodiscard]] int left_index(uint64_t e) const {
+    if (e == 0) return -1;
+    if (e == left[0].epoch) return 0;
+    return e == left[1].epoch ? 1 : -1;
+  }
+  // Switches to epoch e at position `at`: the current epoch (if any) becomes left[0], e (if it
+  // was left) leaves the list, the oldest falls off.
+  void switch_to(uint64_t e, uint64_t at) {
+    const int taken = left_index(e);
+    const std::array<left_epoch, 2> was = left;
+    left = {};
+    size_t n = 0;
+    if (epoch != 0) left[n++] = {epoch, through};
+    for (int k = 0; k < 2 && n < 2; ++k) {
+      if (k != taken && was[k].epoch != 0) left[n++] = was[k];
+    }
+    epoch = e;
+    through = at;
+    stale_seen = false;
   }
 };
+
+// Target side: when a resync request last went to a source this node holds no position for (a
+// resync needs no state: the source answers with a sync message, which makes it). A fixed table
+// indexed by a hash of the source id, allocated at first use: sources that collide only cost an
+// extra request, and memory does not grow with the number of (possibly forged) sources.
+struct resync_limiter {
+  struct slot {
+    uint64_t source = 0;
+    uint64_t epoch = 0;
+    uint64_t at_ms = 0;
+  };
+  static constexpr size_t kSlots = 1024;
+  std::unique_ptr<slot[]> slots;
+  // Whether a request for (source, epoch) may go now (then noted as sent): not if one went less
+  // than interval_ms ago.
+  bool allow(uint64_t source, uint64_t epoch, uint64_t now_ms, uint64_t interval_ms) {
+    if (!slots) slots = std::make_unique<slot[]>(kSlots);
+    slot& s = slots[(source * 0x9E3779B97F4A7C15ULL) >> 54];  // the top 10 bits: kSlots
+    if (s.source == source && s.epoch == epoch && now_ms - s.at_ms < interval_ms) return false;
+    s = {source, epoch, now_ms};
+    return true;
+  }
+};
+static_assert(resync_limiter::kSlots == size_t{1} << 10, "allow() indexes with 10 bits");
 
 }  // namespace uvbus::detail

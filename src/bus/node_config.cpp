@@ -251,6 +251,9 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
   if (cfg.max_outstanding_calls == 0) {  // every call() would be refused with queue_full
     return refuse(detail, errc::invalid_argument, "max_outstanding_calls must be at least 1");
   }
+  if (cfg.max_flow_sources == 0) {  // every new source would be refused
+    return refuse(detail, errc::invalid_argument, "max_flow_sources must be at least 1");
+  }
   if (cfg.directory_max_entries == 0) {
     return refuse(detail, errc::invalid_argument, "directory_max_entries must be at least 1");
   }

@@ -369,6 +369,92 @@ void node::impl::flows_stop() {
 }
 
 // ------------------------------------------------------------------------------- target side --
+namespace {
+
+// The refusal of a sync message of a new source beyond max_flow_sources: the source is told.
+void refuse_flow_source(node::impl& n, const proto::header& hd) {
+  const uint64_t refused = ++n.counters.flow_sources_refused;
+  n.send_drop_notice(hd, proto::reason::access_denied);
+  if ((refused & (refused - 1)) != 0) return;  // logged at the 1st, 2nd, 4th, 8th ... refusal
+  n.log(log_level::warn,
+        "refusing flow data from 0x%" PRIx64 ": max_flow_sources (%zu) sources kept here (%" PRIu64
+        " refused so far)",
+        hd.source, n.cfg.max_flow_sources, refused);
+}
+
+// The position kept for hd.source, made for a sync message. nullptr: there is none, and the
+// message was answered without one. A message that is not sync is asked to resync, and no state
+// is made for it (the answer is a sync message, which makes it): forged source ids cannot grow
+// the table, a resync per source and epoch goes at most every kNackIntervalMs. A sync message
+// while max_flow_sources positions are kept is refused: its source is told (access_denied, final:
+// reported), the refusal counted and logged.
+rx_flow* rx_flow_of(node::impl& n, const proto::header& hd, uint64_t epoch, bool sync) {
+  if (n.cached_rx != nullptr && n.cached_rx_source == hd.source) return n.cached_rx;
+  auto it = n.rx_flows.find(hd.source);
+  if (it == n.rx_flows.end()) {
+    if (!sync) {
+      ++n.counters.flow_resyncs;
+      if (n.resync_limit.allow(hd.source, epoch, n.now_ms(), kNackIntervalMs) &&
+          (n.state == node::impl::run_state::running ||
+           n.state == node::impl::run_state::stopping)) {
+        rx_flow none;
+        none.resync_epoch = epoch;
+        none.kind = static_cast<uint8_t>(ack_kind::resync);
+        n.send_flow_ack(hd.source, none);
+      }
+      return nullptr;
+    }
+    if (n.rx_flows.size() >= n.cfg.max_flow_sources) {
+      refuse_flow_source(n, hd);
+      return nullptr;
+    }
+    it = n.rx_flows.emplace(hd.source, rx_flow{}).first;
+  }
+  n.cached_rx = &it->second;  // unordered_map: stays valid until erased
+  n.cached_rx_source = hd.source;
+  return n.cached_rx;
+}
+
+// Whether a message of `epoch` goes on to the in-order checks (the flow now at that epoch), or was
+// answered here. An epoch the flow left is stale (a dead incarnation's message, late) — unless
+// the current epoch has sent nothing since an earlier sync message of a left epoch, at least
+// resend_timeout_ms ago: a dead incarnation's late messages are few and come together, while a
+// live source sends its first unacknowledged message flagged sync again and again until it is
+// acknowledged. That epoch is live: taken back at the position it had, so nothing is delivered
+// twice. So one late message cannot wedge a live flow (docs/bus.md "Flows").
+bool rx_epoch(node::impl& n, rx_flow& r, const proto::header& hd, uint64_t epoch, bool sync) {
+  const uint64_t now = n.now_ms();
+  if (r.epoch != epoch) {
+    const int i = r.left_index(epoch);
+    if (i >= 0) {
+      if (!sync || !r.stale_seen || now - r.stale_since_ms < n.cfg.resend_timeout_ms) {
+        if (sync && !r.stale_seen) {
+          r.stale_seen = true;
+          r.stale_since_ms = now;
+        }
+        ++n.counters.flow_stale;  // not heard from: a flow only stale ones come to is forgotten
+        return false;
+      }
+      r.switch_to(epoch, r.left[static_cast<size_t>(i)].through);
+    } else if (!sync) {
+      // No state for this epoch (we restarted, or forgot it): the source must resend from its
+      // first unacknowledged message with flag_sync; this one is dropped (it will come again).
+      ++n.counters.flow_resyncs;
+      r.last_rx_ms = now;
+      r.resync_epoch = epoch;
+      n.queue_ack(hd.source, r, ack_kind::resync);
+      return false;
+    } else {
+      r.switch_to(epoch, hd.sequence - 1);
+    }
+  }
+  r.last_rx_ms = now;
+  r.stale_seen = false;
+  return true;
+}
+
+}  // namespace
+
 void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t* body) {
   proto::data_body d;
   uint64_t epoch = 0;
@@ -376,30 +462,10 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
     if (from != nullptr) protocol_violation(from, "bad flow data body");
     return;
   }
-  if (cached_rx == nullptr || cached_rx_source != hd.source) {
-    cached_rx = &rx_flows[hd.source];  // unordered_map: stays valid until erased
-    cached_rx_source = hd.source;
-  }
-  rx_flow& r = *cached_rx;
-  r.last_rx_ms = now_ms();
   const bool sync = (hd.flags & proto::flag_sync) != 0;
-  if (r.epoch != epoch) {
-    if (r.has_left(epoch)) {
-      ++counters.flow_stale;  // a dead incarnation's, late: taking it would drop the live flow
-      return;
-    }
-    if (!sync) {
-      // No state for this epoch (we restarted, or forgot it): the source must resend from its
-      // first unacknowledged message with flag_sync; this one is dropped (it will come again).
-      ++counters.flow_resyncs;
-      r.resync_epoch = epoch;
-      queue_ack(hd.source, r, ack_kind::resync);
-      return;
-    }
-    r.leave(r.epoch);
-    r.epoch = epoch;
-    r.through = hd.sequence - 1;
-  }
+  rx_flow* rp = rx_flow_of(*this, hd, epoch, sync);
+  if (rp == nullptr || !rx_epoch(*this, *rp, hd, epoch, sync)) return;
+  rx_flow& r = *rp;
   if (hd.sequence <= r.through) {
     ++counters.flow_duplicates;
     queue_ack(hd.source, r, ack_kind::ack);  // the source may have missed the acknowledgement
@@ -481,10 +547,16 @@ void node::impl::flush_acks() {
 // ------------------------------------------------------------------------------- handover --
 namespace {
 
-// "UVFP", then the id of the node the positions are of: a blob handed to another id would make it
+// "UVF2", then the id of the node the positions are of: a blob handed to another id would make it
 // drop its sources' first messages as duplicates (each flow's sequence starts at 1 per target).
-constexpr uint8_t kPositionsMagic[4] = {'U', 'V', 'F', 'P'};
+// Each entry: source, epoch, through, then the two left epochs with their positions (without
+// them, a late message of a dead incarnation would take the flow from the live one).
+constexpr uint8_t kPositionsMagic[4] = {'U', 'V', 'F', '2'};
 constexpr size_t kPositionsHead = 16;  // magic, u64 node id, u32 count
+constexpr size_t kPositionsEntry = 56;
+// The previous release's blob: "UVFP", the node id, u32 count, entries without the left epochs.
+constexpr uint8_t kPositionsMagicV1[4] = {'U', 'V', 'F', 'P'};
+constexpr size_t kPositionsEntryV1 = 24;
 
 std::string id_hex(bus_id id) {
   char buf[24];
@@ -495,34 +567,41 @@ std::string id_hex(bus_id id) {
 }  // namespace
 
 std::vector<uint8_t> node::impl::flow_positions_export() const {
-  std::vector<uint8_t> out(kPositionsHead + rx_flows.size() * 24);
+  std::vector<uint8_t> out(kPositionsHead + rx_flows.size() * kPositionsEntry);
   std::memcpy(out.data(), kPositionsMagic, 4);
   store_le<uint64_t>(out.data() + 4, self);
   store_le<uint32_t>(out.data() + 12, static_cast<uint32_t>(rx_flows.size()));
-  size_t off = kPositionsHead;
+  uint8_t* e = out.data() + kPositionsHead;
   for (const auto& [source, r] : rx_flows) {
-    store_le<uint64_t>(out.data() + off, source);
-    store_le<uint64_t>(out.data() + off + 8, r.epoch);
-    store_le<uint64_t>(out.data() + off + 16, r.through);
-    off += 24;
+    const uint64_t v[7] = {source,           r.epoch,           r.through,
+                           r.left[0].epoch,  r.left[0].through, r.left[1].epoch,
+                           r.left[1].through};
+    for (const uint64_t x : v) {
+      store_le<uint64_t>(e, x);
+      e += 8;
+    }
   }
   return out;
 }
 
 errc node::impl::flow_positions_import(const uint8_t* p, size_t n, std::string* why) {
-  // This release's blob names its node; the previous releases' (u32 count and the entries) is
-  // still taken, so a rolling upgrade hands its positions over.
+  // This release's blob names its node and carries the left epochs; the previous releases' (one
+  // naming its node, and before it u32 count and the entries) are still taken, so a rolling
+  // upgrade hands its positions over.
   constexpr size_t head = 4;
-  if (p != nullptr && n >= kPositionsHead && std::memcmp(p, kPositionsMagic, 4) == 0) {
+  size_t entry = kPositionsEntryV1;
+  const bool v2 = p != nullptr && n >= kPositionsHead && std::memcmp(p, kPositionsMagic, 4) == 0;
+  if (v2 || (p != nullptr && n >= kPositionsHead && std::memcmp(p, kPositionsMagicV1, 4) == 0)) {
     const auto of = load_le<uint64_t>(p + 4);
     if (of != self) {
       *why = "are node " + id_hex(of) + "'s flow positions, not this node's (" + id_hex(self) + ")";
       return errc::invalid_argument;
     }
+    if (v2) entry = kPositionsEntry;
     p += 12;
     n -= 12;
   }
-  if (p == nullptr || n < head || n != head + size_t{load_le<uint32_t>(p)} * 24) {
+  if (p == nullptr || n < head || n != head + size_t{load_le<uint32_t>(p)} * entry) {
     *why = "is not a node::flow_positions() blob";
     return errc::protocol_error;
   }
@@ -532,10 +611,15 @@ errc node::impl::flow_positions_import(const uint8_t* p, size_t n, std::string* 
   // for that long and be forgotten at the first tick.
   uv_update_time(loop);
   for (uint32_t i = 0; i < count; ++i) {
-    const uint8_t* e = p + head + size_t{i} * 24;
+    const uint8_t* e = p + head + size_t{i} * entry;
     rx_flow& r = rx_flows[load_le<uint64_t>(e)];
     r.epoch = load_le<uint64_t>(e + 8);
     r.through = load_le<uint64_t>(e + 16);
+    if (entry == kPositionsEntry) {
+      for (size_t k = 0; k < r.left.size(); ++k) {
+        r.left[k] = {load_le<uint64_t>(e + 24 + 16 * k), load_le<uint64_t>(e + 32 + 16 * k)};
+      }
+    }
     r.last_rx_ms = now_ms();
   }
   cached_rx = nullptr;

@@ -173,6 +173,7 @@ struct node::impl {
   uint64_t flow_seq_floor = 1;
   bus_id cached_rx_source = 0;  // the last source's rx flow: one hash lookup per run of messages
   detail::rx_flow* cached_rx = nullptr;
+  detail::resync_limiter resync_limit;  // resyncs to sources without a position (node_flow.cpp)
   detail::tx_flow& tx_flow_for(bus_id target) {
     if (cached_flow != nullptr && cached_flow_target == target) return *cached_flow;
     return tx_flow_lookup(target);
@@ -236,8 +237,7 @@ struct node::impl {
   static void on_ack_check(uv_check_t* c);
   void flush_acks();
   // A planned handover (docs/bus.md "Planned upgrade"): the target-side positions of every flow,
-  // so the new process drops what the old one delivered. Format: "UVFP", u64 this node's id, u32
-  // count, then per flow u64 source, u64 epoch, u64 through (little-endian).
+  // so the new process drops what the old one delivered (docs/protocol.md "Flow positions").
   [[nodiscard]] std::vector<uint8_t> flow_positions_export() const;
   // An acknowledged entry's send-to-acknowledgement time, into its target's and type's histograms.
   void record_latency(detail::tx_flow& f, const detail::tx_entry& e);

@@ -8,8 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "bus/bus_harness.h"
-#include "bus/raw_peer.h"
+#include "bus/flow_harness.h"
 #include "bus/wire.h"
 #include "uvbus/node.h"
 
@@ -18,16 +17,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::bus_node;
+using test::flow_config;
 
-node_config flow_config() {
-  node_config c = test::fast_config();
-  c.sibling_direct = false;  // everything through the parent (it is what restarts)
-  c.resend_timeout_ms = 20;
-  c.delivery_timeout_ms = 20000;
-  return c;
-}
-
-class NodeFlowTest : public test::bus_fixture {
+class NodeFlowTest : public test::flow_fixture {
  protected:
   // Root 0x100 and children A 0x101 (sender), B 0x102 (receiver).
   // ac: A's config; b_tweak: B's callbacks.
@@ -43,16 +35,6 @@ class NodeFlowTest : public test::bus_fixture {
     bc_ = bc;
     b_ = make(0x102, bc, true, b_tweak);
     ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
-  }
-  // Root 0x100 with the hand-made child `raw` (0x101, no compression) registered to it.
-  bus_node* root_with(test::raw_child* raw) {
-    node_config rc = flow_config();
-    rc.subnets = {{0x100, 8}};
-    bus_node* root = make(0x100, rc);
-    raw->compress = false;
-    raw->start(&loop_, root->n->listen_urls().at(0));
-    EXPECT_TRUE(wait([&] { return raw->registered; }));
-    return root;
   }
   // Sends numbers [next_, next_ + n) from A to B.
   void send_some(int n) {

@@ -317,14 +317,21 @@ TEST_F(NodeHandoverTest, InheritedFlowPositionsSurviveAStaleLoopClock) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   bus_node* b = make(0x100, c);
   run_for(std::chrono::milliseconds(300));
-  // Given in the previous releases' form (no node id), given back in this one's: "UVFP", the id.
-  std::vector<uint8_t> now = {'U', 'V', 'F', 'P', 0, 1, 0, 0, 0, 0, 0, 0};
+  // Given in the oldest releases' form (no node id), given back in this one's: "UVF2", the id,
+  // and each entry with its two left epochs (none here).
+  std::vector<uint8_t> now = {'U', 'V', 'F', '2', 0, 1, 0, 0, 0, 0, 0, 0};
   now.insert(now.end(), blob.begin(), blob.end());
+  now.resize(now.size() + 32, 0);
   EXPECT_EQ(b->n->flow_positions(), now);
-  // In this release's form it is taken too.
+  // In this release's form it is taken too, and in the previous one's ("UVFP", the id).
   c.inherit_flow_positions = now;
   bus_node* again = make(0x100, c);
   EXPECT_EQ(again->n->flow_positions(), now);
+  std::vector<uint8_t> previous = {'U', 'V', 'F', 'P', 0, 1, 0, 0, 0, 0, 0, 0};
+  previous.insert(previous.end(), blob.begin(), blob.end());
+  c.inherit_flow_positions = previous;
+  bus_node* third = make(0x100, c);
+  EXPECT_EQ(third->n->flow_positions(), now);
 }
 
 // Flow positions handed to a node of another id (a deployment that mixed up two nodes' state

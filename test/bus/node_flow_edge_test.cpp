@@ -1,0 +1,173 @@
+// End-to-end delivery at its edges: forged source ids against a target's table of positions, and
+// late messages of a source's dead incarnations against its live flow (with and without a
+// hand-over of the positions).
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bus/flow_harness.h"
+#include "bus/wire.h"
+#include "uvbus/node.h"
+
+namespace uvbus::node_flow_edge_test {
+namespace {
+
+using namespace std::chrono_literals;
+using test::bus_node;
+using test::flow_config;
+
+class NodeFlowEdgeTest : public test::flow_fixture {
+ protected:
+  // What `t` delivered, as text, in order.
+  static std::vector<std::string> texts(const bus_node* t) {
+    std::vector<std::string> v;
+    v.reserve(t->got.size());
+    for (const auto& g : t->got) v.push_back(g.bytes);
+    return v;
+  }
+  // The messages of type `type` the raw child got.
+  static size_t count(const test::raw_child& raw, proto::msg_type type) {
+    size_t n = 0;
+    for (const auto& m : raw.got) n += static_cast<size_t>(m.hd.type == type);
+    return n;
+  }
+};
+
+// A child owning 64 ids sends flow data from each of them. Messages that are not sync make no
+// state (each is answered with a resync request); sync ones make positions up to
+// max_flow_sources, and the rest are refused: counted, their sources told (a drop notice,
+// access_denied), so a real node refused reports its message failed instead of losing it. A flow
+// that had its position goes on. Before: a position per forged id, however many.
+TEST_F(NodeFlowEdgeTest, ForgedSourcesCannotGrowTheTargetsPositionsBeyondItsLimit) {
+  test::raw_child raw(0x180, 0x100);
+  raw.subnets = {{0x180, 6}};  // 0x180 .. 0x1bf
+  node_config rc = flow_config();
+  rc.max_flow_sources = 8;
+  bus_node* root = root_with(&raw, rc);
+  ASSERT_TRUE(raw.registered);
+  node_config ac = flow_config();
+  ac.parent_urls = {root->n->listen_urls().at(0)};
+  bus_node* a = make(0x101, ac);  // a real source with a position before the flood
+  ASSERT_TRUE(wait([&] { return a->n->up(); }));
+  ASSERT_EQ(test::send_str(a, 0x100, 1, "a1"), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 1; }));
+
+  constexpr uint64_t kForged = 63;
+  for (bus_id s = 0x181; s < 0x181 + kForged; ++s) raw.send_flow(s, 7, "no sync", 0x77, false);
+  ASSERT_TRUE(wait([&] { return count(raw, proto::msg_type::flow_ack) == kForged; }))
+      << count(raw, proto::msg_type::flow_ack) << " resync requests";
+  EXPECT_EQ(root->n->counters().flow_resyncs, kForged);
+  EXPECT_EQ(root->n->counters().flow_sources, 1u) << "state made for a message that is not sync";
+
+  for (bus_id s = 0x181; s < 0x181 + kForged; ++s) raw.send_flow(s, 7, "sync", 0x77);
+  const uint64_t taken = rc.max_flow_sources - 1;  // A holds one
+  ASSERT_TRUE(wait([&] { return count(raw, proto::msg_type::dropped) == kForged - taken; }));
+  const node_counters k = root->n->counters();
+  EXPECT_EQ(k.flow_sources, rc.max_flow_sources);
+  EXPECT_EQ(k.flow_sources_refused, kForged - taken);
+  for (const auto& m : raw.got) {
+    if (m.hd.type != proto::msg_type::dropped) continue;
+    proto::dropped_body d;
+    ASSERT_EQ(proto::parse_dropped(m.body.data(), m.body.size(), &d), errc::ok);
+    EXPECT_EQ(d.why, proto::reason::access_denied);
+  }
+
+  // A keeps its flow; a new real source is refused, and reports it.
+  ASSERT_EQ(test::send_str(a, 0x100, 1, "a2"), errc::ok);
+  bus_node* c = make(0x102, ac);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  uint64_t id = 0;
+  ASSERT_EQ(test::send_str(c, 0x100, 1, "c1", {}, &id), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 2 && c->report_for(id) != nullptr; }));
+  EXPECT_EQ(a->reports[1].status, errc::ok);
+  EXPECT_EQ(c->report_for(id)->status, errc::access_denied);
+  EXPECT_EQ(texts(root).front(), "a1");
+  EXPECT_EQ(texts(root).back(), "a2");
+  EXPECT_EQ(root->n->counters().flow_sources, rc.max_flow_sources);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// A target handed over with its positions keeps the epochs its flows left: a late sync message of
+// a source's dead incarnation, arriving at the new process after the new incarnation's, is stale
+// there too. Before: the blob carried no left epochs, the late message took the flow, and every
+// later message of the live incarnation was dropped as stale (never delivered, never
+// acknowledged).
+TEST_F(NodeFlowEdgeTest, AHandedOverFlowStillKnowsTheEpochsItLeft) {
+  auto raw = std::make_unique<test::raw_child>(0x101, 0x100);
+  bus_node* root = root_with(raw.get());
+  ASSERT_TRUE(raw->registered);
+  constexpr uint64_t kOld = 0x5eed1, kNew = 0x5eed2;
+  raw->send_flow(0x101, 10, "old", kOld);
+  raw->send_flow(0x101, 500, "new", kNew);
+  ASSERT_TRUE(wait([&] { return root->got.size() == 2; }));
+  root->n->stop();
+  ASSERT_TRUE(wait([&] { return !root->downs.empty() && raw->closed; }));
+  node_config rc = flow_config();
+  rc.inherit_flow_positions = root->n->flow_positions();
+  raw = std::make_unique<test::raw_child>(0x101, 0x100);
+  bus_node* next = root_with(raw.get(), rc);
+  ASSERT_TRUE(raw->registered);
+  raw->send_flow(0x101, 11, "late", kOld);          // the dead incarnation's, delayed
+  raw->send_flow(0x101, 501, "next", kNew, false);  // the live flow goes on in order
+  ASSERT_TRUE(wait([&] {
+    const node_counters k = next->n->counters();
+    return k.flow_stale + k.data_received >= 2;
+  }));
+  EXPECT_EQ(texts(next), std::vector<std::string>{"next"});
+  EXPECT_EQ(next->n->counters().flow_stale, 1u);
+  raw->ch->close();
+  ASSERT_TRUE(wait([&] { return raw->ch->closed(); }));
+}
+
+// A source restarted more often than a target remembers left epochs (two), then a late sync
+// message of its first incarnation: that epoch is no longer known, so it takes the flow. The live
+// incarnation's messages are stale then, but it keeps sending its first unacknowledged one
+// flagged sync (the resend timer): once the taken epoch has sent nothing for resend_timeout_ms
+// since such a message, the live epoch is taken back at its position (nothing twice). Before:
+// stale for ever, the live flow wedged until every message timed out.
+TEST_F(NodeFlowEdgeTest, ALiveIncarnationTakesItsFlowBackFromALateForgottenOne) {
+  test::raw_child raw(0x101, 0x100);
+  bus_node* root = root_with(&raw);
+  ASSERT_TRUE(raw.registered);
+  constexpr uint64_t kEpoch[4] = {0xe1, 0xe2, 0xe3, 0xe4};
+  for (uint64_t i = 0; i < 4; ++i)
+    raw.send_flow(0x101, 100 * (i + 1), "e" + std::to_string(i), kEpoch[i]);
+  raw.send_flow(0x101, 101, "late", kEpoch[0]);         // forgotten: takes the flow
+  raw.send_flow(0x101, 401, "next", kEpoch[3], false);  // stale now
+  // The live source's resend timer: its front, flagged sync, every 5 ms until acknowledged.
+  auto last = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait([&] {
+    if (!root->got.empty() && root->got.back().bytes == "next") return true;
+    if (std::chrono::steady_clock::now() - last >= 5ms) {
+      raw.send_flow(0x101, 401, "next", kEpoch[3]);
+      last = std::chrono::steady_clock::now();
+    }
+    return false;
+  })) << root->n->counters().flow_stale
+      << " stale";
+  raw.send_flow(0x101, 401, "next", kEpoch[3]);  // one more copy: a duplicate now
+  raw.send_flow(0x101, 402, "after", kEpoch[3], false);
+  ASSERT_TRUE(wait([&] { return root->got.back().bytes == "after"; }));
+  EXPECT_EQ(texts(root),
+            (std::vector<std::string>{"e0", "e1", "e2", "e3", "late", "next", "after"}));
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+TEST(NodeFlowEdgeConfig, MaxFlowSourcesIsAtLeastOne) {
+  node_config c;
+  c.max_flow_sources = 0;
+  std::string why;
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("max_flow_sources"), std::string::npos) << why;
+  c.max_flow_sources = 1;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+}
+
+}  // namespace
+}  // namespace uvbus::node_flow_edge_test
