@@ -70,7 +70,11 @@ struct node_config {
   // Messages sent while their link is not up yet (parent reconnecting, sibling being looked up or
   // connected) wait in a bounded queue: at most this many messages and bytes per link, each at most
   // pending_timeout_ms, then they fail with errc::timeout. pending_max_messages = 0 disables
-  // queueing: such sends return not_connected at once. Default: 4096 messages / 4 MiB / 10 s.
+  // queueing: such sends return not_connected at once (one to a node outside our subnets goes
+  // through the parent while its direct sibling link is looked up). pending_max_bytes must hold
+  // one message of message_limit (validate()). When the link comes up they go in order; what its
+  // queue does not take waits behind, with our later messages for that peer, and goes as it
+  // drains. Default: 4096 messages / 4 MiB / 10 s.
   size_t pending_max_messages = 4096;
   size_t pending_max_bytes = size_t{4} << 20;
   uint32_t pending_timeout_ms = 10000;

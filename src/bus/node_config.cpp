@@ -233,6 +233,15 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
                       ") must hold one frame of message_limit (" + std::to_string(frame) +
                       " bytes)");
   }
+  // A pending queue (and the grace hold) that cannot take one message of the limit refuses every
+  // one (queue_full) while the link is coming up; 0 messages turns queueing off instead.
+  const size_t one_msg = cfg.message_limit + kMaxBusOverhead;
+  if (cfg.pending_max_messages != 0 && cfg.pending_max_bytes < one_msg) {
+    return refuse(detail, errc::invalid_argument,
+                  "pending_max_bytes (" + std::to_string(cfg.pending_max_bytes) +
+                      ") must hold one message of message_limit (" + std::to_string(one_msg) +
+                      " bytes), or pending_max_messages be 0 (queueing off)");
+  }
   if (cfg.link_queue_packets == 0) {
     return refuse(detail, errc::invalid_argument, "link_queue_packets must be at least 1");
   }

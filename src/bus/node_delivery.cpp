@@ -68,6 +68,16 @@ errc node::impl::transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64
   // trace context a version-4 one (it is left out below that).
   if (n != 0 && bufs[0].size >= proto::kHeaderSize) {
     const auto* hb = static_cast<const uint8_t*>(bufs[0].data);
+    // Our own data waits behind what a pending queue left in p's backlog (flush_queue): in order.
+    if (!p->backlog.q.empty() && !p->draining_backlog && load_le<uint64_t>(hb + 8) == self &&
+        (hb[1] == static_cast<uint8_t>(msg_type::data) ||
+         hb[1] == static_cast<uint8_t>(msg_type::command))) {
+      size_t total = 0;
+      for (size_t i = 0; i < n; ++i) total += bufs[i].size;
+      const errc e = enqueue(&p->backlog, bufs, n, total, tag, target);
+      if (e == errc::queue_full) full_hop = p;  // on_writable once the backlog has gone out
+      return e;
+    }
     if (((hb[2] & proto::flag_flow) != 0 || hb[1] == static_cast<uint8_t>(msg_type::flow_ack)) &&
         version_of(p) < 3) {
       return errc::version_mismatch;
@@ -199,15 +209,30 @@ void node::impl::fail_queue(pending_queue* q, errc why) {
 void node::impl::flush_queue(pending_queue* q, peer_ep* p) {
   while (!q->q.empty()) {
     pending_msg& m = q->q.front();
+    q->bytes -= m.bytes.size();
     // A require_response message reported while it waited (its response timeout passed) is
     // withdrawn: its one report said it was not delivered.
     if (still_owed(m.tag)) {
-      const errc e = transmit_bytes(p, m.bytes, m.tag, m.target);
+      // What the link's queue does not take waits in p's backlog, all after it too (in order),
+      // and goes as the link drains (drain_backlog), still counted as pending.
+      const errc e =
+          p->backlog.q.empty() ? transmit_bytes(p, m.bytes, m.tag, m.target) : errc::queue_full;
+      if (e == errc::queue_full) {
+        p->backlog.bytes += m.bytes.size();
+        p->backlog.q.push_back(std::move(m));
+        q->q.pop_front();
+        continue;
+      }
       if (e != errc::ok) channel_outcome(m.tag, m.target, e);
     }
-    q->bytes -= m.bytes.size();
     q->q.pop_front();
     --counters.pending_now;
+  }
+  // A full ring has no wake-up: its retry poll drains the backlog too (retry_shm_overflow).
+  if (!p->backlog.q.empty() && p->shm &&
+      std::find(shm_overflow.begin(), shm_overflow.end(), p) == shm_overflow.end()) {
+    shm_overflow.push_back(p);
+    arm_idle();
   }
 }
 
@@ -250,7 +275,11 @@ errc node::impl::route_lookup(bus_id target, const const_buffer* bufs, size_t n,
         s.until_ms = now_ms() + kSiblingRetryMs;
       }
     }
-    if (s.state != sib_state::via_parent) return enqueue(&s.pending, bufs, n, total, tag, target);
+    // Queueing off (not_connected): through the parent meanwhile, as while it is not direct.
+    if (s.state != sib_state::via_parent) {
+      const errc e = enqueue(&s.pending, bufs, n, total, tag, target);
+      if (e != errc::not_connected) return e;
+    }
   }
   peer_ep* pp = parent_peer();
   if (pp != nullptr) {
@@ -463,6 +492,7 @@ void node::impl::tick() {
       continue;
     }
     peer_ep* p = lk->peer;
+    if (!p->backlog.q.empty()) expire_queue(&p->backlog, now);
     if (!p->overflow.empty() && now - p->overflow_moved_ms > cfg.heartbeat_timeout_ms) {
       close_stalled_hop(lk, now);
       continue;
@@ -554,14 +584,16 @@ void retry_shm_overflow(node::impl& n) {
   std::vector<bus_id> writable;  // told after the walk: a send from on_writable may block again
   bool moved = false;
   for (detail::peer_ep* p : ps) {
-    const size_t before = p->overflow.size();
+    const size_t before = p->overflow.size() + p->backlog.q.size();
+    n.drain_backlog(p);
     n.drain_overflow(p);
-    moved = moved || p->overflow.size() != before;
-    if (p->overflow.empty() && p->user_blocked && ring_has_room(*p)) {
+    moved = moved || p->overflow.size() + p->backlog.q.size() != before;
+    const bool empty = p->overflow.empty() && p->backlog.q.empty();
+    if (empty && p->user_blocked && ring_has_room(*p)) {
       p->user_blocked = false;
       writable.push_back(p->id);
     }
-    if (p->overflow.empty() && !p->user_blocked) {
+    if (empty && !p->user_blocked) {
       n.shm_overflow.erase(std::remove(n.shm_overflow.begin(), n.shm_overflow.end(), p),
                            n.shm_overflow.end());
     }

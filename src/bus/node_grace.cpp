@@ -63,10 +63,27 @@ bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, si
 }
 
 void node::impl::release_held(peer_ep* child) {
-  auto it = held.find(child->id);
-  if (it == held.end()) return;
-  pending_queue q = std::move(it->second);
-  held.erase(it);
+  // Everything held for an id that routes to this child now: its own, and its descendants' (ids
+  // of its subnets), which were held under their own ids.
+  std::vector<bus_id> ids;
+  for (const auto& [id, q] : held) {
+    const detail::route r = table.lookup(id);
+    if ((r.kind == hop::direct || r.kind == hop::child) && r.next == child->id) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());  // the same order however the map lies
+  for (const bus_id id : ids) {
+    if (dead || state != run_state::running) return;  // a refusal's log line stopped us
+    auto it = held.find(id);
+    if (it == held.end()) continue;
+    pending_queue q = std::move(it->second);
+    held.erase(it);
+    release_queue(child, &q);
+  }
+}
+
+// Sends one target's held messages to the child that now routes to it.
+void node::impl::release_queue(peer_ep* child, pending_queue* held_q) {
+  pending_queue& q = *held_q;
   held_count -= q.q.size();
   held_bytes -= q.bytes;
   counters.pending_now -= q.q.size();

@@ -145,12 +145,12 @@ struct node::impl {
   // node_grace.cpp: relayed messages for children of ours not registered (yet, again).
   uint64_t started_ms = 0;
   std::unordered_map<bus_id, uint64_t> children_lost_ms;  // child id -> when its link was lost
-  std::unordered_map<bus_id, pending_queue> held;         // by child id
-  size_t held_count = 0;  // messages in `held`, all ids together (capped: pending_max_messages)
-  size_t held_bytes = 0;  // their bytes (capped: pending_max_bytes)
+  std::unordered_map<bus_id, pending_queue> held;         // by target id (a child's or below)
+  size_t held_count = 0, held_bytes = 0;  // all of `held` (caps: pending_max_messages, _bytes)
   // True when it waits for its child (stopping: refused, not_connected); else the caller refuses.
   bool hold_for_child(const proto::header& hd, const uint8_t* data, size_t size);
-  void release_held(peer_ep* child);
+  void release_held(peer_ep* child);  // what is held for ids that route to it now
+  void release_queue(peer_ep* child, pending_queue* q);
   void grace_tick(uint64_t now);
   void drop_relayed_for_stop();  // held and overflowing messages, their sources told
   // ---------------------------------------------------------------------------------- flows --
@@ -288,8 +288,7 @@ struct node::impl {
   // ------------------------------------------------------------------------------ transmit --
   // Sends a routed message (data, forward, ack, command, reply) to a registered peer over shared
   // memory when it has a ring for us, else over its stream link. tag != 0 asks for a report.
-  // The message of bufs without its trace block (flag_trace), for a link below version 4: the
-  // spans in strip_spans (valid until the next call).
+  // bufs without its trace block, for a link below version 4: strip_spans (until the next call).
   void strip_trace(const const_buffer* bufs, size_t n);
   errc transmit(peer_ep* p, const const_buffer* bufs, size_t n, uint64_t tag, bus_id target,
                 bool* via_shm = nullptr);
@@ -301,9 +300,10 @@ struct node::impl {
                bus_id target);
   void fail_queue(pending_queue* q, errc why);
   void flush_queue(pending_queue* q, peer_ep* p);  // sends q's messages through p, in order
-  // Routes a whole message (given as buffers whose first 32 bytes are its header) that this node
-  // originates: picks the next hop, queues while the link is coming up. The cached hop of the
-  // last target is taken inline; route_lookup() is the rest.
+  void drain_backlog(peer_ep* p);  // p->backlog into its link as its queue takes it, in order
+  // Routes a whole message (buffers, the first 32 bytes its header) that this node originates:
+  // picks the next hop, queues while the link is coming up. The cached hop of the last target is
+  // taken inline; route_lookup() is the rest.
   errc route_out(bus_id target, const const_buffer* bufs, size_t n, size_t total, uint64_t tag,
                  bool* via_shm) {
     if (cached_hop != nullptr && cached_target == target) {

@@ -228,9 +228,10 @@ void node::impl::s_writable(connection_id c) {
   if (lk == nullptr || lk->peer == nullptr) return;
   peer_ep* p = lk->peer;
   n->dir_drain(p);
+  n->drain_backlog(p);
   n->drain_overflow(p);
   if (n->post_blocked) n->drain_posts();
-  if (p->user_blocked && p->overflow.empty()) {
+  if (p->user_blocked && p->overflow.empty() && p->backlog.q.empty()) {
     p->user_blocked = false;
     n->fire(n->cbs.on_writable, p->id);
   }
@@ -406,6 +407,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
       // (both sides apply the same rule, so they keep the same connection).
       if (self < old->id && old->kind == peer_kind::sibling) {
         move_peer(old, lk);
+        if (dead) return;  // destroyed from its on_writable
       } else {
         close_link(lk, errc::duplicate_id, disconnect_mode::graceful);
       }
@@ -494,7 +496,16 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   } else {
     kind = rb.role == proto::link_role::sibling ? peer_kind::sibling : peer_kind::tool;
     ok = table.check_peer(who.id);
-    if (ok == errc::ok && table.owns(who.id)) ok = errc::out_of_subnet;
+    if (ok == errc::ok && table.owns(who.id)) {
+      ok = errc::out_of_subnet;
+      why = "id " + detail::id_text(who.id) + " lies in our subnets: a child's, not a " +
+            detail::to_string(kind) + "'s";
+    }
+    // Our parent's id, while its link is down too: an impostor would take its place for good.
+    if (ok == errc::ok && parent_id != 0 && who.id == parent_id) {
+      ok = errc::duplicate_id;
+      why = "id " + detail::id_text(who.id) + " is our parent's";
+    }
     if (ok == errc::ok && kind == peer_kind::sibling) {
       ok = table.check_sibling(who.id, who.subnets, &why);
     }
@@ -507,16 +518,9 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
       return;
     }
   }
-  if (ok != errc::ok) {
-    char msg[128];
-    if (!why.empty()) {
-      std::snprintf(msg, sizeof msg, "%s", why.c_str());
-    } else if (ok == errc::out_of_subnet) {
-      std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " or its subnets are outside ours", who.id);
-    } else {
-      std::snprintf(msg, sizeof msg, "id 0x%" PRIx64 " is already registered", who.id);
-    }
-    refuse(lk, ok, msg, rb, token);
+  if (ok != errc::ok) {  // check_child() names its refusals; a sibling's or tool's: here
+    refuse(lk, ok, why.empty() ? "id " + detail::id_text(who.id) + " is already registered" : why,
+           rb, token);
     return;
   }
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
@@ -527,14 +531,6 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   // A sibling we were about to connect to connected to us first.
   if (kind == peer_kind::sibling) settle_sibling(p->id);
   flows_route_changed(false);
-}
-
-void node::impl::settle_sibling(bus_id id) {
-  auto it = siblings.find(id);
-  peer_ep* p = find_peer(id);
-  if (it == siblings.end() || p == nullptr) return;
-  flush_queue(&it->second.pending, p);
-  siblings.erase(it);
 }
 
 bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version, const proto::register_body* rb,
@@ -555,64 +551,6 @@ bool node::impl::accept_reply(link* lk, bus_id to, uint8_t version, const proto:
   return true;
 }
 
-void node::impl::move_peer(peer_ep* p, link* to) {
-  link* old = p->lk;
-  old->peer = nullptr;
-  old->close_reason = errc::duplicate_id;
-  to->peer = p;
-  to->state = link_state::registered;
-  (void)streams->mark_registered(to->conn);  // off the unregistered caps (max_unregistered)
-  p->lk = to;
-  close_link(old, errc::duplicate_id, disconnect_mode::graceful);
-}
-
-peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
-  auto p = std::make_unique<peer_ep>();
-  p->id = info.id;
-  p->kind = kind;
-  p->info = std::move(info);
-  p->lk = lk;
-  p->last_rx_ms = p->last_ping_ms = p->last_data_ms = now_ms();
-  lk->peer = p.get();
-  lk->state = link_state::registered;
-  (void)streams->mark_registered(lk->conn);  // off the unregistered caps (max_unregistered)
-  // Children's and siblings' subnets (checked above) are kept for source checks (a sibling
-  // relays for its descendants), a tool's are not; only children's take part in routing.
-  table.add(p->id, kind, p->info.subnets);
-  // Same host and a ring offered: our data for it goes through shared memory.
-  if (cfg.enable_shm && kind != peer_kind::tool && p->info.host_id == host_id) {
-    for (const std::string& u : p->info.listen) {
-      address a;
-      if (parse_address(u, &a) != errc::ok || a.kind != scheme::shm) continue;
-      auto w = std::make_unique<shm_writer>();
-      const errc e = w->open(a);
-      if (e == errc::ok) {
-        w->on_staged_dropped([this](const uint8_t* d, size_t n) { shm_unstaged(d, n); });
-        p->shm = std::move(w);
-      } else {
-        // From the loop: this runs amid the registration (a callback destroying or stopping the
-        // node here left it half registered). The URL is the peer's text: escaped.
-        log_later(log_level::info,
-                  "peer 0x%" PRIx64 ": shared memory %s unusable (%s), using the stream", p->id,
-                  detail::printable(u).c_str(), to_string(e));
-      }
-      break;
-    }
-  }
-  if (p->shm) shm_tag_peer(p.get());
-  peer_ep* raw = p.get();
-  peers[raw->id] = std::move(p);
-  cached_hop = nullptr;
-  if (kind == peer_kind::child) {
-    children_lost_ms.erase(raw->id);
-    release_held(raw);
-  }
-  dir_link_up(raw);
-  detail::fan_link_up(*this, raw);
-  fire(cbs.on_endpoint_added, info_of(*raw));
-  return raw;
-}
-
 void node::impl::link_gone(link* lk, errc reason) {
   std::unique_ptr<link> owned;
   auto it = links.find(lk->conn_id);
@@ -631,8 +569,7 @@ void node::impl::link_gone(link* lk, errc reason) {
   if (peer_ep* p = lk->peer; p != nullptr) {
     cached_hop = nullptr;
     // What waited in its overflow can go nowhere now: dropped as a relay drops (counted, logged,
-    // and a drop notice or a failed acknowledgement to each source), never silently.
-    // (Each leaves before it is refused: an on_log that calls stop() empties the overflow.)
+    // a drop notice or failed ack to each source; each leaves first: on_log may stop() us).
     while (!p->overflow.empty()) {
       const std::vector<uint8_t> m = std::move(p->overflow.front());
       p->overflow.pop_front();
@@ -643,6 +580,7 @@ void node::impl::link_gone(link* lk, errc reason) {
       }
     }
     p->overflow_bytes = 0;
+    fail_queue(&p->backlog, reason);  // our own messages still waiting for its link: reported
     resume_paused(p);
     const endpoint_info info = info_of(*p);
     if (p->kind == peer_kind::child && state == run_state::running) {

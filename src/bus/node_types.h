@@ -133,8 +133,12 @@ struct peer_ep {
   // has not moved for heartbeat_timeout_ms is not reading and is closed (tick).
   uint64_t overflow_moved_ms = 0;
   bool shm_reader_paused = false;  // we stopped our shm reader because of this overflow
-  bool user_blocked = false;       // a send_data() got queue_full: tell on_writable
-  bool shm_tagged = false;         // shm_envelope goes before each message into its ring
+  // Our own messages a pending queue handed over (flush_queue) that the link's queue did not take:
+  // sent in order as it drains (drain_backlog); our later data for this peer waits behind them.
+  pending_queue backlog;
+  bool draining_backlog = false;
+  bool user_blocked = false;  // a send_data() got queue_full: tell on_writable
+  bool shm_tagged = false;    // shm_envelope goes before each message into its ring
   uint8_t shm_envelope[proto::kShmEnvelopeSize] = {};
   // Directory (node_directory.cpp, dir_tick): new entries from it left out for want of room since
   // we last asked it for its directory; it asked for ours; not answered again before this time.

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 namespace uvbus::detail {
 
@@ -37,30 +39,51 @@ bool routing_table::owns(bus_id id) const noexcept {
   return false;
 }
 
+std::string id_text(bus_id id) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%" PRIx64, id);
+  return b;
+}
+
 errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets,
                                 std::string* why) const {
-  if (!owns(id)) return errc::out_of_subnet;
+  // Each refusal names what was wrong (the id or subnet, and the child that holds it).
+  const auto refuse = [why](errc e, std::string text) {
+    if (why != nullptr) *why = std::move(text);
+    return e;
+  };
+  if (!owns(id))
+    return refuse(errc::out_of_subnet, "id " + id_text(id) + " is outside our subnets");
   for (const subnet& s : subnets) {
-    if (!s.valid()) return errc::out_of_subnet;
+    const std::string name = "child subnet " + s.to_string();
+    if (!s.valid()) return refuse(errc::out_of_subnet, name + " is not a valid subnet");
     bool inside = false;
     for (const subnet& mine : subnets_) inside = inside || mine.contains(s);
-    if (!inside) return errc::out_of_subnet;
+    if (!inside) return refuse(errc::out_of_subnet, name + " is outside our subnets");
     // A child's subnet that covers us (the parent) would route our own id downwards.
-    if (s.contains(self_)) return errc::out_of_subnet;
+    if (s.contains(self_)) return refuse(errc::out_of_subnet, name + " holds our own id");
   }
-  if (id == self_ || peers_.count(id) != 0) return errc::duplicate_id;
-  if (child_owner(id) != nullptr) return errc::duplicate_id;
+  if (id == self_) return refuse(errc::duplicate_id, "id " + id_text(id) + " is ours");
+  if (peers_.count(id) != 0) {
+    return refuse(errc::duplicate_id, "id " + id_text(id) + " is already registered");
+  }
+  subnet theirs;
+  if (const bus_id* owner = child_owner(id, &theirs)) {
+    return refuse(errc::duplicate_id, "id " + id_text(id) + " lies in subnet " +
+                                          theirs.to_string() + " of registered child " +
+                                          id_text(*owner));
+  }
   for (const subnet& s : subnets) {
-    if (child_overlap(s.canonical())) return errc::duplicate_id;
+    if (const bus_id* owner = child_overlap(s.canonical(), &theirs)) {
+      return refuse(errc::duplicate_id, "child subnet " + s.to_string() + " overlaps subnet " +
+                                            theirs.to_string() + " of registered child " +
+                                            id_text(*owner));
+    }
     // A registered child's own id inside s: the new child could send as it.
     auto held = child_ids_.lower_bound(s.first());
     if (held != child_ids_.end() && *held <= s.last()) {
-      if (why != nullptr) {
-        char hex[24];
-        std::snprintf(hex, sizeof hex, "0x%" PRIx64, *held);
-        *why = "child subnet " + s.to_string() + " holds registered child " + hex;
-      }
-      return errc::duplicate_id;
+      return refuse(errc::duplicate_id,
+                    "child subnet " + s.to_string() + " holds registered child " + id_text(*held));
     }
   }
   return errc::ok;
@@ -107,18 +130,23 @@ errc routing_table::check_sibling(bus_id id, const std::vector<subnet>& subnets,
   return errc::ok;
 }
 
-const bus_id* routing_table::child_owner(bus_id id) const {
+const bus_id* routing_table::child_owner(bus_id id, subnet* which) const {
   for (const width_index& w : by_width_) {  // narrowest first
-    auto it = w.owner_by_first.find(id & ~subnet::low_mask(w.mask_bits));
-    if (it != w.owner_by_first.end()) return &it->second;
+    const bus_id first = id & ~subnet::low_mask(w.mask_bits);
+    auto it = w.owner_by_first.find(first);
+    if (it == w.owner_by_first.end()) continue;
+    if (which != nullptr) *which = subnet{first, w.mask_bits};
+    return &it->second;
   }
   return nullptr;
 }
 
-bool routing_table::child_overlap(const subnet& s) const {
-  if (child_owner(s.first()) != nullptr) return true;
+const bus_id* routing_table::child_overlap(const subnet& s, subnet* theirs) const {
+  if (const bus_id* owner = child_owner(s.first(), theirs)) return owner;
   auto it = child_nets_.lower_bound({s.first(), 0});
-  return it != child_nets_.end() && it->first.first <= s.last();
+  if (it == child_nets_.end() || it->first.first > s.last()) return nullptr;
+  *theirs = subnet{it->first.first, it->first.second};
+  return &it->second;
 }
 
 void routing_table::index_add(const subnet& s, bus_id owner) {

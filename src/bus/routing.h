@@ -27,6 +27,8 @@ namespace uvbus::detail {
 
 enum class peer_kind : uint8_t { parent, child, sibling, tool };
 const char* to_string(peer_kind k) noexcept;
+// "0x1a2b": an id as our messages name it.
+std::string id_text(bus_id id);
 
 enum class hop : uint8_t { self, direct, child, parent, none };
 
@@ -59,7 +61,8 @@ class routing_table {
   // Whether a peer could register as our child: its id and each of its subnets must lie inside
   // ours (out_of_subnet), and neither its id nor its subnets may collide with ourselves or a
   // registered peer (duplicate_id): a subnet may hold no other child's id, which it could then
-  // send as (*why, if given, names the subnet and the child). Returns ok when acceptable.
+  // send as. *why, if given, names what was wrong: the id or subnet, and the registered child
+  // whose id or subnet it collides with. Returns ok when acceptable.
   [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets,
                                  std::string* why = nullptr) const;
   // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
@@ -122,11 +125,11 @@ class routing_table {
     std::unordered_map<bus_id, bus_id> owner_by_first;
   };
   std::vector<width_index> by_width_;
-  // The child owning the narrowest child subnet that holds id, if any.
-  [[nodiscard]] const bus_id* child_owner(bus_id id) const;
-  // Whether s overlaps a child's subnet: one of them holds s's first id, or starts inside s
-  // (two aligned subnets either nest or are disjoint).
-  [[nodiscard]] bool child_overlap(const subnet& s) const;
+  // The child owning the narrowest child subnet that holds id, if any (*which: that subnet).
+  [[nodiscard]] const bus_id* child_owner(bus_id id, subnet* which = nullptr) const;
+  // The child whose subnet (*theirs) s overlaps, if any: one of them holds s's first id, or starts
+  // inside s (two aligned subnets either nest or are disjoint).
+  [[nodiscard]] const bus_id* child_overlap(const subnet& s, subnet* theirs) const;
   // Why sibling `id` may not relay for s (see check_sibling()), or nullptr.
   [[nodiscard]] const char* sibling_fault(bus_id id, const subnet& s) const;
   void index_add(const subnet& s, bus_id owner);

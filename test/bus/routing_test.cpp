@@ -70,6 +70,25 @@ TEST(Routing, ChildRegistrationChecks) {
   EXPECT_EQ(t.check_child(0x1401, {{0x1400, 8}}), errc::ok);
   EXPECT_EQ(t.check_peer(0x1100), errc::duplicate_id);
   EXPECT_EQ(t.check_peer(0x9999), errc::ok);
+  // Every refusal says why, naming the subnet and the child that holds it (an id inside another
+  // child's subnet, or an overlap, was "id ... is already registered"; a subnet holding our own
+  // id, inside ours, was "outside ours").
+  const auto why_of = [&t](bus_id id, const std::vector<subnet>& nets) {
+    std::string w;
+    EXPECT_NE(t.check_child(id, nets, &w), errc::ok) << id;
+    return w;
+  };
+  EXPECT_EQ(why_of(0x1150, {}), "id 0x1150 lies in subnet 0x1100/8 of registered child 0x1100");
+  EXPECT_EQ(why_of(0x1200, {{0x1180, 7}}),
+            "child subnet 0x1180/7 overlaps subnet 0x1100/8 of registered child 0x1100");
+  EXPECT_EQ(why_of(0x1001, {{0x1000, 4}}), "child subnet 0x1000/4 holds our own id");
+  t.add(0x1700, peer_kind::child, {{0x1580, 4}});
+  EXPECT_EQ(why_of(0x1601, {{0x1500, 8}}),
+            "child subnet 0x1500/8 overlaps subnet 0x1580/4 of registered child 0x1700");
+  EXPECT_EQ(why_of(0x1100, {}), "id 0x1100 is already registered");
+  EXPECT_EQ(why_of(0x1000, {}), "id 0x1000 is ours");
+  EXPECT_EQ(why_of(0x2000, {}), "id 0x2000 is outside our subnets");
+  EXPECT_EQ(why_of(0x1200, {{0x2000, 4}}), "child subnet 0x2000/4 is outside our subnets");
 }
 
 TEST(Routing, NoParentAndAFullWidthSubnet) {

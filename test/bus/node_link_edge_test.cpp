@@ -1,0 +1,246 @@
+// Links and routing at their edges: a sibling registering again over a new link, a parent link
+// flushing more than its queue takes, an impostor of the parent's id during its outage, messages
+// held for a grandchild, queueing turned off, and the registration refusals' reasons.
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "bus/bus_harness.h"
+#include "bus/raw_peer.h"
+#include "bus/relay_harness.h"
+#include "uvbus/node.h"
+
+namespace uvbus::node_link_edge_test {
+namespace {
+
+using namespace std::chrono_literals;
+using test::bus_node;
+using test::send_str;
+
+class NodeLinkEdge : public test::bus_fixture {
+ protected:
+  void TearDown() override {
+    for (test::raw_child& r : raws_) {
+      if (!r.ch) continue;
+      r.ch->close();
+      EXPECT_TRUE(wait([&] { return r.ch->closed(); }));
+    }
+    test::bus_fixture::TearDown();
+  }
+  // A hand-made peer `id` registering with the node at `url` as `role`, uncompressed (what it is
+  // sent fills its link's queue), started at once.
+  test::raw_child& raw(bus_id id, bus_id to, proto::link_role role, const std::string& url,
+                       bool paused = false) {
+    test::raw_child& r = raws_.emplace_back(id, to);
+    r.role = role;
+    r.compress = false;
+    r.pause_after_register = paused;
+    r.start(&loop_, url);
+    return r;
+  }
+  // Sends `t`'s link to `peer` refused because its queue was full (metrics_text()).
+  static uint64_t refused_to(const bus_node* t, const std::string& peer) {
+    const std::string key = "uvbus_peer_queue_refused_total{peer=\"" + peer + "\"";
+    const std::string text = t->n->metrics_text();
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return 0;
+    const size_t end = text.find('\n', at);
+    const size_t sp = text.rfind(' ', end);
+    return std::stoull(text.substr(sp + 1, end - sp - 1));
+  }
+  // Starts node `id` on `url` again (the old socket may still be closing: tried until it binds).
+  bus_node* restart_at(bus_id id, node_config c, const std::string& url) {
+    c.listen = {url};
+    bus_node* back = nullptr;
+    EXPECT_TRUE(wait([&] {
+      back = make(id, c, false);
+      if (back->n->start() == errc::ok) return true;
+      destroy(back);
+      return false;
+    }));
+    return back;
+  }
+
+  std::deque<test::raw_child> raws_;  // a deque: they never move (their callbacks hold this)
+};
+
+// Sibling 0x101 registers again over a new connection while its old link to B is still open (it
+// restarted behind a half-open connection). B moved the peer onto the new link but left behind
+// what waited in its overflow and its application's wait for on_writable: neither moved again,
+// the paused relay link stayed paused, and the stall check later closed the healthy new link.
+// Now the overflow goes out over the new link and on_writable(0x101) comes.
+TEST_F(NodeLinkEdge, ASiblingRegisteringAgainGetsItsBacklogAndTheBlockedSenderItsWritable) {
+  node_config bc = test::hop_config();
+  bc.link_queue_bytes = size_t{128} << 10;
+  bus_node* b = make_root(0x200, {{0x200, 8}}, bc);
+  const std::string url = b->n->listen_urls().at(0);
+  test::raw_child& old_link = raw(0x101, 0x200, proto::link_role::sibling, url, true);
+  node_config cc = test::hop_config();
+  cc.sibling_direct = false;
+  bus_node* c = make_child(0x201, b, {}, cc);
+  ASSERT_TRUE(wait([&] { return old_link.registered && c->n->up(); }));
+  // B's own sends until its link to the sibling refuses one.
+  const std::string payload(60000, 'b');
+  ASSERT_TRUE(wait([&] {
+    for (int i = 0; i < 8; ++i) {
+      if (send_str(b, 0x101, 1, payload) == errc::queue_full) return true;
+    }
+    return false;
+  }));
+  // C's messages through B until one met the full queue: it waits in B's overflow for 0x101.
+  const uint64_t before = refused_to(b, "0x101");
+  ASSERT_TRUE(wait([&] {
+    (void)send_str(c, 0x101, 7, payload);
+    return refused_to(b, "0x101") > before;
+  }));
+  // Refused again just before the sibling comes back (its old link may have told of room since).
+  const uint64_t told = b->writable;
+  for (int i = 0; i < 64 && send_str(b, 0x101, 1, payload) == errc::ok; ++i) {
+  }
+  test::raw_child& again = raw(0x101, 0x200, proto::link_role::sibling, url);
+  const auto from_c = [&] {
+    for (const auto& m : again.got) {
+      if (m.hd.source == 0x201) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait([&] { return again.registered && from_c() && b->writable > told; }))
+      << "registered " << again.registered << ", C's message " << from_c() << ", on_writable "
+      << b->writable;
+  // B's link to C reads again: a message C sends B itself arrives.
+  ASSERT_EQ(send_str(c, 0x200, 2, "after"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !b->got.empty() && b->got.back().bytes == "after"; }));
+  EXPECT_FALSE(again.closed);
+}
+
+// A child's messages queued while its parent was away went out in one call when it registered
+// again: what the link's queue did not take was refused (queue_full) although send_data had
+// accepted it. Now every one of them goes, in order, and is reported ok.
+TEST_F(NodeLinkEdge, AReconnectFlushLargerThanTheLinkQueueSendsEverything) {
+  node_config rc = test::hop_config();
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  const std::string url = root->n->listen_urls().at(0);
+  node_config ac = test::hop_config();
+  ac.link_queue_bytes = size_t{256} << 10;
+  ac.pending_timeout_ms = 30000;
+  bus_node* a = make_child(0x101, root, {}, ac);
+  ASSERT_TRUE(wait([&] { return a->n->up(); }));
+  destroy(root);
+  ASSERT_TRUE(wait([&] { return !a->n->up(); }));
+  constexpr size_t kCount = 3000;  // 3 MB: more than the link's queue and the socket's buffers
+  std::string payload(1000, 'p');
+  for (size_t i = 0; i < kCount; ++i) {
+    std::memcpy(payload.data(), &i, sizeof i);
+    ASSERT_EQ(send_str(a, 0x100, 1, payload), errc::ok) << i;
+  }
+  rc.subnets = {{0x100, 8}};
+  bus_node* back = restart_at(0x100, rc, url);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == kCount; }))
+      << a->reports.size() << " reports, " << a->ok_reports() << " ok";
+  EXPECT_EQ(a->ok_reports(), kCount);
+  ASSERT_TRUE(wait([&] { return back->got.size() == kCount; })) << back->got.size();
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(back->got[i].value(), i) << "out of order";
+}
+
+// While a node's parent link is down a peer could register with it as a sibling or a tool under
+// the parent's id: every acceptance of the real parent was refused from then on (its id a
+// registered peer's) and messages to the parent went to the impostor. It is refused now, naming
+// the parent, and the parent comes back.
+TEST_F(NodeLinkEdge, NoPeerTakesTheParentsIdDuringItsOutage) {
+  node_config rc = test::fast_config();
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  const std::string url = root->n->listen_urls().at(0);
+  bus_node* c = make_child(0x101, root);
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  destroy(root);
+  ASSERT_TRUE(wait([&] { return !c->n->up(); }));
+  const std::string curl = c->n->listen_urls().at(0);
+  for (const proto::link_role role : {proto::link_role::tool, proto::link_role::sibling}) {
+    test::raw_child& imp = raw(0x100, 0x101, role, curl);
+    ASSERT_TRUE(wait([&] { return imp.registered || imp.closed; }));
+    EXPECT_FALSE(imp.registered) << "an impostor took the parent's id";
+    EXPECT_NE(imp.reply_message.find("parent"), std::string::npos) << imp.reply_message;
+  }
+  rc.subnets = {{0x100, 8}};
+  bus_node* back = restart_at(0x100, rc, url);
+  ASSERT_TRUE(wait([&] { return c->ups == 2; }));
+  ASSERT_EQ(send_str(c, 0x100, 1, "home"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !back->got.empty(); }));
+}
+
+// A restarted root held messages for grandchild G (of child C's subnet) under G's id; C's
+// registration released only what was held under C's own id: G's waited out child_grace_ms and
+// were refused (unknown_route) although G was reachable. They go to C when it registers now.
+TEST_F(NodeLinkEdge, MessagesHeldForAGrandchildGoWhenItsChildRegisters) {
+  node_config rc = test::hop_config();
+  rc.child_grace_ms = 5000;
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  const std::string url = root->n->listen_urls().at(0);
+  node_config cc = test::hop_config();
+  cc.reconnect_min_ms = cc.reconnect_max_ms = 2500;  // back well after S, within the grace
+  cc.reconnect_jitter = 0;
+  bus_node* c = make_child(0x110, root, {{0x110, 4}}, cc);
+  bus_node* g = make_child(0x111, c, {}, test::hop_config());
+  node_config sc = test::hop_config();
+  sc.sibling_direct = false;
+  sc.response_timeout_ms = 30000;  // a timeout would be a late wrong answer
+  bus_node* s = make_child(0x101, root, {}, sc);
+  ASSERT_TRUE(wait([&] { return c->n->up() && g->n->up() && s->n->up(); }));
+  destroy(root);
+  ASSERT_TRUE(wait([&] { return !s->n->up() && !c->n->up(); }));
+  rc.subnets = {{0x100, 8}};
+  (void)restart_at(0x100, rc, url);
+  ASSERT_TRUE(wait([&] { return s->n->up(); }));
+  ASSERT_FALSE(c->n->up()) << "C came back before S: nothing was held";
+  send_options o;
+  o.require_response = true;
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(send_str(s, 0x111, 1, "to G", o), errc::ok);
+  ASSERT_TRUE(wait([&] { return s->reports.size() == 10; })) << s->reports.size();
+  for (const auto& r : s->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
+  EXPECT_EQ(g->got.size(), 10u);
+}
+
+// With queueing off (pending_max_messages = 0) a send to a node outside our subnets went into the
+// direct-sibling lookup's queue, which refused it (not_connected) although the parent was up.
+// It goes through the parent now.
+TEST_F(NodeLinkEdge, QueueingOffSendsThroughTheParentWhileTheSiblingIsLookedUp) {
+  bus_node* root = make_root(0x100, {{0x100, 8}});
+  node_config ac = test::fast_config();
+  ac.pending_max_messages = 0;
+  bus_node* a = make_child(0x101, root, {}, ac);
+  bus_node* b = make_child(0x102, root);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  ASSERT_EQ(send_str(a, 0x102, 1, "first"), errc::ok);
+  ASSERT_EQ(send_str(a, 0x102, 1, "second"), errc::ok);
+  ASSERT_TRUE(wait([&] { return b->got.size() == 2; }));
+  EXPECT_EQ(b->got[0].bytes, "first");
+  // A pending queue that cannot hold one message of message_limit would refuse every one.
+  node_config small = test::fast_config();
+  small.pending_max_bytes = 1000;
+  std::string detail;
+  EXPECT_EQ(node::validate(0x300, small, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("pending_max_bytes (1000)"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("message_limit"), std::string::npos) << detail;
+  small.pending_max_messages = 0;  // queueing off: no bound to check
+  EXPECT_EQ(node::validate(0x300, small, &detail), errc::ok) << detail;
+}
+
+// A child's refusal names what collides: the subnet and the child that owns it (it was "id ... is
+// already registered" for an id inside another child's subnet).
+TEST_F(NodeLinkEdge, AChildRefusalNamesTheSubnetAndItsChild) {
+  bus_node* root = make_root(0x100, {{0x100, 8}});
+  bus_node* c = make_child(0x110, root, {{0x110, 4}});
+  ASSERT_TRUE(wait([&] { return c->n->up(); }));
+  test::raw_child& inside = raw(0x111, 0x100, proto::link_role::child, root->n->listen_urls()[0]);
+  ASSERT_TRUE(wait([&] { return inside.closed; }));
+  EXPECT_FALSE(inside.registered);
+  EXPECT_EQ(inside.reply_message, "id 0x111 lies in subnet 0x110/4 of registered child 0x110");
+}
+
+}  // namespace
+}  // namespace uvbus::node_link_edge_test
