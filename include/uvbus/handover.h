@@ -27,7 +27,7 @@ namespace uvbus {
 
 struct handover_state {
   std::vector<inherited_listener> listeners;  // at most 8 (node_config's listen limit)
-  std::vector<uint8_t> flow_positions;        // node::flow_positions() after stop()
+  std::vector<uint8_t> flow_positions;        // node::flow_positions() at on_down(closed)
 };
 
 // The new process: creates a unix socket at `path` (mode 0600; bound and listening under a

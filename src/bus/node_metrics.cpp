@@ -128,6 +128,8 @@ void node::impl::node_families(prom_text* t) const {
        c.flow_out_of_order},
       {"uvbus_node_flow_stale_total", "Late sync messages of a source's earlier epoch dropped.",
        c.flow_stale},
+      {"uvbus_node_flow_sources_refused_total", "New flow sources refused beyond max_flow_sources.",
+       c.flow_sources_refused},
       {"uvbus_node_calls_started_total", "node::call()s accepted.", c.calls_started},
       {"uvbus_node_calls_ok_total", "Calls answered with a reply.", c.calls_ok},
       {"uvbus_node_calls_failed_total",

@@ -658,6 +658,7 @@ std::string node::impl::counters_text() const {
   add("flow_out_of_order", c.flow_out_of_order);
   add("flow_resyncs", c.flow_resyncs);
   add("flow_stale", c.flow_stale);
+  add("flow_sources_refused", c.flow_sources_refused);
   add("calls_started", c.calls_started);
   add("calls_ok", c.calls_ok);
   add("calls_failed", c.calls_failed);

@@ -69,6 +69,9 @@ TEST_F(NodeFlowEdgeTest, ForgedSourcesCannotGrowTheTargetsPositionsBeyondItsLimi
   const node_counters k = root->n->counters();
   EXPECT_EQ(k.flow_sources, rc.max_flow_sources);
   EXPECT_EQ(k.flow_sources_refused, kForged - taken);
+  EXPECT_NE(root->n->metrics_text().find("uvbus_node_flow_sources_refused_total " +
+                                         std::to_string(kForged - taken) + "\n"),
+            std::string::npos);
   for (const auto& m : raw.got) {
     if (m.hd.type != proto::msg_type::dropped) continue;
     proto::dropped_body d;
