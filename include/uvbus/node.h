@@ -235,10 +235,11 @@ class node {
   // parse or is of the wrong kind (a listen URL without port: bad_url); invalid_argument for the
   // rest: id 0, more than 16 subnets or 8 listen URLs, a subnet wider than 64 bits, more than one
   // shm:// listen URL, a URL over 256 bytes, an empty access token, host_id over 128 bytes, a
-  // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB,
-  // link_queue_bytes below one frame of message_limit, post_queue_bytes below one message
-  // (message_limit rounded up to 8, plus 64), post_queue_messages, link_queue_packets,
-  // max_outstanding_responses, broadcast_max_targets or default_ttl 0, a zero timeout or interval,
+  // protocol range that is empty or starts at 0, message_limit 0 or above 1 GiB, link_queue_bytes
+  // below one frame of message_limit, post_queue_bytes below one message (message_limit rounded up
+  // to 8, plus 64), pending_max_bytes below one message (unless pending_max_messages is 0: queueing
+  // off), post_queue_messages, link_queue_packets, max_outstanding_responses,
+  // broadcast_max_targets, max_flow_sources or default_ttl 0, a zero timeout or interval,
   // heartbeat_timeout_ms below twice heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms,
   // jitter outside [0, 1], max_unregistered_per_address above a non-zero max_unregistered, and with
   // a shm:// listen URL: shm_ring_bytes not a power of two or too small for two records of
