@@ -108,7 +108,7 @@ void etcd_discovery::impl::grant() {
                      std::string why = failure_of(r);
                      etcd::lease_reply lr;
                      if (why.empty() && !etcd::parse_lease_grant(r.body, &lr, &why)) {
-                       why = "lease grant: " + why;
+                       why = "bad body: " + why;
                      }
                      if (!why.empty()) return fail("lease grant: " + why);
                      lease = lr.id;

@@ -89,6 +89,15 @@ class DiscoveryContractTest : public test::discovery_fixture {
     c.prefix = kPrefix;
     return c;
   }
+  // The answers to POSTs to `path` as before, then changed by edit(&reply, nth).
+  void edit_answers(const std::string& path, const std::function<void(reply*, size_t)>& edit) {
+    auto before = fake_->on_post;
+    fake_->on_post = [before, path, edit](const std::string& p, size_t nth) {
+      reply r = before(p, nth);
+      if (p == path) edit(&r, nth);
+      return r;
+    };
+  }
   std::unique_ptr<scripted_etcd> fake_;
   std::vector<std::unique_ptr<node>> nodes_;
 };
@@ -417,6 +426,15 @@ TEST_F(DiscoveryContractTest, ANodeStoppedFromOnLogOnADiscoveryFailureStops) {
   ASSERT_EQ(n->start(), errc::ok) << n->last_error().detail;
   ASSERT_TRUE(wait([&] { return closed == 1; }, seconds(20))) << stops << " lease grant lines";
   EXPECT_FALSE(n->running());
+}
+
+// A grant answer without an ID names the step once. Before: "lease grant: lease grant: no lease
+// ID/TTL in the grant".
+TEST_F(DiscoveryContractTest, ABadGrantAnswerNamesTheStepOnce) {
+  edit_answers("/v3/lease/grant", [](reply* r, size_t) { r->body = R"({"header":{}})"; });
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
+  EXPECT_EQ(v->d->last_error().detail, "lease grant: bad body: no lease ID/TTL in the grant");
 }
 
 // About 1.5 MB of small watch messages in one write (etcd catching a watcher up) are delivered
