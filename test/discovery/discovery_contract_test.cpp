@@ -437,6 +437,45 @@ TEST_F(DiscoveryContractTest, ABadGrantAnswerNamesTheStepOnce) {
   EXPECT_EQ(v->d->last_error().detail, "lease grant: bad body: no lease ID/TTL in the grant");
 }
 
+// start() and update_self() refuse an entry every reader (this instance included) would skip as
+// malformed, naming the field or max_entry_bytes; the registered entry stays. Before, both
+// returned ok and the node was invisible in every directory.
+TEST_F(DiscoveryContractTest, AnEntryNoReaderAcceptsIsRefused) {
+  std::vector<std::pair<directory_entry, std::string>> bad;
+  directory_entry e = test_entry(0x42);
+  for (int i = 0; e.labels.size() <= 32; ++i) e.labels.emplace_back("k" + std::to_string(i), "v");
+  bad.emplace_back(e, "\"labels\" is not an object of at most 32 labels");
+  e = test_entry(0x42);
+  e.name.assign(257, 'n');
+  bad.emplace_back(e, "\"name\" is not a string of at most 256 bytes");
+  e = test_entry(0x42);
+  e.listen.assign(17, "ipv4://127.0.0.1:1");
+  bad.emplace_back(e, "\"urls\" is not an array of at most 16 URLs");
+  e = test_entry(0x42);
+  e.listen.assign(16, "ipv4://127.0.0.1:1/" + std::string(200, 'p'));  // each field valid
+  e.labels.clear();
+  for (int i = 0; i < 32; ++i)
+    e.labels.emplace_back(std::to_string(i) + std::string(250, 'k'), std::string(256, 'v'));
+  bad.emplace_back(e, "above max_entry_bytes (16384)");
+  e.listen.resize(2);
+  bad.emplace_back(e, "above max_entry_bytes (256)");
+  discovery_config small = fake_config();
+  small.max_entry_bytes = 256;
+  for (const auto& [entry, why] : bad) {
+    const bool tiny = why.find("(256)") != std::string::npos;
+    etcd_discovery d(&loop_, tiny ? small : fake_config(), {});
+    EXPECT_EQ(d.start(entry), errc::invalid_argument) << why;
+    EXPECT_NE(d.last_error().detail.find(why), std::string::npos) << d.last_error().detail;
+    EXPECT_EQ(d.stop(nullptr), errc::wrong_state) << "not started";
+  }
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  EXPECT_EQ(v->d->update_self(bad[0].first), errc::invalid_argument);
+  EXPECT_NE(v->d->last_error().detail.find("update_self(): "), std::string::npos)
+      << v->d->last_error().detail;
+  ASSERT_TRUE(wait([&] { return v->d->connected(); }, seconds(20)));
+  EXPECT_EQ(fake_->count("/v3/kv/put", etcd::base64_encode(etcd::encode_entry(bad[0].first))), 0U);
+}
+
 // About 1.5 MB of small watch messages in one write (etcd catching a watcher up) are delivered
 // whole. Before, each message consumed moved the rest of the buffer (quadratic: gigabytes moved
 // for a burst like this one); what is checked here is only that the single pass delivers them all.
