@@ -119,9 +119,9 @@ class etcd_discovery {
   // beyond the value's limits, docs/cluster.md "Value", or above max_entry_bytes), naming it.
   [[nodiscard]] errc start(const directory_entry& self);
   // Replaces the registered entry (same id; listen URLs known later, labels changed). Written at
-  // once when registered, else at the next registration. wrong_state before start() or on a
-  // watch-only instance, invalid_argument for another id or an entry start() would refuse, closed
-  // after stop().
+  // once when registered (after a put still under way), else at the next registration.
+  // wrong_state before start() or on a watch-only instance, invalid_argument for another id or
+  // an entry start() would refuse, closed after stop().
   [[nodiscard]] errc update_self(const directory_entry& self);
   // Revokes the lease (the entry leaves every directory at once) and stops; `done` runs when the
   // revoke was answered or failed (never inside this call). Destroying the object without stop()

@@ -285,6 +285,7 @@ errc etcd_discovery::start(const directory_entry& self) {
   d.self.parent = 0;
   d.registering = self.id != 0;
   d.nodes_prefix = d.cfg.prefix + "/nodes/";
+  d.self_key = detail::etcd::node_key(d.cfg.prefix, self.id);
   d.http = std::make_unique<detail::etcd_client>(
       d.loop, d.cfg.max_response_bytes,
       detail::etcd_tls{d.cfg.tls_ca_file, d.cfg.tls_cert_file, d.cfg.tls_key_file});

@@ -49,8 +49,9 @@ struct etcd_discovery::impl {
   phase ph = phase::idle;
   directory_entry self;
   bool registering = false;
-  bool self_dirty = false;   // update_self() during the registering put: put again after it
+  bool self_dirty = false;   // update_self() while a put of self is under way: put again after it
   std::string nodes_prefix;  // <prefix>/nodes/
+  std::string self_key;      // <prefix>/nodes/<self.id>
   size_t ep = 0;             // the endpoint in use
   // Failures since the last good session: one that stayed connected (watch created) for
   // retry_max_ms. A session that fails sooner (etcd cancelling every watch) keeps backing off.
@@ -91,7 +92,7 @@ struct etcd_discovery::impl {
   void authenticate();  // etcd_username set: the session's first request
   void after_auth();    // grant (registering) or range (watch only)
   void grant();
-  void put_self();
+  void put_self();  // after a put still under way (self_dirty), never beside it
   void range();
   void watch(int64_t from);  // the prefix, from revision `from`
   void on_watch_line(std::string_view line);

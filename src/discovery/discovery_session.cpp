@@ -118,25 +118,30 @@ void etcd_discovery::impl::grant() {
   if (req == 0) fail("lease grant: the HTTP client refused the request");
 }
 
+// One put of self at a time: a newer one waits for the answer to the one under way (a cancelled
+// put etcd already took could be applied after the newer one, leaving the older value).
 void etcd_discovery::impl::put_self() {
-  const std::string key = etcd::node_key(cfg.prefix, self.id);
   const bool first = ph == phase::putting;
+  if (!first && upd_req != 0) {
+    self_dirty = true;
+    return;
+  }
   uint64_t& slot = first ? req : upd_req;
-  if (slot != 0) http->cancel(slot);
-  uint64_t id =
-      http->post(url("/v3/kv/put"), etcd::put_request(key, etcd::encode_entry(self), lease),
+  const uint64_t id =
+      http->post(url("/v3/kv/put"), etcd::put_request(self_key, etcd::encode_entry(self), lease),
                  cfg.request_timeout_ms, [this, first](http_result& r) {
-                   if (first) req = 0;
-                   if (!first) upd_req = 0;
+                   (first ? req : upd_req) = 0;
                    std::string why = failure_of(r);
                    if (why.empty()) (void)etcd::parse_ok(r.body, &why);  // sets why when it fails
                    if (!why.empty()) return fail("put: " + why);
-                   if (!first) return;
-                   ++st.registrations;
-                   ka_ok_ms = uv_now(loop);  // the lease was granted just before
-                   arm_keepalive();
-                   range();
-                   if (self_dirty) {  // update_self() while the first put was under way
+                   if (first) {
+                     ++st.registrations;
+                     ka_ok_ms = uv_now(loop);  // the lease was granted just before
+                     arm_keepalive();
+                     range();
+                   }
+                   // update_self() while this put was under way.
+                   if (self_dirty && (ph == phase::ranging || ph == phase::watching)) {
                      self_dirty = false;
                      put_self();
                    }

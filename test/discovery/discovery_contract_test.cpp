@@ -30,12 +30,18 @@ using test::test_entry;
 namespace etcd = detail::etcd;
 
 const std::string kPrefix = "/uvbus-test";
+const std::string kPut = "/v3/kv/put";
 
-// The gateway's JSON of a kv (keys and values base64; mod_revision 0: none given).
-std::string raw_kv(const std::string& key, const std::string& value, int64_t mod_revision = 0) {
+// The gateway's JSON of a kv (keys and values base64; mod_revision and lease 0: none given).
+std::string raw_kv(const std::string& key, const std::string& value, int64_t mod_revision = 0,
+                   int64_t lease = 0) {
   return R"({"key":")" + etcd::base64_encode(key) + R"(","value":")" + etcd::base64_encode(value) +
          (mod_revision == 0 ? "" : R"(","mod_revision":")" + std::to_string(mod_revision)) +
-         R"("})";
+         (lease == 0 ? "" : R"(","lease":")" + std::to_string(lease)) + R"("})";
+}
+// ... of entry e, put on `lease`.
+std::string leased_kv(const directory_entry& e, int64_t lease) {
+  return raw_kv(etcd::node_key(kPrefix, e.id), etcd::encode_entry(e), 3, lease);
 }
 // ... of entry `id`.
 std::string kv_of(bus_id id, int64_t mod_revision = 0) {
@@ -97,6 +103,11 @@ class DiscoveryContractTest : public test::discovery_fixture {
       if (p == path) edit(&r, nth);
       return r;
     };
+  }
+  // Every range answer holds `self` on lease 7 (the fake's lease), as etcd's would after its put.
+  void own_entry_in_ranges(const directory_entry& self) {
+    const std::string body = R"({"header":{"revision":"5"},"kvs":[)" + leased_kv(self, 7) + "]}";
+    edit_answers("/v3/kv/range", [body](reply* r, size_t) { r->body = body; });
   }
   std::unique_ptr<scripted_etcd> fake_;
   std::vector<std::unique_ptr<node>> nodes_;
@@ -474,6 +485,34 @@ TEST_F(DiscoveryContractTest, AnEntryNoReaderAcceptsIsRefused) {
       << v->d->last_error().detail;
   ASSERT_TRUE(wait([&] { return v->d->connected(); }, seconds(20)));
   EXPECT_EQ(fake_->count("/v3/kv/put", etcd::base64_encode(etcd::encode_entry(bad[0].first))), 0U);
+}
+
+// Two update_self() calls in a row: the second put waits for the first's answer (500 ms late
+// here), so etcd cannot apply the older value after the newer. Before, the second cancelled the
+// first in flight and was sent at once on another connection.
+TEST_F(DiscoveryContractTest, AnUpdateWaitsForThePutBeforeIt) {
+  directory_entry one = test_entry(0x42);
+  one.name = "one";
+  directory_entry two = test_entry(0x42);
+  two.name = "two";
+  const std::string b64_one = etcd::base64_encode(etcd::encode_entry(one));
+  const std::string b64_two = etcd::base64_encode(etcd::encode_entry(two));
+  own_entry_in_ranges(test_entry(0x42));
+  auto answered_before_two = std::make_shared<size_t>(0);
+  scripted_etcd* f = fake_.get();
+  edit_answers("/v3/kv/put", [=](reply* r, size_t) {
+    if (f->body().find(b64_one) != std::string::npos) r->delay_ms = 500;
+    if (f->body().find(b64_two) != std::string::npos) *answered_before_two = f->answered(kPut);
+  });
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->connected(); }, seconds(20)));
+  ASSERT_EQ(v->d->update_self(one), errc::ok);
+  ASSERT_TRUE(wait([&] { return fake_->count(kPut, b64_one) == 1; }, seconds(20)));
+  ASSERT_EQ(v->d->update_self(two), errc::ok);
+  ASSERT_TRUE(wait([&] { return fake_->count(kPut, b64_two) == 1; }, seconds(20)));
+  EXPECT_EQ(*answered_before_two, 2U) << "the registration's put and `one`'s were answered";
+  EXPECT_EQ(fake_->count(kPut), 3U);
+  EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
 }
 
 // About 1.5 MB of small watch messages in one write (etcd catching a watcher up) are delivered
