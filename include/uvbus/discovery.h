@@ -123,8 +123,9 @@ class etcd_discovery {
   // wrong_state before start() or on a watch-only instance, invalid_argument for another id or
   // an entry start() would refuse, closed after stop().
   [[nodiscard]] errc update_self(const directory_entry& self);
-  // Revokes the lease (the entry leaves every directory at once) and stops; `done` runs when the
-  // revoke was answered or failed (never inside this call). Destroying the object without stop()
+  // Revokes the lease (and that of a failed session which may still hold the entry: the entry
+  // leaves every directory at once) and stops; `done` runs when the revokes were answered or
+  // failed (never inside this call). Destroying the object without stop()
   // leaves the entry until its lease expires, as a crash would.
   [[nodiscard]] errc stop(std::function<void()> done);
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/log_limiter.h"
 #include "discovery/etcd_client.h"
@@ -58,8 +59,14 @@ struct etcd_discovery::impl {
   uint32_t attempt = 0;
   uint64_t up_ms = 0;  // loop time the current session's watch was created (0: not yet)
   int64_t lease = 0;
-  int64_t revision = 0;  // the last revision seen (range header, watch header)
-  uint64_t req = 0;      // the unary request of the current step
+  // Leases of failed sessions that may still hold the own key (a put etcd took, or applies late):
+  // revoked once the next session's put landed, or by stop(). At most kOldLeases (older ones
+  // expire unrenewed within ttl_s).
+  std::vector<int64_t> old_leases;
+  static constexpr size_t kOldLeases = 16;
+  size_t revokes_left = 0;  // stop()'s revokes not yet answered
+  int64_t revision = 0;     // the last revision seen (range header, watch header)
+  uint64_t req = 0;         // the unary request of the current step
   uint64_t watch_req = 0;
   uint64_t ka_req = 0;
   uint64_t upd_req = 0;    // update_self()'s put
@@ -93,6 +100,7 @@ struct etcd_discovery::impl {
   void after_auth();    // grant (registering) or range (watch only)
   void grant();
   void put_self();  // after a put still under way (self_dirty), never beside it
+  void revoke_old_leases();
   void range();
   void watch(int64_t from);  // the prefix, from revision `from`
   void on_watch_line(std::string_view line);

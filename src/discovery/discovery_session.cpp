@@ -1,6 +1,7 @@
 // etcd_discovery's session with etcd: lease grant, put of the own entry, range read of the
 // prefix, watch from the range revision + 1, keep-alive every ttl_s/3, and on any failure the
-// next endpoint after a backoff with a new lease; stop() revokes the lease.
+// next endpoint after a backoff with a new lease (the old one revoked once the new put landed);
+// stop() revokes the leases.
 #include <algorithm>
 
 #include "discovery/discovery_impl.h"
@@ -44,7 +45,12 @@ static std::string failure_of(const http_result& r) {
 void etcd_discovery::impl::fail(const std::string& why) {
   ++st.failures;
   cancel_all();
-  lease = 0;  // the next session registers with a new lease
+  if (lease != 0) {  // it may hold the key: revoked when the next session's put landed
+    if (old_leases.size() >= kOldLeases) old_leases.erase(old_leases.begin());
+    old_leases.push_back(lease);
+  }
+  lease = 0;           // the next session registers with a new lease
+  self_dirty = false;  // its put writes the newest self
   resync_ms = 0;
   err = {errc::not_connected, why};
   log(log_level::warn, kFailure,
@@ -138,6 +144,7 @@ void etcd_discovery::impl::put_self() {
                      ++st.registrations;
                      ka_ok_ms = uv_now(loop);  // the lease was granted just before
                      arm_keepalive();
+                     revoke_old_leases();
                      range();
                    }
                    // update_self() while this put was under way.
@@ -148,6 +155,17 @@ void etcd_discovery::impl::put_self() {
                  });
   if (id == 0) return fail("put: the HTTP client refused the request");
   slot = id;
+}
+
+// Our key is on `lease` now: a lease of a failed session can only hold it again through a late
+// put, which fails once that lease is revoked.
+void etcd_discovery::impl::revoke_old_leases() {
+  for (const int64_t old : old_leases) {
+    if (old == lease) continue;
+    (void)http->post(url("/v3/lease/revoke"), etcd::lease_id_request(old), cfg.request_timeout_ms,
+                     [](http_result&) {});  // failed or not: it expires unrenewed
+  }
+  old_leases.clear();
 }
 
 void etcd_discovery::impl::range() {
@@ -275,7 +293,10 @@ void etcd_discovery::impl::on_keepalive(http_result& r) {
   std::string why = failure_of(r);
   etcd::lease_reply lr;
   if (why.empty() && !etcd::parse_keepalive(r.body, &lr, &why)) why = "bad body: " + why;
-  if (why.empty() && lr.ttl <= 0) return fail("keep-alive: the lease expired");
+  if (why.empty() && lr.ttl <= 0) {
+    lease = 0;  // gone, and the key with it: nothing to revoke
+    return fail("keep-alive: the lease expired");
+  }
   if (why.empty()) {
     ka_ok_ms = uv_now(loop);
     return;
@@ -316,16 +337,22 @@ errc etcd_discovery::stop(std::function<void()> done) {
   d.ph = impl::phase::stopped;
   d.stop_done = std::move(done);
   d.is_connected = false;
-  const int64_t lease = d.lease;
-  d.lease = 0;
-  if (lease != 0) {
-    d.req = d.http->post(d.url("/v3/lease/revoke"), etcd::lease_id_request(lease),
-                         d.cfg.request_timeout_ms, [&d](http_result&) {
-                           d.req = 0;
-                           d.finish_stop();
-                         });
+  // The session's lease and those of failed sessions that may still hold the key.
+  std::vector<int64_t> leases = std::move(d.old_leases);
+  d.old_leases.clear();
+  if (d.lease != 0 && std::find(leases.begin(), leases.end(), d.lease) == leases.end()) {
+    leases.push_back(d.lease);
   }
-  if (d.req == 0) {
+  d.lease = 0;
+  d.revokes_left = 0;
+  for (const int64_t lease : leases) {
+    const uint64_t id = d.http->post(d.url("/v3/lease/revoke"), etcd::lease_id_request(lease),
+                                     d.cfg.request_timeout_ms, [&d](http_result&) {
+                                       if (--d.revokes_left == 0) d.finish_stop();
+                                     });
+    d.revokes_left += id != 0 ? 1 : 0;
+  }
+  if (d.revokes_left == 0) {
     uv_timer_start(
         d.retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->finish_stop(); }, 0, 0);
   }

@@ -31,6 +31,7 @@ namespace etcd = detail::etcd;
 
 const std::string kPrefix = "/uvbus-test";
 const std::string kPut = "/v3/kv/put";
+const std::string kRevoke = "/v3/lease/revoke";
 
 // The gateway's JSON of a kv (keys and values base64; mod_revision and lease 0: none given).
 std::string raw_kv(const std::string& key, const std::string& value, int64_t mod_revision = 0,
@@ -108,6 +109,12 @@ class DiscoveryContractTest : public test::discovery_fixture {
   void own_entry_in_ranges(const directory_entry& self) {
     const std::string body = R"({"header":{"revision":"5"},"kvs":[)" + leased_kv(self, 7) + "]}";
     edit_answers("/v3/kv/range", [body](reply* r, size_t) { r->body = body; });
+  }
+  // stop()s v and runs the loop until its `done` ran.
+  void stop_and_wait(disc_instance* v) {
+    bool done = false;
+    ASSERT_EQ(v->d->stop([&] { done = true; }), errc::ok);
+    ASSERT_TRUE(wait([&] { return done; }, seconds(20)));
   }
   std::unique_ptr<scripted_etcd> fake_;
   std::vector<std::unique_ptr<node>> nodes_;
@@ -513,6 +520,37 @@ TEST_F(DiscoveryContractTest, AnUpdateWaitsForThePutBeforeIt) {
   EXPECT_EQ(*answered_before_two, 2U) << "the registration's put and `one`'s were answered";
   EXPECT_EQ(fake_->count(kPut), 3U);
   EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
+}
+
+// A session that fails after registering leaves its key on its lease; stop() during the backoff
+// revokes that lease (the entry leaves every directory at once). Before, fail() had forgotten the
+// lease: nothing was revoked and the entry stayed up to ttl_s.
+TEST_F(DiscoveryContractTest, StopDuringTheBackoffRevokesTheLeaseThatHoldsTheKey) {
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated, true); };  // then ends
+  discovery_config c = fake_config();
+  c.retry_min_ms = 2000;
+  c.retry_max_ms = 4000;
+  disc_instance* v = make(test_entry(0x42), c);
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures == 1; }, seconds(20)));
+  stop_and_wait(v);
+  EXPECT_EQ(fake_->count(kRevoke), 1U);
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"7")"), 1U);
+}
+
+// ... and the next session revokes it once its own put (on lease 8 here) landed: a put of the
+// failed session that etcd applies late cannot keep the key on a lease nobody renews.
+TEST_F(DiscoveryContractTest, TheNextSessionRevokesTheLeaseTheFailedOneLeft) {
+  fake_->on_watch = [](size_t nth) { return std::make_pair(kCreated, nth == 0); };
+  edit_answers("/v3/lease/grant", [](reply* r, size_t nth) {
+    r->body = R"({"header":{"revision":"5"},"ID":")" + std::to_string(7 + nth) + R"(","TTL":"2"})";
+  });
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->stats().registrations == 2 && v->d->connected(); }));
+  ASSERT_TRUE(wait([&] { return fake_->count(kRevoke, R"("ID":"7")") == 1; }, seconds(20)));
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"8")"), 0U);
+  stop_and_wait(v);
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"8")"), 1U);
+  EXPECT_EQ(fake_->count(kRevoke), 2U);
 }
 
 // About 1.5 MB of small watch messages in one write (etcd catching a watcher up) are delivered
