@@ -115,6 +115,7 @@ class etcd_discovery {
 
   // Checks the configuration (invalid_argument naming the field) and starts the session: with
   // self.id != 0 it registers `self` (copied) under its key, then reads and watches the prefix.
+  // While registered, its own entry found deleted in etcd or on another lease is written again.
   // wrong_state if started already; invalid_argument for a `self` no reader would accept (a field
   // beyond the value's limits, docs/cluster.md "Value", or above max_entry_bytes), naming it.
   [[nodiscard]] errc start(const directory_entry& self);

@@ -51,6 +51,8 @@ struct etcd_discovery::impl {
   directory_entry self;
   bool registering = false;
   bool self_dirty = false;   // update_self() while a put of self is under way: put again after it
+  bool self_lost = false;    // the own entry found deleted or not ours in etcd: put it again
+  uint64_t reput_ms = 0;     // loop time of the last put for self_lost (they are rate limited)
   std::string nodes_prefix;  // <prefix>/nodes/
   std::string self_key;      // <prefix>/nodes/<self.id>
   size_t ep = 0;             // the endpoint in use
@@ -100,6 +102,10 @@ struct etcd_discovery::impl {
   void after_auth();    // grant (registering) or range (watch only)
   void grant();
   void put_self();  // after a put still under way (self_dirty), never beside it
+  // The own entry as etcd has it (nullptr: absent or deleted), from a range read or the watch:
+  // deleted, on another lease, or (no put of ours under way) another value sets self_lost.
+  void self_seen(const detail::etcd::kv* item);
+  void reput();  // self_lost: puts self again now, or at a later keep-alive tick (rate limit)
   void revoke_old_leases();
   void range();
   void watch(int64_t from);  // the prefix, from revision `from`

@@ -1,7 +1,7 @@
 // etcd_discovery's session with etcd: lease grant, put of the own entry, range read of the
 // prefix, watch from the range revision + 1, keep-alive every ttl_s/3, and on any failure the
-// next endpoint after a backoff with a new lease (the old one revoked once the new put landed);
-// stop() revokes the leases.
+// next endpoint after a backoff with a new lease (the old one revoked once the new put landed); the
+// own entry found deleted or not ours is put again; stop() revokes the leases.
 #include <algorithm>
 
 #include "discovery/discovery_impl.h"
@@ -51,6 +51,7 @@ void etcd_discovery::impl::fail(const std::string& why) {
   }
   lease = 0;           // the next session registers with a new lease
   self_dirty = false;  // its put writes the newest self
+  self_lost = false;
   resync_ms = 0;
   err = {errc::not_connected, why};
   log(log_level::warn, kFailure,
@@ -132,6 +133,7 @@ void etcd_discovery::impl::put_self() {
     self_dirty = true;
     return;
   }
+  self_lost = false;
   uint64_t& slot = first ? req : upd_req;
   const uint64_t id =
       http->post(url("/v3/kv/put"), etcd::put_request(self_key, etcd::encode_entry(self), lease),
@@ -147,7 +149,7 @@ void etcd_discovery::impl::put_self() {
                      revoke_old_leases();
                      range();
                    }
-                   // update_self() while this put was under way.
+                   // update_self() (or self_lost) while this put was under way.
                    if (self_dirty && (ph == phase::ranging || ph == phase::watching)) {
                      self_dirty = false;
                      put_self();
@@ -158,7 +160,7 @@ void etcd_discovery::impl::put_self() {
 }
 
 // Our key is on `lease` now: a lease of a failed session can only hold it again through a late
-// put, which fails once that lease is revoked.
+// put, which revoking it deletes (the watch then sees the own entry deleted: self_seen()).
 void etcd_discovery::impl::revoke_old_leases() {
   for (const int64_t old : old_leases) {
     if (old == lease) continue;
@@ -166,6 +168,38 @@ void etcd_discovery::impl::revoke_old_leases() {
                      [](http_result&) {});  // failed or not: it expires unrenewed
   }
   old_leases.clear();
+}
+
+void etcd_discovery::impl::self_seen(const etcd::kv* item) {
+  if (!registering || lease == 0) return;
+  const bool put_under_way = upd_req != 0 || self_dirty;  // its value may differ: ours, older
+  if (item != nullptr && item->lease == lease &&
+      (put_under_way || item->value == etcd::encode_entry(self))) {
+    return;
+  }
+  if (!self_lost) {
+    const std::string how = item == nullptr        ? "absent or deleted"
+                            : item->lease != lease ? "on lease " + std::to_string(item->lease) +
+                                                         ", not " + std::to_string(lease)
+                                                   : "with another value";
+    log(log_level::warn, kFailure, "own entry " + how + " in etcd: written again");
+  }
+  self_lost = true;
+  reput();
+}
+
+// Rate limited (two instances registering the same id would otherwise overwrite each other as
+// fast as etcd goes): at once if the last such put is half a keep-alive period old, else at a
+// keep-alive tick.
+void etcd_discovery::impl::reput() {
+  if (!self_lost || upd_req != 0 || lease == 0 || (ph != phase::ranging && ph != phase::watching)) {
+    return;
+  }
+  const uint64_t now = uv_now(loop);
+  const uint64_t gap = std::max<uint64_t>(uint64_t{cfg.ttl_s} * 1000 / 6, 50);
+  if (reput_ms != 0 && now - reput_ms < gap) return;
+  reput_ms = now;
+  put_self();
 }
 
 void etcd_discovery::impl::range() {
@@ -182,7 +216,10 @@ void etcd_discovery::impl::range() {
                      revision = rr.revision;
                      const std::weak_ptr<char> alive = life;
                      watch(revision + 1);  // first: the events below may destroy us
-                     if (!alive.expired()) (void)apply_snapshot(rr.kvs);
+                     if (alive.expired() || !apply_snapshot(rr.kvs)) return;
+                     const etcd::kv* mine = nullptr;
+                     for (const etcd::kv& item : rr.kvs) mine = item.key == self_key ? &item : mine;
+                     self_seen(mine);
                    });
   if (req == 0) fail("range: the HTTP client refused the request");
 }
@@ -251,6 +288,10 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
   for (const etcd::watch_event& ev : w.events) {
     const bool alive = ev.deleted ? apply_delete(ev.item.key) : apply_put(ev.item);
     if (!alive) return;
+    if (ev.item.key != self_key) continue;
+    const std::weak_ptr<char> alive_now = life;
+    self_seen(ev.deleted ? nullptr : &ev.item);
+    if (alive_now.expired() || ph != phase::watching) return;  // the put was refused: failed
   }
 }
 
@@ -274,7 +315,10 @@ void etcd_discovery::impl::probe(uint32_t timeout) {
 }
 
 void etcd_discovery::impl::keepalive() {
-  if (ka_req != 0) return;  // the previous one is still under way
+  const std::weak_ptr<char> alive = life;
+  reput();
+  if (alive.expired() || ph == phase::backoff) return;  // its put was refused: failed
+  if (ka_req != 0) return;                              // the previous one is still under way
   const uint32_t timeout =
       std::min<uint32_t>(cfg.request_timeout_ms, std::max<uint32_t>(cfg.ttl_s * 1000 / 2, 100));
   if (!registering) return probe(timeout);

@@ -125,7 +125,7 @@ bool get_header_revision(const json& o, int64_t* rev) {
 
 bool get_kv(const json& o, kv* out) {
   return o.is_object() && get_b64(o, "key", &out->key) && get_b64(o, "value", &out->value) &&
-         get_i64(o, "mod_revision", &out->mod_revision);
+         get_i64(o, "mod_revision", &out->mod_revision) && get_i64(o, "lease", &out->lease);
 }
 
 bool text_field(const json& o, const char* field, std::string* out, std::string* why) {

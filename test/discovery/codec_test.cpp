@@ -181,6 +181,18 @@ TEST(DiscoveryCodec, NumbersThatDoNotFitBelowInt64MaxAreRefused) {
   EXPECT_EQ(lr.id, INT64_MAX - 1);
 }
 
+// A kv's lease is read: the own entry found on another lease is written again.
+TEST(DiscoveryCodec, AKvsLeaseIsRead) {
+  std::string why;
+  etcd::range_reply rr;
+  ASSERT_TRUE(etcd::parse_range(
+      R"({"header":{"revision":"9"},"kvs":[{"key":"L2E=","value":"eA==","lease":"77"}]})", &rr,
+      &why))
+      << why;
+  ASSERT_EQ(rr.kvs.size(), 1U);
+  EXPECT_EQ(rr.kvs[0].lease, 77);
+}
+
 TEST(DiscoveryCodec, AuthenticateRequestAndAnswer) {
   EXPECT_EQ(etcd::authenticate_request("uvbus", "p\"w"), R"({"name":"uvbus","password":"p\"w"})");
   std::string token;

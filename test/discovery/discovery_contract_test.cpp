@@ -553,6 +553,24 @@ TEST_F(DiscoveryContractTest, TheNextSessionRevokesTheLeaseTheFailedOneLeft) {
   EXPECT_EQ(fake_->count(kRevoke), 2U);
 }
 
+// The own entry found on another lease (a put of a failed session applied late: its lease expires
+// unrenewed) or deleted (`etcdctl del`) is written again on the session's lease, without failing
+// the session (the second within ttl_s/3 of the first at the next keep-alive tick). Before,
+// nothing wrote it again: the node left every directory while connected() stayed true.
+TEST_F(DiscoveryContractTest, TheOwnEntryOnAnotherLeaseOrDeletedIsWrittenAgain) {
+  const directory_entry self = test_entry(0x42);
+  own_entry_in_ranges(self);
+  const std::string lost =
+      watch_message({put_of(leased_kv(self, 3))}) + watch_message({del_of(0x42)});
+  fake_->on_watch = [lost](size_t) { return std::make_pair(kCreated + lost, false); };
+  disc_instance* v = make(self, fake_config());
+  ASSERT_TRUE(wait([&] { return fake_->count(kPut) >= 3; }, seconds(20)));
+  EXPECT_TRUE(logged(v, "own entry", "written again"));
+  EXPECT_TRUE(v->d->connected());
+  EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
+  EXPECT_EQ(fake_->count(kPut, R"("lease":"7")"), fake_->count(kPut));
+}
+
 // About 1.5 MB of small watch messages in one write (etcd catching a watcher up) are delivered
 // whole. Before, each message consumed moved the rest of the buffer (quadratic: gigabytes moved
 // for a burst like this one); what is checked here is only that the single pass delivers them all.
