@@ -115,14 +115,18 @@ class etcd_discovery {
 
   // Checks the configuration (invalid_argument naming the field) and starts the session: with
   // self.id != 0 it registers `self` (copied) under its key, then reads and watches the prefix.
-  // wrong_state if started already.
+  // While registered, its own entry found deleted in etcd or on another lease is written again.
+  // wrong_state if started already; invalid_argument for a `self` no reader would accept (a field
+  // beyond the value's limits, docs/cluster.md "Value", or above max_entry_bytes), naming it.
   [[nodiscard]] errc start(const directory_entry& self);
   // Replaces the registered entry (same id; listen URLs known later, labels changed). Written at
-  // once when registered, else at the next registration. wrong_state before start() or on a
-  // watch-only instance, invalid_argument for another id, closed after stop().
+  // once when registered (after a put still under way), else at the next registration.
+  // wrong_state before start() or on a watch-only instance, invalid_argument for another id or
+  // an entry start() would refuse, closed after stop().
   [[nodiscard]] errc update_self(const directory_entry& self);
-  // Revokes the lease (the entry leaves every directory at once) and stops; `done` runs when the
-  // revoke was answered or failed (never inside this call). Destroying the object without stop()
+  // Revokes the lease (and that of a failed session which may still hold the entry: the entry
+  // leaves every directory at once) and stops; `done` runs when the revokes were answered or
+  // failed (never inside this call). Destroying the object without stop()
   // leaves the entry until its lease expires, as a crash would.
   [[nodiscard]] errc stop(std::function<void()> done);
 

@@ -242,6 +242,19 @@ bool etcd_discovery::impl::fill_room() {
   return true;
 }
 
+// What keeps `e` from being read back by every instance, this one included ("" when nothing): a
+// field beyond the decoder's limits (etcd_codec.h), or its value above max_entry_bytes.
+static std::string entry_problem(const directory_entry& e, size_t max_entry_bytes) {
+  const std::string value = detail::etcd::encode_entry(e);
+  if (value.size() > max_entry_bytes) {
+    return "its value of " + std::to_string(value.size()) + " bytes is above max_entry_bytes (" +
+           std::to_string(max_entry_bytes) + ")";
+  }
+  directory_entry back;
+  std::string why;
+  return detail::etcd::decode_entry(value, &back, &why) ? std::string() : why;
+}
+
 // ---------------------------------------------------------------------- public wrappers --
 etcd_discovery::etcd_discovery(uv_loop_t* loop, discovery_config cfg, discovery_callbacks cbs)
     : impl_(std::make_unique<impl>(loop, std::move(cfg), std::move(cbs))) {}
@@ -263,10 +276,16 @@ errc etcd_discovery::start(const directory_entry& self) {
     d.err = {errc::invalid_argument, why};
     return errc::invalid_argument;
   }
+  if (self.id != 0) why = entry_problem(self, d.cfg.max_entry_bytes);
+  if (!why.empty()) {
+    d.err = {errc::invalid_argument, "start(): the entry: " + why};
+    return errc::invalid_argument;
+  }
   d.self = self;
   d.self.parent = 0;
   d.registering = self.id != 0;
   d.nodes_prefix = d.cfg.prefix + "/nodes/";
+  d.self_key = detail::etcd::node_key(d.cfg.prefix, self.id);
   d.http = std::make_unique<detail::etcd_client>(
       d.loop, d.cfg.max_response_bytes,
       detail::etcd_tls{d.cfg.tls_ca_file, d.cfg.tls_cert_file, d.cfg.tls_key_file});
@@ -295,6 +314,10 @@ errc etcd_discovery::update_self(const directory_entry& self) {
   if (d.ph == impl::phase::stopped) {
     d.err = {errc::closed, "update_self(): stopped"};
     return errc::closed;
+  }
+  if (std::string why = entry_problem(self, d.cfg.max_entry_bytes); !why.empty()) {
+    d.err = {errc::invalid_argument, "update_self(): the entry: " + why};
+    return errc::invalid_argument;
   }
   d.self = self;
   d.self.parent = 0;

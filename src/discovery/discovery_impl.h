@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/log_limiter.h"
 #include "discovery/etcd_client.h"
@@ -49,16 +50,25 @@ struct etcd_discovery::impl {
   phase ph = phase::idle;
   directory_entry self;
   bool registering = false;
-  bool self_dirty = false;   // update_self() during the registering put: put again after it
+  bool self_dirty = false;   // update_self() while a put of self is under way: put again after it
+  bool self_lost = false;    // the own entry found deleted or not ours in etcd: put it again
+  uint64_t reput_ms = 0;     // loop time of the last put for self_lost (they are rate limited)
   std::string nodes_prefix;  // <prefix>/nodes/
+  std::string self_key;      // <prefix>/nodes/<self.id>
   size_t ep = 0;             // the endpoint in use
   // Failures since the last good session: one that stayed connected (watch created) for
   // retry_max_ms. A session that fails sooner (etcd cancelling every watch) keeps backing off.
   uint32_t attempt = 0;
   uint64_t up_ms = 0;  // loop time the current session's watch was created (0: not yet)
   int64_t lease = 0;
-  int64_t revision = 0;  // the last revision seen (range header, watch header)
-  uint64_t req = 0;      // the unary request of the current step
+  // Leases of failed sessions that may still hold the own key (a put etcd took, or applies late):
+  // revoked once the next session's put landed, or by stop(). At most kOldLeases (older ones
+  // expire unrenewed within ttl_s).
+  std::vector<int64_t> old_leases;
+  static constexpr size_t kOldLeases = 16;
+  size_t revokes_left = 0;  // stop()'s revokes not yet answered
+  int64_t revision = 0;     // the last revision seen (range header, watch header)
+  uint64_t req = 0;         // the unary request of the current step
   uint64_t watch_req = 0;
   uint64_t ka_req = 0;
   uint64_t upd_req = 0;    // update_self()'s put
@@ -91,7 +101,12 @@ struct etcd_discovery::impl {
   void authenticate();  // etcd_username set: the session's first request
   void after_auth();    // grant (registering) or range (watch only)
   void grant();
-  void put_self();
+  void put_self();  // after a put still under way (self_dirty), never beside it
+  // The own entry as etcd has it (nullptr: absent or deleted), from a range read or the watch:
+  // deleted, on another lease, or (no put of ours under way) another value sets self_lost.
+  void self_seen(const detail::etcd::kv* item);
+  void reput();  // self_lost: puts self again now, or at a later keep-alive tick (rate limit)
+  void revoke_old_leases();
   void range();
   void watch(int64_t from);  // the prefix, from revision `from`
   void on_watch_line(std::string_view line);

@@ -1,6 +1,7 @@
 // etcd_discovery's session with etcd: lease grant, put of the own entry, range read of the
 // prefix, watch from the range revision + 1, keep-alive every ttl_s/3, and on any failure the
-// next endpoint after a backoff with a new lease; stop() revokes the lease.
+// next endpoint after a backoff with a new lease (the old one revoked once the new put landed); the
+// own entry found deleted or not ours is put again; stop() revokes the leases.
 #include <algorithm>
 
 #include "discovery/discovery_impl.h"
@@ -44,7 +45,13 @@ static std::string failure_of(const http_result& r) {
 void etcd_discovery::impl::fail(const std::string& why) {
   ++st.failures;
   cancel_all();
-  lease = 0;  // the next session registers with a new lease
+  if (lease != 0) {  // it may hold the key: revoked when the next session's put landed
+    if (old_leases.size() >= kOldLeases) old_leases.erase(old_leases.begin());
+    old_leases.push_back(lease);
+  }
+  lease = 0;           // the next session registers with a new lease
+  self_dirty = false;  // its put writes the newest self
+  self_lost = false;
   resync_ms = 0;
   err = {errc::not_connected, why};
   log(log_level::warn, kFailure,
@@ -108,7 +115,7 @@ void etcd_discovery::impl::grant() {
                      std::string why = failure_of(r);
                      etcd::lease_reply lr;
                      if (why.empty() && !etcd::parse_lease_grant(r.body, &lr, &why)) {
-                       why = "lease grant: " + why;
+                       why = "bad body: " + why;
                      }
                      if (!why.empty()) return fail("lease grant: " + why);
                      lease = lr.id;
@@ -118,31 +125,81 @@ void etcd_discovery::impl::grant() {
   if (req == 0) fail("lease grant: the HTTP client refused the request");
 }
 
+// One put of self at a time: a newer one waits for the answer to the one under way (a cancelled
+// put etcd already took could be applied after the newer one, leaving the older value).
 void etcd_discovery::impl::put_self() {
-  const std::string key = etcd::node_key(cfg.prefix, self.id);
   const bool first = ph == phase::putting;
+  if (!first && upd_req != 0) {
+    self_dirty = true;
+    return;
+  }
+  self_lost = false;
   uint64_t& slot = first ? req : upd_req;
-  if (slot != 0) http->cancel(slot);
-  uint64_t id =
-      http->post(url("/v3/kv/put"), etcd::put_request(key, etcd::encode_entry(self), lease),
+  const uint64_t id =
+      http->post(url("/v3/kv/put"), etcd::put_request(self_key, etcd::encode_entry(self), lease),
                  cfg.request_timeout_ms, [this, first](http_result& r) {
-                   if (first) req = 0;
-                   if (!first) upd_req = 0;
+                   (first ? req : upd_req) = 0;
                    std::string why = failure_of(r);
                    if (why.empty()) (void)etcd::parse_ok(r.body, &why);  // sets why when it fails
                    if (!why.empty()) return fail("put: " + why);
-                   if (!first) return;
-                   ++st.registrations;
-                   ka_ok_ms = uv_now(loop);  // the lease was granted just before
-                   arm_keepalive();
-                   range();
-                   if (self_dirty) {  // update_self() while the first put was under way
+                   if (first) {
+                     ++st.registrations;
+                     ka_ok_ms = uv_now(loop);  // the lease was granted just before
+                     arm_keepalive();
+                     revoke_old_leases();
+                     range();
+                   }
+                   // update_self() (or self_lost) while this put was under way.
+                   if (self_dirty && (ph == phase::ranging || ph == phase::watching)) {
                      self_dirty = false;
                      put_self();
                    }
                  });
   if (id == 0) return fail("put: the HTTP client refused the request");
   slot = id;
+}
+
+// Our key is on `lease` now: a lease of a failed session can only hold it again through a late
+// put, which revoking it deletes (the watch then sees the own entry deleted: self_seen()).
+void etcd_discovery::impl::revoke_old_leases() {
+  for (const int64_t old : old_leases) {
+    if (old == lease) continue;
+    (void)http->post(url("/v3/lease/revoke"), etcd::lease_id_request(old), cfg.request_timeout_ms,
+                     [](http_result&) {});  // failed or not: it expires unrenewed
+  }
+  old_leases.clear();
+}
+
+void etcd_discovery::impl::self_seen(const etcd::kv* item) {
+  if (!registering || lease == 0) return;
+  const bool put_under_way = upd_req != 0 || self_dirty;  // its value may differ: ours, older
+  if (item != nullptr && item->lease == lease &&
+      (put_under_way || item->value == etcd::encode_entry(self))) {
+    return;
+  }
+  if (!self_lost) {
+    const std::string how = item == nullptr        ? "absent or deleted"
+                            : item->lease != lease ? "on lease " + std::to_string(item->lease) +
+                                                         ", not " + std::to_string(lease)
+                                                   : "with another value";
+    log(log_level::warn, kFailure, "own entry " + how + " in etcd: written again");
+  }
+  self_lost = true;
+  reput();
+}
+
+// Rate limited (two instances registering the same id would otherwise overwrite each other as
+// fast as etcd goes): at once if the last such put is half a keep-alive period old, else at a
+// keep-alive tick.
+void etcd_discovery::impl::reput() {
+  if (!self_lost || upd_req != 0 || lease == 0 || (ph != phase::ranging && ph != phase::watching)) {
+    return;
+  }
+  const uint64_t now = uv_now(loop);
+  const uint64_t gap = std::max<uint64_t>(uint64_t{cfg.ttl_s} * 1000 / 6, 50);
+  if (reput_ms != 0 && now - reput_ms < gap) return;
+  reput_ms = now;
+  put_self();
 }
 
 void etcd_discovery::impl::range() {
@@ -159,7 +216,10 @@ void etcd_discovery::impl::range() {
                      revision = rr.revision;
                      const std::weak_ptr<char> alive = life;
                      watch(revision + 1);  // first: the events below may destroy us
-                     if (!alive.expired()) (void)apply_snapshot(rr.kvs);
+                     if (alive.expired() || !apply_snapshot(rr.kvs)) return;
+                     const etcd::kv* mine = nullptr;
+                     for (const etcd::kv& item : rr.kvs) mine = item.key == self_key ? &item : mine;
+                     self_seen(mine);
                    });
   if (req == 0) fail("range: the HTTP client refused the request");
 }
@@ -228,6 +288,10 @@ void etcd_discovery::impl::on_watch_line(std::string_view line) {
   for (const etcd::watch_event& ev : w.events) {
     const bool alive = ev.deleted ? apply_delete(ev.item.key) : apply_put(ev.item);
     if (!alive) return;
+    if (ev.item.key != self_key) continue;
+    const std::weak_ptr<char> alive_now = life;
+    self_seen(ev.deleted ? nullptr : &ev.item);
+    if (alive_now.expired() || ph != phase::watching) return;  // the put was refused: failed
   }
 }
 
@@ -251,7 +315,10 @@ void etcd_discovery::impl::probe(uint32_t timeout) {
 }
 
 void etcd_discovery::impl::keepalive() {
-  if (ka_req != 0) return;  // the previous one is still under way
+  const std::weak_ptr<char> alive = life;
+  reput();
+  if (alive.expired() || ph == phase::backoff) return;  // its put was refused: failed
+  if (ka_req != 0) return;                              // the previous one is still under way
   const uint32_t timeout =
       std::min<uint32_t>(cfg.request_timeout_ms, std::max<uint32_t>(cfg.ttl_s * 1000 / 2, 100));
   if (!registering) return probe(timeout);
@@ -270,7 +337,10 @@ void etcd_discovery::impl::on_keepalive(http_result& r) {
   std::string why = failure_of(r);
   etcd::lease_reply lr;
   if (why.empty() && !etcd::parse_keepalive(r.body, &lr, &why)) why = "bad body: " + why;
-  if (why.empty() && lr.ttl <= 0) return fail("keep-alive: the lease expired");
+  if (why.empty() && lr.ttl <= 0) {
+    lease = 0;  // gone, and the key with it: nothing to revoke
+    return fail("keep-alive: the lease expired");
+  }
   if (why.empty()) {
     ka_ok_ms = uv_now(loop);
     return;
@@ -311,16 +381,22 @@ errc etcd_discovery::stop(std::function<void()> done) {
   d.ph = impl::phase::stopped;
   d.stop_done = std::move(done);
   d.is_connected = false;
-  const int64_t lease = d.lease;
-  d.lease = 0;
-  if (lease != 0) {
-    d.req = d.http->post(d.url("/v3/lease/revoke"), etcd::lease_id_request(lease),
-                         d.cfg.request_timeout_ms, [&d](http_result&) {
-                           d.req = 0;
-                           d.finish_stop();
-                         });
+  // The session's lease and those of failed sessions that may still hold the key.
+  std::vector<int64_t> leases = std::move(d.old_leases);
+  d.old_leases.clear();
+  if (d.lease != 0 && std::find(leases.begin(), leases.end(), d.lease) == leases.end()) {
+    leases.push_back(d.lease);
   }
-  if (d.req == 0) {
+  d.lease = 0;
+  d.revokes_left = 0;
+  for (const int64_t lease : leases) {
+    const uint64_t id = d.http->post(d.url("/v3/lease/revoke"), etcd::lease_id_request(lease),
+                                     d.cfg.request_timeout_ms, [&d](http_result&) {
+                                       if (--d.revokes_left == 0) d.finish_stop();
+                                     });
+    d.revokes_left += id != 0 ? 1 : 0;
+  }
+  if (d.revokes_left == 0) {
     uv_timer_start(
         d.retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->finish_stop(); }, 0, 0);
   }

@@ -278,18 +278,24 @@ void etcd_client::action(int fd, int flags) {
   after_action();
 }
 
+// Each stream's complete lines in one pass: the consumed part is erased once at the end (erasing
+// each line from the front moved the rest every time, quadratic in a burst of small messages).
 void etcd_client::deliver_lines(const std::weak_ptr<char>& alive) {
   std::vector<uint64_t> ids;
   ids.swap(dirty_);
   for (const uint64_t id : ids) {
+    size_t from = 0;
     for (;;) {
       auto it = reqs_.find(id);
-      if (it == reqs_.end()) break;
+      if (it == reqs_.end()) break;  // cancelled from a line's callback: its buffer is gone
       request& r = *it->second;
-      const size_t nl = r.buf.find('\n');
-      if (nl == std::string::npos) break;
-      std::string line = r.buf.substr(0, nl);
-      r.buf.erase(0, nl + 1);
+      const size_t nl = r.buf.find('\n', from);
+      if (nl == std::string::npos) {
+        r.buf.erase(0, from);
+        break;
+      }
+      std::string line = r.buf.substr(from, nl - from);
+      from = nl + 1;
       if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
       line_fn cb = r.on_line;  // the request may be cancelled from inside
       cb(line);

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -58,11 +59,15 @@ json parse_entry_json(std::string_view s, std::vector<std::string>* label_order)
   return json::parse(s.begin(), s.end(), cb, /*allow_exceptions=*/false);
 }
 
-// A JSON int64 as the gateway writes it (a decimal string) or as a number.
+// A JSON int64 as the gateway writes it (a decimal string) or as a number, below INT64_MAX (a
+// revision + 1 must not overflow; a number above it is no negative ID or TTL).
 bool get_i64(const json& o, const char* field, int64_t* out) {
   auto it = o.find(field);
-  if (it == o.end()) {
-    *out = 0;
+  *out = 0;
+  if (it == o.end()) return true;
+  if (it->is_number_unsigned()) {
+    if (it->get<uint64_t>() >= uint64_t{INT64_MAX}) return false;
+    *out = static_cast<int64_t>(it->get<uint64_t>());
     return true;
   }
   if (it->is_number_integer()) {
@@ -72,7 +77,7 @@ bool get_i64(const json& o, const char* field, int64_t* out) {
   if (!it->is_string()) return false;
   const auto& s = it->get_ref<const std::string&>();
   const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+  return r.ec == std::errc() && r.ptr == s.data() + s.size() && *out != INT64_MAX;
 }
 
 // A boolean field; absent or of another type: false (json::value() would throw on a mismatch).
@@ -120,7 +125,7 @@ bool get_header_revision(const json& o, int64_t* rev) {
 
 bool get_kv(const json& o, kv* out) {
   return o.is_object() && get_b64(o, "key", &out->key) && get_b64(o, "value", &out->value) &&
-         get_i64(o, "mod_revision", &out->mod_revision);
+         get_i64(o, "mod_revision", &out->mod_revision) && get_i64(o, "lease", &out->lease);
 }
 
 bool text_field(const json& o, const char* field, std::string* out, std::string* why) {

@@ -40,6 +40,7 @@ struct kv {
   std::string key;  // decoded
   std::string value;
   int64_t mod_revision = 0;  // the revision of its last change (0 when absent)
+  int64_t lease = 0;         // the lease it is on (0: none, or not given)
 };
 struct range_reply {
   int64_t revision = 0;

@@ -158,6 +158,41 @@ TEST(DiscoveryCodec, GatewayResponses) {
   EXPECT_FALSE(etcd::parse_keepalive(R"({"result":{"ID":"12x"}})", &lr, &why));
 }
 
+// A revision, lease ID or TTL of INT64_MAX or above is refused, as a string or as a number: the
+// session watched from revision + 1 (signed overflow), and a number above INT64_MAX read as a
+// negative ID or TTL. Before, "9223372036854775807" and 18446744073709551615 were accepted.
+TEST(DiscoveryCodec, NumbersThatDoNotFitBelowInt64MaxAreRefused) {
+  std::string why;
+  etcd::range_reply rr;
+  EXPECT_FALSE(etcd::parse_range(R"({"header":{"revision":"9223372036854775807"}})", &rr, &why));
+  EXPECT_FALSE(etcd::parse_range(R"({"header":{"revision":9223372036854775807}})", &rr, &why));
+  EXPECT_FALSE(etcd::parse_range(R"({"header":{"revision":"9223372036854775808"}})", &rr, &why));
+  ASSERT_TRUE(etcd::parse_range(R"({"header":{"revision":"9223372036854775806"}})", &rr, &why));
+  EXPECT_EQ(rr.revision, INT64_MAX - 1);
+  etcd::watch_reply w;
+  EXPECT_FALSE(
+      etcd::parse_watch(R"({"result":{"header":{"revision":"9223372036854775807"}}})", &w, &why));
+  etcd::lease_reply lr;
+  EXPECT_FALSE(etcd::parse_lease_grant(R"({"ID":18446744073709551615,"TTL":2})", &lr, &why));
+  EXPECT_FALSE(etcd::parse_lease_grant(R"({"ID":"9223372036854775807","TTL":2})", &lr, &why));
+  EXPECT_FALSE(
+      etcd::parse_keepalive(R"({"result":{"ID":"5","TTL":9223372036854775808}})", &lr, &why));
+  ASSERT_TRUE(etcd::parse_lease_grant(R"({"ID":9223372036854775806,"TTL":2})", &lr, &why)) << why;
+  EXPECT_EQ(lr.id, INT64_MAX - 1);
+}
+
+// A kv's lease is read: the own entry found on another lease is written again.
+TEST(DiscoveryCodec, AKvsLeaseIsRead) {
+  std::string why;
+  etcd::range_reply rr;
+  ASSERT_TRUE(etcd::parse_range(
+      R"({"header":{"revision":"9"},"kvs":[{"key":"L2E=","value":"eA==","lease":"77"}]})", &rr,
+      &why))
+      << why;
+  ASSERT_EQ(rr.kvs.size(), 1U);
+  EXPECT_EQ(rr.kvs[0].lease, 77);
+}
+
 TEST(DiscoveryCodec, AuthenticateRequestAndAnswer) {
   EXPECT_EQ(etcd::authenticate_request("uvbus", "p\"w"), R"({"name":"uvbus","password":"p\"w"})");
   std::string token;

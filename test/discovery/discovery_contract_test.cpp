@@ -30,12 +30,19 @@ using test::test_entry;
 namespace etcd = detail::etcd;
 
 const std::string kPrefix = "/uvbus-test";
+const std::string kPut = "/v3/kv/put";
+const std::string kRevoke = "/v3/lease/revoke";
 
-// The gateway's JSON of a kv (keys and values base64; mod_revision 0: none given).
-std::string raw_kv(const std::string& key, const std::string& value, int64_t mod_revision = 0) {
+// The gateway's JSON of a kv (keys and values base64; mod_revision and lease 0: none given).
+std::string raw_kv(const std::string& key, const std::string& value, int64_t mod_revision = 0,
+                   int64_t lease = 0) {
   return R"({"key":")" + etcd::base64_encode(key) + R"(","value":")" + etcd::base64_encode(value) +
          (mod_revision == 0 ? "" : R"(","mod_revision":")" + std::to_string(mod_revision)) +
-         R"("})";
+         (lease == 0 ? "" : R"(","lease":")" + std::to_string(lease)) + R"("})";
+}
+// ... of entry e, put on `lease`.
+std::string leased_kv(const directory_entry& e, int64_t lease) {
+  return raw_kv(etcd::node_key(kPrefix, e.id), etcd::encode_entry(e), 3, lease);
 }
 // ... of entry `id`.
 std::string kv_of(bus_id id, int64_t mod_revision = 0) {
@@ -88,6 +95,26 @@ class DiscoveryContractTest : public test::discovery_fixture {
     discovery_config c = config({fake_->url()});
     c.prefix = kPrefix;
     return c;
+  }
+  // The answers to POSTs to `path` as before, then changed by edit(&reply, nth).
+  void edit_answers(const std::string& path, const std::function<void(reply*, size_t)>& edit) {
+    auto before = fake_->on_post;
+    fake_->on_post = [before, path, edit](const std::string& p, size_t nth) {
+      reply r = before(p, nth);
+      if (p == path) edit(&r, nth);
+      return r;
+    };
+  }
+  // Every range answer holds `self` on lease 7 (the fake's lease), as etcd's would after its put.
+  void own_entry_in_ranges(const directory_entry& self) {
+    const std::string body = R"({"header":{"revision":"5"},"kvs":[)" + leased_kv(self, 7) + "]}";
+    edit_answers("/v3/kv/range", [body](reply* r, size_t) { r->body = body; });
+  }
+  // stop()s v and runs the loop until its `done` ran.
+  void stop_and_wait(disc_instance* v) {
+    bool done = false;
+    ASSERT_EQ(v->d->stop([&] { done = true; }), errc::ok);
+    ASSERT_TRUE(wait([&] { return done; }, seconds(20)));
   }
   std::unique_ptr<scripted_etcd> fake_;
   std::vector<std::unique_ptr<node>> nodes_;
@@ -417,6 +444,149 @@ TEST_F(DiscoveryContractTest, ANodeStoppedFromOnLogOnADiscoveryFailureStops) {
   ASSERT_EQ(n->start(), errc::ok) << n->last_error().detail;
   ASSERT_TRUE(wait([&] { return closed == 1; }, seconds(20))) << stops << " lease grant lines";
   EXPECT_FALSE(n->running());
+}
+
+// A grant answer without an ID names the step once. Before: "lease grant: lease grant: no lease
+// ID/TTL in the grant".
+TEST_F(DiscoveryContractTest, ABadGrantAnswerNamesTheStepOnce) {
+  edit_answers("/v3/lease/grant", [](reply* r, size_t) { r->body = R"({"header":{}})"; });
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
+  EXPECT_EQ(v->d->last_error().detail, "lease grant: bad body: no lease ID/TTL in the grant");
+}
+
+// start() and update_self() refuse an entry every reader (this instance included) would skip as
+// malformed, naming the field or max_entry_bytes; the registered entry stays. Before, both
+// returned ok and the node was invisible in every directory.
+TEST_F(DiscoveryContractTest, AnEntryNoReaderAcceptsIsRefused) {
+  std::vector<std::pair<directory_entry, std::string>> bad;
+  directory_entry e = test_entry(0x42);
+  for (int i = 0; e.labels.size() <= 32; ++i) e.labels.emplace_back("k" + std::to_string(i), "v");
+  bad.emplace_back(e, "\"labels\" is not an object of at most 32 labels");
+  e = test_entry(0x42);
+  e.name.assign(257, 'n');
+  bad.emplace_back(e, "\"name\" is not a string of at most 256 bytes");
+  e = test_entry(0x42);
+  e.listen.assign(17, "ipv4://127.0.0.1:1");
+  bad.emplace_back(e, "\"urls\" is not an array of at most 16 URLs");
+  e = test_entry(0x42);
+  e.listen.assign(16, "ipv4://127.0.0.1:1/" + std::string(200, 'p'));  // each field valid
+  e.labels.clear();
+  for (int i = 0; i < 32; ++i)
+    e.labels.emplace_back(std::to_string(i) + std::string(250, 'k'), std::string(256, 'v'));
+  bad.emplace_back(e, "above max_entry_bytes (16384)");
+  e.listen.resize(2);
+  bad.emplace_back(e, "above max_entry_bytes (256)");
+  discovery_config small = fake_config();
+  small.max_entry_bytes = 256;
+  for (const auto& [entry, why] : bad) {
+    const bool tiny = why.find("(256)") != std::string::npos;
+    etcd_discovery d(&loop_, tiny ? small : fake_config(), {});
+    EXPECT_EQ(d.start(entry), errc::invalid_argument) << why;
+    EXPECT_NE(d.last_error().detail.find(why), std::string::npos) << d.last_error().detail;
+    EXPECT_EQ(d.stop(nullptr), errc::wrong_state) << "not started";
+  }
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  EXPECT_EQ(v->d->update_self(bad[0].first), errc::invalid_argument);
+  EXPECT_NE(v->d->last_error().detail.find("update_self(): "), std::string::npos)
+      << v->d->last_error().detail;
+  ASSERT_TRUE(wait([&] { return v->d->connected(); }, seconds(20)));
+  EXPECT_EQ(fake_->count("/v3/kv/put", etcd::base64_encode(etcd::encode_entry(bad[0].first))), 0U);
+}
+
+// Two update_self() calls in a row: the second put waits for the first's answer (500 ms late
+// here), so etcd cannot apply the older value after the newer. Before, the second cancelled the
+// first in flight and was sent at once on another connection.
+TEST_F(DiscoveryContractTest, AnUpdateWaitsForThePutBeforeIt) {
+  directory_entry one = test_entry(0x42);
+  one.name = "one";
+  directory_entry two = test_entry(0x42);
+  two.name = "two";
+  const std::string b64_one = etcd::base64_encode(etcd::encode_entry(one));
+  const std::string b64_two = etcd::base64_encode(etcd::encode_entry(two));
+  own_entry_in_ranges(test_entry(0x42));
+  auto answered_before_two = std::make_shared<size_t>(0);
+  scripted_etcd* f = fake_.get();
+  edit_answers("/v3/kv/put", [=](reply* r, size_t) {
+    if (f->body().find(b64_one) != std::string::npos) r->delay_ms = 500;
+    if (f->body().find(b64_two) != std::string::npos) *answered_before_two = f->answered(kPut);
+  });
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->connected(); }, seconds(20)));
+  ASSERT_EQ(v->d->update_self(one), errc::ok);
+  ASSERT_TRUE(wait([&] { return fake_->count(kPut, b64_one) == 1; }, seconds(20)));
+  ASSERT_EQ(v->d->update_self(two), errc::ok);
+  ASSERT_TRUE(wait([&] { return fake_->count(kPut, b64_two) == 1; }, seconds(20)));
+  EXPECT_EQ(*answered_before_two, 2U) << "the registration's put and `one`'s were answered";
+  EXPECT_EQ(fake_->count(kPut), 3U);
+  EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
+}
+
+// A session that fails after registering leaves its key on its lease; stop() during the backoff
+// revokes that lease (the entry leaves every directory at once). Before, fail() had forgotten the
+// lease: nothing was revoked and the entry stayed up to ttl_s.
+TEST_F(DiscoveryContractTest, StopDuringTheBackoffRevokesTheLeaseThatHoldsTheKey) {
+  fake_->on_watch = [](size_t) { return std::make_pair(kCreated, true); };  // then ends
+  discovery_config c = fake_config();
+  c.retry_min_ms = 2000;
+  c.retry_max_ms = 4000;
+  disc_instance* v = make(test_entry(0x42), c);
+  ASSERT_TRUE(wait([&] { return v->d->stats().failures == 1; }, seconds(20)));
+  stop_and_wait(v);
+  EXPECT_EQ(fake_->count(kRevoke), 1U);
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"7")"), 1U);
+}
+
+// ... and the next session revokes it once its own put (on lease 8 here) landed: a put of the
+// failed session that etcd applies late cannot keep the key on a lease nobody renews.
+TEST_F(DiscoveryContractTest, TheNextSessionRevokesTheLeaseTheFailedOneLeft) {
+  fake_->on_watch = [](size_t nth) { return std::make_pair(kCreated, nth == 0); };
+  edit_answers("/v3/lease/grant", [](reply* r, size_t nth) {
+    r->body = R"({"header":{"revision":"5"},"ID":")" + std::to_string(7 + nth) + R"(","TTL":"2"})";
+  });
+  disc_instance* v = make(test_entry(0x42), fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->stats().registrations == 2 && v->d->connected(); }));
+  ASSERT_TRUE(wait([&] { return fake_->count(kRevoke, R"("ID":"7")") == 1; }, seconds(20)));
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"8")"), 0U);
+  stop_and_wait(v);
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"8")"), 1U);
+  EXPECT_EQ(fake_->count(kRevoke), 2U);
+}
+
+// The own entry found on another lease (a put of a failed session applied late: its lease expires
+// unrenewed) or deleted (`etcdctl del`) is written again on the session's lease, without failing
+// the session (the second within ttl_s/3 of the first at the next keep-alive tick). Before,
+// nothing wrote it again: the node left every directory while connected() stayed true.
+TEST_F(DiscoveryContractTest, TheOwnEntryOnAnotherLeaseOrDeletedIsWrittenAgain) {
+  const directory_entry self = test_entry(0x42);
+  own_entry_in_ranges(self);
+  const std::string lost =
+      watch_message({put_of(leased_kv(self, 3))}) + watch_message({del_of(0x42)});
+  fake_->on_watch = [lost](size_t) { return std::make_pair(kCreated + lost, false); };
+  disc_instance* v = make(self, fake_config());
+  ASSERT_TRUE(wait([&] { return fake_->count(kPut) >= 3; }, seconds(20)));
+  EXPECT_TRUE(logged(v, "own entry", "written again"));
+  EXPECT_TRUE(v->d->connected());
+  EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
+  EXPECT_EQ(fake_->count(kPut, R"("lease":"7")"), fake_->count(kPut));
+}
+
+// About 1.5 MB of small watch messages in one write (etcd catching a watcher up) are delivered
+// whole. Before, each message consumed moved the rest of the buffer (quadratic: gigabytes moved
+// for a burst like this one); what is checked here is only that the single pass delivers them all.
+TEST_F(DiscoveryContractTest, AMegabyteBurstOfSmallWatchMessagesIsDeliveredWhole) {
+  const std::string filler = R"({"result":{"header":{"revision":"6"}}})"
+                             "\n";
+  std::string lines = kCreated;
+  size_t entries = 0;
+  for (size_t n = 1; lines.size() < 1500000; ++n) {
+    lines += n % 40 == 0 ? puts_of({++entries}) : filler;
+  }
+  fake_->on_watch = [lines](size_t) { return std::make_pair(lines, false); };
+  disc_instance* v = make(directory_entry{}, fake_config());
+  ASSERT_TRUE(wait([&] { return v->d->size() == entries; }, seconds(30)))
+      << v->d->size() << " of " << entries << "; " << v->d->last_error().detail;
+  EXPECT_EQ(v->d->stats().failures, 0U) << v->d->last_error().detail;
 }
 
 }  // namespace

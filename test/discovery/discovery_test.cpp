@@ -1,7 +1,8 @@
 // etcd_discovery against a real etcd: two instances register and see each other (and changes
 // and leaving), malformed entries written by someone else are skipped, an owner that dies
-// without revoking leaves within the TTL, an etcd restart is survived (directory kept, then
-// re-registered), and a 3-member cluster losing its leader while nodes register converges.
+// without revoking leaves within the TTL, entries an operator deletes are written again by their
+// owners, an etcd restart is survived (directory kept, then re-registered), and a 3-member
+// cluster losing its leader while nodes register converges.
 #include <chrono>
 
 #include "discovery/discovery_harness.h"
@@ -109,6 +110,31 @@ TEST_F(DiscoveryTest, OwnerDyingWithoutRevokeLeavesWithinTheTtl) {
   // check and scheduling slack.
   EXPECT_LT(took.count(), 3500) << "took " << took.count() << " ms";
   EXPECT_TRUE(b->ids().empty());
+}
+
+// Every entry deleted behind the instances' backs (`etcdctl del --prefix <prefix>/nodes/`): each
+// owner writes its own again on its lease, so each sees the other leave and come back, and both
+// stay connected. Before, nothing wrote them again: both stayed gone while their owners kept the
+// leases alive and reported connected.
+TEST_F(DiscoveryTest, OwnEntriesDeletedInEtcdAreWrittenAgain) {
+  start_etcd(1);
+  const discovery_config c = config();
+  auto [a, b] = make_two(c);
+  long status = 0;
+  const std::string body =
+      test::http_post(etcd_->endpoint(0) + "/v3/kv/deleterange",
+                      detail::etcd::range_request(c.prefix + "/nodes/"), &status);
+  ASSERT_EQ(status, 200) << body;
+  const std::set<bus_id> both = {0x10, 0x20};
+  ASSERT_TRUE(wait([&] {
+    return b->count(directory_event::removed, 0x10) == 1 &&
+           a->count(directory_event::removed, 0x20) == 1 && a->ids() == both && b->ids() == both;
+  })) << a->ids().size()
+      << " " << b->ids().size();
+  EXPECT_EQ(b->count(directory_event::added, 0x10), 2U);
+  EXPECT_TRUE(a->d->connected() && b->d->connected());
+  EXPECT_EQ(a->d->stats().failures + b->d->stats().failures, 0U);
+  EXPECT_TRUE(logged(a, "own entry", "written again"));
 }
 
 TEST_F(DiscoveryTest, EtcdRestartKeepsTheDirectoryThenReRegisters) {

@@ -1,10 +1,12 @@
 // A scripted fake etcd gateway for the discovery tests: a libuv HTTP/1.1 server on 127.0.0.1 (port
-// from the OS) whose answers to each POST and to /v3/watch a test sets, and which counts requests.
+// from the OS) whose answers to each POST (at once or late) and to /v3/watch a test sets, and
+// which counts requests and answers.
 #pragma once
 
 #include <uv.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <set>
 #include <string>
@@ -21,7 +23,8 @@ inline const std::string kCreated = R"({"result":{"header":{"revision":"5"},"cre
 struct reply {
   int status = 200;
   std::string body;
-  bool silent = false;  // never answered
+  bool silent = false;    // never answered
+  uint32_t delay_ms = 0;  // answered this much later (from a timer)
 };
 
 // Answers each POST with on_post(path, nth) (nth: how many POSTs to that path came before; by
@@ -55,6 +58,7 @@ class scripted_etcd {
     port_ = ntohs(a.sin_port);
   }
   ~scripted_etcd() {
+    while (!delayed_.empty()) drop_delayed(*delayed_.begin());
     while (!conns_.empty()) close_conn(*conns_.begin());
     uv_close(reinterpret_cast<uv_handle_t*>(srv_),
              [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
@@ -70,6 +74,14 @@ class scripted_etcd {
     for (const auto& [p, b] : requests_) n += p == path && b.find(needle) != std::string::npos;
     return n;
   }
+  // How many answers to `path` were written (a delayed one counts when its delay is over).
+  [[nodiscard]] size_t answered(const std::string& path) const {
+    size_t n = 0;
+    for (const std::string& p : answered_) n += p == path;
+    return n;
+  }
+  // The body of the request being answered (valid inside on_post and on_watch).
+  [[nodiscard]] const std::string& body() const { return requests_.back().second; }
 
  private:
   struct conn {
@@ -77,6 +89,7 @@ class scripted_etcd {
     scripted_etcd* owner = nullptr;
     std::string in;
     bool closing = false;
+    uint64_t serial = 0;  // tells a new conn at a freed one's address apart
   };
   struct write_req {
     uv_write_t req{};
@@ -84,12 +97,21 @@ class scripted_etcd {
     conn* c = nullptr;
     bool close_after = false;
   };
+  struct delayed {
+    uv_timer_t t{};
+    scripted_etcd* owner = nullptr;
+    conn* c = nullptr;
+    uint64_t serial = 0;
+    std::string path;
+    std::string data;
+  };
 
   static void on_connection(uv_stream_t* s, int status) {
     auto* self = static_cast<scripted_etcd*>(s->data);
     if (status < 0) return;
     auto* c = new conn;
     c->owner = self;
+    c->serial = ++self->serials_;
     c->h.data = c;
     uv_tcp_init(s->loop, &c->h);
     self->conns_.insert(c);
@@ -128,11 +150,35 @@ class scripted_etcd {
     }
     const reply r = on_post(path, nth);
     if (r.silent) return;
-    send(c,
-         "HTTP/1.1 " + std::to_string(r.status) +
-             " X\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
-             std::to_string(r.body.size()) + "\r\n\r\n" + r.body,
-         true);
+    std::string data =
+        "HTTP/1.1 " + std::to_string(r.status) +
+        " X\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(r.body.size()) + "\r\n\r\n" + r.body;
+    if (r.delay_ms == 0) {
+      answered_.push_back(path);
+      return send(c, std::move(data), true);
+    }
+    auto* d = new delayed{{}, this, c, c->serial, path, std::move(data)};
+    d->t.data = d;
+    uv_timer_init(c->h.loop, &d->t);
+    delayed_.insert(d);
+    uv_timer_start(
+        &d->t,
+        [](uv_timer_t* t) {
+          auto* dl = static_cast<delayed*>(t->data);
+          scripted_etcd* self = dl->owner;
+          if (self->conns_.count(dl->c) != 0 && dl->c->serial == dl->serial) {
+            self->answered_.push_back(dl->path);
+            send(dl->c, std::move(dl->data), true);
+          }
+          self->drop_delayed(dl);
+        },
+        r.delay_ms, 0);
+  }
+  void drop_delayed(delayed* d) {
+    delayed_.erase(d);
+    uv_close(reinterpret_cast<uv_handle_t*>(&d->t),
+             [](uv_handle_t* h) { delete static_cast<delayed*>(h->data); });
   }
   static void send(conn* c, std::string data, bool close_after) {
     auto* w = new write_req;
@@ -159,7 +205,10 @@ class scripted_etcd {
   bool ok_ = false;
   int port_ = 0;
   std::set<conn*> conns_;
+  std::set<delayed*> delayed_;
+  uint64_t serials_ = 0;
   std::vector<std::pair<std::string, std::string>> requests_;
+  std::vector<std::string> answered_;
 };
 
 }  // namespace uvbus::test
