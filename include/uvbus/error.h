@@ -53,7 +53,8 @@ enum class errc : int {
   // Bus errors.
   unknown_route,     // no route to the target bus id
   ttl_expired,       // a forwarded message hit its hop limit
-  access_denied,     // registration refused: no matching access token
+  access_denied,     // registration refused (no matching access token), or a target refusing a
+                     // new flow source beyond its max_flow_sources (a message's report)
   duplicate_id,      // registration refused: the bus id is already registered
   version_mismatch,  // registration refused: no common protocol version
   out_of_subnet,     // registration refused: the id is outside the parent's subnets
