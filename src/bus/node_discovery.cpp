@@ -10,6 +10,15 @@ namespace uvbus {
 
 namespace {
 
+// c's stream listen URLs (at most kMaxListen) into *urls; false if it has none.
+bool stream_urls(const directory_entry& c, std::vector<std::string>* urls) {
+  urls->clear();
+  for (const std::string& u : c.listen) {
+    if (u.rfind("shm://", 0) != 0 && urls->size() < proto::kMaxListen) urls->push_back(u);
+  }
+  return !urls->empty();
+}
+
 // Whether c may be the parent by cfg's rule: of discovery_parent_type, with every
 // discovery_parent_label and a stream listen URL (its stream URLs are then in *urls).
 bool parent_candidate(const node_config& cfg, bus_id self, const directory_entry& c,
@@ -18,11 +27,7 @@ bool parent_candidate(const node_config& cfg, bus_id self, const directory_entry
       !c.has_labels(cfg.discovery_parent_labels)) {
     return false;
   }
-  urls->clear();
-  for (const std::string& u : c.listen) {
-    if (u.rfind("shm://", 0) != 0 && urls->size() < proto::kMaxListen) urls->push_back(u);
-  }
-  return !urls->empty();
+  return stream_urls(c, urls);
 }
 
 }  // namespace
@@ -126,12 +131,16 @@ void node::impl::disc_pick_parent() {
   directory_entry cur;
   const bool found = disc_parent != 0 && disc->lookup(disc_parent, &cur);
   const bool stale = found && !parent_candidate(cfg, self, cur, &urls);
-  if (found && !stale && urls != cfg.parent_urls) {  // it came back at other URLs
-    cfg.parent_urls = urls;
+  // It came back at other URLs: dialled there (also when kept although it no longer matches, as
+  // no other node does: else it would be dialled at its old URLs for ever).
+  const auto follow = [this](std::vector<std::string>* at) {
+    if (*at == cfg.parent_urls) return;
+    cfg.parent_urls = std::move(*at);
     parent_index = 0;
     log(log_level::info, "discovery: parent 0x%" PRIx64 " now listens at %s", disc_parent,
         detail::printable(cfg.parent_urls.front()).c_str());
-  }
+  };
+  if (found && !stale) follow(&urls);
   for (const directory_entry& c : disc->directory()) {
     if (disc_parent != 0 && !stale && c.id >= disc_parent) return;  // still the best
     if (c.id == disc_parent || !parent_candidate(cfg, self, c, &urls)) continue;
@@ -159,6 +168,7 @@ void node::impl::disc_pick_parent() {
     }
     return;
   }
+  if (stale && stream_urls(cur, &urls)) follow(&urls);  // kept: no other node matches
 }
 
 // A registered parent stays whatever etcd says (a working link wins). Without one, a parent

@@ -381,6 +381,26 @@ TEST_F(NodeDiscoveryTest, AParentThatNoLongerMatchesGivesWayToOneThatDoes) {
   EXPECT_EQ(lg->reports[0], errc::ok);
 }
 
+// The same, but the gateway comes back in zone b on another port: no other gateway matches, so
+// the child keeps it, and dials it at its new URL (it dialled the old one for ever).
+TEST_F(NodeDiscoveryTest, AParentKeptThoughItNoLongerMatchesIsDialledAtItsNewUrls) {
+  start_etcd(1);
+  watched_node* gw = make_gateway(0x100, "gw-1", {{"zone", "a"}});
+  watched_node* lg = make_child({{"zone", "a"}});
+  endpoint_info p;
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+  const std::vector<std::string> old_urls = gw->n->listen_urls();
+
+  gw->n.reset();  // a crash: no revoke
+  ASSERT_TRUE(wait([&] { return !lg->n->up(); }));
+  watched_node* back = make_gateway(0x100, "gw-1", {{"zone", "b"}});  // port 0: another port
+  ASSERT_NE(back->n->listen_urls(), old_urls);
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x100, &p); }));
+  ASSERT_EQ(lg->n->send_data(0x100, 7, "kept", 4), errc::ok);
+  ASSERT_TRUE(wait([&] { return back->data.size() == 1 && lg->reports.size() == 1; }));
+  EXPECT_EQ(lg->reports[0], errc::ok);
+}
+
 // The parent crashes and comes back at once on another port (its new registration replaces the
 // entry before the old lease expires, so the entry never leaves): the child dials the new URLs
 // instead of the dead ones, and the message sent meanwhile arrives.
