@@ -92,6 +92,7 @@ void node::impl::flow_block(tx_flow& f) {
 
 void node::impl::on_flow_timer(uv_timer_t* t) {
   auto* n = static_cast<impl*>(t->data);
+  if (n->dead) return;  // destroyed in this loop turn (timers run before its on_idle)
   n->pump_blocked();
 }
 

@@ -529,7 +529,7 @@ struct node::impl {
   void drain_posts_for_stop();
   bool posts_drained();
   // -------------------------------------------------------------------------------- timers --
-  static void on_tick(uv_timer_t* t) { static_cast<impl*>(t->data)->tick(); }
+  static void on_tick(uv_timer_t* t);
   void tick();
   void sibling_tick(uint64_t now);  // tick()'s part for the sibling entries
   void expire_queue(pending_queue* q, uint64_t now);

@@ -56,8 +56,14 @@ void node::impl::schedule_reconnect() {
       cfg.parent_urls[parent_index].c_str(), delay);
 }
 
+void node::impl::on_tick(uv_timer_t* t) {
+  auto* self = static_cast<impl*>(t->data);
+  if (!self->dead) self->tick();  // destroyed in this loop turn: released at the next on_idle
+}
+
 void node::impl::on_reconnect_timer(uv_timer_t* t) {
   auto* self = static_cast<impl*>(t->data);
+  if (self->dead) return;  // destroyed in this loop turn: released at the next on_idle
   self->reconnect_armed = false;
   ++self->counters.reconnects;
   self->connect_parent();
@@ -416,6 +422,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     }
   }
   peer_ep* p = add_peer(lk, kind, std::move(rr.info));
+  if (dead) return;  // destroyed from on_endpoint_added (or a log line): nothing queued is sent
   if (lk->is_parent) {
     parent_id = p->id;
     table.set_parent(p->id);
@@ -528,6 +535,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
       who.pid, detail::printable(who.hostname).c_str());
   if (dead) return;  // destroyed from that on_log: nothing held is released to it
   peer_ep* p = add_peer(lk, kind, who);
+  if (dead) return;  // destroyed from on_endpoint_added (or a log line): nothing queued is sent
   // A sibling we were about to connect to connected to us first.
   if (kind == peer_kind::sibling) settle_sibling(p->id);
   flows_route_changed(false);
@@ -559,8 +567,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     forget_link();
     links.erase(it);
   }
-  // Anything still awaiting a channel report on this link failed with it (the channel reports
-  // every packet before on_disconnected, so this is only a safety net).
+  // What still awaits a channel report failed with the link (a safety net: all are reported).
   while (!lk->reports.empty()) {
     channel_outcome(lk->reports.front().tag, lk->reports.front().target, reason);
     lk->reports.pop_front();
@@ -630,6 +637,7 @@ void node::impl::link_gone(link* lk, errc reason) {
       sibling_via_parent(lk->expect_id, to_string(reason));
     }
   }
+  if (dead) return;  // destroyed from on_down / on_endpoint_removed: nothing is resent
   if (lost_peer) flows_route_changed(true);
   maybe_finish_stop();
 }

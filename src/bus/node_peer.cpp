@@ -79,6 +79,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   if (kind == peer_kind::child) {
     children_lost_ms.erase(raw->id);
     release_held(raw);
+    if (dead) return raw;  // destroyed from a log line there: nothing more is sent
   }
   dir_link_up(raw);
   detail::fan_link_up(*this, raw);

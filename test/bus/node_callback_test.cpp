@@ -352,6 +352,38 @@ TEST_F(NodeCallback, DestroyFromOnUpSendsNothingQueuedForTheParent) {
   EXPECT_TRUE(root_->got.empty()) << root_->got.size() << " messages from the destroyed child";
 }
 
+// A node destroyed from on_endpoint_added, as its direct link to a sibling comes up, sends that
+// sibling nothing: the messages it queued while it looked the sibling up went out after the
+// destruction.
+TEST_F(NodeCallback, DestroyFromOnEndpointAddedSendsNothingQueuedForTheSibling) {
+  root_ = make(0x100, [] {
+    node_config c = relay_config();
+    c.subnets = {{0x100, 8}};
+    return c;
+  }());
+  node_config cc = relay_config();
+  cc.parent_urls = {root_->n->listen_urls().at(0)};
+  cc.sibling_direct = true;
+  bus_node* b = make(0x102, cc);
+  bus_node* a = nullptr;
+  bool destroyed = false;
+  a = make(0x101, cc, true, [&](node_callbacks* cb) {
+    cb->on_endpoint_added = [&](const endpoint_info& e) {
+      if (e.role != peer_role::sibling) return;
+      destroyed = true;
+      a->n.reset();
+    };
+  });
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(send_str(a, 0x102, 1, "queued"), errc::ok);
+  ASSERT_TRUE(wait([&] { return destroyed; }));
+  ASSERT_TRUE(wait([&] {  // B read all the destroyed node wrote
+    return std::any_of(b->removed.begin(), b->removed.end(),
+                       [](const auto& r) { return r.first == 0x101; });
+  }));
+  EXPECT_TRUE(b->got.empty()) << b->got.size() << " messages from the destroyed sibling";
+}
+
 // A same-host child whose ring cannot be opened is logged ("shared memory ... unusable") while
 // the relay registers it: that line comes from the loop, once the registration is complete (it
 // ran on_log in the middle of it: the child was accepted but not yet a peer).
