@@ -419,9 +419,12 @@ class shm_writer {
   // or close() / the destructor unable to publish), oldest first, before they are counted:
   // [data, data + size) is the message as sent, valid during the call only. It runs inside the
   // call that drops them (a send, flush(), close(), the destructor, or the loop turn's flush), so
-  // it must not destroy the writer; a send on it from there is staged afresh, except inside
-  // close() or the destructor, where a send that would be staged returns closed. Needs an open
-  // writer (a no-op otherwise); a relay uses it to tell the sources of what it had accepted.
+  // it must not destroy the writer, and a close() from there is refused (returns 0, last_error()
+  // wrong_state; close after it returns); a send on it from there is staged afresh, except inside
+  // close() or the destructor, where a send that would be staged returns closed. Replacing or
+  // clearing the callback from inside it takes effect at the next drop (the rest of this one
+  // still goes to it). Needs an open writer (a no-op otherwise); a relay uses it to tell the
+  // sources of what it had accepted.
   void on_staged_dropped(std::function<void(const uint8_t* data, size_t size)> f);
   // The classic contract for one message on a coalescing writer: publishes the stage, then this
   // message as its own record; ok means it is committed in the ring (what a caller that reports

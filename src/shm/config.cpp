@@ -152,4 +152,19 @@ errc shm_remove(std::string_view url, bool force, std::string* detail) {
   return e;
 }
 
+namespace shm_detail {
+// ok, or bad_layout with *why naming the expectation the region does not meet.
+errc check_writer_options(const geometry& g, const shm_writer_options& opt, const char** why) {
+  if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) {
+    *why = "the region's node_size differs from shm_writer_options.expect_node_size";
+    return errc::bad_layout;
+  }
+  if (opt.expect_ring_bytes != 0 && opt.expect_ring_bytes != g.nodes * g.node_size) {
+    *why = "the region's ring_bytes differ from shm_writer_options.expect_ring_bytes";
+    return errc::bad_layout;
+  }
+  return errc::ok;
+}
+}  // namespace shm_detail
+
 }  // namespace uvbus

@@ -64,6 +64,8 @@ bool possible_region_size(uint64_t size) noexcept;
 // Errors: not_connected (magic still 0: the reader is formatting it), bad_layout. On an error
 // *why (if given) points to a static text saying which field was wrong.
 errc validate_header(void* base, size_t mapped, geometry* g, const char** why = nullptr) noexcept;
+// ok, or bad_layout with *why naming the writer option (expect_*) the region does not meet.
+errc check_writer_options(const geometry& g, const shm_writer_options& opt, const char** why);
 
 // Formats a fresh header in [base, base+size) for cfg (magic published last, with release).
 void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned) noexcept;

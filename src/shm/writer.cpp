@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <new>
 
 #include <uv.h>
@@ -64,7 +65,10 @@ struct shm_writer::impl {
   // full ring refuses no send then; queue_full counts refused sends only).
   bool count_full = true;
   writer_glue* glue = nullptr;
-  std::function<void(const uint8_t*, size_t)> on_dropped;  // shm_writer::on_staged_dropped
+  // shm_writer::on_staged_dropped, shared: drop_stage() holds what it calls, which the callback may
+  // replace or clear while it runs.
+  std::shared_ptr<const std::function<void(const uint8_t*, size_t)>> on_dropped;
+  int dropping = 0;  // inside on_dropped: close() is refused (the callers still use this impl)
 
   static constexpr uint32_t kFlushEvery = shm_writer::kCounterFlushEvery;
   static constexpr uint32_t kLivenessEvery = 65536;  // sends between two region_removed checks
@@ -366,7 +370,8 @@ struct shm_writer::impl {
     const size_t used = stage_used;
     // Handed back from a stage of their own: a send the callback makes stages afresh.
     std::unique_ptr<uint8_t[]> gone;
-    if (on_dropped && n != 0) {
+    const auto cb = on_dropped;  // the callback may replace it: this one hands back this stage
+    if (cb && n != 0) {
       gone.reset(new (std::nothrow) uint8_t[stage_cap]);
       if (gone) gone.swap(stage);
     }
@@ -374,7 +379,9 @@ struct shm_writer::impl {
     for (uint64_t off = 0; gone && off < used;) {
       record_prefix ip;
       std::memcpy(&ip, gone.get() + off, sizeof ip);
-      on_dropped(gone.get() + off + kRecordHeaderSize, ip.len);
+      ++dropping;
+      (*cb)(gone.get() + off + kRecordHeaderSize, ip.len);
+      --dropping;
       off += batch_item_bytes(ip.len);
     }
     return n;
@@ -513,21 +520,6 @@ errc shm_writer::open(std::string_view url, const shm_writer_options& opt) {
   return open(addr, opt);
 }
 
-namespace {
-// ok, or bad_layout with *why naming the expectation the region does not meet.
-errc check_options(const geometry& g, const shm_writer_options& opt, const char** why) {
-  if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) {
-    *why = "the region's node_size differs from shm_writer_options.expect_node_size";
-    return errc::bad_layout;
-  }
-  if (opt.expect_ring_bytes != 0 && opt.expect_ring_bytes != g.nodes * g.node_size) {
-    *why = "the region's ring_bytes differ from shm_writer_options.expect_ring_bytes";
-    return errc::bad_layout;
-  }
-  return errc::ok;
-}
-}  // namespace
-
 errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
   const char* call = "shm_writer::open";
   const auto fail = [&](errc e, const char* why) {
@@ -551,7 +543,7 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
     e = errc::bad_layout;
     why = sized.c_str();
   }
-  if (e == errc::ok) e = check_options(p->g, opt, &why);
+  if (e == errc::ok) e = check_writer_options(p->g, opt, &why);
   if (e == errc::ok && (p->g.hdr->reader_state.load(std::memory_order_acquire) == kReaderClosed ||
                         shm_detail::region_removed(p->map))) {
     e = errc::not_connected;
@@ -575,7 +567,7 @@ errc shm_writer::open_image(void* mem, size_t size, const shm_writer_options& op
   auto p = std::make_unique<impl>();
   const char* why = nullptr;
   errc e = validate_header(mem, size, &p->g, &why);
-  if (e == errc::ok) e = check_options(p->g, opt, &why);
+  if (e == errc::ok) e = check_writer_options(p->g, opt, &why);
   if (e != errc::ok) return fail(e, why);
   p->map.kind = region_kind::image;
   p->map.base = mem;
@@ -640,7 +632,10 @@ errc shm_writer::flush() noexcept {
 }
 
 void shm_writer::on_staged_dropped(std::function<void(const uint8_t*, size_t)> f) {
-  if (impl_) impl_->on_dropped = std::move(f);
+  if (!impl_) return;
+  impl_->on_dropped =
+      f ? std::make_shared<const std::function<void(const uint8_t*, size_t)>>(std::move(f))
+        : nullptr;
 }
 
 size_t shm_writer::staged() const noexcept {
@@ -653,6 +648,11 @@ bool shm_writer::reader_alive() const noexcept {
 
 size_t shm_writer::close() {
   if (!impl_) return 0;
+  if (impl_->dropping != 0) {  // from on_staged_dropped: the call that drops still runs on impl_
+    last_error_ = error_info{errc::wrong_state,
+                             "shm_writer::close() from on_staged_dropped: close after it returns"};
+    return 0;
+  }
   const size_t dropped = impl_->stop_coalescing();
   impl_->flush();  // the counters, staged_dropped among them, into the region
   release_region(&impl_->map, false);

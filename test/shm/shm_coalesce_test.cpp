@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -238,6 +239,36 @@ TEST(ShmCoalesce, AStageDroppedForARemovedRegionIsHandedBack) {
   EXPECT_EQ(w.flush(), errc::not_connected);
   EXPECT_EQ(back, (std::vector<std::string>{"a", "", "ccc"}));
   EXPECT_EQ(w.metrics().staged_dropped, 3u);
+}
+
+// From inside on_staged_dropped: clearing the callback (the rest of this drop still goes to it;
+// before, the next message called an empty std::function inside a noexcept function: terminate)
+// and close() (refused, wrong_state: the flush that drops still runs on the writer; before, a
+// heap use-after-free). The writer closes normally afterwards.
+TEST(ShmCoalesce, TheDroppedCallbackMayClearItselfAndCannotCloseTheWriter) {
+  const std::string url = "mem://" + test::unique_name("coal-reenter");
+  auto r = std::make_unique<shm_reader>();
+  ASSERT_EQ(r->open(url, small_cfg()), errc::ok);
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(w.coalesce(nullptr), errc::ok);
+  std::vector<std::string> back;
+  std::vector<size_t> closed;
+  w.on_staged_dropped([&](const uint8_t* d, size_t n) {
+    back.emplace_back(d, d + n);
+    w.on_staged_dropped(nullptr);
+    closed.push_back(w.close());
+  });
+  for (const char* m : {"a", "bb", "ccc"}) ASSERT_EQ(w.send(m, std::strlen(m)), errc::ok);
+  r->close();
+  EXPECT_EQ(w.flush(), errc::not_connected);
+  EXPECT_EQ(back, (std::vector<std::string>{"a", "bb", "ccc"}));
+  EXPECT_EQ(closed, (std::vector<size_t>{0, 0, 0}));
+  EXPECT_EQ(w.last_error().code, errc::wrong_state);
+  EXPECT_TRUE(w.is_open());
+  EXPECT_EQ(w.metrics().staged_dropped, 3u);
+  (void)w.close();
+  EXPECT_FALSE(w.is_open());
 }
 
 TEST(ShmCoalesce, AbandonedFlushIsRetriedWithoutDuplicates) {
