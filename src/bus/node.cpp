@@ -125,18 +125,7 @@ void node::impl::close_link(link* lk, errc why, disconnect_mode mode) {
 
 // ---------------------------------------------------------------------------- start / stop --
 stream_config node::impl::link_stream_config() const {
-  stream_config sc;
-  sc.message_limit = std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024);
-  sc.queue.mode = queue_mode::static_ring;
-  sc.queue.ring_bytes = std::max(cfg.link_queue_bytes, 2 * (sc.message_limit + 64));
-  sc.queue.max_bytes = sc.queue.ring_bytes;
-  sc.queue.max_blocks = cfg.link_queue_packets;
-  sc.tcp_nodelay = cfg.tcp_nodelay;
-  sc.connect_timeout_ms = cfg.handshake_timeout_ms;
-  sc.max_unregistered = cfg.max_unregistered;
-  sc.max_unregistered_per_address = cfg.max_unregistered_per_address;
-  sc.tls = cfg.tls;
-  return sc;
+  return detail::link_stream_config(cfg);
 }
 
 std::unique_ptr<stream_channel> node::impl::make_channel() {
@@ -258,8 +247,17 @@ errc node::impl::start() {
   std::unique_ptr<stream_channel> ch = make_channel();
   std::vector<std::string> urls;
   std::unique_ptr<shm_reader> rd;
-  const errc e = open_listeners(ch.get(), &rd, &urls);
+  errc e = open_listeners(ch.get(), &rd, &urls);
+  if (e == errc::ok) {
+    listen_urls = std::move(urls);  // the directory entry discovery registers carries them
+    start_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count());
+    e = disc_start();  // node_discovery.cpp: may choose parent_urls
+  }
   if (e != errc::ok) {
+    listen_urls.clear();
+    start_unix_ms = 0;
     stop_metrics();
     stream_listeners.clear();
     ch.reset();
@@ -273,19 +271,14 @@ errc node::impl::start() {
   }
   streams = std::move(ch);
   reader = std::move(rd);
-  listen_urls = std::move(urls);
   start_timers();
 
   state = run_state::running;
   started_ms = now_ms();
-  start_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                            std::chrono::system_clock::now().time_since_epoch())
-                                            .count());
   {
     std::scoped_lock lock(mbox.mu);
     mbox.st = detail::mailbox::status::open;
   }
-  disc_start();  // node_discovery.cpp: may choose parent_urls
   if (cfg.parent_urls.empty() && disc_parent_wanted) {
     // up once discovery names a parent
   } else if (cfg.parent_urls.empty()) {

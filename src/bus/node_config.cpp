@@ -5,6 +5,7 @@
 #include "bus/node_impl.h"
 #include "core/compress.h"
 #include "core/frame.h"
+#include "shm/layout.h"
 
 namespace uvbus {
 
@@ -117,41 +118,64 @@ errc check_parents(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
-// name, type, labels: the node's directory entry.
-errc check_labels(const node_config& cfg, std::string* detail) {
-  const auto too_long = [](const std::string& s) { return s.size() > proto::kMaxDirText; };
-  const std::string limit = " bytes, at most " + std::to_string(proto::kMaxDirText);
-  if (too_long(cfg.name)) {
+// A directory text (name, type, a label's key or value): at most kMaxDirText bytes.
+bool too_long(const std::string& s) {
+  return s.size() > proto::kMaxDirText;
+}
+
+errc check_text(const std::string& field, const std::string& s, std::string* detail) {
+  if (!too_long(s)) return errc::ok;
+  return refuse(detail, errc::invalid_argument,
+                field + ": " + std::to_string(s.size()) + " bytes, at most " +
+                    std::to_string(proto::kMaxDirText));
+}
+
+// Labels a directory entry can carry: at most kMaxLabels, distinct non-empty keys, each text
+// within kMaxDirText. `field` names the list (labels, discovery_parent_labels).
+errc check_label_list(const std::string& field, const std::vector<node_label>& labels,
+                      std::string* detail) {
+  if (labels.size() > proto::kMaxLabels) {
     return refuse(detail, errc::invalid_argument,
-                  "name: " + std::to_string(cfg.name.size()) + limit);
-  }
-  if (too_long(cfg.type)) {
-    return refuse(detail, errc::invalid_argument,
-                  "type: " + std::to_string(cfg.type.size()) + limit);
-  }
-  if (cfg.labels.size() > proto::kMaxLabels) {
-    return refuse(detail, errc::invalid_argument,
-                  "labels: " + std::to_string(cfg.labels.size()) + " labels, at most " +
+                  field + ": " + std::to_string(labels.size()) + " labels, at most " +
                       std::to_string(proto::kMaxLabels));
   }
-  for (size_t i = 0; i < cfg.labels.size(); ++i) {
-    const std::string field = "labels[" + std::to_string(i) + "]";
-    const auto& [k, v] = cfg.labels[i];
-    if (k.empty()) return refuse(detail, errc::invalid_argument, field + ": the key is empty");
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    const auto& [k, v] = labels[i];
+    if (k.empty()) return refuse(detail, errc::invalid_argument, at + ": the key is empty");
     if (too_long(k) || too_long(v)) {
       return refuse(detail, errc::invalid_argument,
-                    field + " \"" + k.substr(0, 32) + "\": key or value over " +
+                    at + " \"" + k.substr(0, 32) + "\": key or value over " +
                         std::to_string(proto::kMaxDirText) + " bytes");
     }
     for (size_t j = 0; j < i; ++j) {
-      if (cfg.labels[j].first == k) {
-        std::string why = field;
-        why += ": key \"" + k + "\" repeats labels[" + std::to_string(j) + "]";
+      if (labels[j].first == k) {
+        std::string why = at;
+        why += ": key \"" + k + "\" repeats " + field + "[" + std::to_string(j) + "]";
         return refuse(detail, errc::invalid_argument, why);
       }
     }
   }
   return errc::ok;
+}
+
+// name, type, labels: the node's directory entry; discovery_parent_type / _labels: the entry of
+// the parent it looks for, so within the same limits (a rule no entry can meet finds no parent).
+errc check_labels(const node_config& cfg, std::string* detail) {
+  errc e = check_text("name", cfg.name, detail);
+  if (e == errc::ok) e = check_text("type", cfg.type, detail);
+  if (e == errc::ok) e = check_label_list("labels", cfg.labels, detail);
+  if (e != errc::ok) return e;
+  if (!cfg.discovery_parent_type.empty() && cfg.discovery.etcd_endpoints.empty()) {
+    // Without discovery the rule is never applied: the node would come up as a lone root.
+    return refuse(detail, errc::invalid_argument,
+                  "discovery_parent_type is set but discovery.etcd_endpoints is empty");
+  }
+  e = check_text("discovery_parent_type", cfg.discovery_parent_type, detail);
+  if (e == errc::ok) {
+    e = check_label_list("discovery_parent_labels", cfg.discovery_parent_labels, detail);
+  }
+  return e;
 }
 
 errc check_ids(const node_config& cfg, std::string* detail) {
@@ -185,6 +209,16 @@ errc check_ids(const node_config& cfg, std::string* detail) {
     return refuse(detail, errc::invalid_argument,
                   "protocol_min .. protocol_max (" + std::to_string(cfg.protocol_min) + " .. " +
                       std::to_string(cfg.protocol_max) + ") must be a non-empty range from 1");
+  }
+  // Below version 6 a connector sends no nonce, so it can never check the acceptor's proof and
+  // refuses every parent and sibling (node_secure.cpp): a dialling node would never come up. An
+  // acceptor only (a root) may stay at 5: its version-6 children refuse it, which they report.
+  const bool dials = !cfg.parent_urls.empty() || !cfg.discovery_parent_type.empty();
+  if (!cfg.access_tokens.empty() && dials && cfg.protocol_max < 6) {
+    return refuse(detail, errc::invalid_argument,
+                  "protocol_max (" + std::to_string(cfg.protocol_max) +
+                      ") must be at least 6 with access_tokens when this node dials a parent "
+                      "(two-way authentication)");
   }
   if (cfg.default_ttl == 0) {
     return refuse(detail, errc::invalid_argument, "default_ttl must be at least 1");
@@ -241,6 +275,14 @@ errc check_sizes(const node_config& cfg, std::string* detail) {
                   "pending_max_bytes (" + std::to_string(cfg.pending_max_bytes) +
                       ") must hold one message of message_limit (" + std::to_string(one_msg) +
                       " bytes), or pending_max_messages be 0 (queueing off)");
+  }
+  // An overflow that cannot take one message drops every relayed message that meets a full next
+  // hop instead of holding it (and pausing the link it came from).
+  if (cfg.forward_overflow_bytes < one_msg) {
+    return refuse(detail, errc::invalid_argument,
+                  "forward_overflow_bytes (" + std::to_string(cfg.forward_overflow_bytes) +
+                      ") must hold one message of message_limit (" + std::to_string(one_msg) +
+                      " bytes)");
   }
   if (cfg.link_queue_packets == 0) {
     return refuse(detail, errc::invalid_argument, "link_queue_packets must be at least 1");
@@ -334,6 +376,16 @@ errc check_shm(const node_config& cfg, std::string* detail) {
   }
   shm_config sc = detail::ring_config(cfg);
   if (shm_validate(sc) == errc::ok) return errc::ok;
+  // A record spans at most kMaxRecordNodes nodes: no ring carries a larger message.
+  const uint64_t largest =
+      shm_detail::kMaxRecordNodes * sc.node_size - shm_detail::kRecordHeaderSize;
+  if (sc.max_record_size > largest) {
+    return refuse(detail, errc::invalid_argument,
+                  "message_limit (" + std::to_string(cfg.message_limit) +
+                      ") is above the largest a shm:// listen URL carries (" +
+                      std::to_string(largest - kMaxBusOverhead) + ": a shm record is at most " +
+                      std::to_string(largest) + " bytes, the message's header included)");
+  }
   // The smallest ring that would do, for the message.
   size_t need = 0;
   for (size_t r = 4096; r != 0 && r <= (size_t{1} << 40); r <<= 1) {
@@ -358,6 +410,21 @@ shm_config detail::ring_config(const node_config& cfg) {
   shc.max_record_size = static_cast<uint32_t>(
       std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024));
   return shc;
+}
+
+stream_config detail::link_stream_config(const node_config& cfg) {
+  stream_config sc;
+  sc.message_limit = std::max<size_t>(cfg.message_limit + kMaxBusOverhead, size_t{64} * 1024);
+  sc.queue.mode = queue_mode::static_ring;
+  sc.queue.ring_bytes = std::max(cfg.link_queue_bytes, 2 * (sc.message_limit + 64));
+  sc.queue.max_bytes = sc.queue.ring_bytes;
+  sc.queue.max_blocks = cfg.link_queue_packets;
+  sc.tcp_nodelay = cfg.tcp_nodelay;
+  sc.connect_timeout_ms = cfg.handshake_timeout_ms;
+  sc.max_unregistered = cfg.max_unregistered;
+  sc.max_unregistered_per_address = cfg.max_unregistered_per_address;
+  sc.tls = cfg.tls;
+  return sc;
 }
 
 errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
@@ -387,6 +454,15 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   if (e == errc::ok) e = check_compression(cfg, detail);
   if (e == errc::ok) e = check_timers(cfg, detail);
   if (e == errc::ok) e = check_shm(cfg, detail);
+  if (e == errc::ok) {
+    // The links' stream config (tls, the queue sizes): a refusal there would fail every listen
+    // and every dial at run time, the node retrying for ever.
+    std::string why;
+    const errc se = stream_channel::validate(detail::link_stream_config(cfg), &why);
+    if (se != errc::ok && why.rfind("tls", 0) != 0)
+      why = "link_queue_bytes (the links' queue): " + why;
+    if (se != errc::ok) e = refuse(detail, se, why);
+  }
   if (e == errc::ok && !cfg.discovery.etcd_endpoints.empty()) {
     std::string why;
     if (uvbus::validate(cfg.discovery, &why) != errc::ok) {

@@ -32,25 +32,28 @@ bool parent_candidate(const node_config& cfg, bus_id self, const directory_entry
 
 }  // namespace
 
-void node::impl::disc_start() {
-  if (cfg.discovery.etcd_endpoints.empty()) return;
+// Refuses (nothing left started) when etcd_discovery does not start: without it the node would
+// run without its entry in etcd, and with discovery_parent_type come up as a lone root.
+errc node::impl::disc_start() {
+  if (cfg.discovery.etcd_endpoints.empty()) return errc::ok;
   discovery_callbacks cb;
   cb.on_directory = [this](directory_event ev, const directory_entry& e) { disc_event(ev, e); };
   // Deferred to the loop: etcd_discovery's on_log may call only its const members, and the user's
   // on_log may call stop() (which stops the etcd_discovery) or destroy the node.
   cb.on_log = [this](log_level lv, const std::string& m) { log_later(lv, "%s", m.c_str()); };
   disc = std::make_unique<etcd_discovery>(loop, cfg.discovery, std::move(cb));
-  disc_parent_wanted = cfg.parent_urls.empty() && !cfg.discovery_parent_type.empty();
-  disc_rule = disc_parent_wanted;
   directory_entry me = self_entry();
   me.parent = 0;
-  // node::validate checked cfg.discovery, so this cannot fail; if it did, the node runs without.
-  if (disc->start(me) != errc::ok) {
-    log(log_level::error, "discovery: %s", disc->last_error().detail.c_str());
+  // node::validate checked cfg.discovery itself; the entry (its size against max_entry_bytes)
+  // is only known now.
+  if (const errc e = disc->start(me); e != errc::ok) {
+    const std::string why = disc->last_error().detail;
     disc.reset();
-    disc_parent_wanted = false;
-    disc_rule = false;
+    return refuse_call(e, "node::start: node_config.discovery: " + why);
   }
+  disc_parent_wanted = cfg.parent_urls.empty() && !cfg.discovery_parent_type.empty();
+  disc_rule = disc_parent_wanted;
+  return errc::ok;
 }
 
 void node::impl::disc_stop() {

@@ -655,7 +655,7 @@ struct node::impl {
   size_t disc_skipped = 0;          // etcd entries left out for want of room (dir_tick: again)
   // A parent is configured, or the discovery rule is still looking for one.
   [[nodiscard]] bool has_parent() const { return !cfg.parent_urls.empty() || disc_parent_wanted; }
-  void disc_start();
+  errc disc_start();
   void disc_stop();
   void disc_event(directory_event ev, const directory_entry& e);
   void disc_pick_parent();

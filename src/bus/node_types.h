@@ -72,6 +72,9 @@ std::vector<int> match_inherited(const std::vector<std::string>& listen,
 
 // The shared-memory ring config a node with a shm:// listen URL opens (node_config.cpp).
 shm_config ring_config(const node_config& cfg);
+// The stream_config of the node's links (its listeners and its dials; node_config.cpp), which
+// node::validate checks with stream_channel::validate.
+stream_config link_stream_config(const node_config& cfg);
 
 inline uint64_t mono_ns() {
   timespec ts{};

@@ -4,11 +4,13 @@
 #include <uv.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "bus/bus_harness.h"
+#include "bus/node_types.h"  // kMaxBusOverhead: one message's size
 #include "uvbus/node.h"
 
 namespace uvbus::node_config_test {
@@ -200,10 +202,127 @@ std::vector<rule> timer_rules() {
   };
 }
 
+// A leaf: it dials its parent (at a port nobody needs to listen on: validate() only).
+void leaf(C* c) {
+  c->parent_urls = {"ipv4://127.0.0.1:1"};
+}
+
+void psk(C* c, size_t token_bytes) {
+  c->tls.mode = tls_mode::psk;
+  c->tls.psk_identity = "bus";
+  c->tls.psk_token = std::string(token_bytes, 't');
+}
+
+// Every size a message of `limit` bytes needs, made large enough.
+void big_messages(C* c, size_t limit) {
+  c->message_limit = limit;
+  for (size_t* s : {&c->link_queue_bytes, &c->pending_max_bytes, &c->post_queue_bytes,
+                    &c->retransmit_max_bytes, &c->forward_overflow_bytes}) {
+    *s = 4 * limit;
+  }
+}
+
+void with_etcd(C* c) {
+  c->discovery.etcd_endpoints = {"http://127.0.0.1:1"};
+}
+
+// Rules whose breach used to pass validate() and fail at run time (every dial, every relay).
+std::vector<rule> run_time_rules() {
+  return {
+      {"psk token of 10 bytes",
+       [](C* c) {
+         leaf(c);
+         psk(c, 10);
+       },
+       errc::invalid_argument, "node_config.tls: psk mode needs psk_token of at least 16 bytes"},
+      {"certificate without ca_file",
+       [](C* c) {
+         leaf(c);
+         c->tls.mode = tls_mode::certificate;
+         c->tls.cert_file = "node.crt";
+         c->tls.key_file = "node.key";
+       },
+       errc::invalid_argument, "node_config.tls: certificate mode needs cert_file, key_file"},
+      {"tls handshake 0",
+       [](C* c) {
+         psk(c, 16);
+         c->tls.handshake_timeout_ms = 0;
+       },
+       errc::invalid_argument, "node_config.tls: handshake_timeout_ms must be > 0"},
+      {"link queue beyond SIZE_MAX / 2", [](C* c) { c->link_queue_bytes = SIZE_MAX; },
+       errc::invalid_argument, "node_config.link_queue_bytes (the links' queue): queue.ring_bytes"},
+      {"tokens at version 5 on a leaf",
+       [](C* c) {
+         leaf(c);
+         c->access_tokens = {"secret"};
+         c->protocol_max = 5;
+       },
+       errc::invalid_argument,
+       "protocol_max (5) must be at least 6 with access_tokens when this node dials a parent"},
+      {"tokens at version 5 choosing a parent by discovery",
+       [](C* c) {
+         with_etcd(c);
+         c->discovery_parent_type = "relay";
+         c->access_tokens = {"secret"};
+         c->protocol_max = 5;
+       },
+       errc::invalid_argument, "protocol_max (5) must be at least 6"},
+  };
+}
+
+// discovery's parent rule, the shm record, the forwarding overflow.
+std::vector<rule> run_time_rules_2() {
+  return {
+      {"parent type without etcd", [](C* c) { c->discovery_parent_type = "relay"; },
+       errc::invalid_argument,
+       "discovery_parent_type is set but discovery.etcd_endpoints is empty"},
+      {"parent type too long",
+       [](C* c) {
+         with_etcd(c);
+         c->discovery_parent_type = std::string(129, 't');
+       },
+       errc::invalid_argument, "discovery_parent_type: 129 bytes, at most 128"},
+      {"parent label key empty",
+       [](C* c) {
+         with_etcd(c);
+         c->discovery_parent_type = "relay";
+         c->discovery_parent_labels = {{"", "a"}};
+       },
+       errc::invalid_argument, "discovery_parent_labels[0]: the key is empty"},
+      {"parent label key twice",
+       [](C* c) {
+         with_etcd(c);
+         c->discovery_parent_type = "relay";
+         c->discovery_parent_labels = {{"zone", "a"}, {"zone", "b"}};
+       },
+       errc::invalid_argument, "discovery_parent_labels[1]: key \"zone\" repeats"},
+      {"parent label value too long",
+       [](C* c) {
+         with_etcd(c);
+         c->discovery_parent_type = "relay";
+         c->discovery_parent_labels = {{"zone", std::string(129, 'v')}};
+       },
+       errc::invalid_argument, "discovery_parent_labels[0] \"zone\": key or value over 128"},
+      {"shm message above the largest record",
+       [](C* c) {
+         big_messages(c, size_t{5} << 20);
+         c->listen = {"shm://x"};
+       },
+       errc::invalid_argument,
+       "message_limit (5242880) is above the largest a shm:// listen URL carries"},
+      {"forward overflow 0", [](C* c) { c->forward_overflow_bytes = 0; }, errc::invalid_argument,
+       "forward_overflow_bytes (0) must hold one message of message_limit"},
+      {"forward overflow below a message", [](C* c) { c->forward_overflow_bytes = 60000; },
+       errc::invalid_argument, "forward_overflow_bytes (60000) must hold one message"},
+  };
+}
+
 std::vector<rule> rules() {
   std::vector<rule> all = url_rules();
   for (auto& r : size_rules()) all.push_back(std::move(r));
   for (auto& r : timer_rules()) all.push_back(std::move(r));
+  for (auto& r : run_time_rules()) all.push_back(std::move(r));
+  for (auto& r : run_time_rules_2()) all.push_back(std::move(r));
   return all;
 }
 
@@ -228,6 +347,30 @@ TEST(NodeConfig, DefaultsAndTheTestConfigAreValid) {
   EXPECT_EQ(node::validate(1, c), errc::ok);
   c.max_unregistered = 5000;
   EXPECT_EQ(node::validate(1, c), errc::ok);
+  // A root (it only accepts) may keep tokens at version 5; a valid psk; discovery's parent rule
+  // with etcd; a shm ring for the largest message it carries; messages above it without a ring.
+  c = fast_config();
+  c.access_tokens = {"secret"};
+  c.protocol_max = 5;
+  psk(&c, 16);
+  EXPECT_EQ(node::validate(1, c), errc::ok);
+  c = fast_config();
+  with_etcd(&c);
+  c.discovery_parent_type = "relay";
+  c.discovery_parent_labels = {{"zone", "a"}, {"rack", ""}};
+  EXPECT_EQ(node::validate(1, c), errc::ok);
+  c = fast_config();
+  big_messages(&c, (size_t{4} << 20) - 200);
+  c.listen = {"shm://x"};
+  c.shm_ring_bytes = size_t{16} << 20;
+  std::string why;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c.listen.clear();
+  big_messages(&c, size_t{5} << 20);
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();
+  c.forward_overflow_bytes = c.message_limit + detail::kMaxBusOverhead;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
 }
 
 TEST(NodeConfig, EveryRuleRefusesNamingTheFieldAndTheRule) {
@@ -266,6 +409,38 @@ TEST_F(NodeErrorTest, ListenWithoutPortIsABadUrlLoggedWithItsDetail) {
   ASSERT_TRUE(wait([&] { return t->logged("missing port"); }));
   EXPECT_EQ(t->logs[0].first, log_level::error);
   EXPECT_FALSE(t->n->running());
+}
+
+// A leaf whose TLS settings no link could use is refused at start(), not retried for ever with
+// every dial failing.
+TEST_F(NodeErrorTest, BadTlsIsRefusedByStartNamingTls) {
+  node_config c = fast_config();
+  leaf(&c);
+  psk(&c, 10);
+  bus_node* t = make(0x100, c, false);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  EXPECT_NE(t->n->last_error().detail.find("node_config.tls: psk mode"), std::string::npos)
+      << t->n->last_error().detail;
+  EXPECT_FALSE(t->n->running());
+}
+
+// An own entry discovery cannot register (above max_entry_bytes) fails start() with the
+// discovery's detail instead of a node running without discovery (with a parent rule: a lone
+// root). Nothing is dialled: the refusal comes before etcd is asked.
+TEST_F(NodeErrorTest, AnEntryDiscoveryRefusesFailsStart) {
+  node_config c = fast_config();
+  with_etcd(&c);
+  c.discovery.max_entry_bytes = 256;
+  c.discovery_parent_type = "relay";
+  c.name = std::string(128, 'n');
+  ASSERT_EQ(node::validate(0x100, c), errc::ok);
+  bus_node* t = make(0x100, c, false);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  const std::string d = t->n->last_error().detail;
+  EXPECT_NE(d.find("node_config.discovery: "), std::string::npos) << d;
+  EXPECT_NE(d.find("above max_entry_bytes (256)"), std::string::npos) << d;
+  EXPECT_FALSE(t->n->running());
+  EXPECT_TRUE(t->n->listen_urls().empty());
 }
 
 TEST_F(NodeErrorTest, StartTwiceOrAfterStopIsWrongState) {
