@@ -67,7 +67,9 @@ struct discovery_config {
   uint32_t retry_max_ms = 3000;
   // Bounds: entries kept (others are skipped and logged; up to min(max_entries, 4096) of them
   // are kept aside, taken in as room frees), bytes of one response (a range read, one watch
-  // message) and of one entry's value.
+  // message) and of one entry's value. max_response_bytes: at least 4096 and one watch message of
+  // one entry of max_entry_bytes (4/3 x max_entry_bytes + 4/3 x (prefix + 23) + 512), else
+  // start() returns errc::invalid_argument naming both and the minimum.
   size_t max_entries = 100000;
   size_t max_response_bytes = size_t{64} << 20;
   size_t max_entry_bytes = size_t{16} << 10;

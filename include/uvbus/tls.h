@@ -65,6 +65,11 @@ struct tls_config {
   // Our replies wait behind a write the peer does not read: once they hold more than the send
   // queue's bound (stream_config::queue.ring_bytes, max_bytes in dynamic mode), the connection is
   // closed with errc::protocol_error too (counted in tls_failed, logged), whatever this limit.
+  // Both ends of a link are taken to use one config: when max_peer_key_updates is not 0, our own
+  // renewals must stay within it (errc::invalid_argument otherwise, "...KeyUpdate storm to a peer
+  // with these settings"): key_update_interval_ms x max_peer_key_updates above
+  // key_update_window_ms, and key_update_bytes at least key_update_window_ms x 1 250 000 /
+  // max_peer_key_updates (the renewals of a 10 Gbit/s link), unless 0.
   uint32_t max_peer_key_updates = 32;
   uint32_t key_update_window_ms = 10000;
   // Certificate mode: the largest certificate chain (the TLS Certificate message, in bytes) taken

@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <functional>
+#include <limits>
 
 #include "discovery/discovery_impl.h"
 
@@ -37,6 +38,18 @@ static std::string endpoint_problem(const std::string& u) {
   return {};
 }
 
+// The largest watch message (or range answer) of one entry of max_entry_bytes: its key
+// ("<prefix>/nodes/<16 hex digits>") and value base64-encoded, in the gateway's JSON (every field
+// it sends at its longest is 497 bytes: 512). SIZE_MAX when that does not fit in a size_t.
+static size_t one_entry_response_bytes(const discovery_config& cfg) {
+  constexpr size_t kEnvelope = 512;
+  const auto base64 = [](size_t n) { return (n / 3 + (n % 3 != 0 ? 1 : 0)) * 4; };
+  if (cfg.max_entry_bytes > std::numeric_limits<size_t>::max() / 2) {
+    return std::numeric_limits<size_t>::max();
+  }
+  return base64(cfg.max_entry_bytes) + base64(cfg.prefix.size() + 23) + kEnvelope;
+}
+
 errc validate(const discovery_config& cfg, std::string* detail) {
   const auto bad = [&](const std::string& d) {
     *detail = d;
@@ -65,6 +78,11 @@ errc validate(const discovery_config& cfg, std::string* detail) {
   if (cfg.max_entries == 0) return bad("max_entries must be > 0");
   if (cfg.max_response_bytes < 4096) return bad("max_response_bytes must be at least 4096");
   if (cfg.max_entry_bytes < 256) return bad("max_entry_bytes must be at least 256");
+  if (const size_t need = one_entry_response_bytes(cfg); cfg.max_response_bytes < need) {
+    return bad("max_response_bytes " + std::to_string(cfg.max_response_bytes) +
+               " cannot hold one watch message of an entry of max_entry_bytes " +
+               std::to_string(cfg.max_entry_bytes) + ": at least " + std::to_string(need));
+  }
   if (std::string why = detail::tls_problem(cfg); !why.empty()) return bad(why);
   if (cfg.etcd_username.empty() && !cfg.etcd_password.empty()) {
     return bad("etcd_password is set without etcd_username");

@@ -22,6 +22,9 @@ constexpr size_t kMinTokenBytes = 16;
 // 20 480 bytes (hello_guard): far below that, and far above any real identity.
 constexpr size_t kMaxPskIdentity = 1024;
 constexpr uint32_t kMinCertChainBytes = 1024;
+// The fastest link a byte budget is checked against (10 Gbit/s, in bytes per millisecond): above
+// what one core encrypts with AES-GCM on a bus link in practice.
+constexpr uint64_t kFastestLinkBytesPerMs = 1250000;
 // TLS_AES_128_GCM_SHA256: the PSK's cipher suite (its hash, SHA-256, is the PSK's hash).
 constexpr unsigned char kPskCipher[2] = {0x13, 0x01};
 constexpr const char kPskSuites[] = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256";
@@ -99,6 +102,41 @@ std::string openssl_errors() {
   return out.empty() ? "no OpenSSL error queued" : out;
 }
 
+namespace {
+
+// Both ends of a bus link use one config: our renewals must stay within the storm guard of a
+// peer with our settings, at any rate a link carries (or it closes a healthy link).
+errc check_key_updates(const tls_config& cfg, std::string* detail) {
+  auto bad = [detail](const std::string& why) {
+    if (detail != nullptr) *detail = why;
+    return errc::invalid_argument;
+  };
+  const uint64_t limit = cfg.max_peer_key_updates;
+  const uint64_t window = cfg.key_update_window_ms;
+  if (limit == 0) return errc::ok;
+  if (window == 0) {
+    return bad("tls: key_update_window_ms must be > 0 when max_peer_key_updates is set");
+  }
+  const std::string guard = "max_peer_key_updates " + std::to_string(limit);
+  const std::string storm =
+      ": our own renewals would look like a KeyUpdate storm to a peer with "
+      "these settings";
+  if (cfg.key_update_interval_ms != 0 && cfg.key_update_interval_ms * limit <= window) {
+    return bad("tls: key_update_interval_ms " + std::to_string(cfg.key_update_interval_ms) + " x " +
+               guard + " is not above key_update_window_ms " + std::to_string(window) + storm);
+  }
+  const uint64_t min_bytes = (window * kFastestLinkBytesPerMs + limit - 1) / limit;
+  if (cfg.key_update_bytes != 0 && cfg.key_update_bytes < min_bytes) {
+    return bad("tls: key_update_bytes " + std::to_string(cfg.key_update_bytes) + " is below " +
+               std::to_string(min_bytes) + ", the least that keeps a 10 Gbit/s link to " + guard +
+               " within key_update_window_ms " + std::to_string(window) + storm +
+               " (raise key_update_bytes or max_peer_key_updates, 0 turns either off)");
+  }
+  return errc::ok;
+}
+
+}  // namespace
+
 errc tls_context::check(const tls_config& cfg, std::string* detail) {
   auto bad = [detail](const std::string& why) {
     if (detail != nullptr) *detail = why;
@@ -132,10 +170,7 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
       return bad("tls: unknown mode");
   }
   if (cfg.handshake_timeout_ms == 0) return bad("tls: handshake_timeout_ms must be > 0");
-  if (cfg.max_peer_key_updates != 0 && cfg.key_update_window_ms == 0) {
-    return bad("tls: key_update_window_ms must be > 0 when max_peer_key_updates is set");
-  }
-  return errc::ok;
+  return check_key_updates(cfg, detail);
 }
 
 errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_context>* out,

@@ -137,6 +137,7 @@ TEST_F(DiscoveryContractTest, ABurstOfSmallWatchMessagesIsNoMessageAboveTheBound
   fake_->on_watch = [lines](size_t) { return std::make_pair(lines, false); };
   discovery_config c = fake_config();
   c.max_response_bytes = 4096;
+  c.max_entry_bytes = 1024;  // one message of such an entry fits (check() refuses otherwise)
   disc_instance* v = make(directory_entry{}, c);
   ASSERT_TRUE(wait([&] { return v->d->size() == ids.size(); }, seconds(20)))
       << v->d->size() << " entries; " << v->d->last_error().detail;
@@ -150,11 +151,35 @@ TEST_F(DiscoveryContractTest, OneWatchMessageAboveTheBoundFailsTheSession) {
   fake_->on_watch = [big](size_t) { return std::make_pair(kCreated + big, false); };
   discovery_config c = fake_config();
   c.max_response_bytes = 4096;
+  c.max_entry_bytes = 1024;  // one message of such an entry fits (check() refuses otherwise)
   disc_instance* v = make(directory_entry{}, c);
   ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
   EXPECT_NE(v->d->last_error().detail.find("max_response_bytes"), std::string::npos)
       << v->d->last_error().detail;
   EXPECT_EQ(v->d->size(), 0U);
+}
+
+// max_response_bytes must hold one watch message (or a range answer) of one valid entry: the value
+// of max_entry_bytes base64-encoded, the key, the gateway's JSON. Before, 4096 was accepted with
+// max_entry_bytes 16384: an entry of 3 KiB or more failed the watch (oversize) at every session.
+TEST_F(DiscoveryContractTest, AResponseBoundBelowOneEntrysMessageIsRefused) {
+  discovery_config c = fake_config();
+  c.max_response_bytes = 4096;
+  std::string why;
+  EXPECT_EQ(validate(c, &why), errc::invalid_argument);
+  // 4 x 5462 (the value's base64) + 48 (the key's: "/uvbus-test/nodes/" + 16 digits) + 512.
+  EXPECT_NE(why.find("max_response_bytes 4096 cannot hold one watch message of an entry of "
+                     "max_entry_bytes 16384: at least 22408"),
+            std::string::npos)
+      << why;
+  c.max_response_bytes = 22408;
+  EXPECT_EQ(validate(c, &why), errc::ok) << why;
+  c.max_response_bytes = 22407;
+  EXPECT_EQ(validate(c, &why), errc::invalid_argument);
+  etcd_discovery d(&loop_, c, {});
+  EXPECT_EQ(d.start(test_entry(1)), errc::invalid_argument);
+  EXPECT_NE(d.last_error().detail.find("at least 22408"), std::string::npos)
+      << d.last_error().detail;
 }
 
 // A range answer above max_response_bytes fails the request (oversize), nothing is applied.
@@ -166,6 +191,7 @@ TEST_F(DiscoveryContractTest, ARangeAboveTheBoundFailsWithOversize) {
   };
   discovery_config c = fake_config();
   c.max_response_bytes = 4096;
+  c.max_entry_bytes = 1024;  // one message of such an entry fits (check() refuses otherwise)
   disc_instance* v = make(directory_entry{}, c);
   ASSERT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
   EXPECT_EQ(v->d->last_error().code, errc::not_connected);

@@ -303,6 +303,47 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   EXPECT_NE(why.find("psk_token"), std::string::npos);
 }
 
+// Both ends of a bus link use one tls_config: our own renewals must stay within the KeyUpdate
+// storm guard of a peer with the same settings, or it closes a healthy link (protocol_error).
+// Before, a renewal every 100 ms (about 100 per 10 s window, limit 32) or every 16 KiB was
+// accepted, and the peer closed the link once it was busy.
+TEST_F(StreamTls, RenewalsAPeerWithTheSameSettingsTakesForAStormAreRefused) {
+  const auto refusal = [](const tls_config& t) {
+    stream_config cfg;
+    cfg.tls = t;
+    std::string why;
+    return stream_channel::validate(cfg, &why) == errc::invalid_argument ? why : "accepted";
+  };
+  tls_config t = psk_config();
+  t.key_update_interval_ms = 100;
+  EXPECT_NE(refusal(t).find("key_update_interval_ms 100 x max_peer_key_updates 32 is not above "
+                            "key_update_window_ms 10000: our own renewals would look like a "
+                            "KeyUpdate storm to a peer with these settings"),
+            std::string::npos)
+      << refusal(t);
+  t.key_update_interval_ms = 313;  // 313 x 32 > 10000: at most 32 renewals in a window
+  EXPECT_EQ(refusal(t), "accepted");
+  t.max_peer_key_updates = 0;  // no guard: any interval
+  t.key_update_interval_ms = 1;
+  EXPECT_EQ(refusal(t), "accepted");
+  t = psk_config();
+  t.key_update_bytes = uint64_t{16} * 1024;
+  EXPECT_NE(refusal(t).find("key_update_bytes 16384 is below 390625000"), std::string::npos)
+      << refusal(t);
+  EXPECT_NE(refusal(t).find("max_peer_key_updates 32 within key_update_window_ms 10000"),
+            std::string::npos)
+      << refusal(t);
+  t.key_update_bytes = 390625000;
+  EXPECT_EQ(refusal(t), "accepted");
+  t.key_update_bytes = 0;  // never by bytes
+  t.key_update_interval_ms = 0;
+  EXPECT_EQ(refusal(t), "accepted");
+  t = psk_config();
+  t.max_peer_key_updates = 0;
+  t.key_update_bytes = 1;
+  EXPECT_EQ(refusal(t), "accepted");
+}
+
 TEST_F(StreamTls, TheChannelDefaultAppliesToPlainListenAndConnect) {
   stream_config cfg;
   cfg.tls = psk_config();
