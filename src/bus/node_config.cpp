@@ -151,7 +151,8 @@ errc check_label_list(const std::string& field, const std::vector<node_label>& l
     for (size_t j = 0; j < i; ++j) {
       if (labels[j].first == k) {
         std::string why = at;
-        why += ": key \"" + k + "\" repeats " + field + "[" + std::to_string(j) + "]";
+        why.append(": key \"").append(k).append("\" repeats ").append(field);
+        why.append("[").append(std::to_string(j)).append("]");
         return refuse(detail, errc::invalid_argument, why);
       }
     }
