@@ -172,6 +172,11 @@ errc check_labels(const node_config& cfg, std::string* detail) {
     return refuse(detail, errc::invalid_argument,
                   "discovery_parent_type is set but discovery.etcd_endpoints is empty");
   }
+  if (cfg.discovery_parent_type.empty() && !cfg.discovery_parent_labels.empty()) {
+    // Labels alone are no rule (the type names the parent's kind): they would be ignored.
+    return refuse(detail, errc::invalid_argument,
+                  "discovery_parent_labels are set but discovery_parent_type is empty");
+  }
   e = check_text("discovery_parent_type", cfg.discovery_parent_type, detail);
   if (e == errc::ok) {
     e = check_label_list("discovery_parent_labels", cfg.discovery_parent_labels, detail);

@@ -276,6 +276,13 @@ std::vector<rule> run_time_rules_2() {
       {"parent type without etcd", [](C* c) { c->discovery_parent_type = "relay"; },
        errc::invalid_argument,
        "discovery_parent_type is set but discovery.etcd_endpoints is empty"},
+      {"parent labels without a type",
+       [](C* c) {
+         with_etcd(c);
+         c->discovery_parent_labels = {{"zone", "a"}};
+       },
+       errc::invalid_argument,
+       "discovery_parent_labels are set but discovery_parent_type is empty"},
       {"parent type too long",
        [](C* c) {
          with_etcd(c);
