@@ -53,6 +53,15 @@ size_t relayed(const test::raw_child& x) {
 
 class NodeCallback : public test::relay_fixture {
  protected:
+  // Starts root_ (0x100, subnet 0x100/8) and returns the config of a child of it.
+  node_config root_and_child_config() {
+    node_config rc = relay_config();
+    rc.subnets = {{0x100, 8}};
+    root_ = make(0x100, rc);
+    node_config cc = relay_config();
+    cc.parent_urls = {root_->n->listen_urls().at(0)};
+    return cc;
+  }
   // Root and child A (relay_fixture), the root holding messages for absent children for a minute.
   void make_held_root_and_sender(node_config rc, node_config ac, const tweak_fn& root_tweak = {}) {
     rc.child_grace_ms = 60000;  // the whole test runs inside the window
@@ -330,13 +339,7 @@ TEST_F(NodeCallback, DestroyFromOnLogWhileAcceptingAChildSendsItNothing) {
 // A child destroyed from on_up (the documented place for any callback to destroy the node) sends
 // nothing more: the messages it queued before its parent took it went out after the destruction.
 TEST_F(NodeCallback, DestroyFromOnUpSendsNothingQueuedForTheParent) {
-  root_ = make(0x100, [] {
-    node_config c = relay_config();
-    c.subnets = {{0x100, 8}};
-    return c;
-  }());
-  node_config cc = relay_config();
-  cc.parent_urls = {root_->n->listen_urls().at(0)};
+  node_config cc = root_and_child_config();
   bus_node* c = nullptr;
   bool destroyed = false;
   c = make(0x101, cc, false, [&](node_callbacks* cb) {
@@ -356,13 +359,7 @@ TEST_F(NodeCallback, DestroyFromOnUpSendsNothingQueuedForTheParent) {
 // sibling nothing: the messages it queued while it looked the sibling up went out after the
 // destruction.
 TEST_F(NodeCallback, DestroyFromOnEndpointAddedSendsNothingQueuedForTheSibling) {
-  root_ = make(0x100, [] {
-    node_config c = relay_config();
-    c.subnets = {{0x100, 8}};
-    return c;
-  }());
-  node_config cc = relay_config();
-  cc.parent_urls = {root_->n->listen_urls().at(0)};
+  node_config cc = root_and_child_config();
   cc.sibling_direct = true;
   bus_node* b = make(0x102, cc);
   bus_node* a = nullptr;

@@ -32,6 +32,17 @@ shm_config small_cfg(size_t ring = 4096, uint32_t max_rec = 1024) {
   return c;
 }
 
+// A reader on a fresh mem:// region named after `name`, and *w attached to it, coalescing
+// without a loop (explicit flushes). The reader is returned: the tests close it under the stage.
+std::unique_ptr<shm_reader> open_coalescing(const char* name, shm_writer* w) {
+  const std::string url = "mem://" + test::unique_name(name);
+  auto r = std::make_unique<shm_reader>();
+  EXPECT_EQ(r->open(url, small_cfg()), errc::ok);
+  EXPECT_EQ(w->open(url), errc::ok);
+  EXPECT_EQ(w->coalesce(nullptr), errc::ok);
+  return r;
+}
+
 // A region image with one reader and one coalescing writer (no loop: explicit flushes).
 struct ring {
   shm_config cfg;
@@ -223,12 +234,9 @@ TEST(ShmCoalesce, DroppedStagedMessagesAreHandedBackInOrder) {
 
 // The same when the region is removed under a stage (its reader closed for good).
 TEST(ShmCoalesce, AStageDroppedForARemovedRegionIsHandedBack) {
-  const std::string url = "mem://" + test::unique_name("coal-back");
-  auto r = std::make_unique<shm_reader>();
-  ASSERT_EQ(r->open(url, small_cfg()), errc::ok);
   shm_writer w;
-  ASSERT_EQ(w.open(url), errc::ok);
-  ASSERT_EQ(w.coalesce(nullptr), errc::ok);
+  auto r = open_coalescing("coal-back", &w);
+  ASSERT_TRUE(w.coalescing());
   std::vector<std::string> back;
   w.on_staged_dropped([&](const uint8_t* d, size_t n) { back.emplace_back(d, d + n); });
   ASSERT_EQ(w.send("a", 1), errc::ok);
@@ -246,12 +254,9 @@ TEST(ShmCoalesce, AStageDroppedForARemovedRegionIsHandedBack) {
 // and close() (refused, wrong_state: the flush that drops still runs on the writer; before, a
 // heap use-after-free). The writer closes normally afterwards.
 TEST(ShmCoalesce, TheDroppedCallbackMayClearItselfAndCannotCloseTheWriter) {
-  const std::string url = "mem://" + test::unique_name("coal-reenter");
-  auto r = std::make_unique<shm_reader>();
-  ASSERT_EQ(r->open(url, small_cfg()), errc::ok);
   shm_writer w;
-  ASSERT_EQ(w.open(url), errc::ok);
-  ASSERT_EQ(w.coalesce(nullptr), errc::ok);
+  auto r = open_coalescing("coal-reenter", &w);
+  ASSERT_TRUE(w.coalescing());
   std::vector<std::string> back;
   std::vector<size_t> closed;
   w.on_staged_dropped([&](const uint8_t* d, size_t n) {
