@@ -7,7 +7,9 @@
 // discovery turns on inside a node.
 //
 // Threading: an etcd_discovery belongs to its uv_loop_t and to the thread that runs that loop; it
-// must be constructed, called and destroyed there. Every callback runs on that thread from inside
+// must be constructed, called and destroyed there (a member function called from another thread
+// does nothing and returns errc::wrong_thread, or false / 0 / empty; a debug build aborts naming
+// it). Every callback runs on that thread from inside
 // uv_run(), never from inside a member function call (no re-entrancy into the caller's frame).
 // on_directory and on_state may call any member function and may destroy the object (nothing of
 // it is touched after the callback returns; after stop() there, no further event of the same range

@@ -284,6 +284,7 @@ std::string etcd_discovery::key_of(const std::string& prefix, bus_id id) {
 }
 
 errc etcd_discovery::start(const directory_entry& self) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "etcd_discovery::start");
   impl& d = *impl_;
   if (d.ph != impl::phase::idle) {
     d.err = {errc::wrong_state, "start(): started already"};
@@ -312,6 +313,7 @@ errc etcd_discovery::start(const directory_entry& self) {
 }
 
 errc etcd_discovery::update_self(const directory_entry& self) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "etcd_discovery::update_self");
   impl& d = *impl_;
   if (d.ph == impl::phase::idle) {
     d.err = {errc::wrong_state, "update_self(): not started"};
@@ -348,6 +350,7 @@ errc etcd_discovery::update_self(const directory_entry& self) {
 }
 
 std::vector<directory_entry> etcd_discovery::directory() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "etcd_discovery::directory", {});
   std::vector<directory_entry> out;
   out.reserve(impl_->dir.size());
   for (const auto& [id, e] : impl_->dir) out.push_back(e);
@@ -355,6 +358,7 @@ std::vector<directory_entry> etcd_discovery::directory() const {
 }
 
 bool etcd_discovery::lookup(bus_id id, directory_entry* out) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "etcd_discovery::lookup", false);
   auto it = impl_->dir.find(id);
   if (it == impl_->dir.end()) return false;
   if (out != nullptr) *out = it->second;
@@ -362,15 +366,21 @@ bool etcd_discovery::lookup(bus_id id, directory_entry* out) const {
 }
 
 size_t etcd_discovery::size() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "etcd_discovery::size", 0);
   return impl_->dir.size();
 }
 bool etcd_discovery::connected() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "etcd_discovery::connected", false);
   return impl_->is_connected;
 }
 discovery_stats etcd_discovery::stats() const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "etcd_discovery::stats", {});
   return impl_->st;
 }
 const error_info& etcd_discovery::last_error() const {
+  static const error_info kWrongThread{errc::wrong_thread,
+                                       "last_error(): called from a thread other than the loop's"};
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "etcd_discovery::last_error", kWrongThread);
   return impl_->err;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/log_limiter.h"
+#include "core/thread_check.h"
 #include "discovery/etcd_client.h"
 #include "discovery/etcd_codec.h"
 #include "uvbus/discovery.h"
@@ -41,6 +42,7 @@ struct etcd_discovery::impl {
   enum log_kind : size_t { kMalformed, kFailure, kFull, kInfo };
 
   uv_loop_t* loop;
+  detail::owner_thread owner;  // every public call checks it (docs/core.md, "Threads")
   discovery_config cfg;
   discovery_callbacks cbs;
   std::unique_ptr<detail::etcd_client> http;

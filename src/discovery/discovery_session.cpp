@@ -372,6 +372,7 @@ int64_t detail::discovery_rewatch_from(etcd_discovery& d, int64_t from) {
 }
 
 errc etcd_discovery::stop(std::function<void()> done) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "etcd_discovery::stop");
   impl& d = *impl_;
   if (d.ph == impl::phase::idle || d.ph == impl::phase::stopped) {
     d.err = {errc::wrong_state, "stop(): not started, or stopped already"};

@@ -1,12 +1,14 @@
 // etcd_discovery against a scripted fake etcd gateway (a libuv HTTP/1.1 server on 127.0.0.1, port
 // from the OS): watch cancels that are not a compaction gap, or repeat right after a resync, fail
 // the session naming the reason; a watch stream that never says `created` fails after
-// request_timeout_ms, and a watch-only instance probes while it waits.
+// request_timeout_ms, and a watch-only instance probes while it waits; calls from a thread other
+// than the loop's are refused (release builds) or abort naming the function (debug builds).
 #include <uv.h>
 
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "discovery/discovery_harness.h"
@@ -112,6 +114,51 @@ TEST_F(DiscoveryFakeTest, WatchNeverCreatedFailsAfterTheRequestTimeout) {
   EXPECT_EQ(v->ups, 0);
   EXPECT_FALSE(v->d->connected());
 }
+
+#ifdef NDEBUG
+
+// discovery.h: every member function belongs to the loop's thread. Called from another thread
+// each does nothing and says wrong_thread (or false / 0 / empty): start() from there started
+// nothing, so stop() on the owner's thread finds nothing started.
+TEST_F(DiscoveryFakeTest, CallsFromAForeignThreadReturnWrongThreadAndDoNothing) {
+  ASSERT_TRUE(fake_->ok());
+  etcd_discovery d(&loop_, config({fake_->url()}), {});
+  std::vector<errc> got;
+  size_t size = 1;
+  bool found = true;
+  std::thread t([&] {
+    got.push_back(d.start(directory_entry{}));
+    got.push_back(d.update_self(directory_entry{}));
+    got.push_back(d.stop(nullptr));
+    got.push_back(d.last_error().code);
+    size = d.size() + d.directory().size();
+    found = d.lookup(1, nullptr) || d.connected();
+  });
+  t.join();
+  ASSERT_EQ(got.size(), 4U);
+  for (errc e : got) EXPECT_EQ(e, errc::wrong_thread);
+  EXPECT_EQ(size, 0U);
+  EXPECT_FALSE(found);
+  EXPECT_EQ(d.stop(nullptr), errc::wrong_state);  // start() from the other thread did nothing
+  EXPECT_EQ(fake_->count("/v3/lease/grant") + fake_->count("/v3/watch"), 0U);
+}
+
+#else
+
+TEST(DiscoveryFakeDeathTest, CallsFromAForeignThreadAbortNamingTheFunction) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  uv_loop_t loop;
+  ASSERT_EQ(uv_loop_init(&loop), 0);
+  discovery_config c;
+  c.etcd_endpoints = {"http://127.0.0.1:2379"};
+  etcd_discovery d(&loop, c, {});
+  EXPECT_DEATH(std::thread([&] { (void)d.size(); }).join(),
+               "etcd_discovery::size called from a thread other than its loop's thread");
+  uv_run(&loop, UV_RUN_NOWAIT);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
+#endif
 
 }  // namespace
 }  // namespace uvbus::discovery_fake_test
