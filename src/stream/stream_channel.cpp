@@ -406,6 +406,9 @@ void stream_channel::impl::log_end(const conn_impl* c, errc reason) {
       kind = kLogOversize;
       break;
     case errc::timeout:
+      // Only a stalled half-frame: a dial's connect_timeout_ms is an ordinary end, and a TLS
+      // handshake's deadline is logged by tls_fail.
+      if (c->metrics.partial_frame_timeouts == 0) return;
       kind = kLogStalled;
       break;
     default:
