@@ -178,6 +178,7 @@ struct stream_connection_metrics {
   uint64_t packets_merged = 0;  // packets copied into the merge buffer (coalesced)
   uint64_t read_calls = 0;      // reads that returned data
   uint64_t send_refused = 0;    // send(), sendv(), prepare_send() calls that returned queue_full
+                                // or no_memory
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
   // Socket read/write errors other than a clean EOF (on a TLS link: after the handshake; see
@@ -425,6 +426,9 @@ class stream_channel {
   // numbers on_written and on_send_failed report. Errors (nothing is queued, no callback fires):
   //   message_too_large  size > message_limit (sendv: the parts' total)
   //   queue_full         the queue is full now (retriable; on_writable tells when to retry)
+  //   no_memory          the queue's storage (its ring, a larger ring, a dynamic block) could not
+  //                      be allocated; the connection goes on. No on_writable follows: retry on
+  //                      a later event of your own, or disconnect
   //   not_connected      still connecting (retriable)
   //   closed             the connection is gone or ending, disconnect() was called, or the channel
   //                      closed

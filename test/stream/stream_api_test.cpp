@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/write_queue.h"
 #include "stream/stream_harness.h"
 
 namespace uvbus::test::stream_api_test {
@@ -76,6 +77,26 @@ TEST_F(StreamApi, CallsOnAGoneIdFailCleanly) {
   EXPECT_NE(q.client, p.client);
   EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
   EXPECT_EQ(c->send(q.client, "x", 1), errc::ok);
+}
+
+// Memory for the send queue ran out: send() says no_memory, it counts as refused, nothing is
+// queued, and the connection goes on (a later send that finds memory works).
+TEST_F(StreamApi, ASendThatFindsNoMemoryIsRefusedAndCounted) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  const pair p = connect(s, &srv, c, &cli);
+  detail::fail_next_ring_alloc(1);
+  EXPECT_EQ(c->send(p.client, "lost", 4), errc::no_memory);
+  detail::fail_next_ring_alloc(0);
+  EXPECT_EQ(cm(c, p.client).send_refused, 1U);
+  EXPECT_EQ(cm(c, p.client).queue_packets, 0U);
+  uint64_t seq = 0;
+  ASSERT_EQ(c->send(p.client, "kept", 4, &seq), errc::ok);
+  EXPECT_EQ(seq, 1U);
+  ASSERT_TRUE(run([&] { return srv.received[p.server.value].size() == 1; }));
+  EXPECT_EQ(srv.received[p.server.value][0], "kept");
+  EXPECT_EQ(cli.writable.count(p.client.value), 0U) << "no on_writable follows a no_memory";
 }
 
 TEST_F(StreamApi, ListenerIdsWorkUntilClosed) {
