@@ -188,7 +188,7 @@ class conn_table {
  private:
   struct slot {
     conn_impl* c = nullptr;
-    uint32_t gen = 0;  // 0: free
+    uint32_t gen = 0;  // the last id's generation (0: never used); c == nullptr: free
     uint32_t next_free = 0;
   };
   std::vector<slot> slots_;

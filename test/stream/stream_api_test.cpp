@@ -10,6 +10,7 @@
 
 #include "core/write_queue.h"
 #include "stream/stream_harness.h"
+#include "stream/test_access.h"
 
 namespace uvbus::test::stream_api_test {
 namespace {
@@ -37,6 +38,14 @@ class StreamApi : public stream_fixture {
     }));
     p.server = srv->accepted.back();
     return p;
+  }
+  // A dial cancelled at once: its id, once its slot is free again.
+  connection_id dial_and_end(stream_channel* c, recorder* r) {
+    connection_id id;
+    EXPECT_EQ(c->connect("ipv4://127.0.0.1:9", &id), errc::ok);
+    EXPECT_EQ(c->disconnect(id, disconnect_mode::force), errc::ok);
+    EXPECT_TRUE(run([&] { return r->connected.count(id.value) != 0; }));
+    return id;
   }
 };
 
@@ -77,6 +86,29 @@ TEST_F(StreamApi, CallsOnAGoneIdFailCleanly) {
   EXPECT_NE(q.client, p.client);
   EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
   EXPECT_EQ(c->send(q.client, "x", 1), errc::ok);
+}
+
+// The generation counter wraps after 2^32 connections (process-wide): a slot never hands out the
+// same id again, and a slot whose generation would wrap is never used again.
+TEST_F(StreamApi, IdsAreNeverHandedOutTwiceWhenTheGenerationWraps) {
+  recorder r;
+  stream_channel* c = make_channel(&r);
+  std::vector<connection_id> seen;
+  detail::stream_access::set_next_generation(5);
+  seen.push_back(dial_and_end(c, &r));
+  detail::stream_access::set_next_generation(5);  // as after a wrap-around
+  seen.push_back(dial_and_end(c, &r));
+  detail::stream_access::set_next_generation(UINT32_MAX);
+  seen.push_back(dial_and_end(c, &r));
+  for (uint32_t g : {1U, 5U, 6U, UINT32_MAX}) {
+    detail::stream_access::set_next_generation(g);
+    seen.push_back(dial_and_end(c, &r));
+  }
+  detail::stream_access::set_next_generation(1);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_TRUE(seen[i]) << i;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(seen[i], seen[j]) << i << " and " << j;
+  }
 }
 
 // Memory for the send queue ran out: send() says no_memory, it counts as refused, nothing is
