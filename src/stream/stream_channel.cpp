@@ -513,6 +513,9 @@ errc stream_channel::impl::disconnect(conn_impl* c, disconnect_mode mode) {
       }
       c->state = conn_state::draining;
       c->want_writable = false;
+      // Nothing more is delivered: a cut frame's buffer goes now, not when the drain ends (from
+      // its own on_received, data may point into it: deliver() resets it after the callback).
+      if (!c->delivering) c->decoder.reset();
       // Nothing more of it is delivered (stream.h, on_received), but it goes on reading, and
       // discards (on_read): a peer whose writes stalled on us would never finish its own drain.
       c->paused = false;

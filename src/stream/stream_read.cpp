@@ -108,7 +108,9 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
       m.bytes_received += r.size;
       if (cb.on_received) {
         const detail::callback_scope scope(this);
+        c->delivering = true;
         cb.on_received(c->id, r.data, r.size);
+        c->delivering = false;
         // The callback may have disconnected the connection (a graceful one drains its queue but
         // reads no more) or closed the channel: the buffer of a cut frame just delivered goes at
         // once, not after a drain that lasts as long as the peer takes to read. A pause takes
