@@ -372,6 +372,24 @@ TEST_F(StreamHostile, ACutFrameThatFindsNoMemoryEndsOnlyItsConnection) {
   EXPECT_EQ(srv.disconnected.count(p.good_srv), 0U);
 }
 
+// No memory for the per-thread read buffer: the connection that was to read ends with no_memory,
+// counted as neither a socket error nor the peer's decode error; the others go on.
+TEST_F(StreamHostile, AReadBufferThatFindsNoMemoryIsNotASocketError) {
+  recorder srv, cli;
+  good_pair p;
+  ASSERT_NO_FATAL_FAILURE(connect_good(&srv, &cli, {}, &p));
+  raw_peer other(p.s->listener_port(p.l));
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 2; }));
+  detail::stream_access::fail_read_buffer();
+  ASSERT_TRUE(other.write_all(frame_of("never read")));
+  ASSERT_TRUE(run([&] { return srv.disconnected.size() == 1; }));
+  EXPECT_EQ(srv.disconnected.at(srv.accepted_ids.at(1)), errc::no_memory);
+  EXPECT_EQ(p.s->metrics().totals.io_errors, 0U);
+  EXPECT_EQ(p.s->metrics().totals.decode_errors, 0U);
+  ASSERT_EQ(p.c->send(p.good, "after", 5), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[p.good_srv].size() == 1; }));
+}
+
 // A server with send rings large enough to hold more than the kernel takes for a peer that does
 // not read, and a raw peer that has sent the first 100 000 bytes of a 200 000-byte frame: the cut
 // frame the server's decoder holds.
