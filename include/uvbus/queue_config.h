@@ -9,9 +9,10 @@ namespace uvbus {
 
 // static_ring: a ring of at most ring_bytes, allocated on the connection's first send at
 // ring_initial_bytes and doubled on demand (a few times per connection, never per message, never
-// shrunk) up to ring_bytes (the stream channel hands a drained ring of the initial size back to a
-// per-thread pool and takes one again on the next send); a block (one whole frame) is always
-// contiguous and never wraps; a full ring of ring_bytes refuses (queue_full). dynamic: one
+// shrunk while in use) up to ring_bytes (the stream channel hands a drained ring of the initial
+// size back to a per-thread pool and takes one again on the next send, and frees a grown ring once
+// its queue has been idle for stream_config::send_ring_idle_ms); a block (one whole frame) is
+// always contiguous and never wraps; a full ring of ring_bytes refuses (queue_full). dynamic: one
 // allocation per frame, bounded by max_bytes and max_blocks.
 enum class queue_mode : uint8_t { static_ring, dynamic };
 

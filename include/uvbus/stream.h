@@ -87,7 +87,8 @@ struct stream_config {
   // so a connection that never sends costs no queue memory; it starts at queue.ring_initial_bytes
   // (4 KiB) and doubles only as the queue fills, so one that sends little (a handshake) costs
   // little. A ring still at its initial size goes back to a per-thread pool whenever the queue
-  // drains, so a quiet connection holds no send buffer; a ring that grew is kept.
+  // drains, so a quiet connection holds no send buffer; a ring that grew is kept while traffic
+  // flows and freed once the queue has been idle for send_ring_idle_ms (below).
   write_queue_config queue = {};
   // Frames smaller than this many bytes are coalesced: when a write is issued, as many queued small
   // frames as fit are copied into one per-thread merge buffer and written with one system call.
@@ -177,6 +178,7 @@ struct stream_connection_metrics {
   uint64_t packets_merged = 0;  // packets copied into the merge buffer (coalesced)
   uint64_t read_calls = 0;      // reads that returned data
   uint64_t send_refused = 0;    // send(), sendv(), prepare_send() calls that returned queue_full
+                                // or no_memory
   uint64_t send_failed = 0;     // accepted packets later reported failed
   uint64_t decode_errors = 0;   // bad hash, oversize, bad varint (each closes the connection)
   // Socket read/write errors other than a clean EOF (on a TLS link: after the handshake; see
@@ -424,6 +426,9 @@ class stream_channel {
   // numbers on_written and on_send_failed report. Errors (nothing is queued, no callback fires):
   //   message_too_large  size > message_limit (sendv: the parts' total)
   //   queue_full         the queue is full now (retriable; on_writable tells when to retry)
+  //   no_memory          the queue's storage (its ring, a larger ring, a dynamic block) could not
+  //                      be allocated; the connection goes on. No on_writable follows: retry on
+  //                      a later event of your own, or disconnect
   //   not_connected      still connecting (retriable)
   //   closed             the connection is gone or ending, disconnect() was called, or the channel
   //                      closed

@@ -153,6 +153,12 @@ errc parse_host_port(std::string_view rest, address* a, std::string* why) {
     return refuse(why, errc::bad_url, quoted(host) + " is not an IPv4 address");
   }
   if (a->kind == scheme::ipv6 && inet_pton(AF_INET6, a->host.c_str(), buf) != 1) {
+    // ipv6://::1 is an address without its port, not the address ":" with port 1.
+    const std::string whole(rest);
+    if (rest.front() != '[' && inet_pton(AF_INET6, whole.c_str(), buf) == 1) {
+      return refuse(why, errc::bad_url,
+                    "missing port (bracket the address: ipv6://[" + whole + "]:port)");
+    }
     return refuse(why, errc::bad_url,
                   host.find('%') != std::string_view::npos
                       ? quoted(host) + ": IPv6 scope ids (%zone) are not supported"

@@ -2,6 +2,7 @@
 #include "core/write_queue.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -43,7 +44,13 @@ inline void fixed_copy(uint8_t* dst, const uint8_t* src) noexcept {
   }
 }
 
+std::atomic<int> g_fail_ring_allocs{0};
+
 uint8_t* alloc_ring(size_t size) noexcept {
+  if (g_fail_ring_allocs.load(std::memory_order_relaxed) > 0 &&
+      g_fail_ring_allocs.fetch_sub(1, std::memory_order_relaxed) > 0) {
+    return nullptr;
+  }
   const size_t total = write_queue::ring_storage_bytes(size);
   buffer_pool* pool = size <= kPooledRingMax ? buffer_pool::local(total) : nullptr;
   auto* mem = pool != nullptr ? pool->acquire() : static_cast<uint8_t*>(std::malloc(total));
@@ -72,6 +79,10 @@ size_t pow2_at_least(size_t n) noexcept {
 }
 
 }  // namespace
+
+void detail::fail_next_ring_alloc(int n) noexcept {
+  g_fail_ring_allocs.store(n, std::memory_order_relaxed);
+}
 
 struct write_queue::dyn_block {
   dyn_block* next;

@@ -206,4 +206,10 @@ class write_queue {
   dyn_block* before_last_ = nullptr;
 };
 
+namespace detail {
+// Tests only: the next n ring allocations of any write_queue (a first ring, a growth) fail as if
+// memory had run out. Process-wide.
+void fail_next_ring_alloc(int n) noexcept;
+}  // namespace detail
+
 }  // namespace uvbus

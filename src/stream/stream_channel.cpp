@@ -13,6 +13,7 @@
 
 #include "core/murmur3_batch.h"
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 #include "stream/tls_context.h"
 #include "stream/tls_session.h"
 
@@ -73,6 +74,12 @@ std::atomic<uint32_t> g_next_gen{1};
 std::atomic<uint64_t> g_next_listener{1};
 }  // namespace
 
+void stream_access::set_next_generation(uint32_t gen) noexcept {
+  g_next_gen.store(gen, std::memory_order_relaxed);
+}
+
+// A slot's generations only grow: once the process-wide counter wraps, a slot takes the one after
+// its last instead, and a slot whose last generation was the highest is never used again.
 connection_id conn_table::add(conn_impl* c) {
   uint32_t gen = g_next_gen.fetch_add(1, std::memory_order_relaxed);
   if (gen == 0) gen = g_next_gen.fetch_add(1, std::memory_order_relaxed);  // after wrap-around
@@ -80,6 +87,7 @@ connection_id conn_table::add(conn_impl* c) {
   if (free_head_ != UINT32_MAX) {
     idx = free_head_;
     free_head_ = slots_[idx].next_free;
+    gen = std::max(gen, slots_[idx].gen + 1);  // never UINT32_MAX + 1: such a slot is retired
   } else {
     idx = static_cast<uint32_t>(slots_.size());
     slots_.emplace_back();
@@ -92,8 +100,8 @@ connection_id conn_table::add(conn_impl* c) {
 void conn_table::remove(connection_id id) noexcept {
   const auto idx = static_cast<uint32_t>(id.value);
   slot& s = slots_[idx];
-  s.c = nullptr;
-  s.gen = 0;
+  s.c = nullptr;  // gen stays: find() sees no connection, and the next one here takes a later gen
+  if (s.gen == UINT32_MAX) return;  // retired: its next id would repeat an earlier one
   s.next_free = free_head_;
   free_head_ = idx;
 }
@@ -406,6 +414,9 @@ void stream_channel::impl::log_end(const conn_impl* c, errc reason) {
       kind = kLogOversize;
       break;
     case errc::timeout:
+      // Only a stalled half-frame: a dial's connect_timeout_ms is an ordinary end, and a TLS
+      // handshake's deadline is logged by tls_fail.
+      if (c->metrics.partial_frame_timeouts == 0) return;
       kind = kLogStalled;
       break;
     default:
@@ -502,6 +513,9 @@ errc stream_channel::impl::disconnect(conn_impl* c, disconnect_mode mode) {
       }
       c->state = conn_state::draining;
       c->want_writable = false;
+      // Nothing more is delivered: a cut frame's buffer goes now, not when the drain ends (from
+      // its own on_received, data may point into it: deliver() resets it after the callback).
+      if (!c->delivering) c->decoder.reset();
       // Nothing more of it is delivered (stream.h, on_received), but it goes on reading, and
       // discards (on_read): a peer whose writes stalled on us would never finish its own drain.
       c->paused = false;

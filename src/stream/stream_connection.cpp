@@ -417,10 +417,12 @@ uint8_t* stream_channel::impl::reserve_unusual(conn_impl* c, size_t total, size_
   return reserve_frame(c, total, hdr, err);
 }
 
+// queue_full asks for on_writable; no_memory (the queue's storage could not be allocated) is
+// counted, but nothing follows it: a drain need not make memory available (stream.h, send()).
 void stream_channel::impl::refused(conn_impl* c, errc err) {
-  if (err != errc::queue_full) return;
+  if (err != errc::queue_full && err != errc::no_memory) return;
   ++c->m().send_refused;
-  c->want_writable = true;
+  if (err == errc::queue_full) c->want_writable = true;
 }
 
 // The payload is in place after the header room: write the header and schedule. Below

@@ -92,6 +92,9 @@ struct conn_impl {
   bool connected_once = false;  // on_accepted / on_connected(ok) fired: end with on_disconnected
   bool shutting_down = false;
   bool unregistered = false;  // counted against the max_unregistered caps (see source)
+  // deliver() is inside on_received for this connection: the payload may point into the decoder,
+  // so a graceful disconnect() from there leaves the decoder to deliver() (which resets it after).
+  bool delivering = false;
   conn_state state = conn_state::connecting;
   errc reason = errc::ok;
   int pending = 0;  // libuv objects still referring to this connection (handles, requests)
@@ -188,7 +191,7 @@ class conn_table {
  private:
   struct slot {
     conn_impl* c = nullptr;
-    uint32_t gen = 0;  // 0: free
+    uint32_t gen = 0;  // the last id's generation (0: never used); c == nullptr: free
     uint32_t next_free = 0;
   };
   std::vector<slot> slots_;

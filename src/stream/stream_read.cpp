@@ -11,6 +11,7 @@
 #include <new>
 
 #include "stream/stream_impl.h"
+#include "stream/test_access.h"
 
 namespace uvbus {
 
@@ -24,6 +25,7 @@ struct read_buffer {
   size_t size = 0;
 };
 thread_local read_buffer tls_read;
+thread_local bool tls_read_fails = false;  // stream_access::fail_read_buffer()
 
 errc from_decoder(frame_status s) noexcept {
   switch (s) {
@@ -46,7 +48,8 @@ void stream_channel::impl::alloc_cb(uv_handle_t* h, size_t, uv_buf_t* buf) {
   auto* c = static_cast<conn_impl*>(h->data);
   const size_t want = c->ch->cfg.read_buffer_size;
   if (tls_read.size < want) {
-    tls_read.mem.reset(new (std::nothrow) uint8_t[want]);
+    tls_read.mem.reset(tls_read_fails ? nullptr : new (std::nothrow) uint8_t[want]);
+    tls_read_fails = false;
     tls_read.size = tls_read.mem ? want : 0;
   }
   // A zero-length buffer makes libuv report UV_ENOBUFS, which ends the connection.
@@ -61,6 +64,11 @@ void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t
 
 void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;  // EAGAIN: a normal event, never an error
+  if (nread ==
+      UV_ENOBUFS) {  // alloc_cb found no memory for the read buffer: ours, not the socket's
+    end_conn(c, errc::no_memory);
+    return;
+  }
   // TLS: a draining link's records still go through the session (their plaintext is dropped
   // there): the rest of a post-handshake message may be what our close_notify waits for, and a
   // record skipped would break the ones after it.
@@ -108,7 +116,9 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
       m.bytes_received += r.size;
       if (cb.on_received) {
         const detail::callback_scope scope(this);
+        c->delivering = true;
         cb.on_received(c->id, r.data, r.size);
+        c->delivering = false;
         // The callback may have disconnected the connection (a graceful one drains its queue but
         // reads no more) or closed the channel: the buffer of a cut frame just delivered goes at
         // once, not after a drain that lasts as long as the peer takes to read. A pause takes
@@ -130,6 +140,12 @@ bool stream_channel::impl::deliver(conn_impl* c, const uint8_t* data, size_t n) 
     end_conn(c, from_decoder(r.status));
     return false;
   }
+}
+
+void detail::stream_access::fail_read_buffer() noexcept {
+  tls_read.mem.reset();
+  tls_read.size = 0;
+  tls_read_fails = true;
 }
 
 void stream_channel::impl::start_reading(conn_impl* c) {

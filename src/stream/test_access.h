@@ -1,6 +1,6 @@
 // Test-only access to a stream channel's internals: a TLS session put in the state OpenSSL leaves
 // it in after a fatal error, a reserve descriptor lost, the accept failures counted, a dns answer,
-// the sweep's largest slice.
+// the sweep's largest slice, the connection id generation, a read buffer that finds no memory.
 // Not installed; tests include it from src/.
 #pragma once
 
@@ -34,6 +34,11 @@ struct stream_access {
   static uint64_t sweep_firings(const stream_channel& ch) noexcept;
   static connection_id sweep_cursor(const stream_channel& ch) noexcept;
   static void set_sweep_slice(stream_channel& ch, size_t n) noexcept;
+  // The generation the next connection id of any channel is made from (process-wide; 0 is
+  // skipped): lets a test wrap the counter around without 4 billion connections.
+  static void set_next_generation(uint32_t gen) noexcept;
+  // This thread's read buffer is freed, and allocating it again fails once (as out of memory).
+  static void fail_read_buffer() noexcept;
 };
 
 }  // namespace uvbus::detail

@@ -8,7 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/write_queue.h"
 #include "stream/stream_harness.h"
+#include "stream/test_access.h"
 
 namespace uvbus::test::stream_api_test {
 namespace {
@@ -36,6 +38,14 @@ class StreamApi : public stream_fixture {
     }));
     p.server = srv->accepted.back();
     return p;
+  }
+  // A dial cancelled at once: its id, once its slot is free again.
+  connection_id dial_and_end(stream_channel* c, recorder* r) {
+    connection_id id;
+    EXPECT_EQ(c->connect("ipv4://127.0.0.1:9", &id), errc::ok);
+    EXPECT_EQ(c->disconnect(id, disconnect_mode::force), errc::ok);
+    EXPECT_TRUE(run([&] { return r->connected.count(id.value) != 0; }));
+    return id;
   }
 };
 
@@ -76,6 +86,49 @@ TEST_F(StreamApi, CallsOnAGoneIdFailCleanly) {
   EXPECT_NE(q.client, p.client);
   EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
   EXPECT_EQ(c->send(q.client, "x", 1), errc::ok);
+}
+
+// The generation counter wraps after 2^32 connections (process-wide): a slot never hands out the
+// same id again, and a slot whose generation would wrap is never used again.
+TEST_F(StreamApi, IdsAreNeverHandedOutTwiceWhenTheGenerationWraps) {
+  recorder r;
+  stream_channel* c = make_channel(&r);
+  std::vector<connection_id> seen;
+  detail::stream_access::set_next_generation(5);
+  seen.push_back(dial_and_end(c, &r));
+  detail::stream_access::set_next_generation(5);  // as after a wrap-around
+  seen.push_back(dial_and_end(c, &r));
+  detail::stream_access::set_next_generation(UINT32_MAX);
+  seen.push_back(dial_and_end(c, &r));
+  for (uint32_t g : {1U, 5U, 6U, UINT32_MAX}) {
+    detail::stream_access::set_next_generation(g);
+    seen.push_back(dial_and_end(c, &r));
+  }
+  detail::stream_access::set_next_generation(1);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_TRUE(seen[i]) << i;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(seen[i], seen[j]) << i << " and " << j;
+  }
+}
+
+// Memory for the send queue ran out: send() says no_memory, it counts as refused, nothing is
+// queued, and the connection goes on (a later send that finds memory works).
+TEST_F(StreamApi, ASendThatFindsNoMemoryIsRefusedAndCounted) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  const pair p = connect(s, &srv, c, &cli);
+  detail::fail_next_ring_alloc(1);
+  EXPECT_EQ(c->send(p.client, "lost", 4), errc::no_memory);
+  detail::fail_next_ring_alloc(0);
+  EXPECT_EQ(cm(c, p.client).send_refused, 1U);
+  EXPECT_EQ(cm(c, p.client).queue_packets, 0U);
+  uint64_t seq = 0;
+  ASSERT_EQ(c->send(p.client, "kept", 4, &seq), errc::ok);
+  EXPECT_EQ(seq, 1U);
+  ASSERT_TRUE(run([&] { return srv.received[p.server.value].size() == 1; }));
+  EXPECT_EQ(srv.received[p.server.value][0], "kept");
+  EXPECT_EQ(cli.writable.count(p.client.value), 0U) << "no on_writable follows a no_memory";
 }
 
 TEST_F(StreamApi, ListenerIdsWorkUntilClosed) {

@@ -61,6 +61,26 @@ std::vector<uint8_t> frame_of(const std::string& s) {
 
 class StreamHostile : public stream_fixture {
  protected:
+  // Starts *t (cut_frame_setup): its server, its peer and the cut frame held (fatal failures).
+  template <class Setup>
+  void start_cut_frame(Setup* t) {
+    stream_config cfg;
+    cfg.queue.ring_bytes = cfg.queue.max_bytes = size_t{32} << 20;
+    t->s = make_channel(&t->srv, cfg);
+    listener_id l;
+    ASSERT_EQ(t->s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
+    t->big = std::make_unique<raw_peer>(t->s->listener_port(l));
+    ASSERT_TRUE(t->big->ok());
+    t->frame = frame_of(std::string(200000, 'r'));
+    ASSERT_TRUE(
+        t->big->write_all(std::vector<uint8_t>(t->frame.begin(), t->frame.begin() + 100000)));
+    ASSERT_TRUE(run([&] {
+      return t->srv.accepted.size() == 1 && cm(t->s, t->srv.accepted[0]).read_calls > 0;
+    }));
+    t->id = t->srv.accepted[0];
+    ASSERT_TRUE(run([&] { return cm(t->s, t->id).receive_memory_bytes >= 100000; }));
+  }
+
   // A server channel recording into *srv and listening on a port from the OS; returns the port
   // (0 if it could not listen: a raw_peer to it then fails ok()).
   uint16_t listening_server(recorder* srv, stream_channel** out) {
@@ -352,34 +372,68 @@ TEST_F(StreamHostile, ACutFrameThatFindsNoMemoryEndsOnlyItsConnection) {
   EXPECT_EQ(srv.disconnected.count(p.good_srv), 0U);
 }
 
+// No memory for the per-thread read buffer: the connection that was to read ends with no_memory,
+// counted as neither a socket error nor the peer's decode error; the others go on.
+TEST_F(StreamHostile, AReadBufferThatFindsNoMemoryIsNotASocketError) {
+  recorder srv, cli;
+  good_pair p;
+  ASSERT_NO_FATAL_FAILURE(connect_good(&srv, &cli, {}, &p));
+  raw_peer other(p.s->listener_port(p.l));
+  ASSERT_TRUE(run([&] { return srv.accepted.size() == 2; }));
+  detail::stream_access::fail_read_buffer();
+  ASSERT_TRUE(other.write_all(frame_of("never read")));
+  ASSERT_TRUE(run([&] { return srv.disconnected.size() == 1; }));
+  EXPECT_EQ(srv.disconnected.at(srv.accepted_ids.at(1)), errc::no_memory);
+  EXPECT_EQ(p.s->metrics().totals.io_errors, 0U);
+  EXPECT_EQ(p.s->metrics().totals.decode_errors, 0U);
+  ASSERT_EQ(p.c->send(p.good, "after", 5), errc::ok);
+  ASSERT_TRUE(run([&] { return srv.received[p.good_srv].size() == 1; }));
+}
+
+// A server with send rings large enough to hold more than the kernel takes for a peer that does
+// not read, and a raw peer that has sent the first 100 000 bytes of a 200 000-byte frame: the cut
+// frame the server's decoder holds.
+struct cut_frame_setup {
+  recorder srv;
+  stream_channel* s = nullptr;
+  std::unique_ptr<raw_peer> big;
+  std::vector<uint8_t> frame;
+  connection_id id;
+
+  // 24 MB: more than the kernel's socket buffers take for a peer that does not read.
+  void fill_queue(connection_id c) const {
+    const std::vector<uint8_t> filler(60000, 'f');
+    for (int i = 0; i < 400; ++i) ASSERT_EQ(s->send(c, filler.data(), filler.size()), errc::ok);
+  }
+};
+
 // A connection its owner ends from on_received drains its queue first (graceful), for as long as
 // the peer takes to read: the buffer of the cut frame just delivered goes at once, not after the
 // drain. Here the peer never reads, so the drain lasts.
 TEST_F(StreamHostile, AConnectionEndedFromOnReceivedGivesItsReceiveBufferBackAtOnce) {
-  recorder srv;
-  stream_config cfg;
-  cfg.queue.ring_bytes = cfg.queue.max_bytes = size_t{32} << 20;
-  stream_channel* s = make_channel(&srv, cfg);
-  listener_id l;
-  ASSERT_EQ(s->listen("ipv4://127.0.0.1:0", &l), errc::ok);
-  const std::vector<uint8_t> filler(60000, 'f');
-  srv.on_received_hook = [&](connection_id c, const uint8_t*, size_t) {
-    // 24 MB: more than the kernel's socket buffers take for a peer that does not read.
-    for (int i = 0; i < 400; ++i) ASSERT_EQ(s->send(c, filler.data(), filler.size()), errc::ok);
-    ASSERT_EQ(s->disconnect(c, disconnect_mode::graceful), errc::ok);
+  cut_frame_setup t;
+  t.srv.on_received_hook = [&](connection_id c, const uint8_t*, size_t) {
+    t.fill_queue(c);
+    ASSERT_EQ(t.s->disconnect(c, disconnect_mode::graceful), errc::ok);
   };
-  raw_peer big(s->listener_port(l));
-  ASSERT_TRUE(big.ok());
-  const std::vector<uint8_t> f = frame_of(std::string(200000, 'r'));
-  ASSERT_TRUE(big.write_all(std::vector<uint8_t>(f.begin(), f.begin() + 100000)));
-  ASSERT_TRUE(
-      run([&] { return srv.accepted.size() == 1 && cm(s, srv.accepted[0]).read_calls > 0; }));
-  const connection_id id = srv.accepted[0];
-  ASSERT_TRUE(run([&] { return cm(s, id).receive_memory_bytes >= 100000; }));  // the cut frame
-  ASSERT_TRUE(big.write_all(std::vector<uint8_t>(f.begin() + 100000, f.end())));
-  ASSERT_TRUE(run([&] { return srv.received[id.value].size() == 1; }));
-  EXPECT_EQ(srv.disconnected.count(id.value), 0U) << "still draining: the peer reads nothing";
-  EXPECT_EQ(cm(s, id).receive_memory_bytes, 0U);
+  ASSERT_NO_FATAL_FAILURE(start_cut_frame(&t));
+  ASSERT_TRUE(t.big->write_all(std::vector<uint8_t>(t.frame.begin() + 100000, t.frame.end())));
+  ASSERT_TRUE(run([&] { return t.srv.received[t.id.value].size() == 1; }));
+  EXPECT_EQ(t.srv.disconnected.count(t.id.value), 0U) << "still draining: the peer reads nothing";
+  EXPECT_EQ(cm(t.s, t.id).receive_memory_bytes, 0U);
+}
+
+// The same from outside on_received (a timer, another connection's callback): the cut frame will
+// never be delivered, and its buffer goes at once, not when the drain ends (maybe never).
+TEST_F(StreamHostile, AGracefulDisconnectOutsideOnReceivedGivesTheCutFramesBufferBackAtOnce) {
+  cut_frame_setup t;
+  ASSERT_NO_FATAL_FAILURE(start_cut_frame(&t));
+  ASSERT_NO_FATAL_FAILURE(t.fill_queue(t.id));
+  ASSERT_EQ(t.s->disconnect(t.id, disconnect_mode::graceful), errc::ok);
+  ASSERT_TRUE(run([&] { return cm(t.s, t.id).write_calls > 0; }));  // the drain has begun
+  EXPECT_EQ(t.srv.disconnected.count(t.id.value), 0U) << "still draining: the peer reads nothing";
+  EXPECT_EQ(cm(t.s, t.id).receive_memory_bytes, 0U);
+  EXPECT_TRUE(t.srv.received[t.id.value].empty());
 }
 
 TEST_F(StreamHostile, ConnectionsBeyondMaxConnectionsAreClosedUnannounced) {

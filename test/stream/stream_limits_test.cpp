@@ -198,6 +198,9 @@ TEST_F(StreamUrlEdges, BadPortsAndLiteralsAreNamedInTheDetail) {
       {"ipv6://[fe80::1%lo]:80", "scope"},
       {"ipv6://[::1:80", "\"[::1:80\""},
       {"ipv6://[1::2::3]:80", "\"1::2::3\" is not an IPv6 address"},
+      // An IPv6 address alone: the port is missing, not the address wrong.
+      {"ipv6://::1", "missing port (bracket the address: ipv6://[::1]:port)"},
+      {"ipv6://fe80::1", "missing port (bracket the address: ipv6://[fe80::1]:port)"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(ch->connect(c.url), errc::bad_url) << c.url;

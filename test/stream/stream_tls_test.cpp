@@ -253,6 +253,9 @@ TEST_F(StreamTls, AStalledHandshakeIsClosedByItsDeadline) {
   ::close(fd);
   EXPECT_TRUE(srec_.accepted.empty());
   expect_honest_peer_works(psk_config());
+  // Once, as a TLS failure: not again as a stalled connection.
+  EXPECT_EQ(srec_.logs.size(), 1U);
+  for (const auto& l : srec_.logs) EXPECT_EQ(l.second.find("closed: timeout"), std::string::npos);
 }
 
 TEST_F(StreamTls, BadSettingsAreNamed) {
