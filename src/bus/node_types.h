@@ -157,7 +157,8 @@ struct peer_ep {
   bus_id dir_cursor = 0;
   // A child's directory events (node_directory.cpp: kDirChangeBurst, kDirChangesPerSecond): the
   // tokens left, when they were last refilled, and each id's latest state over the budget (no
-  // value: removed), taken in at the tick as the budget refills; how many were held so far.
+  // value: removed), taken in at the tick as the budget refills; how many were held so far. Ids
+  // in our directory, and up to directory_max_entries others, are held (dir_hold).
   bool dir_paced = false;  // tokens set up (at its first directory message)
   size_t dir_tokens = 0;
   uint64_t dir_refill_ms = 0;
