@@ -372,7 +372,8 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
     fire(cbs.on_directory, ev, it->second.e);
     if (dead) return;
   }
-  if (outside != 0) {
+  // Any peer can send these at will: rate-limited (dir_tick logs how many were left out).
+  if (outside != 0 && log_allowed(detail::peer_log::dir_not_theirs)) {
     log(log_level::warn,
         "directory: %s 0x%" PRIx64 " announced %zu ids %s subnets (the first 0x%" PRIx64
         "): ignored",
@@ -447,6 +448,16 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
 // bus larger than the bound is not asked over and over for a slot or two. A request is answered
 // at most once per heartbeat interval per link (a whole directory can be large).
 void node::impl::dir_tick(uint64_t now) {
+  // The "N more" lines of the kinds flush_logs does not sum up (on_log may destroy the node).
+  for (auto k = static_cast<size_t>(detail::peer_log::bad_call);
+       k < static_cast<size_t>(detail::peer_log::none); ++k) {
+    const uint64_t left_out = peer_logs.take_expired(k, now);
+    if (left_out != 0) {
+      log(log_level::warn, "%" PRIu64 " more %s (log rate-limited)", left_out,
+          detail::kPeerLogSummary[k]);
+    }
+    if (dead) return;
+  }
   const size_t cap = cfg.directory_max_entries;
   const size_t room = dir.size() < cap ? cap - dir.size() : 0;
   const auto fits = [&](size_t skipped) {

@@ -322,5 +322,46 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
   ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
 }
 
+// A data message flagged as a call whose call block does not parse (here: no payload) is dropped;
+// each one wrote a warning, so any peer could write the log as fast as it could send. Now a few
+// a second, then one line counting the rest; the link stays.
+TEST_F(NodeRegisterHostileTest, BadCallBlocksWriteAFewLogLines) {
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  const auto begin = std::chrono::steady_clock::now();
+  const std::vector<uint8_t> no_call_block(proto::kDataPrefix);  // user type 0, no payload
+  for (int i = 0; i < 1000; ++i) c.send(proto::msg_type::data, no_call_block, proto::flag_call);
+  ASSERT_TRUE(wait([&] { return r->n->counters().protocol_errors >= 1000; }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_LE(lines_with(r, "with a bad call block: dropped"), static_cast<size_t>(5 * (secs + 2)))
+      << "in " << secs << " s";
+  EXPECT_TRUE(wait([&] {
+    return r->logged("more call messages with a bad call block dropped (log rate-limited)");
+  }));
+  EXPECT_FALSE(c.closed);
+}
+
+// A child announcing an id outside its subnets: the entry is ignored, and each such message wrote
+// a warning. Now a few a second, then one line counting the rest.
+TEST_F(NodeRegisterHostileTest, IdsNotAChildsOwnWriteAFewLogLines) {
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; i < 1000; ++i) send_entry(c, 0x1ff, std::to_string(i));
+  send_entry(c, 0x101, "last");  // its own: taken, after all the others
+  ASSERT_TRUE(wait([&] { return has_version(r, 0x101, "last"); }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_LE(lines_with(r, "announced 1 ids outside its subnets"),
+            static_cast<size_t>(5 * (secs + 2)))
+      << "in " << secs << " s";
+  directory_entry e;
+  EXPECT_FALSE(r->n->lookup(0x1ff, &e));
+  EXPECT_TRUE(wait(
+      [&] { return r->logged("more directory messages with ids not the sender's to announce"); }));
+  EXPECT_FALSE(c.closed);
+}
+
 }  // namespace
 }  // namespace uvbus::node_register_hostile_test
