@@ -136,6 +136,7 @@ void node::impl::deliver(bus_id source, uint8_t flags, uint32_t type, const uint
   if (proto::parse_call(p, n, &c) != errc::ok) {
     --counters.data_received;
     ++counters.protocol_errors;
+    if (!log_allowed(detail::peer_log::bad_call)) return;  // any peer can send these at will
     log(log_level::warn, "a call message from 0x%" PRIx64 " with a bad call block: dropped",
         source);
     return;

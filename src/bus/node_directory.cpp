@@ -37,8 +37,21 @@ void dir_refill(peer_ep* p, uint64_t now, size_t snapshot) {
   }
 }
 
+// A new entry `id` left out for want of room: counted, and logged the first time and then every
+// 1024th (a flood of announcements is one line in a thousand; on_log may destroy the node).
+void dir_left_out(node::impl& n, bus_id id) {
+  if (n.counters.directory_skipped++ % 1024 == 0) {
+    n.log(log_level::warn,
+          "directory: directory_max_entries (%zu) reached: 0x%" PRIx64 " left out (%" PRIu64
+          " so far)",
+          n.cfg.directory_max_entries, id, n.counters.directory_skipped);
+  }
+}
+
 // Whether a child's event for `id` waits (e: its new entry; nullptr: its removal): it does while
-// an earlier one for the id waits (this one replaces it) or the child's budget is spent. The
+// an earlier one for the id waits (this one replaces it) or the child's budget is spent. What
+// waits is bounded: an id in our directory, or while fewer than directory_max_entries wait; a new
+// id past that is left out as for a full directory (true, nothing kept; dir_tick asks again). The
 // first one held is logged, then every 1024th (the log callback may destroy the node: n.dead).
 bool dir_hold(node::impl& n, peer_ep* p, bus_id id, const directory_entry* e) {
   dir_refill(p, n.now_ms(), n.cfg.directory_max_entries);
@@ -46,6 +59,12 @@ bool dir_hold(node::impl& n, peer_ep* p, bus_id id, const directory_entry* e) {
   if (it == p->dir_held.end() && p->dir_tokens > 0) {
     --p->dir_tokens;
     return false;
+  }
+  if (it == p->dir_held.end() && p->dir_held.size() >= n.cfg.directory_max_entries &&
+      n.dir.count(id) == 0) {
+    ++p->dir_skipped;
+    dir_left_out(n, id);
+    return true;
   }
   p->dir_held[id] = e != nullptr ? std::optional<directory_entry>(*e) : std::nullopt;
   if (p->dir_coalesced++ % 1024 == 0) {
@@ -305,13 +324,7 @@ void node::impl::dir_link_gone(bus_id peer) {
 
 bool node::impl::dir_has_room(bus_id id) {
   if (dir.size() < cfg.directory_max_entries) return true;
-  // The first one and then every 1024th: a flood of announcements is one line in a thousand.
-  if (counters.directory_skipped++ % 1024 == 0) {
-    log(log_level::warn,
-        "directory: directory_max_entries (%zu) reached: 0x%" PRIx64 " left out (%" PRIu64
-        " so far)",
-        cfg.directory_max_entries, id, counters.directory_skipped);
-  }
+  dir_left_out(*this, id);
   return false;
 }
 
@@ -359,7 +372,8 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
     fire(cbs.on_directory, ev, it->second.e);
     if (dead) return;
   }
-  if (outside != 0) {
+  // Any peer can send these at will: rate-limited (dir_tick logs how many were left out).
+  if (outside != 0 && log_allowed(detail::peer_log::dir_not_theirs)) {
     log(log_level::warn,
         "directory: %s 0x%" PRIx64 " announced %zu ids %s subnets (the first 0x%" PRIx64
         "): ignored",
@@ -434,6 +448,16 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
 // bus larger than the bound is not asked over and over for a slot or two. A request is answered
 // at most once per heartbeat interval per link (a whole directory can be large).
 void node::impl::dir_tick(uint64_t now) {
+  // The "N more" lines of the kinds flush_logs does not sum up (on_log may destroy the node).
+  for (auto k = static_cast<size_t>(detail::peer_log::bad_call);
+       k < static_cast<size_t>(detail::peer_log::none); ++k) {
+    const uint64_t left_out = peer_logs.take_expired(k, now);
+    if (left_out != 0) {
+      log(log_level::warn, "%" PRIu64 " more %s (log rate-limited)", left_out,
+          detail::kPeerLogSummary[k]);
+    }
+    if (dead) return;
+  }
   const size_t cap = cfg.directory_max_entries;
   const size_t room = dir.size() < cap ? cap - dir.size() : 0;
   const auto fits = [&](size_t skipped) {

@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
+#include <unordered_map>
 
 #include "bus/node_impl.h"
 #include "obs/prom_text.h"
@@ -32,8 +33,11 @@ void counters_out(prom_text* t, const counter_row* rows, size_t n, metric_type t
 }
 
 // Protocol version 6's counters: link compression, shared-memory writer tags, broadcast; and
-// what pick() keeps (gauges).
-void v6_families(prom_text* t, const node_counters& c, const detail::fanout_state& f) {
+// what pick() keeps and the children's directory changes held (gauges).
+void v6_families(prom_text* t, const node_counters& c, const detail::fanout_state& f,
+                 const std::unordered_map<bus_id, std::unique_ptr<peer_ep>>& peers) {
+  size_t dir_held = 0;
+  for (const auto& [id, p] : peers) dir_held += p->dir_held.size();
   const counter_row rows[] = {
       {"uvbus_node_compressed_sent_total", "Messages sent compressed.", c.compressed_sent},
       {"uvbus_node_compressed_raw_bytes_total", "Bodies of compressed messages, before.",
@@ -61,6 +65,10 @@ void v6_families(prom_text* t, const node_counters& c, const detail::fanout_stat
        "Bytes of those cursors' keys and matching ids (at most 1 MiB).", f.cursor_bytes},
       {"uvbus_node_load_hints", "Load hints of other nodes kept now (pick() least_loaded).",
        f.loads.size()},
+      {"uvbus_node_directory_held",
+       "Children's directory changes waiting for their budget now (node_config::"
+       "directory_max_entries new ids each at most).",
+       dir_held},
   };
   counters_out(t, gauges, sizeof gauges / sizeof gauges[0], metric_type::gauge);
 }
@@ -139,7 +147,7 @@ void node::impl::node_families(prom_text* t) const {
       {"uvbus_node_answers_sent_total", "Replies and error answers sent.", c.answers_sent},
   };
   counters_out(t, rows, sizeof rows / sizeof rows[0], metric_type::counter);
-  v6_families(t, c, *fan);
+  v6_families(t, c, *fan, peers);
   const counter_row gauges[] = {
       {"uvbus_node_pending_messages", "Messages waiting for a link now.", c.pending_now},
       {"uvbus_node_flow_unacked_messages", "Messages in retransmit buffers now.",

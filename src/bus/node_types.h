@@ -51,9 +51,13 @@ constexpr size_t kMaxSpans = 64;
 // wait for it (they expire on the pending queue's deadline).
 constexpr uint32_t kSiblingWaitRetryMs = 100;
 // Log lines a peer can repeat at will, rate-limited per kind (node::impl::peer_logs: 5 a second,
-// then one "N more <kPeerLogSummary> (log rate-limited)" line once the second has passed).
-enum class peer_log : size_t { relay_drop, refused_registration, none };
-constexpr const char* kPeerLogSummary[] = {"relayed messages dropped", "registrations refused"};
+// then one "N more <kPeerLogSummary> (log rate-limited)" line once the second has passed; the
+// kinds from bad_call on are summed up by dir_tick).
+enum class peer_log : size_t { relay_drop, refused_registration, bad_call, dir_not_theirs, none };
+constexpr const char* kPeerLogSummary[] = {
+    "relayed messages dropped", "registrations refused",
+    "call messages with a bad call block dropped",
+    "directory messages with ids not the sender's to announce"};
 // A report tag is the message id; this bit marks a require_response message, whose one report is
 // owned by its entry in node::impl::replies (the ack, the response timeout or the first channel
 // failure, whichever comes first) and never by the channel's success. Message ids stay below it.
@@ -157,7 +161,8 @@ struct peer_ep {
   bus_id dir_cursor = 0;
   // A child's directory events (node_directory.cpp: kDirChangeBurst, kDirChangesPerSecond): the
   // tokens left, when they were last refilled, and each id's latest state over the budget (no
-  // value: removed), taken in at the tick as the budget refills; how many were held so far.
+  // value: removed), taken in at the tick as the budget refills; how many were held so far. Ids
+  // in our directory, and up to directory_max_entries others, are held (dir_hold).
   bool dir_paced = false;  // tokens set up (at its first directory message)
   size_t dir_tokens = 0;
   uint64_t dir_refill_ms = 0;

@@ -1,10 +1,13 @@
 // Registration and the directory against a hostile peer: an acceptor that answers with a protocol
 // version the connector never offered or with bus id 0, a parent that speaks for our subtree, a
 // child whose host name would write lines of its own into the routes text, and a child that
-// re-announces (or removes and re-adds) its entries without end.
+// re-announces (or removes and re-adds) its entries without end or announces ids without end,
+// and a child that sends bad call blocks or ids not its own over and over (the log stays quiet).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -102,6 +105,37 @@ class NodeRegisterHostileTest : public bus_fixture {
     std::vector<uint8_t> body;
     proto::encode_directory(b, &body);
     c.send(proto::msg_type::directory, body);
+  }
+  // A root 0x100 (subnet 0x100/8) with hand-made child c registered to it.
+  bus_node* root_with(test::raw_child& c) {
+    bus_node* r = make(0x100, [] {
+      node_config rc = fast_config();
+      rc.subnets = {{0x100, 8}};
+      rc.heartbeat_timeout_ms = 60000;  // c does not answer pings
+      return rc;
+    }());
+    c.compress = false;
+    c.start(&loop_, r->n->listen_urls().at(0));
+    EXPECT_TRUE(wait([&] { return c.registered; }));
+    return r;
+  }
+  // Whether t lists node id with the label version=v.
+  static bool has_version(const bus_node* t, bus_id id, const std::string& v) {
+    directory_entry e;
+    return t->n->lookup(id, &e) && e.has_labels({{"version", v}});
+  }
+  // How many of t's log lines contain `text`.
+  static size_t lines_with(const bus_node* t, const std::string& text) {
+    size_t k = 0;
+    for (const auto& [lv, m] : t->logs) k += m.find(text) != std::string::npos ? 1 : 0;
+    return k;
+  }
+  // t's unlabelled gauge or counter `name` (-1: not there).
+  static double metric(const bus_node* t, const std::string& name) {
+    const std::string text = t->n->metrics_text();
+    const std::string key = "\n" + name + " ";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
   }
 };
 
@@ -238,10 +272,7 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
   const auto begin = std::chrono::steady_clock::now();
   for (int i = 0; i < kChanges; ++i) send_entry(c, kChild, std::to_string(i));
   const std::string last = std::to_string(kChanges - 1);
-  const auto has_last = [&](bus_node* t) {
-    directory_entry e;
-    return t->n->lookup(kChild, &e) && e.has_labels({{"version", last}});
-  };
+  const auto has_last = [&](bus_node* t) { return has_version(t, kChild, last); };
   ASSERT_TRUE(wait([&] { return has_last(r) && has_last(other); }));
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
@@ -263,10 +294,7 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
     c.send(proto::msg_type::directory, body);
     send_entry(c, kChild, "again");
   }
-  const auto has_again = [&](bus_node* t) {
-    directory_entry e;
-    return t->n->lookup(kChild, &e) && e.has_labels({{"version", "again"}});
-  };
+  const auto has_again = [&](bus_node* t) { return has_version(t, kChild, "again"); };
   ASSERT_TRUE(wait([&] { return has_again(r) && has_again(other); }));
   run_for(std::chrono::milliseconds(300));  // nothing held is left to come
   EXPECT_TRUE(has_again(r));
@@ -274,9 +302,65 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
       std::chrono::duration<double>(std::chrono::steady_clock::now() - again).count();
   EXPECT_LE(events - before, static_cast<size_t>(1024 + 1024 * (secs2 + 0.5)))
       << "in " << secs2 << " s";
+  // Ever new ids (the directory holds 16): each one waiting was kept, memory without bound. Now
+  // as many wait as the directory holds; the rest are left out (counted), and a change to an
+  // entry we have still arrives.
+  const uint64_t skipped = r->n->counters().directory_skipped;
+  for (bus_id id = kChild + 1; id < kChild + 4000; ++id) send_entry(c, id, "new");
+  send_entry(c, kChild, "after");
+  double held = 0;
+  const auto has_after = [&](bus_node* t) {
+    held = std::max(held, metric(r, "uvbus_node_directory_held"));
+    return has_version(t, kChild, "after");
+  };
+  ASSERT_TRUE(wait([&] { return has_after(r) && has_after(other); }));
+  EXPECT_GE(held, 0);
+  EXPECT_LE(held, 2 * 16);
+  EXPECT_GT(r->n->counters().directory_skipped, skipped + 1000);
   EXPECT_FALSE(c.closed);
   c.ch->close();
   ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
+}
+
+// A data message flagged as a call whose call block does not parse (here: no payload) is dropped;
+// each one wrote a warning, so any peer could write the log as fast as it could send. Now a few
+// a second, then one line counting the rest; the link stays.
+TEST_F(NodeRegisterHostileTest, BadCallBlocksWriteAFewLogLines) {
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  const auto begin = std::chrono::steady_clock::now();
+  const std::vector<uint8_t> no_call_block(proto::kDataPrefix);  // user type 0, no payload
+  for (int i = 0; i < 1000; ++i) c.send(proto::msg_type::data, no_call_block, proto::flag_call);
+  ASSERT_TRUE(wait([&] { return r->n->counters().protocol_errors >= 1000; }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_LE(lines_with(r, "with a bad call block: dropped"), static_cast<size_t>(5 * (secs + 2)))
+      << "in " << secs << " s";
+  EXPECT_TRUE(wait([&] {
+    return r->logged("more call messages with a bad call block dropped (log rate-limited)");
+  }));
+  EXPECT_FALSE(c.closed);
+}
+
+// A child announcing an id outside its subnets: the entry is ignored, and each such message wrote
+// a warning. Now a few a second, then one line counting the rest.
+TEST_F(NodeRegisterHostileTest, IdsNotAChildsOwnWriteAFewLogLines) {
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; i < 1000; ++i) send_entry(c, 0x1ff, std::to_string(i));
+  send_entry(c, 0x101, "last");  // its own: taken, after all the others
+  ASSERT_TRUE(wait([&] { return has_version(r, 0x101, "last"); }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_LE(lines_with(r, "announced 1 ids outside its subnets"),
+            static_cast<size_t>(5 * (secs + 2)))
+      << "in " << secs << " s";
+  directory_entry e;
+  EXPECT_FALSE(r->n->lookup(0x1ff, &e));
+  EXPECT_TRUE(wait(
+      [&] { return r->logged("more directory messages with ids not the sender's to announce"); }));
+  EXPECT_FALSE(c.closed);
 }
 
 }  // namespace
