@@ -72,7 +72,8 @@ struct shm_config {
   // wake-up), larger = lower latency under bursty traffic at the cost of CPU while polling.
   uint32_t spin_us = 50;
   // Records handed to the callback per call at most (one batch). Also the most records delivered
-  // per loop turn before other handles get a turn.
+  // per loop turn before other handles get a turn. 1..65536 (shm_max_reader_batch): open()
+  // allocates the batch's array, 16 bytes a record, up front.
   uint32_t batch_max = 256;
   // Try huge pages (SysV SHM_HUGETLB, or madvise(MADV_HUGEPAGE) for POSIX/mem); silently falls
   // back to normal pages. shm_reader::huge_pages() tells what was obtained.
@@ -225,6 +226,8 @@ struct shm_region_info {
 // limit does not fit. *detail (if given) then names the field, its value and the rule, e.g.
 // "shm_config.node_size (100) must be a power of two in [64, 4096]".
 [[nodiscard]] errc shm_validate(const shm_config& cfg, std::string* detail = nullptr);
+// The largest shm_config::batch_max shm_validate accepts.
+inline constexpr uint32_t shm_max_reader_batch = 65536;
 
 // Writes a fresh, empty region (header + ring) with this config into caller-owned memory of at
 // least shm_region_size(cfg) bytes, 64-byte aligned. For tests and fuzzing, together with
@@ -268,7 +271,8 @@ class shm_reader {
   // liveness logic. Every header field is checked (bad_layout); every offset and length read from
   // the ring afterwards is bounds-checked, so a corrupt or hostile image can make the reader skip
   // and count records but never crash it, read outside [mem, mem+size) or loop forever.
-  // cfg supplies only the reader-local knobs (timeouts, spin, batch_max).
+  // cfg supplies only the reader-local knobs (timeouts, spin, batch_max); it must pass
+  // shm_validate (invalid_argument, the detail naming the field).
   [[nodiscard]] errc open_image(void* mem, size_t size, const shm_config& cfg = {});
 
   // Drains the ring from `loop` (run by this thread): on_records gets batches on the loop

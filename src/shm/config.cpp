@@ -53,8 +53,13 @@ errc shm_validate(const shm_config& cfg, std::string* detail) {
                          " bytes) and in " + std::to_string(kMaxRecordNodes) + " nodes");
     });
   }
-  if (cfg.batch_max == 0)
-    return refuse(detail, [&] { return std::string("batch_max must be at least 1"); });
+  if (cfg.batch_max == 0 || cfg.batch_max > shm_max_reader_batch) {
+    return refuse(detail, [&] {
+      return "batch_max (" + std::to_string(cfg.batch_max) + ") must be from 1 to " +
+             std::to_string(shm_max_reader_batch) +
+             " (open() allocates a batch array of that many records)";
+    });
+  }
   if (cfg.abandon_timeout_us == 0)
     return refuse(detail, [&] { return std::string("abandon_timeout_us must be non-zero"); });
   if (cfg.layout_version != 0 &&

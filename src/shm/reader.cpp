@@ -179,6 +179,10 @@ errc shm_reader::open_image(void* mem, size_t size, const shm_config& cfg) {
   UVBUS_ON_OWNER_THREAD(impl_->thread, "shm_reader::open_image");
   const char* call = "shm_reader::open_image";
   if (impl_->ring) return impl_->fail(call, "image", errc::wrong_state);
+  std::string why;
+  if (const errc e = shm_validate(cfg, &why); e != errc::ok) {
+    return impl_->fail(call, "image", e, why.c_str());
+  }
   auto p = std::make_unique<ring_reader>();
   if (const errc e = p->init_common(cfg); e != errc::ok) return impl_->fail(call, "image", e);
   const char* bad = nullptr;

@@ -62,6 +62,9 @@ uint32_t log2u(uint64_t v) {
 // region_access::set_claim_hook (tests only): the user word is stored before the hook (release).
 std::atomic<void (*)(void*)> g_claim_hook{nullptr};
 void* g_claim_hook_user = nullptr;
+// region_access::set_create_hook (tests only), the same way.
+std::atomic<void (*)(void*)> g_create_hook{nullptr};
+void* g_create_hook_user = nullptr;
 
 }  // namespace
 
@@ -245,12 +248,13 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
 
 namespace {
 
-enum class verdict : uint8_t { stale, foreign, incompatible, reattach };
+// gone: the object lost its name before we locked it (the name, if any, is another's now).
+enum class verdict : uint8_t { gone, stale, foreign, incompatible, reattach };
 
 // An existing POSIX object whose flock we hold (so no live reader owns it): what to do with it.
 verdict judge_posix(int fd, const shm_config& cfg, open_outcome* how) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_nlink == 0) return verdict::stale;
+  if (::fstat(fd, &st) != 0 || st.st_nlink == 0) return verdict::gone;
   if (st.st_size == 0) return verdict::stale;  // its creator died before sizing it
   // A creator sizes its object whole at once: 1..4095 bytes were never a region.
   if (static_cast<size_t>(st.st_size) < kHeaderSize) return verdict::foreign;
@@ -305,6 +309,11 @@ errc posix_existing(const std::string& name, const shm_config& cfg, mapping* out
     return errno == EWOULDBLOCK ? errc::busy : errc_from_errno(-errno);
   }
   const verdict v = judge_posix(old, cfg, how);
+  if (v == verdict::gone) {  // unlinked since our shm_open: look again, never unlink the name
+    ::close(old);
+    *again = !cfg.must_exist;
+    return errc::not_found;
+  }
   if (v == verdict::reattach) {
     const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
     const errc e = map_posix_fd(old, size, cfg, name, out);
@@ -317,7 +326,9 @@ errc posix_existing(const std::string& name, const shm_config& cfg, mapping* out
     return errc::ok;
   }
   if (v == verdict::stale && !cfg.must_exist) {
-    ::shm_unlink(name.c_str());  // its reader is dead (no flock holder) and it holds no records
+    // Its reader is dead (no flock holder) and it holds no records. It still had its name when
+    // judged, and whoever else removes a name holds its object's flock (we do): it is this one.
+    ::shm_unlink(name.c_str());
     *again = true;
   }
   ::close(old);
@@ -325,37 +336,60 @@ errc posix_existing(const std::string& name, const shm_config& cfg, mapping* out
   return errc::bad_layout;  // foreign (how->detail empty) or incompatible: left alone
 }
 
+// Whether the object behind fd still has its name (a POSIX shm object's only link): after its
+// flock is ours, no one else can remove that name but uvbus_shm_inspect --remove --force.
+bool still_named(int fd) noexcept {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && st.st_nlink > 0;
+}
+
+// Our object fd, just created by name with 0 bytes: lock it, then size, map and format it.
+// Until locked it looks like a dead creator's to another reader opening the name, which may
+// unlink it and create its own: then *again (our object lost its name: look again) or busy (that
+// reader holds our object's flock while it judges). The name is removed only while it is ours.
+errc posix_new(int fd, const std::string& name, const shm_config& cfg, mapping* out, bool* again) {
+  *again = false;
+  if (auto* hook = g_create_hook.load(std::memory_order_acquire)) hook(g_create_hook_user);
+  // The flock is the liveness proof for a later creator; take it before anything else.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const errc e = errno == EWOULDBLOCK ? errc::busy : errc_from_errno(-errno);
+    ::close(fd);
+    return e;
+  }
+  if (!still_named(fd)) {
+    ::close(fd);
+    *again = true;
+    return errc::busy;
+  }
+  // Then the mode as configured: shm_open applied the umask to it (shmget does not).
+  const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
+  errc e = errc::ok;
+  if (::fchmod(fd, static_cast<mode_t>(cfg.mode & 0777)) != 0 ||
+      ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    e = errc_from_errno(-errno);
+  } else {
+    e = map_posix_fd(fd, size, cfg, name, out);
+  }
+  if (e != errc::ok) {
+    if (still_named(fd)) ::shm_unlink(name.c_str());
+    ::close(fd);
+    return e;
+  }
+  format_header(out->base, cfg, out->huge ? kFlagHugePages : 0, true);
+  return errc::ok;
+}
+
 errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out, open_outcome* how) {
   const std::string name = "/" + addr.host;
-  const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
   for (int attempt = 0; attempt < 3; ++attempt) {
     const int fd = cfg.must_exist ? -1
                                   : ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
                                                static_cast<mode_t>(cfg.mode));
-    if (fd < 0 && (cfg.must_exist || errno == EEXIST)) {
-      bool again = false;
-      const errc e = posix_existing(name, cfg, out, how, &again);
-      if (again) continue;
-      return e;
-    }
-    if (fd < 0) return errc_from_errno(-errno);
-    // The flock is the liveness proof for a later creator; take it before anything else. Then
-    // the mode as configured: shm_open applied the umask to it (shmget does not).
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 ||
-        ::fchmod(fd, static_cast<mode_t>(cfg.mode & 0777)) != 0 ||
-        ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      const errc e = errc_from_errno(-errno);
-      ::shm_unlink(name.c_str());
-      ::close(fd);
-      return e;
-    }
-    if (const errc e = map_posix_fd(fd, size, cfg, name, out); e != errc::ok) {
-      ::shm_unlink(name.c_str());
-      ::close(fd);
-      return e;
-    }
-    format_header(out->base, cfg, out->huge ? kFlagHugePages : 0, true);
-    return errc::ok;
+    if (fd < 0 && !cfg.must_exist && errno != EEXIST) return errc_from_errno(-errno);
+    bool again = false;
+    const errc e = fd < 0 ? posix_existing(name, cfg, out, how, &again)
+                          : posix_new(fd, name, cfg, out, &again);
+    if (!again) return e;
   }
   return errc::busy;
 }
@@ -639,6 +673,11 @@ std::string open_error_detail(const char* call, const std::string& url, errc e, 
 void region_access::set_claim_hook(void (*hook)(void*), void* user) noexcept {
   g_claim_hook_user = user;
   g_claim_hook.store(hook, std::memory_order_release);
+}
+
+void region_access::set_create_hook(void (*hook)(void*), void* user) noexcept {
+  g_create_hook_user = user;
+  g_create_hook.store(hook, std::memory_order_release);
 }
 
 }  // namespace uvbus::shm_detail

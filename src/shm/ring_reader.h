@@ -418,6 +418,14 @@ struct ring_reader {
     return ctl_is(c, rd) && ctl_state(c) != kWriting;
   }
 
+  // Whether the writer of the first held (abandoned) record has acknowledged it since: the next
+  // drain releases its nodes. seq_cst: pairs with the writer's acknowledging CAS (go_to_sleep).
+  [[nodiscard]] bool first_hold_acked() const noexcept {
+    if (nholds == 0) return false;
+    const uint64_t c = g.head(holds[0].pos)->load(std::memory_order_seq_cst);
+    return ctl_is(c, holds[0].pos) && ctl_state(c) == kAbandonedAck;
+  }
+
   // ---- loop integration -------------------------------------------------------------------
 
   static void on_idle(uv_idle_t* h) {
@@ -450,7 +458,7 @@ struct ring_reader {
     // writer commits (seq_cst CAS) and then loads reader_sleeping (seq_cst): one of us sees the
     // other, so a record never waits for the next writer to wake us.
     h->reader_sleeping.store(1, std::memory_order_seq_cst);
-    if (head_ready()) {
+    if (head_ready() || first_hold_acked()) {
       h->reader_sleeping.store(0, std::memory_order_relaxed);
       return;
     }

@@ -11,6 +11,9 @@ struct region_access {
   // hook(user) runs inside every later SysV reattach, between winning the region's claim and
   // taking it over (the window two racing readers meet in), until removed with nullptr.
   static void set_claim_hook(void (*hook)(void* user), void* user) noexcept;
+  // hook(user) runs inside every later POSIX create, between shm_open(O_EXCL) of the new object
+  // and its flock (the window another reader opening the name meets it unlocked and empty).
+  static void set_create_hook(void (*hook)(void* user), void* user) noexcept;
 };
 
 struct writer_access {

@@ -213,11 +213,21 @@ struct shm_writer::impl {
     }
   }
 
+  // Wakes the reader if it announced it sleeps (true). The locked exchange only after a plain load.
+  bool wake_reader() noexcept {
+    std::atomic<uint32_t>& s = g.hdr->reader_sleeping;
+    constexpr auto sc = std::memory_order_seq_cst;
+    if (s.load(sc) == 0 || s.exchange(0, sc) == 0) return false;
+    futex_wake(&s, 1);
+    ++local.wakeups;
+    ++pend_wakeups;
+    return true;
+  }
+
   // Commits the reservation at w (kWriting -> `state`) and wakes a sleeping reader; counts
   // `records` messages of `bytes` payload bytes. ok or abandoned.
   errc commit(uint64_t w, uint64_t need, uint32_t state, uint64_t records,
               uint64_t bytes) noexcept {
-    region_header* h = g.hdr;
     head_word* head = g.head(w);
     // Commit: a CAS, not a store. If the reader gave up on us (kAbandoned) the record is lost and
     // we must say so. seq_cst pairs with the reader's seq_cst store of reader_sleeping and its
@@ -226,10 +236,11 @@ struct shm_writer::impl {
     uint64_t expect = make_ctl(w, need, kWriting);
     if (!head->compare_exchange_strong(expect, make_ctl(w, need, state), std::memory_order_seq_cst,
                                        std::memory_order_acquire)) {
-      // Tell the reader we are done with these nodes so it can reuse them before reclaim_timeout.
-      if (ctl_is(expect, w) && ctl_state(expect) == kAbandoned) {
-        head->compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
-                                      std::memory_order_release, std::memory_order_relaxed);
+      // Done with the nodes: ack (seq_cst: a reader re-checks it before sleeping) and wake it.
+      if (ctl_is(expect, w) && ctl_state(expect) == kAbandoned &&
+          head->compare_exchange_strong(expect, make_ctl(w, need, kAbandonedAck),
+                                        std::memory_order_seq_cst, std::memory_order_relaxed)) {
+        wake_reader();
       }
       ++local.writer_abandoned;
       ++pend_abandoned;
@@ -239,13 +250,7 @@ struct shm_writer::impl {
     local.bytes_written += bytes;
     pend_records += records;
     pend_bytes += bytes;
-    // A plain load first: the exchange (a locked op taking the line from the reader) only when
-    // the reader announced it sleeps.
-    if (h->reader_sleeping.load(std::memory_order_seq_cst) != 0 &&
-        h->reader_sleeping.exchange(0, std::memory_order_seq_cst) != 0) {
-      futex_wake(&h->reader_sleeping, 1);
-      ++local.wakeups;
-      ++pend_wakeups;
+    if (wake_reader()) {
       // The reader was idle, so traffic is light and the syscall above dwarfs a flush: publishing
       // the counters here keeps the region's totals (uvbus_shm_inspect) from lagging for long.
       flush();

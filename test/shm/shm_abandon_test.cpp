@@ -200,5 +200,55 @@ TEST(ShmAbandon, ASlowCallbackDoesNotAgeTheNextWritersRecord) {
   r.close();
 }
 
+// A started reader abandons a stalled writer's record and drains everything behind it; the ring
+// is then full of nodes held for that writer, and the reader sleeps. When the writer finishes its
+// send (abandoned) it acknowledges the record, which frees the nodes: a send must succeed well
+// before reclaim_timeout_us (60 s). Before, the acknowledgement woke no one and the reader slept
+// until the reclaim deadline.
+TEST(ShmAbandon, AWritersAcknowledgementWakesASleepingReaderToFreeTheRing) {
+  const std::string name = test::unique_name("abandon-ack-wake");
+  const std::string url = "shm://" + name;
+  shm_cleanup cleanup{name};
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  shm_config cfg = test::small_ring_config();
+  cfg.abandon_timeout_us = 2000;
+  cfg.reclaim_timeout_us = 60000000;
+  cfg.spin_us = 0;
+  size_t got = 0;
+  shm_reader r({[&](const shm_record*, size_t n) { got += n; }});
+  ASSERT_EQ(r.open(url, cfg), errc::ok);
+  ASSERT_EQ(r.start(&loop), errc::ok);
+  {
+    held_writer x;
+    x.start(url);
+    shm_writer b;
+    ASSERT_EQ(b.open(url), errc::ok);
+    const std::string msg(100, 'm');
+    size_t sent = 0;
+    // Fill until the ring refuses while the reader has read everything sent (so it is the held
+    // nodes, not unread records, that fill it) and sleeps.
+    ASSERT_TRUE(test::run_until(
+        &loop,
+        [&] {
+          if (b.send(msg.data(), msg.size()) == errc::ok) ++sent;
+          shm_region_info info;
+          return got == sent && r.metrics().abandoned == 1 &&
+                 b.send(msg.data(), msg.size()) == errc::queue_full &&
+                 shm_inspect(url, &info) == errc::ok && info.reader_sleeping;
+        },
+        30s))
+        << "sent " << sent << ", delivered " << got;
+    x.finish();
+    EXPECT_EQ(x.result, errc::abandoned);
+    EXPECT_TRUE(test::run_until(
+        &loop, [&] { return b.send(msg.data(), msg.size()) == errc::ok; }, 10s))
+        << "the ring stayed full after the acknowledgement";
+  }
+  r.close();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  EXPECT_EQ(uv_loop_close(&loop), 0);
+}
+
 }  // namespace
 }  // namespace uvbus::shm_abandon_test

@@ -42,6 +42,38 @@ TEST(ShmApi, ValidateNamesTheFieldAndTheRule) {
   EXPECT_EQ(shm_validate(cfg), errc::invalid_argument);  // the detail is optional
 }
 
+// batch_max sizes an array open() allocates and zero-fills up front (16 bytes a record): before,
+// any value was accepted, 0xffffffff failed open() with a bare no_memory and 2^30 zeroed 16 GiB.
+// open_image checked none of its cfg (abandon_timeout_us = 0 was taken).
+TEST(ShmApi, BatchMaxIsBoundedAndOpenImageValidatesItsConfigNamingTheField) {
+  shm_config cfg = small_ring();
+  std::string why;
+  cfg.batch_max = shm_max_reader_batch;
+  EXPECT_EQ(shm_validate(cfg, &why), errc::ok) << why;
+  for (const uint32_t bad : {shm_max_reader_batch + 1, uint32_t{1} << 30, 0xffffffffu}) {
+    cfg.batch_max = bad;
+    EXPECT_EQ(shm_validate(cfg, &why), errc::invalid_argument) << bad;
+    EXPECT_NE(why.find("shm_config.batch_max (" + std::to_string(bad) + ")"), std::string::npos)
+        << why;
+    shm_reader r;
+    EXPECT_EQ(r.open("mem://" + test::unique_name("api-batch"), cfg), errc::invalid_argument);
+    EXPECT_NE(r.last_error().detail.find("batch_max"), std::string::npos) << r.last_error().detail;
+  }
+  const shm_config good = small_ring();
+  test::image img(shm_region_size(good));
+  ASSERT_EQ(shm_format_image(img.p, img.size, good), errc::ok);
+  for (int field = 0; field < 2; ++field) {
+    cfg = good;
+    (field == 0 ? cfg.batch_max : cfg.abandon_timeout_us) = field == 0 ? 0xffffffffu : 0;
+    shm_reader r;
+    EXPECT_EQ(r.open_image(img.p, img.size, cfg), errc::invalid_argument) << field;
+    EXPECT_NE(r.last_error().detail.find(field == 0 ? "shm_config.batch_max"
+                                                    : "shm_config.abandon_timeout_us"),
+              std::string::npos)
+        << r.last_error().detail;
+  }
+}
+
 TEST(ShmApi, OpenErrorsRecordTheUrlAndTheReason) {
   const std::string name = test::unique_name("api");
   shm_reader r;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -330,6 +331,72 @@ TEST_F(ShmPersist, TwoReadersReattachingOneSysVSegmentAtOnceOnlyOneTakesIt) {
   c.second.close(shm_close_mode::remove);
   first.close(shm_close_mode::remove);
   EXPECT_FALSE(test::sysv_exists(key));
+}
+
+// Two readers creating one POSIX region at once: the second opens between the first one's
+// shm_open(O_EXCL) and its flock (a test hook there), so it meets the first one's object empty and
+// unlocked, takes it for a dead creator's, unlinks it and creates its own. With judge_holds, a
+// stand-in for that second reader still holds the first one's object's flock when the first
+// takes it. Before, in the first case both open()s returned ok and the first reader owned a region
+// no writer could reach; in the second the first one's error path unlinked the second one's name
+// and returned queue_full.
+struct create_race {
+  std::string name;
+  bool judge_holds = false;
+  int runs = 0;
+  int held = -1;  // the stand-in judge's descriptor of the first reader's object
+  size_t delivered[2] = {0, 0};
+  errc got = errc::ok;
+  shm_reader second{test::records_to(
+      [](void* u, const shm_record*, size_t n) { static_cast<create_race*>(u)->delivered[1] += n; },
+      this)};
+  static void open_second(void* u) {
+    auto* c = static_cast<create_race*>(u);
+    if (c->runs++ != 0) return;
+    const std::string path = "/" + c->name;
+    if (c->judge_holds) {
+      c->held = shm_open(path.c_str(), O_RDWR, 0);
+      if (c->held < 0 || flock(c->held, LOCK_EX | LOCK_NB) != 0) return;
+      shm_unlink(path.c_str());
+    }
+    c->got = c->second.open("shm://" + c->name, small_cfg());
+  }
+};
+
+void two_readers_create_at_once(const char* what, bool judge_holds) {
+  create_race c;
+  c.name = test::unique_name(what);
+  c.judge_holds = judge_holds;
+  shm_cleanup cleanup{c.name};
+  const std::string url = "shm://" + c.name;
+  shm_reader first(test::records_to(
+      [](void* u, const shm_record*, size_t n) { static_cast<create_race*>(u)->delivered[0] += n; },
+      &c));
+  shm_detail::region_access::set_create_hook(&create_race::open_second, &c);
+  const errc e = first.open(url, small_cfg());
+  shm_detail::region_access::set_create_hook(nullptr, nullptr);
+  if (c.held >= 0) close(c.held);
+  ASSERT_GE(c.runs, 1);
+  EXPECT_TRUE((e == errc::ok) != (c.got == errc::ok))
+      << "first " << to_string(e) << ", second " << to_string(c.got);
+  EXPECT_EQ(e == errc::ok ? c.got : e, errc::busy) << first.last_error().detail;
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(w.send("x", 1), errc::ok);
+  EXPECT_EQ(first.poll(16) + c.second.poll(16), 1u);
+  EXPECT_EQ(c.delivered[e == errc::ok ? 0 : 1], 1u) << "the writer reached the other reader";
+  w.close();
+  first.close(shm_close_mode::remove);
+  c.second.close(shm_close_mode::remove);
+  EXPECT_FALSE(test::posix_exists(c.name));
+}
+
+TEST_F(ShmPersist, TwoReadersCreatingOnePosixRegionAtOnceOneGetsBusy) {
+  two_readers_create_at_once("persist-create-race", false);
+}
+
+TEST_F(ShmPersist, ACreatorMeetingAJudgeOfItsEmptyObjectGetsBusyAndLeavesTheNameAlone) {
+  two_readers_create_at_once("persist-create-judged", true);
 }
 
 TEST_F(ShmPersist, IncompatibleRegionIsRefusedNamingTheFieldAndLeftIntact) {
