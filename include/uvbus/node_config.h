@@ -199,10 +199,12 @@ struct node_config {
   // starts with them, so messages its sources send again (those the previous process delivered
   // but had not acknowledged) are recognised as duplicates, and late messages of the epochs its
   // flows left as stale. Each position counts as heard from at start() (then kept like any
-  // silent flow's). A blob of another id is refused (start() fails with invalid_argument naming
-  // both ids: taken, it would drop that node's sources' first messages to this one as
-  // duplicates, reported ok); a previous release's blob (without the left epochs, or naming no
-  // id) is taken as it is. Empty: none.
+  // silent flow's). validate() (and so start()) parses it and refuses with invalid_argument
+  // another id's blob (naming both ids: taken, it would drop that node's sources' first messages
+  // to this one as duplicates, reported ok), one cut short or of a later release, and one holding
+  // more sources than max_flow_sources (naming both numbers: kept, every new source would be
+  // refused until they went idle); a previous release's blob (without the left epochs, or naming
+  // no id) is taken as it is. Empty: none.
   std::vector<uint8_t> inherit_flow_positions;
   // Planned hand-over: listening sockets of the previous process of this id (its
   // detach_listeners(), passed over with uvbus/handover.h). A stream URL of `listen` that an

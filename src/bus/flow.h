@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/ring_fifo.h"
+#include "uvbus/error.h"
 #include "uvbus/histogram.h"
 #include "uvbus/subnet.h"
 
@@ -121,6 +124,20 @@ struct rx_flow {
     stale_seen = false;
   }
 };
+
+// One source's position in a node::flow_positions() blob (docs/protocol.md "Flow positions").
+struct flow_position {
+  uint64_t source = 0;
+  uint64_t epoch = 0;
+  uint64_t through = 0;
+  std::array<rx_flow::left_epoch, 2> left{};
+};
+// Parses node `self`'s flow_positions() blob (this release's, or an earlier one's) into *out.
+// The one parser of the blob: node::validate() and start() both use it (node_flow.cpp).
+// protocol_error (not such a blob: cut short, or of a later release) or invalid_argument (another
+// node's): *why says which, naming the sizes or both ids.
+errc parse_flow_positions(uint64_t self, const uint8_t* p, size_t n,
+                          std::vector<flow_position>* out, std::string* why);
 
 // Target side: when a resync request last went to a source this node holds no position for (a
 // resync needs no state: the source answers with a sync message, which makes it). A fixed table

@@ -224,6 +224,10 @@ errc node::impl::start() {
                                               ? "node::start: already started"
                                               : "node::start: a stopped node can not start again");
   }
+  // The loop's cached clock may be old (the process blocked since the loop last ran: in
+  // handover_receive(), or retrying start() while the old process held the port). What start()
+  // stamps — child_grace_ms's start, the inherited positions' last word — counts from now.
+  uv_update_time(loop);
   // The handles first: a refusal is logged from the loop through the idle handle.
   open_handles();
   struct inherited_guard {  // the inherited sockets not adopted are closed on every return
@@ -233,13 +237,7 @@ errc node::impl::start() {
   std::string why;
   const errc v = node::validate(self, cfg, &why);
   if (v != errc::ok) return refuse_call(v, "node::start: " + why);
-  if (!cfg.inherit_flow_positions.empty() &&
-      flow_positions_import(cfg.inherit_flow_positions.data(), cfg.inherit_flow_positions.size(),
-                            &why) != errc::ok) {
-    return refuse_call(errc::invalid_argument,
-                       "node::start: node_config.inherit_flow_positions (" +
-                           std::to_string(cfg.inherit_flow_positions.size()) + " bytes) " + why);
-  }
+  flow_positions_import();
   if (const errc me = start_metrics(); me != errc::ok) return me;
   host_id = cfg.host_id.empty() ? detail::host_identity() : cfg.host_id;
   hostname = detail::host_name();

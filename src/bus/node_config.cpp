@@ -89,6 +89,27 @@ errc check_inherited(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
+// The positions a planned restart hands over: node `id`'s, whole, of a release this one reads,
+// and no more sources than max_flow_sources (kept, the extra ones would have every new source's
+// first message refused until they go idle).
+errc check_positions(bus_id id, const node_config& cfg, std::string* detail) {
+  const std::vector<uint8_t>& blob = cfg.inherit_flow_positions;
+  if (blob.empty()) return errc::ok;
+  const std::string field = "inherit_flow_positions (" + std::to_string(blob.size()) + " bytes) ";
+  std::vector<detail::flow_position> got;
+  std::string why;
+  if (detail::parse_flow_positions(id, blob.data(), blob.size(), &got, &why) != errc::ok) {
+    return refuse(detail, errc::invalid_argument, field + why);
+  }
+  if (got.size() > cfg.max_flow_sources) {
+    return refuse(detail, errc::invalid_argument,
+                  field + "holds " + std::to_string(got.size()) +
+                      " sources' positions, more than max_flow_sources (" +
+                      std::to_string(cfg.max_flow_sources) + ")");
+  }
+  return errc::ok;
+}
+
 errc check_parents(const node_config& cfg, std::string* detail) {
   if (cfg.parent_urls.size() > proto::kMaxListen) {
     return refuse(detail, errc::invalid_argument,
@@ -440,6 +461,7 @@ errc node::validate(bus_id id, const node_config& cfg, std::string* detail) {
   }
   errc e = check_listen(cfg, detail);
   if (e == errc::ok) e = check_inherited(cfg, detail);
+  if (e == errc::ok) e = check_positions(id, cfg, detail);
   if (e == errc::ok && (cfg.latency_sample_every == 0 ||
                         (cfg.latency_sample_every & (cfg.latency_sample_every - 1)) != 0)) {
     e = refuse(detail, errc::invalid_argument,

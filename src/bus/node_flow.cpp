@@ -463,6 +463,17 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
     if (from != nullptr) protocol_violation(from, "bad flow data body");
     return;
   }
+  if (hd.sequence == 0) {
+    // Sequences start at 1. Taken (a sync message's position is its sequence - 1), 0 would put
+    // the flow at the last sequence there is: every later message of it a duplicate. From the
+    // peer itself a protocol error; relayed, the link that brought it is not to blame.
+    if (from != nullptr && from->peer != nullptr && from->peer->id == hd.source) {
+      protocol_violation(from, "flow data with sequence 0");
+    } else {
+      ++counters.protocol_errors;
+    }
+    return;
+  }
   const bool sync = (hd.flags & proto::flag_sync) != 0;
   rx_flow* rp = rx_flow_of(*this, hd, epoch, sync);
   if (rp == nullptr || !rx_epoch(*this, *rp, hd, epoch, sync)) return;
@@ -475,6 +486,12 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
   if (hd.sequence != r.through + 1 && !sync) {
     ++counters.flow_out_of_order;
     queue_ack(hd.source, r, ack_kind::gap);
+    return;
+  }
+  if (state == run_state::stopping && (hd.flags & proto::flag_call) != 0 && d.size != 0 &&
+      d.payload[0] == static_cast<uint8_t>(proto::call_kind::request)) {
+    // A stopping node could not answer it (its sends are refused): left to its successor, not
+    // delivered or acknowledged, the position not past it (docs/bus.md "Planned restart").
     return;
   }
   r.through = hd.sequence;
@@ -585,46 +602,83 @@ std::vector<uint8_t> node::impl::flow_positions_export() const {
   return out;
 }
 
-errc node::impl::flow_positions_import(const uint8_t* p, size_t n, std::string* why) {
+errc detail::parse_flow_positions(uint64_t self, const uint8_t* p, size_t n,
+                                  std::vector<flow_position>* out, std::string* why) {
   // This release's blob names its node and carries the left epochs; the previous releases' (one
   // naming its node, and before it u32 count and the entries) are still taken, so a rolling
   // upgrade hands its positions over.
   constexpr size_t head = 4;
   size_t entry = kPositionsEntryV1;
-  const bool v2 = p != nullptr && n >= kPositionsHead && std::memcmp(p, kPositionsMagic, 4) == 0;
-  if (v2 || (p != nullptr && n >= kPositionsHead && std::memcmp(p, kPositionsMagicV1, 4) == 0)) {
+  const size_t total = n;
+  // "UVF" and a letter: a blob naming its node ("UVF2", "UVFP"), or a later release's. (An oldest
+  // form's count starting so would announce millions of positions.)
+  if (p != nullptr && n >= 4 && std::memcmp(p, kPositionsMagic, 3) == 0) {
+    const std::string magic(p, p + 4);
+    if (p[3] != kPositionsMagic[3] && p[3] != kPositionsMagicV1[3]) {
+      *why = "is a later release's flow positions (magic " + magic +
+             "): this one takes UVF2 and earlier";
+      return errc::protocol_error;
+    }
+    if (n < kPositionsHead) {
+      *why = "is cut short: " + std::to_string(n) + " bytes, less than a \"" + magic +
+             "\" blob's head (" + std::to_string(kPositionsHead) + ")";
+      return errc::protocol_error;
+    }
     const auto of = load_le<uint64_t>(p + 4);
     if (of != self) {
       *why = "are node " + id_hex(of) + "'s flow positions, not this node's (" + id_hex(self) + ")";
       return errc::invalid_argument;
     }
-    if (v2) entry = kPositionsEntry;
+    if (p[3] == kPositionsMagic[3]) entry = kPositionsEntry;
     p += 12;
     n -= 12;
   }
   if (p == nullptr || n < head || n != head + size_t{load_le<uint32_t>(p)} * entry) {
     *why = "is not a node::flow_positions() blob";
+    if (p != nullptr && n >= head) {
+      const uint64_t want = (total - n) + head + uint64_t{load_le<uint32_t>(p)} * entry;
+      *why += " (" + std::to_string(load_le<uint32_t>(p)) +
+              " positions announced: " + std::to_string(want) + " bytes, not " +
+              std::to_string(total) + "; cut short or garbled)";
+    }
     return errc::protocol_error;
   }
   const auto count = load_le<uint32_t>(p);
-  // start() may come long after the loop last ran (the new process blocked in
-  // handover_receive()): stamped with the stale cached time, every position would look idle
-  // for that long and be forgotten at the first tick.
-  uv_update_time(loop);
+  out->clear();
+  out->reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
     const uint8_t* e = p + head + size_t{i} * entry;
-    rx_flow& r = rx_flows[load_le<uint64_t>(e)];
-    r.epoch = load_le<uint64_t>(e + 8);
-    r.through = load_le<uint64_t>(e + 16);
+    flow_position& f = out->emplace_back();
+    f.source = load_le<uint64_t>(e);
+    f.epoch = load_le<uint64_t>(e + 8);
+    f.through = load_le<uint64_t>(e + 16);
     if (entry == kPositionsEntry) {
-      for (size_t k = 0; k < r.left.size(); ++k) {
-        r.left[k] = {load_le<uint64_t>(e + 24 + 16 * k), load_le<uint64_t>(e + 32 + 16 * k)};
+      for (size_t k = 0; k < f.left.size(); ++k) {
+        f.left[k] = {load_le<uint64_t>(e + 24 + 16 * k), load_le<uint64_t>(e + 32 + 16 * k)};
       }
     }
+  }
+  return errc::ok;
+}
+
+void node::impl::flow_positions_import() {
+  const std::vector<uint8_t>& blob = cfg.inherit_flow_positions;
+  std::vector<detail::flow_position> got;
+  std::string why;
+  if (blob.empty() ||
+      detail::parse_flow_positions(self, blob.data(), blob.size(), &got, &why) != errc::ok) {
+    return;  // none (a blob it would refuse, validate() refused first)
+  }
+  // start() updated the loop's clock first: the positions count as heard from now, however long
+  // the new process blocked before it (in handover_receive()).
+  for (const detail::flow_position& f : got) {
+    rx_flow& r = rx_flows[f.source];
+    r.epoch = f.epoch;
+    r.through = f.through;
+    r.left = f.left;
     r.last_rx_ms = now_ms();
   }
   cached_rx = nullptr;
-  return errc::ok;
 }
 
 }  // namespace uvbus

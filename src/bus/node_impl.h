@@ -250,8 +250,8 @@ struct node::impl {
   bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   static constexpr size_t kMaxTypeHistograms = 64;
   static constexpr uint32_t kOtherType = 0xffffffffU;
-  // Old blobs (no id) too. protocol_error or invalid_argument (another id's): *why says which.
-  errc flow_positions_import(const uint8_t* p, size_t n, std::string* why);
+  // cfg.inherit_flow_positions into rx_flows (validate() refused a blob it would not take).
+  void flow_positions_import();
   // ------------------------------------------------------------------------------- helpers --
   // Calls a user callback (or a command callback) unless it is empty or the node was destroyed.
   template <class F, class... A>

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "bus/bus_harness.h"
-#include "bus/node_types.h"  // kMaxBusOverhead: one message's size
+#include "bus/flow_harness.h"  // positions_blob
+#include "bus/node_types.h"    // kMaxBusOverhead: one message's size
 #include "uvbus/node.h"
 
 namespace uvbus::node_config_test {
@@ -324,12 +325,41 @@ std::vector<rule> run_time_rules_2() {
   };
 }
 
+// The inherited flow positions, parsed as start() parses them (node 1's are taken).
+std::vector<rule> positions_rules() {
+  return {
+      {"positions of another node",
+       [](C* c) { c->inherit_flow_positions = test::positions_blob(2, 1); }, errc::invalid_argument,
+       "inherit_flow_positions (72 bytes) are node 0x2's flow positions, not this node's (0x1)"},
+      {"positions cut short",
+       [](C* c) {
+         c->inherit_flow_positions = test::positions_blob(1, 2);
+         c->inherit_flow_positions.resize(100);
+       },
+       errc::invalid_argument,
+       "inherit_flow_positions (100 bytes) is not a node::flow_positions() blob (2 positions "
+       "announced: 128 bytes, not 100"},
+      {"positions head cut short",
+       [](C* c) { c->inherit_flow_positions = {'U', 'V', 'F', '2', 1, 0, 0}; },
+       errc::invalid_argument, "inherit_flow_positions (7 bytes) is cut short: 7 bytes"},
+      {"positions of a later release",
+       [](C* c) { c->inherit_flow_positions = test::positions_blob(1, 1, "UVF3"); },
+       errc::invalid_argument, "is a later release's flow positions (magic UVF3)"},
+      {"positions not a blob",
+       [](C* c) {
+         c->inherit_flow_positions = {1, 2, 3};
+       },
+       errc::invalid_argument, "inherit_flow_positions (3 bytes) is not a node::flow_positions()"},
+  };
+}
+
 std::vector<rule> rules() {
   std::vector<rule> all = url_rules();
   for (auto& r : size_rules()) all.push_back(std::move(r));
   for (auto& r : timer_rules()) all.push_back(std::move(r));
   for (auto& r : run_time_rules()) all.push_back(std::move(r));
   for (auto& r : run_time_rules_2()) all.push_back(std::move(r));
+  for (auto& r : positions_rules()) all.push_back(std::move(r));
   return all;
 }
 
@@ -377,6 +407,9 @@ TEST(NodeConfig, DefaultsAndTheTestConfigAreValid) {
   EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
   c = fast_config();
   c.forward_overflow_bytes = c.message_limit + detail::kMaxBusOverhead;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();
+  c.inherit_flow_positions = test::positions_blob(1, 2);  // its own, whole
   EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
 }
 

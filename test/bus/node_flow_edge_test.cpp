@@ -1,12 +1,14 @@
-// End-to-end delivery at its edges: forged source ids against a target's table of positions, and
-// late messages of a source's dead incarnations against its live flow (with and without a
-// hand-over of the positions).
+// End-to-end delivery at its edges: forged source ids and sequences against a target's table of
+// positions, late messages of a source's dead incarnations against its live flow (with and
+// without a hand-over of the positions), and what a restart (planned, or of a relay) leaves to the
+// next process.
 #include <gtest/gtest.h>
 #include <uv.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bus/flow_harness.h"
@@ -160,6 +162,118 @@ TEST_F(NodeFlowEdgeTest, ALiveIncarnationTakesItsFlowBackFromALateForgottenOne) 
             (std::vector<std::string>{"e0", "e1", "e2", "e3", "late", "next", "after"}));
   raw.ch->close();
   ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// A flow message numbered 0 (sequences start at 1), flagged sync: taken, it put the flow at the
+// last sequence there is (sequence - 1), and every later message of that source and epoch was
+// dropped as a duplicate — acknowledged, never delivered. Refused now: relayed, counted; from the
+// peer itself, a protocol error that closes its link.
+TEST_F(NodeFlowEdgeTest, ASequenceZeroCannotWedgeAFlow) {
+  test::raw_child raw(0x180, 0x100);
+  raw.subnets = {{0x180, 6}};  // 0x181 is its descendant's: relayed by it
+  bus_node* root = root_with(&raw);
+  ASSERT_TRUE(raw.registered);
+  raw.send_flow(0x181, 0, "zero", 7);
+  raw.send_flow(0x181, 1, "one", 7);
+  raw.send_flow(0x181, 2, "two", 7, false);
+  ASSERT_TRUE(wait([&] {
+    const node_counters k = root->n->counters();
+    return k.flow_duplicates + k.data_received >= 2;
+  }));
+  EXPECT_EQ(texts(root), (std::vector<std::string>{"one", "two"}));
+  EXPECT_EQ(root->n->counters().protocol_errors, 1u);
+  EXPECT_FALSE(raw.closed);
+  raw.send_flow(0x180, 0, "zero", 7);
+  ASSERT_TRUE(wait([&] { return raw.closed; }));
+  EXPECT_EQ(root->n->counters().protocol_errors, 2u);
+  EXPECT_EQ(texts(root).size(), 2u);
+}
+
+// A relay whose loop's cached clock went stale before start() (its process blocked in
+// handover_receive(), or retried start() while the old process held the port) holds a message
+// for a child that has not registered yet for child_grace_ms from start(). Before: its start was
+// stamped with the stale clock, the grace had run out at once, and the message was refused
+// (unknown_route: final for a target never heard from, reported failed).
+TEST_F(NodeFlowEdgeTest, ARelayStartedOnAStaleLoopClockStillHoldsForItsChildren) {
+  node_config rc = flow_config();
+  rc.child_grace_ms = 2000;
+  // On purpose (the scenario, not a wait for an event): the loop's cached time goes stale.
+  std::this_thread::sleep_for(std::chrono::milliseconds(rc.child_grace_ms + 100));
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  bus_node* a = make_child(0x101, root, {}, flow_config());
+  ASSERT_TRUE(wait([&] { return a->n->up(); }));
+  ASSERT_EQ(test::send_str(a, 0x1aa, 1, "held"), errc::ok);
+  run_for(100ms);
+  bus_node* x = make_child(0x1aa, root, {}, flow_config());
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 1; }));
+  EXPECT_EQ(a->reports[0].status, errc::ok) << to_string(a->reports[0].status);
+  EXPECT_EQ(texts(x), std::vector<std::string>{"held"});
+}
+
+// Planned restart: a request reaching the old process while it waits for its own messages'
+// acknowledgements (stop_flush_ms) is answered by the new one. Before: delivered and taken into
+// the positions handed over, but the answer was refused (the node was stopping): the new process
+// dropped the resent request as a duplicate, and the call timed out.
+TEST_F(NodeFlowEdgeTest, ARequestReachingAStoppingNodeIsAnsweredByItsSuccessor) {
+  test::raw_child raw(0x180, 0x100);  // silent: it acknowledges nothing
+  node_config rc = flow_config();
+  rc.child_grace_ms = 20000;  // the root holds what comes for B between the two processes
+  bus_node* root = root_with(&raw, rc);
+  node_config bc = flow_config();
+  bc.parent_urls = {root->n->listen_urls().at(0)};
+  bc.stop_flush_ms = 1000;
+  // B, then its successor: each answers every request with "pong" (what reply() returned kept).
+  bus_node* current = nullptr;
+  std::vector<errc> answers;
+  const auto answering = [&](node_callbacks* cb) {
+    cb->on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) {
+      const reply_handle* req = current->n->incoming_request();
+      if (req == nullptr) return;
+      reply_handle h = *req;
+      answers.push_back(current->n->reply(h, "pong", 4));
+    };
+  };
+  bus_node* b = current = make(0x102, bc, true, answering);
+  node_config ac = flow_config();
+  ac.parent_urls = bc.parent_urls;
+  bus_node* a = make(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a->n->up() && b->n->up(); }));
+  ASSERT_EQ(test::send_str(b, 0x180, 1, "never acknowledged"), errc::ok);
+  ASSERT_TRUE(wait([&] { return !raw.got.empty(); }));
+  b->n->stop();  // waits stop_flush_ms for that acknowledgement, its links open
+  std::vector<errc> status;
+  std::string got;
+  ASSERT_EQ(a->n->call(0x102, 5, "ping", 4, 20000,
+                       [&](const call_result& r) {
+                         status.push_back(r.status);
+                         got.assign(reinterpret_cast<const char*>(r.data), r.size);
+                       }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return !b->downs.empty(); }));
+  bc.inherit_flow_positions = b->n->flow_positions();
+  current = make(0x102, bc, true, answering);
+  ASSERT_TRUE(wait([&] { return !status.empty(); }));
+  EXPECT_EQ(status, std::vector<errc>{errc::ok}) << to_string(status[0]);
+  EXPECT_EQ(got, "pong");
+  EXPECT_EQ(answers, std::vector<errc>{errc::ok});
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
+
+// A successor keeps no more sources' positions than max_flow_sources: more, inherited, would have
+// every new source refused (access_denied) until the inherited ones went idle. Refused by
+// validate() (and so start()), naming both numbers.
+TEST(NodeFlowEdgeConfig, InheritedPositionsBeyondMaxFlowSourcesAreRefused) {
+  node_config c = flow_config();
+  c.max_flow_sources = 2;
+  c.inherit_flow_positions = test::positions_blob(1, 2);
+  std::string why;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c.inherit_flow_positions = test::positions_blob(1, 3);
+  EXPECT_EQ(node::validate(1, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("holds 3 sources' positions, more than max_flow_sources (2)"),
+            std::string::npos)
+      << why;
 }
 
 TEST(NodeFlowEdgeConfig, MaxFlowSourcesIsAtLeastOne) {
