@@ -648,6 +648,7 @@ std::string node::metrics_url() const {
 }
 
 const trace_context* node::incoming_trace() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::incoming_trace", nullptr);
   return impl_->incoming;
 }
 

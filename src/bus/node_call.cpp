@@ -274,6 +274,7 @@ errc node::call(bus_id target, uint32_t type, const void* data, size_t size, uin
 }
 
 const reply_handle* node::incoming_request() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::incoming_request", nullptr);
   return impl_->incoming_req;
 }
 
