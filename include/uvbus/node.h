@@ -476,7 +476,10 @@ class node {
   // The metrics endpoint's bound URL (port 0 resolved); empty when metrics_url is empty.
   [[nodiscard]] std::string metrics_url() const;
   // latency_histograms: p50/p90/p99/p99.9/max of the send-to-acknowledgement time of messages to
-  // target, or of user type `type`; false if none was measured.
+  // target, or of user type `type`; false if none was measured. Only the first 64 user types
+  // measured get a histogram of their own: latency_of_type() is false for a later one, whose
+  // samples are summed in metrics_text()'s type="other" series (with those of the other later
+  // ones).
   [[nodiscard]] bool latency_to(bus_id target, latency_percentiles* out) const;
   [[nodiscard]] bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   // Inside on_data: the trace context the message being delivered carried (send_options::trace),
