@@ -19,8 +19,9 @@ struct call_result {
   // not have been handled; never before it, even when the request's acknowledgement takes longer
   // than response_timeout_ms or delivery_timeout_ms), unknown_route / ttl_expired /
   // message_too_large (a relay or the target refused the request: it was not handled),
-  // version_mismatch (a link of the path speaks a protocol below version 5), closed (the calling
-  // node stopped first).
+  // version_mismatch (a link of the path speaks a protocol below version 5), access_denied (the
+  // target keeps max_flow_sources flows and refused ours), not_connected (call_any(): the node
+  // picked left the directory before answering), closed (the calling node stopped first).
   errc status = errc::ok;
   uint32_t code = 0;
   const uint8_t* data = nullptr;  // valid only during the callback: copy what you keep

@@ -120,7 +120,8 @@ class etcd_discovery {
   // Checks the configuration (invalid_argument naming the field) and starts the session: with
   // self.id != 0 it registers `self` (copied) under its key, then reads and watches the prefix.
   // While registered, its own entry found deleted in etcd or on another lease is written again.
-  // wrong_state if started already; invalid_argument for a `self` no reader would accept (a field
+  // wrong_state if started already; invalid_argument for a null loop (the constructor takes one
+  // and makes nothing of it), or for a `self` no reader would accept (a field
   // beyond the value's limits, docs/cluster.md "Value", or above max_entry_bytes), naming it.
   [[nodiscard]] errc start(const directory_entry& self);
   // Replaces the registered entry (same id; listen URLs known later, labels changed). Written at
@@ -153,7 +154,8 @@ class etcd_discovery {
   std::unique_ptr<impl> impl_;
 };
 
-// Checks a discovery_config: ok, or invalid_argument with *detail naming the field.
+// Checks a discovery_config: ok, or invalid_argument with *detail naming the field (detail may be
+// null: the code alone).
 [[nodiscard]] errc validate(const discovery_config& cfg, std::string* detail);
 
 }  // namespace uvbus

@@ -86,7 +86,8 @@ struct error_info {
   std::string detail;  // empty when there is nothing more to say than to_string(code)
 };
 
-// Maps a negative errno value (or a libuv error, which on Unix is a negative errno) to an errc.
+// Maps a negative errno value (or a libuv error, which on Unix is a negative errno) to an errc;
+// a value no errno maps to (positive, unknown, INT_MIN) is io_error.
 errc errc_from_errno(int negative_errno) noexcept;
 
 }  // namespace uvbus

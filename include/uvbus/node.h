@@ -75,7 +75,9 @@ struct delivery_report {
   // timeout (not acknowledged within delivery_timeout_ms: the target may or may not have got it),
   // closed (the node stopped first: likewise unknown), or a relay's refusal for good:
   // unknown_route (no such node, or one that never acknowledged us), ttl_expired,
-  // message_too_large, version_mismatch (a link of the path does not speak flows).
+  // message_too_large, version_mismatch (a link of the path does not speak flows), access_denied
+  // (the target keeps max_flow_sources flows and refused ours), not_connected (a send_any()
+  // message whose node left the directory before its report: not resent).
   // delivery_mode::next_hop: ok = delivered to the next hop's channel (the kernel socket buffer or
   // the shared-memory ring), or, with require_response, received by the target node. Otherwise why
   // it failed: not_connected / connection_reset (link lost), timeout (pending or response wait
@@ -214,7 +216,8 @@ struct send_options {
 
 class node {
  public:
-  // Never fails; an invalid config makes start() return invalid_argument. The loop must outlive
+  // Never fails; an invalid config, or a null loop, makes start() return invalid_argument (nothing
+  // opened: destroying such a node needs no loop run). The loop must outlive
   // the node, and must be run after the node's destruction until its handles have closed.
   node(uv_loop_t* loop, bus_id id, node_config cfg, node_callbacks cbs = {});
   // Releases everything without calling any callback and without a goodbye to peers (they notice
@@ -295,6 +298,8 @@ class node {
   //   access_denied, out_of_subnet, version_mismatch
   //                      the route goes through the parent, which refused this node for good
   //                      (not retriable: the configuration must change)
+  //   invalid_argument   null data with a non-zero size, an invalid opt.trace, or target 0 (the
+  //                      reserved id, no node's: post() refuses it too, on the calling thread)
   //   wrong_state        not started
   //   closed             stopped
   // On an error, last_error() says more for the caller errors (which limit, which id).
@@ -343,7 +348,7 @@ class node {
   //   queue_full         the mailbox is full (post_queue_messages / post_queue_bytes; it stops
   //                      draining while the link is full): retriable
   //   message_too_large  size > message_limit
-  //   invalid_argument   data is null with a non-zero size
+  //   invalid_argument   data is null with a non-zero size, an invalid opt.trace, target 0
   //   wrong_state        not started
   //   closed             stopped
   // The bytes are copied before post() returns. last_error() is not updated (it is the loop's).
@@ -443,7 +448,8 @@ class node {
   // matches), invalid_argument (empty cb, timeout_ms 0, a subnet wider than 64 bits, a type, label
   // key or value over 128 bytes or over 16 labels: the wire carries no more), message_too_large
   // (size plus the selector's bytes above message_limit), wrong_state, closed. *broadcast_id (if
-  // given) is the report's id.
+  // given) is the report's id. Of opt only ttl is used; require_response changes nothing (every
+  // target acknowledges anyway); a trace is refused with invalid_argument (none is carried).
   [[nodiscard]] errc broadcast(const broadcast_target& to, uint32_t msg_type, const void* data,
                                size_t size, uint32_t timeout_ms, broadcast_fn cb,
                                const send_options& opt = {}, uint64_t* broadcast_id = nullptr);
@@ -452,7 +458,7 @@ class node {
   // The URLs actually listened on (port 0 resolved), in config order.
   [[nodiscard]] std::vector<std::string> listen_urls() const;
   [[nodiscard]] std::vector<endpoint_info> peers() const;
-  // The registered direct peer with this id; false if none.
+  // The registered direct peer with this id; false if none. out may be null (only whether it is).
   [[nodiscard]] bool peer(bus_id id, endpoint_info* out) const;
   [[nodiscard]] node_counters counters() const noexcept;
   // The same text the routes command returns (a peer's host name with its control bytes escaped
@@ -476,7 +482,10 @@ class node {
   // The metrics endpoint's bound URL (port 0 resolved); empty when metrics_url is empty.
   [[nodiscard]] std::string metrics_url() const;
   // latency_histograms: p50/p90/p99/p99.9/max of the send-to-acknowledgement time of messages to
-  // target, or of user type `type`; false if none was measured.
+  // target, or of user type `type`; false if none was measured. Only the first 64 user types
+  // measured get a histogram of their own: latency_of_type() is false for a later one, whose
+  // samples are summed in metrics_text()'s type="other" series (with those of the other later
+  // ones).
   [[nodiscard]] bool latency_to(bus_id target, latency_percentiles* out) const;
   [[nodiscard]] bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   // Inside on_data: the trace context the message being delivered carried (send_options::trace),

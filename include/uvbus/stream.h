@@ -367,8 +367,9 @@ class stream_channel {
   // other than off, every connection it accepts must complete a TLS 1.3 handshake (within
   // tls.handshake_timeout_ms) before on_accepted; one that fails is closed unannounced, counted in
   // tls_failed and logged. The settings are checked and their files read here: errors as above,
-  // plus invalid_argument, not_found, permission_denied, tls_handshake_failed (last_error() names
-  // the setting or file).
+  // plus invalid_argument (also a file OpenSSL cannot load, a key not matching its certificate,
+  // a ciphersuites list it refuses), not_found, permission_denied (a file that cannot be read),
+  // tls_handshake_failed (OpenSSL itself failed) (last_error() names the setting or file).
   [[nodiscard]] errc listen(std::string_view url, const tls_config& tls, listener_id* out = nullptr,
                             void* user_data = nullptr);
   // Listens on a socket that is already bound and listening, typically one a previous process of

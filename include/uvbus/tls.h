@@ -50,7 +50,9 @@ struct tls_config {
 
   // TLS 1.3 cipher suites (OpenSSL's syntax). Empty: OpenSSL's default list in certificate mode;
   // TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256 in psk mode, whose key is bound to SHA-256
-  // (a psk-mode list needs a SHA-256 suite, or no suite can use the key).
+  // (a psk-mode list without a *_SHA256 suite could never use the key: refused with
+  // invalid_argument). A list OpenSSL refuses is invalid_argument too, when a listen or dial
+  // first builds the context (the detail names the list).
   std::string ciphersuites;
 
   // A connection that has not finished its handshake within this time is closed with

@@ -462,7 +462,8 @@ errc node::impl::send_failed(errc e, bus_id target, size_t size, const send_opti
       last_err.detail = std::string("the parent refused this node for good: ") + to_string(e);
       break;
     case errc::invalid_argument:
-      last_err.detail = opt != nullptr && opt->trace != nullptr && !opt->trace->valid()
+      last_err.detail = target == 0 ? "bus id 0 is reserved: it is no node's id, not a target"
+                        : opt != nullptr && opt->trace != nullptr && !opt->trace->valid()
                             ? "send_options::trace: a zero trace id or span id (W3C: invalid)"
                             : "a null buffer with a non-zero size, or more than 64 buffers";
       break;
@@ -497,6 +498,10 @@ node::~node() {
 
 errc node::start() {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::start");
+  // Nothing is opened on a null loop (no handle, no log line: the refusal is last_error() only).
+  if (impl_->loop == nullptr && impl_->state == impl::run_state::idle) {
+    return impl_->fail(errc::invalid_argument, "node::start: the loop is null");
+  }
   return impl_->start();
 }
 
@@ -553,8 +558,8 @@ errc node::send_datav(bus_id target, uint32_t type, const const_buffer* bufs, si
 
 errc node::post(bus_id target, uint32_t type, const void* data, size_t size,
                 const send_options& opt, uint64_t* message_id) {
-  // Any thread: no owner check.
-  if (data == nullptr && size != 0) return errc::invalid_argument;
+  // Any thread: no owner check. Bus id 0 is reserved (refused here, not later on the loop).
+  if (target == 0 || (data == nullptr && size != 0)) return errc::invalid_argument;
   if (opt.trace != nullptr && !opt.trace->valid()) return errc::invalid_argument;
   return impl_->post_message(target, type, data, size, opt, message_id);
 }
@@ -601,7 +606,7 @@ bool node::peer(bus_id id, endpoint_info* out) const {
   UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::peer", false);
   auto it = impl_->peers.find(id);
   if (it == impl_->peers.end()) return false;
-  *out = impl_->info_of(*it->second);
+  if (out != nullptr) *out = impl_->info_of(*it->second);  // null: only whether it is there
   return true;
 }
 
@@ -646,6 +651,7 @@ std::string node::metrics_url() const {
 }
 
 const trace_context* node::incoming_trace() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::incoming_trace", nullptr);
   return impl_->incoming;
 }
 

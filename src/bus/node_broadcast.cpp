@@ -131,6 +131,10 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
                                               ? "node::broadcast: a subnet wider than 64 bits"
                                               : "node::broadcast: null data, non-zero size");
   }
+  if (opt.trace != nullptr) {  // the broadcast frame has no room for one (a receiver refuses it)
+    return n.fail(errc::invalid_argument,
+                  "node::broadcast: send_options::trace is not carried by a broadcast");
+  }
   if (const std::string why = detail::fan_selector_fault(to); !why.empty()) {
     return n.fail(errc::invalid_argument, "node::broadcast: " + why);
   }

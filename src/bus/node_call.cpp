@@ -98,15 +98,16 @@ errc node::impl::call(bus_id target, uint32_t type, const void* data, size_t siz
 
 errc node::impl::answer(reply_handle& h, proto::call_kind kind, uint32_t code, const void* data,
                         size_t size) {
+  const char* fn = kind == proto::call_kind::reply ? "node::reply" : "node::reply_error";
   if (!h.valid()) {
     return fail(errc::invalid_argument,
-                "node::reply: the handle is not a request, or it was answered already");
+                std::string(fn) + ": the handle is not a request, or it was answered already");
   }
   if (data == nullptr && size != 0) {
-    return fail(errc::invalid_argument, "node::reply: null data, non-zero size");
+    return fail(errc::invalid_argument, std::string(fn) + ": null data, non-zero size");
   }
   if (size > payload_limit(cfg)) {
-    return fail(errc::message_too_large, too_large("node::reply", size, cfg));
+    return fail(errc::message_too_large, too_large(fn, size, cfg));
   }
   uint8_t block[proto::kCallSize];
   proto::encode_call({kind, h.call_id, code}, block);
@@ -275,6 +276,7 @@ errc node::call(bus_id target, uint32_t type, const void* data, size_t size, uin
 }
 
 const reply_handle* node::incoming_request() const noexcept {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::incoming_request", nullptr);
   return impl_->incoming_req;
 }
 

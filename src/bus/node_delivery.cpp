@@ -299,7 +299,7 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
                            const send_options& opt, uint64_t* message_id, uint64_t seq) {
   if (state != run_state::running)
     return state == run_state::idle ? errc::wrong_state : errc::closed;
-  if (prep.open) return errc::wrong_state;  // send_failed() names the reservation
+  if (prep.open || target == 0) return prep.open ? errc::wrong_state : errc::invalid_argument;
   if (count > kMaxSpans || (spans == nullptr && count != 0)) return errc::invalid_argument;
   size_t size = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -380,7 +380,7 @@ errc node::impl::send_command(bus_id target, proto::command_id cmd, const void* 
                               command_cb cb) {
   if (state != run_state::running)
     return state == run_state::idle ? errc::wrong_state : errc::closed;
-  if (!cb) return errc::invalid_argument;
+  if (!cb || target == 0) return errc::invalid_argument;  // id 0: reserved
   if (size > cfg.message_limit) return errc::message_too_large;
   if (replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
   const uint64_t seq = take_seq();

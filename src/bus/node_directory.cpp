@@ -524,6 +524,7 @@ bool node::lookup(bus_id id, directory_entry* out) const {
 }
 
 bool node::lookup_name(const std::string& name, directory_entry* out) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::lookup_name", false);
   for (directory_entry& e : directory()) {
     if (e.name == name) {
       if (out != nullptr) *out = std::move(e);
@@ -535,6 +536,7 @@ bool node::lookup_name(const std::string& name, directory_entry* out) const {
 
 std::vector<directory_entry> node::find(const std::string& type,
                                         const std::vector<node_label>& labels) const {
+  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::find", {});
   std::vector<directory_entry> out;
   for (directory_entry& e : directory()) {
     if ((type.empty() || e.type == type) && e.has_labels(labels)) out.push_back(std::move(e));

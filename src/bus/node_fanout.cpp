@@ -431,6 +431,7 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
 errc node::send_any(const std::string& type, const std::vector<node_label>& labels,
                     uint32_t msg_type, const void* data, size_t size, const pick_options& how,
                     const send_options& opt, bus_id* chosen, uint64_t* message_id) {
+  UVBUS_ON_OWNER_THREAD(impl_->owner, "node::send_any");
   bus_id target = 0;
   errc e = pick(type, labels, how, &target);
   if (e != errc::ok) return e;

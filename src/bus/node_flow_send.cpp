@@ -154,8 +154,8 @@ uint8_t* node::impl::prepare_data(bus_id target, uint32_t type, size_t size,
     e = errc::wrong_state;
   } else if (size > cfg.message_limit) {
     e = errc::message_too_large;
-  } else if (opt.trace != nullptr && !opt.trace->valid()) {
-    e = errc::invalid_argument;
+  } else if (target == 0 || (opt.trace != nullptr && !opt.trace->valid())) {
+    e = errc::invalid_argument;  // id 0 is reserved (flow 0 would be "no flow yet")
   }
   uint8_t* p = nullptr;
   if (e == errc::ok) {

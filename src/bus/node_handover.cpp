@@ -87,7 +87,8 @@ errc node::impl::open_stream_listener(stream_channel* ch, const std::string& u, 
                            "] (fd " + std::to_string(fd) + "): " + ch->last_error().detail);
   }
   const errc e = ch->listen(u, l);
-  if (e != errc::ok) return refuse_call(e, field + "listening failed: " + to_string(e));
+  // The channel's detail names the cause (a TLS file only tls_context::create() reads, ...).
+  if (e != errc::ok) return refuse_call(e, field + "listening failed: " + ch->last_error().detail);
   return e;
 }
 

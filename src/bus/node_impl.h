@@ -159,8 +159,8 @@ struct node::impl {
   uint64_t incarnation = 0;
   std::unordered_map<bus_id, detail::tx_flow> tx_flows;
   // node_config::latency_histograms: per user type (at most kMaxTypeHistograms types; the rest
-  // under kOtherType). Per target: in its tx_flow.
-  std::unordered_map<uint32_t, std::unique_ptr<latency_histogram>> type_latency;
+  // under kOtherType, no user type's key). Per target: in its tx_flow.
+  std::unordered_map<uint64_t, std::unique_ptr<latency_histogram>> type_latency;
   std::unordered_map<bus_id, detail::rx_flow> rx_flows;
   std::vector<bus_id> ack_queue;     // rx flows owing an acknowledgement (sent from the check)
   std::vector<bus_id> flow_blocked;  // tx flows that met a full queue (retried by the timer)
@@ -249,7 +249,7 @@ struct node::impl {
   bool latency_to(bus_id target, latency_percentiles* out) const;
   bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   static constexpr size_t kMaxTypeHistograms = 64;
-  static constexpr uint32_t kOtherType = 0xffffffffU;
+  static constexpr uint64_t kOtherType = uint64_t{1} << 32;
   // cfg.inherit_flow_positions into rx_flows (validate() refused a blob it would not take).
   void flow_positions_import();
   // ------------------------------------------------------------------------------- helpers --

@@ -30,7 +30,8 @@ void node::impl::connect_parent() {
   const std::string& url = cfg.parent_urls[parent_index % cfg.parent_urls.size()];
   const errc e = streams->connect(url, &c);
   if (e != errc::ok) {
-    registration_result(e, "connect to the parent failed at once");
+    registration_result(
+        e, "connect to the parent " + url + " failed at once: " + streams->last_error().detail);
     schedule_reconnect();
     return;
   }

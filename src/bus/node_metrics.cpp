@@ -393,7 +393,7 @@ void node::impl::record_latency(detail::tx_flow& f, const detail::tx_entry& e) {
   // The user type sits after the header (and the trace block, if any) in the stored message.
   const uint8_t* m = f.store.buf.get() + e.offset;
   const size_t at = proto::kHeaderSize + ((m[2] & proto::flag_trace) != 0 ? proto::kTraceSize : 0);
-  auto type = load_le<uint32_t>(m + at);
+  uint64_t type = load_le<uint32_t>(m + at);
   if (type_latency.count(type) == 0 && type_latency.size() >= kMaxTypeHistograms) {
     type = kOtherType;
   }
@@ -451,11 +451,11 @@ void node::impl::latency_families(prom_text* t) const {
   if (other) one(*other, "other");
   t->family("uvbus_type_ack_latency_seconds",
             "Send to end-to-end acknowledgement, per user message type.", metric_type::histogram);
-  std::vector<uint32_t> types;
+  std::vector<uint64_t> types;
   types.reserve(type_latency.size());
   for (const auto& [type, h] : type_latency) types.push_back(type);
   std::sort(types.begin(), types.end());
-  for (const uint32_t type : types) {
+  for (const uint64_t type : types) {
     const latency_histogram& h = *type_latency.at(type);
     fixed_buckets(h, b, kBounds);
     const std::string name = type == kOtherType ? "other" : std::to_string(type);

@@ -121,7 +121,7 @@ void node::impl::dial_sibling(bus_id target, const std::string& url) {
   }
   connection_id c;
   if (streams->connect(url, &c) != errc::ok) {
-    sibling_via_parent(target, "connect failed");
+    sibling_via_parent(target, ("connect failed: " + streams->last_error().detail).c_str());
     return;
   }
   it->second.state = sib_state::connecting;

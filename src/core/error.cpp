@@ -3,6 +3,7 @@
 #include "uvbus/log.h"
 
 #include <cerrno>
+#include <limits>
 
 namespace uvbus {
 
@@ -97,6 +98,8 @@ const char* to_string(errc e) noexcept {
 }
 
 errc errc_from_errno(int negative_errno) noexcept {
+  // INT_MIN has no negation (undefined behaviour): no errno is that value.
+  if (negative_errno == std::numeric_limits<int>::min()) return errc::io_error;
   switch (-negative_errno) {
     case 0:
       return errc::ok;

@@ -52,7 +52,7 @@ static size_t one_entry_response_bytes(const discovery_config& cfg) {
 
 errc validate(const discovery_config& cfg, std::string* detail) {
   const auto bad = [&](const std::string& d) {
-    *detail = d;
+    if (detail != nullptr) *detail = d;  // null: the code alone
     return errc::invalid_argument;
   };
   if (cfg.etcd_endpoints.empty()) return bad("etcd_endpoints: empty");
@@ -95,6 +95,7 @@ errc validate(const discovery_config& cfg, std::string* detail) {
 
 etcd_discovery::impl::impl(uv_loop_t* l, discovery_config c, discovery_callbacks cb)
     : loop(l), cfg(std::move(c)), cbs(std::move(cb)) {
+  if (loop == nullptr) return;  // no timers: start() refuses, so nothing else runs
   for (uv_timer_t** t : {&ka_timer, &retry_timer, &watch_timer}) {
     *t = new uv_timer_t;
     uv_timer_init(loop, *t);
@@ -106,6 +107,7 @@ etcd_discovery::impl::~impl() {
   life.reset();
   http.reset();  // cancels every request without callbacks
   for (uv_timer_t* t : {ka_timer, retry_timer, watch_timer}) {
+    if (t == nullptr) continue;  // a null loop's (none made)
     uv_timer_stop(t);
     uv_close(reinterpret_cast<uv_handle_t*>(t),
              [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
@@ -289,6 +291,10 @@ errc etcd_discovery::start(const directory_entry& self) {
   if (d.ph != impl::phase::idle) {
     d.err = {errc::wrong_state, "start(): started already"};
     return errc::wrong_state;
+  }
+  if (d.loop == nullptr) {
+    d.err = {errc::invalid_argument, "start(): the loop is null"};
+    return errc::invalid_argument;
   }
   std::string why;
   if (validate(d.cfg, &why) != errc::ok) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <string_view>
 
 namespace uvbus::detail {
 
@@ -42,9 +43,25 @@ errc file_error(const char* what, const std::string& path, std::string* detail) 
   return errc::io_error;
 }
 
-errc ssl_error(const std::string& what, std::string* detail) {
+// OpenSSL refused something: a setting or file of ours (e = invalid_argument, a config error) or
+// the library itself (tls_handshake_failed: no context, no TLS 1.3, no HKDF).
+errc ssl_error(const std::string& what, std::string* detail, errc e = errc::tls_handshake_failed) {
   *detail = "tls: " + what + ": " + openssl_errors();
-  return errc::tls_handshake_failed;
+  return e;
+}
+
+// A psk-mode key is bound to SHA-256: a list without a *_SHA256 suite could never use it.
+bool has_sha256_suite(const std::string& suites) {
+  constexpr std::string_view kTail = "_SHA256";
+  size_t from = 0;
+  while (from <= suites.size()) {
+    size_t end = suites.find(':', from);
+    if (end == std::string::npos) end = suites.size();
+    const std::string_view one(suites.data() + from, end - from);
+    if (one.size() >= kTail.size() && one.substr(one.size() - kTail.size()) == kTail) return true;
+    from = end + 1;
+  }
+  return false;
 }
 
 SSL_SESSION* psk_session(SSL* ssl, const tls_context* tc) {
@@ -160,6 +177,10 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
         return bad("tls: psk mode needs psk_token of at least 16 bytes");
       }
       if (cfg.psk_identity.empty()) return bad("tls: psk_identity must not be empty");
+      if (!cfg.ciphersuites.empty() && !has_sha256_suite(cfg.ciphersuites)) {
+        return bad("tls: ciphersuites '" + cfg.ciphersuites +
+                   "' has no *_SHA256 suite, the only ones a psk-mode key can use");
+      }
       if (cfg.psk_identity.size() > kMaxPskIdentity) {
         return bad("tls: psk_identity is " + std::to_string(cfg.psk_identity.size()) +
                    " bytes, more than " + std::to_string(kMaxPskIdentity) +
@@ -203,7 +224,7 @@ errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_contex
                              : cfg.mode == tls_mode::psk ? kPskSuites
                                                          : std::string();
   if (!suites.empty() && SSL_CTX_set_ciphersuites(c, suites.c_str()) != 1) {
-    return ssl_error("ciphersuites '" + suites + "' rejected", detail);
+    return ssl_error("ciphersuites '" + suites + "' rejected", detail, errc::invalid_argument);
   }
   e = cfg.mode == tls_mode::certificate ? tc->load_certificates(detail) : tc->setup_psk(detail);
   if (e != errc::ok) return e;
@@ -217,16 +238,18 @@ errc tls_context::load_certificates(std::string* detail) {
   if (e == errc::ok) e = file_error("CA file", cfg_.ca_file, detail);
   if (e != errc::ok) return e;
   if (SSL_CTX_use_certificate_chain_file(ctx_, cfg_.cert_file.c_str()) != 1) {
-    return ssl_error("cannot load certificate file " + cfg_.cert_file, detail);
+    return ssl_error("cannot load certificate file " + cfg_.cert_file, detail,
+                     errc::invalid_argument);
   }
   if (SSL_CTX_use_PrivateKey_file(ctx_, cfg_.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return ssl_error("cannot load key file " + cfg_.key_file, detail);
+    return ssl_error("cannot load key file " + cfg_.key_file, detail, errc::invalid_argument);
   }
   if (SSL_CTX_check_private_key(ctx_) != 1) {
-    return ssl_error("key file " + cfg_.key_file + " does not match " + cfg_.cert_file, detail);
+    return ssl_error("key file " + cfg_.key_file + " does not match " + cfg_.cert_file, detail,
+                     errc::invalid_argument);
   }
   if (SSL_CTX_load_verify_locations(ctx_, cfg_.ca_file.c_str(), nullptr) != 1) {
-    return ssl_error("cannot load CA file " + cfg_.ca_file, detail);
+    return ssl_error("cannot load CA file " + cfg_.ca_file, detail, errc::invalid_argument);
   }
   return errc::ok;
 }

@@ -505,6 +505,28 @@ TEST_F(NodeErrorTest, ListenerFailureNamesTheUrl) {
   EXPECT_FALSE(b->n->running());
 }
 
+// A TLS file only the context build reads (validate() cannot): the stream channel's detail, which
+// names it, reaches start()'s refusal and a leaf's on_registration (both named the URL only).
+TEST_F(NodeErrorTest, ATlsFileThatCannotBeReadIsNamedByListenAndDial) {
+  node_config c = fast_config();
+  c.tls.mode = tls_mode::certificate;
+  c.tls.cert_file = "/nonexistent/uvbus-cert.pem";
+  c.tls.key_file = c.tls.ca_file = "/nonexistent/uvbus-key.pem";
+  bus_node* b = make(0x200, c, false);
+  EXPECT_EQ(b->n->start(), errc::not_found);
+  EXPECT_NE(b->n->last_error().detail.find("cannot read certificate file " + c.tls.cert_file),
+            std::string::npos)
+      << b->n->last_error().detail;
+  c.listen.clear();
+  leaf(&c);
+  bus_node* l = make(0x300, c);
+  ASSERT_TRUE(wait([&] { return !l->registration_details.empty(); }));
+  EXPECT_EQ(l->registrations[0], errc::not_found);
+  EXPECT_NE(l->registration_details[0].find("cannot read certificate file " + c.tls.cert_file),
+            std::string::npos)
+      << l->registration_details[0];
+}
+
 TEST_F(NodeErrorTest, SendErrorsNameTheirCause) {
   bus_node* t = make(0x100, fast_config(), false);
   EXPECT_EQ(send_str(t, 0x100, 1, "x"), errc::wrong_state);

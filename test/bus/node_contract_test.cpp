@@ -403,5 +403,103 @@ TEST_F(NodeContract, DestroyInsideOnWritableAfterAFullRing) {
   EXPECT_EQ(called, 1);
 }
 
+// Bus id 0 is reserved (no node's id; under end_to_end flow 0 meant "no flow yet" and was made
+// again at every cache miss): every send refuses it, naming the id, and nothing goes out.
+TEST_F(NodeContract, TargetZeroIsRefusedByEverySendNamingTheReservedId) {
+  make_pair();
+  const auto refused = [&](errc e) {
+    EXPECT_EQ(e, errc::invalid_argument);
+    EXPECT_TRUE(says(a_->n->last_error(), "bus id 0 is reserved")) << a_->n->last_error().detail;
+    (void)a_->n->send_data(0x100, 1, nullptr, 3);  // another detail before the next one
+  };
+  refused(a_->n->send_data(0, 1, "x", 1));
+  const const_buffer b{"x", 1};
+  refused(a_->n->send_datav(0, 1, &b, 1));
+  errc e = errc::ok;
+  EXPECT_EQ(a_->n->prepare_data(0, 1, 8, &e), nullptr);
+  refused(e);
+  int called = 0;
+  refused(a_->n->call(0, 1, "x", 1, 5000, [&](const call_result&) { ++called; }));
+  refused(a_->n->send_command(0, proto::command_id::echo, "x", 1,
+                              [&](errc, const uint8_t*, size_t) { ++called; }));
+  EXPECT_EQ(a_->n->post(0, 1, "x", 1), errc::invalid_argument);  // on the calling thread
+  run_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(called, 0);
+  EXPECT_TRUE(a_->reports.empty());
+  EXPECT_TRUE(p_->got.empty());
+  EXPECT_EQ(a_->n->counters().data_sent, 0U);
+}
+
+// A broadcast carries no trace context (a receiver would take one for a protocol violation): a
+// set send_options::trace, valid or not, is refused naming the field instead of dropped.
+TEST_F(NodeContract, ABroadcastRefusesATraceContextNamingTheField) {
+  make_pair();
+  trace_context t;
+  t.trace_id[0] = 1;
+  t.span_id[0] = 1;
+  const trace_context zero;
+  int called = 0;
+  const trace_context* const both[] = {&t, &zero};
+  for (const trace_context* one : both) {
+    send_options o;
+    o.trace = one;
+    EXPECT_EQ(a_->n->broadcast(
+                  broadcast_target::in_subnet({0x100, 8}), 2, "b", 1, 5000,
+                  [&](const broadcast_report&) { ++called; }, o),
+              errc::invalid_argument);
+    EXPECT_TRUE(says(a_->n->last_error(), "send_options::trace")) << a_->n->last_error().detail;
+  }
+  send_options rr;
+  rr.require_response = true;  // implied: every target acknowledges a broadcast anyway
+  ASSERT_EQ(a_->n->broadcast(
+                broadcast_target::in_subnet({0x100, 8}), 2, "b", 1, 20000,
+                [&](const broadcast_report&) { ++called; }, rr),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return called == 1; }));
+  EXPECT_EQ(p_->got.size(), 1U);
+}
+
+// Null pointers and loops: node::peer() with a null out answers without writing, and a node
+// built on a null loop is refused by start() (it crashed there) and destroyed without one.
+TEST_F(NodeContract, ANullOutOrLoopIsAValueNotACrash) {
+  make_pair();
+  EXPECT_TRUE(a_->n->peer(0x100, nullptr));
+  EXPECT_FALSE(a_->n->peer(0x1ff, nullptr));
+  node n(nullptr, 0x300, fast_config());
+  EXPECT_EQ(n.start(), errc::invalid_argument);
+  EXPECT_TRUE(says(n.last_error(), "the loop is null")) << n.last_error().detail;
+  EXPECT_FALSE(n.running());
+  EXPECT_EQ(n.post(0x300, 1, "x", 1), errc::wrong_state);
+}
+
+// reply_error()'s refusals name reply_error, not reply.
+TEST_F(NodeContract, ReplyErrorRefusalsNameReplyError) {
+  make_pair();
+  reply_handle none;
+  EXPECT_EQ(a_->n->reply_error(none, 7, "why", 3), errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "node::reply_error: the handle"))
+      << a_->n->last_error().detail;
+  EXPECT_EQ(a_->n->reply(none, "r", 1), errc::invalid_argument);
+  EXPECT_TRUE(says(a_->n->last_error(), "node::reply: the handle")) << a_->n->last_error().detail;
+}
+
+// User type 0xffffffff has its own latency histogram: it was the key of the "other" series (the
+// types past the first 64 measured), so its samples were exported as type="other".
+TEST_F(NodeContract, TheLastUserTypeIsNotTheOtherLatencySeries) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  node_config ac = fast_config(p->n->listen_urls().at(0));
+  ac.latency_histograms = true;
+  ac.latency_sample_every = 1;
+  bus_node* a = make(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a->n->up(); }));
+  ASSERT_EQ(a->n->send_data(0x100, 0xffffffffU, "x", 1), errc::ok);
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 1; }));
+  latency_percentiles lp;
+  EXPECT_TRUE(a->n->latency_of_type(0xffffffffU, &lp));
+  const std::string text = a->n->metrics_text();
+  EXPECT_NE(text.find("type=\"4294967295\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("type=\"other\""), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace uvbus::node_contract_test

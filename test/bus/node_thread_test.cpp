@@ -86,6 +86,31 @@ TEST_F(NodeThreadTest, ForeignThreadCallsReturnWrongThreadAndDoNothing) {
   ASSERT_TRUE(wait([&] { return p->got.size() == 1; }));
 }
 
+// incoming_trace() and incoming_request() check the thread like the rest: from another thread,
+// even while the node's on_data runs (where they have something to give), they give nullptr.
+TEST_F(NodeThreadTest, ForeignThreadSeesNoIncomingTraceOrRequest) {
+  std::vector<const void*> seen;  // from the other thread, twice per on_data
+  bus_node* p = nullptr;
+  p = make(0x100, fast_config(), true, [&](node_callbacks* cb) {
+    cb->on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) {
+      ASSERT_TRUE(p->n->incoming_trace() != nullptr || p->n->incoming_request() != nullptr);
+      node* n = p->n.get();
+      on_other_thread([&] {
+        seen.push_back(n->incoming_trace());
+        seen.push_back(n->incoming_request());
+      });
+    };
+  });
+  trace_context t;
+  t.trace_id[0] = t.span_id[0] = 1;
+  send_options o;
+  o.trace = &t;
+  ASSERT_EQ(p->n->send_data(0x100, 1, "x", 1, o), errc::ok);
+  ASSERT_EQ(p->n->call(0x100, 2, "y", 1, 20000, [](const call_result&) {}), errc::ok);
+  ASSERT_TRUE(wait([&] { return seen.size() == 4; }));
+  for (const void* v : seen) EXPECT_EQ(v, nullptr);
+}
+
 #else
 
 TEST_F(NodeThreadTest, ForeignThreadCallAbortsNamingTheFunction) {
@@ -96,6 +121,16 @@ TEST_F(NodeThreadTest, ForeignThreadCallAbortsNamingTheFunction) {
                "node::send_data called from a thread other than its loop's thread");
   EXPECT_DEATH(on_other_thread([&] { n->stop(); }), "node::stop called from a thread");
   EXPECT_DEATH(on_other_thread([&] { (void)n->peers(); }), "node::peers called from a thread");
+  // Each names itself, not the member it is built on (directory(), pick()).
+  EXPECT_DEATH(on_other_thread([&] { (void)n->lookup_name("x", nullptr); }),
+               "node::lookup_name called from a thread");
+  EXPECT_DEATH(on_other_thread([&] { (void)n->find(""); }), "node::find called from a thread");
+  EXPECT_DEATH(on_other_thread([&] { (void)n->send_any("", {}, 1, "x", 1); }),
+               "node::send_any called from a thread");
+  EXPECT_DEATH(on_other_thread([&] { (void)n->incoming_trace(); }),
+               "node::incoming_trace called from a thread");
+  EXPECT_DEATH(on_other_thread([&] { (void)n->incoming_request(); }),
+               "node::incoming_request called from a thread");
 }
 
 #endif

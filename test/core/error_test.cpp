@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -37,6 +38,9 @@ TEST(Errc, MapsErrno) {
   EXPECT_EQ(errc_from_errno(-EADDRINUSE), errc::address_in_use);
   EXPECT_EQ(errc_from_errno(-EIO), errc::io_error);
   EXPECT_EQ(errc_from_errno(0), errc::ok);
+  // No errno: negating INT_MIN was undefined behaviour (UBSan: "negation of -2147483648").
+  EXPECT_EQ(errc_from_errno(std::numeric_limits<int>::min()), errc::io_error);
+  EXPECT_EQ(errc_from_errno(EIO), errc::io_error);  // positive: not a negative errno
 }
 
 }  // namespace

@@ -328,6 +328,19 @@ TEST_F(DiscoveryContractTest, EndpointsThatCanNeverWorkAreRefusedNamingThePart) 
   EXPECT_NE(d.last_error().detail.find("99999"), std::string::npos) << d.last_error().detail;
 }
 
+// A null detail is "the code alone" (it was written through on a refusal), and a null loop is
+// refused by start() (the constructor crashed on it), as shm_reader does.
+TEST_F(DiscoveryContractTest, ANullDetailOrLoopIsAValueNotACrash) {
+  discovery_config c = fake_config();
+  c.etcd_endpoints.clear();
+  EXPECT_EQ(validate(c, nullptr), errc::invalid_argument);
+  etcd_discovery d(nullptr, fake_config(), {});
+  EXPECT_EQ(d.start(test_entry(1)), errc::invalid_argument);
+  EXPECT_NE(d.last_error().detail.find("the loop is null"), std::string::npos)
+      << d.last_error().detail;
+  EXPECT_EQ(d.stop({}), errc::wrong_state);
+}
+
 // max_entries: entries beyond it are skipped, counted (skipped_full) and logged, from a range
 // read and from the watch alike.
 TEST_F(DiscoveryContractTest, EntriesBeyondMaxEntriesAreSkippedCountedAndLogged) {

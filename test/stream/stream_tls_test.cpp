@@ -264,8 +264,8 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   // An error another library left in this thread's OpenSSL queue is not reported as ours.
   ERR_raise(ERR_LIB_USER, ERR_R_PASSED_NULL_PARAMETER);
   tls_config t = psk_config();
-  t.ciphersuites = "TLS_NO_SUCH_SUITE";
-  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::tls_handshake_failed);
+  t.ciphersuites = "TLS_NO_SUCH_SUITE_SHA256";  // a config error, not a handshake's
+  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::invalid_argument);
   EXPECT_NE(ch->last_error().detail.find("TLS_NO_SUCH_SUITE"), std::string::npos);
   EXPECT_EQ(ch->last_error().detail.find("passed a null parameter"), std::string::npos)
       << ch->last_error().detail;
@@ -277,8 +277,15 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
       << ch->last_error().detail;
   t = client_config();
   t.key_file = pki_->server.key;  // not the certificate's key
-  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::tls_handshake_failed);
+  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::invalid_argument);
   EXPECT_NE(ch->last_error().detail.find("cannot load key file " + pki_->server.key),
+            std::string::npos)
+      << ch->last_error().detail;
+  // A psk-mode key is bound to SHA-256: a list no suite of which can use it is refused up front.
+  t = psk_config();
+  t.ciphersuites = "TLS_AES_256_GCM_SHA384";
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", t), errc::invalid_argument);
+  EXPECT_NE(ch->last_error().detail.find("'TLS_AES_256_GCM_SHA384' has no *_SHA256 suite"),
             std::string::npos)
       << ch->last_error().detail;
   t = client_config();
