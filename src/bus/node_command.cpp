@@ -11,7 +11,7 @@ using proto::msg_type;
 void node::impl::on_command(link* from, const proto::header& hd, const uint8_t* body) {
   proto::command_body c;
   if (proto::parse_command(body, hd.body_len, &c) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad command");
+    bad_body(from, hd, "bad command");
     return;
   }
   proto::reason st = proto::reason::ok;

@@ -138,7 +138,7 @@ void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_
   }
   proto::data_body d;
   if (proto::parse_data(body, hd.body_len, &d) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad data body");
+    bad_body(from, hd, "bad data body");
     return;
   }
   ++counters.data_received;
@@ -174,7 +174,7 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
   if ((hd.flags & proto::flag_trace) != 0 &&
       (hd.body_len < proto::kTraceSize ||
        (hd.type != msg_type::data && hd.type != msg_type::forward))) {
-    if (from != nullptr) protocol_violation(from, "trace flag on a message that cannot carry one");
+    bad_body(from, hd, "trace flag on a message that cannot carry one");
     return;
   }
   if (hd.target != self) {
@@ -195,11 +195,14 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
     case msg_type::ack: {
       proto::ack_body a;
       if (proto::parse_ack(body, hd.body_len, &a) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad ack");
+        bad_body(from, hd, "bad ack");
         return;
       }
       auto it = replies.find(a.acked_sequence);
       if (it == replies.end() || it->second.cb) return;  // late (already timed out)
+      // Only the target says it received it (a relay on the way only refuses): an ok from any
+      // other node is a guess at the sequence.
+      if (a.status == proto::reason::ok && hd.source != it->second.target) return;
       const bus_id target = it->second.target;
       replies.erase(it);
       if (!fan->any_replies.empty()) fan->any_replies.erase(a.acked_sequence);  // send_any's
@@ -217,11 +220,12 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
     case msg_type::command_reply: {
       proto::command_reply_body r;
       if (proto::parse_command_reply(body, hd.body_len, &r) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad command reply");
+        bad_body(from, hd, "bad command reply");
         return;
       }
       auto it = replies.find(hd.sequence);
-      if (it == replies.end() || !it->second.cb) return;
+      // Only the commanded node answers (no relay does): a reply from any other is ignored.
+      if (it == replies.end() || !it->second.cb || hd.source != it->second.target) return;
       command_cb cb = std::move(it->second.cb);
       replies.erase(it);
       fire(cb, proto::errc_from_reason(static_cast<uint16_t>(r.status)), r.result, r.result_size);
@@ -233,11 +237,12 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
   }
 }
 
+// A drop notice or a flow acknowledgement addressed to us.
 void node::impl::on_notice(link* from, const proto::header& hd, const uint8_t* body) {
   if (hd.type == msg_type::flow_ack) {
     proto::flow_ack_body a;
     if (proto::parse_flow_ack(body, hd.body_len, &a) != errc::ok) {
-      if (from != nullptr) protocol_violation(from, "bad flow acknowledgement");
+      bad_body(from, hd, "bad flow acknowledgement");
       return;
     }
     on_flow_ack(hd, a);
@@ -245,7 +250,7 @@ void node::impl::on_notice(link* from, const proto::header& hd, const uint8_t* b
   }
   proto::dropped_body d;
   if (proto::parse_dropped(body, hd.body_len, &d) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad drop notice");
+    bad_body(from, hd, "bad drop notice");
     return;
   }
   const errc why = proto::errc_from_reason(static_cast<uint16_t>(d.why));
@@ -268,6 +273,12 @@ errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t tot
       return enqueue(&parent_pending, bufs, 1, total, 0, target);
     }
     return errc::unknown_route;
+  }
+  // A broadcast acknowledgement only to a link that knows it (see forward()).
+  const auto* head = static_cast<const uint8_t*>(bufs[0].data);
+  if (head[1] == static_cast<uint8_t>(msg_type::broadcast_ack) && version_of(p) < 6) {
+    ++counters.forward_dropped;
+    return errc::version_mismatch;
   }
   return transmit(p, bufs, 1, 0, target);
 }
@@ -309,8 +320,10 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
     relay_drop(hd, proto::reason::unknown_route);
     return;
   }
-  // A version-1 peer does not know drop notices (it would close the link as a protocol error).
-  if (hd.type == msg_type::dropped && version_of(p) < 2) {
+  // A peer below version 2 does not know drop notices, one below 6 broadcast acknowledgements (it
+  // would close the link as a protocol error).
+  if ((hd.type == msg_type::dropped && version_of(p) < 2) ||
+      (hd.type == msg_type::broadcast_ack && version_of(p) < 6)) {
     ++counters.forward_dropped;
     return;
   }
@@ -372,6 +385,19 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why, bool log
   log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
       proto::to_string(hd.type), hd.sequence, hd.source, hd.target,
       to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
+}
+
+void node::impl::bad_body(link* from, const proto::header& hd, const char* what) {
+  // The peer wrote it: its link is closed. Relayed (or read from the ring), it says nothing
+  // about the link it came by: closing that would cut an honest relay off for its source's fault.
+  if (from != nullptr && from->peer != nullptr && from->peer->id == hd.source) {
+    protocol_violation(from, what);
+    return;
+  }
+  ++counters.protocol_errors;
+  if (!log_allowed(detail::peer_log::relay_drop)) return;
+  log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
+      proto::to_string(hd.type), hd.sequence, hd.source, hd.target, what);
 }
 
 bool node::impl::log_allowed(detail::peer_log kind) {
