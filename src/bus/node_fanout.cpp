@@ -307,6 +307,10 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
                         size_t size) {
   if (hd.type == proto::msg_type::broadcast_ack) {
     if (hd.target != n.self) return false;  // routed on like any message
+    if (hd.body_len != 0) {
+      n.bad_body(from, hd, "bad broadcast acknowledgement");  // its body is empty
+      return true;
+    }
     on_ack(n, hd);
     return true;
   }

@@ -460,7 +460,7 @@ void node::impl::on_flow_data(link* from, const proto::header& hd, const uint8_t
   proto::data_body d;
   uint64_t epoch = 0;
   if (proto::parse_flow_data(body, hd.body_len, &d, &epoch) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad flow data body");
+    bad_body(from, hd, "bad flow data body");
     return;
   }
   if (hd.sequence == 0) {

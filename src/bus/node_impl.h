@@ -426,6 +426,7 @@ struct node::impl {
   void s_writable(connection_id c);
   void s_received(connection_id c, const uint8_t* data, size_t size);
   void protocol_violation(link* lk, const char* what);
+  void bad_body(link* from, const proto::header& hd, const char* what);  // node_route.cpp
 
   // ------------------------------------------------------------------ handshake: connector --
   void on_challenge(link* lk, const proto::header& hd, const uint8_t* body);
@@ -468,7 +469,6 @@ struct node::impl {
   void on_local_data(link* from, const proto::header& hd, const uint8_t* body);
   void on_traced_data(link* from, const proto::header& hd, const uint8_t* body);
   void on_command(link* from, const proto::header& hd, const uint8_t* body);
-  // A drop notice or a flow acknowledgement addressed to us.
   void on_notice(link* from, const proto::header& hd, const uint8_t* body);
   // Replies and acks go back along the normal route but never wait in a sibling queue.
   errc route_reply(bus_id target, const const_buffer* bufs, size_t total);

@@ -181,6 +181,18 @@ errc acceptance_fault(node::impl& n, const link* lk, const proto::register_reply
   return lk->is_parent ? errc::ok : n.table.check_sibling(rr.info.id, rr.info.subnets, msg);
 }
 
+// A goodbye: its body is the u16 reason, exactly (anything else is a protocol error, as for any
+// body); either way the link closes.
+void on_bye(node::impl& n, link* lk, const proto::header& hd, const uint8_t* body) {
+  proto::bye_body bb;
+  if (proto::parse_bye(body, hd.body_len, &bb) != errc::ok) {
+    n.protocol_violation(lk, "bad bye");
+    return;
+  }
+  n.log(log_level::info, "peer 0x%" PRIx64 " said goodbye", lk->peer->id);
+  n.close_link(lk, errc::closed, disconnect_mode::graceful);
+}
+
 }  // namespace
 
 // A message the link's queue held when it died (before s_send_failed). One this node relayed had
@@ -303,8 +315,7 @@ void node::impl::s_received(connection_id c, const uint8_t* data, size_t size) {
       n->on_directory_msg(lk, hd, body);
       return;
     case msg_type::bye:
-      n->log(log_level::info, "peer 0x%" PRIx64 " said goodbye", p->id);
-      n->close_link(lk, errc::closed, disconnect_mode::graceful);
+      on_bye(*n, lk, hd, body);
       return;
     case msg_type::challenge:
     case msg_type::register_req:

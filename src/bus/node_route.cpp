@@ -1,6 +1,5 @@
 // Bus node, routing: routed messages from links and the shared-memory ring, forwarding with
-// back-pressure, sibling lookups, and the built-in commands.
-#include <cstdio>
+// back-pressure, and sibling lookups.
 
 #include "bus/node_impl.h"
 
@@ -131,32 +130,6 @@ void node::impl::dial_sibling(bus_id target, const std::string& url) {
 }
 
 // ------------------------------------------------------------------------- routed messages --
-// A tool command addressed to this node: run it and route the reply back to its source.
-void node::impl::on_command(link* from, const proto::header& hd, const uint8_t* body) {
-  proto::command_body c;
-  if (proto::parse_command(body, hd.body_len, &c) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad command");
-    return;
-  }
-  proto::reason st = proto::reason::ok;
-  std::string out;
-  if (c.command == static_cast<uint32_t>(proto::command_id::lookup)) {
-    st = lookup_child(c.args, c.args_size, &out);
-  } else if (c.command == static_cast<uint32_t>(proto::command_id::routes) ||
-             c.command == static_cast<uint32_t>(proto::command_id::counters) ||
-             c.command == static_cast<uint32_t>(proto::command_id::echo)) {
-    out = run_command(c.command, c.args, c.args_size);
-  } else {
-    st = proto::reason::invalid_argument;
-  }
-  std::vector<uint8_t> b;
-  proto::encode_command_reply(c.command, st, out.data(), out.size(), &b);
-  const std::vector<uint8_t> m =
-      proto::build(make_header(msg_type::command_reply, hd.source, hd.sequence), b);
-  const const_buffer cb{m.data(), m.size()};
-  (void)route_reply(hd.source, &cb, m.size());
-}
-
 // A data message to us (its trace block, if any, already taken off).
 void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_t* body) {
   if ((hd.flags & proto::flag_flow) != 0) {
@@ -165,7 +138,7 @@ void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_
   }
   proto::data_body d;
   if (proto::parse_data(body, hd.body_len, &d) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad data body");
+    bad_body(from, hd, "bad data body");
     return;
   }
   ++counters.data_received;
@@ -201,7 +174,7 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
   if ((hd.flags & proto::flag_trace) != 0 &&
       (hd.body_len < proto::kTraceSize ||
        (hd.type != msg_type::data && hd.type != msg_type::forward))) {
-    if (from != nullptr) protocol_violation(from, "trace flag on a message that cannot carry one");
+    bad_body(from, hd, "trace flag on a message that cannot carry one");
     return;
   }
   if (hd.target != self) {
@@ -222,11 +195,14 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
     case msg_type::ack: {
       proto::ack_body a;
       if (proto::parse_ack(body, hd.body_len, &a) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad ack");
+        bad_body(from, hd, "bad ack");
         return;
       }
       auto it = replies.find(a.acked_sequence);
       if (it == replies.end() || it->second.cb) return;  // late (already timed out)
+      // Only the target says it received it (a relay on the way only refuses): an ok from any
+      // other node is a guess at the sequence.
+      if (a.status == proto::reason::ok && hd.source != it->second.target) return;
       const bus_id target = it->second.target;
       replies.erase(it);
       if (!fan->any_replies.empty()) fan->any_replies.erase(a.acked_sequence);  // send_any's
@@ -244,11 +220,12 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
     case msg_type::command_reply: {
       proto::command_reply_body r;
       if (proto::parse_command_reply(body, hd.body_len, &r) != errc::ok) {
-        if (from != nullptr) protocol_violation(from, "bad command reply");
+        bad_body(from, hd, "bad command reply");
         return;
       }
       auto it = replies.find(hd.sequence);
-      if (it == replies.end() || !it->second.cb) return;
+      // Only the commanded node answers (no relay does): a reply from any other is ignored.
+      if (it == replies.end() || !it->second.cb || hd.source != it->second.target) return;
       command_cb cb = std::move(it->second.cb);
       replies.erase(it);
       fire(cb, proto::errc_from_reason(static_cast<uint16_t>(r.status)), r.result, r.result_size);
@@ -260,11 +237,12 @@ void node::impl::on_routed(link* from, const proto::header& hd, const uint8_t* d
   }
 }
 
+// A drop notice or a flow acknowledgement addressed to us.
 void node::impl::on_notice(link* from, const proto::header& hd, const uint8_t* body) {
   if (hd.type == msg_type::flow_ack) {
     proto::flow_ack_body a;
     if (proto::parse_flow_ack(body, hd.body_len, &a) != errc::ok) {
-      if (from != nullptr) protocol_violation(from, "bad flow acknowledgement");
+      bad_body(from, hd, "bad flow acknowledgement");
       return;
     }
     on_flow_ack(hd, a);
@@ -272,7 +250,7 @@ void node::impl::on_notice(link* from, const proto::header& hd, const uint8_t* b
   }
   proto::dropped_body d;
   if (proto::parse_dropped(body, hd.body_len, &d) != errc::ok) {
-    if (from != nullptr) protocol_violation(from, "bad drop notice");
+    bad_body(from, hd, "bad drop notice");
     return;
   }
   const errc why = proto::errc_from_reason(static_cast<uint16_t>(d.why));
@@ -295,6 +273,12 @@ errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t tot
       return enqueue(&parent_pending, bufs, 1, total, 0, target);
     }
     return errc::unknown_route;
+  }
+  // A broadcast acknowledgement only to a link that knows it (see forward()).
+  const auto* head = static_cast<const uint8_t*>(bufs[0].data);
+  if (head[1] == static_cast<uint8_t>(msg_type::broadcast_ack) && version_of(p) < 6) {
+    ++counters.forward_dropped;
+    return errc::version_mismatch;
   }
   return transmit(p, bufs, 1, 0, target);
 }
@@ -336,8 +320,10 @@ void node::impl::forward(link* from, const proto::header& hd, const uint8_t* dat
     relay_drop(hd, proto::reason::unknown_route);
     return;
   }
-  // A version-1 peer does not know drop notices (it would close the link as a protocol error).
-  if (hd.type == msg_type::dropped && version_of(p) < 2) {
+  // A peer below version 2 does not know drop notices, one below 6 broadcast acknowledgements (it
+  // would close the link as a protocol error).
+  if ((hd.type == msg_type::dropped && version_of(p) < 2) ||
+      (hd.type == msg_type::broadcast_ack && version_of(p) < 6)) {
     ++counters.forward_dropped;
     return;
   }
@@ -399,6 +385,19 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why, bool log
   log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
       proto::to_string(hd.type), hd.sequence, hd.source, hd.target,
       to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
+}
+
+void node::impl::bad_body(link* from, const proto::header& hd, const char* what) {
+  // The peer wrote it: its link is closed. Relayed (or read from the ring), it says nothing
+  // about the link it came by: closing that would cut an honest relay off for its source's fault.
+  if (from != nullptr && from->peer != nullptr && from->peer->id == hd.source) {
+    protocol_violation(from, what);
+    return;
+  }
+  ++counters.protocol_errors;
+  if (!log_allowed(detail::peer_log::relay_drop)) return;
+  log(log_level::warn, "dropping %s message %" PRIu64 " 0x%" PRIx64 " -> 0x%" PRIx64 ": %s",
+      proto::to_string(hd.type), hd.sequence, hd.source, hd.target, what);
 }
 
 bool node::impl::log_allowed(detail::peer_log kind) {
@@ -579,115 +578,6 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
         ++n->counters.protocol_errors;
         break;
     }
-  }
-}
-
-// -------------------------------------------------------------------------------- commands --
-proto::reason node::impl::lookup_child(const uint8_t* args, size_t n, std::string* out) {
-  if (n != 8) return proto::reason::invalid_argument;
-  uint64_t id = 0;
-  for (int i = 7; i >= 0; --i) id = (id << 8) | args[i];
-  peer_ep* p = find_peer(id);
-  if (p == nullptr || p->kind != peer_kind::child) {
-    // unknown_route: no child of ours has this id (yet) and nothing else routes it; other: we do
-    // route it (a grandchild, or up to our parent), so the asker should send it through us.
-    const bool nowhere = table.owns(id) && table.lookup(id).kind == hop::none;
-    return nowhere ? proto::reason::unknown_route : proto::reason::other;
-  }
-  std::vector<uint8_t> b;
-  proto::encode_node_info(p->info, &b);
-  out->assign(b.begin(), b.end());
-  return proto::reason::ok;
-}
-
-std::string node::impl::routes() const {
-  std::string s;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "self 0x%" PRIx64 "\n", self);
-  s += buf;
-  for (const subnet& net : cfg.subnets) s += "subnet " + net.to_string() + "\n";
-  for (const auto& [id, p] : peers) {
-    // The host name is the peer's text (up to 255 bytes): escaped as in log lines, never cut.
-    std::snprintf(buf, sizeof buf,
-                  "%s 0x%" PRIx64 " via %s rtt_us=%" PRIu64 " host=", detail::to_string(p->kind),
-                  id, p->shm ? "shm" : "stream", p->rtt_ns / 1000);
-    s += buf;
-    s += detail::printable(p->info.hostname);
-    for (const subnet& net : p->info.subnets) s += " subnet=" + net.to_string();
-    s += "\n";
-  }
-  return s;
-}
-
-std::string node::impl::counters_text() const {
-  std::string s;
-  char buf[96];
-  auto add = [&](const char* k, uint64_t v) {
-    std::snprintf(buf, sizeof buf, "%s=%" PRIu64 "\n", k, v);
-    s += buf;
-  };
-  const node_counters c = counters_now();
-  add("data_sent", c.data_sent);
-  add("data_sent_stream", c.data_sent_stream);
-  add("data_sent_shm", c.data_sent_shm);
-  add("data_received", c.data_received);
-  add("forwarded", c.forwarded);
-  add("forward_dropped", c.forward_dropped);
-  add("ttl_expired", c.ttl_expired);
-  add("reports_ok", c.reports_ok);
-  add("reports_failed", c.reports_failed);
-  add("pending_now", c.pending_now);
-  add("registrations_accepted", c.registrations_accepted);
-  add("registrations_refused", c.registrations_refused);
-  add("reconnects", c.reconnects);
-  add("heartbeat_timeouts", c.heartbeat_timeouts);
-  add("protocol_errors", c.protocol_errors);
-  add("shm_abandoned_retries", c.shm_abandoned_retries);
-  add("drop_notices_sent", c.drop_notices_sent);
-  add("drop_notices_received", c.drop_notices_received);
-  add("held_for_child", c.held_for_child);
-  add("flow_unacked_now", c.flow_unacked_now);
-  add("flow_unacked_bytes", c.flow_unacked_bytes);
-  add("flow_targets", c.flow_targets);
-  add("flow_sources", c.flow_sources);
-  add("flow_buffer_bytes", c.flow_buffer_bytes);
-  add("flow_resent", c.flow_resent);
-  add("flow_acks_sent", c.flow_acks_sent);
-  add("flow_acks_received", c.flow_acks_received);
-  add("flow_duplicates", c.flow_duplicates);
-  add("flow_out_of_order", c.flow_out_of_order);
-  add("flow_resyncs", c.flow_resyncs);
-  add("flow_stale", c.flow_stale);
-  add("flow_sources_refused", c.flow_sources_refused);
-  add("calls_started", c.calls_started);
-  add("calls_ok", c.calls_ok);
-  add("calls_failed", c.calls_failed);
-  add("requests_received", c.requests_received);
-  add("answers_sent", c.answers_sent);
-  add("answers_ignored", c.answers_ignored);
-  add("compressed_sent", c.compressed_sent);
-  add("compressed_raw_bytes", c.compressed_raw_bytes);
-  add("compressed_wire_bytes", c.compressed_wire_bytes);
-  add("decompressed", c.decompressed);
-  add("shm_rejected", c.shm_rejected);
-  add("broadcasts_sent", c.broadcasts_sent);
-  add("broadcasts_received", c.broadcasts_received);
-  add("broadcasts_forwarded", c.broadcasts_forwarded);
-  add("directory_skipped", c.directory_skipped);
-  add("peers", peers.size());
-  return s;
-}
-
-std::string node::impl::run_command(uint32_t cmd, const uint8_t* args, size_t n) const {
-  switch (static_cast<proto::command_id>(cmd)) {
-    case proto::command_id::routes:
-      return routes();
-    case proto::command_id::counters:
-      return counters_text();
-    case proto::command_id::echo:
-      return {reinterpret_cast<const char*>(args), n};
-    default:
-      return {};
   }
 }
 

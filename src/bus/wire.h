@@ -121,15 +121,16 @@ inline void encode_header(const header& h, uint8_t* out) noexcept {
   store_le<uint64_t>(out + 24, h.sequence);
 }
 
-// Parses the header of a whole message [p, p + n): n >= 32, a known version and type, no unknown
-// flag bits, and body_len == n - 32 exactly. The body is then p + 32. *out is only written on
-// success. Inline: it runs once per message on the receive path.
+// Parses the header of a whole message [p, p + n): n >= 32, layout version kHeaderVersion (every
+// release wrote 1 there; a value of 2..6 relayed on would close a version-1 hop), a known type, no
+// unknown flag bits, and body_len == n - 32 exactly. The body is then p + 32. *out is only written
+// on success. Inline: it runs once per message on the receive path.
 [[nodiscard]] inline errc parse_header(const uint8_t* p, size_t n, header* out) noexcept {
   if (p == nullptr || n < kHeaderSize) return errc::protocol_error;
   const uint8_t version = p[0];
   const uint8_t type = p[1];
   const uint8_t flags = p[2];
-  if (version < kMinVersion || version > kMaxVersion) return errc::protocol_error;
+  if (version != kHeaderVersion) return errc::protocol_error;  // the layout, not the protocol
   if (type == 0 || type > kMaxMsgType) return errc::protocol_error;
   if ((flags & ~kKnownFlags) != 0) return errc::protocol_error;
   const auto body_len = load_le<uint32_t>(p + 4);

@@ -55,11 +55,16 @@ struct raw_child {
   // A message of type t to the parent, claiming to come from `source` (0: itself).
   void send(proto::msg_type t, const std::vector<uint8_t>& body, uint8_t flags = 0,
             bus_id source = 0, uint64_t seq = 0) {
+    send_to(parent, t, body, flags, source, seq);
+  }
+  // The same to `target` (the parent routes it on).
+  void send_to(bus_id target, proto::msg_type t, const std::vector<uint8_t>& body,
+               uint8_t flags = 0, bus_id source = 0, uint64_t seq = 0) {
     proto::header h;
     h.type = t;
     h.flags = flags;
     h.source = source != 0 ? source : id;
-    h.target = parent;
+    h.target = target;
     h.sequence = seq;
     const std::vector<uint8_t> m = proto::build(h, body);
     (void)ch->send(conn, m.data(), m.size());
