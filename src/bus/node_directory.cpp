@@ -448,16 +448,6 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
 // bus larger than the bound is not asked over and over for a slot or two. A request is answered
 // at most once per heartbeat interval per link (a whole directory can be large).
 void node::impl::dir_tick(uint64_t now) {
-  // The "N more" lines of the kinds flush_logs does not sum up (on_log may destroy the node).
-  for (auto k = static_cast<size_t>(detail::peer_log::bad_call);
-       k < static_cast<size_t>(detail::peer_log::none); ++k) {
-    const uint64_t left_out = peer_logs.take_expired(k, now);
-    if (left_out != 0) {
-      log(log_level::warn, "%" PRIu64 " more %s (log rate-limited)", left_out,
-          detail::kPeerLogSummary[k]);
-    }
-    if (dead) return;
-  }
   const size_t cap = cfg.directory_max_entries;
   const size_t room = dir.size() < cap ? cap - dir.size() : 0;
   const auto fits = [&](size_t skipped) {

@@ -408,9 +408,7 @@ bool node::impl::log_allowed(detail::peer_log kind) {
 }
 
 void node::impl::flush_logs(uint64_t now) {
-  for (const detail::peer_log k :
-       {detail::peer_log::relay_drop, detail::peer_log::refused_registration}) {
-    const auto i = static_cast<size_t>(k);
+  for (size_t i = 0; i < static_cast<size_t>(detail::peer_log::none); ++i) {
     const uint64_t left_out = peer_logs.take_expired(i, now);
     // on_log may stop the node: the count was taken first.
     if (left_out != 0) {
