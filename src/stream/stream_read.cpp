@@ -64,8 +64,8 @@ void stream_channel::impl::read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t
 
 void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;  // EAGAIN: a normal event, never an error
-  if (nread ==
-      UV_ENOBUFS) {  // alloc_cb found no memory for the read buffer: ours, not the socket's
+  // alloc_cb found no memory for the read buffer: our failure, not the socket's.
+  if (nread == UV_ENOBUFS) {
     end_conn(c, errc::no_memory);
     return;
   }
