@@ -426,7 +426,7 @@ struct node::impl {
   void s_writable(connection_id c);
   void s_received(connection_id c, const uint8_t* data, size_t size);
   void protocol_violation(link* lk, const char* what);
-  void bad_body(link* from, const proto::header& hd, const char* what);  // node_route.cpp
+  [[gnu::cold, gnu::noinline]] void bad_body(link* from, const proto::header& hd, const char* why);
 
   // ------------------------------------------------------------------ handshake: connector --
   void on_challenge(link* lk, const proto::header& hd, const uint8_t* body);
@@ -470,10 +470,10 @@ struct node::impl {
   void on_traced_data(link* from, const proto::header& hd, const uint8_t* body);
   void on_command(link* from, const proto::header& hd, const uint8_t* body);
   void on_notice(link* from, const proto::header& hd, const uint8_t* body);
-  // Replies and acks go back along the normal route but never wait in a sibling queue.
   errc route_reply(bus_id target, const const_buffer* bufs, size_t total);
   void send_ack(bus_id to, uint64_t seq, proto::reason st);
-  void forward(link* from, const proto::header& hd, const uint8_t* data, size_t size);
+  [[gnu::always_inline]] inline void forward(link* from, const proto::header& hd,
+                                             const uint8_t* data, size_t size);
   // The header of a relayed message as it leaves: type forward (from data), one hop less.
   static void forward_header(const proto::header& hd, const uint8_t* data, uint8_t* head) {
     std::memcpy(head, data, proto::kHeaderSize);

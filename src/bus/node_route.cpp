@@ -262,6 +262,7 @@ void node::impl::on_notice(link* from, const proto::header& hd, const uint8_t* b
   }
 }
 
+// Replies and acks go back along the normal route but never wait in a sibling queue.
 errc node::impl::route_reply(bus_id target, const const_buffer* bufs, size_t total) {
   const detail::route r = table.lookup(target);
   peer_ep* p = nullptr;
@@ -294,6 +295,9 @@ void node::impl::send_ack(bus_id to, uint64_t seq, proto::reason st) {
   (void)route_reply(to, &cb, sizeof m);
 }
 
+// Inlined into on_routed, its one caller (node_impl.h): when on_routed grew, LTO stopped inlining
+// it and a relay spent about 19 more instructions a message (benchmark/instr.sh,
+// docs/benchmark.md).
 void node::impl::forward(link* from, const proto::header& hd, const uint8_t* data, size_t size) {
   if (hd.ttl == 0) {
     ++counters.ttl_expired;
@@ -387,6 +391,7 @@ void node::impl::relay_drop(const proto::header& hd, proto::reason why, bool log
       to_string(proto::errc_from_reason(static_cast<uint16_t>(why))));
 }
 
+// Cold and never inlined: kept out of on_routed, whose size decides whether forward() inlines.
 void node::impl::bad_body(link* from, const proto::header& hd, const char* what) {
   // The peer wrote it: its link is closed. Relayed (or read from the ring), it says nothing
   // about the link it came by: closing that would cut an honest relay off for its source's fault.
