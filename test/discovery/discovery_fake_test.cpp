@@ -151,10 +151,11 @@ TEST(DiscoveryFakeDeathTest, CallsFromAForeignThreadAbortNamingTheFunction) {
   ASSERT_EQ(uv_loop_init(&loop), 0);
   discovery_config c;
   c.etcd_endpoints = {"http://127.0.0.1:2379"};
-  etcd_discovery d(&loop, c, {});
-  EXPECT_DEATH(std::thread([&] { (void)d.size(); }).join(),
+  auto d = std::make_unique<etcd_discovery>(&loop, c, discovery_callbacks{});
+  EXPECT_DEATH(std::thread([&] { (void)d->size(); }).join(),
                "etcd_discovery::size called from a thread other than its loop's thread");
-  uv_run(&loop, UV_RUN_NOWAIT);
+  d.reset();
+  uv_run(&loop, UV_RUN_NOWAIT);  // its handles' close callbacks
   EXPECT_EQ(uv_loop_close(&loop), 0);
 }
 
