@@ -248,6 +248,18 @@ class bus_fixture : public ::testing::Test {
   }
   // Destroys t's node (the wrapper and what it collected stay).
   void destroy(bus_node* t) { t->n.reset(); }
+  // A new node `id` with cfg, started on a dead one's address: its socket may still be closing,
+  // so it is tried until it binds (a start that never succeeds fails the test).
+  bus_node* restart(bus_id id, const node_config& cfg) {
+    bus_node* t = nullptr;
+    EXPECT_TRUE(wait([&] {
+      t = make(id, cfg, false);
+      if (t->n->start() == errc::ok) return true;
+      destroy(t);
+      return false;
+    }));
+    return t;
+  }
 
   uv_loop_t loop_{};
   std::vector<std::unique_ptr<bus_node>> nodes_;

@@ -47,17 +47,6 @@ class NodeFlowTest : public test::flow_fixture {
       ++next_;
     }
   }
-  // A new node `id` with cfg on the old one's address (its socket may still be closing).
-  bus_node* restart(bus_id id, const node_config& cfg) {
-    bus_node* t = nullptr;
-    EXPECT_TRUE(wait([&] {
-      t = make(id, cfg, false);
-      if (t->n->start() == errc::ok) return true;
-      destroy(t);
-      return false;
-    }));
-    return t;
-  }
   // B dies (destroyed), 300 more are sent meanwhile, a new B with cfg comes back and 300 more
   // follow; then every report must be in and ok. The old B object stays for its deliveries.
   void replace_target(const node_config& cfg) {

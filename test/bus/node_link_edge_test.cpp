@@ -56,14 +56,7 @@ class NodeLinkEdge : public test::bus_fixture {
   // Starts node `id` on `url` again (the old socket may still be closing: tried until it binds).
   bus_node* restart_at(bus_id id, node_config c, const std::string& url) {
     c.listen = {url};
-    bus_node* back = nullptr;
-    EXPECT_TRUE(wait([&] {
-      back = make(id, c, false);
-      if (back->n->start() == errc::ok) return true;
-      destroy(back);
-      return false;
-    }));
-    return back;
+    return restart(id, c);
   }
 
   std::deque<test::raw_child> raws_;  // a deque: they never move (their callbacks hold this)
