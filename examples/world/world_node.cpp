@@ -193,6 +193,8 @@ int run(world& w, bus_id id, const char* etcd) {
   if (w.n->start() != errc::ok) {
     std::fprintf(stderr, "%s %#llx: %s\n", w.role.c_str(), static_cast<unsigned long long>(id),
                  w.n->last_error().detail.c_str());
+    w.n.reset();  // its handles close on the loop, which runs until they have
+    uv_run(w.loop, UV_RUN_DEFAULT);
     return 1;
   }
   say(w, "START listening on %s", w.n->listen_urls().front().c_str());

@@ -216,9 +216,10 @@ struct send_options {
 
 class node {
  public:
-  // Never fails; an invalid config, or a null loop, makes start() return invalid_argument (nothing
-  // opened: destroying such a node needs no loop run). The loop must outlive
-  // the node, and must be run after the node's destruction until its handles have closed.
+  // Never fails. A null loop makes start() return invalid_argument (nothing opened: destroying
+  // such a node needs no loop run); an invalid config makes it return validate()'s code, the
+  // refusal logged through the loop. The loop must outlive the node, and must be run after the
+  // node's destruction until its handles have closed (a node refused for its config included).
   node(uv_loop_t* loop, bus_id id, node_config cfg, node_callbacks cbs = {});
   // Releases everything without calling any callback and without a goodbye to peers (they notice
   // the closed connections). For an orderly exit call stop() first and destroy the node in (or

@@ -498,8 +498,10 @@ node::~node() {
 
 errc node::start() {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::start");
-  // Nothing is opened on a null loop (no handle, no log line: the refusal is last_error() only).
+  // Nothing is opened on a null loop (no handle, no log line: the refusal is last_error() only),
+  // and the inherited sockets, which start() owns from its call on, are closed.
   if (impl_->loop == nullptr && impl_->state == impl::run_state::idle) {
+    impl_->close_inherited();
     return impl_->fail(errc::invalid_argument, "node::start: the loop is null");
   }
   return impl_->start();

@@ -379,5 +379,21 @@ TEST_F(HandoverEdgeNode, AStartFromAnotherThreadLeavesTheInheritedSocketsToTheCa
   EXPECT_EQ(t->n->listen_urls().at(0), out[0].url);  // adopted, not bound afresh
 }
 
+// A start() refused for a null loop owns the inherited sockets as any other refusal does (only
+// wrong_thread leaves them to the caller): it closes them rather than leaking them for the life
+// of the process.
+TEST(HandoverEdge, AStartOnANullLoopClosesTheInheritedSockets) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  node_config c = fast_config();
+  c.inherit_listeners = {{"ipv4://127.0.0.1:1", fd}};
+  {
+    node n(nullptr, 0x44, c);
+    EXPECT_EQ(n.start(), errc::invalid_argument);
+    EXPECT_FALSE(fd_is_open(fd));
+  }
+  EXPECT_FALSE(fd_is_open(fd));
+}
+
 }  // namespace
 }  // namespace uvbus::handover_edge_test
