@@ -49,10 +49,11 @@ struct poll_result {
 poll_result poll(session* s, uint64_t target, uint32_t timeout_ms, const std::string& metrics) {
   poll_result p;
   if (!metrics.empty()) {
+    // Off the loop's thread: the fetch blocks up to timeout_ms (a stalled endpoint: all of it).
     std::string body;
-    if (http_get(metrics, timeout_ms, &body, &p.metrics_error) == kExitOk) {
-      p.links = parse_links(body);
-    }
+    int rc = kExitFailed;
+    s->run_blocking([&] { rc = http_get(metrics, timeout_ms, &body, &p.metrics_error); });
+    if (rc == kExitOk) p.links = parse_links(body);
   }
   const command_result c =
       run_command(s, target, uvbus::proto::command_id::counters, "", timeout_ms);
