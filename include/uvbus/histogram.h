@@ -43,7 +43,7 @@ class latency_histogram {
   void record(uint64_t ns) noexcept {
     ++counts_[bucket_of(ns)];
     ++count_;
-    sum_ += ns;
+    add_to_sum(ns);
     if (ns < min_) min_ = ns;
     if (ns > max_) max_ = ns;
   }
@@ -52,6 +52,8 @@ class latency_histogram {
   [[nodiscard]] uint64_t count() const noexcept { return count_; }
   [[nodiscard]] uint64_t min() const noexcept { return count_ == 0 ? 0 : min_; }
   [[nodiscard]] uint64_t max() const noexcept { return max_; }
+  // The values' sum, saturated at UINT64_MAX (about 584 years in nanoseconds): record(UINT64_MAX)
+  // then record(1) wrapped it to 0. mean() is then a lower bound.
   [[nodiscard]] uint64_t sum() const noexcept { return sum_; }
   [[nodiscard]] double mean() const noexcept {
     return count_ == 0 ? 0.0 : static_cast<double>(sum_) / static_cast<double>(count_);
@@ -77,6 +79,10 @@ class latency_histogram {
   }
 
  private:
+  void add_to_sum(uint64_t v) noexcept {
+    if (__builtin_add_overflow(sum_, v, &sum_)) sum_ = ~uint64_t{0};
+  }
+
   std::array<uint64_t, kBuckets> counts_{};
   uint64_t count_ = 0;
   uint64_t sum_ = 0;

@@ -71,6 +71,10 @@ struct tx_flow {
   ring_fifo<tx_entry> entries;    // in sequence order, contiguous: entries[i].seq = front + i
   byte_ring store;
   std::unique_ptr<latency_histogram> latency;  // send-to-acknowledgement (latency_histograms)
+  // Its series at the last metrics render (node_metrics.cpp): none yet, its own, or summed under
+  // target="other" (its samples since are recorded there too).
+  enum class series : uint8_t { none, own, other };
+  mutable series metrics_series = series::none;
 };
 
 // A flow whose full retransmit buffer refused a send (queue_full) and is at most half full again

@@ -390,6 +390,7 @@ void node::impl::record_latency(detail::tx_flow& f, const detail::tx_entry& e) {
   const uint64_t ns = detail::mono_ns() - e.sent_ns;
   if (!f.latency) f.latency = std::make_unique<latency_histogram>();
   f.latency->record(ns);
+  if (f.metrics_series == detail::tx_flow::series::other) peer_seen.latency_other->record(ns);
   // The user type sits after the header (and the trace block, if any) in the stored message.
   const uint8_t* m = f.store.buf.get() + e.offset;
   const size_t at = proto::kHeaderSize + ((m[2] & proto::flag_trace) != 0 ? proto::kTraceSize : 0);
@@ -435,11 +436,20 @@ void node::impl::latency_families(prom_text* t) const {
     if (f.latency) targets.push_back(id);
   }
   std::sort(targets.begin(), targets.end());
-  // Past metrics_max_peers the targets are summed under target="other", as peers are.
-  std::unique_ptr<latency_histogram> other;
-  for (size_t i = cfg.metrics_max_peers; i < targets.size(); ++i) {
+  // Past metrics_max_peers the targets are summed under target="other", as peers are, and that
+  // series only grows: a target entering it brings what its histogram holds (none if it had a
+  // series of its own: that was shown already) and records there from then on (record_latency).
+  std::unique_ptr<latency_histogram>& other = peer_seen.latency_other;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const detail::tx_flow& f = tx_flows.at(targets[i]);
+    using series = detail::tx_flow::series;
+    if (i < cfg.metrics_max_peers) {
+      f.metrics_series = series::own;
+      continue;
+    }
     if (!other) other = std::make_unique<latency_histogram>();
-    other->merge(*tx_flows.at(targets[i]).latency);
+    if (f.metrics_series == series::none) other->merge(*f.latency);
+    f.metrics_series = series::other;
   }
   if (targets.size() > cfg.metrics_max_peers) targets.resize(cfg.metrics_max_peers);
   const auto one = [&](const latency_histogram& h, const std::string& target) {

@@ -183,6 +183,10 @@ struct peer_metrics_memory {
   stream_connection_metrics other;  // counters only (the queue gauges are summed at each render)
   uint64_t other_shm_full = 0;
   bool other_shown = false;  // once shown, "other" stays
+  // The flow latency of the targets past metrics_max_peers (target="other"): what each one's
+  // histogram held when it entered "other", and its samples since. Forgetting an idle flow, or
+  // one moving to a series of its own, takes nothing out of it.
+  std::unique_ptr<latency_histogram> latency_other;
 };
 
 enum class link_state : uint8_t {

@@ -18,7 +18,8 @@ void latency_histogram::record(uint64_t ns, uint64_t times) noexcept {
   if (times == 0) return;
   counts_[bucket_of(ns)] += times;
   count_ += times;
-  sum_ += ns * times;
+  uint64_t add = 0;
+  add_to_sum(__builtin_mul_overflow(ns, times, &add) ? ~uint64_t{0} : add);
   if (ns < min_) min_ = ns;
   if (ns > max_) max_ = ns;
 }
@@ -60,7 +61,7 @@ latency_percentiles latency_histogram::percentiles() const noexcept {
 void latency_histogram::merge(const latency_histogram& o) noexcept {
   for (size_t b = 0; b < kBuckets; ++b) counts_[b] += o.counts_[b];
   count_ += o.count_;
-  sum_ += o.sum_;
+  add_to_sum(o.sum_);
   if (o.count_ != 0 && o.min_ < min_) min_ = o.min_;
   if (o.max_ > max_) max_ = o.max_;
 }

@@ -82,6 +82,28 @@ TEST(LatencyHistogram, EdgesZeroSingleAndHugeValues) {
   }
 }
 
+// sum() was added to unchecked: record(UINT64_MAX) then record(1) gave 0 (and a Prometheus
+// _sum that fell). It saturates at UINT64_MAX, through record(v, times) and merge() too.
+TEST(LatencyHistogram, SumSaturatesInsteadOfWrapping) {
+  const uint64_t top = ~uint64_t{0};
+  latency_histogram h;
+  h.record(top);
+  h.record(1);
+  EXPECT_EQ(h.sum(), top);
+  EXPECT_EQ(h.count(), 2u);
+  latency_histogram times;
+  times.record(uint64_t{1} << 40, uint64_t{1} << 30);  // 2^70
+  EXPECT_EQ(times.sum(), top);
+  latency_histogram m;
+  m.record(5);
+  m.merge(h);
+  EXPECT_EQ(m.sum(), top);
+  latency_histogram small;
+  small.record(3, 4);
+  small.record(10);
+  EXPECT_EQ(small.sum(), 22u);
+}
+
 TEST(LatencyHistogram, MergeEqualsRecordingBothAndBucketsAreCumulative) {
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<uint64_t> u(1, 1'000'000'000);

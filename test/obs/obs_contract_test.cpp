@@ -2,18 +2,20 @@
 // the edges of floating point (p99.9 of 1 000 values), and parse_http_url's HOST (a literal or
 // localhost, refused by node::validate() too) and PATH (no query, fragment or %: never served), and
 // docs/observability.md's family table naming every family a node renders, the flow latency
-// series past metrics_max_peers summed under target="other", and peer="other"'s counters, which
-// only grow.
+// series past metrics_max_peers summed under target="other", and peer="other"'s counters and the
+// target="other" histogram, which only grow.
 #include <gtest/gtest.h>
 
 #include <uv.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "bus/bus_harness.h"
 #include "obs/http_endpoint.h"
@@ -189,6 +191,48 @@ TEST_F(ObsContractBus, FlowLatencyPastTheCapIsSummedAsOther) {
             20);
   EXPECT_EQ(value_of(text, "uvbus_flow_ack_latency_seconds_count{target=\"0x103\"}"), -1);
   EXPECT_EQ(value_of(text, "uvbus_type_ack_latency_seconds_count{type=\"7\"}"), 30);
+}
+
+// uvbus_flow_ack_latency_seconds{target="other"} is a histogram (counters) too: it was summed at
+// each render from the flows open now, so an idle flow forgotten after flow_idle_ms took its
+// counts out (0x104, inside "other"), and one forgotten below the cap (0x102) moved the next
+// target (0x103) to a series of its own: "other" fell from 20 to nothing.
+TEST_F(ObsContractBus, FlowLatencyOtherOnlyGrowsWhenFlowsAreForgotten) {
+  test::bus_node* p = nullptr;
+  node_config ac = make_root_for_sender(&p);
+  ac.latency_histograms = true;
+  ac.latency_sample_every = 1;
+  ac.metrics_max_peers = 1;
+  ac.flow_idle_ms = 200;
+  test::bus_node* a = make(0x101, ac);
+  std::vector<test::bus_node*> to;
+  for (const bus_id id : {0x102, 0x103, 0x104}) to.push_back(make_child(id, p));
+  ASSERT_TRUE(wait([&] {
+    return a->n->up() && std::all_of(to.begin(), to.end(), [](auto* t) { return t->n->up(); });
+  }));
+  for (uint64_t v = 0; v < 30; ++v) {
+    ASSERT_EQ(a->n->send_data(static_cast<bus_id>(0x102 + v / 10), 7, &v, sizeof v), errc::ok);
+  }
+  ASSERT_TRUE(wait([&] { return a->reports.size() == 30; }));
+  const std::string key = "uvbus_flow_ack_latency_seconds_count{target=\"other\"}";
+  const double before = value_of(a->n->metrics_text(), key);
+  ASSERT_EQ(before, 20);
+  // 0x103 stays busy (one message at a time) while 0x102 and 0x104 go idle and are forgotten.
+  latency_percentiles lp;
+  uint64_t more = 0;
+  ASSERT_TRUE(wait([&] {
+    if (a->reports.size() == 30 + more) {
+      const uint64_t v = more++;
+      EXPECT_EQ(a->n->send_data(0x103, 7, &v, sizeof v), errc::ok);
+    }
+    return !a->n->latency_to(0x102, &lp) && !a->n->latency_to(0x104, &lp);
+  }));
+  ASSERT_TRUE(a->n->latency_to(0x103, &lp));
+  const std::string text = a->n->metrics_text();
+  EXPECT_GE(value_of(text, key), before) << text;
+  EXPECT_GE(value_of(text, "uvbus_flow_ack_latency_seconds_bucket{target=\"other\",le=\"+Inf\"}"),
+            before)
+      << text;
 }
 
 // "Cardinality": the peers past metrics_max_peers are summed under peer="other", whose counters

@@ -239,6 +239,28 @@ TEST_F(Bus, TopOnAPipeHasNoEscapes) {
   EXPECT_TRUE(json_ok(j.out)) << j.out;
 }
 
+// The root's heartbeat_timeouts counter (from `uvbus counters`); -1 when it could not be read.
+long long root_heartbeat_timeouts(const run_result& r) {
+  const size_t at = r.out.find("heartbeat_timeouts=");
+  return r.rc != 0 || at == std::string::npos ? -1
+                                              : std::strtoll(r.out.c_str() + at + 19, nullptr, 10);
+}
+
+// `top --metrics URL` fetched the page with a blocking libcurl call on the tool node's loop
+// thread: with a stalled endpoint the node neither read nor pinged for --timeout-ms (7 s), and the
+// root dropped the tool for silence (heartbeat_timeout_ms 6 000). The fetch runs off the loop.
+TEST_F(Bus, TopMetricsFetchDoesNotStallTheToolNode) {
+  const long long before = root_heartbeat_timeouts(sh(tool("counters 0x10000")));
+  ASSERT_GE(before, 0);
+  test::stall_server stall;
+  ASSERT_NE(stall.port(), 0);
+  const run_result r =
+      sh(tool("top 0x10000 --count 1 --interval-ms 20 --timeout-ms 7000 --metrics " + stall.url()));
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("links: timeout"), std::string::npos) << r.out;
+  EXPECT_EQ(root_heartbeat_timeouts(sh(tool("counters 0x10000"))), before) << r.out << r.err;
+}
+
 // `uvbus top ID | head -n 1`, `uvbus ping ... | head -n 1`: the tool's first line is read, then its
 // reader goes. SIGPIPE is ignored (main sets it so), so the tool must notice the failed write
 // itself: it polled (pinged) on for ever, writing into the closed pipe. It must end by itself

@@ -5,7 +5,9 @@
 // message limit and a metrics page over 64 MiB are refused, a malformed metrics page converts to
 // JSON, JSON strings are UTF-8; a metrics timeout or garbage answer is not "could not connect", a
 // page with a NUL prints whole, single-dash arguments and an option given twice are refused, `shm`
-// output that cannot be written fails, a closed stdout stays closed.
+// output that cannot be written fails, a closed stdout stays closed; ids with a leading zero are
+// decimal, options a subcommand does not take are refused, `metrics --json` and `top --json` are
+// JSON whatever the numbers, and `shm drain`'s quiet time does not wrap.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -125,6 +127,21 @@ TEST(ToolsContract, MetricsJsonOfAMalformedPageDoesNotCrash) {
                                " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
                                "print(json.load(sys.stdin)[\"good\"])'");
     EXPECT_EQ(out, "[{'labels': {'k': 'v'}, 'value': 1}]\nrc=0\n") << bad;
+  }
+  // Values a page may spell that are no JSON numbers went out as they were: the document did not
+  // parse. They are strings; JSON numbers stay numbers.
+  page_server server("a 007\nb +1\nc .5\nd 1.\ne 0x10\nf -0.5e+3\ng 0\n");
+  ASSERT_NE(server.port(), 0);
+  const std::string out =
+      sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() +
+         " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
+         "d=json.load(sys.stdin); print([d[k][0][\"value\"] for k in \"abcdefg\"])'");
+  EXPECT_EQ(out, "['007', '+1', '.5', '1.', '0x10', -500.0, 0]\nrc=0\n") << out;
+  for (const char* v : {"0", "-0", "12", "1.5", "-1e5", "1E+2", "0.0e-0"}) {
+    EXPECT_TRUE(uvbus_tool::is_json_number(v)) << v;
+  }
+  for (const char* v : {"", "-", "007", "+1", ".5", "1.", "0x10", "1e", "Inf", "1 ", "--1"}) {
+    EXPECT_FALSE(uvbus_tool::is_json_number(v)) << v;
   }
 }
 
@@ -255,6 +272,21 @@ TEST(ToolsContract, NumbersWithASignOrLeadingBlankAreRefused) {
   EXPECT_TRUE(usage_error("ping 0x10000 --count +3", "bad value '+3' for --count"));
 }
 
+// docs/tools.md: an id is "decimal or 0x hex". strtoull's base 0 read a leading zero as octal:
+// `uvbus ping 0100` pinged node 64 and `09` was refused.
+TEST(ToolsContract, IdsWithALeadingZeroAreDecimal) {
+  uint64_t id = 0;
+  EXPECT_TRUE(uvbus_tool::parse_id("010", &id));
+  EXPECT_EQ(id, 10u);
+  EXPECT_TRUE(uvbus_tool::parse_id("09", &id));
+  EXPECT_EQ(id, 9u);
+  EXPECT_TRUE(uvbus_tool::parse_id("0X1f", &id));
+  EXPECT_EQ(id, 31u);
+  EXPECT_FALSE(uvbus_tool::parse_id("0x", &id));
+  EXPECT_FALSE(uvbus_tool::parse_id("0b1", &id));
+  EXPECT_FALSE(uvbus_tool::parse_id("00", &id));
+}
+
 // `top --interval-ms 0` silently meant the default 1000 ms: refused as `--count 0` is (exit 2,
 // before joining). ping keeps 0 (its default: echoes back to back).
 TEST(ToolsContract, TopIntervalZeroIsRefused) {
@@ -288,6 +320,52 @@ TEST(ToolsContract, AnOptionGivenTwiceIsRefused) {
     want.append(": option ").append(option).append(" given twice");
     EXPECT_TRUE(usage_error(args, want));
   }
+}
+
+// An option a subcommand does not take was accepted and ignored: `send ID 1 x --count 100` sent
+// one message, exit 0. It is a usage error naming the option, exit 2, before joining; as is
+// `top --once --count 5` (one table drawn).
+TEST(ToolsContract, AnOptionTheSubcommandDoesNotTakeIsRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"send 0x10000 1 x --count 100", "--count"},
+      {"call 0x10000 1 x --interval-ms 5", "--interval-ms"},
+      {"ping 0x10000 --metrics http://127.0.0.1:1/m", "--metrics"},
+      {"ping 0x10000 --once", "--once"},
+      {"counters 0x10000 --once", "--once"},
+      {"routes 0x10000 --count 2", "--count"},
+      {"nodes --interval-ms 5", "--interval-ms"}};
+  for (const auto& [args, option] : cases) {
+    const std::string cmd = args.substr(0, args.find(' '));
+    std::string want = "uvbus " + cmd;
+    want.append(": option ").append(option).append(" does not apply to ").append(cmd);
+    EXPECT_TRUE(usage_error(args, want));
+  }
+  EXPECT_TRUE(usage_error("top 0x10000 --once --count 5",
+                          "uvbus top: options --once and --count cannot be given together"));
+}
+
+// `shm drain` ends once nothing arrived for 200 ms and twice the region's abandon timeout. Twice a
+// timeout of 2^31 us or more wrapped in 32 bits (0x80000064 us: 200 us, so 200 ms): the drain
+// ended long before a half-written record was skipped and the records behind it flowed.
+TEST(ToolsContract, ShmDrainQuietTimeDoesNotWrap) {
+  EXPECT_EQ(uvbus_tool::drain_quiet_us(0), 200000u);
+  EXPECT_EQ(uvbus_tool::drain_quiet_us(4000), 200000u);
+  EXPECT_EQ(uvbus_tool::drain_quiet_us(150000), 300000u);
+  EXPECT_EQ(uvbus_tool::drain_quiet_us(0x80000064u), uint64_t{0x1000000c8});
+  EXPECT_EQ(uvbus_tool::drain_quiet_us(0xffffffffu), uint64_t{0x1fffffffe});
+}
+
+// `top --json` wrote each counter's entry with snprintf into 64 bytes: a value near UINT64_MAX
+// from a hostile node, at a rate that large, cut the entry and the line was no JSON.
+TEST(ToolsContract, TopJsonOfHugeCountersIsWhole) {
+  const uint64_t big = ~uint64_t{0};
+  const std::string o =
+      uvbus_tool::top_json(big, 0.001, {{"a", big, 1.8e22}, {"b_now", 7, 0}, {"c", 0, 0.5}});
+  EXPECT_EQ(o,
+            "{\"node\":\"0xffffffffffffffff\",\"seconds\":0.001,\"counters\":{"
+            "\"a\":{\"value\":18446744073709551615,\"per_second\":18000000000000000000000.000},"
+            "\"b_now\":{\"value\":7,\"per_second\":0.000},"
+            "\"c\":{\"value\":0,\"per_second\":0.500}}}");
 }
 
 // Every subcommand's --help (tool_test.cpp checks all but call's).

@@ -37,6 +37,17 @@ const char* value_range(const std::string& option) {
   return "";
 }
 
+// Whether subcommand cmd takes option s (one take_option knows): every one takes --parent,
+// --token, --id, --timeout-ms and --json; ping --count and --interval-ms; top those and --once and
+// --metrics. The others were accepted and ignored (`send ID 1 x --count 100` sent one, exit 0).
+bool takes_option(const std::string& cmd, const std::string& s) {
+  if (s == "--parent" || s == "--token" || s == "--id" || s == "--timeout-ms" || s == "--json") {
+    return true;
+  }
+  if (s == "--count" || s == "--interval-ms") return cmd == "ping" || cmd == "top";
+  return cmd == "top";  // --once, --metrics
+}
+
 // One option of a bus subcommand's command line; false (message printed) on a usage error.
 bool take_option(bus_args* a, int argc, char** argv, int* i) {
   const std::string s = argv[*i];
@@ -46,6 +57,18 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
     return v != nullptr;
   };
   bool ok = true;
+  const bool flag = s == "--json" || s == "--once";
+  if (!flag && s != "--parent" && s != "--token" && s != "--id" && s != "--timeout-ms" &&
+      s != "--count" && s != "--interval-ms" && s != "--metrics") {
+    std::fprintf(stderr, "uvbus %s: unknown option '%s' (see uvbus %s --help)\n", argv[0],
+                 s.c_str(), argv[0]);
+    return false;
+  }
+  if (!takes_option(argv[0], s)) {
+    std::fprintf(stderr, "uvbus %s: option %s does not apply to %s (see uvbus %s --help)\n",
+                 argv[0], s.c_str(), argv[0], argv[0]);
+    return false;
+  }
   if (s == "--json") {
     a->json = true;
     return true;
@@ -54,15 +77,8 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
     a->once = true;
     return true;
   }
-  if (s == "--parent" || s == "--token" || s == "--id" || s == "--timeout-ms" || s == "--count" ||
-      s == "--interval-ms" || s == "--metrics") {
-    if (!need("a value")) return false;
-    ++*i;
-  } else {
-    std::fprintf(stderr, "uvbus %s: unknown option '%s' (see uvbus %s --help)\n", argv[0],
-                 s.c_str(), argv[0]);
-    return false;
-  }
+  if (!need("a value")) return false;
+  ++*i;
   if (s == "--parent") a->join.parent = v;
   if (s == "--token") a->join.token = v;
   if (s == "--metrics") a->metrics = v;
@@ -326,6 +342,12 @@ int parse_bus_args(int argc, char** argv, bus_args* a) {
     } else {
       a->pos.emplace_back(s);
     }
+  }
+  // `top --once --count 5` drew one table: which was meant is unknown.
+  if (a->once && a->count != 0) {
+    std::fprintf(stderr, "uvbus %s: options --once and --count cannot be given together\n",
+                 argv[0]);
+    return kExitUsage;
   }
   return check_env(a);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -73,6 +74,60 @@ std::string counters_json(const std::string& text) {
 
 namespace {
 
+// x with three decimals ("%.3f"), whatever its length (a rate of 1e300 is 304 characters).
+std::string fixed3(double x) {
+  const int n = std::snprintf(nullptr, 0, "%.3f", x);
+  std::string o(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::snprintf(o.data(), o.size() + 1, "%.3f", x);
+  return o;
+}
+
+}  // namespace
+
+// Built as a string: each entry went through snprintf into 64 bytes, and a counter near
+// UINT64_MAX at a rate that large was cut (the line was no JSON).
+std::string top_json(uint64_t target, double seconds, const std::vector<top_counter>& counters) {
+  char id[24];
+  std::snprintf(id, sizeof id, "%#" PRIx64, target);
+  std::string o = R"({"node":")";
+  o.append(id).append(R"(","seconds":)").append(fixed3(seconds)).append(R"(,"counters":{)");
+  bool first = true;
+  for (const top_counter& c : counters) {
+    o.append(first ? "" : ",").append(json_str(c.name)).append(R"(:{"value":)");
+    o.append(std::to_string(c.value)).append(R"(,"per_second":)").append(fixed3(c.per_second));
+    o += '}';
+    first = false;
+  }
+  return o + "}}";
+}
+
+bool is_json_number(const std::string& v) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t from = i;
+    while (i < v.size() && v[i] >= '0' && v[i] <= '9') ++i;
+    return i > from;
+  };
+  if (i < v.size() && v[i] == '-') ++i;
+  if (i < v.size() && v[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < v.size() && v[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < v.size() && (v[i] == 'e' || v[i] == 'E')) {
+    ++i;
+    if (i < v.size() && (v[i] == '+' || v[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == v.size();
+}
+
+namespace {
+
 // Digits only from the first character: strtoul would also take leading blanks, '+' and '-'.
 bool starts_with_digit(const char* s) {
   return s != nullptr && *s >= '0' && *s <= '9';
@@ -111,7 +166,9 @@ bool parse_id(const char* s, uint64_t* out) {
   if (!starts_with_digit(s)) return false;
   errno = 0;
   char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 0);
+  // Base 10 unless 0x: strtoull's base 0 read a leading zero as octal ("0100" was node 64).
+  const int base = s[0] == '0' && (s[1] == 'x' || s[1] == 'X') ? 16 : 10;
+  const unsigned long long v = std::strtoull(s, &end, base);
   if (errno != 0 || *end != '\0' || v == 0) return false;
   *out = v;
   return true;

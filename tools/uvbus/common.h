@@ -1,6 +1,7 @@
 // The uvbus tool's shared pieces: exit codes, a JSON string escaper, id and option parsing.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +25,17 @@ std::string json_str(const std::string& s);
 // value (a node that repeats names would otherwise give an object with duplicate keys, which JSON
 // readers resolve differently).
 std::string counters_json(const std::string& text);
+// One `uvbus top --json` table, without its newline:
+// {"node":"0x..","seconds":S,"counters":{name:{"value":V,"per_second":R}}} (S and R to 0.001).
+struct top_counter {
+  std::string name;
+  uint64_t value = 0;
+  double per_second = 0;
+};
+std::string top_json(uint64_t target, double seconds, const std::vector<top_counter>& counters);
+// Whether v is a number in JSON's grammar (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?): not
+// `007`, `+1`, `.5`, `1.`, `0x10`, `Inf`, which a page's sample value may spell.
+bool is_json_number(const std::string& v);
 
 // True, the error named once on stderr ("uvbus WHAT: cannot write the output: Broken pipe"), when
 // stdout cannot be written: a loop stops instead of writing into a closed pipe for ever, and a
@@ -88,6 +100,14 @@ constexpr size_t kMaxMetricsBytes = size_t{64} << 20;
 int http_get(const std::string& url, uint32_t timeout_ms, std::string* body, std::string* error);
 
 // Subcommand entry points: argv[0] is the subcommand's name.
+// How long `shm drain` waits with nothing arriving before it ends, in microseconds: 200 ms and
+// twice the region's abandon timeout, whichever is longer. Twice it was computed in 32 bits and
+// wrapped for a timeout from 2^31 us (35 minutes) on: the drain ended before a record left
+// half-written was skipped.
+constexpr uint64_t drain_quiet_us(uint32_t abandon_timeout_us) {
+  return std::max<uint64_t>(200000, uint64_t{2} * abandon_timeout_us);
+}
+
 int shm_main(int argc, char** argv);
 int shm_inspect_legacy_main(int argc, char** argv);
 int bus_main(int argc, char** argv);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <sstream>
@@ -71,11 +72,13 @@ std::string labels_json(const std::string& l, size_t* pos) {
   return o + "}";
 }
 
+// A sample's value as a JSON number when it is spelled as one and finite, else as a string: the
+// page is a remote node's text, and `x 007`, `x +1`, `x .5`, `x 1.` or `x 0x10` went out as they
+// were, which made the whole document invalid.
 std::string value_json(const std::string& v) {
-  char* end = nullptr;
-  const double d = std::strtod(v.c_str(), &end);
-  if (end == v.c_str() || *end != '\0' || d != d || d > 1.7e308 || d < -1.7e308) return json_str(v);
-  return v;
+  if (!is_json_number(v)) return json_str(v);
+  const double d = std::strtod(v.c_str(), nullptr);
+  return d > 1.7e308 || d < -1.7e308 ? json_str(v) : v;
 }
 
 std::string to_json(const std::string& text) {

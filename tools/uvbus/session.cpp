@@ -35,6 +35,25 @@ bool session::run_until(const std::function<bool()>& done, uint32_t ms) {
   return done();
 }
 
+void session::run_blocking(const std::function<void()>& work) {
+  struct job {
+    uv_work_t req{};
+    const std::function<void()>* work;
+    bool done = false;
+  } j;
+  j.work = &work;
+  j.req.data = &j;
+  const int e = uv_queue_work(
+      &loop_, &j.req, [](uv_work_t* r) { (*static_cast<job*>(r->data)->work)(); },
+      [](uv_work_t* r, int) { static_cast<job*>(r->data)->done = true; });
+  if (e != 0) {  // cannot happen with a callback given; run it here rather than not at all
+    work();
+    return;
+  }
+  // The request keeps the loop alive until its after-work callback ran: j outlives it.
+  while (!j.done) uv_run(&loop_, UV_RUN_ONCE);
+}
+
 int session::join(const join_options& o, uvbus::node_callbacks cb) {
   uvbus::node_config cfg;
   cfg.parent_urls = {o.parent};

@@ -34,6 +34,11 @@ class session {
   int join(const join_options& o, uvbus::node_callbacks extra);
   // Runs the loop until done() holds or `ms` passed; false on the deadline.
   bool run_until(const std::function<bool()>& done, uint32_t ms);
+  // Runs work() on libuv's thread pool and the loop meanwhile, until work() returned: a blocking
+  // call (top --metrics' HTTP fetch, up to --timeout-ms) that on the loop's thread kept the node
+  // from reading and pinging, so the parent dropped the tool for silence. work() must not touch
+  // the node or the loop.
+  void run_blocking(const std::function<void()>& work);
   uvbus::node& node() { return *node_; }
   uint64_t parent_id() const { return parent_; }
 

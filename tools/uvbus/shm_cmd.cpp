@@ -194,8 +194,7 @@ int drain_main(const char* url, drain_sink* sink) {
   uvbus::shm_reader r({[sink](const uvbus::shm_record* recs, size_t n) { sink->take(recs, n); }});
   e = r.open(url, cfg);
   if (e != uvbus::errc::ok) return refusal(url, e, r.last_error().detail);
-  const auto quiet_for = std::max(std::chrono::microseconds(200000),
-                                  std::chrono::microseconds(2 * i.abandon_timeout_us));
+  const std::chrono::microseconds quiet_for(drain_quiet_us(cfg.abandon_timeout_us));
   auto last = std::chrono::steady_clock::now();
   while (sink->write_errno == 0 && std::chrono::steady_clock::now() - last < quiet_for) {
     if (r.poll(sink->out != nullptr ? 1 : 1024) > 0) {

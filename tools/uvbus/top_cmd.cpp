@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "bus/auth.h"  // uvbus::detail::printable
 #include "bus_cmd.h"
@@ -49,10 +50,11 @@ struct poll_result {
 poll_result poll(session* s, uint64_t target, uint32_t timeout_ms, const std::string& metrics) {
   poll_result p;
   if (!metrics.empty()) {
+    // Off the loop's thread: the fetch blocks up to timeout_ms (a stalled endpoint: all of it).
     std::string body;
-    if (http_get(metrics, timeout_ms, &body, &p.metrics_error) == kExitOk) {
-      p.links = parse_links(body);
-    }
+    int rc = kExitFailed;
+    s->run_blocking([&] { rc = http_get(metrics, timeout_ms, &body, &p.metrics_error); });
+    if (rc == kExitOk) p.links = parse_links(body);
   }
   const command_result c =
       run_command(s, target, uvbus::proto::command_id::counters, "", timeout_ms);
@@ -96,22 +98,16 @@ void print_table(uint64_t target, const poll_result& a, const poll_result& b, ui
 
 void print_json(uint64_t target, const poll_result& a, const poll_result& b) {
   const double secs = std::chrono::duration<double>(b.at - a.at).count();
-  std::string o = R"({"node":")";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%#" PRIx64 "\",\"seconds\":%.3f,\"counters\":{", target, secs);
-  o += buf;
-  bool first = true;
+  std::vector<top_counter> counters;
+  counters.reserve(b.counters.size());
   for (const auto& kv : b.counters) {
     const auto it = a.counters.find(kv.first);
     const uint64_t before = it == a.counters.end() ? 0 : it->second;
     const double rate =
         secs > 0 && kv.second >= before ? static_cast<double>(kv.second - before) / secs : 0;
-    std::snprintf(buf, sizeof buf, ":{\"value\":%" PRIu64 ",\"per_second\":%.3f}", kv.second,
-                  is_gauge(kv.first) ? 0.0 : rate);
-    o += (first ? "" : ",") + json_str(kv.first) + buf;
-    first = false;
+    counters.push_back({kv.first, kv.second, is_gauge(kv.first) ? 0.0 : rate});
   }
-  std::printf("%s}}\n", o.c_str());
+  std::printf("%s\n", top_json(target, secs, counters).c_str());
   std::fflush(stdout);
 }
 
