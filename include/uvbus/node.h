@@ -236,29 +236,37 @@ class node {
   // Checks id and cfg against every rule; on a refusal *detail (if given) names the field and the
   // rule ("node_config.heartbeat_timeout_ms (3000) must be at least twice heartbeat_interval_ms
   // (2000): ..."). Codes: bad_url / unsupported_scheme for a listen, parent or metrics URL that
-  // does not parse or is of the wrong kind (a listen URL without port: bad_url); invalid_argument
+  // does not parse or is of the wrong kind (a listen URL without port: bad_url), or a parent URL
+  // no dial can reach (port 0; a dns host with a space or control byte): bad_url; invalid_argument
   // for the rest: id 0, more than 16 subnets or 8 listen / parent URLs, a subnet wider than 64
   // bits, more than one shm:// listen URL, a URL over 256 bytes, an inherited listener with a
   // negative fd, no listen URL to serve or the URL or fd of another, latency_sample_every not a
   // power of two, join_as_tool without parent_urls or with subnets, an empty access token, host_id
   // over 128 bytes, name / type / a label key or value over 128 bytes, more than 16 labels, an
   // empty or repeated label key, a protocol range that is empty or starts at 0, access_tokens with
-  // protocol_max below 6 on a node that dials a parent (parent_urls or discovery_parent_type:
-  // two-way authentication needs 6; a root may stay below), discovery_parent_type without
-  // discovery.etcd_endpoints, discovery_parent_labels without discovery_parent_type,
+  // protocol_max below 6 on a node that dials (parent_urls, discovery_parent_type, or
+  // discovery.etcd_endpoints with sibling_direct, which dials other trees' nodes: two-way
+  // authentication needs 6; only a root without discovery, or with sibling_direct off, may stay
+  // below), discovery_parent_type without discovery.etcd_endpoints or with parent_urls (the rule
+  // would be ignored), discovery_parent_labels without discovery_parent_type,
   // discovery_parent_type or discovery_parent_labels breaking the limits of the node's own type and
-  // labels, message_limit 0 or above 1 GiB, link_queue_bytes below one frame of message_limit,
+  // labels, a delivery mode other than end_to_end and next_hop, end_to_end with protocol_max below
+  // 3 (flows), a compression codec with protocol_max below 6 (where it is negotiated),
+  // message_limit 0 or above 1 GiB - 85 (1073741739), link_queue_bytes below one frame of
+  // message_limit,
   // post_queue_bytes below one message (message_limit rounded up to 8, plus 64), pending_max_bytes
   // below one message (unless pending_max_messages is 0: queueing off), forward_overflow_bytes
   // below one message (message_limit plus the bus overhead), retransmit_max_bytes below one message
   // with a trace context, post_queue_messages, link_queue_packets, max_outstanding_responses,
   // max_outstanding_calls, max_flow_sources, directory_max_entries, broadcast_max_targets,
   // retransmit_max_messages, ack_every or default_ttl 0, an unknown compression codec or a level
-  // outside its range, a zero timeout or interval, heartbeat_timeout_ms below twice
+  // outside its range, a zero timeout or interval, delivery_timeout_ms or resend_timeout_ms above
+  // one day (86400000), heartbeat_timeout_ms below twice
   // heartbeat_interval_ms, reconnect_min_ms > reconnect_max_ms, jitter outside [0, 1],
   // max_unregistered_per_address above a non-zero max_unregistered; with a shm:// listen URL:
   // message_limit above the largest shm record carries (about 4 MiB), shm_ring_bytes not a power of
-  // two or too small for two records of message_limit, shm_abandon_timeout_us 0; the links' stream
+  // two, above 2^46, or too small for two records of max(message_limit + 85, 64 KiB),
+  // shm_abandon_timeout_us 0; the links' stream
   // config refused by stream_channel::validate ("node_config.tls: ..." for tls settings no link
   // could use, e.g. a psk_token under 16 bytes); with discovery.etcd_endpoints set, discovery's own
   // rules (uvbus::validate(discovery_config), "node_config.discovery.").

@@ -59,11 +59,14 @@ struct node_config {
   // parent and from the nodes below the parent. Needs parent_urls and no subnets.
   bool join_as_tool = false;
 
-  // Largest user payload of send_data() (message_too_large above it); the stream frame limit is
-  // this plus 85 bytes (bus header 32, flow prefix 12, trace block 25,
-  // shared-memory writer tag 16). Every node of a bus should agree.
+  // Largest user payload of send_data() (message_too_large above it), 1 .. 1 GiB - 85
+  // (1073741739). A link's frame limit is max(this + 85, 64 KiB): the 85 bytes are the bus
+  // header 32, flow prefix 12, trace block 25 and shared-memory writer tag 16. Every node of a bus
+  // should agree.
   size_t message_limit = size_t{64} * 1024;
   // Per-connection stream send queue, bytes and packets (back-pressure: queue_full above them).
+  // It must hold one frame of message_limit (message_limit + 85 and the frame's header); the
+  // queue's real bound is max(link_queue_bytes, 2 x (the link's frame limit + 64)).
   size_t link_queue_bytes = size_t{2} << 20;
   size_t link_queue_packets = 65536;
 
@@ -120,9 +123,12 @@ struct node_config {
   size_t post_queue_messages = 65536;
   size_t post_queue_bytes = size_t{8} << 20;
   // What an ok report means; see delivery_mode. Every node of a bus speaks flows (protocol
-  // version 3) whatever its own mode; end_to_end needs version 3 on every link of the path.
+  // version 3) whatever its own mode; end_to_end needs version 3 on every link of the path
+  // (validate() refuses it with protocol_max below 3; a send over an older link is refused with
+  // version_mismatch).
   delivery_mode delivery = delivery_mode::end_to_end;
-  // end_to_end: a message the target has not acknowledged after this time fails (timeout).
+  // end_to_end: a message the target has not acknowledged after this time fails (timeout). At
+  // most one day (86400000), as resend_timeout_ms: the resend timer's backoff stays in range.
   // A target keeps a silent flow's position for max(flow_idle_ms, twice its own
   // delivery_timeout_ms), and a source may resend a message until this deadline: give the nodes of
   // a bus the same value (a source whose deadline is longer than that may see a message whose
@@ -146,7 +152,8 @@ struct node_config {
   size_t retransmit_max_messages = 65536;
   size_t retransmit_max_bytes = size_t{8} << 20;
   // end_to_end: when a flow's acknowledgements stop advancing for this long, its unacknowledged
-  // messages are sent again (the wait doubles, up to 8x, while nothing advances).
+  // messages are sent again (the wait doubles, up to 8x, while nothing advances). At most one
+  // day (86400000).
   uint32_t resend_timeout_ms = 200;
   // end_to_end: stop() keeps the links open this long at most for the acknowledgements of
   // messages sent and not acknowledged yet, while a registered link is left (0: closed at once).
@@ -172,10 +179,12 @@ struct node_config {
   // Authentication is two-way (protocol version 6): a node with tokens also requires the node it
   // connects to (parent or sibling) to prove one, over a nonce of its own, and closes the link
   // (access_denied, retried with backoff) if it does not; a peer that negotiates version 5 or
-  // less cannot prove itself and is refused. With tokens, every message written into this node's
-  // shared-memory ring must carry its writer's tag, derived from the token and the writer's id
-  // (docs/security.md): records without a valid one, or whose source id that writer may not
-  // speak for, are dropped and counted (node_counters::shm_rejected).
+  // less cannot prove itself and is refused. So a node that dials (parent_urls,
+  // discovery_parent_type, or discovery with sibling_direct: other trees' nodes) needs
+  // protocol_max 6 with tokens; only a node that never dials may stay below. With tokens, every
+  // message written into this node's shared-memory ring must carry its writer's tag, derived from
+  // the token and the writer's id (docs/security.md): records without a valid one, or whose source
+  // id that writer may not speak for, are dropped and counted (node_counters::shm_rejected).
   std::vector<std::string> access_tokens;
   // Protocol versions offered; the highest common one is used.
   uint8_t protocol_min = proto::kMinVersion;
@@ -184,6 +193,8 @@ struct node_config {
 
   // Use shared memory for data to peers on the same host that offer a shm:// URL.
   bool enable_shm = true;
+  // Our shm:// ring's data bytes: a power of two, at most 2^46, holding two records of
+  // max(message_limit + 85, 64 KiB) (validate() names the smallest that does).
   size_t shm_ring_bytes = size_t{8} << 20;
   // How long our ring's reader waits for a writer that reserved a record but has not committed it
   // before skipping the record (a crashed writer must not wedge the ring). Larger than the shm
@@ -243,7 +254,8 @@ struct node_config {
   bool tcp_nodelay = true;
   // Link compression (docs/compression.md "On the bus"), negotiated at registration (protocol
   // version 6): used when both nodes ask for a codec, the acceptor's both ways, each side at its
-  // level. Data messages of >= compression_threshold bytes are compressed one by one, sent so only
+  // level; so a codec needs protocol_max 6 (validate() refuses one below: it would never be used).
+  // Data messages of >= compression_threshold bytes are compressed one by one, sent so only
   // if that saves bytes; the receiver restores each first, within the message limit (a bad block:
   // protocol_error; one our node cannot restore for want of memory: no_memory, the link closes,
   // the message unacknowledged: end-to-end delivery resends it). Shared memory: never compressed.
@@ -273,7 +285,8 @@ struct node_config {
   // tree's own entries (parent = 0 for a node known only from etcd). stop() revokes the lease.
   // etcd being unreachable never stops the node: the last directory is kept. Default: off.
   discovery_config discovery;
-  // With discovery on and parent_urls empty: register to the lowest-id discovered node of this
+  // With discovery on and parent_urls empty (validate() refuses it with parent_urls, which would
+  // take precedence): register to the lowest-id discovered node of this
   // type ("" = none: the node is a root) carrying every label of discovery_parent_labels, at its
   // stream listen URLs; until one is found the node is not up and messages for the rest of the
   // bus wait in the parent queue (within their deadlines). A lost link is first retried at the

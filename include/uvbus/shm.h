@@ -65,7 +65,8 @@ struct shm_config {
   uint32_t abandon_timeout_us = 4000;
   // Nodes of a skipped record are not reused until its writer acknowledged the skip (it does so
   // in send() when it finds out) or this much more time passed (a dead writer never
-  // acknowledges). Guards a stalled writer's late copy from landing on newer records.
+  // acknowledges). Guards a stalled writer's late copy from landing on newer records: must not
+  // be 0 (shm_validate refuses it: every skipped record's nodes would be reused at once).
   uint32_t reclaim_timeout_us = 1000000;
   // Reader on a loop: after the ring runs dry it keeps polling (loop turns without blocking) for
   // this long before it goes to sleep on the futex. 0 = sleep at once (lowest CPU, ~tens of µs

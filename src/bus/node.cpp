@@ -459,7 +459,13 @@ errc node::impl::send_failed(errc e, bus_id target, size_t size, const send_opti
     case errc::access_denied:
     case errc::out_of_subnet:
     case errc::version_mismatch:
-      last_err.detail = std::string("the parent refused this node for good: ") + to_string(e);
+      // A link below the version the message needs refuses it too (node_delivery.cpp).
+      last_err.detail =
+          parent_failed && e == parent_refusal
+              ? std::string("the parent refused this node for good: ") + to_string(e)
+              : std::string("the link toward ") + id +
+                    " negotiated a protocol version below what this message needs (end-to-end "
+                    "flows: 3, calls: 5)";
       break;
     case errc::invalid_argument:
       last_err.detail = target == 0 ? "bus id 0 is reserved: it is no node's id, not a target"

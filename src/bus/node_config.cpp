@@ -11,6 +11,12 @@ namespace uvbus {
 
 namespace {
 
+// The largest message_limit: its frame on a link (plus kMaxBusOverhead) is at most 1 GiB.
+constexpr size_t kMaxMessageLimit = (size_t{1} << 30) - kMaxBusOverhead;
+// delivery_timeout_ms and resend_timeout_ms at most one day: the resend timer's backoff
+// (node_flow.cpp: twice the round trip, up to 8x, doubled) then stays within 32 bits.
+constexpr uint32_t kMaxFlowTimerMs = 86400000;
+
 errc refuse(std::string* detail, errc e, const std::string& text) {
   if (detail != nullptr) *detail = "node_config." + text;
   return e;
@@ -126,6 +132,18 @@ errc check_parents(const node_config& cfg, std::string* detail) {
                     field + " " + quoted(cfg.parent_urls[i]) +
                         ": a parent is reached over a stream URL (ipv4, ipv6, dns, unix)");
     }
+    // Every dial would be refused (bad_url) or never resolve: the node would retry for ever.
+    if (a.kind != scheme::unix_socket && a.port == 0) {
+      return refuse(detail, errc::bad_url,
+                    field + " " + quoted(cfg.parent_urls[i]) + ": port 0 cannot be dialled");
+    }
+    if (a.kind == scheme::dns && std::any_of(a.host.begin(), a.host.end(), [](char ch) {
+          return static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f;
+        })) {
+      return refuse(detail, errc::bad_url,
+                    field + " " + quoted(cfg.parent_urls[i]) +
+                        ": the host holds a space or control byte (no name resolves so)");
+    }
   }
   if (cfg.join_as_tool && cfg.parent_urls.empty()) {
     return refuse(detail, errc::invalid_argument,
@@ -193,6 +211,13 @@ errc check_labels(const node_config& cfg, std::string* detail) {
     return refuse(detail, errc::invalid_argument,
                   "discovery_parent_type is set but discovery.etcd_endpoints is empty");
   }
+  if (!cfg.discovery_parent_type.empty() && !cfg.parent_urls.empty()) {
+    // The node registers to parent_urls: the rule would never be applied.
+    return refuse(detail, errc::invalid_argument,
+                  "discovery_parent_type is set with parent_urls (" +
+                      std::to_string(cfg.parent_urls.size()) +
+                      " URLs): the node registers to those, the rule would be ignored");
+  }
   if (cfg.discovery_parent_type.empty() && !cfg.discovery_parent_labels.empty()) {
     // Labels alone are no rule (the type names the parent's kind): they would be ignored.
     return refuse(detail, errc::invalid_argument,
@@ -238,14 +263,17 @@ errc check_ids(const node_config& cfg, std::string* detail) {
                       std::to_string(cfg.protocol_max) + ") must be a non-empty range from 1");
   }
   // Below version 6 a connector sends no nonce, so it can never check the acceptor's proof and
-  // refuses every parent and sibling (node_secure.cpp): a dialling node would never come up. An
-  // acceptor only (a root) may stay at 5: its version-6 children refuse it, which they report.
-  const bool dials = !cfg.parent_urls.empty() || !cfg.discovery_parent_type.empty();
+  // refuses every parent and sibling (node_secure.cpp): a dialling node would never come up, nor
+  // reach a node of another tree (discovery with sibling_direct dials those directly). An
+  // acceptor only (a root without either) may stay at 5: its version-6 children refuse it, which
+  // they report.
+  const bool dials = !cfg.parent_urls.empty() || !cfg.discovery_parent_type.empty() ||
+                     (!cfg.discovery.etcd_endpoints.empty() && cfg.sibling_direct);
   if (!cfg.access_tokens.empty() && dials && cfg.protocol_max < 6) {
     return refuse(detail, errc::invalid_argument,
                   "protocol_max (" + std::to_string(cfg.protocol_max) +
-                      ") must be at least 6 with access_tokens when this node dials a parent "
-                      "(two-way authentication)");
+                      ") must be at least 6 with access_tokens when this node dials a parent, or "
+                      "other trees' nodes (discovery with sibling_direct): two-way authentication");
   }
   if (cfg.default_ttl == 0) {
     return refuse(detail, errc::invalid_argument, "default_ttl must be at least 1");
@@ -253,12 +281,30 @@ errc check_ids(const node_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
+// The delivery mode and the codec, each against the versions that carry it.
 errc check_compression(const node_config& cfg, std::string* detail) {
+  if (cfg.delivery != delivery_mode::end_to_end && cfg.delivery != delivery_mode::next_hop) {
+    return refuse(detail, errc::invalid_argument,
+                  "delivery (" + std::to_string(static_cast<int>(cfg.delivery)) +
+                      ") is not end_to_end or next_hop");
+  }
+  // Flows are version 3: below it every message to another node is refused (version_mismatch).
+  if (cfg.delivery == delivery_mode::end_to_end && cfg.protocol_max < 3) {
+    return refuse(detail, errc::invalid_argument,
+                  "delivery end_to_end needs protocol_max (" + std::to_string(cfg.protocol_max) +
+                      ") of at least 3 (flows); next_hop works at any version");
+  }
   const auto c = static_cast<codec>(cfg.compression);
   if (c != codec::none && c != codec::lz4 && c != codec::zstd) {
     return refuse(detail, errc::invalid_argument,
                   "compression (" + std::to_string(static_cast<int>(cfg.compression)) +
                       ") is not none, lz4 or zstd");
+  }
+  // Negotiated in version 6's registration extension: below it no link is ever compressed.
+  if (c != codec::none && cfg.protocol_max < 6) {
+    return refuse(detail, errc::invalid_argument,
+                  std::string("compression (") + to_string(c) + ") needs protocol_max (" +
+                      std::to_string(cfg.protocol_max) + ") of at least 6, where it is negotiated");
   }
   const codec_levels lv = levels_of(c);
   if (cfg.compression_level < lv.min || cfg.compression_level > lv.max) {
@@ -282,10 +328,12 @@ errc check_caps(const node_config& cfg, std::string* detail) {
 }
 
 errc check_sizes(const node_config& cfg, std::string* detail) {
-  if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
-    return refuse(
-        detail, errc::invalid_argument,
-        "message_limit (" + std::to_string(cfg.message_limit) + ") must be 1 .. 1073741824");
+  // A link's frame limit is message_limit plus the bus overhead, and a stream's is at most 1 GiB.
+  if (cfg.message_limit == 0 || cfg.message_limit > kMaxMessageLimit) {
+    return refuse(detail, errc::invalid_argument,
+                  "message_limit (" + std::to_string(cfg.message_limit) + ") must be 1 .. " +
+                      std::to_string(kMaxMessageLimit) + " (1 GiB less " +
+                      std::to_string(kMaxBusOverhead) + " bytes of bus overhead)");
   }
   const size_t frame = frame_size(cfg.message_limit + kMaxBusOverhead);
   if (cfg.link_queue_bytes < frame) {
@@ -377,6 +425,15 @@ errc check_timers(const node_config& cfg, std::string* detail) {
                       std::to_string(cfg.heartbeat_interval_ms) +
                       "): one late ping must not drop a link");
   }
+  for (const auto& [name, v] :
+       {std::pair<const char*, uint32_t>{"delivery_timeout_ms", cfg.delivery_timeout_ms},
+        {"resend_timeout_ms", cfg.resend_timeout_ms}}) {
+    if (v > kMaxFlowTimerMs) {
+      return refuse(detail, errc::invalid_argument,
+                    std::string(name) + " (" + std::to_string(v) + ") must be at most " +
+                        std::to_string(kMaxFlowTimerMs) + " (one day)");
+    }
+  }
   if (cfg.reconnect_min_ms > cfg.reconnect_max_ms) {
     return refuse(detail, errc::invalid_argument,
                   "reconnect_min_ms (" + std::to_string(cfg.reconnect_min_ms) +
@@ -401,6 +458,11 @@ errc check_shm(const node_config& cfg, std::string* detail) {
   if (cfg.shm_abandon_timeout_us == 0) {
     return refuse(detail, errc::invalid_argument, "shm_abandon_timeout_us must not be 0");
   }
+  if (cfg.shm_ring_bytes > (size_t{1} << 46)) {
+    return refuse(detail, errc::invalid_argument,
+                  "shm_ring_bytes (" + std::to_string(cfg.shm_ring_bytes) +
+                      ") must be at most 2^46 (70368744177664)");
+  }
   shm_config sc = detail::ring_config(cfg);
   if (shm_validate(sc) == errc::ok) return errc::ok;
   // A record spans at most kMaxRecordNodes nodes: no ring carries a larger message.
@@ -424,7 +486,9 @@ errc check_shm(const node_config& cfg, std::string* detail) {
   }
   return refuse(detail, errc::invalid_argument,
                 "shm_ring_bytes (" + std::to_string(cfg.shm_ring_bytes) +
-                    ") must be a power of two holding two records of message_limit" +
+                    ") must be a power of two holding two records of " +
+                    std::to_string(sc.max_record_size) + " bytes (max(message_limit + " +
+                    std::to_string(kMaxBusOverhead) + ", 65536))" +
                     (need != 0 ? " (at least " + std::to_string(need) + ")" : std::string()));
 }
 

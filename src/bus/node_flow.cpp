@@ -224,6 +224,8 @@ void node::impl::flow_sample_rtt(tx_flow& f, uint64_t through) {
   f.srtt_ms = static_cast<uint32_t>(std::min<uint64_t>(s, cfg.delivery_timeout_ms));
 }
 
+// validate() bounds resend_timeout_ms and delivery_timeout_ms (which bounds srtt_ms) to one day:
+// twice the round trip, its 8x and the doubled backoff below stay within 32 bits.
 uint32_t node::impl::flow_base_rto(const tx_flow& f) const {
   return std::max(cfg.resend_timeout_ms, 2 * f.srtt_ms);
 }

@@ -62,6 +62,9 @@ errc shm_validate(const shm_config& cfg, std::string* detail) {
   }
   if (cfg.abandon_timeout_us == 0)
     return refuse(detail, [&] { return std::string("abandon_timeout_us must be non-zero"); });
+  // 0 would reuse a skipped record's nodes at once, under a merely slow writer's late copy.
+  if (cfg.reclaim_timeout_us == 0)
+    return refuse(detail, [&] { return std::string("reclaim_timeout_us must be non-zero"); });
   if (cfg.layout_version != 0 &&
       (cfg.layout_version < kOldestVersion || cfg.layout_version > kVersion)) {
     return refuse(detail, [&] {

@@ -325,6 +325,59 @@ std::vector<rule> run_time_rules_2() {
   };
 }
 
+// Combinations that passed validate() and could never work: a parent no dial reaches, a delivery
+// mode or codec the node's versions cannot carry, a rule that would be ignored, a timer that wraps.
+std::vector<rule> unusable_rules() {
+  return {
+      {"parent at port 0",
+       [](C* c) {
+         c->parent_urls = {"ipv4://127.0.0.1:1", "dns://h:0"};
+       },
+       errc::bad_url, "parent_urls[1] \"dns://h:0\": port 0 cannot be dialled"},
+      {"parent host with a space", [](C* c) { c->parent_urls = {"dns://bad host:80"}; },
+       errc::bad_url, "parent_urls[0] \"dns://bad host:80\": the host holds a space or control"},
+      {"parent host with a newline", [](C* c) { c->parent_urls = {"dns://a\nb:80"}; },
+       errc::bad_url, "parent_urls[0] \"dns://a\nb:80\": the host holds a space or control"},
+      {"end to end at version 2", [](C* c) { c->protocol_max = 2; }, errc::invalid_argument,
+       "delivery end_to_end needs protocol_max (2) of at least 3"},
+      {"tokens at version 5 on a root that dials other trees",
+       [](C* c) {
+         with_etcd(c);
+         c->access_tokens = {"secret"};
+         c->protocol_max = 5;
+       },
+       errc::invalid_argument, "protocol_max (5) must be at least 6 with access_tokens"},
+      {"message_limit above 1 GiB less the bus overhead",
+       [](C* c) { big_messages(c, (size_t{1} << 30) - detail::kMaxBusOverhead + 1); },
+       errc::invalid_argument, "message_limit (1073741740) must be 1 .. 1073741739"},
+      {"parent type with parent_urls",
+       [](C* c) {
+         leaf(c);
+         with_etcd(c);
+         c->discovery_parent_type = "relay";
+       },
+       errc::invalid_argument, "discovery_parent_type is set with parent_urls"},
+      {"delivery out of range", [](C* c) { c->delivery = static_cast<delivery_mode>(9); },
+       errc::invalid_argument, "delivery (9) is not end_to_end or next_hop"},
+      {"compression at version 5",
+       [](C* c) {
+         c->compression = compression_codec::lz4;
+         c->protocol_max = 5;
+       },
+       errc::invalid_argument, "compression (lz4) needs protocol_max (5) of at least 6"},
+      {"shm ring above 2^46",
+       [](C* c) {
+         c->listen = {"shm://x"};
+         c->shm_ring_bytes = size_t{1} << 47;
+       },
+       errc::invalid_argument, "shm_ring_bytes (140737488355328) must be at most 2^46"},
+      {"resend timeout whose backoff wraps", [](C* c) { c->resend_timeout_ms = 1u << 29; },
+       errc::invalid_argument, "resend_timeout_ms (536870912) must be at most 86400000"},
+      {"delivery timeout whose round trip wraps", [](C* c) { c->delivery_timeout_ms = 1u << 31; },
+       errc::invalid_argument, "delivery_timeout_ms (2147483648) must be at most 86400000"},
+  };
+}
+
 // The inherited flow positions, parsed as start() parses them (node 1's are taken).
 std::vector<rule> positions_rules() {
   return {
@@ -359,6 +412,7 @@ std::vector<rule> rules() {
   for (auto& r : timer_rules()) all.push_back(std::move(r));
   for (auto& r : run_time_rules()) all.push_back(std::move(r));
   for (auto& r : run_time_rules_2()) all.push_back(std::move(r));
+  for (auto& r : unusable_rules()) all.push_back(std::move(r));
   for (auto& r : positions_rules()) all.push_back(std::move(r));
   return all;
 }
@@ -410,6 +464,37 @@ TEST(NodeConfig, DefaultsAndTheTestConfigAreValid) {
   EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
   c = fast_config();
   c.inherit_flow_positions = test::positions_blob(1, 2);  // its own, whole
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+}
+
+// The limits of the rules above, and their neighbours that work, stay valid.
+TEST(NodeConfig, TheEdgesOfTheUnusableCombinationsPass) {
+  std::string why;
+  node_config c = fast_config();
+  c.delivery = delivery_mode::next_hop;  // flows are not needed: version 2 will do
+  c.protocol_max = 2;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();
+  c.protocol_max = 3;
+  c.parent_urls = {"unix:///tmp/parent.sock", "dns://parent.example:7000"};
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();  // a root with discovery that never dials another tree's nodes
+  with_etcd(&c);
+  c.sibling_direct = false;
+  c.access_tokens = {"secret"};
+  c.protocol_max = 5;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();
+  big_messages(&c, (size_t{1} << 30) - detail::kMaxBusOverhead);
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();
+  c.compression = compression_codec::zstd;
+  c.protocol_max = 6;
+  c.delivery_timeout_ms = c.resend_timeout_ms = 86400000;
+  EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
+  c = fast_config();
+  c.listen = {"shm://x"};
+  c.shm_ring_bytes = size_t{1} << 46;
   EXPECT_EQ(node::validate(1, c, &why), errc::ok) << why;
 }
 

@@ -501,5 +501,22 @@ TEST_F(NodeContract, TheLastUserTypeIsNotTheOtherLatencySeries) {
   EXPECT_EQ(text.find("type=\"other\""), std::string::npos) << text;
 }
 
+// A message refused because its link speaks too old a version (flows need 3) is named so: the
+// detail said "the parent refused this node for good: version_mismatch", though the parent had
+// accepted it and the node's other sends still went.
+TEST_F(NodeContract, ALinkTooOldForTheMessageIsNamedNotAParentsRefusal) {
+  node_config pc = fast_config();
+  pc.delivery = delivery_mode::next_hop;
+  pc.protocol_max = 2;
+  p_ = make_root(0x100, {{0x100, 8}}, pc);
+  a_ = make_child(0x101, p_);  // end to end
+  ASSERT_TRUE(wait([&] { return a_->n->up(); }));
+  EXPECT_EQ(a_->n->send_data(0x100, 1, "x", 1), errc::version_mismatch);
+  const error_info e = a_->n->last_error();
+  EXPECT_FALSE(says(e, "refused this node")) << e.detail;
+  EXPECT_TRUE(says(e, "negotiated a protocol version below what this message needs")) << e.detail;
+  EXPECT_TRUE(a_->n->up());
+}
+
 }  // namespace
 }  // namespace uvbus::node_contract_test

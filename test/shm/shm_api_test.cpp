@@ -40,6 +40,12 @@ TEST(ShmApi, ValidateNamesTheFieldAndTheRule) {
   cfg = small_ring();
   cfg.abandon_timeout_us = 0;
   EXPECT_EQ(shm_validate(cfg), errc::invalid_argument);  // the detail is optional
+  // 0 released a skipped record's nodes at once: a merely slow writer's late copy could land on
+  // the records written into them since (docs/shm.md "Writer merely slow").
+  cfg = small_ring();
+  cfg.reclaim_timeout_us = 0;
+  EXPECT_EQ(shm_validate(cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("shm_config.reclaim_timeout_us must be non-zero"), std::string::npos) << why;
 }
 
 // batch_max sizes an array open() allocates and zero-fills up front (16 bytes a record): before,
