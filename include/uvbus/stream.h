@@ -139,7 +139,9 @@ struct stream_config {
   // post-handshake message (up to about 128 KiB). Checked by one timer per channel every timeout/4
   // (at least every 10 ms), so a stalled half-frame is closed within 1.25 x the timeout. A
   // connection paused with pause_reading() is not checked (the wait is the owner's, not the
-  // peer's): its clock starts again at resume_reading(). 0: never.
+  // peer's): its clock starts again at resume_reading(). A TLS link draining after a graceful
+  // disconnect() is, while its session holds part of a record or of a post-handshake message (its
+  // close_notify waits for the rest). 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
   // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
   // been empty, with nothing written, for this long (the same timer checks, at least every half

@@ -11,7 +11,9 @@
 //     not decrypt recorded traffic.
 // The stream frames (MurmurHash3 + length) travel unchanged inside the TLS records. Settings are
 // checked (and the files read) when listen() or connect() is called; errors name the file or the
-// setting (stream_channel::last_error()).
+// setting (stream_channel::last_error()). stream_channel::validate() checks them too, building
+// the TLS context once (a suite name or a file's content OpenSSL refuses is invalid_argument
+// there); only a file it cannot read at that moment is left to listen() and connect().
 #pragma once
 
 #include <cstdint>
@@ -50,9 +52,10 @@ struct tls_config {
 
   // TLS 1.3 cipher suites (OpenSSL's syntax). Empty: OpenSSL's default list in certificate mode;
   // TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256 in psk mode, whose key is bound to SHA-256
-  // (a psk-mode list without a *_SHA256 suite could never use the key: refused with
-  // invalid_argument). A list OpenSSL refuses is invalid_argument too, when a listen or dial
-  // first builds the context (the detail names the list).
+  // (a psk-mode list holding any suite that is not *_SHA256 is refused with invalid_argument: a
+  // server preferring that suite would skip the key and fail every handshake). A list OpenSSL
+  // refuses is invalid_argument too, from validate() or when a listen or dial builds the context
+  // (the detail names the list).
   std::string ciphersuites;
 
   // A connection that has not finished its handshake within this time is closed with

@@ -41,7 +41,9 @@ void stream_channel::impl::sweep() {
 // A connection's turn: its idle grown ring (and TLS buffers) freed, its stalled half-frame closed.
 // Only a connection that is reading counts as stalled: one the owner paused (a bus node holding an
 // upstream link back for a slow next hop) waits by the owner's choice, and its clock restarts at
-// resume_reading(); a draining one reads no more. A send ring that grew and has been empty, with
+// resume_reading(). A draining one delivers no more (its half frame is gone), but a TLS link's
+// session still reads: part of a record or of a post-handshake message held there (its close_notify
+// waits for the rest) counts as for a connected one. A send ring that grew and has been empty, with
 // no write in flight and no reservation open, since a flush send_ring_idle_ms ago is freed, and so
 // are a TLS link's ciphertext buffers (a batch's ciphertext each, kept while traffic flows).
 void stream_channel::impl::sweep_one(conn_impl* c, uint64_t now) {
@@ -50,9 +52,13 @@ void stream_channel::impl::sweep_one(conn_impl* c, uint64_t now) {
     if (c->queue) (void)c->queue->release_storage(true);
     if (c->secure) c->secure->release_buffers();  // only the empty ones
   }
-  if (cfg.partial_frame_timeout_ms != 0 && c->state == conn_state::connected && !c->paused &&
-      (c->decoder.buffered() != 0 || (c->secure && c->secure->holds_partial_input())) &&
-      now - c->last_read_ms >= cfg.partial_frame_timeout_ms) {
+  if (cfg.partial_frame_timeout_ms == 0 || now - c->last_read_ms < cfg.partial_frame_timeout_ms) {
+    return;
+  }
+  const bool connected = c->state == conn_state::connected && !c->paused;
+  const bool draining = c->state == conn_state::draining && c->reading;
+  if ((connected && c->decoder.buffered() != 0) ||
+      ((connected || draining) && c->secure && c->secure->holds_partial_input())) {
     ++c->m().partial_frame_timeouts;
     end_conn(c, errc::timeout);
   }

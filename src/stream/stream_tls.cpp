@@ -190,18 +190,17 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
   c->last_read_ms = uv_now(loop);
   s.set_now(c->last_read_ms);
   s.set_input(reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread));
-  // The input points into the per-thread read buffer: forgotten at every exit of this call, so
-  // that nothing later (a write, close_notify) can read through a stale pointer. The session
-  // lives as long as c, which is freed from the loop, never inside this call.
+  // The input points into the per-thread read buffer: forgotten at every exit of this call (no
+  // stale pointer for a later write or close_notify; the session lives as long as c).
   struct input_reset {
     detail::tls_session* session;
     ~input_reset() { session->set_input(nullptr, 0); }
   } const forget{&s};
   if (!s.done()) {
     tls_handshake(c);
-    // on_accepted / on_connected may have disconnected it: a graceful disconnect delivers
-    // nothing more, not even the rest of this read (as on_read drops reads while draining).
-    if (!s.done() || c->state != conn_state::connected) return;
+    // on_accepted / on_connected may have disconnected it. Draining, the rest of this read still
+    // goes through the session (its plaintext dropped below): the next read continues it.
+    if (!s.done() || c->state == conn_state::closing) return;
   }
   uint8_t* plain = plain_buffer();
   if (plain == nullptr) {
@@ -216,7 +215,9 @@ void stream_channel::impl::tls_on_read(conn_impl* c, ssize_t nread, const uv_buf
       if (c->state == conn_state::draining) {  // as an end of stream while draining: reading ends,
         uv_read_stop(c->stream());             // the queue still drains
         c->reading = false;
-        return;
+        // The same read may have completed the post-handshake message our close_notify (and
+        // the queue) waited for: flushed below, as no later read will.
+        break;
       }
       end_conn(c, c->decoder.buffered() == 0 ? errc::ok : errc::connection_reset);
       return;

@@ -50,18 +50,23 @@ errc ssl_error(const std::string& what, std::string* detail, errc e = errc::tls_
   return e;
 }
 
-// A psk-mode key is bound to SHA-256: a list without a *_SHA256 suite could never use it.
-bool has_sha256_suite(const std::string& suites) {
+// A psk-mode key is bound to SHA-256: the first suite of the list that is not a *_SHA256 one
+// (empty if none). A server that prefers such a suite picks it and skips the PSK, whose hash does
+// not match, so every handshake would fail ("no suitable signature algorithm").
+std::string_view non_sha256_suite(const std::string& suites) {
   constexpr std::string_view kTail = "_SHA256";
   size_t from = 0;
-  while (from <= suites.size()) {
+  while (from < suites.size()) {
     size_t end = suites.find(':', from);
     if (end == std::string::npos) end = suites.size();
     const std::string_view one(suites.data() + from, end - from);
-    if (one.size() >= kTail.size() && one.substr(one.size() - kTail.size()) == kTail) return true;
+    if (!one.empty() &&
+        (one.size() < kTail.size() || one.substr(one.size() - kTail.size()) != kTail)) {
+      return one;
+    }
     from = end + 1;
   }
-  return false;
+  return {};
 }
 
 SSL_SESSION* psk_session(SSL* ssl, const tls_context* tc) {
@@ -152,9 +157,7 @@ errc check_key_updates(const tls_config& cfg, std::string* detail) {
   return errc::ok;
 }
 
-}  // namespace
-
-errc tls_context::check(const tls_config& cfg, std::string* detail) {
+errc check_settings(const tls_config& cfg, std::string* detail) {
   auto bad = [detail](const std::string& why) {
     if (detail != nullptr) *detail = why;
     return errc::invalid_argument;
@@ -177,9 +180,10 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
         return bad("tls: psk mode needs psk_token of at least 16 bytes");
       }
       if (cfg.psk_identity.empty()) return bad("tls: psk_identity must not be empty");
-      if (!cfg.ciphersuites.empty() && !has_sha256_suite(cfg.ciphersuites)) {
-        return bad("tls: ciphersuites '" + cfg.ciphersuites +
-                   "' has no *_SHA256 suite, the only ones a psk-mode key can use");
+      if (const std::string_view other = non_sha256_suite(cfg.ciphersuites); !other.empty()) {
+        return bad("tls: ciphersuites '" + cfg.ciphersuites + "' holds " + std::string(other) +
+                   ": psk mode takes only *_SHA256 suites (the PSK's hash; a server preferring "
+                   "another skips the PSK and every handshake fails)");
       }
       if (cfg.psk_identity.size() > kMaxPskIdentity) {
         return bad("tls: psk_identity is " + std::to_string(cfg.psk_identity.size()) +
@@ -194,10 +198,33 @@ errc tls_context::check(const tls_config& cfg, std::string* detail) {
   return check_key_updates(cfg, detail);
 }
 
+}  // namespace
+
+errc tls_context::check(const tls_config& cfg, std::string* detail) {
+  errc e = check_settings(cfg, detail);
+  if (e != errc::ok || cfg.mode == tls_mode::off) return e;
+  // What only OpenSSL can judge (a suite name, a file's content) is refused here too: the context
+  // is built once and dropped. A file that cannot be read now (it may be there by the first
+  // listen or dial, which name it) and no memory are left to create().
+  std::shared_ptr<const tls_context> built;
+  std::string why;
+  e = build(cfg, &built, &why);
+  if (e == errc::ok || e == errc::not_found || e == errc::permission_denied ||
+      e == errc::io_error || e == errc::no_memory) {
+    return errc::ok;
+  }
+  if (detail != nullptr) *detail = why;
+  return e;
+}
+
 errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
                          std::string* detail) {
-  errc e = check(cfg, detail);
-  if (e != errc::ok) return e;
+  const errc e = check_settings(cfg, detail);
+  return e != errc::ok ? e : build(cfg, out, detail);
+}
+
+errc tls_context::build(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
+                        std::string* detail) {
   std::shared_ptr<tls_context> tc(new (std::nothrow) tls_context);
   if (!tc) return errc::no_memory;
   tc->cfg_ = cfg;
@@ -226,7 +253,8 @@ errc tls_context::create(const tls_config& cfg, std::shared_ptr<const tls_contex
   if (!suites.empty() && SSL_CTX_set_ciphersuites(c, suites.c_str()) != 1) {
     return ssl_error("ciphersuites '" + suites + "' rejected", detail, errc::invalid_argument);
   }
-  e = cfg.mode == tls_mode::certificate ? tc->load_certificates(detail) : tc->setup_psk(detail);
+  const errc e =
+      cfg.mode == tls_mode::certificate ? tc->load_certificates(detail) : tc->setup_psk(detail);
   if (e != errc::ok) return e;
   *out = std::move(tc);
   return errc::ok;
@@ -238,18 +266,20 @@ errc tls_context::load_certificates(std::string* detail) {
   if (e == errc::ok) e = file_error("CA file", cfg_.ca_file, detail);
   if (e != errc::ok) return e;
   if (SSL_CTX_use_certificate_chain_file(ctx_, cfg_.cert_file.c_str()) != 1) {
-    return ssl_error("cannot load certificate file " + cfg_.cert_file, detail,
+    return ssl_error("cert_file: cannot load certificate file " + cfg_.cert_file, detail,
                      errc::invalid_argument);
   }
   if (SSL_CTX_use_PrivateKey_file(ctx_, cfg_.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return ssl_error("cannot load key file " + cfg_.key_file, detail, errc::invalid_argument);
-  }
-  if (SSL_CTX_check_private_key(ctx_) != 1) {
-    return ssl_error("key file " + cfg_.key_file + " does not match " + cfg_.cert_file, detail,
+    return ssl_error("key_file: cannot load key file " + cfg_.key_file, detail,
                      errc::invalid_argument);
   }
+  if (SSL_CTX_check_private_key(ctx_) != 1) {
+    return ssl_error("key_file " + cfg_.key_file + " does not match cert_file " + cfg_.cert_file,
+                     detail, errc::invalid_argument);
+  }
   if (SSL_CTX_load_verify_locations(ctx_, cfg_.ca_file.c_str(), nullptr) != 1) {
-    return ssl_error("cannot load CA file " + cfg_.ca_file, detail, errc::invalid_argument);
+    return ssl_error("ca_file: cannot load CA file " + cfg_.ca_file, detail,
+                     errc::invalid_argument);
   }
   return errc::ok;
 }

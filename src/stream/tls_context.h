@@ -22,7 +22,10 @@ class tls_context {
   // setting: *detail has OpenSSL's reason), no_memory.
   static errc create(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
                      std::string* detail);
-  // Only the settings, without touching any file (stream_channel::validate()).
+  // The settings, then what only OpenSSL can judge (a cipher suite name, a file's content): the
+  // context is built once and dropped (stream_channel::validate(), node::validate()). Refuses as
+  // create() does, except that a file that cannot be read now (not_found, permission_denied,
+  // io_error) and no_memory pass: listen() and connect() read the files again and name them.
   static errc check(const tls_config& cfg, std::string* detail);
 
   tls_context(const tls_context&) = delete;
@@ -36,6 +39,9 @@ class tls_context {
 
  private:
   tls_context() = default;
+  // create() after the settings were checked.
+  static errc build(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
+                    std::string* detail);
   errc load_certificates(std::string* detail);
   errc setup_psk(std::string* detail);
 

@@ -294,6 +294,10 @@ errc tls_session::failure(int ret, const char* what, std::string* detail) {
     *detail = verify_detail_;
     return errc::peer_not_authenticated;
   }
+  if (why.empty() && e == SSL_ERROR_ZERO_RETURN) {  // only read() takes it for a graceful end
+    why = done_ ? "the peer closed the connection (close_notify)"
+                : "the peer closed the connection (close_notify) during the handshake";
+  }
   if (why.empty())
     why = e == SSL_ERROR_SYSCALL ? "unexpected end of data" : "SSL error " + std::to_string(e);
   *detail = std::string("tls: ") + what + " failed: " + why;

@@ -1,8 +1,9 @@
 // Protocol version 6's link protection on live nodes: two-way authentication (an acceptor that
 // cannot prove a token is refused by the connector), token rotation, link compression negotiated
 // at registration (and a compression bomb from a hand-made peer), a registered peer forging a
-// source in flow data, a tool or sibling declaring subnets it cannot own, and shared-memory writer
-// tags (records without a valid tag, or speaking for another node, are dropped and counted).
+// source in flow data, a tool or sibling declaring subnets it cannot own, shared-memory writer
+// tags (records without a valid tag, or speaking for another node, are dropped and counted), and a
+// TLS setting only OpenSSL refuses (refused by start()).
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -396,6 +397,22 @@ TEST_F(NodeSecure, BadCompressionSettingsAreRefusedByName) {
   c.compression_level = 0;
   EXPECT_EQ(node::validate(kRoot, c, &why), errc::invalid_argument);
   EXPECT_NE(why.find("compression (9)"), std::string::npos) << why;
+}
+
+// A suite OpenSSL refuses passed start(), then every dial failed for ever: start() refuses it.
+TEST_F(NodeSecure, ATlsSuiteOpenSslRefusesIsRefusedByStart) {
+  node_config c = fast_config();
+  c.listen.clear();  // a leaf: only dials, which failed
+  c.parent_urls = {"ipv4://127.0.0.1:1"};
+  c.tls.mode = tls_mode::psk;
+  c.tls.psk_token = std::string(20, 't');
+  c.tls.ciphersuites = "TLS_BOGUS_SHA256";
+  bus_node* leaf = make(kChild, c, false);
+  EXPECT_EQ(leaf->n->start(), errc::invalid_argument);
+  EXPECT_NE(leaf->n->last_error().detail.find("tls: ciphersuites 'TLS_BOGUS_SHA256'"),
+            std::string::npos)
+      << leaf->n->last_error().detail;
+  EXPECT_FALSE(leaf->n->running());
 }
 
 // A registered peer that speaks for its sibling in flow data (the message kind the receive path

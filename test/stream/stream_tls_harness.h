@@ -33,6 +33,9 @@ class raw_tls_client {
     int max_version = TLS1_3_VERSION;
     std::string cert, key, ca;
     int key_updates = 0;  // sent after the handshake, as fast as possible
+    // Sends its ClientHello followed, in the same write, by a plaintext close_notify alert, and
+    // reads until the connection ends (no handshake).
+    bool close_in_hello = false;
   };
   // raw_after: written to the socket as it is after the handshake (and the KeyUpdates), outside
   // TLS: the start of a record, say.
@@ -59,7 +62,9 @@ class raw_tls_client {
     }
     SSL* ssl = SSL_new(ctx);
     SSL_set_fd(ssl, fd);
-    if (fd >= 0 && SSL_connect(ssl) == 1) {
+    if (fd >= 0 && opt_.close_in_hello) {
+      hello_then_close_notify(ssl, fd);
+    } else if (fd >= 0 && SSL_connect(ssl) == 1) {
       handshake_ok_ = true;
       for (int i = 0; i < opt_.key_updates; ++i) {
         if (SSL_key_update(ssl, SSL_KEY_UPDATE_NOT_REQUESTED) != 1 || SSL_do_handshake(ssl) != 1) {
@@ -75,6 +80,23 @@ class raw_tls_client {
     SSL_CTX_free(ctx);
     if (fd >= 0) ::close(fd);
     finished_ = true;
+  }
+
+  // The ClientHello is written into a memory BIO, then goes out with the alert in one write.
+  static void hello_then_close_notify(SSL* ssl, int fd) {
+    BIO* mem = BIO_new(BIO_s_mem());
+    SSL_set0_wbio(ssl, mem);
+    BIO* rmem = BIO_new(BIO_s_mem());
+    SSL_set0_rbio(ssl, rmem);  // nothing to read: SSL_connect stops after the ClientHello
+    (void)SSL_connect(ssl);
+    char* p = nullptr;
+    const long n = BIO_get_mem_data(mem, &p);  // NOLINT(google-runtime-int): OpenSSL's type
+    std::string out(p, static_cast<size_t>(n));
+    out += std::string("\x15\x03\x03\x00\x02\x01\x00", 7);  // alert: warning, close_notify
+    (void)::write(fd, out.data(), out.size());
+    char b[256];
+    while (::read(fd, b, sizeof b) > 0) {
+    }
   }
 
   options opt_;
@@ -124,7 +146,12 @@ class raw_tls_server {
   [[nodiscard]] size_t ticket_sent() const { return ticket_sent_.load(); }
   // With ticket_cut: sends the rest of the ticket, then reads until `wanted` (otherwise the rest
   // never comes).
-  void send_rest() { send_rest_ = true; }
+  // with_close_notify: our close_notify follows the rest in the same write (one read for the
+  // client: the message completed, then the end).
+  void send_rest(bool with_close_notify = false) {
+    close_with_rest_ = with_close_notify;
+    send_rest_ = true;
+  }
   // With send_rest(): whether the client's end came as a close_notify (valid once finished()).
   [[nodiscard]] bool close_notified() const { return close_notified_.load(); }
 
@@ -190,7 +217,12 @@ class raw_tls_server {
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return;
       if (send_rest_) break;
     }
-    (void)::write(c, p + off, static_cast<size_t>(n) - off);
+    long all = n;  // NOLINT(google-runtime-int): OpenSSL's type
+    if (close_with_rest_) {
+      (void)SSL_shutdown(ssl);  // into the memory BIO, after the ticket
+      all = BIO_get_mem_data(mem, &p);
+    }
+    (void)::write(c, p + off, static_cast<size_t>(all) - off);
     tv = timeval{30, 0};
     setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     int k = 0;
@@ -206,6 +238,7 @@ class raw_tls_server {
   size_t ticket_cut_ = 0;
   std::atomic<size_t> ticket_sent_{0};
   std::atomic<bool> send_rest_{false};
+  std::atomic<bool> close_with_rest_{false};
   std::atomic<bool> close_notified_{false};
   std::string received_;
   std::atomic<bool> finished_{false};
@@ -297,9 +330,10 @@ class StreamTls : public stream_fixture {
 
   // Dials `server` (a raw_tls_server sending part of a ticket) with the client certificate and
   // runs until the client has read that part (fatal failures); the client's channel.
-  stream_channel* dial_cut_ticket(raw_tls_server* server, recorder* crec, connection_id* c) {
+  stream_channel* dial_cut_ticket(raw_tls_server* server, recorder* crec, connection_id* c,
+                                  const stream_config& cfg = {}) {
     url_ = "ipv4://127.0.0.1:" + std::to_string(server->port());
-    *c = dial_with(crec, client_config());
+    *c = dial_with(crec, client_config(), cfg);
     stream_channel* ch = channels_.back().get();
     EXPECT_TRUE(run([&] {
       return crec->connected.count(c->value) != 0 && server->ticket_sent() != 0 &&

@@ -285,19 +285,42 @@ TEST_F(StreamTls, ASendWhileThePeerHoldsPartOfATicketWaitsForItsRest) {
 
 // A graceful disconnect in the same window: close_notify waits for the message's rest too
 // (OpenSSL refuses SSL_shutdown until then, and the link ended with a bare FIN, which the peer
-// takes for a truncation), then goes out.
+// takes for a truncation), then goes out. The rest may come with the peer's own close_notify in
+// one read: the read that completed the message ended there, without flushing, and the link hung
+// (on_disconnected never came).
 TEST_F(StreamTls, AGracefulEndWhileThePeerHoldsPartOfATicketSendsCloseNotify) {
+  for (const bool with_close_notify : {false, true}) {
+    SCOPED_TRACE(with_close_notify ? "the rest with the peer's close_notify" : "the rest alone");
+    raw_tls_server server(pki_->server, "never sent", 40000);
+    connection_id c;
+    recorder crec;  // nothing queued: the end is the close_notify alone
+    ASSERT_EQ(dial_cut_ticket(&server, &crec, &c)->disconnect(c, disconnect_mode::graceful),
+              errc::ok);
+    EXPECT_FALSE(run([&] { return crec.disconnected.count(c.value) != 0; },
+                     std::chrono::milliseconds(100)));  // the end waits
+    server.send_rest(with_close_notify);
+    ASSERT_TRUE(run([&] { return server.finished() && crec.disconnected.count(c.value) != 0; }));
+    EXPECT_TRUE(server.close_notified());
+    EXPECT_EQ(crec.disconnected[c.value], errc::ok) << to_string(crec.disconnected[c.value]);
+  }
+}
+
+// The same graceful end, and the rest never comes: partial_frame_timeout_ms covers the draining
+// link too (it looked at connected links only: the link and OpenSSL's buffer stayed for ever).
+TEST_F(StreamTls, AGracefulEndWhoseTicketRestNeverComesIsClosedWithTimeout) {
   raw_tls_server server(pki_->server, "never sent", 40000);
+  stream_config cfg;
+  cfg.partial_frame_timeout_ms = 100;
   connection_id c;
-  recorder crec;  // nothing queued: the end is the close_notify alone
-  ASSERT_EQ(dial_cut_ticket(&server, &crec, &c)->disconnect(c, disconnect_mode::graceful),
-            errc::ok);
-  EXPECT_FALSE(run([&] { return crec.disconnected.count(c.value) != 0; },
-                   std::chrono::milliseconds(100)));  // the end waits
-  server.send_rest();
-  ASSERT_TRUE(run([&] { return server.finished() && crec.disconnected.count(c.value) != 0; }));
-  EXPECT_TRUE(server.close_notified());
-  EXPECT_EQ(crec.disconnected[c.value], errc::ok) << to_string(crec.disconnected[c.value]);
+  recorder crec;
+  stream_channel* ch = dial_cut_ticket(&server, &crec, &c, cfg);
+  ASSERT_EQ(ch->disconnect(c, disconnect_mode::graceful), errc::ok);
+  const bool closed = run([&] { return crec.disconnected.count(c.value) != 0; });
+  if (!closed) (void)ch->disconnect(c, disconnect_mode::force);  // ends the server's thread
+  ASSERT_TRUE(run([&] { return server.finished(); }));
+  ASSERT_TRUE(closed) << "a draining link holding part of a ticket was never closed";
+  EXPECT_EQ(crec.disconnected[c.value], errc::timeout) << to_string(crec.disconnected[c.value]);
+  EXPECT_EQ(ch->metrics().totals.partial_frame_timeouts, 1u);
 }
 
 TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {

@@ -282,11 +282,19 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   t.key_file = pki_->server.key;  // not the certificate's key
   EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", t), errc::invalid_argument);
   EXPECT_TRUE(named("cannot load key file " + pki_->server.key));
-  // A psk-mode key is bound to SHA-256: a list no suite of which can use it is refused up front.
+  // A psk-mode key is bound to SHA-256: a list holding another suite is refused up front (a
+  // server preferring it skips the PSK: a SHA-384 one first failed every handshake).
   t = psk_config();
-  t.ciphersuites = "TLS_AES_256_GCM_SHA384";
-  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", t), errc::invalid_argument);
-  EXPECT_TRUE(named("'TLS_AES_256_GCM_SHA384' has no *_SHA256 suite"));
+  for (const char* suites :
+       {"TLS_AES_256_GCM_SHA384",
+        "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256",
+        "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"}) {
+    t.ciphersuites = suites;
+    EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", t), errc::invalid_argument) << suites;
+    EXPECT_TRUE(named("ciphersuites '" + t.ciphersuites + "' holds TLS_AES_256_GCM_SHA384"));
+  }
+  t.ciphersuites = "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256";
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", t), errc::ok) << ch->last_error().detail;
   t = client_config();
   t.max_peer_cert_chain_bytes = 1000;
   EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", t), errc::invalid_argument);
@@ -306,6 +314,21 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   std::string why;
   EXPECT_EQ(stream_channel::validate(cfg, &why), errc::invalid_argument);
   EXPECT_NE(why.find("psk_token"), std::string::npos);
+  // What only OpenSSL judges is refused by validate() too (a node passed it, then every dial
+  // failed): a suite name it does not know, a file that is not what it should be. A file that
+  // cannot be read now is left to listen() and connect() (it may be there by then).
+  cfg.tls = psk_config();
+  cfg.tls.ciphersuites = "TLS_BOGUS_SHA256";
+  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("ciphersuites 'TLS_BOGUS_SHA256' rejected"), std::string::npos) << why;
+  cfg.tls = client_config();
+  cfg.tls.cert_file = pki_->client.key;  // not a certificate
+  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("cert_file: cannot load certificate file " + pki_->client.key),
+            std::string::npos)
+      << why;
+  cfg.tls.cert_file = "/nonexistent/cert.pem";
+  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::ok) << why;
 }
 
 // Both ends of a bus link use one tls_config: our own renewals must stay within the KeyUpdate
@@ -409,25 +432,56 @@ TEST_F(StreamTls, APskServerRefusesAClientWithoutThePsk) {
   expect_honest_peer_works(psk_config());
 }
 
+TEST_F(StreamTls, ACloseNotifyDuringTheHandshakeIsNamed) {
+  // Reported as "handshake failed: SSL error 6" before (SSL_ERROR_ZERO_RETURN had no words). A
+  // certificate server: it answers a ClientHello without a PSK, then reads the alert.
+  serve(server_config());
+  raw_tls_client quitter(server_->listener_port(listener_), {TLS1_3_VERSION, "", "", "", 0, true});
+  ASSERT_TRUE(run([&] { return quitter.finished() && server_->metrics().tls_failed == 1; }));
+  EXPECT_TRUE(logged("the peer closed the connection (close_notify) during the handshake"))
+      << (srec_.logs.empty() ? std::string("no log") : srec_.logs.back().second);
+  EXPECT_FALSE(logged("SSL error 6"));
+  expect_honest_peer_works(client_config());
+}
+
 TEST_F(StreamTls, NothingIsDeliveredAfterAGracefulDisconnectInOnAccepted) {
   // The client's first messages arrive in the read that finishes the server's handshake; the
   // server disconnects in on_accepted, so none of them may reach on_received (as in clear text).
+  // They are 512 KiB: the handshake takes only the read's first records, and the rest of the read
+  // must still go through the session (it was dropped, and the next read during the drain,
+  // continuing mid-record, failed: "bad record mac", protocol_error instead of ok).
+  const std::string burst(size_t{64} * 1024, 'b');
   for (const tls_mode mode : {tls_mode::off, tls_mode::psk}) {
     SCOPED_TRACE(mode == tls_mode::off ? "clear text" : "tls");
     const tls_config t = serve_in(mode);
     srec_.on_accepted_hook = [&](connection_id s) {
+      // 1.5 MiB back to a client that is not reading: the drain waits, and the rest of the burst
+      // is read meanwhile.
+      for (int i = 0; i < 24; ++i)
+        EXPECT_EQ(server_->send(s, burst.data(), burst.size()), errc::ok);
       EXPECT_EQ(server_->disconnect(s, disconnect_mode::graceful), errc::ok);
     };
     recorder crec;
     stream_channel* ch = make_channel(&crec);
     crec.on_connected_hook = [&](connection_id c, errc s) {
       for (int i = 0; s == errc::ok && i < 3; ++i) EXPECT_EQ(ch->send(c, "early", 5), errc::ok);
+      for (int i = 0; s == errc::ok && i < 8; ++i) {
+        EXPECT_EQ(ch->send(c, burst.data(), burst.size()), errc::ok);
+      }
+      if (s == errc::ok) {
+        EXPECT_EQ(ch->pause_reading(c), errc::ok);
+      }
     };
     connection_id c;
     ASSERT_EQ(ch->connect(url_, t, &c), errc::ok);
-    ASSERT_TRUE(run([&] {
+    const auto ended = [&] {
       return srec_.accepted.size() == 1 && srec_.disconnected.count(srec_.accepted[0].value) != 0;
-    }));
+    };
+    // The server read the burst (512 KiB: three reads at least after the ClientHello's) or ended
+    // (failed): the client reads again.
+    ASSERT_TRUE(run([&] { return ended() || server_->metrics().totals.read_calls >= 4; }));
+    EXPECT_EQ(ch->resume_reading(c), errc::ok);
+    ASSERT_TRUE(run(ended));
     EXPECT_EQ(srec_.received_count, 0u);
     EXPECT_EQ(srec_.disconnected[srec_.accepted[0].value], errc::ok);
     EXPECT_EQ(server_->metrics().tls_failed, 0u);
