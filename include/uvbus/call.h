@@ -20,8 +20,11 @@ struct call_result {
   // than response_timeout_ms or delivery_timeout_ms), unknown_route / ttl_expired /
   // message_too_large (a relay or the target refused the request: it was not handled),
   // version_mismatch (a link of the path speaks a protocol below version 5), access_denied (the
-  // target keeps max_flow_sources flows and refused ours), not_connected (call_any(): the node
-  // picked left the directory before answering), closed (the calling node stopped first).
+  // target keeps max_flow_sources flows and refused ours), queue_full / not_connected (under
+  // next-hop delivery a relay acknowledges the request with its refusal: its queue towards the
+  // target was full, or its link there was down — the request was not handled, call again),
+  // not_connected also for call_any() (the node picked left the directory or restarted before
+  // answering: it may have been handled), closed (the calling node stopped first).
   errc status = errc::ok;
   uint32_t code = 0;
   const uint8_t* data = nullptr;  // valid only during the callback: copy what you keep

@@ -21,6 +21,9 @@ enum class pick_policy : uint8_t {
   // docs/bus.md "Any node of a type").
   round_robin,
   // The node with the lowest load hint (node::set_load(), carried by the directory); ties by id.
+  // A node whose hint this node has not heard counts as load 0 (every node known only from etcd,
+  // every node of protocol version 5, one that never called set_load()): it wins over any hinted
+  // node with a higher load, and among several of them the lowest id is picked every time.
   least_loaded,
   // Rendezvous hashing on pick_options::key: the same key keeps reaching the same node while it
   // lives; when it leaves, only its keys move, each to the node that ranks next for that key,

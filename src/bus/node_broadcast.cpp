@@ -57,6 +57,9 @@ std::string no_copy_why(node::impl& n, bus_id via, errc e, errc direct) {
     return direct != errc::ok ? std::string("its direct copy was refused: ") + to_string(direct)
                               : "it is known only from etcd, inside this node's subnets";
   }
+  if (e == errc::version_mismatch) {
+    return "the link to " + hex(via) + " is below protocol version 6";
+  }
   if (e != errc::unknown_route) return "the link to " + hex(via) + " refused it: " + to_string(e);
   const detail::peer_ep* p = n.find_peer(via);
   if (p == nullptr || p->lk == nullptr) return "its next hop " + hex(via) + " is not connected";
@@ -67,9 +70,10 @@ std::string no_copy_why(node::impl& n, bus_id via, errc e, errc direct) {
 }
 
 // After fan_out(): each expected target behind a hop that took a copy waits for its
-// acknowledgement; from a root, one known only from etcd gets a copy of its own (send_direct);
-// every other one got no copy and never will (nothing is resent): it is failed at once (left),
-// pb->detail saying how many and why the first. Returns the direct copies sent.
+// acknowledgement — unless its directory entry says it speaks a version below 6 (a relay further
+// on cannot pass a copy on to it); from a root, one known only from etcd gets a copy of its own
+// (send_direct); every other one got no copy and never will (nothing is resent): it is failed at
+// once (left), pb->detail saying how many and why the first. Returns the direct copies sent.
 size_t plan_targets(node::impl& n, pending_broadcast* pb, const proto::header& hd,
                     uint32_t msg_type, const void* data, size_t size) {
   const auto& hops = n.fan->hops;
@@ -82,7 +86,17 @@ size_t plan_targets(node::impl& n, pending_broadcast* pb, const proto::header& h
     const auto h = std::find_if(hops.begin(), hops.end(),
                                 [via](const std::pair<bus_id, errc>& x) { return x.first == via; });
     const errc e = h == hops.end() ? errc::unknown_route : h->second;
-    if (e == errc::ok) continue;
+    const unsigned v = d->second.e.protocol_version;
+    if (e == errc::ok && v >= kV6) continue;
+    if (e == errc::ok) {  // its copy stops at the last v6 relay before it
+      pb->state[i] = pending_broadcast::left;
+      ++pb->left_count;
+      if (unsent++ == 0) {
+        pb->detail = hex(d->first) + ": its directory entry says protocol version " +
+                     std::to_string(v) + ", below 6 (no relay passes a copy on to it)";
+      }
+      continue;
+    }
     errc refused = errc::ok;
     if (via == node::impl::kViaDiscovery && !n.has_parent() && !n.table.owns(d->first)) {
       refused = send_direct(n, d->second, hd, msg_type, data, size);
@@ -178,7 +192,10 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
     if (to.matches(item.e)) pb.expected.push_back(id);
   }
   pb.state.assign(pb.expected.size(), pending_broadcast::waiting);
-  proto::header hd = n.make_header(proto::msg_type::broadcast, 0, n.take_seq());
+  // Not take_seq() (it starts at 1 in every process): a late acknowledgement of a dead
+  // incarnation's broadcast must not name one of ours (fanout_state::next_broadcast_id).
+  if (f.next_broadcast_id == 0) f.next_broadcast_id = 1 + (n.incarnation >> 24);  // < 2^40
+  proto::header hd = n.make_header(proto::msg_type::broadcast, 0, f.next_broadcast_id++);
   hd.ttl = opt.ttl != 0 ? opt.ttl : n.cfg.default_ttl;
   hd.body_len = static_cast<uint32_t>(selector + size);
   proto::encode_header(hd, f.head.data());

@@ -364,6 +364,14 @@ void node::impl::dir_upsert(peer_ep* from, std::vector<directory_entry>& entries
       const bool same = it->second.e == e;
       it->second.via = from_id;
       if (same) continue;
+      if (detail::fan_new_incarnation(it->second.e, e)) {
+        // A restart seen as a change (a removal and re-add coalesced, or a quick restart): what
+        // went to the old incarnation as "any node" fails before anyone can pick the new one.
+        detail::fan_restarted(*this, e.id);
+        if (dead) return;
+        it = dir.find(e.id);
+        if (it == dir.end()) continue;
+      }
       it->second.e = e;
       ev = directory_event::changed;
     }

@@ -96,6 +96,12 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     ++fan->dir_gen;
     fire(cbs.on_directory, directory_event::added, it->second.e);
   } else if (it->second.via == kViaDiscovery && it->second.e != e) {
+    if (detail::fan_new_incarnation(it->second.e, e)) {
+      detail::fan_restarted(*this, e.id);  // a restart within the lease: as node_directory.cpp
+      if (dead) return;
+      it = dir.find(e.id);
+      if (it == dir.end()) return;
+    }
     it->second.e = e;
     ++fan->dir_gen;
     fire(cbs.on_directory, directory_event::changed, it->second.e);
@@ -115,6 +121,10 @@ bool node::impl::disc_keep(dir_item& item) {
   if (disc == nullptr || state != run_state::running || !disc->lookup(item.e.id, &e)) return false;
   item.via = kViaDiscovery;
   if (item.e != e) {
+    if (detail::fan_new_incarnation(item.e, e)) {
+      detail::fan_restarted(*this, e.id);  // etcd has its next incarnation already
+      if (dead) return true;
+    }
     item.e = std::move(e);
     fire(cbs.on_directory, directory_event::changed, item.e);
   }

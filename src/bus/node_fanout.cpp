@@ -84,9 +84,9 @@ std::string detail::fan_selector_fault(const broadcast_target& to) {
 
 // Offers one copy of the broadcast [bufs] to every next hop except `except` of a directory entry
 // it matches (bufs null: sends nothing), and records each hop with its outcome in f.hops: sent
-// (ok), refused (transmit()'s error), or unknown_route (no copy: not a version 6 tree link, or
-// none at all). One pass over the directory, then one per hop. Returns the copies sent (bufs
-// null: that would be).
+// (ok), refused (transmit()'s error), version_mismatch (no copy: a tree link below version 6) or
+// unknown_route (no copy: not a tree link, or none at all). One pass over the directory, then one
+// per hop. Returns the copies sent (bufs null: that would be).
 size_t detail::fan_out(node::impl& n, bus_id except, const broadcast_target& to,
                        const const_buffer* bufs, size_t count) {
   auto& hops = n.fan->hops;
@@ -106,7 +106,10 @@ size_t detail::fan_out(node::impl& n, bus_id except, const broadcast_target& to,
   for (auto& [id, e] : hops) {
     detail::peer_ep* p = n.find_peer(id);
     if (!tree_v6(n, p, false)) {
-      e = errc::unknown_route;
+      const bool tree =
+          p != nullptr && p->lk != nullptr &&
+          (p->kind == detail::peer_kind::parent || p->kind == detail::peer_kind::child);
+      e = tree ? errc::version_mismatch : errc::unknown_route;
       continue;
     }
     e = bufs == nullptr ? errc::ok : n.transmit(p, bufs, count, 0, 0);
@@ -340,7 +343,8 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
                                   {data + proto::kHeaderSize, size - proto::kHeaderSize}};
     n.counters.broadcasts_forwarded += detail::fan_out(n, from_id, b.to, bufs, 2);
     for (const auto& [id, e] : n.fan->hops) {
-      if (e == errc::ok || e == errc::unknown_route) continue;  // sent, or no link to send on
+      // Sent, or no link to send on; a link below version 6 is a copy that cannot go on.
+      if (e == errc::ok || e == errc::unknown_route) continue;
       dropped = proto::reason_from_errc(e);
       break;
     }
@@ -505,9 +509,10 @@ errc node::call_any(const std::string& type, const std::vector<node_label>& labe
   return e;
 }
 
-void detail::fan_departed(node::impl& n, bus_id id) {
-  // A relay's refusal of a send_any message leaves the directory as it is: only a departure counts.
-  if (!n.fan->pending.empty() && n.dir.count(id) == 0) target_left(n, id);
+namespace {
+
+// fan_departed() and fan_restarted(): what was sent to node `id` as "any node" fails now.
+void settle_any(node::impl& n, bus_id id) {
   bool writable = false;  // settled messages freed a full flow: on_writable(id), as acks do
   if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
     detail::tx_flow& f = it->second;
@@ -542,6 +547,28 @@ void detail::fan_departed(node::impl& n, bus_id id) {
   }
   fail_any_calls(n, id);
   if (writable) n.fire(n.cbs.on_writable, id);  // last: it may send, or destroy the node
+}
+
+}  // namespace
+
+void detail::fan_departed(node::impl& n, bus_id id) {
+  // A relay's refusal of a send_any message leaves the directory as it is: only a departure counts.
+  if (!n.fan->pending.empty() && n.dir.count(id) == 0) target_left(n, id);
+  settle_any(n, id);
+}
+
+bool detail::fan_new_incarnation(const directory_entry& was, const directory_entry& now) {
+  // 0: not known (an entry of an older version may carry none).
+  return was.start_time_ms != 0 && now.start_time_ms != 0 &&
+         (was.pid != now.pid || was.start_time_ms != now.start_time_ms);
+}
+
+void detail::fan_restarted(node::impl& n, bus_id id) {
+  if (!n.fan->pending.empty()) target_left(n, id);
+  if (const auto it = n.tx_flows.find(id); it != n.tx_flows.end()) {
+    it->second.peer_incarnation = 0;  // the old one's: the new one's first ack is no restart
+  }
+  settle_any(n, id);
 }
 
 void node::set_load(uint32_t load) {

@@ -84,6 +84,10 @@ struct fanout_state {
   // the tick prunes calls that ended otherwise).
   any_map any_calls;
   std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
+  // The next broadcast id: from a random point below 2^40 per node object, so a late
+  // acknowledgement of a dead incarnation's broadcast (it names the id and our node id, nothing
+  // else) never names one of this incarnation's.
+  uint64_t next_broadcast_id = 0;
   size_t targets =
       0;  // expected and extra entries of `pending` (node_config::broadcast_max_targets)
   // The tree links fan_out() offered the broadcast being sent: each next hop's id, and what it did
@@ -123,5 +127,14 @@ void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id,
 // now (not_connected), from the loop. The only callback here is the on_writable a freed flow is
 // owed, last.
 void fan_departed(node::impl& n, bus_id id);
+// Whether directory entry `now` is another incarnation of the node `was` described (another pid
+// or start time): a restart the directory saw as a change, not a removal and an addition.
+bool fan_new_incarnation(const directory_entry& was, const directory_entry& now);
+// Node `id` restarted (its entry changed to a new incarnation, or its flow acknowledgement named a
+// new incarnation): as fan_departed() for what was sent to the old one — never resent to the new
+// one — except that the broadcasts waiting for it count it gone whether or not it is still in the
+// directory. The tx flow to it forgets the old incarnation (the new one's first acknowledgement
+// is no restart). The only callback is on_writable, last.
+void fan_restarted(node::impl& n, bus_id id);
 
 }  // namespace uvbus::detail

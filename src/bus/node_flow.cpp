@@ -203,6 +203,13 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
       if (dead) return;  // destroyed there: nothing is resent
     }
   }
+  if (restarted) {
+    // What was sent to the old incarnation as "any node" is not resent to this one: it fails
+    // (fan_restarted), the rest is resent below. Also when the directory has not seen it yet.
+    detail::fan_restarted(*this, f.target);
+    if (dead) return;
+    f.peer_incarnation = a.incarnation;
+  }
   if (a.kind == ack_kind::ack && !restarted) return;
   // A gap, a target without state for us, or a restarted target: resend what is unacknowledged,
   // once per request burst (the requests of one burst all name the same position).

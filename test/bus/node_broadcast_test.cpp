@@ -44,6 +44,11 @@ class NodeBroadcast : public test::bus_fixture {
     sink_.subnets = {subnet{kSink, 11}};
     sink_.compress = false;  // what it is sent must fill the socket
     sink_.pause_after_register = pause;
+    connect_sink(logic);
+  }
+  // The sink registers to root_ (again) and announces `logic`.
+  void connect_sink(const std::vector<bus_id>& logic) {
+    sink_.registered = false;
     sink_.start(&loop_, root_->n->listen_urls().at(0));
     ASSERT_TRUE(wait([&] { return sink_.registered; }));
     announce(logic, "logic");
@@ -89,7 +94,32 @@ class NodeBroadcast : public test::bus_fixture {
     }
     test::bus_fixture::TearDown();
   }
+  // The root, a logic child kL1 and the version 5 logic node kSink: the root's child, or below a
+  // version 6 relay kRelay (*relay) when `behind_relay`. Returns the report of a broadcast to
+  // logic.
+  broadcast_report run_v5(bool behind_relay, bus_node** relay = nullptr) {
+    bus_node* root = make_root(kRoot, {subnet{kRoot, 12}}, test::typed_config("root"));
+    bus_node* via = root;
+    if (behind_relay) {
+      via = make_child(kRelay, root, {subnet{kRelay, 8}}, test::typed_config("relay"));
+      *relay = via;
+    }
+    node_config old = test::typed_config("logic");
+    old.protocol_max = 5;
+    make_child(behind_relay ? kRelay + 1 : kSink, via, {}, old);
+    l1_ = make_child(kL1, root, {}, test::typed_config("logic"));
+    EXPECT_TRUE(wait([&] { return root->n->find("logic").size() == 2; }));
+    std::optional<broadcast_report> rep;
+    EXPECT_EQ(root->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 120000,
+                                 [&](const broadcast_report& r) { rep = r; }),
+              errc::ok);
+    EXPECT_TRUE(wait([&] { return rep.has_value(); }, std::chrono::seconds(20)))
+        << "the target behind the version 5 link waits for timeout_ms";
+    return rep.value_or(broadcast_report{});
+  }
+  static constexpr bus_id kRelay = 0x1300;
   bus_node* root_ = nullptr;
+  bus_node* l1_ = nullptr;
   test::raw_child sink_{kSink, kRoot};
 };
 
@@ -181,26 +211,73 @@ TEST_F(NodeBroadcast, ACopyAFullLinkRefusesFailsItsTargetsAtOnce) {
   ASSERT_EQ(l1->got.size(), 1U);
 }
 
-// A target behind the sender's own link to a node of protocol version 5 (which takes no
-// broadcast) got no copy and was failed only at timeout_ms; it fails at once now.
+// A target behind a link to a node of protocol version 5 (which takes no broadcast) got no copy
+// and was failed only at timeout_ms; it fails at once now, named in the detail: behind the
+// sender's own link, or one hop further down (root -> relay of version 6 -> the version 5 node),
+// where the relay, which cannot pass its copy on, counts it (forward_dropped) and logs it.
 TEST_F(NodeBroadcast, ATargetBehindAVersion5LinkFailsAtOnce) {
-  bus_node* root = make_root(kRoot, {subnet{kRoot, 12}}, test::typed_config("root"));
-  node_config old = test::typed_config("logic");
-  old.protocol_max = 5;
-  make_child(kSink, root, {}, old);
-  bus_node* l1 = make_child(kL1, root, {}, test::typed_config("logic"));
-  ASSERT_TRUE(wait([&] { return root->n->find("logic").size() == 2; }));
+  const broadcast_report rep = run_v5(false);
+  EXPECT_EQ(rep.status, errc::not_connected);
+  EXPECT_EQ(rep.reached, (std::vector<bus_id>{kL1}));
+  EXPECT_EQ(rep.failed, (std::vector<bus_id>{kSink}));
+  EXPECT_NE(rep.detail.find("below protocol version 6"), std::string::npos) << rep.detail;
+  EXPECT_EQ(l1_->got.size(), 1U);
+}
+
+TEST_F(NodeBroadcast, ATargetBehindAVersion5LinkOfARelayFailsAtOnce) {
+  bus_node* relay = nullptr;
+  const broadcast_report rep = run_v5(true, &relay);
+  EXPECT_EQ(rep.status, errc::not_connected);
+  EXPECT_EQ(rep.reached, (std::vector<bus_id>{kL1}));
+  EXPECT_EQ(rep.failed, (std::vector<bus_id>{kRelay + 1}));
+  EXPECT_NE(rep.detail.find("0x1301"), std::string::npos) << rep.detail;
+  EXPECT_NE(rep.detail.find("protocol version 5"), std::string::npos) << rep.detail;
+  EXPECT_EQ(l1_->got.size(), 1U);
+  // The relay got its copy (its own link to the root is version 6) and drops it, counted and
+  // logged.
+  ASSERT_TRUE(wait([&] { return relay->n->counters().forward_dropped == 1; }))
+      << "forward_dropped " << relay->n->counters().forward_dropped;
+  bool logged = false;
+  for (const auto& l : relay->logs) {
+    logged = logged || (l.second.find("dropping broadcast") != std::string::npos &&
+                        l.second.find("version_mismatch") != std::string::npos);
+  }
+  EXPECT_TRUE(logged) << "the relay logged no drop";
+}
+
+// A broadcast id names one broadcast of one incarnation: a node started again with the same id
+// numbered its broadcasts from 1 again, so a late acknowledgement of the dead incarnation's
+// broadcast counted a target of the new one's as reached. Now the ids differ, and such an
+// acknowledgement leaves the target waiting.
+TEST_F(NodeBroadcast, ALateAcknowledgementOfAnEarlierIncarnationCountsForNothing) {
+  std::vector<bus_id> logic{kSink + 1};
+  ASSERT_NO_FATAL_FAILURE(build(logic, false));
   std::optional<broadcast_report> rep;
-  ASSERT_EQ(root->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 120000,
-                               [&](const broadcast_report& r) { rep = r; }),
-            errc::ok);
-  ASSERT_TRUE(wait([&] { return rep.has_value(); }, std::chrono::seconds(20)))
-      << "the target behind the version 5 link waits for timeout_ms";
-  EXPECT_EQ(rep->status, errc::not_connected);
-  EXPECT_EQ(rep->reached, (std::vector<bus_id>{kL1}));
-  EXPECT_EQ(rep->failed, (std::vector<bus_id>{kSink}));
-  EXPECT_NE(rep->detail.find("below protocol version 6"), std::string::npos) << rep->detail;
-  EXPECT_EQ(l1->got.size(), 1U);
+  const auto cb = [&](const broadcast_report& r) { rep = r; };
+  uint64_t first = 0;
+  ASSERT_EQ(
+      root_->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 120000, cb, {}, &first),
+      errc::ok);
+  // The root dies before the acknowledgement; its next incarnation (same id) gets the sink again.
+  destroy(root_);
+  ASSERT_TRUE(wait([&] { return sink_.closed; }));
+  sink_.ch->close();
+  ASSERT_TRUE(wait([&] { return sink_.ch->closed(); }));
+  node_config rc = test::typed_config("root");
+  rc.delivery = delivery_mode::next_hop;
+  root_ = make_root(kRoot, {subnet{kRoot, 12}}, rc);
+  ASSERT_NO_FATAL_FAILURE(connect_sink(logic));
+  uint64_t second = 0;
+  ASSERT_EQ(
+      root_->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 120000, cb, {}, &second),
+      errc::ok);
+  EXPECT_NE(second, first);
+  ack(first, kSink + 1);  // the dead incarnation's
+  run_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(rep.has_value()) << "reached by the acknowledgement of broadcast " << first;
+  ack(second, kSink + 1);
+  ASSERT_TRUE(wait([&] { return rep.has_value(); }));
+  EXPECT_EQ(rep->status, errc::ok);
 }
 
 // Every broadcast awaiting its summary kept a state per expected node, up to 4096 of them (330 MB
