@@ -110,6 +110,7 @@ TEST_F(NodeStopOrder, StopFromOnReportRunsABroadcastSummaryBeforeOnDown) {
   directory_entry e;
   e.id = 0x1001;
   e.type = "logic";
+  e.protocol_version = proto::kMaxVersion;  // a target a copy goes to (below 6 fails at once)
   up.entries.push_back(e);
   std::vector<uint8_t> body;
   proto::encode_directory(up, &body);

@@ -1,6 +1,7 @@
 // The uvbus tool's bus session: a private loop, one node registered to the parent as a tool.
 #include "session.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -61,7 +62,10 @@ int session::join(const join_options& o, uvbus::node_callbacks cb) {
   if (!o.token.empty()) cfg.access_tokens = {o.token};
   cfg.enable_shm = false;
   cfg.response_timeout_ms = o.timeout_ms;
-  cfg.delivery_timeout_ms = o.timeout_ms;
+  // The node's delivery deadline is at most one day (node_config's bound); a longer --timeout-ms
+  // still sets the tool's own waits and the call's deadline.
+  constexpr uint32_t kMaxDeliveryMs = 86400000;
+  cfg.delivery_timeout_ms = std::min(o.timeout_ms, kMaxDeliveryMs);
   cfg.pending_timeout_ms = o.timeout_ms;
   std::string detail;
   const uvbus::errc v = uvbus::node::validate(o.id, cfg, &detail);
