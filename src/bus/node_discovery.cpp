@@ -126,6 +126,7 @@ bool node::impl::disc_keep(dir_item& item) {
       if (dead) return true;
     }
     item.e = std::move(e);
+    ++fan->dir_gen;  // pick()'s cached matches
     fire(cbs.on_directory, directory_event::changed, item.e);
   }
   return true;

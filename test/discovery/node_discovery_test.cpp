@@ -1,7 +1,8 @@
 // node_config::discovery: nodes without any static URL find each other through etcd (in
 // directory(), lookup(), find() and on_directory), a stopped node leaves everyone's directory,
 // also when destroyed in on_down(closed) right after stop() (the revoke is not cancelled), an
-// entry left out of a full directory is taken in once room frees, a bad discovery config is
+// entry left out of a full directory is taken in once room frees, an entry kept as etcd's when
+// its link goes is picked by its new labels, a bad discovery config is
 // refused naming the field, and a node picks its parent by type and labels from the directory,
 // registers to it and exchanges data, chooses again when that parent crashes (its lease expires)
 // without losing what was sent meanwhile, follows a lower id, and leaves a parent whose entry no
@@ -252,6 +253,44 @@ TEST_F(NodeDiscoveryTest, AnEntryLeftOutForWantOfRoomIsTakenInOnceRoomFrees) {
   EXPECT_FALSE(c->n->lookup(in, &e));
   EXPECT_EQ(c->events.back(), std::make_pair(directory_event::added, out));
   EXPECT_EQ(c->n->counters().directory_skipped, 1u);
+}
+
+// A tree entry that etcd still lists is kept as etcd's when its link goes (disc_keep); when
+// etcd's differs (here: the node came back with other labels, outside the tree, within its old
+// lease) the entry changes, and pick()'s cached matches must see it: the change did not bump the
+// directory's generation, so pick() kept answering from the old labels (zone a: the node).
+TEST_F(NodeDiscoveryTest, AnEntryKeptAsEtcdsWhenItsLinkGoesIsPickedByItsNewLabels) {
+  start_etcd(1);
+  watched_node* g = make_gateway(0x1000, "gw");
+  node_config xc = base("x", "logic", {{"zone", "a"}});
+  xc.parent_urls = {g->n->listen_urls().at(0)};
+  watched_node* x = make_node(0x1001, xc);
+  watched_node* o = make_node(0x2000, base("o", "chat"));  // outside the tree: etcd's view
+  ASSERT_TRUE(wait([&] { return x->n->up() && g->n->directory().size() == 3; }));
+  bus_id got = 0;
+  ASSERT_EQ(g->n->pick("logic", {{"zone", "a"}}, {}, &got), errc::ok);  // cached: {0x1001}
+  EXPECT_EQ(got, 0x1001u);
+  // The same id again, outside the tree, with zone b: etcd's entry changes, the gateway keeps the
+  // tree's (zone a) while the link to the first one lives.
+  node_config x2c = base("x", "logic", {{"zone", "b"}});
+  watched_node* x2 = make_node(0x1001, x2c);
+  directory_entry e;
+  ASSERT_TRUE(wait(
+      [&] { return o->n->lookup(0x1001, &e) && !e.labels.empty() && e.labels[0].second == "b"; },
+      seconds(20)));
+  const size_t events = g->events.size();
+  x->n.reset();  // gone without a revoke: the gateway's link to it ends, etcd lists the new one
+  ASSERT_TRUE(wait(
+      [&] {
+        return g->events.size() > events && g->n->lookup(0x1001, &e) && !e.labels.empty() &&
+               e.labels[0].second == "b";
+      },
+      seconds(20)));
+  got = 0;
+  EXPECT_EQ(g->n->pick("logic", {{"zone", "a"}}, {}, &got), errc::unknown_route) << got;
+  ASSERT_EQ(g->n->pick("logic", {{"zone", "b"}}, {}, &got), errc::ok);
+  EXPECT_EQ(got, 0x1001u);
+  (void)x2;
 }
 
 TEST_F(NodeDiscoveryTest, BadDiscoveryConfigIsRefusedNamingTheField) {
