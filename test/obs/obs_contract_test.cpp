@@ -165,17 +165,25 @@ double value_of(const std::string& text, const std::string& key) {
   return std::stod(text.substr(at + key.size() + 2));
 }
 
-class ObsContractBus : public bus_fixture {};
+class ObsContractBus : public bus_fixture {
+ protected:
+  // A sender's config under root *p (made here): every flow sample in the latency histograms, one
+  // target series before the rest go to target="other".
+  node_config latency_sender(test::bus_node** p) {
+    node_config c = make_root_for_sender(p);
+    c.latency_histograms = true;
+    c.latency_sample_every = 1;
+    c.metrics_max_peers = 1;
+    return c;
+  }
+};
 
 // "Cardinality": past metrics_max_peers peers are summed under peer="other", "latency series
 // likewise per target". The flow histograms of the targets past the cap were left out: 20 of 30
 // samples were in no uvbus_flow_ack_latency_seconds series (while the type series had all 30).
 TEST_F(ObsContractBus, FlowLatencyPastTheCapIsSummedAsOther) {
   test::bus_node* p = nullptr;
-  node_config ac = make_root_for_sender(&p);
-  ac.latency_histograms = true;
-  ac.latency_sample_every = 1;
-  ac.metrics_max_peers = 1;
+  node_config ac = latency_sender(&p);
   test::bus_node* a = make(0x101, ac);
   test::bus_node* b = make_child(0x102, p);
   test::bus_node* c = make_child(0x103, p);
@@ -199,10 +207,7 @@ TEST_F(ObsContractBus, FlowLatencyPastTheCapIsSummedAsOther) {
 // target (0x103) to a series of its own: "other" fell from 20 to nothing.
 TEST_F(ObsContractBus, FlowLatencyOtherOnlyGrowsWhenFlowsAreForgotten) {
   test::bus_node* p = nullptr;
-  node_config ac = make_root_for_sender(&p);
-  ac.latency_histograms = true;
-  ac.latency_sample_every = 1;
-  ac.metrics_max_peers = 1;
+  node_config ac = latency_sender(&p);
   ac.flow_idle_ms = 200;
   test::bus_node* a = make(0x101, ac);
   std::vector<test::bus_node*> to;
