@@ -142,6 +142,15 @@ struct writer_core {
     return errc::ok;
   }
 
+  // reserve(), then the test hook (which may stand for a writer dying between its reservation and
+  // its commit): on ok, *wp is the record's position and *node its first node.
+  errc reserve_record(uint64_t need, uint64_t* wp, uint8_t** node) noexcept {
+    if (const errc e = reserve(need, wp); e != errc::ok) return e;
+    if (hook != nullptr) hook(hook_user);
+    *node = g.node(*wp);
+    return errc::ok;
+  }
+
   // Reserves `need` consecutive nodes: on ok, *wp is their position and their head holds
   // kWriting with our stamp. Otherwise queue_full or not_connected (nothing reserved).
   errc reserve(uint64_t need, uint64_t* wp) noexcept {
@@ -268,12 +277,9 @@ struct writer_core {
     const uint32_t pre_hash = count == 1 ? payload_hash(g.version, parts[0].data, total) : 0;
     const uint64_t need = g.nodes_for(total);
     uint64_t w = 0;
-    if (const errc e = reserve(need, &w); e != errc::ok) return e;
-
-    if (hook != nullptr) hook(hook_user);
-
+    uint8_t* node = nullptr;
+    if (const errc e = reserve_record(need, &w, &node); e != errc::ok) return e;
     // The nodes are ours alone until the commit: plain stores.
-    uint8_t* node = g.node(w);
     uint8_t* dst = node + kRecordHeaderSize;
     size_t off = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -305,11 +311,8 @@ struct writer_core {
       hashes[i] = payload_hash(g.version, msgs[i].data, msgs[i].size);
     const uint64_t need = g.nodes_for(body);
     uint64_t w = 0;
-    if (const errc e = reserve(need, &w); e != errc::ok) return e;
-
-    if (hook != nullptr) hook(hook_user);
-
-    uint8_t* node = g.node(w);
+    uint8_t* node = nullptr;
+    if (const errc e = reserve_record(need, &w, &node); e != errc::ok) return e;
     uint8_t* dst = node + kRecordHeaderSize;
     uint64_t off = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -336,11 +339,8 @@ struct writer_core {
     const bool single = stage_count == 1;
     const uint64_t need = g.nodes_for(single ? sp.len : stage_used);
     uint64_t w = 0;
-    if (const errc e = reserve(need, &w); e != errc::ok) return e;
-
-    if (hook != nullptr) hook(hook_user);
-
-    uint8_t* node = g.node(w);
+    uint8_t* node = nullptr;
+    if (const errc e = reserve_record(need, &w, &node); e != errc::ok) return e;
     uint8_t* dst = node + kRecordHeaderSize;
     if (single) {
       if (sp.len != 0) std::memcpy(dst, src + kRecordHeaderSize, sp.len);
