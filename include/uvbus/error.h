@@ -68,10 +68,10 @@ enum class errc : int {
 // A short, stable, human-readable description ("queue_full: ..."). Never returns null.
 const char* to_string(errc e) noexcept;
 
-// True for the states that may clear up by themselves (queue_full, not_connected, busy, timeout):
-// the caller may retry the same operation later. Everything else needs a change first.
-// not_connected is retriable because a link comes back by itself; a node whose registration was
-// refused for good (access_denied, out_of_subnet, version_mismatch) returns that refusal from
+// True for the states that may clear up by themselves (queue_full, would_block, not_connected,
+// busy, timeout): the caller may retry the same operation later. Everything else needs a change
+// first. not_connected is retriable because a link comes back by itself; a node whose registration
+// was refused for good (access_denied, out_of_subnet, version_mismatch) returns that refusal from
 // send_data() instead, which is not retriable.
 constexpr bool is_retriable(errc e) noexcept {
   return e == errc::queue_full || e == errc::would_block || e == errc::not_connected ||

@@ -41,8 +41,8 @@ class latency_histogram {
   [[nodiscard]] static uint64_t bucket_upper(size_t b) noexcept;
 
   void record(uint64_t ns) noexcept {
-    ++counts_[bucket_of(ns)];
-    ++count_;
+    sat_add(&counts_[bucket_of(ns)], 1);
+    sat_add(&count_, 1);
     add_to_sum(ns);
     if (ns < min_) min_ = ns;
     if (ns > max_) max_ = ns;
@@ -53,7 +53,8 @@ class latency_histogram {
   [[nodiscard]] uint64_t min() const noexcept { return count_ == 0 ? 0 : min_; }
   [[nodiscard]] uint64_t max() const noexcept { return max_; }
   // The values' sum, saturated at UINT64_MAX (about 584 years in nanoseconds): record(UINT64_MAX)
-  // then record(1) wrapped it to 0. mean() is then a lower bound.
+  // then record(1) wrapped it to 0. mean() is then a lower bound. count() (and each bucket's count)
+  // saturates the same way.
   [[nodiscard]] uint64_t sum() const noexcept { return sum_; }
   [[nodiscard]] double mean() const noexcept {
     return count_ == 0 ? 0.0 : static_cast<double>(sum_) / static_cast<double>(count_);
@@ -67,21 +68,26 @@ class latency_histogram {
   void reset() noexcept;
 
   // Calls f(upper_bound_ns, cumulative_count) for each non-empty bucket in increasing order (the
-  // last cumulative_count equals count()): a Prometheus histogram's buckets.
+  // last cumulative_count equals count()): a Prometheus histogram's buckets. The last bucket, which
+  // also holds the values above kMaxValue, is bounded by max() when that is larger.
   template <class F>
   void for_each_bucket(F&& f) const {
     uint64_t cum = 0;
     for (size_t b = 0; b < kBuckets; ++b) {
       if (counts_[b] == 0) continue;
-      cum += counts_[b];
-      f(bucket_upper(b), cum);
+      sat_add(&cum, counts_[b]);
+      const uint64_t upper = bucket_upper(b);
+      f(b + 1 == kBuckets && max_ > upper ? max_ : upper, cum);
     }
   }
 
  private:
-  void add_to_sum(uint64_t v) noexcept {
-    if (__builtin_add_overflow(sum_, v, &sum_)) sum_ = ~uint64_t{0};
+  // Counts and the sum saturate at UINT64_MAX instead of wrapping (record(v, times) and merge() can
+  // reach it).
+  static void sat_add(uint64_t* a, uint64_t v) noexcept {
+    if (__builtin_add_overflow(*a, v, a)) *a = ~uint64_t{0};
   }
+  void add_to_sum(uint64_t v) noexcept { sat_add(&sum_, v); }
 
   std::array<uint64_t, kBuckets> counts_{};
   uint64_t count_ = 0;

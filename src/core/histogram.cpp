@@ -16,8 +16,8 @@ uint64_t latency_histogram::bucket_upper(size_t b) noexcept {
 
 void latency_histogram::record(uint64_t ns, uint64_t times) noexcept {
   if (times == 0) return;
-  counts_[bucket_of(ns)] += times;
-  count_ += times;
+  sat_add(&counts_[bucket_of(ns)], times);
+  sat_add(&count_, times);
   uint64_t add = 0;
   add_to_sum(__builtin_mul_overflow(ns, times, &add) ? ~uint64_t{0} : add);
   if (ns < min_) min_ = ns;
@@ -27,7 +27,8 @@ void latency_histogram::record(uint64_t ns, uint64_t times) noexcept {
 uint64_t latency_histogram::value_at_percentile(double q) const noexcept {
   if (count_ == 0) return 0;
   if (!(q > 0)) q = 0;
-  if (q > 100) q = 100;
+  // Rank count() is max()'s (so also once saturated counts no longer add up).
+  if (q >= 100) return max_;
   // q is a decimal the double only approximates (99.9 is a hair above it, 0.999 * 1000 a hair
   // above 999): a product within a few ulps of an integer is that integer, not the next rank.
   double x = q * static_cast<double>(count_) / 100.0;
@@ -37,7 +38,7 @@ uint64_t latency_histogram::value_at_percentile(double q) const noexcept {
   if (rank == 0) rank = 1;
   uint64_t cum = 0;
   for (size_t b = 0; b < kBuckets; ++b) {
-    cum += counts_[b];
+    sat_add(&cum, counts_[b]);
     if (cum >= rank) {
       // The last bucket also holds every value above kMaxValue: it has no upper bound but max().
       const uint64_t v = b + 1 == kBuckets ? max_ : bucket_upper(b);
@@ -59,8 +60,8 @@ latency_percentiles latency_histogram::percentiles() const noexcept {
 }
 
 void latency_histogram::merge(const latency_histogram& o) noexcept {
-  for (size_t b = 0; b < kBuckets; ++b) counts_[b] += o.counts_[b];
-  count_ += o.count_;
+  for (size_t b = 0; b < kBuckets; ++b) sat_add(&counts_[b], o.counts_[b]);
+  sat_add(&count_, o.count_);
   add_to_sum(o.sum_);
   if (o.count_ != 0 && o.min_ < min_) min_ = o.min_;
   if (o.max_ > max_) max_ = o.max_;

@@ -104,6 +104,38 @@ TEST(LatencyHistogram, SumSaturatesInsteadOfWrapping) {
   EXPECT_EQ(small.sum(), 22u);
 }
 
+TEST(LatencyHistogram, CountsSaturateInsteadOfWrapping) {
+  const uint64_t top = ~uint64_t{0};
+  latency_histogram h;
+  h.record(5, top);
+  h.record(5);
+  EXPECT_EQ(h.count(), top);
+  EXPECT_EQ(h.min(), 5u);
+  EXPECT_EQ(h.value_at_percentile(50), 5u);
+  EXPECT_EQ(h.percentiles().count, top);
+  latency_histogram m;
+  m.record(7);
+  m.merge(h);
+  EXPECT_EQ(m.count(), top);
+  EXPECT_EQ(m.min(), 5u);
+  EXPECT_EQ(m.value_at_percentile(100), 7u);
+  uint64_t last = 0;
+  m.for_each_bucket([&](uint64_t, uint64_t cum) { last = cum; });
+  EXPECT_EQ(last, top);
+}
+
+TEST(LatencyHistogram, TheLastBucketIsBoundedByTheLargestValueItHolds) {
+  latency_histogram h;
+  const uint64_t big = uint64_t{1} << 50;  // above kMaxValue: counted in the last bucket
+  h.record(3);
+  h.record(big);
+  std::vector<std::pair<uint64_t, uint64_t>> seen;
+  h.for_each_bucket([&](uint64_t upper, uint64_t cum) { seen.emplace_back(upper, cum); });
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], std::make_pair(uint64_t{3}, uint64_t{1}));
+  EXPECT_EQ(seen[1], std::make_pair(big, uint64_t{2}));
+}
+
 TEST(LatencyHistogram, MergeEqualsRecordingBothAndBucketsAreCumulative) {
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<uint64_t> u(1, 1'000'000'000);
