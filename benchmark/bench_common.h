@@ -29,11 +29,14 @@
 #include <vector>
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "uvbus/histogram.h"
+#include "uvbus/tls.h"
 
 namespace uvbus::bench {
 
@@ -306,6 +309,42 @@ class meter {
   std::vector<double> per_sec_msgs_, per_sec_mb_, per_sec_cpu_;
 };
 
+// The receiving end of one sender (writer 0), in order: checks every payload's size, sequence
+// number and bytes, counts it in m, and checks the end message's count.
+struct seq_receiver {
+  meter m{"recv"};
+  uint64_t next_seq = 0;
+  uint64_t errors = 0;
+  uint64_t end_count = 0;  // what the end message said was sent
+  bool got_end = false;
+  bool started = false;  // a payload came (m's clock starts at the first)
+
+  // Takes one message; true if it is the run's first payload (the caller may start a deadline).
+  [[gnu::always_inline]] inline bool take(const uint8_t* p, size_t n, size_t min, size_t max) {
+    if (n >= 8 && get_le64(p) == kEndSeq) {
+      got_end = true;
+      end_count = n >= 24 ? get_le64(p + 16) : 0;
+      if (n < 24 || end_count != next_seq) ++errors;
+      return false;
+    }
+    const bool first = !started;
+    if (first) {
+      started = true;
+      m.reset_clock();
+    }
+    if (!verify_payload(p, n, next_seq, 0, min, max)) {
+      if (errors < 5) {
+        std::fprintf(stderr, "recv: payload %llu (%zu bytes) is wrong\n",
+                     static_cast<unsigned long long>(next_seq), n);
+      }
+      ++errors;
+    }
+    ++next_seq;
+    m.add(n);
+    return first;
+  }
+};
+
 // The final machine-readable line. extra_json is spliced in as-is (e.g. ",\"writers\":2").
 inline void json_line(const char* bench, const options& o, const meter& m, uint64_t errors,
                       const std::string& extra_json = "") {
@@ -365,6 +404,15 @@ inline std::string read_server_url(int fd) {
   return url;
 }
 
+// A forked server's side of the pipe: writes `line` (its URL, or "ERROR ...") and a newline, and
+// closes the pipe. False if the write failed.
+inline bool tell_parent(int fd, std::string line) {
+  line += '\n';
+  const bool ok = write(fd, line.data(), line.size()) >= 0;
+  close(fd);
+  return ok;
+}
+
 // Pins the calling process to one CPU (cpu < 0: leaves it where it is).
 inline void pin_cpu(long cpu) {
   if (cpu < 0) return;
@@ -378,6 +426,48 @@ inline uint64_t mono_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// A server process forked by a round-trip benchmark, and the URL it listens on.
+struct forked_server {
+  pid_t pid = -1;
+  std::string url;  // empty if the server failed (then it has been reaped)
+};
+
+// Forks `serve(int ready_fd)` as a server process pinned to --server-cpu (default 1), whose exit
+// status is what it returns; it must tell_parent() its URL. Pins the caller to --client-cpu
+// (default 0) and reads the URL; on failure prints "<tag>: server failed: ..." and reaps it.
+template <class Serve>
+forked_server fork_server(const options& o, const char* tag, Serve&& serve) {
+  forked_server s;
+  int fds[2];
+  if (pipe(fds) != 0) return s;
+  s.pid = fork();
+  if (s.pid == 0) {
+    close(fds[0]);
+    pin_cpu(o.get_int("server-cpu", 1));
+    _exit(serve(fds[1]));
+  }
+  close(fds[1]);
+  pin_cpu(o.get_int("client-cpu", 0));
+  s.url = read_server_url(fds[0]);
+  if (s.url.empty() || s.url.rfind("ERROR", 0) == 0) {
+    std::fprintf(stderr, "%s: server failed: %s\n", tag, s.url.c_str());
+    if (s.pid > 0) {
+      kill(s.pid, SIGKILL);
+      waitpid(s.pid, nullptr, 0);
+    }
+    s.url.clear();
+  }
+  return s;
+}
+
+// --tls [TOKEN]: TLS 1.3 in PSK mode (a fixed benchmark token when none is given).
+inline tls_config psk_tls(const std::string& token) {
+  tls_config t;
+  t.mode = tls_mode::psk;
+  t.psk_token = token == "1" ? "uvbus-benchmark-token-0001" : token;
+  return t;
 }
 
 }  // namespace uvbus::bench

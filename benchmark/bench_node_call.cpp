@@ -8,16 +8,13 @@
 // request's size. The client node 0x1001 (pinned to --client-cpu, on shm://NAME-c with --shm)
 // registers to it and keeps --outstanding calls open for --seconds, timing each call from call()
 // to its callback. Prints calls/s, p50/p90/p99/p99.9/max in microseconds, and a JSON line.
-#include <sys/wait.h>
-#include <unistd.h>
 #include <uv.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "bench_common.h"
-#include "uvbus/node.h"
+#include "bench_node.h"
 
 namespace {
 
@@ -25,49 +22,16 @@ using namespace uvbus;
 using namespace uvbus::bench;
 
 constexpr uint32_t kCallType = 1;
-constexpr uint32_t kStopType = 2;
 
-node_config call_config() {
-  node_config c;
-  c.heartbeat_interval_ms = 1000;
-  c.heartbeat_timeout_ms = 30000;
-  c.sibling_direct = false;
-  return c;
-}
-
+// The server: answers every request with a reply of its size.
 int run_server(const std::string& url, const std::string& shm, int ready_fd) {
-  uv_loop_t loop;
-  uv_loop_init(&loop);
-  node_config c = call_config();
-  c.listen = {url};
-  if (!shm.empty()) c.listen.push_back("shm://" + shm + "-s");
-  c.subnets = {{0x1000, 12}};
-  node* self = nullptr;
-  bool stop = false;
-  node_callbacks cb;
-  cb.on_endpoint_removed = [&](const endpoint_info&, errc) { stop = true; };
-  cb.on_data = [&](bus_id, uint32_t type, const uint8_t* p, size_t n) {
-    if (type == kStopType) {
-      stop = true;
-      return;
-    }
-    const reply_handle* req = self->incoming_request();
-    if (req == nullptr) return;
-    reply_handle h = *req;
-    (void)self->reply(h, p, n);
-  };
-  node n(&loop, 0x1000, c, cb);
-  self = &n;
-  const errc e = n.start();
-  std::string msg = e == errc::ok ? n.listen_urls()[0] : std::string("ERROR ") + to_string(e);
-  msg += '\n';
-  if (write(ready_fd, msg.data(), msg.size()) < 0) return 1;
-  close(ready_fd);
-  if (e != errc::ok) return 1;
-  while (!stop) uv_run(&loop, UV_RUN_ONCE);
-  n.stop();
-  for (int i = 0; i < 1000 && uv_loop_alive(&loop); ++i) uv_run(&loop, UV_RUN_ONCE);
-  return 0;
+  return run_root_server(url, shm, ready_fd,
+                         [](node& self, bus_id, uint32_t, const uint8_t* p, size_t n) {
+                           const reply_handle* req = self.incoming_request();
+                           if (req == nullptr) return;
+                           reply_handle h = *req;
+                           (void)self.reply(h, p, n);
+                         });
 }
 
 // The client's state: the calls in flight and what they measured.
@@ -114,35 +78,18 @@ int main(int argc, char** argv) {
   const long outstanding = o.get_int("outstanding", 1);
   const double seconds = o.extra.count("seconds") != 0 ? o.seconds : 5.0;
   const std::string shm = o.get("shm");
-  int fds[2];
-  if (pipe(fds) != 0) return 1;
-  const pid_t child = fork();
-  if (child == 0) {
-    close(fds[0]);
-    pin_cpu(o.get_int("server-cpu", 1));
-    _exit(run_server(o.url, shm, fds[1]));
-  }
-  close(fds[1]);
-  pin_cpu(o.get_int("client-cpu", 0));
-  const std::string url = read_server_url(fds[0]);
-  if (url.empty() || url.rfind("ERROR", 0) == 0) {
-    std::fprintf(stderr, "call: server failed: %s\n", url.c_str());
-    return 1;
-  }
+  const forked_server server =
+      fork_server(o, "call", [&](int ready_fd) { return run_server(o.url, shm, ready_fd); });
+  if (server.url.empty()) return 1;
+  const std::string& url = server.url;
   uv_loop_t loop;
   uv_loop_init(&loop);
-  node_config c = call_config();
-  c.parent_urls = {url};
-  c.enable_shm = !shm.empty();
-  if (!shm.empty()) c.listen = {"shm://" + shm + "-c"};
   bool down = false;
   node_callbacks cb;
   cb.on_down = [&](errc) { down = true; };
-  node n(&loop, 0x1001, c, cb);
-  if (n.start() != errc::ok) return 1;
-  while (!n.up()) uv_run(&loop, UV_RUN_ONCE);
-  const auto peers = n.peers();
-  const char* channel = peers.empty() ? "?" : to_string(peers[0].data_channel);
+  node n(&loop, 0x1001, client_config(url, shm), cb);
+  const char* channel = start_client(&loop, n);
+  if (channel == nullptr) return 1;
   caller k;
   k.n = &n;
   k.buf.assign(size, 0x5A);
@@ -157,11 +104,7 @@ int main(int argc, char** argv) {
   const uint64_t calls = k.done;
   k.measuring = false;
   while (k.done + k.failed < n.counters().calls_started) uv_run(&loop, UV_RUN_ONCE);
-  (void)n.send_data(0x1000, kStopType, k.buf.data(), 1);
-  n.stop();
-  for (int i = 0; i < 1000 && !down; ++i) uv_run(&loop, UV_RUN_ONCE);
-  int status = 0;
-  waitpid(child, &status, 0);
+  stop_server(&loop, n, &down, k.buf.data(), server.pid);
   if (k.failed != 0) {
     std::fprintf(stderr, "call: %llu calls failed, the first with %s\n",
                  static_cast<unsigned long long>(k.failed), to_string(k.first_error));

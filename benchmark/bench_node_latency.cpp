@@ -13,63 +13,27 @@
 // --load-rate R: latency under load. The client also sends R data messages a second of the same
 // size to the server (type 3, R/1000 from a 1 ms timer, as a game server's tick would), which
 // drops them; the JSON line adds the load achieved and how many send_data() refused.
-#include <sys/wait.h>
-#include <unistd.h>
 #include <uv.h>
-#include <csignal>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "bench_common.h"
-#include "uvbus/node.h"
+#include "bench_node.h"
 
 namespace {
 
 using namespace uvbus;
 using namespace uvbus::bench;
 
-node_config lat_config() {
-  node_config c;
-  c.heartbeat_interval_ms = 1000;
-  c.heartbeat_timeout_ms = 30000;
-  c.sibling_direct = false;
-  return c;
-}
-
+// The server: drops the background load (type 3), echoes every other message to its source.
 int run_server(const std::string& url, const std::string& shm, int ready_fd) {
-  uv_loop_t loop;
-  uv_loop_init(&loop);
-  node_config c = lat_config();
-  c.listen = {url};
-  if (!shm.empty()) c.listen.push_back("shm://" + shm + "-s");
-  c.subnets = {{0x1000, 12}};
-  node* self = nullptr;
-  bool stop = false;
-  node_callbacks cb;
-  cb.on_endpoint_removed = [&](const endpoint_info&, errc) { stop = true; };
-  cb.on_data = [&](bus_id src, uint32_t type, const uint8_t* p, size_t n) {
-    if (type == 2) {
-      stop = true;
-      return;
-    }
-    if (type == 3) return;  // background load
-    (void)self->send_data(src, type, p, n);
-  };
-  node n(&loop, 0x1000, c, cb);
-  self = &n;
-  const errc e = n.start();
-  std::string msg = e == errc::ok ? n.listen_urls()[0] : std::string("ERROR ") + to_string(e);
-  msg += '\n';
-  if (write(ready_fd, msg.data(), msg.size()) < 0) return 1;
-  close(ready_fd);
-  if (e != errc::ok) return 1;
-  while (!stop) uv_run(&loop, UV_RUN_ONCE);
-  n.stop();
-  for (int i = 0; i < 1000 && uv_loop_alive(&loop); ++i) uv_run(&loop, UV_RUN_ONCE);
-  return 0;
+  return run_root_server(url, shm, ready_fd,
+                         [](node& self, bus_id src, uint32_t type, const uint8_t* p, size_t n) {
+                           if (type == 3) return;  // background load
+                           (void)self.send_data(src, type, p, n);
+                         });
 }
 
 // The background load of --load-rate: sends what is due since the first tick.
@@ -158,37 +122,21 @@ int main(int argc, char** argv) {
   const long warmup = o.get_int("warmup", 5000);
   const std::string shm = o.get("shm");
   const bool use_shm = !shm.empty() && !o.flag("no-shm");
-  int fds[2];
-  if (pipe(fds) != 0) return 1;
-  const pid_t child = fork();
-  if (child == 0) {
-    close(fds[0]);
-    pin_cpu(o.get_int("server-cpu", 1));
-    _exit(run_server(o.url, use_shm ? shm : std::string(), fds[1]));
-  }
-  close(fds[1]);
-  pin_cpu(o.get_int("client-cpu", 0));
-  const std::string url = read_server_url(fds[0]);
-  if (url.empty() || url.rfind("ERROR", 0) == 0) {
-    std::fprintf(stderr, "latency: server failed: %s\n", url.c_str());
-    return 1;
-  }
+  const forked_server server = fork_server(o, "latency", [&](int ready_fd) {
+    return run_server(o.url, use_shm ? shm : std::string(), ready_fd);
+  });
+  if (server.url.empty()) return 1;
+  const std::string& url = server.url;
   uv_loop_t loop;
   uv_loop_init(&loop);
-  node_config c = lat_config();
-  c.parent_urls = {url};
-  c.enable_shm = use_shm;
-  if (use_shm) c.listen = {"shm://" + shm + "-c"};
   bool reply = false;
   bool down = false;
   node_callbacks cb;
   cb.on_down = [&](errc) { down = true; };
   cb.on_data = [&](bus_id, uint32_t, const uint8_t*, size_t) { reply = true; };
-  node n(&loop, 0x1001, c, cb);
-  if (n.start() != errc::ok) return 1;
-  while (!n.up()) uv_run(&loop, UV_RUN_ONCE);
-  const auto peers = n.peers();
-  const char* channel = peers.empty() ? "?" : to_string(peers[0].data_channel);
+  node n(&loop, 0x1001, client_config(url, use_shm ? shm : std::string()), cb);
+  const char* channel = start_client(&loop, n);
+  if (channel == nullptr) return 1;
   std::vector<uint8_t> buf(size, 0x5A);
   load_gen load;
   load.n = &n;
@@ -207,11 +155,7 @@ int main(int argc, char** argv) {
   load.on = false;
   const double load_secs = load.t0 == 0 ? 0 : mono_now() - load.t0;
   uv_close(reinterpret_cast<uv_handle_t*>(&load_timer), nullptr);
-  (void)n.send_data(0x1000, 2, buf.data(), 1);
-  n.stop();
-  for (int i = 0; i < 1000 && !down; ++i) uv_run(&loop, UV_RUN_ONCE);
-  int status = 0;
-  waitpid(child, &status, 0);
+  stop_server(&loop, n, &down, buf.data(), server.pid);
   print_result(url, channel, size, rounds, hist, cpu_ns, load, load_secs);
   return 0;
 }

@@ -28,34 +28,12 @@ using namespace uvbus::bench;
 
 struct receiver {
   options o;
-  meter m{"recv"};
-  uint64_t next_seq = 0;
-  uint64_t errors = 0;
-  bool got_end = false;
-  bool started = false;
+  seq_receiver in;
   double deadline = 0;
   uv_timer_t tick{};  // the per-100-ms meter tick; closed by receive_until_end
 
   void on_message(const uint8_t* p, size_t n) {
-    if (n >= 8 && get_le64(p) == kEndSeq) {
-      got_end = true;
-      if (n < 24 || get_le64(p + 16) != next_seq) ++errors;
-      return;
-    }
-    if (!started) {
-      started = true;
-      m.reset_clock();
-      deadline = mono_now() + o.seconds + 5;
-    }
-    if (!verify_payload(p, n, next_seq, 0, o.min, o.max)) {
-      if (errors < 5) {
-        std::fprintf(stderr, "recv: payload %llu (%zu bytes) is wrong\n",
-                     static_cast<unsigned long long>(next_seq), n);
-      }
-      ++errors;
-    }
-    ++next_seq;
-    m.add(n);
+    if (in.take(p, n, o.min, o.max)) deadline = mono_now() + o.seconds + 5;
   }
 };
 
@@ -68,14 +46,21 @@ node_config bench_config() {
   return c;
 }
 
-// --relay-of: only the relay node 0x1100, registered to parent_url; runs until the parent goes.
-int run_relay_process(const options& o, uv_loop_t* loop, const std::string& shm,
-                      const std::string& parent_url) {
+// The relay node 0x1100's config: listening on url (and shm://SHM-relay), a child of parent_url.
+node_config relay_config(const std::string& url, const std::string& shm,
+                         const std::string& parent_url) {
   node_config pc = bench_config();
-  pc.listen = {o.url};
+  pc.listen = {url};
   if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
   pc.subnets = {{0x1100, 8}};
   pc.parent_urls = {parent_url};
+  return pc;
+}
+
+// --relay-of: only the relay node 0x1100, registered to parent_url; runs until the parent goes.
+int run_relay_process(const options& o, uv_loop_t* loop, const std::string& shm,
+                      const std::string& parent_url) {
+  node_config pc = relay_config(o.url, shm, parent_url);
   pc.reconnect_min_ms = pc.reconnect_max_ms = 60000;  // the parent going away ends the run
   bool down = false;
   node_callbacks pcb;
@@ -99,12 +84,8 @@ int run_relay_process(const options& o, uv_loop_t* loop, const std::string& shm,
 // --relay URL2: a relay node 0x1100 on the same loop, a child of the root at root_url.
 std::unique_ptr<node> start_inprocess_relay(uv_loop_t* loop, const std::string& relay_url,
                                             const std::string& shm, const std::string& root_url) {
-  node_config pc = bench_config();
-  pc.listen = {relay_url};
-  if (!shm.empty()) pc.listen.push_back("shm://" + shm + "-relay");
-  pc.subnets = {{0x1100, 8}};
-  pc.parent_urls = {root_url};
-  auto relay = std::make_unique<node>(loop, 0x1100, pc, node_callbacks{});
+  auto relay = std::make_unique<node>(loop, 0x1100, relay_config(relay_url, shm, root_url),
+                                      node_callbacks{});
   if (const errc e = relay->start(); e != errc::ok) {
     std::fprintf(stderr, "recv: start relay: %s\n", to_string(e));
     return nullptr;
@@ -123,16 +104,16 @@ void receive_until_end(receiver* r, uv_loop_t* loop) {
       &tick,
       [](uv_timer_t* t) {
         auto* self = static_cast<receiver*>(t->data);
-        if (self->started) self->m.tick();
+        if (self->in.started) self->in.m.tick();
       },
       100, 100);
-  while (!r->got_end && mono_now() < hard_deadline &&
+  while (!r->in.got_end && mono_now() < hard_deadline &&
          (r->deadline == 0 || mono_now() < r->deadline)) {
     uv_run(loop, UV_RUN_ONCE);
   }
-  if (!r->got_end) {
+  if (!r->in.got_end) {
     std::fprintf(stderr, "recv: no end message\n");
-    ++r->errors;
+    ++r->in.errors;
   }
   uv_timer_stop(&tick);
   uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
@@ -185,9 +166,9 @@ int main(int argc, char** argv) {
   std::snprintf(extra, sizeof extra, R"(,"relay_in_process":%s,"shm":%s,"forwarded":%llu)",
                 relay ? "true" : "false", shm.empty() ? "false" : "true",
                 static_cast<unsigned long long>(fwd));
-  json_line("node", r.o, r.m, r.errors, extra);
+  json_line("node", r.o, r.in.m, r.in.errors, extra);
   relay.reset();
   root.stop();
   for (int i = 0; i < 100 && uv_loop_alive(&loop); ++i) uv_run(&loop, UV_RUN_NOWAIT);
-  return r.errors == 0 ? 0 : 1;
+  return r.in.errors == 0 ? 0 : 1;
 }

@@ -14,7 +14,6 @@
 // the same size into the same ring, paced between polls; they start with 8 bytes of 0xFF (a ping
 // starts with its send time, never that) and the server drops them. The JSON line adds the load
 // achieved.
-#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -32,14 +31,6 @@ using namespace uvbus;
 using namespace uvbus::bench;
 
 namespace {
-
-void pin(long cpu) {
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(static_cast<int>(cpu), &set);
-  sched_setaffinity(0, sizeof set, &set);
-}
 
 errc open_writer(shm_writer& w, const std::string& url) {
   errc e = errc::not_found;
@@ -205,7 +196,7 @@ int main(int argc, char** argv) {
 
   const pid_t pid = fork();
   if (pid == 0) {  // echo server
-    pin(o.get_int("server-cpu", 1));
+    pin_cpu(o.get_int("server-cpu", 1));
     side s;
     s.server = true;
     if (s.reader.open(c2s, cfg) != errc::ok || open_writer(s.writer, s2c) != errc::ok) _exit(1);
@@ -230,7 +221,7 @@ int main(int argc, char** argv) {
     s.reader.close();
     _exit(0);
   }
-  pin(o.get_int("client-cpu", 0));
+  pin_cpu(o.get_int("client-cpu", 0));
   side s;
   s.buf.assign(size, 0xab);
   s.remaining = trips;

@@ -64,6 +64,26 @@ void print_writer(uint64_t id, uint64_t seq, double dt, double ns_per_msg, uint6
       id, seq, static_cast<double>(seq) / dt, ns_per_msg, full, abandoned, wakeups, to_string(e));
 }
 
+// A send that did not go: a full ring (counted in *full; the writer yields rather than spins: when
+// writers share a core, the ring is often full because another writer was preempted between
+// reserve and commit, and only it can unblock the reader; a lone writer spinning instead measured
+// no faster here) or a record the reader skipped as abandoned (counted in *abandoned) is retried:
+// true. Any other error is printed ("[send ID] WHAT: ..."): false.
+[[gnu::always_inline]] inline bool retry_send(errc e, uint64_t* full, uint64_t* abandoned,
+                                              uint64_t id, const char* what) {
+  if (e == errc::queue_full) {
+    ++*full;
+    sched_yield();
+    return true;
+  }
+  if (e == errc::abandoned) {
+    ++*abandoned;
+    return true;
+  }
+  std::fprintf(stderr, "[send %" PRIu64 "] %s: %s\n", id, what, to_string(e));
+  return false;
+}
+
 int run_writer(const options& o, uint64_t id) {
   shm_writer w;
   if (!open_retry(w, o, id)) return 1;
@@ -75,10 +95,6 @@ int run_writer(const options& o, uint64_t id) {
   const double end = t0 + o.seconds;
   // Message k of writer id carries sequence number (id << 56) | k (see bench_shm_recv).
   const uint64_t base = id << 56;
-  // A full ring: yield rather than spin. When writers share a core, the ring is often full
-  // because another writer was preempted between reserve and commit, and only it can unblock the
-  // reader. (A lone writer spinning instead measured no faster here.)
-  auto wait_room = [] { sched_yield(); };
   const size_t limit =
       std::min<size_t>(static_cast<size_t>(o.get_int("batch-bytes", 4096)), w.max_record_size());
   if (!start_coalescing(w, o, id)) return 1;
@@ -93,13 +109,7 @@ int run_writer(const options& o, uint64_t id) {
       if (e == errc::ok) {
         ++seq;
         n = make_payload(base | seq, id, o.min, o.max, buf.data());
-      } else if (e == errc::queue_full) {
-        ++full;
-        wait_room();
-      } else if (e == errc::abandoned) {
-        ++abandoned;
-      } else {
-        std::fprintf(stderr, "[send %" PRIu64 "] send: %s\n", id, to_string(e));
+      } else if (!retry_send(e, &full, &abandoned, id, "send")) {
         return 1;
       }
     }
@@ -128,13 +138,7 @@ int run_writer(const options& o, uint64_t id) {
       if (e == errc::ok) {
         seq += cnt;
         fill();
-      } else if (e == errc::queue_full) {
-        ++full;
-        wait_room();
-      } else if (e == errc::abandoned) {
-        ++abandoned;
-      } else {
-        std::fprintf(stderr, "[send %" PRIu64 "] send_batch: %s\n", id, to_string(e));
+      } else if (!retry_send(e, &full, &abandoned, id, "send_batch")) {
         return 1;
       }
     }

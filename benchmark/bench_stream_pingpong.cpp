@@ -11,11 +11,8 @@
 // --load-rate R: latency under load. The client also sends R messages a second of the same size
 // on the same connection (from a 1 ms timer: R/1000 per tick, what a game server's tick does);
 // they start with the byte 'L' and the server drops them. The JSON line adds the load achieved.
-#include <sched.h>
 #include <sys/wait.h>
-#include <unistd.h>
 #include <uv.h>
-#include <csignal>
 
 #include <cstdio>
 #include <string>
@@ -28,14 +25,6 @@ namespace {
 
 using namespace uvbus;
 using namespace uvbus::bench;
-
-void pin(long cpu) {
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(static_cast<int>(cpu), &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
-}
 
 int run_server(const std::string& url, int ready_fd) {
   uv_loop_t loop;
@@ -50,11 +39,11 @@ int run_server(const std::string& url, int ready_fd) {
   chp = &ch;
   listener_id l;
   const errc e = ch.listen(url, &l);
-  std::string msg = e == errc::ok ? ch.listener_url(l) : std::string("ERROR ") + to_string(e);
-  msg += '\n';
-  if (write(ready_fd, msg.data(), msg.size()) < 0) return 1;
-  close(ready_fd);
-  if (e != errc::ok) return 1;
+  if (!tell_parent(ready_fd,
+                   e == errc::ok ? ch.listener_url(l) : std::string("ERROR ") + to_string(e)) ||
+      e != errc::ok) {
+    return 1;
+  }
   while (!ch.closed()) uv_run(&loop, UV_RUN_ONCE);
   uv_run(&loop, UV_RUN_DEFAULT);
   return 0;
@@ -142,23 +131,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const size_t size = static_cast<size_t>(o.get_int("size", 64));
-  int fds[2];
-  if (pipe(fds) != 0) return 1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    pin(o.get_int("server-cpu", 1));
-    _exit(run_server(o.url, fds[1]));
-  }
-  close(fds[1]);
-  pin(o.get_int("client-cpu", 0));
-  const std::string url = read_server_url(fds[0]);
-  if (url.empty() || url.rfind("ERROR", 0) == 0) {
-    std::fprintf(stderr, "pingpong: server failed: %s\n", url.c_str());
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return 1;
-  }
+  const forked_server server =
+      fork_server(o, "pingpong", [&](int ready_fd) { return run_server(o.url, ready_fd); });
+  if (server.url.empty()) return 1;
+  const std::string& url = server.url;
 
   client c;
   c.msg.assign(size, 0x5a);
@@ -184,7 +160,7 @@ int main(int argc, char** argv) {
   ch.close();
   uv_run(&loop, UV_RUN_DEFAULT);
   int status = 0;
-  waitpid(pid, &status, 0);
+  waitpid(server.pid, &status, 0);
 
   const double us = 1e-3;
   std::printf(

@@ -26,36 +26,9 @@ struct receiver {
   options o;
   uv_loop_t* loop = nullptr;
   stream_channel* ch = nullptr;
-  meter m{"recv"};
-  uint64_t next_seq = 0;
-  uint64_t errors = 0;
-  uint64_t end_count = 0;
-  bool got_end = false;
-  bool started = false;
+  seq_receiver in;
   double deadline = 0;
   stream_connection_metrics conn_metrics{};
-
-  void on_message(const uint8_t* p, size_t n) {
-    if (n >= 8 && get_le64(p) == kEndSeq) {
-      got_end = true;
-      end_count = n >= 24 ? get_le64(p + 16) : 0;
-      if (end_count != next_seq) ++errors;
-      return;
-    }
-    if (!started) {
-      started = true;
-      m.reset_clock();
-    }
-    if (!verify_payload(p, n, next_seq, 0, o.min, o.max)) {
-      if (errors < 5) {
-        std::fprintf(stderr, "recv: payload %llu (%zu bytes) is wrong\n",
-                     static_cast<unsigned long long>(next_seq), n);
-      }
-      ++errors;
-    }
-    ++next_seq;
-    m.add(n);
-  }
 
   stream_callbacks callbacks() {
     stream_callbacks cb;
@@ -63,32 +36,24 @@ struct receiver {
       if (deadline == 0) deadline = mono_now() + o.seconds + 5;
     };
     cb.on_received = [this](connection_id c, const uint8_t* p, size_t n) {
-      on_message(p, n);
-      if (got_end) {
+      (void)in.take(p, n, o.min, o.max);
+      if (in.got_end) {
         (void)ch->connection_metrics(c, &conn_metrics);
         ch->close();
       }
     };
     cb.on_disconnected = [this](connection_id c, errc reason) {
-      if (!got_end) {
+      if (!in.got_end) {
         std::fprintf(stderr, "recv: connection ended before the end message: %s\n",
                      to_string(reason));
         (void)ch->connection_metrics(c, &conn_metrics);
-        ++errors;
+        ++in.errors;
         ch->close();
       }
     };
     return cb;
   }
 };
-
-// --tls [TOKEN]: TLS 1.3 in PSK mode (a fixed benchmark token when none is given).
-tls_config psk_tls(const std::string& token) {
-  tls_config t;
-  t.mode = tls_mode::psk;
-  t.psk_token = token == "1" ? "uvbus-benchmark-token-0001" : token;
-  return t;
-}
 
 }  // namespace
 
@@ -128,11 +93,11 @@ int main(int argc, char** argv) {
       &tick,
       [](uv_timer_t* t) {
         auto* self = static_cast<receiver*>(t->data);
-        if (self->started) self->m.tick();
+        if (self->in.started) self->in.m.tick();
         if (self->ch->closed() || (self->deadline != 0 && mono_now() > self->deadline)) {
           if (!self->ch->closed()) {
             std::fprintf(stderr, "recv: deadline passed without the end message\n");
-            ++self->errors;
+            ++self->in.errors;
             self->ch->close();
           }
           uv_timer_stop(t);
@@ -142,18 +107,18 @@ int main(int argc, char** argv) {
   while (!ch.closed() && mono_now() < hard_deadline) uv_run(&loop, UV_RUN_ONCE);
   if (!ch.closed()) {
     std::fprintf(stderr, "recv: no sender\n");
-    ++r.errors;
+    ++r.in.errors;
     ch.close();
   }
   uv_timer_stop(&tick);
-  if (!r.got_end) ++r.errors;
-  r.m.tick();
+  if (!r.in.got_end) ++r.in.errors;
+  r.in.m.tick();
   char extra[256];
   std::snprintf(extra, sizeof extra, R"(,"read_calls":%llu,"end_count":%llu)",
                 static_cast<unsigned long long>(r.conn_metrics.read_calls),
-                static_cast<unsigned long long>(r.end_count));
-  json_line("stream_recv", r.o, r.m, r.errors, extra);
+                static_cast<unsigned long long>(r.in.end_count));
+  json_line("stream_recv", r.o, r.in.m, r.in.errors, extra);
   uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
   uv_run(&loop, UV_RUN_DEFAULT);
-  return r.errors == 0 ? 0 : 1;
+  return r.in.errors == 0 ? 0 : 1;
 }

@@ -104,14 +104,6 @@ struct sender {
   }
 };
 
-// --tls [TOKEN]: TLS 1.3 in PSK mode (a fixed benchmark token when none is given).
-tls_config psk_tls(const std::string& token) {
-  tls_config t;
-  t.mode = tls_mode::psk;
-  t.psk_token = token == "1" ? "uvbus-benchmark-token-0001" : token;
-  return t;
-}
-
 }  // namespace
 
 // The connection is up (or failed): the clocks start and the first burst goes out.

@@ -49,26 +49,14 @@ one_run() {
   $ON_RECV "$recv" $rargs --min "${CASE_MIN:-$MIN}" --max "${CASE_MAX:-$MAX}" --seconds "$SECS" \
     --ready "$ready" >"$out" 2>&1 &
   local rpid=$!
-  for _ in $(seq 200); do [ -f "$ready" ] && break; sleep 0.05; done
-  if [ ! -f "$ready" ]; then
-    echo "$name: receiver did not start" >&2
-    cat "$out" >&2
-    kill "$rpid" 2>/dev/null || true
-    return 0
-  fi
+  wait_ready "$name" receiver "$ready" "$out" 200 "$rpid" || return 0
   local ppid=""
   if [ -n "$relay" ]; then
     # shellcheck disable=SC2086
     "$recv" $relay --relay-of "$(cat "$ready")" --seconds "$SECS" --ready "$ready.relay" \
       >"$out.relay" 2>&1 &
     ppid=$!
-    for _ in $(seq 200); do [ -f "$ready.relay" ] && break; sleep 0.05; done
-    if [ ! -f "$ready.relay" ]; then
-      echo "$name: relay did not start" >&2
-      cat "$out.relay" >&2
-      kill "$rpid" "$ppid" 2>/dev/null || true
-      return 0
-    fi
+    wait_ready "$name" relay "$ready.relay" "$out.relay" 200 "$rpid" "$ppid" || return 0
     mv "$ready.relay" "$ready"
   fi
   local extra=""
@@ -139,7 +127,6 @@ run_case "shm/node" "shm/raw-shm" "${N}_recv" "${N}_send" "ipv4://127.0.0.1:0 --
 run_case "shm/node-relay" "shm/raw-shm" "${N}_recv" "${N}_send" \
   "ipv4://127.0.0.1:0 --shm $SHM" "--id 0x1101" "ipv4://127.0.0.1:0 --shm $SHM"
 
-LAT=()
 lat_case() {  # lat_case NAME BIN URL [flags...]
   local name=$1 bin=$2 url=$3
   shift 3
@@ -149,10 +136,7 @@ lat_case() {  # lat_case NAME BIN URL [flags...]
   line=$("$bin" "$url" --size 64 --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" \
     --server-cpu "$RECV_CPU" "$@" | grep '^{' || true)
   [ -n "$line" ] || { echo "$name: no result" >&2; return 0; }
-  JSON+=("${line%\}},\"case\":\"$name\"}")
-  LAT+=("$(printf '%-24s %8s %8s %8s %8s %8s' "$name" "$(json_field "$line" p50_us)" \
-    "$(json_field "$line" p90_us)" "$(json_field "$line" p99_us)" "$(json_field "$line" p999_us)" \
-    "$(json_field "$line" max_us)")")
+  add_latency "$name" 24 "$line"
 }
 lat_case "tcp/raw-pingpong64" "$BUILD/uvbus_bench_stream_pingpong" "ipv4://127.0.0.1:0"
 lat_case "tcp/node-pingpong64" "${N}_latency" "ipv4://127.0.0.1:0"
@@ -161,9 +145,4 @@ lat_case "shm/node-pingpong64" "${N}_latency" "ipv4://127.0.0.1:0" --shm "$SHM-l
 echo "# uvbus bus nodes, ${MIN}-${MAX} B, ${SECS}s per case, median of $REPEAT," \
   "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-24s %12s %9s %7s %8s %8s %8s %6s\n' case msgs/s MB/s rcv-cpu snd-ns rcv-ns vs-raw errors
-for r in "${ROWS[@]}"; do echo "$r"; done
-if [ ${#LAT[@]} -gt 0 ]; then
-  printf '%-24s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us
-  for r in "${LAT[@]}"; do echo "$r"; done
-fi
-for j in "${JSON[@]}"; do echo "$j"; done
+print_results 24

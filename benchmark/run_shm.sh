@@ -31,26 +31,14 @@ run_pair() {  # run_pair NAME MIN MAX WRITERS [BATCH_BYTES [SENDER FLAGS]]
   $ON_RECV "$BUILD/uvbus_bench_shm_recv" "$url" --min "$min" --max "$max" --seconds "$SECS" \
     --writers "$writers" --ready "$ready" >"$out" 2>&1 &
   local rpid=$!
-  for _ in $(seq 100); do [ -f "$ready" ] && break; sleep 0.05; done
-  if [ ! -f "$ready" ]; then
-    echo "$name: receiver did not start" >&2
-    cat "$out" >&2
-    kill "$rpid" 2>/dev/null || true
-    return 0
-  fi
+  wait_ready "$name" receiver "$ready" "$out" 100 "$rpid" || return 0
   local send_out
   send_out=$($ON_SEND "$BUILD/uvbus_bench_shm_send" "$url" --min "$min" --max "$max" \
     --seconds "$SECS" --writers "$writers" --batch-bytes "$batch" $extra | grep '^\[send\]' ||
     true)
   wait "$rpid" || true
-  local j
-  j=$(grep '^{"bench"' "$out" | tail -1 || true)
-  if [ -z "$j" ]; then
-    echo "$name: no result" >&2
-    cat "$out" >&2
-    return 0
-  fi
-  local sns
+  recv_json "$name" "$out" || return 0
+  local j=$J sns
   sns=$(send_cpu_ns <<<"$send_out")
   j=$(with_send_ns "$j" "$sns")
   JSON+=("${j%\}},\"case\":\"$name\"}")
@@ -69,7 +57,6 @@ run_pair "large/1w-single" 8 16384 1 0
 run_pair "small/1w-coalesce" 8 128 1 0 "--coalesce 1"
 run_pair "large/1w-coalesce" 8 16384 1 0 "--coalesce 1"
 
-LAT=()
 for mode in poll uv; do
   name="pingpong64/$mode"
   [[ $name =~ $CASES ]] || continue
@@ -79,18 +66,10 @@ for mode in poll uv; do
     --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" --server-cpu "$RECV_CPU" $flag |
     grep '^{' || true)
   [ -n "$line" ] || { echo "$name: no result" >&2; continue; }
-  JSON+=("${line%\}},\"case\":\"$name\"}")
-  LAT+=("$(printf '%-16s %8s %8s %8s %8s %8s' "$name" "$(json_field "$line" p50_us)" \
-    "$(json_field "$line" p90_us)" "$(json_field "$line" p99_us)" "$(json_field "$line" p999_us)" \
-    "$(json_field "$line" max_us)")")
+  add_latency "$name" 16 "$line"
 done
 
 echo "# uvbus shm channel, ${SECS}s per case, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-18s %12s %9s %7s %8s %8s %10s %9s %6s\n' case msgs/s MB/s rcv-cpu snd-ns rcv-ns \
   queue_full abandoned errors
-for r in "${ROWS[@]}"; do echo "$r"; done
-if [ ${#LAT[@]} -gt 0 ]; then
-  printf '%-16s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us
-  for r in "${LAT[@]}"; do echo "$r"; done
-fi
-for j in "${JSON[@]}"; do echo "$j"; done
+print_results 16

@@ -34,25 +34,13 @@ run_pair() {  # run_pair NAME KIND MIN MAX [sender flags...]
   $ON_RECV "$BUILD/uvbus_bench_stream_recv" "$(url_for "$kind")" --min "$min" --max "$max" \
     --seconds "$SECS" --ready "$ready" >"$out" 2>&1 &
   local rpid=$!
-  for _ in $(seq 100); do [ -f "$ready" ] && break; sleep 0.05; done
-  if [ ! -f "$ready" ]; then
-    echo "$name: receiver did not start" >&2
-    cat "$out" >&2
-    kill "$rpid" 2>/dev/null || true
-    return 0
-  fi
+  wait_ready "$name" receiver "$ready" "$out" 100 "$rpid" || return 0
   local send_line
   send_line=$($ON_SEND "$BUILD/uvbus_bench_stream_send" "$(cat "$ready")" --min "$min" --max "$max" \
     --seconds "$SECS" "$@" | grep '^\[send\]' || true)
   wait "$rpid" || true
-  local j
-  j=$(grep '^{"bench"' "$out" | tail -1 || true)
-  if [ -z "$j" ]; then
-    echo "$name: no result" >&2
-    cat "$out" >&2
-    return 0
-  fi
-  local sns
+  recv_json "$name" "$out" || return 0
+  local j=$J sns
   sns=$(send_cpu_ns <<<"$send_line")
   j=$(with_send_ns "$j" "$sns")
   JSON+=("${j%\}},\"case\":\"$name\"}")
@@ -71,25 +59,16 @@ for kind in ipv4 ipv6 unix; do
   run_pair "$kind/large" "$kind" 8 16384
 done
 
-LAT=()
 for kind in ipv4 unix; do
   name="$kind/pingpong64"
   [[ $name =~ $CASES ]] || continue
   line=$("$BUILD/uvbus_bench_stream_pingpong" "$(url_for "$kind")" --size 64 \
     --round-trips "$ROUND_TRIPS" --client-cpu "$SEND_CPU" --server-cpu "$RECV_CPU" | grep '^{' || true)
   [ -n "$line" ] || { echo "$name: no result" >&2; continue; }
-  JSON+=("${line%\}},\"case\":\"$name\"}")
-  LAT+=("$(printf '%-22s %8s %8s %8s %8s %8s' "$name" "$(json_field "$line" p50_us)" \
-    "$(json_field "$line" p90_us)" "$(json_field "$line" p99_us)" "$(json_field "$line" p999_us)" \
-    "$(json_field "$line" max_us)")")
+  add_latency "$name" 22 "$line"
 done
 
 echo "# uvbus stream channel, ${SECS}s per case, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-22s %12s %9s %7s %8s %8s %12s %12s %6s\n' case msgs/s MB/s rcv-cpu snd-ns rcv-ns \
   write_calls merged errors
-for r in "${ROWS[@]}"; do echo "$r"; done
-if [ ${#LAT[@]} -gt 0 ]; then
-  printf '%-22s %8s %8s %8s %8s %8s\n' latency p50_us p90_us p99_us p99.9_us max_us
-  for r in "${LAT[@]}"; do echo "$r"; done
-fi
-for j in "${JSON[@]}"; do echo "$j"; done
+print_results 22
