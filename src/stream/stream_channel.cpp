@@ -314,6 +314,9 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
     return bad("message_limit must be between 1 and 1 GiB");
   }
+  if (cfg.queue.mode != queue_mode::static_ring && cfg.queue.mode != queue_mode::dynamic) {
+    return bad("queue.mode must be static_ring or dynamic");
+  }
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < 64) {
     return bad("queue.ring_bytes must be at least 64");
   }

@@ -199,6 +199,19 @@ TEST_F(StreamContract, ValidateNamesTheQueueKeepaliveAndModeRules) {
   cfg.unix_socket_mode = 010600;
   EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
   EXPECT_NE(detail.find("unix_socket_mode"), std::string::npos) << detail;
+  // A mode outside the enum (an integer read from a config file) was taken as dynamic, and the
+  // first merged flush of such a channel spun for ever; the channel refuses to start with it.
+  cfg = stream_config{};
+  cfg.queue.mode = static_cast<queue_mode>(2);
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("queue.mode must be static_ring or dynamic"), std::string::npos) << detail;
+  recorder r;
+  stream_channel* ch = make_channel(&r, cfg);
+  connection_id conn;
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", &conn), errc::invalid_argument);
+  EXPECT_NE(ch->last_error().detail.find("queue.mode"), std::string::npos)
+      << ch->last_error().detail;
+  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0"), errc::invalid_argument);
 }
 
 // close_listener() inside on_accepted: ok once, closed after; the clients still waiting in the
