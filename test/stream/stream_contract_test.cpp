@@ -382,9 +382,13 @@ TEST_F(StreamContract, OverTlsEveryPacketIsCoveredOnceByForceGracefulAndCloseFro
     order.emplace_back("failed");
     c->close();  // inside a callback: link[2]'s fate is reported inside this close()
     EXPECT_EQ(rc.disconnected.count(link[2].value), 1u);
+    // link[2]'s id is gone with its final callback; link[0]'s works until its own returns.
+    EXPECT_FALSE(c->is_open(link[2]));
+    EXPECT_TRUE(c->is_open(link[0]));
   };
   const auto disconnected = cb.on_disconnected;
   cb.on_disconnected = [&](connection_id conn, errc why) {
+    EXPECT_TRUE(c->is_open(conn)) << "an id works until its final callback returns";
     disconnected(conn, why);
     if (conn == link[0]) order.emplace_back("disconnected");
   };
