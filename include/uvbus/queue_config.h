@@ -13,7 +13,8 @@ namespace uvbus {
 // size back to a per-thread pool and takes one again on the next send, and frees a grown ring once
 // its queue has been idle for stream_config::send_ring_idle_ms); a block (one whole frame) is
 // always contiguous and never wraps; a full ring of ring_bytes refuses (queue_full). dynamic: one
-// allocation per frame, bounded by max_bytes and max_blocks.
+// allocation per frame, bounded by max_bytes and max_blocks. Any other value (an integer cast from
+// a config file) is an invalid config (stream_channel::validate: invalid_argument).
 enum class queue_mode : uint8_t { static_ring, dynamic };
 
 struct write_queue_config {

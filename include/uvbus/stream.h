@@ -133,15 +133,18 @@ struct stream_config {
   // once. The last attempt's error is reported. 0: no timeout beyond the kernel's, per address.
   uint32_t connect_timeout_ms = 10000;
   // A connection that holds part of a frame and receives no byte for this long is closed with
-  // errc::timeout (a slow-loris peer cannot pin its partial-frame buffer, up to message_limit + 14
-  // bytes, its capacity up to about twice that while it grows, forever). On a TLS link part of a
-  // TLS record counts too (it pins OpenSSL's record buffers, about 17 KiB each way), and part of a
-  // post-handshake message (up to about 128 KiB). Checked by one timer per channel every timeout/4
-  // (at least every 10 ms), so a stalled half-frame is closed within 1.25 x the timeout. A
-  // connection paused with pause_reading() is not checked (the wait is the owner's, not the
-  // peer's): its clock starts again at resume_reading(). A TLS link draining after a graceful
-  // disconnect() is, while its session holds part of a record or of a post-handshake message (its
-  // close_notify waits for the rest). 0: never.
+  // errc::timeout (a peer that stops sending mid-frame cannot pin its partial-frame buffer, up to
+  // message_limit + 14 bytes, its capacity up to about twice that while it grows, forever). Any
+  // byte starts the clock again: a peer trickling a byte now and then keeps its frame open for as
+  // long as it trickles (what bounds such peers is how many there can be: max_connections,
+  // max_unregistered). On a TLS link part of a TLS record counts too (it pins OpenSSL's record
+  // buffers, about 17 KiB each way), and part of a post-handshake message (up to about 128 KiB).
+  // Checked by one timer per channel every timeout/4 (at least every 10 ms), so a stalled
+  // half-frame is closed within 1.25 x the timeout. A connection paused with pause_reading() is
+  // not checked (the wait is the owner's, not the peer's): its clock starts again at
+  // resume_reading(). A TLS link draining after a graceful disconnect() is, while its session
+  // holds part of a record or of a post-handshake message (its close_notify waits for the rest).
+  // 0: never.
   uint32_t partial_frame_timeout_ms = 30000;
   // A send ring that grew beyond queue.ring_initial_bytes is freed once its connection's queue has
   // been empty, with nothing written, for this long (the same timer checks, at least every half

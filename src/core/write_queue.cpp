@@ -97,6 +97,11 @@ size_t write_queue::ring_storage_bytes(size_t ring) noexcept {
 }
 
 errc write_queue::validate(const write_queue_config& cfg) noexcept {
+  // A mode outside the enum (an integer read from a config file) would be neither: its blocks
+  // would go into a ring that merge_front() never reads, and a merged flush would loop for ever.
+  if (cfg.mode != queue_mode::static_ring && cfg.mode != queue_mode::dynamic) {
+    return errc::invalid_argument;
+  }
   if (cfg.mode == queue_mode::static_ring) {
     // Rounded up to 8 (and a prefix added for the allocation), a size near SIZE_MAX wrapped.
     if (cfg.ring_bytes < 64 || cfg.ring_bytes > kMaxRingBytes) return errc::invalid_argument;

@@ -33,8 +33,8 @@ class write_queue {
     uint64_t tag;
   };
 
-  // An invalid config (zero ring, dynamic without limits) yields a queue whose every reserve()
-  // fails with invalid_argument; validate() tells ahead of time.
+  // An invalid config (a mode outside the enum, zero ring, dynamic without limits) yields a queue
+  // whose every reserve() fails with invalid_argument; validate() tells ahead of time.
   explicit write_queue(const write_queue_config& cfg = {});
   ~write_queue();
   write_queue(const write_queue&) = delete;

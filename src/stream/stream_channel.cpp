@@ -98,6 +98,9 @@ connection_id conn_table::add(conn_impl* c) {
 }
 
 void conn_table::remove(connection_id id) noexcept {
+  // Already gone: close() takes a connection out once it reported it, before the loop frees it
+  // (unlink() then removes it again).
+  if (find(id) == nullptr) return;
   const auto idx = static_cast<uint32_t>(id.value);
   slot& s = slots_[idx];
   s.c = nullptr;  // gen stays: find() sees no connection, and the next one here takes a later gen
@@ -202,10 +205,15 @@ void stream_channel::impl::close_all(bool with_callbacks) {
   if (reserve_fd >= 0) ::close(reserve_fd);
   reserve_fd = -1;
   // Reports first (callbacks see the channel closed: every call returns closed), then the
-  // handles. The list cannot change meanwhile: connections are only freed from the loop.
+  // handles. The list cannot change meanwhile: connections are only freed from the loop. Once its
+  // final callback returned, a connection's id no longer resolves (stream.h), though the loop
+  // frees it later. One already reporting (close() called from its on_unsent or on_send_failed)
+  // finishes in that outer report_final(), and release() takes it out after its final callback.
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c)) {
     if (c->state != conn_state::closing) c->reason = errc::closed;
+    const bool reporting = c->reported;
     report_final(c);
+    if (!reporting) table.remove(c->id);
   }
   for (conn_impl* c = conns.front(); c != nullptr; c = detail::conn_list::next(c))
     end_conn(c, errc::closed);
@@ -313,6 +321,9 @@ errc stream_channel::validate(const stream_config& cfg, std::string* detail) noe
   };
   if (cfg.message_limit == 0 || cfg.message_limit > (size_t{1} << 30)) {
     return bad("message_limit must be between 1 and 1 GiB");
+  }
+  if (cfg.queue.mode != queue_mode::static_ring && cfg.queue.mode != queue_mode::dynamic) {
+    return bad("queue.mode must be static_ring or dynamic");
   }
   if (cfg.queue.mode == queue_mode::static_ring && cfg.queue.ring_bytes < 64) {
     return bad("queue.ring_bytes must be at least 64");

@@ -180,7 +180,7 @@ using listener_list = intrusive_list<listener_impl, &listener_impl::hook>;
 class conn_table {
  public:
   connection_id add(conn_impl* c);
-  void remove(connection_id id) noexcept;
+  void remove(connection_id id) noexcept;  // an id already removed: nothing
   [[nodiscard]] conn_impl* find(connection_id id) const noexcept {
     const auto idx = static_cast<uint32_t>(id.value);
     if (idx >= slots_.size()) return nullptr;

@@ -44,6 +44,23 @@ TEST(WriteQueue, RejectsInvalidConfig) {
   EXPECT_EQ(write_queue::validate(ring(8)), errc::invalid_argument);
 }
 
+// A mode outside the enum (a cast integer) is neither: it was taken as valid, its blocks went into
+// a ring that merge_front() never read (merging 0 bytes: a flush loop that never ended). It is an
+// invalid config now: every reserve fails and nothing is queued.
+TEST(WriteQueue, RejectsAModeOutsideTheEnum) {
+  write_queue_config bad;
+  bad.mode = static_cast<queue_mode>(2);
+  EXPECT_EQ(write_queue::validate(bad), errc::invalid_argument);
+  write_queue q(bad);
+  for (int i = 0; i < 3; ++i) {
+    errc e = errc::ok;
+    EXPECT_EQ(q.reserve(8, 8, &e), nullptr);
+    EXPECT_EQ(e, errc::invalid_argument);
+  }
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.memory_bytes(), 0u);
+}
+
 TEST(WriteQueue, StaticRingIsFullWithoutReallocating) {
   write_queue q(ring(1024));
   EXPECT_EQ(q.memory_bytes(), 0u);  // nothing before the first block

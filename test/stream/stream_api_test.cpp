@@ -39,6 +39,28 @@ class StreamApi : public stream_fixture {
     p.server = srv->accepted.back();
     return p;
   }
+  // The connection of `id` is gone: every call on its id fails cleanly, none touches freed memory.
+  static void expect_gone(stream_channel* c, connection_id id) {
+    EXPECT_FALSE(c->is_open(id));
+    EXPECT_EQ(c->send(id, "x", 1), errc::closed);
+    const const_buffer b{"x", 1};
+    EXPECT_EQ(c->sendv(id, &b, 1), errc::closed);
+    EXPECT_EQ(c->disconnect(id), errc::closed);
+    EXPECT_EQ(c->pause_reading(id), errc::closed);
+    EXPECT_EQ(c->resume_reading(id), errc::closed);
+    errc e = errc::ok;
+    EXPECT_EQ(c->prepare_send(id, 1, &e), nullptr);
+    EXPECT_EQ(e, errc::closed);
+    EXPECT_EQ(c->commit_send(id), errc::closed);
+    int other = 0;
+    EXPECT_FALSE(c->set_user_data(id, &other));
+    EXPECT_EQ(c->user_data(id), nullptr);
+    EXPECT_EQ(c->peer_url(id), "");
+    EXPECT_FALSE(c->outbound(id));
+    EXPECT_FALSE(c->listener(id));
+    stream_connection_metrics m;
+    EXPECT_EQ(c->connection_metrics(id, &m), errc::closed);
+  }
   // A dial cancelled at once: its id, once its slot is free again.
   connection_id dial_and_end(stream_channel* c, recorder* r) {
     connection_id id;
@@ -61,31 +83,39 @@ TEST_F(StreamApi, CallsOnAGoneIdFailCleanly) {
   const uint64_t id = p.client.value;
   ASSERT_EQ(c->disconnect(p.client, disconnect_mode::force), errc::ok);
   ASSERT_TRUE(run([&] { return cli.disconnected.count(id) != 0 && srv.live.empty(); }));
-  // The connection is gone: every call on its id fails cleanly, none touches freed memory.
-  EXPECT_FALSE(c->is_open(p.client));
-  EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
-  const const_buffer b{"x", 1};
-  EXPECT_EQ(c->sendv(p.client, &b, 1), errc::closed);
-  EXPECT_EQ(c->disconnect(p.client), errc::closed);
-  EXPECT_EQ(c->pause_reading(p.client), errc::closed);
-  EXPECT_EQ(c->resume_reading(p.client), errc::closed);
-  errc e = errc::ok;
-  EXPECT_EQ(c->prepare_send(p.client, 1, &e), nullptr);
-  EXPECT_EQ(e, errc::closed);
-  EXPECT_EQ(c->commit_send(p.client), errc::closed);
-  EXPECT_FALSE(c->set_user_data(p.client, &mark));
-  EXPECT_EQ(c->user_data(p.client), nullptr);
-  EXPECT_EQ(c->peer_url(p.client), "");
-  EXPECT_FALSE(c->outbound(p.client));
-  EXPECT_FALSE(c->listener(p.client));
-  stream_connection_metrics m;
-  EXPECT_EQ(c->connection_metrics(p.client, &m), errc::closed);
+  expect_gone(c, p.client);
   EXPECT_EQ(c->send(connection_id{}, "x", 1), errc::closed) << "the zero id is never valid";
   // A new connection never gets the old id back, even in the same slot.
   pair q = connect(s, &srv, c, &cli);
   EXPECT_NE(q.client, p.client);
   EXPECT_EQ(c->send(p.client, "x", 1), errc::closed);
   EXPECT_EQ(c->send(q.client, "x", 1), errc::ok);
+}
+
+// close() reports every connection (on_disconnected: closed) before it returns; from then on their
+// ids no longer resolve, though the loop frees the connections later: an owner that freed its
+// per-connection object in on_disconnected must not get it back from user_data().
+TEST_F(StreamApi, CallsOnAnIdCloseReportedFailAtOnce) {
+  recorder srv, cli;
+  stream_channel* s = make_channel(&srv);
+  stream_channel* c = make_channel(&cli);
+  pair p = connect(s, &srv, c, &cli);
+  int mark = 0;
+  ASSERT_TRUE(c->set_user_data(p.client, &mark));
+  // Inside its own final callback the id still resolves (stream.h).
+  stream_callbacks cb = cli.callbacks();
+  void* in_final = nullptr;
+  cb.on_disconnected = [&, base = cb.on_disconnected](connection_id id, errc why) {
+    in_final = c->user_data(id);
+    base(id, why);
+  };
+  ASSERT_EQ(c->set_callbacks(std::move(cb)), errc::ok);
+  c->close();
+  ASSERT_EQ(cli.disconnected.count(p.client.value), 1u);
+  EXPECT_EQ(in_final, &mark);
+  expect_gone(c, p.client);  // without running the loop
+  ASSERT_TRUE(run([&] { return srv.live.empty(); }));
+  expect_gone(c, p.client);
 }
 
 // The generation counter wraps after 2^32 connections (process-wide): a slot never hands out the

@@ -199,6 +199,19 @@ TEST_F(StreamContract, ValidateNamesTheQueueKeepaliveAndModeRules) {
   cfg.unix_socket_mode = 010600;
   EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
   EXPECT_NE(detail.find("unix_socket_mode"), std::string::npos) << detail;
+  // A mode outside the enum (an integer read from a config file) was taken as dynamic, and the
+  // first merged flush of such a channel spun for ever; the channel refuses to start with it.
+  cfg = stream_config{};
+  cfg.queue.mode = static_cast<queue_mode>(2);
+  EXPECT_EQ(stream_channel::validate(cfg, &detail), errc::invalid_argument);
+  EXPECT_NE(detail.find("queue.mode must be static_ring or dynamic"), std::string::npos) << detail;
+  recorder r;
+  stream_channel* ch = make_channel(&r, cfg);
+  connection_id conn;
+  EXPECT_EQ(ch->connect("ipv4://127.0.0.1:1", &conn), errc::invalid_argument);
+  EXPECT_NE(ch->last_error().detail.find("queue.mode"), std::string::npos)
+      << ch->last_error().detail;
+  EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0"), errc::invalid_argument);
 }
 
 // close_listener() inside on_accepted: ok once, closed after; the clients still waiting in the
@@ -369,9 +382,13 @@ TEST_F(StreamContract, OverTlsEveryPacketIsCoveredOnceByForceGracefulAndCloseFro
     order.emplace_back("failed");
     c->close();  // inside a callback: link[2]'s fate is reported inside this close()
     EXPECT_EQ(rc.disconnected.count(link[2].value), 1u);
+    // link[2]'s id is gone with its final callback; link[0]'s works until its own returns.
+    EXPECT_FALSE(c->is_open(link[2]));
+    EXPECT_TRUE(c->is_open(link[0]));
   };
   const auto disconnected = cb.on_disconnected;
   cb.on_disconnected = [&](connection_id conn, errc why) {
+    EXPECT_TRUE(c->is_open(conn)) << "an id works until its final callback returns";
     disconnected(conn, why);
     if (conn == link[0]) order.emplace_back("disconnected");
   };
