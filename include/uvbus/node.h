@@ -429,7 +429,8 @@ class node {
   // ------------------------------------------------------ any node of a type, broadcast --
   // One live node of type `type` ("" = any) with every label of `labels` from the directory (this
   // node too, tool nodes never, nor one that left it), chosen by `how` (uvbus/fanout.h).
-  // unknown_route (*out unchanged) if none; invalid_argument: null out, >16 labels, >128-byte text.
+  // unknown_route (*out unchanged) if none; invalid_argument: null out, >16 labels, >128-byte text,
+  // a policy outside pick_policy.
   [[nodiscard]] errc pick(const std::string& type, const std::vector<node_label>& labels,
                           const pick_options& how, bus_id* out);
   // pick() then send_data() to the node picked (*chosen, if given): one message, one report. If

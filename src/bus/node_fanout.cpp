@@ -387,6 +387,11 @@ errc node::pick(const std::string& type, const std::vector<node_label>& labels,
   UVBUS_ON_OWNER_THREAD(impl_->owner, "node::pick");
   impl& n = *impl_;
   if (out == nullptr) return n.fail(errc::invalid_argument, "node::pick: out is null");
+  if (how.policy > pick_policy::consistent_hash) {
+    return n.fail(errc::invalid_argument,
+                  "node::pick: policy " + std::to_string(static_cast<unsigned>(how.policy)) +
+                      " is none of round_robin, least_loaded, consistent_hash");
+  }
   fanout_state& f = *n.fan;
   const std::string* key = recent_key(f, type, labels);
   if (key == nullptr) {

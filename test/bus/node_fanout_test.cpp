@@ -255,6 +255,12 @@ TEST_F(NodeFanout, RoundRobinCursorKeysAreBoundedInBytesAndIgnoreLabelOrder) {
   EXPECT_EQ(root_->n->pick("logic", many, {}, &id), errc::invalid_argument);
   EXPECT_NE(root_->n->last_error().detail.find("17 labels, at most 16"), std::string::npos)
       << root_->n->last_error().detail;
+  // A policy outside the enum (an integer from a config file) is refused, not taken as a hash.
+  pick_options odd;
+  odd.policy = static_cast<pick_policy>(7);
+  EXPECT_EQ(root_->n->pick("logic", ab, odd, &id), errc::invalid_argument);
+  EXPECT_NE(root_->n->last_error().detail.find("policy 7"), std::string::npos)
+      << root_->n->last_error().detail;
 }
 
 // Load hints of nodes that left the directory are dropped once they outnumber it (more than
