@@ -130,14 +130,19 @@ struct shm_metrics {
                             // writer's flush(), loop-turn and timer retries refuse no send: not
                             // counted)
   uint64_t abandoned = 0;   // records the reader skipped because they were not committed in time
-  uint64_t writer_abandoned = 0;   // sends that reported errc::abandoned (writer learnt the skip)
+  // Reservations of the writer(s) that the reader skipped, learnt at commit: a send that
+  // reported errc::abandoned, or a coalescing writer's copy of its stage, which it retries (up
+  // to 3 times, each skipped copy counted, whether or not a send then reports it).
+  uint64_t writer_abandoned = 0;
   uint64_t checksum_failures = 0;  // committed records whose checksum did not match (skipped)
   uint64_t corrupt = 0;            // record headers with impossible fields (skipped)
-  uint64_t not_connected = 0;      // sends rejected because the reader is gone (writer side)
-  uint64_t wakeups = 0;            // futex wake-ups issued by writers to a sleeping reader
-  uint64_t batches = 0;            // callback batches (reader)
-  uint64_t fill_bytes = 0;         // ring bytes reserved and not yet released by the reader
-  uint64_t capacity_bytes = 0;     // ring size
+  // Sends rejected because the region was removed (writer side; a coalescing writer's flush(),
+  // loop-turn and timer flushes refuse no send: what they drop counts in staged_dropped only).
+  uint64_t not_connected = 0;
+  uint64_t wakeups = 0;         // futex wake-ups issued by writers to a sleeping reader
+  uint64_t batches = 0;         // callback batches (reader)
+  uint64_t fill_bytes = 0;      // ring bytes reserved and not yet released by the reader
+  uint64_t capacity_bytes = 0;  // ring size
   // Coalescing writers (shm_writer::coalesce) only: staged messages published (flushes: ring
   // reservations made for them; this writer's own), and staged messages that send() had accepted
   // (ok) but that never reached the ring (the region was removed, or close() or the destructor

@@ -158,8 +158,9 @@ struct ring_reader {
   // (their nodes must not be reused before reclaim_timeout: a stalled writer may still copy).
   // layout_mismatch() accepted the cursors from the header alone; here, with the heads mapped,
   // write_pos is helped past a dead writer's unadvanced claim the last reader skipped, and the
-  // cursors must then be read_pos <= resume position <= write_pos, one ring apart at most.
-  // Returns "" or why not (bad_layout).
+  // cursors must then be read_pos <= resume position <= write_pos, one ring apart at most, the
+  // resume position where a record starts (resume_point_error) and the heads from read_pos must
+  // step onto it. Returns "" or why not (bad_layout).
   std::string resume() {
     region_header* h = g.hdr;
     published = h->read_pos.load(std::memory_order_acquire);
@@ -176,26 +177,75 @@ struct ring_reader {
     if (rd > wp || wp - published > g.nodes) {
       return cursors_inconsistent(published, stored_pos, wp, g.nodes);
     }
+    if (const char* why = resume_point_error(wp); why != nullptr) {
+      return cursors_inconsistent(published, stored_pos, wp, g.nodes) + ": " + why +
+             " (resume position " + std::to_string(rd) + ", consumed_batch_off " +
+             std::to_string(sub_pos == rd ? sub_off : 0) + ")";
+    }
+    if (!hold_skipped(mono_ns())) {
+      return cursors_inconsistent(published, stored_pos, wp, g.nodes) +
+             ": the records from read_pos step past the resume position " + std::to_string(rd);
+    }
     c_records = h->records_read.load(std::memory_order_relaxed);
     c_bytes = h->bytes_read.load(std::memory_order_relaxed);
     c_abandoned = h->abandoned.load(std::memory_order_relaxed);
     c_checksum = h->checksum_failures.load(std::memory_order_relaxed);
     c_corrupt = h->corrupt.load(std::memory_order_relaxed);
     c_batches = h->batches.load(std::memory_order_relaxed);
-    const uint64_t now = mono_ns();
-    uint64_t p = published;
-    while (p < rd && nholds < kMaxHolds) {
-      const uint64_t c = g.head(p)->load(std::memory_order_acquire);
-      // unreadable: hold everything from here (reclaim frees it)
-      if (!ctl_is(c, p) || (ctl_nodes(c) == 0 && ctl_state(c) != kPad)) {
-        holds[nholds++] = hold{p, now};
-        break;
-      }
-      if (ctl_state(c) == kAbandoned) holds[nholds++] = hold{p, now};
-      p += ctl_span(c, p & g.mask, g.nodes);  // the step the last reader took here
-    }
     reattached = true;
     return {};
+  }
+
+  // Whether the resume position rd (write_pos wp helped up to it) is one no reader stores: null if
+  // it is fine, else why. A reader stores only where a record starts, so below write_pos the head
+  // at rd carries rd's stamp (claimed by a writer: writing, committed, a batch, padding,
+  // abandoned; its nodes are not released, so no later lap overwrote it). A position inside a
+  // record (a damaged consumed_pos or read_pos) carries none: a reader waiting there would never
+  // deliver again while writers filled the ring. A partly consumed batch's offset is where one
+  // of its items ends (its body's end included: a callback batch can end with its last item).
+  [[nodiscard]] const char* resume_point_error(uint64_t wp) const noexcept {
+    // acquire: write_pos passed rd only after rd's claim, and (a batch) the commit publishes it.
+    const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
+    if (rd < wp && !ctl_is(c, rd)) return "no record starts at the resume position";
+    if (sub_pos != rd || sub_off == 0) return nullptr;
+    const uint64_t n = ctl_nodes(c);
+    if (!ctl_is(c, rd) || ctl_state(c) != kBatch || n == 0 || (rd & g.mask) + n > g.nodes) {
+      return "the partly consumed batch at the resume position is no batch";
+    }
+    record_prefix pre;
+    std::memcpy(&pre, g.node(rd), sizeof pre);
+    if (pre.len > g.max_record || g.nodes_for(pre.len) != n || pre.checksum == 0) {
+      return "the partly consumed batch at the resume position is no batch";
+    }
+    const uint8_t* body = g.node(rd) + kRecordHeaderSize;
+    uint64_t off = 0;  // the items' ends, as take_batch steps over them
+    while (off < sub_off && pre.len - off >= sizeof pre) {
+      record_prefix ip;
+      std::memcpy(&ip, body + off, sizeof ip);
+      const uint64_t item_bytes = batch_item_bytes(ip.len);
+      if (item_bytes > pre.len - off) break;
+      off += item_bytes;
+    }
+    if (off != sub_off) return "consumed_batch_off is not where an item of its batch ends";
+    return nullptr;
+  }
+
+  // Holds again the abandoned records between read_pos and rd, stepping over the heads as the last
+  // reader stepped (ctl_span); an unreadable head holds everything from it (reclaim frees it).
+  // Returns false when a step passes rd: rd lies inside a record there, not a cursor a reader
+  // stores.
+  bool hold_skipped(uint64_t now) noexcept {
+    uint64_t p = published;
+    while (p < rd) {
+      const uint64_t c = g.head(p)->load(std::memory_order_acquire);
+      if (!ctl_is(c, p) || (ctl_nodes(c) == 0 && ctl_state(c) != kPad)) {
+        if (nholds < kMaxHolds) holds[nholds++] = hold{p, now};
+        return true;
+      }
+      if (ctl_state(c) == kAbandoned && nholds < kMaxHolds) holds[nholds++] = hold{p, now};
+      p += ctl_span(c, p & g.mask, g.nodes);  // the step the last reader took here
+    }
+    return p == rd;
   }
 
   // The records gathered for the next callback call, and what one drain has delivered so far.

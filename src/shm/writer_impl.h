@@ -58,9 +58,10 @@ struct writer_core {
   size_t stage_count = 0;  // messages staged
   uint64_t stage_payload = 0;
   bool stuck = false;  // the last flush failed (ring full): the stage waits for room
-  // Whether full() counts in queue_full: off while a flush() or a loop turn retries the stage (a
-  // full ring refuses no send then; queue_full counts refused sends only).
-  bool count_full = true;
+  // Whether a refusal counts in queue_full / not_connected: off while a flush(), a loop turn, the
+  // retry timer or close() publishes the stage (no send is refused then: those counters count
+  // refused sends only; what such a flush drops counts in staged_dropped).
+  bool count_refusals = true;
   writer_glue* glue = nullptr;
   // shm_writer::on_staged_dropped, shared: drop_stage() holds what it calls, which the callback may
   // replace or clear while it runs.
@@ -83,7 +84,7 @@ struct writer_core {
   }
 
   errc gone() noexcept {
-    ++local.not_connected;
+    if (count_refusals) ++local.not_connected;
     return errc::not_connected;
   }
 
@@ -113,7 +114,7 @@ struct writer_core {
       if (region_gone()) return gone();
     }
     if (removed) return gone();
-    if (count_full) {
+    if (count_refusals) {
       ++local.queue_full;
       ++pend_full;
     }
@@ -451,11 +452,12 @@ struct writer_core {
     return errc::ok;
   }
 
-  // A flush that no send asked for: a full ring refuses nothing, so queue_full stays as it is.
+  // A flush that no send asked for: it refuses no send, so queue_full and not_connected stay as
+  // they are.
   errc flush_uncounted() noexcept {
-    count_full = false;
+    count_refusals = false;
     const errc e = flush_stage();
-    count_full = true;
+    count_refusals = true;
     return e;
   }
 

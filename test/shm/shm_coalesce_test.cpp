@@ -397,7 +397,27 @@ TEST_F(ShmCoalesceLoop, ReaderClosedForGoodDropsTheStageAndSaysNotConnected) {
   EXPECT_EQ(w.flush(), errc::not_connected);
   EXPECT_EQ(w.staged(), 0u);
   EXPECT_EQ(w.metrics().staged_dropped, 2u);
+  EXPECT_EQ(w.metrics().not_connected, 0u);  // flush() refused no send
   EXPECT_EQ(w.send("c", 1), errc::not_connected);
+  EXPECT_EQ(w.metrics().not_connected, 1u);
+}
+
+// not_connected counts refused sends: the loop turn's flush that finds the region removed drops
+// the stage (staged_dropped) and refuses no send. It counted one not_connected for a send that
+// had returned ok.
+TEST_F(ShmCoalesceLoop, ALoopTurnFindingTheRegionRemovedCountsNoRefusedSend) {
+  const std::string url = "mem://" + test::unique_name("coal-gone-turn");
+  shm_reader r;
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+  shm_writer w;
+  ASSERT_EQ(w.open(url), errc::ok);
+  ASSERT_EQ(w.coalesce(&loop), errc::ok);
+  ASSERT_EQ(w.send("a", 1), errc::ok);
+  r.close();
+  // Loop turns: the first one's flush finds the region removed.
+  EXPECT_TRUE(run_until(&loop, [&] { return w.staged() == 0; }));
+  EXPECT_EQ(w.metrics().staged_dropped, 1u);
+  EXPECT_EQ(w.metrics().not_connected, 0u);
 }
 
 TEST_F(ShmCoalesceLoop, StagedMessagesWaitInAKeptRegionForTheNextReader) {

@@ -568,6 +568,86 @@ TEST_F(ShmPersist, ReadPosAheadOfConsumedPosIsReattachedAndResumesThere) {
   EXPECT_LE(info.read_pos, info.consumed_pos);
 }
 
+// A kept region whose reader read nothing: a batch of three 100-byte messages 'a' 'b' 'c' at
+// position 0 (a body of 3 * 112 bytes, 6 nodes), then records 'd' at 6 and 'e' at 8 (2 nodes each).
+void fill_unread(const std::string& url) {
+  shm_reader r;
+  shm_writer w;
+  ASSERT_EQ(r.open(url, small_cfg()), errc::ok);
+  ASSERT_EQ(w.open(url), errc::ok);
+  const std::string a(100, 'a'), b(100, 'b'), c(100, 'c'), d(100, 'd'), e(100, 'e');
+  const const_buffer batch[3] = {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}};
+  ASSERT_EQ(w.send_batch(batch, 3), errc::ok);
+  ASSERT_EQ(w.send(d.data(), d.size()), errc::ok);
+  ASSERT_EQ(w.send(e.data(), e.size()), errc::ok);
+  r.close(shm_close_mode::keep);
+}
+
+// Reattaches url and polls it dry: the first bytes of what it delivered, or why open() failed.
+std::string reattach_and_read(const std::string& url) {
+  test::collected got;
+  shm_reader r(test::records_to(test::collected::cb, &got));
+  if (const errc e = r.open(url, small_cfg()); e != errc::ok) {
+    return std::string("refused ") + to_string(e) + ": " + r.last_error().detail;
+  }
+  for (size_t n = 1; n != 0;) n = r.poll(16);
+  std::string firsts;
+  for (const std::string& m : got.recs) firsts += m.empty() ? '?' : m[0];
+  r.close(shm_close_mode::keep);
+  return firsts;
+}
+
+// A resume position inside a record (a damaged consumed_pos or read_pos) was reattached: the reader
+// waited there for a head no writer stamps, delivered nothing, and writers got queue_full for ever
+// once the ring filled. Now: bad_layout naming the cursors, the region left intact.
+TEST_F(ShmPersist, AResumePositionInsideARecordIsRefusedAndTheRegionLeftIntact) {
+  const struct {
+    uint64_t rp, cp;
+    bool stamp;  // head 7 carries position 7's stamp, as if a record started there
+    const char* why;
+  } cases[] = {{0, 7, false, "no record starts at the resume position (resume position 7"},
+               {7, 7, false, "no record starts at the resume position (resume position 7"},
+               {0, 7, true, "the records from read_pos step past the resume position 7"}};
+  for (const auto& k : cases) {
+    const std::string name = test::unique_name("persist-midrec");
+    shm_cleanup cleanup{name};
+    fill_unread("shm://" + name);
+    raw_region raw(name);
+    ASSERT_NE(raw.p, MAP_FAILED);
+    const uint64_t head7 = raw.head(7)->load();
+    raw.hdr()->read_pos.store(k.rp);
+    raw.hdr()->consumed_pos.store(k.cp);
+    if (k.stamp) raw.head(7)->store(shm_detail::make_ctl(7, 1, shm_detail::kCommitted));
+    const std::string got = reattach_and_read("shm://" + name);
+    EXPECT_EQ(got.find("refused bad_layout"), 0u) << got;
+    EXPECT_NE(got.find(k.why), std::string::npos) << got;
+    raw.hdr()->read_pos.store(0);
+    raw.hdr()->consumed_pos.store(0);
+    raw.head(7)->store(head7);
+    EXPECT_EQ(reattach_and_read("shm://" + name), "abcde");  // nothing lost
+  }
+}
+
+// consumed_batch_off must be where an item of the batch at the resume position ends. Before, one
+// past the body skipped the rest of the batch uncounted, and one inside an item was reattached.
+TEST_F(ShmPersist, AConsumedBatchOffsetThatEndsNoItemIsRefused) {
+  const struct {
+    uint64_t off;
+    const char* want;  // what the reader delivers, or the start of why it refused
+  } cases[] = {{448, "refused bad_layout"}, {50, "refused bad_layout"}, {112, "bcde"}, {336, "de"}};
+  for (const auto& k : cases) {
+    const std::string name = test::unique_name("persist-batchoff");
+    shm_cleanup cleanup{name};
+    fill_unread("shm://" + name);
+    raw_region raw(name);
+    ASSERT_NE(raw.p, MAP_FAILED);
+    raw.hdr()->consumed_batch_off.store(k.off);
+    const std::string got = reattach_and_read("shm://" + name);
+    EXPECT_EQ(got.substr(0, std::string(k.want).size()), k.want) << k.off;
+    EXPECT_EQ(got[0] == 'r', got.find("consumed_batch_off") != std::string::npos) << got;
+  }
+}
+
 // A writer that died between its claim and its write_pos advance while no other writer sent:
 // the reader skips the claim after the abandon timeout, so consumed_pos passes write_pos (and
 // read_pos too once reclaim released the nodes). The reattaching reader must accept it, and no
