@@ -12,10 +12,11 @@
 // it). Every callback runs on that thread from inside
 // uv_run(), never from inside a member function call (no re-entrancy into the caller's frame).
 // on_directory and on_state may call any member function and may destroy the object (nothing of
-// it is touched after the callback returns; after stop() there, no further event of the same range
-// read or watch message is reported); on_log may call const members only. Destruction
-// cancels every request without callbacks; the handles it owns finish closing on the loop's next
-// iteration, so the loop must run once more before uv_loop_close().
+// it is touched after the callback returns, and the callback itself lives on until it returns;
+// after stop() there, no further event of the same range read or watch message is reported); on_log
+// may call const members only. Destruction cancels every request without callbacks; the handles it
+// owns finish closing on the loop's next iteration, so the loop must run once more before
+// uv_loop_close().
 //
 // Errors are values: start()/update_self() return an errc and keep the detail in last_error().
 // When a function which takes a callback returns an error, the callback will never be called.

@@ -94,7 +94,7 @@ errc validate(const discovery_config& cfg, std::string* detail) {
 }
 
 etcd_discovery::impl::impl(uv_loop_t* l, discovery_config c, discovery_callbacks cb)
-    : loop(l), cfg(std::move(c)), cbs(std::move(cb)) {
+    : loop(l), cfg(std::move(c)), cbs(std::make_shared<const discovery_callbacks>(std::move(cb))) {
   if (loop == nullptr) return;  // no timers: start() refuses, so nothing else runs
   for (uv_timer_t** t : {&ka_timer, &retry_timer, &watch_timer}) {
     *t = new uv_timer_t;
@@ -115,18 +115,19 @@ etcd_discovery::impl::~impl() {
 }
 
 void etcd_discovery::impl::log(log_level lv, size_t kind, const std::string& msg) {
-  if (!cbs.on_log) return;
+  if (!cbs->on_log) return;  // it must not destroy us (discovery.h)
   uint64_t suppressed = 0;
   if (!limiter.allow(kind, uv_now(loop), &suppressed)) return;
   std::string line = "discovery: " + msg;
   if (suppressed > 0) line += " (" + std::to_string(suppressed) + " similar lines left out)";
-  cbs.on_log(lv, line);
+  cbs->on_log(lv, line);
 }
 
 bool etcd_discovery::impl::emit(directory_event ev, const directory_entry& e) {
-  if (!cbs.on_directory) return true;
+  if (!cbs->on_directory) return true;
   const std::weak_ptr<char> alive = life;
-  cbs.on_directory(ev, e);
+  const std::shared_ptr<const discovery_callbacks> keep = cbs;  // it may destroy us
+  keep->on_directory(ev, e);
   // Destroyed, or stop()ped: no further event of this batch (range read, watch message).
   return !alive.expired() && ph != phase::stopped;
 }

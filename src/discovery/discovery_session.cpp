@@ -30,7 +30,9 @@ void etcd_discovery::impl::cancel_all() {
 void etcd_discovery::impl::set_connected(bool c) {
   if (c == is_connected) return;
   is_connected = c;
-  if (cbs.on_state) cbs.on_state(c);
+  if (!cbs->on_state) return;
+  const std::shared_ptr<const discovery_callbacks> keep = cbs;  // it may destroy us
+  keep->on_state(c);
 }
 
 // A unary request's outcome as text: empty when a 200 response with a body arrived.

@@ -240,7 +240,10 @@ TEST_F(DiscoveryContractTest, StopInsideOnDirectoryEndsTheBatch) {
 }
 
 // Destroying the instance inside on_directory (mid-message) and inside on_state(false) (the
-// watch stream ended): nothing of it is touched afterwards (ASan), no further callback.
+// watch stream ended): nothing of it is touched afterwards (ASan), no further callback, and the
+// callback goes on after the reset (its captures live on). Before, the std::function running was
+// the instance's own: destroyed under itself, the counts after the reset were a
+// heap-use-after-free.
 TEST_F(DiscoveryContractTest, DestroyInsideOnDirectoryOrOnStateTouchesNothing) {
   fake_->on_watch = [](size_t) { return std::make_pair(kCreated + puts_of({1, 2, 3}), true); };
   int events = 0;
@@ -249,14 +252,14 @@ TEST_F(DiscoveryContractTest, DestroyInsideOnDirectoryOrOnStateTouchesNothing) {
   std::unique_ptr<etcd_discovery> b;
   discovery_callbacks ca;
   ca.on_directory = [&](directory_event, const directory_entry&) {
-    ++events;
     a.reset();
+    ++events;
   };
   discovery_callbacks cb;
   cb.on_state = [&](bool up) {
     if (!up) {
-      ++downs;
       b.reset();
+      ++downs;
     }
   };
   a = std::make_unique<etcd_discovery>(&loop_, fake_config(), std::move(ca));
