@@ -132,8 +132,9 @@ class etcd_discovery {
   [[nodiscard]] errc update_self(const directory_entry& self);
   // Revokes the lease (and that of a failed session which may still hold the entry: the entry
   // leaves every directory at once) and stops; `done` runs when the revokes were answered or
-  // failed (never inside this call). Destroying the object without stop()
-  // leaves the entry until its lease expires, as a crash would.
+  // failed (never inside this call). With etcd_username set and no token etcd surely accepts
+  // (authenticating, or in the backoff after a failure), it authenticates again first. Destroying
+  // the object without stop() leaves the entry until its lease expires, as a crash would.
   [[nodiscard]] errc stop(std::function<void()> done);
 
   // Every entry known, by id (this node's own included once it is seen in etcd).

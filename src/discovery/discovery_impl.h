@@ -124,6 +124,10 @@ struct etcd_discovery::impl {
   void set_connected(bool c);
   void cancel_all();
   void finish_stop();
+  // stop()'s steps: authenticate first when the session has no token etcd surely accepts, then
+  // revoke `leases`; finish_stop() once every revoke was answered or failed.
+  void stop_authenticate(const std::vector<int64_t>& leases);
+  void revoke_for_stop(const std::vector<int64_t>& leases);
   // Test seam (detail::discovery_rewatch_from), not used by the library: see there.
   int64_t rewatch_from(int64_t from);
 
