@@ -40,7 +40,7 @@ namespace uvbus {
 struct discovery_config {
   // etcd client URLs, "http://HOST:PORT" or "https://HOST:PORT" (the JSON gateway listens on the
   // client port), tried in order; after a failure the next one is used. Empty: discovery is off
-  // (node_config).
+  // (node_config). A path is kept; a query or fragment, or more than 1024 bytes, is refused.
   std::vector<std::string> etcd_endpoints;
   // TLS to etcd (docs/cluster.md, "etcd over TLS"), for https:// endpoints; with any of these set,
   // every endpoint must be https://. etcd's certificate is always verified, host name included.

@@ -14,13 +14,20 @@ namespace uvbus {
 
 using detail::etcd::kv;
 
-// What is wrong with an etcd endpoint URL ("" when nothing): the scheme, a missing host, a port
-// that is not 1..65535, a space or control byte. A path is kept (a proxy may serve etcd under one).
+// What is wrong with an etcd endpoint URL ("" when nothing): the scheme, its length, a missing
+// host, a port that is not 1..65535, a space or control byte, a query or fragment (the request's
+// path, /v3/..., is appended to the URL: it would land inside them). A path is kept (a proxy may
+// serve etcd under one).
 static std::string endpoint_problem(const std::string& u) {
   const size_t scheme = u.rfind("http://", 0) == 0 ? 7 : u.rfind("https://", 0) == 0 ? 8 : 0;
-  if (scheme == 0 || u.size() > 1024) return "not an http:// or https:// URL";
+  if (scheme == 0) return "not an http:// or https:// URL";
+  if (u.size() > 1024) return "longer than 1024 bytes";
   for (const char c : u) {
     if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return "a space or control byte";
+  }
+  if (u.find('?') != std::string::npos) return "a query ('?'): the request's path would follow it";
+  if (u.find('#') != std::string::npos) {
+    return "a fragment ('#'): the request's path would follow it";
   }
   std::string auth = u.substr(scheme, u.find_first_of("/?#", scheme) - scheme);
   auth = auth.substr(auth.rfind('@') == std::string::npos ? 0 : auth.rfind('@') + 1);
