@@ -51,8 +51,8 @@ struct discovery_config {
   std::string tls_key_file;   // its private key, unencrypted; set with tls_cert_file or not at all
   // etcd's own authentication (`etcdctl auth enable`): each session first authenticates as this
   // user and every request carries the token etcd gives; a token etcd no longer accepts fails the
-  // session, and the next one authenticates again. Empty: no authentication. Over http:// the
-  // password travels in clear: use https:// endpoints.
+  // session, and the next one authenticates again. Empty: no authentication. Both must be valid
+  // UTF-8. Over http:// the password travels in clear: use https:// endpoints.
   std::string etcd_username;
   std::string etcd_password;
   // Key prefix, without a trailing '/'. Entries live under <prefix>/nodes/<16 hex digits>.
