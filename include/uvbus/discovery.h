@@ -12,10 +12,11 @@
 // it). Every callback runs on that thread from inside
 // uv_run(), never from inside a member function call (no re-entrancy into the caller's frame).
 // on_directory and on_state may call any member function and may destroy the object (nothing of
-// it is touched after the callback returns; after stop() there, no further event of the same range
-// read or watch message is reported); on_log may call const members only. Destruction
-// cancels every request without callbacks; the handles it owns finish closing on the loop's next
-// iteration, so the loop must run once more before uv_loop_close().
+// it is touched after the callback returns, and the callback itself lives on until it returns;
+// after stop() there, no further event of the same range read or watch message is reported); on_log
+// may call const members only. Destruction cancels every request without callbacks; the handles it
+// owns finish closing on the loop's next iteration, so the loop must run once more before
+// uv_loop_close().
 //
 // Errors are values: start()/update_self() return an errc and keep the detail in last_error().
 // When a function which takes a callback returns an error, the callback will never be called.
@@ -39,7 +40,7 @@ namespace uvbus {
 struct discovery_config {
   // etcd client URLs, "http://HOST:PORT" or "https://HOST:PORT" (the JSON gateway listens on the
   // client port), tried in order; after a failure the next one is used. Empty: discovery is off
-  // (node_config).
+  // (node_config). A path is kept; a query or fragment, or more than 1024 bytes, is refused.
   std::vector<std::string> etcd_endpoints;
   // TLS to etcd (docs/cluster.md, "etcd over TLS"), for https:// endpoints; with any of these set,
   // every endpoint must be https://. etcd's certificate is always verified, host name included.
@@ -50,8 +51,8 @@ struct discovery_config {
   std::string tls_key_file;   // its private key, unencrypted; set with tls_cert_file or not at all
   // etcd's own authentication (`etcdctl auth enable`): each session first authenticates as this
   // user and every request carries the token etcd gives; a token etcd no longer accepts fails the
-  // session, and the next one authenticates again. Empty: no authentication. Over http:// the
-  // password travels in clear: use https:// endpoints.
+  // session, and the next one authenticates again. Empty: no authentication. Both must be valid
+  // UTF-8. Over http:// the password travels in clear: use https:// endpoints.
   std::string etcd_username;
   std::string etcd_password;
   // Key prefix, without a trailing '/'. Entries live under <prefix>/nodes/<16 hex digits>.
@@ -131,8 +132,9 @@ class etcd_discovery {
   [[nodiscard]] errc update_self(const directory_entry& self);
   // Revokes the lease (and that of a failed session which may still hold the entry: the entry
   // leaves every directory at once) and stops; `done` runs when the revokes were answered or
-  // failed (never inside this call). Destroying the object without stop()
-  // leaves the entry until its lease expires, as a crash would.
+  // failed (never inside this call). With etcd_username set and no token etcd surely accepts
+  // (authenticating, or in the backoff after a failure), it authenticates again first. Destroying
+  // the object without stop() leaves the entry until its lease expires, as a crash would.
   [[nodiscard]] errc stop(std::function<void()> done);
 
   // Every entry known, by id (this node's own included once it is seen in etcd).

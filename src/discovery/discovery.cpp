@@ -8,19 +8,27 @@
 #include <functional>
 #include <limits>
 
+#include "core/utf8.h"
 #include "discovery/discovery_impl.h"
 
 namespace uvbus {
 
 using detail::etcd::kv;
 
-// What is wrong with an etcd endpoint URL ("" when nothing): the scheme, a missing host, a port
-// that is not 1..65535, a space or control byte. A path is kept (a proxy may serve etcd under one).
+// What is wrong with an etcd endpoint URL ("" when nothing): the scheme, its length, a missing
+// host, a port that is not 1..65535, a space or control byte, a query or fragment (the request's
+// path, /v3/..., is appended to the URL: it would land inside them). A path is kept (a proxy may
+// serve etcd under one).
 static std::string endpoint_problem(const std::string& u) {
   const size_t scheme = u.rfind("http://", 0) == 0 ? 7 : u.rfind("https://", 0) == 0 ? 8 : 0;
-  if (scheme == 0 || u.size() > 1024) return "not an http:// or https:// URL";
+  if (scheme == 0) return "not an http:// or https:// URL";
+  if (u.size() > 1024) return "longer than 1024 bytes";
   for (const char c : u) {
     if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return "a space or control byte";
+  }
+  if (u.find('?') != std::string::npos) return "a query ('?'): the request's path would follow it";
+  if (u.find('#') != std::string::npos) {
+    return "a fragment ('#'): the request's path would follow it";
   }
   std::string auth = u.substr(scheme, u.find_first_of("/?#", scheme) - scheme);
   auth = auth.substr(auth.rfind('@') == std::string::npos ? 0 : auth.rfind('@') + 1);
@@ -48,6 +56,17 @@ static size_t one_entry_response_bytes(const discovery_config& cfg) {
     return std::numeric_limits<size_t>::max();
   }
   return base64(cfg.max_entry_bytes) + base64(cfg.prefix.size() + 23) + kEnvelope;
+}
+
+// Well-formed UTF-8 (RFC 3629), ASCII included.
+static bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = p[i] < 0x80 ? 1 : detail::utf8_sequence(p + i, s.size() - i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
 }
 
 errc validate(const discovery_config& cfg, std::string* detail) {
@@ -90,11 +109,15 @@ errc validate(const discovery_config& cfg, std::string* detail) {
   if (cfg.etcd_username.size() > 256 || cfg.etcd_password.size() > 1024) {
     return bad("etcd_username (at most 256 bytes) or etcd_password (at most 1024) is too long");
   }
+  // JSON carries text only: anything else would reach etcd rewritten (U+FFFD), and every session
+  // would fail "authentication failed" with no hint why.
+  if (!valid_utf8(cfg.etcd_username)) return bad("etcd_username is not valid UTF-8");
+  if (!valid_utf8(cfg.etcd_password)) return bad("etcd_password is not valid UTF-8");
   return errc::ok;
 }
 
 etcd_discovery::impl::impl(uv_loop_t* l, discovery_config c, discovery_callbacks cb)
-    : loop(l), cfg(std::move(c)), cbs(std::move(cb)) {
+    : loop(l), cfg(std::move(c)), cbs(std::make_shared<const discovery_callbacks>(std::move(cb))) {
   if (loop == nullptr) return;  // no timers: start() refuses, so nothing else runs
   for (uv_timer_t** t : {&ka_timer, &retry_timer, &watch_timer}) {
     *t = new uv_timer_t;
@@ -115,18 +138,19 @@ etcd_discovery::impl::~impl() {
 }
 
 void etcd_discovery::impl::log(log_level lv, size_t kind, const std::string& msg) {
-  if (!cbs.on_log) return;
+  if (!cbs->on_log) return;  // it must not destroy us (discovery.h)
   uint64_t suppressed = 0;
   if (!limiter.allow(kind, uv_now(loop), &suppressed)) return;
   std::string line = "discovery: " + msg;
   if (suppressed > 0) line += " (" + std::to_string(suppressed) + " similar lines left out)";
-  cbs.on_log(lv, line);
+  cbs->on_log(lv, line);
 }
 
 bool etcd_discovery::impl::emit(directory_event ev, const directory_entry& e) {
-  if (!cbs.on_directory) return true;
+  if (!cbs->on_directory) return true;
   const std::weak_ptr<char> alive = life;
-  cbs.on_directory(ev, e);
+  const std::shared_ptr<const discovery_callbacks> keep = cbs;  // it may destroy us
+  keep->on_directory(ev, e);
   // Destroyed, or stop()ped: no further event of this batch (range read, watch message).
   return !alive.expired() && ph != phase::stopped;
 }

@@ -44,7 +44,9 @@ struct etcd_discovery::impl {
   uv_loop_t* loop;
   detail::owner_thread owner;  // every public call checks it (docs/core.md, "Threads")
   discovery_config cfg;
-  discovery_callbacks cbs;
+  // Shared: a callback runs from a reference of its own (emit(), set_connected()), so one that
+  // destroys the object does not destroy the std::function it runs from.
+  std::shared_ptr<const discovery_callbacks> cbs;
   std::unique_ptr<detail::etcd_client> http;
   uv_timer_t* ka_timer = nullptr;     // keep-alive ticks (heap: freed by its close callback)
   uv_timer_t* retry_timer = nullptr;  // backoff, and stop()'s deferred done
@@ -122,6 +124,10 @@ struct etcd_discovery::impl {
   void set_connected(bool c);
   void cancel_all();
   void finish_stop();
+  // stop()'s steps: authenticate first when the session has no token etcd surely accepts, then
+  // revoke `leases`; finish_stop() once every revoke was answered or failed.
+  void stop_authenticate(const std::vector<int64_t>& leases);
+  void revoke_for_stop(const std::vector<int64_t>& leases);
   // Test seam (detail::discovery_rewatch_from), not used by the library: see there.
   int64_t rewatch_from(int64_t from);
 

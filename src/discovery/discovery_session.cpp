@@ -1,7 +1,8 @@
 // etcd_discovery's session with etcd: lease grant, put of the own entry, range read of the
 // prefix, watch from the range revision + 1, keep-alive every ttl_s/3, and on any failure the
 // next endpoint after a backoff with a new lease (the old one revoked once the new put landed); the
-// own entry found deleted or not ours is put again; stop() revokes the leases.
+// own entry found deleted or not ours is put again; stop() revokes the leases (authenticating
+// first when the session holds no token etcd surely accepts).
 #include <algorithm>
 
 #include "discovery/discovery_impl.h"
@@ -30,7 +31,9 @@ void etcd_discovery::impl::cancel_all() {
 void etcd_discovery::impl::set_connected(bool c) {
   if (c == is_connected) return;
   is_connected = c;
-  if (cbs.on_state) cbs.on_state(c);
+  if (!cbs->on_state) return;
+  const std::shared_ptr<const discovery_callbacks> keep = cbs;  // it may destroy us
+  keep->on_state(c);
 }
 
 // A unary request's outcome as text: empty when a 200 response with a body arrived.
@@ -371,6 +374,44 @@ int64_t detail::discovery_rewatch_from(etcd_discovery& d, int64_t from) {
   return d.impl_->rewatch_from(from);
 }
 
+// With etcd authentication, revoking a lease that holds keys takes a token allowed to write them:
+// a stop() while authenticating (no token) or in the backoff (the token may be the one etcd
+// refused, or another member's: simple tokens are per member) authenticates first. Failed or not,
+// the revokes follow.
+void etcd_discovery::impl::stop_authenticate(const std::vector<int64_t>& leases) {
+  const std::string what = "stop(): authenticate as \"" + cfg.etcd_username + "\": ";
+  req = http->post(url("/v3/auth/authenticate"),
+                   etcd::authenticate_request(cfg.etcd_username, cfg.etcd_password),
+                   cfg.request_timeout_ms, [this, what, leases](http_result& r) {
+                     req = 0;
+                     std::string why = failure_of(r);
+                     std::string token;
+                     if (why.empty() && etcd::parse_authenticate(r.body, &token, &why)) {
+                       http->set_token(std::move(token));
+                     } else {
+                       log(log_level::warn, kFailure, what + why);
+                     }
+                     revoke_for_stop(leases);
+                   });
+  if (req == 0) revoke_for_stop(leases);
+}
+
+// `done` runs once every revoke was answered or failed, from the loop (never inside stop()).
+void etcd_discovery::impl::revoke_for_stop(const std::vector<int64_t>& leases) {
+  revokes_left = 0;
+  for (const int64_t l : leases) {
+    const uint64_t id = http->post(url("/v3/lease/revoke"), etcd::lease_id_request(l),
+                                   cfg.request_timeout_ms, [this](http_result&) {
+                                     if (--revokes_left == 0) finish_stop();
+                                   });
+    revokes_left += id != 0 ? 1 : 0;
+  }
+  if (revokes_left == 0) {
+    uv_timer_start(
+        retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->finish_stop(); }, 0, 0);
+  }
+}
+
 errc etcd_discovery::stop(std::function<void()> done) {
   UVBUS_ON_OWNER_THREAD(impl_->owner, "etcd_discovery::stop");
   impl& d = *impl_;
@@ -378,6 +419,8 @@ errc etcd_discovery::stop(std::function<void()> done) {
     d.err = {errc::wrong_state, "stop(): not started, or stopped already"};
     return errc::wrong_state;
   }
+  const bool no_good_token = !d.cfg.etcd_username.empty() &&
+                             (d.ph == impl::phase::authenticating || d.ph == impl::phase::backoff);
   d.cancel_all();
   d.ph = impl::phase::stopped;
   d.stop_done = std::move(done);
@@ -389,17 +432,10 @@ errc etcd_discovery::stop(std::function<void()> done) {
     leases.push_back(d.lease);
   }
   d.lease = 0;
-  d.revokes_left = 0;
-  for (const int64_t lease : leases) {
-    const uint64_t id = d.http->post(d.url("/v3/lease/revoke"), etcd::lease_id_request(lease),
-                                     d.cfg.request_timeout_ms, [&d](http_result&) {
-                                       if (--d.revokes_left == 0) d.finish_stop();
-                                     });
-    d.revokes_left += id != 0 ? 1 : 0;
-  }
-  if (d.revokes_left == 0) {
-    uv_timer_start(
-        d.retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->finish_stop(); }, 0, 0);
+  if (no_good_token && !leases.empty()) {
+    d.stop_authenticate(leases);
+  } else {
+    d.revoke_for_stop(leases);
   }
   return errc::ok;
 }

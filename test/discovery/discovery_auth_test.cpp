@@ -1,7 +1,8 @@
 // etcd_discovery against a real etcd with authentication on (a user whose role may read and write
 // the test's prefix): a node with the user and password registers and watches; a wrong password
 // or none never gets a session and the log says why; a token etcd stops accepting (auth switched
-// off and on again) fails the session, and the next one authenticates afresh.
+// off and on again) fails the session, and the next one authenticates afresh; a user name or
+// password that is not UTF-8 is refused.
 #include <string>
 
 #include "discovery/discovery_harness.h"
@@ -114,6 +115,26 @@ TEST_F(DiscoveryAuth, APasswordWithoutAUserIsRefused) {
   c.etcd_username = std::string(257, 'u');
   EXPECT_EQ(validate(c, &why), errc::invalid_argument);
   EXPECT_NE(why.find("etcd_username"), std::string::npos) << why;
+}
+
+// JSON carries text only: a user name or password that is not UTF-8 is refused, naming the field.
+// Before, it was accepted and sent with U+FFFD in place of each bad byte: every session failed
+// "authentication failed" with no hint why.
+TEST_F(DiscoveryAuth, ANameOrPasswordThatIsNotUtf8IsRefused) {
+  discovery_config c;
+  c.etcd_endpoints = {"http://127.0.0.1:2379"};
+  c.etcd_username = "uvbus";
+  c.etcd_password =
+      "s3cr\xff"
+      "t";
+  std::string why;
+  EXPECT_EQ(validate(c, &why), errc::invalid_argument);
+  EXPECT_EQ(why, "etcd_password is not valid UTF-8");
+  c.etcd_password = "p\xc3\xa4sswort \xe6\x97\xa5";  // "ä", "日": well-formed
+  EXPECT_EQ(validate(c, &why), errc::ok) << why;
+  c.etcd_username = "u\xc3";  // a cut sequence
+  EXPECT_EQ(validate(c, &why), errc::invalid_argument);
+  EXPECT_EQ(why, "etcd_username is not valid UTF-8");
 }
 
 }  // namespace

@@ -240,7 +240,10 @@ TEST_F(DiscoveryContractTest, StopInsideOnDirectoryEndsTheBatch) {
 }
 
 // Destroying the instance inside on_directory (mid-message) and inside on_state(false) (the
-// watch stream ended): nothing of it is touched afterwards (ASan), no further callback.
+// watch stream ended): nothing of it is touched afterwards (ASan), no further callback, and the
+// callback goes on after the reset (its captures live on). Before, the std::function running was
+// the instance's own: destroyed under itself, the counts after the reset were a
+// heap-use-after-free.
 TEST_F(DiscoveryContractTest, DestroyInsideOnDirectoryOrOnStateTouchesNothing) {
   fake_->on_watch = [](size_t) { return std::make_pair(kCreated + puts_of({1, 2, 3}), true); };
   int events = 0;
@@ -249,14 +252,14 @@ TEST_F(DiscoveryContractTest, DestroyInsideOnDirectoryOrOnStateTouchesNothing) {
   std::unique_ptr<etcd_discovery> b;
   discovery_callbacks ca;
   ca.on_directory = [&](directory_event, const directory_entry&) {
-    ++events;
     a.reset();
+    ++events;
   };
   discovery_callbacks cb;
   cb.on_state = [&](bool up) {
     if (!up) {
-      ++downs;
       b.reset();
+      ++downs;
     }
   };
   a = std::make_unique<etcd_discovery>(&loop_, fake_config(), std::move(ca));
@@ -294,9 +297,15 @@ TEST_F(DiscoveryContractTest, UpdateSelfRefusalsNameWhatIsWrong) {
 }
 
 // An endpoint that can never work is refused by validate() / start(), naming it and the part.
-// Before, all of these were accepted and every session failed on them for ever.
+// Before, all of these were accepted and every session failed on them for ever (a query or
+// fragment: /v3/... was appended inside it, every request went to the root path, 404; until
+// 2026-12-07), and a URL over 1024 bytes was "not an http:// or https:// URL".
 TEST_F(DiscoveryContractTest, EndpointsThatCanNeverWorkAreRefusedNamingThePart) {
   const std::vector<std::pair<std::string, std::string>> bad = {
+      {"http://127.0.0.1:2379?x", "a query ('?')"},
+      {"http://127.0.0.1:2379#x", "a fragment ('#')"},
+      {"https://proxy/etcd?a=b", "a query ('?')"},
+      {"http://" + std::string(1100, 'h'), "longer than 1024 bytes"},
       {"http://", "no host"},
       {"http://:2379", "no host"},
       {"http://127.0.0.1:99999", "port \"99999\""},
@@ -311,7 +320,8 @@ TEST_F(DiscoveryContractTest, EndpointsThatCanNeverWorkAreRefusedNamingThePart) 
     c.etcd_endpoints = {fake_->url(), url};
     std::string why;
     EXPECT_EQ(validate(c, &why), errc::invalid_argument) << url;
-    EXPECT_NE(why.find("etcd_endpoints[1] \"" + url + "\""), std::string::npos) << why;
+    EXPECT_NE(why.find("etcd_endpoints[1] \"" + url.substr(0, 200) + "\""), std::string::npos)
+        << why;
     EXPECT_NE(why.find(part), std::string::npos) << why;
   }
   for (const std::string url : {"http://127.0.0.1:2379", "http://[::1]:2379",

@@ -2,7 +2,8 @@
 // from the OS): watch cancels that are not a compaction gap, or repeat right after a resync, fail
 // the session naming the reason; a watch stream that never says `created` fails after
 // request_timeout_ms, and a watch-only instance probes while it waits; calls from a thread other
-// than the loop's are refused (release builds) or abort naming the function (debug builds).
+// than the loop's are refused (release builds) or abort naming the function (debug builds); with
+// etcd authentication, stop()'s revokes carry a fresh token.
 #include <uv.h>
 
 #include <memory>
@@ -20,6 +21,9 @@ namespace {
 using std::chrono::seconds;
 using test::disc_instance;
 using test::kCreated;
+
+const std::string kAuth = "/v3/auth/authenticate";
+const std::string kRevoke = "/v3/lease/revoke";
 
 class DiscoveryFakeTest : public test::discovery_fixture {
  protected:
@@ -42,6 +46,38 @@ class DiscoveryFakeTest : public test::discovery_fixture {
   // Every watch is answered with `lines` (a 200 response read until close), the connection open.
   void watch_answers(const std::string& lines) {
     fake_->on_watch = [lines](size_t) { return std::make_pair(lines, false); };
+  }
+  // An etcd with authentication: the n-th authenticate gives token "tok<n>" (the `silent` one is
+  // never answered); every watch is created, then ends (each session fails after its put).
+  // Registers 0x42 as user "u" and waits until the session that authenticates as the `n`-th is
+  // under way: the first session's lease 7 then holds the key.
+  disc_instance* failed_with_auth(size_t silent, uint32_t retry_min_ms, size_t n) {
+    fake_->on_post = [silent](const std::string& path, size_t nth) {
+      test::reply r = test::scripted_etcd::healthy_post(path, nth);
+      if (path != kAuth) return r;
+      r.body = R"({"header":{"revision":"5"},"token":"tok)" + std::to_string(nth) + R"("})";
+      r.silent = nth == silent;
+      return r;
+    };
+    fake_->on_watch = [](size_t) { return std::make_pair(kCreated, true); };
+    discovery_config c = config({fake_->url()});
+    c.etcd_username = "u";
+    c.etcd_password = "p";
+    c.retry_min_ms = retry_min_ms;
+    c.retry_max_ms = retry_min_ms * 2;
+    c.request_timeout_ms = 10000;
+    disc_instance* v = make(test::test_entry(0x42), std::move(c));
+    EXPECT_TRUE(wait([&] { return v->d->stats().failures >= 1; }, seconds(20)));
+    EXPECT_TRUE(wait([&] { return fake_->count(kAuth) == n; }, seconds(20)));
+    return v;
+  }
+  // stop()s v, runs the loop until its `done` ran, and returns the revoke's header lines.
+  std::string stop_and_revoke_headers(disc_instance* v) {
+    bool done = false;
+    EXPECT_EQ(v->d->stop([&] { done = true; }), errc::ok);
+    EXPECT_TRUE(wait([&] { return done; }, seconds(20)));
+    EXPECT_EQ(fake_->count(kRevoke, R"("ID":"7")"), 1U);
+    return fake_->headers(kRevoke, 0);
   }
   std::unique_ptr<test::scripted_etcd> fake_;
 };
@@ -113,6 +149,30 @@ TEST_F(DiscoveryFakeTest, WatchNeverCreatedFailsAfterTheRequestTimeout) {
       << v->d->last_error().detail;
   EXPECT_EQ(v->ups, 0);
   EXPECT_FALSE(v->d->connected());
+}
+
+// With etcd authentication, stop() while the next session authenticates (its authenticate never
+// answered): the revoke of the failed session's lease, which holds the key, carries a token (etcd
+// refuses to revoke a lease holding keys for a request without the right to write them). Before,
+// authenticate() had dropped the token: the revoke went without one, etcd refused it, and the
+// entry stayed up to ttl_s.
+TEST_F(DiscoveryFakeTest, StopWhileAuthenticatingRevokesWithAToken) {
+  ASSERT_TRUE(fake_->ok());
+  disc_instance* v = failed_with_auth(1, 50, 2);
+  const std::string h = stop_and_revoke_headers(v);
+  EXPECT_EQ(fake_->count(kAuth), 3U);
+  EXPECT_NE(h.find("Authorization: tok2\r\n"), std::string::npos) << h;
+}
+
+// ... and stop() during the backoff authenticates afresh too: the session's token may be the one
+// etcd refused (the failure), or another member's. Before, the revoke carried the failed
+// session's token.
+TEST_F(DiscoveryFakeTest, StopDuringTheBackoffRevokesWithAFreshToken) {
+  ASSERT_TRUE(fake_->ok());
+  disc_instance* v = failed_with_auth(99, 5000, 1);
+  const std::string h = stop_and_revoke_headers(v);
+  EXPECT_EQ(fake_->count(kAuth), 2U);
+  EXPECT_NE(h.find("Authorization: tok1\r\n"), std::string::npos) << h;
 }
 
 #ifdef NDEBUG

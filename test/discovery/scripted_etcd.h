@@ -1,6 +1,6 @@
 // A scripted fake etcd gateway for the discovery tests: a libuv HTTP/1.1 server on 127.0.0.1 (port
 // from the OS) whose answers to each POST (at once or late) and to /v3/watch a test sets, and
-// which counts requests and answers.
+// which counts requests and answers and keeps their headers.
 #pragma once
 
 #include <uv.h>
@@ -82,6 +82,13 @@ class scripted_etcd {
   }
   // The body of the request being answered (valid inside on_post and on_watch).
   [[nodiscard]] const std::string& body() const { return requests_.back().second; }
+  // The header lines of the n-th request to `path` ("" when there is none), each ending in CRLF.
+  [[nodiscard]] std::string headers(const std::string& path, size_t n) const {
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i].first == path && n-- == 0) return heads_[i];
+    }
+    return {};
+  }
 
  private:
   struct conn {
@@ -139,6 +146,7 @@ class scripted_etcd {
     const std::string path = head.substr(sp + 1, head.find(' ', sp + 1) - sp - 1);
     const size_t nth = count(path);
     requests_.emplace_back(path, c->in.substr(end + 4, len));
+    heads_.push_back(head.substr(head.find("\r\n") + 2) + "\r\n");
     c->in.clear();
     if (path == "/v3/watch") {
       if (!on_watch) return;
@@ -208,6 +216,7 @@ class scripted_etcd {
   std::set<delayed*> delayed_;
   uint64_t serials_ = 0;
   std::vector<std::pair<std::string, std::string>> requests_;
+  std::vector<std::string> heads_;  // requests_[i]'s header lines
   std::vector<std::string> answered_;
 };
 
