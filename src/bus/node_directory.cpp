@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "bus/node_discovery.h"
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -463,7 +464,7 @@ void node::impl::dir_tick(uint64_t now) {
   };
   if (disc != nullptr && fits(disc_skipped)) {
     disc_skipped = 0;
-    for (const directory_entry& e : disc->directory()) {
+    for (const directory_entry& e : detail::disc_directory(*disc)) {
       if (dir.count(e.id) == 0) disc_event(directory_event::added, e);
       if (dead) return;
     }

@@ -3,10 +3,30 @@
 // (kept apart from the tree's flooding), dials the nodes no tree of ours knows directly, revokes
 // on stop(), and optionally picks the parent by a rule (discovery_parent_type / _labels) when
 // parent_urls is empty, choosing again when the chosen parent leaves etcd or a lower id appears.
+#include "bus/node_discovery.h"
+
+#include <atomic>
+
 #include "bus/auth.h"  // detail::printable: the words of etcd entries in log lines
 #include "bus/node_impl.h"
 
 namespace uvbus {
+
+namespace detail {
+namespace {
+std::atomic<uint64_t> entries_copied{0};
+}  // namespace
+
+std::vector<directory_entry> disc_directory(const etcd_discovery& d) {
+  std::vector<directory_entry> all = d.directory();
+  entries_copied.fetch_add(all.size(), std::memory_order_relaxed);
+  return all;
+}
+
+uint64_t disc_entries_copied() noexcept {
+  return entries_copied.load(std::memory_order_relaxed);
+}
+}  // namespace detail
 
 namespace {
 
@@ -28,6 +48,20 @@ bool parent_candidate(const node_config& cfg, bus_id self, const directory_entry
     return false;
   }
   return stream_urls(c, urls);
+}
+
+// Whether an etcd event for e may change what disc_pick_parent chooses, mirroring it: e is the
+// parent, or a candidate below it, or any candidate while the parent no longer matches (or none
+// is chosen). Any other event changes nothing, and the choice (a copy of the whole directory)
+// is not made again: it was made for each event, N copies of up to N entries for a range of N.
+bool may_choose_anew(const node_config& cfg, bus_id self, bus_id parent, const etcd_discovery& d,
+                     const directory_entry& e) {
+  std::vector<std::string> urls;
+  if (e.id == parent) return true;
+  if (!parent_candidate(cfg, self, e, &urls)) return false;
+  if (parent == 0 || e.id < parent) return true;
+  directory_entry cur;
+  return d.lookup(parent, &cur) && !parent_candidate(cfg, self, cur, &urls);
 }
 
 }  // namespace
@@ -106,7 +140,7 @@ void node::impl::disc_event(directory_event ev, const directory_entry& e) {
     ++fan->dir_gen;
     fire(cbs.on_directory, directory_event::changed, it->second.e);
   }
-  if (dead || !disc_rule) return;
+  if (dead || !disc_rule || !may_choose_anew(cfg, self, disc_parent, *disc, e)) return;
   disc_pick_parent();
   std::vector<std::string> urls;
   if (!dead && e.id == disc_parent && !parent_candidate(cfg, self, e, &urls)) {
@@ -155,7 +189,7 @@ void node::impl::disc_pick_parent() {
         detail::printable(cfg.parent_urls.front()).c_str());
   };
   if (found && !stale) follow(&urls);
-  for (const directory_entry& c : disc->directory()) {
+  for (const directory_entry& c : detail::disc_directory(*disc)) {
     if (disc_parent != 0 && !stale && c.id >= disc_parent) return;  // still the best
     if (c.id == disc_parent || !parent_candidate(cfg, self, c, &urls)) continue;
     const bus_id before = disc_parent;

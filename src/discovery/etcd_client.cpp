@@ -130,6 +130,27 @@ size_t write_cb(char* data, size_t size, size_t n, void* userp) {
 }
 }  // namespace
 
+void set_tls_options(void* easy, const etcd_tls& tls) {
+  CURL* e = easy;
+  // etcd's certificate and host name are verified (curl's defaults, stated); the files are read
+  // at each new connection.
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!tls.ca_file.empty()) {
+    curl_easy_setopt(e, CURLOPT_CAINFO, tls.ca_file.c_str());
+    // The CA file is the only trust anchor: a libcurl built with a default CA directory (Debian's:
+    // /etc/ssl/certs) keeps it beside CURLOPT_CAINFO, so any certificate from a public CA for
+    // etcd's host name was trusted too. (No CA blob or native store is set either.)
+    curl_easy_setopt(e, CURLOPT_CAPATH, nullptr);
+  }
+  if (!tls.cert_file.empty()) {
+    curl_easy_setopt(e, CURLOPT_SSLCERT, tls.cert_file.c_str());
+    curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
+    curl_easy_setopt(e, CURLOPT_SSLKEY, tls.key_file.c_str());
+    curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
+  }
+}
+
 etcd_client::etcd_client(uv_loop_t* loop, size_t max_body, etcd_tls tls)
     : loop_(loop), max_body_(max_body), tls_(std::move(tls)), life_(std::make_shared<char>(0)) {
   static std::once_flag once;
@@ -204,17 +225,7 @@ uint64_t etcd_client::add(const std::string& url, std::string body, uint32_t tim
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(connect_timeout_ms));
   if (timeout_ms > 0) curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
   if (r->streaming) curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-  // etcd's certificate and host name are verified (curl's defaults, stated); the files are read
-  // at each new connection.
-  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
-  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
-  if (!tls_.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, tls_.ca_file.c_str());
-  if (!tls_.cert_file.empty()) {
-    curl_easy_setopt(e, CURLOPT_SSLCERT, tls_.cert_file.c_str());
-    curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
-    curl_easy_setopt(e, CURLOPT_SSLKEY, tls_.key_file.c_str());
-    curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
-  }
+  set_tls_options(e, tls_);
   if (curl_multi_add_handle(multi_of(multi_), e) != CURLM_OK) return 0;
   const uint64_t id = r->id;
   reqs_.emplace(id, std::move(r));

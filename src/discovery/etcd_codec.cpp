@@ -32,10 +32,6 @@ int b64_value(char c) {
   return -1;
 }
 
-json parse_json(std::string_view s) {
-  return json::parse(s.begin(), s.end(), nullptr, /*allow_exceptions=*/false);
-}
-
 // An entry's JSON, and in *label_order the keys of its top-level "labels" object in document order
 // (json's objects are sorted): the labels keep the order they were written in.
 json parse_entry_json(std::string_view s, std::vector<std::string>* label_order) {
@@ -114,6 +110,54 @@ bool check_object(const json& j, std::string* why) {
     return false;
   }
   return true;
+}
+
+// nlohmann builds the whole document before it can refuse it, at up to ~75 bytes per input byte
+// (a '[' is an array holding an array); a hostile etcd (or a man in the middle on http://) could
+// so turn a 64 MiB answer into gigabytes. A text nested deeper than kMaxJsonDepth, or holding more
+// than kMaxJsonElements containers and separators (one per value or member), is refused before
+// parsing: at most ~100 bytes each, so ~400 MB however large max_response_bytes is. A range answer
+// of the default 64 MiB bound holds at most ~3 M of them (23 bytes per element for the smallest
+// entries etcd can list), so no answer that fits the default bound is refused for its size.
+bool json_shape_ok(std::string_view s, std::string* why) {
+  size_t depth = 0;
+  size_t elements = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    switch (s[i]) {
+      case '"':  // a string: skip to its closing quote (a backslash escapes the next character)
+        for (++i; i < s.size() && s[i] != '"'; ++i) {
+          if (s[i] == '\\') ++i;
+        }
+        break;
+      case '[':
+      case '{':
+        if (++depth > kMaxJsonDepth) {
+          *why = "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+          return false;
+        }
+        [[fallthrough]];
+      case ',':
+        if (++elements > kMaxJsonElements) {
+          *why = "more than " + std::to_string(kMaxJsonElements) + " JSON elements";
+          return false;
+        }
+        break;
+      case ']':
+      case '}':
+        if (depth > 0) --depth;
+        break;
+      default:
+        break;
+    }
+  }
+  return true;
+}
+
+// Parses a body that must be a JSON object (json_shape_ok's limits first); false with *why.
+bool parse_object(std::string_view s, json* out, std::string* why) {
+  if (!json_shape_ok(s, why)) return false;
+  *out = json::parse(s.begin(), s.end(), nullptr, /*allow_exceptions=*/false);
+  return check_object(*out, why);
 }
 
 bool get_header_revision(const json& o, int64_t* rev) {
@@ -308,6 +352,7 @@ std::string encode_entry(const directory_entry& e) {
 
 bool decode_entry(std::string_view text, directory_entry* out, std::string* why) {
   std::vector<std::string> label_order;
+  if (!json_shape_ok(text, why)) return false;
   const json j = parse_entry_json(text, &label_order);
   if (j.is_discarded() || !j.is_object()) {
     *why = "not a JSON object";
@@ -344,8 +389,8 @@ bool decode_entry(std::string_view text, directory_entry* out, std::string* why)
 }
 
 bool parse_range(std::string_view body, range_reply* out, std::string* why) {
-  const json j = parse_json(body);
-  if (!check_object(j, why)) return false;
+  json j;
+  if (!parse_object(body, &j, why)) return false;
   // etcd always sends the store's revision (>= 1); a body without it is no range answer (taking
   // it for an empty range would remove every entry from the directory).
   if (!get_header_revision(j, &out->revision) || out->revision <= 0) {
@@ -372,8 +417,8 @@ bool parse_range(std::string_view body, range_reply* out, std::string* why) {
 }
 
 bool parse_watch(std::string_view line, watch_reply* out, std::string* why) {
-  const json top = parse_json(line);
-  if (!check_object(top, why)) return false;
+  json top;
+  if (!parse_object(line, &top, why)) return false;
   auto res = top.find("result");
   if (res == top.end() || !res->is_object()) {
     *why = "no \"result\" object";
@@ -411,8 +456,8 @@ bool parse_watch(std::string_view line, watch_reply* out, std::string* why) {
 }
 
 bool parse_lease_grant(std::string_view body, lease_reply* out, std::string* why) {
-  const json j = parse_json(body);
-  if (!check_object(j, why)) return false;
+  json j;
+  if (!parse_object(body, &j, why)) return false;
   if (!get_i64(j, "ID", &out->id) || !get_i64(j, "TTL", &out->ttl) || out->id == 0) {
     *why = "no lease ID/TTL in the grant";
     return false;
@@ -421,8 +466,8 @@ bool parse_lease_grant(std::string_view body, lease_reply* out, std::string* why
 }
 
 bool parse_keepalive(std::string_view body, lease_reply* out, std::string* why) {
-  const json top = parse_json(body);
-  if (!check_object(top, why)) return false;
+  json top;
+  if (!parse_object(body, &top, why)) return false;
   auto res = top.find("result");
   if (res == top.end() || !res->is_object()) {
     *why = "no \"result\" object";
@@ -436,8 +481,8 @@ bool parse_keepalive(std::string_view body, lease_reply* out, std::string* why) 
 }
 
 bool parse_ok(std::string_view body, std::string* why) {
-  const json j = parse_json(body);
-  if (!check_object(j, why)) return false;
+  json j;
+  if (!parse_object(body, &j, why)) return false;
   if (!j.contains("header")) {
     *why = "no header";
     return false;
@@ -446,8 +491,8 @@ bool parse_ok(std::string_view body, std::string* why) {
 }
 
 bool parse_authenticate(std::string_view body, std::string* token, std::string* why) {
-  const json j = parse_json(body);
-  if (!check_object(j, why)) return false;
+  json j;
+  if (!parse_object(body, &j, why)) return false;
   const auto t = j.find("token");
   if (t == j.end() || !t->is_string() || t->get_ref<const std::string&>().empty()) {
     *why = "no token in the answer";

@@ -17,6 +17,11 @@ constexpr int kEntryVersion = 1;
 constexpr size_t kMaxText = 256;  // name, type, host, hostname, a label key or value, a URL
 constexpr size_t kMaxLabels = 32;
 constexpr size_t kMaxUrls = 16;
+// Limits of any JSON text parsed (a body, a watch message, an entry's value), checked before the
+// parser builds it: nesting depth, and '[', '{' and ',' outside strings (one per value or member).
+// Above either the text is refused as malformed, *why naming the limit.
+constexpr size_t kMaxJsonDepth = 64;
+constexpr size_t kMaxJsonElements = size_t{4} << 20;
 
 std::string base64_encode(std::string_view in);
 // false on a character outside the alphabet, bad padding or a bad length.

@@ -181,6 +181,43 @@ TEST(DiscoveryCodec, NumbersThatDoNotFitBelowInt64MaxAreRefused) {
   EXPECT_EQ(lr.id, INT64_MAX - 1);
 }
 
+// nlohmann builds a whole document before it can refuse it, at up to ~75 bytes per input byte: a
+// hostile answer of 16 MB of '[' took 1.2 GB. A text nested deeper than 64 levels or holding more
+// than 4 Mi elements is refused before it is parsed, naming the limit, in a watch message, a range
+// answer and an entry's value; nesting at the limit, and brackets inside strings, are accepted.
+TEST(DiscoveryCodec, DeepOrHugeJsonIsRefusedBeforeItIsBuilt) {
+  std::string why;
+  etcd::watch_reply w;
+  EXPECT_FALSE(etcd::parse_watch(std::string(size_t{1} << 20, '['), &w, &why));
+  EXPECT_EQ(why, "JSON nested deeper than 64 levels");
+  const auto nested = [](size_t depth) {  // 2 levels + depth arrays under an unknown field
+    return R"({"result":{"header":{"revision":"3"},"x":)" + std::string(depth, '[') +
+           std::string(depth, ']') + "}}";
+  };
+  why.clear();
+  ASSERT_TRUE(etcd::parse_watch(nested(62), &w, &why)) << why;
+  EXPECT_FALSE(etcd::parse_watch(nested(63), &w, &why));
+  EXPECT_EQ(why, "JSON nested deeper than 64 levels");
+  ASSERT_TRUE(etcd::parse_watch(R"({"result":{"header":{"revision":"3"},"cancel_reason":")" +
+                                    std::string(1000, '[') + "\\\"[\"}}",
+                                &w, &why))
+      << why;
+  EXPECT_EQ(w.error, std::string(1000, '[') + "\"[");
+
+  std::string flat = R"({"header":{"revision":"9"},"x":[0)";
+  for (size_t i = 0; i < etcd::kMaxJsonElements; ++i) flat += ",0";
+  flat += "]}";
+  etcd::range_reply rr;
+  EXPECT_FALSE(etcd::parse_range(flat, &rr, &why));
+  EXPECT_EQ(why, "more than 4194304 JSON elements");
+
+  directory_entry e;
+  EXPECT_FALSE(etcd::decode_entry(
+      R"({"v":1,"id":"0000000000000001","x":)" + std::string(70, '[') + std::string(70, ']') + "}",
+      &e, &why));
+  EXPECT_EQ(why, "JSON nested deeper than 64 levels");
+}
+
 // A kv's lease is read: the own entry found on another lease is written again.
 TEST(DiscoveryCodec, AKvsLeaseIsRead) {
   std::string why;

@@ -2,9 +2,12 @@
 // a node with the CA and its certificate registers and watches; one without a client certificate,
 // without the CA, or facing a certificate for another host never gets a session and logs why; bad
 // TLS settings are refused by start() naming the field.
+#include <curl/curl.h>
+
 #include <string>
 
 #include "discovery/discovery_harness.h"
+#include "discovery/etcd_client.h"
 #include "stream/tls_test_pki.h"
 
 namespace uvbus::discovery_tls_test {
@@ -94,6 +97,37 @@ TEST_F(DiscoveryTls, ACertificateForAnotherHostIsRefused) {
   expect_refused(a);
   EXPECT_TRUE(test::logged(a, "peer_not_authenticated", "target host name '127.0.0.1'"))
       << a->d->last_error().detail;
+}
+
+// tls_ca_file is the only CA trusted: Debian's libcurl also keeps its built-in CA directory
+// (/etc/ssl/certs) beside CURLOPT_CAINFO unless told not to, so a certificate from any public CA
+// for etcd's host name was accepted. A test cannot put a CA into that directory: it checks what
+// curl reports using for the connection (its verbose text) with etcd_client's TLS options.
+TEST_F(DiscoveryTls, TheCaFileIsTheOnlyTrustAnchor) {
+  const test::etcd_tls_files files = etcd_files(pki_.loopback);
+  start_etcd(1, &files);
+  CURL* e = curl_easy_init();
+  ASSERT_NE(e, nullptr);
+  detail::set_tls_options(e, {pki_.ca_file, pki_.client.cert, pki_.client.key});
+  std::string text;
+  const std::string url = etcd_->endpoint(0) + "/version";
+  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 30000L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
+  curl_easy_setopt(
+      e, CURLOPT_DEBUGFUNCTION, +[](CURL*, curl_infotype t, char* d, size_t n, void* u) {
+        if (t == CURLINFO_TEXT) static_cast<std::string*>(u)->append(d, n);
+        return 0;
+      });
+  curl_easy_setopt(e, CURLOPT_DEBUGDATA, &text);
+  curl_easy_setopt(
+      e, CURLOPT_WRITEFUNCTION, +[](char*, size_t s, size_t n, void*) { return s * n; });
+  const CURLcode rc = curl_easy_perform(e);
+  curl_easy_cleanup(e);
+  EXPECT_EQ(rc, CURLE_OK) << curl_easy_strerror(rc) << "\n" << text;  // the CA file is trusted
+  EXPECT_NE(text.find("CAfile: " + pki_.ca_file), std::string::npos) << text;
+  EXPECT_NE(text.find("CApath: none"), std::string::npos) << text;
 }
 
 TEST_F(DiscoveryTls, BadSettingsAreRefusedNamingTheField) {
