@@ -603,7 +603,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     resume_paused(p);
     const endpoint_info info = info_of(*p);
     if (p->kind == peer_kind::child && state == run_state::running) {
-      children_lost_ms[p->id] = now_ms();
+      grace.child_lost(p->id, now_ms(), p->info.subnets);  // its descendants wait for it too
     }
     table.remove(p->id);
     shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),
