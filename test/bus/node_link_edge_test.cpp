@@ -1,7 +1,7 @@
 // Links and routing at their edges: a sibling registering again over a new link, a parent link
 // flushing more than its queue takes, an impostor of the parent's id during its outage, messages
-// held for a grandchild (its own or its child's restart), queueing turned off, and the
-// registration refusals' reasons.
+// held for a grandchild (its own or its child's restart), flow messages a parent's refusal for
+// good fails, queueing turned off, and the registration refusals' reasons.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -280,6 +280,28 @@ TEST_F(NodeLinkEdge, MessagesHeldForAGrandchildFailWhenItsChildStaysAway) {
     EXPECT_EQ(r.status, errc::unknown_route) << to_string(r.status);
   EXPECT_EQ(t.root->n->counters().pending_now, 0u);
   EXPECT_TRUE(t.root->logged("no child came back within child_grace_ms"));
+}
+
+// End-to-end messages sent before a parent refused this node for good (its id outside the
+// parent's subnets) waited in the parent queue as flow copies, which the refusal did not report:
+// their flows kept them until delivery_timeout_ms and reported timeout. They are reported with
+// the refusal now (out_of_subnet), as next-hop messages are, and the flow's sender that met a
+// full flow hears on_writable.
+TEST_F(NodeLinkEdge, FlowMessagesQueuedForARefusingParentReportTheRefusal) {
+  bus_node* root = make_root(0x100, {{0x100, 8}});
+  node_config oc = test::fast_config();
+  oc.delivery_timeout_ms = 5000;  // before: timeout then
+  oc.retransmit_max_messages = 4;
+  bus_node* out = make_child(0x300, root, {}, oc);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(send_str(out, 0x100, 1, "early"), errc::ok);
+  ASSERT_EQ(send_str(out, 0x100, 1, "full"), errc::queue_full);
+  ASSERT_EQ(send_str(out, 0x105, 1, "early"), errc::ok);
+  ASSERT_TRUE(wait([&] { return out->reports.size() == 5; })) << out->reports.size();
+  for (const auto& r : out->reports)
+    EXPECT_EQ(r.status, errc::out_of_subnet) << to_string(r.status);
+  EXPECT_EQ(out->registrations, std::vector<errc>{errc::out_of_subnet});
+  EXPECT_EQ(out->writable, 1u);
+  EXPECT_EQ(send_str(out, 0x100, 1, "after"), errc::out_of_subnet);
 }
 
 // With queueing off (pending_max_messages = 0) a send to a node outside our subnets went into the
