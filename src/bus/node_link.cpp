@@ -467,7 +467,9 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     }
   }
   peer_ep* p = add_peer(lk, kind, std::move(rr.info));
-  if (dead) return;  // destroyed from on_endpoint_added (or a log line): nothing queued is sent
+  // Destroyed from on_endpoint_added (or a log line): nothing queued is sent. Stopped there: no
+  // on_registration(ok) or on_up follows, nor is_up.
+  if (dead || state != run_state::running) return;
   if (lk->is_parent) {
     parent_id = p->id;
     table.set_parent(p->id);
@@ -578,7 +580,9 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
       who.pid, detail::printable(who.hostname).c_str());
-  if (dead) return;  // destroyed from that on_log: nothing held is released to it
+  // Destroyed from that on_log: nothing held is released to it. Stopped there: the link closes
+  // (registering it would take it back from closing, and from the stop's deadline).
+  if (dead || state != run_state::running) return;
   peer_ep* p = add_peer(lk, kind, who);
   if (dead) return;  // destroyed from on_endpoint_added (or a log line): nothing queued is sent
   // A sibling we were about to connect to connected to us first.
