@@ -77,7 +77,9 @@ struct delivery_report {
   // unknown_route (no such node, or one that never acknowledged us), ttl_expired,
   // message_too_large, version_mismatch (a link of the path does not speak flows), access_denied
   // (the target keeps max_flow_sources flows and refused ours), not_connected (a send_any()
-  // message whose node left the directory before its report: not resent).
+  // message whose node left the directory before its report: not resent), or the parent's
+  // refusal of this node for good (access_denied, out_of_subnet, version_mismatch: a message that
+  // waited for it is reported so when it refuses).
   // delivery_mode::next_hop: ok = delivered to the next hop's channel (the kernel socket buffer or
   // the shared-memory ring), or, with require_response, received by the target node. Otherwise why
   // it failed: not_connected / connection_reset (link lost), timeout (pending or response wait

@@ -1,10 +1,11 @@
 // Bus node, a relay's grace for its children: a message for an id of our subnets whose child is
 // not registered — because we just started (a parent restart) or its link was just lost (a child
-// restart) — waits for that child for child_grace_ms instead of being refused with unknown_route.
-// All held messages together, whatever their target, are bounded by pending_max_messages and
-// pending_max_bytes (held_count, held_bytes): beyond that a message is refused as if no grace
-// applied, however many distinct ids the messages name. A relay that stops tells the sources of
-// what it still holds, here or in a next hop's overflow (drop_relayed_for_stop).
+// restart: its own id, and the ids of the subnets it owned, its descendants') — waits for that
+// child for child_grace_ms instead of being refused with unknown_route. All held messages
+// together, whatever their target, are bounded by pending_max_messages and pending_max_bytes
+// (grace.held_count, grace.held_bytes): beyond that a message is refused as if no grace applied,
+// however many distinct ids the messages name. A relay that stops tells the sources of what it
+// still holds, here or in a next hop's overflow (drop_relayed_for_stop).
 
 #include "bus/node_impl.h"
 
@@ -33,31 +34,29 @@ bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, si
   uint64_t since = 0;
   if (now - started_ms < cfg.child_grace_ms) {
     since = started_ms;
-  } else if (auto it = children_lost_ms.find(hd.target);
-             it != children_lost_ms.end() && now - it->second < cfg.child_grace_ms) {
-    since = it->second;
-  } else {
+  } else if (!grace.lost_since(hd.target, &since) || now - since >= cfg.child_grace_ms) {
     return false;
   }
   if (state != run_state::running) {  // a relay that is going holds nothing more: try again
     relay_drop(hd, proto::reason::not_connected);
     return true;
   }
-  if (held_count >= cfg.pending_max_messages || held_bytes + size > cfg.pending_max_bytes) {
+  if (grace.held_count >= cfg.pending_max_messages ||
+      grace.held_bytes + size > cfg.pending_max_bytes) {
     return false;
   }
-  pending_queue& q = held[hd.target];
+  pending_queue& q = grace.held[hd.target];
   uint8_t head[proto::kHeaderSize];
   forward_header(hd, data, head);
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
   if (enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) {
-    if (q.q.empty()) held.erase(hd.target);
+    if (q.q.empty()) grace.held.erase(hd.target);
     return false;
   }
   q.q.back().deadline_ms = since + cfg.child_grace_ms;
-  ++held_count;
-  held_bytes += size;
+  ++grace.held_count;
+  grace.held_bytes += size;
   ++counters.held_for_child;
   return true;
 }
@@ -66,17 +65,17 @@ void node::impl::release_held(peer_ep* child) {
   // Everything held for an id that routes to this child now: its own, and its descendants' (ids
   // of its subnets), which were held under their own ids.
   std::vector<bus_id> ids;
-  for (const auto& [id, q] : held) {
+  for (const auto& [id, q] : grace.held) {
     const detail::route r = table.lookup(id);
     if ((r.kind == hop::direct || r.kind == hop::child) && r.next == child->id) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());  // the same order however the map lies
   for (const bus_id id : ids) {
     if (dead || state != run_state::running) return;  // a refusal's log line stopped us
-    auto it = held.find(id);
-    if (it == held.end()) continue;
+    auto it = grace.held.find(id);
+    if (it == grace.held.end()) continue;
     pending_queue q = std::move(it->second);
-    held.erase(it);
+    grace.held.erase(it);
     release_queue(child, &q);
   }
 }
@@ -84,8 +83,8 @@ void node::impl::release_held(peer_ep* child) {
 // Sends one target's held messages to the child that now routes to it.
 void node::impl::release_queue(peer_ep* child, pending_queue* held_q) {
   pending_queue& q = *held_q;
-  held_count -= q.q.size();
-  held_bytes -= q.bytes;
+  grace.held_count -= q.q.size();
+  grace.held_bytes -= q.bytes;
   counters.pending_now -= q.q.size();
   // As forward() sends them: what the child's queue does not take waits in its overflow (they
   // were lost there unseen), beyond that bound it is refused to its source. No callback runs
@@ -114,22 +113,20 @@ void node::impl::release_queue(peer_ep* child, pending_queue* held_q) {
 
 void node::impl::grace_tick(uint64_t now) {
   std::vector<std::vector<uint8_t>> expired;  // allocates only when something expires
-  for (auto it = held.begin(); it != held.end();) {
+  for (auto it = grace.held.begin(); it != grace.held.end();) {
     pending_queue& q = it->second;
     while (!q.q.empty() && now >= q.q.front().deadline_ms) {
       std::vector<uint8_t>& m = q.q.front().bytes;
       q.bytes -= m.size();
-      held_bytes -= m.size();
-      --held_count;
+      grace.held_bytes -= m.size();
+      --grace.held_count;
       --counters.pending_now;
       expired.push_back(std::move(m));
       q.q.pop_front();
     }
-    it = q.q.empty() ? held.erase(it) : std::next(it);
+    it = q.q.empty() ? grace.held.erase(it) : std::next(it);
   }
-  for (auto it = children_lost_ms.begin(); it != children_lost_ms.end();) {
-    it = now - it->second >= cfg.child_grace_ms ? children_lost_ms.erase(it) : std::next(it);
-  }
+  grace.expire(now, cfg.child_grace_ms);
   if (expired.empty()) return;
   // Every source told first, then one line: on_log may stop() (its links close, `held` empties)
   // or destroy the node.
@@ -146,13 +143,13 @@ void node::impl::grace_tick(uint64_t now) {
 // runs inside stop()).
 void node::impl::drop_relayed_for_stop() {
   std::vector<std::vector<uint8_t>> gone;
-  for (auto& [id, q] : held) {
+  for (auto& [id, q] : grace.held) {
     counters.pending_now -= q.q.size();
     for (auto& e : q.q) gone.push_back(std::move(e.bytes));
   }
-  held.clear();
-  held_count = 0;
-  held_bytes = 0;
+  grace.held.clear();
+  grace.held_count = 0;
+  grace.held_bytes = 0;
   for (auto& [id, p] : peers) {
     for (auto& m : p->overflow) gone.push_back(std::move(m));
     p->overflow.clear();

@@ -22,6 +22,7 @@
 #include "bus/auth.h"
 #include "bus/flow.h"
 #include "bus/node_fanout.h"
+#include "bus/node_grace.h"
 #include "bus/node_secure.h"
 #include "bus/node_types.h"
 #include "bus/routing.h"
@@ -144,9 +145,7 @@ struct node::impl {
   // -------------------------------------------------------------------------- child grace --
   // node_grace.cpp: relayed messages for children of ours not registered (yet, again).
   uint64_t started_ms = 0;
-  std::unordered_map<bus_id, uint64_t> children_lost_ms;  // child id -> when its link was lost
-  std::unordered_map<bus_id, pending_queue> held;         // by target id (a child's or below)
-  size_t held_count = 0, held_bytes = 0;  // all of `held` (caps: pending_max_messages, _bytes)
+  detail::grace_state grace;  // children lost lately (and their subnets), what is held for them
   // True when it waits for its child (stopping: refused, not_connected); else the caller refuses.
   bool hold_for_child(const proto::header& hd, const uint8_t* data, size_t size);
   void release_held(peer_ep* child);  // what is held for ids that route to it now

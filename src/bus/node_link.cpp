@@ -193,6 +193,33 @@ void on_bye(node::impl& n, link* lk, const proto::header& hd, const uint8_t* bod
   n.close_link(lk, errc::closed, disconnect_mode::graceful);
 }
 
+// A parent's refusal for good (parent_failed): fail_queue() reports the tagged messages that
+// waited for it, but a flow's copies there carry no tag, and their flow entries could go nowhere
+// now (each reported timeout at its deadline). Each unsettled entry of those flows is reported
+// with the refusal instead, as a next-hop message is. Call before fail_queue(); returns the flows
+// whose sender waits for on_writable (the caller tells them, after its other callbacks).
+std::vector<bus_id> fail_parent_flows(node::impl& n, errc why) {
+  std::vector<bus_id> targets, writable;
+  for (const pending_msg& m : n.parent_pending.q) {
+    if (m.tag == 0 && n.tx_flows.count(m.target) != 0) targets.push_back(m.target);
+  }
+  std::sort(targets.begin(), targets.end());
+  targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+  for (const bus_id t : targets) {
+    detail::tx_flow& f = n.tx_flows.find(t)->second;
+    for (size_t i = 0; i < f.entries.size(); ++i) {
+      detail::tx_entry& e = f.entries[i];
+      if (!e.settled) n.defer_report(e.message_id, t, why, true);
+      e.settled = true;
+    }
+    f.need_sync = true;
+    n.flow_settle_front(f, 0, errc::ok);
+    if (f.user_blocked) writable.push_back(t);
+    f.user_blocked = false;
+  }
+  return writable;
+}
+
 }  // namespace
 
 // A message the link's queue held when it died (before s_send_failed). One this node relayed had
@@ -404,17 +431,23 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     log(log_level::warn, "registration to %s refused: %s (%s)", streams->peer_url(lk->conn).c_str(),
         to_string(result), rr.message.c_str());
     lk->close_reason = result;
+    std::vector<bus_id> writable;  // flows the refusal emptied
     if (lk->is_parent) {
       if (!unproven && (result == errc::access_denied || result == errc::out_of_subnet ||
                         result == errc::version_mismatch)) {
         parent_failed = true;
         parent_refusal = result;
+        writable = fail_parent_flows(*this, result);
         fail_queue(&parent_pending, result);
       }
       lk->reported = true;
       registration_result(result, rr.message);
     }
     close_link(lk, result, disconnect_mode::graceful);
+    for (const bus_id id : writable) {
+      if (dead) return;  // destroyed from a callback: nobody to tell
+      fire(cbs.on_writable, id);
+    }
     return;
   }
   lk->version = rr.version;
@@ -434,7 +467,9 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
     }
   }
   peer_ep* p = add_peer(lk, kind, std::move(rr.info));
-  if (dead) return;  // destroyed from on_endpoint_added (or a log line): nothing queued is sent
+  // Destroyed from on_endpoint_added (or a log line): nothing queued is sent. Stopped there: no
+  // on_registration(ok) or on_up follows, nor is_up.
+  if (dead || state != run_state::running) return;
   if (lk->is_parent) {
     parent_id = p->id;
     table.set_parent(p->id);
@@ -545,7 +580,9 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
   if (!accept_reply(lk, who.id, version, &rb, token)) return;
   log(log_level::info, "accepted %s 0x%" PRIx64 " (pid %u on %s)", detail::to_string(kind), who.id,
       who.pid, detail::printable(who.hostname).c_str());
-  if (dead) return;  // destroyed from that on_log: nothing held is released to it
+  // Destroyed from that on_log: nothing held is released to it. Stopped there: the link closes
+  // (registering it would take it back from closing, and from the stop's deadline).
+  if (dead || state != run_state::running) return;
   peer_ep* p = add_peer(lk, kind, who);
   if (dead) return;  // destroyed from on_endpoint_added (or a log line): nothing queued is sent
   // A sibling we were about to connect to connected to us first.
@@ -603,7 +640,7 @@ void node::impl::link_gone(link* lk, errc reason) {
     resume_paused(p);
     const endpoint_info info = info_of(*p);
     if (p->kind == peer_kind::child && state == run_state::running) {
-      children_lost_ms[p->id] = now_ms();
+      grace.child_lost(p->id, now_ms(), p->info.subnets);  // its descendants wait for it too
     }
     table.remove(p->id);
     shm_overflow.erase(std::remove(shm_overflow.begin(), shm_overflow.end(), p),

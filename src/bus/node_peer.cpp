@@ -77,7 +77,7 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   peers[raw->id] = std::move(p);
   cached_hop = nullptr;
   if (kind == peer_kind::child) {
-    children_lost_ms.erase(raw->id);
+    grace.forget(raw->id);
     release_held(raw);
     if (dead) return raw;  // destroyed from a log line there: nothing more is sent
   }

@@ -1,7 +1,8 @@
 // The callback contract under a relay's walks and back-pressure: what held messages released to a
 // returning child may pause, what a node destroyed or stopped from a callback in the middle of a
 // release, an overflow's drain, a directory update, a registration or a flow acknowledgement still
-// sends, and what a relay's loop does while a same-host next hop's ring stays full.
+// sends (and a stop in a registration registers), and what a relay's loop does while a same-host
+// next hop's ring stays full.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -379,6 +380,49 @@ TEST_F(NodeCallback, DestroyFromOnEndpointAddedSendsNothingQueuedForTheSibling) 
                        [](const auto& r) { return r.first == 0x101; });
   }));
   EXPECT_TRUE(b->got.empty()) << b->got.size() << " messages from the destroyed sibling";
+}
+
+// A child stopped from on_endpoint_added of its parent (fired while it registers) went on to
+// report on_registration(ok) and on_up, and said it was up, on a stopping node. Now nothing
+// follows the stop but the goodbye.
+TEST_F(NodeCallback, StopFromOnEndpointAddedOfTheParentFiresNoOnUp) {
+  node_config cc = root_and_child_config();
+  bus_node* c = nullptr;
+  c = make(0x101, cc, true, [&](node_callbacks* cb) {
+    cb->on_endpoint_added = [&](const endpoint_info& e) {
+      c->added.push_back(e);
+      if (e.role == peer_role::parent) c->n->stop();
+    };
+  });
+  ASSERT_TRUE(wait([&] { return !c->downs.empty() && !root_->removed.empty(); }));
+  EXPECT_EQ(c->ups, 0);
+  EXPECT_FALSE(c->n->up());
+  EXPECT_TRUE(c->registrations.empty()) << to_string(c->registrations.at(0));
+  EXPECT_EQ(c->downs, std::vector<errc>{errc::closed});
+}
+
+// A relay stopped from the on_log of a child's registration ("accepted child ...") went on to
+// register the child: its link, closing for the stop, was registered again (out of the stop's
+// deadline for a peer that does not read) and on_endpoint_added came after the stop. The link
+// just closes now, and the stop completes.
+TEST_F(NodeCallback, StopFromOnLogWhileAcceptingAChildRegistersItNot) {
+  node_config rc = relay_config();
+  rc.subnets = {{0x100, 8}};
+  bool stopped = false;
+  root_ = make(0x100, rc, true, [&](node_callbacks* cb) {
+    cb->on_log = [&](log_level, const std::string& m) {
+      if (!stopped && m.find("accepted child 0x101") != std::string::npos) {
+        stopped = true;
+        root_->n->stop();
+      }
+    };
+  });
+  node_config cc = relay_config();
+  cc.parent_urls = {root_->n->listen_urls().at(0)};
+  (void)make(0x101, cc);
+  ASSERT_TRUE(wait([&] { return stopped && !root_->downs.empty(); }));
+  EXPECT_TRUE(root_->added.empty()) << "on_endpoint_added after stop()";
+  EXPECT_EQ(root_->downs, std::vector<errc>{errc::closed});
 }
 
 // A same-host child whose ring cannot be opened is logged ("shared memory ... unusable") while

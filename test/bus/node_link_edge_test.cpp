@@ -1,9 +1,11 @@
 // Links and routing at their edges: a sibling registering again over a new link, a parent link
 // flushing more than its queue takes, an impostor of the parent's id during its outage, messages
-// held for a grandchild, queueing turned off, and the registration refusals' reasons.
+// held for a grandchild (its own or its child's restart), flow messages a parent's refusal for
+// good fails, queueing turned off, and the registration refusals' reasons.
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -57,6 +59,57 @@ class NodeLinkEdge : public test::bus_fixture {
   bus_node* restart_at(bus_id id, node_config c, const std::string& url) {
     c.listen = {url};
     return restart(id, c);
+  }
+
+  // Root 0x100 (rc), relay C 0x110 owning 0x110/4, grandchild G 0x111 below C and sender S 0x101
+  // (through the root, require_response answered late only), all up; once the root's own start
+  // grace is over, C is destroyed and the root sees it go. C's config and address are kept to
+  // start it again.
+  struct subtree {
+    bus_node* root;
+    bus_node* g;
+    bus_node* s;
+    node_config cc;
+    std::string curl;
+  };
+  subtree lose_relay_c(node_config rc) {
+    subtree t{};
+    t.root = make_root(0x100, {{0x100, 8}}, std::move(rc));
+    t.cc = test::hop_config();
+    t.cc.child_grace_ms = 30000;  // G, back after C, is held for there
+    bus_node* c = make_child(0x110, t.root, {{0x110, 4}}, t.cc);
+    t.curl = c->n->listen_urls().at(0);
+    t.g = make_child(0x111, c, {}, test::hop_config());
+    node_config sc = test::hop_config();
+    sc.sibling_direct = false;
+    sc.response_timeout_ms = 30000;  // a timeout would be a late wrong answer
+    t.s = make_child(0x101, t.root, {}, sc);
+    EXPECT_TRUE(wait([&] { return c->n->up() && t.g->n->up() && t.s->n->up(); }));
+    // The root holds for every id of its subnets for child_grace_ms after its start: a message
+    // for an id no child ever had comes back refused once that is over.
+    send_options o;
+    o.require_response = true;
+    EXPECT_EQ(send_str(t.s, 0x1f0, 1, "probe", o), errc::ok);
+    EXPECT_TRUE(wait([&] { return !t.s->reports.empty(); }));
+    EXPECT_EQ(t.s->reports.at(0).status, errc::unknown_route);
+    t.s->reports.clear();
+    destroy(c);
+    EXPECT_TRUE(wait([&] {
+      return std::any_of(t.root->removed.begin(), t.root->removed.end(),
+                         [](const auto& r) { return r.first == 0x110; });
+    }));
+    return t;
+  }
+  // S sends `count` require_response messages to G; true once the root holds them all (false:
+  // some were reported first, refused).
+  bool send_held_for_g(const subtree& t, int count) {
+    send_options o;
+    o.require_response = true;
+    const uint64_t all = t.root->n->counters().held_for_child + static_cast<uint64_t>(count);
+    for (int i = 0; i < count; ++i) EXPECT_EQ(send_str(t.s, 0x111, 1, "to G", o), errc::ok);
+    EXPECT_TRUE(
+        wait([&] { return !t.s->reports.empty() || t.root->n->counters().held_for_child == all; }));
+    return t.s->reports.empty() && t.root->n->counters().held_for_child == all;
   }
 
   std::deque<test::raw_child> raws_;  // a deque: they never move (their callbacks hold this)
@@ -196,6 +249,59 @@ TEST_F(NodeLinkEdge, MessagesHeldForAGrandchildGoWhenItsChildRegisters) {
   ASSERT_TRUE(wait([&] { return s->reports.size() == 10; })) << s->reports.size();
   for (const auto& r : s->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
   EXPECT_EQ(g->got.size(), 10u);
+}
+
+// Root -> relay C (0x110/4) -> grandchild G (0x111), and C restarts. The root held what came for
+// C's own id meanwhile, but a message for G (an id of C's subnets) found no route and was refused
+// (unknown_route) at once. The root remembers a lost child's subnets now: G's messages wait for C
+// within child_grace_ms and reach G once C and G are back.
+TEST_F(NodeLinkEdge, MessagesForAGrandchildWaitWhileItsChildRestarts) {
+  node_config rc = test::hop_config();
+  rc.child_grace_ms = 5000;  // C comes back well within it
+  subtree t = lose_relay_c(rc);
+  ASSERT_TRUE(send_held_for_g(t, 10)) << t.s->reports.size() << " refused at once";
+  t.cc.subnets = {{0x110, 4}};
+  t.cc.parent_urls = {t.root->n->listen_urls().at(0)};
+  (void)restart_at(0x110, t.cc, t.curl);
+  ASSERT_TRUE(wait([&] { return t.s->reports.size() == 10; })) << t.s->reports.size();
+  for (const auto& r : t.s->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
+  EXPECT_EQ(t.g->got.size(), 10u);
+}
+
+// ... and when C does not come back within child_grace_ms, what was held for G is refused then
+// (unknown_route, its source told), not kept.
+TEST_F(NodeLinkEdge, MessagesHeldForAGrandchildFailWhenItsChildStaysAway) {
+  node_config rc = test::hop_config();
+  rc.child_grace_ms = 1000;
+  subtree t = lose_relay_c(rc);
+  ASSERT_TRUE(send_held_for_g(t, 3)) << t.s->reports.size() << " refused at once";
+  ASSERT_TRUE(wait([&] { return t.s->reports.size() == 3; })) << t.s->reports.size();
+  for (const auto& r : t.s->reports)
+    EXPECT_EQ(r.status, errc::unknown_route) << to_string(r.status);
+  EXPECT_EQ(t.root->n->counters().pending_now, 0u);
+  EXPECT_TRUE(t.root->logged("no child came back within child_grace_ms"));
+}
+
+// End-to-end messages sent before a parent refused this node for good (its id outside the
+// parent's subnets) waited in the parent queue as flow copies, which the refusal did not report:
+// their flows kept them until delivery_timeout_ms and reported timeout. They are reported with
+// the refusal now (out_of_subnet), as next-hop messages are, and the flow's sender that met a
+// full flow hears on_writable.
+TEST_F(NodeLinkEdge, FlowMessagesQueuedForARefusingParentReportTheRefusal) {
+  bus_node* root = make_root(0x100, {{0x100, 8}});
+  node_config oc = test::fast_config();
+  oc.delivery_timeout_ms = 5000;  // before: timeout then
+  oc.retransmit_max_messages = 4;
+  bus_node* out = make_child(0x300, root, {}, oc);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(send_str(out, 0x100, 1, "early"), errc::ok);
+  ASSERT_EQ(send_str(out, 0x100, 1, "full"), errc::queue_full);
+  ASSERT_EQ(send_str(out, 0x105, 1, "early"), errc::ok);
+  ASSERT_TRUE(wait([&] { return out->reports.size() == 5; })) << out->reports.size();
+  for (const auto& r : out->reports)
+    EXPECT_EQ(r.status, errc::out_of_subnet) << to_string(r.status);
+  EXPECT_EQ(out->registrations, std::vector<errc>{errc::out_of_subnet});
+  EXPECT_EQ(out->writable, 1u);
+  EXPECT_EQ(send_str(out, 0x100, 1, "after"), errc::out_of_subnet);
 }
 
 // With queueing off (pending_max_messages = 0) a send to a node outside our subnets went into the
