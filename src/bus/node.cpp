@@ -333,10 +333,14 @@ void node::impl::stop() {
 
 void node::impl::close_links_for_stop() {
   stop_flush_until = 0;
-  // What was delivered here is acknowledged before the links close (stop() from on_data: the
-  // acknowledgements wait for the end of the loop turn): its sources would resend it, and report
-  // timeout for messages this node got.
+  // What was delivered here is acknowledged before the links close (stop() from on_data: flow
+  // acknowledgements wait for the end of the loop turn, a next-hop one for on_data to return):
+  // its sources would resend it, and report timeout for messages this node got.
   flush_acks();
+  if (owed_ack != nullptr) {  // a next-hop require_response message on_data is handling
+    const proto::header* hd = std::exchange(owed_ack, nullptr);
+    send_ack(hd->source, hd->sequence, proto::reason::ok);
+  }
   stop_metrics();
   flows_stop();
   drop_relayed_for_stop();  // while the sources' links still take a notice

@@ -458,14 +458,14 @@ struct node::impl {
   void link_gone(link* lk, errc reason);  // a stream connection ended (or failed to connect)
 
   // ----------------------------------------------------------------------- routed messages --
-  // Flow data for this node without a trace block: what on_routed()'s checks and switch would
-  // hand to on_flow_data(), told in one test (the receive paths take it first).
+  // Flow data for us without a trace block: on_routed()'s checks in one test (taken first).
   [[nodiscard]] bool plain_flow_data(const proto::header& hd) const {
     return hd.type == msg_type::data && hd.target == self &&
            (hd.flags & (proto::flag_flow | proto::flag_trace)) == proto::flag_flow;
   }
   void on_routed(link* from, const proto::header& hd, const uint8_t* data, size_t size);
   void on_local_data(link* from, const proto::header& hd, const uint8_t* body);
+  const proto::header* owed_ack = nullptr;  // its require_response message in on_data (stop())
   void on_traced_data(link* from, const proto::header& hd, const uint8_t* body);
   void on_command(link* from, const proto::header& hd, const uint8_t* body);
   void on_notice(link* from, const proto::header& hd, const uint8_t* body);

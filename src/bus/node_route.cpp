@@ -142,10 +142,16 @@ void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_
     return;
   }
   ++counters.data_received;
-  deliver(hd.source, hd.flags, d.user_type, d.payload, d.size);
-  if ((hd.flags & proto::flag_require_response) != 0) {
-    send_ack(hd.source, hd.sequence, proto::reason::ok);
+  if ((hd.flags & proto::flag_require_response) == 0) {
+    deliver(hd.source, hd.flags, d.user_type, d.payload, d.size);
+    return;
   }
+  // Acknowledged once on_data returns; stop() from on_data sends it before the links close
+  // (close_links_for_stop() takes owed_ack), else the source would report timeout.
+  const proto::header* outer = std::exchange(owed_ack, &hd);
+  deliver(hd.source, hd.flags, d.user_type, d.payload, d.size);
+  if (owed_ack != nullptr) send_ack(hd.source, hd.sequence, proto::reason::ok);
+  owed_ack = outer;
 }
 
 // A data message to us with a trace block: delivered like any other with incoming_trace() set.

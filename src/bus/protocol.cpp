@@ -496,7 +496,9 @@ void encode_dropped(const dropped_body& b, std::vector<uint8_t>* out) {
 errc parse_dropped(const uint8_t* p, size_t n, dropped_body* out) noexcept {
   if (n != 18) return errc::protocol_error;
   const uint16_t why = get16(p + 16);
-  if (why > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
+  // 0 (ok) included: no relay drops a message for no reason, and a source would take it for the
+  // message's success report.
+  if (why == 0 || why > static_cast<uint16_t>(reason::other)) return errc::protocol_error;
   out->message_id = get64(p);
   out->original_target = get64(p + 8);
   out->why = static_cast<reason>(why);

@@ -1,5 +1,6 @@
 // End-to-end delivery (flows, the default): ok means delivered, a parent or target restart loses
-// nothing, per-flow order holds, duplicates are dropped, refusals and deadlines are reported.
+// nothing, per-flow order holds, duplicates are dropped, refusals and deadlines are reported; a
+// target stopping from on_data acknowledges what it got (next hop with require_response too).
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -35,6 +36,16 @@ class NodeFlowTest : public test::flow_fixture {
     bc_ = bc;
     b_ = make(0x102, bc, true, b_tweak);
     ASSERT_TRUE(wait([&] { return a_->n->up() && b_->n->up(); }));
+  }
+  // make_tree() with A's config ac, B stopping its node from on_data (after recording the data).
+  void make_tree_b_stopping_in_on_data(const node_config& ac) {
+    make_tree(flow_config(), flow_config(), ac, [this](node_callbacks* cb) {
+      auto record = cb->on_data;
+      cb->on_data = [this, record](bus_id src, uint32_t type, const uint8_t* d, size_t n) {
+        record(src, type, d, n);
+        b_->n->stop();
+      };
+    });
   }
   // Sends numbers [next_, next_ + n) from A to B.
   void send_some(int n) {
@@ -275,14 +286,24 @@ TEST_F(NodeFlowTest, SharedMemoryTargetRestartGetsEverything) {
 TEST_F(NodeFlowTest, ATargetStoppingFromOnDataAcknowledgesWhatItGot) {
   node_config ac = flow_config();
   ac.delivery_timeout_ms = 3000;  // the report without the acknowledgement: timeout
-  make_tree(flow_config(), flow_config(), ac, [this](node_callbacks* cb) {
-    auto record = cb->on_data;
-    cb->on_data = [this, record](bus_id src, uint32_t type, const uint8_t* d, size_t n) {
-      record(src, type, d, n);
-      b_->n->stop();
-    };
-  });
+  ASSERT_NO_FATAL_FAILURE(make_tree_b_stopping_in_on_data(ac));
   send_some(1);
+  ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
+  EXPECT_EQ(b_->got.size(), 1U);
+  EXPECT_EQ(a_->reports[0].status, errc::ok) << to_string(a_->reports[0].status);
+}
+
+// The same under next hop with require_response: the target acknowledged after on_data returned,
+// when stop() from on_data had closed its links, so the source reported timeout for a message its
+// target got. Now stop() sends that acknowledgement before the links close.
+TEST_F(NodeFlowTest, ANextHopTargetStoppingFromOnDataAcknowledgesWhatItGot) {
+  node_config ac = flow_config();
+  ac.delivery = delivery_mode::next_hop;
+  ac.response_timeout_ms = 3000;  // the report without the acknowledgement: timeout
+  ASSERT_NO_FATAL_FAILURE(make_tree_b_stopping_in_on_data(ac));
+  send_options opt;
+  opt.require_response = true;
+  ASSERT_EQ(a_->n->send_data(0x102, 1, "x", 1, opt), errc::ok);
   ASSERT_TRUE(wait([&] { return a_->reports.size() == 1; }));
   EXPECT_EQ(b_->got.size(), 1U);
   EXPECT_EQ(a_->reports[0].status, errc::ok) << to_string(a_->reports[0].status);

@@ -1,7 +1,7 @@
-// Routed messages from a hostile peer: malformed bodies relayed to an honest node, acks and
-// command replies forged by a node that is not the target, broadcast acknowledgements pushed onto
-// an older link, bodies not consumed exactly, header layout bytes no release writes, and bad
-// bodies read from the shared-memory ring.
+// Routed messages from a hostile peer: malformed bodies relayed to an honest node, acks, command
+// replies and drop notices forged by a node that is not the target, broadcast acknowledgements
+// pushed onto an older link, bodies not consumed exactly, header layout bytes no release writes,
+// and bad bodies read from the shared-memory ring.
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -144,6 +144,35 @@ TEST_F(NodeWireHostileTest, AnOkAckOrCommandReplyFromAnotherNodeIsIgnored) {
   ASSERT_TRUE(wait([&] { return r->report_for(id) != nullptr && answers == 1; }));
   EXPECT_EQ(r->report_for(id)->status, errc::ok);
   EXPECT_EQ(answer, "e");
+}
+
+// A drop notice with reason 0 (ok) was taken as the report of the require_response message it
+// named: any node linked to the sender could make a message report ok that its target never got.
+// No relay sends reason 0: now a protocol error (from the link's own peer: its link is closed).
+TEST_F(NodeWireHostileTest, ADropNoticeWithReasonOkIsAProtocolErrorNotAReport) {
+  node_config rc = fast_config();
+  rc.delivery = delivery_mode::next_hop;
+  bus_node* r = root(rc);
+  auto c = raw(r, 0x102);
+  auto d = raw(r, 0x103);  // the target: it answers nothing until told
+  send_options opt;
+  opt.require_response = true;
+  uint64_t id = 0;
+  ASSERT_EQ(r->n->send_data(0x103, 1, "x", 1, opt, &id), errc::ok);
+  ASSERT_TRUE(wait([&] { return got_type(*d, proto::msg_type::data) != nullptr; }));
+  const uint64_t data_seq = got_type(*d, proto::msg_type::data)->hd.sequence;
+  std::vector<uint8_t> notice;
+  proto::encode_dropped({data_seq, 0x103, proto::reason::ok}, &notice);
+  c->send(proto::msg_type::dropped, notice);
+  ASSERT_TRUE(wait([&] { return c->closed || r->report_for(id) != nullptr; }));
+  EXPECT_EQ(r->report_for(id), nullptr);
+  EXPECT_TRUE(c->closed);
+  EXPECT_EQ(r->n->counters().protocol_errors, 1U);
+  std::vector<uint8_t> ack(proto::kAckSize);
+  proto::encode_ack({data_seq, proto::reason::ok}, ack.data());
+  d->send(proto::msg_type::ack, ack);
+  ASSERT_TRUE(wait([&] { return r->report_for(id) != nullptr; }));
+  EXPECT_EQ(r->report_for(id)->status, errc::ok);
 }
 
 // A broadcast acknowledgement (type 16, version 6) was relayed to a link of version 5, and a

@@ -515,6 +515,8 @@ TEST(Protocol, DropNoticeGoldenVectorAndBounds) {
   v.pop_back();
   v[16] = 0xFF;
   EXPECT_EQ(parse_dropped(v.data(), v.size(), &d), errc::protocol_error);
+  v[16] = 0;  // ok: no relay drops a message for no reason (it would read as a success report)
+  EXPECT_EQ(parse_dropped(v.data(), v.size(), &d), errc::protocol_error);
   // Headers keep layout version 1 whatever the protocol version, so version-1 peers parse them.
   EXPECT_EQ(header{}.version, 1);
   EXPECT_EQ(std::string(to_string(msg_type::dropped)), "dropped");
