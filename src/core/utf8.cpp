@@ -1,4 +1,5 @@
-// utf8_sequence (the length of a well-formed UTF-8 sequence) and printable (a peer's text escaped).
+// utf8_sequence (the length of a well-formed UTF-8 sequence), valid_utf8 and printable (a peer's
+// text escaped).
 #include "core/utf8.h"
 
 #include <cstdio>
@@ -54,6 +55,16 @@ std::string printable(const std::string& s) {
     ++i;
   }
   return out;
+}
+
+bool valid_utf8(const std::string& s) noexcept {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = p[i] < 0x80 ? 1 : utf8_sequence(p + i, s.size() - i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
 }
 
 }  // namespace uvbus::detail

@@ -11,6 +11,9 @@ namespace uvbus::detail {
 // surrogates, nothing above U+10FFFF), or 0 when none starts there.
 [[nodiscard]] size_t utf8_sequence(const unsigned char* p, size_t n) noexcept;
 
+// Whether s is well-formed UTF-8 throughout (ASCII included).
+[[nodiscard]] bool valid_utf8(const std::string& s) noexcept;
+
 // Text a peer sent (a host name, a refusal's message, a node's labels, a certificate's name) for
 // our log lines, error details and the uvbus tool's terminal output. Kept as they are: printable
 // ASCII (0x20..0x7e) and each well-formed UTF-8 sequence (RFC 3629) of a code point from U+00A0 on

@@ -58,17 +58,6 @@ static size_t one_entry_response_bytes(const discovery_config& cfg) {
   return base64(cfg.max_entry_bytes) + base64(cfg.prefix.size() + 23) + kEnvelope;
 }
 
-// Well-formed UTF-8 (RFC 3629), ASCII included.
-static bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = p[i] < 0x80 ? 1 : detail::utf8_sequence(p + i, s.size() - i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
 errc validate(const discovery_config& cfg, std::string* detail) {
   const auto bad = [&](const std::string& d) {
     if (detail != nullptr) *detail = d;  // null: the code alone
@@ -111,8 +100,8 @@ errc validate(const discovery_config& cfg, std::string* detail) {
   }
   // JSON carries text only: anything else would reach etcd rewritten (U+FFFD), and every session
   // would fail "authentication failed" with no hint why.
-  if (!valid_utf8(cfg.etcd_username)) return bad("etcd_username is not valid UTF-8");
-  if (!valid_utf8(cfg.etcd_password)) return bad("etcd_password is not valid UTF-8");
+  if (!detail::valid_utf8(cfg.etcd_username)) return bad("etcd_username is not valid UTF-8");
+  if (!detail::valid_utf8(cfg.etcd_password)) return bad("etcd_password is not valid UTF-8");
   return errc::ok;
 }
 

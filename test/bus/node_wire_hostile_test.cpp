@@ -49,6 +49,25 @@ class NodeWireHostileTest : public bus_fixture {
     EXPECT_TRUE(wait([&] { return c->registered; }));
     return c;
   }
+  // A next-hop root r with raw children c (0x102) and d (0x103, the target: it answers nothing
+  // until told), and a require_response message `id` sent to d.
+  struct waiting_message {
+    bus_node* r = nullptr;
+    std::unique_ptr<test::raw_child> c, d;
+    uint64_t id = 0;
+  };
+  waiting_message next_hop_message_waiting() {
+    node_config rc = fast_config();
+    rc.delivery = delivery_mode::next_hop;
+    waiting_message w;
+    w.r = root(rc);
+    w.c = raw(w.r, 0x102);
+    w.d = raw(w.r, 0x103);
+    send_options opt;
+    opt.require_response = true;
+    EXPECT_EQ(w.r->n->send_data(0x103, 1, "x", 1, opt, &w.id), errc::ok);
+    return w;
+  }
   // Whether t got "text" from `from` (what a test sends last, after what it checks: the path is
   // in order, so everything before it was handled).
   static bool got(const bus_node* t, bus_id from, const std::string& text) {
@@ -104,15 +123,11 @@ TEST_F(NodeWireHostileTest, ARelayedMalformedBodyDropsTheMessageNotTheRelaysLink
 // any node could report a message delivered, or answer a command, for a target that never did.
 // Now only the target's count; the target's own still do.
 TEST_F(NodeWireHostileTest, AnOkAckOrCommandReplyFromAnotherNodeIsIgnored) {
-  node_config rc = fast_config();
-  rc.delivery = delivery_mode::next_hop;
-  bus_node* r = root(rc);
-  auto c = raw(r, 0x102);
-  auto d = raw(r, 0x103);  // the target: it answers nothing until told
-  send_options opt;
-  opt.require_response = true;
-  uint64_t id = 0;
-  ASSERT_EQ(r->n->send_data(0x103, 1, "x", 1, opt, &id), errc::ok);
+  waiting_message w = next_hop_message_waiting();
+  bus_node* r = w.r;
+  test::raw_child* c = w.c.get();
+  test::raw_child* d = w.d.get();
+  const uint64_t id = w.id;
   int answers = 0;
   std::string answer;
   ASSERT_EQ(r->n->send_command(0x103, proto::command_id::echo, "e", 1,
@@ -150,15 +165,11 @@ TEST_F(NodeWireHostileTest, AnOkAckOrCommandReplyFromAnotherNodeIsIgnored) {
 // named: any node linked to the sender could make a message report ok that its target never got.
 // No relay sends reason 0: now a protocol error (from the link's own peer: its link is closed).
 TEST_F(NodeWireHostileTest, ADropNoticeWithReasonOkIsAProtocolErrorNotAReport) {
-  node_config rc = fast_config();
-  rc.delivery = delivery_mode::next_hop;
-  bus_node* r = root(rc);
-  auto c = raw(r, 0x102);
-  auto d = raw(r, 0x103);  // the target: it answers nothing until told
-  send_options opt;
-  opt.require_response = true;
-  uint64_t id = 0;
-  ASSERT_EQ(r->n->send_data(0x103, 1, "x", 1, opt, &id), errc::ok);
+  waiting_message w = next_hop_message_waiting();
+  bus_node* r = w.r;
+  test::raw_child* c = w.c.get();
+  test::raw_child* d = w.d.get();
+  const uint64_t id = w.id;
   ASSERT_TRUE(wait([&] { return got_type(*d, proto::msg_type::data) != nullptr; }));
   const uint64_t data_seq = got_type(*d, proto::msg_type::data)->hd.sequence;
   std::vector<uint8_t> notice;

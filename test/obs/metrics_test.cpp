@@ -214,17 +214,6 @@ TEST(PromText, NumbersIgnoreTheLocale) {
   EXPECT_EQ(promtool_problems(s), "");
 }
 
-// Whether s is well-formed UTF-8 throughout.
-bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = p[i] < 0x80 ? 1 : detail::utf8_sequence(p + i, s.size() - i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
 // Label values and HELP text go out as UTF-8 whatever bytes they came from: a shm ring named
 // "shm://caf\xe9" (Latin-1) went into ring="..." as it was, and Prometheus refuses a scrape with a
 // label value that is not UTF-8. Each byte of no well-formed sequence becomes U+FFFD.
@@ -234,7 +223,7 @@ TEST(PromText, LabelValuesAreMadeUtf8) {
   const label l[] = {{"ring", "shm://caf\xe9"}, {"name", "\xe6\x97\xa5 \xed\xa0\x80|\xc3"}};
   t.sample(l, 2, 1);
   const std::string s = t.text();
-  EXPECT_TRUE(valid_utf8(s)) << s;
+  EXPECT_TRUE(detail::valid_utf8(s)) << s;
   const std::string fffd = "\xef\xbf\xbd";
   EXPECT_NE(s.find("ring=\"shm://caf" + fffd + "\""), std::string::npos) << s;
   EXPECT_NE(s.find("name=\"\xe6\x97\xa5 " + fffd + fffd + fffd + "|" + fffd + "\""),
