@@ -79,8 +79,9 @@ struct discovery_config {
 };
 
 struct discovery_callbacks {
-  // An entry appeared, changed or left. `entry` is valid during the call only. Directory state
-  // (directory(), lookup()) already reflects the event when it runs.
+  // An entry appeared, changed or left. `entry` is valid during the call only, and only while the
+  // object lives: a callback that destroys it must copy what it needs of `entry` first. Directory
+  // state (directory(), lookup()) already reflects the event when it runs.
   std::function<void(directory_event event, const directory_entry& entry)> on_directory;
   // The session state changed: true once this node is registered (if it registers) and the
   // directory is in sync with etcd, false when etcd became unreachable (the directory is kept).
