@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <unordered_set>
@@ -99,6 +100,14 @@ std::string top_json(uint64_t target, double seconds, const std::vector<top_coun
     first = false;
   }
   return o + "}}";
+}
+
+bool is_counters_level(const std::string& name) {
+  static const char* const levels[] = {"pending_now",  "flow_unacked_now", "flow_unacked_bytes",
+                                       "flow_targets", "flow_sources",     "flow_buffer_bytes",
+                                       "peers"};
+  return std::any_of(std::begin(levels), std::end(levels),
+                     [&](const char* l) { return name == l; });
 }
 
 bool is_json_number(const std::string& v) {

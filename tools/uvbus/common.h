@@ -33,6 +33,10 @@ struct top_counter {
   double per_second = 0;
 };
 std::string top_json(uint64_t target, double seconds, const std::vector<top_counter>& counters);
+// Whether a name of the counters answer (node::impl::counters_text) is a level now (a gauge:
+// pending_now, flow_unacked_now/_bytes, flow_targets, flow_sources, flow_buffer_bytes, peers),
+// which `top` shows without a rate. Any other name is a counter (compressed_raw_bytes too).
+bool is_counters_level(const std::string& name);
 // Whether v is a number in JSON's grammar (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?): not
 // `007`, `+1`, `.5`, `1.`, `0x10`, `Inf`, which a page's sample value may spell.
 bool is_json_number(const std::string& v);
