@@ -8,7 +8,8 @@
 // output that cannot be written fails, a closed stdout stays closed; ids with a leading zero are
 // decimal, options a subcommand does not take are refused, `metrics --json` and `top --json` are
 // JSON whatever the numbers, and `shm drain`'s quiet time does not wrap; `top --metrics` has no
-// rate without the previous scrape and is refused with --json, top's levels are the gauges.
+// rate without the previous scrape and is refused with --json, top's levels are the gauges, and
+// JSON label objects have each key once.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -140,6 +141,15 @@ TEST(ToolsContract, MetricsJsonOfAMalformedPageDoesNotCrash) {
          " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
          "d=json.load(sys.stdin); print([d[k][0][\"value\"] for k in \"abcdefg\"])'");
   EXPECT_EQ(out, "['007', '+1', '.5', '1.', '0x10', -500.0, 0]\nrc=0\n") << out;
+  // Finite values up to DBL_MAX are numbers (the cut was at +-1.7e308: 1.75e308 was a string);
+  // past it (1e999: no double) a string.
+  page_server big("h 1.75e308\ni -1.79e308\nj 1.7976931348623157e308\nk 1e999\nl -1e999\n");
+  ASSERT_NE(big.port(), 0);
+  const std::string huge =
+      sh(std::string(UVBUS_TOOL_PATH) + " metrics " + big.url() +
+         " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
+         "d=json.load(sys.stdin); print([d[k][0][\"value\"] for k in \"hijkl\"])'");
+  EXPECT_EQ(huge, "[1.75e+308, -1.79e+308, 1.7976931348623157e+308, '1e999', '-1e999']\nrc=0\n");
   for (const char* v : {"0", "-0", "12", "1.5", "-1e5", "1E+2", "0.0e-0"}) {
     EXPECT_TRUE(uvbus_tool::is_json_number(v)) << v;
   }
@@ -502,6 +512,20 @@ TEST(ToolsContract, CountersJsonIsJson) {
 // A hostile node can repeat a counter's name: the object keeps each key once, the first value.
 TEST(ToolsContract, CountersJsonHasEachKeyOnce) {
   EXPECT_EQ(uvbus_tool::counters_json("a=1\nb=2\na=3\nb=x\nc=4\n"), R"({"a":1,"b":2,"c":4})");
+}
+
+// Labels are a remote node's text: a directory entry may announce zone=a and zone=b (the wire
+// takes a key twice) and a page may hold x{a="1",a="2"}; `nodes --json` and `metrics --json`
+// wrote both, an object with duplicate keys. Each key is written once, with its first value.
+TEST(ToolsContract, LabelsJsonHasEachKeyOnce) {
+  EXPECT_EQ(uvbus_tool::labels_object({{"zone", "a"}, {"rack", "1"}, {"zone", "b"}, {"rack", "2"}}),
+            R"({"zone":"a","rack":"1"})");
+  EXPECT_EQ(uvbus_tool::labels_object({}), "{}");
+  page_server server("x{a=\"1\",b=\"2\",a=\"3\"} 5\n");
+  ASSERT_NE(server.port(), 0);
+  const std::string out =
+      sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() + " --json --timeout-ms 30000");
+  EXPECT_EQ(out, "{\"x\":[{\"labels\":{\"a\":\"1\",\"b\":\"2\"},\"value\":5}]}\nrc=0\n");
 }
 
 // `top` took a level by the counter's name (peers, *_now, *_bytes): flow_targets and flow_sources,

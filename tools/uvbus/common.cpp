@@ -110,6 +110,16 @@ bool is_counters_level(const std::string& name) {
                      [&](const char* l) { return name == l; });
 }
 
+std::string labels_object(const std::vector<std::pair<std::string, std::string>>& kv) {
+  std::string o = "{";
+  std::unordered_set<std::string> seen;  // a key given again: its first value is kept
+  for (const auto& [k, v] : kv) {
+    if (!seen.insert(k).second) continue;
+    o += (seen.size() > 1 ? "," : "") + json_str(k) + ":" + json_str(v);
+  }
+  return o + "}";
+}
+
 bool is_json_number(const std::string& v) {
   size_t i = 0;
   const auto digits = [&] {
