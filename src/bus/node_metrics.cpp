@@ -116,7 +116,8 @@ void node::impl::node_families(prom_text* t) const {
   t->sample(acc_l, 1, static_cast<double>(c.registrations_accepted));
   t->sample(ref_l, 1, static_cast<double>(c.registrations_refused));
   const counter_row rows[] = {
-      {"uvbus_node_messages_delivered_total", "Messages delivered to on_data.", c.data_received},
+      {"uvbus_node_messages_delivered_total",
+       "Messages and call requests delivered to on_data (not broadcasts).", c.data_received},
       {"uvbus_node_forwarded_total", "User messages relayed for other nodes.", c.forwarded},
       {"uvbus_node_reconnects_total", "Parent connection attempts after the first.", c.reconnects},
       {"uvbus_node_heartbeat_timeouts_total", "Peers dropped for silence.", c.heartbeat_timeouts},

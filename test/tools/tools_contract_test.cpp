@@ -7,13 +7,16 @@
 // page with a NUL prints whole, single-dash arguments and an option given twice are refused, `shm`
 // output that cannot be written fails, a closed stdout stays closed; ids with a leading zero are
 // decimal, options a subcommand does not take are refused, `metrics --json` and `top --json` are
-// JSON whatever the numbers, and `shm drain`'s quiet time does not wrap.
+// JSON whatever the numbers, and `shm drain`'s quiet time does not wrap; `top --metrics` has no
+// rate without the previous scrape and is refused with --json, top's levels are the gauges, and
+// JSON label objects have each key once.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,6 +26,7 @@
 #include "page_server.h"
 #include "shm/shm_test_util.h"
 #include "test_util.h"
+#include "top_links.h"
 #include "uvbus/shm.h"
 
 namespace uvbus::tools_contract_test {
@@ -137,6 +141,15 @@ TEST(ToolsContract, MetricsJsonOfAMalformedPageDoesNotCrash) {
          " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
          "d=json.load(sys.stdin); print([d[k][0][\"value\"] for k in \"abcdefg\"])'");
   EXPECT_EQ(out, "['007', '+1', '.5', '1.', '0x10', -500.0, 0]\nrc=0\n") << out;
+  // Finite values up to DBL_MAX are numbers (the cut was at +-1.7e308: 1.75e308 was a string);
+  // past it (1e999: no double) a string.
+  page_server big("h 1.75e308\ni -1.79e308\nj 1.7976931348623157e308\nk 1e999\nl -1e999\n");
+  ASSERT_NE(big.port(), 0);
+  const std::string huge =
+      sh(std::string(UVBUS_TOOL_PATH) + " metrics " + big.url() +
+         " --json --timeout-ms 30000 | python3 -c 'import json,sys; "
+         "d=json.load(sys.stdin); print([d[k][0][\"value\"] for k in \"hijkl\"])'");
+  EXPECT_EQ(huge, "[1.75e+308, -1.79e+308, 1.7976931348623157e+308, '1e999', '-1e999']\nrc=0\n");
   for (const char* v : {"0", "-0", "12", "1.5", "-1e5", "1E+2", "0.0e-0"}) {
     EXPECT_TRUE(uvbus_tool::is_json_number(v)) << v;
   }
@@ -499,6 +512,64 @@ TEST(ToolsContract, CountersJsonIsJson) {
 // A hostile node can repeat a counter's name: the object keeps each key once, the first value.
 TEST(ToolsContract, CountersJsonHasEachKeyOnce) {
   EXPECT_EQ(uvbus_tool::counters_json("a=1\nb=2\na=3\nb=x\nc=4\n"), R"({"a":1,"b":2,"c":4})");
+}
+
+// Labels are a remote node's text: a directory entry may announce zone=a and zone=b (the wire
+// takes a key twice) and a page may hold x{a="1",a="2"}; `nodes --json` and `metrics --json`
+// wrote both, an object with duplicate keys. Each key is written once, with its first value.
+TEST(ToolsContract, LabelsJsonHasEachKeyOnce) {
+  EXPECT_EQ(uvbus_tool::labels_object({{"zone", "a"}, {"rack", "1"}, {"zone", "b"}, {"rack", "2"}}),
+            R"({"zone":"a","rack":"1"})");
+  EXPECT_EQ(uvbus_tool::labels_object({}), "{}");
+  page_server server("x{a=\"1\",b=\"2\",a=\"3\"} 5\n");
+  ASSERT_NE(server.port(), 0);
+  const std::string out =
+      sh(std::string(UVBUS_TOOL_PATH) + " metrics " + server.url() + " --json --timeout-ms 30000");
+  EXPECT_EQ(out, "{\"x\":[{\"labels\":{\"a\":\"1\",\"b\":\"2\"},\"value\":5}]}\nrc=0\n");
+}
+
+// `top` took a level by the counter's name (peers, *_now, *_bytes): flow_targets and flow_sources,
+// levels, were shown with a rate; compressed_raw_bytes and compressed_wire_bytes, counters, as
+// "(level)" and "per_second":0. The levels are the counters answer's gauges, by name.
+TEST(ToolsContract, TopLevelsAreTheCountersGauges) {
+  using uvbus_tool::is_counters_level;
+  for (const char* l : {"flow_targets", "flow_sources", "pending_now", "flow_unacked_now",
+                        "flow_unacked_bytes", "flow_buffer_bytes", "peers"}) {
+    EXPECT_TRUE(is_counters_level(l)) << l;
+  }
+  for (const char* c : {"compressed_raw_bytes", "compressed_wire_bytes", "data_sent", "peers_x"}) {
+    EXPECT_FALSE(is_counters_level(c)) << c;
+  }
+}
+
+// `top --metrics` took a link or family missing from the previous scrape (its fetch failed: a
+// timeout, a 5xx; a peer that left peer="other" for its own series) as 0: the whole counter was
+// the increase, 1e9 bytes over 50 ms shown as 2e10 out B/s. Without a previous value: "-".
+TEST(ToolsContract, TopLinkRatesNeedThePreviousScrape) {
+  const std::string link = "0x1 child stream";
+  const uvbus_tool::links_map now = {
+      {link, {{"sent_bytes_total", 1e9}, {"received_bytes_total", 3000}}}};
+  // The link's row, split at blanks: peer role channel rtt_ms out in out_f in_f queue refused.
+  const auto row = [&](const uvbus_tool::links_map& before) {
+    const std::string t = uvbus_tool::links_table(before, now, 0.05);
+    std::istringstream in(t.substr(t.find('\n') + 1));
+    std::vector<std::string> cells;
+    for (std::string c; in >> c;) cells.push_back(c);
+    return cells;
+  };
+  using cells = std::vector<std::string>;
+  EXPECT_EQ(row({}), (cells{"0x1", "child", "stream", "0.000", "-", "-", "-", "-", "0", "-"}));
+  // The link there, sent_bytes_total not: no out rate; in: 1000 bytes over 0.05 s.
+  EXPECT_EQ(row({{link, {{"received_bytes_total", 2000}}}}),
+            (cells{"0x1", "child", "stream", "0.000", "-", "20000.0", "-", "-", "0", "-"}));
+}
+
+// `top --json --metrics URL` fetched the page at every poll (waiting up to --timeout-ms when it
+// stalled) and wrote neither the links nor a failed scrape: the JSON tables have no place for
+// them. The pair is a usage error before joining.
+TEST(ToolsContract, TopRefusesMetricsWithJson) {
+  EXPECT_TRUE(usage_error("top 0x10000 --json --count 3 --metrics http://127.0.0.1:1/",
+                          "uvbus top: options --metrics and --json cannot be given together"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <unordered_set>
@@ -99,6 +100,24 @@ std::string top_json(uint64_t target, double seconds, const std::vector<top_coun
     first = false;
   }
   return o + "}}";
+}
+
+bool is_counters_level(const std::string& name) {
+  static const char* const levels[] = {"pending_now",  "flow_unacked_now", "flow_unacked_bytes",
+                                       "flow_targets", "flow_sources",     "flow_buffer_bytes",
+                                       "peers"};
+  return std::any_of(std::begin(levels), std::end(levels),
+                     [&](const char* l) { return name == l; });
+}
+
+std::string labels_object(const std::vector<std::pair<std::string, std::string>>& kv) {
+  std::string o = "{";
+  std::unordered_set<std::string> seen;  // a key given again: its first value is kept
+  for (const auto& [k, v] : kv) {
+    if (!seen.insert(k).second) continue;
+    o += (seen.size() > 1 ? "," : "") + json_str(k) + ":" + json_str(v);
+  }
+  return o + "}";
 }
 
 bool is_json_number(const std::string& v) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace uvbus_tool {
@@ -33,6 +34,14 @@ struct top_counter {
   double per_second = 0;
 };
 std::string top_json(uint64_t target, double seconds, const std::vector<top_counter>& counters);
+// Whether a name of the counters answer (node::impl::counters_text) is a level now (a gauge:
+// pending_now, flow_unacked_now/_bytes, flow_targets, flow_sources, flow_buffer_bytes, peers),
+// which `top` shows without a rate. Any other name is a counter (compressed_raw_bytes too).
+bool is_counters_level(const std::string& name);
+// key/value pairs (labels: a remote node's text) as a JSON object of strings, each key once with
+// its first value: a node that repeats a key (zone=a, zone=b) gave an object with duplicate keys,
+// which JSON readers resolve differently.
+std::string labels_object(const std::vector<std::pair<std::string, std::string>>& kv);
 // Whether v is a number in JSON's grammar (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?): not
 // `007`, `+1`, `.5`, `1.`, `0x10`, `Inf`, which a page's sample value may spell.
 bool is_json_number(const std::string& v);

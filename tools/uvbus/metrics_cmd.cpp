@@ -2,12 +2,14 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -47,9 +49,8 @@ size_t collect(char* p, size_t size, size_t n, void* out) {
 // when they do not close (the line is malformed: `x{a="b` took *pos past the line's end, and the
 // caller's substr threw std::out_of_range).
 std::string labels_json(const std::string& l, size_t* pos) {
-  std::string o = "{";
+  std::vector<std::pair<std::string, std::string>> kv;
   size_t i = *pos + 1;
-  bool first = true;
   while (i < l.size() && l[i] != '}') {
     const size_t eq = l.find('=', i);
     if (eq == std::string::npos || eq + 1 >= l.size() || l[eq + 1] != '"') break;
@@ -63,13 +64,12 @@ std::string labels_json(const std::string& l, size_t* pos) {
         val += l[j];
       }
     }
-    o += (first ? "" : ",") + json_str(key) + ":" + json_str(val);
-    first = false;
+    kv.emplace_back(std::move(key), std::move(val));
     i = j + 1;
     if (i < l.size() && l[i] == ',') ++i;
   }
   *pos = i < l.size() && l[i] == '}' ? i + 1 : std::string::npos;
-  return o + "}";
+  return labels_object(kv);  // x{a="1",a="2"}: {"a":"1"}, each key once
 }
 
 // A sample's value as a JSON number when it is spelled as one and finite, else as a string: the
@@ -77,8 +77,9 @@ std::string labels_json(const std::string& l, size_t* pos) {
 // were, which made the whole document invalid.
 std::string value_json(const std::string& v) {
   if (!is_json_number(v)) return json_str(v);
-  const double d = std::strtod(v.c_str(), nullptr);
-  return d > 1.7e308 || d < -1.7e308 ? json_str(v) : v;
+  // 1e999 is no double (a JSON reader takes it as infinity or refuses it): a string. The cut was
+  // at +-1.7e308, so the finite 1.75e308 and 1.79e308 (DBL_MAX is 1.7977e308) were strings too.
+  return std::isfinite(std::strtod(v.c_str(), nullptr)) ? v : json_str(v);
 }
 
 std::string to_json(const std::string& text) {

@@ -31,11 +31,9 @@ std::string entry_json(const uvbus::directory_entry& e) {
   o += "\"name\":" + json_str(e.name) + ",\"type\":" + json_str(e.type) +
        ",\"host\":" + json_str(e.hostname) + ",\"pid\":" + std::to_string(e.pid) +
        ",\"start_time_ms\":" + std::to_string(e.start_time_ms) +
-       ",\"version\":" + std::to_string(e.protocol_version) + ",\"labels\":{";
-  for (size_t i = 0; i < e.labels.size(); ++i) {
-    o += (i ? "," : "") + json_str(e.labels[i].first) + ":" + json_str(e.labels[i].second);
-  }
-  o += "},\"listen\":[";
+       ",\"version\":" + std::to_string(e.protocol_version) +
+       ",\"labels\":" + labels_object(e.labels);  // a key the node repeats: its first value
+  o += ",\"listen\":[";
   for (size_t i = 0; i < e.listen.size(); ++i) o += (i ? "," : "") + json_str(e.listen[i]);
   return o + "]}";
 }

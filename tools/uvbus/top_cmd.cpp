@@ -32,12 +32,6 @@ counter_map parse_counters(const std::string& text) {
   return m;
 }
 
-// Gauges (a level now, e.g. a queue depth) get no rate.
-bool is_gauge(const std::string& name) {
-  return name == "peers" || name.find("_now") != std::string::npos ||
-         name.find("_bytes") != std::string::npos;
-}
-
 struct poll_result {
   uvbus::errc status = uvbus::errc::ok;
   counter_map counters;
@@ -79,7 +73,7 @@ void print_table(uint64_t target, const poll_result& a, const poll_result& b, ui
     const auto it = a.counters.find(kv.first);
     const uint64_t before = it == a.counters.end() ? 0 : it->second;
     const std::string name = uvbus::detail::printable(kv.first);  // the node's text
-    if (is_gauge(kv.first)) {
+    if (is_counters_level(kv.first)) {
       std::printf("%-24s %20" PRIu64 " %14s\n", name.c_str(), kv.second, "(level)");
     } else {
       const double rate =
@@ -105,7 +99,7 @@ void print_json(uint64_t target, const poll_result& a, const poll_result& b) {
     const uint64_t before = it == a.counters.end() ? 0 : it->second;
     const double rate =
         secs > 0 && kv.second >= before ? static_cast<double>(kv.second - before) / secs : 0;
-    counters.push_back({kv.first, kv.second, is_gauge(kv.first) ? 0.0 : rate});
+    counters.push_back({kv.first, kv.second, is_counters_level(kv.first) ? 0.0 : rate});
   }
   std::printf("%s\n", top_json(target, secs, counters).c_str());
   std::fflush(stdout);
@@ -128,6 +122,12 @@ int top_main(int argc, char** argv) {
       a.metrics.rfind("https://", 0) != 0) {
     std::fprintf(stderr, "uvbus top: bad URL '%s' for --metrics (http://HOST:PORT[/PATH])\n",
                  a.metrics.c_str());
+    return kExitUsage;
+  }
+  // The JSON tables have no place for the links (nor for a failed scrape): every poll fetched
+  // the page, waited up to --timeout-ms for it, and threw the answer or the error away.
+  if (!a.metrics.empty() && a.json) {
+    std::fprintf(stderr, "uvbus top: options --metrics and --json cannot be given together\n");
     return kExitUsage;
   }
   // 0 would poll without pause (it silently meant the default before): refused, as --count 0.

@@ -1,11 +1,13 @@
 // uvbus top's per-link table: parses uvbus_peer_* samples and prints rates between two scrapes.
 #include "top_links.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
-#include "bus/auth.h"  // uvbus::detail::printable
+#include "core/utf8.h"  // uvbus::detail::printable
 
 namespace uvbus_tool {
 namespace {
@@ -18,18 +20,31 @@ std::string label(const std::string& line, const char* key) {
   return to == std::string::npos ? "?" : line.substr(from, to - from);
 }
 
+// Per second between the scrapes, or NaN (shown "-") when there is none: the family is missing
+// from b, or the link or the family was missing from a (a scrape that failed, a peer that moved
+// out of peer="other" into its own series): its whole counter was taken as the increase, a
+// billion bytes shown as 2e10 B/s over 50 ms.
 double rate(const links_map& a, const links_map& b, const std::string& link, const char* fam,
             double secs) {
+  constexpr double none = std::numeric_limits<double>::quiet_NaN();
   const auto lb = b.find(link);
   const auto fb = lb->second.find(fam);
-  if (fb == lb->second.end() || secs <= 0) return 0;
-  double before = 0;
   const auto la = a.find(link);
-  if (la != a.end()) {
-    const auto fa = la->second.find(fam);
-    if (fa != la->second.end()) before = fa->second;
+  if (fb == lb->second.end() || secs <= 0 || la == a.end()) return none;
+  const auto fa = la->second.find(fam);
+  if (fa == la->second.end()) return none;
+  return fb->second >= fa->second ? (fb->second - fa->second) / secs : 0;
+}
+
+// A rate in a column `width` wide, one decimal, or "-" for none.
+std::string cell(double v, int width) {
+  char buf[400];  // the largest double in "%.1f": 310 characters
+  if (std::isnan(v)) {
+    std::snprintf(buf, sizeof buf, " %*s", width, "-");
+  } else {
+    std::snprintf(buf, sizeof buf, " %*.1f", width, v);
   }
-  return fb->second >= before ? (fb->second - before) / secs : 0;
+  return buf;
 }
 
 double level(const std::map<std::string, double>& m, const char* fam) {
@@ -56,19 +71,31 @@ links_map parse_links(const std::string& text) {
   return m;
 }
 
-void print_links(const links_map& a, const links_map& b, double secs) {
-  std::printf("%-28s %9s %11s %11s %9s %9s %11s %9s\n", "link (peer role channel)", "rtt_ms",
-              "out B/s", "in B/s", "out f/s", "in f/s", "queue B", "refused/s");
+std::string links_table(const links_map& a, const links_map& b, double secs) {
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "%-28s %9s %11s %11s %9s %9s %11s %9s\n",
+                "link (peer role channel)", "rtt_ms", "out B/s", "in B/s", "out f/s", "in f/s",
+                "queue B", "refused/s");
+  std::string o = buf;
   for (const auto& kv : b) {
     const std::string& l = kv.first;
-    std::printf("%-28s %9.3f %11.1f %11.1f %9.1f %9.1f %11.0f %9.1f\n",
-                uvbus::detail::printable(l).c_str(),  // label values: the endpoint's text
-                level(kv.second, "rtt_seconds") * 1000.0, rate(a, b, l, "sent_bytes_total", secs),
-                rate(a, b, l, "received_bytes_total", secs),
-                rate(a, b, l, "sent_frames_total", secs),
-                rate(a, b, l, "received_frames_total", secs), level(kv.second, "queue_bytes"),
-                rate(a, b, l, "queue_refused_total", secs));
+    std::string name = uvbus::detail::printable(l);            // label values: the endpoint's text
+    if (name.size() < 28) name.append(28 - name.size(), ' ');  // any length, as "%-28s" gave
+    std::snprintf(buf, sizeof buf, " %9.3f", level(kv.second, "rtt_seconds") * 1000.0);
+    o += name + buf;
+    o += cell(rate(a, b, l, "sent_bytes_total", secs), 11);
+    o += cell(rate(a, b, l, "received_bytes_total", secs), 11);
+    o += cell(rate(a, b, l, "sent_frames_total", secs), 9);
+    o += cell(rate(a, b, l, "received_frames_total", secs), 9);
+    std::snprintf(buf, sizeof buf, " %11.0f", level(kv.second, "queue_bytes"));
+    o += buf;
+    o += cell(rate(a, b, l, "queue_refused_total", secs), 9) + "\n";
   }
+  return o;
+}
+
+void print_links(const links_map& a, const links_map& b, double secs) {
+  std::fputs(links_table(a, b, secs).c_str(), stdout);
 }
 
 }  // namespace uvbus_tool
