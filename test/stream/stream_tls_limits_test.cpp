@@ -323,6 +323,30 @@ TEST_F(StreamTls, AGracefulEndWhoseTicketRestNeverComesIsClosedWithTimeout) {
   EXPECT_EQ(ch->metrics().totals.partial_frame_timeouts, 1u);
 }
 
+// The same graceful end with a packet queued, and the peer leaves instead of sending the rest (a
+// FIN, no close_notify): the link waited for a rest that could no longer come, for ever (the sweep
+// looks only at a draining link that still reads), and the packet was never reported. The link
+// now ends at the FIN (connection_reset) and reports the packet failed.
+TEST_F(StreamTls, AGracefulEndWhosePeerLeavesMidTicketEndsAndFailsItsPackets) {
+  raw_tls_server server(pki_->server, "never sent", 40000);
+  connection_id c;
+  recorder crec;
+  stream_channel* ch = dial_cut_ticket(&server, &crec, &c);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(ch->send(c, "hello", 5), errc::ok);  // waits for the ticket's rest
+  ASSERT_EQ(ch->disconnect(c, disconnect_mode::graceful), errc::ok);
+  EXPECT_FALSE(run([&] { return crec.disconnected.count(c.value) != 0; },
+                   std::chrono::milliseconds(100)));  // the end waits too
+  server.close_instead();
+  const bool closed = run([&] { return crec.disconnected.count(c.value) != 0; });
+  if (!closed) (void)ch->disconnect(c, disconnect_mode::force);  // ends the server's thread
+  ASSERT_TRUE(run([&] { return server.finished(); }));
+  ASSERT_TRUE(closed) << "a draining link waiting for a ticket's rest outlived its peer";
+  EXPECT_EQ(crec.disconnected[c.value], errc::connection_reset)
+      << to_string(crec.disconnected[c.value]);
+  EXPECT_EQ(crec.failed_count(c.value), 1U);
+}
+
 TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
   // The receiver's KeyUpdate limit makes the sender's renewals visible: without a limit the data
   // arrives intact across them; with a limit of 5 per window the sixth closes the link. Neither
