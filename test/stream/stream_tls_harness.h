@@ -304,6 +304,16 @@ class StreamTls : public stream_fixture {
     return c;
   }
 
+  // Dials the server with tls (its events into crec) and runs until the connection is up at both
+  // ends (a failure if not); the client's channel.
+  stream_channel* dial_accepted(recorder* crec, const tls_config& tls, connection_id* c) {
+    const size_t before = srec_.accepted.size();
+    *c = dial_with(crec, tls);
+    EXPECT_TRUE(run(
+        [&] { return crec->connected.count(c->value) != 0 && srec_.accepted.size() > before; }));
+    return channels_.back().get();
+  }
+
   // Dials with tls (its events into crec) and runs until the server has counted one TLS failure
   // and the client's connection failed or closed.
   void expect_refused_dial(recorder* crec, const tls_config& tls) {
