@@ -321,9 +321,25 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   cfg.tls.ciphersuites = "TLS_BOGUS_SHA256";
   EXPECT_EQ(stream_channel::validate(cfg, &why), errc::invalid_argument);
   EXPECT_NE(why.find("ciphersuites 'TLS_BOGUS_SHA256' rejected"), std::string::npos) << why;
-  // OpenSSL 3.0 takes a TLS 1.2 suite's standard name into the TLS 1.3 list (every handshake then
-  // failed, "no ciphers available"), and drops an unknown name inside a list silently: both were
-  // accepted, in either mode.
+  cfg.tls = client_config();
+  cfg.tls.cert_file = pki_->client.key;  // not a certificate
+  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("cert_file: cannot load certificate file " + pki_->client.key),
+            std::string::npos)
+      << why;
+  cfg.tls.cert_file = "/nonexistent/cert.pem";
+  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::ok) << why;
+}
+
+// What OpenSSL 3.0 misreads in a suite list is refused with the name (the class of
+// BadSettingsAreNamed): it takes a TLS 1.2 suite's standard name into the TLS 1.3 list (every
+// handshake then failed, "no ciphers available"), and drops an unknown name inside a list
+// silently; both were accepted, in either mode. Blanks around a name are OpenSSL's syntax.
+TEST_F(StreamTls, SuiteNamesOpenSslWouldMisreadAreNamed) {
+  recorder rec;
+  stream_channel* ch = make_channel(&rec);
+  stream_config cfg;
+  std::string why;
   for (const tls_config& mode : {psk_config(), server_config()}) {
     for (const char* bad : {"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
                             "TLS_RSA_WITH_AES_128_GCM_SHA256", "TLS_BOGUS_SHA256"}) {
@@ -336,21 +352,13 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
         EXPECT_NE(why.find("ciphersuites '" + suites + "'"), std::string::npos) << why;
         EXPECT_NE(why.find(bad), std::string::npos) << why;
         EXPECT_EQ(ch->listen("ipv4://127.0.0.1:0", cfg.tls), errc::invalid_argument);
-        EXPECT_TRUE(named(bad));
+        EXPECT_NE(ch->last_error().detail.find(bad), std::string::npos) << ch->last_error().detail;
       }
     }
   }
   cfg.tls = psk_config();
   cfg.tls.ciphersuites =
       " TLS_AES_128_GCM_SHA256 : TLS_CHACHA20_POLY1305_SHA256";  // as OpenSSL reads it
-  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::ok) << why;
-  cfg.tls = client_config();
-  cfg.tls.cert_file = pki_->client.key;  // not a certificate
-  EXPECT_EQ(stream_channel::validate(cfg, &why), errc::invalid_argument);
-  EXPECT_NE(why.find("cert_file: cannot load certificate file " + pki_->client.key),
-            std::string::npos)
-      << why;
-  cfg.tls.cert_file = "/nonexistent/cert.pem";
   EXPECT_EQ(stream_channel::validate(cfg, &why), errc::ok) << why;
 }
 
