@@ -12,6 +12,7 @@
 
 #include "stream/stream_impl.h"
 #include "stream/test_access.h"
+#include "stream/tls_session.h"
 
 namespace uvbus {
 
@@ -82,6 +83,11 @@ void stream_channel::impl::on_read(conn_impl* c, ssize_t nread, const uv_buf_t* 
     if (nread != UV_EOF) {
       ++c->m().io_errors;
       end_conn(c, from_uv(static_cast<int>(nread)));
+    } else if (c->secure && c->secure->writes_wait()) {
+      // TLS: the queue and close_notify wait for the rest of a peer's post-handshake message,
+      // which can no longer come: the link ends now, its packets reported failed (nothing else
+      // would end it: the sweep looks only at a link that still reads).
+      end_conn(c, errc::connection_reset);
     }
     return;
   }

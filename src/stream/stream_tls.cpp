@@ -36,6 +36,13 @@ bool stream_access::break_tls_writes(stream_channel& ch, connection_id conn) noe
   c->secure->break_writes();
   return true;
 }
+
+bool stream_access::break_tls_writes_at_renewal(stream_channel& ch, connection_id conn) noexcept {
+  conn_impl* c = ch.impl_->find(conn);
+  if (c == nullptr || !c->secure) return false;
+  c->secure->break_writes_at_renewal();
+  return true;
+}
 }  // namespace detail
 
 namespace {
@@ -264,11 +271,16 @@ int stream_channel::impl::tls_write(conn_impl* c, const uv_buf_t* bufs, unsigned
   // (tls_on_read flushes again), or partial_frame_timeout_ms closes the link.
   if (s.writes_wait()) return 0;
   s.set_now(uv_now(loop));
+  const size_t before = s.out().size();
   size_t total = 0;
   for (unsigned i = 0; i < nbufs; ++i) {
     std::string why;
     const errc e = s.write(reinterpret_cast<const uint8_t*>(bufs[i].base), bufs[i].len, &why);
     if (e != errc::ok) {
+      // The whole batch is reported failed: none of its ciphertext may reach the peer, not even
+      // with tls_fail()'s best-effort alert (which the peer could not decrypt without the records
+      // before it anyway).
+      s.out().keep(before);
       tls_fail(c, e, why);  // a TLS failure: tls_failed, not io_errors
       return UV_EPROTO;
     }

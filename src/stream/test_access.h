@@ -19,6 +19,9 @@ struct stream_access {
   // Shuts conn's TLS session down without telling the peer: every later SSL_write of it fails
   // ("protocol is shutdown"), as after a fatal TLS error. false: no such TLS connection.
   static bool break_tls_writes(stream_channel& ch, connection_id conn) noexcept;
+  // The same at conn's next key renewal (tls_config::key_update_bytes, key_update_interval_ms):
+  // the SSL_write it comes before fails, those before it in the same batch have succeeded.
+  static bool break_tls_writes_at_renewal(stream_channel& ch, connection_id conn) noexcept;
   // Closes the channel's reserve descriptor as if it had been lost (another thread took the slot
   // while it was free); the descriptor number it had, or -1.
   static int drop_reserve(stream_channel& ch) noexcept;

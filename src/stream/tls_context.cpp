@@ -50,23 +50,52 @@ errc ssl_error(const std::string& what, std::string* detail, errc e = errc::tls_
   return e;
 }
 
+// The first name of a suite list (OpenSSL's syntax: ':'-separated, blanks around a name ignored,
+// empty names skipped) for which bad(name) holds; empty if none.
+template <typename Bad>
+std::string_view first_suite(const std::string& suites, Bad bad) {
+  const auto blank = [](char ch) { return ch == ' ' || (ch >= '\t' && ch <= '\r'); };
+  size_t from = 0;
+  while (from < suites.size()) {
+    size_t end = suites.find(':', from);
+    if (end == std::string::npos) end = suites.size();
+    std::string_view one(suites.data() + from, end - from);
+    from = end + 1;
+    while (!one.empty() && blank(one.front())) one.remove_prefix(1);
+    while (!one.empty() && blank(one.back())) one.remove_suffix(1);
+    if (!one.empty() && bad(one)) return one;
+  }
+  return {};
+}
+
 // A psk-mode key is bound to SHA-256: the first suite of the list that is not a *_SHA256 one
 // (empty if none). A server that prefers such a suite picks it and skips the PSK, whose hash does
 // not match, so every handshake would fail ("no suitable signature algorithm").
 std::string_view non_sha256_suite(const std::string& suites) {
   constexpr std::string_view kTail = "_SHA256";
-  size_t from = 0;
-  while (from < suites.size()) {
-    size_t end = suites.find(':', from);
-    if (end == std::string::npos) end = suites.size();
-    const std::string_view one(suites.data() + from, end - from);
-    if (!one.empty() &&
-        (one.size() < kTail.size() || one.substr(one.size() - kTail.size()) != kTail)) {
-      return one;
+  return first_suite(suites, [&](std::string_view one) {
+    return one.size() < kTail.size() || one.substr(one.size() - kTail.size()) != kTail;
+  });
+}
+
+// The first name of `suites` that is not a TLS 1.3 suite of c's list (empty if none). OpenSSL 3.0
+// takes a TLS 1.2 suite's standard name (TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256) into the TLS 1.3
+// list, after which every handshake fails ("no ciphers available"), and drops an unknown name
+// inside a list silently.
+std::string_view foreign_suite(SSL_CTX* c, const std::string& suites) {
+  const STACK_OF(SSL_CIPHER)* have = SSL_CTX_get_ciphers(c);
+  const int count = have == nullptr ? 0 : sk_SSL_CIPHER_num(have);
+  return first_suite(suites, [&](std::string_view one) {
+    for (int i = 0; i < count; ++i) {
+      const SSL_CIPHER* ci = sk_SSL_CIPHER_value(have, i);
+      const char* name = SSL_CIPHER_standard_name(ci);
+      if (name != nullptr && one == name &&
+          std::strcmp(SSL_CIPHER_get_version(ci), "TLSv1.3") == 0) {
+        return false;  // (its version: the lowest it may be used with)
+      }
     }
-    from = end + 1;
-  }
-  return {};
+    return true;
+  });
 }
 
 SSL_SESSION* psk_session(SSL* ssl, const tls_context* tc) {
@@ -252,6 +281,13 @@ errc tls_context::build(const tls_config& cfg, std::shared_ptr<const tls_context
                                                          : std::string();
   if (!suites.empty() && SSL_CTX_set_ciphersuites(c, suites.c_str()) != 1) {
     return ssl_error("ciphersuites '" + suites + "' rejected", detail, errc::invalid_argument);
+  }
+  if (const std::string_view bad = foreign_suite(c, suites); !bad.empty()) {
+    *detail = "tls: ciphersuites '" + suites + "' holds " + std::string(bad) +
+              ", not a TLS 1.3 suite OpenSSL knows (such as TLS_AES_128_GCM_SHA256, "
+              "TLS_AES_256_GCM_SHA384, TLS_CHACHA20_POLY1305_SHA256): OpenSSL would drop it, or "
+              "fail every handshake";
+    return errc::invalid_argument;
   }
   const errc e =
       cfg.mode == tls_mode::certificate ? tc->load_certificates(detail) : tc->setup_psk(detail);

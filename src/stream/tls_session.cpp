@@ -361,6 +361,10 @@ void tls_session::maybe_key_update() {
   const bool by_time =
       cfg.key_update_interval_ms != 0 && now_ms_ - last_update_ms_ >= cfg.key_update_interval_ms;
   if (!by_bytes && !by_time) return;
+  if (break_at_renewal_) {
+    break_writes();
+    return;
+  }
   // Sent ahead of the next record SSL_write produces. Refused while a peer's post-handshake
   // message is incomplete (writes wait then, writes_wait()): the budget stays used up, so the
   // renewal comes with the next write.
@@ -416,10 +420,11 @@ bool tls_session::holds_partial_input() const noexcept {
 }
 
 void tls_session::break_writes() noexcept {
+  const size_t before = out_.size();
   ERR_clear_error();
   (void)SSL_shutdown(ssl_);
   ERR_clear_error();
-  out_.clear();  // the close_notify it queued never leaves
+  out_.keep(before);  // the close_notify it queued never leaves
 }
 
 const char* tls_session::cipher() const noexcept {

@@ -2,6 +2,7 @@
 // nothing of sockets or libuv (src/stream/stream_tls.cpp drives it from a connection).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,6 +32,8 @@ class byte_buf {
   [[nodiscard]] size_t capacity() const noexcept { return cap_; }
   void consume(size_t n) noexcept;
   void clear() noexcept { off_ = end_ = 0; }
+  // Keeps the first n bytes (all if fewer): what was appended after them is dropped.
+  void keep(size_t n) noexcept { end_ = off_ + std::min(n, size()); }
   void swap(byte_buf& o) noexcept;
   // Frees the memory of an empty buffer (a non-empty one is left as it is); the next append()
   // allocates again.
@@ -134,8 +137,10 @@ class tls_session {
   [[nodiscard]] bool input_freed_writes() noexcept;
 
   // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
-  // that every later write() fails.
+  // that every later write() fails. break_writes_at_renewal(): the same, at the next key renewal a
+  // write() is about to make (that write fails, the ones before it stand).
   void break_writes() noexcept;
+  void break_writes_at_renewal() noexcept { break_at_renewal_ = true; }
 
   [[nodiscard]] uint64_t key_updates_sent() const noexcept { return updates_sent_; }
   [[nodiscard]] uint64_t key_updates_received() const noexcept { return updates_total_; }
@@ -176,6 +181,7 @@ class tls_session {
   uint32_t window_updates_ = 0;
   uint64_t updates_total_ = 0;
   bool storm_ = false;
+  bool break_at_renewal_ = false;  // tests only
 };
 
 }  // namespace uvbus::detail

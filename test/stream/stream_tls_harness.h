@@ -110,7 +110,8 @@ class raw_tls_client {
 // connection with a certificate and no PSK: an impostor for a PSK client. It reads until the
 // connection ends or `wanted` arrived, then closes. With ticket_cut, it instead sends a
 // NewSessionTicket of about 50 KB after the handshake, only its whole records within the first
-// ticket_cut bytes (the rest of the message never comes), and waits for the client to close.
+// ticket_cut bytes (the rest of the message comes at send_rest(), or never), and waits for the
+// client to close.
 class raw_tls_server {
  public:
   raw_tls_server(const test_pki::pair& id, std::string wanted, size_t ticket_cut = 0)
@@ -154,6 +155,9 @@ class raw_tls_server {
   }
   // With send_rest(): whether the client's end came as a close_notify (valid once finished()).
   [[nodiscard]] bool close_notified() const { return close_notified_.load(); }
+  // With ticket_cut: the rest never comes; the server shuts its write side instead (a FIN, no
+  // close_notify), then reads until the client closes.
+  void close_instead() { close_instead_ = true; }
 
  private:
   void run(const test_pki::pair& id) {
@@ -212,10 +216,11 @@ class raw_tls_server {
     char b[256];
     timeval tv{0, 10000};  // 10 ms: send_rest() is looked at between reads
     setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    for (;;) {
+    for (bool fin = false;;) {
+      if (close_instead_ && !fin) fin = ::shutdown(c, SHUT_WR) == 0;
       const ssize_t got = ::recv(c, b, sizeof b, 0);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return;
-      if (send_rest_) break;
+      if (send_rest_ && !fin) break;
     }
     long all = n;  // NOLINT(google-runtime-int): OpenSSL's type
     if (close_with_rest_) {
@@ -239,6 +244,7 @@ class raw_tls_server {
   std::atomic<size_t> ticket_sent_{0};
   std::atomic<bool> send_rest_{false};
   std::atomic<bool> close_with_rest_{false};
+  std::atomic<bool> close_instead_{false};
   std::atomic<bool> close_notified_{false};
   std::string received_;
   std::atomic<bool> finished_{false};
@@ -296,6 +302,16 @@ class StreamTls : public stream_fixture {
     connection_id c;
     EXPECT_EQ(ch->connect(url_, tls, &c), errc::ok) << ch->last_error().detail;
     return c;
+  }
+
+  // Dials the server with tls (its events into crec) and runs until the connection is up at both
+  // ends (a failure if not); the client's channel.
+  stream_channel* dial_accepted(recorder* crec, const tls_config& tls, connection_id* c) {
+    const size_t before = srec_.accepted.size();
+    *c = dial_with(crec, tls);
+    EXPECT_TRUE(run(
+        [&] { return crec->connected.count(c->value) != 0 && srec_.accepted.size() > before; }));
+    return channels_.back().get();
   }
 
   // Dials with tls (its events into crec) and runs until the server has counted one TLS failure

@@ -323,6 +323,30 @@ TEST_F(StreamTls, AGracefulEndWhoseTicketRestNeverComesIsClosedWithTimeout) {
   EXPECT_EQ(ch->metrics().totals.partial_frame_timeouts, 1u);
 }
 
+// The same graceful end with a packet queued, and the peer leaves instead of sending the rest (a
+// FIN, no close_notify): the link waited for a rest that could no longer come, for ever (the sweep
+// looks only at a draining link that still reads), and the packet was never reported. The link
+// now ends at the FIN (connection_reset) and reports the packet failed.
+TEST_F(StreamTls, AGracefulEndWhosePeerLeavesMidTicketEndsAndFailsItsPackets) {
+  raw_tls_server server(pki_->server, "never sent", 40000);
+  connection_id c;
+  recorder crec;
+  stream_channel* ch = dial_cut_ticket(&server, &crec, &c);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(ch->send(c, "hello", 5), errc::ok);  // waits for the ticket's rest
+  ASSERT_EQ(ch->disconnect(c, disconnect_mode::graceful), errc::ok);
+  EXPECT_FALSE(run([&] { return crec.disconnected.count(c.value) != 0; },
+                   std::chrono::milliseconds(100)));  // the end waits too
+  server.close_instead();
+  const bool closed = run([&] { return crec.disconnected.count(c.value) != 0; });
+  if (!closed) (void)ch->disconnect(c, disconnect_mode::force);  // ends the server's thread
+  ASSERT_TRUE(run([&] { return server.finished(); }));
+  ASSERT_TRUE(closed) << "a draining link waiting for a ticket's rest outlived its peer";
+  EXPECT_EQ(crec.disconnected[c.value], errc::connection_reset)
+      << to_string(crec.disconnected[c.value]);
+  EXPECT_EQ(crec.failed_count(c.value), 1U);
+}
+
 TEST_F(StreamTls, KeysAreRenewedAfterTheByteBudget) {
   // The receiver's KeyUpdate limit makes the sender's renewals visible: without a limit the data
   // arrives intact across them; with a limit of 5 per window the sixth closes the link. Neither
@@ -462,9 +486,8 @@ TEST_F(StreamTls, AWriteTheSessionRefusesCountsOnceAsATlsFailure) {
   // A TLS failure, not a socket error: counted in tls_failed and logged, not in io_errors too.
   serve(psk_config());
   recorder crec;
-  const connection_id c = dial_with(&crec, psk_config());
-  stream_channel* ch = channels_.back().get();
-  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0 && !srec_.accepted.empty(); }));
+  connection_id c;
+  stream_channel* ch = dial_accepted(&crec, psk_config(), &c);
   ASSERT_TRUE(detail::stream_access::break_tls_writes(*ch, c));
   ASSERT_EQ(ch->send(c, "doomed", 6), errc::ok);
   ASSERT_TRUE(run([&] { return crec.disconnected.count(c.value) != 0; }));
@@ -478,6 +501,32 @@ TEST_F(StreamTls, AWriteTheSessionRefusesCountsOnceAsATlsFailure) {
     named |= l.second.find("protocol is shutdown") != std::string::npos;
   EXPECT_TRUE(named);
   EXPECT_EQ(srec_.received_count, 0u);
+}
+
+// A TLS failure partway through a batch (the second SSL_write of a flush fails, here at the key
+// renewal due before it): the best-effort alert went out with the whole ciphertext buffer, the
+// first buffer's records included, so the peer received a packet that was reported failed. None
+// of the batch leaves now.
+TEST_F(StreamTls, AWriteFailingMidBatchSendsNothingOfTheBatch) {
+  serve(psk_config());
+  tls_config t = psk_config();
+  t.key_update_bytes = uint64_t{16} * 1024;  // due after the batch's first buffer
+  t.max_peer_key_updates = 0;
+  recorder crec;
+  connection_id c;
+  stream_channel* ch = dial_accepted(&crec, t, &c);
+  ASSERT_FALSE(HasFailure());
+  const connection_id s = srec_.accepted.back();
+  ASSERT_TRUE(detail::stream_access::break_tls_writes_at_renewal(*ch, c));
+  const std::string big(size_t{20} * 1024, 'b');  // one buffer of the batch (not merged)
+  ASSERT_EQ(ch->send(c, big.data(), big.size()), errc::ok);
+  ASSERT_EQ(ch->send(c, "second", 6), errc::ok);  // the next buffer: its write fails
+  ASSERT_TRUE(run([&] {
+    return crec.disconnected.count(c.value) != 0 && srec_.disconnected.count(s.value) != 0;
+  }));
+  EXPECT_EQ(crec.disconnected[c.value], errc::protocol_error);
+  EXPECT_EQ(crec.failed_count(c.value), 2U);
+  EXPECT_EQ(srec_.received[s.value].size(), 0U) << "reported failed, yet delivered";
 }
 
 TEST_F(StreamTls, AGracefulEndIntoAResetConnectionCountsTheWriteError) {
