@@ -20,8 +20,10 @@
 // Every member function checks the calling thread first: a call from another thread is a caller
 // bug — debug builds (NDEBUG unset) abort with a message naming the function, release builds
 // return errc::wrong_thread (false / empty for functions that do not return errc; id() and
-// config(), which never change, still return their value) and do nothing. The one entry point any
-// thread may call is node::post().
+// config() still return their value) and do nothing. The one entry point any thread may call is
+// node::post(). The id never changes; the config's fields neither, but for two the loop thread
+// rewrites: parent_urls (when discovery_parent_type picks or follows a parent) and
+// inherit_listeners[i].fd (-1 once start() took the socket): read those on the loop thread.
 //
 // Errors are values. Contract shared with libuv, word for word: when a function which takes a
 // callback returns an error, the callback will never be called. For send_data() that means: a
