@@ -20,8 +20,10 @@
 // Every member function checks the calling thread first: a call from another thread is a caller
 // bug — debug builds (NDEBUG unset) abort with a message naming the function, release builds
 // return errc::wrong_thread (false / empty for functions that do not return errc; id() and
-// config(), which never change, still return their value) and do nothing. The one entry point any
-// thread may call is node::post().
+// config() still return their value) and do nothing. The one entry point any thread may call is
+// node::post(). The id never changes; the config's fields neither, but for two the loop thread
+// rewrites: parent_urls (when discovery_parent_type picks or follows a parent) and
+// inherit_listeners[i].fd (-1 once start() took the socket): read those on the loop thread.
 //
 // Errors are values. Contract shared with libuv, word for word: when a function which takes a
 // callback returns an error, the callback will never be called. For send_data() that means: a
@@ -362,13 +364,16 @@ class node {
   //   invalid_argument   data is null with a non-zero size, an invalid opt.trace, target 0
   //   wrong_state        not started
   //   closed             stopped
+  //   no_memory          the mailbox could not grow (post_queue_bytes may be above 1 GiB):
+  //                      nothing queued
   // The bytes are copied before post() returns. last_error() is not updated (it is the loop's).
   [[nodiscard]] errc post(bus_id target, uint32_t type, const void* data, size_t size,
                           const send_options& opt = {}, uint64_t* message_id = nullptr);
   // Runs task on the loop thread, in post order with the messages, as a callback of this node
   // (it may call any node function, and destroy the node). An accepted task runs even after
   // stop() (before on_down(closed)); none runs after destruction. Errors: invalid_argument
-  // (empty task), queue_full, wrong_state, closed, as above.
+  // (empty task), queue_full, wrong_state, closed, no_memory, as above (refused: the task is not
+  // kept, and no later task runs in its place).
   [[nodiscard]] errc post(std::function<void()> task);
 
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per

@@ -224,9 +224,14 @@ struct node_config {
   // instead of binding, so peers that connected meanwhile wait in its backlog instead of being
   // refused. Each socket serves one URL (two entries of one URL or one fd are refused); exact fits
   // (the same URL, a fixed port) are matched first, port-0 URLs take what is left, in `listen`
-  // order. start() owns every fd from its call on: it is closed with its listener, or by start() if
-  // it is not adopted (start() failed, or the socket did not fit: then start() fails with
-  // invalid_argument naming inherit_listeners[i] and why). A start() refused with wrong_thread (a
+  // order; validate() runs the same matching and refuses (invalid_argument naming
+  // inherit_listeners[i]) an entry no URL is left for or whose url is not a stream URL, which
+  // start() could only close. start() owns every fd from its call on: it is closed with its
+  // listener, or by start() if it is not adopted (start() failed, or the socket did not fit: then
+  // start() fails with invalid_argument naming inherit_listeners[i] and why; a failure that is not
+  // the socket's, such as a TLS file, keeps its code and names the listen URL). The entries' fds
+  // are -1 from then on (read them on the node's thread): a failed start() cannot be retried with
+  // them (refused, saying so); hand the sockets over again. A start() refused with wrong_thread (a
   // release build, called off the node's thread) takes nothing, as a node never started: the fds
   // stay the caller's, in config().inherit_listeners, to start() on the node's thread or close.
   std::vector<inherited_listener> inherit_listeners;

@@ -379,8 +379,9 @@ class stream_channel {
                             void* user_data = nullptr);
   // Listens on a socket that is already bound and listening, typically one a previous process of
   // this service gave away with detach_listener() (a planned hand-over, uvbus/handover.h). url
-  // names what it must be: a unix:// URL, a socket bound to that path; a TCP URL, a socket of that
-  // family bound to that port (any port for port 0); the listener's URL is then the bound address.
+  // names what it must be: a unix:// URL, a socket bound to that path; an ipv4:// or ipv6:// URL, a
+  // socket of that family bound to that address (0.0.0.0 and 127.0.0.1 differ) and port (any port
+  // for port 0); a dns:// URL, a TCP socket of that port. The listener's URL is the bound address.
   // Connections waiting in the socket's backlog are accepted at once. The channel owns fd from the
   // call on: it is closed with the listener, or at once on any error (wrong_thread too, before a
   // debug build aborts). Errors: bad_url, unsupported_scheme, closed, invalid_argument

@@ -71,7 +71,17 @@ errc check_inherited(const node_config& cfg, std::string* detail) {
     const inherited_listener& in = cfg.inherit_listeners[i];
     const std::string field = "inherit_listeners[" + std::to_string(i) + "] " + quoted(in.url);
     if (in.fd < 0) {
-      return refuse(detail, errc::invalid_argument, field + ": fd " + std::to_string(in.fd));
+      // start() takes every inherited socket and closes those it did not adopt, also when it
+      // fails: the fds it leaves in config() are -1.
+      return refuse(detail, errc::invalid_argument,
+                    field + ": fd " + std::to_string(in.fd) +
+                        ": no socket (if the entry was closed by an earlier start(), which owns "
+                        "the inherited sockets even when it fails: hand them over again)");
+    }
+    address a;
+    if (parse_address(in.url, &a) != errc::ok || !a.is_stream()) {
+      return refuse(detail, errc::invalid_argument,
+                    field + ": not a stream URL (ipv4, ipv6, dns, unix): no listener adopts it");
     }
     if (std::none_of(cfg.listen.begin(), cfg.listen.end(),
                      [&](const std::string& u) { return detail::inherited_fits(u, in.url); })) {
@@ -91,6 +101,17 @@ errc check_inherited(const node_config& cfg, std::string* detail) {
                           std::to_string(in.fd) + ")");
       }
     }
+  }
+  // start() gives each listen URL one socket (node_handover.cpp): one left over would be closed
+  // and the peers waiting in its backlog reset.
+  const std::vector<int> taken = detail::match_inherited(cfg.listen, cfg.inherit_listeners);
+  for (size_t i = 0; i < cfg.inherit_listeners.size(); ++i) {
+    if (std::find(taken.begin(), taken.end(), static_cast<int>(i)) != taken.end()) continue;
+    return refuse(detail, errc::invalid_argument,
+                  "inherit_listeners[" + std::to_string(i) + "] " +
+                      quoted(cfg.inherit_listeners[i].url) +
+                      ": each URL of node_config.listen it fits adopts another inherited socket "
+                      "(one socket per URL)");
   }
   return errc::ok;
 }

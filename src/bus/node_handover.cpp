@@ -82,9 +82,15 @@ errc node::impl::open_stream_listener(stream_channel* ch, const std::string& u, 
     in.fd = -1;  // listen_fd() owns it now, whatever the result
     const errc e = ch->listen_fd(u, fd, l);
     if (e == errc::ok) return e;
-    return refuse_call(errc::invalid_argument,
-                       "node::start: node_config.inherit_listeners[" + std::to_string(j) +
-                           "] (fd " + std::to_string(fd) + "): " + ch->last_error().detail);
+    const std::string why = ch->last_error().detail;
+    // listen_fd() names "inherited socket N" when the socket is at fault (it does not fit, listen()
+    // on it failed); anything else (a TLS file read at listen time) is the listen URL's, as when
+    // binding afresh. The code is listen_fd()'s either way.
+    if (why.find(": inherited socket ") == std::string::npos) {
+      return refuse_call(e, field + "listening failed: " + why);
+    }
+    return refuse_call(e, "node::start: node_config.inherit_listeners[" + std::to_string(j) +
+                              "] (fd " + std::to_string(fd) + "): " + why);
   }
   const errc e = ch->listen(u, l);
   // The channel's detail names the cause (a TLS file only tls_context::create() reads, ...).

@@ -2,8 +2,10 @@
 // byte buffer swapped out whole by the loop, so nothing is allocated per message in steady state),
 // woken with uv_async_send; the loop runs each posted message through the normal send path.
 #include <mutex>
+#include <new>
 
 #include "bus/node_impl.h"
+#include "core/try_alloc.h"
 
 namespace uvbus {
 
@@ -24,6 +26,16 @@ struct post_record {
   uint8_t pad2[7] = {};
 };
 static_assert(sizeof(post_record) == detail::kPostRecordBytes, "post_record is packed by hand");
+
+// Capacity for n more bytes, without std::bad_alloc (post_queue_bytes may be above 1 GiB): false
+// when memory ran out. Then mailbox_append()'s resize allocates nothing.
+bool make_room(std::vector<uint8_t>* bytes, size_t n) {
+  const size_t had = bytes->size();
+  if (bytes->capacity() - had >= n) return true;
+  if (!detail::try_resize(bytes, had + n)) return false;
+  bytes->resize(had);  // the capacity stays
+  return true;
+}
 
 }  // namespace
 
@@ -48,12 +60,13 @@ void node::impl::mailbox_append(const void* rec, const void* data, size_t size) 
 
 errc node::impl::post_message(bus_id target, uint32_t type, const void* data, size_t size,
                               const send_options& opt, uint64_t* message_id) {
-  // cfg never changes after construction: reading it here is safe from any thread.
+  // message_limit and post_queue_* never change after construction: safe from any thread.
   if (size > cfg.message_limit) return errc::message_too_large;
   const size_t need = detail::post_item_bytes(size);
   std::scoped_lock lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
   if (mailbox_full(need)) return errc::queue_full;
+  if (!make_room(&mbox.bytes, need)) return errc::no_memory;
   post_record r;
   r.seq = next_seq.fetch_add(1, std::memory_order_relaxed);
   r.target = target;
@@ -74,7 +87,13 @@ errc node::impl::post_task(std::function<void()> task) {
   std::scoped_lock lock(mbox.mu);
   if (mbox.st != detail::mailbox::status::open) return mailbox_refusal();
   if (mailbox_full(detail::kPostRecordBytes)) return errc::queue_full;
-  mbox.tasks.push_back(std::move(task));
+  // The record's room first: a task queued without its record would run in the next one's place.
+  if (!make_room(&mbox.bytes, detail::kPostRecordBytes)) return errc::no_memory;
+  try {
+    mbox.tasks.push_back(std::move(task));  // post_queue_messages of them at most
+  } catch (const std::bad_alloc&) {
+    return errc::no_memory;
+  }
   post_record r;
   r.task = 1;
   mailbox_append(&r, nullptr, 0);

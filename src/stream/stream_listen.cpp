@@ -1,6 +1,7 @@
 // Stream listening: listening sockets made here for tcp/dns/unix URLs (unix socket files, abstract
 // unix names) or inherited (listen_fd), detach_listener and close_listener; the accept loop is
 // stream_accept.cpp.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -30,6 +31,24 @@ uint16_t sockaddr_port(const sockaddr* sa) {
   return 0;
 }
 
+// Whether two bound addresses of one family (AF_INET or AF_INET6) are the same IP address.
+bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+  }
+  return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
+                     &reinterpret_cast<const sockaddr_in6&>(b).sin6_addr, sizeof(in6_addr)) == 0;
+}
+
+std::string ip_text(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* at = a.ss_family == AF_INET
+                       ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in&>(a).sin_addr)
+                       : &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+  return ::inet_ntop(a.ss_family, at, text, sizeof text) != nullptr ? text : "?";
+}
+
 // Why fd can not serve as a listener of the URL kind a (empty if it can), from the socket itself.
 std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bound) {
   int v = 0;
@@ -52,10 +71,11 @@ std::string listening_fd_problem(int fd, const address& a, sockaddr_storage* bou
     return {};
   }
   if (family != AF_INET && family != AF_INET6) return "not a TCP socket";
-  if (a.kind != scheme::dns) {
+  if (a.kind != scheme::dns) {  // an IP literal: that family and that address
     sockaddr_storage want{};
-    if (literal_sockaddr(a, &want) == errc::ok && want.ss_family != family) {
-      return family == AF_INET ? "an IPv4 socket" : "an IPv6 socket";
+    if (literal_sockaddr(a, &want) == errc::ok) {
+      if (want.ss_family != family) return family == AF_INET ? "an IPv4 socket" : "an IPv6 socket";
+      if (!same_ip(want, *bound)) return "bound to " + ip_text(*bound);
     }
   }
   const uint16_t port = sockaddr_port(reinterpret_cast<const sockaddr*>(bound));

@@ -1,5 +1,7 @@
 // Hand-over edge cases: receivers racing for one path, a stale socket file, long paths, an
-// announced body that never comes, fds on every error path, and start() from a wrong thread.
+// announced body that never comes, fds on every error path, start() from a wrong thread, and
+// inherited sockets a node cannot adopt (one too many, bound elsewhere, a start() retried).
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -90,6 +92,27 @@ void make_stale(const std::string& path) {
   const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   EXPECT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&un), sizeof un), 0);
   ::close(s);
+}
+
+// A TCP socket bound to ip:port (port 0: one the OS picks, then *port gets it) and listening.
+int listening_socket(const char* ip, uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(*port);
+  EXPECT_EQ(::inet_pton(AF_INET, ip, &in.sin_addr), 1) << ip;
+  socklen_t len = sizeof in;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&in), sizeof in), 0) << std::strerror(errno);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&in), &len), 0);
+  *port = ntohs(in.sin_port);
+  return fd;
+}
+
+inherited_listener loopback_listener() {
+  uint16_t port = 0;
+  const int fd = listening_socket("127.0.0.1", &port);
+  return {"ipv4://127.0.0.1:" + std::to_string(port), fd};
 }
 
 handover_state small_state() {
@@ -393,6 +416,82 @@ TEST(HandoverEdge, AStartOnANullLoopClosesTheInheritedSockets) {
     EXPECT_FALSE(fd_is_open(fd));
   }
   EXPECT_FALSE(fd_is_open(fd));
+}
+
+// A release with fewer listen URLs than its predecessor: two sockets handed over, one port-0 URL.
+// validate() and start() said ok, start() closed the second socket silently (the peers in its
+// backlog reset). Refused, naming the entry no URL is left for; a socket offered to a shm:// URL
+// (which never adopts one) likewise.
+TEST_F(HandoverEdgeNode, AnInheritedSocketNoListenUrlTakesIsRefused) {
+  node_config c = fast_config();
+  c.inherit_listeners = {loopback_listener(), loopback_listener()};
+  std::string why;
+  EXPECT_EQ(node::validate(0x44, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("inherit_listeners[1]"), std::string::npos) << why;
+  test::bus_node* t = make(0x44, c, false);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  EXPECT_NE(t->n->last_error().detail.find("inherit_listeners[1]"), std::string::npos)
+      << t->n->last_error().detail;
+  EXPECT_TRUE(t->n->listen_urls().empty());
+  for (const inherited_listener& in : c.inherit_listeners) EXPECT_FALSE(fd_is_open(in.fd));
+  const std::string shm = "shm://" + test::unique_name("inh");
+  c.listen = {"ipv4://127.0.0.1:0", shm};
+  c.inherit_listeners = {{shm, 3}};
+  EXPECT_EQ(node::validate(0x44, c, &why), errc::invalid_argument);
+  EXPECT_NE(why.find("inherit_listeners[0]"), std::string::npos) << why;
+}
+
+// A socket bound to 0.0.0.0:P handed over for ipv4://127.0.0.1:P (a hand-built state, systemd
+// socket activation): adopted, a loopback-only node accepted on every interface. Refused.
+TEST_F(HandoverEdgeNode, AWildcardSocketDoesNotServeALoopbackUrl) {
+  uint16_t port = 0;
+  const int fd = listening_socket("0.0.0.0", &port);
+  node_config c = fast_config();
+  c.listen = {"ipv4://127.0.0.1:" + std::to_string(port)};
+  c.inherit_listeners = {{c.listen[0], fd}};
+  test::bus_node* t = make(0x44, c, false);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  const std::string why = t->n->last_error().detail;
+  EXPECT_NE(why.find("inherit_listeners[0]"), std::string::npos) << why;
+  EXPECT_NE(why.find("bound to 0.0.0.0"), std::string::npos) << why;
+  EXPECT_TRUE(t->n->listen_urls().empty());
+  EXPECT_FALSE(fd_is_open(fd));
+}
+
+// A certificate file missing at start(): binding afresh said not_found naming listen[0]; with an
+// inherited socket the same failure became invalid_argument blaming the socket. The code and the
+// field are now the same either way.
+TEST_F(HandoverEdgeNode, AMissingCertificateIsNotFoundWithOrWithoutAnInheritedSocket) {
+  node_config c = fast_config();
+  c.tls.mode = tls_mode::certificate;
+  c.tls.cert_file = c.tls.key_file = c.tls.ca_file = "/nonexistent/" + test::unique_name("cert");
+  for (const bool inherit : {false, true}) {
+    if (inherit) c.inherit_listeners = {loopback_listener()};
+    test::bus_node* t = make(inherit ? 0x45 : 0x44, c, false);
+    EXPECT_EQ(t->n->start(), errc::not_found) << inherit;
+    const std::string why = t->n->last_error().detail;
+    EXPECT_NE(why.find("listen[0]"), std::string::npos) << why;
+    EXPECT_EQ(why.find("inherit_listeners"), std::string::npos) << why;
+  }
+  EXPECT_FALSE(fd_is_open(c.inherit_listeners[0].fd));
+}
+
+// A start() that failed (listen[1]'s port busy) has closed the inherited sockets; a second
+// start() was refused with "fd -1", which said nothing of why. It now says they were taken.
+TEST_F(HandoverEdgeNode, AStartRetriedAfterAFailureSaysTheInheritedSocketsWereTaken) {
+  uint16_t busy = 0;
+  const int blocker = listening_socket("127.0.0.1", &busy);
+  node_config c = fast_config();
+  c.listen = {"ipv4://127.0.0.1:0", "ipv4://127.0.0.1:" + std::to_string(busy)};
+  c.inherit_listeners = {loopback_listener()};
+  test::bus_node* t = make(0x44, c, false);
+  EXPECT_EQ(t->n->start(), errc::address_in_use) << t->n->last_error().detail;
+  EXPECT_FALSE(fd_is_open(c.inherit_listeners[0].fd));
+  ::close(blocker);
+  EXPECT_EQ(t->n->start(), errc::invalid_argument);
+  const std::string why = t->n->last_error().detail;
+  EXPECT_NE(why.find("inherit_listeners[0]"), std::string::npos) << why;
+  EXPECT_NE(why.find("closed by an earlier start()"), std::string::npos) << why;
 }
 
 }  // namespace

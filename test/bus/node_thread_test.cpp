@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "bus/bus_harness.h"
+#include "core/try_alloc.h"
 #include "uvbus/node.h"
 
 namespace uvbus::node_thread_test {
@@ -389,6 +390,27 @@ TEST_F(NodeThreadTest, PostedTaskRunsOnTheLoopThread) {
   }).join();
   ASSERT_TRUE(wait([&] { return ran && p->n == nullptr; }));
   run_for(50ms);
+}
+
+// The mailbox could not grow (post_queue_bytes may be above 1 GiB): std::bad_alloc escaped into
+// the posting thread, and post(task) had queued its task without its record, so the next task
+// posted ran the orphan in its place. Now no_memory, nothing queued: the next task runs, once.
+TEST_F(NodeThreadTest, APostRefusedForMemoryQueuesNothing) {
+  bus_node* p = make_root(0x100, {{0x100, 8}});
+  int first = 0;
+  int second = 0;
+  detail::fail_next_try_resize(1);  // the mailbox is empty, never grown: the next post grows it
+  const errc refused = p->n->post([&first] { ++first; });
+  detail::fail_next_try_resize(0);
+  EXPECT_EQ(refused, errc::no_memory);
+  std::thread([&] { EXPECT_EQ(p->n->post([&second] { ++second; }), errc::ok); }).join();
+  ASSERT_TRUE(wait([&] { return second != 0; }));
+  run_for(50ms);
+  EXPECT_EQ(first, 0);
+  EXPECT_EQ(second, 1);
+  detail::fail_next_try_resize(1);
+  EXPECT_EQ(p->n->post(0x100, 1, "x", 1), errc::no_memory);
+  detail::fail_next_try_resize(0);
 }
 
 }  // namespace
