@@ -555,10 +555,12 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
       why = "id " + detail::id_text(who.id) + " lies in our subnets: a child's, not a " +
             detail::to_string(kind) + "'s";
     }
-    // Our parent's id, while its link is down too: an impostor would take its place for good.
-    if (ok == errc::ok && parent_id != 0 && who.id == parent_id) {
-      ok = errc::duplicate_id;
-      why = "id " + detail::id_text(who.id) + " is our parent's";
+    // Our parent's id (while its link is down too), or a node the directory places elsewhere.
+    if (ok == errc::ok) {
+      auto d = dir.find(who.id);
+      detail::listing l;
+      if (d != dir.end()) l = {true, d->second.via != kViaDiscovery, d->second.e.parent};
+      ok = detail::check_claim(kind, who.id, parent_id, l, &why);
     }
     if (ok == errc::ok && kind == peer_kind::sibling) {
       ok = table.check_sibling(who.id, who.subnets, &why);

@@ -94,6 +94,21 @@ errc routing_table::check_peer(bus_id id) const {
   return errc::ok;
 }
 
+errc check_claim(peer_kind kind, bus_id id, bus_id parent, const listing& l, std::string* why) {
+  const std::string name = "id " + id_text(id);
+  if (parent != 0 && id == parent) {
+    *why = name + " is our parent's";
+    return errc::duplicate_id;
+  }
+  if (!l.listed || (kind == peer_kind::sibling && (!l.from_tree || l.parent == parent))) {
+    return errc::ok;
+  }
+  *why = name + " is registered elsewhere (our directory lists it " +
+         (l.parent != 0 ? "under " + id_text(l.parent) : std::string("as a root")) +
+         (kind == peer_kind::sibling ? ", not under our parent)" : ")");
+  return errc::duplicate_id;
+}
+
 const char* routing_table::sibling_fault(bus_id id, const subnet& s) const {
   if (!s.valid()) return "is not a valid subnet";
   if (s.contains(self_)) return "holds our own id";

@@ -41,6 +41,21 @@ struct route {
 [[nodiscard]] uint8_t negotiate_version(uint8_t min_a, uint8_t max_a, uint8_t min_b,
                                         uint8_t max_b) noexcept;
 
+// What the node's directory says of an id a sibling or tool registers as.
+struct listing {
+  bool listed = false;     // the directory has an entry for it ...
+  bool from_tree = false;  // ... learned over a tree link (else from etcd) ...
+  bus_id parent = 0;       // ... whose parent is this node
+};
+// Whether a sibling or tool may register as `id` (after check_peer() and an id outside our
+// subnets): not as our parent's id (`parent`, 0 for none), even while its link is down; a tool
+// not as any node the directory lists (a tool is never announced: an honest one is never listed);
+// a sibling not as a node learned over the tree whose parent is not ours (an honest sibling in our
+// tree is our parent's child; one in another tree is known from etcd). Either would take that
+// node's traffic here. Otherwise duplicate_id, and *why names the id and whose it is.
+[[nodiscard]] errc check_claim(peer_kind kind, bus_id id, bus_id parent, const listing& l,
+                               std::string* why);
+
 class routing_table {
  public:
   routing_table(bus_id self, std::vector<subnet> subnets);

@@ -1,7 +1,8 @@
 // Links and routing at their edges: a sibling registering again over a new link, a parent link
-// flushing more than its queue takes, an impostor of the parent's id during its outage, messages
-// held for a grandchild (its own or its child's restart), flow messages a parent's refusal for
-// good fails, queueing turned off, and the registration refusals' reasons.
+// flushing more than its queue takes, an impostor of the parent's id during its outage or of a
+// node elsewhere in the tree, messages held for a grandchild (its own or its child's restart),
+// flow messages a parent's refusal for good fails, queueing turned off, and the registration
+// refusals' reasons.
 #include <gtest/gtest.h>
 #include <uv.h>
 
@@ -217,6 +218,35 @@ TEST_F(NodeLinkEdge, NoPeerTakesTheParentsIdDuringItsOutage) {
   ASSERT_TRUE(wait([&] { return c->ups == 2; }));
   ASSERT_EQ(send_str(c, 0x100, 1, "home"), errc::ok);
   ASSERT_TRUE(wait([&] { return !back->got.empty(); }));
+}
+
+// Root R 0x100/8 with children A (0x110/4) and B (0x120/4), grandchild G (0x111) below A. A peer
+// registering at A as a tool, or at G as a sibling, under B's id (outside their subnets, not their
+// parent's) was accepted: A's messages for B, and what A relayed for B, went to the impostor. A
+// tool is never announced and an honest sibling in the tree is its parent's child, so an id the
+// directory places elsewhere is refused now (duplicate_id, naming the id), and B still gets A's.
+TEST_F(NodeLinkEdge, NoToolOrSiblingTakesTheIdOfANodeElsewhereInTheTree) {
+  bus_node* root = make_root(0x100, {{0x100, 8}});
+  bus_node* a = make_child(0x110, root, {{0x110, 4}});
+  bus_node* b = make_child(0x120, root, {{0x120, 4}});
+  bus_node* g = make_child(0x111, a);
+  directory_entry e;
+  ASSERT_TRUE(wait([&] { return a->n->lookup(0x120, &e) && g->n->lookup(0x120, &e); }));
+  const struct {
+    bus_node* at;
+    proto::link_role role;
+  } cases[] = {{a, proto::link_role::tool}, {g, proto::link_role::sibling}};
+  for (const auto& c : cases) {
+    test::raw_child& imp = raw(0x120, c.at->n->id(), c.role, c.at->n->listen_urls().at(0));
+    ASSERT_TRUE(wait([&] { return imp.registered || imp.closed; }));
+    EXPECT_FALSE(imp.registered) << "an impostor took B's id at 0x" << std::hex << c.at->n->id();
+    EXPECT_EQ(imp.reply_status, proto::reason::duplicate_id);
+    EXPECT_NE(imp.reply_message.find("id 0x120 "), std::string::npos) << imp.reply_message;
+    ASSERT_EQ(send_str(c.at, 0x120, 1, "for B"), errc::ok);
+    ASSERT_TRUE(wait([&] { return !b->got.empty() || !imp.got.empty(); }));
+    EXPECT_TRUE(imp.got.empty()) << "the impostor got a message for B";
+    b->got.clear();
+  }
 }
 
 // A restarted root held messages for grandchild G (of child C's subnet) under G's id; C's

@@ -1,5 +1,6 @@
-// Routing table: next-hop choice, child registration checks, sources, version negotiation, and
-// the child-subnet index against a plain scan under random registrations and removals.
+// Routing table: next-hop choice, child, sibling and tool registration checks, sources, version
+// negotiation, and the child-subnet index against a plain scan under random registrations and
+// removals.
 #include "bus/routing.h"
 
 #include <gtest/gtest.h>
@@ -161,6 +162,35 @@ TEST(Routing, ASiblingsSubnetsMustBePlausible) {
   t.remove(0x1);
   t.clear_parent();
   EXPECT_EQ(t.check_sibling(0x2000, {{0x10000, 8}}, &why), errc::ok);
+}
+
+// A sibling or tool may not take our parent's id, a tool no id the directory lists, a sibling none
+// the tree lists under another parent (check_claim()); honest siblings and tools pass.
+TEST(Routing, ASiblingOrToolClaimsNoIdTheDirectoryPlacesElsewhere) {
+  constexpr bus_id kParent = 0x100;
+  std::string why;
+  const listing none;
+  const listing cousin{true, true, 0x200};        // learned over the tree, another parent's child
+  const listing brother{true, true, kParent};     // our parent's child
+  const listing other_tree{true, false, 0x9000};  // known from etcd only
+  const listing root{true, true, 0};
+  for (const peer_kind k : {peer_kind::sibling, peer_kind::tool}) {
+    EXPECT_EQ(check_claim(k, 0x7000, kParent, none, &why), errc::ok);
+    EXPECT_EQ(check_claim(k, kParent, kParent, none, &why), errc::duplicate_id);
+    EXPECT_EQ(why, "id 0x100 is our parent's");
+    EXPECT_EQ(check_claim(k, 0x210, kParent, cousin, &why), errc::duplicate_id);
+    EXPECT_NE(why.find("id 0x210 is registered elsewhere (our directory lists it under 0x200"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(check_claim(k, 0x1, kParent, root, &why), errc::duplicate_id);
+    EXPECT_NE(why.find("as a root"), std::string::npos) << why;
+  }
+  EXPECT_EQ(check_claim(peer_kind::sibling, 0x110, kParent, brother, &why), errc::ok);
+  EXPECT_EQ(check_claim(peer_kind::sibling, 0x9001, kParent, other_tree, &why), errc::ok);
+  EXPECT_EQ(check_claim(peer_kind::sibling, 0x9001, 0, other_tree, &why), errc::ok);
+  EXPECT_EQ(check_claim(peer_kind::tool, 0x110, kParent, brother, &why), errc::duplicate_id);
+  EXPECT_EQ(check_claim(peer_kind::tool, 0x9001, kParent, other_tree, &why), errc::duplicate_id);
+  EXPECT_EQ(check_claim(peer_kind::sibling, 0x210, 0, cousin, &why), errc::duplicate_id);
 }
 
 TEST(Routing, VersionNegotiation) {
