@@ -456,7 +456,8 @@ class node {
   // takes. Each target's on_data gets it (source: this node, type msg_type) and acknowledges it;
   // cb gets exactly one summary per accepted broadcast: ok when all that matched here
   // acknowledged, not_connected once each of the others left the directory or got no copy from
-  // here, else timeout at timeout_ms (the rest failed), closed at stop(). Not resent. A target
+  // here, else timeout at timeout_ms (the rest failed; an acknowledgement read later counts for
+  // nothing), closed at stop(). Not resent. A target
   // towards which no copy leaves this node (its next hop's queue full, a link below protocol
   // version 6, one known only from etcd while this node has a parent, a direct copy refused) is
   // failed at once, broadcast_report::detail saying why. Errors at once (cb never called, nothing
