@@ -97,7 +97,8 @@ struct node_counters {
   uint64_t data_sent_shm = 0;     // ... over shared memory
   uint64_t data_received = 0;     // delivered to on_data
   uint64_t forwarded = 0;         // user messages relayed for others
-  uint64_t forward_dropped = 0;   // relayed messages dropped (no route, overflow, ttl)
+  uint64_t forward_dropped = 0;   // relayed messages dropped (no route, overflow, ttl), and
+                                  // command answers this node could not send
   uint64_t ttl_expired = 0;       // messages dropped because their TTL ran out here
   uint64_t reports_ok = 0;
   uint64_t reports_failed = 0;
@@ -379,8 +380,13 @@ class node {
   // Asks node `target` (any node with a route) for a command's result: routes (text, one line per
   // route), counters (text, name=value lines) or echo (returns args). cb fires exactly once, from
   // the loop: (ok, result) or (error, empty): timeout after response_timeout_ms, unknown_route,
-  // closed. Errors at once (cb never called): as send_data. cb runs as a callback of this node
-  // (node_callbacks' rules: it may destroy the node); none runs after the node is destroyed.
+  // closed, message_too_large (an answer other than routes above what one of the target's frames
+  // carries: max(message_limit + 85, 65536) - 54 bytes). A routes text that large is cut at a
+  // line's end, its last line "... N more routes not shown (answer limit L bytes)". An answer the
+  // target could not send (no route back, a full link) is counted in its forward_dropped and logged
+  // there (rate-limited); the asker gets timeout. Errors at once (cb never called): as send_data.
+  // cb runs as a callback of this node (node_callbacks' rules: it may destroy the node); none runs
+  // after the node is destroyed.
   using command_cb = std::function<void(errc status, const uint8_t* result, size_t size)>;
   [[nodiscard]] errc send_command(bus_id target, proto::command_id command, const void* args,
                                   size_t size, command_cb cb);
@@ -455,7 +461,8 @@ class node {
   // takes. Each target's on_data gets it (source: this node, type msg_type) and acknowledges it;
   // cb gets exactly one summary per accepted broadcast: ok when all that matched here
   // acknowledged, not_connected once each of the others left the directory or got no copy from
-  // here, else timeout at timeout_ms (the rest failed), closed at stop(). Not resent. A target
+  // here, else timeout at timeout_ms (the rest failed; an acknowledgement read later counts for
+  // nothing), closed at stop(). Not resent. A target
   // towards which no copy leaves this node (its next hop's queue full, a link below protocol
   // version 6, one known only from etcd while this node has a parent, a direct copy refused) is
   // failed at once, broadcast_report::detail saying why. Errors at once (cb never called, nothing

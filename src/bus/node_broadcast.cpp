@@ -211,10 +211,15 @@ errc node::broadcast(const broadcast_target& to, uint32_t msg_type, const void* 
   pb.to = to;
   pb.cb = std::move(cb);
   pb.deadline_ms = n.now_ms() + timeout_ms;
+  const uint64_t deadline = pb.deadline_ms;
   const bool none_left = pb.settled();  // no target got a copy: reported from the loop
   f.targets += pb.expected.size();
   f.pending.emplace(hd.sequence, std::move(pb));
-  if (none_left) detail::fan_finish(n, hd.sequence, errc::not_connected);
+  if (none_left) {
+    detail::fan_finish(n, hd.sequence, errc::not_connected);
+  } else {
+    detail::fan_add_deadline(n, hd.sequence, deadline);
+  }
   ++n.counters.broadcasts_sent;
   if (broadcast_id != nullptr) *broadcast_id = hd.sequence;
   return errc::ok;

@@ -212,12 +212,14 @@ void node::impl::arm_call_timer() {
     std::pop_heap(call_deadlines.begin(), call_deadlines.end(), std::greater<>());
     call_deadlines.pop_back();
   }
-  if (call_deadlines.empty()) {
+  // The same timer ends broadcasts at their deadline (node_fanout.cpp).
+  uint64_t at = detail::fan_next_deadline(*this);
+  if (!call_deadlines.empty()) at = std::min(at, call_deadlines.front().first);
+  if (at == UINT64_MAX) {
     uv_timer_stop(&h->calls);
     call_timer_at = 0;
     return;
   }
-  const uint64_t at = call_deadlines.front().first;
   if (call_timer_at == at) return;
   call_timer_at = at;
   const uint64_t now = now_ms();
@@ -237,7 +239,9 @@ void node::impl::on_call_timer(uv_timer_t* t) {
     r.status = errc::timeout;
     n->finish_call(id, r);  // may destroy the node: `dead` is checked before going on
   }
-  if (!n->dead) n->arm_call_timer();
+  if (n->dead) return;
+  detail::fan_expire(*n, now);  // no callback here: the reports run from the loop
+  n->arm_call_timer();
 }
 
 void node::impl::fail_calls_for_stop() {

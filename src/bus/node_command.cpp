@@ -1,4 +1,5 @@
 // Bus node, tool commands: the built-in commands a node answers (lookup, routes, counters, echo).
+#include <algorithm>
 #include <cstdio>
 
 #include "bus/node_impl.h"
@@ -6,6 +7,35 @@
 namespace uvbus {
 
 using proto::msg_type;
+
+namespace {
+
+constexpr size_t kReplyHead = 6;  // a command reply's command and status, before its text
+
+// The largest answer text whose reply fits every link and ring of a node configured as `cfg`:
+// their frame (record) limit, less the ring's writer envelope, the header and the reply head.
+size_t answer_limit(const node_config& cfg) {
+  const size_t frame =
+      std::max<size_t>(cfg.message_limit + detail::kMaxBusOverhead, size_t{64} * 1024);
+  return frame - proto::kShmEnvelopeSize - proto::kHeaderSize - kReplyHead;
+}
+
+// Cuts the text of whole lines *s (longer than limit) at a line's end so that it and one more line
+// "... N more routes not shown (answer limit L bytes)" fit in limit bytes.
+void cut_lines(std::string* s, size_t limit) {
+  constexpr size_t kTail = 96;  // room for the last line (at most 88 bytes)
+  const size_t at = limit > kTail ? s->rfind('\n', limit - kTail) : std::string::npos;
+  const size_t keep = at == std::string::npos ? 0 : at + 1;
+  const auto left =
+      static_cast<size_t>(std::count(s->begin() + static_cast<ptrdiff_t>(keep), s->end(), '\n'));
+  s->resize(keep);
+  char buf[kTail];
+  std::snprintf(buf, sizeof buf, "... %zu more routes not shown (answer limit %zu bytes)\n", left,
+                limit);
+  *s += buf;
+}
+
+}  // namespace
 
 // A tool command addressed to this node: run it and route the reply back to its source.
 void node::impl::on_command(link* from, const proto::header& hd, const uint8_t* body) {
@@ -25,12 +55,27 @@ void node::impl::on_command(link* from, const proto::header& hd, const uint8_t* 
   } else {
     st = proto::reason::invalid_argument;
   }
+  // The answer must fit in one frame (a link's and a ring's limit): a longer routes text is cut
+  // (its last line says how many were left out), any other answer refused with
+  // message_too_large. Sent as it was, the link refused it and the asker waited for its timeout.
+  const size_t limit = answer_limit(cfg);
+  if (out.size() > limit) {
+    if (c.command == static_cast<uint32_t>(proto::command_id::routes)) {
+      cut_lines(&out, limit);
+    } else {
+      st = proto::reason::message_too_large;
+      out.clear();
+    }
+  }
   std::vector<uint8_t> b;
   proto::encode_command_reply(c.command, st, out.data(), out.size(), &b);
-  const std::vector<uint8_t> m =
-      proto::build(make_header(msg_type::command_reply, hd.source, hd.sequence), b);
+  const proto::header rh = make_header(msg_type::command_reply, hd.source, hd.sequence);
+  const std::vector<uint8_t> m = proto::build(rh, b);
   const const_buffer cb{m.data(), m.size()};
-  (void)route_reply(hd.source, &cb, m.size());
+  const errc e = route_reply(hd.source, &cb, m.size());
+  // Not sent (no route, link queue full, ...): counted and logged (rate-limited) as a drop here,
+  // though the asker still only sees its timeout.
+  if (e != errc::ok) relay_drop(rh, proto::reason_from_errc(e));
 }
 
 proto::reason node::impl::lookup_child(const uint8_t* args, size_t n, std::string* out) {

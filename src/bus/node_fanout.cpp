@@ -262,6 +262,10 @@ void on_ack(node::impl& n, const proto::header& hd) {
   auto it = n.fan->pending.find(hd.sequence);
   if (it == n.fan->pending.end()) return;  // late: already reported
   pending_broadcast& pb = it->second;
+  if (n.now_ms() >= pb.deadline_ms) {  // after timeout_ms: too late to count, whatever ran first
+    detail::fan_finish(n, hd.sequence, errc::timeout);
+    return;
+  }
   const size_t at = expected_at(pb, hd.source);
   if (at == kNotExpected) {  // a node that joined since
     // Only one the directory lists as matching the selector, each once, within
@@ -369,6 +373,43 @@ void detail::fan_stop(node::impl& n) {
   std::vector<uint64_t> ids;
   for (const auto& [id, pb] : n.fan->pending) ids.push_back(id);
   for (const uint64_t id : ids) detail::fan_finish(n, id, errc::closed);
+  n.fan->deadlines.clear();
+}
+
+// ------------------------------------------------------------------------------- deadlines --
+// A broadcast's timeout came only with the node's tick (up to 250 ms late), and an
+// acknowledgement read before that tick still counted: h->calls, the calls' exact timer, now
+// fires at the earliest broadcast deadline too (node::impl::arm_call_timer).
+void detail::fan_add_deadline(node::impl& n, uint64_t id, uint64_t deadline_ms) {
+  fanout_state& f = *n.fan;
+  if (f.deadlines.size() > 2 * f.pending.size() + 64) {  // mostly reported ones: rebuild
+    f.deadlines.clear();
+    for (const auto& [bid, pb] : f.pending) f.deadlines.emplace_back(pb.deadline_ms, bid);
+    std::make_heap(f.deadlines.begin(), f.deadlines.end(), std::greater<>());
+  } else {
+    f.deadlines.emplace_back(deadline_ms, id);
+    std::push_heap(f.deadlines.begin(), f.deadlines.end(), std::greater<>());
+  }
+  n.arm_call_timer();
+}
+
+uint64_t detail::fan_next_deadline(node::impl& n) {
+  fanout_state& f = *n.fan;
+  while (!f.deadlines.empty() && f.pending.count(f.deadlines.front().second) == 0) {
+    std::pop_heap(f.deadlines.begin(), f.deadlines.end(), std::greater<>());
+    f.deadlines.pop_back();
+  }
+  return f.deadlines.empty() ? UINT64_MAX : f.deadlines.front().first;
+}
+
+void detail::fan_expire(node::impl& n, uint64_t now) {
+  fanout_state& f = *n.fan;
+  while (!f.deadlines.empty() && f.deadlines.front().first <= now) {
+    const uint64_t id = f.deadlines.front().second;
+    std::pop_heap(f.deadlines.begin(), f.deadlines.end(), std::greater<>());
+    f.deadlines.pop_back();
+    detail::fan_finish(n, id, errc::timeout);  // nothing if it was reported already
+  }
 }
 
 void detail::fan_run_deferred(node::impl& n) {
@@ -595,11 +636,7 @@ void send_loads(node::impl& n, detail::peer_ep* p, const proto::directory_body& 
 
 void detail::fan_tick(node::impl& n, uint64_t now) {
   fanout_state& f = *n.fan;
-  std::vector<uint64_t> expired;
-  for (const auto& [id, pb] : f.pending) {
-    if (now >= pb.deadline_ms) expired.push_back(id);
-  }
-  for (const uint64_t id : expired) detail::fan_finish(n, id, errc::timeout);
+  detail::fan_expire(n, now);  // h->calls does this at each deadline; the tick is a backstop
   for (auto it = f.any_replies.begin(); it != f.any_replies.end();) {
     it = n.replies.count(it->first) == 0 ? f.any_replies.erase(it) : std::next(it);
   }

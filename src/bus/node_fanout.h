@@ -84,6 +84,10 @@ struct fanout_state {
   // the tick prunes calls that ended otherwise).
   any_map any_calls;
   std::map<uint64_t, pending_broadcast> pending;  // by broadcast id
+  // (deadline, id) of each pending broadcast, a min-heap (std::greater): h->calls fires at the
+  // earliest of these and the calls' (fan_next_deadline). Entries of broadcasts reported before
+  // their deadline stay until they reach the top, or until they outnumber `pending` (rebuilt).
+  std::vector<std::pair<uint64_t, uint64_t>> deadlines;
   // The next broadcast id: from a random point below 2^40 per node object, so a late
   // acknowledgement of a dead incarnation's broadcast (it names the id and our node id, nothing
   // else) never names one of this incarnation's.
@@ -113,6 +117,12 @@ bool fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_
                 size_t size);
 // Deadlines, and our load hint when it changed (at most once per heartbeat interval).
 void fan_tick(node::impl& n, uint64_t now);
+// Broadcast `id` (just made pending) times out at deadline_ms: node_call.cpp's timer is armed for
+// it. The earliest deadline of a pending broadcast (UINT64_MAX: none). The broadcasts whose
+// deadline has come end (timeout; reported from the loop): no callback runs here.
+void fan_add_deadline(node::impl& n, uint64_t id, uint64_t deadline_ms);
+uint64_t fan_next_deadline(node::impl& n);
+void fan_expire(node::impl& n, uint64_t now);
 // stop(): every pending broadcast is reported closed from the loop (fan_run_deferred).
 void fan_stop(node::impl& n);
 void fan_run_deferred(node::impl& n);

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <array>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -399,6 +402,51 @@ TEST_F(NodeBroadcast, ACopyFromASiblingGoesNoFurther) {
   EXPECT_EQ(root->n->counters().broadcasts_forwarded, 0U);
   sib.ch->close();
   ASSERT_TRUE(wait([&] { return sib.ch->closed(); }));
+}
+
+// A broadcast's timeout came with the node's tick (every 250 ms here), not at timeout_ms (20), and
+// an acknowledgement read after timeout_ms but before that tick still counted: ok. Each broadcast
+// starts inside the previous one's summary, which before came from a tick (the next a whole
+// period away). The summary comes at timeout_ms now, by the loop's clock well before the next
+// tick could fire, and an acknowledgement after the deadline counts for nothing.
+TEST_F(NodeBroadcast, ABroadcastTimesOutAtTimeoutMsNotAtTheTick) {
+  node_config rc = test::typed_config("root");
+  rc.heartbeat_interval_ms = 2000;   // the tick: the smallest of these / 4, at most 250 ms
+  rc.heartbeat_timeout_ms = 120000;  // the sink never pings
+  rc.handshake_timeout_ms = rc.pending_timeout_ms = rc.response_timeout_ms = 5000;
+  constexpr uint64_t kTickMs = 250;
+  ASSERT_NO_FATAL_FAILURE(build({kSink + 1}, false, rc));
+  struct run {
+    uint64_t id = 0;
+    uint64_t started = 0;  // the loop's clock
+    uint64_t reported = 0;
+    std::optional<broadcast_report> rep;
+  };
+  std::array<run, 3> runs;
+  std::function<void(size_t)> start = [&](size_t i) {
+    runs[i].started = uv_now(&loop_);
+    const auto cb = [&, i](const broadcast_report& r) {
+      runs[i].reported = uv_now(&loop_);
+      runs[i].rep = r;
+      if (i + 1 < runs.size()) start(i + 1);
+    };
+    EXPECT_EQ(
+        root_->n->broadcast(broadcast_target::of_type("logic"), 1, "x", 1, 20, cb, {}, &runs[i].id),
+        errc::ok);
+  };
+  start(0);
+  // The third one: the sink acknowledges it once its deadline has passed.
+  ASSERT_TRUE(wait([&] { return copies() == 3 && uv_now(&loop_) >= runs[2].started + 20; }));
+  ack(runs[2].id, kSink + 1);
+  ASSERT_TRUE(wait([&] { return runs[2].rep.has_value(); }));
+  for (size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    std::printf("[ summary  ] %s %" PRIu64 " ms after the broadcast (timeout_ms 20)\n",
+                to_string(runs[i].rep->status), runs[i].reported - runs[i].started);
+    EXPECT_EQ(runs[i].rep->status, errc::timeout);
+    EXPECT_EQ(runs[i].rep->failed, std::vector<bus_id>{kSink + 1});
+    EXPECT_LT(runs[i].reported - runs[i].started, kTickMs);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // (last_error() names the input at fault), counters counted once and in the field named.
 #include <uv.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -516,6 +518,60 @@ TEST_F(NodeContract, ALinkTooOldForTheMessageIsNamedNotAParentsRefusal) {
   EXPECT_FALSE(says(e, "refused this node")) << e.detail;
   EXPECT_TRUE(says(e, "negotiated a protocol version below what this message needs")) << e.detail;
   EXPECT_TRUE(a_->n->up());
+}
+
+// A routes answer larger than a frame (here 70 children whose 255-byte host names of control
+// bytes are escaped to 1020 bytes each) was refused by the link unseen and the asker got timeout:
+// it is cut at a line's end, its last line counting the routes left out.
+TEST_F(NodeContract, ARoutesAnswerLargerThanAFrameIsCutNotLost) {
+  node_config pc = fast_config();
+  pc.heartbeat_timeout_ms = 120000;       // the raw children never ping
+  pc.max_unregistered_per_address = 128;  // they all connect at once, from one address
+  p_ = make_root(0x100, {{0x100, 8}}, pc);
+  constexpr size_t kRaw = 70;
+  std::vector<std::unique_ptr<test::raw_child>> raws;
+  for (size_t i = 0; i < kRaw; ++i) {
+    raws.push_back(std::make_unique<test::raw_child>(0x110 + i, 0x100));
+    raws.back()->hostname = std::string(255, '\n');
+    raws.back()->start(&loop_, p_->n->listen_urls().at(0));
+  }
+  node_config ac = fast_config(p_->n->listen_urls().at(0));
+  ac.response_timeout_ms = 3000;
+  a_ = make(0x101, ac);
+  ASSERT_TRUE(wait([&] { return a_->n->up() && p_->n->peers().size() == kRaw + 1; }));
+  ASSERT_GT(p_->n->routes_text().size(), size_t{64} << 10);  // the whole text: above any frame
+  errc status = errc::wrong_state;                           // none of the answers
+  std::string text;
+  bool answered = false;
+  ASSERT_EQ(a_->n->send_command(0x100, proto::command_id::routes, nullptr, 0,
+                                [&](errc e, const uint8_t* d, size_t n) {
+                                  status = e;
+                                  text.assign(reinterpret_cast<const char*>(d), n);
+                                  answered = true;
+                                }),
+            errc::ok);
+  ASSERT_TRUE(wait([&] { return answered; }));
+  ASSERT_EQ(status, errc::ok);
+  EXPECT_EQ(text.rfind("self 0x100\n", 0), 0U) << text.substr(0, 64);
+  size_t shown = 0;
+  for (size_t at = text.find("\nchild 0x"); at != std::string::npos;
+       at = text.find("\nchild 0x", at + 1)) {
+    ++shown;
+  }
+  const size_t last = text.rfind("\n... ");
+  ASSERT_NE(last, std::string::npos)
+      << text.substr(text.size() - std::min<size_t>(200, text.size()));
+  char* end = nullptr;
+  const size_t left = std::strtoull(text.c_str() + last + 5, &end, 10);
+  EXPECT_EQ(std::string(end), " more routes not shown (answer limit 65567 bytes)\n");
+  EXPECT_GT(left, 0U);
+  EXPECT_EQ(shown + left, kRaw + 1);
+  for (auto& r : raws) r->ch->close();
+  ASSERT_TRUE(wait([&] {
+    for (auto& r : raws)
+      if (!r->ch->closed()) return false;
+    return true;
+  }));
 }
 
 }  // namespace
