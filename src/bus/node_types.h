@@ -271,7 +271,7 @@ struct handles {
   uv_async_t post{};   // wakes the loop for the mailbox
   uv_check_t acks{};   // flows: acknowledgements go out after each loop iteration's input
   uv_timer_t flow{};   // flows: retry transmissions that met a full queue
-  uv_timer_t calls{};  // node::call() deadlines (node_call.cpp)
+  uv_timer_t calls{};  // node::call() and broadcast deadlines (node_call.cpp)
   uv_timer_t ring{};   // relays: a next hop's full ring retried (no wake-up exists for its space)
   int open = 0;
 };
