@@ -320,7 +320,13 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   if (hd.type != proto::msg_type::broadcast) return false;
   proto::broadcast_body b;
   if (proto::parse_broadcast(data + proto::kHeaderSize, hd.body_len, &b) != errc::ok) {
-    if (from != nullptr) n.protocol_violation(from, "bad broadcast body");
+    // Every relay parses it: a link's peer wrote it or passed it on unparsed (closed). From the
+    // ring: dropped, counted and logged (rate-limited), as bad_body does for a routed message.
+    if (from != nullptr) {
+      n.protocol_violation(from, "bad broadcast body");
+    } else {
+      n.bad_body(nullptr, hd, "bad broadcast body");
+    }
     return true;
   }
   const bus_id from_id = from == nullptr         ? tree_hop_towards(n, hd.source)
