@@ -2,7 +2,8 @@
 // version the connector never offered or with bus id 0, a parent that speaks for our subtree, a
 // child whose host name would write lines of its own into the routes text, and a child that
 // re-announces (or removes and re-adds) its entries without end or announces ids without end,
-// and a child that sends bad call blocks or ids not its own over and over (the log stays quiet).
+// a child that announces an entry with a label key twice, and a child that sends bad call blocks
+// or ids not its own over and over (the log stays quiet).
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,10 +98,14 @@ class NodeRegisterHostileTest : public bus_fixture {
   }
   // c announces node id's entry with a label version=v.
   static void send_entry(test::raw_child& c, bus_id id, const std::string& v) {
+    send_labelled(c, id, {{"version", v}});
+  }
+  // c announces node id's entry with `labels`.
+  static void send_labelled(test::raw_child& c, bus_id id, std::vector<node_label> labels) {
     proto::directory_body b;
     directory_entry e;
     e.id = id;
-    e.labels.emplace_back("version", v);
+    e.labels = std::move(labels);
     b.entries.push_back(e);
     std::vector<uint8_t> body;
     proto::encode_directory(b, &body);
@@ -114,15 +119,23 @@ class NodeRegisterHostileTest : public bus_fixture {
       rc.heartbeat_timeout_ms = 60000;  // c does not answer pings
       return rc;
     }());
+    attach(c, r);
+    return r;
+  }
+  // Hand-made child c registered to r.
+  void attach(test::raw_child& c, const bus_node* r) {
     c.compress = false;
     c.start(&loop_, r->n->listen_urls().at(0));
     EXPECT_TRUE(wait([&] { return c.registered; }));
-    return r;
   }
   // Whether t lists node id with the label version=v.
   static bool has_version(const bus_node* t, bus_id id, const std::string& v) {
+    return has_labelled(t, id, {{"version", v}});
+  }
+  // Whether t lists node id with all of `labels`.
+  static bool has_labelled(const bus_node* t, bus_id id, const std::vector<node_label>& labels) {
     directory_entry e;
-    return t->n->lookup(id, &e) && e.has_labels({{"version", v}});
+    return t->n->lookup(id, &e) && e.has_labels(labels);
   }
   // How many of t's log lines contain `text`.
   static size_t lines_with(const bus_node* t, const std::string& text) {
@@ -320,6 +333,22 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
   EXPECT_FALSE(c.closed);
   c.ch->close();
   ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
+}
+
+// A child announcing an entry with a label key twice (zone=a, zone=b) was taken as it came:
+// pick(), find() and has_labels saw both values, where a node's own config refuses it. Now a
+// protocol error like any other malformed entry: counted, the link closed, the entry not taken.
+TEST_F(NodeRegisterHostileTest, AnEntryWithALabelKeyTwiceIsAProtocolError) {
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  const uint64_t errors = r->n->counters().protocol_errors;
+  send_labelled(c, 0x101, {{"zone", "a"}, {"zone", "b"}});
+  const auto taken = [&] { return has_labelled(r, 0x101, {{"zone", "b"}}); };
+  ASSERT_TRUE(wait([&] { return c.closed || taken(); }));
+  EXPECT_FALSE(taken());
+  EXPECT_TRUE(c.closed);
+  EXPECT_EQ(r->n->counters().protocol_errors, errors + 1);
+  EXPECT_TRUE(r->logged("bad directory message"));
 }
 
 // A data message flagged as a call whose call block does not parse (here: no payload) is dropped;
