@@ -2,8 +2,9 @@
 // version the connector never offered or with bus id 0, a parent that speaks for our subtree, a
 // child whose host name would write lines of its own into the routes text, and a child that
 // re-announces (or removes and re-adds) its entries without end or announces ids without end,
-// a child that announces an entry with a label key twice, and a child that sends bad call blocks
-// or ids not its own over and over (the log stays quiet).
+// a child that announces an entry with a label key twice, a child that sends load hints without
+// end or over a version 5 link, and a child that sends bad call blocks or ids not its own over
+// and over (the log stays quiet).
 #include <unistd.h>
 
 #include <algorithm>
@@ -110,6 +111,35 @@ class NodeRegisterHostileTest : public bus_fixture {
     std::vector<uint8_t> body;
     proto::encode_directory(b, &body);
     c.send(proto::msg_type::directory, body);
+  }
+  // c sends node id's load hint `load`, the pair repeated `times` times in one message.
+  static void send_load(test::raw_child& c, bus_id id, uint32_t load, size_t times = 1) {
+    proto::directory_body b;
+    b.op = proto::dir_op::load;
+    b.loads.assign(times, {id, load});
+    std::vector<uint8_t> body;
+    proto::encode_directory(b, &body);
+    c.send(proto::msg_type::directory, body);
+  }
+  // How many load messages c received with a hint of node id, and the last such hint in *last.
+  static size_t loads_got(const test::raw_child& c, bus_id id, uint32_t* last) {
+    size_t k = 0;
+    for (const auto& m : c.got) {
+      proto::directory_body b;
+      if (m.hd.type != proto::msg_type::directory ||
+          proto::parse_directory(m.body.data(), m.body.size(), &b) != errc::ok ||
+          b.op != proto::dir_op::load) {
+        continue;
+      }
+      bool has = false;
+      for (const auto& [i, l] : b.loads) {
+        if (i != id) continue;
+        has = true;
+        *last = l;
+      }
+      k += has ? 1 : 0;
+    }
+    return k;
   }
   // A root 0x100 (subnet 0x100/8) with hand-made child c registered to it.
   bus_node* root_with(test::raw_child& c) {
@@ -349,6 +379,43 @@ TEST_F(NodeRegisterHostileTest, AnEntryWithALabelKeyTwiceIsAProtocolError) {
   EXPECT_TRUE(c.closed);
   EXPECT_EQ(r->n->counters().protocol_errors, errors + 1);
   EXPECT_TRUE(r->logged("bad directory message"));
+}
+
+// A child sending its load hint as fast as its link goes (here 10 000 messages, each with its
+// id 8 times): every pair went on at once to every other tree link, unpaced and repeated, filling
+// their queues with control messages. Now the hints taken go on at most once per heartbeat
+// interval (the first at once), each id once with its latest value, which arrives.
+TEST_F(NodeRegisterHostileTest, AChildsLoadHintsArePacedAndTheLatestArrives) {
+  constexpr uint32_t kHints = 10000;
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  test::raw_child other(0x102, 0x100);
+  attach(other, r);
+  send_entry(c, 0x101, "1");  // only the link its entry came by speaks for a node
+  ASSERT_TRUE(wait([&] { return has_version(r, 0x101, "1"); }));
+  const auto begin = std::chrono::steady_clock::now();
+  for (uint32_t i = 1; i <= kHints; ++i) send_load(c, 0x101, i, 8);
+  uint32_t last = 0;
+  ASSERT_TRUE(wait([&] { return loads_got(other, 0x101, &last) != 0 && last == kHints; }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const size_t got = loads_got(other, 0x101, &last);
+  // One at once, then one per heartbeat interval (100 ms), and a tick's slack.
+  EXPECT_LE(got, static_cast<size_t>(2 + 10 * (secs + 0.5))) << "in " << secs << " s";
+  EXPECT_FALSE(c.closed);
+}
+
+// A load hint (directory op 3, protocol version 6) over a version 5 link, where none is ever sent:
+// it was taken and passed on. Now a protocol error, the link closed.
+TEST_F(NodeRegisterHostileTest, LoadHintsOverAVersion5LinkAreAProtocolError) {
+  test::raw_child c(0x101, 0x100);
+  c.max_version = 5;
+  bus_node* r = root_with(c);
+  const uint64_t errors = r->n->counters().protocol_errors;
+  send_load(c, 0x101, 7);
+  ASSERT_TRUE(wait([&] { return c.closed; }));
+  EXPECT_EQ(r->n->counters().protocol_errors, errors + 1);
+  EXPECT_TRUE(r->logged("load hints over a link below protocol version 6"));
 }
 
 // A data message flagged as a call whose call block does not parse (here: no payload) is dropped;
