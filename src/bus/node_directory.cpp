@@ -438,7 +438,9 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
     protocol_violation(lk, "bad directory message");
     return;
   }
-  if (b.op == proto::dir_op::load) {
+  if (b.op == proto::dir_op::load && version_of(p) < 6) {
+    protocol_violation(lk, "load hints over a link below protocol version 6");  // never sent there
+  } else if (b.op == proto::dir_op::load) {
     detail::fan_loads(*this, p, b.loads);
   } else if (b.op == proto::dir_op::upsert && b.entries.empty()) {
     p->dir_wanted = true;  // a request for our directory: dir_tick answers it
@@ -457,6 +459,7 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
 // bus larger than the bound is not asked over and over for a slot or two. A request is answered
 // at most once per heartbeat interval per link (a whole directory can be large).
 void node::impl::dir_tick(uint64_t now) {
+  detail::fan_load_tick(*this, now);  // the load hints (dir_op::load) held back
   const size_t cap = cfg.directory_max_entries;
   const size_t room = dir.size() < cap ? cap - dir.size() : 0;
   const auto fits = [&](size_t skipped) {

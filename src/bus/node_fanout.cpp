@@ -324,7 +324,13 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   if (hd.type != proto::msg_type::broadcast) return false;
   proto::broadcast_body b;
   if (proto::parse_broadcast(data + proto::kHeaderSize, hd.body_len, &b) != errc::ok) {
-    if (from != nullptr) n.protocol_violation(from, "bad broadcast body");
+    // Every relay parses it: a link's peer wrote it or passed it on unparsed (closed). From the
+    // ring: dropped, counted and logged (rate-limited), as bad_body does for a routed message.
+    if (from != nullptr) {
+      n.protocol_violation(from, "bad broadcast body");
+    } else {
+      n.bad_body(nullptr, hd, "bad broadcast body");
+    }
     return true;
   }
   const bus_id from_id = from == nullptr         ? tree_hop_towards(n, hd.source)
@@ -669,26 +675,52 @@ void detail::fan_link_up(node::impl& n, peer_ep* p) {
 
 void detail::fan_loads(node::impl& n, peer_ep* from,
                        const std::vector<std::pair<bus_id, uint32_t>>& l) {
-  proto::directory_body fwd;
-  fwd.op = proto::dir_op::load;
+  fanout_state& f = *n.fan;
   for (const auto& [id, load] : l) {
     const auto it = n.dir.find(id);
     // Only the link a node's entry came through speaks for it.
     if (it == n.dir.end() || it->second.via != from->id) continue;
-    n.fan->loads[id] = load;
-    fwd.loads.emplace_back(id, load);
+    f.loads[id] = load;
+    f.loads_out.insert(id);  // goes on with the next batch, its latest value
   }
   // Hints of nodes that left the directory go once they outnumber the directory (amortised: the
   // map stays within twice the directory's size).
-  auto& loads = n.fan->loads;
+  auto& loads = f.loads;
   if (loads.size() > 2 * n.dir.size() + 64) {
     for (auto it = loads.begin(); it != loads.end();) {
       it = n.dir.count(it->first) == 0 ? loads.erase(it) : std::next(it);
     }
   }
-  if (fwd.loads.empty()) return;
-  for (auto& [id, p] : n.peers) {
-    if (id != from->id && tree_v6(n, p.get())) send_loads(n, p.get(), fwd);
+  fan_load_tick(n, n.now_ms());
+}
+
+void detail::fan_load_tick(node::impl& n, uint64_t now) {
+  fanout_state& f = *n.fan;
+  if (f.loads_out.empty() || now - f.loads_fwd_ms < n.cfg.heartbeat_interval_ms) return;
+  f.loads_fwd_ms = now;
+  struct hint {
+    bus_id id;
+    bus_id via;  // the link its entry came by
+    uint32_t load;
+  };
+  std::vector<hint> out;
+  for (const bus_id id : f.loads_out) {
+    const auto d = n.dir.find(id);
+    const auto l = f.loads.find(id);
+    if (d != n.dir.end() && l != f.loads.end()) out.push_back({id, d->second.via, l->second});
+  }
+  f.loads_out.clear();
+  for (auto& [pid, p] : n.peers) {
+    if (!tree_v6(n, p.get())) continue;
+    proto::directory_body b;
+    b.op = proto::dir_op::load;
+    for (const hint& h : out) {
+      if (h.via != pid) b.loads.emplace_back(h.id, h.load);  // not back where it came from
+      if (b.loads.size() < proto::kMaxDirItems) continue;
+      send_loads(n, p.get(), b);
+      b.loads.clear();
+    }
+    if (!b.loads.empty()) send_loads(n, p.get(), b);
   }
 }
 

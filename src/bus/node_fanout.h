@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -100,6 +101,10 @@ struct fanout_state {
   std::vector<bus_id> blocked;  // next hops whose full queue refused a copy of ours (on_writable)
   std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent
+  // Load hints learned from tree links that go on with the next batch (fan_load_tick: at most one
+  // per heartbeat interval, each id once with its latest value), and when the last batch went.
+  std::unordered_set<bus_id> loads_out;
+  uint64_t loads_fwd_ms = 0;
 };
 
 // node_fanout.cpp for node::broadcast() (node_broadcast.cpp). Offers one copy of the broadcast
@@ -126,9 +131,15 @@ void fan_expire(node::impl& n, uint64_t now);
 // stop(): every pending broadcast is reported closed from the loop (fan_run_deferred).
 void fan_stop(node::impl& n);
 void fan_run_deferred(node::impl& n);
-// A tree link came up: the load hints we know go to it. A load message arrived from a tree peer.
+// A tree link came up: the load hints we know go to it. A load message arrived from a version 6
+// tree peer: the hints of ids whose entries came through it are taken, and go on to the other
+// version 6 tree links paced by fan_load_tick.
 void fan_link_up(node::impl& n, peer_ep* p);
 void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id, uint32_t>>& l);
+// The hints taken since the last batch go on if a heartbeat interval has passed since it (the
+// first at once): a child sending hints as fast as its link goes costs every other link one
+// message per interval, and the latest value of each id arrives. No callbacks.
+void fan_load_tick(node::impl& n, uint64_t now);
 // Node `id` is gone (it left the directory, or a relay refused a send_any message to it with
 // unknown_route or not_connected): every send_any() message to it still owed its report and every
 // call_any() call to it not yet answered fail now with not_connected, from the loop (docs/bus.md

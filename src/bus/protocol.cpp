@@ -131,7 +131,7 @@ class reader {
     s->assign(reinterpret_cast<const char*>(b), n);
     return true;
   }
-  void fail() { ok_ = false; }
+  void fail(bool when = true) { ok_ = ok_ && !when; }
 
  private:
   const uint8_t* p_;
@@ -587,6 +587,7 @@ bool read_entry(reader& r, directory_entry* out) {
     node_label l;
     r.str8(&l.first, kMaxDirText);
     r.str8(&l.second, kMaxDirText);
+    for (const node_label& o : e.labels) r.fail(o.first == l.first);  // no key twice, as in config
     e.labels.push_back(std::move(l));
   }
   const size_t listen = r.u8();

@@ -2,7 +2,9 @@
 // version the connector never offered or with bus id 0, a parent that speaks for our subtree, a
 // child whose host name would write lines of its own into the routes text, and a child that
 // re-announces (or removes and re-adds) its entries without end or announces ids without end,
-// and a child that sends bad call blocks or ids not its own over and over (the log stays quiet).
+// a child that announces an entry with a label key twice, a child that sends load hints without
+// end or over a version 5 link, and a child that sends bad call blocks or ids not its own over
+// and over (the log stays quiet).
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,14 +99,47 @@ class NodeRegisterHostileTest : public bus_fixture {
   }
   // c announces node id's entry with a label version=v.
   static void send_entry(test::raw_child& c, bus_id id, const std::string& v) {
+    send_labelled(c, id, {{"version", v}});
+  }
+  // c announces node id's entry with `labels`.
+  static void send_labelled(test::raw_child& c, bus_id id, std::vector<node_label> labels) {
     proto::directory_body b;
     directory_entry e;
     e.id = id;
-    e.labels.emplace_back("version", v);
+    e.labels = std::move(labels);
     b.entries.push_back(e);
     std::vector<uint8_t> body;
     proto::encode_directory(b, &body);
     c.send(proto::msg_type::directory, body);
+  }
+  // c sends node id's load hint `load`, the pair repeated `times` times in one message.
+  static void send_load(test::raw_child& c, bus_id id, uint32_t load, size_t times = 1) {
+    proto::directory_body b;
+    b.op = proto::dir_op::load;
+    b.loads.assign(times, {id, load});
+    std::vector<uint8_t> body;
+    proto::encode_directory(b, &body);
+    c.send(proto::msg_type::directory, body);
+  }
+  // How many load messages c received with a hint of node id, and the last such hint in *last.
+  static size_t loads_got(const test::raw_child& c, bus_id id, uint32_t* last) {
+    size_t k = 0;
+    for (const auto& m : c.got) {
+      proto::directory_body b;
+      if (m.hd.type != proto::msg_type::directory ||
+          proto::parse_directory(m.body.data(), m.body.size(), &b) != errc::ok ||
+          b.op != proto::dir_op::load) {
+        continue;
+      }
+      bool has = false;
+      for (const auto& [i, l] : b.loads) {
+        if (i != id) continue;
+        has = true;
+        *last = l;
+      }
+      k += has ? 1 : 0;
+    }
+    return k;
   }
   // A root 0x100 (subnet 0x100/8) with hand-made child c registered to it.
   bus_node* root_with(test::raw_child& c) {
@@ -114,15 +149,23 @@ class NodeRegisterHostileTest : public bus_fixture {
       rc.heartbeat_timeout_ms = 60000;  // c does not answer pings
       return rc;
     }());
+    attach(c, r);
+    return r;
+  }
+  // Hand-made child c registered to r.
+  void attach(test::raw_child& c, const bus_node* r) {
     c.compress = false;
     c.start(&loop_, r->n->listen_urls().at(0));
     EXPECT_TRUE(wait([&] { return c.registered; }));
-    return r;
   }
   // Whether t lists node id with the label version=v.
   static bool has_version(const bus_node* t, bus_id id, const std::string& v) {
+    return has_labelled(t, id, {{"version", v}});
+  }
+  // Whether t lists node id with all of `labels`.
+  static bool has_labelled(const bus_node* t, bus_id id, const std::vector<node_label>& labels) {
     directory_entry e;
-    return t->n->lookup(id, &e) && e.has_labels({{"version", v}});
+    return t->n->lookup(id, &e) && e.has_labels(labels);
   }
   // How many of t's log lines contain `text`.
   static size_t lines_with(const bus_node* t, const std::string& text) {
@@ -320,6 +363,59 @@ TEST_F(NodeRegisterHostileTest, AChildsDirectoryChangesAreBoundedAndTheLatestArr
   EXPECT_FALSE(c.closed);
   c.ch->close();
   ASSERT_TRUE(wait([&] { return c.ch->closed(); }));
+}
+
+// A child announcing an entry with a label key twice (zone=a, zone=b) was taken as it came:
+// pick(), find() and has_labels saw both values, where a node's own config refuses it. Now a
+// protocol error like any other malformed entry: counted, the link closed, the entry not taken.
+TEST_F(NodeRegisterHostileTest, AnEntryWithALabelKeyTwiceIsAProtocolError) {
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  const uint64_t errors = r->n->counters().protocol_errors;
+  send_labelled(c, 0x101, {{"zone", "a"}, {"zone", "b"}});
+  const auto taken = [&] { return has_labelled(r, 0x101, {{"zone", "b"}}); };
+  ASSERT_TRUE(wait([&] { return c.closed || taken(); }));
+  EXPECT_FALSE(taken());
+  EXPECT_TRUE(c.closed);
+  EXPECT_EQ(r->n->counters().protocol_errors, errors + 1);
+  EXPECT_TRUE(r->logged("bad directory message"));
+}
+
+// A child sending its load hint as fast as its link goes (here 10 000 messages, each with its
+// id 8 times): every pair went on at once to every other tree link, unpaced and repeated, filling
+// their queues with control messages. Now the hints taken go on at most once per heartbeat
+// interval (the first at once), each id once with its latest value, which arrives.
+TEST_F(NodeRegisterHostileTest, AChildsLoadHintsArePacedAndTheLatestArrives) {
+  constexpr uint32_t kHints = 10000;
+  test::raw_child c(0x101, 0x100);
+  bus_node* r = root_with(c);
+  test::raw_child other(0x102, 0x100);
+  attach(other, r);
+  send_entry(c, 0x101, "1");  // only the link its entry came by speaks for a node
+  ASSERT_TRUE(wait([&] { return has_version(r, 0x101, "1"); }));
+  const auto begin = std::chrono::steady_clock::now();
+  for (uint32_t i = 1; i <= kHints; ++i) send_load(c, 0x101, i, 8);
+  uint32_t last = 0;
+  ASSERT_TRUE(wait([&] { return loads_got(other, 0x101, &last) != 0 && last == kHints; }));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const size_t got = loads_got(other, 0x101, &last);
+  // One at once, then one per heartbeat interval (100 ms), and a tick's slack.
+  EXPECT_LE(got, static_cast<size_t>(2 + 10 * (secs + 0.5))) << "in " << secs << " s";
+  EXPECT_FALSE(c.closed);
+}
+
+// A load hint (directory op 3, protocol version 6) over a version 5 link, where none is ever sent:
+// it was taken and passed on. Now a protocol error, the link closed.
+TEST_F(NodeRegisterHostileTest, LoadHintsOverAVersion5LinkAreAProtocolError) {
+  test::raw_child c(0x101, 0x100);
+  c.max_version = 5;
+  bus_node* r = root_with(c);
+  const uint64_t errors = r->n->counters().protocol_errors;
+  send_load(c, 0x101, 7);
+  ASSERT_TRUE(wait([&] { return c.closed; }));
+  EXPECT_EQ(r->n->counters().protocol_errors, errors + 1);
+  EXPECT_TRUE(r->logged("load hints over a link below protocol version 6"));
 }
 
 // A data message flagged as a call whose call block does not parse (here: no payload) is dropped;

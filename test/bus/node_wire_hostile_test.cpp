@@ -238,7 +238,8 @@ TEST_F(NodeWireHostileTest, BodiesNotConsumedExactlyAndOtherHeaderLayoutsAreRefu
 }
 
 // A malformed body read from the shared-memory ring was dropped without a trace (a bad header
-// there was counted). Now counted as a protocol error like one.
+// there was counted). Now counted as a protocol error like one. The same for a broadcast (a
+// selector of kind 9, a body cut short inside its subnet selector): it was dropped, uncounted.
 TEST_F(NodeWireHostileTest, AMalformedBodyFromTheRingIsCounted) {
   ring_ = "shm://" + test::unique_name("wire-hostile");
   node_config rc = fast_config();
@@ -252,12 +253,21 @@ TEST_F(NodeWireHostileTest, AMalformedBodyFromTheRingIsCounted) {
   h.type = proto::msg_type::data;
   h.source = 0x102;
   h.target = kRoot;
+  proto::header bh = h;
+  bh.type = proto::msg_type::broadcast;
+  bh.target = 0;
+  bh.sequence = 1;
+  for (const std::vector<uint8_t>& body : {std::vector<uint8_t>{9, 0, 0, 0, 0}, {2, 0, 1}}) {
+    const std::vector<uint8_t> m = proto::build(bh, body);
+    ASSERT_EQ(w.send(m.data(), m.size()), errc::ok);
+  }
   for (const std::vector<uint8_t>& body : {std::vector<uint8_t>(2), data_body("after")}) {
     const std::vector<uint8_t> m = proto::build(h, body);
     ASSERT_EQ(w.send(m.data(), m.size()), errc::ok);
   }
   ASSERT_TRUE(wait([&] { return got(r, 0x102, "after"); }));
-  EXPECT_EQ(r->n->counters().protocol_errors, 1u);
+  EXPECT_EQ(r->n->counters().protocol_errors, 3u);
+  EXPECT_TRUE(r->logged("dropping broadcast message 1 0x102 -> 0x0: bad broadcast body"));
   w.close();
 }
 
