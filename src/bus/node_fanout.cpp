@@ -1,5 +1,6 @@
-// Any node of a type (pick, send_any, load hints) and broadcast (fan-out along the tree links,
-// acknowledgements, the summary report): docs/bus.md "Any node of a type" and "Broadcast".
+// Any node of a type (pick, send_any; the load hints are node_load.cpp's) and broadcast (fan-out
+// along the tree links, acknowledgements, the summary report): docs/bus.md "Any node of a type"
+// and "Broadcast".
 #include <algorithm>
 #include <cstdint>
 
@@ -11,8 +12,6 @@ using detail::fanout_state;
 using detail::pending_broadcast;
 
 namespace {
-constexpr uint8_t kV6 = 6;
-
 uint64_t mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -35,14 +34,6 @@ bool self_matches(const node::impl& n, const broadcast_target& to) {
   return (to.type.empty() || to.type == n.cfg.type) && labels_match(n.cfg.labels, to.labels);
 }
 
-// A parent or child link speaking version 6. A tool node sends no load hints (its parent would
-// refuse a directory message from it); its broadcasts go to its parent like any node's.
-bool tree_v6(const node::impl& n, const detail::peer_ep* p, bool loads = true) {
-  return !(loads && n.cfg.join_as_tool) && p != nullptr && p->lk != nullptr &&
-         (p->kind == detail::peer_kind::parent || p->kind == detail::peer_kind::child) &&
-         node::impl::version_of(p) >= kV6;
-}
-
 // The tree neighbour a broadcast from `source` came through: the child towards it, or the parent
 // (a sibling's broadcast, like any from outside our subnets, comes down from the parent). For a
 // copy read from our shared-memory ring, which has no link: sending it back there would bounce
@@ -59,6 +50,13 @@ bus_id tree_hop_towards(const node::impl& n, bus_id source) {
 }
 
 }  // namespace
+
+bool detail::fan_tree_v6(const node::impl& n, const peer_ep* p, bool loads) {
+  constexpr uint8_t kV6 = 6;
+  return !(loads && n.cfg.join_as_tool) && p != nullptr && p->lk != nullptr &&
+         (p->kind == peer_kind::parent || p->kind == peer_kind::child) &&
+         node::impl::version_of(p) >= kV6;
+}
 
 // Why a type-and-labels selector cannot go on the wire whole (empty: it can). Cut silently, the
 // relays would match a selector other than the one the sender counted its targets by.
@@ -105,7 +103,7 @@ size_t detail::fan_out(node::impl& n, bus_id except, const broadcast_target& to,
   size_t sent = 0;
   for (auto& [id, e] : hops) {
     detail::peer_ep* p = n.find_peer(id);
-    if (!tree_v6(n, p, false)) {
+    if (!detail::fan_tree_v6(n, p, false)) {
       const bool tree =
           p != nullptr && p->lk != nullptr &&
           (p->kind == detail::peer_kind::parent || p->kind == detail::peer_kind::child);
@@ -623,23 +621,6 @@ void detail::fan_restarted(node::impl& n, bus_id id) {
   settle_any(n, id);
 }
 
-void node::set_load(uint32_t load) {
-  UVBUS_ON_OWNER_THREAD_OR(impl_->owner, "node::set_load", );
-  fanout_state& f = *impl_->fan;
-  if (f.my_load == load) return;
-  f.my_load = load;
-  f.load_dirty = true;
-}
-
-// ------------------------------------------------------------------------------ load hints --
-namespace {
-void send_loads(node::impl& n, detail::peer_ep* p, const proto::directory_body& b) {
-  std::vector<uint8_t> body;
-  proto::encode_directory(b, &body);
-  (void)n.send_control(p->lk, n.make_header(proto::msg_type::directory, p->id, 0), body);
-}
-}  // namespace
-
 void detail::fan_tick(node::impl& n, uint64_t now) {
   fanout_state& f = *n.fan;
   detail::fan_expire(n, now);  // h->calls does this at each deadline; the tick is a backstop
@@ -649,79 +630,7 @@ void detail::fan_tick(node::impl& n, uint64_t now) {
   for (auto it = f.any_calls.begin(); it != f.any_calls.end();) {
     it = n.find_call(it->first) == nullptr ? f.any_calls.erase(it) : std::next(it);
   }
-  if (!f.load_dirty || now - f.load_sent_ms < n.cfg.heartbeat_interval_ms) return;
-  f.load_dirty = false;
-  f.load_sent_ms = now;
-  proto::directory_body b;
-  b.op = proto::dir_op::load;
-  b.loads.emplace_back(n.self, f.my_load);
-  for (auto& [id, p] : n.peers) {
-    if (tree_v6(n, p.get())) send_loads(n, p.get(), b);
-  }
-}
-
-void detail::fan_link_up(node::impl& n, peer_ep* p) {
-  if (!tree_v6(n, p)) return;
-  proto::directory_body b;
-  b.op = proto::dir_op::load;
-  b.loads.emplace_back(n.self, n.fan->my_load);
-  for (const auto& [id, load] : n.fan->loads) {
-    const auto it = n.dir.find(id);
-    if (it != n.dir.end() && it->second.via != p->id) b.loads.emplace_back(id, load);
-    if (b.loads.size() == proto::kMaxDirItems) break;
-  }
-  send_loads(n, p, b);
-}
-
-void detail::fan_loads(node::impl& n, peer_ep* from,
-                       const std::vector<std::pair<bus_id, uint32_t>>& l) {
-  fanout_state& f = *n.fan;
-  for (const auto& [id, load] : l) {
-    const auto it = n.dir.find(id);
-    // Only the link a node's entry came through speaks for it.
-    if (it == n.dir.end() || it->second.via != from->id) continue;
-    f.loads[id] = load;
-    f.loads_out.insert(id);  // goes on with the next batch, its latest value
-  }
-  // Hints of nodes that left the directory go once they outnumber the directory (amortised: the
-  // map stays within twice the directory's size).
-  auto& loads = f.loads;
-  if (loads.size() > 2 * n.dir.size() + 64) {
-    for (auto it = loads.begin(); it != loads.end();) {
-      it = n.dir.count(it->first) == 0 ? loads.erase(it) : std::next(it);
-    }
-  }
-  fan_load_tick(n, n.now_ms());
-}
-
-void detail::fan_load_tick(node::impl& n, uint64_t now) {
-  fanout_state& f = *n.fan;
-  if (f.loads_out.empty() || now - f.loads_fwd_ms < n.cfg.heartbeat_interval_ms) return;
-  f.loads_fwd_ms = now;
-  struct hint {
-    bus_id id;
-    bus_id via;  // the link its entry came by
-    uint32_t load;
-  };
-  std::vector<hint> out;
-  for (const bus_id id : f.loads_out) {
-    const auto d = n.dir.find(id);
-    const auto l = f.loads.find(id);
-    if (d != n.dir.end() && l != f.loads.end()) out.push_back({id, d->second.via, l->second});
-  }
-  f.loads_out.clear();
-  for (auto& [pid, p] : n.peers) {
-    if (!tree_v6(n, p.get())) continue;
-    proto::directory_body b;
-    b.op = proto::dir_op::load;
-    for (const hint& h : out) {
-      if (h.via != pid) b.loads.emplace_back(h.id, h.load);  // not back where it came from
-      if (b.loads.size() < proto::kMaxDirItems) continue;
-      send_loads(n, p.get(), b);
-      b.loads.clear();
-    }
-    if (!b.loads.empty()) send_loads(n, p.get(), b);
-  }
+  fan_own_load(n, now);
 }
 
 }  // namespace uvbus

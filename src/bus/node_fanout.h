@@ -120,8 +120,14 @@ std::string fan_selector_fault(const broadcast_target& to);
 // Broadcasts, and acknowledgements for us (true: handled); copies that cannot go on count as drops.
 bool fan_routed(node::impl& n, link* from, const proto::header& hd, const uint8_t* data,
                 size_t size);
-// Deadlines, and our load hint when it changed (at most once per heartbeat interval).
+// Deadlines, and our load hint when it changed (fan_own_load).
 void fan_tick(node::impl& n, uint64_t now);
+// Our load hint (node::set_load) to the version 6 tree links, when it changed and a heartbeat
+// interval has passed since the last (node_load.cpp).
+void fan_own_load(node::impl& n, uint64_t now);
+// A parent or child link speaking version 6 (loads: and a node that sends load hints: a tool node
+// sends none, its parent would refuse a directory message from it).
+bool fan_tree_v6(const node::impl& n, const peer_ep* p, bool loads = true);
 // Broadcast `id` (just made pending) times out at deadline_ms: node_call.cpp's timer is armed for
 // it. The earliest deadline of a pending broadcast (UINT64_MAX: none). The broadcasts whose
 // deadline has come end (timeout; reported from the loop): no callback runs here.
