@@ -289,7 +289,8 @@ class node {
   // Graceful stop: pending messages fail (closed); end-to-end messages already sent get up to
   // stop_flush_ms for their acknowledgements (then the rest is reported closed); every peer gets
   // a goodbye, every stream link flushes its queue and closes, listeners and the shm ring close.
-  // With discovery, the etcd lease is revoked first (within request_timeout_ms). on_down(closed)
+  // With discovery, the etcd lease is revoked first (within request_timeout_ms; twice that when
+  // etcd authentication must first get a token). on_down(closed)
   // fires when all of it is done (from the loop), so destroying the node there loses nothing.
   // Idempotent. The node can not be started again.
   void stop();

@@ -55,10 +55,11 @@ struct tls_config {
   // (a psk-mode list holding any suite that is not *_SHA256 is refused with invalid_argument: a
   // server preferring that suite would skip the key and fail every handshake). A list OpenSSL
   // refuses is invalid_argument too, from validate() or when a listen or dial builds the context
-  // (the detail names the list), and so is one holding any name that is not a TLS 1.3 suite
-  // OpenSSL knows (the detail names it): OpenSSL would drop an unknown name silently, and take a
-  // TLS 1.2 suite's standard name (TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256), failing every
-  // handshake ("no ciphers available").
+  // (the detail names the list), and so is one holding any name that is not one of RFC 8446's
+  // five TLS 1.3 suites (the detail names it): OpenSSL would drop an unknown name silently, and
+  // take a TLS 1.2 suite's standard name (TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256), failing every
+  // handshake ("no ciphers available"). A TLS 1.3 suite this OpenSSL lacks (ChaCha20 under a FIPS
+  // provider) is dropped by OpenSSL, as before.
   std::string ciphersuites;
 
   // A connection that has not finished its handshake within this time is closed with

@@ -175,6 +175,12 @@ errc check_parents(const node_config& cfg, std::string* detail) {
                   "join_as_tool: a tool accepts no children, and subnets has " +
                       std::to_string(cfg.subnets.size()) + " entries");
   }
+  // Its etcd entry would list it in its parent's directory, which refuses a tool whose id it lists
+  // (duplicate_id, for ever): a tool is never announced.
+  if (cfg.join_as_tool && !cfg.discovery.etcd_endpoints.empty()) {
+    return refuse(detail, errc::invalid_argument,
+                  "join_as_tool: a tool is never announced, and discovery.etcd_endpoints is set");
+  }
   return errc::ok;
 }
 

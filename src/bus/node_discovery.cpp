@@ -92,7 +92,8 @@ errc node::impl::disc_start() {
 
 void node::impl::disc_stop() {
   // Revokes the lease. The node's stop completes (on_down(closed)) only after the revoke's answer
-  // (bounded by request_timeout_ms): destroying the node in on_down would otherwise cancel it.
+  // (bounded by request_timeout_ms, twice that when a token must be got first): destroying the
+  // node in on_down would otherwise cancel it.
   if (disc) {
     disc_stopping = disc->stop([this] {
       disc_stopping = false;

@@ -7,6 +7,7 @@
 #include <openssl/kdf.h>
 #include <openssl/ssl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -78,23 +79,18 @@ std::string_view non_sha256_suite(const std::string& suites) {
   });
 }
 
-// The first name of `suites` that is not a TLS 1.3 suite of c's list (empty if none). OpenSSL 3.0
-// takes a TLS 1.2 suite's standard name (TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256) into the TLS 1.3
-// list, after which every handshake fails ("no ciphers available"), and drops an unknown name
-// inside a list silently.
-std::string_view foreign_suite(SSL_CTX* c, const std::string& suites) {
-  const STACK_OF(SSL_CIPHER)* have = SSL_CTX_get_ciphers(c);
-  const int count = have == nullptr ? 0 : sk_SSL_CIPHER_num(have);
+// The first name of `suites` that is not one of RFC 8446's TLS 1.3 suites (empty if none). OpenSSL
+// 3.0 takes a TLS 1.2 suite's standard name (TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256) into the TLS
+// 1.3 list, after which every handshake fails ("no ciphers available"), and drops an unknown name
+// inside a list silently. The names, not this build's cipher list: a suite the build lacks
+// (ChaCha20 under a FIPS provider) is dropped by OpenSSL as before, and the psk default list still
+// works.
+std::string_view foreign_suite(const std::string& suites) {
+  constexpr std::string_view kTls13[] = {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
+                                         "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_128_CCM_SHA256",
+                                         "TLS_AES_128_CCM_8_SHA256"};
   return first_suite(suites, [&](std::string_view one) {
-    for (int i = 0; i < count; ++i) {
-      const SSL_CIPHER* ci = sk_SSL_CIPHER_value(have, i);
-      const char* name = SSL_CIPHER_standard_name(ci);
-      if (name != nullptr && one == name &&
-          std::strcmp(SSL_CIPHER_get_version(ci), "TLSv1.3") == 0) {
-        return false;  // (its version: the lowest it may be used with)
-      }
-    }
-    return true;
+    return std::find(std::begin(kTls13), std::end(kTls13), one) == std::end(kTls13);
   });
 }
 
@@ -282,11 +278,11 @@ errc tls_context::build(const tls_config& cfg, std::shared_ptr<const tls_context
   if (!suites.empty() && SSL_CTX_set_ciphersuites(c, suites.c_str()) != 1) {
     return ssl_error("ciphersuites '" + suites + "' rejected", detail, errc::invalid_argument);
   }
-  if (const std::string_view bad = foreign_suite(c, suites); !bad.empty()) {
+  if (const std::string_view bad = foreign_suite(suites); !bad.empty()) {
     *detail = "tls: ciphersuites '" + suites + "' holds " + std::string(bad) +
-              ", not a TLS 1.3 suite OpenSSL knows (such as TLS_AES_128_GCM_SHA256, "
-              "TLS_AES_256_GCM_SHA384, TLS_CHACHA20_POLY1305_SHA256): OpenSSL would drop it, or "
-              "fail every handshake";
+              ", not a TLS 1.3 suite (TLS_AES_128_GCM_SHA256, TLS_AES_256_GCM_SHA384, "
+              "TLS_CHACHA20_POLY1305_SHA256, TLS_AES_128_CCM_SHA256, TLS_AES_128_CCM_8_SHA256): "
+              "OpenSSL would drop it, or fail every handshake";
     return errc::invalid_argument;
   }
   const errc e =

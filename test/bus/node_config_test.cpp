@@ -70,6 +70,14 @@ std::vector<rule> url_rules() {
          c->subnets = {{0x100, 8}};
        },
        errc::invalid_argument, "join_as_tool: a tool accepts no children, and subnets has 1"},
+      {"tool with discovery",
+       [](C* c) {
+         c->join_as_tool = true;
+         c->parent_urls = {"ipv4://127.0.0.1:1"};
+         c->discovery.etcd_endpoints = {"http://127.0.0.1:2379"};
+       },
+       errc::invalid_argument,
+       "join_as_tool: a tool is never announced, and discovery.etcd_endpoints is set"},
       {"long name", [](C* c) { c->name = std::string(129, 'n'); }, errc::invalid_argument,
        "name: 129 bytes, at most 128"},
       {"empty label key",
