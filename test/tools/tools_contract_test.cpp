@@ -82,22 +82,30 @@ TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
 // 256 MiB file was read into memory and only then refused (message_too_large, after joining; exit 3
 // here, with no parent). A payload over the tool node's message limit (64 KiB) can never be sent:
 // at most that much + 1 is read, and the refusal names the file and the limit, before joining.
+// A call's payload is at most message_limit - 13 (node::call: the call block takes 13 bytes): a
+// 65 530-byte call was read, joined, and refused then (exit 1, "message_too_large", the file not
+// named); now exit 2 before joining like any payload over the limit.
 TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
   const std::string path = "/tmp/" + uvbus::test::unique_name("tool-huge");
   ASSERT_EQ(sh("truncate -s 256M " + path), "rc=0\n");  // sparse: no disk taken
-  for (const char* cmd : {"send", "call"}) {
-    EXPECT_TRUE(usage_error(std::string(cmd) + " 0x10000 1 @" + path,
-                            "payload file '" + path + "' is larger than 65536 bytes"));
-  }
+  EXPECT_TRUE(usage_error("send 0x10000 1 @" + path,
+                          "payload file '" + path + "' is larger than 65536 bytes"));
+  EXPECT_TRUE(usage_error("call 0x10000 1 @" + path,
+                          "payload file '" + path + "' is larger than 65523 bytes"));
   std::remove(path.c_str());
   EXPECT_TRUE(usage_error("send 0x10000 1 @/dev/zero",
                           "payload file '/dev/zero' is larger than 65536 bytes"));
-  // 64 KiB exactly is not refused here (it goes on to join: exit 3, no parent).
-  ASSERT_EQ(sh("head -c 65536 /dev/zero >" + path), "rc=0\n");
-  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " send 0x10000 1 @" + path +
-                             " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+  ASSERT_EQ(sh("head -c 65530 /dev/zero >" + path), "rc=0\n");
+  EXPECT_TRUE(usage_error("call 0x10000 1 @" + path,
+                          "payload file '" + path + "' is larger than 65523 bytes"));
+  // Each limit exactly is not refused here (it goes on to join: exit 3, no parent).
+  for (const auto& [cmd, size] : {std::pair<const char*, int>{"send", 65536}, {"call", 65523}}) {
+    ASSERT_EQ(sh("head -c " + std::to_string(size) + " /dev/zero >" + path), "rc=0\n");
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " " + cmd + " 0x10000 1 @" + path +
+                               " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+    EXPECT_NE(out.find("rc=3"), std::string::npos) << cmd << ": " << out;
+  }
   std::remove(path.c_str());
-  EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
 }
 
 using uvbus::test::page_server;

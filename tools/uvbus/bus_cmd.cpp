@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bus/auth.h"  // uvbus::detail::printable: an error answer's detail
+#include "bus/wire.h"  // uvbus::proto::kCallSize
 #include "bus_cmd.h"
 #include "common.h"
 #include "session.h"
@@ -199,10 +200,25 @@ int ping(const bus_args& a, session* s, uint64_t target) {
   return rtt.size() == count ? kExitOk : kExitFailed;
 }
 
+// The largest payload subcommand cmd (send or call) can send: the tool node's message_limit; a
+// call's less its call block (node.h, node::call: message_too_large above message_limit - 13).
+// node.h names no constant for the block: its size is the wire's, proto::kCallSize. A 65 530-byte
+// call was checked against message_limit, joined, and was refused only then (exit 1).
+struct payload_limit {
+  size_t bytes;
+  const char* what;  // for the refusal
+};
+payload_limit payload_limit_of(const std::string& cmd) {
+  const size_t limit = uvbus::node_config{}.message_limit;
+  if (cmd != "call") return {limit, "the tool node's message_limit"};
+  return {limit - uvbus::proto::kCallSize, "the tool node's message_limit less the call block"};
+}
+
 // PAYLOAD, or FILE's bytes for @FILE: false with *why (the file and what was wrong) when FILE
 // cannot be read or holds more than `limit` bytes. At most limit + 1 bytes are read: `@/dev/zero`
 // read for ever, and a 256 MiB file was read whole (575 MB resident) only to be refused later.
-bool read_payload(const char* arg, size_t limit, std::string* out, std::string* why) {
+bool read_payload(const char* arg, payload_limit lim, std::string* out, std::string* why) {
+  const size_t limit = lim.bytes;
   if (arg[0] != '@') {
     *out = arg;
     return true;
@@ -228,8 +244,8 @@ bool read_payload(const char* arg, size_t limit, std::string* out, std::string* 
     return false;
   }
   if (body.size() > limit) {
-    *why = "payload file '" + file + "' is larger than " + std::to_string(limit) +
-           " bytes (the tool node's message_limit)";
+    *why = "payload file '" + file + "' is larger than " + std::to_string(limit) + " bytes (" +
+           lim.what + ")";
     return false;
   }
   *out = std::move(body);
@@ -378,8 +394,7 @@ int bus_main(int argc, char** argv) {
     return kExitUsage;
   }
   std::string why;
-  if (with_body &&
-      !read_payload(a.pos[2].c_str(), uvbus::node_config{}.message_limit, &body, &why)) {
+  if (with_body && !read_payload(a.pos[2].c_str(), payload_limit_of(cmd), &body, &why)) {
     std::fprintf(stderr, "uvbus %s: %s\n", argv[0], why.c_str());
     return kExitUsage;
   }
