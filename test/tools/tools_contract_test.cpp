@@ -396,6 +396,20 @@ TEST(ToolsContract, CallHelpIsItsUsage) {
   EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
 }
 
+// `top --help` called the levels "*_now, *_bytes" (compressed_raw_bytes and compressed_wire_bytes
+// are counters with a rate; flow_targets, flow_sources and peers are levels) and never named
+// --metrics. It lists the levels top takes (is_counters_level) and --metrics URL.
+TEST(ToolsContract, TopHelpNamesTheLevelsAndMetrics) {
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " top --help");
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("[--metrics URL]"), std::string::npos) << out;
+  EXPECT_EQ(out.find("*_bytes"), std::string::npos) << out;
+  for (const char* l : {"pending_now", "flow_unacked_bytes", "flow_targets", "flow_sources",
+                        "flow_buffer_bytes", "peers"}) {
+    EXPECT_NE(out.find(l), std::string::npos) << l << ": " << out;
+  }
+}
+
 // `uvbus metrics` told libcurl's errors apart only as "malformed URL" (2) or not (3, "could not
 // connect"): a page that stalls after the connection is made, and an answer that is not HTTP (or
 // none: the server closes), exited 3 as if nothing listened. Now: a timeout after connecting is
