@@ -8,8 +8,8 @@
 // output that cannot be written fails, a closed stdout stays closed; ids with a leading zero are
 // decimal, options a subcommand does not take are refused, `metrics --json` and `top --json` are
 // JSON whatever the numbers, and `shm drain`'s quiet time does not wrap; `top --metrics` has no
-// rate without the previous scrape and is refused with --json, top's levels are the gauges, and
-// JSON label objects have each key once.
+// rate without the previous scrape and is refused with --json, top's levels are the gauges (and
+// its help says so), JSON label objects have each key once, and an empty option value is refused.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -408,6 +408,18 @@ TEST(ToolsContract, TopHelpNamesTheLevelsAndMetrics) {
                         "flow_buffer_bytes", "peers"}) {
     EXPECT_NE(out.find(l), std::string::npos) << l << ": " << out;
   }
+}
+
+// An empty value was taken as no option: `--parent ""` joined UVBUS_PARENT (docs/tools.md: the
+// option wins), `top --metrics ""` dropped the link table without a word. Refused, exit 2.
+TEST(ToolsContract, AnEmptyOptionValueIsRefused) {
+  const std::string t = std::string("UVBUS_PARENT=ipv4://127.0.0.1:1 ") + UVBUS_TOOL_PATH;
+  std::string out = sh(t + " routes 0x10000 --parent '' --timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad value '' for --parent"), std::string::npos) << out;
+  out = sh(t + " top 0x10000 --metrics '' --timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad value '' for --metrics"), std::string::npos) << out;
 }
 
 // `uvbus metrics` told libcurl's errors apart only as "malformed URL" (2) or not (3, "could not

@@ -35,6 +35,8 @@ const char* value_range(const std::string& option) {
   if (option == "--timeout-ms") return " (milliseconds, 1..4294967295)";
   if (option == "--interval-ms") return " (milliseconds, 0..4294967295)";
   if (option == "--id") return " (a non-zero node id, decimal or 0x hex)";
+  if (option == "--parent") return " (the parent's stream URL, not empty)";
+  if (option == "--metrics") return " (http://HOST:PORT[/PATH], not empty)";
   return "";
 }
 
@@ -80,9 +82,15 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   }
   if (!need("a value")) return false;
   ++*i;
-  if (s == "--parent") a->join.parent = v;
-  if (s == "--token") a->join.token = v;
-  if (s == "--metrics") a->metrics = v;
+  // An empty --parent or --metrics was taken as none: UVBUS_PARENT joined instead (the option
+  // wins), top dropped its link table without a word. An empty --token is no token (no proof
+  // sent, UVBUS_TOKEN not read): docs/tools.md.
+  if (s == "--parent") ok = !(a->join.parent = v).empty();
+  if (s == "--token") {
+    a->join.token = v;
+    a->token_given = true;
+  }
+  if (s == "--metrics") ok = !(a->metrics = v).empty();
   if (s == "--id") ok = parse_id(v, &a->join.id);
   if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
   // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
@@ -97,7 +105,7 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
 
 int check_env(bus_args* a) {
   if (a->join.parent.empty()) a->join.parent = env_or("UVBUS_PARENT", "");
-  if (a->join.token.empty()) a->join.token = env_or("UVBUS_TOKEN", "");
+  if (!a->token_given) a->join.token = env_or("UVBUS_TOKEN", "");
   if (a->join.id == 0) {
     const char* e = env_or("UVBUS_TOOL_ID", nullptr);
     if (e != nullptr && !parse_id(e, &a->join.id)) {
