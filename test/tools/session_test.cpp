@@ -77,7 +77,8 @@ class root_thread {
       c.parent_urls = {n->listen_urls().at(0)};
       child = std::make_unique<uvbus::node>(&loop, kChild, c, uvbus::node_callbacks{});
       ok = child->start() == uvbus::errc::ok &&
-           uvbus::test::run_until(&loop, [&] { return child->up(); }, std::chrono::seconds(30));
+           uvbus::test::run_until(
+               &loop, [&] { return child->up(); }, std::chrono::seconds(30));
     }
     url->set_value(ok ? n->listen_urls().at(0) : "");
     while (!stopping) uv_run(&loop, UV_RUN_ONCE);

@@ -104,8 +104,9 @@ std::string top_json(uint64_t target, double seconds, const std::vector<top_coun
 
 const std::vector<const char*>& counters_levels() {
   static const std::vector<const char*> levels = {
-      "pending_now",  "flow_unacked_now",  "flow_unacked_bytes", "flow_targets",
-      "flow_sources", "flow_buffer_bytes", "peers"};
+      "pending_now",  "flow_unacked_now", "flow_unacked_bytes",
+      "flow_targets", "flow_sources",     "flow_buffer_bytes",
+      "peers"};
   return levels;
 }
 
