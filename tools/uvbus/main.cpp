@@ -87,7 +87,8 @@ void print_levels() {
       std::printf("%s\n", line.c_str());
       line = "   ";
     }
-    line = line + " " + l;
+    line += ' ';
+    line += l;
   }
   std::printf("%s\n", line.c_str());
 }
