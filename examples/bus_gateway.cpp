@@ -119,7 +119,8 @@ struct app {
   int player = 0;
   int limit = 0;  // stop after this many requests (0: run until Ctrl-C)
 
-  // Graceful stop: every node says goodbye and flushes; uv_run returns once all have closed.
+  // Graceful stop: every node says goodbye and flushes (stop() does nothing to a node that never
+  // started); uv_run returns once all have closed.
   void stop() {
     if (gateway) gateway->stop();
     for (auto& l : logic) l->stop();
@@ -127,6 +128,39 @@ struct app {
       uv_close(reinterpret_cast<uv_handle_t*>(&sig), nullptr);
       uv_close(reinterpret_cast<uv_handle_t*>(&tick), nullptr);
     }
+  }
+
+  // Starts every node; false (the refusal printed) at the first that fails.
+  bool start() {
+    if (gateway) {
+      if (const uvbus::errc e = gateway->start(); e != uvbus::errc::ok) {
+        std::fprintf(stderr, "gateway: %s %s\n", to_string(e),
+                     gateway->last_error().detail.c_str());
+        return false;
+      }
+    }
+    for (auto& l : logic) {
+      if (const uvbus::errc e = l->start(); e != uvbus::errc::ok) {
+        std::fprintf(stderr, "logic: %s %s\n", to_string(e), l->last_error().detail.c_str());
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The end (node.h, for every node, one whose start() failed too): stop everything, run the
+  // loop until it has closed, destroy the nodes, run it again until their handles have closed.
+  int finish(uv_loop_t* loop, int rc) {
+    stop();
+    uv_run(loop, UV_RUN_DEFAULT);
+    gateway.reset();
+    logic.clear();
+    uv_run(loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(loop) != 0) {
+      std::fprintf(stderr, "the loop still has open handles at exit\n");
+      return 1;
+    }
+    return rc;
   }
 };
 
@@ -148,20 +182,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [gateway | logic 1|2]\n", argv[0]);
     return 2;
   }
-  if (a.gateway) {
-    if (const uvbus::errc e = a.gateway->start(); e != uvbus::errc::ok) {
-      std::fprintf(stderr, "gateway: %s %s\n", to_string(e),
-                   a.gateway->last_error().detail.c_str());
-      return 1;
-    }
-  }
-  for (auto& l : a.logic) {
-    if (const uvbus::errc e = l->start(); e != uvbus::errc::ok) {
-      std::fprintf(stderr, "logic: %s %s\n", to_string(e), l->last_error().detail.c_str());
-      return 1;
-    }
-  }
+  // The handles stop() closes exist from here on, whatever happens next.
   uv_signal_init(loop, &a.sig);
+  uv_timer_init(loop, &a.tick);
+  if (!a.start()) return a.finish(loop, 1);
   a.sig.data = &a;
   uv_signal_start(
       &a.sig,
@@ -172,7 +196,6 @@ int main(int argc, char** argv) {
       SIGINT);
 
   // The gateway's front end: a player request every 500 ms to the logic node owning the player.
-  uv_timer_init(loop, &a.tick);
   a.tick.data = &a;
   if (a.gateway) {
     uv_timer_start(
@@ -192,9 +215,5 @@ int main(int argc, char** argv) {
         500, 500);
   }
   uv_run(loop, UV_RUN_DEFAULT);
-  a.gateway.reset();
-  a.logic.clear();
-  uv_run(loop, UV_RUN_DEFAULT);  // let the nodes' handles close
-  uv_loop_close(loop);
-  return 0;
+  return a.finish(loop, 0);
 }

@@ -27,7 +27,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,30 @@ void stop_on_sigterm(uv_loop_t* loop, uv_signal_t* sig, node* n) {
       SIGINT);
 }
 
+// The process's end, as node.h asks of every node (one whose start() failed too): stop() (a
+// goodbye; idempotent, nothing for a node never started), destroy it, close this process's own
+// handles (signals, timers: null for one never initialized) and run the loop until all of it has
+// closed. Returns rc, or 1 if the loop still holds a handle.
+int finish(uv_loop_t* loop, std::unique_ptr<node> n, std::initializer_list<uv_handle_t*> handles,
+           int rc) {
+  for (uv_handle_t* h : handles) {
+    if (h != nullptr && !uv_is_closing(h)) uv_close(h, nullptr);
+  }
+  if (n) n->stop();
+  uv_run(loop, UV_RUN_DEFAULT);  // the goodbye flushed, the links closed
+  n.reset();
+  uv_run(loop, UV_RUN_DEFAULT);  // the node's handles closed
+  if (uv_loop_close(loop) != 0) {
+    std::fprintf(stderr, "hot_upgrade: the loop still has open handles at exit\n");
+    return 1;
+  }
+  return rc;
+}
+
+uv_handle_t* as_handle(void* h) {
+  return static_cast<uv_handle_t*>(h);
+}
+
 // The new process: waits for the old one's sockets and positions (HOT_UPGRADE_TAKEOVER=1).
 bool take_over(node_config* c, const char* who) {
   if (handover_path() == nullptr || std::getenv("HOT_UPGRADE_TAKEOVER") == nullptr) return true;
@@ -117,16 +143,17 @@ int run_root(const char* url_file, const char* url) {
     if (why == errc::closed) uv_stop(uv_default_loop());
   };
   if (!take_over(&c, "root")) return 1;
-  node n(loop, 0x100, c, cb);
-  if (const errc e = n.start(); e != errc::ok) {
-    std::fprintf(stderr, "root: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
-    return 1;
+  auto n = std::make_unique<node>(loop, 0x100, c, cb);
+  if (const errc e = n->start(); e != errc::ok) {
+    std::fprintf(stderr, "root: start: %s %s\n", to_string(e), n->last_error().detail.c_str());
+    return finish(loop, std::move(n), {}, 1);
   }
-  std::ofstream(url_file) << n.listen_urls().at(0) << "\n";
+  std::ofstream(url_file) << n->listen_urls().at(0) << "\n";
   uv_signal_t term;
-  stop_on_sigterm(loop, &term, &n);
+  stop_on_sigterm(loop, &term, n.get());
   uv_run(loop, UV_RUN_DEFAULT);
-  return hand_over(n, "root");
+  const int rc = hand_over(*n, "root");
+  return finish(loop, std::move(n), {as_handle(&term), as_handle(&g_int)}, rc);
 }
 
 struct logic_state {
@@ -168,16 +195,18 @@ int run_logic(const char* parent, const char* shm_name, const char* state_file, 
       std::fprintf(stderr, "logic: %s\n", m.c_str());
     };
   }
-  node n(loop, 0x102, c, cb);
-  st.n = &n;
-  if (const errc e = n.start(); e != errc::ok) {
-    std::fprintf(stderr, "logic: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
-    return 1;
+  auto n = std::make_unique<node>(loop, 0x102, c, cb);
+  st.n = n.get();
+  if (const errc e = n->start(); e != errc::ok) {
+    std::fprintf(stderr, "logic: start: %s %s\n", to_string(e), n->last_error().detail.c_str());
+    std::fclose(st.log);
+    return finish(loop, std::move(n), {}, 1);
   }
-  stop_on_sigterm(loop, &st.term, &n);
+  stop_on_sigterm(loop, &st.term, n.get());
   uv_run(loop, UV_RUN_DEFAULT);
   std::fclose(st.log);
-  return hand_over(n, "logic");
+  const int rc = hand_over(*n, "logic");
+  return finish(loop, std::move(n), {as_handle(&st.term), as_handle(&g_int)}, rc);
 }
 
 int run_sender(const char* parent, uint64_t count) {
@@ -198,10 +227,10 @@ int run_sender(const char* parent, uint64_t count) {
   node_config c = base();
   c.parent_urls = {parent};
   c.delivery_timeout_ms = 30000;
-  node n(loop, 0x101, c, cb);
-  if (const errc e = n.start(); e != errc::ok) {
-    std::fprintf(stderr, "sender: start: %s %s\n", to_string(e), n.last_error().detail.c_str());
-    return 1;
+  auto n = std::make_unique<node>(loop, 0x101, c, cb);
+  if (const errc e = n->start(); e != errc::ok) {
+    std::fprintf(stderr, "sender: start: %s %s\n", to_string(e), n->last_error().detail.c_str());
+    return finish(loop, std::move(n), {}, 1);
   }
   uv_timer_t t;
   uv_timer_init(loop, &t);
@@ -209,7 +238,7 @@ int run_sender(const char* parent, uint64_t count) {
     node* n;
     uint64_t* sent;
     uint64_t count;
-  } x{&n, &sent, count};
+  } x{n.get(), &sent, count};
   t.data = &x;
   uv_timer_start(
       &t,
@@ -226,8 +255,8 @@ int run_sender(const char* parent, uint64_t count) {
   while (ok + failed < count) uv_run(loop, UV_RUN_ONCE);
   std::printf("reports ok=%llu failed=%llu reconnects=%llu\n", static_cast<unsigned long long>(ok),
               static_cast<unsigned long long>(failed),
-              static_cast<unsigned long long>(n.counters().reconnects));
-  return failed == 0 ? 0 : 1;
+              static_cast<unsigned long long>(n->counters().reconnects));
+  return finish(loop, std::move(n), {as_handle(&t)}, failed == 0 ? 0 : 1);
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // The uvbus tool's session (tools/uvbus/session.cpp) in-process: what its node's callbacks touch
 // after join() returned, when the parent goes away later (ASan: detect_stack_use_after_return);
-// peer_text, the escaping of a remote node's text.
+// that it reaches the parent's children through the parent; peer_text, the escaping of a remote
+// node's text.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
@@ -29,12 +31,15 @@ namespace uvbus::session_test {
 namespace {
 
 constexpr uint64_t kRoot = 0x10000;
+constexpr uint64_t kChild = 0x10001;
 constexpr uint64_t kToolId = 0xfffe000000000001ULL;
 
-// A root node (id 0x10000, subnets 0x10000/16) on its own thread until stop().
+// A root node (id 0x10000, subnets 0x10000/16) on its own thread until stop(); with_child: and
+// its child 0x10001 (listening, so a sibling could dial it) on the same loop, registered before
+// the constructor returns.
 class root_thread {
  public:
-  root_thread() {
+  explicit root_thread(bool with_child = false) : with_child_(with_child) {
     std::promise<std::string> url;
     auto f = url.get_future();
     thread_ = std::thread([this, &url] { run(&url); });
@@ -64,15 +69,27 @@ class root_thread {
     cfg.subnets = {{kRoot, 16}};
     cfg.child_grace_ms = 0;
     auto n = std::make_unique<uvbus::node>(&loop, kRoot, cfg, uvbus::node_callbacks{});
-    const bool ok = n->start() == uvbus::errc::ok;
+    bool ok = n->start() == uvbus::errc::ok;
+    std::unique_ptr<uvbus::node> child;
+    if (ok && with_child_) {
+      uvbus::node_config c;
+      c.listen = {"ipv4://127.0.0.1:0"};
+      c.parent_urls = {n->listen_urls().at(0)};
+      child = std::make_unique<uvbus::node>(&loop, kChild, c, uvbus::node_callbacks{});
+      ok = child->start() == uvbus::errc::ok &&
+           uvbus::test::run_until(
+               &loop, [&] { return child->up(); }, std::chrono::seconds(30));
+    }
     url->set_value(ok ? n->listen_urls().at(0) : "");
     while (!stopping) uv_run(&loop, UV_RUN_ONCE);
+    child.reset();
     n.reset();
     uv_close(reinterpret_cast<uv_handle_t*>(&stop_), nullptr);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
   }
 
+  bool with_child_;
   std::thread thread_;
   std::string url_;
   uv_async_t stop_{};
@@ -115,6 +132,33 @@ TEST(ToolSession, JoinThatTimedOutTouchesNoReturnedFrame) {
   ::close(fd);  // the connection in the backlog is reset: the registration attempt fails now
   s.run_until([] { return false; }, 2000);
   EXPECT_TRUE(s.node().running());
+}
+
+// node_config::join_as_tool, docs/tools.md: the tool reaches every node through the parent. The
+// session left sibling_direct on: a command to the parent's child looked the child up and dialled
+// it directly (from an operator's host, a private address: a black hole, the command timed out),
+// and the child listed "sibling 0xfffe... via stream". Now the command goes through the parent:
+// no sibling link on either side.
+TEST(ToolSession, CommandsToTheParentsChildGoThroughTheParent) {
+  root_thread root(true);
+  ASSERT_FALSE(root.url().empty());
+  uvbus_tool::session s;
+  uvbus_tool::join_options o;
+  o.parent = root.url();
+  o.id = kToolId;
+  o.timeout_ms = 20000;
+  ASSERT_EQ(s.join(o, {}), uvbus_tool::kExitOk);
+  const uvbus_tool::command_result echo =
+      uvbus_tool::run_command(&s, kChild, uvbus::proto::command_id::echo, "x", o.timeout_ms);
+  ASSERT_EQ(echo.status, uvbus::errc::ok);
+  EXPECT_EQ(echo.text, "x");
+  for (const uvbus::endpoint_info& p : s.node().peers()) {
+    EXPECT_NE(p.role, uvbus::peer_role::sibling) << std::hex << p.id;
+  }
+  const uvbus_tool::command_result routes =
+      uvbus_tool::run_command(&s, kChild, uvbus::proto::command_id::routes, "", o.timeout_ms);
+  ASSERT_EQ(routes.status, uvbus::errc::ok);
+  EXPECT_EQ(routes.text.find("sibling"), std::string::npos) << routes.text;
 }
 
 // A remote node's text for the terminal (routes, counters: `uvbus routes`, `top`): fputs wrote it

@@ -463,6 +463,16 @@ TEST_F(Bus, JoinErrors) {
   EXPECT_NE(r.err.find("nonsense://x"), std::string::npos) << r.err;
 }
 
+// `--token ""` was taken as no option: UVBUS_TOKEN's token was sent anyway, so an operator could
+// not register without a proof but by unsetting the variable (docs/tools.md: the option wins; an
+// empty token is none). Now no proof is sent: this bus, which requires one, refuses.
+TEST_F(Bus, AnEmptyTokenOptionSendsNoProof) {
+  const run_result r = sh("UVBUS_TOKEN=secret " + std::string(UVBUS_TOOL_PATH) +
+                          " routes 0x10000 --parent " + url_ + " --token ''");
+  EXPECT_EQ(r.rc, 3) << r.out;
+  EXPECT_NE(r.err.find("access_denied"), std::string::npos) << r.err;
+}
+
 TEST_F(Bus, MetricsTextJsonAndHttpErrors) {
   ASSERT_FALSE(metrics_.empty());
   const std::string t = UVBUS_TOOL_PATH;

@@ -8,8 +8,8 @@
 // output that cannot be written fails, a closed stdout stays closed; ids with a leading zero are
 // decimal, options a subcommand does not take are refused, `metrics --json` and `top --json` are
 // JSON whatever the numbers, and `shm drain`'s quiet time does not wrap; `top --metrics` has no
-// rate without the previous scrape and is refused with --json, top's levels are the gauges, and
-// JSON label objects have each key once.
+// rate without the previous scrape and is refused with --json, top's levels are the gauges (and
+// its help says so), JSON label objects have each key once, and an empty option value is refused.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -82,22 +82,30 @@ TEST(ToolsContract, PayloadFileThatCannotBeReadIsAUsageError) {
 // 256 MiB file was read into memory and only then refused (message_too_large, after joining; exit 3
 // here, with no parent). A payload over the tool node's message limit (64 KiB) can never be sent:
 // at most that much + 1 is read, and the refusal names the file and the limit, before joining.
+// A call's payload is at most message_limit - 13 (node::call: the call block takes 13 bytes): a
+// 65 530-byte call was read, joined, and refused then (exit 1, "message_too_large", the file not
+// named); now exit 2 before joining like any payload over the limit.
 TEST(ToolsContract, PayloadFileOverTheMessageLimitIsRefused) {
   const std::string path = "/tmp/" + uvbus::test::unique_name("tool-huge");
   ASSERT_EQ(sh("truncate -s 256M " + path), "rc=0\n");  // sparse: no disk taken
-  for (const char* cmd : {"send", "call"}) {
-    EXPECT_TRUE(usage_error(std::string(cmd) + " 0x10000 1 @" + path,
-                            "payload file '" + path + "' is larger than 65536 bytes"));
-  }
+  EXPECT_TRUE(usage_error("send 0x10000 1 @" + path,
+                          "payload file '" + path + "' is larger than 65536 bytes"));
+  EXPECT_TRUE(usage_error("call 0x10000 1 @" + path,
+                          "payload file '" + path + "' is larger than 65523 bytes"));
   std::remove(path.c_str());
   EXPECT_TRUE(usage_error("send 0x10000 1 @/dev/zero",
                           "payload file '/dev/zero' is larger than 65536 bytes"));
-  // 64 KiB exactly is not refused here (it goes on to join: exit 3, no parent).
-  ASSERT_EQ(sh("head -c 65536 /dev/zero >" + path), "rc=0\n");
-  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " send 0x10000 1 @" + path +
-                             " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+  ASSERT_EQ(sh("head -c 65530 /dev/zero >" + path), "rc=0\n");
+  EXPECT_TRUE(usage_error("call 0x10000 1 @" + path,
+                          "payload file '" + path + "' is larger than 65523 bytes"));
+  // Each limit exactly is not refused here (it goes on to join: exit 3, no parent).
+  for (const auto& [cmd, size] : {std::pair<const char*, int>{"send", 65536}, {"call", 65523}}) {
+    ASSERT_EQ(sh("head -c " + std::to_string(size) + " /dev/zero >" + path), "rc=0\n");
+    const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " " + cmd + " 0x10000 1 @" + path +
+                               " --parent ipv4://127.0.0.1:1 --timeout-ms 3000");
+    EXPECT_NE(out.find("rc=3"), std::string::npos) << cmd << ": " << out;
+  }
   std::remove(path.c_str());
-  EXPECT_NE(out.find("rc=3"), std::string::npos) << out;
 }
 
 using uvbus::test::page_server;
@@ -386,6 +394,32 @@ TEST(ToolsContract, CallHelpIsItsUsage) {
   const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " call --help");
   EXPECT_NE(out.find("usage: uvbus call ID TYPE"), std::string::npos) << out;
   EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+}
+
+// `top --help` called the levels "*_now, *_bytes" (compressed_raw_bytes and compressed_wire_bytes
+// are counters with a rate; flow_targets, flow_sources and peers are levels) and never named
+// --metrics. It lists the levels top takes (is_counters_level) and --metrics URL.
+TEST(ToolsContract, TopHelpNamesTheLevelsAndMetrics) {
+  const std::string out = sh(std::string(UVBUS_TOOL_PATH) + " top --help");
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("[--metrics URL]"), std::string::npos) << out;
+  EXPECT_EQ(out.find("*_bytes"), std::string::npos) << out;
+  for (const char* l : {"pending_now", "flow_unacked_bytes", "flow_targets", "flow_sources",
+                        "flow_buffer_bytes", "peers"}) {
+    EXPECT_NE(out.find(l), std::string::npos) << l << ": " << out;
+  }
+}
+
+// An empty value was taken as no option: `--parent ""` joined UVBUS_PARENT (docs/tools.md: the
+// option wins), `top --metrics ""` dropped the link table without a word. Refused, exit 2.
+TEST(ToolsContract, AnEmptyOptionValueIsRefused) {
+  const std::string t = std::string("UVBUS_PARENT=ipv4://127.0.0.1:1 ") + UVBUS_TOOL_PATH;
+  std::string out = sh(t + " routes 0x10000 --parent '' --timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad value '' for --parent"), std::string::npos) << out;
+  out = sh(t + " top 0x10000 --metrics '' --timeout-ms 3000");
+  EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad value '' for --metrics"), std::string::npos) << out;
 }
 
 // `uvbus metrics` told libcurl's errors apart only as "malformed URL" (2) or not (3, "could not

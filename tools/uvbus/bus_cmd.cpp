@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bus/auth.h"  // uvbus::detail::printable: an error answer's detail
+#include "bus/wire.h"  // uvbus::proto::kCallSize
 #include "bus_cmd.h"
 #include "common.h"
 #include "session.h"
@@ -34,6 +35,8 @@ const char* value_range(const std::string& option) {
   if (option == "--timeout-ms") return " (milliseconds, 1..4294967295)";
   if (option == "--interval-ms") return " (milliseconds, 0..4294967295)";
   if (option == "--id") return " (a non-zero node id, decimal or 0x hex)";
+  if (option == "--parent") return " (the parent's stream URL, not empty)";
+  if (option == "--metrics") return " (http://HOST:PORT[/PATH], not empty)";
   return "";
 }
 
@@ -79,9 +82,15 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
   }
   if (!need("a value")) return false;
   ++*i;
-  if (s == "--parent") a->join.parent = v;
-  if (s == "--token") a->join.token = v;
-  if (s == "--metrics") a->metrics = v;
+  // An empty --parent or --metrics was taken as none: UVBUS_PARENT joined instead (the option
+  // wins), top dropped its link table without a word. An empty --token is no token (no proof
+  // sent, UVBUS_TOKEN not read): docs/tools.md.
+  if (s == "--parent") ok = !(a->join.parent = v).empty();
+  if (s == "--token") {
+    a->join.token = v;
+    a->token_given = true;
+  }
+  if (s == "--metrics") ok = !(a->metrics = v).empty();
   if (s == "--id") ok = parse_id(v, &a->join.id);
   if (s == "--timeout-ms") ok = parse_u32(v, &a->join.timeout_ms) && a->join.timeout_ms > 0;
   // 0 is no count: ping sent its default 4 and top ran until interrupted. Refused instead.
@@ -96,7 +105,7 @@ bool take_option(bus_args* a, int argc, char** argv, int* i) {
 
 int check_env(bus_args* a) {
   if (a->join.parent.empty()) a->join.parent = env_or("UVBUS_PARENT", "");
-  if (a->join.token.empty()) a->join.token = env_or("UVBUS_TOKEN", "");
+  if (!a->token_given) a->join.token = env_or("UVBUS_TOKEN", "");
   if (a->join.id == 0) {
     const char* e = env_or("UVBUS_TOOL_ID", nullptr);
     if (e != nullptr && !parse_id(e, &a->join.id)) {
@@ -199,10 +208,25 @@ int ping(const bus_args& a, session* s, uint64_t target) {
   return rtt.size() == count ? kExitOk : kExitFailed;
 }
 
+// The largest payload subcommand cmd (send or call) can send: the tool node's message_limit; a
+// call's less its call block (node.h, node::call: message_too_large above message_limit - 13).
+// node.h names no constant for the block: its size is the wire's, proto::kCallSize. A 65 530-byte
+// call was checked against message_limit, joined, and was refused only then (exit 1).
+struct payload_limit {
+  size_t bytes;
+  const char* what;  // for the refusal
+};
+payload_limit payload_limit_of(const std::string& cmd) {
+  const size_t limit = uvbus::node_config{}.message_limit;
+  if (cmd != "call") return {limit, "the tool node's message_limit"};
+  return {limit - uvbus::proto::kCallSize, "the tool node's message_limit less the call block"};
+}
+
 // PAYLOAD, or FILE's bytes for @FILE: false with *why (the file and what was wrong) when FILE
 // cannot be read or holds more than `limit` bytes. At most limit + 1 bytes are read: `@/dev/zero`
 // read for ever, and a 256 MiB file was read whole (575 MB resident) only to be refused later.
-bool read_payload(const char* arg, size_t limit, std::string* out, std::string* why) {
+bool read_payload(const char* arg, payload_limit lim, std::string* out, std::string* why) {
+  const size_t limit = lim.bytes;
   if (arg[0] != '@') {
     *out = arg;
     return true;
@@ -228,8 +252,8 @@ bool read_payload(const char* arg, size_t limit, std::string* out, std::string* 
     return false;
   }
   if (body.size() > limit) {
-    *why = "payload file '" + file + "' is larger than " + std::to_string(limit) +
-           " bytes (the tool node's message_limit)";
+    *why = "payload file '" + file + "' is larger than " + std::to_string(limit) + " bytes (" +
+           lim.what + ")";
     return false;
   }
   *out = std::move(body);
@@ -378,8 +402,7 @@ int bus_main(int argc, char** argv) {
     return kExitUsage;
   }
   std::string why;
-  if (with_body &&
-      !read_payload(a.pos[2].c_str(), uvbus::node_config{}.message_limit, &body, &why)) {
+  if (with_body && !read_payload(a.pos[2].c_str(), payload_limit_of(cmd), &body, &why)) {
     std::fprintf(stderr, "uvbus %s: %s\n", argv[0], why.c_str());
     return kExitUsage;
   }

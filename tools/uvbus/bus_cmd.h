@@ -12,6 +12,7 @@ namespace uvbus_tool {
 struct bus_args {
   std::string name;  // the subcommand
   join_options join;
+  bool token_given = false;  // --token, even empty (no token: UVBUS_TOKEN is not read)
   bool json = false;
   bool once = false;
   uint32_t count = 0;

@@ -102,12 +102,17 @@ std::string top_json(uint64_t target, double seconds, const std::vector<top_coun
   return o + "}}";
 }
 
+const std::vector<const char*>& counters_levels() {
+  static const std::vector<const char*> levels = {
+      "pending_now",  "flow_unacked_now", "flow_unacked_bytes",
+      "flow_targets", "flow_sources",     "flow_buffer_bytes",
+      "peers"};
+  return levels;
+}
+
 bool is_counters_level(const std::string& name) {
-  static const char* const levels[] = {"pending_now",  "flow_unacked_now", "flow_unacked_bytes",
-                                       "flow_targets", "flow_sources",     "flow_buffer_bytes",
-                                       "peers"};
-  return std::any_of(std::begin(levels), std::end(levels),
-                     [&](const char* l) { return name == l; });
+  const auto& levels = counters_levels();
+  return std::any_of(levels.begin(), levels.end(), [&](const char* l) { return name == l; });
 }
 
 std::string labels_object(const std::vector<std::pair<std::string, std::string>>& kv) {

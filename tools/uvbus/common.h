@@ -38,6 +38,8 @@ std::string top_json(uint64_t target, double seconds, const std::vector<top_coun
 // pending_now, flow_unacked_now/_bytes, flow_targets, flow_sources, flow_buffer_bytes, peers),
 // which `top` shows without a rate. Any other name is a counter (compressed_raw_bytes too).
 bool is_counters_level(const std::string& name);
+// Those names, in order (`top --help` lists them).
+const std::vector<const char*>& counters_levels();
 // key/value pairs (labels: a remote node's text) as a JSON object of strings, each key once with
 // its first value: a node that repeats a key (zone=a, zone=b) gave an object with duplicate keys,
 // which JSON readers resolve differently.

@@ -69,18 +69,35 @@ const sub_help kHelp[] = {
      "  labels) as the parent knows it. --json: {nodes: [{id, parent, name, type, host,\n"
      "  pid, start_time_ms, version, labels, listen}]}\n"},
     {"top",
-     "usage: uvbus top ID [--once] [--interval-ms M] [--count N] [options]\n"
+     "usage: uvbus top ID [--once] [--interval-ms M] [--count N] [--metrics URL] [options]\n"
      "  node ID's counters with per-second rates between two polls M ms apart\n"
-     "  (default 1000), levels (queue depths: *_now, *_bytes) as they are, and its\n"
-     "  routes. Refreshes in place in a terminal; on a pipe (no ANSI) each table\n"
-     "  follows the last. --once: one table; --count N: N tables; default: until\n"
-     "  interrupted. --json: one object per table, one per line\n"},
+     "  (default 1000), and its routes. Refreshes in place in a terminal; on a pipe\n"
+     "  (no ANSI) each table follows the last. --once: one table; --count N: N\n"
+     "  tables; default: until interrupted. --json: one object per table, one per\n"
+     "  line. --metrics URL: node ID's metrics endpoint (http:// or https://): a\n"
+     "  per-link table of rates follows the counters (not with --json).\n"
+     "  Levels (gauges) show their value only, every other counter its rate:\n"},
 };
+
+// top's levels (uvbus_tool::counters_levels(), the names top shows without a rate), wrapped.
+void print_levels() {
+  std::string line = "   ";
+  for (const char* l : uvbus_tool::counters_levels()) {
+    if (line.size() + std::strlen(l) + 2 > 78) {
+      std::printf("%s\n", line.c_str());
+      line = "   ";
+    }
+    line += ' ';
+    line += l;
+  }
+  std::printf("%s\n", line.c_str());
+}
 
 int help_for(const char* cmd) {
   for (const auto& h : kHelp) {
     if (std::strcmp(h.name, cmd) == 0) {
       std::fputs(h.text, stdout);
+      if (std::strcmp(cmd, "top") == 0) print_levels();
       std::fputs(kCommon, stdout);
       return uvbus_tool::kExitOk;
     }

@@ -61,6 +61,10 @@ int session::join(const join_options& o, uvbus::node_callbacks cb) {
   cfg.join_as_tool = true;
   if (!o.token.empty()) cfg.access_tokens = {o.token};
   cfg.enable_shm = false;
+  // Everything goes through the parent (join_as_tool's promise, docs/tools.md): with sibling_direct
+  // a message to the parent's child looked the child up and dialled it, an address the operator's
+  // host may not reach (a private network: the command timed out).
+  cfg.sibling_direct = false;
   cfg.response_timeout_ms = o.timeout_ms;
   // The node's delivery deadline is at most one day (node_config's bound); a longer --timeout-ms
   // still sets the tool's own waits and the call's deadline.
