@@ -284,7 +284,9 @@ class shm_reader {
   // Drains the ring from `loop` (run by this thread): on_records gets batches on the loop
   // thread. When the ring runs dry the reader polls for spin_us, then a small helper thread
   // sleeps on the region's futex word and wakes the loop with uv_async_send when a writer commits
-  // (or when an in-flight record's abandon timeout expires). Keeps the loop alive until stop() or
+  // (or when an in-flight record's abandon timeout expires). The helper looks at the ring itself
+  // at least every 200 ms, so a writer stopped or killed between taking the wake-up and sending it
+  // delays delivery by at most that, never for ever. Keeps the loop alive until stop() or
   // close(). Errors: closed (not open), wrong_state (already started), invalid_argument (null
   // loop or no on_records), io_error (thread or libuv handle creation failed).
   [[nodiscard]] errc start(uv_loop_t* loop);
