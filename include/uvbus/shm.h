@@ -267,8 +267,10 @@ class shm_reader {
   // incompatible with cfg: last_error().detail names the field, the region's value and the
   // requested one, and how to clear it with uvbus_shm_inspect --drain / --remove; the region is
   // left intact, never wiped), not_found (cfg.must_exist and nothing to reattach),
-  // permission_denied, no_memory, io_error, wrong_state (already open). On an error last_error()
-  // names the URL and what was wrong.
+  // permission_denied, no_memory (also: a POSIX region's pages are reserved in /dev/shm at open,
+  // so one larger than its free room is refused here, the detail naming the size and /dev/shm,
+  // instead of a SIGBUS in a writer later; a reattached region left intact), io_error,
+  // wrong_state (already open). On an error last_error() names the URL and what was wrong.
   [[nodiscard]] errc open(std::string_view url, const shm_config& cfg = {});
   [[nodiscard]] errc open(const address& addr, const shm_config& cfg = {});
 

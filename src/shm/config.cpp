@@ -173,6 +173,31 @@ errc check_writer_options(const geometry& g, const shm_writer_options& opt, cons
   }
   return errc::ok;
 }
+
+std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why) {
+  std::string d = std::string(call) + "(" + url + "): ";
+  if (why != nullptr) return d + why;
+  switch (e) {
+    case errc::bad_url:
+      return d + "malformed URL";
+    case errc::unsupported_scheme:
+      return d + "only shm:// and mem:// URLs name shared-memory regions";
+    case errc::busy:
+      return d + "a live reader already owns this region";
+    case errc::bad_layout:
+      return d + "an object of this name exists and is not a uvbus region (left alone)";
+    case errc::not_found:
+      return d + "no such region (its reader has not created it)";
+    case errc::not_connected:
+      return d + "the region's reader has not finished creating it, has closed or is dead";
+    case errc::permission_denied:
+      return d + "permission denied (the region's mode)";
+    case errc::wrong_state:
+      return d + "already open: close() first";
+    default:
+      return d + to_string(e);
+  }
+}
 }  // namespace shm_detail
 
 }  // namespace uvbus

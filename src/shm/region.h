@@ -74,6 +74,7 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
 struct open_outcome {
   bool reattached = false;  // a compatible region left by a dead or detached reader: kept
   std::string detail;       // bad_layout: the field that differs, the region's and cfg's values
+  std::string why;          // another error's own detail (no_memory: no room in /dev/shm)
 };
 
 // Creates a region named by addr (reader), or reattaches an existing one whose reader is dead or
