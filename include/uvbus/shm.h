@@ -262,7 +262,9 @@ class shm_reader {
   // a writer abandoned mid-write are still skipped. reattached() tells which happened. A region
   // closed for good whose name was not removed yet, or whose creator died before publishing it,
   // is replaced (it holds no records).
-  // Errors: bad_url, unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
+  // Errors: bad_url (also an address given directly that parse_address would not give: SysV key
+  // 0, which is IPC_PRIVATE; an empty name, one with a NUL or '/', over 200 bytes, "." or ".."),
+  // unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
   // bad_layout (an object of that name is not a uvbus region, or the existing region is
   // incompatible with cfg: last_error().detail names the field, the region's value and the
   // requested one, and how to clear it with uvbus_shm_inspect --drain / --remove; the region is

@@ -161,6 +161,21 @@ errc shm_remove(std::string_view url, bool force, std::string* detail) {
 }
 
 namespace shm_detail {
+
+errc check_address(const address& addr, std::string* why) {
+  // parse_address's own rules, applied by reading the canonical URL back: no second copy of them.
+  const std::string url = addr.to_string();
+  address back;
+  if (const errc e = parse_address(url, &back, why); e != errc::ok) return e;
+  if (back.host != addr.host || back.shm_numeric != addr.shm_numeric ||
+      back.shm_key != addr.shm_key) {
+    *why = "the name \"" + addr.host + "\" is not one parse_address gives (" + url +
+           " reads back as " + back.to_string() + ")";
+    return errc::bad_url;
+  }
+  return errc::ok;
+}
+
 // ok, or bad_layout with *why naming the expectation the region does not meet.
 errc check_writer_options(const geometry& g, const shm_writer_options& opt, const char** why) {
   if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) {

@@ -132,6 +132,9 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
     return impl_->fail(call, addr.to_string(), errc::unsupported_scheme);
   }
   std::string why;
+  if (const errc e = check_address(addr, &why); e != errc::ok) {
+    return impl_->fail(call, addr.to_string(), e, why.c_str());
+  }
   if (const errc e = shm_validate(cfg, &why); e != errc::ok) {
     return impl_->fail(call, addr.to_string(), e, why.c_str());
   }
