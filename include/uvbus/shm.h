@@ -217,6 +217,9 @@ struct shm_region_info {
 // creating it), bad_layout (not a uvbus region, or the header is inconsistent; *out still holds
 // what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
+// The same, and on bad_url or unsupported_scheme *detail (if given) says what is wrong with the
+// URL, as parse_address does ("\"0x\" is not a SysV key ..."); else it is left empty.
+[[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail);
 
 // Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers
 // then get not_connected) and shm_unlinks / IPC_RMIDs it. Refuses a region whose reader is alive

@@ -90,8 +90,17 @@ errc shm_format_image(void* mem, size_t size, const shm_config& cfg) noexcept {
 }
 
 errc shm_inspect(std::string_view url, shm_region_info* out) {
+  return shm_inspect(url, out, nullptr);
+}
+
+errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail) {
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  std::string why;
+  if (detail != nullptr) detail->clear();
+  if (const errc e = parse_address(url, &addr, &why); e != errc::ok) {
+    if (detail != nullptr) *detail = std::move(why);
+    return e;
+  }
   mapping m;
   if (const errc e = attach_region(addr, &m); e != errc::ok) return e;
   *out = shm_region_info{};
@@ -147,14 +156,15 @@ errc shm_inspect(std::string_view url, shm_region_info* out) {
 errc shm_remove(std::string_view url, bool force, std::string* detail) {
   address addr;
   std::string d;
-  errc e = parse_address(url, &addr);
+  std::string why;  // what parse_address found wrong with the URL
+  errc e = parse_address(url, &addr, &why);
   if (e == errc::ok && addr.kind != scheme::shm && addr.kind != scheme::mem) {
     e = errc::unsupported_scheme;
   }
   if (e == errc::ok) {
     e = remove_region(addr, force, &d);
   } else {
-    d = to_string(e);
+    d = std::string(to_string(e)) + (why.empty() ? "" : ": " + why);
   }
   if (detail != nullptr) *detail = "shm_remove(" + std::string(url) + "): " + d;
   return e;
@@ -188,7 +198,6 @@ errc check_writer_options(const geometry& g, const shm_writer_options& opt, cons
   }
   return errc::ok;
 }
-
 std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why) {
   std::string d = std::string(call) + "(" + url + "): ";
   if (why != nullptr) return d + why;
@@ -213,6 +222,7 @@ std::string open_error_detail(const char* call, const std::string& url, errc e, 
       return d + to_string(e);
   }
 }
+
 }  // namespace shm_detail
 
 }  // namespace uvbus
