@@ -7,8 +7,8 @@
 #include <sys/wait.h>
 
 #include <atomic>
-#include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -148,14 +148,15 @@ bool helper_waits_on_the_sleeping_word() {
     if (e->d_name[0] == '.' || found) continue;
     FILE* f = std::fopen(("/proc/self/task/" + std::string(e->d_name) + "/syscall").c_str(), "r");
     if (f == nullptr) continue;
-    long nr = -1;
-    uint64_t addr = 0;
-    uint64_t op = 0;
-    uint64_t val = 0;
-    found = std::fscanf(f, "%ld %" SCNx64 " %" SCNx64 " %" SCNx64, &nr, &addr, &op, &val) == 4 &&
-            nr == SYS_futex &&
-            addr % 4096 == offsetof(shm_detail::region_header, reader_sleeping) &&
-            op == FUTEX_WAIT && val == 1;
+    char line[256] = {};
+    if (std::fgets(line, sizeof line, f) != nullptr) {
+      char* p = line;
+      uint64_t w[4] = {};  // the syscall number, then its first three arguments
+      for (uint64_t& v : w) v = std::strtoull(p, &p, 0);
+      found = w[0] == SYS_futex &&
+              w[1] % 4096 == offsetof(shm_detail::region_header, reader_sleeping) &&
+              w[2] == FUTEX_WAIT && w[3] == 1;
+    }
     std::fclose(f);
   }
   closedir(d);
