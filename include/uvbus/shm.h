@@ -217,6 +217,9 @@ struct shm_region_info {
 // creating it), bad_layout (not a uvbus region, or the header is inconsistent; *out still holds
 // what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
+// The same, and on bad_url or unsupported_scheme *detail (if given) says what is wrong with the
+// URL, as parse_address does ("\"0x\" is not a SysV key ..."); else it is left empty.
+[[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail);
 
 // Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers
 // then get not_connected) and shm_unlinks / IPC_RMIDs it. Refuses a region whose reader is alive
@@ -262,13 +265,17 @@ class shm_reader {
   // a writer abandoned mid-write are still skipped. reattached() tells which happened. A region
   // closed for good whose name was not removed yet, or whose creator died before publishing it,
   // is replaced (it holds no records).
-  // Errors: bad_url, unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
+  // Errors: bad_url (also an address given directly that parse_address would not give: SysV key
+  // 0, which is IPC_PRIVATE; an empty name, one with a NUL or '/', over 200 bytes, "." or ".."),
+  // unsupported_scheme, invalid_argument (cfg), busy (a live reader owns it),
   // bad_layout (an object of that name is not a uvbus region, or the existing region is
   // incompatible with cfg: last_error().detail names the field, the region's value and the
   // requested one, and how to clear it with uvbus_shm_inspect --drain / --remove; the region is
   // left intact, never wiped), not_found (cfg.must_exist and nothing to reattach),
-  // permission_denied, no_memory, io_error, wrong_state (already open). On an error last_error()
-  // names the URL and what was wrong.
+  // permission_denied, no_memory (also: a POSIX region's pages are reserved in /dev/shm at open,
+  // so one larger than its free room is refused here, the detail naming the size and /dev/shm,
+  // instead of a SIGBUS in a writer later; a reattached region left intact), io_error,
+  // wrong_state (already open). On an error last_error() names the URL and what was wrong.
   [[nodiscard]] errc open(std::string_view url, const shm_config& cfg = {});
   [[nodiscard]] errc open(const address& addr, const shm_config& cfg = {});
 
@@ -284,7 +291,9 @@ class shm_reader {
   // Drains the ring from `loop` (run by this thread): on_records gets batches on the loop
   // thread. When the ring runs dry the reader polls for spin_us, then a small helper thread
   // sleeps on the region's futex word and wakes the loop with uv_async_send when a writer commits
-  // (or when an in-flight record's abandon timeout expires). Keeps the loop alive until stop() or
+  // (or when an in-flight record's abandon timeout expires). The helper looks at the ring itself
+  // at least every 200 ms, so a writer stopped or killed between taking the wake-up and sending it
+  // delays delivery by at most that, never for ever. Keeps the loop alive until stop() or
   // close(). Errors: closed (not open), wrong_state (already started), invalid_argument (null
   // loop or no on_records), io_error (thread or libuv handle creation failed).
   [[nodiscard]] errc start(uv_loop_t* loop);

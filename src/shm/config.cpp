@@ -90,8 +90,17 @@ errc shm_format_image(void* mem, size_t size, const shm_config& cfg) noexcept {
 }
 
 errc shm_inspect(std::string_view url, shm_region_info* out) {
+  return shm_inspect(url, out, nullptr);
+}
+
+errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail) {
   address addr;
-  if (const errc e = parse_address(url, &addr); e != errc::ok) return e;
+  std::string why;
+  if (detail != nullptr) detail->clear();
+  if (const errc e = parse_address(url, &addr, &why); e != errc::ok) {
+    if (detail != nullptr) *detail = std::move(why);
+    return e;
+  }
   mapping m;
   if (const errc e = attach_region(addr, &m); e != errc::ok) return e;
   *out = shm_region_info{};
@@ -147,20 +156,36 @@ errc shm_inspect(std::string_view url, shm_region_info* out) {
 errc shm_remove(std::string_view url, bool force, std::string* detail) {
   address addr;
   std::string d;
-  errc e = parse_address(url, &addr);
+  std::string why;  // what parse_address found wrong with the URL
+  errc e = parse_address(url, &addr, &why);
   if (e == errc::ok && addr.kind != scheme::shm && addr.kind != scheme::mem) {
     e = errc::unsupported_scheme;
   }
   if (e == errc::ok) {
     e = remove_region(addr, force, &d);
   } else {
-    d = to_string(e);
+    d = std::string(to_string(e)) + (why.empty() ? "" : ": " + why);
   }
   if (detail != nullptr) *detail = "shm_remove(" + std::string(url) + "): " + d;
   return e;
 }
 
 namespace shm_detail {
+
+errc check_address(const address& addr, std::string* why) {
+  // parse_address's own rules, applied by reading the canonical URL back: no second copy of them.
+  const std::string url = addr.to_string();
+  address back;
+  if (const errc e = parse_address(url, &back, why); e != errc::ok) return e;
+  if (back.host != addr.host || back.shm_numeric != addr.shm_numeric ||
+      back.shm_key != addr.shm_key) {
+    *why = "the name \"" + addr.host + "\" is not one parse_address gives (" + url +
+           " reads back as " + back.to_string() + ")";
+    return errc::bad_url;
+  }
+  return errc::ok;
+}
+
 // ok, or bad_layout with *why naming the expectation the region does not meet.
 errc check_writer_options(const geometry& g, const shm_writer_options& opt, const char** why) {
   if (opt.expect_node_size != 0 && opt.expect_node_size != g.node_size) {
@@ -173,6 +198,31 @@ errc check_writer_options(const geometry& g, const shm_writer_options& opt, cons
   }
   return errc::ok;
 }
+std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why) {
+  std::string d = std::string(call) + "(" + url + "): ";
+  if (why != nullptr) return d + why;
+  switch (e) {
+    case errc::bad_url:
+      return d + "malformed URL";
+    case errc::unsupported_scheme:
+      return d + "only shm:// and mem:// URLs name shared-memory regions";
+    case errc::busy:
+      return d + "a live reader already owns this region";
+    case errc::bad_layout:
+      return d + "an object of this name exists and is not a uvbus region (left alone)";
+    case errc::not_found:
+      return d + "no such region (its reader has not created it)";
+    case errc::not_connected:
+      return d + "the region's reader has not finished creating it, has closed or is dead";
+    case errc::permission_denied:
+      return d + "permission denied (the region's mode)";
+    case errc::wrong_state:
+      return d + "already open: close() first";
+    default:
+      return d + to_string(e);
+  }
+}
+
 }  // namespace shm_detail
 
 }  // namespace uvbus

@@ -132,6 +132,9 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
     return impl_->fail(call, addr.to_string(), errc::unsupported_scheme);
   }
   std::string why;
+  if (const errc e = check_address(addr, &why); e != errc::ok) {
+    return impl_->fail(call, addr.to_string(), e, why.c_str());
+  }
   if (const errc e = shm_validate(cfg, &why); e != errc::ok) {
     return impl_->fail(call, addr.to_string(), e, why.c_str());
   }
@@ -149,6 +152,7 @@ errc shm_reader::open(const address& addr, const shm_config& cfg) {
     return impl_->fail(call, url, e, text.c_str());
   };
   if (const errc e = create_region(addr, cfg, &p->map, &how); e != errc::ok) {
+    if (!how.why.empty()) return impl_->fail(call, url, e, how.why.c_str());
     if (how.detail.empty()) return impl_->fail(call, url, e);
     return incompatible(e, how.detail);
   }

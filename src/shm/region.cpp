@@ -65,6 +65,9 @@ void* g_claim_hook_user = nullptr;
 // region_access::set_create_hook (tests only), the same way.
 std::atomic<void (*)(void*)> g_create_hook{nullptr};
 void* g_create_hook_user = nullptr;
+// region_access::set_reserve_hook (tests only), the same way.
+std::atomic<int (*)(void*)> g_reserve_hook{nullptr};
+void* g_reserve_hook_user = nullptr;
 
 }  // namespace
 
@@ -276,6 +279,24 @@ verdict judge_posix(int fd, const shm_config& cfg, open_outcome* how) {
   return v;
 }
 
+// Backs every page of a POSIX object of `size` bytes now. On tmpfs ftruncate only records a size
+// and pages are allocated on first touch: without this, a /dev/shm with less room than the region
+// (Docker's default is 64 MiB) would accept it and then raise SIGBUS in whichever process first
+// touches a page past the room. ok, or no_memory (no room) / the errno's code, *why saying which.
+errc reserve_pages(int fd, size_t size, std::string* why) {
+  int rc = 0;
+  if (auto* hook = g_reserve_hook.load(std::memory_order_acquire)) rc = hook(g_reserve_hook_user);
+  while (rc == 0 && (rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size))) == EINTR) {
+  }
+  if (rc == 0) return errc::ok;
+  const bool full = rc == ENOSPC || rc == ENOMEM || rc == EDQUOT;
+  *why = "the region needs " + std::to_string(size) + " bytes of /dev/shm and " +
+         (full ? "there is no room for them (posix_fallocate: " + std::string(std::strerror(rc)) +
+                     "): make /dev/shm larger (docker --shm-size) or ring_bytes smaller"
+               : "posix_fallocate failed: " + std::string(std::strerror(rc)));
+  return full ? errc::no_memory : errc_from_errno(-rc);
+}
+
 // Maps a POSIX object of `size` bytes read-write into *out (fd: ours, holding the flock).
 errc map_posix_fd(int fd, size_t size, const shm_config& cfg, const std::string& name,
                   mapping* out) {
@@ -315,8 +336,11 @@ errc posix_existing(const std::string& name, const shm_config& cfg, mapping* out
     return errc::not_found;
   }
   if (v == verdict::reattach) {
+    // Its pages may not all be backed (an older build's, or /dev/shm shrank since): reserve them
+    // before mapping, and leave the region (and its records) alone if there is no room.
     const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
-    const errc e = map_posix_fd(old, size, cfg, name, out);
+    errc e = reserve_pages(old, size, &how->why);
+    if (e == errc::ok) e = map_posix_fd(old, size, cfg, name, out);
     if (e != errc::ok) {
       ::close(old);
       return e;
@@ -347,7 +371,8 @@ bool still_named(int fd) noexcept {
 // Until locked it looks like a dead creator's to another reader opening the name, which may
 // unlink it and create its own: then *again (our object lost its name: look again) or busy (that
 // reader holds our object's flock while it judges). The name is removed only while it is ours.
-errc posix_new(int fd, const std::string& name, const shm_config& cfg, mapping* out, bool* again) {
+errc posix_new(int fd, const std::string& name, const shm_config& cfg, mapping* out,
+               open_outcome* how, bool* again) {
   *again = false;
   if (auto* hook = g_create_hook.load(std::memory_order_acquire)) hook(g_create_hook_user);
   // The flock is the liveness proof for a later creator; take it before anything else.
@@ -367,7 +392,7 @@ errc posix_new(int fd, const std::string& name, const shm_config& cfg, mapping* 
   if (::fchmod(fd, static_cast<mode_t>(cfg.mode & 0777)) != 0 ||
       ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     e = errc_from_errno(-errno);
-  } else {
+  } else if (e = reserve_pages(fd, size, &how->why); e == errc::ok) {
     e = map_posix_fd(fd, size, cfg, name, out);
   }
   if (e != errc::ok) {
@@ -388,7 +413,7 @@ errc map_posix_create(const address& addr, const shm_config& cfg, mapping* out, 
     if (fd < 0 && !cfg.must_exist && errno != EEXIST) return errc_from_errno(-errno);
     bool again = false;
     const errc e = fd < 0 ? posix_existing(name, cfg, out, how, &again)
-                          : posix_new(fd, name, cfg, out, &again);
+                          : posix_new(fd, name, cfg, out, how, &again);
     if (!again) return e;
   }
   return errc::busy;
@@ -645,31 +670,6 @@ void release_region(mapping* m, bool remove) noexcept {
 
 namespace uvbus::shm_detail {
 
-std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why) {
-  std::string d = std::string(call) + "(" + url + "): ";
-  if (why != nullptr) return d + why;
-  switch (e) {
-    case errc::bad_url:
-      return d + "malformed URL";
-    case errc::unsupported_scheme:
-      return d + "only shm:// and mem:// URLs name shared-memory regions";
-    case errc::busy:
-      return d + "a live reader already owns this region";
-    case errc::bad_layout:
-      return d + "an object of this name exists and is not a uvbus region (left alone)";
-    case errc::not_found:
-      return d + "no such region (its reader has not created it)";
-    case errc::not_connected:
-      return d + "the region's reader has not finished creating it, has closed or is dead";
-    case errc::permission_denied:
-      return d + "permission denied (the region's mode)";
-    case errc::wrong_state:
-      return d + "already open: close() first";
-    default:
-      return d + to_string(e);
-  }
-}
-
 void region_access::set_claim_hook(void (*hook)(void*), void* user) noexcept {
   g_claim_hook_user = user;
   g_claim_hook.store(hook, std::memory_order_release);
@@ -678,6 +678,11 @@ void region_access::set_claim_hook(void (*hook)(void*), void* user) noexcept {
 void region_access::set_create_hook(void (*hook)(void*), void* user) noexcept {
   g_create_hook_user = user;
   g_create_hook.store(hook, std::memory_order_release);
+}
+
+void region_access::set_reserve_hook(int (*hook)(void*), void* user) noexcept {
+  g_reserve_hook_user = user;
+  g_reserve_hook.store(hook, std::memory_order_release);
 }
 
 }  // namespace uvbus::shm_detail

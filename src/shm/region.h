@@ -74,6 +74,7 @@ void format_header(void* base, const shm_config& cfg, uint32_t flags, bool owned
 struct open_outcome {
   bool reattached = false;  // a compatible region left by a dead or detached reader: kept
   std::string detail;       // bad_layout: the field that differs, the region's and cfg's values
+  std::string why;          // another error's own detail (no_memory: no room in /dev/shm)
 };
 
 // Creates a region named by addr (reader), or reattaches an existing one whose reader is dead or
@@ -107,6 +108,10 @@ bool mem_entry_removed(const mapping& m) noexcept;  // the mem:// part of region
 // (busy) a region with a live reader and (bad_layout) an object that is not a uvbus region,
 // unless force. *detail says why.
 errc remove_region(const address& addr, bool force, std::string* detail);
+// An address given to open() directly (not parsed from a URL) must name what parse_address would
+// give: for shm:// and mem:// a SysV key 1..0xffffffff, or a name that is not empty, has no NUL
+// and no '/', is at most 200 bytes and is not "." or "..". Else bad_url, *why saying what.
+errc check_address(const address& addr, std::string* why);
 // last_error() detail of a failed open: "call(url): what was wrong" (why, or the code's meaning).
 std::string open_error_detail(const char* call, const std::string& url, errc e, const char* why);
 // Unmaps; the reader also removes the name (remove = true).

@@ -24,6 +24,10 @@ void finish_close(shm_reader::impl* outer) noexcept;
 namespace uvbus::shm_detail {
 
 inline constexpr size_t kMaxHolds = 64;
+// The longest a sleeping loop reader's helper waits on the futex before it looks at the ring
+// itself (shm_reader::start, docs/shm.md): what a writer lost between its claim of the wake-up and
+// its futex_wake costs at most.
+inline constexpr uint64_t kMaxSleepNs = 200'000'000;
 
 struct ring_reader;
 // Internal delivery: a batch of records to fn(user, records, count).
@@ -97,7 +101,8 @@ struct ring_reader {
   std::thread waker;
   std::atomic<uint32_t> armed{0};  // 1: the waker thread should sleep on the region's futex
   std::atomic<uint32_t> quit{0};
-  std::atomic<uint64_t> wait_ns{0};  // the waker's futex timeout (0 = none)
+  std::atomic<uint64_t> wait_ns{0};    // the waker's futex timeout (0 = none)
+  std::atomic<uint64_t> sleep_pos{0};  // rd when the reader went to sleep (the waker reads it)
 
   void store_counters() noexcept {
     region_header* h = g.hdr;
@@ -463,9 +468,10 @@ struct ring_reader {
 
   // Whether the head holds something to act on now (a record, padding, a skip). kWriting is not:
   // the futex timeout covers its abandon deadline.
-  [[nodiscard]] bool head_ready() const noexcept {
-    const uint64_t c = g.head(rd)->load(std::memory_order_seq_cst);
-    return ctl_is(c, rd) && ctl_state(c) != kWriting;
+  [[nodiscard]] bool head_ready() const noexcept { return ready_at(rd); }
+  [[nodiscard]] bool ready_at(uint64_t pos) const noexcept {
+    const uint64_t c = g.head(pos)->load(std::memory_order_seq_cst);
+    return ctl_is(c, pos) && ctl_state(c) != kWriting;
   }
 
   // Whether the writer of the first held (abandoned) record has acknowledged it since: the next
@@ -530,6 +536,7 @@ struct ring_reader {
     }
     uv_idle_stop(&glue->idle);
     wait_ns.store(timeout, std::memory_order_relaxed);
+    sleep_pos.store(rd, std::memory_order_relaxed);
     armed.store(1, std::memory_order_release);
     futex_wake(&armed, 1);
   }
@@ -543,6 +550,25 @@ struct ring_reader {
     uv_idle_start(&gl->idle, on_idle);
   }
 
+  // The waker's sleep on the region's futex word until a writer wakes it or the reader's own
+  // timeout (wait_ns) passes; false on quit. Each wait lasts at most kMaxSleepNs: a writer stopped
+  // or killed between swapping reader_sleeping to 0 and its futex_wake (or between its commit and
+  // that check) would otherwise leave the reader asleep for ever, since later writers see 0 (or
+  // nobody checks). After each capped wait it looks: the word cleared, or a record at the head.
+  bool sleep() noexcept {
+    std::atomic<uint32_t>& word = g.hdr->reader_sleeping;
+    const uint64_t want = wait_ns.load(std::memory_order_relaxed);
+    const uint64_t pos = sleep_pos.load(std::memory_order_relaxed);
+    const uint64_t start = mono_ns();
+    for (;;) {
+      const uint64_t spent = mono_ns() - start;
+      if (want != 0 && spent >= want) return true;
+      futex_wait(&word, 1, want == 0 ? kMaxSleepNs : std::min(want - spent, kMaxSleepNs));
+      if (quit.load(std::memory_order_acquire) != 0) return false;
+      if (word.load(std::memory_order_seq_cst) != 1 || ready_at(pos)) return true;
+    }
+  }
+
   void waker_main() {
     for (;;) {
       while (armed.load(std::memory_order_acquire) == 0) {
@@ -550,8 +576,7 @@ struct ring_reader {
         futex_wait(&armed, 0, 0);
       }
       if (quit.load(std::memory_order_acquire) != 0) return;
-      futex_wait(&g.hdr->reader_sleeping, 1, wait_ns.load(std::memory_order_relaxed));
-      if (quit.load(std::memory_order_acquire) != 0) return;
+      if (!sleep()) return;
       armed.store(0, std::memory_order_release);
       uv_async_send(&glue->async);
     }

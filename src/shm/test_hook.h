@@ -14,6 +14,9 @@ struct region_access {
   // hook(user) runs inside every later POSIX create, between shm_open(O_EXCL) of the new object
   // and its flock (the window another reader opening the name meets it unlocked and empty).
   static void set_create_hook(void (*hook)(void* user), void* user) noexcept;
+  // hook(user) runs inside every later POSIX create or reattach, where its pages are reserved:
+  // a nonzero return is taken as posix_fallocate's error (ENOSPC: a /dev/shm without room).
+  static void set_reserve_hook(int (*hook)(void* user), void* user) noexcept;
 };
 
 struct writer_access {

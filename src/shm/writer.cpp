@@ -38,6 +38,8 @@ errc shm_writer::open(const address& addr, const shm_writer_options& opt) {
   if (addr.kind != scheme::shm && addr.kind != scheme::mem) {
     return fail(errc::unsupported_scheme, nullptr);
   }
+  if (std::string bad; check_address(addr, &bad) != errc::ok)
+    return fail(errc::bad_url, bad.c_str());
   auto p = std::make_unique<impl>();
   if (const errc e = attach_region(addr, &p->map); e != errc::ok) return fail(e, nullptr);
   const char* why = nullptr;

@@ -379,6 +379,10 @@ struct writer_core {
       if (gone) gone.swap(stage);
     }
     clear_stage();
+    // The callback's own sends are sends like any other, counted when refused even inside a flush
+    // that no send asked for (flush_uncounted).
+    const bool counted = count_refusals;
+    count_refusals = true;
     for (uint64_t off = 0; gone && off < used;) {
       record_prefix ip;
       std::memcpy(&ip, gone.get() + off, sizeof ip);
@@ -387,6 +391,7 @@ struct writer_core {
       --dropping;
       off += batch_item_bytes(ip.len);
     }
+    count_refusals = counted;
     return n;
   }
 

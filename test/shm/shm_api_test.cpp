@@ -2,14 +2,20 @@
 // callback's contract (stop and close from inside it), would_block, and the thread contracts
 // (a reader belongs to its thread; a writer may be used from any thread, one at a time).
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <uv.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "shm/layout.h"
+#include "shm/test_hook.h"
 #include "shm_test_util.h"
 #include "uvbus/shm.h"
 
@@ -145,6 +151,80 @@ TEST(ShmApi, AWriterRefusesAnObjectCutShorterThanItsHeaderAnnouncesNamingBoth) {
   close(fd);
   shm_writer w;
   EXPECT_EQ(w.open("shm://" + name), errc::ok) << w.last_error().detail;
+}
+
+// A /dev/shm of 4 MiB in a private mount namespace (false where this machine refuses one).
+bool small_dev_shm() {
+  const auto uid = getuid();
+  const auto gid = getgid();
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return false;
+  const auto put = [](const char* path, const std::string& text) {
+    FILE* f = std::fopen(path, "w");
+    if (f == nullptr) return false;
+    const bool ok = std::fputs(text.c_str(), f) >= 0;
+    return std::fclose(f) == 0 && ok;
+  };
+  put("/proc/self/setgroups", "deny");
+  return put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") &&
+         put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1") &&
+         mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+         mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=4m") == 0;
+}
+
+int no_room(void* /*user*/) {
+  return ENOSPC;
+}
+
+// The checks of RegionLargerThanDevShmIsRefusedAtOpen, in a child: 0 when all hold.
+int refused_for_want_of_room(const std::string& name) {
+  const bool real = small_dev_shm();  // else a /dev/shm without room is faked at the reserve step
+  if (!real) shm_detail::region_access::set_reserve_hook(no_room, nullptr);
+  shm_config cfg;
+  cfg.ring_bytes = size_t{16} << 20;
+  shm_reader r;
+  const errc e = r.open("shm://" + name, cfg);
+  if (e == errc::ok) return 10;  // before the fix: ok, and the first writer past 4 MiB got SIGBUS
+  if (e != errc::no_memory) return 11;
+  const std::string& d = r.last_error().detail;
+  if (d.find("/dev/shm") == std::string::npos ||
+      d.find(std::to_string(shm_region_size(cfg))) == std::string::npos) {
+    return 12;
+  }
+  if (test::posix_exists(name)) return 13;  // the refused object is not left behind
+  // Reattach: a kept region with a record, its pages no longer all available: refused, intact.
+  shm_detail::region_access::set_reserve_hook(nullptr, nullptr);
+  if (r.open("shm://" + name, small_ring()) != errc::ok) return 14;
+  shm_writer w;
+  if (w.open("shm://" + name) != errc::ok || w.send("kept", 4) != errc::ok) return 15;
+  r.close(shm_close_mode::keep);
+  shm_detail::region_access::set_reserve_hook(no_room, nullptr);
+  if (r.open("shm://" + name, small_ring()) != errc::no_memory) return 16;
+  shm_detail::region_access::set_reserve_hook(nullptr, nullptr);
+  if (r.open("shm://" + name, small_ring()) != errc::ok || !r.reattached()) return 17;
+  char buf[8];
+  size_t len = 0;
+  if (r.try_receive(buf, sizeof buf, &len) != errc::ok || len != 4) return 18;
+  return 0;
+}
+
+// On tmpfs ftruncate only records a size: a region larger than /dev/shm's free room was accepted
+// (Docker's default /dev/shm is 64 MiB) and the first process to touch a page past the room died
+// of SIGBUS. Its pages are reserved at open now: no_memory naming the size and /dev/shm. A
+// reattach whose pages cannot all be backed is refused too, the region left with its record.
+TEST(ShmApi, RegionLargerThanDevShmIsRefusedAtOpen) {
+  const std::string name = test::unique_name("room");
+  test::shm_cleanup cleanup{name};
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    test::die_with_parent(parent);
+    _exit(refused_for_want_of_room(name));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see refused_for_want_of_room for the failed step";
 }
 
 TEST(ShmApi, TryReceiveOnADryRingIsWouldBlock) {

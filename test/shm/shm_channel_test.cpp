@@ -1,9 +1,14 @@
 // The channel end to end: POSIX and SysV regions, the libuv reader, threads over mem://.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -17,6 +22,7 @@ namespace {
 
 using test::run_until;
 using test::shm_cleanup;
+using namespace std::chrono_literals;
 
 struct ShmChannel : ::testing::Test {
   uv_loop_t loop;
@@ -129,6 +135,64 @@ TEST_F(ShmChannel, IdleReaderSleepsAndAWriterWakesIt) {
   }
   EXPECT_EQ(w.metrics().wakeups, 3u);
   EXPECT_EQ(chk.bad, 0u);
+}
+
+// Whether a thread of this process is inside FUTEX_WAIT for the value 1 on a word at
+// reader_sleeping's offset in its page (the sleeping loop reader's helper), from
+// /proc/self/task/*/syscall: "<nr> <addr> <op> <val> ..." while a thread is blocked in a syscall.
+bool helper_waits_on_the_sleeping_word() {
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return false;
+  bool found = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' || found) continue;
+    FILE* f = std::fopen(("/proc/self/task/" + std::string(e->d_name) + "/syscall").c_str(), "r");
+    if (f == nullptr) continue;
+    char line[256] = {};
+    if (std::fgets(line, sizeof line, f) != nullptr) {
+      char* p = line;
+      uint64_t w[4] = {};  // the syscall number, then its first three arguments
+      for (uint64_t& v : w) v = std::strtoull(p, &p, 0);
+      found = w[0] == SYS_futex &&
+              w[1] % 4096 == offsetof(shm_detail::region_header, reader_sleeping) &&
+              w[2] == FUTEX_WAIT && w[3] == 1;
+    }
+    std::fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
+// A writer stopped or killed between swapping reader_sleeping from 1 to 0 and its futex_wake: the
+// helper slept on in FUTEX_WAIT without a timeout, later writers saw 0 and woke no one, and
+// nothing was ever delivered again. The helper now looks at the ring every 200 ms.
+TEST_F(ShmChannel, AWakeUpLostByAStoppedWriterDelaysDeliveryOnlyBriefly) {
+  const std::string name = test::unique_name("lostwake");
+  shm_cleanup cleanup{name};
+  shm_config cfg;
+  cfg.ring_bytes = size_t{64} * 1024;
+  cfg.max_record_size = 4096;
+  cfg.spin_us = 0;
+  shm_reader r;
+  ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
+  order_check chk(1, 50);
+  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
+  ASSERT_TRUE(run_until(
+      &loop, [] { return helper_waits_on_the_sleeping_word(); }, 30s));
+  test::raw_region raw(name);
+  ASSERT_NE(raw.p, MAP_FAILED);
+  ASSERT_EQ(raw.hdr()->reader_sleeping.exchange(0), 1u);  // the stopped writer's exchange(0)
+  shm_writer w;
+  ASSERT_EQ(w.open("shm://" + name), errc::ok);
+  uint8_t buf[64];
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    ASSERT_EQ(w.send(buf, test::make_record(0, seq, 50, buf)), errc::ok);
+  }
+  EXPECT_TRUE(run_until(
+      &loop, [&] { return chk.total == 3; }, 30s))
+      << chk.total << " delivered";
+  EXPECT_EQ(chk.bad, 0u);
+  r.close();
 }
 
 TEST_F(ShmChannel, WriterGetsNotConnectedOnceTheReaderClosed) {

@@ -32,14 +32,16 @@ shm_config small_cfg(size_t ring = 4096, uint32_t max_rec = 1024) {
   return c;
 }
 
-// A reader on a fresh mem:// region named after `name`, and *w attached to it, coalescing
-// without a loop (explicit flushes). The reader is returned: the tests close it under the stage.
-std::unique_ptr<shm_reader> open_coalescing(const char* name, shm_writer* w) {
+// A reader on a fresh mem:// region named after `name`, and *w attached to it, coalescing on
+// loop (null: without a loop, explicit flushes). The reader is returned: the tests close it under
+// the stage.
+std::unique_ptr<shm_reader> open_coalescing(const char* name, shm_writer* w,
+                                            uv_loop_t* loop = nullptr) {
   const std::string url = "mem://" + test::unique_name(name);
   auto r = std::make_unique<shm_reader>();
   EXPECT_EQ(r->open(url, small_cfg()), errc::ok);
   EXPECT_EQ(w->open(url), errc::ok);
-  EXPECT_EQ(w->coalesce(nullptr), errc::ok);
+  EXPECT_EQ(w->coalesce(loop), errc::ok);
   return r;
 }
 
@@ -418,6 +420,21 @@ TEST_F(ShmCoalesceLoop, ALoopTurnFindingTheRegionRemovedCountsNoRefusedSend) {
   EXPECT_TRUE(run_until(&loop, [&] { return w.staged() == 0; }));
   EXPECT_EQ(w.metrics().staged_dropped, 1u);
   EXPECT_EQ(w.metrics().not_connected, 0u);
+}
+
+// ... but a send that on_staged_dropped makes inside that turn and that is refused is a refused
+// send: counted. The turn's flush turned the counting off around the callback too.
+TEST_F(ShmCoalesceLoop, ASendRefusedInsideTheDroppedCallbackOfALoopTurnIsCounted) {
+  shm_writer w;
+  auto r = open_coalescing("coal-gone-cb", &w, &loop);
+  errc inside = errc::ok;
+  w.on_staged_dropped([&](const uint8_t*, size_t) { inside = w.send("b", 1); });
+  ASSERT_EQ(w.send("a", 1), errc::ok);
+  r->close();
+  EXPECT_TRUE(run_until(&loop, [&] { return w.staged() == 0; }));
+  EXPECT_EQ(inside, errc::not_connected);
+  EXPECT_EQ(w.metrics().staged_dropped, 1u);
+  EXPECT_EQ(w.metrics().not_connected, 1u) << "the callback's refused send";
 }
 
 TEST_F(ShmCoalesceLoop, StagedMessagesWaitInAKeptRegionForTheNextReader) {

@@ -79,6 +79,45 @@ TEST(ShmContractUrl, ABadUrlsDetailNamesWhatIsWrong) {
   }
 }
 
+// open(const address&) took what parse_address refuses: SysV key 0 is IPC_PRIVATE (two readers
+// both got ok, each on a private segment no writer can reach), a name with a NUL opened the part
+// before it, and an empty name, one with '/', "." or ".." went to shm_open. Refused as the URL.
+TEST(ShmContractUrl, AnAddressGivenDirectlyIsCheckedAsItsUrlIs) {
+  const std::string nul = test::unique_name("nul");
+  const std::string slashed = test::unique_name("slashed");
+  shm_cleanup c1{nul};
+  shm_cleanup c2{slashed};
+  const auto named = [](scheme kind, std::string host) {
+    address a;
+    a.kind = kind;
+    a.host = std::move(host);
+    return a;
+  };
+  address key0 = named(scheme::shm, "");
+  key0.shm_numeric = true;
+  const struct {
+    address addr;
+    std::string says;
+  } cases[] = {
+      {key0, "is not a SysV key"},
+      {named(scheme::shm, nul + std::string(1, '\0') + "junk"), "NUL"},
+      {named(scheme::mem, nul + std::string(1, '\0') + "junk"), "NUL"},
+      {named(scheme::shm, ""), "no name"},
+      {named(scheme::shm, "a/b"), "a name holds no '/'"},
+      {named(scheme::shm, ".."), "name directories"},
+      {named(scheme::mem, std::string(201, 'n')), "longer than 200 bytes"},
+      {named(scheme::shm, "/" + slashed), "reads back as shm://" + slashed},
+  };
+  for (const auto& c : cases) {
+    shm_reader r;
+    EXPECT_EQ(r.open(c.addr, tiny()), errc::bad_url) << c.addr.to_string();
+    EXPECT_TRUE(contains(r.last_error().detail, c.says)) << r.last_error().detail;
+    shm_writer w;
+    EXPECT_EQ(w.open(c.addr), errc::bad_url) << c.addr.to_string();
+    EXPECT_TRUE(contains(w.last_error().detail, c.says)) << w.last_error().detail;
+  }
+}
+
 // Objects that cannot be uvbus regions: the reader refuses them (bad_layout) and leaves them.
 // A POSIX object of 1..4095 bytes (a creator sizes it whole at once), one whose first bytes are
 // zero but whose size no region has, and a SysV segment under 4096 bytes whose creator is gone.

@@ -115,5 +115,33 @@ TEST(ShmTool, DrainStopsAtTheFirstRecordItCannotWrite) {
   EXPECT_NE(out.find("2 records, 12 bytes"), std::string::npos) << out;
 }
 
+// A URL the parser refuses printed only "bad_url: the address could not be parsed" (the parser's
+// reason was dropped), and a mem:// region, which no other process can ever reach, "not_found".
+// Both now say what is wrong; the API gives the reason too (shm_inspect's detail overload).
+TEST(ShmTool, ABadUrlSaysWhatIsWrongAndMemIsRefusedAsUnreachable) {
+  const struct {
+    std::string args;
+    const char* says;
+  } cases[] = {
+      {"shm://0x", "is not a SysV key"},
+      {"shm://0x1ffffffff", "is not a SysV key"},
+      {"shm://", "no name"},
+      {"shm://../x", "a name holds no '/'"},
+      {"--drain shm://..", "name directories"},
+      {"--remove shm://", "no name"},
+      {"mem://x", "no other process can inspect, drain or remove it"},
+      {"--drain mem://x", "no other process can inspect, drain or remove it"},
+  };
+  for (const auto& c : cases) {
+    std::string out;
+    EXPECT_EQ(run_tool(c.args, &out), 2) << c.args << ": " << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << ": " << out;
+  }
+  shm_region_info info;
+  std::string why;
+  EXPECT_EQ(shm_inspect("shm://0x", &info, &why), errc::bad_url);
+  EXPECT_NE(why.find("is not a SysV key"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace uvbus::shm_tool_test

@@ -103,9 +103,11 @@ void inspect_json(const char* url, uvbus::errc e, const uvbus::shm_region_info& 
 
 int inspect_main(const char* url, bool json) {
   uvbus::shm_region_info i;
-  const uvbus::errc e = uvbus::shm_inspect(url, &i);
+  std::string why;  // what is wrong with the URL (bad_url): the parser's reason
+  const uvbus::errc e = uvbus::shm_inspect(url, &i, &why);
   if (e != uvbus::errc::ok && e != uvbus::errc::bad_layout) {
-    std::fprintf(stderr, "%s: %s\n", url, uvbus::to_string(e));
+    std::fprintf(stderr, "%s: %s%s%s\n", url, uvbus::to_string(e), why.empty() ? "" : ": ",
+                 why.c_str());
     return kExitUsage;
   }
   if (json) {
@@ -181,8 +183,9 @@ int refusal(const char* url, uvbus::errc e, const std::string& detail) {
 // half-written is skipped after the abandon timeout, and the records behind it then flow).
 int drain_main(const char* url, drain_sink* sink) {
   uvbus::shm_region_info i;
-  uvbus::errc e = uvbus::shm_inspect(url, &i);
-  if (e != uvbus::errc::ok) return refusal(url, e, "cannot read its header");
+  std::string why;
+  uvbus::errc e = uvbus::shm_inspect(url, &i, &why);
+  if (e != uvbus::errc::ok) return refusal(url, e, why.empty() ? "cannot read its header" : why);
   if (i.reader_alive) return refusal(url, uvbus::errc::busy, "a live reader owns it");
   uvbus::shm_config cfg;
   cfg.ring_bytes = i.ring_bytes;
@@ -287,6 +290,15 @@ int shm_run(int argc, char** argv) {
   if (why != nullptr) {
     std::fprintf(stderr, "uvbus shm: %s\n", why);
     usage(stderr);
+    return kExitUsage;
+  }
+  // A mem:// region lives in one process's heap: this process can only ever find none (it said
+  // not_found, as if the region were merely not created yet).
+  if (std::strncmp(url, "mem://", 6) == 0) {
+    std::fprintf(stderr,
+                 "%s: a mem:// region lives inside the process that created it: no other process "
+                 "can inspect, drain or remove it (use shm:// for a region tools can reach)\n",
+                 url);
     return kExitUsage;
   }
   if (remove) return remove_main(url, force);
