@@ -83,8 +83,10 @@ struct node_config {
   size_t pending_max_bytes = size_t{4} << 20;
   uint32_t pending_timeout_ms = 10000;
   // A relay that just started (a parent restart), or that just lost a child's link, holds
-  // messages for that child's id (an id of its subnets with no child registered) this long,
-  // waiting for the child to register (again), instead of refusing them with unknown_route.
+  // messages it relays for that child's id (an id of its subnets with no child registered) this
+  // long — from its start or the child's loss, whichever came later — waiting for the child to
+  // register (again), instead of refusing them with unknown_route. Its own sends to the child are
+  // not held: send_data() returns unknown_route (docs/bus.md "Known limits").
   // Bounded like the pending queues, per child and in total: all messages held, for every child
   // id together, are at most pending_max_messages / pending_max_bytes; beyond that a message is
   // refused as if no grace applied (unknown_route). 0: refuse at once.

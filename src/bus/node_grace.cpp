@@ -5,7 +5,8 @@
 // together, whatever their target, are bounded by pending_max_messages and pending_max_bytes
 // (grace.held_count, grace.held_bytes): beyond that a message is refused as if no grace applied,
 // however many distinct ids the messages name. A relay that stops tells the sources of what it
-// still holds, here or in a next hop's overflow (drop_relayed_for_stop).
+// still holds, here or in a next hop's overflow (drop_relayed_for_stop). A relayed message for an
+// id outside our subnets while our parent reconnects waits in the parent queue (hold_for_parent).
 
 #include "bus/node_impl.h"
 
@@ -26,17 +27,51 @@ void tell_source(node::impl& n, const std::vector<uint8_t>& m, proto::reason why
   }
 }
 
+// The grace `target` is in, and since when: our start's or its child's loss, whichever came later
+// (a child lost during our start-up window is waited for child_grace_ms after its loss).
+bool grace_since(const node::impl& n, bus_id target, uint64_t now, uint64_t* since) {
+  const uint64_t g = n.cfg.child_grace_ms;
+  bool in = now - n.started_ms < g;
+  if (in) *since = n.started_ms;
+  uint64_t lost = 0;
+  if (n.grace.lost_since(target, &lost) && now - lost < g && (!in || lost > *since)) {
+    *since = lost;
+    in = true;
+  }
+  return in;
+}
+
+// A relayed message for an id outside our subnets while our configured parent reconnects: it
+// waits in the parent queue with our own (flushed in order when the parent registers; dropped
+// after pending_timeout_ms, when a flow resends it and require_response reports timeout). The
+// queue full, or queueing off: refused, a transient reason (its flow retries). No parent, or one
+// that refused us for good: the caller refuses (unknown_route).
+bool hold_for_parent(node::impl& n, const proto::header& hd, const uint8_t* data, size_t size) {
+  if (!n.has_parent() || n.parent_failed || n.parent_peer() != nullptr) return false;
+  if (n.state != node::impl::run_state::running) {
+    n.relay_drop(hd, proto::reason::not_connected);
+    return true;
+  }
+  uint8_t head[proto::kHeaderSize];
+  n.forward_header(hd, data, head);
+  const const_buffer bufs[2] = {{head, sizeof head},
+                                {data + proto::kHeaderSize, size - proto::kHeaderSize}};
+  const errc e = n.enqueue(&n.parent_pending, bufs, 2, size, 0, hd.target);
+  if (e != errc::ok) {
+    n.relay_drop(hd,
+                 e == errc::queue_full ? proto::reason::queue_full : proto::reason::not_connected);
+  }
+  return true;
+}
+
 }  // namespace
 
 bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, size_t size) {
-  if (cfg.child_grace_ms == 0 || !table.owns(hd.target) || hd.target == self) return false;
+  if (!table.owns(hd.target)) return hold_for_parent(*this, hd, data, size);
+  if (cfg.child_grace_ms == 0 || hd.target == self) return false;
   const uint64_t now = now_ms();
   uint64_t since = 0;
-  if (now - started_ms < cfg.child_grace_ms) {
-    since = started_ms;
-  } else if (!grace.lost_since(hd.target, &since) || now - since >= cfg.child_grace_ms) {
-    return false;
-  }
+  if (!grace_since(*this, hd.target, now, &since)) return false;
   if (state != run_state::running) {  // a relay that is going holds nothing more: try again
     relay_drop(hd, proto::reason::not_connected);
     return true;

@@ -146,7 +146,8 @@ struct node::impl {
   // node_grace.cpp: relayed messages for children of ours not registered (yet, again).
   uint64_t started_ms = 0;
   detail::grace_state grace;  // children lost lately (and their subnets), what is held for them
-  // True when it waits for its child (stopping: refused, not_connected); else the caller refuses.
+  // True when it waits for its child, or (an id outside our subnets) for our reconnecting parent,
+  // or was refused here (stopping, a full queue: transient); false: the caller refuses.
   bool hold_for_child(const proto::header& hd, const uint8_t* data, size_t size);
   void release_held(peer_ep* child);  // what is held for ids that route to it now
   void release_queue(peer_ep* child, pending_queue* q);

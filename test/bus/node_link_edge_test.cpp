@@ -371,5 +371,72 @@ TEST_F(NodeLinkEdge, AChildRefusalNamesTheSubnetAndItsChild) {
   EXPECT_EQ(inside.reply_message, "id 0x111 lies in subnet 0x110/4 of registered child 0x110");
 }
 
+// Root R2 (0x100/8), relay R1 (0x110/4) below it, source S (0x111) below R1, target V (0x101)
+// below R2, and R2 restarts. R1, its parent reconnecting, had no route for V and refused what S
+// sent it (unknown_route, final for a target S never heard from) although its own messages waited
+// for the parent. It holds the relayed message for the parent now, and V gets it when R2 is back.
+TEST_F(NodeLinkEdge, ARelayWhoseParentReconnectsHoldsWhatItsChildrenSendUp) {
+  node_config rc = test::hop_config();
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  const std::string url = root->n->listen_urls().at(0);
+  bus_node* r1 = make_child(0x110, root, {{0x110, 4}}, test::hop_config());
+  node_config sc = test::hop_config();
+  sc.sibling_direct = false;
+  sc.response_timeout_ms = 30000;  // a timeout would be a late wrong answer
+  bus_node* s = make_child(0x111, r1, {}, sc);
+  bus_node* v = make_child(0x101, root, {}, test::hop_config());
+  ASSERT_TRUE(wait([&] { return r1->n->up() && s->n->up() && v->n->up(); }));
+  destroy(root);
+  ASSERT_TRUE(wait([&] { return !r1->n->up(); }));
+  send_options o;
+  o.require_response = true;
+  ASSERT_EQ(send_str(s, 0x101, 1, "to V", o), errc::ok);
+  // Held, not refused: nothing is reported while R2 is away.
+  ASSERT_TRUE(wait([&] { return r1->n->counters().pending_now != 0 || !s->reports.empty(); }));
+  ASSERT_TRUE(s->reports.empty()) << to_string(s->reports.at(0).status);
+  rc.subnets = {{0x100, 8}};
+  (void)restart_at(0x100, rc, url);
+  ASSERT_TRUE(wait([&] { return !s->reports.empty(); }));
+  EXPECT_EQ(s->reports.at(0).status, errc::ok) << to_string(s->reports.at(0).status);
+  ASSERT_TRUE(wait([&] { return !v->got.empty(); }));
+  EXPECT_EQ(s->reports.size(), 1u);
+}
+
+// A relay holds a message for a child lost in its own start-up window for child_grace_ms after
+// that loss, not only until its start-up window ends (which cut the child's grace short: the
+// message was refused, unknown_route, at start + child_grace_ms).
+TEST_F(NodeLinkEdge, AChildLostDuringTheStartUpWindowGetsItsWholeGrace) {
+  using clock = std::chrono::steady_clock;
+  constexpr auto kGrace = std::chrono::milliseconds(3000);
+  node_config rc = test::hop_config();
+  rc.child_grace_ms = static_cast<uint32_t>(kGrace.count());
+  const clock::time_point t0 = clock::now();  // at or before the root's start
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  bus_node* b = make_child(0x102, root, {}, test::hop_config());
+  node_config sc = test::hop_config();
+  sc.sibling_direct = false;
+  sc.response_timeout_ms = 30000;
+  bus_node* s = make_child(0x101, root, {}, sc);
+  ASSERT_TRUE(wait([&] { return b->n->up() && s->n->up(); }));
+  // B is lost halfway through the root's start-up window, so its grace ends after the window's.
+  ASSERT_TRUE(wait([&] { return clock::now() - t0 >= kGrace / 2; }));
+  destroy(b);
+  ASSERT_TRUE(wait([&] { return !root->removed.empty(); }));
+  send_options o;
+  o.require_response = true;
+  ASSERT_EQ(send_str(s, 0x102, 1, "to B", o), errc::ok);
+  clock::time_point told{};
+  ASSERT_TRUE(wait([&] {
+    if (!s->reports.empty() && told == clock::time_point{}) told = clock::now();
+    return !s->reports.empty();
+  }));
+  EXPECT_EQ(s->reports.at(0).status, errc::unknown_route);
+  // Held at least until B's loss + child_grace_ms (>= t0 + 1.5 grace), not refused at t0 + grace.
+  const auto ms = [](clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  };
+  EXPECT_GE(ms(told - t0), ms(kGrace + kGrace / 3));
+}
+
 }  // namespace
 }  // namespace uvbus::node_link_edge_test
