@@ -279,7 +279,11 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   // A message to ourselves is reported once delivered (or closed by stop()) under end_to_end, as
   // a require_response message; across the bus end_to_end makes require_response moot.
   const bool rr = target == self ? opt.require_response || flows : opt.require_response && !flows;
-  if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
+  // max_outstanding_responses bounds require_response messages (node_config.h). A plain message to
+  // ourselves waits as one only until the next loop turn delivers it: not refused (queue_full with
+  // no on_writable to follow), bounded as under next-hop delivery by what one loop turn sends.
+  if (rr && opt.require_response && replies.size() >= cfg.max_outstanding_responses)
+    return errc::queue_full;
   if (seq == 0) seq = take_seq();
   const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
   if (target != self && flows) {
