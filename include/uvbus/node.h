@@ -88,7 +88,12 @@ struct delivery_report {
   // expired), closed (node stopped), unknown_route / ttl_expired (reported back by a relay or the
   // target, require_response only), queue_full (a relay's queue overflowed), abandoned (shm).
   errc status = errc::ok;
-  bool end_to_end = false;  // true when the report comes from the target's acknowledgement
+  // true for every report of a message sent under delivery_mode::end_to_end, and under next_hop
+  // for a message sent with require_response (the report stands for the target's acknowledgement
+  // or its absence: ok, a relay's or the target's refusal, timeout, closed, a failed link); false
+  // for the other next-hop reports (ok = the next hop's channel took it). It says how the message
+  // was sent, not whether the target got it.
+  bool end_to_end = false;
 };
 
 struct node_counters {

@@ -1,6 +1,6 @@
 // Bus node, delivery reports: the one report of each accepted send, deferred to the loop
-// (defer_report), and a stream channel's outcome for a message turned into it (channel_outcome;
-// a require_response one waits for its acknowledgement).
+// (defer_report, which sets delivery_report::end_to_end), and a stream channel's outcome for a
+// message turned into it (channel_outcome; a require_response one waits for its acknowledgement).
 #include "bus/node_impl.h"
 
 namespace uvbus {
@@ -14,6 +14,10 @@ void node::impl::defer_report(uint64_t tag, bus_id target, errc status, bool e2e
     ++counters.reports_failed;
   }
   if (!cbs.on_report) return;
+  // delivery_report::end_to_end (node.h): every report of a message sent under end-to-end delivery
+  // or with require_response (kTagE2e), whatever path reports it (a send post() handed the loop
+  // and the loop refused, a require_response message its link failed).
+  e2e = e2e || (tag & kTagE2e) != 0 || cfg.delivery == delivery_mode::end_to_end;
   deferred_reports.push_back({tag & ~kTagE2e, target, status, e2e});
   arm_idle();
 }
