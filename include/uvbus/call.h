@@ -22,7 +22,9 @@ struct call_result {
   // version_mismatch (a link of the path speaks a protocol below version 5), access_denied (the
   // target keeps max_flow_sources flows and refused ours), queue_full / not_connected (under
   // next-hop delivery a relay acknowledges the request with its refusal: its queue towards the
-  // target was full, or its link there was down — the request was not handled, call again),
+  // target was full, or its link there was down — the request was not handled, call again;
+  // likewise connection_reset / protocol_error / queue_full when this node's own link to the next
+  // hop closed while the request waited in its queue: delivery_report's next-hop reasons),
   // not_connected also for call_any() (the node picked left the directory or restarted before
   // answering: it may have been handled), closed (the calling node stopped first).
   errc status = errc::ok;

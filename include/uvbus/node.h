@@ -86,9 +86,18 @@ struct delivery_report {
   // the shared-memory ring), or, with require_response, received by the target node. Otherwise why
   // it failed: not_connected / connection_reset (link lost), timeout (pending or response wait
   // expired), closed (node stopped), unknown_route / ttl_expired (reported back by a relay or the
-  // target, require_response only), queue_full (a relay's queue overflowed), abandoned (shm).
+  // target, require_response only), queue_full (a relay's queue overflowed), abandoned (shm). A
+  // message still queued on a link the node closes gets the link's reason, the one
+  // on_endpoint_removed hears: timeout (the peer went silent), queue_full (the next hop stopped
+  // reading), protocol_error (it broke the protocol), closed (stop()); connection_reset when the
+  // peer ended the link, not_connected when it registered again over a new one.
   errc status = errc::ok;
-  bool end_to_end = false;  // true when the report comes from the target's acknowledgement
+  // true for every report of a message sent under delivery_mode::end_to_end, and under next_hop
+  // for a message sent with require_response (the report stands for the target's acknowledgement
+  // or its absence: ok, a relay's or the target's refusal, timeout, closed, a failed link); false
+  // for the other next-hop reports (ok = the next hop's channel took it). It says how the message
+  // was sent, not whether the target got it.
+  bool end_to_end = false;
 };
 
 struct node_counters {

@@ -6,39 +6,6 @@ namespace uvbus {
 
 using proto::msg_type;
 
-// --------------------------------------------------------------------------------- reports --
-void node::impl::defer_report(uint64_t tag, bus_id target, errc status, bool e2e) {
-  if (tag == 0) return;
-  if (call_report(tag & ~kTagE2e, status)) return;  // a call's or an answer's: not on_report's
-  if (status == errc::ok) {
-    ++counters.reports_ok;
-  } else {
-    ++counters.reports_failed;
-  }
-  if (!cbs.on_report) return;
-  deferred_reports.push_back({tag & ~kTagE2e, target, status, e2e});
-  arm_idle();
-}
-
-void node::impl::channel_outcome(uint64_t tag, bus_id target, errc status) {
-  if (tag == 0) return;
-  if ((tag & kTagE2e) == 0) {
-    defer_report(tag, target, status, false);
-    return;
-  }
-  // require_response: success waits for the ack; a failure is the report unless the message was
-  // reported already (response timeout, stop).
-  if (status == errc::ok) return;
-  auto it = replies.find(tag & ~kTagE2e);
-  if (it == replies.end() || it->second.cb) return;
-  replies.erase(it);
-  defer_report(tag, target, status, false);
-}
-
-bool node::impl::still_owed(uint64_t tag) const {
-  return (tag & kTagE2e) == 0 || replies.count(tag & ~kTagE2e) != 0;
-}
-
 // -------------------------------------------------------------------------------- transmit --
 void node::impl::strip_trace(const const_buffer* bufs, size_t n) {
   proto::header hd;
@@ -312,7 +279,11 @@ errc node::impl::send_data(bus_id target, uint32_t type, const const_buffer* spa
   // A message to ourselves is reported once delivered (or closed by stop()) under end_to_end, as
   // a require_response message; across the bus end_to_end makes require_response moot.
   const bool rr = target == self ? opt.require_response || flows : opt.require_response && !flows;
-  if (rr && replies.size() >= cfg.max_outstanding_responses) return errc::queue_full;
+  // max_outstanding_responses bounds require_response messages (node_config.h). A plain message to
+  // ourselves waits as one only until the next loop turn delivers it: not refused (queue_full with
+  // no on_writable to follow), bounded as under next-hop delivery by what one loop turn sends.
+  if (rr && opt.require_response && replies.size() >= cfg.max_outstanding_responses)
+    return errc::queue_full;
   if (seq == 0) seq = take_seq();
   const uint64_t tag = rr ? (seq | kTagE2e) : (cbs.on_report ? seq : 0);
   if (target != self && flows) {

@@ -311,8 +311,9 @@ void node::impl::flows_tick(uint64_t now) {
       }
     }
     if (f.entries.empty()) {
-      // Quiet for a second: what a burst grew goes (no reservation is open: that needs the loop).
-      if (now - f.last_progress_ms > 1000) {
+      // Quiet for a second: what a burst grew goes, unless a reservation is open in its store (a
+      // caller that let the loop run with it open: its pointer must stay valid until commit).
+      if (now - f.last_progress_ms > 1000 && !(prep.open && prep.flow == &f)) {
         if (f.store.cap > detail::kFlowStoreMin) f.store = {};
         if (f.entries.capacity() > detail::kFlowEntriesKept) f.entries = {};
       }

@@ -252,6 +252,9 @@ void node::impl::shm_unstaged(const uint8_t* data, size_t size) {
 void node::impl::s_send_failed(connection_id c, uint64_t /*first*/, uint64_t last, errc reason) {
   link* lk = link_of(c);
   if (lk == nullptr) return;
+  // The link's reason (s_disconnected), not the stream's (cancelled, or closed for a clean EOF).
+  const errc own = lk->close_reason == errc::duplicate_id ? errc::not_connected : lk->close_reason;
+  reason = own != errc::ok ? own : reason == errc::closed ? errc::connection_reset : reason;
   if (lk->unsent_dropped != 0) {
     log_later(log_level::warn,
               "%" PRIu64 " relayed messages queued for 0x%" PRIx64

@@ -251,6 +251,24 @@ TEST_F(NodeContract, DestroyOrStopInsideOnWritableAfterFailures) {
 
 // validate() took max_outstanding_calls = 0, after which every call() returned queue_full (no
 // call could ever be open): refused now, naming the field.
+// max_outstanding_responses bounds require_response messages and commands (node_config.h). Under
+// end-to-end delivery a plain message to the node's own id waits for its report like one, and the
+// fifth of five in one loop turn was refused queue_full (no detail, no on_writable to follow).
+// Now all are accepted, delivered and reported; a require_response one is still bounded.
+TEST_F(NodeContract, PlainSelfSendsDoNotCountAgainstMaxOutstandingResponses) {
+  node_config c = fast_config();
+  c.max_outstanding_responses = 4;
+  bus_node* r = make_root(0x100, {{0x100, 8}}, c);
+  ASSERT_TRUE(wait([&] { return r->ups == 1; }));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(test::send_str(r, 0x100, 1, "me"), errc::ok) << i;
+  ASSERT_TRUE(wait([&] { return r->got.size() == 5 && r->reports.size() == 5; }));
+  EXPECT_EQ(r->ok_reports(), 5u);
+  send_options o;
+  o.require_response = true;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(test::send_str(r, 0x100, 1, "rr", o), errc::ok) << i;
+  EXPECT_EQ(test::send_str(r, 0x100, 1, "rr", o), errc::queue_full);
+}
+
 TEST_F(NodeContract, MaxOutstandingCallsZeroIsRefusedNamingTheField) {
   node_config cfg = fast_config();
   cfg.max_outstanding_calls = 0;

@@ -438,5 +438,28 @@ TEST_F(NodeLinkEdge, AChildLostDuringTheStartUpWindowGetsItsWholeGrace) {
   EXPECT_GE(ms(told - t0), ms(kGrace + kGrace / 3));
 }
 
+// A next hop that goes silent with messages queued for it: the heartbeat check closes its link
+// (on_endpoint_removed: timeout), and what the link still held is reported timeout too under
+// next-hop delivery. It was reported cancelled (the stream's word for the forced close), a reason
+// node.h's report list does not name.
+TEST_F(NodeLinkEdge, MessagesQueuedForASilentNextHopAreReportedTimeout) {
+  node_config pc = test::fast_config();
+  pc.heartbeat_timeout_ms = 1000;
+  pc.delivery = delivery_mode::next_hop;
+  bus_node* p = make_root(0x100, {{0x100, 8}}, pc);
+  test::raw_child& c = raw(0x101, 0x100, proto::link_role::child, p->n->listen_urls()[0], true);
+  ASSERT_TRUE(wait([&] { return c.registered; }));
+  const size_t accepted = test::fill_unread_link(&loop_, p, &c, false);
+  ASSERT_TRUE(wait([&] { return !p->removed.empty() && p->reports.size() == accepted; }));
+  EXPECT_EQ(p->removed.at(0).second, errc::timeout);
+  size_t failed = 0;
+  for (const auto& r : p->reports) {
+    if (r.status == errc::ok) continue;
+    ++failed;
+    EXPECT_EQ(r.status, errc::timeout) << to_string(r.status);
+  }
+  EXPECT_GT(failed, 0u);  // the link held messages when it was closed
+}
+
 }  // namespace
 }  // namespace uvbus::node_link_edge_test

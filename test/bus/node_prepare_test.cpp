@@ -153,6 +153,28 @@ TEST_F(NodePrepareTest, StopDropsTheReservation) {
   EXPECT_TRUE(b_->got.empty());
 }
 
+// A caller that lets the loop run with a reservation open (against the contract, but it must not
+// corrupt memory): the flow tick gave back the quiet flow's grown buffer, the reservation's room
+// included, and the write and commit_data() used freed memory (ASan: heap-use-after-free). The
+// buffer now stays while the reservation is open.
+TEST_F(NodePrepareTest, TheFlowTickKeepsTheBufferOfAnOpenReservation) {
+  make_tree();
+  const std::string text(20000, 'r');  // more than the store a quiet flow keeps (16 KiB)
+  errc e = errc::ok;
+  uint8_t* p = a_->n->prepare_data(0x102, 7, text.size(), &e);
+  ASSERT_NE(p, nullptr) << to_string(e);
+  // The flow was quiet for a second: a tick after that (the tick period is at most 250 ms, and
+  // the reservation's flow made its last progress no later than t0) has walked it.
+  const uint64_t t0 = uv_now(&loop_);
+  ASSERT_TRUE(wait([&] { return uv_now(&loop_) > t0 + 1600; }));
+  std::copy(text.begin(), text.end(), p);
+  uint64_t id = 0;
+  ASSERT_EQ(a_->n->commit_data(&id), errc::ok);
+  ASSERT_TRUE(wait([&] { return b_->got.size() == 1 && a_->reports.size() == 1; }));
+  EXPECT_EQ(b_->got[0].bytes, text);
+  EXPECT_EQ(a_->reports[0].status, errc::ok);
+}
+
 TEST_F(NodePrepareTest, RefusalsNameTheirCause) {
   node_config c = test::fast_config();
   c.message_limit = 100;

@@ -269,6 +269,34 @@ TEST_F(NodeThreadTest, PostedMessageRefusedOnTheLoopIsItsReport) {
   EXPECT_EQ(p->reports.size(), 1u);
 }
 
+// The report of a post the loop refused says how it was sent, as send_data's reports do
+// (delivery_report::end_to_end): set under end-to-end delivery and for require_response under
+// next-hop delivery. It was always false, while a send_data() refused the same way later (a flow
+// timeout, a relay's refusal) reported true.
+TEST_F(NodeThreadTest, APostRefusedOnTheLoopReportsHowItWasSent) {
+  struct mode_case {
+    delivery_mode mode;
+    bool require_response;
+    bool end_to_end;
+  };
+  const mode_case cases[] = {{delivery_mode::end_to_end, false, true},
+                             {delivery_mode::next_hop, false, false},
+                             {delivery_mode::next_hop, true, true}};
+  bus_id id = 0x100;
+  for (const mode_case& m : cases) {
+    node_config c = test::fast_config();
+    c.delivery = m.mode;
+    bus_node* p = make_root(id, {{id, 8}}, c);
+    send_options o;
+    o.require_response = m.require_response;
+    std::thread([&] { EXPECT_EQ(p->n->post(id + 0x50, 1, "x", 1, o), errc::ok); }).join();
+    ASSERT_TRUE(wait([&] { return p->reports.size() == 1; }));
+    EXPECT_EQ(p->reports[0].status, errc::unknown_route);
+    EXPECT_EQ(p->reports[0].end_to_end, m.end_to_end) << id;
+    id += 0x100;
+  }
+}
+
 TEST_F(NodeThreadTest, PostRefusesAtOnceWhatIsWrongAtOnce) {
   node_config cfg = fast_config();
   cfg.post_queue_messages = 3;

@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 #include <uv.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bus/bus_harness.h"
 #include "bus/wire.h"
 #include "uvbus/stream.h"
 
@@ -130,5 +132,30 @@ struct raw_child {
     }
   }
 };
+
+// Sends 60 000-byte messages from t to c (a raw child with pause_after_register and compress off:
+// it does not read) until t refuses one: the kernel's buffers and the link's queue are full. With
+// `ping` the child pings every 100 ms (only its reading stalls). Returns how many t accepted; the
+// test fails when no refusal comes within kWait.
+inline size_t fill_unread_link(uv_loop_t* loop, bus_node* t, raw_child* c, bool ping) {
+  const std::string payload(60000, 'x');
+  size_t accepted = 0;
+  auto next_ping = std::chrono::steady_clock::now();
+  EXPECT_TRUE(run_until(
+      loop,
+      [&] {
+        if (ping && std::chrono::steady_clock::now() >= next_ping) {
+          c->ping();
+          next_ping = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        }
+        for (int i = 0; i < 16; ++i) {
+          if (send_str(t, c->id, 1, payload) != errc::ok) return true;
+          ++accepted;
+        }
+        return false;
+      },
+      kWait));
+  return accepted;
+}
 
 }  // namespace uvbus::test
