@@ -86,9 +86,10 @@ struct stream_config {
   // message_limit. The ring (static mode) is allocated on the connection's first send, not before,
   // so a connection that never sends costs no queue memory; it starts at queue.ring_initial_bytes
   // (4 KiB) and doubles only as the queue fills, so one that sends little (a handshake) costs
-  // little. A ring still at its initial size goes back to a per-thread pool whenever the queue
-  // drains, so a quiet connection holds no send buffer; a ring that grew is kept while traffic
-  // flows and freed once the queue has been idle for send_ring_idle_ms (below).
+  // little. A ring still at its initial size goes back whenever the queue drains (to a
+  // per-thread pool if it is 16 KiB or less, else to the allocator), so a quiet connection holds
+  // no send buffer; a ring that grew is kept while traffic flows and freed once the queue has
+  // been idle for send_ring_idle_ms (below).
   write_queue_config queue = {};
   // Frames smaller than this many bytes are coalesced: when a write is issued, as many queued small
   // frames as fit are copied into one per-thread merge buffer and written with one system call.

@@ -552,7 +552,7 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
     ok = table.check_child(who.id, who.subnets, &why);
   } else {
     kind = rb.role == proto::link_role::sibling ? peer_kind::sibling : peer_kind::tool;
-    ok = table.check_peer(who.id);
+    ok = table.check_peer(who.id, &why);
     if (ok == errc::ok && table.owns(who.id)) {
       ok = errc::out_of_subnet;
       why = "id " + detail::id_text(who.id) + " lies in our subnets: a child's, not a " +
@@ -577,9 +577,8 @@ void node::impl::on_register(link* lk, const proto::header& hd, const uint8_t* b
       return;
     }
   }
-  if (ok != errc::ok) {  // check_child() names its refusals; a sibling's or tool's: here
-    refuse(lk, ok, why.empty() ? "id " + detail::id_text(who.id) + " is already registered" : why,
-           rb, token);
+  if (ok != errc::ok) {  // every check above names its refusal in `why`
+    refuse(lk, ok, why, rb, token);
     return;
   }
   if (!accept_reply(lk, who.id, version, &rb, token)) return;

@@ -89,9 +89,11 @@ errc routing_table::check_child(bus_id id, const std::vector<subnet>& subnets,
   return errc::ok;
 }
 
-errc routing_table::check_peer(bus_id id) const {
-  if (id == self_ || peers_.count(id) != 0) return errc::duplicate_id;
-  return errc::ok;
+errc routing_table::check_peer(bus_id id, std::string* why) const {
+  if (id != self_ && peers_.count(id) == 0) return errc::ok;
+  if (why != nullptr)
+    *why = "id " + id_text(id) + (id == self_ ? " is ours" : " is already registered");
+  return errc::duplicate_id;
 }
 
 errc check_claim(peer_kind kind, bus_id id, bus_id parent, const listing& l, std::string* why) {
@@ -115,7 +117,9 @@ const char* routing_table::sibling_fault(bus_id id, const subnet& s) const {
   for (const subnet& mine : subnets_) {
     if (mine.overlaps(s)) return "overlaps our subnets";
   }
-  if (has_parent_ && s.contains(parent_)) return "holds our parent's id";
+  // Known since the first registration and kept while its link is down: a sibling holding it
+  // could send as the parent (acks, command replies) for as long as its own link stays up.
+  if (parent_ != 0 && s.contains(parent_)) return "holds our parent's id";
   // A sibling is our parent's child: its subnets came out of the parent's.
   auto par = peers_.find(parent_);
   if (has_parent_ && par != peers_.end() && !par->second.subnets.empty() &&

@@ -81,9 +81,12 @@ class routing_table {
   [[nodiscard]] errc check_child(bus_id id, const std::vector<subnet>& subnets,
                                  std::string* why = nullptr) const;
   // Whether a peer could register as a sibling / tool: only the id must be new and not ours.
-  [[nodiscard]] errc check_peer(bus_id id) const;
+  // Otherwise duplicate_id and *why (if given) says which: "id ... is ours" or "... is already
+  // registered", as check_child() does.
+  [[nodiscard]] errc check_peer(bus_id id, std::string* why = nullptr) const;
   // Whether sibling `id`'s declared subnets are plausible, so that it may relay for them: each
-  // must be valid and hold neither our id nor our parent's nor any other registered peer's,
+  // must be valid and hold neither our id nor our parent's (known from its first registration on,
+  // while its link is down too) nor any other registered peer's,
   // overlap neither our subnets nor another sibling's, and lie inside our parent's subnets while
   // the parent is registered. Otherwise out_of_subnet and *why names the subnet and the fault.
   [[nodiscard]] errc check_sibling(bus_id id, const std::vector<subnet>& subnets,

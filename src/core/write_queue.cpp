@@ -72,8 +72,11 @@ void free_ring(uint8_t* ring) noexcept {
   }
 }
 
+// The smallest ring grow() allocates.
+constexpr size_t kSmallestRing = 64;
+
 size_t pow2_at_least(size_t n) noexcept {
-  size_t p = 64;
+  size_t p = kSmallestRing;
   while (p < n) p *= 2;
   return p;
 }
@@ -136,11 +139,17 @@ size_t write_queue::memory_bytes() const noexcept {
   return bytes_ + count_ * sizeof(dyn_block);
 }
 
+// What grow() makes of ring_initial_bytes for a first block that fits it: at least the smallest
+// ring, at most the whole one, rounded up to 8 (4100 -> 4104, 1 -> 64).
+size_t write_queue::initial_cap() const noexcept {
+  return align8(std::min(std::max(cfg_.ring_initial_bytes, kSmallestRing), cfg_.ring_bytes));
+}
+
 bool write_queue::release_storage(bool grown_too) noexcept {
   if (cfg_.mode != queue_mode::static_ring || count_ != 0 || ring_ == nullptr) return false;
   // A ring allocated whole is kept: its owner asked for no reallocation.
   if (cfg_.ring_initial_bytes == 0 || cfg_.ring_initial_bytes >= cfg_.ring_bytes) return false;
-  if (cap_ > cfg_.ring_initial_bytes && !grown_too) return false;
+  if (cap_ > initial_cap() && !grown_too) return false;
   release_retired();
   free_ring(ring_);
   ring_ = nullptr;

@@ -67,8 +67,9 @@ class write_queue {
   // Whether a growth left rings for release_retired().
   [[nodiscard]] bool has_retired() const noexcept { return retired_ != nullptr; }
 
-  // An empty static ring of its initial size hands its memory back (to the thread's buffer pool,
-  // see buffer_pool.h); the next reserve() takes a ring again. Rings that grew are kept (their
+  // An empty static ring of its initial size (ring_initial_bytes rounded up to 8, at least 64
+  // bytes) hands its memory back (to the thread's buffer pool up to 16 KiB, see buffer_pool.h;
+  // freed above); the next reserve() takes a ring again. Rings that grew are kept (their
   // connection bursts) unless grown_too (the owner's idle sweep); a ring allocated whole
   // (ring_initial_bytes 0 or >= ring_bytes) is always kept. Also frees retired rings, so the same
   // rule as release_retired() applies: no write may be reading the queue. Returns true if memory
@@ -146,6 +147,8 @@ class write_queue {
   // A block's room in the ring: its header and its data rounded up to 8 bytes.
   static constexpr size_t ring_stride(size_t n) noexcept { return sizeof(ring_header) + align8(n); }
   uint8_t* reserve_slow(size_t n, uint64_t tag, errc* err) noexcept;
+  // The size of a first ring that did not have to grow (release_storage() hands it back).
+  [[nodiscard]] size_t initial_cap() const noexcept;
   // A position: a byte offset in the ring, or a node pointer in dynamic mode.
   struct cursor {
     size_t off;

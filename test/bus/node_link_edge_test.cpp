@@ -196,8 +196,10 @@ TEST_F(NodeLinkEdge, AReconnectFlushLargerThanTheLinkQueueSendsEverything) {
 
 // While a node's parent link is down a peer could register with it as a sibling or a tool under
 // the parent's id: every acceptance of the real parent was refused from then on (its id a
-// registered peer's) and messages to the parent went to the impostor. It is refused now, naming
-// the parent, and the parent comes back.
+// registered peer's) and messages to the parent went to the impostor. A sibling with an id of its
+// own could declare a subnet holding the parent's id, and then send as the parent (acks, command
+// replies, data) while its link stayed up. Both are refused now, naming the parent, and the parent
+// comes back.
 TEST_F(NodeLinkEdge, NoPeerTakesTheParentsIdDuringItsOutage) {
   node_config rc = test::fast_config();
   bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
@@ -207,8 +209,16 @@ TEST_F(NodeLinkEdge, NoPeerTakesTheParentsIdDuringItsOutage) {
   destroy(root);
   ASSERT_TRUE(wait([&] { return !c->n->up(); }));
   const std::string curl = c->n->listen_urls().at(0);
-  for (const proto::link_role role : {proto::link_role::tool, proto::link_role::sibling}) {
-    test::raw_child& imp = raw(0x100, 0x101, role, curl);
+  const struct {
+    bus_id id;
+    proto::link_role role;
+    std::vector<subnet> nets;
+  } cases[] = {{0x100, proto::link_role::tool, {}},
+               {0x100, proto::link_role::sibling, {}},
+               {0x130, proto::link_role::sibling, {{0x100, 0}}}};
+  for (const auto& k : cases) {
+    test::raw_child& imp = raw(k.id, 0x101, k.role, curl);
+    imp.subnets = k.nets;  // declared when the challenge comes, on the loop
     ASSERT_TRUE(wait([&] { return imp.registered || imp.closed; }));
     EXPECT_FALSE(imp.registered) << "an impostor took the parent's id";
     EXPECT_NE(imp.reply_message.find("parent"), std::string::npos) << imp.reply_message;
@@ -357,6 +367,19 @@ TEST_F(NodeLinkEdge, QueueingOffSendsThroughTheParentWhileTheSiblingIsLookedUp) 
   EXPECT_NE(detail.find("message_limit"), std::string::npos) << detail;
   small.pending_max_messages = 0;  // queueing off: no bound to check
   EXPECT_EQ(node::validate(0x300, small, &detail), errc::ok) << detail;
+}
+
+// A sibling or tool registering with the acceptor's own id was told "id ... is already
+// registered"; it is named as a child's is now: "id ... is ours".
+TEST_F(NodeLinkEdge, APeerWithOurIdIsToldItIsOurs) {
+  bus_node* root = make_root(0x100, {{0x100, 8}});
+  for (const proto::link_role role : {proto::link_role::tool, proto::link_role::sibling}) {
+    test::raw_child& r = raw(0x100, 0x100, role, root->n->listen_urls().at(0));
+    ASSERT_TRUE(wait([&] { return r.registered || r.closed; }));
+    EXPECT_FALSE(r.registered);
+    EXPECT_EQ(r.reply_status, proto::reason::duplicate_id);
+    EXPECT_EQ(r.reply_message, "id 0x100 is ours");
+  }
 }
 
 // A child's refusal names what collides: the subnet and the child that owns it (it was "id ... is

@@ -69,8 +69,11 @@ TEST(Routing, ChildRegistrationChecks) {
   EXPECT_EQ(t.check_child(0x1401, {{0x1400, 4}}), errc::ok);  // 0x1400-0x140f
   EXPECT_TRUE(t.remove(0x1420));
   EXPECT_EQ(t.check_child(0x1401, {{0x1400, 8}}), errc::ok);
-  EXPECT_EQ(t.check_peer(0x1100), errc::duplicate_id);
-  EXPECT_EQ(t.check_peer(0x9999), errc::ok);
+  EXPECT_EQ(t.check_peer(0x1100, &why), errc::duplicate_id);
+  EXPECT_EQ(why, "id 0x1100 is already registered");
+  EXPECT_EQ(t.check_peer(0x1000, &why), errc::duplicate_id);
+  EXPECT_EQ(why, "id 0x1000 is ours");
+  EXPECT_EQ(t.check_peer(0x9999, &why), errc::ok);
   // Every refusal says why, naming the subnet and the child that holds it (an id inside another
   // child's subnet, or an overlap, was "id ... is already registered"; a subnet holding our own
   // id, inside ours, was "outside ours").
@@ -162,6 +165,11 @@ TEST(Routing, ASiblingsSubnetsMustBePlausible) {
   t.remove(0x1);
   t.clear_parent();
   EXPECT_EQ(t.check_sibling(0x2000, {{0x10000, 8}}, &why), errc::ok);
+  // The parent's id stays out of reach while its link is down: a sibling holding it could send
+  // as the parent (acks, command replies) for as long as its own link stays up.
+  why.clear();
+  EXPECT_EQ(t.check_sibling(0x2000, {{0x0, 4}}, &why), errc::out_of_subnet);
+  EXPECT_NE(why.find("holds our parent's id"), std::string::npos) << why;
 }
 
 // A sibling or tool may not take our parent's id, a tool no id the directory lists, a sibling none

@@ -131,6 +131,26 @@ TEST(WriteQueue, ZeroInitialBytesAllocatesTheWholeRing) {
   EXPECT_EQ(q.memory_bytes(), c.ring_bytes);
 }
 
+// The first ring is ring_initial_bytes rounded up to 8 and at least 64 bytes: with 4100, 32 or 1
+// it was larger than ring_initial_bytes, so it counted as grown and was never handed back when
+// the queue drained (only the idle sweep freed it; with send_ring_idle_ms 0, nothing). A ring of
+// the size the first allocation makes goes back now; one that did grow is still kept.
+TEST(WriteQueueStorage, AnUnalignedOrTinyInitialRingIsHandedBackAtDrain) {
+  for (const size_t initial : {size_t{4100}, size_t{32}, size_t{1}}) {
+    write_queue_config c = ring(size_t{64} * 1024);
+    c.ring_initial_bytes = initial;
+    write_queue q(c);
+    ASSERT_NE(q.reserve(20), nullptr) << initial;
+    q.pop_front();
+    EXPECT_TRUE(q.release_storage(false)) << initial;
+    EXPECT_EQ(q.memory_bytes(), 0u) << initial;
+    ASSERT_NE(q.reserve(5000), nullptr) << initial;  // beyond the first ring: grown
+    q.pop_front();
+    EXPECT_FALSE(q.release_storage(false)) << initial;
+    EXPECT_TRUE(q.release_storage(true)) << initial;
+  }
+}
+
 TEST(WriteQueue, ByteAndBlockLimitsApplyInBothModes) {
   for (auto mode : {queue_mode::static_ring, queue_mode::dynamic}) {
     write_queue_config c;

@@ -21,9 +21,12 @@
 //     bookkeeping in dynamic mode;
 //   * a static ring is allocated by the first reserve that reaches it, at ring_initial_bytes (0:
 //     the whole ring) or the power of two that holds the block, and grows only when a block does
-//     not fit: to a larger power of two (or ring_bytes) that holds every queued block plus the new
-//     one, laid out from offset 0 in FIFO order; the front block read before the growth stays
-//     readable (a write in flight) until release_retired().
+//     not fit: to twice its size or a larger power of two (or ring_bytes) that holds every queued
+//     block plus the new one, laid out from offset 0 in FIFO order; the front block read before the
+//     growth stays readable (a write in flight) until release_retired();
+//   * release_storage() frees a drained ring exactly when it was not allocated whole and is no
+//     larger than the first allocation makes of ring_initial_bytes (rounded up to 8, at least 64),
+//     or grown_too; the next reserve allocates a first ring again.
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
@@ -138,7 +141,8 @@ struct harness {
     const size_t u = used();
     FUZZ_CHECK(now >= u + stride(n));
     const size_t first = align8(cfg.ring_initial_bytes);
-    FUZZ_CHECK(now == ring || (now & (now - 1)) == 0 || (old_cap == 0 && now == first));
+    FUZZ_CHECK(now == ring || (now & (now - 1)) == 0 || (old_cap == 0 && now == first) ||
+               now == 2 * old_cap);  // doubled from a first ring that was no power of two
     if (!m.empty()) retired += old_cap;
     cap = now;
     size_t off = 0;
@@ -223,6 +227,19 @@ struct harness {
 
   void release() {
     q.release_retired();
+    retired = 0;
+  }
+
+  // What release_storage(grown_too) must do now (the rule in the header), then the model after.
+  void release_storage(bool grown_too) {
+    const bool whole = cfg.ring_initial_bytes == 0 || cfg.ring_initial_bytes >= ring;
+    const size_t initial = align8(std::min(std::max<size_t>(cfg.ring_initial_bytes, 64), ring));
+    const bool want =
+        is_static() && m.empty() && cap != 0 && !whole && (grown_too || cap <= initial);
+    if (trace) std::fprintf(stderr, "release_storage %d -> %d\n", grown_too ? 1 : 0, want ? 1 : 0);
+    FUZZ_CHECK(q.release_storage(grown_too) == want);
+    if (!want) return;
+    cap = 0;
     retired = 0;
   }
 
@@ -321,8 +338,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.ring_bytes = in.u16() % 4200;  // below 64 is invalid on purpose
   cfg.max_bytes = (flags & 2) != 0 ? 0 : in.u16() % 5000;
   cfg.max_blocks = (flags & 4) != 0 ? 0 : in.u8() % 48;
-  // Bit 3: a ring that starts at 64 .. 8192 bytes and grows; else the whole ring at once.
+  // Bit 3: a ring that starts at 64 .. 8192 bytes and grows; else the whole ring at once. Bit 7:
+  // any initial size instead (not a multiple of 8, below 64, above the ring).
   cfg.ring_initial_bytes = (flags & 8) != 0 ? size_t{64} << ((flags >> 4) & 7) : 0;
+  if ((flags & 0x80) != 0) cfg.ring_initial_bytes = in.u16() % 5000;
   harness h(cfg);
   h.check_all();
 
@@ -341,7 +360,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3:
       case 4:
         h.pop();
-        if ((op & 0x80) != 0) h.release();  // no write in flight any more
+        if ((op & 0x80) != 0) h.release();                          // no write in flight any more
+        if ((op & 0x40) != 0) h.release_storage((op & 0x20) != 0);  // as the channel does
         break;
       case 5:
         h.unreserve();
