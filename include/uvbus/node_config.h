@@ -55,8 +55,9 @@ struct node_config {
   // Register to the parent as a tool (an operator's process such as the `uvbus` command-line
   // tool) instead of as a child: the id must lie *outside* the parent's subnets (and be unused),
   // so a tool never takes an id a real node could need, and the parent does not announce it to
-  // the rest of the bus. The tool reaches every node through the parent; replies reach it from the
-  // parent and from the nodes below the parent. Needs parent_urls, no subnets and no discovery
+  // the rest of the bus. The tool reaches every node through the parent (sibling_direct does not
+  // apply: it dials no other node); replies reach it from the parent and from the nodes below the
+  // parent. Needs parent_urls, no subnets and no discovery
   // (a tool is never announced: its etcd entry would make its parent refuse its id).
   bool join_as_tool = false;
 

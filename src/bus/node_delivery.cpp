@@ -166,7 +166,7 @@ errc node::impl::enqueue(pending_queue* q, const const_buffer* bufs, size_t n, s
 void node::impl::fail_queue(pending_queue* q, errc why) {
   while (!q->q.empty()) {
     pending_msg& m = q->q.front();
-    channel_outcome(m.tag, m.target, why);
+    detail::settle_pending(*this, m, why);
     q->bytes -= m.bytes.size();
     q->q.pop_front();
     --counters.pending_now;
@@ -190,7 +190,7 @@ void node::impl::flush_queue(pending_queue* q, peer_ep* p) {
         q->q.pop_front();
         continue;
       }
-      if (e != errc::ok) channel_outcome(m.tag, m.target, e);
+      if (e != errc::ok) detail::settle_pending(*this, m, e);
     }
     q->q.pop_front();
     --counters.pending_now;
@@ -223,9 +223,9 @@ errc node::impl::route_lookup(bus_id target, const const_buffer* bufs, size_t n,
   if (r.kind == hop::none && (table.owns(target) || !has_parent())) {
     return errc::unknown_route;
   }
-  // Up through the parent, or directly to a sibling.
-  if (cfg.sibling_direct && target != parent_id && parent_peer() != nullptr &&
-      !table.owns(target)) {
+  // Up through the parent, or directly to a sibling (never for a tool: node_config.h).
+  const bool direct = cfg.sibling_direct && !cfg.join_as_tool;
+  if (direct && target != parent_id && parent_peer() != nullptr && !table.owns(target)) {
     auto it = siblings.find(target);
     if (it == siblings.end()) {
       it = siblings.emplace(target, sibling_entry{}).first;
@@ -251,7 +251,7 @@ errc node::impl::route_lookup(bus_id target, const const_buffer* bufs, size_t n,
   peer_ep* pp = parent_peer();
   if (pp != nullptr) {
     // Only cache the parent hop when no sibling entry could claim this target later.
-    if (!cfg.sibling_direct || table.owns(target) || target == parent_id) {
+    if (!direct || table.owns(target) || target == parent_id) {
       cached_target = target;
       cached_hop = pp;
     }
@@ -528,7 +528,7 @@ void node::impl::tick() {
 void node::impl::expire_queue(pending_queue* q, uint64_t now) {
   while (!q->q.empty() && now >= q->q.front().deadline_ms) {
     pending_msg& m = q->q.front();
-    channel_outcome(m.tag, m.target, errc::timeout);
+    detail::settle_pending(*this, m, errc::timeout);
     q->bytes -= m.bytes.size();
     q->q.pop_front();
     --counters.pending_now;

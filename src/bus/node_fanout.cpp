@@ -591,7 +591,7 @@ void settle_any(node::impl& n, bus_id id) {
     }
     if (const auto r = n.replies.find(it->first); r != n.replies.end() && !r->second.cb) {
       n.replies.erase(r);
-      n.defer_report(it->first, id, errc::not_connected, false);
+      n.defer_report(it->first, id, errc::not_connected, true);  // require_response's
     }
     it = owed.erase(it);
   }

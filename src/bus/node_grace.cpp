@@ -66,6 +66,17 @@ bool hold_for_parent(node::impl& n, const proto::header& hd, const uint8_t* data
 
 }  // namespace
 
+void detail::settle_pending(node::impl& n, const pending_msg& m, errc why) {
+  if (m.tag != 0) {
+    n.channel_outcome(m.tag, m.target, why);
+    return;
+  }
+  proto::header hd;
+  if (proto::parse_header(m.bytes.data(), m.bytes.size(), &hd) != errc::ok || hd.source == n.self)
+    return;
+  n.relay_drop(hd, proto::reason_from_errc(why));
+}
+
 bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, size_t size) {
   if (!table.owns(hd.target)) return hold_for_parent(*this, hd, data, size);
   if (cfg.child_grace_ms == 0 || hd.target == self) return false;

@@ -96,7 +96,7 @@ void node::impl::drain_backlog(peer_ep* p) {
     if (still_owed(m.tag)) {  // one reported while it waited (its response timeout) is withdrawn
       const errc e = transmit_bytes(p, m.bytes, m.tag, m.target);
       if (e == errc::queue_full) break;
-      if (e != errc::ok) channel_outcome(m.tag, m.target, e);
+      if (e != errc::ok) detail::settle_pending(*this, m, e);
     }
     p->backlog.bytes -= m.bytes.size();
     p->backlog.q.pop_front();

@@ -447,8 +447,8 @@ void node::impl::on_drop_notice(uint64_t message_id, bus_id target, errc why) {
   ++counters.drop_notices_received;
   auto it = replies.find(message_id);
   if (it != replies.end() && !it->second.cb && it->second.target == target) {
-    replies.erase(it);  // its report was still outstanding: this is it
-    defer_report(message_id, target, why, false);
+    replies.erase(it);                            // its report was still outstanding: this is it
+    defer_report(message_id, target, why, true);  // a require_response message's
     return;
   }
   fire(cbs.on_dropped, target, message_id, why);

@@ -300,6 +300,8 @@ TEST_F(NodeAny, NextHopRequireResponseChosenNodeStopsJustAfterTheSendFailsAtOnce
   ASSERT_NO_FATAL_FAILURE(send_any_to_l1(&id, o));
   l1_->n->stop();
   expect_report(id, "next hop + require_response, clean stop after", errc::not_connected);
+  // A require_response message's report says so, whichever path ended it (node.h).
+  EXPECT_TRUE(game_->report_for(id)->end_to_end);
 }
 
 // Next hop without require_response: ok means the root's channel took it, at once; the root's

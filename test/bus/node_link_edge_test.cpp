@@ -425,6 +425,26 @@ TEST_F(NodeLinkEdge, ARelayWhoseParentReconnectsHoldsWhatItsChildrenSendUp) {
   EXPECT_EQ(s->reports.size(), 1u);
 }
 
+// The same relay, but the message is plain next-hop data and R2 stays away longer than R1's
+// pending_timeout_ms: the held message expires, and S is told (a drop notice, on_dropped) instead
+// of it vanishing (untagged, it ended silently in the parent queue).
+TEST_F(NodeLinkEdge, ARelayedMessageThatExpiresInTheParentQueueIsNoticedToItsSource) {
+  bus_node* root = make_root(0x100, {{0x100, 8}}, test::hop_config());
+  node_config r1c = test::hop_config();
+  r1c.pending_timeout_ms = 200;
+  bus_node* r1 = make_child(0x110, root, {{0x110, 4}}, r1c);
+  node_config sc = test::hop_config();
+  sc.sibling_direct = false;
+  bus_node* s = make_child(0x111, r1, {}, sc);
+  ASSERT_TRUE(wait([&] { return r1->n->up() && s->n->up(); }));
+  destroy(root);
+  ASSERT_TRUE(wait([&] { return !r1->n->up(); }));
+  ASSERT_EQ(send_str(s, 0x101, 1, "to V"), errc::ok);
+  ASSERT_TRUE(wait([&] { return s->n->counters().drop_notices_received == 1; }));
+  EXPECT_EQ(r1->n->counters().pending_now, 0u);
+  EXPECT_EQ(r1->n->counters().drop_notices_sent, 1u);
+}
+
 // A relay holds a message for a child lost in its own start-up window for child_grace_ms after
 // that loss, not only until its start-up window ends (which cut the child's grace short: the
 // message was refused, unknown_route, at start + child_grace_ms).

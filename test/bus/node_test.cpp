@@ -587,6 +587,10 @@ TEST_F(NodeTest, AToolJoinsWithAnIdOutsideTheSubnetsAndTalksBothWays) {
   ASSERT_TRUE(wait([&] { return !tool->got.empty() && c->ok_reports() == 1; }));
   EXPECT_EQ(tool->got[0].source, 0x101U);
   EXPECT_EQ(tool->got[0].bytes, "answer");
+  // Through the parent both ways, sibling_direct (on by default) notwithstanding: a tool dials no
+  // other node (it did: the child's private address, unreachable from an operator's host).
+  for (const endpoint_info& e : tool->n->peers()) EXPECT_EQ(e.id, 0x100U) << std::hex << e.id;
+  for (const endpoint_info& e : c->n->peers()) EXPECT_EQ(e.id, 0x100U) << std::hex << e.id;
 }
 
 TEST_F(NodeTest, VersionMismatchIsRefused) {
