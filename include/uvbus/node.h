@@ -394,7 +394,10 @@ class node {
   // carries: max(message_limit + 85, 65536) - 54 bytes). A routes text that large is cut at a
   // line's end, its last line "... N more routes not shown (answer limit L bytes)". An answer the
   // target could not send (no route back, a full link) is counted in its forward_dropped and logged
-  // there (rate-limited); the asker gets timeout. Errors at once (cb never called): as send_data.
+  // there (rate-limited); the asker gets timeout. So is a command a relay on the way cannot route
+  // (unknown_route only when this node itself has no route: a relay's drop notice about a command
+  // would reach older nodes of the same protocol version as a report for another message). Errors
+  // at once (cb never called): as send_data.
   // cb runs as a callback of this node (node_callbacks' rules: it may destroy the node); none runs
   // after the node is destroyed.
   using command_cb = std::function<void(errc status, const uint8_t* result, size_t size)>;
