@@ -120,7 +120,7 @@ struct node_counters {
   uint64_t shm_abandoned_retries = 0;  // shm sends skipped by the reader and sent again
   uint64_t drop_notices_sent = 0;      // relay: sources told that their message was dropped here
   uint64_t drop_notices_received = 0;  // source: relays' notices about our messages (on_dropped)
-  uint64_t held_for_child = 0;         // relay: messages that waited for a child to (re)register
+  uint64_t held_for_child = 0;  // relay: messages held for a child (or its parent) to (re)register
   // Flows (end_to_end delivery; docs/bus.md "Flows").
   uint64_t flow_unacked_now = 0;    // source: messages in retransmit buffers right now
   uint64_t flow_unacked_bytes = 0;  // ... and their bytes

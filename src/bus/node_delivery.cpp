@@ -166,7 +166,7 @@ errc node::impl::enqueue(pending_queue* q, const const_buffer* bufs, size_t n, s
 void node::impl::fail_queue(pending_queue* q, errc why) {
   while (!q->q.empty()) {
     pending_msg& m = q->q.front();
-    detail::settle_pending(*this, m, why);
+    channel_outcome(m.tag, m.target, why);
     q->bytes -= m.bytes.size();
     q->q.pop_front();
     --counters.pending_now;
@@ -190,7 +190,7 @@ void node::impl::flush_queue(pending_queue* q, peer_ep* p) {
         q->q.pop_front();
         continue;
       }
-      if (e != errc::ok) detail::settle_pending(*this, m, e);
+      if (e != errc::ok) channel_outcome(m.tag, m.target, e);
     }
     q->q.pop_front();
     --counters.pending_now;
@@ -528,7 +528,7 @@ void node::impl::tick() {
 void node::impl::expire_queue(pending_queue* q, uint64_t now) {
   while (!q->q.empty() && now >= q->q.front().deadline_ms) {
     pending_msg& m = q->q.front();
-    detail::settle_pending(*this, m, errc::timeout);
+    channel_outcome(m.tag, m.target, errc::timeout);
     q->bytes -= m.bytes.size();
     q->q.pop_front();
     --counters.pending_now;

@@ -41,79 +41,70 @@ bool grace_since(const node::impl& n, bus_id target, uint64_t now, uint64_t* sin
   return in;
 }
 
-// A relayed message for an id outside our subnets while our configured parent reconnects: it
-// waits in the parent queue with our own (flushed in order when the parent registers; dropped
-// after pending_timeout_ms, when a flow resends it and require_response reports timeout). The
-// queue full, or queueing off: refused, a transient reason (its flow retries). No parent, or one
-// that refused us for good: the caller refuses (unknown_route).
-bool hold_for_parent(node::impl& n, const proto::header& hd, const uint8_t* data, size_t size) {
-  if (!n.has_parent() || n.parent_failed || n.parent_peer() != nullptr) return false;
+// Holds a relayed message in grace.held until `deadline` (ms). True when it is held, or refused
+// here (a relay that is going holds nothing more: not_connected, try again); false when the hold
+// is full (pending_max_messages / _bytes for all of it): the caller refuses.
+bool hold(node::impl& n, const proto::header& hd, const uint8_t* data, size_t size,
+          uint64_t deadline) {
   if (n.state != node::impl::run_state::running) {
     n.relay_drop(hd, proto::reason::not_connected);
     return true;
   }
+  detail::grace_state& g = n.grace;
+  if (g.held_count >= n.cfg.pending_max_messages || g.held_bytes + size > n.cfg.pending_max_bytes)
+    return false;
+  pending_queue& q = g.held[hd.target];
   uint8_t head[proto::kHeaderSize];
   n.forward_header(hd, data, head);
   const const_buffer bufs[2] = {{head, sizeof head},
                                 {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-  const errc e = n.enqueue(&n.parent_pending, bufs, 2, size, 0, hd.target);
-  if (e != errc::ok) {
-    n.relay_drop(hd,
-                 e == errc::queue_full ? proto::reason::queue_full : proto::reason::not_connected);
+  if (n.enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) {
+    if (q.q.empty()) g.held.erase(hd.target);
+    return false;
   }
+  q.q.back().deadline_ms = deadline;
+  ++g.held_count;
+  g.held_bytes += size;
+  ++n.counters.held_for_child;
   return true;
+}
+
+// A relayed message for an id outside our subnets while our configured parent reconnects: held
+// with the messages held for children (grace.held, the same bound), for pending_timeout_ms, and
+// sent on when the parent registers (release_held), in order and through its overflow as forward()
+// sends; expired, its source is told not_connected (the relay's parent is away, not the target:
+// a flow retries). Notices and broadcast acknowledgements are not held (a parent of an older
+// version would take them as a protocol error: forward() checks). No parent, one that refused us
+// for good, or the hold full: the caller refuses (unknown_route).
+bool hold_for_parent(node::impl& n, const proto::header& hd, const uint8_t* data, size_t size) {
+  if (!n.has_parent() || n.parent_failed || n.parent_peer() != nullptr) return false;
+  if (hd.type == msg_type::dropped || hd.type == msg_type::broadcast_ack) return false;
+  return hold(n, hd, data, size, n.now_ms() + n.cfg.pending_timeout_ms);
 }
 
 }  // namespace
 
-void detail::settle_pending(node::impl& n, const pending_msg& m, errc why) {
-  if (m.tag != 0) {
-    n.channel_outcome(m.tag, m.target, why);
-    return;
-  }
-  proto::header hd;
-  if (proto::parse_header(m.bytes.data(), m.bytes.size(), &hd) != errc::ok || hd.source == n.self)
-    return;
-  n.relay_drop(hd, proto::reason_from_errc(why));
-}
-
 bool node::impl::hold_for_child(const proto::header& hd, const uint8_t* data, size_t size) {
   if (!table.owns(hd.target)) return hold_for_parent(*this, hd, data, size);
   if (cfg.child_grace_ms == 0 || hd.target == self) return false;
-  const uint64_t now = now_ms();
   uint64_t since = 0;
-  if (!grace_since(*this, hd.target, now, &since)) return false;
-  if (state != run_state::running) {  // a relay that is going holds nothing more: try again
-    relay_drop(hd, proto::reason::not_connected);
-    return true;
-  }
-  if (grace.held_count >= cfg.pending_max_messages ||
-      grace.held_bytes + size > cfg.pending_max_bytes) {
-    return false;
-  }
-  pending_queue& q = grace.held[hd.target];
-  uint8_t head[proto::kHeaderSize];
-  forward_header(hd, data, head);
-  const const_buffer bufs[2] = {{head, sizeof head},
-                                {data + proto::kHeaderSize, size - proto::kHeaderSize}};
-  if (enqueue(&q, bufs, 2, size, 0, hd.target) != errc::ok) {
-    if (q.q.empty()) grace.held.erase(hd.target);
-    return false;
-  }
-  q.q.back().deadline_ms = since + cfg.child_grace_ms;
-  ++grace.held_count;
-  grace.held_bytes += size;
-  ++counters.held_for_child;
-  return true;
+  if (!grace_since(*this, hd.target, now_ms(), &since)) return false;
+  return hold(*this, hd, data, size, since + cfg.child_grace_ms);
 }
 
 void node::impl::release_held(peer_ep* child) {
   // Everything held for an id that routes to this child now: its own, and its descendants' (ids
-  // of its subnets), which were held under their own ids.
+  // of its subnets), which were held under their own ids; or, for our parent, what our children
+  // sent up while it was away (hold_for_parent).
   std::vector<bus_id> ids;
   for (const auto& [id, q] : grace.held) {
     const detail::route r = table.lookup(id);
-    if ((r.kind == hop::direct || r.kind == hop::child) && r.next == child->id) ids.push_back(id);
+    // A parent registering (add_peer) is not the table's parent yet: ids outside our subnets
+    // with no route of their own go to it.
+    const bool via = child->kind == peer_kind::parent
+                         ? (r.kind == hop::none || r.kind == hop::parent) && !table.owns(id)
+                         : (r.kind == hop::direct || r.kind == hop::child) && r.next == child->id;
+    if (via) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());  // the same order however the map lies
   for (const bus_id id : ids) {
@@ -152,22 +143,26 @@ void node::impl::release_queue(peer_ep* child, pending_queue* held_q) {
   }
   if (refused == 0) return;
   log(log_level::warn,
-      "%zu relayed messages held for child 0x%" PRIx64
+      "%zu relayed messages held for 0x%" PRIx64
       " refused when it registered, their sources told (last: %s)",
       refused, child->id, to_string(why));
 }
 
 void node::impl::grace_tick(uint64_t now) {
-  std::vector<std::vector<uint8_t>> expired;  // allocates only when something expires
+  // Allocates only when something expires. A message held for our parent (an id outside our
+  // subnets) is told not_connected (the target may be there: its flow retries), one held for a
+  // child unknown_route (no child came back).
+  std::vector<std::pair<std::vector<uint8_t>, bool>> expired;  // the message, held for the parent
   for (auto it = grace.held.begin(); it != grace.held.end();) {
     pending_queue& q = it->second;
+    const bool up = !table.owns(it->first);
     while (!q.q.empty() && now >= q.q.front().deadline_ms) {
       std::vector<uint8_t>& m = q.q.front().bytes;
       q.bytes -= m.size();
       grace.held_bytes -= m.size();
       --grace.held_count;
       --counters.pending_now;
-      expired.push_back(std::move(m));
+      expired.emplace_back(std::move(m), up);
       q.q.pop_front();
     }
     it = q.q.empty() ? grace.held.erase(it) : std::next(it);
@@ -176,11 +171,18 @@ void node::impl::grace_tick(uint64_t now) {
   if (expired.empty()) return;
   // Every source told first, then one line: on_log may stop() (its links close, `held` empties)
   // or destroy the node.
-  for (const std::vector<uint8_t>& m : expired) tell_source(*this, m, proto::reason::unknown_route);
+  size_t up = 0;
+  for (const auto& [m, for_parent] : expired) {
+    tell_source(*this, m, for_parent ? proto::reason::not_connected : proto::reason::unknown_route);
+    up += for_parent ? 1 : 0;
+  }
   log(log_level::warn,
-      "%zu relayed messages held for children refused (unknown_route): no child came back "
-      "within child_grace_ms (%" PRIu64 " ms)",
-      expired.size(), static_cast<uint64_t>(cfg.child_grace_ms));
+      "%zu relayed messages held for children refused (unknown_route: no child came back within "
+      "child_grace_ms, %" PRIu64
+      " ms), %zu held for the parent (not_connected: not back within "
+      "pending_timeout_ms, %" PRIu64 " ms)",
+      expired.size() - up, static_cast<uint64_t>(cfg.child_grace_ms), up,
+      static_cast<uint64_t>(cfg.pending_timeout_ms));
 }
 
 // stop(), before the goodbyes: what is held for children and what waits in a next hop's overflow

@@ -13,12 +13,6 @@
 
 namespace uvbus::detail {
 
-// A pending message (m) that will not go, for `why`: its report when it has one (m.tag), else, when
-// it was relayed for another node (held for our reconnecting parent, or in a next hop's backlog),
-// a notice to its source as relay_drop() sends; our own untagged messages (acknowledgements,
-// replies) end silently. node_grace.cpp.
-void settle_pending(node::impl& n, const pending_msg& m, errc why);
-
 struct grace_state {
   // A child whose link was lost within child_grace_ms: when, and the subnets it owned (its
   // descendants' ids: messages for them wait for it too).

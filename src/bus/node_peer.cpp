@@ -76,9 +76,9 @@ peer_ep* node::impl::add_peer(link* lk, peer_kind kind, proto::node_info info) {
   peer_ep* raw = p.get();
   peers[raw->id] = std::move(p);
   cached_hop = nullptr;
-  if (kind == peer_kind::child) {
-    grace.forget(raw->id);
-    release_held(raw);
+  if (kind == peer_kind::child || kind == peer_kind::parent) {
+    if (kind == peer_kind::child) grace.forget(raw->id);
+    release_held(raw);     // a parent: what its children sent up while it was away
     if (dead) return raw;  // destroyed from a log line there: nothing more is sent
   }
   dir_link_up(raw);
@@ -96,7 +96,7 @@ void node::impl::drain_backlog(peer_ep* p) {
     if (still_owed(m.tag)) {  // one reported while it waited (its response timeout) is withdrawn
       const errc e = transmit_bytes(p, m.bytes, m.tag, m.target);
       if (e == errc::queue_full) break;
-      if (e != errc::ok) detail::settle_pending(*this, m, e);
+      if (e != errc::ok) channel_outcome(m.tag, m.target, e);
     }
     p->backlog.bytes -= m.bytes.size();
     p->backlog.q.pop_front();

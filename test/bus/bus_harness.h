@@ -104,6 +104,7 @@ struct bus_node {
   std::vector<errc> errors;
   std::vector<std::string> error_texts;
   std::vector<std::pair<log_level, std::string>> logs;
+  std::vector<errc> drops;  // on_dropped: relays' notices about messages reported ok here
   uint64_t writable = 0;
 
   // Callbacks that record into this object. A test may wrap or replace any of them before it
@@ -121,6 +122,7 @@ struct bus_node {
       registration_details.push_back(d);
     };
     cb.on_up = [this](bus_id) { ++ups; };
+    cb.on_dropped = [this](bus_id, uint64_t, errc why) { drops.push_back(why); };
     cb.on_down = [this](errc e) { downs.push_back(e); };
     cb.on_endpoint_added = [this](const endpoint_info& e) { added.push_back(e); };
     cb.on_endpoint_removed = [this](const endpoint_info& e, errc why) {

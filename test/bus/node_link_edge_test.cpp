@@ -426,8 +426,9 @@ TEST_F(NodeLinkEdge, ARelayWhoseParentReconnectsHoldsWhatItsChildrenSendUp) {
 }
 
 // The same relay, but the message is plain next-hop data and R2 stays away longer than R1's
-// pending_timeout_ms: the held message expires, and S is told (a drop notice, on_dropped) instead
-// of it vanishing (untagged, it ended silently in the parent queue).
+// pending_timeout_ms: the held message expires, and S is told (a drop notice, on_dropped, saying
+// not_connected: the target may be there) instead of it vanishing (held in the parent queue, it
+// ended there silently, untagged).
 TEST_F(NodeLinkEdge, ARelayedMessageThatExpiresInTheParentQueueIsNoticedToItsSource) {
   bus_node* root = make_root(0x100, {{0x100, 8}}, test::hop_config());
   node_config r1c = test::hop_config();
@@ -440,7 +441,10 @@ TEST_F(NodeLinkEdge, ARelayedMessageThatExpiresInTheParentQueueIsNoticedToItsSou
   destroy(root);
   ASSERT_TRUE(wait([&] { return !r1->n->up(); }));
   ASSERT_EQ(send_str(s, 0x101, 1, "to V"), errc::ok);
-  ASSERT_TRUE(wait([&] { return s->n->counters().drop_notices_received == 1; }));
+  ASSERT_TRUE(wait([&] { return r1->n->counters().held_for_child == 1; }));  // held, not refused
+  ASSERT_TRUE(wait([&] { return !s->drops.empty(); }));
+  EXPECT_EQ(s->drops.at(0), errc::not_connected) << to_string(s->drops.at(0));
+  EXPECT_EQ(s->n->counters().drop_notices_received, 1u);
   EXPECT_EQ(r1->n->counters().pending_now, 0u);
   EXPECT_EQ(r1->n->counters().drop_notices_sent, 1u);
 }
