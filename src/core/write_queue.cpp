@@ -147,8 +147,10 @@ size_t write_queue::initial_cap() const noexcept {
 
 bool write_queue::release_storage(bool grown_too) noexcept {
   if (cfg_.mode != queue_mode::static_ring || count_ != 0 || ring_ == nullptr) return false;
-  // A ring allocated whole is kept: its owner asked for no reallocation.
-  if (cfg_.ring_initial_bytes == 0 || cfg_.ring_initial_bytes >= cfg_.ring_bytes) return false;
+  // A ring allocated whole is kept: its owner asked for no reallocation (a first ring that comes
+  // out as large as the whole one, ring_initial_bytes 4100 of a ring_bytes 4100 rounded to 4104,
+  // is one too).
+  if (cfg_.ring_initial_bytes == 0 || initial_cap() >= cfg_.ring_bytes) return false;
   if (cap_ > initial_cap() && !grown_too) return false;
   release_retired();
   free_ring(ring_);

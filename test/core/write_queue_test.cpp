@@ -149,6 +149,15 @@ TEST(WriteQueueStorage, AnUnalignedOrTinyInitialRingIsHandedBackAtDrain) {
     EXPECT_FALSE(q.release_storage(false)) << initial;
     EXPECT_TRUE(q.release_storage(true)) << initial;
   }
+  // An initial size that rounds up to the whole ring (4100 of 4100, both 4104) allocates it whole:
+  // kept at drain as any whole ring, not reallocated at the next send.
+  write_queue_config c = ring(4100);
+  c.ring_initial_bytes = 4100;
+  write_queue q(c);
+  ASSERT_NE(q.reserve(20), nullptr);
+  q.pop_front();
+  EXPECT_FALSE(q.release_storage(false));
+  EXPECT_FALSE(q.release_storage(true));
 }
 
 TEST(WriteQueue, ByteAndBlockLimitsApplyInBothModes) {

@@ -232,8 +232,8 @@ struct harness {
 
   // What release_storage(grown_too) must do now (the rule in the header), then the model after.
   void release_storage(bool grown_too) {
-    const bool whole = cfg.ring_initial_bytes == 0 || cfg.ring_initial_bytes >= ring;
     const size_t initial = align8(std::min(std::max<size_t>(cfg.ring_initial_bytes, 64), ring));
+    const bool whole = cfg.ring_initial_bytes == 0 || initial >= ring;  // the first ring is all
     const bool want =
         is_static() && m.empty() && cap != 0 && !whole && (grown_too || cap <= initial);
     if (trace) std::fprintf(stderr, "release_storage %d -> %d\n", grown_too ? 1 : 0, want ? 1 : 0);
