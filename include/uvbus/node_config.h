@@ -168,7 +168,9 @@ struct node_config {
   // A require_response message without an acknowledgement after this time fails with timeout.
   uint32_t response_timeout_ms = 10000;
   // At most this many require_response messages and commands awaiting their answer; beyond it
-  // send_data(require_response) and send_command() return queue_full.
+  // send_data(require_response) and send_command() return queue_full. Under end-to-end delivery a
+  // plain message to this node itself also waits as one until the next loop turn delivers it: it is
+  // never refused for this bound, but counts towards it until then.
   size_t max_outstanding_responses = 65536;
   // At most this many node::call()s awaiting their answer (>= 1); beyond, call() is queue_full.
   size_t max_outstanding_calls = 65536;
