@@ -89,8 +89,10 @@ struct delivery_report {
   // target, require_response only), queue_full (a relay's queue overflowed), abandoned (shm). A
   // message still queued on a link the node closes gets the link's reason, the one
   // on_endpoint_removed hears: timeout (the peer went silent), queue_full (the next hop stopped
-  // reading), protocol_error (it broke the protocol), closed (stop()); connection_reset when the
-  // peer ended the link, not_connected when it registered again over a new one.
+  // reading), protocol_error (it broke the protocol), closed (stop(), or a link closed cleanly: the
+  // peer's goodbye, an idle sibling link dropped), no_memory / io_error (it failed here);
+  // connection_reset when the peer ended the link, not_connected when it registered again over a
+  // new one.
   errc status = errc::ok;
   // true for every report of a message sent under delivery_mode::end_to_end, and under next_hop
   // for a message sent with require_response (the report stands for the target's acknowledgement
