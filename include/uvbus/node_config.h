@@ -90,7 +90,11 @@ struct node_config {
   // not held: send_data() returns unknown_route (docs/bus.md "Known limits").
   // Bounded like the pending queues, per child and in total: all messages held, for every child
   // id together, are at most pending_max_messages / pending_max_bytes; beyond that a message is
-  // refused as if no grace applied (unknown_route). 0: refuse at once.
+  // refused as if no grace applied (unknown_route). 0: refuse at once. The same hold, within the
+  // same bound and whatever this value, keeps what children send up while the parent reconnects,
+  // for pending_timeout_ms (then refused not_connected: a flow retries), sent on when it is back
+  // (refused unknown_route if it refuses this node for good); a long parent outage can so use up
+  // the bound a restarting child's messages would need.
   uint32_t child_grace_ms = 2000;
   // Forwarding back-pressure: when a relayed message meets a full next-hop queue it waits in that
   // hop's overflow queue (this many bytes at most) and the link it came from stops being read until

@@ -6,7 +6,9 @@
 // (grace.held_count, grace.held_bytes): beyond that a message is refused as if no grace applied,
 // however many distinct ids the messages name. A relay that stops tells the sources of what it
 // still holds, here or in a next hop's overflow (drop_relayed_for_stop). A relayed message for an
-// id outside our subnets while our parent reconnects waits in the parent queue (hold_for_parent).
+// id outside our subnets while our parent reconnects is held the same way, within the same bound,
+// for pending_timeout_ms (hold_for_parent; released when the parent registers, told unknown_route
+// when it refuses us for good: drop_held_for_parent).
 
 #include "bus/node_impl.h"
 
@@ -101,8 +103,10 @@ void node::impl::release_held(peer_ep* child) {
     const detail::route r = table.lookup(id);
     // A parent registering (add_peer) is not the table's parent yet: ids outside our subnets
     // with no route of their own go to it.
+    // with no route of their own go to it. Every id outside our subnets was held for the parent
+    // (the parent's own, a sibling's that registered meanwhile): all go to it.
     const bool via = child->kind == peer_kind::parent
-                         ? (r.kind == hop::none || r.kind == hop::parent) && !table.owns(id)
+                         ? !table.owns(id)
                          : (r.kind == hop::direct || r.kind == hop::child) && r.next == child->id;
     if (via) ids.push_back(id);
   }
@@ -130,10 +134,18 @@ void node::impl::release_queue(peer_ep* child, pending_queue* held_q) {
   size_t refused = 0;
   errc why = errc::ok;
   for (pending_msg& m : q.q) {
+    // forward()'s checks: a peer below version 2 does not know drop notices, one below 6
+    // broadcast acknowledgements (it would close the link); only user messages count as forwarded.
+    const auto type = static_cast<msg_type>(m.bytes[1]);
+    if ((type == msg_type::dropped && version_of(child) < 2) ||
+        (type == msg_type::broadcast_ack && version_of(child) < 6)) {
+      ++counters.forward_dropped;
+      continue;
+    }
     errc e = errc::queue_full;
     if (child->overflow.empty()) e = transmit_bytes(child, m.bytes, 0, m.target);
     if (e == errc::ok) {
-      ++counters.forwarded;
+      if (type == msg_type::data || type == msg_type::forward) ++counters.forwarded;
       continue;
     }
     if (e == errc::queue_full && overflow_keep(child, &m.bytes)) continue;
@@ -176,13 +188,17 @@ void node::impl::grace_tick(uint64_t now) {
     tell_source(*this, m, for_parent ? proto::reason::not_connected : proto::reason::unknown_route);
     up += for_parent ? 1 : 0;
   }
+  if (up < expired.size()) {
+    log(log_level::warn,
+        "%zu relayed messages held for children refused (unknown_route): no child came back "
+        "within child_grace_ms (%" PRIu64 " ms)",
+        expired.size() - up, static_cast<uint64_t>(cfg.child_grace_ms));
+  }
+  if (up == 0 || dead || state != run_state::running) return;  // on_log may have stopped us
   log(log_level::warn,
-      "%zu relayed messages held for children refused (unknown_route: no child came back within "
-      "child_grace_ms, %" PRIu64
-      " ms), %zu held for the parent (not_connected: not back within "
-      "pending_timeout_ms, %" PRIu64 " ms)",
-      expired.size() - up, static_cast<uint64_t>(cfg.child_grace_ms), up,
-      static_cast<uint64_t>(cfg.pending_timeout_ms));
+      "%zu relayed messages held for the parent refused (not_connected): it was not back within "
+      "pending_timeout_ms (%" PRIu64 " ms)",
+      up, static_cast<uint64_t>(cfg.pending_timeout_ms));
 }
 
 // stop(), before the goodbyes: what is held for children and what waits in a next hop's overflow
@@ -211,6 +227,27 @@ void node::impl::drop_relayed_for_stop() {
                              "stopping: " + std::to_string(gone.size()) +
                                  " relayed messages held for children or waiting for a next hop "
                                  "dropped, their sources told (not_connected)");
+}
+
+void detail::drop_held_for_parent(node::impl& n) {
+  std::vector<std::vector<uint8_t>> gone;
+  for (auto it = n.grace.held.begin(); it != n.grace.held.end();) {
+    if (n.table.owns(it->first)) {
+      ++it;
+      continue;
+    }
+    pending_queue& q = it->second;
+    n.grace.held_count -= q.q.size();
+    n.grace.held_bytes -= q.bytes;
+    n.counters.pending_now -= q.q.size();
+    for (pending_msg& m : q.q) gone.push_back(std::move(m.bytes));
+    it = n.grace.held.erase(it);
+  }
+  if (gone.empty()) return;
+  for (const std::vector<uint8_t>& m : gone) tell_source(n, m, proto::reason::unknown_route);
+  n.log_later(log_level::warn,
+              "%zu relayed messages held for the parent refused (unknown_route): it refused us",
+              gone.size());
 }
 
 }  // namespace uvbus

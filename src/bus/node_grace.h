@@ -13,6 +13,11 @@
 
 namespace uvbus::detail {
 
+// Our parent refused us for good: what our children sent up meanwhile (held for it, an id outside
+// our subnets) is refused to its sources, unknown_route, and one line logged from the loop.
+// node_grace.cpp.
+void drop_held_for_parent(node::impl& n);
+
 struct grace_state {
   // A child whose link was lost within child_grace_ms: when, and the subnets it owned (its
   // descendants' ids: messages for them wait for it too).

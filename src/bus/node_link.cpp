@@ -442,6 +442,7 @@ void node::impl::on_register_reply(link* lk, const proto::header& hd, const uint
         parent_refusal = result;
         writable = fail_parent_flows(*this, result);
         fail_queue(&parent_pending, result);
+        detail::drop_held_for_parent(*this);  // what our children sent up meanwhile
       }
       lk->reported = true;
       registration_result(result, rr.message);

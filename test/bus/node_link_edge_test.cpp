@@ -414,15 +414,47 @@ TEST_F(NodeLinkEdge, ARelayWhoseParentReconnectsHoldsWhatItsChildrenSendUp) {
   send_options o;
   o.require_response = true;
   ASSERT_EQ(send_str(s, 0x101, 1, "to V", o), errc::ok);
+  // One for R2 itself too: once R2 registers it is a direct peer of R1's routing table, and that
+  // message stayed held until it expired (not_connected) while newer ones went past it.
+  ASSERT_EQ(send_str(s, 0x100, 1, "to R2", o), errc::ok);
   // Held, not refused: nothing is reported while R2 is away.
-  ASSERT_TRUE(wait([&] { return r1->n->counters().pending_now != 0 || !s->reports.empty(); }));
+  ASSERT_TRUE(wait([&] { return r1->n->counters().held_for_child == 2 || !s->reports.empty(); }));
   ASSERT_TRUE(s->reports.empty()) << to_string(s->reports.at(0).status);
   rc.subnets = {{0x100, 8}};
+  bus_node* r2 = restart_at(0x100, rc, url);
+  ASSERT_TRUE(wait([&] { return s->reports.size() == 2; }));
+  for (const delivery_report& r : s->reports) EXPECT_EQ(r.status, errc::ok) << to_string(r.status);
+  ASSERT_TRUE(wait([&] { return !v->got.empty() && !r2->got.empty(); }));
+  EXPECT_EQ(r1->n->counters().pending_now, 0u);
+}
+
+// The same, but R2 comes back with subnets that no longer hold R1 (out_of_subnet: a refusal for
+// good): what S sent up meanwhile is refused unknown_route then, not told not_connected ("try
+// again") after pending_timeout_ms.
+TEST_F(NodeLinkEdge, ARelayRefusedForGoodByItsParentRefusesWhatItHeldForIt) {
+  node_config rc = test::hop_config();
+  bus_node* root = make_root(0x100, {{0x100, 8}}, rc);
+  const std::string url = root->n->listen_urls().at(0);
+  node_config r1c = test::hop_config();
+  r1c.pending_timeout_ms = 60000;  // the refusal, not the expiry, must end the hold
+  bus_node* r1 = make_child(0x110, root, {{0x110, 4}}, r1c);
+  node_config sc = test::hop_config();
+  sc.sibling_direct = false;
+  sc.response_timeout_ms = 60000;
+  bus_node* s = make_child(0x111, r1, {}, sc);
+  ASSERT_TRUE(wait([&] { return r1->n->up() && s->n->up(); }));
+  destroy(root);
+  ASSERT_TRUE(wait([&] { return !r1->n->up(); }));
+  send_options o;
+  o.require_response = true;
+  ASSERT_EQ(send_str(s, 0x101, 1, "to V", o), errc::ok);
+  ASSERT_TRUE(wait([&] { return r1->n->counters().held_for_child == 1; }));
+  rc.subnets = {{0x100, 4}};  // 0x100 .. 0x10f: R1 (0x110) is outside now
   (void)restart_at(0x100, rc, url);
   ASSERT_TRUE(wait([&] { return !s->reports.empty(); }));
-  EXPECT_EQ(s->reports.at(0).status, errc::ok) << to_string(s->reports.at(0).status);
-  ASSERT_TRUE(wait([&] { return !v->got.empty(); }));
-  EXPECT_EQ(s->reports.size(), 1u);
+  EXPECT_EQ(s->reports.at(0).status, errc::unknown_route) << to_string(s->reports.at(0).status);
+  EXPECT_EQ(r1->registrations.back(), errc::out_of_subnet);
+  EXPECT_EQ(r1->n->counters().pending_now, 0u);
 }
 
 // The same relay, but the message is plain next-hop data and R2 stays away longer than R1's
