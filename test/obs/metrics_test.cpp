@@ -306,8 +306,15 @@ TEST_F(NodeMetricsTest, StalledAndGarbageClientsDoNotStopTheScrape) {
   const std::string url = p->n->metrics_url();
   const uint16_t port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
   std::vector<int> fds;
-  for (int i = 0; i < 6; ++i) {  // connect and say nothing, or garbage
+  // Connect and say nothing, or garbage, each from an address of its own (127.0.0.10 ..): from
+  // curl's 127.0.0.1 they would meet the per-address limit (4), and whether curl got in then
+  // depended on the endpoint reading the garbage before accepting curl.
+  for (int i = 0; i < 6; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 9 + static_cast<uint32_t>(i));
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0) << errno;
     sockaddr_in in{};
     in.sin_family = AF_INET;
     in.sin_port = htons(port);
