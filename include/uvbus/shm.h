@@ -218,7 +218,8 @@ struct shm_region_info {
 // what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
 // The same, and on bad_url or unsupported_scheme *detail (if given) says what is wrong with the
-// URL, as parse_address does ("\"0x\" is not a SysV key ..."); else it is left empty.
+// URL, as parse_address does ("\"0x\" is not a SysV key ..."), or that a valid URL of another
+// scheme (ipv4://, unix://) names no region; else it is left empty.
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail);
 
 // Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers

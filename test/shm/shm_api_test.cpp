@@ -86,6 +86,18 @@ TEST(ShmApi, BatchMaxIsBoundedAndOpenImageValidatesItsConfigNamingTheField) {
   }
 }
 
+// shm_inspect's detail overload promised a detail for bad_url or unsupported_scheme, but a valid
+// URL of another scheme got unsupported_scheme with the detail left empty.
+TEST(ShmApi, InspectOfANonShmUrlSaysWhyInItsDetail) {
+  for (const char* url : {"ipv4://1.2.3.4:5", "unix:///x"}) {
+    shm_region_info info;
+    std::string why;
+    EXPECT_EQ(shm_inspect(url, &info, &why), errc::unsupported_scheme) << url;
+    EXPECT_NE(why.find(url), std::string::npos) << url << ": " << why;
+    EXPECT_NE(why.find("only shm:// and mem://"), std::string::npos) << url << ": " << why;
+  }
+}
+
 TEST(ShmApi, OpenErrorsRecordTheUrlAndTheReason) {
   const std::string name = test::unique_name("api");
   shm_reader r;
