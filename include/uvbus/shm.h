@@ -294,7 +294,8 @@ class shm_reader {
   // sleeps on the region's futex word and wakes the loop with uv_async_send when a writer commits
   // (or when an in-flight record's abandon timeout expires). The helper looks at the ring itself
   // at least every 200 ms, so a writer stopped or killed between taking the wake-up and sending it
-  // delays delivery by at most that, never for ever. Keeps the loop alive until stop() or
+  // delays delivery by at most that (plus abandon_timeout_us when a writer also died mid-record
+  // at the head), never for ever. Keeps the loop alive until stop() or
   // close(). Errors: closed (not open), wrong_state (already started), invalid_argument (null
   // loop or no on_records), io_error (thread or libuv handle creation failed).
   [[nodiscard]] errc start(uv_loop_t* loop);
