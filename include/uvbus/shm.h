@@ -77,7 +77,9 @@ struct shm_config {
   // allocates the batch's array, 16 bytes a record, up front.
   uint32_t batch_max = 256;
   // Try huge pages (SysV SHM_HUGETLB, or madvise(MADV_HUGEPAGE) for POSIX/mem); silently falls
-  // back to normal pages. shm_reader::huge_pages() tells what was obtained.
+  // back to normal pages. shm_reader::huge_pages() tells whether the SysV segment or the advice
+  // was taken; a POSIX region then gets huge pages where /dev/shm is mounted with huge=advise,
+  // within_size or always (its pages are reserved through the advised mapping).
   bool huge_pages = false;
   // Permissions of a created POSIX or SysV region (its low 9 bits, exactly: the umask does not
   // apply).
