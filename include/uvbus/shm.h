@@ -77,7 +77,9 @@ struct shm_config {
   // allocates the batch's array, 16 bytes a record, up front.
   uint32_t batch_max = 256;
   // Try huge pages (SysV SHM_HUGETLB, or madvise(MADV_HUGEPAGE) for POSIX/mem); silently falls
-  // back to normal pages. shm_reader::huge_pages() tells what was obtained.
+  // back to normal pages. shm_reader::huge_pages() tells whether the SysV segment or the advice
+  // was taken; a POSIX region then gets huge pages where /dev/shm is mounted with huge=advise,
+  // within_size or always (its pages are reserved through the advised mapping).
   bool huge_pages = false;
   // Permissions of a created POSIX or SysV region (its low 9 bits, exactly: the umask does not
   // apply).
@@ -218,7 +220,8 @@ struct shm_region_info {
 // what could be read).
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out);
 // The same, and on bad_url or unsupported_scheme *detail (if given) says what is wrong with the
-// URL, as parse_address does ("\"0x\" is not a SysV key ..."); else it is left empty.
+// URL, as parse_address does ("\"0x\" is not a SysV key ..."), or that a valid URL of another
+// scheme (ipv4://, unix://) names no region; else it is left empty.
 [[nodiscard]] errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail);
 
 // Removes a region's name for good (uvbus_shm_inspect --remove): marks it closed (its writers
@@ -293,7 +296,8 @@ class shm_reader {
   // sleeps on the region's futex word and wakes the loop with uv_async_send when a writer commits
   // (or when an in-flight record's abandon timeout expires). The helper looks at the ring itself
   // at least every 200 ms, so a writer stopped or killed between taking the wake-up and sending it
-  // delays delivery by at most that, never for ever. Keeps the loop alive until stop() or
+  // delays delivery by at most that (plus abandon_timeout_us when a writer also died mid-record
+  // at the head), never for ever. Keeps the loop alive until stop() or
   // close(). Errors: closed (not open), wrong_state (already started), invalid_argument (null
   // loop or no on_records), io_error (thread or libuv handle creation failed).
   [[nodiscard]] errc start(uv_loop_t* loop);

@@ -101,6 +101,12 @@ errc shm_inspect(std::string_view url, shm_region_info* out, std::string* detail
     if (detail != nullptr) *detail = std::move(why);
     return e;
   }
+  if (addr.kind != scheme::shm && addr.kind != scheme::mem) {
+    if (detail != nullptr) {
+      *detail = std::string(url) + " names no region: only shm:// and mem:// URLs name one";
+    }
+    return errc::unsupported_scheme;
+  }
   mapping m;
   if (const errc e = attach_region(addr, &m); e != errc::ok) return e;
   *out = shm_region_info{};

@@ -65,9 +65,6 @@ void* g_claim_hook_user = nullptr;
 // region_access::set_create_hook (tests only), the same way.
 std::atomic<void (*)(void*)> g_create_hook{nullptr};
 void* g_create_hook_user = nullptr;
-// region_access::set_reserve_hook (tests only), the same way.
-std::atomic<int (*)(void*)> g_reserve_hook{nullptr};
-void* g_reserve_hook_user = nullptr;
 
 }  // namespace
 
@@ -279,33 +276,21 @@ verdict judge_posix(int fd, const shm_config& cfg, open_outcome* how) {
   return v;
 }
 
-// Backs every page of a POSIX object of `size` bytes now. On tmpfs ftruncate only records a size
-// and pages are allocated on first touch: without this, a /dev/shm with less room than the region
-// (Docker's default is 64 MiB) would accept it and then raise SIGBUS in whichever process first
-// touches a page past the room. ok, or no_memory (no room) / the errno's code, *why saying which.
-errc reserve_pages(int fd, size_t size, std::string* why) {
-  int rc = 0;
-  if (auto* hook = g_reserve_hook.load(std::memory_order_acquire)) rc = hook(g_reserve_hook_user);
-  while (rc == 0 && (rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size))) == EINTR) {
-  }
-  if (rc == 0) return errc::ok;
-  const bool full = rc == ENOSPC || rc == ENOMEM || rc == EDQUOT;
-  *why = "the region needs " + std::to_string(size) + " bytes of /dev/shm and " +
-         (full ? "there is no room for them (posix_fallocate: " + std::string(std::strerror(rc)) +
-                     "): make /dev/shm larger (docker --shm-size) or ring_bytes smaller"
-               : "posix_fallocate failed: " + std::string(std::strerror(rc)));
-  return full ? errc::no_memory : errc_from_errno(-rc);
-}
-
-// Maps a POSIX object of `size` bytes read-write into *out (fd: ours, holding the flock).
-errc map_posix_fd(int fd, size_t size, const shm_config& cfg, const std::string& name,
-                  mapping* out) {
+// Maps a POSIX object of `size` bytes read-write into *out and reserves its pages (fd: ours,
+// holding the flock); on an error nothing stays mapped.
+errc map_posix_fd(int fd, size_t size, const shm_config& cfg, const std::string& name, mapping* out,
+                  std::string* why) {
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return errc_from_errno(-errno);
   bool huge = false;
 #ifdef MADV_HUGEPAGE
   if (cfg.huge_pages) huge = ::madvise(p, size, MADV_HUGEPAGE) == 0;
 #endif
+  if (const errc e = reserve_pages(fd, huge ? static_cast<uint8_t*>(p) : nullptr, size, why);
+      e != errc::ok) {
+    ::munmap(p, size);
+    return e;
+  }
   out->kind = region_kind::posix;
   out->base = p;
   out->size = size;
@@ -337,11 +322,9 @@ errc posix_existing(const std::string& name, const shm_config& cfg, mapping* out
   }
   if (v == verdict::reattach) {
     // Its pages may not all be backed (an older build's, or /dev/shm shrank since): reserve them
-    // before mapping, and leave the region (and its records) alone if there is no room.
+    // (map_posix_fd), and leave the region (and its records) alone if there is no room.
     const size_t size = region_bytes(cfg.ring_bytes, cfg.node_size);
-    errc e = reserve_pages(old, size, &how->why);
-    if (e == errc::ok) e = map_posix_fd(old, size, cfg, name, out);
-    if (e != errc::ok) {
+    if (const errc e = map_posix_fd(old, size, cfg, name, out, &how->why); e != errc::ok) {
       ::close(old);
       return e;
     }
@@ -392,8 +375,8 @@ errc posix_new(int fd, const std::string& name, const shm_config& cfg, mapping* 
   if (::fchmod(fd, static_cast<mode_t>(cfg.mode & 0777)) != 0 ||
       ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     e = errc_from_errno(-errno);
-  } else if (e = reserve_pages(fd, size, &how->why); e == errc::ok) {
-    e = map_posix_fd(fd, size, cfg, name, out);
+  } else {
+    e = map_posix_fd(fd, size, cfg, name, out, &how->why);
   }
   if (e != errc::ok) {
     if (still_named(fd)) ::shm_unlink(name.c_str());
@@ -678,11 +661,6 @@ void region_access::set_claim_hook(void (*hook)(void*), void* user) noexcept {
 void region_access::set_create_hook(void (*hook)(void*), void* user) noexcept {
   g_create_hook_user = user;
   g_create_hook.store(hook, std::memory_order_release);
-}
-
-void region_access::set_reserve_hook(int (*hook)(void*), void* user) noexcept {
-  g_reserve_hook_user = user;
-  g_reserve_hook.store(hook, std::memory_order_release);
 }
 
 }  // namespace uvbus::shm_detail

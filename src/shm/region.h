@@ -77,6 +77,16 @@ struct open_outcome {
   std::string why;          // another error's own detail (no_memory: no room in /dev/shm)
 };
 
+// Backs every page of a POSIX object of `size` bytes now. On tmpfs ftruncate only records a size
+// and pages are allocated on first touch: without this, a /dev/shm with less room than the region
+// (Docker's default is 64 MiB) would accept it and then raise SIGBUS in whichever process first
+// touches a page past the room. base: the object's mapping advised MADV_HUGEPAGE, reserved through
+// it (fallocate follows no mapping's advice: on a /dev/shm mounted huge=advise it would allocate
+// small pages, which the mapping's faults then find), by fallocate where the kernel cannot. ok,
+// or no_memory (no room) / the errno's code, *why saying which. A filesystem without fallocate
+// (EOPNOTSUPP, ENOSYS) cannot reserve: ok, its pages come on first touch (docs/shm.md).
+errc reserve_pages(int fd, uint8_t* base, size_t size, std::string* why);
+
 // Creates a region named by addr (reader), or reattaches an existing one whose reader is dead or
 // detached when its layout is compatible with cfg (claim_region done: the caller owns it). See
 // shm_reader::open for the error contracts. With cfg.must_exist nothing is created: not_found.

@@ -103,6 +103,9 @@ struct ring_reader {
   std::atomic<uint32_t> quit{0};
   std::atomic<uint64_t> wait_ns{0};    // the waker's futex timeout (0 = none)
   std::atomic<uint64_t> sleep_pos{0};  // rd when the reader went to sleep (the waker reads it)
+  // 1: the head at sleep_pos was claimed when the reader went to sleep, so wait_ns covers its
+  // abandon deadline; 0: a claim the waker finds there later has no deadline yet.
+  std::atomic<uint32_t> sleep_timed{0};
 
   void store_counters() noexcept {
     region_header* h = g.hdr;
@@ -520,7 +523,8 @@ struct ring_reader {
     }
     uint64_t timeout = 0;
     const uint64_t c = g.head(rd)->load(std::memory_order_acquire);
-    if (ctl_is(c, rd)) {  // in flight: wake up in time to skip it if it is abandoned
+    const bool claimed = ctl_is(c, rd);
+    if (claimed) {  // in flight: wake up in time to skip it if it is abandoned
       const uint64_t lim = uint64_t{cfg.abandon_timeout_us} * 1000;
       const uint64_t since = stuck_pos == rd ? stuck_since : now;
       timeout = since + lim > now ? since + lim - now : 1000;
@@ -537,6 +541,7 @@ struct ring_reader {
     uv_idle_stop(&glue->idle);
     wait_ns.store(timeout, std::memory_order_relaxed);
     sleep_pos.store(rd, std::memory_order_relaxed);
+    sleep_timed.store(claimed ? 1 : 0, std::memory_order_relaxed);
     armed.store(1, std::memory_order_release);
     futex_wake(&armed, 1);
   }
@@ -554,11 +559,15 @@ struct ring_reader {
   // timeout (wait_ns) passes; false on quit. Each wait lasts at most kMaxSleepNs: a writer stopped
   // or killed between swapping reader_sleeping to 0 and its futex_wake (or between its commit and
   // that check) would otherwise leave the reader asleep for ever, since later writers see 0 (or
-  // nobody checks). After each capped wait it looks: the word cleared, or a record at the head.
+  // nobody checks). After each capped wait it looks: the word cleared, or a record at the head,
+  // or (no deadline armed for it) the head claimed since the reader slept: a writer that died
+  // mid-write there would otherwise hide the records committed behind it until some later writer's
+  // wake-up, since nothing arms its abandon timeout but the loop's drain.
   bool sleep() noexcept {
     std::atomic<uint32_t>& word = g.hdr->reader_sleeping;
     const uint64_t want = wait_ns.load(std::memory_order_relaxed);
     const uint64_t pos = sleep_pos.load(std::memory_order_relaxed);
+    const bool timed = sleep_timed.load(std::memory_order_relaxed) != 0;
     const uint64_t start = mono_ns();
     for (;;) {
       const uint64_t spent = mono_ns() - start;
@@ -566,6 +575,7 @@ struct ring_reader {
       futex_wait(&word, 1, want == 0 ? kMaxSleepNs : std::min(want - spent, kMaxSleepNs));
       if (quit.load(std::memory_order_acquire) != 0) return false;
       if (word.load(std::memory_order_seq_cst) != 1 || ready_at(pos)) return true;
+      if (!timed && ctl_is(g.head(pos)->load(std::memory_order_acquire), pos)) return true;
     }
   }
 

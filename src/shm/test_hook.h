@@ -15,7 +15,7 @@ struct region_access {
   // and its flock (the window another reader opening the name meets it unlocked and empty).
   static void set_create_hook(void (*hook)(void* user), void* user) noexcept;
   // hook(user) runs inside every later POSIX create or reattach, where its pages are reserved:
-  // a nonzero return is taken as posix_fallocate's error (ENOSPC: a /dev/shm without room).
+  // a nonzero return is taken as the reservation's errno (ENOSPC: a /dev/shm without room).
   static void set_reserve_hook(int (*hook)(void* user), void* user) noexcept;
 };
 

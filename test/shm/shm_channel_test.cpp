@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -163,22 +165,53 @@ bool helper_waits_on_the_sleeping_word() {
   return found;
 }
 
+// Whether this thread's /proc/self/task/<tid>/syscall parses to a syscall number (the read in
+// progress). Without it (gVisor, a kernel built without it) no helper can be seen asleep.
+bool task_syscalls_readable() {
+  const std::string path = "/proc/self/task/" + std::to_string(::syscall(SYS_gettid)) + "/syscall";
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return false;
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  char* end = line;
+  (void)std::strtoll(line, &end, 0);
+  return got && end != line;
+}
+
+// A reader that sleeps at once when the ring is dry.
+shm_config sleepy_config() {
+  shm_config cfg;
+  cfg.ring_bytes = size_t{64} * 1024;
+  cfg.max_record_size = 4096;
+  cfg.spin_us = 0;
+  return cfg;
+}
+
+// Opens r on name with cfg, starts it into chk and runs the loop until its helper sleeps on the
+// region's futex word. Skips the test where /proc cannot show that (the caller checks IsSkipped).
+void start_asleep(uv_loop_t* loop, shm_reader& r, const std::string& name, const shm_config& cfg,
+                  order_check& chk) {
+  if (!task_syscalls_readable()) {
+    GTEST_SKIP() << "/proc/self/task/*/syscall gives no syscall number here: the test cannot "
+                    "see the reader's helper asleep on the futex";
+  }
+  ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
+  ASSERT_EQ(test::start_with(r, loop, order_check::cb, &chk), errc::ok);
+  ASSERT_TRUE(run_until(
+      loop, [] { return helper_waits_on_the_sleeping_word(); }, 30s));
+}
+
 // A writer stopped or killed between swapping reader_sleeping from 1 to 0 and its futex_wake: the
 // helper slept on in FUTEX_WAIT without a timeout, later writers saw 0 and woke no one, and
 // nothing was ever delivered again. The helper now looks at the ring every 200 ms.
 TEST_F(ShmChannel, AWakeUpLostByAStoppedWriterDelaysDeliveryOnlyBriefly) {
   const std::string name = test::unique_name("lostwake");
   shm_cleanup cleanup{name};
-  shm_config cfg;
-  cfg.ring_bytes = size_t{64} * 1024;
-  cfg.max_record_size = 4096;
-  cfg.spin_us = 0;
   shm_reader r;
-  ASSERT_EQ(r.open("shm://" + name, cfg), errc::ok);
   order_check chk(1, 50);
-  ASSERT_EQ(test::start_with(r, &loop, order_check::cb, &chk), errc::ok);
-  ASSERT_TRUE(run_until(
-      &loop, [] { return helper_waits_on_the_sleeping_word(); }, 30s));
+  start_asleep(&loop, r, name, sleepy_config(), chk);
+  if (IsSkipped() || HasFatalFailure()) return;
   test::raw_region raw(name);
   ASSERT_NE(raw.p, MAP_FAILED);
   ASSERT_EQ(raw.hdr()->reader_sleeping.exchange(0), 1u);  // the stopped writer's exchange(0)
@@ -191,6 +224,75 @@ TEST_F(ShmChannel, AWakeUpLostByAStoppedWriterDelaysDeliveryOnlyBriefly) {
   EXPECT_TRUE(run_until(
       &loop, [&] { return chk.total == 3; }, 30s))
       << chk.total << " delivered";
+  EXPECT_EQ(chk.bad, 0u);
+  r.close();
+}
+
+// A writer (records of writer id 1) on its own thread that claims its record's nodes and stalls
+// before the copy, leaving the head in kWriting as a writer killed mid-write does, until finish().
+struct stalled_sender {
+  shm_writer w;
+  std::promise<void> claimed;
+  std::promise<void> go;
+  std::shared_future<void> go_f{go.get_future()};
+  std::thread t;
+  errc result = errc::closed;
+  explicit stalled_sender(const std::string& url) {
+    if (w.open(url) != errc::ok) return;
+    shm_detail::writer_access::set_test_hook(
+        w,
+        [](void* u) {
+          auto* self = static_cast<stalled_sender*>(u);
+          self->claimed.set_value();
+          self->go_f.wait();
+        },
+        this);
+    t = std::thread([this] {
+      uint8_t buf[64];
+      result = w.send(buf, test::make_record(1, 0, 50, buf));
+    });
+    claimed.get_future().wait();
+  }
+  errc finish() {
+    if (!t.joinable()) return result;
+    go.set_value();
+    t.join();
+    return result;
+  }
+  ~stalled_sender() { finish(); }
+  stalled_sender(const stalled_sender&) = delete;
+  stalled_sender& operator=(const stalled_sender&) = delete;
+};
+
+// The reader slept on a dry ring (no abandon deadline); a writer then claimed the head and never
+// finished, and one behind it committed and was stopped before its wake-up (the word stays 1). The
+// capped wait saw the word 1 and the head not ready (kWriting) and slept on: the record behind
+// waited for some later writer's send. Now a capped wait that finds the head claimed since the
+// reader slept wakes the loop, which times the claim out as abandoned and delivers the one behind.
+TEST_F(ShmChannel, ARecordLeftUnfinishedAtTheHeadDelaysTheOneBehindOnlyBriefly) {
+  const std::string name = test::unique_name("inflight");
+  shm_cleanup cleanup{name};
+  shm_config cfg = sleepy_config();
+  cfg.abandon_timeout_us = 20000;
+  shm_reader r;
+  order_check chk(2, 50);
+  start_asleep(&loop, r, name, cfg, chk);
+  if (IsSkipped() || HasFatalFailure()) return;
+  stalled_sender a("shm://" + name);
+  ASSERT_TRUE(a.t.joinable());
+  test::raw_region raw(name);
+  ASSERT_NE(raw.p, MAP_FAILED);
+  // The commit behind wakes no one, and the word is back to 1 as if its writer never looked.
+  ASSERT_EQ(raw.hdr()->reader_sleeping.exchange(0), 1u);
+  shm_writer b;
+  ASSERT_EQ(b.open("shm://" + name), errc::ok);
+  uint8_t buf[64];
+  ASSERT_EQ(b.send(buf, test::make_record(0, 0, 50, buf)), errc::ok);
+  raw.hdr()->reader_sleeping.store(1);
+  EXPECT_TRUE(run_until(
+      &loop, [&] { return chk.total == 1; }, 30s))
+      << "the record behind the unfinished one was not delivered";
+  EXPECT_EQ(a.finish(), errc::abandoned);
   EXPECT_EQ(chk.bad, 0u);
   r.close();
 }
