@@ -11,7 +11,12 @@
 //     not decrypt recorded traffic.
 // The stream frames (MurmurHash3 + length) travel unchanged inside the TLS records. Settings are
 // checked (and the files read) when listen() or connect() is called; errors name the file or the
-// setting (stream_channel::last_error()). stream_channel::validate() checks them too, building
+// setting (stream_channel::last_error()). The channel's default (stream_config::tls) is read at
+// the first call and again at a later one whenever a file changed on disk (stat(2): device,
+// inode, size, mtime, ctime), so a renewed certificate is used by the next dial or listen;
+// connections made before, and a listener's accepted ones, keep what their call read. A key file
+// must be unencrypted (one needing a passphrase is invalid_argument, "... is encrypted"; nothing
+// prompts or reads stdin). stream_channel::validate() checks them too, building
 // the TLS context once (a suite name or a file's content OpenSSL refuses is invalid_argument
 // there); only a file it cannot read at that moment is left to listen() and connect().
 #pragma once

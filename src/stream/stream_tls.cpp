@@ -63,7 +63,9 @@ errc stream_channel::impl::tls_context_for(const tls_config* per_call,
   out->reset();
   const tls_config& t = per_call != nullptr ? *per_call : cfg.tls;
   if (t.mode == tls_mode::off) return errc::ok;
-  if (per_call == nullptr && default_tls) {
+  // The default context is built again when its files changed on disk (a renewed certificate);
+  // the connections made with the old one keep it.
+  if (per_call == nullptr && default_tls && !default_tls->files_changed()) {
     *out = default_tls;
     return errc::ok;
   }

@@ -6,6 +6,7 @@
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
 #include <openssl/ssl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +14,9 @@
 #include <cstring>
 #include <new>
 #include <string_view>
+
+#include "core/utf8.h"
+#include "stream/tls_session.h"
 
 namespace uvbus::detail {
 
@@ -125,14 +129,31 @@ int use_psk(SSL* ssl, const EVP_MD* md, const unsigned char** id, size_t* idlen,
 }
 
 // Server: the PSK for our identity; any other identity finds none (and the handshake fails, as
-// there is no certificate to fall back to).
+// there is no certificate to fall back to: the session reports the identity, escaped, as why).
 int find_psk(SSL* ssl, const unsigned char* id, size_t idlen, SSL_SESSION** sess) {
   const tls_context* tc = context_of(ssl);
   *sess = nullptr;
   const std::string& mine = tc->config().psk_identity;
-  if (idlen != mine.size() || std::memcmp(id, mine.data(), idlen) != 0) return 1;
+  if (idlen != mine.size() || std::memcmp(id, mine.data(), idlen) != 0) {
+    constexpr size_t kShown = 64;
+    auto* s = static_cast<tls_session*>(SSL_get_app_data(ssl));
+    const std::string theirs(reinterpret_cast<const char*>(id), std::min(idlen, kShown));
+    if (s != nullptr) {
+      s->refuse_peer("tls: psk identity '" + printable(theirs) + (idlen > kShown ? "..." : "") +
+                     "' (" + std::to_string(idlen) + " bytes) offered by the peer is not ours, '" +
+                     printable(mine.substr(0, kShown)) + "' (psk_identity)");
+    }
+    return 1;
+  }
   *sess = psk_session(ssl, tc);
   return *sess == nullptr ? 0 : 1;
+}
+
+// A passphrase callback that gives none and notes that one was asked for (*asked): an encrypted
+// key fails to load, named, instead of OpenSSL's default prompt reading the terminal or stdin.
+int no_passphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* asked) {
+  if (asked != nullptr) *static_cast<bool*>(asked) = true;
+  return 0;
 }
 
 }  // namespace
@@ -297,11 +318,32 @@ errc tls_context::load_certificates(std::string* detail) {
   if (e == errc::ok) e = file_error("key file", cfg_.key_file, detail);
   if (e == errc::ok) e = file_error("CA file", cfg_.ca_file, detail);
   if (e != errc::ok) return e;
+  stamp_files();
+  bool asked = false;
+  SSL_CTX_set_default_passwd_cb(ctx_, no_passphrase);
+  SSL_CTX_set_default_passwd_cb_userdata(ctx_, &asked);
+  e = load_pair(&asked, detail);
+  SSL_CTX_set_default_passwd_cb_userdata(ctx_, nullptr);
+  if (e != errc::ok) return e;
+  if (SSL_CTX_load_verify_locations(ctx_, cfg_.ca_file.c_str(), nullptr) != 1) {
+    return ssl_error("ca_file: cannot load CA file " + cfg_.ca_file, detail,
+                     errc::invalid_argument);
+  }
+  return errc::ok;
+}
+
+errc tls_context::load_pair(const bool* asked, std::string* detail) {
   if (SSL_CTX_use_certificate_chain_file(ctx_, cfg_.cert_file.c_str()) != 1) {
     return ssl_error("cert_file: cannot load certificate file " + cfg_.cert_file, detail,
                      errc::invalid_argument);
   }
   if (SSL_CTX_use_PrivateKey_file(ctx_, cfg_.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    if (*asked) {
+      ERR_clear_error();
+      *detail = "tls: key_file " + cfg_.key_file +
+                " is encrypted (a passphrase is needed): an unencrypted key is required";
+      return errc::invalid_argument;
+    }
     return ssl_error("key_file: cannot load key file " + cfg_.key_file, detail,
                      errc::invalid_argument);
   }
@@ -309,11 +351,35 @@ errc tls_context::load_certificates(std::string* detail) {
     return ssl_error("key_file " + cfg_.key_file + " does not match cert_file " + cfg_.cert_file,
                      detail, errc::invalid_argument);
   }
-  if (SSL_CTX_load_verify_locations(ctx_, cfg_.ca_file.c_str(), nullptr) != 1) {
-    return ssl_error("ca_file: cannot load CA file " + cfg_.ca_file, detail,
-                     errc::invalid_argument);
-  }
   return errc::ok;
+}
+
+namespace {
+
+tls_context::file_stamp stamp_of(const std::string& path) {
+  tls_context::file_stamp s;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return s;  // all zero: "missing", a change if it appears
+  s.dev = st.st_dev;
+  s.ino = st.st_ino;
+  s.size = st.st_size;
+  s.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  s.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+  return s;
+}
+
+}  // namespace
+
+void tls_context::stamp_files() {
+  stamps_[0] = stamp_of(cfg_.cert_file);
+  stamps_[1] = stamp_of(cfg_.key_file);
+  stamps_[2] = stamp_of(cfg_.ca_file);
+}
+
+bool tls_context::files_changed() const {
+  if (cfg_.mode != tls_mode::certificate) return false;
+  return stamp_of(cfg_.cert_file) != stamps_[0] || stamp_of(cfg_.key_file) != stamps_[1] ||
+         stamp_of(cfg_.ca_file) != stamps_[2];
 }
 
 errc tls_context::setup_psk(std::string* detail) {

@@ -37,17 +37,34 @@ class tls_context {
   [[nodiscard]] const uint8_t* psk() const noexcept { return psk_; }
   static constexpr size_t kPskBytes = 32;
 
+  // Certificate mode: whether the certificate, key or CA file changed on disk (device, inode,
+  // size, mtime or ctime, as stat(2) follows a symlink) since this context read them. A channel's
+  // default context is built again at the next listen() or connect() when they did.
+  [[nodiscard]] bool files_changed() const;
+  struct file_stamp {
+    uint64_t dev = 0, ino = 0;
+    int64_t size = 0, mtime_ns = 0, ctime_ns = 0;
+    bool operator!=(const file_stamp& o) const noexcept {
+      return dev != o.dev || ino != o.ino || size != o.size || mtime_ns != o.mtime_ns ||
+             ctime_ns != o.ctime_ns;
+    }
+  };
+
  private:
   tls_context() = default;
   // create() after the settings were checked.
   static errc build(const tls_config& cfg, std::shared_ptr<const tls_context>* out,
                     std::string* detail);
   errc load_certificates(std::string* detail);
+  // The certificate chain and its key; *asked: our passphrase callback was called (encrypted).
+  errc load_pair(const bool* asked, std::string* detail);
   errc setup_psk(std::string* detail);
+  void stamp_files();
 
   SSL_CTX* ctx_ = nullptr;
   tls_config cfg_;
   uint8_t psk_[kPskBytes] = {};
+  file_stamp stamps_[3];  // cert_file, key_file, ca_file when they were read
 };
 
 // OpenSSL's queued errors as one line ("error:...: reason; ..."), clearing the queue.

@@ -136,6 +136,13 @@ class tls_session {
   [[nodiscard]] bool writes_wait() noexcept;
   [[nodiscard]] bool input_freed_writes() noexcept;
 
+  // Why the peer is refused (the first reason given): a failed handshake reports it, as
+  // peer_not_authenticated, instead of OpenSSL's reason. The PSK callback's (tls_context): an
+  // identity that is not ours, whose handshake OpenSSL fails as "no suitable signature algorithm".
+  void refuse_peer(std::string why) {
+    if (verify_detail_.empty()) verify_detail_ = std::move(why);
+  }
+
   // Tests only (detail::stream_access): shuts the session down without sending close_notify, so
   // that every later write() fails. break_writes_at_renewal(): the same, at the next key renewal a
   // write() is about to make (that write fails, the ones before it stand).

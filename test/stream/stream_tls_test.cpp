@@ -331,6 +331,81 @@ TEST_F(StreamTls, BadSettingsAreNamed) {
   EXPECT_EQ(stream_channel::validate(cfg, &why), errc::ok) << why;
 }
 
+// An encrypted key_file is refused naming it: OpenSSL's default passphrase prompt read the
+// application's stdin (or the terminal) on the calling thread, and blocked it on an open pipe.
+TEST_F(StreamTls, AnEncryptedKeyIsRefusedWithoutReadingStdin) {
+  stream_config cfg;
+  cfg.tls = client_config();
+  cfg.tls.key_file = pki_->encrypted_key(pki_->client, "pw", "encrypted.key");
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  ASSERT_EQ(::write(p[1], "pw\n", 3), 3);
+  ::close(p[1]);  // a read finds "pw\n", then the end: nothing blocks
+  const int saved = ::dup(0);
+  ASSERT_GE(saved, 0);
+  ASSERT_EQ(::dup2(p[0], 0), 0);
+  std::string why;
+  const errc e = stream_channel::validate(cfg, &why);
+  recorder rec;
+  stream_channel* ch = make_channel(&rec);
+  const errc listened = ch->listen("ipv4://127.0.0.1:0", cfg.tls);
+  char left[8] = {};
+  const ssize_t n = ::read(p[0], left, sizeof left);
+  ::dup2(saved, 0);
+  ::close(saved);
+  ::close(p[0]);
+  EXPECT_EQ(e, errc::invalid_argument);
+  EXPECT_NE(why.find("key_file " + cfg.tls.key_file + " is encrypted"), std::string::npos) << why;
+  EXPECT_EQ(listened, errc::invalid_argument);
+  EXPECT_NE(ch->last_error().detail.find("is encrypted"), std::string::npos)
+      << ch->last_error().detail;
+  EXPECT_EQ(std::string(left, n > 0 ? static_cast<size_t>(n) : 0), "pw\n") << "stdin was read";
+}
+
+// The channel's default certificate files are read again when they changed: a renewed
+// certificate written over the old one is used by the next dial (they were read once per channel).
+TEST_F(StreamTls, ARenewedCertificateIsUsedByTheNextDial) {
+  serve(server_config());  // expects node-42
+  listener_id expects_new;
+  tls_config t = server_config();
+  t.expected_peer = "new";
+  ASSERT_EQ(server_->listen("ipv4://127.0.0.1:0", t, &expects_new), errc::ok);
+  stream_config cfg;
+  cfg.tls = client_config();
+  cfg.tls.cert_file = pki_->copy(pki_->client.cert, "live.crt");
+  cfg.tls.key_file = pki_->copy(pki_->client.key, "live.key");
+  recorder crec;
+  stream_channel* cl = make_channel(&crec, cfg);
+  connection_id c;
+  ASSERT_EQ(cl->connect(url_, &c), errc::ok) << cl->last_error().detail;
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0; }));
+  ASSERT_EQ(crec.connected[c.value], errc::ok);
+  pki_->copy(pki_->renewed.cert, "live.crt");
+  pki_->copy(pki_->renewed.key, "live.key");
+  connection_id c2;
+  ASSERT_EQ(cl->connect(server_->listener_url(expects_new), &c2), errc::ok)
+      << cl->last_error().detail;
+  ASSERT_TRUE(run([&] { return crec.connected.count(c2.value) != 0; }));
+  EXPECT_EQ(crec.connected[c2.value], errc::ok);
+  EXPECT_EQ(server_->metrics().tls_failed, 0u);
+  EXPECT_EQ(crec.disconnected.count(c.value), 0u) << "the first link stays up";
+}
+
+// A PSK identity the server does not know is refused naming psk_identity (not "no suitable
+// signature algorithm"), the peer's bytes escaped.
+TEST_F(StreamTls, AnUnknownPskIdentityIsNamed) {
+  tls_config t = psk_config();
+  t.psk_identity = "a";
+  serve(t);
+  recorder crec;
+  t.psk_identity = "b\nforged";
+  expect_refused_dial(&crec, t);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_TRUE(logged("psk identity 'b\\x0aforged' (8 bytes) offered by the peer is not ours"))
+      << (srec_.logs.empty() ? std::string("no log") : srec_.logs.back().second);
+  EXPECT_TRUE(logged("(psk_identity)"));
+}
+
 // What OpenSSL 3.0 misreads in a suite list is refused with the name (the class of
 // BadSettingsAreNamed): it takes a TLS 1.2 suite's standard name into the TLS 1.3 list (every
 // handshake then failed, "no ciphers available"), and drops an unknown name inside a list

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -42,6 +43,7 @@ class test_pki {
     newline_cn = issue("node-42\nforged line", "", ca, ca_key, -3600, 86400, "newline-cn",
                        V_ASN1_UTF8STRING);
     bmp_cn = issue("AB", "", ca, ca_key, -3600, 86400, "bmp-cn", V_ASN1_BMPSTRING);
+    renewed = issue("new", "", ca, ca_key, -3600, 86400, "renewed");
     EVP_PKEY* rogue_key = EVP_EC_gen("P-256");
     X509* rogue = make("rogue CA", "", rogue_key, nullptr, nullptr, true, -3600, 86400);
     rogue_client = issue("node-42", "client.test", rogue, rogue_key, -3600, 86400, "rogue");
@@ -64,19 +66,33 @@ class test_pki {
     std::string text = read(p.cert);
     const std::string ca = read(ca_file);
     for (int i = 0; i < copies; ++i) text += ca;
-    const std::string path = dir_ + "/" + name + ".crt";
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f != nullptr) {
-      std::fwrite(text.data(), 1, text.size(), f);
-      std::fclose(f);
+    return write((std::string(name) + ".crt").c_str(), text);
+  }
+  // A copy of the file at `from`, as `name` in the directory (removed with it).
+  std::string copy(const std::string& from, const char* name) { return write(name, read(from)); }
+  // p's private key, encrypted with AES-256-CBC under `pass`, as `name` in the directory.
+  std::string encrypted_key(const pair& p, const char* pass, const char* name) {
+    std::FILE* in = std::fopen(p.key.c_str(), "r");
+    EVP_PKEY* key = in != nullptr ? PEM_read_PrivateKey(in, nullptr, nullptr, nullptr) : nullptr;
+    if (in != nullptr) std::fclose(in);
+    std::string text;
+    BIO* mem = BIO_new(BIO_s_mem());
+    if (key != nullptr && PEM_write_bio_PrivateKey(mem, key, EVP_aes_256_cbc(), nullptr, 0, nullptr,
+                                                   const_cast<char*>(pass)) == 1) {
+      char* d = nullptr;
+      const long n = BIO_get_mem_data(mem, &d);  // NOLINT(google-runtime-int): OpenSSL's type
+      text.assign(d, static_cast<size_t>(n));
     }
-    files_.push_back(path);
-    return path;
+    BIO_free(mem);
+    EVP_PKEY_free(key);
+    return write(name, text);
   }
   // loopback: a server certificate for 127.0.0.1 (an IP subjectAltName), as etcd's in the tests.
   // long_cn: a client certificate whose common name is kLongName, 255 'n' and then "-evil".
   inline static const std::string kLongName = std::string(255, 'n') + "-evil";
-  pair server, client, expired, wrong_name, rogue_client, loopback, long_cn, newline_cn, bmp_cn;
+  // renewed: a client certificate whose common name is "new" (a renewal written over another).
+  pair server, client, expired, wrong_name, rogue_client, loopback, long_cn, newline_cn, bmp_cn,
+      renewed;
 
  private:
   static X509* make(const char* cn, const char* dns, EVP_PKEY* key, X509* issuer,
@@ -120,6 +136,17 @@ class test_pki {
     for (size_t n = 0; (n = std::fread(b, 1, sizeof b, f)) != 0;) text.append(b, n);
     std::fclose(f);
     return text;
+  }
+  // Writes text as `name` in the directory (replacing it), removed with it.
+  std::string write(const char* name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f != nullptr) {
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    }
+    if (std::find(files_.begin(), files_.end(), path) == files_.end()) files_.push_back(path);
+    return path;
   }
   static void add_ext(X509* x, X509V3_CTX* v3, int nid, const char* value) {
     X509_EXTENSION* e = X509V3_EXT_conf_nid(nullptr, v3, nid, value);
