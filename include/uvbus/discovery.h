@@ -134,7 +134,10 @@ class etcd_discovery {
   // Revokes the lease (and that of a failed session which may still hold the entry: the entry
   // leaves every directory at once) and stops; `done` runs when the revokes were answered or
   // failed (never inside this call). With etcd_username set and no token etcd surely accepts
-  // (authenticating, or in the backoff after a failure), it authenticates again first. Destroying
+  // (authenticating, or in the backoff after a failure), it authenticates again first; a revoke
+  // refused for its token authenticates and revokes once more, one that met a transport failure
+  // or 5xx is sent to the next endpoint (each once), all within request_timeout_ms (twice that
+  // with etcd_username), and one that finally failed is logged (warn). Destroying
   // the object without stop() leaves the entry until its lease expires, as a crash would.
   [[nodiscard]] errc stop(std::function<void()> done);
 

@@ -306,7 +306,8 @@ struct node_config {
   // stream listen URLs; until one is found the node is not up and messages for the rest of the
   // bus wait in the parent queue (within their deadlines). A lost link is first retried at the
   // same parent's URLs, as with parent_urls; once that parent's entry has left etcd (stopped, or
-  // its lease expired after a crash) the rule chooses again among the live ones. A lower-id
+  // its lease expired after a crash) the rule chooses again among the live ones (a parent that
+  // refused the node for good no longer stops it dialling the new choice). A lower-id
   // candidate that appears later takes the node over (every node applying the rule to the same
   // directory has the same parent: no split trees); the old link is closed, flows resume.
   std::string discovery_parent_type;

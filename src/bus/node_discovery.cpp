@@ -199,6 +199,10 @@ void node::impl::disc_pick_parent() {
     cfg.parent_urls = std::move(urls);
     parent_index = 0;
     reconnect_attempt = 0;
+    // A refusal for good was the previous parent's (its subnets, version, tokens): the new one is
+    // dialled, and refuses for good in turn if it must.
+    parent_failed = false;
+    parent_refusal = errc::ok;
     const char* why = before == 0 ? ""
                       : stale     ? " (the current parent no longer matches the rule)"
                                   : " (a lower id than the current parent)";

@@ -70,9 +70,21 @@ struct etcd_discovery::impl {
   // expire unrenewed within ttl_s).
   std::vector<int64_t> old_leases;
   static constexpr size_t kOldLeases = 16;
-  size_t revokes_left = 0;  // stop()'s revokes not yet answered
-  int64_t revision = 0;     // the last revision seen (range header, watch header)
-  uint64_t req = 0;         // the unary request of the current step
+  // stop()'s revokes, in rounds: a lease whose revoke met a transport failure or 5xx is revoked
+  // again on the next endpoint (each tried once), one refused for its token after authenticating
+  // again (once an endpoint), all within `deadline_ms`; one that finally failed is logged.
+  struct stop_state {
+    uint64_t deadline_ms = 0;    // loop time
+    size_t left = 0;             // this round's revokes not yet answered
+    size_t endpoints_tried = 0;  // including the current one
+    bool reauthed = false;       // authenticated on the current endpoint since stop()
+    bool unreachable = false;    // this round: a transport failure or 5xx
+    bool token_refused = false;  // this round: 401 / "invalid auth token"
+    std::vector<int64_t> retry;  // leases to revoke again
+    std::string why;             // the last failure
+  } stopping;
+  int64_t revision = 0;  // the last revision seen (range header, watch header)
+  uint64_t req = 0;      // the unary request of the current step
   uint64_t watch_req = 0;
   uint64_t ka_req = 0;
   uint64_t upd_req = 0;    // update_self()'s put
@@ -128,6 +140,9 @@ struct etcd_discovery::impl {
   // revoke `leases`; finish_stop() once every revoke was answered or failed.
   void stop_authenticate(const std::vector<int64_t>& leases);
   void revoke_for_stop(const std::vector<int64_t>& leases);
+  void on_stop_revoke(int64_t lease, const detail::http_result& r);
+  void stop_round_done();
+  uint32_t stop_timeout() const;  // what is left of the deadline, at most request_timeout_ms
   // Test seam (detail::discovery_rewatch_from), not used by the library: see there.
   int64_t rewatch_from(int64_t from);
 

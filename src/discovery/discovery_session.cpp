@@ -376,13 +376,16 @@ int64_t detail::discovery_rewatch_from(etcd_discovery& d, int64_t from) {
 
 // With etcd authentication, revoking a lease that holds keys takes a token allowed to write them:
 // a stop() while authenticating (no token) or in the backoff (the token may be the one etcd
-// refused, or another member's: simple tokens are per member) authenticates first. Failed or not,
-// the revokes follow.
+// refused, or another member's: simple tokens are per member) authenticates first, and so does a
+// revoke refused for its token (a simple token lapsed idle, a JWT expired: a watching instance
+// sends only keep-alives, which etcd does not check the token of). Failed or not, the revokes
+// follow.
 void etcd_discovery::impl::stop_authenticate(const std::vector<int64_t>& leases) {
   const std::string what = "stop(): authenticate as \"" + cfg.etcd_username + "\": ";
+  stopping.reauthed = true;
   req = http->post(url("/v3/auth/authenticate"),
-                   etcd::authenticate_request(cfg.etcd_username, cfg.etcd_password),
-                   cfg.request_timeout_ms, [this, what, leases](http_result& r) {
+                   etcd::authenticate_request(cfg.etcd_username, cfg.etcd_password), stop_timeout(),
+                   [this, what, leases](http_result& r) {
                      req = 0;
                      std::string why = failure_of(r);
                      std::string token;
@@ -396,20 +399,74 @@ void etcd_discovery::impl::stop_authenticate(const std::vector<int64_t>& leases)
   if (req == 0) revoke_for_stop(leases);
 }
 
+uint32_t etcd_discovery::impl::stop_timeout() const {
+  const uint64_t now = uv_now(loop);
+  const uint64_t left = stopping.deadline_ms > now ? stopping.deadline_ms - now : 1;
+  return static_cast<uint32_t>(std::min<uint64_t>(left, cfg.request_timeout_ms));
+}
+
 // `done` runs once every revoke was answered or failed, from the loop (never inside stop()).
 void etcd_discovery::impl::revoke_for_stop(const std::vector<int64_t>& leases) {
-  revokes_left = 0;
+  stopping.left = 0;
+  stopping.unreachable = stopping.token_refused = false;
+  stopping.retry.clear();
   for (const int64_t l : leases) {
-    const uint64_t id = http->post(url("/v3/lease/revoke"), etcd::lease_id_request(l),
-                                   cfg.request_timeout_ms, [this](http_result&) {
-                                     if (--revokes_left == 0) finish_stop();
-                                   });
-    revokes_left += id != 0 ? 1 : 0;
+    const uint64_t id =
+        http->post(url("/v3/lease/revoke"), etcd::lease_id_request(l), stop_timeout(),
+                   [this, l](http_result& r) { on_stop_revoke(l, r); });
+    stopping.left += id != 0 ? 1 : 0;
   }
-  if (revokes_left == 0) {
+  if (stopping.left == 0) {
     uv_timer_start(
         retry_timer, [](uv_timer_t* t) { static_cast<impl*>(t->data)->finish_stop(); }, 0, 0);
   }
+}
+
+// Revoked, or the lease is gone (404: it expired, and its keys with it): done. A transport
+// failure or 5xx is retried on the next endpoint, a refused token after authenticating again; any
+// other refusal is final.
+void etcd_discovery::impl::on_stop_revoke(int64_t lease_id, const http_result& r) {
+  const std::string why = failure_of(r);
+  const bool gone = r.code == errc::ok && r.status == 404;
+  if (!why.empty() && !gone) {
+    const std::string what = "revoke of lease " + std::to_string(lease_id) + ": " + why;
+    const bool unreachable = r.code != errc::ok || r.status >= 500;
+    const bool token =
+        !unreachable && (r.status == 401 || r.body.find("auth token") != std::string::npos);
+    if (unreachable || token) {
+      stopping.retry.push_back(lease_id);
+      stopping.unreachable |= unreachable;
+      stopping.token_refused |= token;
+      stopping.why = what;
+    } else {
+      log(log_level::warn, kFailure,
+          "stop(): " + what + ": the entry stays until the lease expires");
+    }
+  }
+  if (--stopping.left == 0) stop_round_done();
+}
+
+void etcd_discovery::impl::stop_round_done() {
+  stop_state& s = stopping;
+  if (s.retry.empty()) return finish_stop();
+  const std::vector<int64_t> again = std::move(s.retry);
+  s.retry.clear();
+  const bool time_left = uv_now(loop) < s.deadline_ms;
+  const bool auth = !cfg.etcd_username.empty();
+  if (time_left && s.unreachable && s.endpoints_tried < cfg.etcd_endpoints.size()) {
+    ep = (ep + 1) % cfg.etcd_endpoints.size();
+    ++s.endpoints_tried;
+    s.reauthed = false;
+    if (auth) return stop_authenticate(again);  // simple tokens are per member
+    return revoke_for_stop(again);
+  }
+  if (time_left && s.token_refused && !s.unreachable && auth && !s.reauthed) {
+    return stop_authenticate(again);
+  }
+  log(log_level::warn, kFailure,
+      "stop(): " + s.why + (time_left ? "" : " (out of time)") +
+          ": the entry stays until the lease expires");
+  finish_stop();
 }
 
 errc etcd_discovery::stop(std::function<void()> done) {
@@ -432,6 +489,10 @@ errc etcd_discovery::stop(std::function<void()> done) {
     leases.push_back(d.lease);
   }
   d.lease = 0;
+  d.stopping = {};
+  d.stopping.endpoints_tried = 1;
+  d.stopping.deadline_ms =
+      uv_now(d.loop) + uint64_t{d.cfg.request_timeout_ms} * (d.cfg.etcd_username.empty() ? 1 : 2);
   if (no_good_token && !leases.empty()) {
     d.stop_authenticate(leases);
   } else {

@@ -175,6 +175,68 @@ TEST_F(DiscoveryFakeTest, StopDuringTheBackoffRevokesWithAFreshToken) {
   EXPECT_NE(h.find("Authorization: tok1\r\n"), std::string::npos) << h;
 }
 
+// A watching instance sends only keep-alives, which etcd does not check the token of: at stop()
+// its token may have lapsed (a simple token idle for --auth-token-ttl, a JWT expired). Its revoke,
+// refused "invalid auth token", authenticates and revokes again. Before, the refusal counted as
+// done, nothing was logged, and the entry stayed up to ttl_s.
+TEST_F(DiscoveryFakeTest, StopRevokeRefusedForItsTokenAuthenticatesAndRevokesAgain) {
+  ASSERT_TRUE(fake_->ok());
+  fake_->on_post = [](const std::string& path, size_t nth) {
+    test::reply r = test::scripted_etcd::healthy_post(path, nth);
+    if (path == kAuth)
+      r.body = R"({"header":{"revision":"5"},"token":"tok)" + std::to_string(nth) + R"("})";
+    if (path == kRevoke && nth == 0) {
+      r.status = 401;
+      r.body = R"({"error":"etcdserver: invalid auth token","code":16})";
+    }
+    return r;
+  };
+  watch_answers(kCreated);
+  discovery_config c = config({fake_->url()});
+  c.etcd_username = "u";
+  c.etcd_password = "p";
+  disc_instance* v = make(test::test_entry(0x42), std::move(c));
+  ASSERT_TRUE(wait([&] { return v->ups == 1; }, seconds(20)));
+  bool done = false;
+  ASSERT_EQ(v->d->stop([&] { done = true; }), errc::ok);
+  ASSERT_TRUE(wait([&] { return done; }, seconds(20)));
+  EXPECT_EQ(fake_->count(kAuth), 2U);
+  EXPECT_EQ(fake_->count(kRevoke, R"("ID":"7")"), 2U);
+  const std::string h = fake_->headers(kRevoke, 1);
+  EXPECT_NE(h.find("Authorization: tok1\r\n"), std::string::npos) << h;
+}
+
+// Endpoints {A, B}, the session on A: at stop() A answers every revoke 503 (no leader). The revoke
+// goes to B. Before, it went to A alone, the answer counted as done and the entry stayed up to
+// ttl_s; and a revoke that finally fails (B answers 503 too in the second half) is logged.
+TEST_F(DiscoveryFakeTest, StopRevokeFailingOnOneEndpointGoesToTheNext) {
+  ASSERT_TRUE(fake_->ok());
+  test::scripted_etcd b(&loop_);
+  ASSERT_TRUE(b.ok());
+  const auto no_leader = [](const std::string& path, size_t nth) {
+    test::reply r = test::scripted_etcd::healthy_post(path, nth);
+    if (path == kRevoke) {
+      r.status = 503;
+      r.body = R"({"error":"etcdserver: no leader","code":14})";
+    }
+    return r;
+  };
+  fake_->on_post = no_leader;
+  watch_answers(kCreated);
+  for (int round = 0; round < 2; ++round) {
+    disc_instance* v = make(test::test_entry(0x42), config({fake_->url(), b.url()}));
+    ASSERT_TRUE(wait([&] { return v->ups == 1; }, seconds(20)));
+    bool done = false;
+    ASSERT_EQ(v->d->stop([&] { done = true; }), errc::ok);
+    ASSERT_TRUE(wait([&] { return done; }, seconds(20)));
+    EXPECT_EQ(fake_->count(kRevoke, R"("ID":"7")"), round + 1U);
+    EXPECT_EQ(b.count(kRevoke, R"("ID":"7")"), round + 1U);
+    EXPECT_EQ(logged(v, "stop(): revoke of lease 7", "no leader"), round == 1);
+    b.on_post = no_leader;
+  }
+  EXPECT_EQ(b.count("/v3/lease/grant"), 0U);
+}
+
 #ifdef NDEBUG
 
 // discovery.h: every member function belongs to the loop's thread. Called from another thread

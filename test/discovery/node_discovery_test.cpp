@@ -11,6 +11,7 @@
 // from their etcd entries;
 // killing etcd's leader under load loses nothing on the bus and the directories converge;
 // a node applying the parent rule does not copy etcd's whole directory per entry of a range.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -36,6 +37,7 @@ struct watched_node {
   std::vector<std::pair<directory_event, bus_id>> events;
   std::vector<std::string> data;
   std::vector<errc> reports;
+  std::vector<errc> registrations;                 // on_registration's results
   std::function<void(const std::string&)> on_log;  // a test's hook, if set
 };
 
@@ -71,6 +73,7 @@ class NodeDiscoveryTest : public test::discovery_fixture {
       raw->data.emplace_back(reinterpret_cast<const char*>(d), n);
     };
     cb.on_report = [raw](const delivery_report& r) { raw->reports.push_back(r.status); };
+    cb.on_registration = [raw](errc e, const std::string&) { raw->registrations.push_back(e); };
     cb.on_log = [raw](log_level, const std::string& m) {
       if (raw->on_log) raw->on_log(m);
     };
@@ -425,6 +428,29 @@ TEST_F(NodeDiscoveryTest, ACrashedParentIsReplacedByTheNextLiveOne) {
   EXPECT_EQ(again->data[0], "back");
   EXPECT_EQ(lg->reports[1], errc::ok);
   EXPECT_EQ(gw2->data.size(), 1U);
+}
+
+// The parent the rule chose refuses the child for good (its subnets do not cover it), then stops:
+// the rule chooses the next candidate, and the child registers there. Before, the refusal's
+// parent_failed stayed set: the child logged the new choice but never dialled it.
+TEST_F(NodeDiscoveryTest, AParentThatRefusedForGoodAndLeftGivesWayToTheNext) {
+  start_etcd(1);
+  node_config a = base("gw-a", "gateway");
+  a.subnets = {{0x2000, 8}};
+  watched_node* gwa = make_node(0x100, a);
+  (void)make_gateway(0x200, "gw-b");
+  watched_node* lg = make_child();
+  const auto refused = [&] {
+    const std::vector<errc>& r = lg->registrations;
+    return std::find(r.begin(), r.end(), errc::out_of_subnet) != r.end();
+  };
+  ASSERT_TRUE(wait(refused));
+  EXPECT_FALSE(lg->n->up());
+  gwa->n->stop();  // its entry leaves etcd at once
+  endpoint_info p;
+  ASSERT_TRUE(wait([&] { return lg->n->up() && lg->n->peer(0x200, &p); }));
+  EXPECT_EQ(p.role, peer_role::parent);
+  EXPECT_EQ(lg->registrations.back(), errc::ok);
 }
 
 // The chosen parent's entry changes so that it no longer matches the rule (a gateway restarted
