@@ -583,7 +583,9 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
             p->last_data_ms = p->last_rx_ms;
           }
         }
+        n->fan->ring_writer = n->cfg.access_tokens.empty() ? 0 : writer;  // proved, or unknown
         n->on_routed(nullptr, hd, data, size);
+        n->fan->ring_writer = 0;
         break;
       default:
         ++n->counters.protocol_errors;
