@@ -430,8 +430,9 @@ void node::impl::on_directory_msg(link* lk, const proto::header& hd, const uint8
   peer_ep* p = lk->peer;
   proto::directory_body b;
   if (!dir_peer(p)) {
-    protocol_violation(lk,
-                       "directory message from a peer that is not a parent or child");  // a tool
+    const bool tree = p != nullptr && (p->kind == peer_kind::parent || p->kind == peer_kind::child);
+    protocol_violation(lk, tree ? "directory message over a link below protocol version 5"
+                                : "directory message from a peer that is not a parent or child");
     return;
   }
   if (proto::parse_directory(body, hd.body_len, &b) != errc::ok) {

@@ -338,9 +338,12 @@ bool detail::fan_routed(node::impl& n, link* from, const proto::header& hd, cons
   // as a relayed message is: counted, and logged at warn (last: on_log may stop or destroy us).
   proto::reason dropped = proto::reason::ok;
   // A copy over a sibling link is one a root sent to us alone (send_direct): it goes no further,
-  // whatever its selector says (a wider one would reach our whole tree on a sibling's word).
-  const bool from_sibling =
-      from != nullptr && from->peer != nullptr && from->peer->kind == detail::peer_kind::sibling;
+  // whatever its selector says (a wider one would reach our whole tree on a sibling's word). The
+  // same for one a sibling wrote into our ring, when access tokens proved the writer.
+  const detail::peer_ep* hop = from != nullptr           ? from->peer
+                               : n.fan->ring_writer != 0 ? n.find_peer(n.fan->ring_writer)
+                                                         : nullptr;
+  const bool from_sibling = hop != nullptr && hop->kind == detail::peer_kind::sibling;
   if (from_sibling) {
     // delivered below if it matches us, acknowledged, not sent on
   } else if (hd.ttl > 0) {

@@ -98,6 +98,9 @@ struct fanout_state {
   // The tree links fan_out() offered the broadcast being sent: each next hop's id, and what it did
   // with its copy (ok; transmit()'s refusal; version_mismatch: no copy, not a version 6 tree link).
   std::vector<std::pair<bus_id, errc>> hops;
+  // While a shared-memory record is routed: its writer when access tokens proved it, else 0 (a
+  // broadcast a sibling wrote there goes no further, as one over its stream link).
+  bus_id ring_writer = 0;
   std::vector<bus_id> blocked;  // next hops whose full queue refused a copy of ours (on_writable)
   std::vector<std::pair<broadcast_fn, broadcast_report>> finished;  // reported from the loop
   std::vector<uint8_t> head;  // the header and selector of the broadcast being sent

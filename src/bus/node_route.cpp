@@ -155,6 +155,8 @@ void node::impl::on_local_data(link* from, const proto::header& hd, const uint8_
 }
 
 // A data message to us with a trace block: delivered like any other with incoming_trace() set.
+// A block with an all-zero id (never sent by a node) counts as none: incoming_trace() is null,
+// else an application passing it on would have its own send refused for the peer's fault.
 void node::impl::on_traced_data(link* from, const proto::header& hd, const uint8_t* body) {
   trace_context t;
   proto::parse_trace(body, &t);
@@ -162,7 +164,7 @@ void node::impl::on_traced_data(link* from, const proto::header& hd, const uint8
   inner.flags &= static_cast<uint8_t>(~proto::flag_trace);
   inner.body_len -= static_cast<uint32_t>(proto::kTraceSize);
   const trace_context* outer = incoming;
-  incoming = &t;
+  incoming = t.valid() ? &t : nullptr;
   on_local_data(from, inner, body + proto::kTraceSize);
   incoming = outer;
 }
@@ -581,7 +583,9 @@ void node::impl::on_shm_records(void* user, const shm_record* recs, size_t count
             p->last_data_ms = p->last_rx_ms;
           }
         }
+        n->fan->ring_writer = n->cfg.access_tokens.empty() ? 0 : writer;  // proved, or unknown
         n->on_routed(nullptr, hd, data, size);
+        n->fan->ring_writer = 0;
         break;
       default:
         ++n->counters.protocol_errors;

@@ -18,6 +18,7 @@
 
 #include "bus/bus_harness.h"
 #include "bus/raw_peer.h"
+#include "uvbus/shm.h"
 
 // The sanitizers' allocator (ASan, TSan): the bytes the program holds.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -34,6 +35,7 @@ using test::bus_node;
 constexpr bus_id kRoot = 0x1000;
 constexpr bus_id kSink = 0x1800;  // the hand-made child (subnet 0x1800/11: 2048 ids)
 constexpr bus_id kL1 = 0x1200;
+constexpr bus_id kSibling = 0x9000;  // a hand-made sibling of the root
 
 class NodeBroadcast : public test::bus_fixture {
  protected:
@@ -96,6 +98,62 @@ class NodeBroadcast : public test::bus_fixture {
       EXPECT_TRUE(wait([&] { return sink_.ch->closed(); }));
     }
     test::bus_fixture::TearDown();
+    if (!ring_.empty()) (void)shm_remove(ring_);
+  }
+  // A logic root with a logic child kL1, and a hand-made sibling kSibling that sends a broadcast
+  // to every logic node: over its link, or (over_ring: with access tokens, the root's host id)
+  // written into the root's ring with its true tag. The root, which matches, gets it; L1 must not.
+  void expect_a_sibling_copy_goes_no_further(bool over_ring) {
+    node_config rc = test::typed_config("logic");
+    node_config lc = test::typed_config("logic");
+    if (over_ring) {
+      ring_ = "shm://" + test::unique_name("bcast-sibling");
+      rc.enable_shm = true;
+      rc.shm_ring_bytes = size_t{1} << 20;
+      rc.listen.push_back(ring_);
+      rc.host_id = "bcast-host";
+      rc.access_tokens = lc.access_tokens = {"secret"};
+    }
+    bus_node* root = make_root(kRoot, {subnet{kRoot, 12}}, rc);
+    bus_node* l1 = make_child(kL1, root, {}, lc);
+    ASSERT_TRUE(wait([&] { return root->n->find("logic").size() == 1; }));
+    test::raw_child sib(kSibling, kRoot);
+    sib.role = proto::link_role::sibling;
+    if (over_ring) {
+      sib.token = "secret";
+      sib.host_id = rc.host_id;
+    }
+    sib.start(&loop_, root->n->listen_urls().at(0));
+    ASSERT_TRUE(wait([&] { return sib.registered || sib.closed; }));
+    ASSERT_TRUE(sib.registered) << sib.reply_message;
+    std::vector<uint8_t> body;
+    proto::encode_broadcast_head(broadcast_target::of_type("logic"), 7, &body);
+    body.push_back('s');
+    shm_writer w;
+    if (over_ring) {
+      proto::header h;
+      h.type = proto::msg_type::broadcast;
+      h.source = kSibling;
+      h.target = kRoot;
+      h.sequence = 77;
+      const std::vector<uint8_t> rec = test::enveloped(proto::build(h, body), kSibling,
+                                                       test::true_tag("secret", kRoot, kSibling));
+      ASSERT_EQ(w.open(ring_), errc::ok);
+      ASSERT_EQ(w.send(rec.data(), rec.size()), errc::ok);
+    } else {
+      sib.send(proto::msg_type::broadcast, body, 0, 0, 77);
+    }
+    ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
+    EXPECT_EQ(root->got[0].bytes, "s");
+    // A message after it: once it is in, a copy sent on would have been too (the same link).
+    ASSERT_EQ(test::send_str(root, kL1, 2, "after"), errc::ok);
+    ASSERT_TRUE(wait([&] { return !l1->got.empty() && l1->got.back().bytes == "after"; }));
+    std::printf("[ sibling  ] L1 got %zu message(s)\n", l1->got.size());
+    EXPECT_EQ(l1->got.size(), 1U) << "the sibling's copy went on into the tree";
+    EXPECT_EQ(root->n->counters().broadcasts_forwarded, 0U);
+    w.close();
+    sib.ch->close();
+    ASSERT_TRUE(wait([&] { return sib.ch->closed(); }));
   }
   // The root, a logic child kL1 and the version 5 logic node kSink: the root's child, or below a
   // version 6 relay kRelay (*relay) when `behind_relay`. Returns the report of a broadcast to
@@ -124,6 +182,7 @@ class NodeBroadcast : public test::bus_fixture {
   bus_node* root_ = nullptr;
   bus_node* l1_ = nullptr;
   test::raw_child sink_{kSink, kRoot};
+  std::string ring_;  // a ring a test made (removed at the end)
 };
 
 // The root's only link with a target behind it (a child that stopped reading) is full: the
@@ -380,28 +439,14 @@ TEST_F(NodeBroadcast, ForgedAndDuplicateAcknowledgementsCountOnlyMatchingListedN
 // One with a wider selector (a hand-made sibling's) was fanned out into the receiver's whole tree
 // on the sibling's word: L1 got it. It goes no further now; the root, which matches, still gets it.
 TEST_F(NodeBroadcast, ACopyFromASiblingGoesNoFurther) {
-  bus_node* root = make_root(kRoot, {subnet{kRoot, 12}}, test::typed_config("logic"));
-  bus_node* l1 = make_child(kL1, root, {}, test::typed_config("logic"));
-  ASSERT_TRUE(wait([&] { return root->n->find("logic").size() == 1; }));
-  test::raw_child sib(0x9000, kRoot);
-  sib.role = proto::link_role::sibling;
-  sib.start(&loop_, root->n->listen_urls().at(0));
-  ASSERT_TRUE(wait([&] { return sib.registered || sib.closed; }));
-  ASSERT_TRUE(sib.registered) << sib.reply_message;
-  std::vector<uint8_t> body;
-  proto::encode_broadcast_head(broadcast_target::of_type("logic"), 7, &body);
-  body.push_back('s');
-  sib.send(proto::msg_type::broadcast, body, 0, 0, 77);
-  ASSERT_TRUE(wait([&] { return root->got.size() == 1; }));
-  EXPECT_EQ(root->got[0].bytes, "s");
-  // A message after it on the same link: once it is in, a copy sent on would have been too.
-  ASSERT_EQ(test::send_str(root, kL1, 2, "after"), errc::ok);
-  ASSERT_TRUE(wait([&] { return !l1->got.empty() && l1->got.back().bytes == "after"; }));
-  std::printf("[ sibling  ] L1 got %zu message(s)\n", l1->got.size());
-  EXPECT_EQ(l1->got.size(), 1U) << "the sibling's copy went on into the tree";
-  EXPECT_EQ(root->n->counters().broadcasts_forwarded, 0U);
-  sib.ch->close();
-  ASSERT_TRUE(wait([&] { return sib.ch->closed(); }));
+  expect_a_sibling_copy_goes_no_further(false);
+}
+
+// The same copy written into the root's shared-memory ring by a same-host sibling, whose writer
+// access tokens prove: it came through no sibling link, so it was fanned out (L1 got it). Now it
+// is taken as the sibling's: delivered to the root, not sent on.
+TEST_F(NodeBroadcast, ACopyASiblingWroteIntoTheRingGoesNoFurther) {
+  expect_a_sibling_copy_goes_no_further(true);
 }
 
 // A broadcast's timeout came with the node's tick (every 250 ms here), not at timeout_ms (20), and

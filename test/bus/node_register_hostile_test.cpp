@@ -418,6 +418,23 @@ TEST_F(NodeRegisterHostileTest, LoadHintsOverAVersion5LinkAreAProtocolError) {
   EXPECT_TRUE(r->logged("load hints over a link below protocol version 6"));
 }
 
+// A directory message from a child over a version 4 link (the directory came with version 5) was
+// refused as coming "from a peer that is not a parent or child": the wrong cause. Now the detail
+// names the link's version.
+TEST_F(NodeRegisterHostileTest, ADirectoryMessageOverAVersion4LinkNamesTheVersion) {
+  test::raw_child c(0x101, 0x100);
+  c.max_version = 4;
+  bus_node* r = root_with(c);
+  const uint64_t errors = r->n->counters().protocol_errors;
+  std::vector<uint8_t> request;
+  proto::encode_directory({}, &request);  // an upsert without entries: a request
+  c.send(proto::msg_type::directory, request);
+  ASSERT_TRUE(wait([&] { return c.closed; }));
+  EXPECT_EQ(r->n->counters().protocol_errors, errors + 1);
+  EXPECT_TRUE(r->logged("directory message over a link below protocol version 5"));
+  EXPECT_FALSE(r->logged("not a parent or child"));
+}
+
 // A data message flagged as a call whose call block does not parse (here: no payload) is dropped;
 // each one wrote a warning, so any peer could write the log as fast as it could send. Now a few
 // a second, then one line counting the rest; the link stays.

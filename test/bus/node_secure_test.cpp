@@ -617,23 +617,8 @@ std::vector<uint8_t> data_message(bus_id source, const std::string& text, bus_id
   return proto::build(h, body);
 }
 
-std::vector<uint8_t> enveloped(const std::vector<uint8_t>& m, bus_id writer, uint64_t tag) {
-  std::vector<uint8_t> out(proto::kShmEnvelopeSize);
-  out[0] = proto::kShmEnvelopeMarker;
-  for (int i = 0; i < 7; ++i) out[1 + i] = static_cast<uint8_t>(tag >> (8 * i));
-  store_le<uint64_t>(out.data() + 8, writer);
-  out.insert(out.end(), m.begin(), m.end());
-  return out;
-}
-
-uint64_t true_tag(const std::string& token, bus_id reader, bus_id writer) {
-  const std::vector<uint8_t> in = proto::shm_tag_input(reader, writer);
-  uint8_t mac[detail::kMacSize];
-  EXPECT_TRUE(detail::hmac_sha256(token, in.data(), in.size(), mac));
-  uint64_t t = 0;
-  for (int i = 0; i < 7; ++i) t |= uint64_t{mac[i]} << (8 * i);
-  return t;
-}
+using test::enveloped;
+using test::true_tag;
 
 TEST_F(NodeShmTags, TaggedWritersAreDeliveredAndImpostorsAreCounted) {
   const std::string root_ring = ring("tags-root");

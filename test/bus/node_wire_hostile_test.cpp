@@ -34,10 +34,11 @@ std::vector<uint8_t> data_body(const std::string& text) {
 class NodeWireHostileTest : public bus_fixture {
  protected:
   // Root kRoot owning kNet, patient with raw children that send no heartbeats.
-  bus_node* root(node_config c = fast_config()) {
+  bus_node* root(node_config c = fast_config(), const tweak_fn& tweak = {}) {
     c.heartbeat_timeout_ms = 60000;
     c.response_timeout_ms = 60000;
-    return make_root(kRoot, {kNet}, std::move(c));
+    c.subnets = {kNet};
+    return make(kRoot, std::move(c), true, tweak);
   }
   // A raw child `id` of r, registered, offering protocol versions up to max_version.
   std::unique_ptr<test::raw_child> raw(bus_node* r, bus_id id,
@@ -269,6 +270,34 @@ TEST_F(NodeWireHostileTest, AMalformedBodyFromTheRingIsCounted) {
   EXPECT_EQ(r->n->counters().protocol_errors, 3u);
   EXPECT_TRUE(r->logged("dropping broadcast message 1 0x102 -> 0x0: bad broadcast body"));
   w.close();
+}
+
+// A trace block with all-zero ids (the protocol says they never are) was handed to on_data:
+// incoming_trace() was not null but not valid(), and an application passing it on to its own
+// send had that refused, invalid_argument, for the peer's fault. Now it counts as no trace: the
+// message is delivered with incoming_trace() null; a valid block still comes through.
+TEST_F(NodeWireHostileTest, AnAllZeroTraceBlockIsDeliveredAsNoTrace) {
+  bus_node* r = nullptr;
+  std::vector<bool> traced;
+  r = root(fast_config(), [&](node_callbacks* cb) {
+    cb->on_data = [inner = cb->on_data, &r, &traced](bus_id s, uint32_t t, const uint8_t* p,
+                                                     size_t n) {
+      traced.push_back(r->n->incoming_trace() != nullptr);
+      inner(s, t, p, n);
+    };
+  });
+  auto c = raw(r, 0x102);
+  for (const uint8_t fill : {uint8_t{0}, uint8_t{0x5a}}) {
+    std::vector<uint8_t> body(proto::kTraceSize, fill);
+    const std::vector<uint8_t> text = data_body(fill == 0 ? "zero" : "valid");
+    body.insert(body.end(), text.begin(), text.end());
+    c->send(proto::msg_type::data, body, proto::flag_trace);
+  }
+  ASSERT_TRUE(wait([&] { return got(r, 0x102, "valid"); }));
+  EXPECT_TRUE(got(r, 0x102, "zero"));
+  EXPECT_EQ(traced, (std::vector<bool>{false, true}));
+  EXPECT_EQ(r->n->counters().protocol_errors, 0u);
+  EXPECT_FALSE(c->closed);
 }
 
 }  // namespace

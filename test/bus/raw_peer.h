@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "bus/auth.h"
 #include "bus/bus_harness.h"
 #include "bus/wire.h"
+#include "core/endian.h"
 #include "uvbus/stream.h"
 
 namespace uvbus::test {
@@ -39,6 +41,7 @@ struct raw_child {
   std::string host_id = "raw";               // the host it claims to run on ...
   std::string hostname;                      // ... its host name ...
   std::vector<std::string> listen;           // ... and its listen URLs (a ring: shm://name)
+  std::string token;  // with access tokens: the one its registration proves (empty: none)
   struct message {
     proto::header hd;
     std::vector<uint8_t> body;
@@ -110,6 +113,10 @@ struct raw_child {
       rb.info.hostname = hostname;
       rb.info.listen = listen;
       rb.info.subnets = subnets;
+      if (!token.empty()) {
+        const std::vector<uint8_t> in = proto::auth_input(chb.nonce, id, role);
+        ASSERT_TRUE(detail::hmac_sha256(token, in.data(), in.size(), rb.proof));
+      }
       if (compress) {
         rb.ext.present = true;
         rb.ext.has_compression = true;
@@ -132,6 +139,26 @@ struct raw_child {
     }
   }
 };
+
+// A shared-memory record of message m: the envelope naming `writer` with its 56-bit `tag`, then m.
+inline std::vector<uint8_t> enveloped(const std::vector<uint8_t>& m, bus_id writer, uint64_t tag) {
+  std::vector<uint8_t> out(proto::kShmEnvelopeSize);
+  out[0] = proto::kShmEnvelopeMarker;
+  for (int i = 0; i < 7; ++i) out[1 + i] = static_cast<uint8_t>(tag >> (8 * i));
+  store_le<uint64_t>(out.data() + 8, writer);
+  out.insert(out.end(), m.begin(), m.end());
+  return out;
+}
+
+// The tag `writer` puts on its records in `reader`'s ring under access token `token`.
+inline uint64_t true_tag(const std::string& token, bus_id reader, bus_id writer) {
+  const std::vector<uint8_t> in = proto::shm_tag_input(reader, writer);
+  uint8_t mac[detail::kMacSize];
+  EXPECT_TRUE(detail::hmac_sha256(token, in.data(), in.size(), mac));
+  uint64_t t = 0;
+  for (int i = 0; i < 7; ++i) t |= uint64_t{mac[i]} << (8 * i);
+  return t;
+}
 
 // Sends 60 000-byte messages from t to c (a raw child with pause_after_register and compress off:
 // it does not read) until t refuses one: the kernel's buffers and the link's queue are full. With
