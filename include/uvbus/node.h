@@ -528,8 +528,8 @@ class node {
   [[nodiscard]] bool latency_to(bus_id target, latency_percentiles* out) const;
   [[nodiscard]] bool latency_of_type(uint32_t type, latency_percentiles* out) const;
   // Inside on_data: the trace context the message being delivered carried (send_options::trace),
-  // or nullptr if it carried none. nullptr outside on_data; the pointer is valid until on_data
-  // returns.
+  // or nullptr if it carried none, or an invalid one (all-zero ids: a peer's fault, never handed
+  // on). nullptr outside on_data; the pointer is valid until on_data returns.
   [[nodiscard]] const trace_context* incoming_trace() const noexcept;
   // Planned hand-over, first step: stops accepting on every stream listener and appends each one's
   // listening socket (with its bound URL) to *out, in `listen` order; they stay bound and
