@@ -108,6 +108,9 @@ struct fanout_state {
   // per heartbeat interval, each id once with its latest value), and when the last batch went.
   std::unordered_set<bus_id> loads_out;
   uint64_t loads_fwd_ms = 0;
+  // Per version 6 tree link (its peer id): the ids whose hints its full queue refused (ours too),
+  // sent again with its next batch, each with its latest value (at most one per id we know).
+  std::unordered_map<bus_id, std::unordered_set<bus_id>> loads_retry;
 };
 
 // node_fanout.cpp for node::broadcast() (node_broadcast.cpp). Offers one copy of the broadcast
@@ -140,14 +143,15 @@ void fan_expire(node::impl& n, uint64_t now);
 // stop(): every pending broadcast is reported closed from the loop (fan_run_deferred).
 void fan_stop(node::impl& n);
 void fan_run_deferred(node::impl& n);
-// A tree link came up: the load hints we know go to it. A load message arrived from a version 6
-// tree peer: the hints of ids whose entries came through it are taken, and go on to the other
-// version 6 tree links paced by fan_load_tick.
+// A tree link came up: every load hint we know goes to it (in messages of kMaxDirItems). A load
+// message arrived from a version 6 tree peer: the hints of ids whose entries came through it are
+// taken, and go on to the other version 6 tree links paced by fan_load_tick.
 void fan_link_up(node::impl& n, peer_ep* p);
 void fan_loads(node::impl& n, peer_ep* from, const std::vector<std::pair<bus_id, uint32_t>>& l);
-// The hints taken since the last batch go on if a heartbeat interval has passed since it (the
-// first at once): a child sending hints as fast as its link goes costs every other link one
-// message per interval, and the latest value of each id arrives. No callbacks.
+// The hints taken since the last batch, and those a link's full queue refused (loads_retry), go
+// on if a heartbeat interval has passed since it (the first at once): a child sending hints as
+// fast as its link goes costs every other link one message per interval, and the latest value of
+// each id arrives. No callbacks.
 void fan_load_tick(node::impl& n, uint64_t now);
 // Node `id` is gone (it left the directory, or a relay refused a send_any message to it with
 // unknown_route or not_connected): every send_any() message to it still owed its report and every

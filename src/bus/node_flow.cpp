@@ -212,8 +212,9 @@ void node::impl::on_flow_ack(const proto::header& hd, const proto::flow_ack_body
   }
   if (a.kind == ack_kind::ack && !restarted) return;
   // A gap, a target without state for us, or a restarted target: resend what is unacknowledged,
-  // once per request burst (the requests of one burst all name the same position).
-  if (now_ms() - f.resend_ms < kResendIntervalMs && a.kind == ack_kind::gap) return;
+  // once per kResendIntervalMs whatever asks (a burst of requests, or a target acking resyncs or
+  // alternating incarnations without end, would otherwise fill the next hop with duplicates).
+  if (now_ms() - f.resend_ms < kResendIntervalMs) return;
   flow_resend(f);
 }
 

@@ -37,7 +37,60 @@ class NodeFlowEdgeTest : public test::flow_fixture {
     for (const auto& m : raw.got) n += static_cast<size_t>(m.hd.type == type);
     return n;
   }
+  // The raw child acknowledges the flow from the root `times` times in one burst: `kind`, naming
+  // the root's flow epoch (from the first flow message it got) and the incarnation
+  // incarnations[i % size].
+  static void send_acks(test::raw_child& raw, proto::ack_kind kind,
+                        const std::vector<uint64_t>& incarnations, size_t times) {
+    uint64_t epoch = 0;
+    for (const auto& m : raw.got) {
+      proto::data_body d;
+      if (m.hd.type == proto::msg_type::data && (m.hd.flags & proto::flag_flow) != 0 &&
+          proto::parse_flow_data(m.body.data(), m.body.size(), &d, &epoch) == errc::ok) {
+        break;
+      }
+    }
+    std::vector<uint8_t> body(proto::kFlowAckSize);
+    for (size_t i = 0; i < times; ++i) {
+      proto::encode_flow_ack({epoch, incarnations[i % incarnations.size()], 0, kind}, body.data());
+      raw.send(proto::msg_type::flow_ack, body);
+    }
+  }
 };
+
+// A target asking for resyncs without end (or naming two incarnations in turn, each ack a
+// "restart"): each request resent the whole unacknowledged window, so 200 acks of 57 bytes put
+// 200 windows on the next hop's link, and the application's other sends met queue_full. Now one
+// resend per kResendIntervalMs whatever asks: the first request is served at once, and again once
+// the interval has passed.
+TEST_F(NodeFlowEdgeTest, ATargetsResyncFloodResendsTheWindowOncePerInterval) {
+  test::raw_child raw(0x101, 0x100);
+  node_config rc = flow_config();
+  rc.resend_timeout_ms = 10000;  // no probes meanwhile: every resend is one an ack asked for
+  bus_node* root = root_with(&raw, rc);
+  ASSERT_TRUE(raw.registered);
+  constexpr size_t kWindow = 20, kAcks = 200;
+  for (size_t i = 0; i < kWindow; ++i) ASSERT_EQ(test::send_str(root, 0x101, 1, "m"), errc::ok);
+  ASSERT_TRUE(wait([&] { return count(raw, proto::msg_type::data) == kWindow; }));
+  // What a burst of acks made the root resend: the flow messages the raw child got after it
+  // (flow_resent does not count a message's first resend when its first send was the fast path).
+  const auto burst = [&](proto::ack_kind kind, const std::vector<uint64_t>& inc, size_t times) {
+    const size_t before = count(raw, proto::msg_type::data);
+    const uint64_t acks = root->n->counters().flow_acks_received;
+    send_acks(raw, kind, inc, times);
+    EXPECT_TRUE(wait([&] {
+      return root->n->counters().flow_acks_received == acks + times &&
+             count(raw, proto::msg_type::data) >= before + kWindow;  // the first is served
+    }));
+    run_for(100ms);  // the copies any later request asked for arrive too
+    return count(raw, proto::msg_type::data) - before;
+  };
+  EXPECT_LE(burst(proto::ack_kind::resync, {0xa1}, kAcks), 3 * kWindow);  // today 200 windows
+  EXPECT_GE(burst(proto::ack_kind::resync, {0xa1}, 1), kWindow) << "served again later";
+  EXPECT_LE(burst(proto::ack_kind::ack, {0xa2, 0xa1}, kAcks), 3 * kWindow);
+  raw.ch->close();
+  ASSERT_TRUE(wait([&] { return raw.ch->closed(); }));
+}
 
 // A child owning 64 ids sends flow data from each of them. Messages that are not sync make no
 // state (each is answered with a resync request); sync ones make positions up to

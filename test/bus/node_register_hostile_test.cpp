@@ -3,14 +3,15 @@
 // child whose host name would write lines of its own into the routes text, and a child that
 // re-announces (or removes and re-adds) its entries without end or announces ids without end,
 // a child that announces an entry with a label key twice, a child that sends load hints without
-// end or over a version 5 link, and a child that sends bad call blocks or ids not its own over
-// and over (the log stays quiet).
+// end or over a version 5 link (and hints a new link or a full queue must not lose), and a child
+// that sends bad call blocks or ids not its own over and over (the log stays quiet).
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +46,12 @@ struct raw_acceptor {
         send(proto::msg_type::pong, std::vector<uint8_t>(d + proto::kHeaderSize, d + n));
         return;
       }
+      proto::directory_body db;
+      if (h.type == proto::msg_type::directory &&
+          proto::parse_directory(d + proto::kHeaderSize, h.body_len, &db) == errc::ok &&
+          db.op == proto::dir_op::load) {
+        loads.insert(loads.end(), db.loads.begin(), db.loads.end());
+      }
       if (h.type != proto::msg_type::register_req) return;
       ++registrations;
       proto::register_reply_body rr;
@@ -78,6 +85,7 @@ struct raw_acceptor {
   uint8_t version = proto::kMaxVersion;
   int registrations = 0;
   bool registered = false;
+  std::vector<std::pair<bus_id, uint32_t>> loads;  // the load hints the connector sent, in order
   connection_id conn{};
   std::unique_ptr<stream_channel> ch;
 };
@@ -140,6 +148,18 @@ class NodeRegisterHostileTest : public bus_fixture {
       k += has ? 1 : 0;
     }
     return k;
+  }
+  // The ids of the load hints c received.
+  static std::set<bus_id> hinted(const test::raw_child& c) {
+    std::set<bus_id> ids;
+    for (const auto& m : c.got) {
+      proto::directory_body b;
+      if (m.hd.type == proto::msg_type::directory &&
+          proto::parse_directory(m.body.data(), m.body.size(), &b) == errc::ok) {
+        for (const auto& h : b.loads) ids.insert(h.first);
+      }
+    }
+    return ids;
   }
   // A root 0x100 (subnet 0x100/8) with hand-made child c registered to it.
   bus_node* root_with(test::raw_child& c) {
@@ -403,6 +423,84 @@ TEST_F(NodeRegisterHostileTest, AChildsLoadHintsArePacedAndTheLatestArrives) {
   // One at once, then one per heartbeat interval (100 ms), and a tick's slack.
   EXPECT_LE(got, static_cast<size_t>(2 + 10 * (secs + 0.5))) << "in " << secs << " s";
   EXPECT_FALSE(c.closed);
+}
+
+// A tree link that came up got the node's own hint and at most 4095 of those it knew, in one
+// message (kMaxDirItems), and the rest never unless they changed: there they counted as load 0, so
+// least_loaded sent everything to the nodes left out. Now every hint, in messages of 4096.
+TEST_F(NodeRegisterHostileTest, ANewTreeLinkGetsEveryLoadHint) {
+  constexpr bus_id kChild = 0x18000;
+  constexpr bus_id kNodes = 5000;
+  constexpr bus_id kLeast = kChild + kNodes;  // the least loaded, and the highest id (ties go low)
+  node_config rc = fast_config();
+  rc.subnets = {{0x10000, 16}};
+  rc.heartbeat_timeout_ms = 60000;  // c does not answer pings
+  bus_node* r = make(0x10000, rc);
+  test::raw_child c(kChild, 0x10000);
+  c.subnets = {{kChild, 13}};
+  attach(c, r);
+  test::raw_child other(0x10002, 0x10000);
+  attach(other, r);
+  constexpr bus_id kChunk = 500;
+  for (bus_id first = kChild + 1; first <= kLeast; first += kChunk) {
+    proto::directory_body entries;
+    proto::directory_body loads;
+    loads.op = proto::dir_op::load;
+    for (bus_id id = first; id < first + kChunk; ++id) {
+      directory_entry e;
+      e.id = id;
+      e.type = "w";
+      entries.entries.push_back(e);
+      loads.loads.emplace_back(id, id == kLeast ? 1 : 10);
+    }
+    for (const auto* b : {&entries, &loads}) {
+      std::vector<uint8_t> body;
+      proto::encode_directory(*b, &body);
+      c.send(proto::msg_type::directory, body);
+    }
+  }
+  const auto picks_least = [&](bus_node* t) {
+    bus_id got = 0;
+    return t->n->pick("w", {}, {pick_policy::least_loaded, 0}, &got) == errc::ok && got == kLeast;
+  };
+  ASSERT_TRUE(wait([&] { return picks_least(r); }));
+  // The root's batches of the hints it took have gone (other got every one): only the link-up
+  // message can bring them to B.
+  ASSERT_TRUE(wait([&] {
+    const std::set<bus_id> ids = hinted(other);
+    return ids.lower_bound(kChild + 1) != ids.end() &&
+           static_cast<size_t>(std::distance(ids.lower_bound(kChild + 1), ids.end())) == kNodes;
+  }));
+  bus_node* b = make(0x10001, fast_config(r->n->listen_urls().at(0)));
+  ASSERT_TRUE(wait([&] { return b->n->up() && picks_least(b); }));
+  EXPECT_FALSE(c.closed);
+}
+
+// A load hint a full link queue refused was lost for good: our own (load_dirty cleared before the
+// send) and those passed on (taken out of the batch before it). A node whose parent link was busy
+// when its load changed was never seen at its new load. Now what a full queue refused goes again
+// with the next batch, its latest value.
+TEST_F(NodeRegisterHostileTest, ALoadHintAFullQueueRefusedIsSentAgain) {
+  raw_acceptor acc(&loop_);
+  node_config tc = fast_config(acc.listen());
+  tc.delivery = delivery_mode::next_hop;    // straight onto the link: queue_full when it is full
+  tc.link_queue_bytes = size_t{128} << 10;  // little beyond the kernel's buffers
+  tc.heartbeat_timeout_ms = 60000;          // the parent reads nothing for a while
+  bus_node* t = make(0x101, tc);
+  ASSERT_TRUE(wait([&] { return t->n->up(); }));
+  ASSERT_EQ(acc.ch->pause_reading(acc.conn), errc::ok);
+  const std::string payload(60000, 'x');
+  // Full to the byte: large messages, then the smallest (shorter than a load message).
+  for (const std::string& m : {payload, std::string(1, 'x')}) {
+    ASSERT_TRUE(wait([&] { return test::send_str(t, 0x100, 1, m) == errc::queue_full; }));
+  }
+  t->n->set_load(7);
+  run_for(std::chrono::milliseconds(3 * tc.heartbeat_interval_ms));  // ticks pass, still full
+  ASSERT_EQ(acc.ch->resume_reading(acc.conn), errc::ok);
+  EXPECT_TRUE(wait([&] {
+    return std::find(acc.loads.begin(), acc.loads.end(), std::pair<bus_id, uint32_t>{0x101, 7}) !=
+           acc.loads.end();
+  }));
 }
 
 // A load hint (directory op 3, protocol version 6) over a version 5 link, where none is ever sent:
