@@ -14,7 +14,8 @@
 // setting (stream_channel::last_error()). The channel's default (stream_config::tls) is read at
 // the first call and again at a later one whenever a file changed on disk (stat(2): device,
 // inode, size, mtime, ctime), so a renewed certificate is used by the next dial or listen;
-// connections made before, and a listener's accepted ones, keep what their call read. A key file
+// connections made before keep what their call read. A listener checks its files the same way at
+// each accept, so connections it accepts after a renewal present the new certificate. A key file
 // must be unencrypted (one needing a passphrase is invalid_argument, "... is encrypted"; nothing
 // prompts or reads stdin). stream_channel::validate() checks them too, building
 // the TLS context once (a suite name or a file's content OpenSSL refuses is invalid_argument

@@ -308,6 +308,7 @@ void stream_channel::impl::take_accepted(listener_impl* l, int fd, const sockadd
     return;
   }
   if (l->tls_ctx) {  // TLS: on_accepted once the handshake completed
+    refresh_listener_tls(l);
     c->tls_ctx = l->tls_ctx;
     c->last_read_ms = uv_now(loop);
     tls_start(c);

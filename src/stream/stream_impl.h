@@ -531,6 +531,10 @@ struct stream_channel::impl {
   std::shared_ptr<const detail::tls_context> default_tls;
   // The context for a listen or connect: per_call, else stream_config::tls (nullptr: clear).
   errc tls_context_for(const tls_config* per_call, std::shared_ptr<const detail::tls_context>* out);
+  // At an accept: the listener's context built again when its certificate files changed (the
+  // connections accepted from now on present the renewed certificate; a failed rebuild keeps the
+  // old context, logged from the loop, and the next accept tries again). stream_tls.cpp.
+  void refresh_listener_tls(listener_impl* l);
   errc listen_tls(std::string_view url, const tls_config* tls, listener_id* out, void* user);
   errc listen_fd_tls(std::string_view url, int fd, const tls_config* tls, listener_id* out,
                      void* user);

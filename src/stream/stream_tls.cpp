@@ -77,6 +77,20 @@ errc stream_channel::impl::tls_context_for(const tls_config* per_call,
   return errc::ok;
 }
 
+void stream_channel::impl::refresh_listener_tls(listener_impl* l) {
+  if (!l->tls_ctx->files_changed()) return;
+  std::shared_ptr<const detail::tls_context> fresh;
+  std::string why;
+  if (detail::tls_context::create(l->tls_ctx->config(), &fresh, &why) != errc::ok) {
+    log_later(detail::kLogTls, log_level::warn,
+              l->url + ": the certificate files changed but could not be read again (" + why +
+                  "): the connections accepted meanwhile get the certificate in use");
+    return;
+  }
+  if (default_tls == l->tls_ctx) default_tls = fresh;  // the channel's default, renewed too
+  l->tls_ctx = std::move(fresh);
+}
+
 errc stream_channel::impl::listen_tls(std::string_view url, const tls_config* tls, listener_id* out,
                                       void* user) {
   std::shared_ptr<const detail::tls_context> ctx;

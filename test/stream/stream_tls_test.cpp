@@ -391,6 +391,29 @@ TEST_F(StreamTls, ARenewedCertificateIsUsedByTheNextDial) {
   EXPECT_EQ(crec.disconnected.count(c.value), 0u) << "the first link stays up";
 }
 
+// The same on the accepting side: a listener whose certificate files are renewed presents the new
+// certificate to the connections it accepts from then on (it presented the one read at listen()
+// until it listened again, and every client that checks the new name was refused).
+TEST_F(StreamTls, ARenewedCertificateIsPresentedByTheListener) {
+  tls_config st = server_config();
+  st.cert_file = pki_->copy(pki_->server.cert, "live-server.crt");
+  st.key_file = pki_->copy(pki_->server.key, "live-server.key");
+  serve(st);
+  recorder crec;
+  const connection_id c = dial_with(&crec, client_config());
+  ASSERT_TRUE(run([&] { return crec.connected.count(c.value) != 0; }));
+  ASSERT_EQ(crec.connected[c.value], errc::ok);
+  pki_->copy(pki_->renewed.cert, "live-server.crt");
+  pki_->copy(pki_->renewed.key, "live-server.key");
+  tls_config ct = client_config();
+  ct.expected_peer = "new";
+  recorder crec2;
+  const connection_id c2 = dial_with(&crec2, ct);
+  ASSERT_TRUE(run([&] { return crec2.connected.count(c2.value) != 0; }));
+  EXPECT_EQ(crec2.connected[c2.value], errc::ok);
+  EXPECT_EQ(crec.disconnected.count(c.value), 0u) << "the first link stays up";
+}
+
 // A PSK identity the server does not know is refused naming psk_identity (not "no suitable
 // signature algorithm"), the peer's bytes escaped.
 TEST_F(StreamTls, AnUnknownPskIdentityIsNamed) {
