@@ -185,4 +185,16 @@ inline size_t fill_unread_link(uv_loop_t* loop, bus_node* t, raw_child* c, bool 
   return accepted;
 }
 
+// How many of t's reports failed, each expected to carry `want` (the reason the messages a closed
+// link still held were reported with).
+inline size_t failed_reports(const bus_node& t, errc want) {
+  size_t failed = 0;
+  for (const delivery_report& r : t.reports) {
+    if (r.status == errc::ok) continue;
+    ++failed;
+    EXPECT_EQ(r.status, want) << to_string(r.status);
+  }
+  return failed;
+}
+
 }  // namespace uvbus::test
